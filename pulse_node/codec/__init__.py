@@ -1,0 +1,1 @@
+"""PULSESync codec: torch-free raw tensor bits, lossless sparse patches, state hashes."""

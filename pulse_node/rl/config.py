@@ -1,0 +1,104 @@
+"""Pydantic configs of the RL workload (torch-free so the CLI can validate without torch).
+
+One section per concern: ``model``, ``task``, ``sampling``, ``grpo``; ``SoloConfig`` wires them
+for ``pulse-node solo``. The trainer and inference roles reuse the same sections.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import pydantic
+
+from pulse_node.configload import StrictModel
+
+
+def default_cache_dir() -> str:
+    return str(Path.home() / ".cache" / "pulse-node")
+
+
+class ModelConfig(StrictModel):
+    """Which policy model: the embedded tiny transformer or a local Hugging Face directory."""
+
+    kind: Literal["tiny", "hf"] = "tiny"
+    path: str | None = None  # local HF directory (kind="hf")
+    d_model: int = pydantic.Field(128, ge=8, le=4096)
+    n_layers: int = pydantic.Field(4, ge=1, le=64)
+    n_heads: int = pydantic.Field(4, ge=1, le=64)
+    max_len: int = pydantic.Field(48, ge=8, le=8192)  # context of the tiny model (tokens)
+    init_std: float = pydantic.Field(0.02, gt=0)
+    device: str = "auto"  # "auto" | "cpu" | "cuda" | "cuda:N"
+    cache_dir: str = pydantic.Field(default_factory=default_cache_dir)  # warm-start cache
+
+    @pydantic.model_validator(mode="after")
+    def _check(self) -> "ModelConfig":
+        if self.kind == "hf" and not self.path:
+            raise ValueError("model.kind='hf' needs model.path (a local directory)")
+        if self.d_model % self.n_heads:
+            raise ValueError("model.d_model must be divisible by model.n_heads")
+        return self
+
+
+class TaskConfig(StrictModel):
+    """Where problems come from and how completions are rewarded."""
+
+    kind: Literal["arithmetic", "jsonl"] = "arithmetic"
+    digits: int = pydantic.Field(3, ge=1, le=9)  # arithmetic: max digits per operand
+    min_digits: int = pydantic.Field(1, ge=1, le=9)
+    ops: str = "+"  # arithmetic: subset of "+-*"
+    path: str | None = None  # jsonl: training problems
+    eval_path: str | None = None  # jsonl: held-out problems (default: split off `path`)
+    eval_size: int = pydantic.Field(200, ge=1)
+    reward: str = "exact"  # a name in pulse_node.rl.tasks.REWARDS
+    seed: int = 1234  # fixes the held-out split; independent of the run seed
+
+    @pydantic.model_validator(mode="after")
+    def _check(self) -> "TaskConfig":
+        if self.kind == "jsonl" and not self.path:
+            raise ValueError("task.kind='jsonl' needs task.path")
+        if not self.ops or set(self.ops) - set("+-*"):
+            raise ValueError("task.ops must be a non-empty subset of '+-*'")
+        if self.min_digits > self.digits:
+            raise ValueError("task.min_digits must be <= task.digits")
+        return self
+
+
+class SamplingConfig(StrictModel):
+    """Rollout generation on the inference side."""
+
+    temperature: float = pydantic.Field(1.0, gt=0, le=10)
+    max_new_tokens: int = pydantic.Field(8, ge=1, le=4096)
+    group_size: int = pydantic.Field(8, ge=2, le=1024)  # completions per prompt (GRPO group)
+    prompts_per_batch: int = pydantic.Field(32, ge=1, le=4096)
+
+
+class GRPOConfig(StrictModel):
+    """The trainer: supervised warm start, then GRPO inner steps with AdamW on FP32 masters."""
+
+    lr: float = pydantic.Field(1e-3, gt=0)
+    betas: tuple[float, float] = (0.9, 0.95)
+    weight_decay: float = pydantic.Field(0.0, ge=0)
+    eps_low: float = pydantic.Field(0.2, ge=0, lt=1)
+    eps_high: float = pydantic.Field(0.28, ge=0)
+    max_staleness: int = pydantic.Field(4, ge=0)  # drop rollouts older than this many versions
+    max_grad_norm: float = pydantic.Field(1.0, gt=0)
+    bf16_compute: bool = True  # forward on the BF16-rounded weights (straight-through)
+    warmstart_steps: int = pydantic.Field(300, ge=0)
+    warmstart_lr: float = pydantic.Field(3e-3, gt=0)
+    warmstart_batch: int = pydantic.Field(64, ge=1)
+
+
+class SoloConfig(StrictModel):
+    """``pulse-node solo``: trainer and inference in one process, no network."""
+
+    model: ModelConfig = ModelConfig()
+    task: TaskConfig = TaskConfig()
+    sampling: SamplingConfig = SamplingConfig()
+    grpo: GRPOConfig = GRPOConfig()
+    seed: int = 0
+    minutes: float = pydantic.Field(10.0, gt=0)  # wall-clock budget of the GRPO phase
+    max_steps: int | None = pydantic.Field(None, ge=0)  # optional cap on optimizer steps
+    sync_every: int = pydantic.Field(1, ge=1)  # push the BF16 copy to the worker every N steps
+    eval_every: int = pydantic.Field(0, ge=0)  # 0 = only before and after
+    threads: int | None = pydantic.Field(None, ge=1)  # torch intra-op threads (None = default)
