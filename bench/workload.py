@@ -1,7 +1,7 @@
 """Synthetic but real optimizer-step workload: BF16 states of a small transformer under AdamW.
 
 A ~30M-parameter decoder-only transformer gets FP32 master weights with pretrained-like
-magnitudes (linear weights normal(0, 0.02) scaled per output row by a log-normal factor, so the
+magnitudes (linear weights normal(0, 0.03) scaled per output row by a log-normal factor, so the
 median |w| is about 0.02; norm weights near 1; biases small), then is trained with
 ``torch.optim.AdamW`` (betas 0.9/0.95) on next-token prediction over a synthetic Markov-chain
 corpus. After each step the BF16 compute copy is taken with ``pulse_node.torchbits.module_state``.
@@ -39,7 +39,7 @@ class ModelSize:
     n_layers: int = 8
     n_heads: int = 8
     seq_len: int = 128
-    batch: int = 8
+    batch: int = 4
 
 
 class Block(nn.Module):
@@ -88,7 +88,7 @@ def pretrained_like_(model: nn.Module, gen: torch.Generator) -> None:
         for name, p in model.named_parameters():
             if p.ndim >= 2:
                 row_scale = torch.exp(0.5 * torch.randn(p.shape[0], 1, generator=gen))
-                p.copy_(torch.randn(p.shape, generator=gen) * 0.02 * row_scale)
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.03 * row_scale)
             elif "ln" in name and name.endswith("weight"):
                 p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=gen))
             else:
@@ -97,7 +97,7 @@ def pretrained_like_(model: nn.Module, gen: torch.Generator) -> None:
 
 def markov_batches(size: ModelSize, gen: torch.Generator) -> Iterator[torch.Tensor]:
     """Token batches from a sparse random Markov chain (a learnable next-token task)."""
-    fanout = 16
+    fanout = 512
     succ = torch.randint(0, size.vocab, (size.vocab, fanout), generator=gen)
     while True:
         tok = torch.randint(0, size.vocab, (size.batch,), generator=gen)
@@ -110,7 +110,7 @@ def markov_batches(size: ModelSize, gen: torch.Generator) -> Iterator[torch.Tens
 
 
 def adamw_bf16_states(*, lr: float, steps: int, seed: int = 0, weight_decay: float = 0.01,
-                      size: ModelSize = ModelSize(), warmup_steps: int = 2) -> Iterator[tuple[int, State]]:
+                      size: ModelSize = ModelSize(), warmup_steps: int = 20) -> Iterator[tuple[int, State]]:
     """Yield ``(step, bf16_state)`` for step 0 (before training) and after each AdamW step.
 
     ``warmup_steps`` steps run first (not yielded) so Adam's moment estimates are warm, as

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import secrets
 import stat
 from pathlib import Path
 
@@ -119,7 +120,7 @@ def verify_signature(public_key_hex: str, data: bytes, signature: bytes) -> bool
 def _create_exclusive(path: Path, data: bytes) -> bool:
     """Write ``data`` to ``path`` (0600) only if it does not exist. False if it already did."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
         with os.fdopen(fd, "wb") as fh:

@@ -106,11 +106,27 @@ def to_safetensors_bytes(state: Mapping[str, TensorBits], metadata: dict[str, st
     """Serialize a state as safetensors bytes (HF-compatible)."""
     from safetensors import serialize
 
-    tensors = {
-        name: {"dtype": t.dtype, "shape": list(t.shape), "data": t.bits.tobytes()}
+    try:
+        from safetensors import TensorSpec  # safetensors >= 0.7 takes specs, not dicts
+    except ImportError:
+        tensors = {
+            name: {"dtype": t.dtype, "shape": list(t.shape), "data": t.bits.tobytes()}
+            for name, t in state.items()
+        }
+        return bytes(serialize(tensors, metadata=metadata))
+    arrays = {name: np.ascontiguousarray(t.bits) for name, t in state.items()}  # kept alive
+    specs = {
+        name: TensorSpec(dtype=_SPEC_DTYPES[t.dtype], shape=list(t.shape),
+                         data_ptr=arrays[name].ctypes.data, data_len=arrays[name].nbytes)
         for name, t in state.items()
     }
-    return bytes(serialize(tensors, metadata=metadata))
+    return bytes(serialize(specs, metadata=metadata))
+
+
+#: our dtype names -> the names ``safetensors.TensorSpec`` accepts
+_SPEC_DTYPES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32", "F64": "float64",
+                "I64": "int64", "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8",
+                "BOOL": "bool"}
 
 
 def save_safetensors_atomic(state: Mapping[str, TensorBits], path: str | os.PathLike[str],

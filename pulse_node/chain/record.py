@@ -1,0 +1,249 @@
+"""Signed version records: the hash-chained, signed description of one model version.
+
+A ``VersionRecord`` says: in run ``run_id``, version ``version`` has model state hash
+``state_hash``; it follows the version whose chain hash is ``parent_chain_hash`` via the
+patch whose SHA-256 is ``patch_digest``. ``chain_hash`` commits to (parent chain hash,
+version, patch digest, state hash), so one trusted record pins the whole history behind it.
+Version 0 (genesis) is always an anchor, has no patch, and its parent chain hash is
+``genesis_parent_hash(run_id)``, which binds every chain to its run.
+
+The signature (Ed25519, by ``signer``) covers every other field, so no field can be altered
+without detection. Receivers check, in order: decode (size and type caps), signer trusted,
+signature, chain hash, link to the parent record, then the patch digest (``check_patch``),
+and finally the codec checks the base and result state hashes when the patch is applied.
+
+Wire format (``RECORD_FORMAT`` 1): a msgpack array
+``[RECORD_MAGIC, RECORD_FORMAT, run_id, version, parent_chain_hash, chain_hash, state_hash,
+patch_digest, patch_bytes, anchor_version, is_anchor, codec, created_at, signer, signature]``.
+The signed message is the same array without the signature, prefixed by a domain tag.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+import time
+from dataclasses import dataclass, fields
+from typing import Any, Collection
+
+import msgpack
+
+from pulse_node.chain.identity import Identity, key_id_of, verify_signature
+from pulse_node.errors import IntegrityError, WireError
+
+RECORD_MAGIC = "pulse/version-record"
+RECORD_FORMAT = 1
+MAX_RECORD_BYTES = 2048
+_SIGN_DOMAIN = b"pulse/version-record/sign/1\0"
+_CHAIN_DOMAIN = "pulse/chain/1"
+_GENESIS_DOMAIN = "pulse/genesis/1"
+_MAX_INT = 2**63 - 1
+
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+_STATE_HASH = re.compile(r"[0-9a-f]{16,128}")
+_RUN_ID = re.compile(r"[\x21-\x7e]{1,128}")
+_CODEC = re.compile(r"[a-z0-9._/+-]{1,64}")
+
+
+@dataclass(frozen=True)
+class VersionRecord:
+    """One signed, hash-chained model version. Field order is the wire order."""
+
+    run_id: str
+    version: int
+    parent_chain_hash: str
+    chain_hash: str
+    state_hash: str
+    patch_digest: str
+    patch_bytes: int
+    anchor_version: int
+    is_anchor: bool
+    codec: str
+    created_at: float
+    signer: str
+    signature: bytes
+
+    def short(self) -> str:
+        """``v12@3fa9c1e0`` style tag for log lines."""
+        return f"v{self.version}@{self.chain_hash[:8]}"
+
+
+_FIELDS = tuple(f.name for f in fields(VersionRecord))
+_TYPES: dict[str, type] = {
+    "run_id": str, "version": int, "parent_chain_hash": str, "chain_hash": str,
+    "state_hash": str, "patch_digest": str, "patch_bytes": int, "anchor_version": int,
+    "is_anchor": bool, "codec": str, "created_at": float, "signer": str, "signature": bytes,
+}
+
+
+def digest_of(data: bytes) -> str:
+    """The patch digest used in records: SHA-256, lowercase hex."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def genesis_parent_hash(run_id: str) -> str:
+    """The parent chain hash of version 0 of ``run_id``."""
+    packed = msgpack.packb([_GENESIS_DOMAIN, run_id], use_bin_type=True)
+    return hashlib.sha256(packed).hexdigest()
+
+
+def chain_hash(*, parent_chain_hash: str, version: int, patch_digest: str, state_hash: str) -> str:
+    """Hash committing to a version's parent, number, patch and resulting state."""
+    packed = msgpack.packb([_CHAIN_DOMAIN, parent_chain_hash, version, patch_digest, state_hash],
+                           use_bin_type=True)
+    return hashlib.sha256(packed).hexdigest()
+
+
+def _values(r: VersionRecord) -> list[Any]:
+    return [getattr(r, name) for name in _FIELDS]
+
+
+def signing_bytes(r: VersionRecord) -> bytes:
+    """The exact bytes the signer signs: every field but the signature, domain-tagged."""
+    body = [RECORD_MAGIC, RECORD_FORMAT, *_values(r)[:-1]]
+    return _SIGN_DOMAIN + msgpack.packb(body, use_bin_type=True)
+
+
+def make_record(identity: Identity, *, run_id: str, version: int, parent: VersionRecord | None,
+                state_hash: str, patch: bytes | None, anchor_version: int, is_anchor: bool,
+                codec: str) -> VersionRecord:
+    """Build and sign the record of ``version`` (``patch`` turns ``parent``'s state into it)."""
+    if (version == 0) != (parent is None):
+        raise ValueError("version 0 has no parent; every later version needs its parent record")
+    if (version == 0) != (patch is None):
+        raise ValueError("version 0 has no patch; every later version needs the patch from its parent")
+    if parent is not None and parent.version != version - 1:
+        raise ValueError(f"parent is v{parent.version}, expected v{version - 1}")
+    parent_hash = genesis_parent_hash(run_id) if parent is None else parent.chain_hash
+    digest = "" if patch is None else digest_of(patch)
+    unsigned = VersionRecord(
+        run_id=run_id, version=version, parent_chain_hash=parent_hash,
+        chain_hash=chain_hash(parent_chain_hash=parent_hash, version=version,
+                              patch_digest=digest, state_hash=state_hash),
+        state_hash=state_hash, patch_digest=digest, patch_bytes=0 if patch is None else len(patch),
+        anchor_version=anchor_version, is_anchor=is_anchor, codec=codec,
+        created_at=float(time.time()), signer=identity.public_key_hex, signature=b"")
+    _check_fields(unsigned, unsigned_ok=True, error=ValueError)
+    return _replace_signature(unsigned, identity.sign(signing_bytes(unsigned)))
+
+
+def _replace_signature(r: VersionRecord, signature: bytes) -> VersionRecord:
+    values = dict(zip(_FIELDS, _values(r)))
+    values["signature"] = signature
+    return VersionRecord(**values)
+
+
+def encode_record(r: VersionRecord) -> bytes:
+    """The record's wire bytes (msgpack array, see the module docstring)."""
+    return msgpack.packb([RECORD_MAGIC, RECORD_FORMAT, *_values(r)], use_bin_type=True)
+
+
+def decode_record(data: bytes) -> VersionRecord:
+    """Parse hostile bytes into a record. ``WireError`` if malformed; no signature check here."""
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise WireError("record must be bytes")
+    if len(data) > MAX_RECORD_BYTES:
+        raise WireError(f"record is {len(data)} bytes, limit {MAX_RECORD_BYTES}")
+    try:
+        items = msgpack.unpackb(bytes(data), raw=False, use_list=True, strict_map_key=True,
+                                max_str_len=256, max_bin_len=128, max_array_len=32,
+                                max_map_len=0, max_ext_len=0)
+    except Exception as exc:  # msgpack raises several unrelated types on garbage
+        raise WireError(f"record is not valid msgpack ({type(exc).__name__})") from None
+    if not isinstance(items, list) or len(items) < 2 or items[0] != RECORD_MAGIC:
+        raise WireError("not a version record")
+    if items[1] != RECORD_FORMAT:
+        raise WireError(f"version record format {items[1]!r} is not supported (want {RECORD_FORMAT})")
+    if len(items) != 2 + len(_FIELDS):
+        raise WireError(f"version record has {len(items) - 2} fields, expected {len(_FIELDS)}")
+    values = dict(zip(_FIELDS, items[2:]))
+    for name, want in _TYPES.items():
+        if type(values[name]) is not want:
+            raise WireError(f"record field {name} must be {want.__name__}, "
+                            f"got {type(values[name]).__name__}")
+    r = VersionRecord(**values)
+    _check_fields(r, unsigned_ok=False, error=WireError)
+    return r
+
+
+def _check_fields(r: VersionRecord, *, unsigned_ok: bool, error: type[Exception]) -> None:
+    """Shape rules every record obeys (independent of signature and parent)."""
+    problems = list(_field_problems(r, unsigned_ok=unsigned_ok))
+    if problems:
+        raise error(f"invalid version record v{r.version}: {problems[0]}")
+
+
+def _field_problems(r: VersionRecord, *, unsigned_ok: bool):
+    if not _RUN_ID.fullmatch(r.run_id):
+        yield "run_id must be 1-128 printable ASCII characters without spaces"
+    if not 0 <= r.version <= _MAX_INT or not 0 <= r.patch_bytes <= _MAX_INT:
+        yield "version and patch_bytes must be non-negative 63-bit integers"
+    for name in ("parent_chain_hash", "chain_hash", "signer"):
+        if not _HEX64.fullmatch(getattr(r, name)):
+            yield f"{name} must be 64 lowercase hex characters"
+    if not _STATE_HASH.fullmatch(r.state_hash):
+        yield "state_hash must be 16-128 lowercase hex characters"
+    if r.version == 0 and (r.patch_digest or r.patch_bytes or not r.is_anchor):
+        yield "version 0 must be an anchor without a patch"
+    if r.version > 0 and not _HEX64.fullmatch(r.patch_digest):
+        yield "patch_digest must be 64 lowercase hex characters"
+    if not 0 <= r.anchor_version <= r.version or r.is_anchor != (r.anchor_version == r.version):
+        yield "anchor_version must be <= version, and equal to it exactly when is_anchor"
+    if not _CODEC.fullmatch(r.codec):
+        yield "codec must match [a-z0-9._/+-]{1,64}"
+    if not math.isfinite(r.created_at) or r.created_at < 0:
+        yield "created_at must be a finite non-negative timestamp"
+    if not (unsigned_ok and r.signature == b"") and len(r.signature) != 64:
+        yield "signature must be 64 bytes"
+
+
+def verify_record(r: VersionRecord, *, trusted_signers: Collection[str] | None,
+                  parent: VersionRecord | None = None) -> None:
+    """Check signer, signature, chain hash and (if given) the parent link; ``IntegrityError``.
+
+    ``trusted_signers=None`` accepts any signer whose signature is valid (development swarms
+    only); otherwise the signer's public key hex must be in the collection.
+    """
+    tag = f"record {r.short()} from {key_id_of(r.signer)}"
+    try:
+        _check_fields(r, unsigned_ok=False, error=IntegrityError)
+    except IntegrityError as exc:
+        raise IntegrityError(f"{tag}: {exc}") from None
+    if trusted_signers is not None and r.signer not in trusted_signers:
+        raise IntegrityError(f"{tag}: signer is not a trusted trainer key")
+    if not verify_signature(r.signer, signing_bytes(r), r.signature):
+        raise IntegrityError(f"{tag}: bad signature")
+    want = chain_hash(parent_chain_hash=r.parent_chain_hash, version=r.version,
+                      patch_digest=r.patch_digest, state_hash=r.state_hash)
+    if want != r.chain_hash:
+        raise IntegrityError(f"{tag}: chain hash does not match its fields")
+    if r.version == 0 and r.parent_chain_hash != genesis_parent_hash(r.run_id):
+        raise IntegrityError(f"{tag}: genesis parent hash does not match run {r.run_id!r}")
+    if parent is not None:
+        check_link(parent, r)
+
+
+def check_link(parent: VersionRecord, child: VersionRecord) -> None:
+    """``IntegrityError`` unless ``child`` directly follows ``parent`` in the same run."""
+    tag = f"record {child.short()}"
+    if parent.run_id != child.run_id:
+        raise IntegrityError(f"{tag}: run {child.run_id!r} != parent's run {parent.run_id!r}")
+    if parent.version != child.version - 1:
+        raise IntegrityError(f"{tag}: parent is v{parent.version}, expected v{child.version - 1}")
+    if child.parent_chain_hash != parent.chain_hash:
+        raise IntegrityError(f"{tag}: parent chain hash does not match {parent.short()} (fork?)")
+    if not child.is_anchor and child.anchor_version != parent.anchor_version:
+        raise IntegrityError(f"{tag}: anchor_version {child.anchor_version} != parent's "
+                             f"{parent.anchor_version}")
+
+
+def check_patch(r: VersionRecord, patch: bytes) -> None:
+    """``IntegrityError`` unless ``patch`` is exactly the patch ``r`` names."""
+    if r.version == 0:
+        raise IntegrityError("version 0 has no patch")
+    if len(patch) != r.patch_bytes:
+        raise IntegrityError(f"patch for {r.short()} is {len(patch)} bytes, record says "
+                             f"{r.patch_bytes}")
+    if digest_of(patch) != r.patch_digest:
+        raise IntegrityError(f"patch for {r.short()} does not match the record's digest")

@@ -1,0 +1,454 @@
+"""On-disk version store: anchors, patches and signed records of one run, crash-safe.
+
+Layout (one store root per run; see ``pulse_node.chain.layout``):
+
+    <root>/LOCK                      flock held by the single writer process
+    <root>/records/<v>.rec           encoded VersionRecord: the READY marker of version v
+    <root>/patches/<v>.patch         codec patch turning version v-1 into v
+    <root>/anchors/<v>.safetensors   full state of anchor v; HF-compatible safetensors whose
+                                     metadata carries the record (``pulse.record``, hex)
+    <root>/current/<v>.safetensors   latest verified state for fast restart (optional)
+
+Rules:
+
+- Every file is written atomically (temp file, fsync, rename), data first and the record
+  LAST, so a version exists only once all its data is complete. Deleting goes the other way:
+  record first, then data.
+- Everything is checked before anything is written (signature, trusted signer, chain hash,
+  parent/child links, patch digest, the patch header's base and result state hashes, the
+  anchor's state hash); bad input raises a typed error and leaves the store unchanged.
+- Opening a writer runs ``recover()``: temp files, data without a record, records that do
+  not decode or verify, and files whose size does not match what they declare are removed,
+  so after a kill -9 at any point the store reopens at the last verified version by itself.
+- ``head()`` is the highest version reachable from a stored full state (anchor or current)
+  through present patches whose records link; ``load_state`` replays and verifies each state
+  hash, and drops (and routes around) a stored file that fails its hash.
+- Readers in other processes use ``VersionStore(root, readonly=True)`` or just
+  ``store_path``; they never modify files and never take the lock.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+from pathlib import Path
+from typing import Collection
+
+from pulse_node.chain.layout import (KINDS, embedded_record, is_temp, parse_version,
+                                     read_safetensors_header, remove_quietly, state_metadata,
+                                     store_path)
+from pulse_node.chain.record import (VersionRecord, check_link, check_patch, decode_record,
+                                     encode_record, verify_record)
+from pulse_node.codec.patch import apply_patch, read_header
+from pulse_node.codec.state import State, load_safetensors, save_safetensors_atomic, write_atomic
+from pulse_node.codec.statehash import state_hash
+from pulse_node.errors import GapError, IntegrityError, PatchError, PulseError, StoreError
+
+log = logging.getLogger(__name__)
+
+_DATA_KINDS = ("patch", "anchor", "current")
+
+
+class VersionStore:
+    """Versions of one run on disk. Single writer per root (enforced with ``flock``)."""
+
+    def __init__(self, root: Path, *, trusted_signers: Collection[str] | None = None,
+                 readonly: bool = False) -> None:
+        self.root = Path(root)
+        self.trusted = None if trusted_signers is None else frozenset(trusted_signers)
+        self.readonly = readonly
+        self._lock_fd: int | None = None
+        self._records: dict[int, VersionRecord] = {}
+        self._files: dict[str, set[int]] = {kind: set() for kind in _DATA_KINDS}
+        if readonly:
+            if not self.root.is_dir():
+                raise StoreError(f"{self.root}: version store does not exist")
+            self._scan()
+        else:
+            self._lock()
+            self.recover()
+
+    # ----------------------------------------------------------------- lifecycle
+    def _lock(self) -> None:
+        for folder, _ in KINDS.values():
+            (self.root / folder).mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.root / "LOCK", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise StoreError(f"{self.root}: another process has this version store open "
+                             "for writing") from None
+        self._lock_fd = fd
+
+    def close(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # closing releases the flock
+            self._lock_fd = None
+
+    def __enter__(self) -> "VersionStore":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _require_writer(self) -> None:
+        if self.readonly or self._lock_fd is None:
+            raise StoreError(f"{self.root}: store is read-only or closed")
+
+    # ----------------------------------------------------------------- recovery
+    def recover(self) -> list[Path]:
+        """Remove leftovers of interrupted writes and invalid files; returns what was removed."""
+        self._require_writer()
+        removed = [p for folder, _ in KINDS.values() for p in (self.root / folder).iterdir()
+                   if is_temp(p) and remove_quietly(p)]
+        removed += self._scan(repair=True)
+        for p in removed:
+            log.warning("version store recovery removed %s", p)
+        return removed
+
+    def refresh(self) -> None:
+        """Re-read the directory (readers in other processes)."""
+        self._scan()
+
+    def _scan(self, *, repair: bool = False) -> list[Path]:
+        """Rebuild the index from disk; with ``repair`` delete what is provably garbage."""
+        bad: list[Path] = []
+        untrusted: set[int] = set()
+        self._records = self._scan_records(bad, untrusted)
+        for kind in _DATA_KINDS:
+            self._files[kind] = self._scan_data(kind, bad, skip=untrusted)
+        self._keep_newest_current(bad)
+        if repair:
+            return [p for p in bad if remove_quietly(p)]
+        return []
+
+    def _scan_records(self, bad: list[Path], untrusted: set[int]) -> dict[int, VersionRecord]:
+        """Valid records by version; invalid ones go to ``bad``, untrusted ones are left alone."""
+        records: dict[int, VersionRecord] = {}
+        for path in (self.root / "records").iterdir():
+            v = parse_version(path, ".rec")
+            if v is None:
+                continue
+            try:
+                r = decode_record(path.read_bytes())
+                verify_record(r, trusted_signers=None)
+                if r.version != v:
+                    raise StoreError(f"{path}: holds the record of v{r.version}")
+            except (PulseError, OSError) as exc:
+                log.warning("ignoring invalid record %s: %s", path, exc)
+                bad.append(path)
+                continue
+            if self.trusted is None or r.signer in self.trusted:
+                records[v] = r
+            else:
+                log.warning("ignoring %s: signer is not trusted", path)
+                untrusted.add(v)
+        return records
+
+    def _scan_data(self, kind: str, bad: list[Path], *, skip: set[int]) -> set[int]:
+        folder, suffix = KINDS[kind]
+        present: set[int] = set()
+        for path in (self.root / folder).iterdir():
+            v = parse_version(path, suffix)
+            if v is None or v in skip:
+                continue
+            r = self._records.get(v)
+            problem = "no valid record" if r is None else self._data_problem(kind, path, r)
+            if problem:
+                log.warning("ignoring %s: %s", path, problem)
+                bad.append(path)
+            else:
+                present.add(v)
+        return present
+
+    @staticmethod
+    def _data_problem(kind: str, path: Path, r: VersionRecord) -> str | None:
+        """Cheap structural check of a data file against its record (full hashes on load)."""
+        if kind == "patch":
+            size = path.stat().st_size
+            return None if size == r.patch_bytes else f"{size} bytes, record says {r.patch_bytes}"
+        if kind == "anchor" and not r.is_anchor:
+            return "record is not an anchor"
+        try:
+            carried = embedded_record(path)
+        except StoreError as exc:
+            return str(exc)
+        return None if carried.chain_hash == r.chain_hash else "carries another version's record"
+
+    def _keep_newest_current(self, bad: list[Path]) -> None:
+        currents = sorted(self._files["current"])
+        for v in currents[:-1]:
+            bad.append(store_path(self.root, "current", v))
+        self._files["current"] = set(currents[-1:])
+
+    # ----------------------------------------------------------------- queries
+    def path_of(self, kind: str, version: int) -> Path:
+        """Path of file ``kind`` ("record", "patch", "anchor", "current") of ``version``."""
+        return store_path(self.root, kind, version)
+
+    def record(self, version: int) -> VersionRecord | None:
+        return self._records.get(version)
+
+    def versions(self) -> list[int]:
+        """Versions with a valid record, ascending."""
+        return sorted(self._records)
+
+    def anchors(self) -> list[int]:
+        return sorted(self._files["anchor"])
+
+    def has_patch(self, version: int) -> bool:
+        return version in self._files["patch"]
+
+    def current_version(self) -> int | None:
+        return max(self._files["current"], default=None)
+
+    def head(self) -> VersionRecord | None:
+        """Highest version whose chain is complete from a stored full state (None if empty)."""
+        reachable = self._reachable()
+        return self._records[max(reachable)] if reachable else None
+
+    def _is_start(self, v: int) -> bool:
+        return v in self._files["anchor"] or v in self._files["current"]
+
+    def _links(self, v: int) -> bool:
+        """Version v follows v-1 through a stored patch and linked records."""
+        parent, child = self._records.get(v - 1), self._records.get(v)
+        if parent is None or child is None or v not in self._files["patch"]:
+            return False
+        try:
+            check_link(parent, child)
+        except IntegrityError:
+            return False
+        return True
+
+    def _reachable(self) -> set[int]:
+        reachable: set[int] = set()
+        for v in sorted(self._records):
+            if self._is_start(v) or (v - 1 in reachable and self._links(v)):
+                reachable.add(v)
+        return reachable
+
+    # ----------------------------------------------------------------- reads
+    def patch_bytes(self, version: int) -> bytes:
+        """The stored patch of ``version``, digest-checked (a corrupt file is dropped)."""
+        r = self._need_record(version)
+        if version not in self._files["patch"]:
+            raise StoreError(f"no patch stored for v{version}")
+        data = self._read(self.path_of("patch", version))
+        try:
+            check_patch(r, data)
+        except IntegrityError:
+            self._drop("patch", version)
+            raise
+        return data
+
+    def anchor_state(self, version: int) -> State:
+        """The stored anchor state of ``version``, hash-checked against its record."""
+        return self._full_state("anchor", version)
+
+    def _full_state(self, kind: str, version: int) -> State:
+        r = self._need_record(version)
+        if version not in self._files[kind]:
+            raise StoreError(f"no {kind} state stored for v{version}")
+        path = self.path_of(kind, version)
+        try:
+            state = load_safetensors(path)
+            got = state_hash(state)
+        except PatchError as exc:
+            self._drop(kind, version)
+            raise IntegrityError(f"{path}: unreadable ({exc}); removed") from None
+        if got != r.state_hash:
+            self._drop(kind, version)
+            raise IntegrityError(f"{path}: state hash {got[:16]} != record {r.state_hash[:16]}; "
+                                 "removed")
+        return state
+
+    def load_state(self, version: int) -> State:
+        """Rebuild ``version``: nearest stored full state <= version, then verified patches.
+
+        A stored file that fails its hash is dropped and another path is tried; ``GapError``
+        if no complete path exists, ``IntegrityError`` only if the last path fails too.
+        """
+        self._need_record(version)
+        for _ in range(len(self._records) + 2):  # every failed attempt drops one file
+            start = self._plan(version)
+            try:
+                return self._replay(start, version)
+            except IntegrityError as exc:
+                log.error("v%d: %s; trying another path", version, exc)
+                if self._plan_or_none(version) is None:
+                    raise
+        raise IntegrityError(f"cannot rebuild v{version}: every stored path fails verification")
+
+    def _plan(self, version: int) -> int:
+        """Highest start (anchor/current) from which ``version`` is reachable, or GapError."""
+        v = version
+        while not self._is_start(v):
+            if not self._links(v):
+                raise GapError(f"cannot rebuild v{version}: v{v} has no stored patch linked to "
+                               f"v{v - 1} and no full state")
+            v -= 1
+        return v
+
+    def _plan_or_none(self, version: int) -> int | None:
+        try:
+            return self._plan(version)
+        except GapError:
+            return None
+
+    def _replay(self, start: int, version: int) -> State:
+        kind = "anchor" if start in self._files["anchor"] else "current"
+        state = self._full_state(kind, start)
+        for v in range(start + 1, version + 1):
+            patch = self.patch_bytes(v)
+            try:
+                self._check_header(patch, self._records[v], self._records[v - 1])
+                state = apply_patch(state, patch, verify=True)
+            except (PatchError, IntegrityError) as exc:  # BaseMismatchError included
+                self._drop("patch", v)
+                raise IntegrityError(f"patch v{v} does not reproduce its record: {exc}") from None
+        return state
+
+    def _need_record(self, version: int) -> VersionRecord:
+        r = self._records.get(version)
+        if r is None:
+            raise StoreError(f"no record stored for v{version}")
+        return r
+
+    @staticmethod
+    def _read(path: Path) -> bytes:
+        try:
+            return path.read_bytes()
+        except OSError as exc:
+            raise StoreError(f"{path}: cannot read ({exc.strerror})") from None
+
+    @staticmethod
+    def _check_header(patch: bytes, r: VersionRecord, parent: VersionRecord | None) -> None:
+        """The codec header must name the record's state and (if known) the parent's."""
+        header = read_header(patch)
+        if header.result_state_hash != r.state_hash:
+            raise IntegrityError(f"patch for {r.short()} produces a different state than the "
+                                 "record says")
+        if parent is not None and header.base_state_hash != parent.state_hash:
+            raise IntegrityError(f"patch for {r.short()} expects a base other than "
+                                 f"{parent.short()}")
+
+    # ----------------------------------------------------------------- retention
+    def retain(self, keep_versions: int, keep_anchors: int) -> list[Path]:
+        """Delete old versions, never a link a kept chain needs. Returns the removed files.
+
+        Kept: the newest ``keep_versions`` versions up to the head, every patch and record from
+        the anchor that the oldest of them is rebuilt from, every anchor at or after that one,
+        the newest ``keep_anchors`` anchors (with their records), and all versions above the head.
+        """
+        self._require_writer()
+        if keep_versions < 1 or keep_anchors < 0:
+            raise StoreError("retain needs keep_versions >= 1 and keep_anchors >= 0")
+        head = self.head()
+        if head is None:
+            return []
+        base = self._chain_base(max(0, head.version - keep_versions + 1))
+        anchors = set(self.anchors()[len(self.anchors()) - keep_anchors:] if keep_anchors else [])
+        anchors |= {a for a in self._files["anchor"] if a >= base}
+        removed: list[Path] = []
+        for v in sorted(set(self._records) | set().union(*self._files.values())):
+            if v >= base:
+                continue
+            if v not in anchors:
+                removed += self._delete_version(v)
+            elif v in self._files["patch"]:
+                removed += self._delete_file("patch", v)
+        return removed
+
+    def _chain_base(self, low: int) -> int:
+        """Start of the chain that rebuilds ``low``: an anchor if one is reachable, else current."""
+        v = low
+        while v not in self._files["anchor"] and self._links(v):
+            v -= 1
+        return v if v in self._files["anchor"] else self._plan(low)
+
+    def _delete_version(self, v: int) -> list[Path]:
+        removed = []
+        if v in self._records:  # record first: the version stops being READY before data goes
+            del self._records[v]
+            if remove_quietly(self.path_of("record", v)):
+                removed.append(self.path_of("record", v))
+        for kind in _DATA_KINDS:
+            if v in self._files[kind]:
+                removed += self._delete_file(kind, v)
+        return removed
+
+    def _delete_file(self, kind: str, v: int) -> list[Path]:
+        self._files[kind].discard(v)
+        path = self.path_of(kind, v)
+        return [path] if remove_quietly(path) else []
+
+    # ----------------------------------------------------------------- writes
+    def put_patch(self, record: VersionRecord, patch: bytes) -> None:
+        """Store the patch of ``record.version`` (and its record). Idempotent."""
+        self._require_writer()
+        self._admit(record)
+        check_patch(record, patch)
+        self._check_header(patch, record, self._records.get(record.version - 1))
+        v = record.version
+        if v not in self._files["patch"]:
+            write_atomic(self.path_of("patch", v), patch)
+        self._commit(record, "patch")
+
+    def put_anchor(self, record: VersionRecord, state: State) -> None:
+        """Store the full state of anchor ``record.version`` (and its record). Idempotent."""
+        self._require_writer()
+        if not record.is_anchor:
+            raise StoreError(f"{record.short()} is not an anchor version")
+        self._admit(record)
+        self._write_full_state("anchor", record, state)
+
+    def put_current(self, record: VersionRecord, state: State) -> None:
+        """Save ``state`` as the latest verified state (its record must be stored already)."""
+        self._require_writer()
+        stored = self._need_record(record.version)
+        if stored.chain_hash != record.chain_hash:
+            raise IntegrityError(f"{record.short()} is not the stored record of v{record.version}")
+        self._write_full_state("current", stored, state)
+        for old in sorted(self._files["current"] - {record.version}):
+            self._files["current"].discard(old)
+            remove_quietly(self.path_of("current", old))
+
+    def _write_full_state(self, kind: str, record: VersionRecord, state: State) -> None:
+        got = state_hash(state)
+        if got != record.state_hash:
+            raise IntegrityError(f"state for {record.short()} hashes to {got[:16]}, record says "
+                                 f"{record.state_hash[:16]}")
+        v = record.version
+        if v not in self._files[kind]:
+            save_safetensors_atomic(state, self.path_of(kind, v), state_metadata(record))
+        self._commit(record, kind)
+
+    def _admit(self, record: VersionRecord) -> None:
+        """All checks a new record must pass against what is stored; raises, writes nothing."""
+        verify_record(record, trusted_signers=self.trusted,
+                      parent=self._records.get(record.version - 1))
+        v = record.version
+        existing, child = self._records.get(v), self._records.get(v + 1)
+        if existing is not None and (existing.chain_hash, existing.anchor_version) != (
+                record.chain_hash, record.anchor_version):
+            raise IntegrityError(f"{record.short()} conflicts with stored {existing.short()} (fork)")
+        if child is not None:
+            check_link(record, child)
+
+    def _commit(self, record: VersionRecord, kind: str) -> None:
+        """Write the record last (READY marker) and index the data file."""
+        v = record.version
+        if v not in self._records:
+            write_atomic(self.path_of("record", v), encode_record(record))
+            self._records[v] = record
+        self._files[kind].add(v)
+
+    def _drop(self, kind: str, version: int) -> None:
+        """Forget and delete a data file that failed verification (writer only)."""
+        self._files[kind].discard(version)
+        if not self.readonly:
+            remove_quietly(self.path_of(kind, version))
+            log.error("removed corrupt %s of v%d", kind, version)

@@ -1,0 +1,55 @@
+"""``pulse-node join``: run one daemon (trainer or inference) that joins a swarm via a bootstrap.
+
+    pulse-node join --bootstrap /ip4/1.2.3.4/tcp/31337/p2p/Qm... --role inference
+    pulse-node join --role trainer --config configs/trainer.toml --print-config
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from pulse_node.commands.common import add_config_flags, flag_overrides
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("join", help="run a trainer or inference daemon in a swarm",
+                       description="Run a trainer or inference daemon that joins a swarm through a DHT bootstrap.")
+    p.add_argument("--bootstrap", action="append", default=[], metavar="MULTIADDR",
+                   help="multiaddr of a bootstrap peer (repeatable)")
+    p.add_argument("--role", choices=("trainer", "inference"), default=None, help="node role (default: from --config, else inference)")
+    p.add_argument("--data-dir", help="identity, version store and status.json live here")
+    p.add_argument("--announce", action="append", default=[], metavar="MULTIADDR",
+                   help="publicly reachable DHT address to announce (repeatable)")
+    p.add_argument("--wire-announce", action="append", default=[], metavar="MULTIADDR",
+                   help="publicly reachable data-plane address to announce (repeatable)")
+    p.add_argument("--metrics-port", type=int, help="port of /metrics, /health, /status (0 = any)")
+    p.add_argument("--max-versions", type=int, help="stop advancing after this version")
+    add_config_flags(p)
+    p.set_defaults(run=run)
+
+
+def resolve_config(args: argparse.Namespace):
+    """The validated role config: defaults < file < --set < explicit flags."""
+    from pulse_node.config import ROLE_CONFIGS
+    from pulse_node.configload import load_config, read_toml
+
+    role = args.role or (read_toml(args.config).get("role") if args.config else None) or "inference"
+    overrides = list(args.overrides) + flag_overrides({
+        "role": role, "data_dir": args.data_dir, "metrics_port": args.metrics_port,
+        "max_versions": args.max_versions, "net.bootstrap": args.bootstrap or None,
+        "net.announce": args.announce or None, "net.wire_announce": args.wire_announce or None,
+    })
+    return load_config(ROLE_CONFIGS[role], args.config, overrides)
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = resolve_config(args)
+    if args.print_config:
+        from pulse_node.configload import dump_toml
+
+        print(dump_toml(cfg), end="")
+        return 0
+    from pulse_node.node.p2p import P2PTransport
+    from pulse_node.node.runtime import run_node
+
+    return run_node(cfg, P2PTransport.create)

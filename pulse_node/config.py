@@ -1,0 +1,117 @@
+"""One validated config object per role, built from defaults < TOML file < CLI overrides.
+
+Importable without torch, hivemind or libp2p. Sections (``model``, ``task``, ``sampling``,
+``grpo``, ``loco``) are defined next to the code that uses them; this module composes them
+into ``TrainerConfig``, ``InferenceConfig`` and ``SwarmConfig``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+
+from pulse_node.configload import StrictModel
+from pulse_node.loco.config import LocoConfig
+from pulse_node.rl.config import GRPOConfig, ModelConfig, SamplingConfig, TaskConfig
+
+
+class NetConfig(StrictModel):
+    """Discovery (hivemind DHT) and data plane (py-libp2p) settings."""
+
+    bootstrap: list[str] = Field(default_factory=list, description="multiaddrs of DHT entry points")
+    dht_listen: list[str] = Field(default_factory=lambda: ["/ip4/0.0.0.0/tcp/0"])
+    wire_listen: list[str] = Field(default_factory=lambda: ["/ip4/0.0.0.0/tcp/0"])
+    announce: list[str] = Field(default_factory=list, description="publicly reachable DHT multiaddrs")
+    wire_announce: list[str] = Field(default_factory=list, description="publicly reachable data-plane multiaddrs")
+    use_relay: bool = True
+    use_auto_relay: bool = False
+    client_mode: bool = False
+    record_ttl_s: float = Field(30.0, gt=1)
+    head_poll_s: float = Field(1.0, gt=0)
+    fetch_timeout_s: float = Field(60.0, gt=0)
+    max_parallel_fetches: int = Field(4, ge=1, le=64)
+    worker_start_timeout_s: float = Field(60.0, gt=0)
+
+
+class ChainConfig(StrictModel):
+    """Version publication and acceptance."""
+
+    patch_mode: Literal["compact", "overwrite"] = "compact"
+    anchor_every: int = Field(10, ge=1, description="a full anchor every N versions")
+    keep_versions: int = Field(64, ge=1, description="patches kept (and re-served) behind the head")
+    keep_anchors: int = Field(2, ge=1)
+    trusted_trainers: list[str] = Field(
+        default_factory=list,
+        description="Ed25519 public keys (hex) whose signed version records are accepted; "
+        "empty = accept any peer that announces the trainer role (local swarms only)",
+    )
+    min_signers: int = Field(1, ge=1, description="distinct trusted trainers that must sign a version")
+
+
+class NodeConfig(StrictModel):
+    """Settings every daemon role shares."""
+
+    run_id: str = Field("pulse-default", pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    data_dir: Path = Path("./pulse-data")
+    seed: int = 0
+    max_versions: int | None = Field(None, ge=1, description="stop after this version (default: run forever)")
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int = Field(0, ge=0, le=65535, description="0 = any free port (written to data_dir/status.json)")
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    task: TaskConfig = Field(default_factory=TaskConfig)
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    net: NetConfig = Field(default_factory=NetConfig)
+    chain: ChainConfig = Field(default_factory=ChainConfig)
+
+
+class TrainerConfig(NodeConfig):
+    """A trainer: GRPO inner steps, PULSELoCo rounds, version publication."""
+
+    role: Literal["trainer"] = "trainer"
+    grpo: GRPOConfig = Field(default_factory=GRPOConfig)
+    loco: LocoConfig = Field(default_factory=LocoConfig)
+    rollout_wait_s: float = Field(5.0, ge=0, description="wait this long for peers' rollouts, then make our own")
+    eval_every: int = Field(1, ge=0, description="held-out eval every N versions (0 = never)")
+
+
+class InferenceConfig(NodeConfig):
+    """An inference node: pulls versions, generates and scores rollouts for trainers."""
+
+    role: Literal["inference"] = "inference"
+    rollout_batches_per_version: int = Field(4, ge=0, description="rollout batches sent per version held")
+
+
+class SwarmConfig(StrictModel):
+    """``pulse-node swarm``: a bootstrap plus T trainers and I inference nodes as local processes.
+
+    The shared sections (``model``, ``task``, ``sampling``, ``chain``, ``net``) go to every node;
+    ``grpo``/``loco`` to trainers. Each node gets its own data dir under ``run_dir``.
+    """
+
+    trainers: int = Field(2, ge=1, le=16)
+    inference: int = Field(2, ge=0, le=32)
+    versions: int | None = Field(None, ge=1, description="stop once every node holds this version")
+    run_dir: Path = Path("./pulse-swarm")
+    fresh: bool = Field(True, description="start a new run (wipe node stores in run_dir)")
+    host: str = "127.0.0.1"
+    run_id: str = Field("pulse-local", pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    seed: int = 0
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    stop_timeout_s: float = Field(10.0, gt=0)
+    start_timeout_s: float = Field(600.0, gt=0)
+    rollout_wait_s: float = Field(5.0, ge=0)
+    eval_every: int = Field(1, ge=0)
+    rollout_batches_per_version: int = Field(4, ge=0)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    task: TaskConfig = Field(default_factory=TaskConfig)
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    chain: ChainConfig = Field(default_factory=ChainConfig)
+    net: NetConfig = Field(default_factory=NetConfig)
+    grpo: GRPOConfig = Field(default_factory=GRPOConfig)
+    loco: LocoConfig = Field(default_factory=LocoConfig)
+
+
+ROLE_CONFIGS: dict[str, type[NodeConfig]] = {"trainer": TrainerConfig, "inference": InferenceConfig}

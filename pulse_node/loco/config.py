@@ -1,0 +1,31 @@
+"""The PULSELoCo configuration section (torch-free, validated by pydantic)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import pydantic
+
+from pulse_node.configload import StrictModel
+
+
+class LocoConfig(StrictModel):
+    """Knobs of one PULSELoCo swarm; every trainer of a swarm must use the same values.
+
+    ``gate="bf16"`` sends an entry of ``s = e + d`` only if it would change the BF16 model
+    (``bf16(theta) != bf16(theta - s)``, bitwise); ``gate="none"`` sends every entry (dense
+    DiLoCo through the same pipeline; the error-feedback buffer then stays zero).
+    """
+
+    inner_steps: int = pydantic.Field(10, ge=1, le=100_000)
+    outer_lr: float = pydantic.Field(0.7, gt=0.0, le=10.0)
+    outer_momentum: float = pydantic.Field(0.9, ge=0.0, lt=1.0)
+    nesterov: bool = True
+    gate: Literal["bf16", "none"] = "bf16"
+    deadline_s: float = pydantic.Field(60.0, gt=0.0)
+    """Wall time after the round opens within which a payload must arrive to be averaged."""
+    min_contributors: int = pydantic.Field(1, ge=1)
+    """Below this many on-time payloads the round applies no update (the round still closes)."""
+    max_payload_bytes: int = pydantic.Field(1 << 30, ge=1024)
+    """Encoded payloads above this size are refused before decoding."""
+    zstd_level: int = pydantic.Field(3, ge=1, le=19)

@@ -1,0 +1,176 @@
+"""N PULSELoCo trainers in one process (no network): used by the tests and the benchmark.
+
+Each simulated trainer owns what a networked trainer owns -- its local model and inner
+optimizer (``InnerTrainer``), an ``ErrorFeedback`` and an ``OuterOptimizer`` over its own
+replica of the FP32 global weights -- and payloads travel as encoded bytes that every receiver
+decodes, so the wire codec is exercised every round. One round:
+
+1. every trainer takes ``cfg.inner_steps`` inner steps;
+2. every trainer builds and encodes its payload against the round's base hash;
+3. trainers in ``drop(round)`` miss the deadline: their payload is not delivered and they
+   ``restore`` it into their error feedback;
+4. every trainer decodes the delivered payloads, in its own (shuffled) arrival order, and
+   applies them with its ``OuterOptimizer``;
+5. trainers compare state hashes; one whose hash differs from the majority re-syncs by loading
+   a majority peer's ``state_dict`` (verified against the majority hash);
+6. every trainer resets its local weights to its global replica.
+"""
+
+from __future__ import annotations
+
+import collections
+import random
+from dataclasses import dataclass, field
+from typing import Callable, Collection, Mapping, Protocol
+
+import torch
+
+from pulse_node.loco.config import LocoConfig
+from pulse_node.loco.outer import OuterOptimizer
+from pulse_node.loco.payload import LocoPayload, decode_payload, encode_payload
+from pulse_node.loco.sparsify import ErrorFeedback
+
+
+class InnerTrainer(Protocol):
+    """What ``make_trainer(rank)`` returns: FP32 local weights and one inner optimizer step."""
+
+    def local_params(self) -> Mapping[str, torch.Tensor]:
+        """Named FP32 weights that ``inner_step`` updates in place."""
+
+    def inner_step(self) -> float:
+        """One inner (AdamW) step on this trainer's data shard; returns the loss."""
+
+
+@dataclass
+class Replica:
+    """One simulated trainer: its model, error feedback and its replica of the global state."""
+
+    trainer_id: str
+    trainer: InnerTrainer
+    feedback: ErrorFeedback
+    outer: OuterOptimizer
+
+
+@dataclass
+class RoundRecord:
+    round: int
+    loss: float
+    contributors: list[str]
+    payload_bytes: dict[str, int]
+    fired: dict[str, int]
+    hashes: dict[str, bytes]
+    resynced: list[str] = field(default_factory=list)
+    rss_bytes: int = 0
+
+
+@dataclass
+class LocoRun:
+    replicas: list[Replica]
+    records: list[RoundRecord]
+    numel: int
+
+    def global_params(self) -> dict[str, torch.Tensor]:
+        return self.replicas[0].outer.params
+
+
+DropFn = Callable[[int], Collection[int]]
+FaultFn = Callable[[int, list[Replica]], None]
+
+
+def _rss() -> int:
+    try:
+        import psutil
+    except ImportError:
+        return 0
+    return int(psutil.Process().memory_info().rss)
+
+
+def _build(n_trainers: int, make_trainer: Callable[[int], InnerTrainer], cfg: LocoConfig,
+           make_feedback: Callable[..., ErrorFeedback]) -> list[Replica]:
+    trainers = [make_trainer(rank) for rank in range(n_trainers)]
+    start = {n: t.detach().clone() for n, t in trainers[0].local_params().items()}
+    shapes = {n: tuple(t.shape) for n, t in start.items()}
+    replicas = []
+    for rank, tr in enumerate(trainers):
+        with torch.no_grad():
+            for n, t in tr.local_params().items():
+                t.copy_(start[n])
+        outer = OuterOptimizer({n: t.clone() for n, t in start.items()}, cfg)
+        replicas.append(Replica(f"t{rank:03d}", tr, make_feedback(shapes, cfg=cfg), outer))
+    return replicas
+
+
+def _deliver(replicas: list[Replica], rnd: int, cfg: LocoConfig, dropped: Collection[int],
+             rec: RoundRecord) -> list[bytes]:
+    """Steps 2-3: payload bytes of the trainers that made the deadline."""
+    delivered = []
+    for rank, rep in enumerate(replicas):
+        p = rep.feedback.make_payload(rep.outer.params, rep.trainer.local_params(), round=rnd,
+                                      trainer_id=rep.trainer_id, base_hash=rep.outer.state_hash())
+        data = encode_payload(p, level=cfg.zstd_level)
+        rec.payload_bytes[rep.trainer_id], rec.fired[rep.trainer_id] = len(data), p.count
+        if rank in dropped:
+            rep.feedback.restore(p)
+        else:
+            delivered.append(data)
+            rec.contributors.append(rep.trainer_id)
+    return delivered
+
+
+def _apply_all(replicas: list[Replica], delivered: list[bytes], cfg: LocoConfig, rng: random.Random) -> None:
+    """Step 4: every trainer decodes and applies the payloads in its own arrival order."""
+    for rep in replicas:
+        shapes = rep.feedback.shapes
+        order = list(delivered)
+        rng.shuffle(order)
+        payloads: list[LocoPayload] = [decode_payload(d, shapes=shapes, max_bytes=cfg.max_payload_bytes)
+                                       for d in order]
+        rep.outer.apply(payloads)
+
+
+def resync_minority(replicas: list[Replica]) -> list[str]:
+    """Step 5: trainers off the majority hash pull a majority peer's state; returns their ids."""
+    hashes = {r.trainer_id: r.outer.state_hash() for r in replicas}
+    counts = collections.Counter(hashes.values())
+    majority = min(counts, key=lambda h: (-counts[h], h))
+    source = next(r for r in replicas if hashes[r.trainer_id] == majority)
+    fixed = []
+    for rep in replicas:
+        if hashes[rep.trainer_id] != majority:
+            rep.outer.load_state_dict(source.outer.state_dict(), expect_hash=majority)
+            fixed.append(rep.trainer_id)
+    return fixed
+
+
+def run_inprocess(n_trainers: int, make_trainer: Callable[[int], InnerTrainer], *, rounds: int,
+                  cfg: LocoConfig, drop: DropFn | None = None, fault: FaultFn | None = None,
+                  arrival_seed: int = 0, make_feedback: Callable[..., ErrorFeedback] = ErrorFeedback,
+                  on_round: Callable[[RoundRecord, list[Replica]], None] | None = None) -> LocoRun:
+    """Run ``rounds`` PULSELoCo rounds of ``n_trainers`` trainers; see the module docstring.
+
+    ``drop(round)`` gives the ranks that miss that round's deadline; ``fault(round, replicas)``
+    may corrupt state after the outer step (to exercise re-sync); ``on_round`` sees each record.
+    """
+    replicas = _build(n_trainers, make_trainer, cfg, make_feedback)
+    rng = random.Random(arrival_seed)
+    records = []
+    for rnd in range(rounds):
+        losses = [rep.trainer.inner_step() for rep in replicas for _ in range(cfg.inner_steps)]
+        rec = RoundRecord(rnd, sum(losses) / len(losses), [], {}, {}, {})
+        delivered = _deliver(replicas, rnd, cfg, set(drop(rnd)) if drop else set(), rec)
+        _apply_all(replicas, delivered, cfg, rng)
+        if fault is not None:
+            fault(rnd, replicas)
+        rec.resynced = resync_minority(replicas)
+        rec.hashes = {r.trainer_id: r.outer.state_hash() for r in replicas}
+        with torch.no_grad():
+            for rep in replicas:
+                for n, t in rep.trainer.local_params().items():
+                    t.copy_(rep.outer.params[n])
+        rec.rss_bytes = _rss()
+        records.append(rec)
+        if on_round is not None:
+            on_round(rec, replicas)
+    numel = sum(t.numel() for t in replicas[0].outer.params.values())
+    return LocoRun(replicas, records, numel)
+

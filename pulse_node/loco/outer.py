@@ -1,0 +1,137 @@
+"""Deterministic aggregation of PULSELoCo payloads and the outer Nesterov SGD step.
+
+Every trainer keeps a replica of the FP32 global weights and the outer momentum and applies the
+same payloads. To end each round bit-identical on every trainer (and every CPU):
+
+- payloads are applied in canonical order, sorted by trainer id, whatever order they arrived in;
+- the mean is accumulated in a preallocated FP32 buffer, one IEEE add per entry in that order,
+  then divided by the number of contributors;
+- the outer step uses only single-rounding elementwise ops (``mul``, ``add``, ``sub``; never
+  ``alpha=``, ``addcmul`` or other fused forms that may compile to FMA on some CPUs).
+
+Outer step (``g`` = mean pseudo-gradient)::
+
+    m = mu * m + g
+    theta -= lr * (g + mu * m)   if nesterov else   lr * m
+
+``state_hash()`` covers round, weights and momentum; a trainer whose hash disagrees with the
+swarm pulls ``state_dict()`` of a peer and calls ``load_state_dict``.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import torch
+
+from pulse_node.errors import BaseMismatchError, WireError
+from pulse_node.loco.config import LocoConfig
+from pulse_node.loco.hashing import tensors_hash
+from pulse_node.loco.payload import LocoPayload
+
+
+class OuterOptimizer:
+    """Owns the outer momentum; updates the given FP32 global weights in place."""
+
+    def __init__(self, params: Mapping[str, torch.Tensor], cfg: LocoConfig, *, round: int = 0) -> None:
+        for name, t in params.items():
+            if t.dtype != torch.float32 or t.device.type != "cpu":
+                raise TypeError(f"{name}: global weights must be FP32 CPU tensors")
+        self.cfg = cfg
+        self.params = {n: params[n] for n in sorted(params)}
+        self.momentum = {n: torch.zeros_like(t) for n, t in self.params.items()}
+        self._acc = {n: torch.zeros_like(t) for n, t in self.params.items()}
+        self._tmp = {n: torch.zeros_like(t) for n, t in self.params.items()}
+        self.round = round
+        self._hash: bytes | None = None
+
+    def state_hash(self) -> bytes:
+        """Hash of (round, weights, momentum); the base every payload of this round names."""
+        if self._hash is None:
+            self._hash = tensors_hash(("param", self.params), ("momentum", self.momentum),
+                                      round=self.round)
+        return self._hash
+
+    def _validate(self, payloads: Sequence[LocoPayload]) -> None:
+        seen: set[str] = set()
+        base = self.state_hash()
+        for p in payloads:
+            if p.trainer_id in seen:
+                raise WireError(f"two payloads from trainer {p.trainer_id!r} in round {self.round}")
+            seen.add(p.trainer_id)
+            if p.round != self.round:
+                raise WireError(f"payload of {p.trainer_id!r} is for round {p.round}, not {self.round}")
+            if p.base_hash != base:
+                raise BaseMismatchError(f"payload of {p.trainer_id!r} was made on another global state")
+            for name, (idx, vals) in p.tensors.items():
+                t = self.params.get(name)
+                if t is None:
+                    raise WireError(f"payload of {p.trainer_id!r} names unknown tensor {name!r}")
+                if (idx.shape != vals.shape or idx.ndim != 1 or vals.dtype.name != "float32"
+                        or idx.dtype.name != "int64"):
+                    raise WireError(f"{name}: payload positions/values malformed")
+                if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= t.numel()):
+                    raise WireError(f"{name}: payload position out of range")
+
+    def _mean_into_acc(self, name: str, ordered: Sequence[LocoPayload]) -> torch.Tensor:
+        acc = self._acc[name]
+        acc.zero_()
+        flat = acc.view(-1)
+        for p in ordered:
+            if name in p.tensors:
+                idx, vals = p.tensors[name]
+                flat.index_add_(0, torch.as_tensor(idx), torch.as_tensor(vals))
+        return acc.div_(float(len(ordered)))
+
+    def _step(self, name: str, g: torch.Tensor) -> None:
+        m, tmp, theta = self.momentum[name], self._tmp[name], self.params[name]
+        mu, lr = self.cfg.outer_momentum, self.cfg.outer_lr
+        m.mul_(mu).add_(g)
+        if self.cfg.nesterov:
+            torch.mul(m, mu, out=tmp)
+            tmp.add_(g)
+        else:
+            tmp.copy_(m)
+        tmp.mul_(lr)
+        theta.sub_(tmp)
+
+    @torch.no_grad()
+    def apply(self, payloads: Sequence[LocoPayload]) -> None:
+        """Average the payloads of this round's contributors and take one outer step.
+
+        Validates everything first (round, base hash, unknown tensors, ranges, duplicates), so
+        a bad payload leaves the state unchanged. With fewer than ``cfg.min_contributors``
+        payloads no update is applied, but the round still closes.
+        """
+        self._validate(payloads)
+        ordered = sorted(payloads, key=lambda p: p.trainer_id.encode())
+        if len(ordered) >= self.cfg.min_contributors:
+            for name in self.params:
+                self._step(name, self._mean_into_acc(name, ordered))
+        self.round += 1
+        self._hash = None
+
+    def state_dict(self) -> dict[str, object]:
+        """Round, global FP32 weights and momentum: what a lagging or diverged trainer pulls."""
+        return {"round": self.round,
+                "params": {n: t.clone() for n, t in self.params.items()},
+                "momentum": {n: t.clone() for n, t in self.momentum.items()}}
+
+    @torch.no_grad()
+    def load_state_dict(self, state: Mapping[str, object], *, expect_hash: bytes | None = None) -> None:
+        """Adopt a peer's state (in place); with ``expect_hash`` the result is verified first."""
+        params, momentum = state["params"], state["momentum"]
+        if set(params) != set(self.params) or set(momentum) != set(self.params):
+            raise WireError("re-sync state does not match the model's tensors")
+        for n, t in self.params.items():
+            if params[n].shape != t.shape or momentum[n].shape != t.shape:
+                raise WireError(f"{n}: re-sync state has the wrong shape")
+        if expect_hash is not None:
+            got = tensors_hash(("param", params), ("momentum", momentum), round=int(state["round"]))
+            if got != expect_hash:
+                raise WireError("re-sync state does not match the hash the swarm agreed on")
+        for n, t in self.params.items():
+            t.copy_(params[n])
+            self.momentum[n].copy_(momentum[n])
+        self.round = int(state["round"])
+        self._hash = None

@@ -1,0 +1,101 @@
+"""Per-trainer side of PULSELoCo: pseudo-gradient, BF16 gate and the error-feedback buffer.
+
+Each round, per tensor (all in FP32, preallocated buffers reused every round)::
+
+    d = theta_global - theta_local          # the pseudo-gradient
+    s = e + d                               # plus what earlier rounds did not send
+    fire = bits(bf16(theta_global)) != bits(bf16(theta_global - s))
+    send (positions of fire, s[fire]);  e = s with the fired entries set to 0
+
+so ``sent + kept == s`` entrywise and exactly (every entry of ``s`` is either sent unchanged or
+kept unchanged). BF16 casts round to nearest even; the comparison is bitwise (int16 views), so
+a change of sign of zero also fires. A trainer left out of a round calls ``restore(payload)``,
+which puts the sent values back into ``e`` exactly (they were zeroed, so ``0 + v == v``).
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import numpy as np
+import torch
+
+from pulse_node.loco.config import LocoConfig
+from pulse_node.loco.payload import LocoPayload
+
+
+class ErrorFeedback:
+    """The error-feedback buffer ``e`` of one trainer plus scratch buffers for the gate."""
+
+    def __init__(self, shapes: Mapping[str, tuple[int, ...]], *, cfg: LocoConfig) -> None:
+        self.cfg = cfg
+        self.shapes = {n: tuple(int(d) for d in shapes[n]) for n in sorted(shapes)}
+        f32 = dict(dtype=torch.float32)
+        self.e = {n: torch.zeros(s, **f32) for n, s in self.shapes.items()}
+        self._s = {n: torch.zeros(s, **f32) for n, s in self.shapes.items()}
+        self._tmp = {n: torch.zeros(s, **f32) for n, s in self.shapes.items()}
+        self._bf_a = {n: torch.zeros(s, dtype=torch.bfloat16) for n, s in self.shapes.items()}
+        self._bf_b = {n: torch.zeros(s, dtype=torch.bfloat16) for n, s in self.shapes.items()}
+        self._mask = {n: torch.zeros(s, dtype=torch.bool) for n, s in self.shapes.items()}
+        self._pending: tuple[int, str] | None = None
+
+    def _gate(self, name: str, g: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+        """Bool mask of the entries of ``s`` that would change ``bf16(g)``."""
+        mask = self._mask[name]
+        if self.cfg.gate == "none":
+            return mask.fill_(True)
+        tmp, a, b = self._tmp[name], self._bf_a[name], self._bf_b[name]
+        torch.sub(g, s, out=tmp)
+        a.copy_(g)
+        b.copy_(tmp)
+        return torch.ne(a.view(torch.int16), b.view(torch.int16), out=mask)
+
+    def _split(self, name: str, g: torch.Tensor, l: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+        s, e = self._s[name], self.e[name]
+        torch.sub(g, l, out=s)  # d
+        torch.add(e, s, out=s)  # s = e + d
+        mask = self._gate(name, g, s)
+        idx = mask.view(-1).nonzero().view(-1)
+        vals = s.view(-1).index_select(0, idx)
+        # s becomes the new e (buffers swap, nothing copied); fired entries are cleared
+        self.e[name], self._s[name] = s, e
+        s.masked_fill_(mask, 0.0)
+        return idx.numpy(), vals.numpy()
+
+    @torch.no_grad()
+    def make_payload(self, global_params: Mapping[str, torch.Tensor],
+                     local_params: Mapping[str, torch.Tensor], *, round: int, trainer_id: str,
+                     base_hash: bytes = b"") -> LocoPayload:
+        """Gate ``e + (global - local)``, move the fired entries into a payload, keep the rest."""
+        if set(global_params) != set(self.shapes) or set(local_params) != set(self.shapes):
+            raise KeyError("global/local parameters do not match the error-feedback tensors")
+        tensors, numel = {}, {}
+        for name in self.shapes:
+            g, l = global_params[name].detach(), local_params[name].detach()
+            if g.dtype != torch.float32 or l.dtype != torch.float32:
+                raise TypeError(f"{name}: PULSELoCo needs FP32 global and local weights")
+            tensors[name] = self._split(name, g, l)
+            numel[name] = int(g.numel())
+        self._pending = (round, trainer_id)
+        return LocoPayload(round=round, trainer_id=trainer_id, base_hash=base_hash,
+                           tensors=tensors, numel=numel)
+
+    @torch.no_grad()
+    def restore(self, payload: LocoPayload) -> None:
+        """Put an unsent payload back into ``e`` (the trainer missed the round's deadline)."""
+        if self._pending != (payload.round, payload.trainer_id):
+            raise ValueError("restore() takes the payload of this trainer's latest make_payload()")
+        for name, (idx, vals) in payload.tensors.items():
+            self.e[name].view(-1).index_add_(0, torch.from_numpy(idx), torch.from_numpy(vals))
+        self._pending = None
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The error-feedback buffers (for a trainer checkpoint)."""
+        return {n: t.clone() for n, t in self.e.items()}
+
+    def load_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
+        if set(state) != set(self.e):
+            raise KeyError("error-feedback state does not match the model's tensors")
+        for n, t in self.e.items():
+            t.copy_(state[n])
+        self._pending = None

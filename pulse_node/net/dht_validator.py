@@ -1,0 +1,159 @@
+"""Who may write what in the DHT: Ed25519 signatures bound to peer ids, plus the record schemas.
+
+Every DHT node of a run uses an Ed25519 libp2p identity, so its peer id (``12D3KooW...``) *is*
+its public key (an identity multihash of the protobuf-encoded key). A record stored under
+subkey ``<peer id>`` must carry a signature by that key over (key, subkey, value, expiration),
+so only the owner can write or refresh it, nobody can extend its lifetime, and the peer id
+needs no separate registration. ``PulseRecordValidator`` plugs into hivemind's
+``RecordValidatorBase``: every node checks every record it stores, serves or receives.
+
+Checks, in order: known key of this run; subkey is an Ed25519 peer id; signature envelope is
+well formed and verifies; expiration is no more than ``MAX_TTL_S`` (+ clock slack) ahead;
+the body decodes strictly into the schema of its key and names the same peer id.
+We do not use hivemind's ``SchemaValidator`` (it needs pydantic.v1 models and detects coercion by
+re-comparing values); strict pydantic v2 models in ``dht_records`` do the same job.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+
+import base58
+import msgpack
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+from hivemind.dht.protocol import DHTProtocol
+from hivemind.dht.routing import DHTID
+from hivemind.dht.validation import DHTRecord, RecordValidatorBase
+
+from pulse_node.chain.identity import Identity
+from pulse_node.errors import WireError
+from pulse_node.net.dht_records import (
+    CLOCK_SLACK_S, KEY_KINDS, MAX_HEAD_ENTRY_BYTES, MAX_TTL_S, decode_record, dht_key,
+)
+
+log = logging.getLogger(__name__)
+
+#: protobuf PublicKey{Type: Ed25519, Data: <32 bytes>} header, then identity multihash header
+_PB_ED25519_PUB = b"\x08\x01\x12\x20"
+_MH_IDENTITY = b"\x00\x24"
+_PB_ED25519_PRIV = b"\x08\x01\x12\x40"
+_ENVELOPE_TAG = "pulse-dht-sig-1"
+_SIG_CONTEXT = b"pulse-dht-record-1"
+
+
+def peer_id_of(identity: Identity) -> str:
+    """The libp2p peer id (base58) of an Ed25519 identity."""
+    raw = bytes.fromhex(identity.public_key_hex)
+    return base58.b58encode(_MH_IDENTITY + _PB_ED25519_PUB + raw).decode("ascii")
+
+
+def public_key_of(peer_id: str) -> bytes:
+    """The raw Ed25519 public key inside a peer id; ``WireError`` for any other kind of id."""
+    try:
+        raw = base58.b58decode(peer_id)
+    except ValueError:
+        raise WireError(f"peer id {peer_id!r} is not base58") from None
+    head = _MH_IDENTITY + _PB_ED25519_PUB
+    if len(raw) != len(head) + 32 or not raw.startswith(head):
+        raise WireError(f"peer id {peer_id!r} is not an Ed25519 identity peer id")
+    return raw[len(head):]
+
+
+def libp2p_private_key(identity: Identity) -> bytes:
+    """The identity as a serialized libp2p PrivateKey protobuf (what ``p2pd -id`` reads)."""
+    raw = identity.private_bytes() + bytes.fromhex(identity.public_key_hex)
+    return _PB_ED25519_PRIV + raw
+
+
+def signed_payload(record: DHTRecord) -> bytes:
+    """The exact bytes a record's signature covers (value here is the unsigned value)."""
+    return msgpack.packb([_SIG_CONTEXT, record.key, record.subkey, record.value, record.expiration_time],
+                         use_bin_type=True)
+
+
+def sign_envelope(record: DHTRecord, identity: Identity) -> bytes:
+    return msgpack.packb([_ENVELOPE_TAG, record.value, identity.sign(signed_payload(record))],
+                         use_bin_type=True)
+
+
+def open_envelope(value: bytes) -> tuple[bytes, bytes]:
+    """Signed value -> (unsigned value, signature); ``WireError`` if malformed."""
+    if len(value) > MAX_HEAD_ENTRY_BYTES + 128:
+        raise WireError(f"signed value of {len(value)} bytes exceeds the size cap")
+    try:
+        tag, inner, sig = msgpack.unpackb(value, raw=False)
+    except Exception:
+        raise WireError("value is not a signature envelope") from None
+    if tag != _ENVELOPE_TAG or not isinstance(inner, bytes) or not isinstance(sig, bytes) or len(sig) != 64:
+        raise WireError("value is not a signature envelope")
+    return inner, sig
+
+
+class PulseRecordValidator(RecordValidatorBase):
+    """Signs this node's records and admits only signed, schema-valid records of one run."""
+
+    def __init__(self, run_id: str, identity: Identity) -> None:
+        self._identity = identity
+        self._own_subkey = DHTProtocol.serializer.dumps(peer_id_of(identity))
+        self._kinds = {DHTID.generate(source=dht_key(run_id, k)).to_bytes(): k for k in KEY_KINDS}
+
+    def validate(self, record: DHTRecord) -> bool:
+        reason = self.reject_reason(record)
+        if reason is not None:
+            log.debug("rejected DHT record: %s", reason)
+        return reason is None
+
+    def reject_reason(self, record: DHTRecord, *, now: float | None = None) -> str | None:
+        """Why ``record`` is refused, or None if it is acceptable."""
+        kind = self._kinds.get(record.key)
+        if kind is None:
+            return "key is not a record kind of this run"
+        if record.subkey in DHTProtocol.RESERVED_SUBKEYS:
+            return "records must be stored under a peer-id subkey"
+        now = time.time() if now is None else now
+        if record.expiration_time > now + MAX_TTL_S + CLOCK_SLACK_S:
+            return f"expiration {record.expiration_time - now:.0f}s ahead exceeds the {MAX_TTL_S:.0f}s limit"
+        try:
+            peer_id = DHTProtocol.serializer.loads(record.subkey)
+            if not isinstance(peer_id, str):
+                return "subkey is not a peer id string"
+            body = decode_record(kind, self._check_signature(record, peer_id))
+        except WireError as exc:
+            return str(exc)
+        if body.peer_id != peer_id:
+            return f"record names peer {body.peer_id} but is stored under {peer_id}"
+        if body.updated_at > now + CLOCK_SLACK_S or body.updated_at > record.expiration_time:
+            return "updated_at is in the future or after the record's expiration"
+        return None
+
+    @staticmethod
+    def _check_signature(record: DHTRecord, peer_id: str) -> bytes:
+        """Verify the envelope's signature; return the unsigned value (the encoded record)."""
+        inner, sig = open_envelope(record.value)
+        unsigned = dataclasses.replace(record, value=inner)
+        try:
+            Ed25519PublicKey.from_public_bytes(public_key_of(peer_id)).verify(sig, signed_payload(unsigned))
+        except InvalidSignature:
+            raise WireError(f"signature does not verify for {peer_id}") from None
+        return inner
+
+    def sign_value(self, record: DHTRecord) -> bytes:
+        if record.subkey != self._own_subkey:
+            return record.value  # not ours to sign: it will fail validation everywhere
+        return sign_envelope(record, self._identity)
+
+    def strip_value(self, record: DHTRecord) -> bytes:
+        try:
+            return open_envelope(record.value)[0]
+        except WireError:
+            return record.value
+
+    @property
+    def priority(self) -> int:
+        return 10
+
+    def merge_with(self, other: RecordValidatorBase) -> bool:
+        return False

@@ -1,0 +1,234 @@
+"""Peer-to-peer data-plane messages: protocol ids, declared msgpack structs, size caps.
+
+Every libp2p stream of the data plane carries one request and one response::
+
+    request   = frame(RequestStruct) [+ body of PushRequest.size bytes, push only]
+    response  = frame(Response)      [+ body of Response.size bytes when status == "ok"]
+    frame(s)  = 4-byte big-endian length + msgpack map of exactly the struct's fields
+
+The length of a frame is checked against the struct's cap before anything is read, and a
+decoded map must carry exactly the declared fields with the declared types and bounds, so
+a hostile peer can make us reject a request but never allocate or parse without limit.
+Each struct carries ``v`` (the wire version, ``WIRE_VERSION``); the libp2p protocol ids are
+versioned as well (``/pulse/<kind>/1.0.0``). This module is pure (msgpack only) so the node
+process can import it without trio or libp2p.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import asdict, dataclass, fields
+from typing import Any, ClassVar
+
+import msgpack
+
+from pulse_node.errors import WireError
+
+WIRE_VERSION = 1
+CHUNK = 64 * 1024  # body write size: py-libp2p stalls on multi-MB writes
+MAX_U64 = (1 << 63) - 1
+_LEN = struct.Struct(">I")
+
+#: fetchable kinds -> libp2p protocol id
+PROTOCOLS: dict[str, str] = {
+    "record": "/pulse/record/1.0.0",
+    "patch": "/pulse/patch/1.0.0",
+    "anchor": "/pulse/anchor/1.0.0",
+    "catchup": "/pulse/catchup/1.0.0",
+    "push": "/pulse/push/1.0.0",
+}
+
+#: largest body a server sends / a client accepts, per fetch kind
+BODY_CAPS: dict[str, int] = {
+    "record": 1 << 20,
+    "patch": 8 << 30,
+    "anchor": 64 << 20,  # one anchor chunk; whole anchors are fetched in chunks
+    "catchup": 8 << 30,
+}
+
+#: largest push body accepted per push kind (bounded by the local RPC frame, 64 MiB)
+PUSH_CAPS: dict[str, int] = {
+    "rollout": 16 << 20,
+    "loco": 48 << 20,
+    "head": 64 << 10,
+}
+
+REQUEST_CAP = 1024  # bytes of one request frame
+RESPONSE_CAP = 4096  # bytes of one response frame
+
+STATUSES = ("ok", "not_found", "bad_request", "busy", "too_large", "unsupported", "internal")
+
+
+class PeerUnavailable(WireError):
+    """A peer could not be reached, went away, was busy, or did not answer in time."""
+
+
+class NotFound(WireError):
+    """The peer does not hold the requested file."""
+
+
+class UnsupportedVersion(WireError):
+    """The peer speaks another wire version."""
+
+
+def _check(name: str, value: Any, spec: tuple[str, int]) -> None:
+    kind, bound = spec
+    if kind == "int" and not (type(value) is int and 0 <= value <= bound):
+        raise WireError(f"field {name!r} must be an integer in [0, {bound}]")
+    if kind == "opt_int" and value is not None and not (type(value) is int and 0 <= value <= bound):
+        raise WireError(f"field {name!r} must be null or an integer in [0, {bound}]")
+    if kind == "str" and not (type(value) is str and len(value) <= bound):
+        raise WireError(f"field {name!r} must be a string of at most {bound} characters")
+    if kind == "bool" and type(value) is not bool:
+        raise WireError(f"field {name!r} must be a boolean")
+
+
+@dataclass(frozen=True)
+class WireStruct:
+    """Base: a frozen dataclass whose ``SPEC`` declares each field's type and bound."""
+
+    SPEC: ClassVar[dict[str, tuple[str, int]]] = {}
+    CAP: ClassVar[int] = REQUEST_CAP
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            _check(f.name, getattr(self, f.name), self.SPEC[f.name])
+        if getattr(self, "v") != WIRE_VERSION:
+            raise UnsupportedVersion(f"unsupported wire version {getattr(self, 'v')} (this peer speaks {WIRE_VERSION})")
+
+    def encode(self) -> bytes:
+        """The framed struct: length prefix + msgpack map."""
+        body = msgpack.packb(asdict(self), use_bin_type=True)
+        if len(body) > self.CAP:
+            raise WireError(f"{type(self).__name__} of {len(body)} bytes exceeds {self.CAP}")
+        return _LEN.pack(len(body)) + body
+
+    @classmethod
+    def decode(cls, body: bytes) -> "WireStruct":
+        """Parse and validate a frame body; ``WireError`` on anything undeclared."""
+        if len(body) > cls.CAP:
+            raise WireError(f"{cls.__name__} of {len(body)} bytes exceeds {cls.CAP}")
+        try:
+            msg = msgpack.unpackb(body, raw=False, strict_map_key=True, max_bin_len=cls.CAP,
+                                  max_str_len=cls.CAP, max_array_len=0, max_map_len=16)
+        except Exception as exc:
+            raise WireError(f"malformed {cls.__name__}: {type(exc).__name__}") from None
+        if not isinstance(msg, dict):
+            raise WireError(f"{cls.__name__} is not a map")
+        if msg.get("v") != WIRE_VERSION:
+            raise UnsupportedVersion(f"unsupported wire version {msg.get('v')!r} (this peer speaks {WIRE_VERSION})")
+        want = set(cls.SPEC)
+        if set(msg) != want:
+            raise WireError(f"{cls.__name__} fields {sorted(map(str, msg))} != {sorted(want)}")
+        try:
+            return cls(**msg)
+        except TypeError as exc:
+            raise WireError(f"malformed {cls.__name__}: {exc}") from None
+
+
+@dataclass(frozen=True)
+class RecordRequest(WireStruct):
+    """The signed record of ``version``, or of the head when ``version`` is null."""
+
+    v: int
+    version: int | None
+    SPEC: ClassVar = {"v": ("int", 255), "version": ("opt_int", MAX_U64)}
+
+
+@dataclass(frozen=True)
+class PatchRequest(WireStruct):
+    """The patch that produces ``version`` from its parent."""
+
+    v: int
+    version: int
+    SPEC: ClassVar = {"v": ("int", 255), "version": ("int", MAX_U64)}
+
+
+@dataclass(frozen=True)
+class AnchorRequest(WireStruct):
+    """``length`` bytes at ``offset`` of the anchor (full state) of ``version``."""
+
+    v: int
+    version: int
+    offset: int
+    length: int
+    SPEC: ClassVar = {"v": ("int", 255), "version": ("int", MAX_U64),
+                      "offset": ("int", MAX_U64), "length": ("int", BODY_CAPS["anchor"])}
+
+
+@dataclass(frozen=True)
+class CatchupRequest(WireStruct):
+    """A precomputed patch from version ``base`` straight to version ``target``."""
+
+    v: int
+    base: int
+    target: int
+    SPEC: ClassVar = {"v": ("int", 255), "base": ("int", MAX_U64), "target": ("int", MAX_U64)}
+
+
+@dataclass(frozen=True)
+class PushRequest(WireStruct):
+    """``size`` bytes of a push of ``kind`` (rollout, loco, head) follow this frame."""
+
+    v: int
+    kind: str
+    size: int
+    SPEC: ClassVar = {"v": ("int", 255), "kind": ("str", 16), "size": ("int", max(PUSH_CAPS.values()))}
+
+
+@dataclass(frozen=True)
+class Response(WireStruct):
+    """Answer to any request; ``size`` body bytes follow when ``status`` is ``ok``.
+
+    ``total`` is the whole file's size (an anchor's size for a chunk request)."""
+
+    v: int
+    status: str
+    size: int
+    total: int
+    message: str
+    SPEC: ClassVar = {"v": ("int", 255), "status": ("str", 16), "size": ("int", MAX_U64),
+                      "total": ("int", MAX_U64), "message": ("str", 512)}
+    CAP: ClassVar[int] = RESPONSE_CAP
+
+
+def error_response(status: str, message: str) -> Response:
+    return Response(v=WIRE_VERSION, status=status, size=0, total=0, message=message[:512])
+
+
+REQUESTS: dict[str, type[WireStruct]] = {
+    "record": RecordRequest,
+    "patch": PatchRequest,
+    "anchor": AnchorRequest,
+    "catchup": CatchupRequest,
+    "push": PushRequest,
+}
+
+
+def frame_length(header: bytes, cap: int) -> int:
+    """The body length declared by a 4-byte frame header; ``WireError`` above ``cap``."""
+    (n,) = _LEN.unpack(header)
+    if n > cap:
+        raise WireError(f"declared frame of {n} bytes exceeds {cap}")
+    return n
+
+
+def build_request(kind: str, params: dict[str, Any]) -> WireStruct:
+    """A validated request struct for a fetch ``kind`` from the caller's ``params``."""
+    if kind not in REQUESTS or kind == "push":
+        raise WireError(f"unknown fetch kind {kind!r}; expected one of {sorted(BODY_CAPS)}")
+    cls = REQUESTS[kind]
+    want = set(cls.SPEC) - {"v"}
+    if set(params) != want:
+        raise WireError(f"{kind} params {sorted(params)} != {sorted(want)}")
+    return cls(v=WIRE_VERSION, **params)
+
+
+def parse_digest(digest: str | None) -> str | None:
+    """Normalise a caller's sha256 digest (``sha256:<hex>`` or bare hex) to lowercase hex."""
+    if digest is None:
+        return None
+    hexpart = digest.split(":", 1)[1] if digest.startswith("sha256:") else digest
+    if len(hexpart) != 64 or any(c not in "0123456789abcdefABCDEF" for c in hexpart):
+        raise WireError(f"digest {digest!r} is not a sha256 hex digest")
+    return hexpart.lower()

@@ -1,0 +1,423 @@
+"""Outbound side of the libp2p data plane (runs inside ``wire_worker``, trio only).
+
+``StreamIO`` frames one libp2p stream with a timeout on every read and write and 64 KiB body
+writes. ``Dialer`` reuses connections and bounds concurrent outbound streams. ``fetch_to_file``
+pulls one file (record, patch, catch-up patch) from one peer into a temp file and renames it
+into place; ``fetch_multi`` pulls an anchor in chunks from several providers at once, retries a
+failed chunk on another provider, resumes from ``<dest>.part`` + ``<dest>.part.map`` and
+checks the whole file's sha256.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from collections import defaultdict
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import multiaddr
+import trio
+from libp2p.custom_types import TProtocol
+from libp2p.peer.peerinfo import info_from_p2p_addr
+
+from pulse_node.errors import IntegrityError, WireError
+from pulse_node.net import wire_protocol as wp
+from pulse_node.net.wire_protocol import PeerUnavailable
+
+
+class Counters:
+    """Byte and error counters per protocol and per peer (the ``stats`` RPC)."""
+
+    def __init__(self) -> None:
+        self.bytes_in: dict[str, int] = defaultdict(int)
+        self.bytes_out: dict[str, int] = defaultdict(int)
+        self.peer_in: dict[str, int] = defaultdict(int)
+        self.peer_out: dict[str, int] = defaultdict(int)
+        self.errors: dict[str, int] = defaultdict(int)
+        self.requests: dict[str, int] = defaultdict(int)
+
+    def add_in(self, kind: str, peer: str, n: int) -> None:
+        self.bytes_in[kind] += n
+        self.peer_in[peer] += n
+
+    def add_out(self, kind: str, peer: str, n: int) -> None:
+        self.bytes_out[kind] += n
+        self.peer_out[peer] += n
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"bytes_in": dict(self.bytes_in), "bytes_out": dict(self.bytes_out),
+                "peers": {p: {"in": self.peer_in.get(p, 0), "out": self.peer_out.get(p, 0)}
+                          for p in sorted(set(self.peer_in) | set(self.peer_out))},
+                "errors": dict(self.errors), "requests": dict(self.requests)}
+
+
+class StreamIO:
+    """One libp2p stream: buffered reads and chunked writes, each bounded by ``idle`` seconds."""
+
+    def __init__(self, stream: Any, *, idle: float, counters: Counters, kind: str, peer: str) -> None:
+        self.stream, self.idle, self.counters = stream, idle, counters
+        self.kind, self.peer = kind, peer
+        self._buf = bytearray()
+
+    async def read_some(self, n: int) -> bytes:
+        if not self._buf:
+            try:
+                with trio.fail_after(self.idle):
+                    data = await self.stream.read(max(n, wp.CHUNK))
+            except trio.TooSlowError:
+                raise PeerUnavailable(f"peer {self.peer} sent nothing for {self.idle:.0f}s") from None
+            except Exception as exc:
+                raise PeerUnavailable(f"stream from {self.peer} ended ({type(exc).__name__})") from None
+            if not data:
+                raise PeerUnavailable(f"stream from {self.peer} ended")
+            self.counters.add_in(self.kind, self.peer, len(data))
+            self._buf += data
+        out = bytes(self._buf[:n])
+        del self._buf[:n]
+        return out
+
+    async def read_exact(self, n: int) -> bytes:
+        parts, got = [], 0
+        while got < n:
+            part = await self.read_some(n - got)
+            parts.append(part)
+            got += len(part)
+        return b"".join(parts)
+
+    async def read_struct(self, cls: type[wp.WireStruct]) -> Any:
+        n = wp.frame_length(await self.read_exact(4), cls.CAP)
+        return cls.decode(await self.read_exact(n))
+
+    async def write(self, data: bytes | memoryview) -> None:
+        view = memoryview(data)
+        for i in range(0, len(view), wp.CHUNK):
+            piece = bytes(view[i:i + wp.CHUNK])
+            try:
+                with trio.fail_after(self.idle):
+                    await self.stream.write(piece)
+            except trio.TooSlowError:
+                raise PeerUnavailable(f"peer {self.peer} stopped reading for {self.idle:.0f}s") from None
+            except Exception as exc:
+                raise PeerUnavailable(f"stream to {self.peer} failed ({type(exc).__name__})") from None
+            self.counters.add_out(self.kind, self.peer, len(piece))
+
+    async def close(self, *, reset: bool = False) -> None:
+        with trio.move_on_after(1.0):
+            try:
+                await (self.stream.reset() if reset else self.stream.close())
+            except Exception:
+                pass
+
+
+class Dialer:
+    """Opens streams to peers named by ``/ip4/../tcp/../p2p/<id>`` multiaddrs, reusing connections."""
+
+    def __init__(self, host: Any, *, counters: Counters, max_streams: int, idle: float) -> None:
+        self.host, self.counters, self.idle = host, counters, idle
+        self.limiter = trio.CapacityLimiter(max_streams)
+
+    async def open(self, peer: str, kind: str) -> StreamIO:
+        """Connect if needed and open a stream for ``kind``; bounded by the caller's deadline."""
+        try:
+            info = info_from_p2p_addr(multiaddr.Multiaddr(peer))
+        except Exception as exc:
+            raise WireError(f"peer address {peer!r} is not a /p2p/ multiaddr ({exc})") from None
+        pid = info.peer_id.to_string()
+        try:
+            await self.host.connect(info)
+            stream = await self.host.new_stream(info.peer_id, [TProtocol(wp.PROTOCOLS[kind])])
+        except trio.Cancelled:
+            raise
+        except Exception as exc:
+            self.counters.errors["dial"] += 1
+            raise PeerUnavailable(f"cannot open {kind} stream to {pid}: {type(exc).__name__}: {exc}") from None
+        return StreamIO(stream, idle=self.idle, counters=self.counters, kind=kind, peer=pid)
+
+
+async def request(dialer: Dialer, peer: str, kind: str, req: wp.WireStruct) -> tuple[StreamIO, wp.Response]:
+    """Open a stream, send ``req``, read the response header; raises on a non-ok status."""
+    io = await dialer.open(peer, kind)
+    try:
+        await io.write(req.encode())
+        resp = await io.read_struct(wp.Response)
+    except BaseException:
+        await io.close(reset=True)
+        raise
+    if resp.status != "ok":
+        await io.close()
+        dialer.counters.errors[f"remote_{resp.status}"] += 1
+        err = {"busy": PeerUnavailable, "not_found": wp.NotFound}.get(resp.status, WireError)
+        raise err(f"{kind} from {io.peer}: {resp.status}: {resp.message}")
+    return io, resp
+
+
+async def _body_to(io: StreamIO, size: int, sink: Any, hasher: Any) -> None:
+    left = size
+    while left:
+        data = await io.read_some(min(left, 1 << 20))
+        sink(data)
+        if hasher is not None:
+            hasher.update(data)
+        left -= len(data)
+
+
+async def fetch_to_file(dialer: Dialer, peer: str, kind: str, params: dict[str, Any], dest: Path, *,
+                        timeout: float, digest: str | None = None) -> dict[str, Any]:
+    """Fetch one file from ``peer`` into ``dest`` atomically; returns {bytes, seconds}."""
+    req = wp.build_request(kind, params)
+    want = wp.parse_digest(digest)
+    t0 = time.monotonic()
+    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.{id(req)}.tmp")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with trio.fail_after(timeout):
+            async with dialer.limiter:
+                io, resp = await request(dialer, peer, kind, req)
+                try:
+                    if resp.size > wp.BODY_CAPS[kind]:
+                        raise WireError(f"{kind} of {resp.size} bytes exceeds cap {wp.BODY_CAPS[kind]}")
+                    hasher = hashlib.sha256() if want else None
+                    with open(tmp, "wb", buffering=1 << 20) as fh:
+                        await _body_to(io, resp.size, fh.write, hasher)
+                        fh.flush()
+                        os.fsync(fh.fileno())
+                finally:
+                    await io.close()
+        if hasher is not None and hasher.hexdigest() != want:
+            raise IntegrityError(f"{kind} {params} from {io.peer}: sha256 {hasher.hexdigest()} != {want}")
+        os.replace(tmp, dest)
+    except trio.TooSlowError:
+        dialer.counters.errors["timeout"] += 1
+        raise PeerUnavailable(f"{kind} {params} from {peer}: no complete answer within {timeout:.1f}s") from None
+    finally:
+        tmp.unlink(missing_ok=True)
+    return {"bytes": resp.size, "seconds": time.monotonic() - t0, "peer": io.peer}
+
+
+async def push(dialer: Dialer, peer: str, kind: str, data: bytes, *, timeout: float) -> dict[str, Any]:
+    """Send a push of ``kind`` to ``peer``; returns once the peer has queued it."""
+    if kind not in wp.PUSH_CAPS:
+        raise WireError(f"unknown push kind {kind!r}; expected one of {sorted(wp.PUSH_CAPS)}")
+    if len(data) > wp.PUSH_CAPS[kind]:
+        raise WireError(f"{kind} push of {len(data)} bytes exceeds cap {wp.PUSH_CAPS[kind]}")
+    t0 = time.monotonic()
+    try:
+        with trio.fail_after(timeout):
+            async with dialer.limiter:
+                io = await dialer.open(peer, "push")
+                try:
+                    await io.write(wp.PushRequest(v=wp.WIRE_VERSION, kind=kind, size=len(data)).encode())
+                    await io.write(data)
+                    resp = await io.read_struct(wp.Response)
+                finally:
+                    await io.close()
+    except trio.TooSlowError:
+        dialer.counters.errors["timeout"] += 1
+        raise PeerUnavailable(f"push {kind} to {peer}: not acknowledged within {timeout:.1f}s") from None
+    if resp.status != "ok":
+        dialer.counters.errors[f"remote_{resp.status}"] += 1
+        raise (PeerUnavailable if resp.status == "busy" else WireError)(
+            f"push {kind} to {io.peer}: {resp.status}: {resp.message}")
+    return {"bytes": len(data), "seconds": time.monotonic() - t0}
+
+
+async def probe(dialer: Dialer, peer: str, kind: str, raw: bytes, *, timeout: float) -> dict[str, Any]:
+    """Diagnostics: send ``raw`` bytes on a ``kind`` stream, return what the peer answers."""
+    reply = bytearray()
+    with trio.move_on_after(timeout):
+        io = await dialer.open(peer, kind)
+        try:
+            await io.write(raw)
+            while len(reply) < wp.RESPONSE_CAP + 4:
+                reply += await io.read_some(wp.RESPONSE_CAP)
+        except PeerUnavailable:
+            pass
+        finally:
+            await io.close()
+    return {"reply": bytes(reply)}
+
+
+# ---------------------------------------------------------------- multi-provider anchors
+
+@dataclass(frozen=True)
+class PartialMap:
+    """``<dest>.part.map``: which chunks of ``<dest>.part`` are already complete (local file)."""
+
+    v: int
+    size: int
+    chunk: int
+    digest: str
+    done: bytes  # one byte per chunk, 1 = complete
+
+    def save(self, path: Path) -> None:
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_bytes(msgpack.packb(asdict(self), use_bin_type=True))
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, path: Path, *, size: int, chunk: int, digest: str) -> "PartialMap | None":
+        """The saved map if it describes the same download, else None (start fresh)."""
+        try:
+            msg = msgpack.unpackb(path.read_bytes(), raw=False)
+            pm = cls(**msg)
+        except (OSError, ValueError, TypeError, msgpack.UnpackException):
+            return None
+        n = -(-size // chunk)
+        if (pm.v, pm.size, pm.chunk, pm.digest, len(pm.done)) != (1, size, chunk, digest, n):
+            return None
+        return pm
+
+
+class ChunkPlan:
+    """Which chunks are pending, and which providers already failed each one."""
+
+    def __init__(self, n_chunks: int, done: bytearray, providers: list[str]) -> None:
+        self.done = done
+        self.pending = [i for i in range(n_chunks) if not done[i]]
+        self.failed_on: dict[int, set[str]] = defaultdict(set)
+        self.alive = set(providers)
+        self.errors: dict[str, str] = {}
+        self.in_flight = 0
+        self.changed = trio.Event()
+
+    def _notify(self) -> None:
+        self.changed.set()
+        self.changed = trio.Event()
+
+    async def take(self, peer: str) -> int | None:
+        """Next chunk for ``peer``, or None when there is nothing left it can do."""
+        while peer in self.alive:
+            for i in self.pending:
+                if peer not in self.failed_on[i]:
+                    self.pending.remove(i)
+                    self.in_flight += 1
+                    return i
+            if self.in_flight == 0:
+                return None
+            await self.changed.wait()
+        return None
+
+    def finish(self, i: int) -> None:
+        self.in_flight -= 1
+        self.done[i] = 1
+        self._notify()
+
+    def fail(self, i: int, peer: str, error: str, *, drop: bool) -> None:
+        self.in_flight -= 1
+        self.failed_on[i].add(peer)
+        self.pending.insert(0, i)
+        self.errors[peer] = error
+        if drop:
+            self.alive.discard(peer)
+        self._notify()
+
+
+@dataclass
+class MultiJob:
+    dialer: Dialer
+    version: int
+    size: int
+    chunk: int
+    part: Path
+    plan: ChunkPlan
+    fetched: int = 0
+
+
+async def _fetch_chunk(job: MultiJob, peer: str, i: int) -> None:
+    off = i * job.chunk
+    length = min(job.chunk, job.size - off)
+    req = wp.AnchorRequest(v=wp.WIRE_VERSION, version=job.version, offset=off, length=length)
+    async with job.dialer.limiter:
+        io, resp = await request(job.dialer, peer, "anchor", req)
+        try:
+            if resp.total != job.size or resp.size != length:
+                raise WireError(f"anchor {job.version} at {io.peer} has {resp.total} bytes, expected {job.size}")
+            fd = os.open(job.part, os.O_WRONLY)
+            try:
+                pos = [off]
+
+                def sink(data: bytes) -> None:
+                    os.pwrite(fd, data, pos[0])
+                    pos[0] += len(data)
+
+                await _body_to(io, length, sink, None)
+            finally:
+                os.close(fd)
+        finally:
+            await io.close()
+    job.fetched += length
+
+
+async def _provider_loop(job: MultiJob, peer: str) -> None:
+    strikes = 0
+    while (i := await job.plan.take(peer)) is not None:
+        try:
+            await _fetch_chunk(job, peer, i)
+        except WireError as exc:  # transient (PeerUnavailable) twice in a row, or wrong/missing file
+            strikes += 1
+            transient = isinstance(exc, PeerUnavailable)
+            job.plan.fail(i, peer, str(exc), drop=strikes >= 2 or not transient)
+            job.dialer.counters.errors["anchor_chunk"] += 1
+            continue
+        strikes = 0
+        job.plan.finish(i)
+
+
+def _assemble(part: Path, dest: Path, want: str | None) -> None:
+    """Check the whole file's sha256 (if given), then move ``part`` into place."""
+    if want is not None:
+        h = hashlib.sha256()
+        with open(part, "rb") as fh:
+            while block := fh.read(1 << 20):
+                h.update(block)
+        if h.hexdigest() != want:
+            part.unlink(missing_ok=True)
+            raise IntegrityError(f"{dest.name}: sha256 {h.hexdigest()} != {want}; partial download discarded")
+    with open(part, "rb+") as fh:
+        os.fsync(fh.fileno())
+    os.replace(part, dest)
+
+
+async def fetch_multi(dialer: Dialer, peers: list[str], *, version: int, size: int, dest: Path,
+                      digest: str | None, timeout: float, chunk: int = 4 << 20,
+                      per_peer: int = 2) -> dict[str, Any]:
+    """Download anchor ``version`` (``size`` bytes) from ``peers`` in ``chunk``-byte pieces."""
+    if not peers:
+        raise WireError("fetch_multi needs at least one provider")
+    if not 0 < chunk <= wp.BODY_CAPS["anchor"]:
+        raise WireError(f"chunk must be in (0, {wp.BODY_CAPS['anchor']}]")
+    want = wp.parse_digest(digest)
+    part, map_path = dest.with_name(dest.name + ".part"), dest.with_name(dest.name + ".part.map")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    n = max(1, -(-size // chunk))
+    old = PartialMap.load(map_path, size=size, chunk=chunk, digest=want or "") if part.exists() else None
+    done = bytearray(old.done if old else bytes(n))
+    with open(part, "r+b" if old else "wb") as fh:
+        fh.truncate(size)
+    plan = ChunkPlan(n, done, list(dict.fromkeys(peers)))
+    resumed = sum(min(chunk, size - i * chunk) for i in range(n) if done[i])
+    job = MultiJob(dialer, version, size, chunk, part, plan)
+    t0 = time.monotonic()
+    try:
+        with trio.move_on_after(timeout) as scope:
+            async with trio.open_nursery() as nursery:
+                for peer in plan.alive:
+                    for _ in range(per_peer):
+                        nursery.start_soon(_provider_loop, job, peer)
+    finally:
+        PartialMap(1, size, chunk, want or "", bytes(done)).save(map_path)
+    if scope.cancelled_caught or plan.pending:
+        why = "timed out" if scope.cancelled_caught else "no provider could serve all chunks"
+        raise PeerUnavailable(f"anchor {version}: {why} ({sum(done)}/{n} chunks kept in {part.name}); "
+                              f"provider errors: {plan.errors}")
+    try:
+        _assemble(part, dest, want)
+    finally:
+        map_path.unlink(missing_ok=True)
+    return {"bytes": size, "seconds": time.monotonic() - t0, "fetched": job.fetched,
+            "resumed": resumed, "failed_providers": sorted(set(peers) - plan.alive),
+            "errors": plan.errors}

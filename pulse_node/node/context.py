@@ -1,0 +1,60 @@
+"""What a role needs from its node: config, identity, store, transport, status, a stop flag.
+
+The same ``RoleContext`` is built by the real daemon (``runtime.py``, P2P transport) and by
+tests (``MemoryTransport``), so role logic is exercised identically in both.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+
+from pulse_node.chain.identity import Identity
+from pulse_node.chain.store import VersionStore
+from pulse_node.config import NodeConfig
+from pulse_node.node.status import NodeStatus
+from pulse_node.node.transport import PeerInfo, Transport
+
+
+@dataclass
+class RoleContext:
+    """Everything a trainer or inference role runs on."""
+
+    cfg: NodeConfig
+    identity: Identity
+    store: VersionStore
+    transport: Transport
+    status: NodeStatus
+    stop: threading.Event = field(default_factory=threading.Event)
+    log: logging.Logger = field(default_factory=lambda: logging.getLogger("pulse.node"))
+
+    def peers(self, role: str | None = None) -> list[PeerInfo]:
+        """Live peers from discovery (never ourselves), optionally of one role."""
+        me = self.transport.peer_id
+        return [p for p in self.transport.peers() if p.peer_id != me and (role is None or p.role == role)]
+
+    def announce(self, *, version: int, chain_hash: str, state_hash: str) -> None:
+        """Publish our discovery record (version held, what we serve) and refresh status."""
+        anchors = self.store.anchors()
+        versions = self.store.versions()
+        info = PeerInfo(peer_id=self.transport.peer_id, role=self.cfg_role, address="",
+                        version=version, chain_hash=chain_hash, state_hash=state_hash,
+                        lowest=min(versions) if versions else -1, anchors=anchors,
+                        node_key=self.identity.public_key_hex)
+        self.transport.publish(info)
+        self.status.update(version=version, chain_hash=chain_hash, state_hash=state_hash,
+                           lowest=info.lowest, anchors=anchors)
+
+    @property
+    def cfg_role(self) -> str:
+        return getattr(self.cfg, "role", "node")
+
+    def wait(self, seconds: float) -> bool:
+        """Sleep up to ``seconds`` unless asked to stop; True if stopping."""
+        return self.stop.wait(seconds)
+
+
+def deadline_after(seconds: float) -> float:
+    return time.monotonic() + seconds

@@ -1,0 +1,105 @@
+"""The inference role: hold the newest trusted version, make rollouts with it, send them back.
+
+Each pass of the loop: take pushed head announcements, let ``VersionSync`` fetch/verify/apply
+what is missing (re-serving it through the store), tell peers what we now hold, then generate
+one batch of scored rollouts with exactly the version we hold and push it to a trainer
+(round robin). Rollouts carry the version that produced them, so trainers can correct for
+staleness.
+"""
+
+from __future__ import annotations
+
+import random
+
+from pulse_node.chain.record import encode_record
+from pulse_node.config import InferenceConfig
+from pulse_node.errors import PulseError
+from pulse_node.node.context import RoleContext
+from pulse_node.node.syncer import VersionSync
+from pulse_node.node.trust import TrustPolicy
+from pulse_node.rl.config import GRPOConfig
+from pulse_node.rl.policy import build_policy
+from pulse_node.rl.rollout import encode_rollouts
+from pulse_node.rl.sampler import RolloutWorker
+from pulse_node.rl.tasks import make_task_source
+
+
+class InferenceRole:
+    """Runs until stopped (or until ``max_versions`` is held, then keeps serving)."""
+
+    def __init__(self, ctx: RoleContext) -> None:
+        self.ctx = ctx
+        self.cfg: InferenceConfig = ctx.cfg  # type: ignore[assignment]
+        cfg = self.cfg
+        self.rng = random.Random(f"{cfg.seed}:{ctx.transport.peer_id}")
+        self.trust = TrustPolicy(trusted=cfg.chain.trusted_trainers, min_signers=cfg.chain.min_signers)
+        self.sync = VersionSync(ctx.store, ctx.transport, self.trust, net=cfg.net)
+        # weights come from the swarm: only the architecture and tokenizer are needed here
+        self.policy = build_policy(cfg.model, cfg.task, seed=cfg.seed, grpo_cfg=GRPOConfig(warmstart_steps=0))
+        self.worker = RolloutWorker(self.policy, cfg.sampling)
+        self.tasks = make_task_source(cfg.task)
+        self.sent_for: dict[int, int] = {}
+        self._next_trainer = 0
+        if self.sync.record is not None:
+            self.worker.set_weights(self.sync.state, self.sync.record.version)
+
+    def run(self) -> None:
+        while not self.ctx.stop.is_set():
+            self.sync.take_events(self.ctx.transport.events(wait_s=0.0))
+            peers = self.ctx.peers()
+            applied = self.sync.step(peers, rank=self._rank(peers))
+            if applied:
+                self._on_applied(applied)
+            if not self._rollout_once(peers):
+                self.ctx.wait(self.cfg.net.head_poll_s / 4)
+
+    def _rank(self, peers) -> int:
+        """Our position among inference peers (decides who fetches fresh versions from trainers)."""
+        ids = sorted([p.peer_id for p in peers if p.role == "inference"] + [self.ctx.transport.peer_id])
+        return ids.index(self.ctx.transport.peer_id)
+
+    def _on_applied(self, applied) -> None:
+        rec = self.sync.record
+        self.worker.set_weights(self.sync.state, rec.version)
+        self.ctx.store.retain(keep_versions=self.cfg.chain.keep_versions, keep_anchors=self.cfg.chain.keep_anchors)
+        self.ctx.announce(version=rec.version, chain_hash=rec.chain_hash, state_hash=rec.state_hash)
+        self.ctx.status.update(patches_applied=self.sync.counters["applied"],
+                               patch_bytes_total=self.sync.counters["patch_bytes_in"],
+                               rejected=self.trust.rejected, gaps=self.sync.counters["gaps"],
+                               anchor_loads=self.sync.counters["anchor_loads"],
+                               catchups=self.sync.counters["catchups"])
+        for r in applied:
+            self.ctx.status.record_version({"version": r.version, "state_hash": r.state_hash,
+                                            "patch_bytes": r.patch_bytes})
+        data = encode_record(rec)
+        for peer in self.ctx.peers("inference"):
+            try:
+                self.ctx.transport.push(peer, "head", data, timeout=5.0)
+            except PulseError:
+                pass
+        self.ctx.log.info("holding version %d (%s)", rec.version, rec.state_hash[:12])
+
+    def _rollout_once(self, peers) -> bool:
+        """Generate and push one batch if we hold a version and owe rollouts for it."""
+        rec = self.sync.record
+        trainers = [p for p in peers if p.role == "trainer"]
+        if rec is None or not trainers:
+            return False
+        if self.sent_for.get(rec.version, 0) >= self.cfg.rollout_batches_per_version:
+            return False
+        problems = self.tasks.sample(self.cfg.sampling.prompts_per_batch, self.rng)
+        rollouts = self.worker.generate(problems, rng=self.rng)
+        trainer = trainers[self._next_trainer % len(trainers)]
+        self._next_trainer += 1
+        try:
+            self.ctx.transport.push(trainer, "rollouts", encode_rollouts(rollouts), timeout=30.0)
+            self.ctx.status.add("rollouts_sent", len(rollouts))
+            reward = sum(r.reward for r in rollouts) / max(len(rollouts), 1)
+            self.ctx.status.update(reward_mean=reward)
+        except PulseError as exc:
+            self.ctx.status.error(f"rollout push to {trainer.peer_id[:12]} failed: {exc}")
+        self.sent_for[rec.version] = self.sent_for.get(rec.version, 0) + 1
+        return True
+
+    def close(self) -> None:
+        self.sync.close()

@@ -1,0 +1,79 @@
+"""Trainer side of PULSESync: turn each new global BF16 state into a signed version.
+
+A version is a patch from the previous version (compact by default), a signed record naming
+its parent chain hash, state hash and patch digest, and every ``anchor_every`` versions a full
+anchor. Everything lands in the node's ``VersionStore``, which the wire worker serves.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pulse_node.chain.identity import Identity
+from pulse_node.chain.record import VersionRecord, make_record
+from pulse_node.chain.store import VersionStore
+from pulse_node.codec.patch import make_patch
+from pulse_node.codec.state import State, state_nbytes
+from pulse_node.codec.statehash import state_hash
+from pulse_node.config import ChainConfig
+
+
+@dataclass
+class Published:
+    """What one publication produced (for logs, metrics and the swarm summary)."""
+
+    record: VersionRecord
+    patch_bytes: int
+    dense_bytes: int
+    changed_fraction: float
+
+
+class VersionPublisher:
+    """Publishes consecutive versions of one run into a store."""
+
+    def __init__(self, store: VersionStore, identity: Identity, *, run_id: str, chain: ChainConfig) -> None:
+        self.store = store
+        self.identity = identity
+        self.run_id = run_id
+        self.chain = chain
+        self.head: VersionRecord | None = store.head()
+        self._state: State | None = store.load_state(self.head.version) if self.head else None
+
+    @property
+    def state(self) -> State | None:
+        return self._state
+
+    def adopt(self, record: VersionRecord, state: State) -> None:
+        """Continue from a version obtained elsewhere (re-sync from a peer)."""
+        self.head, self._state = record, state
+
+    def publish(self, state: State) -> Published:
+        """Make the next version from ``state`` (version 0 is a genesis anchor)."""
+        digest = state_hash(state)
+        if self.head is None or self._state is None:
+            record = make_record(self.identity, run_id=self.run_id, version=0, parent=None,
+                                 state_hash=digest, patch=None, anchor_version=0, is_anchor=True,
+                                 codec="anchor/safetensors")
+            self.store.put_anchor(record, state)
+            self.head, self._state = record, state
+            return Published(record, 0, state_nbytes(state), 1.0)
+        version = self.head.version + 1
+        is_anchor = version % self.chain.anchor_every == 0
+        patch = make_patch(self._state, state, mode=self.chain.patch_mode)
+        record = make_record(self.identity, run_id=self.run_id, version=version, parent=self.head,
+                             state_hash=digest, patch=patch,
+                             anchor_version=version if is_anchor else self.head.anchor_version,
+                             is_anchor=is_anchor, codec=f"pulsesync/{self.chain.patch_mode}/1")
+        self.store.put_patch(record, patch)
+        if is_anchor:
+            self.store.put_anchor(record, state)
+        self.store.retain(keep_versions=self.chain.keep_versions, keep_anchors=self.chain.keep_anchors)
+        changed = _changed_fraction(self._state, state)
+        self.head, self._state = record, state
+        return Published(record, len(patch), state_nbytes(state), changed)
+
+
+def _changed_fraction(old: State, new: State) -> float:
+    changed = sum(int((old[k].bits != new[k].bits).sum()) for k in new)
+    total = sum(t.numel for t in new.values())
+    return changed / max(total, 1)

@@ -1,0 +1,110 @@
+"""The daemon: build a role's context, run the role, keep status fresh, stop within a bound.
+
+``run_node`` is what ``pulse-node join`` calls. It owns every resource it starts (store lock,
+worker processes, status server) and releases them in reverse order on return, on an error in
+the role, and on SIGINT/SIGTERM (the role sees ``ctx.stop`` and returns within a round).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from pathlib import Path
+from typing import Callable
+
+from pulse_node.chain.identity import Identity
+from pulse_node.chain.store import VersionStore
+from pulse_node.config import NodeConfig
+from pulse_node.node.context import RoleContext
+from pulse_node.node.status import NodeStatus, StatusServer
+from pulse_node.node.transport import Transport
+
+TransportFactory = Callable[[NodeConfig, Identity, Path], Transport]
+
+
+class RoleLogFilter(logging.Filter):
+    """Prefixes every log line with peer, role and version."""
+
+    def __init__(self, status: NodeStatus) -> None:
+        super().__init__()
+        self.status = status
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        snap = self.status.snapshot()
+        record.prefix = f"[{snap['peer_id'][:8]} {snap['role']} v{snap['version']}]"
+        return True
+
+
+def setup_logging(status: NodeStatus, level: str) -> None:
+    handler = logging.StreamHandler()
+    handler.addFilter(RoleLogFilter(status))
+    handler.setFormatter(logging.Formatter("%(asctime)s %(prefix)s %(message)s", "%H:%M:%S"))
+    root = logging.getLogger("pulse")
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    root.propagate = False
+
+
+def make_role(ctx: RoleContext):
+    """The role object for ``ctx.cfg.role`` (imports torch lazily)."""
+    if ctx.cfg_role == "trainer":
+        from pulse_node.node.trainer import TrainerRole
+
+        return TrainerRole(ctx)
+    from pulse_node.node.inference import InferenceRole
+
+    return InferenceRole(ctx)
+
+
+def _status_writer(ctx: RoleContext, path: Path, every_s: float) -> threading.Thread:
+    def loop() -> None:
+        while not ctx.stop.wait(every_s):
+            try:
+                ctx.status.write(path)
+            except OSError:
+                pass
+
+    t = threading.Thread(target=loop, name="status-writer", daemon=True)
+    t.start()
+    return t
+
+
+def run_node(cfg: NodeConfig, make_transport: TransportFactory, *, stop: threading.Event | None = None,
+             install_signals: bool = True) -> int:
+    """Run one daemon until stopped; returns a process exit code."""
+    data = Path(cfg.data_dir)
+    data.mkdir(parents=True, exist_ok=True)
+    identity = Identity.load_or_create(data / "identity.key")
+    store = VersionStore(data / "store")
+    transport = None
+    server = None
+    stop = stop or threading.Event()
+    try:
+        transport = make_transport(cfg, identity, store.root)
+        status = NodeStatus(role=getattr(cfg, "role", "node"), peer_id=transport.peer_id, run_id=cfg.run_id)
+        setup_logging(status, cfg.log_level)
+        server = StatusServer(status, host=cfg.metrics_host, port=cfg.metrics_port, healthy=lambda: not stop.is_set())
+        status.update(metrics_url=server.url, node_key=identity.public_key_hex)
+        ctx = RoleContext(cfg=cfg, identity=identity, store=store, transport=transport, status=status, stop=stop)
+        if install_signals:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(sig, lambda *_: stop.set())
+        status.write(data / "status.json")
+        _status_writer(ctx, data / "status.json", 0.5)
+        role = make_role(ctx)
+        try:
+            role.run()
+        finally:
+            if hasattr(role, "close"):
+                role.close()
+            status.update(stopped=True)
+            status.write(data / "status.json")
+        return 0
+    finally:
+        stop.set()
+        if server is not None:
+            server.close()
+        if transport is not None:
+            transport.close()
+        store.close()

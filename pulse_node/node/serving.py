@@ -1,0 +1,42 @@
+"""What a node serves to peers: maps a fetch request to a file of its version store.
+
+The wire worker (another process) and ``MemoryTransport`` both resolve requests through
+``store_resolver``, so the set of servable files is defined once.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pulse_node.chain.layout import store_path
+from pulse_node.errors import PulseError
+
+_MAX_VERSION = 10**12
+
+
+def _version(params: dict[str, Any], key: str = "version") -> int | None:
+    v = params.get(key)
+    return v if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < _MAX_VERSION else None
+
+
+def resolve(root: Path, kind: str, params: dict[str, Any]) -> Path | None:
+    """The file answering ``kind``/``params`` under ``root``, or None (never raises on bad input)."""
+    try:
+        if kind in ("record", "patch", "anchor"):
+            v = _version(params)
+            return None if v is None else store_path(root, kind, v)
+        if kind == "catchup":
+            a, b = _version(params, "from"), _version(params, "to")
+            return None if a is None or b is None or a >= b else root / "catchup" / f"{a}-{b}.patch"
+        if kind == "trainer_state":
+            return root / "trainer" / "state.safetensors"
+    except PulseError:
+        return None
+    return None
+
+
+def store_resolver(root: Path):
+    """A resolver bound to one store root."""
+    root = Path(root)
+    return lambda kind, params: resolve(root, kind, params)

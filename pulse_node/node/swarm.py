@@ -1,0 +1,188 @@
+"""``pulse-node swarm``: a whole local swarm as separate processes on one machine.
+
+Starts a bootstrap, then T trainers and I inference nodes, each a ``pulse-node join`` process
+with its own data dir and TOML config under ``run_dir`` (the same commands the compose file
+runs). Trainer identities are created first so inference nodes trust exactly those keys.
+Progress comes from each node's ``status.json``; with ``versions`` the swarm stops once every
+node holds that version. Every child is stopped within ``stop_timeout_s`` on return or Ctrl+C.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import tomli_w
+
+from pulse_node.chain.identity import Identity
+from pulse_node.config import SwarmConfig
+from pulse_node.errors import PulseError
+
+_SHARED = ("run_id", "seed", "log_level", "model", "task", "sampling", "chain", "net")
+
+
+@dataclass
+class Child:
+    name: str
+    role: str
+    data_dir: Path
+    proc: subprocess.Popen
+
+    def status(self) -> dict[str, Any]:
+        try:
+            return json.loads((self.data_dir / "status.json").read_text())
+        except (OSError, ValueError):
+            return {}
+
+
+def node_config(cfg: SwarmConfig, *, role: str, data_dir: Path, trusted: list[str]) -> dict[str, Any]:
+    """The TOML tree of one node's config (what its ``--config`` file holds)."""
+    tree = cfg.model_dump(mode="json", include=set(_SHARED), exclude_none=True)
+    tree.update(role=role, data_dir=str(data_dir))
+    tree["net"]["dht_listen"] = [f"/ip4/{cfg.host}/tcp/0"]
+    tree["net"]["wire_listen"] = [f"/ip4/{cfg.host}/tcp/0"]
+    tree["chain"]["trusted_trainers"] = trusted
+    if cfg.versions is not None:
+        tree["max_versions"] = cfg.versions
+    if role == "trainer":
+        tree.update(grpo=cfg.grpo.model_dump(mode="json"), loco=cfg.loco.model_dump(mode="json"),
+                    rollout_wait_s=cfg.rollout_wait_s, eval_every=cfg.eval_every)
+    else:
+        tree.update(rollout_batches_per_version=cfg.rollout_batches_per_version)
+    return tree
+
+
+class LocalSwarm:
+    """Owns the bootstrap and node processes of one local swarm."""
+
+    def __init__(self, cfg: SwarmConfig, *, log: Callable[[str], None] = lambda m: print(m, file=sys.stderr)) -> None:
+        self.cfg = cfg
+        self.log = log
+        self.root = Path(cfg.run_dir).resolve()
+        self.children: list[Child] = []
+        self.bootstrap: subprocess.Popen | None = None
+        self.bootstrap_addr = ""
+
+    # ---- start ---------------------------------------------------------------------------
+    def start(self) -> None:
+        if self.cfg.fresh and self.root.exists():
+            for child in self.root.iterdir():
+                if child.is_dir() and (child.name.startswith(("trainer-", "inference-")) or child.name == "bootstrap"):
+                    shutil.rmtree(child / "store", ignore_errors=True)
+                    (child / "status.json").unlink(missing_ok=True)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.bootstrap_addr = self._start_bootstrap()
+        trusted = [Identity.load_or_create(self.root / f"trainer-{i}" / "identity.key").public_key_hex
+                   for i in range(self.cfg.trainers)]
+        for i in range(self.cfg.trainers):
+            self._start_node(f"trainer-{i}", "trainer", trusted)
+        for i in range(self.cfg.inference):
+            self._start_node(f"inference-{i}", "inference", trusted)
+
+    def _start_bootstrap(self) -> str:
+        d = self.root / "bootstrap"
+        d.mkdir(parents=True, exist_ok=True)
+        maddrs = d / "maddrs.txt"
+        maddrs.unlink(missing_ok=True)
+        cmd = [sys.executable, "-m", "pulse_node", "bootstrap", "--host-maddrs", f"/ip4/{self.cfg.host}/tcp/0",
+               "--identity", str(d / "identity.key"), "--run-id", self.cfg.run_id, "--print-maddrs-file", str(maddrs)]
+        self.bootstrap = self._spawn(cmd, d / "log.txt")
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if self.bootstrap.poll() is not None:
+                raise PulseError(f"bootstrap exited with code {self.bootstrap.returncode}; see {d / 'log.txt'}")
+            if maddrs.exists() and maddrs.read_text().strip():
+                return maddrs.read_text().split()[0]
+            time.sleep(0.1)
+        raise PulseError(f"bootstrap did not print its address within 60 s; see {d / 'log.txt'}")
+
+    def _start_node(self, name: str, role: str, trusted: list[str]) -> None:
+        d = self.root / name
+        d.mkdir(parents=True, exist_ok=True)
+        conf = d / "node.toml"
+        conf.write_text(tomli_w.dumps(node_config(self.cfg, role=role, data_dir=d, trusted=trusted)))
+        cmd = [sys.executable, "-m", "pulse_node", "join", "--role", role, "--config", str(conf),
+               "--bootstrap", self.bootstrap_addr]
+        self.children.append(Child(name, role, d, self._spawn(cmd, d / "log.txt")))
+
+    @staticmethod
+    def _spawn(cmd: list[str], log_path: Path) -> subprocess.Popen:
+        log = open(log_path, "ab")
+        try:
+            return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+        finally:
+            log.close()
+
+    # ---- watch ---------------------------------------------------------------------------
+    def statuses(self) -> list[tuple[Child, dict[str, Any]]]:
+        return [(c, c.status()) for c in self.children]
+
+    def check_alive(self) -> None:
+        for c in self.children:
+            if c.proc.poll() is not None:
+                raise PulseError(f"{c.name} exited with code {c.proc.returncode}; see {c.data_dir / 'log.txt'}")
+
+    def min_version(self) -> int:
+        return min((s.get("version", -1) for _, s in self.statuses()), default=-1)
+
+    def wait_versions(self, versions: int | None, *, on_tick: Callable[[], None], stop: Callable[[], bool]) -> None:
+        """Until every node holds ``versions`` (or forever), calling ``on_tick`` twice a second."""
+        while not stop():
+            self.check_alive()
+            on_tick()
+            if versions is not None and self.min_version() >= versions:
+                return
+            time.sleep(0.5)
+
+    # ---- stop ----------------------------------------------------------------------------
+    def stop(self) -> None:
+        """SIGTERM every child, then SIGKILL what is left at the deadline."""
+        procs = [c.proc for c in self.children] + ([self.bootstrap] if self.bootstrap else [])
+        for p in procs:
+            _signal_group(p, signal.SIGTERM)
+        deadline = time.monotonic() + self.cfg.stop_timeout_s * 0.8
+        for p in procs:
+            try:
+                p.wait(timeout=max(0.05, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        for p in procs:
+            if p.poll() is None:
+                _signal_group(p, signal.SIGKILL)
+                p.wait(timeout=5)
+
+    # ---- summary -------------------------------------------------------------------------
+    def summary(self) -> dict[str, Any]:
+        stats = self.statuses()
+        trainers = [s for c, s in stats if c.role == "trainer"]
+        evals = [(h["version"], h["eval"]) for s in trainers[:1] for h in s.get("history", []) if "eval" in h]
+        lead = trainers[0] if trainers else {}
+        return {
+            "versions": self.min_version(),
+            "nodes": [{"name": c.name, "role": c.role, "version": s.get("version", -1),
+                       "state_hash": s.get("state_hash", ""), "peer_id": s.get("peer_id", "")} for c, s in stats],
+            "eval_first": evals[0][1] if evals else None,
+            "eval_last": evals[-1][1] if evals else None,
+            "bytes_patch_total": int(lead.get("patch_bytes_total", 0)),
+            "bytes_dense_equivalent": int(lead.get("dense_bytes_total", 0)),
+            "rollouts_sent": int(sum(s.get("rollouts_sent", 0) for c, s in stats if c.role == "inference")),
+            "run_dir": str(self.root),
+            "bootstrap": self.bootstrap_addr,
+        }
+
+
+def _signal_group(p: subprocess.Popen, sig: int) -> None:
+    if p.poll() is None:
+        try:
+            os.killpg(p.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass

@@ -1,0 +1,250 @@
+"""Inference side of PULSESync: keep a local state equal to the newest trusted version.
+
+One ``step()``: learn the head (peers' DHT records and pushed head announcements), fetch the
+missing versions' records and patches from any peers that hold them (bounded concurrency,
+per-peer timeouts, failover, inference peers preferred so trainers upload each patch about
+once), verify each record (signature, trusted signer, parent link) and patch digest, hand them
+to the reorder buffer, and apply exactly the next version, checking base and result state
+hashes. Applied versions are written to the store, so this node re-serves them. A node with no
+state, or one whose missing patches nobody holds any more, recovers from a catch-up patch or
+from an anchor plus patches.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import tempfile
+import threading
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from pulse_node.chain.record import VersionRecord, decode_record, encode_record
+from pulse_node.chain.reorder import ReorderBuffer
+from pulse_node.chain.store import VersionStore
+from pulse_node.codec.patch import apply_patch, read_header
+from pulse_node.codec.state import State, load_safetensors
+from pulse_node.codec.statehash import state_hash
+from pulse_node.config import NetConfig
+from pulse_node.errors import GapError, IntegrityError, PulseError
+from pulse_node.node.transport import Event, PeerInfo, Transport
+from pulse_node.node.trust import TrustPolicy
+from pulse_node.chain.record import digest_bytes
+
+log = logging.getLogger("pulse.sync")
+
+
+@dataclass
+class Fetched:
+    record: VersionRecord
+    patch: bytes
+
+
+class VersionSync:
+    """Pull, verify, reorder and apply versions; serve them afterwards through the store."""
+
+    def __init__(self, store: VersionStore, transport: Transport, trust: TrustPolicy, *,
+                 net: NetConfig, seeds: int = 1, window: int = 16, seed_wait_s: float = 2.0) -> None:
+        self.store, self.transport, self.trust, self.net = store, transport, trust, net
+        self.seeds, self.window, self.seed_wait_s = seeds, window, seed_wait_s
+        self.record: VersionRecord | None = store.head()
+        self.state: State | None = store.load_state(self.record.version) if self.record else None
+        self.reorder = ReorderBuffer(next_version=self.record.version + 1 if self.record else 0)
+        self.counters: Counter[str] = Counter()
+        self.hints: dict[str, int] = {}  # peer -> highest version it told us it holds
+        self.first_seen: dict[int, float] = {}
+        self._pool = ThreadPoolExecutor(max_workers=net.max_parallel_fetches, thread_name_prefix="fetch")
+        self._tmp = Path(tempfile.mkdtemp(prefix="pulse-fetch-", dir=store.root))
+        self._lock = threading.Lock()
+
+    # ---- head discovery -------------------------------------------------------------
+    def take_events(self, events: list[Event]) -> None:
+        """Head announcements pushed by peers: a hint about who holds what."""
+        for ev in events:
+            if ev.kind != "head" or self.trust.ignored(ev.sender):
+                continue
+            try:
+                rec = decode_record(ev.data)
+            except PulseError:
+                self.trust.strike(ev.sender)
+                continue
+            self.hints[ev.sender] = max(self.hints.get(ev.sender, -1), rec.version)
+            self.first_seen.setdefault(rec.version, time.monotonic())
+
+    def target(self, peers: list[PeerInfo]) -> int:
+        """The newest version any trainer (or a hint) says exists; -1 if none."""
+        best = max((p.version for p in peers if p.role == "trainer"), default=-1)
+        best = max([best, *self.hints.values()])
+        for v in range(self.reorder.next_version, best + 1):
+            self.first_seen.setdefault(v, time.monotonic())
+        return best
+
+    def providers(self, version: int, peers: list[PeerInfo], *, rank: int) -> list[PeerInfo]:
+        """Peers that hold ``version``: inference peers first (shuffled), trainers last.
+
+        Only the first ``seeds`` inference nodes (by rank) fetch a fresh version straight from a
+        trainer; the rest wait up to ``seed_wait_s`` for a peer copy, so a trainer's upload does
+        not grow with the number of inference nodes.
+        """
+        holders = [p for p in peers if p.peer_id != self.transport.peer_id and not self.trust.ignored(p.peer_id)
+                   and max(p.version, self.hints.get(p.peer_id, -1)) >= version and p.lowest <= version]
+        others = [p for p in holders if p.role != "trainer"]
+        trainers = [p for p in holders if p.role == "trainer"]
+        random.shuffle(others)
+        random.shuffle(trainers)
+        young = time.monotonic() - self.first_seen.get(version, 0.0) < self.seed_wait_s
+        if not others and rank >= self.seeds and young:
+            return []
+        return others + trainers
+
+    # ---- one pass -------------------------------------------------------------------
+    def step(self, peers: list[PeerInfo], *, rank: int = 0, trainer_keys: list[str] | None = None) -> list[VersionRecord]:
+        """Fetch and apply what is missing; returns the records applied in this pass."""
+        keys = trainer_keys if trainer_keys is not None else [p.node_key for p in peers if p.role == "trainer"]
+        head = self.target(peers)
+        if head < 0:
+            return []
+        if self.state is None:
+            self._recover_from_anchor(peers, head, keys)
+            if self.state is None:
+                return []
+        wanted = [v for v in range(self.reorder.next_version, min(head, self.reorder.next_version + self.window - 1) + 1)
+                  if not self.reorder.has(v)]
+        jobs = {v: self._pool.submit(self._fetch_version, v, self.providers(v, peers, rank=rank), keys) for v in wanted}
+        for v, job in jobs.items():
+            got = job.result()
+            if got is not None:
+                self.reorder.offer(v, got)
+        applied = self._apply_ready(keys)
+        if not applied and self.reorder.next_version <= head and self._nobody_has(self.reorder.next_version, peers):
+            self._recover_gap(peers, head, keys)
+        return applied
+
+    def _nobody_has(self, version: int, peers: list[PeerInfo]) -> bool:
+        return not any(p.lowest <= version <= p.version for p in peers if p.peer_id != self.transport.peer_id)
+
+    def _fetch_version(self, version: int, providers: list[PeerInfo], keys: list[str]) -> Fetched | None:
+        for peer in providers:
+            try:
+                rec = decode_record(self._fetch(peer, "record", {"version": version}))
+                if rec.version != version:
+                    raise IntegrityError(f"asked for version {version}, got record of {rec.version}")
+                if not self.trust.check(rec, sender=peer.peer_id, trainer_keys=keys):
+                    continue
+                patch = self._fetch(peer, "patch", {"version": version})
+                if digest_bytes(patch) != rec.patch_digest:
+                    self.trust.strike(peer.peer_id)
+                    raise IntegrityError(f"patch {version} from {peer.peer_id} does not match its record")
+                self.counters["patch_bytes_in"] += len(patch)
+                return Fetched(rec, patch)
+            except PulseError as exc:
+                self.counters["fetch_errors"] += 1
+                log.info("fetch of version %d from %s failed: %s", version, peer.peer_id[:12], exc)
+        return None
+
+    def _fetch(self, peer: PeerInfo, kind: str, params: dict) -> bytes:
+        dest = self._tmp / f"{kind}-{threading.get_ident()}-{random.getrandbits(32):08x}"
+        try:
+            self.transport.fetch(peer, kind, params, dest, timeout=self.net.fetch_timeout_s)
+            return dest.read_bytes()
+        finally:
+            dest.unlink(missing_ok=True)
+
+    def _apply_ready(self, keys: list[str]) -> list[VersionRecord]:
+        applied: list[VersionRecord] = []
+        for version, got in self.reorder.pop_ready():
+            try:
+                self._apply(got)
+            except PulseError as exc:
+                self.counters["apply_errors"] += 1
+                log.warning("version %d rejected: %s", version, exc)
+                self.reorder.reset(version)  # refetch it (from another provider) next pass
+                break
+            applied.append(got.record)
+        return applied
+
+    def _apply(self, got: Fetched) -> None:
+        assert self.state is not None and self.record is not None
+        rec = got.record
+        if rec.parent_chain_hash != self.record.chain_hash:
+            raise IntegrityError(f"version {rec.version} does not extend our chain at {self.record.version}")
+        header = read_header(got.patch)
+        if header.result_state_hash != rec.state_hash:
+            raise IntegrityError(f"patch {rec.version} result hash differs from its signed record")
+        new_state = apply_patch(self.state, got.patch, verify=True)
+        self.store.put_patch(rec, got.patch)
+        if rec.is_anchor:
+            self.store.put_anchor(rec, new_state)
+        self.state, self.record = new_state, rec
+        self.counters["applied"] += 1
+
+    # ---- recovery -------------------------------------------------------------------
+    def _recover_gap(self, peers: list[PeerInfo], head: int, keys: list[str]) -> None:
+        """Nobody serves the next patch any more: try a catch-up patch, else an anchor."""
+        self.counters["gaps"] += 1
+        if self.state is not None and self._catch_up(peers, head, keys):
+            return
+        self._recover_from_anchor(peers, head, keys)
+
+    def _catch_up(self, peers: list[PeerInfo], head: int, keys: list[str]) -> bool:
+        assert self.record is not None and self.state is not None
+        for peer in [p for p in peers if p.version >= head and p.peer_id != self.transport.peer_id]:
+            try:
+                rec = decode_record(self._fetch(peer, "record", {"version": head}))
+                if not self.trust.check(rec, sender=peer.peer_id, trainer_keys=keys):
+                    continue
+                patch = self._fetch(peer, "catchup", {"from": self.record.version, "to": head})
+                new_state = apply_patch(self.state, patch, verify=True)
+                if state_hash(new_state) != rec.state_hash:
+                    self.trust.strike(peer.peer_id)
+                    raise IntegrityError("catch-up result differs from the signed head")
+                self._adopt(rec, new_state)
+                self.counters["catchups"] += 1
+                return True
+            except PulseError as exc:
+                log.info("catch-up from %s failed: %s", peer.peer_id[:12], exc)
+        return False
+
+    def _recover_from_anchor(self, peers: list[PeerInfo], head: int, keys: list[str]) -> None:
+        """Load the newest anchor any peer serves (verified against its signed record)."""
+        offers = sorted({(a, p.peer_id) for p in peers for a in p.anchors if a <= head}, reverse=True)
+        by_id = {p.peer_id: p for p in peers}
+        for anchor, pid in offers:
+            peer = by_id[pid]
+            try:
+                rec = decode_record(self._fetch(peer, "record", {"version": anchor}))
+                if not rec.is_anchor or not self.trust.check(rec, sender=pid, trainer_keys=keys):
+                    continue
+                dest = self._tmp / f"anchor-{anchor}.safetensors"
+                self.transport.fetch(peer, "anchor", {"version": anchor}, dest, timeout=self.net.fetch_timeout_s * 4)
+                state = load_safetensors(dest)
+                dest.unlink(missing_ok=True)
+                if state_hash(state) != rec.state_hash:
+                    self.trust.strike(pid)
+                    raise IntegrityError(f"anchor {anchor} from {pid} does not match its signed record")
+                self.store.put_anchor(rec, state)
+                self._adopt(rec, state)
+                self.counters["anchor_loads"] += 1
+                return
+            except PulseError as exc:
+                log.info("anchor %d from %s failed: %s", anchor, pid[:12], exc)
+
+    def _adopt(self, record: VersionRecord, state: State) -> None:
+        self.state, self.record = state, record
+        self.reorder.reset(record.version + 1)
+        self.trust.forget_below(record.version)
+
+    def head_announcement(self) -> bytes | None:
+        return encode_record(self.record) if self.record else None
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        for p in self._tmp.glob("*"):
+            p.unlink(missing_ok=True)
+        try:
+            self._tmp.rmdir()
+        except OSError:
+            pass

@@ -1,0 +1,224 @@
+"""The trainer role: GRPO inner steps, a PULSELoCo round with the other trainers, a new version.
+
+One round (= one version):
+
+1. ``inner_steps`` GRPO steps on rollouts pushed by inference nodes (within the staleness
+   bound); when none arrive within ``rollout_wait_s`` the trainer makes its own, so a swarm
+   without inference nodes still trains.
+2. The error-feedback gate turns ``global - local`` into a sparse payload, pushed to every other
+   trainer; payloads of this round arriving before ``loco.deadline_s`` are averaged in canonical
+   order, and the outer Nesterov step updates the FP32 global weights bit-identically on every
+   trainer. A trainer that missed the deadline keeps its error feedback.
+3. The BF16 cast of the global weights is published as the next version (patch, signed record,
+   anchor every N) and announced to inference nodes.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections import deque
+
+import torch
+
+from pulse_node.chain.record import encode_record
+from pulse_node.config import TrainerConfig
+from pulse_node.errors import PulseError
+from pulse_node.loco.outer import OuterOptimizer
+from pulse_node.loco.payload import LocoPayload, decode_payload, encode_payload
+from pulse_node.loco.sparsify import ErrorFeedback
+from pulse_node.node.context import RoleContext
+from pulse_node.node.publisher import VersionPublisher
+from pulse_node.rl.evaluate import evaluate
+from pulse_node.rl.grpo import GRPOLearner
+from pulse_node.rl.policy import build_policy
+from pulse_node.rl.rollout import Rollout, decode_rollouts
+from pulse_node.rl.sampler import RolloutWorker
+from pulse_node.rl.tasks import make_task_source
+from pulse_node.torchbits import load_state, module_state
+
+
+class TrainerRole:
+    """Runs rounds until stopped or ``max_versions`` is reached."""
+
+    def __init__(self, ctx: RoleContext) -> None:
+        self.ctx = ctx
+        self.cfg: TrainerConfig = ctx.cfg  # type: ignore[assignment]
+        cfg = self.cfg
+        # the model seed is the run's (every trainer starts bit-identical); sampling differs per peer
+        self.rng = random.Random(f"{cfg.seed}:{ctx.transport.peer_id}")
+        self.policy = build_policy(cfg.model, cfg.task, seed=cfg.seed, grpo_cfg=cfg.grpo, progress=True)
+        self.learner = GRPOLearner(self.policy, cfg.grpo, temperature=cfg.sampling.temperature)
+        self.worker = RolloutWorker(self.policy, cfg.sampling)
+        self.tasks = make_task_source(cfg.task)
+        self.eval_set = self.tasks.eval_set()
+        self.local = dict(self.policy.model.named_parameters())
+        self.global_params = {n: p.detach().to("cpu", torch.float32).clone() for n, p in self.local.items()}
+        self.shapes = {n: tuple(t.shape) for n, t in self.global_params.items()}
+        self.outer = OuterOptimizer(self.global_params, cfg.loco)
+        self.ef = ErrorFeedback(self.shapes, cfg=cfg.loco)
+        self.publisher = VersionPublisher(ctx.store, ctx.identity, run_id=cfg.run_id, chain=cfg.chain)
+        self.batches: deque[list[Rollout]] = deque(maxlen=64)
+        self.loco_inbox: dict[int, dict[str, LocoPayload]] = {}
+        self.worker_version = -1
+
+    @property
+    def version(self) -> int:
+        return self.publisher.head.version if self.publisher.head else -1
+
+    # ---- lifecycle ---------------------------------------------------------------------
+    def run(self) -> None:
+        self._start_chain()
+        while not self.ctx.stop.is_set():
+            if self.cfg.max_versions is not None and self.version >= self.cfg.max_versions:
+                self._idle_until_stopped()
+                return
+            self.round()
+
+    def _start_chain(self) -> None:
+        head = self.publisher.head
+        if head is None:
+            self._publish()
+            return
+        # restart: continue from our last version (BF16 -> FP32 is exact; FP32 residue is lost)
+        state = self.publisher.state
+        load_state(self.global_params, state)
+        self.outer.round = head.version
+        self._reset_local()
+        self.ctx.log.info("resumed at version %d", head.version)
+        self._announce()
+
+    def _idle_until_stopped(self) -> None:
+        """Keep serving and announcing the final version until asked to stop."""
+        while not self.ctx.wait(self.cfg.net.head_poll_s):
+            self._drain_events()
+            self._announce()
+
+    # ---- one round ---------------------------------------------------------------------
+    def round(self) -> None:
+        metrics: dict[str, float] = {}
+        for _ in range(self.cfg.loco.inner_steps):
+            if self.ctx.stop.is_set():
+                return
+            metrics = self.learner.step(self._next_batch(), current_version=self.version)
+            self.ctx.status.add("rollouts_used", metrics.get("kept", 0))
+        contributors = self._loco_round()
+        self._reset_local()
+        pub = self._publish()
+        self.ctx.status.update(reward_mean=float(metrics.get("reward_mean", 0.0)), contributors=contributors,
+                               rounds=self.outer.round)
+        self.ctx.log.info("version %d: %d contributors, patch %d B (%.4f changed), reward %.3f",
+                          self.version, contributors, pub.patch_bytes, pub.changed_fraction,
+                          metrics.get("reward_mean", 0.0))
+
+    def _loco_round(self) -> int:
+        """Exchange payloads with the other trainers and take the outer step; returns #contributors."""
+        round_no = self.outer.round
+        local_cpu = {n: p.detach().to("cpu", torch.float32) for n, p in self.local.items()}
+        mine = self.ef.make_payload(self.global_params, local_cpu, round=round_no,
+                                    trainer_id=self.ctx.transport.peer_id, base_hash=self.outer.state_hash())
+        data = encode_payload(mine, level=self.cfg.loco.zstd_level)
+        trainers = self.ctx.peers("trainer")
+        for peer in trainers:
+            try:
+                self.ctx.transport.push(peer, "loco", data, timeout=self.cfg.loco.deadline_s)
+            except PulseError as exc:
+                self.ctx.status.error(f"loco push to {peer.peer_id[:12]} failed: {exc}")
+        self.ctx.status.add("loco_bytes_out", len(data) * len(trainers))
+        others = self._collect(round_no, {p.peer_id for p in trainers})
+        try:
+            self.outer.apply([mine, *others])
+        except PulseError as exc:  # a bad payload: drop all foreign ones, keep the round going
+            self.ctx.status.error(f"round {round_no}: {exc}")
+            self.outer.apply([mine])
+        return 1 + len(others)
+
+    def _collect(self, round_no: int, expected: set[str]) -> list[LocoPayload]:
+        deadline = time.monotonic() + self.cfg.loco.deadline_s
+        while not self.ctx.stop.is_set():
+            got = self.loco_inbox.get(round_no, {})
+            if expected <= set(got) or time.monotonic() > deadline:
+                break
+            self._drain_events(wait_s=0.05)
+        got = self.loco_inbox.pop(round_no, {})
+        for r in [r for r in self.loco_inbox if r < round_no]:
+            del self.loco_inbox[r]
+        return [p for pid, p in got.items() if pid in expected or not expected]
+
+    def _reset_local(self) -> None:
+        with torch.no_grad():
+            for n, p in self.local.items():
+                p.copy_(self.global_params[n].to(p.device))
+
+    def _publish(self):
+        state = module_state(self.global_params.items())
+        pub = self.publisher.publish(state)
+        self.ctx.status.add("patch_bytes_total", pub.patch_bytes)
+        self.ctx.status.add("dense_bytes_total", pub.dense_bytes if pub.record.version > 0 else 0)
+        entry = {"version": pub.record.version, "patch_bytes": pub.patch_bytes,
+                 "dense_bytes": pub.dense_bytes, "changed": pub.changed_fraction,
+                 "state_hash": pub.record.state_hash, "at": time.time()}
+        if self.cfg.eval_every and pub.record.version % self.cfg.eval_every == 0:
+            entry["eval"] = self._evaluate(state, pub.record.version)
+            self.ctx.status.update(eval_accuracy=entry["eval"])
+        self.ctx.status.record_version(entry)
+        self._announce(push=True)
+        return pub
+
+    def _evaluate(self, state, version: int) -> float:
+        self.worker.set_weights(state, version)
+        self.worker_version = version
+        return float(evaluate(self.worker, self.eval_set))
+
+    def _announce(self, push: bool = False) -> None:
+        head = self.publisher.head
+        if head is None:
+            return
+        self.ctx.announce(version=head.version, chain_hash=head.chain_hash, state_hash=head.state_hash)
+        if push:
+            data = encode_record(head)
+            for peer in self.ctx.peers("inference"):
+                try:
+                    self.ctx.transport.push(peer, "head", data, timeout=5.0)
+                except PulseError:
+                    pass
+
+    # ---- inputs ------------------------------------------------------------------------
+    def _drain_events(self, wait_s: float = 0.0) -> None:
+        for ev in self.ctx.transport.events(wait_s=wait_s):
+            try:
+                if ev.kind == "rollouts":
+                    self.batches.append(decode_rollouts(ev.data))
+                    self.ctx.status.add("rollouts_in", len(self.batches[-1]))
+                elif ev.kind == "loco":
+                    p = decode_payload(ev.data, shapes=self.shapes, max_bytes=self.cfg.loco.max_payload_bytes)
+                    if p.trainer_id != ev.sender:
+                        raise PulseError(f"payload claims trainer {p.trainer_id[:12]} but came from {ev.sender[:12]}")
+                    if p.round >= self.outer.round:
+                        self.loco_inbox.setdefault(p.round, {})[p.trainer_id] = p
+            except PulseError as exc:
+                self.ctx.status.add("rejected")
+                self.ctx.status.error(f"bad {ev.kind} from {ev.sender[:12]}: {exc}")
+
+    def _next_batch(self) -> list[Rollout]:
+        """A batch of fresh peer rollouts, or our own after ``rollout_wait_s``."""
+        deadline = time.monotonic() + self.cfg.rollout_wait_s
+        while True:
+            self._drain_events()
+            while self.batches:
+                batch = self.batches.popleft()
+                fresh = [r for r in batch if 0 <= self.version - r.version <= self.cfg.grpo.max_staleness]
+                if fresh:
+                    return fresh
+                self.ctx.status.add("rollouts_stale", len(batch))
+            if time.monotonic() >= deadline or not self.ctx.peers("inference"):
+                return self._own_batch()
+            self._drain_events(wait_s=0.05)
+
+    def _own_batch(self) -> list[Rollout]:
+        if self.worker_version != self.version and self.publisher.state is not None:
+            self.worker.set_weights(self.publisher.state, self.version)
+            self.worker_version = self.version
+        problems = self.tasks.sample(self.cfg.sampling.prompts_per_batch, self.rng)
+        self.ctx.status.add("rollouts_own", len(problems) * self.cfg.sampling.group_size)
+        return self.worker.generate(problems, rng=self.rng)

@@ -1,0 +1,55 @@
+"""Which signed version records an inference node accepts.
+
+A record is accepted when its signature verifies and its signer is trusted: one of the
+configured trainer keys or, when none are configured (a local swarm), any peer that announces
+the trainer role. With ``min_signers = k > 1`` a version is accepted only after k distinct
+trusted trainers signed records with the same chain hash. Rejections are counted per sender
+so a lying peer's score drops until it is ignored.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from typing import Iterable
+
+from pulse_node.chain.record import VersionRecord, verify_record
+from pulse_node.errors import IntegrityError
+
+
+class TrustPolicy:
+    """Signature, signer and quorum checks for version records; per-peer strike counts."""
+
+    def __init__(self, *, trusted: Iterable[str] = (), min_signers: int = 1, max_strikes: int = 3) -> None:
+        self.trusted = {k.lower() for k in trusted}
+        self.min_signers = min_signers
+        self.max_strikes = max_strikes
+        self.strikes: Counter[str] = Counter()
+        self.rejected = 0
+        self._votes: dict[int, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
+
+    def signers(self, trainer_keys: Iterable[str]) -> set[str]:
+        """Keys trusted right now: configured ones, else the announced trainers'."""
+        return set(self.trusted) if self.trusted else {k.lower() for k in trainer_keys if k}
+
+    def ignored(self, peer_id: str) -> bool:
+        return self.strikes[peer_id] >= self.max_strikes
+
+    def strike(self, peer_id: str) -> None:
+        self.rejected += 1
+        self.strikes[peer_id] += 1
+
+    def check(self, record: VersionRecord, *, sender: str, trainer_keys: Iterable[str],
+              parent: VersionRecord | None = None) -> bool:
+        """Verify one record; True once its version has a quorum of agreeing trusted signers."""
+        try:
+            verify_record(record, trusted_signers=self.signers(trainer_keys), parent=parent)
+        except IntegrityError:
+            self.strike(sender)
+            raise
+        votes = self._votes[record.version][record.chain_hash]
+        votes.add(record.signer.lower())
+        return len(votes) >= self.min_signers
+
+    def forget_below(self, version: int) -> None:
+        for v in [v for v in self._votes if v < version]:
+            del self._votes[v]

@@ -1,0 +1,59 @@
+"""Packing (prompt, completion) pairs into padded tensors and scoring them with an ``LM``.
+
+Used by both the supervised warm start and the GRPO learner, so the two compute token
+log-probs the same way the sampler does (same positions, same temperature scaling).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+import torch
+
+from pulse_node.rl.models import HFLM, Params, TinyLM
+
+
+@dataclass
+class Packed:
+    ids: torch.Tensor  # [B, T] right-padded prompt+completion
+    mask: torch.Tensor  # [B, T] True at real tokens
+    target: torch.Tensor  # [B, T-1] True where ids[:, 1:] is a completion token
+
+
+def pack(pairs: Sequence[tuple[Sequence[int], Sequence[int]]], *, pad_id: int,
+         device: torch.device) -> Packed:
+    width = max(len(p) + len(c) for p, c in pairs)
+    ids = torch.full((len(pairs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(pairs), width), dtype=torch.bool)
+    target = torch.zeros((len(pairs), width), dtype=torch.bool)
+    for i, (p, c) in enumerate(pairs):
+        n = len(p) + len(c)
+        ids[i, :n] = torch.tensor(list(p) + list(c), dtype=torch.long)
+        mask[i, :n] = True
+        target[i, len(p):n] = True
+    return Packed(ids.to(device), mask.to(device), target[:, 1:].to(device))
+
+
+def token_logprobs(lm: TinyLM | HFLM, packed: Packed, *, params: Params | None = None,
+                   temperature: float = 1.0) -> torch.Tensor:
+    """[B, T-1] log-prob of each next token under the (temperature-scaled) model."""
+    logits = lm.logits(packed.ids, packed.mask, params)[:, :-1].float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    logp = torch.log_softmax(logits, dim=-1)
+    return logp.gather(-1, packed.ids[:, 1:, None]).squeeze(-1)
+
+
+def bf16_params(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Straight-through BF16 weights: forward sees bf16(w) exactly, gradients reach FP32 w."""
+    return {n: p + (p.detach().to(torch.bfloat16).to(p.dtype) - p.detach())
+            for n, p in module.named_parameters()}
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return (x * mask).sum() / mask.sum().clamp_min(1)
+
+
+def as_params(named: Mapping[str, torch.Tensor] | None) -> Params | None:
+    return dict(named) if named else None

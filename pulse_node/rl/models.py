@@ -1,0 +1,144 @@
+"""Policy networks behind one adapter: the embedded tiny transformer and local HF causal LMs.
+
+``LM`` is what samplers and learners use: ``logits`` over whole (padded) sequences for
+training, ``prefill``/``decode`` with a KV cache for generation. Padding is described by a
+boolean ``mask`` (True = real token); position ids are derived from it, so left padding
+(generation) and right padding (training) give the same numbers.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.func import functional_call
+
+Params = Mapping[str, torch.Tensor]
+
+
+def positions(mask: torch.Tensor) -> torch.Tensor:
+    """Position ids from a padding mask: 0, 1, ... over real tokens."""
+    return (mask.long().cumsum(-1) - 1).clamp_min(0)
+
+
+class KVCache:
+    """Preallocated per-layer keys/values for the tiny model."""
+
+    def __init__(self, n_layers: int, shape: tuple[int, int, int, int], like: torch.Tensor) -> None:
+        self.k = [like.new_zeros(shape) for _ in range(n_layers)]
+        self.v = [like.new_zeros(shape) for _ in range(n_layers)]
+        self.length = 0
+
+
+class Block(nn.Module):
+    def __init__(self, d: int, n_heads: int) -> None:
+        super().__init__()
+        self.n_heads = n_heads
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.fc, self.out = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+    def attend(self, x: torch.Tensor, allowed: torch.Tensor, cache: KVCache | None, layer: int) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, self.n_heads, d // self.n_heads).permute(2, 0, 3, 1, 4)
+        if cache is not None:
+            end = cache.length + t
+            cache.k[layer][:, :, cache.length:end] = k
+            cache.v[layer][:, :, cache.length:end] = v
+            k, v = cache.k[layer][:, :, :end], cache.v[layer][:, :, :end]
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed[:, None])
+        return self.proj(y.transpose(1, 2).reshape(b, t, d))
+
+    def forward(self, x: torch.Tensor, allowed: torch.Tensor, cache: KVCache | None, layer: int) -> torch.Tensor:
+        x = x + self.attend(self.ln1(x), allowed, cache, layer)
+        return x + self.out(F.gelu(self.fc(self.ln2(x))))
+
+
+class TinyGPT(nn.Module):
+    """A small pre-LN decoder-only transformer with learned positions and tied embeddings."""
+
+    def __init__(self, *, vocab_size: int, d_model: int, n_layers: int, n_heads: int,
+                 max_len: int, init_std: float = 0.02) -> None:
+        super().__init__()
+        self.max_len, self.n_heads = max_len, n_heads
+        self.tok_emb = nn.Embedding(vocab_size, d_model)
+        self.pos_emb = nn.Embedding(max_len, d_model)
+        self.blocks = nn.ModuleList(Block(d_model, n_heads) for _ in range(n_layers))
+        self.ln_f = nn.LayerNorm(d_model)
+        for name, p in self.named_parameters():
+            if p.dim() == 2:
+                std = init_std / math.sqrt(2 * n_layers) if name.endswith(("proj.weight", "out.weight")) else init_std
+                nn.init.normal_(p, std=std)
+            elif name.endswith("bias"):
+                nn.init.zeros_(p)
+
+    def forward(self, ids: torch.Tensor, pos: torch.Tensor, allowed: torch.Tensor,
+                cache: KVCache | None = None) -> torch.Tensor:
+        x = self.tok_emb(ids) + self.pos_emb(pos.clamp_max(self.max_len - 1))
+        for i, block in enumerate(self.blocks):
+            x = block(x, allowed, cache, i)
+        if cache is not None:
+            cache.length += ids.shape[1]
+        return self.ln_f(x) @ self.tok_emb.weight.T
+
+
+def _full_allowed(mask: torch.Tensor) -> torch.Tensor:
+    """[B, T, T] attention pattern: causal, real keys only; each token may see itself."""
+    t = mask.shape[1]
+    causal = torch.ones(t, t, dtype=torch.bool, device=mask.device).tril()
+    eye = torch.eye(t, dtype=torch.bool, device=mask.device)
+    return (causal & mask[:, None, :]) | eye
+
+
+class TinyLM:
+    """``LM`` adapter of ``TinyGPT``."""
+
+    def __init__(self, module: TinyGPT) -> None:
+        self.module = module
+        self.context = module.max_len
+
+    def logits(self, ids: torch.Tensor, mask: torch.Tensor, params: Params | None = None) -> torch.Tensor:
+        args = (ids, positions(mask), _full_allowed(mask))
+        return functional_call(self.module, dict(params), args) if params else self.module(*args)
+
+    def prefill(self, ids: torch.Tensor, mask: torch.Tensor, max_new: int) -> tuple[torch.Tensor, Any]:
+        m = self.module
+        d = m.tok_emb.weight.shape[1]
+        shape = (ids.shape[0], m.n_heads, ids.shape[1] + max_new, d // m.n_heads)
+        cache = KVCache(len(m.blocks), shape, m.tok_emb.weight)
+        out = m(ids, positions(mask), _full_allowed(mask), cache)
+        return out[:, -1], cache
+
+    def decode(self, tok: torch.Tensor, mask: torch.Tensor, cache: Any) -> tuple[torch.Tensor, Any]:
+        pos = positions(mask)[:, -1:]
+        out = self.module(tok[:, None], pos, mask[:, None, :], cache)
+        return out[:, -1], cache
+
+
+class HFLM:
+    """``LM`` adapter of a ``transformers`` causal LM (its own KV cache)."""
+
+    def __init__(self, module: nn.Module, context: int) -> None:
+        self.module = module
+        self.context = context
+
+    def _call(self, params: Params | None, **kw: Any) -> Any:
+        return functional_call(self.module, dict(params), (), kw) if params else self.module(**kw)
+
+    def logits(self, ids: torch.Tensor, mask: torch.Tensor, params: Params | None = None) -> torch.Tensor:
+        out = self._call(params, input_ids=ids, attention_mask=mask.long(), position_ids=positions(mask),
+                         use_cache=False)
+        return out.logits.float()
+
+    def prefill(self, ids: torch.Tensor, mask: torch.Tensor, max_new: int) -> tuple[torch.Tensor, Any]:
+        out = self.module(input_ids=ids, attention_mask=mask.long(), position_ids=positions(mask),
+                          use_cache=True)
+        return out.logits[:, -1].float(), out.past_key_values
+
+    def decode(self, tok: torch.Tensor, mask: torch.Tensor, cache: Any) -> tuple[torch.Tensor, Any]:
+        out = self.module(input_ids=tok[:, None], attention_mask=mask.long(),
+                          position_ids=positions(mask)[:, -1:], past_key_values=cache, use_cache=True)
+        return out.logits[:, -1].float(), out.past_key_values

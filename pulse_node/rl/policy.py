@@ -1,0 +1,105 @@
+"""The trainer's policy: FP32 master model + tokenizer, and its versioned BF16 cast.
+
+``build_policy`` makes the embedded tiny model (seeded init, then the cached supervised warm
+start) or loads a Hugging Face causal LM from a local directory (``local_files_only``,
+safetensors weights only). ``Policy.bf16_state()`` is the State that gets versioned and
+shipped; ``Policy.load_bf16_state`` loads one into the FP32 masters (exact upcast).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable
+
+import torch
+
+from pulse_node.codec.state import State
+from pulse_node.errors import DataError
+from pulse_node.rl.config import GRPOConfig, ModelConfig, TaskConfig
+from pulse_node.rl.device import resolve_device
+from pulse_node.rl.models import HFLM, TinyGPT, TinyLM
+from pulse_node.rl.tasks import Problem
+from pulse_node.rl.tokenizer import CharTokenizer, HFTokenizer, Tokenizer
+from pulse_node.torchbits import load_state, module_state
+
+
+@dataclass
+class Policy:
+    """FP32 master model behind an ``LM`` adapter, with its tokenizer and task settings."""
+
+    lm: TinyLM | HFLM
+    tokenizer: Tokenizer
+    task: TaskConfig
+    device: torch.device
+
+    @property
+    def model(self) -> torch.nn.Module:
+        return self.lm.module
+
+    def bf16_state(self) -> State:
+        """The BF16 cast of the master weights (the versioned compute copy)."""
+        return module_state(self.model.named_parameters())
+
+    def load_bf16_state(self, state: State) -> None:
+        """Set the master weights to a BF16 state (BF16 -> FP32 is exact)."""
+        load_state(dict(self.model.named_parameters()), state)
+
+
+def build_tiny(model_cfg: ModelConfig, *, seed: int, device: torch.device) -> TinyLM:
+    torch.manual_seed(seed)
+    module = TinyGPT(vocab_size=CharTokenizer().vocab_size, d_model=model_cfg.d_model,
+                     n_layers=model_cfg.n_layers, n_heads=model_cfg.n_heads,
+                     max_len=model_cfg.max_len, init_std=model_cfg.init_std)
+    return TinyLM(module.to(device))
+
+
+def load_hf(path: str, *, device: torch.device) -> tuple[HFLM, HFTokenizer]:
+    """A causal LM and tokenizer from a local directory; typed errors name the directory."""
+    root = Path(path)
+    if not root.is_dir():
+        raise DataError(f"{root}: model directory not found")
+    if not any(root.glob("*.safetensors")):
+        raise DataError(f"{root}: no *.safetensors weights in the model directory")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(root, local_files_only=True)
+        module = AutoModelForCausalLM.from_pretrained(root, local_files_only=True, dtype=torch.float32,
+                                                      use_safetensors=True)
+    except (OSError, ValueError, KeyError) as exc:
+        raise DataError(f"{root}: cannot load the model: {exc}") from None
+    try:
+        tokenizer = HFTokenizer(tok)
+    except ValueError as exc:
+        raise DataError(f"{root}: {exc}") from None
+    context = int(getattr(module.config, "max_position_embeddings", 2048) or 2048)
+    return HFLM(module.to(device), context), tokenizer
+
+
+def build_policy(model_cfg: ModelConfig, task_cfg: TaskConfig, *, seed: int,
+                 grpo_cfg: GRPOConfig | None = None, progress: bool = False) -> Policy:
+    """The policy a trainer starts from (the tiny model comes warm-started, from cache if possible)."""
+    device = resolve_device(model_cfg.device)
+    if model_cfg.kind == "hf":
+        lm, tokenizer = load_hf(model_cfg.path or "", device=device)
+        return Policy(lm, tokenizer, task_cfg, device)
+    policy = Policy(build_tiny(model_cfg, seed=seed, device=device), CharTokenizer(), task_cfg, device)
+    from pulse_node.rl.warmstart import warm_start
+
+    warm_start(policy, model_cfg=model_cfg, grpo_cfg=grpo_cfg or GRPOConfig(), seed=seed,
+               progress=progress)
+    return policy
+
+
+def check_prompts(tokenizer: Tokenizer, problems: Iterable[Problem], *, context: int,
+                  max_new_tokens: int) -> None:
+    """Raise ``DataError`` (naming file:line) for a prompt that cannot be encoded or does not fit."""
+    for p in problems:
+        try:
+            n = len(tokenizer.encode(p.prompt))
+        except ValueError as exc:
+            raise DataError(f"{p.source or p.id}: {exc}") from None
+        if n + max_new_tokens > context:
+            raise DataError(f"{p.source or p.id}: prompt is {n} tokens; with max_new_tokens="
+                            f"{max_new_tokens} it exceeds the model context of {context}")

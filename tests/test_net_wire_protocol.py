@@ -1,0 +1,83 @@
+"""Wire structs of the libp2p data plane: exact fields, types, bounds, versions (no network)."""
+
+from __future__ import annotations
+
+import msgpack
+import pytest
+
+from pulse_node.errors import WireError
+from pulse_node.net import wire_protocol as wp
+
+
+def _body(frame: bytes) -> bytes:
+    n = wp.frame_length(frame[:4], 1 << 20)
+    assert len(frame) == 4 + n
+    return frame[4:]
+
+
+def test_every_request_round_trips() -> None:
+    reqs = [wp.RecordRequest(v=1, version=None), wp.RecordRequest(v=1, version=3),
+            wp.PatchRequest(v=1, version=7), wp.AnchorRequest(v=1, version=2, offset=5, length=9),
+            wp.CatchupRequest(v=1, base=3, target=9), wp.PushRequest(v=1, kind="loco", size=12)]
+    for req in reqs:
+        assert type(req).decode(_body(req.encode())) == req
+
+
+def test_response_round_trips_and_error_response_truncates() -> None:
+    r = wp.Response(v=1, status="ok", size=10, total=20, message="")
+    assert wp.Response.decode(_body(r.encode())) == r
+    err = wp.error_response("bad_request", "x" * 2000)
+    assert err.status == "bad_request" and len(err.message) == 512
+
+
+@pytest.mark.parametrize("msg, match", [
+    ({"v": 1}, "fields"),
+    ({"v": 1, "version": 7, "extra": 1}, "fields"),
+    ({"v": 1, "version": -1}, "integer"),
+    ({"v": 1, "version": "7"}, "integer"),
+    ({"v": 1, "version": 1 << 63}, "integer"),
+    ({"v": 1, "version": True}, "integer"),
+    ({"v": 2, "version": 7}, "unsupported wire version"),
+    ({"version": 7}, "unsupported wire version"),
+    ([1, 7], "malformed|not a map"),
+    ("text", "not a map"),
+])
+def test_patch_request_rejects_undeclared_input(msg: object, match: str) -> None:
+    with pytest.raises(WireError, match=match):
+        wp.PatchRequest.decode(msgpack.packb(msg))
+
+
+def test_unsupported_version_is_its_own_type() -> None:
+    with pytest.raises(wp.UnsupportedVersion):
+        wp.PatchRequest.decode(msgpack.packb({"v": 9, "version": 1}))
+
+
+def test_garbage_and_oversized_frames_are_rejected() -> None:
+    with pytest.raises(WireError, match="malformed"):
+        wp.PatchRequest.decode(b"\xc1\xc1\xc1")
+    with pytest.raises(WireError, match="exceeds"):
+        wp.PatchRequest.decode(b"\x00" * (wp.REQUEST_CAP + 1))
+    with pytest.raises(WireError, match="exceeds"):
+        wp.frame_length(b"\xff\xff\xff\xff", wp.REQUEST_CAP)
+
+
+def test_anchor_chunk_length_is_capped() -> None:
+    with pytest.raises(WireError):
+        wp.AnchorRequest(v=1, version=1, offset=0, length=wp.BODY_CAPS["anchor"] + 1)
+
+
+def test_build_request_checks_kind_and_params() -> None:
+    assert wp.build_request("catchup", {"base": 1, "target": 4}) == wp.CatchupRequest(v=1, base=1, target=4)
+    with pytest.raises(WireError, match="unknown fetch kind"):
+        wp.build_request("push", {"kind": "loco", "size": 1})
+    with pytest.raises(WireError, match="params"):
+        wp.build_request("patch", {"version": 1, "offset": 0})
+
+
+def test_parse_digest() -> None:
+    h = "ab" * 32
+    assert wp.parse_digest(f"sha256:{h.upper()}") == h
+    assert wp.parse_digest(h) == h and wp.parse_digest(None) is None
+    for bad in ("sha256:xyz", "ab" * 31, "blake3:" + h):
+        with pytest.raises(WireError):
+            wp.parse_digest(bad)
