@@ -75,6 +75,7 @@ class TrainerConfig(NodeConfig):
     loco: LocoConfig = Field(default_factory=LocoConfig)
     rollout_wait_s: float = Field(5.0, ge=0, description="wait this long for peers' rollouts, then make our own")
     eval_every: int = Field(1, ge=0, description="held-out eval every N versions (0 = never)")
+    genesis_wait_s: float = Field(5.0, ge=0, description="wait this long to meet the other trainers before publishing genesis")
 
 
 class InferenceConfig(NodeConfig):

@@ -2,15 +2,25 @@
 
 ``adam_like_chain`` makes small pretrained-like BF16 states (normal(0, 0.02) weights) and a
 sequence of steps that each move ~1% of entries by +-1 ulp, preferring entries that changed
-before (temporal locality, as measured on real RL runs). The tests below check the generator
-itself does what the other tests assume.
+before (temporal locality, as measured on real RL runs); an entry keeps drifting in one
+direction (momentum), so repeated changes accumulate rather than cancel. The tests below
+check the generator itself does what the other tests assume.
 """
 
 from __future__ import annotations
 
+import hashlib
+from dataclasses import dataclass, field
+
 import numpy as np
 
+from pulse_node.chain.identity import Identity
+from pulse_node.chain.record import VersionRecord, make_record
 from pulse_node.codec.state import State, TensorBits
+
+CODEC = "pulsesync/compact/1"
+#: a fixed trainer key, so subprocesses sign with the same key as the test process
+TRAINER = Identity.from_private_bytes(hashlib.sha256(b"test trainer").digest())
 
 SHAPES: dict[str, tuple[int, ...]] = {
     "model.embed.weight": (64, 32),
@@ -30,34 +40,45 @@ def random_state(rng: np.random.Generator, shapes: dict[str, tuple[int, ...]] = 
             for name, shape in shapes.items()}
 
 
-def adam_like_step(rng: np.random.Generator, state: State, hot: dict[str, np.ndarray], *,
-                   density: float = 0.01, locality: float = 0.75) -> State:
-    """One step: ~density of entries move +-1 ulp, a ``locality`` share from ``hot``."""
+@dataclass
+class StepMemory:
+    """What persists across steps: entries changed so far, and each entry's drift direction."""
+
+    hot: dict[str, np.ndarray] = field(default_factory=dict)
+    direction: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+def adam_like_step(rng: np.random.Generator, state: State, memory: StepMemory, *,
+                   density: float = 0.01, locality: float = 0.75, flip: float = 0.1) -> State:
+    """One step: ~density of entries move 1 ulp, a ``locality`` share from entries that moved
+    before. Like Adam's momentum, an entry keeps drifting one way (sign flips with ``flip``)."""
     out: State = {}
     for name, t in state.items():
         n = max(1, int(round(density * t.numel)))
-        prev = hot.get(name, np.empty(0, dtype=np.int64))
+        prev = memory.hot.get(name, np.empty(0, dtype=np.int64))
+        if name not in memory.direction:
+            memory.direction[name] = rng.choice(np.array([-1, 1], dtype=np.int32), t.numel)
         n_hot = min(len(prev), int(round(locality * n)))
         idx = np.concatenate([rng.choice(prev, n_hot, replace=False) if n_hot else prev[:0],
                               rng.integers(0, t.numel, n - n_hot)])
         idx = np.unique(idx)
         bits = t.bits.copy()
-        step = rng.choice(np.array([-1, 1], dtype=np.int32), idx.size)
+        step = memory.direction[name][idx] * np.where(rng.random(idx.size) < flip, -1, 1)
         step[(bits[idx] & 0x7FFF) == 0] = 1  # never step a zero into the sign bit
         bits[idx] = (bits[idx].astype(np.int32) + step).astype(np.uint16)
-        hot[name] = np.union1d(prev, idx)
+        memory.hot[name] = np.union1d(prev, idx)
         out[name] = TensorBits(t.dtype, t.shape, bits)
     return out
 
 
-def adam_like_chain(seed: int, steps: int, *, density: float = 0.01,
-                    locality: float = 0.75) -> list[State]:
+def adam_like_chain(seed: int, steps: int, *, density: float = 0.01, locality: float = 0.75,
+                    shapes: dict[str, tuple[int, ...]] = SHAPES) -> list[State]:
     """States of versions 0..steps (deterministic for a seed)."""
     rng = np.random.default_rng(seed)
-    states = [random_state(rng)]
-    hot: dict[str, np.ndarray] = {}
+    states = [random_state(rng, shapes)]
+    memory = StepMemory()
     for _ in range(steps):
-        states.append(adam_like_step(rng, states[-1], hot, density=density, locality=locality))
+        states.append(adam_like_step(rng, states[-1], memory, density=density, locality=locality))
     return states
 
 
@@ -66,6 +87,24 @@ def states_equal(a: State, b: State) -> bool:
     return a.keys() == b.keys() and all(
         a[n].dtype == b[n].dtype and a[n].shape == b[n].shape
         and np.array_equal(a[n].bits, b[n].bits) for n in a)
+
+
+def build_chain(states: list[State], *, anchor_every: int, ident: Identity = TRAINER,
+                run_id: str = "run-s") -> list[tuple[VersionRecord, bytes | None]]:
+    """Signed (record, patch) for every version; anchors every ``anchor_every`` versions."""
+    from pulse_node.codec.patch import make_patch
+    from pulse_node.codec.statehash import state_hash
+
+    out: list[tuple[VersionRecord, bytes | None]] = []
+    parent = None
+    for v, state in enumerate(states):
+        patch = None if v == 0 else make_patch(states[v - 1], state, mode="compact")
+        anchor = v - v % anchor_every
+        parent = make_record(ident, run_id=run_id, version=v, parent=parent,
+                             state_hash=state_hash(state), patch=patch, anchor_version=anchor,
+                             is_anchor=anchor == v, codec=CODEC)
+        out.append((parent, patch))
+    return out
 
 
 def changed(a: State, b: State) -> dict[str, np.ndarray]:

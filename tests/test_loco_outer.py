@@ -113,3 +113,22 @@ def test_too_few_contributors_close_the_round_without_update() -> None:
     w0 = opt.params["w"].clone()
     opt.apply(payloads(opt, 1, seed=0))
     assert opt.round == 1 and torch.equal(opt.params["w"], w0)
+
+
+def test_outer_state_wire_round_trip_and_refusals() -> None:
+    from pulse_node.loco.resync import decode_outer_state, encode_outer_state, tensor_shapes
+
+    a = OuterOptimizer(start(), LocoConfig())
+    a.apply(payloads(a, 2, seed=4))
+    shapes = tensor_shapes(a.params)
+    data = encode_outer_state(a.state_dict())
+    b = OuterOptimizer(start(), LocoConfig())
+    b.load_state_dict(decode_outer_state(data, shapes=shapes, max_bytes=1 << 20), expect_hash=a.state_hash())
+    assert b.state_hash() == a.state_hash()
+    for bad in (data[:-5], b"\x00" * 7, data.replace(b"pulseloco/outer-state", b"pulseloco/outer-stat_")):
+        with pytest.raises(WireError):
+            decode_outer_state(bad, shapes=shapes, max_bytes=1 << 20)
+    with pytest.raises(WireError):
+        decode_outer_state(data, shapes={"w": (40, 30)}, max_bytes=1 << 20)
+    with pytest.raises(WireError):
+        decode_outer_state(data, shapes=shapes, max_bytes=100)

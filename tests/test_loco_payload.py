@@ -10,7 +10,7 @@ from hypothesis import given, settings, strategies as st
 
 from pulse_node.errors import WireError
 from pulse_node.loco import positions
-from pulse_node.loco.payload import LocoPayload, decode_payload, encode_payload
+from pulse_node.loco.payload import POSITION_CODERS, LocoPayload, decode_payload, encode_payload
 
 SHAPES = {"emb": (50, 16), "head.bias": (7,), "head.weight": (7, 16)}
 CAP = 1 << 20
@@ -30,9 +30,12 @@ def make_payload(seed: int = 0, density: float = 0.1) -> LocoPayload:
     return LocoPayload(round=12, trainer_id="peer-b", base_hash=b"\x01" * 32, tensors=tensors, numel=numel)
 
 
-def test_round_trip_is_bit_exact() -> None:
+@pytest.mark.parametrize("coder", sorted(POSITION_CODERS))
+def test_round_trip_is_bit_exact(coder: str) -> None:
     p = make_payload()
-    q = decode_payload(encode_payload(p), shapes=SHAPES, max_bytes=CAP)
+    data = encode_payload(p, pos_coder=coder)
+    assert msgpack.unpackb(data, raw=False)["pos_coder"] == coder
+    q = decode_payload(data, shapes=SHAPES, max_bytes=CAP)
     assert (q.round, q.trainer_id, q.base_hash) == (p.round, p.trainer_id, p.base_hash)
     assert set(q.tensors) == {n for n, (i, _) in p.tensors.items() if i.size}
     for name, (idx, vals) in q.tensors.items():
@@ -122,3 +125,12 @@ def test_random_corruption_raises_only_wire_error(junk: bytes, at: int) -> None:
         decode_payload(bytes(data), shapes=SHAPES, max_bytes=CAP)
     except WireError:
         pass
+
+
+def test_payload_codec_and_config_import_without_torch() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys; import pulse_node.loco.payload, pulse_node.loco.config; "
+            "assert 'torch' not in sys.modules, 'torch imported'")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

@@ -59,10 +59,10 @@ def swarm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     root = tmp_path_factory.mktemp("wire")
     src, dst = root / "server", root / "client"
     files = {
-        "patch": _write(src, "patches/00000007.patch", os.urandom(3 * MiB + 17)),
-        "record": _write(src, "records/00000007.rec", b"signed record 7"),
-        "catchup": _write(src, "catchup/00000005-00000007.patch", os.urandom(1000)),
-        "anchor": _write(src, "anchors/00000003.safetensors", os.urandom(12 * MiB + 5)),
+        "patch": _write(src, "patches/7.patch", os.urandom(3 * MiB + 17)),
+        "record": _write(src, "records/7.rec", b"signed record 7"),
+        "catchup": _write(src, "catchup/5-7.patch", os.urandom(1000)),
+        "anchor": _write(src, "anchors/3.safetensors", os.urandom(12 * MiB + 5)),
     }
     dst.mkdir()
     server, client = _start([src, dst])
@@ -163,9 +163,9 @@ def test_hostile_rpc_frames_get_an_error_and_worker_stays_up(swarm: dict) -> Non
 
 
 def test_fetch_from_dead_or_silent_peer_times_out(swarm: dict, tmp_path: Path) -> None:
-    client, peer_id = swarm["client"], swarm["server"].info().peer_id
+    client = swarm["client"]
     [gone] = _start([swarm["root"] / "gone"])
-    gone_addr = gone.info().listen_maddrs[0]
+    gone_addr, peer_id = gone.info().listen_maddrs[0], gone.info().peer_id
     gone.stop()
     silent = socket.socket()
     silent.bind(("127.0.0.1", 0))
@@ -185,12 +185,11 @@ def test_fetch_from_dead_or_silent_peer_times_out(swarm: dict, tmp_path: Path) -
 def test_anchor_from_several_providers_survives_missing_and_dying_provider(swarm: dict, tmp_path: Path) -> None:
     client, anchor = swarm["client"], swarm["files"]["anchor"]
     slow_root, empty_root = tmp_path / "slow", tmp_path / "empty"
-    _write(slow_root, "anchors/00000003.safetensors", anchor)
+    _write(slow_root, "anchors/3.safetensors", anchor)
     empty_root.mkdir()
     slow, empty = _start([slow_root, empty_root], max_upload_rate=float(MiB))
     try:
         peers = [empty.info().listen_maddrs[0], slow.info().listen_maddrs[0], swarm["addr"]]
-        slow_id = slow.info().peer_id
         result: dict = {}
         job = threading.Thread(target=lambda: result.update(r=client.fetch_anchor(
             peers, version=3, size=len(anchor), dest=tmp_path / "a.st", digest=_sha(anchor),
@@ -204,8 +203,8 @@ def test_anchor_from_several_providers_survives_missing_and_dying_provider(swarm
         slow.stop()
         empty.stop()
     assert (tmp_path / "a.st").read_bytes() == anchor
-    assert set(r.failed_providers) == {empty.info.__self__ and p.split("/")[-1] for p in peers[:2]} or True
-    assert slow_id in r.errors and len(r.failed_providers) == 2
+    assert set(r.failed_providers) == set(peers[:2])  # the one without the file, the one that died
+    assert "not_found" in r.errors[peers[0]] and peers[1] in r.errors
     assert r.fetched == len(anchor) and r.resumed == 0
     assert not (tmp_path / "a.st.part").exists() and not (tmp_path / "a.st.part.map").exists()
 
@@ -213,7 +212,7 @@ def test_anchor_from_several_providers_survives_missing_and_dying_provider(swarm
 def test_anchor_resumes_after_partial_download(swarm: dict, tmp_path: Path) -> None:
     client, anchor = swarm["client"], swarm["files"]["anchor"]
     slow_root = tmp_path / "slow"
-    _write(slow_root, "anchors/00000003.safetensors", anchor)
+    _write(slow_root, "anchors/3.safetensors", anchor)
     [slow] = _start([slow_root], max_upload_rate=float(4 * MiB))
     try:
         with pytest.raises(wp.PeerUnavailable, match="timed out"):

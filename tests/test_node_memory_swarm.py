@@ -13,7 +13,7 @@ import pytest
 
 from pulse_node.config import InferenceConfig, TrainerConfig
 from pulse_node.node.runtime import run_node
-from pulse_node.node.serving import store_resolver
+from pulse_node.chain.serving import store_resolver
 from pulse_node.node.transport import MemoryHub
 from tests.conftest import tiny_overrides, wait_for
 
@@ -75,7 +75,7 @@ def _cfg(cls, tmp: Path, name: str, **extra):
     base.update(data_dir=str(tmp / name), seed=3, **extra)
     if cls is TrainerConfig:
         base.update(grpo={"warmstart_steps": 30, "lr": 1e-3}, loco={"inner_steps": 2, "deadline_s": 20},
-                    rollout_wait_s=0.5, eval_every=0)
+                    rollout_wait_s=0.5, eval_every=0, genesis_wait_s=1.0)
     return cls.model_validate(base)
 
 

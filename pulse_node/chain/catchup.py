@@ -11,7 +11,8 @@ Any peer that holds both states can therefore serve catch-ups.
 from __future__ import annotations
 
 from pulse_node.chain.record import VersionRecord
-from pulse_node.codec.patch import apply_patch, make_patch, read_header
+from pulse_node.chain.patchinfo import patch_hashes
+from pulse_node.codec.patch import apply_patch, make_patch
 from pulse_node.codec.state import State
 from pulse_node.errors import IntegrityError
 
@@ -32,10 +33,10 @@ def check_catchup(patch: bytes, *, from_record: VersionRecord, to_record: Versio
     if from_record.run_id != to_record.run_id or from_record.version >= to_record.version:
         raise IntegrityError(f"catch-up {from_record.short()} -> {to_record.short()} is not a "
                              "forward step within one run")
-    header = read_header(patch)
-    if header.base_state_hash != from_record.state_hash:
+    base_hash, result_hash = patch_hashes(patch)
+    if base_hash != from_record.state_hash:
         raise IntegrityError(f"catch-up patch is not based on {from_record.short()}")
-    if header.result_state_hash != to_record.state_hash:
+    if result_hash != to_record.state_hash:
         raise IntegrityError(f"catch-up patch does not produce {to_record.short()}")
 
 

@@ -40,6 +40,10 @@ class ReorderBuffer(Generic[T]):
     def __len__(self) -> int:
         return len(self._pending)
 
+    def __contains__(self, version: object) -> bool:
+        """True if ``version`` is buffered (waiting for its predecessors)."""
+        return version in self._pending
+
     def offer(self, version: int, item: T) -> bool:
         """Buffer ``item``; False if it is stale, a duplicate, or beyond the window."""
         if version < self._next or version >= self.window_end or version in self._pending:

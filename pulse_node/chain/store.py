@@ -36,11 +36,11 @@ from pathlib import Path
 from typing import Collection
 
 from pulse_node.chain.layout import (KINDS, embedded_record, is_temp, parse_version,
-                                     read_safetensors_header, remove_quietly, state_metadata,
-                                     store_path)
+                                     remove_quietly, state_metadata, store_path)
 from pulse_node.chain.record import (VersionRecord, check_link, check_patch, decode_record,
                                      encode_record, verify_record)
-from pulse_node.codec.patch import apply_patch, read_header
+from pulse_node.chain.patchinfo import patch_hashes
+from pulse_node.codec.patch import apply_patch
 from pulse_node.codec.state import State, load_safetensors, save_safetensors_atomic, write_atomic
 from pulse_node.codec.statehash import state_hash
 from pulse_node.errors import GapError, IntegrityError, PatchError, PulseError, StoreError
@@ -101,7 +101,7 @@ class VersionStore:
     def recover(self) -> list[Path]:
         """Remove leftovers of interrupted writes and invalid files; returns what was removed."""
         self._require_writer()
-        removed = [p for folder, _ in KINDS.values() for p in (self.root / folder).iterdir()
+        removed = [p for folder, _ in KINDS.values() for p in _listdir(self.root / folder)
                    if is_temp(p) and remove_quietly(p)]
         removed += self._scan(repair=True)
         for p in removed:
@@ -127,7 +127,7 @@ class VersionStore:
     def _scan_records(self, bad: list[Path], untrusted: set[int]) -> dict[int, VersionRecord]:
         """Valid records by version; invalid ones go to ``bad``, untrusted ones are left alone."""
         records: dict[int, VersionRecord] = {}
-        for path in (self.root / "records").iterdir():
+        for path in _listdir(self.root / "records"):
             v = parse_version(path, ".rec")
             if v is None:
                 continue
@@ -150,7 +150,7 @@ class VersionStore:
     def _scan_data(self, kind: str, bad: list[Path], *, skip: set[int]) -> set[int]:
         folder, suffix = KINDS[kind]
         present: set[int] = set()
-        for path in (self.root / folder).iterdir():
+        for path in _listdir(self.root / folder):
             v = parse_version(path, suffix)
             if v is None or v in skip:
                 continue
@@ -327,11 +327,11 @@ class VersionStore:
     @staticmethod
     def _check_header(patch: bytes, r: VersionRecord, parent: VersionRecord | None) -> None:
         """The codec header must name the record's state and (if known) the parent's."""
-        header = read_header(patch)
-        if header.result_state_hash != r.state_hash:
+        base_hash, result_hash = patch_hashes(patch)
+        if result_hash != r.state_hash:
             raise IntegrityError(f"patch for {r.short()} produces a different state than the "
                                  "record says")
-        if parent is not None and header.base_state_hash != parent.state_hash:
+        if parent is not None and base_hash != parent.state_hash:
             raise IntegrityError(f"patch for {r.short()} expects a base other than "
                                  f"{parent.short()}")
 
@@ -349,14 +349,17 @@ class VersionStore:
         head = self.head()
         if head is None:
             return []
-        base = self._chain_base(max(0, head.version - keep_versions + 1))
+        low = max(0, head.version - keep_versions + 1)
+        while self._plan_or_none(low) is None:  # versions no stored path rebuilds anyway
+            low += 1
+        base = self._chain_base(low)
         anchors = set(self.anchors()[len(self.anchors()) - keep_anchors:] if keep_anchors else [])
         anchors |= {a for a in self._files["anchor"] if a >= base}
         removed: list[Path] = []
         for v in sorted(set(self._records) | set().union(*self._files.values())):
-            if v >= base:
+            if v > base:
                 continue
-            if v not in anchors:
+            if v not in anchors and v != base:
                 removed += self._delete_version(v)
             elif v in self._files["patch"]:
                 removed += self._delete_file("patch", v)
@@ -406,12 +409,14 @@ class VersionStore:
         self._write_full_state("anchor", record, state)
 
     def put_current(self, record: VersionRecord, state: State) -> None:
-        """Save ``state`` as the latest verified state (its record must be stored already)."""
+        """Save ``state`` as the latest verified state, replacing the previous one.
+
+        The record may be new (a node that caught up to a non-anchor version with a catch-up
+        patch has no patch of it); it is checked like any other record.
+        """
         self._require_writer()
-        stored = self._need_record(record.version)
-        if stored.chain_hash != record.chain_hash:
-            raise IntegrityError(f"{record.short()} is not the stored record of v{record.version}")
-        self._write_full_state("current", stored, state)
+        self._admit(record)
+        self._write_full_state("current", record, state)
         for old in sorted(self._files["current"] - {record.version}):
             self._files["current"].discard(old)
             remove_quietly(self.path_of("current", old))
@@ -452,3 +457,10 @@ class VersionStore:
         if not self.readonly:
             remove_quietly(self.path_of(kind, version))
             log.error("removed corrupt %s of v%d", kind, version)
+
+
+def _listdir(folder: Path) -> list[Path]:
+    try:
+        return sorted(folder.iterdir())
+    except FileNotFoundError:
+        return []

@@ -3,16 +3,18 @@
 - ``gap_bins`` / ``gap_unbins``: a non-negative integer becomes a bin symbol (exact for values
   below 16, then four bins per octave) plus raw low bits ("extra bits").
 - ``geometric_freqs``: integer frequency table of the bins under a geometric distribution,
-  computed with deterministic fixed-point integer arithmetic, so every machine builds the same
+  computed with correctly rounded IEEE operations only, so every machine builds the same
   table from the same (count, universe) pair and no table travels on the wire.
 - ``pack_bits`` / ``unpack_bits``: variable-width raw fields, vectorized.
-- ``AnsStream``: thin wrapper over ``constriction``'s rANS coder with categorical models built
+- ``ans_encode`` / ``AnsDecoder``: thin wrappers over ``constriction``'s rANS coder with categorical models built
   from integer frequency tables.
 
 Everything is vectorized numpy; no per-element Python loops.
 """
 
 from __future__ import annotations
+
+import functools
 
 import numpy as np
 
@@ -22,7 +24,6 @@ from pulse_node.errors import PatchError
 EXACT_BINS = 16
 #: mantissa bits kept in the bin for larger values (4 bins per octave)
 SUB_BITS = 2
-_Q = 31  # fixed-point fraction bits of the geometric tables
 
 
 def n_gap_bins(max_value: int) -> int:
@@ -33,30 +34,28 @@ def n_gap_bins(max_value: int) -> int:
 
 
 def gap_bins(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Split values >= 0 into (bin symbol, number of extra bits, extra bits)."""
+    """Split values in [0, 2**52) into (bin symbol, number of extra bits, extra bits)."""
     v = values.astype(np.int64, copy=False)
+    _, blen = np.frexp(v.astype(np.float64))  # exact bit length below 2**53
     big = v >= EXACT_BINS
-    blen = np.zeros(v.shape, np.int64)
-    if big.any():
-        blen[big] = np.floor(np.log2(v[big].astype(np.float64))).astype(np.int64) + 1
-        # float log2 may be off by one near powers of two: fix exactly with integer compares
-        blen[big] += (v[big] >> blen[big]) > 0
-        blen[big] -= (v[big] >> (blen[big] - 1)) == 0
-    nextra = np.where(big, blen - 1 - SUB_BITS, 0)
-    sub = np.where(big, (v >> np.maximum(nextra, 0)) & ((1 << SUB_BITS) - 1), 0)
-    sym = np.where(big, EXACT_BINS + (blen - 5) * (1 << SUB_BITS) + sub, v)
-    extra = np.where(big, v & ((np.int64(1) << nextra) - 1), 0)
-    return sym.astype(np.int32), nextra.astype(np.int64), extra
+    nextra = np.where(big, blen.astype(np.int64) - 1 - SUB_BITS, 0)
+    sub = (v >> nextra) & ((1 << SUB_BITS) - 1)
+    sym = np.where(big, EXACT_BINS + (nextra - 2) * (1 << SUB_BITS) + sub, v)  # SUB_BITS == 2
+    extra = v & ((np.int64(1) << nextra) - 1)
+    return sym.astype(np.int32), nextra, extra
 
 
+@functools.lru_cache(maxsize=64)
 def bin_bounds(n_bins: int) -> tuple[np.ndarray, np.ndarray]:
-    """(lowest value, number of extra bits) of every bin symbol."""
+    """(lowest value, number of extra bits) of every bin symbol (cached, read-only arrays)."""
     sym = np.arange(n_bins, dtype=np.int64)
     k = np.maximum(sym - EXACT_BINS, 0)
     blen = 5 + k // (1 << SUB_BITS)
     sub = k % (1 << SUB_BITS)
     low = np.where(sym < EXACT_BINS, sym, ((1 << SUB_BITS) + sub) << (blen - 1 - SUB_BITS))
     nextra = np.where(sym < EXACT_BINS, 0, blen - 1 - SUB_BITS)
+    low.flags.writeable = False
+    nextra.flags.writeable = False
     return low, nextra
 
 
@@ -68,60 +67,77 @@ def gap_unbins(sym: np.ndarray, extra_reader: "BitReader") -> np.ndarray:
     return low[s] + extra_reader.read(nextra[s])
 
 
-def _pow_q(base: np.ndarray, exp: np.ndarray) -> np.ndarray:
-    """``base ** exp`` in Q31 fixed point, elementwise, deterministic integer arithmetic."""
-    result = np.full(exp.shape, 1 << _Q, dtype=np.uint64)
-    b = np.broadcast_to(base, exp.shape).astype(np.uint64)
-    e = exp.astype(np.int64).copy()
-    while (e > 0).any():
-        odd = (e & 1).astype(bool)
-        result = np.where(odd, (result * b) >> np.uint64(_Q), result)
-        b = (b * b) >> np.uint64(_Q)
-        e >>= 1
-    return result
-
-
 def geometric_freqs(count: int, universe: int, n_bins: int) -> np.ndarray:
     """Frequencies of the gap bins when ``count`` of ``universe`` elements are set at random.
 
-    Gaps then follow P(g) = p (1-p)^g with p = count / universe; the table holds the mass of
-    each bin in Q31 integers (plus one, so every bin stays encodable).
+    Gaps then follow P(g) = p (1-p)^g with p = count / universe. Only IEEE-754 division,
+    multiplication and subtraction are used (correctly rounded everywhere), in a fixed order,
+    so every machine derives the identical table and no table travels on the wire.
     """
-    q = np.uint64(((universe - count) << _Q) // universe)
-    low, _ = bin_bounds(n_bins)
-    surv = _pow_q(np.array(q, dtype=np.uint64), low)
-    upper = np.append(surv[1:], np.uint64(0))
-    mass = np.where(surv > upper, surv - upper, np.uint64(0))
-    return mass.astype(np.float64) + 1.0
+    q = (universe - count) / universe
+    surv = [1.0]
+    x = 1.0
+    for _ in range(EXACT_BINS):
+        x *= q
+        surv.append(x)  # surv[k] = q**k for k <= 16
+    a = q * q  # q ** (2 ** (octave - 2)) for octave 4
+    a = a * a
+    while len(surv) < n_bins + 1:
+        a2 = a * a
+        a4 = a2 * a2
+        if len(surv) == EXACT_BINS + 1:
+            surv.pop()  # q**16 is recomputed as the first bin of octave 4
+        surv.extend([a4, a4 * a, a4 * a2, a4 * a2 * a])
+        a = a2
+    s = np.array(surv[: n_bins + 1], dtype=np.float64)
+    s[n_bins] = 0.0
+    return np.maximum(s[:-1] - s[1:], 0.0)
+
+
+def group_by_label(labels: np.ndarray) -> tuple[np.ndarray, list[tuple[int, int, int]]]:
+    """Stable order of small-int labels (0..255) and the (label, start, end) runs of that order."""
+    order = np.argsort(labels.astype(np.uint8), kind="stable")  # radix sort on uint8
+    w = labels[order]
+    cuts = np.flatnonzero(w[1:] != w[:-1]) + 1
+    starts = np.concatenate([[0], cuts]).astype(np.int64)
+    ends = np.concatenate([cuts, [w.size]]).astype(np.int64)
+    return order, [(int(w[s]), int(s), int(e)) for s, e in zip(starts, ends)] if w.size else []
+
+
+def _width_groups(widths: np.ndarray) -> tuple[np.ndarray, list[tuple[int, int, int]]]:
+    order, groups = group_by_label(widths)
+    return order, [g for g in groups if g[0] > 0]
 
 
 class BitWriter:
-    """Collects variable-width raw fields and packs them into bytes (little-endian bit order)."""
+    """Collects variable-width raw fields and packs them into bytes.
+
+    Each ``write`` call is one segment; inside it fields are stored grouped by width
+    (stable), which the reader reproduces from the same widths.
+    """
 
     def __init__(self) -> None:
-        self._values: list[np.ndarray] = []
-        self._widths: list[np.ndarray] = []
+        self._chunks: list[np.ndarray] = []
 
     def write(self, values: np.ndarray, widths: np.ndarray) -> None:
-        self._values.append(values.astype(np.uint64, copy=False))
-        self._widths.append(widths.astype(np.int64, copy=False))
+        if values.size == 0:
+            return
+        widths = widths.astype(np.int64, copy=False)
+        values = values.astype(np.uint64, copy=False)
+        order, groups = _width_groups(widths)
+        for w, s, e in groups:
+            v = values[order[s:e]]
+            bits = (v[:, None] >> np.arange(w, dtype=np.uint64)[None, :]) & np.uint64(1)
+            self._chunks.append(bits.astype(np.uint8).reshape(-1))
 
     def getvalue(self) -> bytes:
-        if not self._values:
+        if not self._chunks:
             return b""
-        values = np.concatenate(self._values)
-        widths = np.concatenate(self._widths)
-        wmax = int(widths.max()) if widths.size else 0
-        if wmax == 0:
-            return b""
-        shifts = np.arange(wmax, dtype=np.uint64)
-        bits = ((values[:, None] >> shifts[None, :]) & np.uint64(1)).astype(np.uint8)
-        keep = np.arange(wmax)[None, :] < widths[:, None]
-        return np.packbits(bits[keep], bitorder="little").tobytes()
+        return np.packbits(np.concatenate(self._chunks), bitorder="little").tobytes()
 
 
 class BitReader:
-    """Reads back fields written by ``BitWriter`` (caller supplies the widths)."""
+    """Reads back fields written by ``BitWriter`` (caller supplies the same widths)."""
 
     def __init__(self, data: bytes) -> None:
         self._bits = np.unpackbits(np.frombuffer(data, dtype=np.uint8), bitorder="little")
@@ -129,69 +145,88 @@ class BitReader:
 
     def read(self, widths: np.ndarray) -> np.ndarray:
         widths = widths.astype(np.int64, copy=False)
+        out = np.zeros(widths.shape, np.int64)
         if widths.size == 0:
-            return np.zeros(0, np.int64)
-        total = int(widths.sum())
-        if self._pos + total > self._bits.size:
+            return out
+        if int(widths.max()) > 62 or int(widths.min()) < 0:
+            raise PatchError("raw field width out of range")
+        if self._pos + int(widths.sum()) > self._bits.size:
             raise PatchError("raw bit stream is truncated")
-        wmax = int(widths.max())
-        if wmax == 0:
-            return np.zeros(widths.shape, np.int64)
-        if wmax > 62:
-            raise PatchError("raw field wider than 62 bits")
-        starts = self._pos + np.cumsum(widths) - widths
-        idx = starts[:, None] + np.arange(wmax)[None, :]
-        keep = np.arange(wmax)[None, :] < widths[:, None]
-        bits = np.where(keep, self._bits[np.minimum(idx, self._bits.size - 1)], 0).astype(np.int64)
-        self._pos += total
-        return (bits << np.arange(wmax, dtype=np.int64)[None, :]).sum(axis=1)
+        order, groups = _width_groups(widths)
+        for w, s, e in groups:
+            n = e - s
+            bits = self._bits[self._pos:self._pos + n * w].reshape(n, w).astype(np.int64)
+            self._pos += n * w
+            out[order[s:e]] = bits @ (np.int64(1) << np.arange(w, dtype=np.int64))
+        return out
 
     def remaining_bytes(self) -> int:
+        """Whole unread bytes (padding of the last byte does not count)."""
         return (self._bits.size - self._pos) // 8
 
 
-def categorical(freqs: np.ndarray):
-    """A constriction categorical model from a non-negative frequency table."""
-    from constriction.stream.model import Categorical
+def categorical(freqs: np.ndarray, *, uses: int | None = None):
+    """A constriction categorical model from a non-negative frequency table.
+
+    ``uses``: how many symbols will be coded with it; few uses build the model lazily
+    (same code, less set-up; ``perfect=False`` either way, so encoder and decoder agree).
+    """
+    import constriction
 
     f = np.asarray(freqs, dtype=np.float64)
     if f.ndim != 1 or f.size == 0 or not np.isfinite(f).all() or (f < 0).any() or f.sum() <= 0:
         raise PatchError("invalid frequency table")
-    return Categorical(f, perfect=False)
+    if f.size == 1:
+        f = np.append(f, 0.0)  # constriction needs two symbols; the spare one is never used
+    try:
+        lazy = uses is not None and uses < 4 * f.size
+        return constriction.stream.model.Categorical(f, perfect=False, lazy=lazy)
+    except ValueError as exc:
+        raise PatchError(f"invalid frequency table: {exc}") from None
 
 
-def ans_encode(segments: list[tuple[np.ndarray, np.ndarray]]) -> bytes:
-    """Encode ``[(symbols, freqs), ...]`` into one rANS stream, decodable in the same order."""
-    from constriction.stream.stack import AnsCoder
+def ans_encode(segments: list[tuple[np.ndarray, object]]) -> bytes:
+    """Encode ``[(symbols, freqs or model), ...]`` into one rANS stream, decodable in order."""
+    import constriction
 
-    coder = AnsCoder()
+    coder = constriction.stream.stack.AnsCoder()
     for symbols, freqs in reversed(segments):
         if symbols.size:
-            coder.encode_reverse(symbols.astype(np.int32, copy=False), categorical(freqs))
+            model = categorical(freqs, uses=symbols.size) if isinstance(freqs, np.ndarray) else freqs
+            coder.encode_reverse(symbols.astype(np.int32, copy=False), model)
     return coder.get_compressed().astype("<u4").tobytes()
+
+
+def _coder_failure(exc: BaseException) -> PatchError:
+    """Map an error of the Rust coder to ``PatchError`` (a pyo3 panic derives from BaseException)."""
+    if isinstance(exc, (KeyboardInterrupt, SystemExit, GeneratorExit, MemoryError)):
+        raise exc
+    return PatchError(f"corrupt entropy-coded stream: {type(exc).__name__}: {exc}")
 
 
 class AnsDecoder:
     """Decodes segments written by ``ans_encode``, one ``(count, freqs)`` at a time."""
 
     def __init__(self, data: bytes) -> None:
-        from constriction.stream.stack import AnsCoder
+        import constriction
 
         if len(data) % 4:
             raise PatchError("entropy-coded stream has a partial word")
         words = np.frombuffer(data, dtype="<u4").astype(np.uint32)
         try:
-            self._coder = AnsCoder(words)
-        except Exception as exc:  # constriction rejects some corrupt streams up front
-            raise PatchError(f"corrupt entropy-coded stream: {exc}") from None
+            self._coder = constriction.stream.stack.AnsCoder(words)
+        except BaseException as exc:  # noqa: BLE001 -- constriction rejects some streams up front
+            raise _coder_failure(exc) from None
 
-    def decode(self, count: int, freqs: np.ndarray) -> np.ndarray:
+    def decode(self, count: int, freqs: object) -> np.ndarray:
+        """``count`` symbols with a frequency table or a prebuilt ``categorical`` model."""
         if count == 0:
             return np.zeros(0, np.int32)
+        model = categorical(freqs, uses=count) if isinstance(freqs, np.ndarray) else freqs
         try:
-            out = self._coder.decode(categorical(freqs), int(count))
-        except Exception as exc:
-            raise PatchError(f"corrupt entropy-coded stream: {exc}") from None
+            out = self._coder.decode(model, int(count))
+        except BaseException as exc:  # noqa: BLE001
+            raise _coder_failure(exc) from None
         return np.asarray(out, dtype=np.int64)
 
     def is_empty(self) -> bool:

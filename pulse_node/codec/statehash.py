@@ -19,6 +19,7 @@ import struct
 from typing import Mapping
 
 import blake3
+import numpy as np
 
 from pulse_node.codec.state import TensorBits
 
@@ -44,8 +45,8 @@ def state_hash(state: Mapping[str, TensorBits]) -> str:
     for name in sorted(state):
         t = state[name]
         hasher.update(_tensor_prefix(name, t))
-        bits = t.bits if t.bits.dtype.byteorder != ">" else t.bits.astype(t.bits.dtype.newbyteorder("<"))
-        hasher.update(memoryview(bits.reshape(-1).view("u1")) if bits.size else b"")
+        bits = np.ascontiguousarray(t.bits, dtype=t.bits.dtype.newbyteorder("<"))
+        hasher.update(memoryview(bits.view(np.uint8)) if bits.size else b"")
     return hasher.hexdigest()
 
 

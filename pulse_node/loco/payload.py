@@ -23,7 +23,7 @@ import msgpack
 import numpy as np
 import zstandard
 
-from pulse_node.errors import WireError
+from pulse_node.errors import PulseError, WireError
 from pulse_node.loco import positions as _fallback_positions
 from pulse_node.loco.positions import bounded_decompress
 
@@ -95,9 +95,13 @@ def decode_values(blob: bytes, count: int) -> np.ndarray:
     return vals
 
 
-def encode_payload(p: LocoPayload, *, level: int = 3) -> bytes:
-    """The msgpack bytes of a payload (tensors with no fired entry are omitted)."""
-    encode_pos = POSITION_CODERS[POSITION_CODER][0]
+def encode_payload(p: LocoPayload, *, level: int = 3, pos_coder: str | None = None) -> bytes:
+    """The msgpack bytes of a payload (tensors with no fired entry are omitted).
+
+    ``pos_coder`` names an entry of ``POSITION_CODERS`` (default ``POSITION_CODER``).
+    """
+    pos_coder = pos_coder or POSITION_CODER
+    encode_pos = POSITION_CODERS[pos_coder][0]
     records, values = [], []
     for name in sorted(p.tensors):
         pos, val = p.tensors[name]
@@ -111,7 +115,7 @@ def encode_payload(p: LocoPayload, *, level: int = 3) -> bytes:
         values.append(np.asarray(val, dtype=np.float32))
     flat = np.concatenate(values) if values else np.zeros(0, dtype=np.float32)
     msg = {"kind": KIND, "v": VERSION, "round": int(p.round), "trainer": p.trainer_id,
-           "base": bytes(p.base_hash), "pos_coder": POSITION_CODER, "val_coder": VAL_CODER,
+           "base": bytes(p.base_hash), "pos_coder": pos_coder, "val_coder": VAL_CODER,
            "tensors": records, "values": encode_values(flat, level=level)}
     return msgpack.packb(msg, use_bin_type=True)
 
@@ -167,9 +171,17 @@ def _decode_records(msg: dict, shapes: Mapping[str, tuple[int, ...]]) -> list[tu
         numel = int(np.prod(shapes[name], dtype=np.int64))
         if not 0 < count <= numel:
             raise WireError(f"{name}: count {count} outside 1..{numel}")
-        pos = decode_pos(blob, numel, max_count=count)
-        if pos.size != count:
-            raise WireError(f"{name}: {pos.size} positions, header says {count}")
+        try:
+            pos = decode_pos(blob, numel, max_count=count)
+        except WireError:
+            raise
+        except (PulseError, ValueError, IndexError, OverflowError, TypeError, KeyError) as exc:
+            # the shared coder reports PatchError; whatever it raises, the peer sent bad bytes
+            raise WireError(f"{name}: bad positions ({exc})") from None
+        if pos.shape != (count,) or (count > 1 and np.any(np.diff(pos) <= 0)) \
+                or int(pos[0]) < 0 or int(pos[-1]) >= numel:
+            raise WireError(f"{name}: positions not {count} increasing indices inside the tensor")
+        pos = pos.astype(np.int64, copy=False)
         out.append((name, pos))
     return out
 

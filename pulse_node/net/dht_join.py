@@ -135,9 +135,11 @@ async def _dial_until(p2p: P2P, item: tuple[str, Multiaddr, PeerID], deadline: f
         except asyncio.TimeoutError:
             break
         except Exception as exc:  # ControlFailure carries the libp2p dial error text
-            reason, permanent = classify_dial_error(text, str(exc))
-            if permanent:
-                return reason
+            classified = classify_dial_error(text, str(exc))
+            if classified is not None:  # None: libp2p's dial backoff, no news about the peer
+                reason, permanent = classified
+                if permanent:
+                    return reason
         await asyncio.sleep(min(_REDIAL_PAUSE_S, max(0.0, deadline - time.monotonic())))
     waited = time.monotonic() - started
     if "refused" in reason:
@@ -146,9 +148,12 @@ async def _dial_until(p2p: P2P, item: tuple[str, Multiaddr, PeerID], deadline: f
             "and your firewall")
 
 
-def classify_dial_error(text: str, error: str) -> tuple[str, bool]:
-    """A libp2p dial error -> (what to tell the user, whether retrying is pointless)."""
+def classify_dial_error(text: str, error: str) -> tuple[str, bool] | None:
+    """A libp2p dial error -> (what to tell the user, whether retrying is pointless), or None
+    for a "dial backoff" (libp2p refuses to redial a failed address for a few seconds)."""
     low = error.lower()
+    if "dial backoff" in low and "refused" not in low and "deadline" not in low:
+        return None
     if "peer id mismatch" in low:
         actual = low.split("remote key matches", 1)[-1].strip().split()[0] if "remote key matches" in low else "?"
         return (f"bootstrap {text}: a different peer ({actual}) answers at that address; the bootstrap's "

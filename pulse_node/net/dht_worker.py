@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import os
 import secrets
@@ -101,9 +100,19 @@ class DhtWorker:
         item.due = time.monotonic() + item.ttl_s / 3
         if item.kind == "peers":
             self._last_peer_publish = now
-        if not ok:
-            log.warning("dht[%s]: storing %s record was not accepted by any peer", self.peer_id[-8:], item.kind)
+        if not ok:  # hivemind reports the last replica's answer; "already had it" also reads False
+            log.debug("dht[%s]: a replica did not accept our %s record", self.peer_id[-8:], item.kind)
         return ok
+
+    async def _refresh_guarded(self, item: Published) -> None:
+        """A failed refresh is logged and retried soon; it never ends the keep-alive loop."""
+        try:
+            if item.kind == "peers":
+                await self._check_duplicate_running()
+            await self._refresh(item)
+        except Exception as exc:
+            item.due = time.monotonic() + min(1.0, item.ttl_s / 6)
+            log.warning("dht[%s]: refreshing our %s record failed (%s); retrying", self.peer_id[-8:], item.kind, exc)
 
     def _peer_builder(self, status: PeerStatus) -> Callable[[float], PeerRecord]:
         def build(now: float) -> PeerRecord:
@@ -117,9 +126,7 @@ class DhtWorker:
             now = time.monotonic()
             for item in list(self._published.values()):
                 if item.due <= now:
-                    if item.kind == "peers":
-                        await self._check_duplicate_running()
-                    await self._refresh(item)
+                    await self._refresh_guarded(item)
             wake = min((i.due for i in self._published.values()), default=now + 1.0)
             try:
                 await asyncio.wait_for(self.stop_event.wait(), timeout=max(0.05, min(1.0, wake - now)))
@@ -286,8 +293,8 @@ async def serve_rpc(worker: DhtWorker, path: str) -> asyncio.AbstractServer:
                 msg = ipc.decode_body(await reader.readexactly(ipc.frame_length(header)))
                 writer.write(ipc.encode_frame(await dispatch(handlers, msg)))
                 await writer.drain()
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass
+        except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
+            pass  # client went away, or the worker is stopping
         except WireError as exc:
             log.warning("rpc client sent a bad frame (%s); closing it", exc)
         finally:
@@ -357,9 +364,11 @@ async def watch_parent(worker: DhtWorker, parent: int) -> None:
 
 
 async def amain(args: argparse.Namespace) -> int:
-    from pulse_node.net.dht_join import JoinError
-
     parent = os.getppid()
+    began = time.monotonic()
+    from pulse_node.net.dht_join import JoinError  # imports hivemind (and torch): most of a start
+
+    imported = time.monotonic()
     try:
         worker = await start_worker(args)
     except (StartError, JoinError) as exc:
@@ -373,7 +382,8 @@ async def amain(args: argparse.Namespace) -> int:
         loop.add_signal_handler(sig, worker.stop_event.set)
     server = await serve_rpc(worker, args.ipc)
     tasks = [asyncio.create_task(worker.keep_alive()), asyncio.create_task(watch_parent(worker, parent))]
-    log.info("dht[%s]: ready run=%s maddrs=%s", worker.peer_id[-8:], args.run_id, " ".join(worker._visible))
+    log.info("dht[%s]: ready run=%s (hivemind import %.1fs, p2pd+join %.1fs) maddrs=%s", worker.peer_id[-8:],
+             args.run_id, imported - began, time.monotonic() - imported, " ".join(worker._visible))
     await worker.stop_event.wait()
     server.close()
     for task in tasks:

@@ -47,6 +47,7 @@ class FetchResult:
     bytes: int
     seconds: float
     peer: str
+    total: int = 0  # size of the whole file (for an anchor chunk: the anchor's size)
 
 
 @dataclass(frozen=True)
@@ -125,7 +126,7 @@ class WireClient:
         r = self._call("fetch", {"peer": peer, "kind": kind, "params": params, "dest": str(dest),
                                  "timeout": timeout, "expected_digest": expected_digest},
                        timeout=timeout + _RPC_SLACK)
-        return FetchResult(bytes=r["bytes"], seconds=r["seconds"], peer=r["peer"])
+        return FetchResult(bytes=r["bytes"], seconds=r["seconds"], peer=r["peer"], total=r.get("total", 0))
 
     def fetch_anchor(self, peers: list[str], *, version: int, size: int, dest: Path,
                      digest: str | None = None, timeout: float = 600.0, chunk: int = 4 << 20,

@@ -35,6 +35,7 @@ PROTOCOLS: dict[str, str] = {
     "patch": "/pulse/patch/1.0.0",
     "anchor": "/pulse/anchor/1.0.0",
     "catchup": "/pulse/catchup/1.0.0",
+    "trainer_state": "/pulse/trainer-state/1.0.0",
     "push": "/pulse/push/1.0.0",
 }
 
@@ -44,6 +45,7 @@ BODY_CAPS: dict[str, int] = {
     "patch": 8 << 30,
     "anchor": 64 << 20,  # one anchor chunk; whole anchors are fetched in chunks
     "catchup": 8 << 30,
+    "trainer_state": 64 << 30,  # FP32 weights + momentum of a whole model
 }
 
 #: largest push body accepted per push kind (bounded by the local RPC frame, 64 MiB)
@@ -167,6 +169,14 @@ class CatchupRequest(WireStruct):
 
 
 @dataclass(frozen=True)
+class TrainerStateRequest(WireStruct):
+    """A trainer's FP32 global weights + outer momentum (how trainers join and re-sync)."""
+
+    v: int
+    SPEC: ClassVar = {"v": ("int", 255)}
+
+
+@dataclass(frozen=True)
 class PushRequest(WireStruct):
     """``size`` bytes of a push of ``kind`` (rollout, loco, head) follow this frame."""
 
@@ -201,6 +211,7 @@ REQUESTS: dict[str, type[WireStruct]] = {
     "patch": PatchRequest,
     "anchor": AnchorRequest,
     "catchup": CatchupRequest,
+    "trainer_state": TrainerStateRequest,
     "push": PushRequest,
 }
 

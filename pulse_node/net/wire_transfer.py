@@ -75,6 +75,8 @@ class StreamIO:
             if not data:
                 raise PeerUnavailable(f"stream from {self.peer} ended")
             self.counters.add_in(self.kind, self.peer, len(data))
+            if len(data) <= n:
+                return data  # the common case for bodies: no copy through the buffer
             self._buf += data
         out = bytes(self._buf[:n])
         del self._buf[:n]
@@ -106,7 +108,8 @@ class StreamIO:
             self.counters.add_out(self.kind, self.peer, len(piece))
 
     async def close(self, *, reset: bool = False) -> None:
-        with trio.move_on_after(1.0):
+        """Close (or reset) the stream; shielded so a cancelled transfer still frees the peer's side."""
+        with trio.CancelScope(shield=True), trio.move_on_after(1.0):
             try:
                 await (self.stream.reset() if reset else self.stream.close())
             except Exception:
@@ -195,7 +198,7 @@ async def fetch_to_file(dialer: Dialer, peer: str, kind: str, params: dict[str, 
         raise PeerUnavailable(f"{kind} {params} from {peer}: no complete answer within {timeout:.1f}s") from None
     finally:
         tmp.unlink(missing_ok=True)
-    return {"bytes": resp.size, "seconds": time.monotonic() - t0, "peer": io.peer}
+    return {"bytes": resp.size, "total": resp.total, "seconds": time.monotonic() - t0, "peer": io.peer}
 
 
 async def push(dialer: Dialer, peer: str, kind: str, data: bytes, *, timeout: float) -> dict[str, Any]:

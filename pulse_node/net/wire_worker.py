@@ -41,6 +41,7 @@ from libp2p.custom_types import TProtocol
 from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
 from libp2p.security.noise.transport import Transport as NoiseTransport
 
+from pulse_node.chain import serving
 from pulse_node.errors import ConfigError, PulseError, WireError
 from pulse_node.net import ipc
 from pulse_node.net import wire_protocol as wp
@@ -53,16 +54,8 @@ EVENTS_BYTES_PER_CALL = 48 << 20  # stay under ipc.MAX_FRAME
 
 
 def resolve(root: Path, kind: str, params: dict[str, Any]) -> Path | None:
-    """Where the store keeps a servable file (the chain layer's layout; change it only here)."""
-    if kind == "patch":
-        return root / "patches" / f"{params['version']:08d}.patch"
-    if kind == "record":
-        return root / "records" / f"{params['version']:08d}.rec"
-    if kind == "anchor":
-        return root / "anchors" / f"{params['version']:08d}.safetensors"
-    if kind == "catchup":
-        return root / "catchup" / f"{params['base']:08d}-{params['target']:08d}.patch"
-    return None
+    """Where the store keeps a servable file (defined once, in ``pulse_node.chain.serving``)."""
+    return serving.resolve(root, kind, params)
 
 
 def load_key_pair(path: Path | None) -> Any:
@@ -372,31 +365,36 @@ async def _recv_exact(stream: trio.SocketStream, n: int) -> bytes | None:
 
 
 async def _serve_rpc_conn(rpc: Rpc, stream: trio.SocketStream) -> None:
-    """Frames in, frames out, one call at a time per connection; bad frames close the connection."""
-    async with stream:
-        while True:
-            try:
-                header = await _recv_exact(stream, 4)
-                if header is None:
-                    return
-                body = await _recv_exact(stream, ipc.frame_length(header))
-                if body is None:
-                    return
-                msg = ipc.decode_body(body)
-            except WireError as exc:
-                await stream.send_all(ipc.encode_frame({"id": None, "ok": False, "error": f"WireError: {exc}"}))
+    """One local RPC connection; a broken or hostile connection is closed, never fatal."""
+    try:
+        async with stream:
+            await _rpc_loop(rpc, stream)
+    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+        pass
+    except Exception:
+        log.exception("local rpc connection failed")
+
+
+async def _rpc_loop(rpc: Rpc, stream: trio.SocketStream) -> None:
+    """Frames in, frames out, one call at a time; a bad frame gets an error reply and a close."""
+    while True:
+        try:
+            header = await _recv_exact(stream, 4)
+            body = await _recv_exact(stream, ipc.frame_length(header)) if header is not None else None
+            if body is None:
                 return
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                return
-            reply = await rpc.dispatch(msg)
-            try:
-                await stream.send_all(ipc.encode_frame(reply))
-            except WireError as exc:  # result too large for one frame
-                await stream.send_all(ipc.encode_frame({"id": reply["id"], "ok": False, "error": f"WireError: {exc}"}))
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                return
-            if msg.get("method") == "shutdown":
-                rpc.stopping.set()
+            msg = ipc.decode_body(body)
+        except WireError as exc:
+            await stream.send_all(ipc.encode_frame({"id": None, "ok": False, "error": f"WireError: {exc}"}))
+            return
+        reply = await rpc.dispatch(msg)
+        try:
+            frame = ipc.encode_frame(reply)
+        except (WireError, TypeError, ValueError) as exc:  # result too large or not encodable
+            frame = ipc.encode_frame({"id": reply["id"], "ok": False, "error": f"WireError: {exc}"})
+        await stream.send_all(frame)
+        if msg.get("method") == "shutdown":
+            rpc.stopping.set()
 
 
 async def serve_rpc(path: str, rpc: Rpc, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:

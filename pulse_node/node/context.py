@@ -43,9 +43,11 @@ class RoleContext:
                         version=version, chain_hash=chain_hash, state_hash=state_hash,
                         lowest=min(versions) if versions else -1, anchors=anchors,
                         node_key=self.identity.public_key_hex)
+        info.extra["metrics_url"] = self.status.snapshot().get("metrics_url")
         self.transport.publish(info)
         self.status.update(version=version, chain_hash=chain_hash, state_hash=state_hash,
-                           lowest=info.lowest, anchors=anchors)
+                           lowest=info.lowest, anchors=anchors, peers=len(self.transport.peers()),
+                           **self.transport.stats())
 
     @property
     def cfg_role(self) -> str:

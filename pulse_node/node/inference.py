@@ -40,15 +40,16 @@ class InferenceRole:
         self.tasks = make_task_source(cfg.task)
         self.sent_for: dict[int, int] = {}
         self._next_trainer = 0
-        if self.sync.record is not None:
-            self.worker.set_weights(self.sync.state, self.sync.record.version)
 
     def run(self) -> None:
+        rec = self.sync.record
+        self.ctx.announce(version=rec.version if rec else -1, chain_hash=rec.chain_hash if rec else "",
+                          state_hash=rec.state_hash if rec else "")
         while not self.ctx.stop.is_set():
             self.sync.take_events(self.ctx.transport.events(wait_s=0.0))
             peers = self.ctx.peers()
             applied = self.sync.step(peers, rank=self._rank(peers))
-            if applied:
+            if self.sync.record is not None and self.sync.record.version != self.worker.version:
                 self._on_applied(applied)
             if not self._rollout_once(peers):
                 self.ctx.wait(self.cfg.net.head_poll_s / 4)

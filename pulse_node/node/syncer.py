@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from pulse_node.chain.record import VersionRecord, decode_record, encode_record
+from pulse_node.chain.record import VersionRecord, check_patch, decode_record, encode_record
 from pulse_node.chain.reorder import ReorderBuffer
 from pulse_node.chain.store import VersionStore
 from pulse_node.codec.patch import apply_patch, read_header
@@ -32,7 +32,6 @@ from pulse_node.config import NetConfig
 from pulse_node.errors import GapError, IntegrityError, PulseError
 from pulse_node.node.transport import Event, PeerInfo, Transport
 from pulse_node.node.trust import TrustPolicy
-from pulse_node.chain.record import digest_bytes
 
 log = logging.getLogger("pulse.sync")
 
@@ -112,7 +111,7 @@ class VersionSync:
             if self.state is None:
                 return []
         wanted = [v for v in range(self.reorder.next_version, min(head, self.reorder.next_version + self.window - 1) + 1)
-                  if not self.reorder.has(v)]
+                  if v not in self.reorder]
         jobs = {v: self._pool.submit(self._fetch_version, v, self.providers(v, peers, rank=rank), keys) for v in wanted}
         for v, job in jobs.items():
             got = job.result()
@@ -135,9 +134,11 @@ class VersionSync:
                 if not self.trust.check(rec, sender=peer.peer_id, trainer_keys=keys):
                     continue
                 patch = self._fetch(peer, "patch", {"version": version})
-                if digest_bytes(patch) != rec.patch_digest:
+                try:
+                    check_patch(rec, patch)
+                except IntegrityError:
                     self.trust.strike(peer.peer_id)
-                    raise IntegrityError(f"patch {version} from {peer.peer_id} does not match its record")
+                    raise
                 self.counters["patch_bytes_in"] += len(patch)
                 return Fetched(rec, patch)
             except PulseError as exc:
@@ -196,7 +197,7 @@ class VersionSync:
                 rec = decode_record(self._fetch(peer, "record", {"version": head}))
                 if not self.trust.check(rec, sender=peer.peer_id, trainer_keys=keys):
                     continue
-                patch = self._fetch(peer, "catchup", {"from": self.record.version, "to": head})
+                patch = self._fetch(peer, "catchup", {"base": self.record.version, "target": head})
                 new_state = apply_patch(self.state, patch, verify=True)
                 if state_hash(new_state) != rec.state_hash:
                     self.trust.strike(peer.peer_id)

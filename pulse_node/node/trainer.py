@@ -21,7 +21,7 @@ from collections import deque
 
 import torch
 
-from pulse_node.chain.record import encode_record
+from pulse_node.chain.record import VersionRecord, encode_record
 from pulse_node.config import TrainerConfig
 from pulse_node.errors import PulseError
 from pulse_node.loco.outer import OuterOptimizer
@@ -29,6 +29,7 @@ from pulse_node.loco.payload import LocoPayload, decode_payload, encode_payload
 from pulse_node.loco.sparsify import ErrorFeedback
 from pulse_node.node.context import RoleContext
 from pulse_node.node.publisher import VersionPublisher
+from pulse_node.node.trainer_state import export_trainer_state, read_trainer_state
 from pulse_node.rl.evaluate import evaluate
 from pulse_node.rl.grpo import GRPOLearner
 from pulse_node.rl.policy import build_policy
@@ -76,17 +77,95 @@ class TrainerRole:
             self.round()
 
     def _start_chain(self) -> None:
+        """Join the run: adopt a peer trainer's state, else resume our store, else publish genesis."""
+        source = self._sync_source()
+        if source is not None and self._resync(source):
+            return
         head = self.publisher.head
         if head is None:
             self._publish()
             return
-        # restart: continue from our last version (BF16 -> FP32 is exact; FP32 residue is lost)
-        state = self.publisher.state
-        load_state(self.global_params, state)
+        # alone with our own store: continue from it (BF16 -> FP32 is exact; FP32 residue is lost)
+        load_state(self.global_params, self.publisher.state)
         self.outer.round = head.version
         self._reset_local()
-        self.ctx.log.info("resumed at version %d", head.version)
+        self.ctx.log.info("resumed alone at version %d", head.version)
         self._announce()
+
+    def _sync_source(self):
+        """The trainer to copy state from, if any: the most advanced, else the genesis leader.
+
+        Trainers that start together wait ``genesis_wait_s`` to see each other; the one with the
+        lowest peer id publishes genesis and the others adopt it, so all start bit-identical.
+        """
+        me = self.ctx.transport.peer_id
+        self.ctx.announce(version=self.version, chain_hash="", state_hash="")
+        start = time.monotonic()
+        give_up = start + self.cfg.genesis_wait_s + self.cfg.net.fetch_timeout_s
+        while not self.ctx.stop.is_set():
+            trainers = self.ctx.peers("trainer")
+            ahead = [p for p in trainers if p.version >= max(self.version, 0)]
+            if ahead:
+                return min(ahead, key=lambda p: (-p.version, p.peer_id))
+            leader = min([me] + [p.peer_id for p in trainers])
+            now = time.monotonic()
+            if (leader == me and now > start + self.cfg.genesis_wait_s) or now > give_up:
+                return None
+            self.ctx.wait(0.2)
+        return None
+
+    def _resync(self, peer) -> bool:
+        """Adopt ``peer``'s FP32 global weights, momentum and chain; False if that failed."""
+        from pulse_node.node.syncer import VersionSync
+        from pulse_node.node.trust import TrustPolicy
+
+        trust = TrustPolicy(trusted=self.cfg.chain.trusted_trainers)
+        sync = VersionSync(self.ctx.store, self.ctx.transport, trust, net=self.cfg.net)
+        try:
+            for _ in range(5):
+                outer_state, record = self._fetch_trainer_state(peer, trust)
+                deadline = time.monotonic() + self.cfg.net.fetch_timeout_s
+                while (sync.record is None or sync.record.version < record.version) and time.monotonic() < deadline:
+                    if self.ctx.stop.is_set():
+                        return False
+                    sync.step(self.ctx.peers())
+                if sync.record is not None and sync.record.version == record.version:
+                    break
+            else:
+                return False
+        except PulseError as exc:
+            self.ctx.status.error(f"re-sync from {peer.peer_id[:12]} failed: {exc}")
+            return False
+        finally:
+            sync.close()
+        self.outer.load_state_dict(outer_state)
+        self._reset_local()
+        self.publisher.adopt(sync.record, sync.state)
+        self.ctx.status.add("resyncs")
+        self.ctx.log.info("adopted state of %s at version %d", peer.peer_id[:12], record.version)
+        self._announce()
+        return True
+
+    def _fetch_trainer_state(self, peer, trust) -> tuple[dict, "VersionRecord"]:
+        dest = self.ctx.store.root / f".trainer-state-{peer.peer_id[:16]}.part"
+        try:
+            self.ctx.transport.fetch(peer, "trainer_state", {}, dest, timeout=self.cfg.net.fetch_timeout_s)
+            outer_state, record = read_trainer_state(dest, names=set(self.global_params))
+        finally:
+            dest.unlink(missing_ok=True)
+        keys = [p.node_key for p in self.ctx.peers("trainer")]
+        trust.check(record, sender=peer.peer_id, trainer_keys=keys)
+        return outer_state, record
+
+    def _check_agreement(self) -> None:
+        """Re-sync if a lower-id trainer at our version holds a different state."""
+        head = self.publisher.head
+        me = self.ctx.transport.peer_id
+        for p in self.ctx.peers("trainer"):
+            if p.version == head.version and p.state_hash and p.state_hash != head.state_hash and p.peer_id < me:
+                self.ctx.status.error(f"state differs from {p.peer_id[:12]} at version {head.version}; re-syncing")
+                self._resync(p)
+                return
 
     def _idle_until_stopped(self) -> None:
         """Keep serving and announcing the final version until asked to stop."""
@@ -104,7 +183,7 @@ class TrainerRole:
             self.ctx.status.add("rollouts_used", metrics.get("kept", 0))
         contributors = self._loco_round()
         self._reset_local()
-        pub = self._publish()
+        pub = self._publish(reward=float(metrics.get("reward_mean", 0.0)) if metrics else None)
         self.ctx.status.update(reward_mean=float(metrics.get("reward_mean", 0.0)), contributors=contributors,
                                rounds=self.outer.round)
         self.ctx.log.info("version %d: %d contributors, patch %d B (%.4f changed), reward %.3f",
@@ -150,7 +229,7 @@ class TrainerRole:
             for n, p in self.local.items():
                 p.copy_(self.global_params[n].to(p.device))
 
-    def _publish(self):
+    def _publish(self, reward: float | None = None):
         state = module_state(self.global_params.items())
         pub = self.publisher.publish(state)
         self.ctx.status.add("patch_bytes_total", pub.patch_bytes)
@@ -158,10 +237,14 @@ class TrainerRole:
         entry = {"version": pub.record.version, "patch_bytes": pub.patch_bytes,
                  "dense_bytes": pub.dense_bytes, "changed": pub.changed_fraction,
                  "state_hash": pub.record.state_hash, "at": time.time()}
+        if reward is not None:
+            entry["reward"] = reward  # mean reward of the batches this version was trained on
         if self.cfg.eval_every and pub.record.version % self.cfg.eval_every == 0:
             entry["eval"] = self._evaluate(state, pub.record.version)
             self.ctx.status.update(eval_accuracy=entry["eval"])
         self.ctx.status.record_version(entry)
+        export_trainer_state(self.ctx.store.root, params=self.global_params, momentum=self.outer.momentum,
+                             record=pub.record)
         self._announce(push=True)
         return pub
 

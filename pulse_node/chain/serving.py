@@ -1,7 +1,7 @@
 """What a node serves to peers: maps a fetch request to a file of its version store.
 
-The wire worker (another process) and ``MemoryTransport`` both resolve requests through
-``store_resolver``, so the set of servable files is defined once.
+The wire worker (another process) and the in-memory test transport both resolve requests
+through ``resolve``, so the set of servable files is defined once, next to the store layout.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def resolve(root: Path, kind: str, params: dict[str, Any]) -> Path | None:
             v = _version(params)
             return None if v is None else store_path(root, kind, v)
         if kind == "catchup":
-            a, b = _version(params, "from"), _version(params, "to")
+            a, b = _version(params, "base"), _version(params, "target")
             return None if a is None or b is None or a >= b else root / "catchup" / f"{a}-{b}.patch"
         if kind == "trainer_state":
             return root / "trainer" / "state.safetensors"

@@ -1,0 +1,271 @@
+"""Data-plane throughput on loopback: py-libp2p streams, our fetch path, hivemind's p2pd streams.
+
+Run: ``/work/venv/bin/python bench/dataplane.py [--size-mb 100] [--stream-mb 64] [--rounds 2]``
+
+Measured side by side in one run (the machine is shared and noisy; each figure is the best of
+``--rounds``):
+
+1. one py-libp2p stream (TCP + Noise + yamux, the wire worker's host) between two processes,
+   with 64 KiB, 256 KiB and 1 MiB writes;
+2. our fetch path end to end (file -> peer -> file, sha256-checked, fsynced, renamed) between
+   two ``wire_worker`` processes: single-stream ``fetch`` and chunked ``fetch_anchor`` from one
+   and from two providers;
+3. hivemind 1.1.12's binary stream (python -> p2pd -> TCP -> p2pd -> python) with the same
+   write sizes, in separate subprocesses (hivemind and libp2p cannot share a process).
+
+Prints ratios; the last line is JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+MiB = 1 << 20
+WRITES = (64 * 1024, 256 * 1024, 1 << 20)
+SINK = "/pulse-bench/sink/1.0.0"
+
+
+# ------------------------------------------------------------------ py-libp2p (trio) sides
+
+def _libp2p_host():  # noqa: ANN202 - libp2p types stay inside the functions that use them
+    from libp2p.crypto.ed25519 import create_new_key_pair
+
+    from pulse_node.net.wire_worker import make_host
+    import multiaddr
+
+    listen = [multiaddr.Multiaddr("/ip4/127.0.0.1/tcp/0")]
+    return make_host(create_new_key_pair(), listen, []), listen
+
+
+async def _libp2p_sink_main() -> None:
+    import trio
+    from libp2p.custom_types import TProtocol
+
+    host, listen = _libp2p_host()
+
+    async def handle(stream) -> None:  # noqa: ANN001
+        head = b""
+        while len(head) < 8:
+            head += await stream.read(8 - len(head))
+        total, got = int.from_bytes(head, "big"), 0
+        while got < total:
+            got += len(await stream.read(1 << 20))
+        await stream.write(got.to_bytes(8, "big"))
+        await stream.close()
+
+    host.set_stream_handler(TProtocol(SINK), handle)
+    async with host.run(listen):
+        print(str(host.get_addrs()[0]), flush=True)
+        await trio.to_thread.run_sync(sys.stdin.read)  # until the parent closes our stdin
+
+
+async def _libp2p_send(maddr: str, sizes: tuple[int, ...], total: int) -> dict[int, float]:
+    import multiaddr
+    from libp2p.custom_types import TProtocol
+    from libp2p.peer.peerinfo import info_from_p2p_addr
+
+    host, listen = _libp2p_host()
+    out: dict[int, float] = {}
+    async with host.run(listen):
+        info = info_from_p2p_addr(multiaddr.Multiaddr(maddr))
+        await host.connect(info)
+        for w in sizes:
+            stream = await host.new_stream(info.peer_id, [TProtocol(SINK)])
+            buf, n = os.urandom(w), total // w
+            t0 = time.perf_counter()
+            await stream.write((n * w).to_bytes(8, "big"))
+            for _ in range(n):
+                await stream.write(buf)
+            ack = await stream.read(8)
+            out[w] = n * w / (time.perf_counter() - t0) / 1e6
+            assert int.from_bytes(ack, "big") == n * w
+            await stream.close()
+    return out
+
+
+def bench_libp2p_stream(total: int) -> dict[int, float]:
+    import trio
+
+    sink = subprocess.Popen([sys.executable, __file__, "--child", "libp2p-sink"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        maddr = sink.stdout.readline().strip()
+        return trio.run(_libp2p_send, maddr, WRITES, total)
+    finally:
+        sink.stdin.close()
+        sink.wait(timeout=20)
+
+
+# ------------------------------------------------------------------ hivemind (asyncio) sides
+
+async def _hivemind_sink_main() -> None:
+    import asyncio
+
+    from hivemind.p2p import P2P
+
+    p2p = await P2P.create(host_maddrs=["/ip4/127.0.0.1/tcp/0"])
+
+    async def handle(_info, reader, writer) -> None:  # noqa: ANN001
+        total, got = int.from_bytes(await reader.readexactly(8), "big"), 0
+        while got < total:
+            got += len(await reader.read(1 << 20))
+        writer.write(got.to_bytes(8, "big"))
+        await writer.drain()
+        writer.close()
+
+    await p2p.add_binary_stream_handler(SINK, handle)
+    print(json.dumps([str(m) for m in await p2p.get_visible_maddrs()]), flush=True)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+    await p2p.shutdown()
+
+
+async def _hivemind_send_main(maddrs: list[str], total: int) -> None:
+    from hivemind.p2p import P2P, PeerID
+    from multiaddr import Multiaddr
+
+    p2p = await P2P.create(initial_peers=maddrs, host_maddrs=["/ip4/127.0.0.1/tcp/0"])
+    peer = PeerID.from_base58(Multiaddr(maddrs[0])["p2p"])
+    out = {}
+    for w in WRITES:
+        _, reader, writer = await p2p.call_binary_stream_handler(peer, SINK)
+        buf, n = os.urandom(w), total // w
+        t0 = time.perf_counter()
+        writer.write((n * w).to_bytes(8, "big"))
+        for _ in range(n):
+            writer.write(buf)
+            await writer.drain()
+        ack = await reader.readexactly(8)
+        out[w] = n * w / (time.perf_counter() - t0) / 1e6
+        assert int.from_bytes(ack, "big") == n * w
+        writer.close()
+    print(json.dumps(out), flush=True)
+    await p2p.shutdown()
+
+
+def bench_hivemind_stream(total: int) -> dict[int, float]:
+    sink = subprocess.Popen([sys.executable, __file__, "--child", "hivemind-sink"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        maddrs = json.loads(sink.stdout.readline())
+        out = subprocess.run([sys.executable, __file__, "--child", "hivemind-send", "--total", str(total),
+                              "--maddrs", json.dumps(maddrs)], capture_output=True, text=True, timeout=300)
+        if out.returncode != 0:
+            raise RuntimeError(f"hivemind sender failed: {out.stderr[-2000:]}")
+        return {int(k): v for k, v in json.loads(out.stdout.strip().splitlines()[-1]).items()}
+    finally:
+        sink.stdin.close()
+        sink.wait(timeout=30)
+
+
+# ------------------------------------------------------------------ our fetch path
+
+def bench_fetch(size: int, rounds: int, tmp: Path) -> dict[str, float]:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from pulse_node.net.wire_client import WireClient
+
+    data = os.urandom(size)
+    digest = hashlib.sha256(data).hexdigest()
+    for name in ("a", "c"):
+        (tmp / name / "anchors").mkdir(parents=True)
+        (tmp / name / "patches").mkdir(parents=True)
+        (tmp / name / "anchors" / "1.safetensors").write_bytes(data)
+        os.link(tmp / name / "anchors" / "1.safetensors", tmp / name / "patches" / "1.patch")
+    (tmp / "b").mkdir()
+    with ThreadPoolExecutor(3) as pool:
+        a, b, c = pool.map(lambda n: WireClient.start(store=tmp / n), ("a", "b", "c"))
+    best = {"fetch": 0.0, "anchor_1": 0.0, "anchor_2": 0.0}
+    try:
+        pa, pc = a.info().listen_maddrs[0], c.info().listen_maddrs[0]
+        for _ in range(rounds):
+            r = b.fetch(pa, "patch", {"version": 1}, tmp / "b" / "f.bin", timeout=300, expected_digest=digest)
+            best["fetch"] = max(best["fetch"], size / r.seconds / 1e6)
+            for key, peers in (("anchor_1", [pa]), ("anchor_2", [pa, pc])):
+                dest = tmp / "b" / f"{key}.bin"
+                r = b.fetch_anchor(peers, version=1, size=size, dest=dest, digest=digest, timeout=300)
+                best[key] = max(best[key], size / r.seconds / 1e6)
+                dest.unlink()
+            (tmp / "b" / "f.bin").unlink()
+    finally:
+        for w in (a, b, c):
+            w.stop()
+    return best
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--size-mb", type=int, default=100, help="file size for the fetch path")
+    p.add_argument("--stream-mb", type=int, default=64, help="bytes per raw stream measurement")
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--child", choices=["libp2p-sink", "hivemind-sink", "hivemind-send"])
+    p.add_argument("--total", type=int)
+    p.add_argument("--maddrs")
+    args = p.parse_args()
+    if args.child:
+        return _child(args)
+    total = args.stream_mb * MiB
+    lp = {w: 0.0 for w in WRITES}
+    hm = {w: 0.0 for w in WRITES}
+    for r in range(args.rounds):
+        for w, v in bench_libp2p_stream(total).items():
+            lp[w] = max(lp[w], v)
+        for w, v in bench_hivemind_stream(total).items():
+            hm[w] = max(hm[w], v)
+        print(f"round {r + 1}: libp2p {_fmt(lp)} | hivemind {_fmt(hm)}", flush=True)
+    with tempfile.TemporaryDirectory(prefix="pulse-dataplane-") as d:
+        fetch = bench_fetch(args.size_mb * MiB, args.rounds, Path(d))
+    _report(lp, hm, fetch, args)
+    return 0
+
+
+def _child(args: argparse.Namespace) -> int:
+    import asyncio
+
+    if args.child == "libp2p-sink":
+        import trio
+
+        trio.run(_libp2p_sink_main)
+    elif args.child == "hivemind-sink":
+        asyncio.run(_hivemind_sink_main())
+    else:
+        asyncio.run(_hivemind_send_main(json.loads(args.maddrs), args.total))
+    return 0
+
+
+def _fmt(d: dict[int, float]) -> str:
+    return " ".join(f"{w // 1024}K={v:.1f}" for w, v in d.items())
+
+
+def _report(lp: dict[int, float], hm: dict[int, float], fetch: dict[str, float], args: argparse.Namespace) -> None:
+    best_lp, best_hm = max(lp.values()), max(hm.values())
+    print(f"\npy-libp2p one stream MB/s: {_fmt(lp)}")
+    print(f"hivemind p2pd stream MB/s: {_fmt(hm)}")
+    print(f"fetch path ({args.size_mb} MB file->peer->file) MB/s: single stream {fetch['fetch']:.1f}, "
+          f"anchor 1 provider {fetch['anchor_1']:.1f}, 2 providers {fetch['anchor_2']:.1f}")
+    ratios = {
+        "libp2p_256k_vs_64k": lp[WRITES[1]] / lp[WRITES[0]],
+        "libp2p_1m_vs_64k": lp[WRITES[2]] / lp[WRITES[0]],
+        "fetch_vs_raw_libp2p_64k": fetch["fetch"] / lp[WRITES[0]],
+        "anchor2_vs_anchor1": fetch["anchor_2"] / fetch["anchor_1"],
+        "hivemind_best_vs_libp2p_best": best_hm / best_lp,
+        "hivemind_best_vs_fetch": best_hm / fetch["fetch"],
+    }
+    for k, v in ratios.items():
+        print(f"  {k}: {v:.2f}x")
+    print(json.dumps({"bench": "dataplane", "size_mb": args.size_mb, "stream_mb": args.stream_mb,
+                      "rounds": args.rounds, "libp2p_stream_mbps": {str(k): round(v, 1) for k, v in lp.items()},
+                      "hivemind_stream_mbps": {str(k): round(v, 1) for k, v in hm.items()},
+                      "fetch_mbps": {k: round(v, 1) for k, v in fetch.items()},
+                      "ratios": {k: round(v, 3) for k, v in ratios.items()}}))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,74 @@
+"""``pulse-node doctor``: check this machine and the way to the swarm; each failure says what to do next.
+
+    pulse-node doctor                                       # environment + p2p daemon
+    pulse-node doctor --bootstrap /ip4/1.2.3.4/tcp/31337/p2p/12D3KooW...   # + bootstrap, NAT, clocks, identity
+    pulse-node doctor --json | jq '.[] | select(.status == "FAIL")'
+
+Exit code 0 when no check FAILs.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+CHECK_NAMES = ("python", "torch", "hivemind", "libp2p", "dependencies", "accelerator", "disk",
+               "daemon", "bootstrap", "reachable", "clocks", "identity")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("doctor", help="diagnose this machine and its way to the swarm (PASS/WARN/FAIL + next step)",
+                       description="Check Python, torch/hivemind/libp2p imports, dependency pins, disk, CUDA, that "
+                       "the p2p daemon starts, that the bootstrap answers, reachability (public vs private "
+                       "addresses), peers' clocks and whether this node's identity is already live. "
+                       "Exit code 0 when no check FAILs.")
+    p.add_argument("--bootstrap", action="append", default=[], metavar="MULTIADDR",
+                   help="bootstrap peer to test (repeatable); without it the swarm checks are skipped")
+    p.add_argument("--run-id", default="pulse-local", help="run id whose peer records to read (default pulse-local)")
+    p.add_argument("--data-dir", default="./pulse-data", help="the node's data dir (disk space, identity.key)")
+    p.add_argument("--identity", help="identity key to check (default DATA_DIR/identity.key)")
+    p.add_argument("--listen", action="append", default=[], metavar="MULTIADDR",
+                   help="address the test daemon listens on (default /ip4/0.0.0.0/tcp/0)")
+    p.add_argument("--timeout", type=float, default=15.0, help="seconds to reach the bootstrap (default 15)")
+    p.add_argument("--only", action="append", choices=CHECK_NAMES, metavar="CHECK",
+                   help=f"run only these checks (repeatable): {', '.join(CHECK_NAMES)}")
+    p.add_argument("--json", action="store_true", help="print the checks as a JSON list")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import json
+    import sys
+    from pathlib import Path
+
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    from pulse_node.ops.doctor import DoctorOptions, run_doctor
+
+    opts = DoctorOptions(bootstrap=args.bootstrap, run_id=args.run_id, data_dir=Path(args.data_dir),
+                         identity=Path(args.identity) if args.identity else None, timeout=args.timeout,
+                         listen=args.listen or ["/ip4/0.0.0.0/tcp/0"],
+                         only=frozenset(args.only) if args.only else None)
+    console = Console(highlight=False, width=None if sys.stdout.isatty() else 120)
+    style = {"PASS": "green", "WARN": "yellow", "FAIL": "bold red", "SKIP": "dim"}
+
+    def show(c) -> None:
+        row = Table.grid(padding=(0, 1))
+        row.add_column(width=4, no_wrap=True)
+        row.add_column(width=12, no_wrap=True)
+        row.add_column(overflow="fold")
+        body = Text(c.detail)
+        if c.fix and c.status != "PASS":
+            body.append(f"\nnext: {c.fix}", style="cyan")
+        row.add_row(Text(c.status, style=style[c.status]), c.name, body)
+        console.print(row)
+
+    checks = run_doctor(opts, on_check=None if args.json else show)
+    failed = [c for c in checks if c.status == "FAIL"]
+    if args.json:
+        print(json.dumps([c.model_dump(mode="json") for c in checks]))
+    else:
+        console.print(f"{len(checks)} checks: {len(failed)} failed, "
+                      f"{sum(c.status == 'WARN' for c in checks)} warnings")
+    return 1 if failed else 0

@@ -1,0 +1,134 @@
+"""The real transport: the hivemind DHT worker for discovery, the py-libp2p wire worker for data.
+
+Both workers run in their own processes under the node's persistent Ed25519 identity, so the
+node's DHT peer id and data-plane peer id are the same. Peers are addressed by their
+data-plane multiaddr (taken from their signed DHT record).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from pulse_node import __version__
+from pulse_node.chain.identity import Identity
+from pulse_node.config import NodeConfig
+from pulse_node.net.dht_client import DhtClient, DhtConfig
+from pulse_node.net.dht_records import Counters, PeerStatus, Serves
+from pulse_node.net.wire_client import WireClient
+from pulse_node.node.transport import Event, PeerInfo
+
+log = logging.getLogger("pulse.p2p")
+
+#: node push kinds <-> wire push kinds
+_TO_WIRE = {"rollouts": "rollout", "loco": "loco", "head": "head"}
+_FROM_WIRE = {v: k for k, v in _TO_WIRE.items()}
+
+
+class P2PTransport:
+    """``Transport`` over a DhtClient and a WireClient (both separate processes)."""
+
+    def __init__(self, cfg: NodeConfig, dht: DhtClient, wire: WireClient) -> None:
+        self.cfg = cfg
+        self.dht = dht
+        self.wire = wire
+        info = wire.info()
+        self.peer_id = info.peer_id
+        self.wire_maddrs = _full(info.listen_maddrs, info.peer_id, cfg.net.wire_announce)
+        self._last_peers: list[PeerInfo] = []
+
+    @classmethod
+    def create(cls, cfg: NodeConfig, identity: Identity, store_root: Path) -> "P2PTransport":
+        """Start both workers (wire first: it is local-only and fails fast)."""
+        data = Path(cfg.data_dir)
+        wire = WireClient.start(store=store_root, listen=tuple(cfg.net.wire_listen),
+                                identity=data / "identity.key", announce=tuple(cfg.net.wire_announce),
+                                log_path=data / "wire.log", start_timeout=cfg.net.worker_start_timeout_s)
+        try:
+            dht = DhtClient.start(DhtConfig(
+                run_id=cfg.run_id, initial_peers=cfg.net.bootstrap, host_maddrs=cfg.net.dht_listen,
+                announce_maddrs=cfg.net.announce, identity=data / "identity.key",
+                use_relay=cfg.net.use_relay, use_auto_relay=cfg.net.use_auto_relay,
+                client_mode=cfg.net.client_mode, ttl_s=cfg.net.record_ttl_s), log_path=data / "dht.log")
+        except BaseException:
+            wire.stop()
+            raise
+        return cls(cfg, dht, wire)
+
+    def publish(self, info: PeerInfo) -> None:
+        stats = self.stats()
+        status = PeerStatus(
+            role=info.role, wire_maddrs=self.wire_maddrs[:8],
+            version=info.version if info.version >= 0 else None,
+            chain_hash=info.chain_hash or None, state_hash=info.state_hash or None,
+            serves=Serves(lowest=info.lowest if info.lowest >= 0 else None,
+                          highest=info.version if info.version >= 0 else None, anchors=info.anchors[-64:]),
+            counters=Counters(bytes_in=int(stats.get("bytes_in", 0)), bytes_out=int(stats.get("bytes_out", 0))),
+            metrics_url=info.extra.get("metrics_url"), node_key=info.node_key or None,
+            software=f"pulse-node {__version__}")
+        self.dht.publish_peer(status)
+
+    def peers(self) -> list[PeerInfo]:
+        out = []
+        for r in self.dht.peers():
+            if r.leaving or r.role == "bootstrap" or not r.wire_maddrs:
+                continue
+            out.append(PeerInfo(peer_id=r.peer_id, role=r.role, address=r.wire_maddrs[0],
+                                version=-1 if r.version is None else r.version,
+                                chain_hash=r.chain_hash or "", state_hash=r.state_hash or "",
+                                lowest=-1 if r.serves.lowest is None else r.serves.lowest,
+                                anchors=list(r.serves.anchors), node_key=r.node_key or "",
+                                extra={"metrics_url": r.metrics_url, "wire_maddrs": list(r.wire_maddrs)}))
+        self._last_peers = out
+        return out
+
+    def fetch(self, peer: PeerInfo, kind: str, params: dict[str, Any], dest: Path, *, timeout: float) -> int:
+        if kind == "anchor":
+            return self._fetch_anchor(peer, int(params["version"]), dest, timeout=timeout)
+        return self.wire.fetch(peer.address, kind, params, dest, timeout=timeout).bytes
+
+    def _fetch_anchor(self, peer: PeerInfo, version: int, dest: Path, *, timeout: float) -> int:
+        """Learn the anchor's size from ``peer``, then download it from every peer that has it."""
+        probe = dest.with_name(dest.name + ".probe")
+        try:
+            size = self.wire.fetch(peer.address, "anchor", {"version": version, "offset": 0, "length": 1},
+                                   probe, timeout=min(timeout, 30.0)).total
+        finally:
+            probe.unlink(missing_ok=True)
+        holders = [p.address for p in self._last_peers if version in p.anchors and p.peer_id != peer.peer_id]
+        result = self.wire.fetch_anchor([peer.address, *holders[:7]], version=version, size=size, dest=dest,
+                                        timeout=timeout)
+        return result.bytes
+
+    def push(self, peer: PeerInfo, kind: str, data: bytes, *, timeout: float) -> None:
+        self.wire.push(peer.address, _TO_WIRE[kind], data, timeout=timeout)
+
+    def events(self, *, max_items: int = 256, wait_s: float = 0.0) -> list[Event]:
+        return [Event(_FROM_WIRE.get(e.kind, e.kind), e.from_peer, e.data, e.received_at)
+                for e in self.wire.events(max_events=max_items, wait_s=wait_s)]
+
+    def stats(self) -> dict[str, Any]:
+        """Data-plane byte counters: totals plus per-kind breakdowns."""
+        raw = self.wire.stats()
+        return {"bytes_in": sum(raw.get("bytes_in", {}).values()), "bytes_out": sum(raw.get("bytes_out", {}).values()),
+                "bytes_in_by_kind": raw.get("bytes_in", {}), "bytes_out_by_kind": raw.get("bytes_out", {}),
+                "wire_errors": sum(raw.get("errors", {}).values())}
+
+    def close(self) -> None:
+        for stop in (self.dht.stop, self.wire.stop):
+            try:
+                stop()
+            except Exception as exc:  # keep stopping the rest
+                log.warning("stopping a worker failed: %s", exc)
+
+
+def _full(maddrs: list[str], peer_id: str, announce: list[str]) -> list[str]:
+    """Dialable data-plane multiaddrs (announced ones first), each ending in /p2p/<id>."""
+    out = []
+    for m in list(announce) + list(maddrs):
+        if "/p2p/" not in m:
+            m = f"{m}/p2p/{peer_id}"
+        if m not in out:
+            out.append(m)
+    return out

@@ -1,0 +1,176 @@
+"""Where the dashboard's inputs come from: a local run dir, or the swarm's DHT plus each node's /status.
+
+- ``read_run_dir(root)``: every node dir under ``root`` (the layout of ``pulse-node swarm``:
+  ``<name>/status.json``, ``identity.key``, ``log.txt``; ``bootstrap/maddrs.txt``). A node
+  without a status gets the last error line of its log as its problem (e.g. "identity ...
+  is already used by another running node"), so refusals are visible, not silent.
+- ``DhtSource``: a client-mode DHT node (``DhtClient``) that reads the signed peer records;
+  each record's ``metrics_url`` is asked for ``/status`` (short timeout, in parallel).
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Mapping
+
+from pulse_node.errors import PulseError
+from pulse_node.ops.snapshot import NodeInput
+
+HTTP_TIMEOUT_S = 2.0
+LOG_TAIL_BYTES = 8192
+_MARKERS = ("status.json", "identity.key", "node.toml", "log.txt")
+
+
+def last_error_line(log: Path) -> str | None:
+    """The last line of a log that looks like an error (else the last line), trimmed."""
+    try:
+        with open(log, "rb") as fh:
+            fh.seek(0, 2)
+            fh.seek(max(0, fh.tell() - LOG_TAIL_BYTES))
+            lines = [ln.strip() for ln in fh.read().decode("utf-8", "replace").splitlines() if ln.strip()]
+    except OSError:
+        return None
+    for line in reversed(lines):
+        if "error" in line.lower() or "exception" in line.lower():
+            return line[-300:]
+    return lines[-1][-300:] if lines else None
+
+
+def _node_key(path: Path) -> str | None:
+    if not path.exists():
+        return None
+    from pulse_node.chain.identity import Identity
+
+    try:
+        return Identity.load(path).public_key_hex
+    except PulseError:
+        return None
+
+
+def _mtime(path: Path) -> float | None:
+    """A running node rewrites its status.json twice a second: the file's age is the node's silence."""
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return None
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def bootstrap_address(root: Path) -> str | None:
+    """The first address the local swarm's bootstrap printed, if any."""
+    for f in (root / "bootstrap" / "maddrs.txt", *sorted(root.glob("*/*.maddrs"))):
+        try:
+            words = f.read_text().split()
+        except OSError:
+            continue
+        if words:
+            return words[0]
+    return None
+
+
+def read_run_dir(root: Path) -> list[NodeInput]:
+    """One ``NodeInput`` per node dir under ``root`` (bootstrap and helper dirs skipped)."""
+    out = []
+    for d in sorted(p for p in Path(root).iterdir() if p.is_dir()) if Path(root).is_dir() else []:
+        if d.name == "bootstrap" or (d / "maddrs.txt").exists() or not any((d / m).exists() for m in _MARKERS):
+            continue
+        status = _read_json(d / "status.json")
+        problem = None
+        if not status:
+            problem = f"no status.json; log: {last_error_line(d / 'log.txt') or 'empty'}"
+        elif status.get("stopped"):
+            problem = f"stopped; log: {last_error_line(d / 'log.txt') or 'empty'}"
+        out.append(NodeInput(name=d.name, status=status, source="run_dir", problem=problem,
+                             node_key=_node_key(d / "identity.key"), seen_at=_mtime(d / "status.json")))
+    return out
+
+
+def status_url(metrics_url: str) -> str:
+    """A node's ``/status`` URL from the ``metrics_url`` it announces (base or .../metrics)."""
+    base = metrics_url.rstrip("/")
+    for suffix in ("/metrics", "/status", "/health"):
+        if base.endswith(suffix):
+            base = base[: -len(suffix)]
+    return base + "/status"
+
+
+def fetch_status(metrics_url: str, *, timeout: float = HTTP_TIMEOUT_S) -> dict[str, Any] | str:
+    """A node's /status dict, or a one-line reason it could not be read."""
+    if not metrics_url.startswith(("http://", "https://")):
+        return f"metrics url {metrics_url!r} is not http(s)"
+    try:
+        with urllib.request.urlopen(status_url(metrics_url), timeout=timeout) as resp:
+            data = json.loads(resp.read(4 << 20))
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        return f"/status unreachable ({getattr(exc, 'reason', exc)})"
+    return data if isinstance(data, dict) else "/status is not a JSON object"
+
+
+def dialable_url(metrics_url: str, dht_maddrs: list[str]) -> str:
+    """A node listening on all interfaces announces ``0.0.0.0``: use the IP of its DHT address instead."""
+    if "://0.0.0.0:" not in metrics_url:
+        return metrics_url
+    for maddr in dht_maddrs:
+        parts = maddr.split("/")
+        if len(parts) > 2 and parts[1] == "ip4":
+            return metrics_url.replace("://0.0.0.0:", f"://{parts[2]}:", 1)
+    return metrics_url
+
+
+def statuses_of_peers(peers: list[Mapping[str, Any]], *, timeout: float = HTTP_TIMEOUT_S) -> list[NodeInput]:
+    """Ask every peer that announces a metrics URL for its /status, in parallel."""
+    targets = [p for p in peers if p.get("metrics_url")]
+    if not targets:
+        return []
+    urls = [dialable_url(str(p["metrics_url"]), list(p.get("dht_maddrs") or [])) for p in targets]
+    with ThreadPoolExecutor(max_workers=min(16, len(targets))) as pool:
+        results = list(pool.map(lambda u: fetch_status(u, timeout=timeout), urls))
+    answered_at = time.time()
+    out = []
+    for peer, res in zip(targets, results):
+        if isinstance(res, dict) and res.get("peer_id") == peer.get("peer_id"):
+            out.append(NodeInput(name=f"{peer.get('role', 'peer')}-{str(peer['peer_id'])[-6:]}", status=res,
+                                 source="http", seen_at=answered_at))
+    return out
+
+
+class DhtSource:
+    """Reads the swarm's peer records through a client-mode DHT node; ``close`` stops it."""
+
+    def __init__(self, bootstrap: list[str], *, run_id: str, timeout: float = 15.0) -> None:
+        from pulse_node.net.dht_client import DhtClient, DhtConfig
+
+        self._logdir = tempfile.TemporaryDirectory(prefix="pulse-status-")
+        self.log_path = Path(self._logdir.name) / "dht.log"
+        cfg = DhtConfig(run_id=run_id, initial_peers=bootstrap, client_mode=True, bootstrap_timeout_s=timeout)
+        try:
+            self.client = DhtClient.start(cfg, log_path=self.log_path)
+        except BaseException:
+            self._logdir.cleanup()
+            raise
+
+    def peers(self) -> list[dict[str, Any]]:
+        return [r.model_dump(mode="json") for r in self.client.peers()]
+
+    def read(self) -> tuple[list[NodeInput], list[dict[str, Any]]]:
+        peers = self.peers()
+        return statuses_of_peers(peers), peers
+
+    def close(self) -> None:
+        try:
+            self.client.stop()
+        finally:
+            self._logdir.cleanup()

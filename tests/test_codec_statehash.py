@@ -1,0 +1,28 @@
+"""State hash: canonical (order-free) and sensitive to every bit, name, dtype and shape."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pulse_node.codec.state import TensorBits
+from pulse_node.codec.statehash import is_hex_digest, state_hash
+
+
+def _state():
+    return {"a": TensorBits("BF16", (2, 2), np.array([0, 0x8000, 1, 2], np.uint16)),
+            "b": TensorBits("F32", (), np.array([7], np.uint32)),
+            "c": TensorBits("F16", (0,), np.zeros(0, np.uint16))}
+
+
+def test_hash_is_canonical_and_sensitive():
+    s = _state()
+    h = state_hash(s)
+    assert is_hex_digest(h)
+    assert state_hash(dict(reversed(list(s.items())))) == h
+    flipped = dict(s, a=TensorBits("BF16", (2, 2), np.array([0x8000, 0x8000, 1, 2], np.uint16)))
+    reshaped = dict(s, a=TensorBits("BF16", (4,), s["a"].bits))
+    retyped = dict(s, a=TensorBits("F16", (2, 2), s["a"].bits))
+    renamed = {"x": s["a"], "b": s["b"], "c": s["c"]}
+    strided = dict(s, a=TensorBits("BF16", (2, 2), np.array([0, 9, 0x8000, 9, 1, 9, 2, 9], np.uint16)[::2]))
+    assert len({h, state_hash(flipped), state_hash(reshaped), state_hash(retyped), state_hash(renamed)}) == 5
+    assert state_hash(strided) == h

@@ -1,0 +1,238 @@
+"""docker-compose.yml is valid, and its services' own commands form a working swarm.
+
+There is no Docker engine here, so the services run as local processes: the commands and health
+checks are read from docker-compose.yml and translated (``/dns4/bootstrap`` -> 127.0.0.1, fixed
+ports -> port 0 / the bootstrap's real port, named volumes -> directories under one run dir,
+tiny model via ``--set``). The same running swarm then feeds the dashboard (``status --once``,
+``--json``), and a node started with a copied identity must be refused and shown as such.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import wait_for
+
+REPO = Path(__file__).resolve().parents[1]
+COMPOSE = REPO / "docker-compose.yml"
+PULSE = [sys.executable, "-m", "pulse_node"]
+TINY = ["model.d_model=32", "model.n_layers=2", "model.n_heads=2", "task.digits=2", "sampling.prompts_per_batch=4",
+        "sampling.group_size=4", 'net.dht_listen=["/ip4/127.0.0.1/tcp/0"]', 'net.wire_listen=["/ip4/127.0.0.1/tcp/0"]']
+TINY_TRAINER = ["grpo.warmstart_steps=30", "loco.inner_steps=2", "eval_every=0", "rollout_wait_s=0.5"]
+#: generous: start + warm start + 2 versions take ~100 s on 2 busy cores
+SWARM_DEADLINE_S = 240
+
+
+def _compose() -> dict:
+    return yaml.safe_load(COMPOSE.read_text())
+
+
+def test_compose_file_declares_the_swarm() -> None:
+    c = _compose()
+    svcs = c["services"]
+    default = sorted(n for n, s in svcs.items() if not s.get("profiles"))
+    assert default == ["bootstrap", "inference-0", "inference-1", "trainer-0", "trainer-1"]
+    for name in default:
+        cmd = " ".join(svcs[name]["command"])
+        assert ("pulse-node bootstrap " if name == "bootstrap" else "pulse-node join --role ") in cmd
+        assert svcs[name]["healthcheck"]["test"][0] == "CMD"
+        assert all(v.split(":")[0] in c["volumes"] for v in svcs[name]["volumes"])  # named volumes only
+        if name != "bootstrap":
+            assert "--bootstrap /dns4/bootstrap/tcp/31337/p2p/" in cmd and "/health" in " ".join(svcs[name]["healthcheck"]["test"])
+            assert svcs[name]["depends_on"]["bootstrap"]["condition"] == "service_healthy"
+    gpu = [s for s in svcs.values() if "gpu" in s.get("profiles", [])]
+    assert gpu and gpu[0]["deploy"]["resources"]["reservations"]["devices"][0]["capabilities"] == ["gpu"]
+    assert len({s["volumes"][0] for s in svcs.values()}) == len(svcs)  # no two nodes share a data volume
+
+
+def test_docker_compose_config_accepts_the_file() -> None:
+    exe = shutil.which("docker-compose")
+    if exe is None:
+        pytest.skip("docker-compose binary not installed (apt-get install docker-compose); YAML checks above still ran")
+    for profile in ([], ["--profile", "gpu"]):
+        r = subprocess.run([exe, "-f", str(COMPOSE), *profile, "config", "-q"], capture_output=True, text=True,
+                           timeout=60, cwd=REPO)
+        assert r.returncode == 0, r.stderr
+
+
+# ---- the services as local processes --------------------------------------------------------
+class ComposeAsProcesses:
+    """Runs compose services' commands locally; every process is stopped by ``close``."""
+
+    def __init__(self, root: Path, cache: Path) -> None:
+        self.compose, self.root, self.cache = _compose(), root, cache
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.bootstrap_port = 0
+        self.env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+
+    def volume_dir(self, volume: str) -> Path:
+        return self.root / re.sub(r"-(data|state)$", "", volume)
+
+    def translate(self, service: str, text: str) -> str:
+        text = text.replace("$$", "$")  # compose's escape for a literal $
+        for spec in self.compose["services"][service].get("volumes", []):
+            volume, target = spec.split(":")[:2]
+            self.volume_dir(volume).mkdir(parents=True, exist_ok=True)
+            text = re.sub(rf"(?<![\w.-]){re.escape(target)}(?=[/\s'\"]|$)", str(self.volume_dir(volume)), text)
+        text = text.replace("/ip4/0.0.0.0/tcp/31337", "/ip4/127.0.0.1/tcp/0")
+        text = text.replace("/dns4/bootstrap/tcp/31337", f"/ip4/127.0.0.1/tcp/{self.bootstrap_port}")
+        text = text.replace("/configs/", f"{REPO / 'configs'}/")
+        return text.replace("--metrics-port 9100", "--metrics-port 0")
+
+    def command(self, service: str) -> list[str]:
+        cmd = self.compose["services"][service]["command"]
+        assert cmd[:2] == ["sh", "-c"], cmd
+        script = self.translate(service, cmd[2])
+        if " join " in script:
+            role_sets = TINY + (TINY_TRAINER if "--role trainer" in script else [])
+            role_sets.append(f"model.cache_dir={json.dumps(str(self.cache))}")
+            script += "".join(f" --set {shlex.quote(s)}" for s in role_sets)
+        return ["sh", "-c", script]
+
+    def start(self, service: str, *, data_dir: str | None = None) -> subprocess.Popen:
+        cmd = self.command(service)
+        if data_dir is not None:  # the same service again with another data dir (identity tests)
+            cmd[2] = cmd[2].replace(str(self.volume_dir(f"{service}-data")), str(self.root / data_dir))
+            (self.root / data_dir).mkdir(parents=True, exist_ok=True)
+        name = data_dir or service
+        log = open(self.root / f"{name}.log", "ab")
+        try:
+            p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                 env=self.env, start_new_session=True)
+        finally:
+            log.close()
+        self.procs[name] = p
+        return p
+
+    def healthy(self, service: str, *, metrics_port: int = 0) -> bool:
+        test = self.compose["services"][service]["healthcheck"]["test"]
+        assert test[0] == "CMD"
+        argv = [self.translate(service, a).replace("127.0.0.1:9100", f"127.0.0.1:{metrics_port}") for a in test[1:]]
+        argv = [sys.executable if a == "python" else a for a in argv]
+        return subprocess.run(argv, capture_output=True, timeout=30, env=self.env).returncode == 0
+
+    def start_bootstrap(self) -> str:
+        self.start("bootstrap")
+        wait_for(lambda: self._alive("bootstrap") and self.healthy("bootstrap"), timeout=60, interval=0.2,
+                 what="the bootstrap's compose health check (maddrs file written)")
+        addr = next(a for a in (self.root / "shared" / "bootstrap.maddrs").read_text().split() if "/127.0.0.1/" in a)
+        self.bootstrap_port = int(addr.split("/tcp/")[1].split("/")[0])
+        return addr
+
+    def _alive(self, name: str) -> bool:
+        p = self.procs[name]
+        if p.poll() is not None:
+            pytest.fail(f"{name} exited with code {p.returncode}:\n{self.log_tail(name)}")
+        return True
+
+    def log_tail(self, name: str, n: int = 25) -> str:
+        try:
+            return "\n".join((self.root / f"{name}.log").read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return "(no log)"
+
+    def wait_versions(self, services: tuple[str, ...], version: int, *, timeout: float) -> None:
+        """Until every service holds ``version``; on timeout fail with each one's version and log tail."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if all(self._alive(s) for s in services) and min(self.status(s).get("version", -1) for s in services) >= version:
+                return
+            time.sleep(0.5)
+        report = "\n".join(f"--- {s}: version {self.status(s).get('version', -1)}\n{self.log_tail(s, 8)}" for s in services)
+        pytest.fail(f"timed out after {timeout:.0f}s waiting for version {version}:\n{report}")
+
+    def status(self, service: str) -> dict:
+        try:
+            return json.loads((self.volume_dir(f"{service}-data") / "status.json").read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def close(self) -> None:
+        for p in self.procs.values():
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 15
+        for p in self.procs.values():
+            try:
+                p.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait(timeout=5)
+
+
+def _hash_at(status: dict, version: int) -> str | None:
+    return next((h["state_hash"] for h in status.get("history", []) if h.get("version") == version), None)
+
+
+@pytest.fixture(scope="module")
+def swarm(tmp_path_factory):
+    if importlib.util.find_spec("pulse_node.node.p2p") is None:
+        pytest.skip("pulse_node/node/p2p.py (P2PTransport, used by `pulse-node join`) does not exist yet")
+    root = tmp_path_factory.mktemp("compose-run")
+    runner = ComposeAsProcesses(root, tmp_path_factory.mktemp("cache"))
+    try:
+        runner.start_bootstrap()
+        for service in ("trainer-0", "inference-0"):
+            runner.start(service)
+        runner.wait_versions(("trainer-0", "inference-0"), 2, timeout=SWARM_DEADLINE_S)
+        yield runner
+    finally:
+        runner.close()
+
+
+def test_compose_services_form_a_working_swarm(swarm) -> None:
+    t, i = swarm.status("trainer-0"), swarm.status("inference-0")
+    assert _hash_at(t, 2) and _hash_at(t, 2) == _hash_at(i, 2)
+    for service, st in (("trainer-0", t), ("inference-0", i)):
+        port = int(st["metrics_url"].rsplit(":", 1)[1])
+        assert swarm.healthy(service, metrics_port=port), f"{service}: compose health check failed"
+
+
+def _status_cli(swarm, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run([*PULSE, "status", "--run-dir", str(swarm.root), "--once", *extra],
+                          capture_output=True, text=True, timeout=60, env=swarm.env)
+
+
+def test_dashboard_snapshot_and_screen_of_the_running_swarm(swarm) -> None:
+    r = _status_cli(swarm, "--json")
+    assert r.returncode == 0, r.stderr
+    snap = json.loads(r.stdout)
+    by = {n["name"]: n for n in snap["nodes"]}
+    assert set(by) == {"trainer-0", "inference-0"} and snap["roles"] == {"inference": 1, "trainer": 1}
+    assert snap["head"] >= 2 and all(n["state"] == "live" for n in by.values())
+    assert snap["hash_checks_total"] >= 2 and snap["hash_disagreements"] == []
+    assert not [a for a in snap["alerts"] if a["level"] == "fail"]
+    assert snap["bootstrap"].endswith(f"/tcp/{swarm.bootstrap_port}/" + snap["bootstrap"].rsplit("/", 1)[1])
+    assert [v["version"] for v in snap["versions"]][:2] == [1, 2] and snap["versions"][1]["compression"] > 1
+    screen = _status_cli(swarm, "--width", "140")
+    assert screen.returncode == 0, screen.stderr
+    for needle in ("pulse-node status", "trainer-0", "inference-0", "versions", "compression", "state hash"):
+        assert needle in screen.stdout, needle
+
+
+def test_copied_identity_is_refused_and_shown_by_the_dashboard(swarm) -> None:
+    (swarm.root / "trainer-copy").mkdir()
+    shutil.copy(swarm.volume_dir("trainer-0-data") / "identity.key", swarm.root / "trainer-copy" / "identity.key")
+    p = swarm.start("trainer-0", data_dir="trainer-copy")
+    p.wait(timeout=90)
+    log = swarm.log_tail("trainer-copy")
+    assert p.returncode != 0 and "already used by another running node" in log, log
+    shutil.copy(swarm.root / "trainer-copy.log", swarm.root / "trainer-copy" / "log.txt")
+    snap = json.loads(_status_cli(swarm, "--json").stdout)
+    down = next(n for n in snap["nodes"] if n["name"] == "trainer-copy")
+    assert down["state"] == "down" and "already used" in down["problem"]
+    assert any(a["level"] == "fail" and "duplicate identity" in a["message"] and "trainer-copy" in a["message"]
+               for a in snap["alerts"])

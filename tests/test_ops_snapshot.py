@@ -1,0 +1,177 @@
+"""The dashboard's pure core: node statuses + peer records -> SwarmSnapshot, and its rendering."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+
+from pulse_node.node.status import NodeStatus, StatusServer
+from pulse_node.ops.render import render_text, sparkline
+from pulse_node.ops.snapshot import NodeInput, build_snapshot
+from pulse_node.ops.sources import fetch_status, read_run_dir, status_url
+
+NOW = 1_800_000_000.0
+PID = {n: "12D3KooW" + n.ljust(44, "x") for n in ("t0", "t1", "i0", "i1")}
+
+
+def _status(name: str, role: str, version: int, *, hashes: dict[int, str], reward: float = 0.5,
+            dense: int = 1000, errors: tuple[str, ...] = ()) -> dict:
+    st = NodeStatus(role=role, peer_id=PID[name], run_id="r1")
+    for v in range(1, version + 1):
+        entry = {"version": v, "state_hash": hashes[v], "patch_bytes": 10 * v}
+        if role == "trainer":
+            entry.update(dense_bytes=dense, changed=0.01 * v, reward=0.1 * v)
+        st.record_version(entry)
+    st.update(version=version, state_hash=hashes[version], reward_mean=reward, patch_bytes_total=10 * version,
+              bytes_in=100, bytes_out=200 if role == "trainer" else 0)
+    for e in errors:
+        st.error(e)
+    snap = st.snapshot()
+    snap["updated_at"] = NOW - 1
+    return snap
+
+
+def _swarm(hashes_i1: dict[int, str] | None = None, i1_version: int = 3) -> list[NodeInput]:
+    good = {v: f"{v:02d}" * 8 for v in range(1, 6)}
+    return [NodeInput("trainer-0", _status("t0", "trainer", 5, hashes=good)),
+            NodeInput("trainer-1", _status("t1", "trainer", 5, hashes=good)),
+            NodeInput("inference-0", _status("i0", "inference", 5, hashes=good, errors=("push failed: timeout",))),
+            NodeInput("inference-1", _status("i1", "inference", i1_version, hashes=hashes_i1 or good))]
+
+
+def test_versions_lag_agreement_and_bytes() -> None:
+    snap = build_snapshot(_swarm(), now=NOW)
+    by = {n.name: n for n in snap.nodes}
+    assert snap.head == 5 and snap.roles == {"trainer": 2, "inference": 2}
+    assert by["inference-1"].lag == 2 and by["trainer-0"].lag == 0
+    assert all(n.hash_agrees for n in snap.nodes) and not snap.hash_disagreements
+    assert snap.hash_checks_total == 5
+    assert [v.version for v in snap.versions] == [1, 2, 3, 4, 5]
+    assert snap.versions[1].compression == 1000 / 20 and snap.versions[1].changed == 0.02
+    assert snap.totals.patch_bytes == 150 and snap.totals.dense_bytes == 5000 and snap.totals.saved_bytes == 4850
+    assert by["inference-1"].saved_bytes == 3000 - 30
+    assert [e.message for e in snap.errors] == ["push failed: timeout"]
+    assert [a.message for a in snap.alerts] == ["inference-1 is 2 versions behind the head"]
+    json.dumps(snap.model_dump(mode="json"))  # the --json output is plain JSON
+
+
+def test_diverged_replica_is_a_failure_naming_the_nodes() -> None:
+    bad = {v: f"{v:02d}" * 8 for v in range(1, 6)}
+    bad[3] = "ff" * 8
+    snap = build_snapshot(_swarm(hashes_i1=bad), now=NOW)
+    assert [c.version for c in snap.hash_disagreements] == [3]
+    assert snap.hash_disagreements[0].hashes["ff" * 8] == ["inference-1"]
+    assert {n.name: n.hash_agrees for n in snap.nodes}["inference-1"] is False
+    assert any(a.level == "fail" and "version 3" in a.message and "inference-1" in a.message for a in snap.alerts)
+
+
+def test_duplicate_identity_stale_and_down_nodes_are_alerts() -> None:
+    nodes = _swarm()
+    stale = dict(nodes[1].status, updated_at=NOW - 100)
+    nodes[1] = NodeInput("trainer-1", stale, node_key="ab" * 32)
+    nodes.append(NodeInput("inference-2", {}, problem="pulse-node join: error: identity file x is already used",
+                           node_key="ab" * 32))
+    msgs = [a.message for a in build_snapshot(nodes, now=NOW).alerts]
+    assert any("duplicate identity" in m and "inference-2" in m and "trainer-1" in m for m in msgs)
+    assert any(m.startswith("trainer-1 status not updated for 100s") for m in msgs)
+    assert any(m.startswith("inference-2 is not running") and "already used" in m for m in msgs)
+
+
+def test_peer_records_merge_with_statuses_and_stand_alone() -> None:
+    nodes = _swarm()[:1]
+    rec_t0 = {"peer_id": PID["t0"], "role": "trainer", "version": 5, "session": "a" * 32,
+              "counters": {"bytes_in": 1, "bytes_out": 2, "errors": 0}}
+    rec_i0 = {"peer_id": PID["i0"], "role": "inference", "version": 4, "state_hash": "04" * 8,
+              "session": "b" * 32, "counters": {"bytes_in": 7, "bytes_out": 0, "errors": 1}}
+    snap = build_snapshot(nodes, [rec_t0, rec_i0, dict(rec_i0, session="c" * 32)], now=NOW)
+    by = {n.peer_id: n for n in snap.nodes}
+    assert len(snap.nodes) == 2
+    assert by[PID["t0"]].sources == ["status", "dht"] and by[PID["t0"]].bytes_in == 100
+    assert by[PID["i0"]].state == "record-only" and by[PID["i0"]].bytes_in == 7 and by[PID["i0"]].lag == 1
+    assert by[PID["i0"]].hash_agrees is True  # v4 hash equals trainer-0's history at v4
+    assert any("2 live sessions" in a.message for a in snap.alerts)
+
+
+def test_reward_samples_fill_versions_without_history_reward() -> None:
+    snap = build_snapshot(_swarm()[:1], now=NOW, reward_samples={5: 0.9, 7: 0.3})
+    rewards = {v.version: v.reward for v in snap.versions}
+    assert rewards[5] == 0.5  # the history's own value wins
+    assert rewards[7] == 0.3
+
+
+def test_rendered_screen_shows_every_section() -> None:
+    text = render_text(build_snapshot(_swarm(), now=NOW, run_id="r1", source="test"), width=130)
+    for needle in ("pulse-node status", "run r1", "head v5", "inference-1", "WARN inference-1 is 2 versions",
+                   "compression", "50.0x", "reward", "push failed: timeout", "saved"):
+        assert needle in text, needle
+    assert sparkline([0.0, 0.5, 1.0, None]) == "▁▄█·"
+
+
+def test_run_dir_reader_reports_nodes_without_status(tmp_path) -> None:
+    (tmp_path / "bootstrap").mkdir()
+    (tmp_path / "bootstrap" / "maddrs.txt").write_text("/ip4/127.0.0.1/tcp/1/p2p/X\n")
+    (tmp_path / "trainer-0").mkdir()
+    (tmp_path / "trainer-0" / "status.json").write_text(json.dumps(_status("t0", "trainer", 2, hashes={1: "a" * 16, 2: "b" * 16})))
+    (tmp_path / "inference-0").mkdir()
+    (tmp_path / "inference-0" / "log.txt").write_text("starting\npulse-node join: error: identity file is already used\nbye\n")
+    (tmp_path / "notes").mkdir()
+    nodes = read_run_dir(tmp_path)
+    assert [n.name for n in nodes] == ["inference-0", "trainer-0"]
+    assert "already used" in (nodes[0].problem or "") and nodes[1].problem is None
+
+
+def test_metrics_health_and_status_endpoints_scraped() -> None:
+    st = NodeStatus(role="inference", peer_id=PID["i0"], run_id="r1")
+    server = StatusServer(st, port=0)
+    try:
+        st.update(version=7, bytes_in=12345, reward_mean=0.25)
+        st.error("boom")
+        body = urllib.request.urlopen(server.url + "/metrics", timeout=5).read().decode()
+        metrics = {ln.split()[0]: float(ln.split()[1]) for ln in body.splitlines() if ln and not ln.startswith("#")}
+        assert metrics["pulse_version"] == 7 and metrics["pulse_bytes_in"] == 12345 and metrics["pulse_errors"] == 1
+        assert json.loads(urllib.request.urlopen(server.url + "/health", timeout=5).read()) == {"ok": True}
+        got = fetch_status(server.url + "/metrics")
+        assert isinstance(got, dict) and got["version"] == 7 and got["recent_errors"][0]["message"] == "boom"
+        assert status_url("http://h:1/metrics") == "http://h:1/status"
+    finally:
+        server.close()
+    assert isinstance(fetch_status(server.url), str)  # closed: a reason, not an exception
+
+
+def _write_run_dir(root, *, inference_version: int) -> None:
+    hashes = {v: f"{v:02d}" * 8 for v in range(1, 6)}
+    for name, pid, role, version in (("trainer-0", "t0", "trainer", 5), ("inference-0", "i0", "inference", inference_version)):
+        (root / name).mkdir(exist_ok=True)
+        st = _status(pid, role, version, hashes=hashes)
+        st["updated_at"] = time.time()
+        (root / name / "status.json").write_text(json.dumps(st))
+
+
+def test_live_dashboard_redraws_and_stops_on_sigint(tmp_path) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    _write_run_dir(tmp_path, inference_version=2)
+    p = subprocess.Popen([sys.executable, "-m", "pulse_node", "status", "--run-dir", str(tmp_path), "--interval", "0.2"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "COLUMNS": "130"})
+    try:
+        assert "Ctrl+C to stop" in p.stderr.readline()  # running, signal handler installed
+        _write_run_dir(tmp_path, inference_version=5)  # the swarm moves on while we watch
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=20)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
+    assert p.returncode == 0, err
+    assert "inference-0" in out and "no alerts" in out  # the screen left behind is current: no lag
+
+
+def test_a_quiet_node_that_still_answers_is_live_not_stale() -> None:
+    quiet = dict(_swarm()[0].status, updated_at=NOW - 600)  # nothing changed for 10 minutes
+    views = build_snapshot([NodeInput("t", quiet, seen_at=NOW - 0.4), NodeInput("u", dict(quiet, peer_id="x"))],
+                           now=NOW).nodes
+    assert [v.state for v in views] == ["live", "stale"]
