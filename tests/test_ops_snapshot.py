@@ -175,3 +175,20 @@ def test_a_quiet_node_that_still_answers_is_live_not_stale() -> None:
     views = build_snapshot([NodeInput("t", quiet, seen_at=NOW - 0.4), NodeInput("u", dict(quiet, peer_id="x"))],
                            now=NOW).nodes
     assert [v.state for v in views] == ["live", "stale"]
+
+
+def test_logged_failures_and_nodes_without_a_version_are_visible() -> None:
+    nodes = _swarm()[:1] + [NodeInput("inference-9", dict(_status("i1", "inference", 1, hashes={1: "aa" * 8}),
+                                                          version=-1, history=[], state_hash=""),
+                                      seen_at=NOW - 1, log_error="anchor 0 from 12D3KooW failed: bad params")]
+    snap = build_snapshot(nodes, now=NOW)
+    assert "inference-9 holds no version yet while the head is v5" in [a.message for a in snap.alerts]
+    assert [e.message for e in snap.errors if e.node == "inference-9"] == ["log: anchor 0 from 12D3KooW failed: bad params"]
+
+
+def test_genesis_anchor_is_not_counted_as_a_patch() -> None:
+    st = _swarm()[0].status
+    genesis = {"version": 0, "state_hash": "00" * 8, "patch_bytes": 0, "dense_bytes": 1000, "changed": 1.0}
+    snap = build_snapshot([NodeInput("trainer-0", dict(st, history=[genesis, *st["history"]]))], now=NOW)
+    assert snap.versions[0].version == 0 and snap.versions[0].compression is None
+    assert snap.totals.dense_bytes == 5000 and snap.totals.patch_bytes == 150

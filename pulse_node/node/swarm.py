@@ -70,6 +70,7 @@ class LocalSwarm:
         self.children: list[Child] = []
         self.bootstrap: subprocess.Popen | None = None
         self.bootstrap_addr = ""
+        self.trusted: list[str] = []
 
     # ---- start ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -80,12 +81,12 @@ class LocalSwarm:
                     (child / "status.json").unlink(missing_ok=True)
         self.root.mkdir(parents=True, exist_ok=True)
         self.bootstrap_addr = self._start_bootstrap()
-        trusted = [Identity.load_or_create(self.root / f"trainer-{i}" / "identity.key").public_key_hex
-                   for i in range(self.cfg.trainers)]
+        self.trusted = [Identity.load_or_create(self.root / f"trainer-{i}" / "identity.key").public_key_hex
+                        for i in range(self.cfg.trainers)]
         for i in range(self.cfg.trainers):
-            self._start_node(f"trainer-{i}", "trainer", trusted)
+            self.add_node(f"trainer-{i}", "trainer")
         for i in range(self.cfg.inference):
-            self._start_node(f"inference-{i}", "inference", trusted)
+            self.add_node(f"inference-{i}", "inference")
 
     def _start_bootstrap(self) -> str:
         d = self.root / "bootstrap"
@@ -104,14 +105,17 @@ class LocalSwarm:
             time.sleep(0.1)
         raise PulseError(f"bootstrap did not print its address within 60 s; see {d / 'log.txt'}")
 
-    def _start_node(self, name: str, role: str, trusted: list[str]) -> None:
+    def add_node(self, name: str, role: str) -> Child:
+        """Start one more ``pulse-node join`` process (also used for late joiners)."""
         d = self.root / name
         d.mkdir(parents=True, exist_ok=True)
         conf = d / "node.toml"
-        conf.write_text(tomli_w.dumps(node_config(self.cfg, role=role, data_dir=d, trusted=trusted)))
+        conf.write_text(tomli_w.dumps(node_config(self.cfg, role=role, data_dir=d, trusted=self.trusted)))
         cmd = [sys.executable, "-m", "pulse_node", "join", "--role", role, "--config", str(conf),
                "--bootstrap", self.bootstrap_addr]
-        self.children.append(Child(name, role, d, self._spawn(cmd, d / "log.txt")))
+        child = Child(name, role, d, self._spawn(cmd, d / "log.txt"))
+        self.children.append(child)
+        return child
 
     @staticmethod
     def _spawn(cmd: list[str], log_path: Path) -> subprocess.Popen:

@@ -15,7 +15,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from pulse_node.ops.snapshot import NodeView, SwarmSnapshot, VersionView
+from pulse_node.ops.snapshot import FIRST_PATCH_VERSION, NodeView, SwarmSnapshot, VersionView
 
 SPARK = "▁▂▃▄▅▆▇█"
 VERSIONS_SHOWN = 8
@@ -105,13 +105,13 @@ def _versions_table(rows: Sequence[VersionView]) -> Table:
         t.add_column(col, justify="right", no_wrap=True)
     for r in rows[-VERSIONS_SHOWN:]:
         t.add_row(str(r.version), human_bytes(r.patch_bytes), human_bytes(r.dense_bytes),
-                  "-" if r.changed is None else f"{r.changed * 100:.2f}%",
+                  "-" if r.changed is None else f"{r.changed * 100:.3g}%",
                   "-" if r.compression is None else f"{r.compression:.1f}x", _fmt(r.eval), _fmt(r.reward))
     return t
 
 
 def _charts(s: SwarmSnapshot) -> Text:
-    rows = s.versions[-CHART_POINTS:]
+    rows = [r for r in s.versions if r.version >= FIRST_PATCH_VERSION][-CHART_POINTS:]  # v0: the genesis anchor
     t = Text()
     if not rows:
         return t

@@ -24,6 +24,8 @@ STALE_AFTER_S = 15.0
 LAG_WARN_VERSIONS = 2
 MAX_ERRORS_SHOWN = 12
 MAX_VERSIONS_SHOWN = 200
+#: version 0 is the genesis anchor (a full checkpoint), not a patch: kept out of byte savings
+FIRST_PATCH_VERSION = 1
 
 NodeState = Literal["live", "stale", "stopped", "down", "record-only"]
 
@@ -128,6 +130,8 @@ class NodeInput:
     #: when the source last saw the node alive (status.json mtime, time of the /status answer);
     #: None: judge by the status's own ``updated_at`` (which only moves when something changes)
     seen_at: float | None = None
+    #: a current error line from the node's log (failures a node logs but does not count)
+    log_error: str | None = None
 
 
 # ---- merging --------------------------------------------------------------------------------
@@ -140,13 +144,15 @@ class _Merged:
     problem: str | None
     node_key: str | None
     seen_at: float | None = None
+    log_error: str | None = None
 
 
 def _merge(nodes: Sequence[NodeInput], peers: Sequence[Mapping[str, Any]]) -> list[_Merged]:
     merged: list[_Merged] = []
     by_peer: dict[str, _Merged] = {}
     for n in nodes:
-        m = _Merged(n.name, n.status, {}, [n.source], n.problem, n.node_key or n.status.get("node_key"), n.seen_at)
+        m = _Merged(n.name, n.status, {}, [n.source], n.problem, n.node_key or n.status.get("node_key"), n.seen_at,
+                    n.log_error)
         pid = str(n.status.get("peer_id") or "")
         if pid and pid in by_peer:  # two sources of one node: keep the fresher status
             old = by_peer[pid]
@@ -262,7 +268,7 @@ def _duplicate_alerts(merged: Sequence[_Merged], peers: Sequence[Mapping[str, An
     return out
 
 
-def _node_alerts(views: Sequence[NodeView]) -> list[Alert]:
+def _node_alerts(views: Sequence[NodeView], head: int | None) -> list[Alert]:
     if not views:
         return [Alert(level="warn", message="no nodes found: is the swarm running, and are --run-dir / --run-id right?")]
     out: list[Alert] = []
@@ -273,6 +279,8 @@ def _node_alerts(views: Sequence[NodeView]) -> list[Alert]:
             out.append(Alert(level="warn", message=f"{n.name} status not updated for {n.age_s:.0f}s (hung or killed?)"))
         elif n.state == "live" and n.lag is not None and n.lag >= LAG_WARN_VERSIONS:
             out.append(Alert(level="warn", message=f"{n.name} is {n.lag} versions behind the head"))
+        elif n.state == "live" and n.version is None and head is not None and head >= FIRST_PATCH_VERSION:
+            out.append(Alert(level="warn", message=f"{n.name} holds no version yet while the head is v{head}"))
     return out
 
 
@@ -285,6 +293,7 @@ def _node_view(m: _Merged, *, now: float, head: int | None, groups: dict[int, di
     at_v = groups.get(version, {}) if version is not None else {}
     holders = sum(len(names) for names in at_v.values())
     held = [h.get("version") for h in s.get("history") or [] if isinstance(h.get("version"), int)]
+    held = [v for v in held if v >= FIRST_PATCH_VERSION]
     dense = sum(table[v].dense_bytes or 0 for v in held if v in table)
     patch = int(_num(s.get("patch_bytes_total")) or 0)
     return NodeView(
@@ -301,15 +310,19 @@ def _node_view(m: _Merged, *, now: float, head: int | None, groups: dict[int, di
         metrics_url=s.get("metrics_url") or rec.get("metrics_url"), node_key=m.node_key, problem=m.problem)
 
 
-def _errors(merged: Sequence[_Merged]) -> list[ErrorLine]:
+def _errors(merged: Sequence[_Merged], now: float) -> list[ErrorLine]:
     lines = [ErrorLine(at=float(e.get("at", 0)), node=m.name, message=str(e.get("message", "")))
              for m in merged for e in m.status.get("recent_errors") or [] if isinstance(e, Mapping)]
+    counted = {e.message for e in lines}
+    lines += [ErrorLine(at=m.seen_at or now, node=m.name, message=f"log: {m.log_error}")
+              for m in merged if m.log_error and not any(c in m.log_error for c in counted)]
     return sorted(lines, key=lambda e: e.at)[-MAX_ERRORS_SHOWN:]
 
 
 def _totals(views: Sequence[NodeView], table: Mapping[int, VersionView]) -> Totals:
-    patch = sum(v.patch_bytes or 0 for v in table.values() if v.dense_bytes)
-    dense = sum(v.dense_bytes or 0 for v in table.values() if v.patch_bytes is not None)
+    patches = [v for v in table.values() if v.version >= FIRST_PATCH_VERSION and v.dense_bytes and v.patch_bytes is not None]
+    patch = sum(v.patch_bytes or 0 for v in patches)
+    dense = sum(v.dense_bytes or 0 for v in patches)
     return Totals(patch_bytes=patch, dense_bytes=dense, saved_bytes=max(0, dense - patch),
                   ratio=round(dense / patch, 2) if patch and dense else None,
                   bytes_in=sum(n.bytes_in for n in views), bytes_out=sum(n.bytes_out for n in views),
@@ -336,7 +349,7 @@ def build_snapshot(nodes: Sequence[NodeInput], peers: Sequence[Mapping[str, Any]
            for v, g in sorted(shared.items()) if len(g) > 1]
     alerts = [Alert(level="fail", message=f"state hashes disagree at version {c.version}: "
                     + "; ".join(f"{h[:12]} on {', '.join(n)}" for h, n in c.hashes.items())) for c in bad[-5:]]
-    alerts += _duplicate_alerts(merged, peers) + _node_alerts(views) + list(notes)
+    alerts += _duplicate_alerts(merged, peers) + _node_alerts(views, head) + list(notes)
     roles: dict[str, int] = {}
     for n in views:
         if n.state != "down":
@@ -344,7 +357,7 @@ def build_snapshot(nodes: Sequence[NodeInput], peers: Sequence[Mapping[str, Any]
     return SwarmSnapshot(taken_at=now, run_id=run_id or _run_id(merged), source=source, bootstrap=bootstrap,
                          head=head, roles=roles, nodes=views, versions=list(table.values()),
                          hash_checks_total=len(shared), hash_disagreements=bad, totals=_totals(views, table),
-                         errors=_errors(merged), alerts=alerts)
+                         errors=_errors(merged, now), alerts=alerts)
 
 
 def _run_id(merged: Sequence[_Merged]) -> str | None:

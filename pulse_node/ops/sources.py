@@ -24,22 +24,35 @@ from pulse_node.ops.snapshot import NodeInput
 
 HTTP_TIMEOUT_S = 2.0
 LOG_TAIL_BYTES = 8192
+#: a live node's log error counts as current if it is among the log's last lines
+RECENT_LOG_LINES = 20
 _MARKERS = ("status.json", "identity.key", "node.toml", "log.txt")
 
 
-def last_error_line(log: Path) -> str | None:
-    """The last line of a log that looks like an error (else the last line), trimmed."""
+def _is_error(line: str) -> bool:
+    low = line.lower()
+    return any(w in low for w in ("error", "exception", "failed", "traceback"))
+
+
+def log_tail(log: Path) -> list[str]:
     try:
         with open(log, "rb") as fh:
             fh.seek(0, 2)
             fh.seek(max(0, fh.tell() - LOG_TAIL_BYTES))
-            lines = [ln.strip() for ln in fh.read().decode("utf-8", "replace").splitlines() if ln.strip()]
+            return [ln.strip() for ln in fh.read().decode("utf-8", "replace").splitlines() if ln.strip()]
     except OSError:
-        return None
-    for line in reversed(lines):
-        if "error" in line.lower() or "exception" in line.lower():
+        return []
+
+
+def last_error_line(log: Path, *, within: int | None = None) -> str | None:
+    """The last error-looking line of a log (among its last ``within`` lines); without
+    ``within``, the last line if none looks like an error."""
+    lines = log_tail(log)
+    recent = lines[-within:] if within else lines
+    for line in reversed(recent):
+        if _is_error(line):
             return line[-300:]
-    return lines[-1][-300:] if lines else None
+    return None if within or not lines else lines[-1][-300:]
 
 
 def _node_key(path: Path) -> str | None:
@@ -94,7 +107,8 @@ def read_run_dir(root: Path) -> list[NodeInput]:
         elif status.get("stopped"):
             problem = f"stopped; log: {last_error_line(d / 'log.txt') or 'empty'}"
         out.append(NodeInput(name=d.name, status=status, source="run_dir", problem=problem,
-                             node_key=_node_key(d / "identity.key"), seen_at=_mtime(d / "status.json")))
+                             node_key=_node_key(d / "identity.key"), seen_at=_mtime(d / "status.json"),
+                             log_error=last_error_line(d / "log.txt", within=RECENT_LOG_LINES) if status else None))
     return out
 
 

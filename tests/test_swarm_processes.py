@@ -1,0 +1,68 @@
+"""The real thing: bootstrap, 2 trainers and 2 inference nodes as separate processes on 127.0.0.1.
+
+Every inference node must hold exactly the trainers' state at every version it applied,
+rollouts must reach the trainers, and an inference node that joins late must catch up from
+its peers (anchor + patches) and end bit-identical. One swarm serves all assertions to keep
+the suite short.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from pulse_node.config import SwarmConfig
+from pulse_node.node.swarm import LocalSwarm
+from tests.conftest import tiny_overrides, wait_for
+
+pytestmark = pytest.mark.slow
+
+
+def _swarm_config(tmp_path) -> SwarmConfig:
+    tree = tiny_overrides(str(tmp_path / "cache"))
+    tree.update(trainers=2, inference=2, run_dir=str(tmp_path / "swarm"), run_id="test-swarm",
+                grpo={"warmstart_steps": 60, "lr": 3e-3}, loco={"inner_steps": 2, "deadline_s": 30},
+                rollout_wait_s=1.0, eval_every=0, rollout_batches_per_version=2,
+                chain={"anchor_every": 3})
+    return SwarmConfig.model_validate(tree)
+
+
+def _history(status: dict) -> dict[int, str]:
+    return {h["version"]: h["state_hash"] for h in status.get("history", [])}
+
+
+@pytest.fixture
+def swarm(tmp_path):
+    s = LocalSwarm(_swarm_config(tmp_path), log=lambda m: None)
+    try:
+        s.start()
+        yield s
+    finally:
+        s.stop()
+    for c in s.children:
+        assert c.proc.poll() is not None, f"{c.name} still running after stop"
+
+
+def test_process_swarm_bit_identical_with_late_joiner(swarm):
+    def at_least(v: int) -> bool:
+        swarm.check_alive()
+        return swarm.min_version() >= v
+
+    wait_for(lambda: at_least(5), timeout=420, interval=0.5, what="every node at version 5")
+    late = swarm.add_node("inference-late", "inference")
+    wait_for(lambda: (swarm.check_alive() or True) and late.status().get("version", -1) >= 6,
+             timeout=300, interval=0.5, what="late joiner at version 6")
+
+    stats = {c.name: s for c, s in swarm.statuses()}
+    trainer_hashes: dict[int, str] = {}
+    for name in ("trainer-0", "trainer-1"):
+        for v, h in _history(stats[name]).items():
+            assert trainer_hashes.setdefault(v, h) == h, f"trainers disagree at version {v}"
+    for name in ("inference-0", "inference-1", "inference-late"):
+        applied = _history(stats[name])
+        assert applied, f"{name} applied no versions"
+        for v, h in applied.items():
+            assert trainer_hashes[v] == h, f"{name} holds a different state at version {v}"
+    assert stats["inference-late"].get("anchor_loads", 0) + stats["inference-late"].get("patches_applied", 0) > 0
+    rollouts_in = sum(stats[n].get("rollouts_in", 0) for n in ("trainer-0", "trainer-1"))
+    assert rollouts_in > 0, "no rollouts reached the trainers"
+    assert stats["trainer-0"]["patch_bytes_total"] < stats["trainer-0"]["dense_bytes_total"]
