@@ -272,18 +272,25 @@ def bytes_to_reach(curve: Curve, target: float) -> float | None:
     return None
 
 
+def mean_curve(cs: list[Curve]) -> Curve:
+    """Per-round mean over seeds (loss and bytes)."""
+    return Curve(loss=[statistics.mean(v) for v in zip(*(c.loss for c in cs))],
+                 bytes=[statistics.mean(v) for v in zip(*(c.bytes for c in cs))])
+
+
 def summarize(curves: dict[str, list[Curve]]) -> dict[str, dict[str, float | None]]:
+    """Final metric mean/std over seeds, bytes per outer step, and bytes until the seed-mean
+    loss curve first reaches the worst method's final mean loss (a quality every method reaches)."""
     finals = {m: [c.loss[-1] for c in cs] for m, cs in curves.items()}
-    target = max(statistics.mean(v) for v in finals.values())  # the worst method's final quality
+    target = max(statistics.mean(v) for v in finals.values())
     out = {}
     for m, cs in curves.items():
-        reach = [bytes_to_reach(c, target) for c in cs]
         out[m] = {
             "loss_mean": statistics.mean(finals[m]), "loss_std": statistics.stdev(finals[m]) if len(cs) > 1 else 0.0,
             "acc_mean": statistics.mean(c.acc[-1] for c in cs),
             "bytes_per_outer_step": statistics.mean(statistics.mean(c.bytes) for c in cs),
             "density": statistics.mean(statistics.mean(c.density) for c in cs),
-            "bytes_to_target": statistics.mean(reach) if all(r is not None for r in reach) else None,
+            "bytes_to_target": bytes_to_reach(mean_curve(cs), target),
             "seconds": statistics.mean(c.seconds for c in cs),
         }
     out["_target_loss"] = {"value": target}
@@ -404,6 +411,8 @@ def result_json(args, s1, codec1, s2, codec2, extra, mib) -> dict:
         "within_one_std": abs(p1["loss_mean"] - d1["loss_mean"]) <= d1["loss_std"],
         "metric": "held-out answer-token loss", "lr": args.lr, "density": p1["density"],
         "bytes_per_entry": entry(codec1),
+        "bytes_to_target_ratio_vs_diloco": s1["diloco"]["bytes_to_target"] / p1["bytes_to_target"],
+        "bytes_to_target_ratio_vs_ddp": s1["ddp"]["bytes_to_target"] / p1["bytes_to_target"],
         "rl_lr": args.rl_lr, "rl_bytes_ratio_vs_diloco": ratio(s2, "diloco"),
         "rl_bytes_ratio_vs_ddp": args_h(args) * ratio(s2, "diloco"),
         "rl_metric_pulseloco": s2["pulseloco"]["loss_mean"], "rl_metric_diloco": s2["diloco"]["loss_mean"],

@@ -29,7 +29,7 @@ class NetConfig(StrictModel):
     use_auto_relay: bool = False
     client_mode: bool = False
     record_ttl_s: float = Field(30.0, gt=1)
-    head_poll_s: float = Field(1.0, gt=0)
+    head_poll_s: float = Field(2.0, gt=0, description="DHT lookup interval; head pushes arrive sooner")
     fetch_timeout_s: float = Field(60.0, gt=0)
     max_parallel_fetches: int = Field(4, ge=1, le=64)
     worker_start_timeout_s: float = Field(60.0, gt=0)

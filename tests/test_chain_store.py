@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -252,16 +253,39 @@ def test_kill_9_while_writing_restarts_at_a_verified_version(tmp_path: Path,
 
 
 # ---------------------------------------------------------------------------- retention
-@settings(max_examples=12, deadline=None,
+CHAIN_4 = build_chain(STATES, anchor_every=4)
+
+
+@pytest.fixture(scope="module")
+def full_stores(tmp_path_factory) -> dict[int, Path]:
+    """Stores holding versions 0..30 (anchors every 4 / every 10), written once."""
+    roots = {}
+    for every, chain in ((4, CHAIN_4), (10, CHAIN)):
+        roots[every] = tmp_path_factory.mktemp(f"full{every}")
+        with VersionStore(roots[every]) as store:
+            fill(store, 30, chain=chain)
+    return roots
+
+
+def copy_up_to(template: Path, dest: Path, upto: int) -> Path:
+    """A copy of a full store holding versions 0..upto only (plain copies: no fsync cost)."""
+    shutil.copytree(template, dest)
+    for kind in ("record", "patch", "anchor"):
+        for v in range(upto + 1, 31):
+            store_path(dest, kind, v).unlink(missing_ok=True)
+    return dest
+
+
+@settings(max_examples=15, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(upto=st.integers(3, 30), keep_versions=st.integers(1, 15), keep_anchors=st.integers(0, 3),
        anchor_every=st.sampled_from([4, 10]))
-def test_retention_keeps_every_needed_link(tmp_path_factory, upto: int, keep_versions: int,
-                                           keep_anchors: int, anchor_every: int) -> None:
-    root = tmp_path_factory.mktemp("ret")
-    chain = CHAIN if anchor_every == 10 else CHAIN_4
+def test_retention_keeps_every_needed_link(full_stores, tmp_path_factory, upto: int,
+                                           keep_versions: int, keep_anchors: int,
+                                           anchor_every: int) -> None:
+    root = copy_up_to(full_stores[anchor_every], tmp_path_factory.mktemp("ret") / "s", upto)
     with VersionStore(root, trusted_signers=TRUSTED) as store:
-        fill(store, upto, chain=chain)
+        assert store.head().version == upto
         anchors_before = store.anchors()
         removed = store.retain(keep_versions, keep_anchors)
         low = max(0, upto - keep_versions + 1)
@@ -280,9 +304,6 @@ def test_retention_keeps_every_needed_link(tmp_path_factory, upto: int, keep_ver
     with VersionStore(root, trusted_signers=TRUSTED) as again:  # and it survives reopening
         assert again.head().version == upto
         assert states_equal(again.load_state(low), STATES[low])
-
-
-CHAIN_4 = build_chain(STATES, anchor_every=4)
 
 
 def test_retention_with_pending_versions_above_head(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ staleness.
 from __future__ import annotations
 
 import random
+import time
 
 from pulse_node.chain.record import encode_record
 from pulse_node.config import InferenceConfig
@@ -45,14 +46,15 @@ class InferenceRole:
         rec = self.sync.record
         self.ctx.announce(version=rec.version if rec else -1, chain_hash=rec.chain_hash if rec else "",
                           state_hash=rec.state_hash if rec else "")
+        busy = False
         while not self.ctx.stop.is_set():
-            self.sync.take_events(self.ctx.transport.events(wait_s=0.0))
+            # idle: block up to 0.5 s on pushed head announcements instead of polling
+            self.sync.take_events(self.ctx.transport.events(wait_s=0.0 if busy else 0.5))
             peers = self.ctx.peers()
             applied = self.sync.step(peers, rank=self._rank(peers))
             if self.sync.record is not None and self.sync.record.version != self.worker.version:
                 self._on_applied(applied)
-            if not self._rollout_once(peers):
-                self.ctx.wait(self.cfg.net.head_poll_s / 4)
+            busy = self._rollout_once(peers)
 
     def _rank(self, peers) -> int:
         """Our position among inference peers (decides who fetches fresh versions from trainers)."""
@@ -71,7 +73,7 @@ class InferenceRole:
                                catchups=self.sync.counters["catchups"])
         for r in applied:
             self.ctx.status.record_version({"version": r.version, "state_hash": r.state_hash,
-                                            "patch_bytes": r.patch_bytes})
+                                            "patch_bytes": r.patch_bytes, "at": time.time()})
         data = encode_record(rec)
         for peer in self.ctx.peers("inference"):
             try:

@@ -8,6 +8,7 @@ data-plane multiaddr (taken from their signed DHT record).
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,7 @@ class P2PTransport:
         self.peer_id = info.peer_id
         self.wire_maddrs = _full(info.listen_maddrs, info.peer_id, cfg.net.wire_announce)
         self._last_peers: list[PeerInfo] = []
+        self._peers_at = float("-inf")
 
     @classmethod
     def create(cls, cfg: NodeConfig, identity: Identity, store_root: Path) -> "P2PTransport":
@@ -70,6 +72,9 @@ class P2PTransport:
         self.dht.publish_peer(status)
 
     def peers(self) -> list[PeerInfo]:
+        """Live peers, from a DHT lookup at most every ``net.head_poll_s`` (pushes carry the fast path)."""
+        if time.monotonic() - self._peers_at < self.cfg.net.head_poll_s:
+            return list(self._last_peers)
         out = []
         for r in self.dht.peers():
             if r.leaving or r.role == "bootstrap" or not r.wire_maddrs:
@@ -80,7 +85,7 @@ class P2PTransport:
                                 lowest=-1 if r.serves.lowest is None else r.serves.lowest,
                                 anchors=list(r.serves.anchors), node_key=r.node_key or "",
                                 extra={"metrics_url": r.metrics_url, "wire_maddrs": list(r.wire_maddrs)}))
-        self._last_peers = out
+        self._last_peers, self._peers_at = out, time.monotonic()
         return out
 
     def fetch(self, peer: PeerInfo, kind: str, params: dict[str, Any], dest: Path, *, timeout: float) -> int:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import random
-import tempfile
+import shutil
 import threading
 import time
 from collections import Counter
@@ -56,7 +56,7 @@ class VersionSync:
         self.hints: dict[str, int] = {}  # peer -> highest version it told us it holds
         self.first_seen: dict[int, float] = {}
         self._pool = ThreadPoolExecutor(max_workers=net.max_parallel_fetches, thread_name_prefix="fetch")
-        self._tmp = Path(tempfile.mkdtemp(prefix="pulse-fetch-", dir=store.root))
+        self._tmp = _fresh_dir(store.root.parent / "fetch-tmp")
         self._lock = threading.Lock()
 
     # ---- head discovery -------------------------------------------------------------
@@ -202,6 +202,7 @@ class VersionSync:
                 if state_hash(new_state) != rec.state_hash:
                     self.trust.strike(peer.peer_id)
                     raise IntegrityError("catch-up result differs from the signed head")
+                self.store.put_current(rec, new_state)  # a restart resumes from here
                 self._adopt(rec, new_state)
                 self.counters["catchups"] += 1
                 return True
@@ -243,9 +244,11 @@ class VersionSync:
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
-        for p in self._tmp.glob("*"):
-            p.unlink(missing_ok=True)
-        try:
-            self._tmp.rmdir()
-        except OSError:
-            pass
+        shutil.rmtree(self._tmp, ignore_errors=True)
+
+
+def _fresh_dir(path: Path) -> Path:
+    """An empty scratch directory (leftovers of a crashed fetch are removed)."""
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True)
+    return path

@@ -67,8 +67,8 @@ def load_hf(path: str, *, device: torch.device) -> tuple[HFLM, HFTokenizer]:
         tok = AutoTokenizer.from_pretrained(root, local_files_only=True)
         module = AutoModelForCausalLM.from_pretrained(root, local_files_only=True, dtype=torch.float32,
                                                       use_safetensors=True)
-    except (OSError, ValueError, KeyError) as exc:
-        raise DataError(f"{root}: cannot load the model: {exc}") from None
+    except Exception as exc:  # transformers/safetensors raise assorted types for bad files
+        raise DataError(f"{root}: cannot load the model: {type(exc).__name__}: {exc}") from None
     try:
         tokenizer = HFTokenizer(tok)
     except ValueError as exc:

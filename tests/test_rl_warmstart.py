@@ -1,0 +1,44 @@
+"""The supervised warm start is cached on disk keyed by a config hash and reused."""
+
+from __future__ import annotations
+
+import torch
+
+from pulse_node.rl.policy import build_policy
+from pulse_node.rl.warmstart import cache_path
+from test_rl_support import tiny_solo
+
+
+def params(policy) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in policy.model.named_parameters()}
+
+
+def test_warm_start_trains_once_then_loads_from_cache(tmp_path, capsys) -> None:
+    cfg = tiny_solo(tmp_path, warmstart_steps=5, warmstart_batch=8)
+    cold = build_policy(cfg.model, cfg.task, seed=0, grpo_cfg=cfg.grpo.model_copy(update={"warmstart_steps": 0}))
+    first = build_policy(cfg.model, cfg.task, seed=0, grpo_cfg=cfg.grpo, progress=True)
+    err = capsys.readouterr().err
+    assert "training 5 steps" in err and "step 5/5" in err
+    files = list((tmp_path / "cache").glob("warmstart-*.safetensors"))
+    assert files == [cache_path(first, model_cfg=cfg.model, grpo_cfg=cfg.grpo, seed=0)]
+    assert any(not torch.equal(cold_p, p) for cold_p, p in zip(params(cold).values(), params(first).values()))
+
+    second = build_policy(cfg.model, cfg.task, seed=0, grpo_cfg=cfg.grpo, progress=True)
+    assert "loaded cached weights" in capsys.readouterr().err
+    assert all(torch.equal(a, b) for a, b in zip(params(first).values(), params(second).values()))
+
+    other = cfg.grpo.model_copy(update={"warmstart_steps": 6})
+    assert cache_path(first, model_cfg=cfg.model, grpo_cfg=other, seed=0) != files[0]
+    assert cache_path(first, model_cfg=cfg.model, grpo_cfg=cfg.grpo, seed=1) != files[0]
+    device_only = cfg.model.model_copy(update={"device": "cpu", "cache_dir": str(tmp_path / "cache")})
+    assert cache_path(first, model_cfg=device_only, grpo_cfg=cfg.grpo, seed=0) == files[0]
+
+
+def test_corrupt_cache_is_retrained(tmp_path, capsys) -> None:
+    cfg = tiny_solo(tmp_path, warmstart_steps=3, warmstart_batch=8)
+    first = build_policy(cfg.model, cfg.task, seed=0, grpo_cfg=cfg.grpo)
+    path = cache_path(first, model_cfg=cfg.model, grpo_cfg=cfg.grpo, seed=0)
+    path.write_bytes(b"not safetensors")
+    again = build_policy(cfg.model, cfg.task, seed=0, grpo_cfg=cfg.grpo, progress=True)
+    assert "ignoring unusable cache" in capsys.readouterr().err
+    assert all(torch.equal(a, b) for a, b in zip(params(first).values(), params(again).values()))
