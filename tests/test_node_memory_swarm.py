@@ -38,8 +38,10 @@ class MemorySwarm:
         def target() -> None:
             try:
                 run_node(cfg, self.factory(name), stop=stop, install_signals=False)
-            except BaseException as exc:  # surfaced by the test
-                self.errors.append(exc)
+            except BaseException as exc:  # surfaced by the test, with its traceback
+                import traceback
+
+                self.errors.append(f"{name}: {exc!r}\n{traceback.format_exc()}")
 
         t = threading.Thread(target=target, name=name, daemon=True)
         t.start()
@@ -86,6 +88,9 @@ def test_two_trainers_two_inference_bit_identical(swarm, tmp_path):
     wait_for(lambda: _status(i1).get("version", -1) >= 3, timeout=240, what="inference node at version 3")
     late = swarm.start("infer-late", _cfg(InferenceConfig, tmp_path, "i2"))
     wait_for(lambda: _status(late).get("version", -1) >= 5, timeout=240, what="late joiner at version 5")
+    top = _status(late)["version"]
+    wait_for(lambda: all(any(h["version"] >= top for h in _status(t).get("history", [])) for t in (t1, t2)),
+             timeout=30, what="trainer status files")
     trainers = [_status(t1), _status(t2)]
     by_version = {}
     for st in trainers:

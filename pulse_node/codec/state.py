@@ -11,6 +11,7 @@ Safetensors files are read and written with the ``safetensors`` library's framew
 from __future__ import annotations
 
 import os
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
@@ -138,7 +139,7 @@ def save_safetensors_atomic(state: Mapping[str, TensorBits], path: str | os.Path
 def write_atomic(path: Path, data: bytes) -> None:
     """Write bytes to ``path`` so readers see either the old file or the whole new one."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     with open(tmp, "wb") as fh:
         fh.write(data)
         fh.flush()

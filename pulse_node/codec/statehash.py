@@ -5,12 +5,14 @@ arrays are laid out in memory: for every tensor in sorted name order, the UTF-8 
 name, the shape and the raw little-endian bits, each length-prefixed so no two different
 states share an encoding.
 
-Algorithm: BLAKE3 (256-bit). ``bench/codec.py`` measured it against xxh3-128 and SHA-256 on a
-~500 MB state (see bench/results/codec.md): xxh3-128 is about 2x faster, but it is not
-collision resistant: a peer could craft a second state or patch with the same xxh3 digest, and
-a signature over a record that names only that digest would then vouch for the forgery too.
-BLAKE3 is a cryptographic hash, still several GB/s per core, so the state hash itself can be
-trusted and signed.
+Algorithm: BLAKE3 (256-bit). ``bench/codec.py`` measured the candidates over this canonical
+encoding of a 512 MB state on the shared 2-core box (2026-11-21, bench/results/codec.md):
+xxh3-128 8.3 GB/s, BLAKE3 2.0 GB/s on one thread / 3.6 GB/s with its thread pool, SHA-256
+0.7 GB/s (on a quiet moment earlier, 80 MB: 11.2 / 4.7 / 8.7 / 1.4 GB/s). xxh3-128 is faster
+but not collision resistant: anyone can craft a second state or patch with the same xxh3
+digest, so a signature over a record naming only that digest would vouch for the forgery too.
+BLAKE3 is a cryptographic hash, and at several GB/s it costs less than reading the model from
+disk, so the state hash itself can be signed and trusted.
 """
 
 from __future__ import annotations

@@ -75,7 +75,8 @@ class VersionSync:
 
     def target(self, peers: list[PeerInfo]) -> int:
         """The newest version any trainer (or a hint) says exists; -1 if none."""
-        best = max((p.version for p in peers if p.role == "trainer"), default=-1)
+        best = max((p.version for p in peers if p.role == "trainer" and not self.trust.ignored(p.peer_id)
+                    and self.trust.vouches_for(p.node_key)), default=-1)
         best = max([best, *self.hints.values()])
         for v in range(self.reorder.next_version, best + 1):
             self.first_seen.setdefault(v, time.monotonic())

@@ -105,7 +105,10 @@ class MemoryTransport:
             raise WireError(f"unknown fetch kind {kind!r}")
         with self.hub.lock:
             resolver = None if peer.peer_id in self.hub.down else self.hub.resolvers.get(peer.peer_id)
-        src = resolver(kind, params) if resolver else None
+        try:
+            src = resolver(kind, params) if resolver else None
+        except Exception as exc:  # a failure on the serving side is the peer's problem, not ours
+            raise WireError(f"{peer.peer_id} failed to serve {kind}: {exc}") from None
         if src is None or not src.exists():
             raise WireError(f"{peer.peer_id} has no {kind} {params}")
         tmp = dest.with_name(dest.name + ".part")

@@ -31,6 +31,10 @@ class TrustPolicy:
         """Keys trusted right now: configured ones, else the announced trainers'."""
         return set(self.trusted) if self.trusted else {k.lower() for k in trainer_keys if k}
 
+    def vouches_for(self, node_key: str) -> bool:
+        """Whether a peer announcing ``node_key`` could sign acceptable records at all."""
+        return not self.trusted or node_key.lower() in self.trusted
+
     def ignored(self, peer_id: str) -> bool:
         return self.strikes[peer_id] >= self.max_strikes
 

@@ -10,6 +10,7 @@ import io
 import time
 from typing import Sequence
 
+from rich import box
 from rich.console import Console, Group, RenderableType
 from rich.panel import Panel
 from rich.table import Table
@@ -28,7 +29,7 @@ def human_bytes(n: float | None) -> str:
         return "-"
     for unit, div in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
         if abs(n) >= div:
-            return f"{n / div:.2f} {unit}"
+            return f"{n / div:.1f} {unit}"
     return f"{int(n)} B"
 
 
@@ -62,7 +63,7 @@ def _header(s: SwarmSnapshot) -> Text:
     t.append(f"  {time.strftime('%H:%M:%S', time.localtime(s.taken_at))}\n", style="dim")
     t.append(f"source: {s.source}", style="dim")
     if s.bootstrap:
-        t.append(f"   bootstrap: {s.bootstrap}", style="dim")
+        t.append(f"\nbootstrap: {s.bootstrap}", style="dim")
     return t
 
 
@@ -84,7 +85,8 @@ def _agree_mark(n: NodeView) -> Text:
 
 
 def _nodes_table(s: SwarmSnapshot) -> Table:
-    t = Table(title="nodes", title_justify="left", expand=False, pad_edge=False)
+    t = Table(title="nodes", title_justify="left", expand=False, pad_edge=False, box=box.SIMPLE_HEAD,
+              padding=(0, 1, 0, 0), show_edge=False)
     for col, just in (("node", "left"), ("role", "left"), ("state", "left"), ("ver", "right"), ("lag", "right"),
                       ("state hash", "left"), ("agree", "left"), ("in", "right"), ("out", "right"),
                       ("saved", "right"), ("reward", "right"), ("eval", "right"), ("err", "right")):
@@ -100,7 +102,8 @@ def _nodes_table(s: SwarmSnapshot) -> Table:
 
 
 def _versions_table(rows: Sequence[VersionView]) -> Table:
-    t = Table(title=f"versions (last {min(len(rows), VERSIONS_SHOWN)})", title_justify="left", pad_edge=False)
+    t = Table(title=f"versions (last {min(len(rows), VERSIONS_SHOWN)})", title_justify="left", pad_edge=False, padding=(0, 1, 0, 0),
+              box=box.SIMPLE_HEAD, show_edge=False)
     for col in ("ver", "patch", "dense", "changed", "compression", "eval", "reward"):
         t.add_column(col, justify="right", no_wrap=True)
     for r in rows[-VERSIONS_SHOWN:]:

@@ -293,7 +293,7 @@ def _node_view(m: _Merged, *, now: float, head: int | None, groups: dict[int, di
     at_v = groups.get(version, {}) if version is not None else {}
     holders = sum(len(names) for names in at_v.values())
     held = [h.get("version") for h in s.get("history") or [] if isinstance(h.get("version"), int)]
-    held = [v for v in held if v >= FIRST_PATCH_VERSION]
+    held = sorted({v for v in held if v >= FIRST_PATCH_VERSION})
     dense = sum(table[v].dense_bytes or 0 for v in held if v in table)
     patch = int(_num(s.get("patch_bytes_total")) or 0)
     return NodeView(

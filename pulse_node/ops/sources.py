@@ -51,8 +51,13 @@ def last_error_line(log: Path, *, within: int | None = None) -> str | None:
     recent = lines[-within:] if within else lines
     for line in reversed(recent):
         if _is_error(line):
-            return line[-300:]
-    return None if within or not lines else lines[-1][-300:]
+            return _clip(line)
+    return None if within or not lines else _clip(lines[-1])
+
+
+def _clip(line: str, limit: int = 400) -> str:
+    """Keep a line's head (what failed) when it is too long for a dashboard row."""
+    return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
 def _node_key(path: Path) -> str | None:
