@@ -21,15 +21,16 @@ from tests.conftest import tiny_overrides, wait_for
 class MemorySwarm:
     """Starts nodes as threads on one MemoryHub and stops them all."""
 
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, wrap=None) -> None:
         self.hub = MemoryHub()
+        self.wrap = wrap or (lambda name, transport: transport)
         self.tmp = tmp
         self.nodes: list[tuple[threading.Thread, threading.Event, Path]] = []
         self.errors: list[BaseException] = []
 
     def factory(self, name: str):
         def make(cfg, identity, store_root):
-            return self.hub.join(name, store_resolver(store_root))
+            return self.wrap(name, self.hub.join(name, store_resolver(store_root)))
         return make
 
     def start(self, name: str, cfg) -> Path:
@@ -47,6 +48,13 @@ class MemorySwarm:
         t.start()
         self.nodes.append((t, stop, Path(cfg.data_dir)))
         return Path(cfg.data_dir)
+
+    def stop(self, data_dir: Path) -> None:
+        """Stop one node (its thread returns and releases its store)."""
+        for t, stop, d in self.nodes:
+            if d == data_dir:
+                stop.set()
+                t.join(timeout=60)
 
     def stop_all(self) -> None:
         for _, stop, _ in self.nodes:

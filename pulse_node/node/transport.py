@@ -80,6 +80,7 @@ class MemoryHub:
         with self.lock:
             self.resolvers[peer_id] = resolver
             self.inboxes[peer_id] = deque(maxlen=4096)
+            self.down.discard(peer_id)  # a restarted node rejoins under its old id
         return MemoryTransport(self, peer_id)
 
 

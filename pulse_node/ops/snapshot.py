@@ -59,6 +59,8 @@ class NodeView(_Model):
     metrics_url: str | None = None
     node_key: str | None = None
     problem: str | None = None
+    #: a current error line of its log (run-dir source)
+    log_error: str | None = None
 
 
 class VersionView(_Model):
@@ -276,7 +278,8 @@ def _node_alerts(views: Sequence[NodeView], head: int | None) -> list[Alert]:
         if n.state == "down":
             out.append(Alert(level="warn", message=f"{n.name} is not running: {n.problem or 'no status'}"))
         elif n.state == "stale":
-            out.append(Alert(level="warn", message=f"{n.name} status not updated for {n.age_s:.0f}s (hung or killed?)"))
+            why = f"; log: {n.log_error}" if n.log_error else " (hung or killed?)"
+            out.append(Alert(level="warn", message=f"{n.name} status not updated for {n.age_s:.0f}s{why}"))
         elif n.state == "live" and n.lag is not None and n.lag >= LAG_WARN_VERSIONS:
             out.append(Alert(level="warn", message=f"{n.name} is {n.lag} versions behind the head"))
         elif n.state == "live" and n.version is None and head is not None and head >= FIRST_PATCH_VERSION:
@@ -307,7 +310,8 @@ def _node_view(m: _Merged, *, now: float, head: int | None, groups: dict[int, di
         patch_bytes=patch, dense_bytes=dense, saved_bytes=max(0, dense - patch) if dense else 0,
         reward_mean=_num(s.get("reward_mean")), eval_accuracy=_num(s.get("eval_accuracy")),
         errors=_counter(m, "errors"), rejected=int(_num(s.get("rejected")) or 0), age_s=age,
-        metrics_url=s.get("metrics_url") or rec.get("metrics_url"), node_key=m.node_key, problem=m.problem)
+        metrics_url=s.get("metrics_url") or rec.get("metrics_url"), node_key=m.node_key, problem=m.problem,
+        log_error=m.log_error)
 
 
 def _errors(merged: Sequence[_Merged], now: float) -> list[ErrorLine]:

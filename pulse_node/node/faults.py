@@ -1,0 +1,105 @@
+"""Fault injection for chaos tests: a ``Transport`` wrapper that drops, duplicates, reorders,
+delays and corrupts what crosses it, and counts every fault by kind.
+
+Used by ``tests/test_node_chaos.py`` and ``bench/chaos.py``; production code never wraps its
+transport. Faults are drawn from a seeded RNG so a failing run can be replayed.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pulse_node.errors import WireError
+from pulse_node.node.transport import Event, PeerInfo, Transport
+
+
+@dataclass(frozen=True)
+class FaultRates:
+    """Probability of each fault per message (fetch or push)."""
+
+    drop: float = 0.0
+    duplicate: float = 0.0
+    reorder: float = 0.0
+    delay: float = 0.0
+    corrupt: float = 0.0
+    max_delay_s: float = 0.2
+    #: push kinds left alone (e.g. "loco": trainer payloads ride an authenticated stream)
+    spare_kinds: tuple[str, ...] = ()
+
+
+class FaultyTransport:
+    """Wraps a transport; every fetch and push may be faulted according to ``rates``."""
+
+    def __init__(self, inner: Transport, rates: FaultRates, *, seed: int) -> None:
+        self.inner = inner
+        self.rates = rates
+        self.rng = random.Random(seed)
+        self.faults: Counter[str] = Counter()
+        self._held: list[tuple[PeerInfo, str, bytes]] = []
+        self._lock = threading.Lock()
+
+    @property
+    def peer_id(self) -> str:
+        return self.inner.peer_id
+
+    def _roll(self, kind: str) -> bool:
+        with self._lock:
+            hit = self.rng.random() < getattr(self.rates, kind)
+            if hit:
+                self.faults[kind] += 1
+            return hit
+
+    def publish(self, info: PeerInfo) -> None:
+        self.inner.publish(info)
+
+    def peers(self) -> list[PeerInfo]:
+        return self.inner.peers()
+
+    def fetch(self, peer: PeerInfo, kind: str, params: dict[str, Any], dest: Path, *, timeout: float) -> int:
+        if self._roll("drop"):
+            raise WireError(f"injected: {kind} fetch from {peer.peer_id} dropped")
+        if self._roll("delay"):
+            time.sleep(self.rng.random() * self.rates.max_delay_s)
+        n = self.inner.fetch(peer, kind, params, dest, timeout=timeout)
+        if n and self._roll("corrupt"):
+            data = bytearray(dest.read_bytes())
+            data[self.rng.randrange(len(data))] ^= 1 << self.rng.randrange(8)
+            dest.write_bytes(bytes(data))
+        return n
+
+    def push(self, peer: PeerInfo, kind: str, data: bytes, *, timeout: float) -> None:
+        if kind in self.rates.spare_kinds:
+            self.inner.push(peer, kind, data, timeout=timeout)
+            return
+        if self._roll("drop"):
+            return  # lost silently, as on a real network
+        if data and self._roll("corrupt"):
+            buf = bytearray(data)
+            buf[self.rng.randrange(len(buf))] ^= 1 << self.rng.randrange(8)
+            data = bytes(buf)
+        if self._roll("reorder"):
+            self._held.append((peer, kind, data))  # delivered after the next push
+            return
+        if self._roll("delay"):
+            time.sleep(self.rng.random() * self.rates.max_delay_s)
+        self.inner.push(peer, kind, data, timeout=timeout)
+        if self._roll("duplicate"):
+            self.inner.push(peer, kind, data, timeout=timeout)
+        held, self._held = self._held, []
+        for p, k, d in held:
+            self.inner.push(p, k, d, timeout=timeout)
+
+    def events(self, *, max_items: int = 256, wait_s: float = 0.0) -> list[Event]:
+        return self.inner.events(max_items=max_items, wait_s=wait_s)
+
+    def stats(self) -> dict[str, Any]:
+        return {**self.inner.stats(), "faults": dict(self.faults)}
+
+    def close(self) -> None:
+        self.inner.close()
