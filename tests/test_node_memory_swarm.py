@@ -6,75 +6,21 @@ reach the trainers, and a node that joins late must catch up from its peers.
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 
 import pytest
 
 from pulse_node.config import InferenceConfig, TrainerConfig
-from pulse_node.node.runtime import run_node
-from pulse_node.chain.serving import store_resolver
-from pulse_node.node.transport import MemoryHub
+from pulse_node.node.inprocess import InProcessSwarm, read_status
 from tests.conftest import tiny_overrides, wait_for
 
 
-class MemorySwarm:
-    """Starts nodes as threads on one MemoryHub and stops them all."""
-
-    def __init__(self, tmp: Path, wrap=None) -> None:
-        self.hub = MemoryHub()
-        self.wrap = wrap or (lambda name, transport: transport)
-        self.tmp = tmp
-        self.nodes: list[tuple[threading.Thread, threading.Event, Path]] = []
-        self.errors: list[BaseException] = []
-
-    def factory(self, name: str):
-        def make(cfg, identity, store_root):
-            return self.wrap(name, self.hub.join(name, store_resolver(store_root)))
-        return make
-
-    def start(self, name: str, cfg) -> Path:
-        stop = threading.Event()
-
-        def target() -> None:
-            try:
-                run_node(cfg, self.factory(name), stop=stop, install_signals=False)
-            except BaseException as exc:  # surfaced by the test, with its traceback
-                import traceback
-
-                self.errors.append(f"{name}: {exc!r}\n{traceback.format_exc()}")
-
-        t = threading.Thread(target=target, name=name, daemon=True)
-        t.start()
-        self.nodes.append((t, stop, Path(cfg.data_dir)))
-        return Path(cfg.data_dir)
-
-    def stop(self, data_dir: Path) -> None:
-        """Stop one node (its thread returns and releases its store)."""
-        for t, stop, d in self.nodes:
-            if d == data_dir:
-                stop.set()
-                t.join(timeout=60)
-
-    def stop_all(self) -> None:
-        for _, stop, _ in self.nodes:
-            stop.set()
-        for t, _, _ in self.nodes:
-            t.join(timeout=30)
-
-
-def _status(data_dir: Path) -> dict:
-    import json
-
-    try:
-        return json.loads((data_dir / "status.json").read_text())
-    except (OSError, ValueError):
-        return {}
+_status = read_status
 
 
 @pytest.fixture
 def swarm(tmp_path):
-    s = MemorySwarm(tmp_path)
+    s = InProcessSwarm()
     yield s
     s.stop_all()
     assert not s.errors, s.errors

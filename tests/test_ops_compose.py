@@ -51,7 +51,8 @@ def test_compose_file_declares_the_swarm() -> None:
         assert svcs[name]["healthcheck"]["test"][0] == "CMD"
         assert all(v.split(":")[0] in c["volumes"] for v in svcs[name]["volumes"])  # named volumes only
         if name != "bootstrap":
-            assert "--bootstrap /dns4/bootstrap/tcp/31337/p2p/" in cmd and "/health" in " ".join(svcs[name]["healthcheck"]["test"])
+            assert "--bootstrap /dns4/bootstrap/tcp/31337/p2p/" in cmd
+            assert "/health" in " ".join(svcs[name]["healthcheck"]["test"])
             assert svcs[name]["depends_on"]["bootstrap"]["condition"] == "service_healthy"
     gpu = [s for s in svcs.values() if "gpu" in s.get("profiles", [])]
     assert gpu and gpu[0]["deploy"]["resources"]["reservations"]["devices"][0]["capabilities"] == ["gpu"]
@@ -148,10 +149,12 @@ class ComposeAsProcesses:
         """Until every service holds ``version``; on timeout fail with each one's version and log tail."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if all(self._alive(s) for s in services) and min(self.status(s).get("version", -1) for s in services) >= version:
+            alive = all(self._alive(s) for s in services)
+            if alive and min(self.status(s).get("version", -1) for s in services) >= version:
                 return
             time.sleep(0.5)
-        report = "\n".join(f"--- {s}: version {self.status(s).get('version', -1)}\n{self.log_tail(s, 8)}" for s in services)
+        report = "\n".join(f"--- {s}: version {self.status(s).get('version', -1)}\n{self.log_tail(s, 8)}"
+                           for s in services)
         pytest.fail(f"timed out after {timeout:.0f}s waiting for version {version}:\n{report}")
 
     def status(self, service: str) -> dict:

@@ -112,9 +112,11 @@ def test_run_dir_reader_reports_nodes_without_status(tmp_path) -> None:
     (tmp_path / "bootstrap").mkdir()
     (tmp_path / "bootstrap" / "maddrs.txt").write_text("/ip4/127.0.0.1/tcp/1/p2p/X\n")
     (tmp_path / "trainer-0").mkdir()
-    (tmp_path / "trainer-0" / "status.json").write_text(json.dumps(_status("t0", "trainer", 2, hashes={1: "a" * 16, 2: "b" * 16})))
+    trainer = _status("t0", "trainer", 2, hashes={1: "a" * 16, 2: "b" * 16})
+    (tmp_path / "trainer-0" / "status.json").write_text(json.dumps(trainer))
     (tmp_path / "inference-0").mkdir()
-    (tmp_path / "inference-0" / "log.txt").write_text("starting\npulse-node join: error: identity file is already used\nbye\n")
+    log = "starting\npulse-node join: error: identity file is already used\nbye\n"
+    (tmp_path / "inference-0" / "log.txt").write_text(log)
     (tmp_path / "notes").mkdir()
     nodes = read_run_dir(tmp_path)
     assert [n.name for n in nodes] == ["inference-0", "trainer-0"]
@@ -141,7 +143,8 @@ def test_metrics_health_and_status_endpoints_scraped() -> None:
 
 def _write_run_dir(root, *, inference_version: int) -> None:
     hashes = {v: f"{v:02d}" * 8 for v in range(1, 6)}
-    for name, pid, role, version in (("trainer-0", "t0", "trainer", 5), ("inference-0", "i0", "inference", inference_version)):
+    nodes = (("trainer-0", "t0", "trainer", 5), ("inference-0", "i0", "inference", inference_version))
+    for name, pid, role, version in nodes:
         (root / name).mkdir(exist_ok=True)
         st = _status(pid, role, version, hashes=hashes)
         st["updated_at"] = time.time()
@@ -155,8 +158,9 @@ def test_live_dashboard_redraws_and_stops_on_sigint(tmp_path) -> None:
     import sys
 
     _write_run_dir(tmp_path, inference_version=2)
-    p = subprocess.Popen([sys.executable, "-m", "pulse_node", "status", "--run-dir", str(tmp_path), "--interval", "0.2"],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "COLUMNS": "130"})
+    cmd = [sys.executable, "-m", "pulse_node", "status", "--run-dir", str(tmp_path), "--interval", "0.2"]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env={**os.environ, "COLUMNS": "130"})
     try:
         assert "Ctrl+C to stop" in p.stderr.readline()  # running, signal handler installed
         _write_run_dir(tmp_path, inference_version=5)  # the swarm moves on while we watch
@@ -183,7 +187,8 @@ def test_logged_failures_and_nodes_without_a_version_are_visible() -> None:
                                       seen_at=NOW - 1, log_error="anchor 0 from 12D3KooW failed: bad params")]
     snap = build_snapshot(nodes, now=NOW)
     assert "inference-9 holds no version yet while the head is v5" in [a.message for a in snap.alerts]
-    assert [e.message for e in snap.errors if e.node == "inference-9"] == ["log: anchor 0 from 12D3KooW failed: bad params"]
+    logged = [e.message for e in snap.errors if e.node == "inference-9"]
+    assert logged == ["log: anchor 0 from 12D3KooW failed: bad params"]
 
 
 def test_genesis_anchor_is_not_counted_as_a_patch() -> None:

@@ -2,7 +2,7 @@
 
     pulse-node status                                   # the local swarm under ./pulse-swarm
     pulse-node status --bootstrap /ip4/1.2.3.4/tcp/31337/p2p/12D3KooW... --run-id my-run
-    pulse-node status --once --json | jq .alerts        # one snapshot, then exit
+    pulse-node status --once --json | jq .alerts        # one snapshot, then exit (1 if an alert FAILs)
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description="Show every node's version and lag, whether state hashes agree, bytes moved and "
                        "saved, sparsity and compression per version, reward, and recent errors. Sources: the signed "
                        "DHT records and each node's /status (--bootstrap), and/or the status.json files of a local "
-                       f"swarm (--run-dir, default {DEFAULT_RUN_DIR} when no --bootstrap is given).")
+                       f"swarm (--run-dir, default {DEFAULT_RUN_DIR} when no --bootstrap is given). With --once the exit code is "
+                       "1 when an alert FAILs (diverged state hashes, a duplicate identity).")
     p.add_argument("--bootstrap", action="append", default=[], metavar="MULTIADDR",
                    help="read the swarm's DHT through this bootstrap peer (repeatable)")
     p.add_argument("--run-dir", help=f"a local swarm's run dir (default {DEFAULT_RUN_DIR} without --bootstrap)")

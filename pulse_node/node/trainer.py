@@ -179,7 +179,12 @@ class TrainerRole:
         for _ in range(self.cfg.loco.inner_steps):
             if self.ctx.stop.is_set():
                 return
-            metrics = self.learner.step(self._next_batch(), current_version=self.version)
+            try:
+                metrics = self.learner.step(self._next_batch(), current_version=self.version)
+            except PulseError as exc:  # a malformed batch from a peer: drop it, keep training
+                self.ctx.status.add("rejected")
+                self.ctx.status.error(f"rollout batch rejected: {exc}")
+                continue
             self.ctx.status.add("rollouts_used", metrics.get("kept", 0))
         contributors = self._loco_round()
         self._reset_local()

@@ -68,7 +68,8 @@ def check_python() -> Check:
     text = ".".join(map(str, v))
     if lo <= v[:2] < hi:
         return Check(name="python", status="PASS", detail=f"Python {text} at {sys.executable}")
-    return Check(name="python", status="FAIL", detail=f"Python {text} is outside {lo[0]}.{lo[1]} <= python < {hi[0]}.{hi[1]}",
+    return Check(name="python", status="FAIL",
+                 detail=f"Python {text} is outside {lo[0]}.{lo[1]} <= python < {hi[0]}.{hi[1]}",
                  fix="create the venv with a supported Python, e.g. python3.11 -m venv .venv")
 
 
@@ -105,7 +106,8 @@ def check_import(name: str, facts: dict[str, Any] | str) -> Check:
                      + (" (install torch first: see README)" if name == "torch" else ""))
     if name == "hivemind" and not facts.get("p2pd"):
         return Check(name=name, status="FAIL", detail=f"hivemind {facts['version']} has no executable p2pd binary",
-                     fix="pip install --force-reinstall hivemind==1.1.12 (its wheel ships p2pd; a source build needs Go)")
+                     fix="pip install --force-reinstall hivemind==1.1.12 "
+                     "(its wheel ships p2pd; a source build needs Go)")
     return Check(name=name, status="PASS", detail=f"{name} {facts['version']} imports")
 
 
@@ -115,10 +117,12 @@ def check_accelerator(facts: dict[str, Any] | str) -> Check:
     if facts.get("devices"):
         return Check(name="accelerator", status="PASS",
                      detail=f"CUDA {facts.get('cuda_build')}: {', '.join(facts['devices'])}")
-    build = "a CPU-only torch build" if not facts.get("cuda_build") else f"CUDA {facts['cuda_build']} build, no visible GPU"
+    cuda = facts.get("cuda_build")
+    build = f"CUDA {cuda} build, no visible GPU" if cuda else "a CPU-only torch build"
     return Check(name="accelerator", status="PASS",
                  detail=f"no CUDA device ({build}); nodes run on CPU (fine for the tiny model)",
-                 fix="for a GPU: install the torch build for your CUDA, check nvidia-smi, and in Docker use --profile gpu")
+                 fix="for a GPU: install the torch build for your CUDA, check nvidia-smi, "
+                 "and in Docker use --profile gpu")
 
 
 # ---- dependency sanity (pip check, for pulse-node's requirement closure) --------------------

@@ -57,7 +57,8 @@ def environment_checks(opts: DoctorOptions) -> list[Check]:
     checks: list[Check] = []
     if opts.wants("python"):
         checks.append(timed("python", check_python))
-    probes = [n for n in ("torch", "hivemind", "libp2p") if opts.wants(n) or (n == "torch" and opts.wants("accelerator"))]
+    probes = [n for n in ("torch", "hivemind", "libp2p")
+              if opts.wants(n) or (n == "torch" and opts.wants("accelerator"))]
     t0 = time.monotonic()
     facts = run_probes(probes) if probes else {}
     took = round(time.monotonic() - t0, 2)
@@ -248,7 +249,8 @@ def network_checks(opts: DoctorOptions) -> list[Check]:
 def _joined_checks(opts: DoctorOptions, client: Any, peers: list[Any] | None) -> list[Check]:
     why = "no --bootstrap given" if not opts.bootstrap else "the bootstrap check failed"
     out: list[Check] = []
-    for name, fn in (("reachable", lambda: check_reachable(client, opts)), ("clocks", lambda: check_clocks(peers or []))):
+    for name, fn in (("reachable", lambda: check_reachable(client, opts)),
+                     ("clocks", lambda: check_clocks(peers or []))):
         if opts.wants(name):
             out.append(timed(name, fn) if client is not None else Check(name=name, status="SKIP", detail=why))
     if opts.wants("identity"):

@@ -102,7 +102,8 @@ def _nodes_table(s: SwarmSnapshot) -> Table:
 
 
 def _versions_table(rows: Sequence[VersionView]) -> Table:
-    t = Table(title=f"versions (last {min(len(rows), VERSIONS_SHOWN)})", title_justify="left", pad_edge=False, padding=(0, 1, 0, 0),
+    t = Table(title=f"versions (last {min(len(rows), VERSIONS_SHOWN)})", title_justify="left", pad_edge=False,
+              padding=(0, 1, 0, 0),
               box=box.SIMPLE_HEAD, show_edge=False)
     for col in ("ver", "patch", "dense", "changed", "compression", "eval", "reward"):
         t.add_column(col, justify="right", no_wrap=True)

@@ -190,10 +190,9 @@ def _state(m: _Merged, now: float) -> tuple[NodeState, float | None]:
 
 
 def _version(m: _Merged) -> int | None:
-    v = m.status.get("version", m.record.get("version"))
-    if v is None and m.record:
-        v = m.record.get("version")
-    return int(v) if isinstance(v, (int, float)) and v >= 0 else None
+    """The version the node holds: its own status says, else its DHT record; None if none yet."""
+    v = m.status.get("version") if m.status.get("version") is not None else m.record.get("version")
+    return int(v) if _num(v) is not None and v >= 0 else None
 
 
 def _num(value: Any) -> float | None:
@@ -272,7 +271,8 @@ def _duplicate_alerts(merged: Sequence[_Merged], peers: Sequence[Mapping[str, An
 
 def _node_alerts(views: Sequence[NodeView], head: int | None) -> list[Alert]:
     if not views:
-        return [Alert(level="warn", message="no nodes found: is the swarm running, and are --run-dir / --run-id right?")]
+        return [Alert(level="warn",
+                      message="no nodes found: is the swarm running, and are --run-dir / --run-id right?")]
     out: list[Alert] = []
     for n in views:
         if n.state == "down":
@@ -300,7 +300,8 @@ def _node_view(m: _Merged, *, now: float, head: int | None, groups: dict[int, di
     dense = sum(table[v].dense_bytes or 0 for v in held if v in table)
     patch = int(_num(s.get("patch_bytes_total")) or 0)
     return NodeView(
-        name=m.name, role=str(s.get("role") or rec.get("role") or "?"), peer_id=str(s.get("peer_id") or rec.get("peer_id") or ""),
+        name=m.name, role=str(s.get("role") or rec.get("role") or "?"),
+        peer_id=str(s.get("peer_id") or rec.get("peer_id") or ""),
         state=state, sources=m.sources, version=version,
         lag=(head - version) if head is not None and version is not None else None,
         state_hash=str(s.get("state_hash") or rec.get("state_hash") or ""),
@@ -324,7 +325,8 @@ def _errors(merged: Sequence[_Merged], now: float) -> list[ErrorLine]:
 
 
 def _totals(views: Sequence[NodeView], table: Mapping[int, VersionView]) -> Totals:
-    patches = [v for v in table.values() if v.version >= FIRST_PATCH_VERSION and v.dense_bytes and v.patch_bytes is not None]
+    patches = [v for v in table.values()
+               if v.version >= FIRST_PATCH_VERSION and v.dense_bytes and v.patch_bytes is not None]
     patch = sum(v.patch_bytes or 0 for v in patches)
     dense = sum(v.dense_bytes or 0 for v in patches)
     return Totals(patch_bytes=patch, dense_bytes=dense, saved_bytes=max(0, dense - patch),

@@ -33,6 +33,38 @@ def _check_task(policy, task, cfg: SoloConfig) -> None:
                   max_new_tokens=cfg.sampling.max_new_tokens)
 
 
+def _train(cfg: SoloConfig, policy, worker: RolloutWorker, task, evals, *, progress: bool) -> dict:
+    """The GRPO phase: generate -> one inner step -> (every sync_every) push the BF16 cast."""
+    learner = GRPOLearner(policy, cfg.grpo, temperature=cfg.sampling.temperature)
+    rng = random.Random(f"solo:{cfg.seed}")
+    t0 = time.monotonic()
+    deadline = t0 + cfg.minutes * 60
+    tot = {"steps": 0, "rollouts": 0, "changed": 0.0, "reward": 0.0, "dropped": 0, "tokens": 0.0, "history": []}
+    while time.monotonic() < deadline and (cfg.max_steps is None or tot["steps"] < cfg.max_steps):
+        rollouts = worker.generate(task.sample(cfg.sampling.prompts_per_batch, rng), rng=rng)
+        stats = learner.step(rollouts, current_version=tot["steps"])
+        tot["steps"] += 1
+        version = tot["steps"]
+        tot["rollouts"] += len(rollouts)
+        tot["changed"] += stats["bf16_changed"]
+        tot["reward"] += stats["reward_mean"]
+        tot["dropped"] += int(stats["dropped_stale"])
+        tot["tokens"] += stats["tokens"]
+        if version % cfg.sync_every == 0:
+            worker.set_weights(policy.bf16_state(), version)
+        note = ""
+        if cfg.eval_every and version % cfg.eval_every == 0:
+            tot["history"].append({"step": version, "seconds": round(time.monotonic() - t0, 1),
+                                   "eval": evaluate(worker, evals)})
+            note = f" eval {tot['history'][-1]['eval']:.3f}"
+        if version % 20 == 0 or note:
+            _log(progress, f"[solo] step {version} reward {stats['reward_mean']:.3f} loss "
+                 f"{stats['loss']:+.4f} bf16_changed {stats['bf16_changed']:.4f} "
+                 f"({time.monotonic() - t0:.0f}s){note}")
+    tot["seconds"] = time.monotonic() - t0
+    return tot
+
+
 def run_solo(cfg: SoloConfig, *, progress: bool = True) -> dict:
     """Warm start (cached), evaluate, GRPO for ``cfg.minutes``, evaluate; returns a summary."""
     if cfg.threads:
@@ -42,44 +74,18 @@ def run_solo(cfg: SoloConfig, *, progress: bool = True) -> dict:
     policy = build_policy(cfg.model, cfg.task, seed=cfg.seed, grpo_cfg=cfg.grpo, progress=progress)
     _check_task(policy, task, cfg)
     worker = RolloutWorker(policy, cfg.sampling)
-    version = 0
-    worker.set_weights(policy.bf16_state(), version)
+    worker.set_weights(policy.bf16_state(), 0)
     evals = task.eval_set()
     eval_before = evaluate(worker, evals)
     _log(progress, f"[solo] held-out accuracy before GRPO: {eval_before:.3f} ({len(evals)} problems)")
-    learner = GRPOLearner(policy, cfg.grpo, temperature=cfg.sampling.temperature)
-    rng = random.Random(f"solo:{cfg.seed}")
-    t0 = time.monotonic()
-    deadline = t0 + cfg.minutes * 60
-    totals = {"steps": 0, "rollouts": 0, "changed": 0.0, "reward": 0.0, "dropped": 0, "tokens": 0.0}
-    history = []
-    while time.monotonic() < deadline and (cfg.max_steps is None or totals["steps"] < cfg.max_steps):
-        rollouts = worker.generate(task.sample(cfg.sampling.prompts_per_batch, rng), rng=rng)
-        stats = learner.step(rollouts, current_version=version)
-        version += 1
-        totals["steps"] += 1
-        totals["rollouts"] += len(rollouts)
-        totals["changed"] += stats["bf16_changed"]
-        totals["reward"] += stats["reward_mean"]
-        totals["dropped"] += int(stats["dropped_stale"])
-        totals["tokens"] += stats["tokens"]
-        if version % cfg.sync_every == 0:
-            worker.set_weights(policy.bf16_state(), version)
-        if cfg.eval_every and version % cfg.eval_every == 0:
-            acc = evaluate(worker, evals)
-            history.append({"step": version, "seconds": round(time.monotonic() - t0, 1), "eval": acc})
-        if progress and (version % 20 == 0 or cfg.eval_every and version % cfg.eval_every == 0):
-            _log(progress, f"[solo] step {version} reward {stats['reward_mean']:.3f} "
-                 f"loss {stats['loss']:+.4f} bf16_changed {stats['bf16_changed']:.4f} "
-                 f"({time.monotonic() - t0:.0f}s)" + (f" eval {history[-1]['eval']:.3f}" if history and history[-1]["step"] == version else ""))
-    grpo_seconds = time.monotonic() - t0
-    worker.set_weights(policy.bf16_state(), version)
+    tot = _train(cfg, policy, worker, task, evals, progress=progress)
+    worker.set_weights(policy.bf16_state(), tot["steps"])
     eval_after = evaluate(worker, evals)
-    _log(progress, f"[solo] held-out accuracy after {version} GRPO steps: {eval_after:.3f}")
-    steps = max(1, totals["steps"])
+    _log(progress, f"[solo] held-out accuracy after {tot['steps']} GRPO steps: {eval_after:.3f}")
+    steps = max(1, tot["steps"])
     return {"eval_before": eval_before, "eval_after": eval_after, "eval_problems": len(evals),
-            "steps": totals["steps"], "rollouts": totals["rollouts"],
-            "bf16_change_density": totals["changed"] / steps,
-            "train_reward_mean": totals["reward"] / steps, "dropped_stale": totals["dropped"],
-            "trainer_tokens": int(totals["tokens"]), "grpo_seconds": round(grpo_seconds, 1),
-            "seconds": round(time.monotonic() - t_start, 1), "seed": cfg.seed, "history": history}
+            "steps": tot["steps"], "rollouts": tot["rollouts"],
+            "bf16_change_density": tot["changed"] / steps, "train_reward_mean": tot["reward"] / steps,
+            "dropped_stale": tot["dropped"], "trainer_tokens": int(tot["tokens"]),
+            "grpo_seconds": round(tot["seconds"], 3), "seconds": round(time.monotonic() - t_start, 3),
+            "seed": cfg.seed, "history": tot["history"]}

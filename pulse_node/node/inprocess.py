@@ -1,0 +1,71 @@
+"""An in-process swarm: nodes as threads on one ``MemoryHub`` (no sockets, no workers).
+
+Runs the real roles (``run_node``) over ``MemoryTransport``, optionally wrapped (e.g. by
+``FaultyTransport``), so role logic, recovery and trust can be exercised fast and
+deterministically. Used by the role tests and ``bench/chaos.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import traceback
+from pathlib import Path
+from typing import Callable
+
+from pulse_node.chain.serving import store_resolver
+from pulse_node.node.runtime import run_node
+from pulse_node.node.transport import MemoryHub, Transport
+
+Wrap = Callable[[str, Transport], Transport]
+
+
+def read_status(data_dir: Path) -> dict:
+    """A node's last status.json ({} while it has none)."""
+    try:
+        return json.loads((Path(data_dir) / "status.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+class InProcessSwarm:
+    """Starts nodes as threads on one hub; ``stop``/``stop_all`` join them."""
+
+    def __init__(self, wrap: Wrap | None = None) -> None:
+        self.hub = MemoryHub()
+        self.wrap: Wrap = wrap or (lambda name, transport: transport)
+        self.nodes: list[tuple[threading.Thread, threading.Event, Path]] = []
+        self.errors: list[str] = []
+
+    def _factory(self, name: str):
+        def make(cfg, identity, store_root):
+            return self.wrap(name, self.hub.join(name, store_resolver(store_root)))
+        return make
+
+    def start(self, name: str, cfg) -> Path:
+        """Run a node with ``cfg`` under peer id ``name``; returns its data dir."""
+        stop = threading.Event()
+
+        def target() -> None:
+            try:
+                run_node(cfg, self._factory(name), stop=stop, install_signals=False)
+            except BaseException as exc:  # surfaced to the caller with its traceback
+                self.errors.append(f"{name}: {exc!r}\n{traceback.format_exc()}")
+
+        t = threading.Thread(target=target, name=name, daemon=True)
+        t.start()
+        self.nodes.append((t, stop, Path(cfg.data_dir)))
+        return Path(cfg.data_dir)
+
+    def stop(self, data_dir: Path, timeout: float = 60.0) -> None:
+        """Stop one node (its thread returns and releases its store)."""
+        for t, stop, d in self.nodes:
+            if d == Path(data_dir):
+                stop.set()
+                t.join(timeout=timeout)
+
+    def stop_all(self, timeout: float = 30.0) -> None:
+        for _, stop, _ in self.nodes:
+            stop.set()
+        for t, _, _ in self.nodes:
+            t.join(timeout=timeout)
