@@ -31,7 +31,7 @@ def run(n_inference: int, versions: int, run_dir: Path) -> dict:
         "trainers": 1, "inference": n_inference, "versions": versions, "run_dir": str(run_dir),
         "run_id": "bench-fanout", "rollout_batches_per_version": 0, "eval_every": 0, "rollout_wait_s": 0,
         "loco": {"inner_steps": 2}, "chain": {"anchor_every": 1000},
-        "model": {"d_model": 128, "n_layers": 4, "n_heads": 4}, "grpo": {"warmstart_steps": 50, "lr": 3e-4},
+        "grpo": {"warmstart_steps": 50},
     })
     swarm = LocalSwarm(cfg, log=lambda m: None)
     t0 = time.monotonic()

@@ -60,6 +60,8 @@ class NodeConfig(StrictModel):
     metrics_host: str = "127.0.0.1"
     metrics_port: int = Field(0, ge=0, le=65535, description="0 = any free port (written to data_dir/status.json)")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    torch_threads: int = Field(1, ge=0, description="torch intra-op threads (0 = torch default); 1 avoids "
+                               "oversubscription when several nodes share a machine")
     model: ModelConfig = Field(default_factory=ModelConfig)
     task: TaskConfig = Field(default_factory=TaskConfig)
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)

@@ -67,6 +67,8 @@ class InferenceRole:
         self.ctx.store.retain(keep_versions=self.cfg.chain.keep_versions, keep_anchors=self.cfg.chain.keep_anchors)
         self.ctx.announce(version=rec.version, chain_hash=rec.chain_hash, state_hash=rec.state_hash)
         self.ctx.status.update(patches_applied=self.sync.counters["applied"],
+                               fetch_errors=self.sync.counters["fetch_errors"],
+                               apply_errors=self.sync.counters["apply_errors"],
                                patch_bytes_total=self.sync.counters["patch_bytes_in"],
                                rejected=self.trust.rejected, gaps=self.sync.counters["gaps"],
                                anchor_loads=self.sync.counters["anchor_loads"],

@@ -118,7 +118,14 @@ class P2PTransport:
         raw = self.wire.stats()
         return {"bytes_in": sum(raw.get("bytes_in", {}).values()), "bytes_out": sum(raw.get("bytes_out", {}).values()),
                 "bytes_in_by_kind": raw.get("bytes_in", {}), "bytes_out_by_kind": raw.get("bytes_out", {}),
-                "wire_errors": sum(raw.get("errors", {}).values())}
+                "wire_errors": sum(raw.get("errors", {}).values()), "duplicate": self._duplicate()}
+
+    def _duplicate(self) -> bool:
+        """True while another live node publishes under our identity (a copied key file)."""
+        try:
+            return bool(getattr(self.dht.info(), "duplicate", False))
+        except Exception:
+            return False
 
     def close(self) -> None:
         for stop in (self.dht.stop, self.wire.stop):

@@ -48,6 +48,10 @@ def setup_logging(status: NodeStatus, level: str) -> None:
 
 def make_role(ctx: RoleContext):
     """The role object for ``ctx.cfg.role`` (imports torch lazily)."""
+    if ctx.cfg.torch_threads:
+        import torch
+
+        torch.set_num_threads(ctx.cfg.torch_threads)
     if ctx.cfg_role == "trainer":
         from pulse_node.node.trainer import TrainerRole
 

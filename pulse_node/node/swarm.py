@@ -151,8 +151,9 @@ class LocalSwarm:
     def stop(self) -> None:
         """SIGTERM every child, then SIGKILL what is left at the deadline."""
         procs = [c.proc for c in self.children] + ([self.bootstrap] if self.bootstrap else [])
-        for p in procs:
-            _signal_group(p, signal.SIGTERM)
+        for p in procs:  # the node stops its own workers; the group is killed only at the deadline
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + self.cfg.stop_timeout_s * 0.8
         for p in procs:
             try:
@@ -163,6 +164,7 @@ class LocalSwarm:
             if p.poll() is None:
                 _signal_group(p, signal.SIGKILL)
                 p.wait(timeout=5)
+            _signal_group(p, signal.SIGKILL)  # workers orphaned by a crashed node
 
     # ---- summary -------------------------------------------------------------------------
     def summary(self) -> dict[str, Any]:

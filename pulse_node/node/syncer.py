@@ -53,6 +53,7 @@ class VersionSync:
         self.state: State | None = store.load_state(self.record.version) if self.record else None
         self.reorder = ReorderBuffer(next_version=self.record.version + 1 if self.record else 0)
         self.counters: Counter[str] = Counter()
+        self.last_error = ""
         self.hints: dict[str, int] = {}  # peer -> highest version it told us it holds
         self.first_seen: dict[int, float] = {}
         self._pool = ThreadPoolExecutor(max_workers=net.max_parallel_fetches, thread_name_prefix="fetch")
@@ -162,7 +163,8 @@ class VersionSync:
                 self._apply(got)
             except PulseError as exc:
                 self.counters["apply_errors"] += 1
-                log.warning("version %d rejected: %s", version, exc)
+                self.last_error = f"version {version} rejected: {exc}"
+                log.warning("%s", self.last_error)
                 self.reorder.reset(version)  # refetch it (from another provider) next pass
                 break
             applied.append(got.record)

@@ -23,10 +23,10 @@ class ModelConfig(StrictModel):
 
     kind: Literal["tiny", "hf"] = "tiny"
     path: str | None = None  # local HF directory (kind="hf")
-    d_model: int = pydantic.Field(128, ge=8, le=4096)
+    d_model: int = pydantic.Field(64, ge=8, le=4096)
     n_layers: int = pydantic.Field(4, ge=1, le=64)
     n_heads: int = pydantic.Field(4, ge=1, le=64)
-    max_len: int = pydantic.Field(48, ge=8, le=8192)  # context of the tiny model (tokens)
+    max_len: int = pydantic.Field(32, ge=8, le=8192)  # context of the tiny model (tokens)
     init_std: float = pydantic.Field(0.02, gt=0)
     device: str = "auto"  # "auto" | "cpu" | "cuda" | "cuda:N"
     cache_dir: str = pydantic.Field(default_factory=default_cache_dir)  # warm-start cache
@@ -44,7 +44,7 @@ class TaskConfig(StrictModel):
     """Where problems come from and how completions are rewarded."""
 
     kind: Literal["arithmetic", "jsonl"] = "arithmetic"
-    digits: int = pydantic.Field(3, ge=1, le=9)  # arithmetic: max digits per operand
+    digits: int = pydantic.Field(2, ge=1, le=9)  # arithmetic: max digits per operand
     min_digits: int = pydantic.Field(1, ge=1, le=9)
     ops: str = "+"  # arithmetic: subset of "+-*"
     path: str | None = None  # jsonl: training problems
@@ -68,7 +68,7 @@ class SamplingConfig(StrictModel):
     """Rollout generation on the inference side."""
 
     temperature: float = pydantic.Field(1.0, gt=0, le=10)
-    max_new_tokens: int = pydantic.Field(8, ge=1, le=4096)
+    max_new_tokens: int = pydantic.Field(5, ge=1, le=4096)
     group_size: int = pydantic.Field(8, ge=2, le=1024)  # completions per prompt (GRPO group)
     prompts_per_batch: int = pydantic.Field(32, ge=1, le=4096)
 
@@ -76,7 +76,7 @@ class SamplingConfig(StrictModel):
 class GRPOConfig(StrictModel):
     """The trainer: supervised warm start, then GRPO inner steps with AdamW on FP32 masters."""
 
-    lr: float = pydantic.Field(1e-3, gt=0)
+    lr: float = pydantic.Field(3e-4, gt=0)
     betas: tuple[float, float] = (0.9, 0.95)
     weight_decay: float = pydantic.Field(0.0, ge=0)
     eps_low: float = pydantic.Field(0.2, ge=0, lt=1)
@@ -84,8 +84,8 @@ class GRPOConfig(StrictModel):
     max_staleness: int = pydantic.Field(4, ge=0)  # drop rollouts older than this many versions
     max_grad_norm: float = pydantic.Field(1.0, gt=0)
     bf16_compute: bool = True  # forward on the BF16-rounded weights (straight-through)
-    warmstart_steps: int = pydantic.Field(300, ge=0)
-    warmstart_lr: float = pydantic.Field(3e-3, gt=0)
+    warmstart_steps: int = pydantic.Field(700, ge=0)
+    warmstart_lr: float = pydantic.Field(5e-3, gt=0)
     warmstart_batch: int = pydantic.Field(64, ge=1)
 
 
