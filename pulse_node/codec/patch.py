@@ -26,6 +26,9 @@ but one that decodes cleanly yields a wrong state, so only skip verification for
 
 from __future__ import annotations
 
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Mapping
 
@@ -131,14 +134,14 @@ def make_patch(base: State, new: State, *, mode: Mode = "compact", base_hash: st
     if mode not in MODES:
         raise PatchError(f"unknown patch mode {mode!r} (expected one of {', '.join(MODES)})")
     _check_same_layout(base, new)
-    pending = []
-    for name in sorted(base):
+    def prepare(name: str):
         idx = np.flatnonzero(base[name].bits != new[name].bits)
-        if idx.size:
-            pending.append(_prepare(name, base[name], new[name], idx, mode))
+        return _prepare(name, base[name], new[name], idx, mode) if idx.size else None
+
+    pending = [p for p in _map(prepare, sorted(base)) if p is not None]
     tables = _build_tables(pending)
     models = {k: categorical(c.astype(np.float64)) for k, c in tables.items()}
-    streams = {p.name: _encode_tensor(p, models) for p in pending}
+    streams = dict(zip([p.name for p in pending], _map(lambda p: _encode_tensor(p, models), pending)))
     by_name = {p.name: p for p in pending}
     entries, offset = [], 0
     for name in sorted(base):
@@ -213,16 +216,18 @@ def _decode_positions(entry: TensorEntry, base_bits: np.ndarray, pos_blob: bytes
 
 
 class _Models(dict):
-    """Value models of one patch, built from the header's tables on first use."""
+    """Value models of one patch, built from the header's tables on first use (thread-safe)."""
 
     def __init__(self, tables: Mapping[tuple[int, str, int], ValueTable]) -> None:
         super().__init__()
         self.tables = tables
+        self._lock = threading.Lock()
 
     def get_model(self, key: tuple[int, str, int], name: str) -> object:
-        if key not in self:
-            self[key] = categorical(_table(self.tables, key, name))
-        return self[key]
+        with self._lock:
+            if key not in self:
+                self[key] = categorical(_table(self.tables, key, name))
+            return self[key]
 
 
 def _table(tables: Mapping[tuple[int, str, int], ValueTable], key: tuple[int, str, int], name: str) -> np.ndarray:
@@ -274,6 +279,25 @@ def _payload(patch: bytes, header: PatchHeader, start: int, verify: bool) -> mem
     return payload
 
 
+#: tensors decoded in parallel (bounded so a node sharing the machine is not starved)
+_WORKERS = min(8, os.cpu_count() or 1)
+
+
+def _patched_bits(entry: TensorEntry, b: TensorBits, payload: memoryview, models: "_Models") -> np.ndarray:
+    idx, vals = _decode_tensor(entry, b, payload[entry.offset:entry.offset + entry.length], models)
+    bits = b.bits.copy()
+    bits[idx] = vals
+    return bits
+
+
+def _map(fn, items: list) -> list:
+    """``map`` over tensors on a thread pool (numpy releases the GIL in the heavy passes)."""
+    if len(items) < 2 or _WORKERS < 2:
+        return [fn(x) for x in items]
+    with ThreadPoolExecutor(max_workers=_WORKERS) as pool:
+        return list(pool.map(fn, items))
+
+
 def apply_patch(base: State, patch: bytes, *, verify: bool = True, allow_any_base: bool = False,
                 base_hash: str | None = None) -> State:
     """Apply ``patch`` to ``base`` and return the new state (``base`` is left untouched).
@@ -295,13 +319,9 @@ def apply_patch(base: State, patch: bytes, *, verify: bool = True, allow_any_bas
     payload = _payload(patch, header, start, verify)
     models = _Models({(t.coding, t.dtype, t.label): t for t in header.tables})
     out: State = dict(base)
-    for entry in header.tensors:
-        if entry.changed:
-            b = base[entry.name]
-            idx, vals = _decode_tensor(entry, b, payload[entry.offset:entry.offset + entry.length], models)
-            bits = b.bits.copy()
-            bits[idx] = vals
-            out[entry.name] = TensorBits(b.dtype, b.shape, bits)
+    changed = [e for e in header.tensors if e.changed]
+    for entry, bits in zip(changed, _map(lambda e: _patched_bits(e, base[e.name], payload, models), changed)):
+        out[entry.name] = TensorBits(base[entry.name].dtype, base[entry.name].shape, bits)
     if verify and not allow_any_base and state_hash(out) != header.result_state_hash:
         raise IntegrityError("patched state hash does not match the patch's result hash")
     return out

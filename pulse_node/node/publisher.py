@@ -59,7 +59,8 @@ class VersionPublisher:
             return Published(record, 0, state_nbytes(state), 1.0)
         version = self.head.version + 1
         is_anchor = version % self.chain.anchor_every == 0
-        patch = make_patch(self._state, state, mode=self.chain.patch_mode)
+        patch = make_patch(self._state, state, mode=self.chain.patch_mode, base_hash=self.head.state_hash,
+                           new_hash=digest)
         record = make_record(self.identity, run_id=self.run_id, version=version, parent=self.head,
                              state_hash=digest, patch=patch,
                              anchor_version=version if is_anchor else self.head.anchor_version,

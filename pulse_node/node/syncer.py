@@ -178,7 +178,7 @@ class VersionSync:
         header = read_header(got.patch)
         if header.result_state_hash != rec.state_hash:
             raise IntegrityError(f"patch {rec.version} result hash differs from its signed record")
-        new_state = apply_patch(self.state, got.patch, verify=True)
+        new_state = apply_patch(self.state, got.patch, verify=True, base_hash=self.record.state_hash)
         self.store.put_patch(rec, got.patch)
         if rec.is_anchor:
             self.store.put_anchor(rec, new_state)
@@ -201,7 +201,7 @@ class VersionSync:
                 if not self.trust.check(rec, sender=peer.peer_id, trainer_keys=keys):
                     continue
                 patch = self._fetch(peer, "catchup", {"base": self.record.version, "target": head})
-                new_state = apply_patch(self.state, patch, verify=True)
+                new_state = apply_patch(self.state, patch, verify=True, base_hash=self.record.state_hash)
                 if state_hash(new_state) != rec.state_hash:
                     self.trust.strike(peer.peer_id)
                     raise IntegrityError("catch-up result differs from the signed head")
