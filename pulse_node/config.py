@@ -75,7 +75,7 @@ class TrainerConfig(NodeConfig):
     role: Literal["trainer"] = "trainer"
     grpo: GRPOConfig = Field(default_factory=GRPOConfig)
     loco: LocoConfig = Field(default_factory=LocoConfig)
-    rollout_wait_s: float = Field(5.0, ge=0, description="wait this long for peers' rollouts, then make our own")
+    rollout_wait_s: float = Field(1.0, ge=0, description="wait this long for peers' rollouts, then make our own")
     eval_every: int = Field(1, ge=0, description="held-out eval every N versions (0 = never)")
     genesis_wait_s: float = Field(5.0, ge=0, description="wait this long to meet the other trainers before publishing genesis")
 
@@ -84,7 +84,7 @@ class InferenceConfig(NodeConfig):
     """An inference node: pulls versions, generates and scores rollouts for trainers."""
 
     role: Literal["inference"] = "inference"
-    rollout_batches_per_version: int = Field(4, ge=0, description="rollout batches sent per version held")
+    rollout_batches_per_version: int = Field(16, ge=0, description="rollout batches sent per version held")
 
 
 class SwarmConfig(StrictModel):
@@ -105,9 +105,9 @@ class SwarmConfig(StrictModel):
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     stop_timeout_s: float = Field(10.0, gt=0)
     start_timeout_s: float = Field(600.0, gt=0)
-    rollout_wait_s: float = Field(5.0, ge=0)
+    rollout_wait_s: float = Field(1.0, ge=0)
     eval_every: int = Field(1, ge=0)
-    rollout_batches_per_version: int = Field(4, ge=0)
+    rollout_batches_per_version: int = Field(16, ge=0)
     model: ModelConfig = Field(default_factory=ModelConfig)
     task: TaskConfig = Field(default_factory=TaskConfig)
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
