@@ -1,8 +1,8 @@
 """The real thing: bootstrap, 2 trainers and 2 inference nodes as separate processes on 127.0.0.1.
 
 Every inference node must hold exactly the trainers' state at every version it applied,
-rollouts must reach the trainers, and an inference node that joins late must catch up from
-its peers (anchor + patches) and end bit-identical. One swarm serves all assertions to keep
+rollouts must reach the trainers and improve held-out accuracy, and an inference node that
+joins late must catch up from its peers (anchor + patches) and end bit-identical. One swarm serves all assertions to keep
 the suite short.
 """
 
@@ -12,18 +12,17 @@ import pytest
 
 from pulse_node.config import SwarmConfig
 from pulse_node.node.swarm import LocalSwarm
-from tests.conftest import tiny_overrides, wait_for
+from tests.conftest import wait_for
 
 pytestmark = pytest.mark.slow
 
 
 def _swarm_config(tmp_path) -> SwarmConfig:
-    tree = tiny_overrides(str(tmp_path / "cache"))
-    tree.update(trainers=2, inference=2, run_dir=str(tmp_path / "swarm"), run_id="test-swarm",
-                grpo={"warmstart_steps": 60, "lr": 3e-3}, loco={"inner_steps": 2, "deadline_s": 30},
-                rollout_wait_s=1.0, eval_every=0, rollout_batches_per_version=2,
-                chain={"anchor_every": 3})
-    return SwarmConfig.model_validate(tree)
+    """The embedded default model and task (so learning is visible), short rounds."""
+    return SwarmConfig.model_validate({
+        "trainers": 2, "inference": 2, "run_dir": str(tmp_path / "swarm"), "run_id": "test-swarm",
+        "model": {"cache_dir": str(tmp_path / "cache")}, "loco": {"inner_steps": 5, "deadline_s": 30},
+        "eval_every": 1, "chain": {"anchor_every": 3}})
 
 
 def _history(status: dict) -> dict[int, str]:
@@ -66,3 +65,5 @@ def test_process_swarm_bit_identical_with_late_joiner(swarm):
     rollouts_in = sum(stats[n].get("rollouts_in", 0) for n in ("trainer-0", "trainer-1"))
     assert rollouts_in > 0, "no rollouts reached the trainers"
     assert stats["trainer-0"]["patch_bytes_total"] < stats["trainer-0"]["dense_bytes_total"]
+    evals = {h["version"]: h["eval"] for h in stats["trainer-0"]["history"] if "eval" in h}
+    assert max(evals[v] for v in evals if v >= 4) > evals[0], f"held-out accuracy did not improve: {evals}"
