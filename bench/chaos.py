@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import sys
 import tempfile
@@ -28,42 +27,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pulse_node.chain.identity import Identity  # noqa: E402
-from pulse_node.chain.record import encode_record, make_record  # noqa: E402
-from pulse_node.codec.state import write_atomic  # noqa: E402
 from pulse_node.config import InferenceConfig, TrainerConfig  # noqa: E402
-from pulse_node.node.faults import FaultRates, FaultyTransport  # noqa: E402
+from pulse_node.node.faults import FaultRates, FaultyTransport, start_forging_peer  # noqa: E402
 from pulse_node.node.inprocess import InProcessSwarm, read_status  # noqa: E402
-from pulse_node.node.transport import PeerInfo  # noqa: E402
 
 RATES = FaultRates(drop=0.1, duplicate=0.1, reorder=0.1, delay=0.1, corrupt=0.05, max_delay_s=0.1,
                    spare_kinds=("loco",))
 SMALL = {"model": {"d_model": 32, "n_layers": 2, "n_heads": 2}, "task": {"digits": 2},
          "sampling": {"prompts_per_batch": 8, "group_size": 4}}
-
-
-def start_rogue(swarm: InProcessSwarm, files: Path, run_id: str) -> Counter:
-    """A peer claiming version 10**6 that serves self-signed records and random patches."""
-    ident, chain, served = Identity.generate(), [], Counter()
-
-    def forged(v: int):
-        while len(chain) <= v:
-            n = len(chain)
-            chain.append(make_record(ident, run_id=run_id, version=n, parent=chain[-1] if chain else None,
-                                     state_hash="ab" * 32, patch=os.urandom(64) if n else None,
-                                     anchor_version=0, is_anchor=n == 0, codec="pulsesync/compact/1"))
-        return chain[v]
-
-    def resolve(kind: str, params: dict):
-        v = min(int(params.get("version", 0)), 10_000)
-        path = files / f"{kind}-{v}"
-        write_atomic(path, encode_record(forged(v)) if kind == "record" else os.urandom(4096))
-        served[kind] += 1
-        return path
-
-    t = swarm.hub.join("rogue", resolve)
-    t.publish(PeerInfo(peer_id="rogue", role="inference", address="", version=10**6, lowest=0,
-                       anchors=[0], node_key=ident.public_key_hex))
-    return served
 
 
 def configs(tmp: Path, args) -> tuple[list, list, str]:
@@ -93,7 +64,7 @@ def run(args) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix="pulse-chaos-"))
     swarm = InProcessSwarm(wrap=wrap)
     trainers, infs, run_id = configs(tmp, args)
-    served = start_rogue(swarm, tmp / "rogue", run_id)
+    served = start_forging_peer(swarm.hub, tmp / "rogue", run_id=run_id)
     for i, c in enumerate(trainers):
         swarm.start(f"trainer-{i}", c)
     for i, c in enumerate(infs):

@@ -103,3 +103,40 @@ class FaultyTransport:
 
     def close(self) -> None:
         self.inner.close()
+
+
+def start_forging_peer(hub, files: Path, *, run_id: str, claimed_version: int = 10**6) -> Counter:
+    """A hostile peer on ``hub``: claims ``claimed_version``, serves records signed by a key nobody
+    trusts (a well-formed chain) and random patch/anchor bytes. Returns requests served by kind."""
+    import os
+
+    from pulse_node.chain.identity import Identity
+    from pulse_node.chain.record import encode_record, make_record
+    from pulse_node.codec.state import write_atomic
+
+    ident, chain, served, lock = Identity.generate(), [], Counter(), threading.Lock()
+
+    def forged(v: int):
+        with lock:
+            return _extend(v)
+
+    def _extend(v: int):
+        while len(chain) <= v:
+            n = len(chain)
+            chain.append(make_record(ident, run_id=run_id, version=n, parent=chain[-1] if chain else None,
+                                     state_hash="ab" * 32, patch=os.urandom(64) if n else None,
+                                     anchor_version=0, is_anchor=n == 0, codec="pulsesync/compact/1"))
+        return chain[v]
+
+    def resolve(kind: str, params: dict):
+        v = min(int(params.get("version", 0)), 10_000)
+        path = Path(files) / f"{kind}-{v}"
+        write_atomic(path, encode_record(forged(v)) if kind == "record" else os.urandom(4096))
+        served[kind] += 1
+        return path
+
+    # announced as an inference peer: inference peers are preferred providers, so it is asked first
+    hub.join("rogue", resolve).publish(PeerInfo(peer_id="rogue", role="inference", address="",
+                                                version=claimed_version, lowest=0, anchors=[0],
+                                                node_key=ident.public_key_hex))
+    return served

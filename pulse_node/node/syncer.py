@@ -54,6 +54,8 @@ class VersionSync:
         self.reorder = ReorderBuffer(next_version=self.record.version + 1 if self.record else 0)
         self.counters: Counter[str] = Counter()
         self.last_error = ""
+        self.stall_passes = 10  # passes without progress before trying a catch-up or an anchor
+        self._stalled = 0
         self.hints: dict[str, int] = {}  # peer -> highest version it told us it holds
         self.first_seen: dict[int, float] = {}
         self._pool = ThreadPoolExecutor(max_workers=net.max_parallel_fetches, thread_name_prefix="fetch")
@@ -120,12 +122,15 @@ class VersionSync:
             if got is not None:
                 self.reorder.offer(v, got)
         applied = self._apply_ready(keys)
-        if not applied and self.reorder.next_version <= head and self._nobody_has(self.reorder.next_version, peers):
+        self._stalled = 0 if applied or self.reorder.next_version > head else self._stalled + 1
+        if self._stalled and (self._stalled >= self.stall_passes or self._nobody_has(self.reorder.next_version, peers)):
+            self._stalled = 0
             self._recover_gap(peers, head, keys)
         return applied
 
     def _nobody_has(self, version: int, peers: list[PeerInfo]) -> bool:
-        return not any(p.lowest <= version <= p.version for p in peers if p.peer_id != self.transport.peer_id)
+        return not any(p.lowest <= version <= p.version for p in peers
+                       if p.peer_id != self.transport.peer_id and not self.trust.ignored(p.peer_id))
 
     def _fetch_version(self, version: int, providers: list[PeerInfo], keys: list[str]) -> Fetched | None:
         for peer in providers:
@@ -142,9 +147,11 @@ class VersionSync:
                     self.trust.strike(peer.peer_id)
                     raise
                 self.counters["patch_bytes_in"] += len(patch)
+                self.trust.served(peer.peer_id)
                 return Fetched(rec, patch)
             except PulseError as exc:
                 self.counters["fetch_errors"] += 1
+                self.trust.failed(peer.peer_id)
                 log.info("fetch of version %d from %s failed: %s", version, peer.peer_id[:12], exc)
         return None
 

@@ -9,6 +9,7 @@ so a lying peer's score drops until it is ignored.
 
 from __future__ import annotations
 
+import time
 from collections import Counter, defaultdict
 from typing import Iterable
 
@@ -24,6 +25,10 @@ class TrustPolicy:
         self.min_signers = min_signers
         self.max_strikes = max_strikes
         self.strikes: Counter[str] = Counter()
+        self.failures: Counter[str] = Counter()  # consecutive failed requests per peer
+        self.max_failures = 20
+        self.cooldown_s = 30.0
+        self._last_failure: dict[str, float] = {}
         self.rejected = 0
         self._votes: dict[int, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
 
@@ -36,7 +41,20 @@ class TrustPolicy:
         return not self.trusted or node_key.lower() in self.trusted
 
     def ignored(self, peer_id: str) -> bool:
-        return self.strikes[peer_id] >= self.max_strikes
+        """Liars are ignored for good; peers that keep failing, for a cool-down after each failure."""
+        if self.strikes[peer_id] >= self.max_strikes:
+            return True
+        cooling = time.monotonic() - self._last_failure.get(peer_id, float("-inf")) < self.cooldown_s
+        return self.failures[peer_id] >= self.max_failures and cooling
+
+    def failed(self, peer_id: str) -> None:
+        """A request to the peer failed (timeout, refused, not served): not a lie, but it counts."""
+        self.failures[peer_id] += 1
+        self._last_failure[peer_id] = time.monotonic()
+
+    def served(self, peer_id: str) -> None:
+        """A request succeeded: the peer's failure streak ends."""
+        self.failures.pop(peer_id, None)
 
     def strike(self, peer_id: str) -> None:
         self.rejected += 1
