@@ -1,7 +1,7 @@
 """Catch-up patches: one patch from version a to version b for a peer that fell behind.
 
 Entries that change in several steps are sent once, with their final value, so a catch-up
-patch is much smaller than the sum of the patches a+1..b (see bench/results/chain.md).
+patch is much smaller than the sum of the patches a+1..b (see bench/RESULTS.md, version chain section).
 A catch-up patch needs no signature of its own: the codec header names the base and result
 state hashes, and the receiver checks them against the signed records of a and b
 (``check_catchup``), then ``apply_patch(..., verify=True)`` checks the state it produced.

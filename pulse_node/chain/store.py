@@ -372,6 +372,17 @@ class VersionStore:
             v -= 1
         return v if v in self._files["anchor"] else self._plan(low)
 
+    def discard_from(self, version: int) -> list[Path]:
+        """Forget every version >= ``version`` (newest first): how a trainer leaves a fork.
+
+        Crash-safe like retention: each record goes before its data, so an interrupted discard
+        leaves a shorter valid chain.
+        """
+        self._require_writer()
+        doomed = sorted({v for v in self._records if v >= version}
+                        | {v for kind in _DATA_KINDS for v in self._files[kind] if v >= version}, reverse=True)
+        return [p for v in doomed for p in self._delete_version(v)]
+
     def _delete_version(self, v: int) -> list[Path]:
         removed = []
         if v in self._records:  # record first: the version stops being READY before data goes

@@ -6,7 +6,7 @@ name, the shape and the raw little-endian bits, each length-prefixed so no two d
 states share an encoding.
 
 Algorithm: BLAKE3 (256-bit). ``bench/codec.py`` measured the candidates over this canonical
-encoding of a 512 MB state on the shared 2-core box (2026-11-21, bench/results/codec.md):
+encoding of a 512 MB state on the shared 2-core box (2026-11-21, bench/RESULTS.md, codec section):
 xxh3-128 8.3 GB/s, BLAKE3 2.0 GB/s on one thread / 3.6 GB/s with its thread pool, SHA-256
 0.7 GB/s (on a quiet moment earlier, 80 MB: 11.2 / 4.7 / 8.7 / 1.4 GB/s). xxh3-128 is faster
 but not collision resistant: anyone can craft a second state or patch with the same xxh3

@@ -134,4 +134,5 @@ class OuterOptimizer:
             t.copy_(params[n])
             self.momentum[n].copy_(momentum[n])
         self.round = int(state["round"])
+        self._hash = None  # the cached base hash described the state we just replaced
         self._hash = None

@@ -21,7 +21,7 @@ from collections import deque
 
 import torch
 
-from pulse_node.chain.record import VersionRecord, encode_record
+from pulse_node.chain.record import VersionRecord, decode_record, encode_record
 from pulse_node.config import TrainerConfig
 from pulse_node.errors import PulseError
 from pulse_node.loco.outer import OuterOptimizer
@@ -62,6 +62,8 @@ class TrainerRole:
         self.batches: deque[list[Rollout]] = deque(maxlen=64)
         self.loco_inbox: dict[int, dict[str, LocoPayload]] = {}
         self.worker_version = -1
+        self.peer_heads: dict[int, dict[str, str]] = {}  # version -> trainer -> announced state hash
+        self.published_hashes: dict[int, str] = {}
 
     @property
     def version(self) -> int:
@@ -115,36 +117,37 @@ class TrainerRole:
         return None
 
     def _resync(self, peer) -> bool:
-        """Adopt ``peer``'s FP32 global weights, momentum and chain; False if that failed."""
-        from pulse_node.node.syncer import VersionSync
+        """Adopt ``peer``'s FP32 global weights, momentum and head record; False if that failed.
+
+        The trainer state carries its signed record and is checked against it, so nothing else
+        has to be fetched first; the BF16 state becomes our store's current version.
+        """
         from pulse_node.node.trust import TrustPolicy
 
-        trust = TrustPolicy(trusted=self.cfg.chain.trusted_trainers)
-        sync = VersionSync(self.ctx.store, self.ctx.transport, trust, net=self.cfg.net)
         try:
-            for _ in range(5):
-                outer_state, record = self._fetch_trainer_state(peer, trust)
-                deadline = time.monotonic() + self.cfg.net.fetch_timeout_s
-                while (sync.record is None or sync.record.version < record.version) and time.monotonic() < deadline:
-                    if self.ctx.stop.is_set():
-                        return False
-                    sync.step(self.ctx.peers())
-                if sync.record is not None and sync.record.version == record.version:
-                    break
-            else:
-                return False
+            outer_state, record = self._fetch_trainer_state(peer, TrustPolicy(trusted=self.cfg.chain.trusted_trainers))
+            state = module_state(outer_state["params"].items())
+            self._adopt_into_store(record, state)
         except PulseError as exc:
             self.ctx.status.error(f"re-sync from {peer.peer_id[:12]} failed: {exc}")
             return False
-        finally:
-            sync.close()
         self.outer.load_state_dict(outer_state)
         self._reset_local()
-        self.publisher.adopt(sync.record, sync.state)
+        self.publisher.adopt(record, state)
         self.ctx.status.add("resyncs")
         self.ctx.log.info("adopted state of %s at version %d", peer.peer_id[:12], record.version)
         self._announce()
         return True
+
+    def _adopt_into_store(self, record: VersionRecord, state) -> None:
+        """Make ``record`` our store's current version, dropping our own fork if we had one."""
+        ours = self.ctx.store.record(record.version - 1)
+        same = self.ctx.store.record(record.version)
+        newer = any(v > record.version for v in self.ctx.store.versions())
+        if newer or (ours is not None and ours.chain_hash != record.parent_chain_hash) or \
+                (same is not None and same.chain_hash != record.chain_hash):
+            self.ctx.store.discard_from(0)
+        self.ctx.store.put_current(record, state)
 
     def _fetch_trainer_state(self, peer, trust) -> tuple[dict, "VersionRecord"]:
         dest = self.ctx.store.root / f".trainer-state-{peer.peer_id[:16]}.part"
@@ -158,14 +161,19 @@ class TrainerRole:
         return outer_state, record
 
     def _check_agreement(self) -> None:
-        """Re-sync if a lower-id trainer at our version holds a different state."""
-        head = self.publisher.head
+        """Re-sync if a lower-id trainer announced a different state for a version we published."""
         me = self.ctx.transport.peer_id
-        for p in self.ctx.peers("trainer"):
-            if p.version == head.version and p.state_hash and p.state_hash != head.state_hash and p.peer_id < me:
-                self.ctx.status.error(f"state differs from {p.peer_id[:12]} at version {head.version}; re-syncing")
-                self._resync(p)
-                return
+        for version in sorted(self.peer_heads):
+            mine = self.published_hashes.get(version)
+            for peer_id, digest in sorted(self.peer_heads[version].items()):
+                if mine and digest != mine and peer_id < me:
+                    peer = next((p for p in self.ctx.peers("trainer") if p.peer_id == peer_id), None)
+                    self.ctx.status.error(f"state differs from {peer_id[:12]} at version {version}; re-syncing")
+                    self.peer_heads.clear()
+                    if peer is not None:
+                        self._resync(peer)
+                    return
+        self.peer_heads = {v: h for v, h in self.peer_heads.items() if v > self.version - 8}
 
     def _idle_until_stopped(self) -> None:
         """Keep serving and announcing the final version until asked to stop."""
@@ -248,6 +256,8 @@ class TrainerRole:
             entry["eval"] = self._evaluate(state, pub.record.version)
             self.ctx.status.update(eval_accuracy=entry["eval"])
         self.ctx.status.record_version(entry)
+        self.published_hashes[pub.record.version] = pub.record.state_hash
+        self.published_hashes = {v: h for v, h in self.published_hashes.items() if v > pub.record.version - 8}
         export_trainer_state(self.ctx.store.root, params=self.global_params, momentum=self.outer.momentum,
                              record=pub.record)
         self._announce(push=True)
@@ -265,7 +275,7 @@ class TrainerRole:
         self.ctx.announce(version=head.version, chain_hash=head.chain_hash, state_hash=head.state_hash)
         if push:
             data = encode_record(head)
-            for peer in self.ctx.peers("inference"):
+            for peer in self.ctx.peers():  # inference nodes learn the head, trainers compare states
                 try:
                     self.ctx.transport.push(peer, "head", data, timeout=5.0)
                 except PulseError:
@@ -278,6 +288,9 @@ class TrainerRole:
                 if ev.kind == "rollouts":
                     self.batches.append(decode_rollouts(ev.data))
                     self.ctx.status.add("rollouts_in", len(self.batches[-1]))
+                elif ev.kind == "head":
+                    rec = decode_record(ev.data)
+                    self.peer_heads.setdefault(rec.version, {})[ev.sender] = rec.state_hash
                 elif ev.kind == "loco":
                     p = decode_payload(ev.data, shapes=self.shapes, max_bytes=self.cfg.loco.max_payload_bytes)
                     if p.trainer_id != ev.sender:
