@@ -152,7 +152,7 @@ class ComposeAsProcesses:
             alive = all(self._alive(s) for s in services)
             if alive and min(self.status(s).get("version", -1) for s in services) >= version:
                 return
-            time.sleep(0.5)
+            time.sleep(0.2)  # poll interval of a predicate wait with a deadline
         report = "\n".join(f"--- {s}: version {self.status(s).get('version', -1)}\n{self.log_tail(s, 8)}"
                            for s in services)
         pytest.fail(f"timed out after {timeout:.0f}s waiting for version {version}:\n{report}")
