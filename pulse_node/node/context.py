@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from dataclasses import dataclass, field
 
 from pulse_node.chain.identity import Identity
@@ -56,7 +55,3 @@ class RoleContext:
     def wait(self, seconds: float) -> bool:
         """Sleep up to ``seconds`` unless asked to stop; True if stopping."""
         return self.stop.wait(seconds)
-
-
-def deadline_after(seconds: float) -> float:
-    return time.monotonic() + seconds

@@ -160,11 +160,10 @@ class LocalSwarm:
                 p.wait(timeout=max(0.05, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 pass
-        for p in procs:
+        for p in procs:  # also reaches workers orphaned by a node that died
+            _signal_group(p, signal.SIGKILL)
             if p.poll() is None:
-                _signal_group(p, signal.SIGKILL)
                 p.wait(timeout=5)
-            _signal_group(p, signal.SIGKILL)  # workers orphaned by a crashed node
 
     # ---- summary -------------------------------------------------------------------------
     def summary(self) -> dict[str, Any]:
@@ -187,8 +186,9 @@ class LocalSwarm:
 
 
 def _signal_group(p: subprocess.Popen, sig: int) -> None:
-    if p.poll() is None:
-        try:
-            os.killpg(p.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
+    """Signal the child's process group (its session), which outlives the leader while any
+    member (a worker) still runs; an empty group is a no-op."""
+    try:
+        os.killpg(p.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass

@@ -208,10 +208,11 @@ class VersionSync:
                 if not self.trust.check(rec, sender=peer.peer_id, trainer_keys=keys):
                     continue
                 patch = self._fetch(peer, "catchup", {"base": self.record.version, "target": head})
-                new_state = apply_patch(self.state, patch, verify=True, base_hash=self.record.state_hash)
-                if state_hash(new_state) != rec.state_hash:
+                if read_header(patch).result_state_hash != rec.state_hash:
                     self.trust.strike(peer.peer_id)
                     raise IntegrityError("catch-up result differs from the signed head")
+                # apply checks the result against that hash, so it is not computed twice
+                new_state = apply_patch(self.state, patch, verify=True, base_hash=self.record.state_hash)
                 self.store.put_current(rec, new_state)  # a restart resumes from here
                 self._adopt(rec, new_state)
                 self.counters["catchups"] += 1
