@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from pulse_node.codec import kernels as K
 from pulse_node.codec.positions import Classes
 from pulse_node.codec.values import FLOAT_LAYOUT, exponent_labels
 
@@ -60,6 +61,12 @@ def position_classes(dtype: str, base_bits: np.ndarray, threshold: int) -> Class
     if threshold == 0:
         return Classes.single(numel)
     width, mant = FLOAT_LAYOUT[dtype]
+    if K.AVAILABLE:
+        bits = np.ascontiguousarray(base_bits).reshape(-1)
+        n = K.count_below(bits, threshold << mant, (1 << (width - 1)) - 1)
+        members, labels = np.empty(n, np.int64), np.empty(n, np.uint8)
+        K.members_below(bits, threshold << mant, (1 << (width - 1)) - 1, mant, members, labels)
+        return Classes(numel, members, labels, BACKGROUND)
     magnitude = base_bits & np.array((1 << (width - 1)) - 1, dtype=base_bits.dtype)
     members = np.flatnonzero(magnitude < np.array(threshold << mant, dtype=base_bits.dtype))
     return Classes(numel, members, exponent_labels(dtype, base_bits[members]), BACKGROUND)

@@ -5,7 +5,7 @@
 - ``geometric_freqs``: integer frequency table of the bins under a geometric distribution,
   computed with correctly rounded IEEE operations only, so every machine builds the same
   table from the same (count, universe) pair and no table travels on the wire.
-- ``pack_bits`` / ``unpack_bits``: variable-width raw fields, vectorized.
+- ``BitWriter`` / ``BitReader``: variable-width raw fields back to back in one bit stream, vectorized.
 - ``ans_encode`` / ``AnsDecoder``: thin wrappers over ``constriction``'s rANS coder with categorical models built
   from integer frequency tables.
 
@@ -18,6 +18,7 @@ import functools
 
 import numpy as np
 
+from pulse_node.codec import kernels as K
 from pulse_node.errors import PatchError
 
 #: values below this are their own bin
@@ -35,6 +36,16 @@ def n_gap_bins(max_value: int) -> int:
 
 def gap_bins(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Split values in [0, 2**52) into (bin symbol, number of extra bits, extra bits)."""
+    if not K.AVAILABLE:
+        return gap_bins_np(values)
+    v = np.ascontiguousarray(values, dtype=np.int64).reshape(-1)
+    sym, nextra, extra = np.empty(v.size, np.int32), np.empty(v.size, np.int64), np.empty(v.size, np.int64)
+    K.bin_values(v, sym, nextra, extra)
+    return sym, nextra, extra
+
+
+def gap_bins_np(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The numpy twin of ``gap_bins`` (reference and fallback)."""
     v = values.astype(np.int64, copy=False)
     _, blen = np.frexp(v.astype(np.float64))  # exact bit length below 2**53
     big = v >= EXACT_BINS
@@ -61,6 +72,13 @@ def bin_bounds(n_bins: int) -> tuple[np.ndarray, np.ndarray]:
 
 def gap_unbins(sym: np.ndarray, extra_reader: "BitReader") -> np.ndarray:
     """Inverse of ``gap_bins``: bin symbols plus extra bits from ``extra_reader``."""
+    if K.AVAILABLE:
+        return extra_reader.unbin(sym)
+    return gap_unbins_np(sym, extra_reader)
+
+
+def gap_unbins_np(sym: np.ndarray, extra_reader: "BitReader") -> np.ndarray:
+    """The numpy twin of ``gap_unbins``."""
     n_bins = int(sym.max()) + 1 if sym.size else EXACT_BINS
     low, nextra = bin_bounds(max(n_bins, EXACT_BINS))
     s = sym.astype(np.int64)
@@ -96,6 +114,17 @@ def geometric_freqs(count: int, universe: int, n_bins: int) -> np.ndarray:
 
 def group_by_label(labels: np.ndarray) -> tuple[np.ndarray, list[tuple[int, int, int]]]:
     """Stable order of small-int labels (0..255) and the (label, start, end) runs of that order."""
+    if not K.AVAILABLE:
+        return group_by_label_np(labels)
+    lab = np.ascontiguousarray(labels, dtype=np.uint8).reshape(-1)
+    order, counts = np.empty(lab.size, np.int64), np.zeros(256, np.int64)
+    K.label_order(lab, order, counts)
+    ends = np.cumsum(counts)
+    return order, [(int(k), int(ends[k] - counts[k]), int(ends[k])) for k in np.flatnonzero(counts)]
+
+
+def group_by_label_np(labels: np.ndarray) -> tuple[np.ndarray, list[tuple[int, int, int]]]:
+    """The numpy twin of ``group_by_label``."""
     order = np.argsort(labels.astype(np.uint8), kind="stable")  # radix sort on uint8
     w = labels[order]
     cuts = np.flatnonzero(w[1:] != w[:-1]) + 1
@@ -104,65 +133,141 @@ def group_by_label(labels: np.ndarray) -> tuple[np.ndarray, list[tuple[int, int,
     return order, [(int(w[s]), int(s), int(e)) for s, e in zip(starts, ends)] if w.size else []
 
 
-def _width_groups(widths: np.ndarray) -> tuple[np.ndarray, list[tuple[int, int, int]]]:
-    order, groups = group_by_label(widths)
-    return order, [g for g in groups if g[0] > 0]
+#: bins of the widest raw field
+_MAX_BINS = EXACT_BINS + (1 << SUB_BITS) * (62 + SUB_BITS + 1 - 4)
+#: fields at most this wide are read with one unaligned 64-bit load (offset in a byte <= 7)
+_ONE_LOAD_BITS = 56
+#: widest raw field (gap extra bits of values below 2**62)
+MAX_FIELD_BITS = 62
+_U64 = np.uint64
+
+
+def _masks(widths: np.ndarray) -> np.ndarray:
+    return (_U64(1) << widths.astype(_U64)) - _U64(1)
+
+
+def _split_at_32(values: np.ndarray, widths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Fields wider than 32 bits as two fields (low 32 bits, then the rest): same bit stream."""
+    wide = widths > 32
+    if not wide.any():
+        return values, widths
+    reps = np.where(wide, 2, 1)
+    first = np.cumsum(reps) - reps
+    v, w = np.repeat(values, reps), np.repeat(widths, reps)
+    v[first[wide]] = values[wide] & _U64(0xFFFFFFFF)
+    w[first[wide]] = 32
+    v[first[wide] + 1] = values[wide] >> _U64(32)
+    w[first[wide] + 1] = widths[wide] - 32
+    return v, w
 
 
 class BitWriter:
     """Collects variable-width raw fields and packs them into bytes.
 
-    Each ``write`` call is one segment; inside it fields are stored grouped by width
-    (stable), which the reader reproduces from the same widths.
+    Fields are stored in call order, each LSB-first, back to back in one little-endian bit
+    stream; widths are at most ``MAX_FIELD_BITS``.
     """
 
     def __init__(self) -> None:
-        self._chunks: list[np.ndarray] = []
+        self._values: list[np.ndarray] = []
+        self._widths: list[np.ndarray] = []
 
     def write(self, values: np.ndarray, widths: np.ndarray) -> None:
-        if values.size == 0:
-            return
-        widths = widths.astype(np.int64, copy=False)
-        values = values.astype(np.uint64, copy=False)
-        order, groups = _width_groups(widths)
-        for w, s, e in groups:
-            v = values[order[s:e]]
-            bits = (v[:, None] >> np.arange(w, dtype=np.uint64)[None, :]) & np.uint64(1)
-            self._chunks.append(bits.astype(np.uint8).reshape(-1))
+        if values.size:
+            self._values.append(values.astype(np.int64).reshape(-1))
+            self._widths.append(widths.astype(np.int64).reshape(-1))
 
     def getvalue(self) -> bytes:
-        if not self._chunks:
+        if not self._values:
             return b""
-        return np.packbits(np.concatenate(self._chunks), bitorder="little").tobytes()
+        values, widths = np.concatenate(self._values), np.concatenate(self._widths)
+        if not K.AVAILABLE:
+            return pack_fields_np(values, widths)
+        out = np.zeros((int(widths.sum()) + 7) // 8, np.uint8)
+        K.write_fields(values, widths, out)
+        return out.tobytes()
+
+
+def pack_fields_np(values: np.ndarray, widths: np.ndarray) -> bytes:
+    """The numpy twin of ``BitWriter.getvalue``: fields never overlap, so OR-ing them into
+    32-bit words is a weighted ``bincount`` (exact in float64) of each field's two words."""
+    values, widths = _split_at_32(values.astype(_U64), widths)
+    if not widths.any():
+        return b""
+    ends = np.cumsum(widths)
+    starts = ends - widths
+    nwords = (int(ends[-1]) + 31) // 32
+    shifted = (values & _masks(widths)) << (starts & 31).astype(_U64)
+    word = starts >> 5
+    lo = np.bincount(word, weights=(shifted & _U64(0xFFFFFFFF)).astype(np.float64), minlength=nwords + 1)
+    hi = np.bincount(word + 1, weights=(shifted >> _U64(32)).astype(np.float64), minlength=nwords + 1)
+    return (lo + hi)[:nwords].astype("<u4").tobytes()[:(int(ends[-1]) + 7) // 8]
 
 
 class BitReader:
     """Reads back fields written by ``BitWriter`` (caller supplies the same widths)."""
 
     def __init__(self, data: bytes) -> None:
-        self._bits = np.unpackbits(np.frombuffer(data, dtype=np.uint8), bitorder="little")
+        self._buf = np.frombuffer(data, dtype=np.uint8)
+        self._nbits = 8 * len(data)
         self._pos = 0
 
     def read(self, widths: np.ndarray) -> np.ndarray:
-        widths = widths.astype(np.int64, copy=False)
-        out = np.zeros(widths.shape, np.int64)
+        widths = np.ascontiguousarray(widths, dtype=np.int64).reshape(-1)
         if widths.size == 0:
-            return out
-        if int(widths.max()) > 62 or int(widths.min()) < 0:
+            return np.zeros(0, np.int64)
+        if int(widths.max()) > MAX_FIELD_BITS or int(widths.min()) < 0:
             raise PatchError("raw field width out of range")
-        if self._pos + int(widths.sum()) > self._bits.size:
-            raise PatchError("raw bit stream is truncated")
-        order, groups = _width_groups(widths)
-        for w, s, e in groups:
-            n = e - s
-            bits = self._bits[self._pos:self._pos + n * w].reshape(n, w).astype(np.int64)
-            self._pos += n * w
-            out[order[s:e]] = bits @ (np.int64(1) << np.arange(w, dtype=np.int64))
+        if not K.AVAILABLE:
+            return self._read_np(widths)
+        out = np.empty(widths.size, np.int64)
+        self._advance(K.read_fields(self._buf, self._pos, self._nbits, widths, out))
         return out
+
+    def unbin(self, sym: np.ndarray) -> np.ndarray:
+        """Gap values of bin symbols, their extra bits read from here (see ``gap_unbins``)."""
+        sym = np.ascontiguousarray(sym, dtype=np.int64).reshape(-1)
+        n_bins = int(sym.max()) + 1 if sym.size else EXACT_BINS
+        low, nextra = bin_bounds(min(max(n_bins, EXACT_BINS), _MAX_BINS))
+        out = np.empty(sym.size, np.int64)
+        self._advance(K.unbin(sym, low, nextra, self._buf, self._pos, self._nbits, out))
+        return out
+
+    def _advance(self, status: int) -> None:
+        if status == K.TRUNCATED:
+            raise PatchError("raw bit stream is truncated")
+        if status == K.BAD_SYMBOL:
+            raise PatchError("bin symbol out of range")
+        self._pos = int(status)
+
+    def _read_np(self, widths: np.ndarray) -> np.ndarray:
+        if widths.size == 0:
+            return np.zeros(0, np.int64)
+        ends = np.cumsum(widths) + self._pos
+        if int(ends[-1]) > self._nbits:
+            raise PatchError("raw bit stream is truncated")
+        starts = ends - widths
+        padded = np.zeros(self._buf.size + 8, np.uint8)
+        padded[:self._buf.size] = self._buf
+        words = np.ndarray((self._buf.size + 1,), dtype="<u8", buffer=padded.data, strides=(1,))
+        wide = widths > _ONE_LOAD_BITS
+        out = _load(words, starts, np.where(wide, 32, widths))
+        if wide.any():
+            out[wide] |= _load(words, starts[wide] + 32, widths[wide] - 32) << _U64(32)
+        self._pos = int(ends[-1])
+        return out.view(np.int64)
 
     def remaining_bytes(self) -> int:
         """Whole unread bytes (padding of the last byte does not count)."""
-        return (self._bits.size - self._pos) // 8
+        return (self._nbits - self._pos) // 8
+
+
+def _load(words: np.ndarray, starts: np.ndarray, widths: np.ndarray) -> np.ndarray:
+    """Fields of <= 56 bits at bit offsets ``starts`` (``words[j]``: 8 bytes from byte j)."""
+    word = np.take(words, starts >> 3)
+    word >>= (starts & 7).astype(_U64)
+    word &= _masks(widths)
+    return word
 
 
 def categorical(freqs: np.ndarray, *, uses: int | None = None):

@@ -107,17 +107,18 @@ def _prepare(name: str, old: TensorBits, new: TensorBits, idx: np.ndarray, mode:
 
 
 def _build_tables(pending: list[_Pending]) -> dict[tuple[int, str, int], np.ndarray]:
-    counts: dict[tuple[int, str, int], np.ndarray] = {}
+    """Symbol counts per value model over the whole patch (the header carries them)."""
+    parts: dict[tuple[int, str, int], list[np.ndarray]] = {}
     for p in pending:
         for key, sym in zip(p.keys, p.symbols):
-            c = np.bincount(sym, minlength=256 if key[0] == V.PLANES else 1)
-            prev = counts.get(key)
-            if prev is not None and prev.size < c.size:
-                prev = np.pad(prev, (0, c.size - prev.size))
-            elif prev is not None:
-                c = np.pad(c, (0, prev.size - c.size))
-            counts[key] = c if prev is None else prev + c
-    return counts
+            parts.setdefault(key, []).append(np.bincount(sym, minlength=256 if key[0] == V.PLANES else 1))
+    tables = {}
+    for key, counts in parts.items():
+        total = np.zeros(max(c.size for c in counts), np.int64)
+        for c in counts:
+            total[:c.size] += c
+        tables[key] = total
+    return tables
 
 
 def _encode_tensor(p: _Pending, models: Mapping[tuple[int, str, int], object]) -> bytes:
@@ -242,6 +243,7 @@ def _table(tables: Mapping[tuple[int, str, int], ValueTable], key: tuple[int, st
 
 def _decode_values(entry: TensorEntry, old: np.ndarray, words: bytes, raw_bytes: bytes,
                    models: _Models, labels: np.ndarray | None) -> np.ndarray:
+    """New bits (planes) or ``zigzag(delta) - 1`` (delta) of the changed elements."""
     dec, raw = AnsDecoder(words), BitReader(raw_bytes)
     if entry.value_coding == V.PLANES:
         planes = [dec.decode(old.size, models.get_model((V.PLANES, entry.dtype, j), entry.name))
@@ -254,7 +256,7 @@ def _decode_values(entry: TensorEntry, old: np.ndarray, words: bytes, raw_bytes:
         order, groups = group_by_label(labels)
         for label, s, e in groups:
             sym[order[s:e]] = dec.decode(e - s, models.get_model((V.DELTA, entry.dtype, label), entry.name))
-        out = V.apply_delta(entry.dtype, old, gap_unbins(sym, raw))
+        out = gap_unbins(sym, raw)
     if not dec.is_empty() or raw.remaining_bytes() > 0:
         raise PatchError(f"tensor {entry.name!r}: value stream has trailing data")
     return out
@@ -262,6 +264,7 @@ def _decode_values(entry: TensorEntry, old: np.ndarray, words: bytes, raw_bytes:
 
 def _decode_tensor(entry: TensorEntry, base: TensorBits, blob: memoryview,
                    models: _Models) -> tuple[np.ndarray, np.ndarray]:
+    """Changed positions and their decoded values (see ``_decode_values``)."""
     pos_blob, words, raw = _split_stream(blob, entry.name)
     idx = _decode_positions(entry, base.bits, pos_blob)
     old = base.bits[idx]
@@ -286,7 +289,10 @@ _WORKERS = min(8, os.cpu_count() or 1)
 def _patched_bits(entry: TensorEntry, b: TensorBits, payload: memoryview, models: "_Models") -> np.ndarray:
     idx, vals = _decode_tensor(entry, b, payload[entry.offset:entry.offset + entry.length], models)
     bits = b.bits.copy()
-    bits[idx] = vals
+    if entry.value_coding == V.PLANES:
+        bits[idx] = vals
+    else:
+        V.apply_delta_into(entry.dtype, bits, idx, vals)
     return bits
 
 

@@ -32,11 +32,12 @@ from dataclasses import dataclass
 import msgpack
 import numpy as np
 
+from pulse_node.codec import kernels as K
 from pulse_node.codec.entropy import AnsDecoder, BitReader, BitWriter, ans_encode, gap_bins, gap_unbins, \
     geometric_freqs, group_by_label, n_gap_bins
 from pulse_node.errors import PatchError
 
-POSITIONS_VERSION = 1
+POSITIONS_VERSION = 2
 MAX_LABEL = 255
 _SAMPLE_STRIDE = 61
 
@@ -81,10 +82,23 @@ class Classes:
         """For sorted indices: member mask, labels of the members, members before each index."""
         if not self.members.size:
             return np.zeros(idx.size, bool), np.zeros(0, np.uint8), np.zeros(idx.size, np.int64)
+        if K.AVAILABLE:
+            hit, before = np.empty(idx.size, bool), np.empty(idx.size, np.int64)
+            K.locate(self.members, idx, hit, before)
+            return hit, self.labels[before[hit]], before
         before = np.searchsorted(self.members, idx)
         pos = np.minimum(before, self.members.size - 1)
         hit = self.members[pos] == idx
         return hit, self.labels[pos[hit]], before
+
+    def background_positions(self, ranks: np.ndarray) -> np.ndarray:
+        """Flat indices of the background elements with the given sorted ranks."""
+        if K.AVAILABLE:
+            out = np.empty(ranks.size, np.int64)
+            K.background_positions(ranks, self.members, out)
+            return out
+        shifted = self.members - np.arange(self.members.size)
+        return ranks + np.searchsorted(shifted, ranks, side="right")
 
 
 def _check_idx(idx: np.ndarray, numel: int) -> np.ndarray:
@@ -197,9 +211,7 @@ def decode_positions(data: bytes, numel: int, *, context: np.ndarray | None = No
             size = numel - classes.members.size
             if cnt > size:
                 raise PatchError("position stream declares more positions than its class holds")
-            ranks = _decode_class(cnt, size, dec, raw)
-            shifted = classes.members - np.arange(classes.members.size)
-            parts.append(ranks + np.searchsorted(shifted, ranks, side="right"))
+            parts.append(classes.background_positions(_decode_class(cnt, size, dec, raw)))
         else:
             uni = universes.get(label)
             if uni is None or cnt > uni.size:

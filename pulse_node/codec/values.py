@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from pulse_node.codec import kernels as K
 from pulse_node.codec.entropy import gap_bins
 
 #: float dtype -> (bit width, mantissa bits)
@@ -67,14 +68,36 @@ def key_to_bits(dtype: str, key: np.ndarray) -> np.ndarray:
     return key
 
 
+def _kind(dtype: str) -> int:
+    return K.FLOAT if dtype in FLOAT_LAYOUT else K.SIGNED if dtype in SIGNED_INTS else K.UNSIGNED
+
+
 def delta_symbols(dtype: str, old: np.ndarray, new: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Changed elements -> (bin symbol, extra-bit widths, extra bits) of zigzag(delta) - 1."""
+    if not K.AVAILABLE:
+        return delta_symbols_np(dtype, old, new)
+    zm1 = np.empty(old.size, np.int64)
+    K.delta_zig(np.ascontiguousarray(old), np.ascontiguousarray(new), _kind(dtype), width_of(old), zm1)
+    return gap_bins(zm1)
+
+
+def delta_symbols_np(dtype: str, old: np.ndarray, new: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The numpy twin of ``delta_symbols``."""
     width = width_of(old)
     diff = (ordered_key(dtype, new) - ordered_key(dtype, old)).astype(np.int64)
     if width < 64:
         diff = np.where(diff >= 1 << (width - 1), diff - (1 << width), diff)  # to signed
     zig = np.where(diff >= 0, 2 * diff, -2 * diff - 1)  # nonzero delta -> zig >= 1
     return gap_bins(zig - 1)
+
+
+def apply_delta_into(dtype: str, bits: np.ndarray, idx: np.ndarray, zig_minus_one: np.ndarray) -> None:
+    """In place: ``bits[idx]`` moved by the decoded deltas (``bits`` is the caller's copy)."""
+    if not K.AVAILABLE:
+        bits[idx] = apply_delta(dtype, bits[idx], zig_minus_one)
+        return
+    K.apply_delta(bits, np.ascontiguousarray(idx, dtype=np.int64), np.ascontiguousarray(zig_minus_one, dtype=np.int64),
+                  _kind(dtype), width_of(bits))
 
 
 def apply_delta(dtype: str, old: np.ndarray, zig_minus_one: np.ndarray) -> np.ndarray:

@@ -1,0 +1,219 @@
+"""Compiled inner loops of the patch codec (numba, GIL released, cached on disk).
+
+The codec's per-element work (raw bit fields, gap bins, label grouping, ulp deltas) is a
+handful of short scalar loops; as numpy passes each costs several full array sweeps and
+temporaries, compiled they are one sweep each. Every kernel has a vectorized numpy twin in
+``entropy`` / ``values`` that defines the same format: the twins are the test oracle
+(tests/test_codec_kernels.py) and the fallback when numba is not importable (``AVAILABLE``).
+
+Kernels never raise: they return a negative status that the caller turns into a typed
+``PatchError``. Element kinds for the order-preserving key: ``FLOAT`` (sign-magnitude),
+``SIGNED`` (two's complement), ``UNSIGNED``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+try:  # numba is a declared dependency; the numpy twins keep the codec working without it
+    from numba import njit
+except ImportError:  # pragma: no cover - exercised only on platforms without numba wheels
+    njit = None
+
+AVAILABLE = njit is not None
+FLOAT, SIGNED, UNSIGNED = 0, 1, 2
+#: kernel status codes
+TRUNCATED, BAD_SYMBOL = -1, -2
+
+
+def _jit(fn):
+    return njit(cache=True, nogil=True)(fn) if AVAILABLE else None
+
+
+def _read_fields(buf, pos, nbits, widths, out):
+    """Read ``widths[i]``-bit LSB-first fields from bit ``pos``; new position or TRUNCATED."""
+    for i in range(widths.size):
+        w = widths[i]
+        if pos + w > nbits:
+            return TRUNCATED
+        v = 0
+        got = 0
+        while got < w:
+            off = pos & 7
+            take = min(8 - off, w - got)
+            v |= ((np.int64(buf[pos >> 3]) >> off) & ((1 << take) - 1)) << got
+            got += take
+            pos += take
+        out[i] = v
+    return pos
+
+
+def _unbin(sym, low, nextra, buf, pos, nbits, out):
+    """``out[i] = low[sym[i]] + next nextra[sym[i]] raw bits``; new position or a status."""
+    n_bins = low.size
+    for i in range(sym.size):
+        s = sym[i]
+        if s < 0 or s >= n_bins:
+            return BAD_SYMBOL
+        w = nextra[s]
+        if pos + w > nbits:
+            return TRUNCATED
+        v = 0
+        got = 0
+        while got < w:
+            off = pos & 7
+            take = min(8 - off, w - got)
+            v |= ((np.int64(buf[pos >> 3]) >> off) & ((1 << take) - 1)) << got
+            got += take
+            pos += take
+        out[i] = low[s] + v
+    return pos
+
+
+def _write_fields(values, widths, out):
+    """OR the fields into the zeroed byte buffer ``out`` back to back; bits written."""
+    pos = 0
+    for i in range(values.size):
+        w = widths[i]
+        v = values[i]
+        while w > 0:
+            off = pos & 7
+            take = min(8 - off, w)
+            out[pos >> 3] |= np.uint8((v & ((1 << take) - 1)) << off)
+            v >>= take
+            w -= take
+            pos += take
+    return pos
+
+
+def _bin_values(values, sym, nextra, extra):
+    """Gap bins of non-negative values: exact below 16, then 4 bins per octave."""
+    for i in range(values.size):
+        x = values[i]
+        if x < 16:
+            sym[i] = x
+            nextra[i] = 0
+            extra[i] = 0
+            continue
+        blen = 0
+        t = x
+        while t:
+            t >>= 1
+            blen += 1
+        ne = blen - 3
+        sym[i] = 16 + (ne - 2) * 4 + ((x >> ne) & 3)
+        nextra[i] = ne
+        extra[i] = x & ((1 << ne) - 1)
+
+
+def _label_order(labels, order, counts):
+    """Stable counting sort of uint8 labels: ``order`` and per-label ``counts`` (256)."""
+    for i in range(labels.size):
+        counts[labels[i]] += 1
+    starts = np.zeros(256, np.int64)
+    acc = 0
+    for k in range(256):
+        starts[k] = acc
+        acc += counts[k]
+    for i in range(labels.size):
+        label = labels[i]
+        order[starts[label]] = i
+        starts[label] += 1
+
+
+def _key(b, kind, sign, mask):
+    if kind == 0:
+        return (~b) & mask if b & sign else b | sign
+    if kind == 1:
+        return b ^ sign
+    return b
+
+
+def _unkey(k, kind, sign, mask):
+    if kind == 0:
+        return k ^ sign if k & sign else (~k) & mask
+    if kind == 1:
+        return k ^ sign
+    return k
+
+
+def _delta_zig(old, new, kind, width, out):
+    """``zigzag(key(new) - key(old) mod 2**width) - 1`` of changed elements (all >= 0)."""
+    mask = (1 << width) - 1
+    sign = 1 << (width - 1)
+    for i in range(old.size):
+        ko = _key(np.int64(old[i]), kind, sign, mask)
+        kn = _key(np.int64(new[i]), kind, sign, mask)
+        d = (kn - ko) & mask
+        if d >= sign:
+            d -= 1 << width
+        out[i] = 2 * d - 1 if d >= 0 else -2 * d - 2
+
+
+def _apply_delta(bits, idx, zig_minus_one, kind, width):
+    """In place: ``bits[idx[i]]`` moves by the decoded delta in key space (mod 2**width)."""
+    mask = (1 << width) - 1
+    sign = 1 << (width - 1)
+    for i in range(idx.size):
+        j = idx[i]
+        zig = zig_minus_one[i] + 1
+        d = -((zig + 1) >> 1) if zig & 1 else zig >> 1
+        k = (_key(np.int64(bits[j]), kind, sign, mask) + d) & mask
+        bits[j] = _unkey(k, kind, sign, mask)
+
+
+def _count_below(bits, limit, magnitude_mask):
+    """How many elements have magnitude (bits without the sign) below ``limit``."""
+    n = 0
+    for i in range(bits.size):
+        if (np.int64(bits[i]) & magnitude_mask) < limit:
+            n += 1
+    return n
+
+
+def _members_below(bits, limit, magnitude_mask, mant, members, labels):
+    """Indices and exponent fields of the elements with magnitude below ``limit``."""
+    k = 0
+    for i in range(bits.size):
+        m = np.int64(bits[i]) & magnitude_mask
+        if m < limit:
+            members[k] = i
+            labels[k] = m >> mant
+            k += 1
+
+
+def _background_positions(ranks, members, out):
+    """Absolute positions of background ranks (both sorted): skip the members before each."""
+    j = 0
+    for i in range(ranks.size):
+        r = ranks[i]
+        while j < members.size and members[j] - j <= r:
+            j += 1
+        out[i] = r + j
+
+
+def _locate(members, idx, hit, before):
+    """For sorted ``idx``: members strictly before each index, and whether it is a member."""
+    j = 0
+    for i in range(idx.size):
+        x = idx[i]
+        while j < members.size and members[j] < x:
+            j += 1
+        before[i] = j
+        hit[i] = j < members.size and members[j] == x
+
+
+if AVAILABLE:
+    _key = njit(cache=True, nogil=True, inline="always")(_key)  # type: ignore[assignment]
+    _unkey = njit(cache=True, nogil=True, inline="always")(_unkey)  # type: ignore[assignment]
+read_fields = _jit(_read_fields)
+unbin = _jit(_unbin)
+write_fields = _jit(_write_fields)
+bin_values = _jit(_bin_values)
+label_order = _jit(_label_order)
+delta_zig = _jit(_delta_zig)
+apply_delta = _jit(_apply_delta)
+count_below = _jit(_count_below)
+members_below = _jit(_members_below)
+background_positions = _jit(_background_positions)
+locate = _jit(_locate)

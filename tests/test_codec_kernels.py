@@ -1,0 +1,120 @@
+"""The compiled codec kernels against their numpy twins (the format's reference)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pulse_node.codec import entropy as E
+from pulse_node.codec import kernels as K
+from pulse_node.codec import values as V
+from pulse_node.codec.patch import apply_patch, make_patch
+from pulse_node.codec.state import TensorBits
+from pulse_node.errors import PatchError
+
+pytestmark = pytest.mark.skipif(not K.AVAILABLE, reason="numba is not installed")
+
+SETTINGS = settings(max_examples=60, deadline=None)
+_ints = st.integers(0, 2**52 - 1) | st.integers(0, 300)
+_widths = st.lists(st.integers(0, 62), min_size=0, max_size=200)
+
+
+@SETTINGS
+@given(st.lists(_ints, max_size=300))
+def test_gap_bins_match_numpy(values):
+    v = np.array(values, np.int64)
+    for got, want in zip(E.gap_bins(v), E.gap_bins_np(v)):
+        assert np.array_equal(got, want)
+
+
+@SETTINGS
+@given(_widths, st.randoms(use_true_random=False))
+def test_bit_fields_match_numpy(widths, rnd):
+    w = np.array(widths, np.int64)
+    v = np.array([rnd.getrandbits(x) if x else 0 for x in widths], np.int64)
+    writer = E.BitWriter()
+    writer.write(v, w)
+    data = writer.getvalue()
+    assert data == E.pack_fields_np(v, w)
+    assert np.array_equal(E.BitReader(data).read(w), v)
+    assert np.array_equal(E.BitReader(data)._read_np(w), v)
+
+
+@SETTINGS
+@given(st.lists(_ints, max_size=300))
+def test_unbin_matches_numpy(values):
+    sym, nextra, extra = E.gap_bins(np.array(values, np.int64))
+    writer = E.BitWriter()
+    writer.write(extra, nextra)
+    data = writer.getvalue()
+    assert np.array_equal(E.BitReader(data).unbin(sym), E.gap_unbins_np(sym, E.BitReader(data)))
+
+
+def test_truncated_and_bad_symbols_are_typed_errors():
+    sym, nextra, extra = E.gap_bins(np.array([1000, 5, 70000], np.int64))
+    writer = E.BitWriter()
+    writer.write(extra, nextra)
+    data = writer.getvalue()
+    with pytest.raises(PatchError, match="truncated"):
+        E.BitReader(data[:1]).unbin(sym)
+    with pytest.raises(PatchError, match="truncated"):
+        E.BitReader(data[:1]).read(nextra)
+    with pytest.raises(PatchError, match="out of range"):
+        E.BitReader(data).unbin(np.array([-1], np.int64))
+    with pytest.raises(PatchError, match="out of range"):
+        E.BitReader(data).read(np.array([63], np.int64))
+
+
+@SETTINGS
+@given(st.lists(st.integers(0, 255), max_size=400))
+def test_label_order_matches_numpy(labels):
+    lab = np.array(labels, np.uint8)
+    order, groups = E.group_by_label(lab)
+    order_np, groups_np = E.group_by_label_np(lab)
+    assert np.array_equal(order, order_np) and groups == groups_np
+
+
+@SETTINGS
+@given(st.sampled_from(["BF16", "F16", "F32", "I32", "I16", "U8", "I8"]), st.integers(0, 2**31),
+       st.integers(1, 200))
+def test_deltas_match_numpy(dtype, seed, n):
+    np_dtype = {"BF16": np.uint16, "F16": np.uint16, "F32": np.uint32, "I32": np.uint32, "I16": np.uint16,
+                "U8": np.uint8, "I8": np.uint8}[dtype]
+    rng = np.random.default_rng(seed)
+    top = np.iinfo(np_dtype).max
+    old = rng.integers(0, top, n, dtype=np_dtype, endpoint=True)
+    step = rng.integers(1, 4, n).astype(np_dtype)
+    new = np.where(rng.random(n) < 0.5, old + step, rng.integers(0, top, n, dtype=np_dtype, endpoint=True))
+    keep = new != old
+    old, new = old[keep], new[keep]
+    for got, want in zip(V.delta_symbols(dtype, old, new), V.delta_symbols_np(dtype, old, new)):
+        assert np.array_equal(got, want)
+    zm1 = E.gap_unbins_np(*_reader_for(V.delta_symbols_np(dtype, old, new)))
+    bits = old.copy()
+    V.apply_delta_into(dtype, bits, np.arange(old.size), zm1)
+    assert np.array_equal(bits, new)
+    assert np.array_equal(V.apply_delta(dtype, old, zm1), new)
+
+
+def _reader_for(symbols):
+    sym, nextra, extra = symbols
+    writer = E.BitWriter()
+    writer.write(extra, nextra)
+    return sym, E.BitReader(writer.getvalue())
+
+
+def test_whole_codec_is_identical_without_numba(monkeypatch):
+    """The numpy fallback writes byte-identical patches and applies the kernels' patches."""
+    rng = np.random.default_rng(7)
+    w = (rng.normal(0, 0.02, 50_000).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+    moved = w.copy()
+    hit = rng.random(w.size) < 0.02
+    moved[hit] += rng.integers(1, 3, hit.sum()).astype(np.uint16)
+    base = {"w": TensorBits("BF16", (50_000,), w), "b": TensorBits("F32", (7,), np.arange(7, dtype=np.uint32))}
+    new = {"w": TensorBits("BF16", (50_000,), moved), "b": base["b"]}
+    compiled = make_patch(base, new)
+    monkeypatch.setattr(K, "AVAILABLE", False)
+    assert make_patch(base, new) == compiled
+    assert np.array_equal(apply_patch(base, compiled)["w"].bits, moved)
