@@ -6,7 +6,12 @@ for the synthetic Adam-like sequence (random +-1 ulp steps on ~1% of entries per
 them on entries that changed before) and, with ``--adamw``, for real AdamW steps of the small
 transformer in ``bench/workload.py`` (torch, slower).
 
-Run: ``/work/venv/bin/python bench/chain_catchup.py [--numel 4000000] [--adamw]``
+``--produce`` instead times what a serving node pays to make one catch-up on demand
+(``chain/catchup_producer.py`` on a signed store, anchor every 10): for the tiny default model
+(208 K parameters, AdamW lr 3e-4 like GRPO) and for the 33.7 M-parameter AdamW workload
+(``--states-dir`` reuses BF16 states saved as ``<step>.safetensors``, else they are generated).
+
+Run: ``/work/venv/bin/python bench/chain_catchup.py [--numel 4000000] [--adamw] [--produce]``
 Ends with one JSON line.
 """
 
@@ -15,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -41,6 +47,78 @@ def adamw_states(steps: int, lr: float) -> list[State]:
     from bench.workload import adamw_bf16_states
 
     return [state for _, state in adamw_bf16_states(lr=lr, steps=steps)]
+
+
+def tiny_default_states(steps: int) -> list[State]:
+    """A model the size of the default tiny policy (~0.2 M parameters) under AdamW lr 3e-4."""
+    from bench.workload import ModelSize
+
+    size = ModelSize(vocab=64, d_model=64, n_layers=4, n_heads=4, seq_len=32, batch=8)
+    return [state for _, state in adamw_bf16_states_sized(size, lr=3e-4, steps=steps)]
+
+
+def adamw_bf16_states_sized(size, *, lr: float, steps: int):
+    from bench.workload import adamw_bf16_states
+
+    return adamw_bf16_states(lr=lr, steps=steps, size=size, warmup_steps=5)
+
+
+def saved_states(folder: Path, steps: int) -> list[State]:
+    from pulse_node.codec.state import load_safetensors
+
+    return [load_safetensors(folder / f"{v}.safetensors") for v in range(steps + 1)]
+
+
+def _timed(fn, *args):
+    t0 = time.perf_counter()
+    out = fn(*args)
+    return out, round(time.perf_counter() - t0, 3)
+
+
+def measure_production(states: list[State], label: str) -> dict:
+    """Seconds a serving node spends making catch-ups on demand from its store (anchor every 10)."""
+    from test_chain_synth import build_chain
+
+    from pulse_node.chain.catchup_producer import CatchupProducer
+    from pulse_node.chain.store import VersionStore
+
+    chain = build_chain(states, anchor_every=10)
+    top = len(states) - 1
+    with tempfile.TemporaryDirectory() as tmp:
+        with VersionStore(Path(tmp), trusted_signers=None) as store:
+            for v, (record, patch) in enumerate(chain):
+                if record.is_anchor:
+                    store.put_anchor(record, states[v])
+                if patch is not None:
+                    store.put_patch(record, patch)
+            _, anchor_s = _timed(store.load_state, 20)
+            _, replay9_s = _timed(store.load_state, 29)
+            _, make_s = _timed(lambda: make_catchup(states[top - 24], states[top], from_version=top - 24,
+                                                    to_version=top))
+        producer = CatchupProducer(Path(tmp), wait_s=600)
+        cases = [("cold: target anchor+1, base anchor+3", 3, top - 1),
+                 ("next head: target from cached state, base anchor+8", 8, top),
+                 ("same head, base anchor+4", 24, top),
+                 ("same head, base is the newest anchor (a joiner)", top - top % 10, top),
+                 ("cached file", 8, top)]
+        rows = []
+        for name, base, target in cases:
+            path, seconds = _timed(producer.request, base, target)
+            summed = sum(len(chain[v][1]) for v in range(base + 1, target + 1))
+            rows.append({"case": name, "base": base, "target": target, "seconds": seconds,
+                         "catchup_bytes": path.stat().st_size, "sum_patch_bytes": summed})
+    return {"label": label, "params": sum(t.numel for t in states[0].values()),
+            "load_anchor_s": anchor_s, "load_anchor_plus_9_patches_s": replay9_s,
+            "make_catchup_k24_s": make_s, "requests": rows}
+
+
+def print_production(r: dict) -> None:
+    print(f"\nproduction on demand, {r['label']} ({r['params']:,} parameters): load anchor "
+          f"{r['load_anchor_s']} s, anchor + 9 patches {r['load_anchor_plus_9_patches_s']} s, "
+          f"make_catchup k=24 from memory {r['make_catchup_k24_s']} s")
+    for row in r["requests"]:
+        print(f"  {row['case']:52} v{row['base']:>2} -> v{row['target']:<2} {row['seconds']:>7.3f} s "
+              f"{row['catchup_bytes']:>11,} B (patches: {row['sum_patch_bytes']:,} B)")
 
 
 def changed_entries(a: State, b: State) -> int:
@@ -78,7 +156,17 @@ def main() -> None:
     ap.add_argument("--numel", type=int, default=4_000_000, help="synthetic state size (BF16)")
     ap.add_argument("--adamw", action="store_true", help="also run real AdamW steps (torch)")
     ap.add_argument("--lr", type=float, default=3e-6)
+    ap.add_argument("--produce", action="store_true", help="time on-demand production instead")
+    ap.add_argument("--states-dir", type=Path, help="saved 33.7M BF16 states <step>.safetensors (0..32)")
     args = ap.parse_args()
+    if args.produce:
+        runs = [measure_production(tiny_default_states(32), "tiny default model")]
+        big = saved_states(args.states_dir, 32) if args.states_dir else adamw_states(32, args.lr)
+        runs.append(measure_production(big, f"33.7M AdamW lr {args.lr}"))
+        for r in runs:
+            print_production(r)
+        print(json.dumps({"bench": "chain_catchup_production", "runs": runs}))
+        return
     result: dict = {"bench": "chain_catchup", "numel": args.numel}
     states = synthetic_states(args.numel, max(KS))
     for mode in ("compact", "overwrite"):

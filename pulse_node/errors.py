@@ -35,6 +35,10 @@ class GapError(PulseError):
     """A version chain has a hole that the caller must fill (anchor or catch-up patch)."""
 
 
+class BusyError(PulseError):
+    """A peer is working on the request (or is at capacity); the same request may succeed shortly."""
+
+
 class WireError(PulseError):
     """A message from a peer is malformed or violates the protocol."""
 

@@ -250,3 +250,33 @@ def test_identity_file_raw_seed_and_pem_give_one_peer_id(tmp_path: Path) -> None
     finally:
         a.stop()
         b.stop()
+
+
+def test_catchup_is_made_on_demand_from_verified_states(swarm: dict, tmp_path: Path) -> None:
+    """A real store: the worker makes 3 -> 17 on a thread; a base it cannot rebuild fails fast."""
+    from pulse_node.chain.catchup import check_catchup
+    from pulse_node.chain.store import VersionStore
+    from pulse_node.codec.patch import apply_patch
+    from test_chain_synth import adam_like_chain, build_chain, states_equal
+
+    states = adam_like_chain(5, 18)
+    chain = build_chain(states, anchor_every=10)
+    with VersionStore(tmp_path / "store", trusted_signers=None) as store:
+        for v, (record, patch) in enumerate(chain):
+            if record.is_anchor:
+                store.put_anchor(record, states[v])
+            if patch is not None:
+                store.put_patch(record, patch)
+    (server,) = _start([tmp_path / "store"])
+    try:
+        addr, client = server.info().listen_maddrs[0], swarm["client"]
+        client.fetch(addr, "catchup", {"base": 3, "target": 17}, tmp_path / "c.patch")
+        patch = (tmp_path / "c.patch").read_bytes()
+        check_catchup(patch, from_record=chain[3][0], to_record=chain[17][0])
+        assert states_equal(apply_patch(states[3], patch, verify=True), states[17])
+        t0 = time.monotonic()
+        with pytest.raises(wp.NotFound, match="does not hold v30"):
+            client.fetch(addr, "catchup", {"base": 3, "target": 30}, tmp_path / "x.patch")
+        assert time.monotonic() - t0 < 5
+    finally:
+        server.stop()

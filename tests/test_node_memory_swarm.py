@@ -1,7 +1,8 @@
 """Role logic end to end over the in-memory transport: 2 trainers, 2 inference nodes as threads.
 
 Every inference node must hold exactly the trainers' state at every version, rollouts must
-reach the trainers, and a node that joins late must catch up from its peers.
+reach the trainers, a node that joins late must catch up from its peers, and a node that was
+down for k versions must recover them with one catch-up patch.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from pulse_node.chain.store import VersionStore
 from pulse_node.config import InferenceConfig, TrainerConfig
 from pulse_node.node.inprocess import InProcessSwarm, read_status
 from tests.conftest import tiny_overrides, wait_for
@@ -78,3 +80,27 @@ def test_trainer_leaving_does_not_stall_and_returning_trainer_resyncs(swarm, tmp
     swarm.start("trainer-b", _cfg(TrainerConfig, tmp_path, "t2", **fast))
     wait_for(lambda: _status(t2).get("resyncs", 0) >= 1, timeout=120, what="the returning trainer to re-sync")
     assert _status(t2)["version"] >= returned_at, "the returning trainer did not adopt the current version"
+
+
+def test_node_k_versions_behind_recovers_with_one_catchup_patch(swarm, tmp_path):
+    """A node that was down while k versions were published comes back with ONE catch-up patch
+    (made on demand by a peer that holds both states), smaller than the k patches, bit-identical."""
+    last = 12
+    t1 = swarm.start("trainer-a", _cfg(TrainerConfig, tmp_path, "t1", max_versions=last))
+    i1 = swarm.start("infer-a", _cfg(InferenceConfig, tmp_path, "i1"))
+    i2 = swarm.start("infer-b", _cfg(InferenceConfig, tmp_path, "i2"))
+    wait_for(lambda: _status(i2).get("version", -1) >= 0, timeout=240, what="the lagging node holding a version")
+    swarm.stop(i2)
+    with VersionStore(i2 / "store", readonly=True) as store:
+        base = store.head().version
+    wait_for(lambda: _status(i1).get("version", -1) >= last, timeout=240, what="a peer holding the last version")
+    assert last - base >= 4, f"the node fell only {last - base} versions behind"
+    (i2 / "status.json").unlink()
+    swarm.start("infer-b", _cfg(InferenceConfig, tmp_path, "i2"))
+    wait_for(lambda: _status(i2).get("version", -1) >= last, timeout=120, what="the returning node at the head")
+    back = _status(i2)
+    trainer = {h["version"]: h for h in _status(t1)["history"]}
+    summed = sum(trainer[v]["patch_bytes"] for v in range(base + 1, last + 1))
+    assert back["catchups"] == 1 and back["patches_applied"] == 0, back
+    assert 0 < back["catchup_bytes_total"] < summed, (back["catchup_bytes_total"], summed)
+    assert back["state_hash"] == trainer[last]["state_hash"], "the returning node holds a different state"

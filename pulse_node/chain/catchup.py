@@ -5,7 +5,8 @@ patch is much smaller than the sum of the patches a+1..b (see bench/RESULTS.md, 
 A catch-up patch needs no signature of its own: the codec header names the base and result
 state hashes, and the receiver checks them against the signed records of a and b
 (``check_catchup``), then ``apply_patch(..., verify=True)`` checks the state it produced.
-Any peer that holds both states can therefore serve catch-ups.
+Any peer that holds both states can therefore serve catch-ups; ``catchup_producer`` makes
+them on demand from a node's store.
 """
 
 from __future__ import annotations
@@ -18,11 +19,15 @@ from pulse_node.errors import IntegrityError
 
 
 def make_catchup(state_a: State, state_b: State, *, from_version: int, to_version: int,
-                 mode: str = "compact") -> bytes:
-    """A single codec patch turning ``state_a`` (version a) into ``state_b`` (version b)."""
+                 mode: str = "compact", hashes: tuple[str, str] | None = None) -> bytes:
+    """A single codec patch turning ``state_a`` (version a) into ``state_b`` (version b).
+
+    ``hashes``: the two states' known (verified) state hashes, so they are not computed again.
+    """
     if not 0 <= from_version < to_version:
         raise ValueError(f"catch-up must go forward, got v{from_version} -> v{to_version}")
-    return make_patch(state_a, state_b, mode=mode)
+    base_hash, new_hash = hashes or (None, None)
+    return make_patch(state_a, state_b, mode=mode, base_hash=base_hash, new_hash=new_hash)
 
 
 def check_catchup(patch: bytes, *, from_record: VersionRecord, to_record: VersionRecord) -> None:

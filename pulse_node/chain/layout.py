@@ -8,6 +8,8 @@ data plane serves these files as they are), so it has no state and opens nothing
     <root>/patches/<v>.patch         codec patch turning version v-1 into v
     <root>/anchors/<v>.safetensors   full state of anchor version v (HF-compatible)
     <root>/current/<v>.safetensors   latest verified state (optional, fast restart)
+    <root>/catchup/<a>-<b>.patch     cached catch-up patch a -> b (``catchup_producer``); may
+                                     vanish at any time (bounded cache, pruned by retention)
 
 ``<v>`` is the plain decimal version. Temp files are ``.<name>.<pid>.tmp`` beside their target.
 """
@@ -18,6 +20,7 @@ import json
 import os
 import struct
 from pathlib import Path
+from typing import Collection
 
 from pulse_node.chain.record import VersionRecord, decode_record, encode_record
 from pulse_node.errors import StoreError, WireError
@@ -28,6 +31,9 @@ KINDS: dict[str, tuple[str, str]] = {
     "anchor": ("anchors", ".safetensors"),
     "current": ("current", ".safetensors"),
 }
+CATCHUP_DIR = "catchup"
+CATCHUP_KEEP_FILES = 16  # cached catch-up patches per store (newest targets kept) ...
+CATCHUP_KEEP_BYTES = 512 << 20  # ... and their bytes (a 33.7M-parameter k=32 catch-up is ~5.5 MB)
 RECORD_METADATA_KEY = "pulse.record"
 _MAX_HEADER = 100 * 1024 * 1024
 
@@ -51,6 +57,52 @@ def parse_version(path: Path, suffix: str) -> int | None:
     if not stem.isdigit() or str(int(stem)) != stem:
         return None
     return int(stem)
+
+
+def catchup_path(root: Path, base: int, target: int) -> Path:
+    """Where the cached catch-up patch ``base -> target`` lives under ``root`` (may not exist)."""
+    if not 0 <= base < target:
+        raise StoreError(f"catch-up must go forward, got v{base} -> v{target}")
+    return Path(root) / CATCHUP_DIR / f"{base}-{target}.patch"
+
+
+def parse_catchup(path: Path) -> tuple[int, int] | None:
+    """``(3, 12)`` for ``3-12.patch`` (canonical decimals, base < target), else None."""
+    stem = path.name[:-len(".patch")] if path.name.endswith(".patch") else ""
+    a, sep, b = stem.partition("-")
+    if not sep or not all(x.isdigit() and str(int(x)) == x for x in (a, b)) or int(a) >= int(b):
+        return None
+    return int(a), int(b)
+
+
+def prune_catchups(root: Path, *, keep_files: int, keep_bytes: int,
+                   targets: Collection[int] | None = None) -> list[Path]:
+    """Bound the catch-up cache: drop leftovers and files whose target is not in ``targets``
+    (when given), then keep the newest files (highest target, then base) within
+    ``keep_files`` and ``keep_bytes``. Returns what was removed; safe against concurrent writers.
+    """
+    folder = Path(root) / CATCHUP_DIR
+    try:
+        paths = list(folder.iterdir())
+    except FileNotFoundError:
+        return []
+    removed, kept = [], []
+    for p in paths:
+        key = parse_catchup(p)
+        if key is None or (targets is not None and key[1] not in targets):
+            if not is_temp(p) and remove_quietly(p):  # temp files belong to a writer at work
+                removed.append(p)
+        else:
+            kept.append((key[1], key[0], p))
+    total = 0
+    for i, (_, _, p) in enumerate(sorted(kept, reverse=True)):
+        try:
+            total += p.stat().st_size
+        except FileNotFoundError:
+            continue
+        if (i >= keep_files or total > keep_bytes) and remove_quietly(p):
+            removed.append(p)
+    return removed
 
 
 def is_temp(path: Path) -> bool:

@@ -8,6 +8,8 @@ Layout (one store root per run; see ``pulse_node.chain.layout``):
     <root>/anchors/<v>.safetensors   full state of anchor v; HF-compatible safetensors whose
                                      metadata carries the record (``pulse.record``, hex)
     <root>/current/<v>.safetensors   latest verified state for fast restart (optional)
+    <root>/catchup/<a>-<b>.patch     cached catch-up patches (``catchup_producer``), bounded and
+                                     pruned with the versions by ``retain``
 
 Rules:
 
@@ -35,7 +37,8 @@ import os
 from pathlib import Path
 from typing import Collection
 
-from pulse_node.chain.layout import (KINDS, embedded_record, is_temp, parse_version,
+from pulse_node.chain.layout import (CATCHUP_DIR, CATCHUP_KEEP_BYTES, CATCHUP_KEEP_FILES, KINDS,
+                                     embedded_record, is_temp, parse_version, prune_catchups,
                                      remove_quietly, state_metadata, store_path)
 from pulse_node.chain.record import (VersionRecord, check_link, check_patch, decode_record,
                                      encode_record, verify_record)
@@ -101,7 +104,8 @@ class VersionStore:
     def recover(self) -> list[Path]:
         """Remove leftovers of interrupted writes and invalid files; returns what was removed."""
         self._require_writer()
-        removed = [p for folder, _ in KINDS.values() for p in _listdir(self.root / folder)
+        folders = [folder for folder, _ in KINDS.values()] + [CATCHUP_DIR]
+        removed = [p for folder in folders for p in _listdir(self.root / folder)
                    if is_temp(p) and remove_quietly(p)]
         removed += self._scan(repair=True)
         for p in removed:
@@ -209,6 +213,20 @@ class VersionStore:
         reachable = self._reachable()
         return self._records[max(reachable)] if reachable else None
 
+    def can_load(self, version: int) -> bool:
+        """``version`` has a record and a complete stored path (cheap: no file is read)."""
+        return version in self._records and self._plan_or_none(version) is not None
+
+    def lowest_served(self) -> int | None:
+        """Lowest v such that the patches v..head are all stored (head itself if none is)."""
+        head = self.head()
+        if head is None:
+            return None
+        v = head.version
+        while self._links(v):
+            v -= 1
+        return min(v + 1, head.version)
+
     def _is_start(self, v: int) -> bool:
         return v in self._files["anchor"] or v in self._files["current"]
 
@@ -300,12 +318,21 @@ class VersionStore:
 
     def _replay(self, start: int, version: int) -> State:
         kind = "anchor" if start in self._files["anchor"] else "current"
-        state = self._full_state(kind, start)
+        return self.advance(self._full_state(kind, start), start, version)
+
+    def advance(self, state: State, start: int, version: int) -> State:
+        """Apply the stored patches ``start+1..version`` to ``state``, verifying each result.
+
+        ``state`` must be the verified state of ``start`` (hash equal to its record's). A patch
+        that does not reproduce its record is dropped and ``IntegrityError`` raised.
+        """
         for v in range(start + 1, version + 1):
             patch = self.patch_bytes(v)
+            parent = self._records.get(v - 1)
             try:
-                self._check_header(patch, self._records[v], self._records[v - 1])
-                state = apply_patch(state, patch, verify=True)
+                self._check_header(patch, self._records[v], parent)
+                state = apply_patch(state, patch, verify=True,
+                                    base_hash=parent.state_hash if parent else None)
             except (PatchError, IntegrityError) as exc:  # BaseMismatchError included
                 self._drop("patch", v)
                 raise IntegrityError(f"patch v{v} does not reproduce its record: {exc}") from None
@@ -336,12 +363,15 @@ class VersionStore:
                                  f"{parent.short()}")
 
     # ----------------------------------------------------------------- retention
-    def retain(self, keep_versions: int, keep_anchors: int) -> list[Path]:
+    def retain(self, keep_versions: int, keep_anchors: int, *, keep_catchups: int = CATCHUP_KEEP_FILES,
+               keep_catchup_bytes: int = CATCHUP_KEEP_BYTES) -> list[Path]:
         """Delete old versions, never a link a kept chain needs. Returns the removed files.
 
         Kept: the newest ``keep_versions`` versions up to the head, every patch and record from
         the anchor that the oldest of them is rebuilt from, every anchor at or after that one,
         the newest ``keep_anchors`` anchors (with their records), and all versions above the head.
+        Cached catch-up patches are kept only while their target's record is, newest targets
+        first, within ``keep_catchups`` files and ``keep_catchup_bytes``.
         """
         self._require_writer()
         if keep_versions < 1 or keep_anchors < 0:
@@ -363,7 +393,8 @@ class VersionStore:
                 removed += self._delete_version(v)
             elif v in self._files["patch"]:
                 removed += self._delete_file("patch", v)
-        return removed
+        return removed + prune_catchups(self.root, keep_files=keep_catchups, keep_bytes=keep_catchup_bytes,
+                                        targets=set(self._records))
 
     def _chain_base(self, low: int) -> int:
         """Start of the chain that rebuilds ``low``: an anchor if one is reachable, else current."""
@@ -381,7 +412,9 @@ class VersionStore:
         self._require_writer()
         doomed = sorted({v for v in self._records if v >= version}
                         | {v for kind in _DATA_KINDS for v in self._files[kind] if v >= version}, reverse=True)
-        return [p for v in doomed for p in self._delete_version(v)]
+        removed = [p for v in doomed for p in self._delete_version(v)]
+        return removed + prune_catchups(self.root, keep_files=CATCHUP_KEEP_FILES, keep_bytes=CATCHUP_KEEP_BYTES,
+                                        targets=set(self._records))
 
     def _delete_version(self, v: int) -> list[Path]:
         removed = []

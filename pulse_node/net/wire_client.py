@@ -5,7 +5,8 @@ interpreter: py-libp2p and hivemind cannot share a process) and talks to it over
 socket RPC of ``ipc.py``. Bulk data moves as files: ``fetch`` and ``fetch_anchor`` write the
 destination atomically and return byte counts; only pushes and events carry bytes. Calls are
 thread-safe and concurrent (one socket per calling thread), so a long ``events`` poll does not
-hold up a ``fetch``. Failures raise typed errors: ``PeerUnavailable`` (dead, busy, slow peer),
+hold up a ``fetch``. Failures raise typed errors: ``PeerUnavailable`` (dead, busy, slow peer;
+``PeerBusy`` when it asked us to come back),
 ``NotFound`` (the peer lacks the file), ``WireError`` (protocol), ``IntegrityError`` (digest mismatch), ``RpcError``
 (the worker itself failed).
 
@@ -25,11 +26,12 @@ from typing import Any
 from pulse_node import errors
 from pulse_node.net.ipc import RpcClient, RpcError
 from pulse_node.net.process import WorkerProcess
-from pulse_node.net.wire_protocol import NotFound, PeerUnavailable, UnsupportedVersion
+from pulse_node.net.wire_protocol import NotFound, PeerBusy, PeerUnavailable, UnsupportedVersion
 
 _RPC_SLACK = 10.0  # the worker enforces each operation's timeout; the socket waits a little longer
 _ERROR_TYPES: dict[str, type[errors.PulseError]] = {
-    "PeerUnavailable": PeerUnavailable, "UnsupportedVersion": UnsupportedVersion, "NotFound": NotFound,
+    "PeerUnavailable": PeerUnavailable, "PeerBusy": PeerBusy, "UnsupportedVersion": UnsupportedVersion,
+    "NotFound": NotFound,
     "WireError": errors.WireError, "IntegrityError": errors.IntegrityError,
     "ConfigError": errors.ConfigError, "StoreError": errors.StoreError,
 }

@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 
 import msgpack
 
-from pulse_node.errors import WireError
+from pulse_node.errors import BusyError, WireError
 
 WIRE_VERSION = 1
 CHUNK = 256 * 1024  # body write size: 1.3-1.5x faster than 64 KiB (bench/dataplane.py); 4 MB writes stall
@@ -63,6 +63,10 @@ STATUSES = ("ok", "not_found", "bad_request", "busy", "too_large", "unsupported"
 
 class PeerUnavailable(WireError):
     """A peer could not be reached, went away, was busy, or did not answer in time."""
+
+
+class PeerBusy(PeerUnavailable, BusyError):
+    """The peer is working on the request (e.g. making a catch-up patch); ask again shortly."""
 
 
 class NotFound(WireError):
@@ -160,7 +164,7 @@ class AnchorRequest(WireStruct):
 
 @dataclass(frozen=True)
 class CatchupRequest(WireStruct):
-    """A precomputed patch from version ``base`` straight to version ``target``."""
+    """One patch from version ``base`` straight to version ``target`` (made on demand if needed)."""
 
     v: int
     base: int

@@ -153,7 +153,7 @@ async def request(dialer: Dialer, peer: str, kind: str, req: wp.WireStruct) -> t
     if resp.status != "ok":
         await io.close()
         dialer.counters.errors[f"remote_{resp.status}"] += 1
-        err = {"busy": PeerUnavailable, "not_found": wp.NotFound}.get(resp.status, WireError)
+        err = {"busy": wp.PeerBusy, "not_found": wp.NotFound}.get(resp.status, WireError)
         raise err(f"{kind} from {io.peer}: {resp.status}: {resp.message}")
     return io, resp
 

@@ -8,6 +8,8 @@ Run by ``WireClient`` (never import it from the node process)::
 One trio program: a py-libp2p host (TCP, Noise only, yamux) serving the ``/pulse/*/1.0.0``
 protocols of ``wire_protocol`` read-only from ``--store`` (files there are written atomically
 by the node), and the local RPC of ``ipc.py`` on a Unix socket (methods ``rpc_*`` below).
+A catch-up patch that is not cached yet is made on demand from the store's verified states
+(``chain.catchup_producer``: one at a time, on a thread, a bounded wait, then ``busy``).
 Inbound pushes (rollouts, PULSELoCo payloads, head announcements) go to a bounded queue that
 the node drains with ``events``. A peer that sends garbage gets an error response and its
 stream closed; nothing a peer sends can stop the worker.
@@ -42,7 +44,8 @@ from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
 from libp2p.security.noise.transport import Transport as NoiseTransport
 
 from pulse_node.chain import serving
-from pulse_node.errors import ConfigError, PulseError, WireError
+from pulse_node.chain.catchup_producer import CatchupProducer
+from pulse_node.errors import BusyError, ConfigError, PulseError, WireError
 from pulse_node.net import ipc
 from pulse_node.net import wire_protocol as wp
 from pulse_node.net import wire_transfer as wt
@@ -136,8 +139,10 @@ class Server:
     """Inbound ``/pulse/*`` streams: serves store files and the head record, queues pushes."""
 
     def __init__(self, resolver: Resolver, *, counters: wt.Counters, events: EventQueue,
-                 max_streams: int, idle: float, upload_rate: float = 0.0) -> None:
+                 max_streams: int, idle: float, upload_rate: float = 0.0,
+                 producer: CatchupProducer | None = None) -> None:
         self.resolver, self.counters, self.events, self.idle = resolver, counters, events, idle
+        self.producer = producer
         self.limiter = trio.CapacityLimiter(max_streams)
         self.upload_rate = upload_rate
         self.head: bytes | None = None
@@ -200,6 +205,10 @@ class Server:
                 await self._send_ok(io, self.head, len(self.head))
             return
         path = self.resolver(kind, params)
+        if kind == "catchup" and path is not None and self.producer is not None and not path.exists():
+            path = await self._make_catchup(io, req.base, req.target)
+            if path is None:
+                return
         try:
             fh = open(path, "rb") if path is not None else None
         except OSError:
@@ -213,6 +222,17 @@ class Server:
             await io.write(wp.Response(v=wp.WIRE_VERSION, status="ok", size=length, total=total,
                                        message="").encode())
             await self._send_range(io, fh.fileno(), off, length)
+
+    async def _make_catchup(self, io: wt.StreamIO, base: int, target: int) -> Path | None:
+        """Have the producer make ``base -> target`` on a thread (it waits a bounded time)."""
+        assert self.producer is not None
+        try:
+            return await trio.to_thread.run_sync(self.producer.request, base, target)
+        except BusyError as exc:
+            await self._reply_error(io, "busy", str(exc))
+        except PulseError as exc:
+            await self._reply_error(io, "not_found", f"no catchup v{base} -> v{target}: {exc}")
+        return None
 
     @staticmethod
     def _range(kind: str, req: Any, total: int) -> tuple[int, int]:
@@ -431,7 +451,7 @@ async def amain(args: argparse.Namespace) -> None:
     events = EventQueue(max_events=args.max_events, max_bytes=args.max_event_bytes)
     root = Path(args.store)
     server = Server(partial(resolve, root), counters=counters, events=events, max_streams=args.max_streams,
-                    idle=args.idle_timeout, upload_rate=args.max_upload_rate)
+                    idle=args.idle_timeout, upload_rate=args.max_upload_rate, producer=CatchupProducer(root))
     server.register(host)
     dialer = wt.Dialer(host, counters=counters, max_streams=args.max_streams, idle=args.idle_timeout)
     rpc = Rpc(host, server, dialer, events)

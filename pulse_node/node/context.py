@@ -37,10 +37,10 @@ class RoleContext:
     def announce(self, *, version: int, chain_hash: str, state_hash: str) -> None:
         """Publish our discovery record (version held, what we serve) and refresh status."""
         anchors = self.store.anchors()
-        versions = self.store.versions()
+        lowest = self.store.lowest_served()  # patches from there to the head, without a hole
         info = PeerInfo(peer_id=self.transport.peer_id, role=self.cfg_role, address="",
                         version=version, chain_hash=chain_hash, state_hash=state_hash,
-                        lowest=min(versions) if versions else -1, anchors=anchors,
+                        lowest=-1 if lowest is None else lowest, anchors=anchors,
                         node_key=self.identity.public_key_hex)
         info.extra["metrics_url"] = self.status.snapshot().get("metrics_url")
         self.transport.publish(info)

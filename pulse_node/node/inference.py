@@ -72,7 +72,8 @@ class InferenceRole:
                                patch_bytes_total=self.sync.counters["patch_bytes_in"],
                                rejected=self.trust.rejected, gaps=self.sync.counters["gaps"],
                                anchor_loads=self.sync.counters["anchor_loads"],
-                               catchups=self.sync.counters["catchups"])
+                               catchups=self.sync.counters["catchups"],
+                               catchup_bytes_total=self.sync.counters["catchup_bytes_in"])
         for r in applied:
             self.ctx.status.record_version({"version": r.version, "state_hash": r.state_hash,
                                             "patch_bytes": r.patch_bytes, "at": time.time()})

@@ -2,7 +2,8 @@
 
 Runs the real roles (``run_node``) over ``MemoryTransport``, optionally wrapped (e.g. by
 ``FaultyTransport``), so role logic, recovery and trust can be exercised fast and
-deterministically. Used by the role tests and ``bench/chaos.py``.
+deterministically. Each node makes catch-up patches on demand, as its wire worker would.
+Used by the role tests and ``bench/chaos.py``.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import traceback
 from pathlib import Path
 from typing import Callable
 
+from pulse_node.chain.catchup_producer import CatchupProducer
 from pulse_node.chain.serving import store_resolver
 from pulse_node.node.runtime import run_node
 from pulse_node.node.transport import MemoryHub, Transport
@@ -39,7 +41,8 @@ class InProcessSwarm:
 
     def _factory(self, name: str):
         def make(cfg, identity, store_root):
-            return self.wrap(name, self.hub.join(name, store_resolver(store_root)))
+            resolver = store_resolver(store_root, producer=CatchupProducer(store_root))
+            return self.wrap(name, self.hub.join(name, resolver))
         return make
 
     def start(self, name: str, cfg) -> Path:

@@ -25,6 +25,8 @@ GAUGES = {
     "rounds": "PULSELoCo rounds completed (trainers)",
     "patches_applied": "patches applied (inference)",
     "patch_bytes_total": "bytes of patches published or received",
+    "catchups": "catch-up patches applied instead of several patches (inference)",
+    "catchup_bytes_total": "bytes of catch-up patches received (inference)",
     "dense_bytes_total": "bytes a dense BF16 sync of the same versions would have sent",
     "bytes_in": "data-plane bytes received",
     "bytes_out": "data-plane bytes sent",

@@ -5,9 +5,12 @@ missing versions' records and patches from any peers that hold them (bounded con
 per-peer timeouts, failover, inference peers preferred so trainers upload each patch about
 once), verify each record (signature, trusted signer, parent link) and patch digest, hand them
 to the reorder buffer, and apply exactly the next version, checking base and result state
-hashes. Applied versions are written to the store, so this node re-serves them. A node with no
-state, or one whose missing patches nobody holds any more, recovers from a catch-up patch or
-from an anchor plus patches.
+hashes. Applied versions are written to the store, so this node re-serves them. A node that is
+``catchup_min_gap`` or more versions behind asks peers for one catch-up patch ``base -> their
+head`` instead of the patches (peers make it on demand, ``chain/catchup_producer.py``; a peer
+still making it answers "busy" and is asked again for up to ``catchup_wait_s``); if nobody can
+make it, the patches are fetched as usual. A node with no state starts from the newest anchor;
+one whose missing patches nobody holds any more tries a catch-up patch, then an anchor.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from pulse_node.chain.catchup import check_catchup
+from pulse_node.chain.patchinfo import patch_hashes
 from pulse_node.chain.record import VersionRecord, check_patch, decode_record, encode_record
 from pulse_node.chain.reorder import ReorderBuffer
 from pulse_node.chain.store import VersionStore
@@ -29,11 +34,13 @@ from pulse_node.codec.patch import apply_patch, read_header
 from pulse_node.codec.state import State, load_safetensors
 from pulse_node.codec.statehash import state_hash
 from pulse_node.config import NetConfig
-from pulse_node.errors import GapError, IntegrityError, PulseError
+from pulse_node.errors import BusyError, GapError, IntegrityError, PatchError, PulseError
 from pulse_node.node.transport import Event, PeerInfo, Transport
 from pulse_node.node.trust import TrustPolicy
 
 log = logging.getLogger("pulse.sync")
+
+Offer = tuple[PeerInfo, int]  # a peer to ask for a catch-up patch, and the target version to ask for
 
 
 @dataclass
@@ -46,9 +53,13 @@ class VersionSync:
     """Pull, verify, reorder and apply versions; serve them afterwards through the store."""
 
     def __init__(self, store: VersionStore, transport: Transport, trust: TrustPolicy, *,
-                 net: NetConfig, seeds: int = 1, window: int = 16, seed_wait_s: float = 2.0) -> None:
+                 net: NetConfig, seeds: int = 1, window: int = 16, seed_wait_s: float = 2.0,
+                 catchup_min_gap: int = 4, catchup_wait_s: float = 30.0) -> None:
         self.store, self.transport, self.trust, self.net = store, transport, trust, net
         self.seeds, self.window, self.seed_wait_s = seeds, window, seed_wait_s
+        self.catchup_min_gap, self.catchup_wait_s = catchup_min_gap, catchup_wait_s  # 0 = never ask
+        self._pending: tuple[int, str, int, float] | None = None  # (base, peer, target, give up at)
+        self._no_catchup_base = -1  # base nobody could make a catch-up from: fetch patches instead
         self.record: VersionRecord | None = store.head()
         self.state: State | None = store.load_state(self.record.version) if self.record else None
         self.reorder = ReorderBuffer(next_version=self.record.version + 1 if self.record else 0)
@@ -114,6 +125,9 @@ class VersionSync:
             self._recover_from_anchor(peers, head, keys)
             if self.state is None:
                 return []
+        caught = self._catch_up_if_behind(peers, head, keys)
+        if caught is None:
+            return []  # a peer is still making our catch-up patch: ask it again next pass
         wanted = [v for v in range(self.reorder.next_version, min(head, self.reorder.next_version + self.window - 1) + 1)
                   if v not in self.reorder]
         jobs = {v: self._pool.submit(self._fetch_version, v, self.providers(v, peers, rank=rank), keys) for v in wanted}
@@ -121,7 +135,7 @@ class VersionSync:
             got = job.result()
             if got is not None:
                 self.reorder.offer(v, got)
-        applied = self._apply_ready(keys)
+        applied = caught + self._apply_ready(keys)
         self._stalled = 0 if applied or self.reorder.next_version > head else self._stalled + 1
         if self._stalled and (self._stalled >= self.stall_passes or self._nobody_has(self.reorder.next_version, peers)):
             self._stalled = 0
@@ -196,30 +210,81 @@ class VersionSync:
     def _recover_gap(self, peers: list[PeerInfo], head: int, keys: list[str]) -> None:
         """Nobody serves the next patch any more: try a catch-up patch, else an anchor."""
         self.counters["gaps"] += 1
-        if self.state is not None and self._catch_up(peers, head, keys):
+        if self.state is not None and self._catch_up(self._catchup_offers(peers, head, min_gap=1), keys)[0]:
             return
         self._recover_from_anchor(peers, head, keys)
 
-    def _catch_up(self, peers: list[PeerInfo], head: int, keys: list[str]) -> bool:
+    def _catch_up_if_behind(self, peers: list[PeerInfo], head: int, keys: list[str]) -> list[VersionRecord] | None:
+        """``catchup_min_gap`` or more versions behind: one catch-up patch instead of the patches.
+
+        Returns ``[record caught up to]`` or ``[]`` (fetch patches), or None while the peer that
+        answered "busy" may still be making ours (until ``catchup_wait_s``, then patches).
+        """
+        assert self.record is not None
+        base, pending = self.record.version, self._pending
+        if pending is not None and (pending[0] != base or time.monotonic() > pending[3]):
+            if pending[0] == base:
+                self._no_catchup_base = base  # waited long enough
+            self._pending = pending = None
+        if not self.catchup_min_gap or head - base < self.catchup_min_gap or base == self._no_catchup_base:
+            return []
+        offers = ([(p, pending[2]) for p in peers if p.peer_id == pending[1]] if pending
+                  else self._catchup_offers(peers, head, min_gap=self.catchup_min_gap))
+        rec, busy = self._catch_up(offers, keys)
+        if rec is not None or busy is None:
+            self._pending = None
+            self._no_catchup_base = -1 if rec is not None else base
+            return [rec] if rec is not None else []
+        if pending is None:
+            self._pending = (base, busy[0].peer_id, busy[1], time.monotonic() + self.catchup_wait_s)
+        return None
+
+    def _catchup_offers(self, peers: list[PeerInfo], head: int, *, min_gap: int) -> list[Offer]:
+        """(peer, target = its version) pairs at least ``min_gap`` ahead of us: inference peers
+        first, nearest the head first; trainers last (their CPU trains)."""
+        assert self.record is not None
+        offers = [(p, min(p.version, head)) for p in peers if p.peer_id != self.transport.peer_id
+                  and not self.trust.ignored(p.peer_id) and min(p.version, head) - self.record.version >= min_gap]
+        random.shuffle(offers)
+        return sorted(offers, key=lambda o: (o[0].role == "trainer", -o[1]))
+
+    def _catch_up(self, offers: list[Offer], keys: list[str]) -> tuple[VersionRecord | None, Offer | None]:
+        """Ask each (peer, target) for a catch-up patch from our version; returns (the record we
+        caught up to, None) or (None, the first offer that answered busy, if any)."""
         assert self.record is not None and self.state is not None
-        for peer in [p for p in peers if p.version >= head and p.peer_id != self.transport.peer_id]:
+        busy = None
+        for peer, target in offers:
             try:
-                rec = decode_record(self._fetch(peer, "record", {"version": head}))
-                if not self.trust.check(rec, sender=peer.peer_id, trainer_keys=keys):
+                rec = decode_record(self._fetch(peer, "record", {"version": target}))
+                if rec.version != target or not self.trust.check(rec, sender=peer.peer_id, trainer_keys=keys):
                     continue
-                patch = self._fetch(peer, "catchup", {"base": self.record.version, "target": head})
-                if read_header(patch).result_state_hash != rec.state_hash:
-                    self.trust.strike(peer.peer_id)
-                    raise IntegrityError("catch-up result differs from the signed head")
-                # apply checks the result against that hash, so it is not computed twice
-                new_state = apply_patch(self.state, patch, verify=True, base_hash=self.record.state_hash)
-                self.store.put_current(rec, new_state)  # a restart resumes from here
-                self._adopt(rec, new_state)
-                self.counters["catchups"] += 1
-                return True
+                patch = self._fetch(peer, "catchup", {"base": self.record.version, "target": target})
+                self._apply_catchup(peer, rec, patch)
+                return rec, None
+            except BusyError as exc:
+                busy = busy or (peer, target)
+                log.info("catch-up from %s: %s", peer.peer_id[:12], exc)
             except PulseError as exc:
+                self.counters["catchup_misses"] += 1
                 log.info("catch-up from %s failed: %s", peer.peer_id[:12], exc)
-        return False
+        return None, busy
+
+    def _apply_catchup(self, peer: PeerInfo, rec: VersionRecord, patch: bytes) -> None:
+        assert self.record is not None and self.state is not None
+        try:
+            if patch_hashes(patch)[0] != self.record.state_hash:  # the peer's history differs: no lie
+                raise GapError(f"catch-up starts from another state of version {self.record.version}")
+            check_catchup(patch, from_record=self.record, to_record=rec)  # header names both signed hashes
+            # apply checks the result against that hash, so it is not computed twice
+            new_state = apply_patch(self.state, patch, verify=True, base_hash=self.record.state_hash)
+        except (IntegrityError, PatchError):
+            self.trust.strike(peer.peer_id)
+            raise
+        self.store.put_current(rec, new_state)  # a restart resumes from here
+        self._adopt(rec, new_state)
+        self.counters["catchups"] += 1
+        self.counters["catchup_bytes_in"] += len(patch)
+        log.info("caught up to version %d with one %d-byte patch from %s", rec.version, len(patch), peer.peer_id[:12])
 
     def _recover_from_anchor(self, peers: list[PeerInfo], head: int, keys: list[str]) -> None:
         """Load the newest anchor any peer serves (verified against its signed record)."""

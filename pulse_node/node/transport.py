@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
-from pulse_node.errors import WireError
+from pulse_node.errors import BusyError, WireError
 
 #: kinds a peer can push to another peer
 PUSH_KINDS = ("rollouts", "loco", "head")
@@ -108,6 +108,8 @@ class MemoryTransport:
             resolver = None if peer.peer_id in self.hub.down else self.hub.resolvers.get(peer.peer_id)
         try:
             src = resolver(kind, params) if resolver else None
+        except BusyError as exc:  # e.g. still making a catch-up patch: ask again shortly
+            raise BusyError(f"{peer.peer_id} is busy with {kind}: {exc}") from None
         except Exception as exc:  # a failure on the serving side is the peer's problem, not ours
             raise WireError(f"{peer.peer_id} failed to serve {kind}: {exc}") from None
         if src is None or not src.exists():
