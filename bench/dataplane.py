@@ -1,6 +1,7 @@
 """Data-plane throughput on loopback: py-libp2p streams, our fetch path, hivemind's p2pd streams.
 
 Run: ``/work/venv/bin/python bench/dataplane.py [--size-mb 100] [--stream-mb 64] [--rounds 2]``
+ or: ``/work/venv/bin/python bench/dataplane.py --push [--params-m 100 900] [--rounds 3] [--shaped 1gbit]``
 
 Measured side by side in one run (the machine is shared and noisy; each figure is the best of
 ``--rounds``):
@@ -12,6 +13,14 @@ Measured side by side in one run (the machine is shared and noisy; each figure i
    and from two providers;
 3. hivemind 1.1.12's binary stream (python -> p2pd -> TCP -> p2pd -> python) with the same
    write sizes, in separate subprocesses (hivemind and libp2p cannot share a process).
+
+``--push`` instead times what a trainer does each round: a real encoded PULSELoCo payload
+(``--params-m`` million FP32 weights, ``--density`` of them fired) pushed node to node, from
+``push()`` in the sending node to the payload in the receiving node's hands (its ``events()``),
+on both planes side by side (the wire worker's ``push`` and the DHT worker's p2pd push plane,
+``net/dht_push.py``), alternating planes each round. The receiving node runs in its own
+process; with ``--shaped RATE`` (root) both run in the network namespaces of
+``bench/shaped_link.py`` joined by a ``tc tbf``-shaped veth, removed at the end.
 
 Prints ratios; the last line is JSON.
 """
@@ -28,6 +37,7 @@ import tempfile
 import time
 from pathlib import Path
 
+ROOT = Path(__file__).resolve().parents[1]
 MiB = 1 << 20
 WRITES = (64 * 1024, 256 * 1024, 1 << 20)
 SINK = "/pulse-bench/sink/1.0.0"
@@ -200,17 +210,194 @@ def bench_fetch(size: int, rounds: int, tmp: Path) -> dict[str, float]:
     return best
 
 
+# ------------------------------------------------------------------ node-to-node payload push, both planes
+
+def make_payload(params_m: float, density: float, seed: int = 0) -> bytes:
+    """A real encoded PULSELoCo payload: ``density`` of ``params_m`` M weights fire (16M-element tensors)."""
+    import numpy as np
+
+    from pulse_node.loco.payload import LocoPayload, encode_payload
+
+    rng, tensor, total = np.random.default_rng(seed), 16 << 20, int(params_m * 1e6)
+    tensors, numel = {}, {}
+    for i, start in enumerate(range(0, total, tensor)):
+        n = min(tensor, total - start)
+        k = max(1, int(n * density))
+        pos = np.sort(rng.choice(n, size=k, replace=False)).astype(np.int64)
+        tensors[f"layers.{i}.weight"] = (pos, (rng.standard_normal(k) * 1e-4).astype(np.float32))
+        numel[f"layers.{i}.weight"] = n
+    return encode_payload(LocoPayload(round=1, trainer_id="bench", base_hash=b"\0" * 32, tensors=tensors,
+                                      numel=numel))
+
+
+def _push_workers(host: str, work: Path):  # noqa: ANN202 - (WireClient, DhtClient)
+    """One node's two workers, listening on ``host``; both accept pushes."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from pulse_node.net.dht_client import DhtClient, DhtConfig
+    from pulse_node.net.wire_client import WireClient
+
+    (work / "store").mkdir(parents=True, exist_ok=True)
+    with ThreadPoolExecutor(2) as pool:
+        wire = pool.submit(WireClient.start, store=work / "store", listen=(f"/ip4/{host}/tcp/0",))
+        dht = pool.submit(DhtClient.start, DhtConfig(run_id="bench-push", host_maddrs=[f"/ip4/{host}/tcp/0"],
+                                                     accept_pushes=True))
+        return wire.result(), dht.result()
+
+
+def _push_receiver_main(host: str, work: Path, payload: Path) -> None:
+    """The receiving node: drain both planes, append one JSON line per payload to recv.jsonl."""
+    wire, dht = _push_workers(host, work)
+    try:
+        w, d = wire.info(), dht.info()
+        print(json.dumps({"wire": f"{w.listen_maddrs[0]}/p2p/{w.peer_id}", "dht_id": d.peer_id,
+                          "dht_maddrs": d.visible_maddrs}), flush=True)
+        want = hashlib.sha256(payload.read_bytes()).hexdigest()
+        with open(work / "recv.jsonl", "a") as out:
+            while not (work / "stop").exists():
+                got = [("wire", e) for e in wire.events(max_events=8, wait_s=0.02)]
+                got += [("hivemind", e) for e in dht.events(max_events=8)]
+                for plane, e in got:
+                    at = time.time()
+                    out.write(json.dumps({"plane": plane, "bytes": len(e.data), "at": at, "queued_at": e.received_at,
+                                          "exact": hashlib.sha256(e.data).hexdigest() == want}) + "\n")
+                    out.flush()
+    finally:
+        wire.stop()
+        dht.stop()
+
+
+def _lines(path: Path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+
+
+def _push_once(push, work: Path, data: bytes) -> dict:  # noqa: ANN001
+    """One push; wall time from the call to the receiving node holding the payload."""
+    seen = len(_lines(work / "recv.jsonl"))
+    t0, m0 = time.time(), time.monotonic()
+    push(data)
+    ack = time.monotonic() - m0
+    deadline = time.monotonic() + 600
+    while len(lines := _lines(work / "recv.jsonl")) <= seen:
+        if time.monotonic() > deadline:
+            raise RuntimeError("the receiver did not report the payload within 600 s")
+        time.sleep(0.005)
+    rec = lines[seen]
+    return {"plane": rec["plane"], "seconds": rec["at"] - t0, "ack_s": ack, "exact": rec["exact"]}
+
+
+def _push_sender_main(host: str, work: Path, payload: Path, peer: dict, rounds: int) -> None:
+    wire, dht = _push_workers(host, work / "sender")
+    data = payload.read_bytes()
+    planes = {"wire": lambda b: wire.push(peer["wire"], "loco", b, timeout=300),
+              "hivemind": lambda b: dht.push(peer["dht_id"], peer["dht_maddrs"], "loco", b, timeout=300)}
+    try:
+        for push in planes.values():  # connection set-up is not what we time
+            _push_once(push, work, b"warm-up")
+        out = [_push_once(planes[name], work, data) for _ in range(rounds) for name in ("wire", "hivemind")]
+        out.append({"stats": {"wire": wire.stats().get("errors", {}), "hivemind": dht.push_stats()["errors"]}})
+        print(json.dumps(out), flush=True)
+    finally:
+        wire.stop()
+        dht.stop()
+
+
+def run_push_pair(payload: Path, work: Path, rounds: int, shaped: str | None) -> list[dict]:
+    """Receiver and sender node processes (in the shaped namespaces if ``shaped``); their timings."""
+    py = [sys.executable, str(Path(__file__).resolve())]
+    if shaped:
+        from bench.shaped_link import IP_A, IP_B, NS_A, NS_B
+
+        recv_cmd, send_cmd, ips = ["ip", "netns", "exec", NS_A, *py], ["ip", "netns", "exec", NS_B, *py], (IP_A, IP_B)
+    else:
+        recv_cmd, send_cmd, ips = py, py, ("127.0.0.1", "127.0.0.1")
+    work.mkdir(parents=True)
+    recv = subprocess.Popen([*recv_cmd, "--child", "push-recv", "--host", ips[0], "--work", str(work),
+                             "--payload", str(payload)], stdout=subprocess.PIPE, text=True)
+    try:
+        peer = recv.stdout.readline()
+        if not peer:
+            raise RuntimeError("the receiving node did not start")
+        res = subprocess.run([*send_cmd, "--child", "push-send", "--host", ips[1], "--work", str(work),
+                              "--payload", str(payload), "--peer", peer.strip(), "--rounds", str(rounds)],
+                             capture_output=True, text=True, timeout=3600)
+        if res.returncode != 0:
+            raise RuntimeError(f"sender failed: {res.stderr[-2000:]}")
+        return json.loads(res.stdout.strip().splitlines()[-1])
+    finally:
+        (work / "stop").touch()
+        try:
+            recv.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            recv.kill()
+            recv.wait(timeout=10)
+
+
+def _summarize_push(runs: list[dict], size: int) -> dict:
+    out: dict = {"errors": runs[-1]["stats"]}
+    for plane in ("wire", "hivemind"):
+        secs = sorted(r["seconds"] for r in runs[:-1] if r["plane"] == plane)
+        assert all(r["exact"] for r in runs[:-1]), "a payload arrived altered"
+        out[plane] = {"best_s": round(secs[0], 3), "median_s": round(secs[len(secs) // 2], 3),
+                      "best_mbps": round(size / secs[0] / 1e6, 1),
+                      "ack_best_s": round(min(r["ack_s"] for r in runs[:-1] if r["plane"] == plane), 3)}
+    out["wire_over_hivemind"] = round(out["wire"]["median_s"] / out["hivemind"]["median_s"], 2)
+    return out
+
+
+def bench_push(args: argparse.Namespace) -> int:
+    sys.path.insert(0, str(ROOT))
+    if args.shaped and os.geteuid() != 0:
+        sys.exit("--shaped needs root (ip netns, tc)")
+    from bench.shaped_link import netns_down, netns_up
+
+    results = []
+    with tempfile.TemporaryDirectory(prefix="pulse-push-bench-") as d:
+        for params_m in args.params_m:
+            payload = Path(d) / f"payload-{params_m}.bin"
+            payload.write_bytes(make_payload(params_m, args.density))
+            size = payload.stat().st_size
+            for link in ["loopback", *args.shaped]:
+                shaped = None if link == "loopback" else link
+                try:
+                    if shaped:
+                        netns_up(shaped)
+                    runs = run_push_pair(payload, Path(d) / f"{params_m}-{link}", args.rounds, shaped)
+                finally:
+                    if shaped:
+                        netns_down()
+                r = {"params_m": params_m, "payload_mb": round(size / 1e6, 2), "link": link,
+                     **_summarize_push(runs, size)}
+                results.append(r)
+                print(f"{params_m:g}M params @ {args.density:g} -> {size / 1e6:.1f} MB payload, {link}: "
+                      f"wire {r['wire']['median_s']:.2f} s (best {r['wire']['best_mbps']} MB/s), "
+                      f"hivemind {r['hivemind']['median_s']:.2f} s (best {r['hivemind']['best_mbps']} MB/s), "
+                      f"wire/hivemind {r['wire_over_hivemind']}x; errors {r['errors']}", flush=True)
+    print(json.dumps({"bench": "dataplane-push", "density": args.density, "rounds": args.rounds, "results": results}))
+    return 0
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--size-mb", type=int, default=100, help="file size for the fetch path")
     p.add_argument("--stream-mb", type=int, default=64, help="bytes per raw stream measurement")
     p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--child", choices=["libp2p-sink", "hivemind-sink", "hivemind-send"])
+    p.add_argument("--push", action="store_true", help="time PULSELoCo payload pushes node to node, both planes")
+    p.add_argument("--params-m", type=float, nargs="+", default=[100, 900], help="model size(s), M weights")
+    p.add_argument("--density", type=float, default=0.01, help="fraction of weights that fire per round")
+    p.add_argument("--shaped", nargs="*", default=[], choices=["100mbit", "1gbit"], help="also over a shaped link")
+    p.add_argument("--child", choices=["libp2p-sink", "hivemind-sink", "hivemind-send", "push-recv", "push-send"])
     p.add_argument("--total", type=int)
     p.add_argument("--maddrs")
+    p.add_argument("--host")
+    p.add_argument("--work", type=Path)
+    p.add_argument("--payload", type=Path)
+    p.add_argument("--peer")
     args = p.parse_args()
     if args.child:
         return _child(args)
+    if args.push:
+        return bench_push(args)
     total = args.stream_mb * MiB
     lp = {w: 0.0 for w in WRITES}
     hm = {w: 0.0 for w in WRITES}
@@ -229,7 +416,11 @@ def main() -> int:
 def _child(args: argparse.Namespace) -> int:
     import asyncio
 
-    if args.child == "libp2p-sink":
+    if args.child == "push-recv":
+        _push_receiver_main(args.host, args.work, args.payload)
+    elif args.child == "push-send":
+        _push_sender_main(args.host, args.work, args.payload, json.loads(args.peer), args.rounds)
+    elif args.child == "libp2p-sink":
         import trio
 
         trio.run(_libp2p_sink_main)

@@ -5,6 +5,8 @@
     for rec in client.peers(): ...             # validated PeerRecords, expired/leaving ones gone
     client.publish_head(signed_version_record, version=12, ttl_s=30)
     newest = max(client.heads(), key=lambda h: h.version)
+    client.push(peer_id, dht_maddrs, "loco", payload, timeout=30)   # p2pd push plane (dht_push.py)
+    for ev in client.events(): ...             # pushes received (with accept_pushes=True)
     client.stop()
 
 Start failures raise ``DhtStartError`` (``DuplicateIdentityError`` for a copied identity) with
@@ -17,7 +19,9 @@ from __future__ import annotations
 import os
 import re
 import tempfile
+import threading
 from pathlib import Path
+from typing import Any
 
 from pydantic import Field, field_validator
 
@@ -26,14 +30,17 @@ from pulse_node.errors import PulseError
 from pulse_node.net.dht_records import (
     MAX_TTL_S, MIN_TTL_S, DhtInfo, HeadEntry, PeerRecord, PeerStatus, StartFailure, validate_tree,
 )
-from pulse_node.net.ipc import RpcError
+from pulse_node.net.ipc import RpcClient, RpcError
 from pulse_node.net.process import WorkerProcess
+from pulse_node.net.wire_client import WireEvent
 
 WORKER_MODULE = "pulse_node.net.dht_worker"
 #: a DHT read walks the swarm and may wait out dead peers (hivemind's 3 s RPC timeout)
 READ_TIMEOUT_S = 30.0
 #: p2pd start + the longest wait to tell a live duplicate identity from a stale record
 START_SLACK_S = 60.0
+#: the worker bounds each push by its own timeout; the socket waits a little longer
+PUSH_SLACK_S = 10.0
 _FULL_MADDR = re.compile(r"^/(ip4|ip6|dns|dns4|dns6)/[^/]+/(tcp|udp)/\d{1,5}(/quic-v1|/quic)?(/[^/]+/[^/]+)*"
                          r"/p2p/[1-9A-HJ-NP-Za-km-z]{40,64}$")
 
@@ -61,6 +68,7 @@ class DhtConfig(StrictModel):
     use_relay: bool = False
     use_auto_relay: bool = False
     client_mode: bool = False
+    accept_pushes: bool = False  # serve the p2pd push plane (trainers receive PULSELoCo payloads on it)
     bootstrap_timeout_s: float = Field(default=15.0, gt=0, le=300)
     ttl_s: float = Field(default=30.0, ge=MIN_TTL_S, le=MAX_TTL_S)
 
@@ -89,7 +97,7 @@ class DhtConfig(StrictModel):
         if self.identity is not None:
             args += ["--identity", str(self.identity)]
         for flag, on in (("--use-relay", self.use_relay), ("--use-auto-relay", self.use_auto_relay),
-                         ("--client-mode", self.client_mode)):
+                         ("--client-mode", self.client_mode), ("--accept-pushes", self.accept_pushes)):
             if on:
                 args.append(flag)
         return args
@@ -101,6 +109,9 @@ class DhtClient:
     def __init__(self, worker: WorkerProcess, config: DhtConfig) -> None:
         self._worker = worker
         self.config = config
+        self._local = threading.local()  # pushes get one socket per thread: a long push blocks no lookup
+        self._data_clients: list[RpcClient] = []
+        self._lock = threading.Lock()
 
     @classmethod
     def start(cls, config: DhtConfig, *, log_path: Path | None = None) -> "DhtClient":
@@ -141,11 +152,43 @@ class DhtClient:
         """Raw live entries of ``peers`` or ``heads`` (subkey, value, expires_at) for dashboards."""
         return list(self._worker.call("get", {"kind": kind}, timeout=READ_TIMEOUT_S))
 
+    # ---- p2pd push plane (dht_push.py) -------------------------------------------------------
+    def push(self, peer_id: str, maddrs: list[str], kind: str, data: bytes, *, timeout: float = 30.0) -> None:
+        """Deliver ``data`` into ``peer_id``'s push queue over p2pd (dialing ``maddrs``, its DHT addresses)."""
+        self._data_call("push", {"peer": peer_id, "maddrs": list(maddrs), "kind": kind, "data": data,
+                                 "timeout": timeout}, timeout=timeout + PUSH_SLACK_S)
+
+    def events(self, *, max_events: int = 64) -> list[WireEvent]:
+        """Drain pushes received over p2pd; ``from_peer`` is the p2p-authenticated sender."""
+        return [WireEvent(**e) for e in self._data_call("events", {"max": max_events}, timeout=10.0)]
+
+    def push_stats(self) -> dict:
+        """Push-plane counters: bytes in/out per kind, errors, queued and rejected events."""
+        return dict(self._data_call("push_stats", timeout=10.0))
+
+    def probe(self, peer_id: str, raw: bytes, *, maddrs: tuple[str, ...] = (), timeout: float = 5.0) -> bytes:
+        """Diagnostics: raw bytes on a push stream to ``peer_id``; returns the raw answer."""
+        return self._data_call("probe", {"peer": peer_id, "maddrs": list(maddrs), "raw": raw, "timeout": timeout},
+                               timeout=timeout + PUSH_SLACK_S)
+
+    def _data_call(self, method: str, params: dict | None = None, *, timeout: float) -> Any:
+        client = getattr(self._local, "client", None)
+        if client is None:
+            client = RpcClient(self._worker.socket_path, connect_timeout=5.0)
+            self._local.client = client
+            with self._lock:
+                self._data_clients.append(client)
+        return client.call(method, params, timeout=timeout)
+
     def alive(self) -> bool:
         return self._worker.alive()
 
     def stop(self, timeout: float = 8.0) -> None:
         """Mark this peer as leaving, stop the DHT; bounded by ~``timeout`` seconds."""
+        with self._lock:
+            for c in self._data_clients:
+                c.close()
+            self._data_clients.clear()
         self._worker.stop(timeout=timeout)
 
     def __enter__(self) -> "DhtClient":

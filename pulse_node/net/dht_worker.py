@@ -2,7 +2,7 @@
 
 Run: ``python -m pulse_node.net.dht_worker --ipc SOCK --run-id RUN [--initial-peers MADDR ...]
 [--host-maddrs /ip4/0.0.0.0/tcp/0 ...] [--announce-maddrs ...] [--identity PATH] [--use-relay]
-[--use-auto-relay] [--client-mode] [--bootstrap-timeout S] [--error-file PATH]``.
+[--use-auto-relay] [--client-mode] [--accept-pushes] [--bootstrap-timeout S] [--error-file PATH]``.
 
 Design: one asyncio loop in this process runs hivemind's ``DHTNode`` directly (not
 ``hivemind.DHT``, which forks a second process and talks to it over a pipe) next to an asyncio
@@ -12,8 +12,11 @@ as leaving (bounded), stops the DHT node and p2pd, and exits 0. A start failure 
 ``StartFailure`` to ``--error-file``, prints it to stderr, and exits 2.
 
 RPC methods: ping, shutdown, info, publish_peer(record, ttl_s), peers(), publish_head(record,
-version, ttl_s), heads(), get(kind). Published records are re-signed and refreshed every
-ttl/3 until replaced or shutdown, so dead peers disappear within one TTL.
+version, ttl_s), heads(), get(kind), and the p2pd push plane of ``dht_push.py`` (PULSELoCo
+payloads between trainers): push(peer, maddrs, kind, data, timeout), events(max), push_stats(),
+probe(peer, maddrs, raw, timeout); inbound pushes are served only with ``--accept-pushes``.
+Published records are re-signed and refreshed every ttl/3 until replaced or shutdown, so dead
+peers disappear within one TTL.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from typing import Any, Awaitable, Callable
 
 from pulse_node.errors import PulseError, WireError
 from pulse_node.net import ipc
+from pulse_node.net.dht_push import PushPlane
 from pulse_node.net.dht_records import (
     MAX_TTL_S, MIN_TTL_S, DhtInfo, HeadEntry, PeerRecord, PeerStatus, StartFailure, dht_key, validate_tree,
 )
@@ -56,6 +60,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--use-relay", action="store_true")
     p.add_argument("--use-auto-relay", action="store_true")
     p.add_argument("--client-mode", action="store_true")
+    p.add_argument("--accept-pushes", action="store_true", help="serve the p2pd push plane (dht_push.py)")
     p.add_argument("--bootstrap-timeout", type=float, default=15.0)
     p.add_argument("--error-file", type=Path)
     p.add_argument("--log-level", default="INFO")
@@ -81,6 +86,7 @@ class DhtWorker:
 
     def __init__(self, args: argparse.Namespace, node: Any, p2p: Any, peer_id: str) -> None:
         self.args, self.node, self.p2p, self.peer_id = args, node, p2p, peer_id
+        self.pushes = PushPlane(p2p)
         self.session = secrets.token_hex(16)
         self.stop_event = asyncio.Event()
         self.duplicate: str | None = None
@@ -224,6 +230,27 @@ class DhtWorker:
             raise WireError(f"get: unknown record kind {kind!r} (peers, heads)")
         return [{"subkey": sub, "value": value, "expires_at": exp} for sub, value, exp in await self.read(kind)]
 
+    async def rpc_push(self, params: dict) -> dict:
+        maddrs, data = params.get("maddrs") or [], params.get("data")
+        if not isinstance(data, bytes) or not isinstance(maddrs, list):
+            raise WireError("push: data must be bytes and maddrs a list")
+        return await self.pushes.push(str(params.get("peer")), [str(m) for m in maddrs], str(params.get("kind")),
+                                      data, timeout=float(params.get("timeout", 30.0)))
+
+    async def rpc_events(self, params: dict) -> list[dict]:
+        return [{"kind": e.kind, "from_peer": e.from_peer, "data": e.data, "received_at": e.received_at}
+                for e in self.pushes.inbox.take(int(params.get("max", 64)))]
+
+    async def rpc_push_stats(self, params: dict) -> dict:
+        return self.pushes.stats()
+
+    async def rpc_probe(self, params: dict) -> bytes:
+        raw = params.get("raw")
+        if not isinstance(raw, bytes):
+            raise WireError("probe: raw must be bytes")
+        return await self.pushes.probe(str(params.get("peer")), list(params.get("maddrs") or []), raw,
+                                       timeout=float(params.get("timeout", 5.0)))
+
     # ---- stop -------------------------------------------------------------------------------
     async def leave(self) -> None:
         """Mark our peer record as leaving so others drop us now, not one TTL later (bounded)."""
@@ -340,6 +367,8 @@ async def start_worker(args: argparse.Namespace) -> DhtWorker:
         raise
     worker = DhtWorker(args, node, p2p, peer_id)
     try:
+        if args.accept_pushes:
+            await worker.pushes.start()
         worker._visible = [str(m) for m in await node.get_visible_maddrs()]
         await worker.check_identity_free()
     except BaseException:
