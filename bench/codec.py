@@ -2,7 +2,7 @@
 
 For lr 1e-6 and 3e-6, 1-step and k-step patches, prints: density, bytes per changed element
 of (1) naive int32 index + BF16 value, (2) the reference codec v3.1 (bench/ref_codec_v31.py),
-(3) ours in overwrite and compact mode, (4) order-0 entropy of positions + ulp deltas and the
+(3) ours in overwrite and compact mode (compact with and without position context), (4) order-0 entropy of positions + ulp deltas and the
 exponent-conditioned bound; then speed ratios measured side by side in this run
 (diff+encode / bare compare, decode+apply / bare copy) and the state-hash throughput of
 xxh3-128, BLAKE3 and SHA-256 on ~500 MB. The last line is one JSON object.
@@ -69,7 +69,11 @@ def entropy_bounds(base: State, new: State) -> tuple[float, float, int]:
     return pos0 + val0, posc + valc, changed
 
 
-def best_of(fn: Callable[[], object], repeat: int = 3) -> float:
+#: patch variants measured: name -> (mode, position_context)
+VARIANTS = {"overwrite": ("overwrite", False), "compact": ("compact", False), "compact_ctx": ("compact", True)}
+
+
+def best_of(fn: Callable[[], object], repeat: int = 5) -> float:
     best = float("inf")
     for _ in range(repeat):
         t0 = time.perf_counter()
@@ -82,16 +86,15 @@ def sizes(base: State, new: State) -> dict[str, float]:
     bound0, boundc, m = entropy_bounds(base, new)
     numel = sum(t.numel for t in base.values())
     out = {"density": m / numel, "changed": m, "naive": 6.0, "ref_v31": len(ref.encode(base, new)) / m}
-    for mode in ("overwrite", "compact"):
-        patch = make_patch(base, new, mode=mode)
-        out[mode] = len(patch) / m
+    for name, (mode, ctx) in VARIANTS.items():
+        out[name] = len(make_patch(base, new, mode=mode, position_context=ctx)) / m
     out["entropy_order0"] = bound0 / 8 / m
     out["entropy_exp_cond"] = boundc / 8 / m
     return out
 
 
 def speeds(base: State, new: State) -> dict[str, float]:
-    """Seconds of each operation, min of 3, interleaved in one run."""
+    """Seconds of each operation, min of 5, in one run (first call compiles the codec kernels)."""
     names = sorted(base)
     bh, nh = state_hash(base), state_hash(new)
     out = {
@@ -100,11 +103,12 @@ def speeds(base: State, new: State) -> dict[str, float]:
         "state_hash": best_of(lambda: state_hash(new)),
     }
     patches = {}
-    for mode in ("overwrite", "compact"):
-        patches[mode] = make_patch(base, new, mode=mode, base_hash=bh, new_hash=nh)
-        out[f"{mode}_encode"] = best_of(lambda: make_patch(base, new, mode=mode, base_hash=bh, new_hash=nh))
-        out[f"{mode}_apply"] = best_of(lambda: apply_patch(base, patches[mode], verify=False))
-        out[f"{mode}_apply_verified"] = best_of(lambda: apply_patch(base, patches[mode], base_hash=bh))
+    for name, (mode, ctx) in VARIANTS.items():
+        patches[name] = make_patch(base, new, mode=mode, base_hash=bh, new_hash=nh, position_context=ctx)
+        out[f"{name}_encode"] = best_of(lambda: make_patch(base, new, mode=mode, base_hash=bh, new_hash=nh,
+                                                           position_context=ctx))
+        out[f"{name}_apply"] = best_of(lambda: apply_patch(base, patches[name], verify=False))
+        out[f"{name}_apply_verified"] = best_of(lambda: apply_patch(base, patches[name], base_hash=bh))
     rp = ref.encode(base, new)
     out["ref_encode"] = best_of(lambda: ref.encode(base, new))
     out["ref_apply"] = best_of(lambda: ref.decode_apply(base, rp))
@@ -140,15 +144,15 @@ def hash_throughput(total_mb: int = 512) -> dict[str, float]:
 
 def workload(lr: float, steps: int, k: int) -> dict[str, object]:
     one, kstep = [], []
-    timing = None
+    timing = {}
     window: deque[State] = deque(maxlen=k + 1)
     sample_steps = {1, steps // 2, steps}
     for step, state in adamw_bf16_states(lr=lr, steps=steps):
         window.append(state)
         if step in sample_steps:
             one.append(sizes(window[-2], state))
-            if step == 1:
-                timing = speeds(window[-2], state)
+            if step in (1, steps // 2):  # Adam's first step moves every entry; mid-run is typical
+                timing["first_step" if step == 1 else "mid_run"] = speeds(window[-2], state)
         if step >= k and step % k == 0:
             kstep.append(sizes(window[0], state))
     mean = lambda rows: {key: float(np.mean([r[key] for r in rows])) for key in rows[0]}  # noqa: E731
@@ -157,15 +161,15 @@ def workload(lr: float, steps: int, k: int) -> dict[str, object]:
 
 def _print_sizes(label: str, s: dict[str, float]) -> None:
     print(f"  {label:8s} density {s['density']:.3%}  B/change: naive {s['naive']:.2f}  ref-v3.1 {s['ref_v31']:.3f}  "
-          f"overwrite {s['overwrite']:.3f}  compact {s['compact']:.3f}  | entropy order-0 "
+          f"overwrite {s['overwrite']:.3f}  compact {s['compact']:.3f} (+context {s['compact_ctx']:.3f})  | entropy order-0 "
           f"{s['entropy_order0']:.3f}  exp-conditioned {s['entropy_exp_cond']:.3f}")
 
 
 def _print_speed(t: dict[str, float]) -> None:
     c, p = t["bare_compare"], t["bare_copy"]
     print(f"  speed (1-step, s): bare compare {c:.3f}, bare copy {p:.3f}, state_hash {t['state_hash']:.3f}")
-    for mode in ("overwrite", "compact"):
-        print(f"    {mode:9s} diff+encode {t[f'{mode}_encode']:.3f} ({t[f'{mode}_encode'] / c:.1f}x compare)  "
+    for mode in VARIANTS:
+        print(f"    {mode:11s} diff+encode {t[f'{mode}_encode']:.3f} ({t[f'{mode}_encode'] / c:.1f}x compare)  "
               f"decode+apply {t[f'{mode}_apply']:.3f} ({t[f'{mode}_apply'] / p:.1f}x copy; "
               f"verified {t[f'{mode}_apply_verified'] / p:.1f}x)")
     print(f"    ref-v3.1  diff+encode {t['ref_encode']:.3f} ({t['ref_encode'] / c:.1f}x compare)  "
@@ -189,23 +193,27 @@ def main() -> None:
         print(f"lr {lr:g}")
         _print_sizes("1-step", r["one_step"])
         _print_sizes(f"{args.k}-step", r["k_step"])
-        _print_speed(r["speed"])
+        for when, t in r["speed"].items():
+            print(f"  [{when}]")
+            _print_speed(t)
     hashes = hash_throughput()
     print("state hash MB/s on ~512 MB: " + ", ".join(f"{k} {v:.0f}" for k, v in hashes.items()))
     summary = {"params_m": round(param_count() / 1e6, 1), "hash_mb_s": {k: round(v) for k, v in hashes.items()}}
     for r in results:
         key = f"lr{r['lr']:g}"
-        t = r["speed"]
         summary[key] = {
             "one_step": {k: round(v, 4) for k, v in r["one_step"].items()},
             f"k{r['k']}_step": {k: round(v, 4) for k, v in r["k_step"].items()},
-            "encode_x_compare": {m: round(t[f"{m}_encode"] / t["bare_compare"], 2) for m in ("overwrite", "compact")}
-            | {"ref_v31": round(t["ref_encode"] / t["bare_compare"], 2)},
-            "apply_x_copy": {m: round(t[f"{m}_apply"] / t["bare_copy"], 2) for m in ("overwrite", "compact")}
-            | {"ref_v31": round(t["ref_apply"] / t["bare_copy"], 2)},
-            "apply_verified_x_copy": {m: round(t[f"{m}_apply_verified"] / t["bare_copy"], 2)
-                                      for m in ("overwrite", "compact")},
         }
+        for when, t in r["speed"].items():
+            summary[key][when] = {
+                "encode_x_compare": {m: round(t[f"{m}_encode"] / t["bare_compare"], 2) for m in VARIANTS}
+                | {"ref_v31": round(t["ref_encode"] / t["bare_compare"], 2)},
+                "apply_x_copy": {m: round(t[f"{m}_apply"] / t["bare_copy"], 2) for m in VARIANTS}
+                | {"ref_v31": round(t["ref_apply"] / t["bare_copy"], 2)},
+                "apply_verified_x_copy": {m: round(t[f"{m}_apply_verified"] / t["bare_copy"], 2)
+                                          for m in VARIANTS},
+            }
     print(json.dumps(summary))
 
 

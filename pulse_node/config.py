@@ -39,6 +39,9 @@ class ChainConfig(StrictModel):
     """Version publication and acceptance."""
 
     patch_mode: Literal["compact", "overwrite"] = "compact"
+    position_context: bool = Field(
+        False, description="compact patches: code positions with the base's exponent classes "
+        "(~20% smaller, but every receiver pays an extra pass over each changed tensor; for slow links)")
     anchor_every: int = Field(10, ge=1, description="a full anchor every N versions")
     keep_versions: int = Field(64, ge=1, description="patches kept (and re-served) behind the head")
     keep_anchors: int = Field(2, ge=1)

@@ -44,12 +44,15 @@ def test_unchanged_tensors_are_shared_and_changed_ones_are_new():
     assert states_equal(out, new)
 
 
-def test_compact_is_smaller_than_overwrite_and_uses_context():
+def test_compact_is_smaller_than_overwrite_and_context_is_opt_in():
     base, new = realistic_pair(numel=200_000)
     compact, overwrite = make_patch(base, new, mode="compact"), make_patch(base, new, mode="overwrite")
-    assert len(compact) < len(overwrite)
-    assert any(t.threshold > 0 for t in read_header(compact).tensors)
+    with_context = make_patch(base, new, mode="compact", position_context=True)
+    assert len(with_context) < len(compact) < len(overwrite)
+    assert all(t.threshold == 0 for t in read_header(compact).tensors)
+    assert any(t.threshold > 0 for t in read_header(with_context).tensors)
     assert patch_stats(compact).bytes_per_changed < 1.5
+    assert states_equal(apply_patch(base, with_context), new) and states_equal(apply_patch(base, compact), new)
 
 
 def test_overwrite_is_idempotent_and_any_base_is_opt_in():

@@ -64,9 +64,9 @@ def position_classes(dtype: str, base_bits: np.ndarray, threshold: int) -> Class
     if K.AVAILABLE:
         bits = np.ascontiguousarray(base_bits).reshape(-1)
         n = K.count_below(bits, threshold << mant, (1 << (width - 1)) - 1)
-        members, labels = np.empty(n, np.int64), np.empty(n, np.uint8)
+        members, labels = np.empty(n + 1, np.int64), np.empty(n + 1, np.uint8)
         K.members_below(bits, threshold << mant, (1 << (width - 1)) - 1, mant, members, labels)
-        return Classes(numel, members, labels, BACKGROUND)
+        return Classes(numel, members[:n], labels[:n], BACKGROUND)
     magnitude = base_bits & np.array((1 << (width - 1)) - 1, dtype=base_bits.dtype)
     members = np.flatnonzero(magnitude < np.array(threshold << mant, dtype=base_bits.dtype))
     return Classes(numel, members, exponent_labels(dtype, base_bits[members]), BACKGROUND)

@@ -172,14 +172,19 @@ def _count_below(bits, limit, magnitude_mask):
 
 
 def _members_below(bits, limit, magnitude_mask, mant, members, labels):
-    """Indices and exponent fields of the elements with magnitude below ``limit``."""
+    """Indices and exponent fields of the elements with magnitude below ``limit``.
+
+    Branch-free compaction (members are sparse and scattered, a branch mispredicts): every
+    element is written at slot ``k`` and ``k`` advances only for members, so ``members`` and
+    ``labels`` need one spare slot beyond the member count.
+    """
     k = 0
     for i in range(bits.size):
         m = np.int64(bits[i]) & magnitude_mask
-        if m < limit:
-            members[k] = i
-            labels[k] = m >> mant
-            k += 1
+        members[k] = i
+        labels[k] = m >> mant
+        k += m < limit
+    return k
 
 
 def _background_positions(ranks, members, out):
@@ -217,3 +222,27 @@ count_below = _jit(_count_below)
 members_below = _jit(_members_below)
 background_positions = _jit(_background_positions)
 locate = _jit(_locate)
+
+
+def warm_up() -> None:
+    """Compile (or load from the on-disk cache) every kernel for every element width.
+
+    A node calls this at start so its first patch is not slowed by compilation.
+    """
+    if not AVAILABLE:
+        return
+    i64 = np.arange(4, dtype=np.int64)
+    buf = np.zeros(8, np.uint8)
+    read_fields(buf, 0, 64, i64, np.empty(4, np.int64))
+    unbin(i64, i64, np.zeros(4, np.int64), buf, 0, 64, np.empty(4, np.int64))
+    write_fields(i64, i64, np.zeros(8, np.uint8))
+    bin_values(i64, np.empty(4, np.int32), np.empty(4, np.int64), np.empty(4, np.int64))
+    label_order(np.zeros(4, np.uint8), np.empty(4, np.int64), np.zeros(256, np.int64))
+    background_positions(i64, i64, np.empty(4, np.int64))
+    locate(i64, i64, np.empty(4, bool), np.empty(4, np.int64))
+    for dt in (np.uint8, np.uint16, np.uint32):
+        bits = np.arange(4, dtype=dt)
+        delta_zig(bits, bits + dt(1), FLOAT, 8 * bits.itemsize, np.empty(4, np.int64))
+        apply_delta(bits.copy(), i64 % 4, i64, FLOAT, 8 * bits.itemsize)
+        count_below(bits, 1, 127)
+        members_below(bits, 1, 127, 2, np.empty(5, np.int64), np.empty(5, np.uint8))

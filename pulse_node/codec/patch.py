@@ -3,8 +3,9 @@
 ``make_patch(base, new)`` diffs every tensor bitwise (integer views, so -0/+0, NaN payloads,
 inf and subnormals are carried) and writes, per tensor, the changed positions and values:
 
-- ``compact`` (default): positions coded with the base's exponent as context, values as exact
-  integer differences of order-preserving keys (mostly +-1 ulp). Only valid on the exact
+- ``compact`` (default): values as exact integer differences of order-preserving keys (mostly
+  +-1 ulp) coded with the base's exponent as context; positions as binned gaps, optionally
+  (``position_context``) with the base's exponent classes as context. Only valid on the exact
   base: ``apply_patch`` refuses any base whose state hash differs from the header's (with
   ``verify=False`` only if a ``base_hash`` is passed; otherwise the caller vouches for the base).
 - ``overwrite``: positions without context and the new bits themselves (idempotent, the
@@ -90,14 +91,14 @@ def _check_same_layout(base: Mapping[str, TensorBits], new: Mapping[str, TensorB
                              f"{new[name].dtype}{list(new[name].shape)}")
 
 
-def _prepare(name: str, old: TensorBits, new: TensorBits, idx: np.ndarray, mode: Mode) -> _Pending:
+def _prepare(name: str, old: TensorBits, new: TensorBits, idx: np.ndarray, mode: Mode, context: bool) -> _Pending:
     if mode == "overwrite" or old.bits.itemsize == 8:
         vals = new.bits[idx]
         keys = [(V.PLANES, old.dtype, j) for j in range(old.bits.itemsize)]
         pos = encode_positions(idx, old.numel)
         return _Pending(name, old, idx, 0, V.PLANES, pos, keys, V.plane_symbols(vals), None)
     labels = V.exponent_labels(old.dtype, old.bits[idx])
-    threshold = choose_threshold(old.dtype, old.bits, labels)
+    threshold = choose_threshold(old.dtype, old.bits, labels) if context else 0
     pos = encode_positions(idx, old.numel, classes=position_classes(old.dtype, old.bits, threshold))
     sym, nextra, extra = V.delta_symbols(old.dtype, old.bits[idx], new.bits[idx])
     order, groups = group_by_label(labels)
@@ -130,14 +131,19 @@ def _encode_tensor(p: _Pending, models: Mapping[tuple[int, str, int], object]) -
 
 
 def make_patch(base: State, new: State, *, mode: Mode = "compact", base_hash: str | None = None,
-               new_hash: str | None = None) -> bytes:
-    """Patch that turns ``base`` into ``new`` (bit-exact). Hashes may be passed if known."""
+               new_hash: str | None = None, position_context: bool = False) -> bytes:
+    """Patch that turns ``base`` into ``new`` (bit-exact). Hashes may be passed if known.
+
+    ``position_context`` (compact mode): code positions with the base's exponent classes as
+    context. About 20% smaller patches, but encoder and every receiver pay an extra pass over
+    each changed tensor's base (see bench/RESULTS.md), so it is for slow links.
+    """
     if mode not in MODES:
         raise PatchError(f"unknown patch mode {mode!r} (expected one of {', '.join(MODES)})")
     _check_same_layout(base, new)
     def prepare(name: str):
         idx = np.flatnonzero(base[name].bits != new[name].bits)
-        return _prepare(name, base[name], new[name], idx, mode) if idx.size else None
+        return _prepare(name, base[name], new[name], idx, mode, position_context) if idx.size else None
 
     pending = [p for p in _map(prepare, sorted(base)) if p is not None]
     tables = _build_tables(pending)

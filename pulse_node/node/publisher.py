@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pulse_node.chain.identity import Identity
 from pulse_node.chain.record import VersionRecord, make_record
 from pulse_node.chain.store import VersionStore
+from pulse_node.codec.header import FORMAT_VERSION
 from pulse_node.codec.patch import make_patch
 from pulse_node.codec.state import State, state_nbytes
 from pulse_node.codec.statehash import state_hash
@@ -60,11 +61,11 @@ class VersionPublisher:
         version = self.head.version + 1
         is_anchor = version % self.chain.anchor_every == 0
         patch = make_patch(self._state, state, mode=self.chain.patch_mode, base_hash=self.head.state_hash,
-                           new_hash=digest)
+                           new_hash=digest, position_context=self.chain.position_context)
         record = make_record(self.identity, run_id=self.run_id, version=version, parent=self.head,
                              state_hash=digest, patch=patch,
                              anchor_version=version if is_anchor else self.head.anchor_version,
-                             is_anchor=is_anchor, codec=f"pulsesync/{self.chain.patch_mode}/1")
+                             is_anchor=is_anchor, codec=f"pulsesync/{self.chain.patch_mode}/{FORMAT_VERSION}")
         self.store.put_patch(record, patch)
         if is_anchor:
             self.store.put_anchor(record, state)

@@ -74,6 +74,15 @@ def _status_writer(ctx: RoleContext, path: Path, every_s: float) -> threading.Th
     return t
 
 
+def _warm_codec() -> threading.Thread:
+    """Load the codec's compiled kernels in the background while the role starts up."""
+    from pulse_node.codec.kernels import warm_up
+
+    t = threading.Thread(target=warm_up, name="codec-warm-up", daemon=True)
+    t.start()
+    return t
+
+
 def run_node(cfg: NodeConfig, make_transport: TransportFactory, *, stop: threading.Event | None = None,
              install_signals: bool = True) -> int:
     """Run one daemon until stopped; returns a process exit code."""
@@ -96,6 +105,7 @@ def run_node(cfg: NodeConfig, make_transport: TransportFactory, *, stop: threadi
                 signal.signal(sig, lambda *_: stop.set())
         status.write(data / "status.json")
         _status_writer(ctx, data / "status.json", 0.5)
+        _warm_codec()
         role = make_role(ctx)
         try:
             role.run()
