@@ -72,6 +72,9 @@ def test_process_swarm_bit_identical_with_late_joiner(swarm):
     assert stats["inference-late"].get("catchups", 0) >= 1, "the late joiner did not use a catch-up patch"
     rollouts_in = sum(stats[n].get("rollouts_in", 0) for n in ("trainer-0", "trainer-1"))
     assert rollouts_in > 0, "no rollouts reached the trainers"
+    for name in ("trainer-0", "trainer-1"):  # PULSELoCo payloads ride hivemind's p2pd, not the wire
+        assert stats[name]["bytes_in_by_plane"]["hivemind"] > 0, f"{name} received no payload over p2pd"
+        assert stats[name]["loco_fallbacks"] == 0, f"{name} fell back to the wire for a payload"
     assert stats["trainer-0"]["patch_bytes_total"] < stats["trainer-0"]["dense_bytes_total"]
     evals = {h["version"]: h["eval"] for name in ("trainer-0", "trainer-1")  # genesis: whoever published it
              for h in stats[name]["history"] if "eval" in h}
