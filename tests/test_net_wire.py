@@ -280,3 +280,21 @@ def test_catchup_is_made_on_demand_from_verified_states(swarm: dict, tmp_path: P
         assert time.monotonic() - t0 < 5
     finally:
         server.stop()
+
+
+def test_loco_payload_and_decision_are_served_and_decisions_pushed(swarm: dict, tmp_path: Path) -> None:
+    """The trainers' round files (``node/agreement.py``) go through the real wire worker."""
+    client, server, addr, src = swarm["client"], swarm["server"], swarm["addr"], swarm["src"]
+    digest = "cd" * 32
+    payload = _write(src, f"loco/4/{digest}.payload", os.urandom(5000))
+    decision = _write(src, "loco/4/decision", b"signed decision")
+    client.fetch(addr, "loco_payload", {"round": 4, "digest": digest}, tmp_path / "p")
+    client.fetch(addr, "loco_decision", {"round": 4}, tmp_path / "d")
+    assert (tmp_path / "p").read_bytes() == payload and (tmp_path / "d").read_bytes() == decision
+    with pytest.raises(wp.NotFound):
+        client.fetch(addr, "loco_payload", {"round": 4, "digest": "../" + digest[3:]}, tmp_path / "x")
+    server.events(max_events=64)  # whatever earlier tests left
+    client.push(addr, "decision", b"d" * 100)
+    got: list = []
+    _wait_for(lambda: got.extend(server.events(max_events=8)) or bool(got), 10, "the decision push")
+    assert [(e.kind, e.data) for e in got] == [("decision", b"d" * 100)]

@@ -18,7 +18,8 @@ def _body(frame: bytes) -> bytes:
 def test_every_request_round_trips() -> None:
     reqs = [wp.RecordRequest(v=1, version=None), wp.RecordRequest(v=1, version=3),
             wp.PatchRequest(v=1, version=7), wp.AnchorRequest(v=1, version=2, offset=5, length=9),
-            wp.CatchupRequest(v=1, base=3, target=9), wp.PushRequest(v=1, kind="loco", size=12)]
+            wp.CatchupRequest(v=1, base=3, target=9), wp.PushRequest(v=1, kind="loco", size=12),
+            wp.LocoPayloadRequest(v=1, round=4, digest="ab" * 32), wp.LocoDecisionRequest(v=1, round=4)]
     for req in reqs:
         assert type(req).decode(_body(req.encode())) == req
 
@@ -68,6 +69,9 @@ def test_anchor_chunk_length_is_capped() -> None:
 
 def test_build_request_checks_kind_and_params() -> None:
     assert wp.build_request("catchup", {"base": 1, "target": 4}) == wp.CatchupRequest(v=1, base=1, target=4)
+    assert wp.build_request("loco_decision", {"round": 2}) == wp.LocoDecisionRequest(v=1, round=2)
+    with pytest.raises(WireError):
+        wp.build_request("loco_payload", {"round": 2, "digest": "ab" * 33})
     with pytest.raises(WireError, match="unknown fetch kind"):
         wp.build_request("push", {"kind": "loco", "size": 1})
     with pytest.raises(WireError, match="params"):

@@ -60,13 +60,11 @@ def test_two_trainers_two_inference_bit_identical(swarm, tmp_path):
     assert _status(t1).get("rollouts_in", 0) + _status(t2).get("rollouts_in", 0) > 0, "no rollouts reached trainers"
 
 
-def test_trainer_leaving_does_not_stall_and_returning_trainer_resyncs(swarm, tmp_path):
-    """The remaining trainer goes on past the deadline; the returning one adopts the swarm's state.
-
-    (Staying bit-identical afterwards is not asserted: without an explicit agreement on each
-    round's contributors, the returning trainer can fork for a round and re-sync again.)
-    """
-    fast = {"loco": {"inner_steps": 2, "deadline_s": 3}}
+def test_trainer_leaving_does_not_stall_and_returning_trainer_stays_identical(swarm, tmp_path):
+    """The remaining trainer goes on past the deadline; the returning one adopts the swarm's state
+    and, from its first round after that re-sync on, is bit-identical to the other at every version
+    (the contributor agreement, ``node/agreement.py``, leaves no room for a fork)."""
+    fast = {"loco": {"inner_steps": 2, "deadline_s": 3, "decision_wait_s": 2}}
     t1 = swarm.start("trainer-a", _cfg(TrainerConfig, tmp_path, "t1", **fast))
     t2 = swarm.start("trainer-b", _cfg(TrainerConfig, tmp_path, "t2", **fast))
     wait_for(lambda: min(_status(t1).get("version", -1), _status(t2).get("version", -1)) >= 3,
@@ -80,6 +78,14 @@ def test_trainer_leaving_does_not_stall_and_returning_trainer_resyncs(swarm, tmp
     swarm.start("trainer-b", _cfg(TrainerConfig, tmp_path, "t2", **fast))
     wait_for(lambda: _status(t2).get("resyncs", 0) >= 1, timeout=120, what="the returning trainer to re-sync")
     assert _status(t2)["version"] >= returned_at, "the returning trainer did not adopt the current version"
+    wait_for(lambda: len(_status(t2).get("history", [])) >= 3, timeout=120, what="3 rounds after the re-sync")
+    hashes = lambda d: {h["version"]: (h["state_hash"], h["global_hash"]) for h in _status(d)["history"]}  # noqa: E731
+    back = hashes(t2)  # every version it published since it returned
+    wait_for(lambda: set(back) <= set(hashes(t1)), timeout=30, what="the other trainer's status")
+    stayed = hashes(t1)
+    assert sorted(back) == list(range(min(back), min(back) + len(back))), "the returning trainer skipped versions"
+    assert all(stayed[v] == h for v, h in back.items()), "trainers differ after the re-sync"
+    assert _status(t2)["resyncs"] == 1 and not _status(t2).get("forks"), "the returning trainer forked again"
 
 
 def test_node_k_versions_behind_recovers_with_one_catchup_patch(swarm, tmp_path):

@@ -24,6 +24,9 @@ class LocoConfig(StrictModel):
     gate: Literal["bf16", "none"] = "bf16"
     deadline_s: float = pydantic.Field(60.0, gt=0.0)
     """Wall time after the round opens within which a payload must arrive to be averaged."""
+    decision_wait_s: float = pydantic.Field(10.0, gt=0.0)
+    """How long past its own deadline a trainer waits for the round's decision before the next
+    trainer in id order decides instead; also the budget for fetching decided payloads it lacks."""
     min_contributors: int = pydantic.Field(1, ge=1)
     """Below this many on-time payloads the round applies no update (the round still closes)."""
     max_payload_bytes: int = pydantic.Field(1 << 30, ge=1024)

@@ -36,6 +36,8 @@ PROTOCOLS: dict[str, str] = {
     "anchor": "/pulse/anchor/1.0.0",
     "catchup": "/pulse/catchup/1.0.0",
     "trainer_state": "/pulse/trainer-state/1.0.0",
+    "loco_payload": "/pulse/loco-payload/1.0.0",
+    "loco_decision": "/pulse/loco-decision/1.0.0",
     "push": "/pulse/push/1.0.0",
 }
 
@@ -46,6 +48,8 @@ BODY_CAPS: dict[str, int] = {
     "anchor": 64 << 20,  # one anchor chunk; whole anchors are fetched in chunks
     "catchup": 8 << 30,
     "trainer_state": 64 << 30,  # FP32 weights + momentum of a whole model
+    "loco_payload": 1 << 30,  # one trainer's PULSELoCo payload of a recent round
+    "loco_decision": 64 << 10,  # a signed round decision (loco/decision.py caps it the same)
 }
 
 #: largest push body accepted per push kind (bounded by the local RPC frame, 64 MiB)
@@ -53,6 +57,7 @@ PUSH_CAPS: dict[str, int] = {
     "rollout": 16 << 20,
     "loco": 48 << 20,
     "head": 64 << 10,
+    "decision": 64 << 10,
 }
 
 REQUEST_CAP = 1024  # bytes of one request frame
@@ -181,8 +186,27 @@ class TrainerStateRequest(WireStruct):
 
 
 @dataclass(frozen=True)
+class LocoPayloadRequest(WireStruct):
+    """The PULSELoCo payload of ``round`` whose BLAKE3 digest is ``digest`` (64 hex chars)."""
+
+    v: int
+    round: int
+    digest: str
+    SPEC: ClassVar = {"v": ("int", 255), "round": ("int", MAX_U64), "digest": ("str", 64)}
+
+
+@dataclass(frozen=True)
+class LocoDecisionRequest(WireStruct):
+    """The signed decision of PULSELoCo round ``round`` that the peer applied."""
+
+    v: int
+    round: int
+    SPEC: ClassVar = {"v": ("int", 255), "round": ("int", MAX_U64)}
+
+
+@dataclass(frozen=True)
 class PushRequest(WireStruct):
-    """``size`` bytes of a push of ``kind`` (rollout, loco, head) follow this frame."""
+    """``size`` bytes of a push of ``kind`` (rollout, loco, head, decision) follow this frame."""
 
     v: int
     kind: str
@@ -216,6 +240,8 @@ REQUESTS: dict[str, type[WireStruct]] = {
     "anchor": AnchorRequest,
     "catchup": CatchupRequest,
     "trainer_state": TrainerStateRequest,
+    "loco_payload": LocoPayloadRequest,
+    "loco_decision": LocoDecisionRequest,
     "push": PushRequest,
 }
 

@@ -1,5 +1,6 @@
 """Fault injection for chaos tests: a ``Transport`` wrapper that drops, duplicates, reorders,
-delays and corrupts what crosses it, and counts every fault by kind.
+delays and corrupts what crosses it (optionally only some kinds, to some peers), and counts every
+fault by kind; a wrapper that dies like a crashed process at a chosen message.
 
 Used by ``tests/test_node_chaos.py`` and ``bench/chaos.py``; production code never wraps its
 transport. Faults are drawn from a seeded RNG so a failing run can be replayed.
@@ -13,7 +14,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from pulse_node.errors import WireError
 from pulse_node.node.transport import Event, PeerInfo, Transport
@@ -31,6 +32,10 @@ class FaultRates:
     max_delay_s: float = 0.2
     #: push kinds left alone (e.g. "loco": trainer payloads ride an authenticated stream)
     spare_kinds: tuple[str, ...] = ()
+    #: when set, only messages of these kinds (push or fetch) are faulted
+    only_kinds: tuple[str, ...] = ()
+    #: when set, only messages to / fetches from these peer ids are faulted (one-way link faults)
+    only_peers: tuple[str, ...] = ()
 
 
 class FaultyTransport:
@@ -55,6 +60,10 @@ class FaultyTransport:
                 self.faults[kind] += 1
             return hit
 
+    def _targeted(self, peer: PeerInfo, kind: str) -> bool:
+        r = self.rates
+        return (not r.only_kinds or kind in r.only_kinds) and (not r.only_peers or peer.peer_id in r.only_peers)
+
     def publish(self, info: PeerInfo) -> None:
         self.inner.publish(info)
 
@@ -62,6 +71,8 @@ class FaultyTransport:
         return self.inner.peers()
 
     def fetch(self, peer: PeerInfo, kind: str, params: dict[str, Any], dest: Path, *, timeout: float) -> int:
+        if not self._targeted(peer, kind):
+            return self.inner.fetch(peer, kind, params, dest, timeout=timeout)
         if self._roll("drop"):
             raise WireError(f"injected: {kind} fetch from {peer.peer_id} dropped")
         if self._roll("delay"):
@@ -74,7 +85,7 @@ class FaultyTransport:
         return n
 
     def push(self, peer: PeerInfo, kind: str, data: bytes, *, timeout: float) -> None:
-        if kind in self.rates.spare_kinds:
+        if kind in self.rates.spare_kinds or not self._targeted(peer, kind):
             self.inner.push(peer, kind, data, timeout=timeout)
             return
         if self._roll("drop"):
@@ -103,6 +114,57 @@ class FaultyTransport:
 
     def close(self) -> None:
         self.inner.close()
+
+
+class CrashingTransport:
+    """Wraps a transport that dies like a crashed process just before sending a message for which
+    ``when(kind, data)`` holds: that message and everything after it is lost, and the node leaves
+    discovery (``inner.close()``). ``crashed_at`` is the wall time of the crash."""
+
+    def __init__(self, inner: Transport, when: Callable[[str, bytes], bool]) -> None:
+        self.inner = inner
+        self.when = when
+        self.crashed_at: float | None = None
+
+    @property
+    def peer_id(self) -> str:
+        return self.inner.peer_id
+
+    def _check_alive(self) -> None:
+        if self.crashed_at is not None:
+            raise WireError("injected: this node has crashed")
+
+    def publish(self, info: PeerInfo) -> None:
+        if self.crashed_at is None:
+            self.inner.publish(info)
+
+    def peers(self) -> list[PeerInfo]:
+        return [] if self.crashed_at is not None else self.inner.peers()
+
+    def fetch(self, peer: PeerInfo, kind: str, params: dict[str, Any], dest: Path, *, timeout: float) -> int:
+        self._check_alive()
+        return self.inner.fetch(peer, kind, params, dest, timeout=timeout)
+
+    def push(self, peer: PeerInfo, kind: str, data: bytes, *, timeout: float) -> None:
+        self._check_alive()
+        if self.when(kind, data):
+            self.crashed_at = time.time()
+            self.inner.close()
+            raise WireError("injected: this node has crashed")
+        self.inner.push(peer, kind, data, timeout=timeout)
+
+    def events(self, *, max_items: int = 256, wait_s: float = 0.0) -> list[Event]:
+        if self.crashed_at is not None:
+            time.sleep(min(wait_s, 0.05))
+            return []
+        return self.inner.events(max_items=max_items, wait_s=wait_s)
+
+    def stats(self) -> dict[str, Any]:
+        return self.inner.stats()
+
+    def close(self) -> None:
+        if self.crashed_at is None:
+            self.inner.close()
 
 
 def start_forging_peer(hub, files: Path, *, run_id: str, claimed_version: int = 10**6) -> Counter:

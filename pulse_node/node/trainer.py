@@ -6,9 +6,10 @@ One round (= one version):
    bound); when none arrive within ``rollout_wait_s`` the trainer makes its own, so a swarm
    without inference nodes still trains.
 2. The error-feedback gate turns ``global - local`` into a sparse payload, pushed to every other
-   trainer; payloads of this round arriving before ``loco.deadline_s`` are averaged in canonical
-   order, and the outer Nesterov step updates the FP32 global weights bit-identically on every
-   trainer. A trainer that missed the deadline keeps its error feedback.
+   trainer. The round's coordinator decides which payloads make up the round (a signed list,
+   ``node/agreement.py``); every trainer averages exactly those in canonical order, and the
+   outer Nesterov step updates the FP32 global weights bit-identically on every trainer. A
+   trainer left out keeps its error feedback; one that cannot reproduce the decided set re-syncs.
 3. The BF16 cast of the global weights is published as the next version (patch, signed record,
    anchor every N) and announced to inference nodes.
 """
@@ -25,8 +26,9 @@ from pulse_node.chain.record import VersionRecord, decode_record, encode_record
 from pulse_node.config import TrainerConfig
 from pulse_node.errors import PulseError
 from pulse_node.loco.outer import OuterOptimizer
-from pulse_node.loco.payload import LocoPayload, decode_payload, encode_payload
+from pulse_node.loco.payload import LocoPayload, encode_payload
 from pulse_node.loco.sparsify import ErrorFeedback
+from pulse_node.node.agreement import RoundAgreement
 from pulse_node.node.context import RoleContext
 from pulse_node.node.publisher import VersionPublisher
 from pulse_node.node.trainer_state import export_trainer_state, read_trainer_state
@@ -60,7 +62,8 @@ class TrainerRole:
         self.ef = ErrorFeedback(self.shapes, cfg=cfg.loco)
         self.publisher = VersionPublisher(ctx.store, ctx.identity, run_id=cfg.run_id, chain=cfg.chain)
         self.batches: deque[list[Rollout]] = deque(maxlen=64)
-        self.loco_inbox: dict[int, dict[str, LocoPayload]] = {}
+        self.agreement = RoundAgreement(ctx, shapes=self.shapes, current_round=lambda: self.outer.round,
+                                        drain=self._drain_events)
         self.worker_version = -1
         self.peer_heads: dict[int, dict[str, str]] = {}  # version -> trainer -> announced state hash
         self.published_hashes: dict[int, str] = {}
@@ -161,18 +164,22 @@ class TrainerRole:
         return outer_state, record
 
     def _check_agreement(self) -> None:
-        """Re-sync if a lower-id trainer announced a different state for a version we published."""
+        """Re-sync if the lowest-id trainer announcing a version we published holds another state.
+
+        Converging on the lowest id (the next round's coordinator, too) repairs the one fork the
+        contributor agreement leaves possible (``node/agreement.py``).
+        """
         me = self.ctx.transport.peer_id
+        trainers = {p.peer_id: p for p in self.ctx.peers("trainer")}
         for version in sorted(self.peer_heads):
             mine = self.published_hashes.get(version)
-            for peer_id, digest in sorted(self.peer_heads[version].items()):
-                if mine and digest != mine and peer_id < me:
-                    peer = next((p for p in self.ctx.peers("trainer") if p.peer_id == peer_id), None)
-                    self.ctx.status.error(f"state differs from {peer_id[:12]} at version {version}; re-syncing")
-                    self.peer_heads.clear()
-                    if peer is not None:
-                        self._resync(peer)
-                    return
+            heads = {pid: h for pid, h in self.peer_heads[version].items() if pid in trainers}
+            lowest = min(heads, key=str.encode, default=None)
+            if mine and lowest is not None and lowest.encode() < me.encode() and heads[lowest] != mine:
+                self.ctx.status.error(f"state differs from {lowest[:12]} at version {version}; re-syncing")
+                self.peer_heads.clear()
+                self._resync(trainers[lowest])
+                return
         self.peer_heads = {v: h for v, h in self.peer_heads.items() if v > self.version - 8}
 
     def _idle_until_stopped(self) -> None:
@@ -195,47 +202,60 @@ class TrainerRole:
                 continue
             self.ctx.status.add("rollouts_used", metrics.get("kept", 0))
         contributors = self._loco_round()
+        if contributors is None:  # re-synced (or stopping): the adopted version is already ours
+            return
         self._reset_local()
         pub = self._publish(reward=float(metrics.get("reward_mean", 0.0)) if metrics else None)
+        self._check_agreement()
         self.ctx.status.update(reward_mean=float(metrics.get("reward_mean", 0.0)), contributors=contributors,
                                rounds=self.outer.round)
         self.ctx.log.info("version %d: %d contributors, patch %d B (%.4f changed), reward %.3f",
                           self.version, contributors, pub.patch_bytes, pub.changed_fraction,
                           metrics.get("reward_mean", 0.0))
 
-    def _loco_round(self) -> int:
-        """Exchange payloads with the other trainers and take the outer step; returns #contributors."""
+    def _loco_round(self) -> int | None:
+        """Agree on this round's payloads and take the outer step; returns #contributors.
+
+        None when the round ended in a re-sync (or the trainer is stopping) instead.
+        """
         round_no = self.outer.round
         local_cpu = {n: p.detach().to("cpu", torch.float32) for n, p in self.local.items()}
         mine = self.ef.make_payload(self.global_params, local_cpu, round=round_no,
                                     trainer_id=self.ctx.transport.peer_id, base_hash=self.outer.state_hash())
-        data = encode_payload(mine, level=self.cfg.loco.zstd_level)
-        trainers = self.ctx.peers("trainer")
-        for peer in trainers:
-            try:
-                self.ctx.transport.push(peer, "loco", data, timeout=self.cfg.loco.deadline_s)
-            except PulseError as exc:
-                self.ctx.status.error(f"loco push to {peer.peer_id[:12]} failed: {exc}")
-        self.ctx.status.add("loco_bytes_out", len(data) * len(trainers))
-        others = self._collect(round_no, {p.peer_id for p in trainers})
-        try:
-            self.outer.apply([mine, *others])
-        except PulseError as exc:  # a bad payload: drop all foreign ones, keep the round going
-            self.ctx.status.error(f"round {round_no}: {exc}")
-            self.outer.apply([mine])
-        return 1 + len(others)
+        result = self.agreement.run_round(mine, encode_payload(mine, level=self.cfg.loco.zstd_level))
+        if result.payloads is not None and self._apply(round_no, result.payloads):
+            if not result.mine_included:
+                self.ef.restore(mine)
+                self.ctx.status.add("rounds_left_out")
+            return len(result.payloads)
+        if self.ctx.stop.is_set():
+            return None
+        self.ef.restore(mine)  # our work was not applied: it stays in the error feedback
+        if self._resync_after(round_no):
+            return None
+        self.ctx.status.add("forks")
+        self.ctx.status.error(f"round {round_no}: cannot reproduce the decided payloads nor re-sync; "
+                              "closing it without an update until the agreement check repairs the fork")
+        self.outer.apply([])
+        return 0
 
-    def _collect(self, round_no: int, expected: set[str]) -> list[LocoPayload]:
-        deadline = time.monotonic() + self.cfg.loco.deadline_s
-        while not self.ctx.stop.is_set():
-            got = self.loco_inbox.get(round_no, {})
-            if expected <= set(got) or time.monotonic() > deadline:
-                break
-            self._drain_events(wait_s=0.05)
-        got = self.loco_inbox.pop(round_no, {})
-        for r in [r for r in self.loco_inbox if r < round_no]:
-            del self.loco_inbox[r]
-        return [p for pid, p in got.items() if pid in expected or not expected]
+    def _apply(self, round_no: int, payloads: list[LocoPayload]) -> bool:
+        try:
+            self.outer.apply(payloads)
+        except PulseError as exc:  # decided payloads that do not fit our state: re-sync
+            self.ctx.status.error(f"round {round_no}: {exc}")
+            return False
+        return True
+
+    def _resync_after(self, round_no: int) -> bool:
+        """Adopt the state of a trainer that finished ``round_no``, waiting a bounded time for one."""
+        give_up = time.monotonic() + self.cfg.loco.decision_wait_s + self.cfg.net.fetch_timeout_s
+        while not self.ctx.stop.is_set() and time.monotonic() < give_up:
+            done = [p for p in self.ctx.peers("trainer") if p.version > round_no]
+            if done and self._resync(min(done, key=lambda p: (-p.version, p.peer_id))):
+                return True
+            self._drain_events(wait_s=0.2)
+        return False
 
     def _reset_local(self) -> None:
         with torch.no_grad():
@@ -249,7 +269,8 @@ class TrainerRole:
         self.ctx.status.add("dense_bytes_total", pub.dense_bytes if pub.record.version > 0 else 0)
         entry = {"version": pub.record.version, "patch_bytes": pub.patch_bytes,
                  "dense_bytes": pub.dense_bytes, "changed": pub.changed_fraction,
-                 "state_hash": pub.record.state_hash, "at": time.time()}
+                 "state_hash": pub.record.state_hash, "global_hash": self.outer.state_hash().hex(),
+                 "at": time.time()}
         if reward is not None:
             entry["reward"] = reward  # mean reward of the batches this version was trained on
         if self.cfg.eval_every and pub.record.version % self.cfg.eval_every == 0:
@@ -292,11 +313,9 @@ class TrainerRole:
                     rec = decode_record(ev.data)
                     self.peer_heads.setdefault(rec.version, {})[ev.sender] = rec.state_hash
                 elif ev.kind == "loco":
-                    p = decode_payload(ev.data, shapes=self.shapes, max_bytes=self.cfg.loco.max_payload_bytes)
-                    if p.trainer_id != ev.sender:
-                        raise PulseError(f"payload claims trainer {p.trainer_id[:12]} but came from {ev.sender[:12]}")
-                    if p.round >= self.outer.round:
-                        self.loco_inbox.setdefault(p.round, {})[p.trainer_id] = p
+                    self.agreement.offer_payload(ev.sender, ev.data)
+                elif ev.kind == "loco_decision":
+                    self.agreement.offer_decision(ev.sender, ev.data)
             except PulseError as exc:
                 self.ctx.status.add("rejected")
                 self.ctx.status.error(f"bad {ev.kind} from {ev.sender[:12]}: {exc}")

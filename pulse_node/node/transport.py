@@ -18,9 +18,9 @@ from typing import Any, Callable, Protocol
 from pulse_node.errors import BusyError, WireError
 
 #: kinds a peer can push to another peer
-PUSH_KINDS = ("rollouts", "loco", "head")
+PUSH_KINDS = ("rollouts", "loco", "head", "loco_decision")
 #: kinds a peer can fetch from another peer's store
-FETCH_KINDS = ("record", "patch", "anchor", "catchup", "trainer_state")
+FETCH_KINDS = ("record", "patch", "anchor", "catchup", "trainer_state", "loco_payload", "loco_decision")
 
 
 @dataclass

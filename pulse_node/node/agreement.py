@@ -1,0 +1,329 @@
+"""Per-round contributor agreement: every trainer averages exactly the same PULSELoCo payloads.
+
+Round ``r``, on every trainer (``RoundAgreement.run_round``):
+
+1. Push our payload to every live trainer. Our payload and every valid one received are kept
+   as ``loco/<r>/<digest>.payload`` under the store root for ``KEEP_ROUNDS`` rounds; peers
+   fetch them (``loco_payload``).
+2. The coordinator is the lowest id among the trainers we saw when pushing (``order``). It
+   decides once it holds a payload from each of them still live, or at ``loco.deadline_s``:
+   it signs a ``RoundDecision`` naming the payloads it holds (trainer id + BLAKE3 digest),
+   keeps it (``loco_decision``) and pushes it to every trainer. A trainer relays the first
+   decision it accepts for a round, once.
+3. The others wait for it. If none came ``loco.decision_wait_s`` after their own deadline, the
+   next trainer in ``order`` decides, and so on; past the deadline a coordinator gone from
+   discovery is skipped at once. A round closes within ``deadline_s + n * decision_wait_s``.
+4. A trainer about to decide on the timeout path, or seeing a peer announce that it finished
+   the round, first pulls an existing decision from the live trainers, and never decides a
+   round a peer already closed (it re-syncs instead).
+5. Everyone applies exactly the decided payloads, fetching those it lacks from the coordinator
+   or any trainer (digest checked). A trainer that cannot get them within ``decision_wait_s``,
+   or whose state is not the decision's base, gets ``payloads=None`` and must re-sync.
+
+Decisions are checked (caps, schema, run id, signer = the announced key of the trainer the
+decision names as coordinator, a configured trusted trainer key if any, signature); rejections
+are counted (``decisions_rejected``). At most one decision is accepted per round; differing
+later ones are counted (``decision_conflicts``) and ignored.
+
+Remaining failure case: a decision that reaches only some trainers (its coordinator dies right
+after pushing it, before anyone relays it) while another trainer has already timed out, found
+no decision to pull and decided differently. The two groups then publish different states for
+version ``r + 1``. Trainers push their head records to each other, and one that sees the
+lowest-id trainer announcing that version hold another state re-syncs from it
+(``TrainerRole._check_agreement``); that trainer also coordinates the next round, so any trainer
+still on the other state re-syncs then at the latest, when the decision names a base it lacks.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Mapping
+
+from pulse_node.chain.serving import LOCO_DIR, loco_decision_path, loco_payload_path
+from pulse_node.errors import IntegrityError, PulseError, WireError
+from pulse_node.loco.decision import (MAX_DECISION_BYTES, RoundDecision, decode_decision, encode_decision,
+                                      make_decision, payload_digest, verify_decision)
+from pulse_node.loco.payload import LocoPayload, decode_payload
+from pulse_node.node.context import RoleContext
+from pulse_node.node.transport import PeerInfo
+
+KEEP_ROUNDS = 4  # rounds whose payloads and decisions a trainer keeps on disk and serves
+WINDOW = 4  # payloads and decisions are buffered for the current round and the next WINDOW - 1
+_PULL_EVERY_S = 1.0
+_PUSH_TIMEOUT_S = 5.0
+
+
+@dataclass
+class RoundResult:
+    """How a round closes: exactly the decided payloads, or ``payloads=None`` (re-sync needed)."""
+
+    payloads: list[LocoPayload] | None
+    decision: RoundDecision | None = None
+    mine_included: bool = False
+
+
+class RoundAgreement:
+    """One trainer's side of the contributor agreement (inputs, decisions, payload files)."""
+
+    def __init__(self, ctx: RoleContext, *, shapes: Mapping[str, tuple[int, ...]],
+                 current_round: Callable[[], int], drain: Callable[[float], None]) -> None:
+        self.ctx = ctx
+        self.cfg = ctx.cfg.loco  # type: ignore[attr-defined]
+        self.shapes = dict(shapes)
+        self.current_round = current_round
+        self.drain = drain
+        self.me = ctx.transport.peer_id
+        self.root = Path(ctx.store.root)
+        self.inbox: dict[int, dict[str, tuple[bytes, LocoPayload]]] = {}
+        self.decisions: dict[int, RoundDecision] = {}
+        self.keys: dict[str, str] = {}  # trainer peer id -> node key it announced
+        self.trusted = {k.lower() for k in ctx.cfg.chain.trusted_trainers}
+        shutil.rmtree(self.root / LOCO_DIR, ignore_errors=True)  # an earlier run's rounds mean nothing now
+
+    # ---- inputs (the trainer hands over every pushed payload and decision) -----------------
+    def offer_payload(self, sender: str, data: bytes) -> None:
+        """Keep a pushed payload of the current or a coming round; ``PulseError`` if it is bad."""
+        p = decode_payload(data, shapes=self.shapes, max_bytes=self.cfg.max_payload_bytes)
+        if p.trainer_id != sender:
+            raise WireError(f"payload claims trainer {p.trainer_id[:12]} but came from {sender[:12]}")
+        if self._in_window(p.round):
+            self._keep_payload(p, data)
+
+    def offer_decision(self, sender: str, data: bytes) -> None:
+        """Check a decision; accept (and relay) the first of its round. ``PulseError`` if bad."""
+        try:
+            d = decode_decision(data)
+            self._verify(d)
+        except PulseError:
+            self.ctx.status.add("decisions_rejected")
+            raise
+        if self._in_window(d.round) and self._accept(d, data):
+            self._push_all(self._live(), data, kind="loco_decision", skip={sender, d.coordinator})
+
+    def _verify(self, d: RoundDecision) -> None:
+        if d.run_id != self.ctx.cfg.run_id:
+            raise IntegrityError(f"round {d.round} decision is for run {d.run_id!r}")
+        key = self.ctx.identity.public_key_hex if d.coordinator == self.me else self._key_of(d.coordinator)
+        if not key:
+            raise IntegrityError(f"round {d.round} decision names {d.coordinator[:12]}, not a known trainer")
+        if self.trusted and key.lower() not in self.trusted:
+            raise IntegrityError(f"round {d.round} decision of {d.coordinator[:12]}: not a trusted trainer key")
+        verify_decision(d, signer_key=key)
+
+    def _accept(self, d: RoundDecision, data: bytes) -> bool:
+        """Take ``d`` if it is the first decision of its round (at most one per round)."""
+        have = self.decisions.get(d.round)
+        if have is not None:
+            if (have.base, have.contributors) != (d.base, d.contributors):
+                self.ctx.status.add("decision_conflicts")
+                self.ctx.log.warning("round %d: ignoring a second, different decision from %s",
+                                     d.round, d.coordinator[:12])
+            return False
+        self.decisions[d.round] = d
+        _write(loco_decision_path(self.root, d.round), data)
+        return True
+
+    def _keep_payload(self, p: LocoPayload, data: bytes) -> None:
+        digest = payload_digest(data)
+        self.inbox.setdefault(p.round, {})[p.trainer_id] = (digest, p)
+        _write(loco_payload_path(self.root, p.round, digest.hex()), data)
+
+    def _in_window(self, r: int) -> bool:
+        return 0 <= r - self.current_round() < WINDOW
+
+    # ---- one round ---------------------------------------------------------------------
+    def run_round(self, mine: LocoPayload, data: bytes) -> RoundResult:
+        """Push our payload, reach the round's decision and gather exactly its payloads."""
+        r = mine.round
+        self._prune(r)
+        self._keep_payload(mine, data)
+        live = self._live()
+        self._push_all(live, data, kind="loco", timeout=self.cfg.deadline_s)
+        self.ctx.status.add("loco_bytes_out", len(data) * len(live))
+        order = sorted([self.me, *live], key=str.encode)
+        d = self._reach_decision(r, mine.base_hash, order, time.monotonic())
+        return RoundResult(None) if d is None else self._gather(d, mine.base_hash)
+
+    def _reach_decision(self, r: int, base: bytes, order: list[str], t0: float) -> RoundDecision | None:
+        """The round's decision: pushed to us, pulled, or made by us when it is our turn."""
+        pulled_at = float("-inf")
+        while not self.ctx.stop.is_set():
+            if r in self.decisions:
+                return self.decisions[r]
+            now, live = time.monotonic(), self._live()
+            if self._my_turn(r, order, live, t0, now):
+                return self._decide(r, base, live, pull=not self._all_in(r, order, live))
+            if now - pulled_at > _PULL_EVERY_S and self._closed_elsewhere(r, live):
+                pulled_at = now
+                if self._pull(r, live) is None:
+                    return None  # a peer closed the round and we cannot get its decision: re-sync
+                continue
+            self.drain(0.05)
+        return None
+
+    def _my_turn(self, r: int, order: list[str], live: Mapping[str, PeerInfo], t0: float, now: float) -> bool:
+        """Whether we decide round ``r`` now (module docstring, steps 2 and 3)."""
+        deadline = t0 + self.cfg.deadline_s
+        if order[0] == self.me:
+            return now >= deadline or self._all_in(r, order, live)
+        if now < deadline:
+            return False
+        due = deadline + self.cfg.decision_wait_s
+        for peer_id in order:
+            if peer_id == self.me:
+                return True
+            if peer_id in live and now < due:
+                return False
+            due += self.cfg.decision_wait_s
+        return True
+
+    def _all_in(self, r: int, order: list[str], live: Mapping[str, PeerInfo]) -> bool:
+        held = self.inbox.get(r, {})
+        return all(pid in held for pid in order if pid == self.me or pid in live)
+
+    @staticmethod
+    def _closed_elsewhere(r: int, live: Mapping[str, PeerInfo]) -> bool:
+        return any(p.version > r for p in live.values())  # it published version r + 1
+
+    def _decide(self, r: int, base: bytes, live: Mapping[str, PeerInfo], *, pull: bool) -> RoundDecision | None:
+        """Sign and push the decision of round ``r``: the payloads we hold that were made on ``base``."""
+        if pull:
+            if self._pull(r, live) is not None:
+                return self.decisions[r]
+            if self._closed_elsewhere(r, live):
+                return None
+        held = {tid: digest for tid, (digest, p) in self.inbox.get(r, {}).items() if p.base_hash == base}
+        d = make_decision(self.ctx.identity, run_id=self.ctx.cfg.run_id, round=r, base=base,
+                          coordinator=self.me, contributors=held)
+        data = encode_decision(d)
+        self._accept(d, data)
+        self._push_all(live, data, kind="loco_decision")
+        self.ctx.status.add("decisions_made")
+        self.ctx.log.info("round %d: decided %d contributors", r, len(held))
+        return d
+
+    def _pull(self, r: int, live: Mapping[str, PeerInfo]) -> RoundDecision | None:
+        """Fetch an existing decision of round ``r`` from the live trainers (the first valid one)."""
+        timeout = min(self.ctx.cfg.net.fetch_timeout_s, self.cfg.decision_wait_s)
+        for peer in sorted(live.values(), key=lambda p: p.peer_id.encode()):
+            data = self._fetch(peer, "loco_decision", {"round": r}, cap=MAX_DECISION_BYTES, timeout=timeout)
+            if data is None:
+                continue
+            try:
+                self.offer_decision(peer.peer_id, data)
+            except PulseError as exc:
+                self.ctx.status.add("rejected")
+                self.ctx.status.error(f"bad decision from {peer.peer_id[:12]}: {exc}")
+            if r in self.decisions:
+                self.ctx.status.add("decisions_pulled")
+                return self.decisions[r]
+        return None
+
+    # ---- the decided payloads ------------------------------------------------------------
+    def _gather(self, d: RoundDecision, base: bytes) -> RoundResult:
+        """Exactly the decided payloads, fetched where missing; ``None`` if they cannot be had."""
+        if d.base != base:
+            self.ctx.status.error(f"round {d.round}: {d.coordinator[:12]} decided on another state than ours")
+            return RoundResult(None, d)
+        until = time.monotonic() + self.cfg.decision_wait_s
+        payloads = []
+        for tid, digest in d.contributors:
+            p = self._obtain(d, tid, digest, until)
+            if p is None:
+                self.ctx.status.error(f"round {d.round}: decided payload of {tid[:12]} unavailable")
+                return RoundResult(None, d)
+            payloads.append(p)
+        return RoundResult(payloads, d, mine_included=self.me in d.trainer_ids)
+
+    def _obtain(self, d: RoundDecision, tid: str, digest: bytes, until: float) -> LocoPayload | None:
+        while True:
+            have = self.inbox.get(d.round, {}).get(tid)
+            if have is not None and have[0] == digest:
+                return have[1]
+            if self.ctx.stop.is_set() or time.monotonic() >= until:
+                return None
+            live = self._live()
+            for peer in sorted(live.values(), key=lambda p: (p.peer_id != d.coordinator, p.peer_id.encode())):
+                p = self._fetch_payload(peer, d.round, tid, digest, until)
+                if p is not None:
+                    return p
+            self.drain(0.2)
+
+    def _fetch_payload(self, peer: PeerInfo, r: int, tid: str, digest: bytes, until: float) -> LocoPayload | None:
+        timeout = max(0.5, min(self.ctx.cfg.net.fetch_timeout_s, until - time.monotonic()))
+        data = self._fetch(peer, "loco_payload", {"round": r, "digest": digest.hex()},
+                           cap=self.cfg.max_payload_bytes, timeout=timeout)
+        if data is None:
+            return None
+        try:
+            if payload_digest(data) != digest:
+                raise IntegrityError(f"payload from {peer.peer_id[:12]} does not match the decided digest")
+            p = decode_payload(data, shapes=self.shapes, max_bytes=self.cfg.max_payload_bytes)
+            if (p.trainer_id, p.round) != (tid, r):
+                raise WireError(f"payload from {peer.peer_id[:12]} is not the decided one")
+        except PulseError as exc:
+            self.ctx.status.add("rejected")
+            self.ctx.status.error(f"round {r}: {exc}")
+            return None
+        self._keep_payload(p, data)
+        self.ctx.status.add("loco_fetched")
+        return p
+
+    # ---- plumbing ------------------------------------------------------------------------
+    def _live(self) -> dict[str, PeerInfo]:
+        """Live trainers but us, remembering the node key each announced."""
+        live = {p.peer_id: p for p in self.ctx.peers("trainer")}
+        self.keys.update({pid: p.node_key for pid, p in live.items() if p.node_key})
+        return live
+
+    def _key_of(self, peer_id: str) -> str:
+        if peer_id not in self.keys:
+            self._live()
+        return self.keys.get(peer_id, "")
+
+    def _push_all(self, peers: Mapping[str, PeerInfo], data: bytes, *, kind: str,
+                  timeout: float = _PUSH_TIMEOUT_S, skip: set[str] | frozenset[str] = frozenset()) -> None:
+        for peer in peers.values():
+            if peer.peer_id in skip:
+                continue
+            try:
+                self.ctx.transport.push(peer, kind, data, timeout=timeout)
+            except PulseError as exc:
+                self.ctx.status.error(f"{kind} push to {peer.peer_id[:12]} failed: {exc}")
+
+    def _fetch(self, peer: PeerInfo, kind: str, params: dict, *, cap: int, timeout: float) -> bytes | None:
+        """Bytes of a small fetch from ``peer`` (at most ``cap``), or None on any failure."""
+        dest = self.root / LOCO_DIR / f".fetch-{kind}"
+        try:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            self.ctx.transport.fetch(peer, kind, params, dest, timeout=timeout)
+            if dest.stat().st_size > cap:
+                raise WireError(f"{kind} from {peer.peer_id[:12]} exceeds {cap} bytes")
+            return dest.read_bytes()
+        except (PulseError, OSError) as exc:
+            self.ctx.log.debug("%s %s from %s: %s", kind, params, peer.peer_id[:12], exc)
+            return None
+        finally:
+            dest.unlink(missing_ok=True)
+
+    def _prune(self, r: int) -> None:
+        """Forget rounds before ``r``; keep the files of the last ``KEEP_ROUNDS`` rounds."""
+        for table in (self.inbox, self.decisions):
+            for old in [k for k in table if k < r]:
+                del table[old]
+        folder = self.root / LOCO_DIR
+        for path in folder.iterdir() if folder.is_dir() else []:
+            if path.name.isdigit() and int(path.name) < r - KEEP_ROUNDS:
+                shutil.rmtree(path, ignore_errors=True)
+
+
+def _write(path: Path, data: bytes) -> None:
+    """Atomic replace (readers in the wire worker see the old file or the whole new one)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)

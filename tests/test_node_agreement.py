@@ -1,0 +1,185 @@
+"""Trainers agree on every round's contributors (``node/agreement.py``), so they never fork.
+
+In-process swarms of trainers (no inference nodes: each makes its own rollouts) with one-way
+payload loss and a coordinator that crashes mid-round; plus forged and conflicting decisions
+handed straight to one trainer's agreement. Trainers are compared per version on the published
+state hash and on the hash of the FP32 global weights + outer momentum.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pulse_node.chain.identity import Identity
+from pulse_node.chain.serving import resolve, store_resolver
+from pulse_node.chain.store import VersionStore
+from pulse_node.config import TrainerConfig
+from pulse_node.errors import PulseError
+from pulse_node.loco.decision import decode_decision, encode_decision, make_decision
+from pulse_node.node.agreement import RoundAgreement
+from pulse_node.node.context import RoleContext
+from pulse_node.node.faults import CrashingTransport, FaultRates, FaultyTransport
+from pulse_node.node.inprocess import InProcessSwarm
+from pulse_node.node.status import NodeStatus
+from pulse_node.node.transport import MemoryHub, PeerInfo
+from tests.conftest import wait_for
+from tests.test_node_memory_swarm import _cfg, _status
+
+LOCO = {"inner_steps": 2, "deadline_s": 2.0, "decision_wait_s": 2.0}
+
+
+def _hashes(data_dir: Path) -> dict[int, tuple[str, str]]:
+    """Version -> (published state hash, FP32 global + momentum hash) of what a trainer published."""
+    return {h["version"]: (h["state_hash"], h["global_hash"]) for h in _status(data_dir).get("history", [])}
+
+
+def _assert_identical(dirs: dict[str, Path], versions: range) -> None:
+    hashes = {name: _hashes(d) for name, d in dirs.items()}
+    for v in versions:
+        at_v = {name: h.get(v) for name, h in hashes.items()}
+        assert None not in at_v.values(), f"version {v} was not published by every trainer: {at_v}"
+        assert len(set(at_v.values())) == 1, f"trainers differ at version {v}: {at_v}"
+
+
+def _at_least(dirs, version: int):
+    return lambda: all(_status(d).get("version", -1) >= version for d in dirs)
+
+
+def _push_forged_decisions(hub: MemoryHub, trainers) -> None:
+    """A peer pushes each trainer a decision signed by its own key in the coordinator's name, and junk."""
+    rogue = hub.join("rogue", lambda kind, params: None)
+    forged = encode_decision(make_decision(Identity.generate(), run_id="pulse-default", round=1, base=b"\0" * 32,
+                                           coordinator="trainer-a", contributors={"trainer-a": b"\0" * 32}))
+    for name in trainers:
+        for data in (forged, b"\x99junk"):
+            rogue.push(PeerInfo(peer_id=name, role="trainer", address=""), "loco_decision", data, timeout=1.0)
+
+
+def test_one_way_payload_loss_never_forks(tmp_path):
+    """a -> b and c -> a payload pushes are always lost: a (coordinator) never has c's payload, b
+    never receives a's. Every version is still bit-identical on all three trainers, and forged
+    decisions pushed meanwhile are rejected and counted."""
+    faulty: dict[str, FaultyTransport] = {}
+    lost = {"trainer-a": ("trainer-b",), "trainer-c": ("trainer-a",)}
+
+    def wrap(name, transport):
+        if name not in lost:
+            return transport
+        faulty[name] = FaultyTransport(transport, FaultRates(drop=1.0, only_kinds=("loco",), only_peers=lost[name]),
+                                       seed=1)
+        return faulty[name]
+
+    swarm = InProcessSwarm(wrap=wrap)
+    try:
+        dirs = {n: swarm.start(n, _cfg(TrainerConfig, tmp_path, n, loco=LOCO)) for n in ("trainer-a", "trainer-b", "trainer-c")}
+        wait_for(_at_least(dirs.values(), 1), timeout=300, what="every trainer at version 1")
+        _push_forged_decisions(swarm.hub, dirs)
+        wait_for(_at_least(dirs.values(), 5), timeout=300, what="every trainer at version 5")
+    finally:
+        swarm.stop_all()
+    assert not swarm.errors, swarm.errors
+    _assert_identical(dirs, range(1, 6))
+    st = {n: _status(d) for n, d in dirs.items()}
+    assert sum(f.faults["drop"] for f in faulty.values()) >= 10, "no payload was lost"
+    assert st["trainer-a"].get("decisions_made", 0) >= 5
+    assert st["trainer-b"].get("loco_fetched", 0) >= 5, "b never fetched the payload it missed"
+    assert st["trainer-c"].get("rounds_left_out", 0) >= 5, "c's lost payload was averaged somewhere"
+    for name, s in st.items():
+        assert s.get("resyncs", 0) <= 1 and not s.get("forks"), f"{name} had to repair a fork"
+        assert s.get("decisions_rejected", 0) == 2, f"{name} did not reject the forged decisions"
+
+
+def test_coordinator_lost_mid_round_others_finish_in_bounded_time(tmp_path):
+    """a (coordinator) dies with every payload of round 2 in hand, just before sending its decision."""
+    crash: dict[str, CrashingTransport] = {}
+
+    def wrap(name, transport):
+        if name != "trainer-a":
+            return transport
+        crash[name] = CrashingTransport(
+            transport, lambda kind, data: kind == "loco_decision" and decode_decision(data).round >= 2)
+        return crash[name]
+
+    swarm = InProcessSwarm(wrap=wrap)
+    try:
+        dirs = {n: swarm.start(n, _cfg(TrainerConfig, tmp_path, n, loco=LOCO)) for n in ("trainer-a", "trainer-b", "trainer-c")}
+        crashed = lambda: "trainer-a" in crash and crash["trainer-a"].crashed_at is not None  # noqa: E731
+        wait_for(lambda: crashed() or bool(swarm.errors), timeout=300, what="the coordinator to crash in round 2")
+        swarm.stop(dirs["trainer-a"])
+        rest = {n: d for n, d in dirs.items() if n != "trainer-a"}
+        wait_for(_at_least(rest.values(), 5), timeout=120, what="b and c at version 5")
+    finally:
+        swarm.stop_all()
+    assert not swarm.errors, swarm.errors
+    _assert_identical(rest, range(1, 6))
+    _assert_identical(dirs, range(1, 3))  # a agreed with them up to its crash
+    bound = LOCO["deadline_s"] + 3 * LOCO["decision_wait_s"]  # deadline + n * decision_wait
+    for name, d in rest.items():
+        closed_at = next(h["at"] for h in _status(d)["history"] if h["version"] == 3)
+        assert closed_at - crash["trainer-a"].crashed_at < bound + 10, f"{name} took too long to close round 2"
+    assert _status(rest["trainer-b"]).get("decisions_made", 0) >= 1, "b never took over as coordinator"
+
+
+def _agreement(tmp_path, hub: MemoryHub, **cfg_extra) -> RoundAgreement:
+    cfg = TrainerConfig.model_validate({"data_dir": str(tmp_path / "b"), **cfg_extra})
+    store = VersionStore(tmp_path / "b" / "store")
+    ctx = RoleContext(cfg=cfg, identity=Identity.generate(), store=store,
+                      transport=hub.join("trainer-b", store_resolver(store.root)),
+                      status=NodeStatus(role="trainer", peer_id="trainer-b", run_id=cfg.run_id))
+    return RoundAgreement(ctx, shapes={"w": (4,)}, current_round=lambda: 3, drain=lambda wait_s: None)
+
+
+def test_forged_and_conflicting_decisions_are_rejected_and_counted(tmp_path):
+    hub, coord, rogue = MemoryHub(), Identity.generate(), Identity.generate()
+    hub.join("trainer-a", lambda kind, params: None).publish(
+        PeerInfo(peer_id="trainer-a", role="trainer", address="", node_key=coord.public_key_hex))
+    agreement = _agreement(tmp_path, hub)
+
+    def signed(ident: Identity = coord, **changes) -> bytes:
+        args = dict(run_id="pulse-default", round=3, base=b"\x01" * 32, coordinator="trainer-a",
+                    contributors={"trainer-a": b"\x02" * 32})
+        return encode_decision(make_decision(ident, **{**args, **changes}))
+
+    good = signed()
+    tampered = bytearray(good)
+    tampered[good.index(b"\x02" * 32)] ^= 1  # a contributor's digest: still decodes, signature fails
+    forged = [signed(rogue), signed(rogue, coordinator="trainer-x"), signed(run_id="other-run"),
+              bytes(tampered), b"\x93garbage"]
+    for data in forged:
+        with pytest.raises(PulseError):
+            agreement.offer_decision("rogue", data)
+    status = agreement.ctx.status.snapshot()
+    assert status["decisions_rejected"] == len(forged) and 3 not in agreement.decisions
+
+    agreement.offer_decision("trainer-a", good)
+    agreement.offer_decision("trainer-a", signed(contributors={"trainer-a": b"\x03" * 32}))  # a second one
+    agreement.offer_decision("trainer-a", signed(round=99))  # outside the window: ignored
+    assert agreement.decisions[3] == decode_decision(good) and set(agreement.decisions) == {3}
+    assert agreement.ctx.status.snapshot()["decision_conflicts"] == 1
+    assert resolve(agreement.root, "loco_decision", {"round": 3}).read_bytes() == good  # served to peers
+    agreement.ctx.store.close()
+
+
+def test_decisions_from_untrusted_trainer_keys_are_rejected(tmp_path):
+    hub, coord = MemoryHub(), Identity.generate()
+    hub.join("trainer-a", lambda kind, params: None).publish(
+        PeerInfo(peer_id="trainer-a", role="trainer", address="", node_key=coord.public_key_hex))
+    agreement = _agreement(tmp_path, hub, chain={"trusted_trainers": ["ab" * 32]})
+    data = encode_decision(make_decision(coord, run_id="pulse-default", round=3, base=b"\x01" * 32,
+                                         coordinator="trainer-a", contributors={"trainer-a": b"\x02" * 32}))
+    with pytest.raises(PulseError, match="trusted"):
+        agreement.offer_decision("trainer-a", data)
+    assert agreement.ctx.status.snapshot()["decisions_rejected"] == 1
+    agreement.ctx.store.close()
+
+
+def test_round_files_are_served_only_for_well_formed_requests(tmp_path):
+    digest = "ab" * 32
+    assert resolve(tmp_path, "loco_payload", {"round": 5, "digest": digest}) == tmp_path / "loco" / "5" / f"{digest}.payload"
+    assert resolve(tmp_path, "loco_decision", {"round": 5}) == tmp_path / "loco" / "5" / "decision"
+    for params in ({"round": 5, "digest": "../" + digest[3:]}, {"round": 5, "digest": digest.upper()},
+                   {"round": -1, "digest": digest}, {"round": True, "digest": digest}, {"round": 5}, {}):
+        assert resolve(tmp_path, "loco_payload", params) is None, params
+    assert resolve(tmp_path, "loco_decision", {"round": "5"}) is None
