@@ -30,21 +30,26 @@ def _jit(fn):
     return njit(cache=True, nogil=True)(fn) if AVAILABLE else None
 
 
+def _take_bits(buf, pos, w):
+    """The ``w``-bit LSB-first field at bit ``pos`` (the caller checked the bounds)."""
+    v = 0
+    got = 0
+    while got < w:
+        off = (pos + got) & 7
+        take = min(8 - off, w - got)
+        v |= ((np.int64(buf[(pos + got) >> 3]) >> off) & ((1 << take) - 1)) << got
+        got += take
+    return v
+
+
 def _read_fields(buf, pos, nbits, widths, out):
     """Read ``widths[i]``-bit LSB-first fields from bit ``pos``; new position or TRUNCATED."""
     for i in range(widths.size):
         w = widths[i]
         if pos + w > nbits:
             return TRUNCATED
-        v = 0
-        got = 0
-        while got < w:
-            off = pos & 7
-            take = min(8 - off, w - got)
-            v |= ((np.int64(buf[pos >> 3]) >> off) & ((1 << take) - 1)) << got
-            got += take
-            pos += take
-        out[i] = v
+        out[i] = _take_bits(buf, pos, w)
+        pos += w
     return pos
 
 
@@ -58,15 +63,8 @@ def _unbin(sym, low, nextra, buf, pos, nbits, out):
         w = nextra[s]
         if pos + w > nbits:
             return TRUNCATED
-        v = 0
-        got = 0
-        while got < w:
-            off = pos & 7
-            take = min(8 - off, w - got)
-            v |= ((np.int64(buf[pos >> 3]) >> off) & ((1 << take) - 1)) << got
-            got += take
-            pos += take
-        out[i] = low[s] + v
+        out[i] = low[s] + _take_bits(buf, pos, w)
+        pos += w
     return pos
 
 
@@ -209,6 +207,7 @@ def _locate(members, idx, hit, before):
 
 
 if AVAILABLE:
+    _take_bits = njit(cache=True, nogil=True, inline="always")(_take_bits)  # type: ignore[assignment]
     _key = njit(cache=True, nogil=True, inline="always")(_key)  # type: ignore[assignment]
     _unkey = njit(cache=True, nogil=True, inline="always")(_unkey)  # type: ignore[assignment]
 read_fields = _jit(_read_fields)

@@ -24,12 +24,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import defaultdict, deque
+from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from pulse_node.errors import WireError
 from pulse_node.net import wire_protocol as wp
+from pulse_node.net.inbox import Event
+from pulse_node.net.inbox import Inbox as _Inbox
 
 log = logging.getLogger("pulse_node.dht.push")
 
@@ -42,7 +44,6 @@ MIN_RATE = 1e6  # bytes/s a stream must sustain, or it is cut
 MAX_INBOUND = 8
 MAX_EVENTS = 256
 MAX_EVENT_BYTES = 256 << 20
-EVENTS_BYTES_PER_CALL = 48 << 20  # stay under ipc.MAX_FRAME
 
 
 @dataclass(frozen=True)
@@ -56,50 +57,14 @@ class PushHeader(wp.WireStruct):
     SPEC: ClassVar = {"v": ("int", 255), "kind": ("str", 16), "size": ("int", wp.MAX_U64)}
 
 
-@dataclass(frozen=True)
-class Event:
-    kind: str
-    from_peer: str
-    data: bytes
-    received_at: float
-
-
-class Inbox:
-    """Bounded inbound pushes; space is reserved before a body is read."""
+class Inbox(_Inbox):
+    """Bounded inbound pushes of the p2pd plane (see ``net.inbox``)."""
 
     def __init__(self, *, max_events: int = MAX_EVENTS, max_bytes: int = MAX_EVENT_BYTES) -> None:
-        self.max_events, self.max_bytes = max_events, max_bytes
-        self._q: deque[Event] = deque()
-        self._count = self._bytes = 0
-        self.rejected = 0
-
-    def reserve(self, n: int) -> bool:
-        if self._count + 1 > self.max_events or self._bytes + n > self.max_bytes:
-            self.rejected += 1
-            return False
-        self._count += 1
-        self._bytes += n
-        return True
-
-    def release(self, n: int) -> None:
-        self._count -= 1
-        self._bytes -= n
-
-    def put(self, event: Event) -> None:
-        self._q.append(event)
+        super().__init__(max_events=max_events, max_bytes=max_bytes)
 
     def take(self, max_n: int) -> list[Event]:
-        out: list[Event] = []
-        budget = EVENTS_BYTES_PER_CALL
-        while self._q and len(out) < max_n and (not out or len(self._q[0].data) <= budget):
-            ev = self._q.popleft()
-            budget -= len(ev.data)
-            self.release(len(ev.data))
-            out.append(ev)
-        return out
-
-    def __len__(self) -> int:
-        return len(self._q)
+        return self.take_ready(max_n)
 
 
 async def read_frame(reader: asyncio.StreamReader, cap: int) -> bytes:

@@ -26,8 +26,6 @@ import inspect
 import logging
 import os
 import time
-from collections import deque
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any, Callable
@@ -46,6 +44,7 @@ from libp2p.security.noise.transport import Transport as NoiseTransport
 from pulse_node.chain import serving
 from pulse_node.chain.catchup_producer import CatchupProducer
 from pulse_node.errors import BusyError, ConfigError, PulseError, WireError
+from pulse_node.net.inbox import Event, Inbox
 from pulse_node.net import ipc
 from pulse_node.net import wire_protocol as wp
 from pulse_node.net import wire_transfer as wt
@@ -53,7 +52,6 @@ from pulse_node.net import wire_transfer as wt
 log = logging.getLogger("pulse.wire")
 
 Resolver = Callable[[str, dict[str, Any]], "Path | None"]
-EVENTS_BYTES_PER_CALL = 48 << 20  # stay under ipc.MAX_FRAME
 
 
 def resolve(root: Path, kind: str, params: dict[str, Any]) -> Path | None:
@@ -81,58 +79,25 @@ def load_key_pair(path: Path | None) -> Any:
     return create_new_key_pair(data)
 
 
-@dataclass(frozen=True)
-class Event:
-    kind: str
-    from_peer: str
-    data: bytes
-    received_at: float
-
-
-class EventQueue:
-    """Bounded inbound pushes; space is reserved before a body is read (``busy`` when full)."""
+class EventQueue(Inbox):
+    """The wire worker's inbound pushes (see ``net.inbox``), with a trio wake-up for waiters."""
 
     def __init__(self, *, max_events: int, max_bytes: int) -> None:
-        self.max_events, self.max_bytes = max_events, max_bytes
-        self._q: deque[Event] = deque()
-        self._count = self._bytes = 0
+        super().__init__(max_events=max_events, max_bytes=max_bytes)
         self._arrived = trio.Event()
-        self.rejected = 0
-
-    def reserve(self, n: int) -> bool:
-        if self._count + 1 > self.max_events or self._bytes + n > self.max_bytes:
-            self.rejected += 1
-            return False
-        self._count += 1
-        self._bytes += n
-        return True
-
-    def release(self, n: int) -> None:
-        self._count -= 1
-        self._bytes -= n
 
     def put(self, event: Event) -> None:
-        """Queue an event whose space was reserved."""
-        self._q.append(event)
+        super().put(event)
         self._arrived.set()
 
     async def take(self, max_n: int, wait_s: float) -> list[Event]:
-        if not self._q and wait_s > 0:
+        if not len(self) and wait_s > 0:
             with trio.move_on_after(wait_s):
                 await self._arrived.wait()
-        out: list[Event] = []
-        budget = EVENTS_BYTES_PER_CALL
-        while self._q and len(out) < max_n and (not out or len(self._q[0].data) <= budget):
-            ev = self._q.popleft()
-            budget -= len(ev.data)
-            self.release(len(ev.data))
-            out.append(ev)
-        if not self._q:
+        out = self.take_ready(max_n)
+        if not len(self):
             self._arrived = trio.Event()
         return out
-
-    def __len__(self) -> int:
-        return len(self._q)
 
 
 class Server:
