@@ -3,8 +3,17 @@ and a peer forging versions. Reports what was faulted, what recovered, and wheth
 ever used a wrong state (must be 0).
 
     python bench/chaos.py [--minutes 5] [--trainers 2] [--inference 3] [--seed 0]
+    python bench/chaos.py --processes [--minutes 5] [--trainers 2] [--inference 3] [--run-dir DIR]
 
-Nodes run in one process (``InProcessSwarm``, the real roles over ``MemoryTransport``) wrapped
+``--processes``: the real thing (``pulse_node/node/chaos.py``): a local swarm of separate
+processes (role + hivemind DHT worker + py-libp2p wire worker per node) on 127.0.0.1, every node
+faulting its own fetches and pushes of every kind, PULSELoCo payloads and round decisions
+included (the testing option ``[net.faults]``); every ``--kill-every`` s (jittered) one node, a
+trainer too, is SIGKILLed (its role process only, the whole node, or its DHT or wire worker
+alone) and restarted on its data dir once its processes are gone; a forging peer with its own
+DHT and wire workers serves a self-signed chain and garbage patches and pushes its forged head.
+
+Default mode: nodes run in one process (``InProcessSwarm``, the real roles over ``MemoryTransport``) wrapped
 by ``FaultyTransport``: each fetch/push may be dropped, duplicated, reordered, delayed or
 corrupted. Trainer-to-trainer PULSELoCo payloads are spared (they ride an authenticated
 stream; losing them forks trainers, which the re-sync path handles but which this bench
@@ -108,6 +117,39 @@ def summarize(trainers, infs, faulty, served, kills, max_lag, errors) -> dict:
             "rogue_requests_served": dict(served), "max_lag_versions": max_lag, "node_errors": errors[:3]}
 
 
+def process_config(args):
+    """The process swarm: the small model of the in-process mode, faults on every kind."""
+    from pulse_node.config import SwarmConfig
+
+    run_dir = Path(args.run_dir) if args.run_dir else Path(tempfile.mkdtemp(prefix="pulse-chaos-proc-"))
+    faults = {"enabled": True, "seed": args.seed, "drop": RATES.drop, "duplicate": RATES.duplicate,
+              "reorder": RATES.reorder, "delay": RATES.delay, "corrupt": RATES.corrupt,
+              "max_delay_s": RATES.max_delay_s}
+    return SwarmConfig.model_validate({
+        **SMALL, "trainers": args.trainers, "inference": args.inference, "run_dir": str(run_dir),
+        "run_id": "chaos", "seed": args.seed, "model": {**SMALL["model"], "cache_dir": str(run_dir / "cache")},
+        "grpo": {"warmstart_steps": 50}, "loco": {"inner_steps": 2, "deadline_s": 10},
+        "rollout_wait_s": 0.5, "eval_every": 0, "rollout_batches_per_version": 1,
+        "chain": {"anchor_every": 5, "keep_versions": 8}, "net": {"faults": faults}})
+
+
+def run_processes(args) -> dict:
+    from pulse_node.node.chaos import ChaosPlan, ProcessChaos
+
+    cfg = process_config(args)
+    chaos = ProcessChaos(cfg, ChaosPlan(kill_every_s=args.kill_every, seed=args.seed,
+                                        forged_versions=args.forged_versions))
+    try:
+        chaos.start()
+        end = time.monotonic() + args.minutes * 60
+        while time.monotonic() < end:
+            chaos.tick()
+            time.sleep(1.0)
+    finally:
+        chaos.close()
+    return {"run_dir": str(cfg.run_dir), **chaos.summary()}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--minutes", type=float, default=5)
@@ -115,7 +157,11 @@ def main() -> None:
     ap.add_argument("--inference", type=int, default=3)
     ap.add_argument("--kill-every", type=float, default=30)
     ap.add_argument("--seed", type=int, default=0)
-    res = run(ap.parse_args())
+    ap.add_argument("--processes", action="store_true", help="separate processes on the real data plane")
+    ap.add_argument("--run-dir", help="--processes: node data dirs and logs (default: a new temp dir)")
+    ap.add_argument("--forged-versions", type=int, default=3000, help="--processes: forged chain length")
+    args = ap.parse_args()
+    res = run_processes(args) if args.processes else run(args)
     for k, v in res.items():
         print(f"{k}: {v}")
     print(json.dumps(res))

@@ -17,6 +17,29 @@ from pulse_node.loco.config import LocoConfig
 from pulse_node.rl.config import GRPOConfig, ModelConfig, SamplingConfig, TaskConfig
 
 
+FaultKind = Literal["rollouts", "loco", "head", "loco_decision", "record", "patch", "anchor", "catchup",
+                   "trainer_state", "loco_payload"]
+
+
+class FaultConfig(StrictModel):
+    """TESTING ONLY (chaos tests): make this node's own data plane misbehave on purpose.
+
+    Off by default. With ``enabled = true`` every fetch and push of this node may be dropped,
+    duplicated, reordered, delayed or corrupted at these rates (``node/faults.py``), and the node
+    says so loudly at start. Discovery (the DHT) is never faulted. Never enable on a real swarm.
+    """
+
+    enabled: bool = Field(False, description="TESTING ONLY: inject faults into this node's own fetches and pushes")
+    seed: int = Field(0, description="fault RNG seed, mixed with the peer id (each node draws differently)")
+    drop: float = Field(0.0, ge=0, le=1)
+    duplicate: float = Field(0.0, ge=0, le=1)
+    reorder: float = Field(0.0, ge=0, le=1)
+    delay: float = Field(0.0, ge=0, le=1)
+    corrupt: float = Field(0.0, ge=0, le=1)
+    max_delay_s: float = Field(0.2, ge=0, le=60)
+    spare_kinds: list[FaultKind] = Field(default_factory=list, description="message kinds never faulted")
+
+
 class NetConfig(StrictModel):
     """Discovery (hivemind DHT) and data plane (py-libp2p) settings."""
 
@@ -33,6 +56,7 @@ class NetConfig(StrictModel):
     fetch_timeout_s: float = Field(60.0, gt=0)
     max_parallel_fetches: int = Field(4, ge=1, le=64)
     worker_start_timeout_s: float = Field(60.0, gt=0)
+    faults: FaultConfig = Field(default_factory=FaultConfig, description="TESTING ONLY: chaos fault injection")
 
 
 class ChainConfig(StrictModel):

@@ -211,3 +211,23 @@ def test_syncer_rejects_a_lying_catchup_and_recovers_with_patches(served: Path, 
     assert sync.counters["catchups"] == 0 and sync.trust.strikes["holder"] == 1
     assert [r.version for r in applied] == list(range(15, 25)) and states_equal(sync.state, STATES[24])
     sync.close()
+
+
+def test_syncer_keeps_its_version_rather_than_reload_an_older_anchor(served: Path, tmp_path: Path) -> None:
+    """One pass that fails on a version only a pushed head announced (the DHT lags behind): the
+    quick gap recovery must not move the node back to an older anchor (a full download for
+    nothing); only a long stall may (the way off a fork)."""
+    from pulse_node.chain.record import encode_record
+    from pulse_node.node.faults import FaultRates, FaultyTransport
+    from pulse_node.node.transport import Event
+
+    hub = MemoryHub()
+    peers = [_serve(hub, served, None, 14), _trainer(14)]  # the DHT still says 14 ...
+    patches_lost = FaultyTransport(hub.join("lagging", lambda kind, params: None),
+                                   FaultRates(drop=1.0, only_kinds=("patch",)), seed=0)
+    sync = VersionSync(fill(tmp_path / "lagging", 14, start=14), patches_lost,
+                       TrustPolicy(trusted=[TRAINER.public_key_hex]), net=NetConfig())
+    sync.take_events([Event("head", "holder", encode_record(CHAIN[15][0]), 0.0)])  # ... a push says 15
+    assert sync.step(peers) == [] and sync.counters["gaps"] == 1
+    assert sync.record.version == 14 and sync.counters["anchor_loads"] == 0
+    sync.close()

@@ -204,6 +204,21 @@ def test_bit_flip_in_anchor_is_caught_on_load_and_routed_around(tmp_path: Path) 
         assert store.anchors() == [0, 10]
 
 
+def test_load_head_falls_back_below_a_file_that_fails_verification(tmp_path: Path) -> None:
+    root = crashed_store(tmp_path, 12)
+    anchor = store_path(root, "anchor", 10)
+    data = bytearray(anchor.read_bytes())
+    data[-3] ^= 0x40  # passes the open-time check, fails the state hash on load
+    anchor.write_bytes(bytes(data))
+    store_path(root, "patch", 5).unlink()  # and anchor 0 cannot reach past v4
+    with VersionStore(root) as store:
+        assert store.head().version == 12
+        record, state = store.load_head()  # a node starts from v4 instead of failing to start
+        assert record.version == 4 and states_equal(state, STATES[4])
+    with VersionStore(tmp_path / "empty") as store:
+        assert store.load_head() is None
+
+
 _WRITER = """
 import sys
 sys.path.insert(0, {tests!r})

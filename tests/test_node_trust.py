@@ -29,3 +29,28 @@ def test_forged_versions_are_rejected_and_rogue_ignored(swarm, tmp_path):  # noq
     assert applied and all(trainer[h["version"]] == h["state_hash"] for h in applied)
     assert max(h["version"] for h in applied) < 1000
     assert _status(i1).get("rejected", 0) >= 1, "the rogue was never caught"
+
+
+def test_forged_head_announcement_is_no_hint_and_strikes_its_sender(tmp_path):
+    from pulse_node.chain.record import encode_record
+    from pulse_node.chain.store import VersionStore
+    from pulse_node.config import NetConfig
+    from pulse_node.node.faults import ForgedChain
+    from pulse_node.node.syncer import VersionSync
+    from pulse_node.node.transport import Event, MemoryHub
+    from pulse_node.node.trust import TrustPolicy
+
+    trainer = Identity.generate()
+    honest, forged = ForgedChain("run", trainer), ForgedChain("run")  # signed by the trainer / by nobody trusted
+    store = VersionStore(tmp_path / "store")
+    sync = VersionSync(store, MemoryHub().join("me", lambda kind, params: None),
+                       TrustPolicy(trusted=[trainer.public_key_hex]), net=NetConfig())
+    try:
+        sync.take_events([Event("head", "rogue", encode_record(forged.record(50)), 0.0),
+                          Event("head", "peer", encode_record(honest.record(7)), 0.0)])
+        sync.step([], trainer_keys=[])
+        assert sync.hints == {"peer": 7} and sync.target([]) == 7  # the forged v50 is no target
+        assert sync.trust.strikes["rogue"] == 1 and "peer" not in sync.trust.strikes
+    finally:
+        sync.close()
+        store.close()

@@ -283,6 +283,21 @@ class VersionStore:
                                  "removed")
         return state
 
+    def load_head(self) -> tuple[VersionRecord, State] | None:
+        """The newest version that rebuilds from the stored files, with its state (None if none).
+
+        ``load_state`` drops each stored file that fails verification, which lowers the head: a
+        corrupt file costs the versions above it, never the node's start.
+        """
+        while (head := self.head()) is not None:
+            try:
+                return head, self.load_state(head.version)
+            except (IntegrityError, GapError) as exc:
+                if (self.head() or head).version >= head.version:
+                    raise  # nothing was dropped: trying again would fail the same way
+                log.error("stored head v%d cannot be rebuilt (%s); falling back", head.version, exc)
+        return None
+
     def load_state(self, version: int) -> State:
         """Rebuild ``version``: nearest stored full state <= version, then verified patches.
 

@@ -52,4 +52,9 @@ def run(args: argparse.Namespace) -> int:
     from pulse_node.node.p2p import P2PTransport
     from pulse_node.node.runtime import run_node
 
-    return run_node(cfg, P2PTransport.create)
+    factory = P2PTransport.create
+    if cfg.net.faults.enabled:  # testing only: chaos runs fault this node's own data plane
+        from pulse_node.node.faults import faulty_factory
+
+        factory = faulty_factory(factory, cfg.net.faults)
+    return run_node(cfg, factory)

@@ -1,23 +1,32 @@
 """Fault injection for chaos tests: a ``Transport`` wrapper that drops, duplicates, reorders,
 delays and corrupts what crosses it (optionally only some kinds, to some peers), and counts every
-fault by kind; a wrapper that dies like a crashed process at a chosen message.
+fault by kind; a wrapper that dies like a crashed process at a chosen message; a forging peer,
+in-process (``start_forging_peer``) or on the real network (``ForgingPeer``).
 
-Used by ``tests/test_node_chaos.py`` and ``bench/chaos.py``; production code never wraps its
-transport. Faults are drawn from a seeded RNG so a failing run can be replayed.
+Used by ``tests/test_node_chaos.py``, ``bench/chaos.py`` and, only when a node's config has
+``[net.faults] enabled = true`` (a testing option, off by default), by ``pulse-node join``
+(``faulty_factory``). Faults are drawn from a seeded RNG so a failing run can be replayed.
 """
 
 from __future__ import annotations
 
+import hashlib
 import random
+import sys
 import threading
 import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-from pulse_node.errors import WireError
+from pulse_node.errors import PulseError, WireError
 from pulse_node.node.transport import Event, PeerInfo, Transport
+
+if TYPE_CHECKING:
+    from pulse_node.config import FaultConfig
+
+FAULTS = ("drop", "duplicate", "reorder", "delay", "corrupt")
 
 
 @dataclass(frozen=True)
@@ -30,39 +39,69 @@ class FaultRates:
     delay: float = 0.0
     corrupt: float = 0.0
     max_delay_s: float = 0.2
-    #: push kinds left alone (e.g. "loco": trainer payloads ride an authenticated stream)
+    #: message kinds (push or fetch) left alone (e.g. "loco": trainer payloads)
     spare_kinds: tuple[str, ...] = ()
     #: when set, only messages of these kinds (push or fetch) are faulted
     only_kinds: tuple[str, ...] = ()
     #: when set, only messages to / fetches from these peer ids are faulted (one-way link faults)
     only_peers: tuple[str, ...] = ()
 
+    @classmethod
+    def from_config(cls, cfg: "FaultConfig") -> "FaultRates":
+        return cls(drop=cfg.drop, duplicate=cfg.duplicate, reorder=cfg.reorder, delay=cfg.delay,
+                   corrupt=cfg.corrupt, max_delay_s=cfg.max_delay_s, spare_kinds=tuple(cfg.spare_kinds))
+
+    def describe(self) -> str:
+        rates = ", ".join(f"{getattr(self, f):.0%} {f}" for f in FAULTS if getattr(self, f))
+        spared = f"; spared: {', '.join(self.spare_kinds)}" if self.spare_kinds else ""
+        return (rates or "no faults") + spared
+
 
 class FaultyTransport:
-    """Wraps a transport; every fetch and push may be faulted according to ``rates``."""
+    """Wraps a transport; every fetch and push may be faulted according to ``rates``.
+
+    ``faults`` counts injected faults by fault kind, ``faulted`` by message kind and fault
+    (``"loco:drop"``). A push held back to reorder it goes out after the next push.
+    """
 
     def __init__(self, inner: Transport, rates: FaultRates, *, seed: int) -> None:
         self.inner = inner
         self.rates = rates
         self.rng = random.Random(seed)
         self.faults: Counter[str] = Counter()
-        self._held: list[tuple[PeerInfo, str, bytes]] = []
+        self.faulted: Counter[str] = Counter()
+        self._held: list[tuple[PeerInfo, str, bytes, float]] = []
         self._lock = threading.Lock()
 
     @property
     def peer_id(self) -> str:
         return self.inner.peer_id
 
-    def _roll(self, kind: str) -> bool:
+    def _roll(self, fault: str, kind: str) -> bool:
         with self._lock:
-            hit = self.rng.random() < getattr(self.rates, kind)
+            hit = self.rng.random() < getattr(self.rates, fault)
             if hit:
-                self.faults[kind] += 1
+                self.faults[fault] += 1
+                self.faulted[f"{kind}:{fault}"] += 1
             return hit
+
+    def _flip(self, data: bytes) -> bytes:
+        """``data`` with one random bit flipped."""
+        with self._lock:
+            i, bit = self.rng.randrange(len(data)), self.rng.randrange(8)
+        buf = bytearray(data)
+        buf[i] ^= 1 << bit
+        return bytes(buf)
+
+    def _sleep(self) -> None:
+        with self._lock:
+            pause = self.rng.random() * self.rates.max_delay_s
+        time.sleep(pause)
 
     def _targeted(self, peer: PeerInfo, kind: str) -> bool:
         r = self.rates
-        return (not r.only_kinds or kind in r.only_kinds) and (not r.only_peers or peer.peer_id in r.only_peers)
+        return (kind not in r.spare_kinds and (not r.only_kinds or kind in r.only_kinds)
+                and (not r.only_peers or peer.peer_id in r.only_peers))
 
     def publish(self, info: PeerInfo) -> None:
         self.inner.publish(info)
@@ -73,47 +112,76 @@ class FaultyTransport:
     def fetch(self, peer: PeerInfo, kind: str, params: dict[str, Any], dest: Path, *, timeout: float) -> int:
         if not self._targeted(peer, kind):
             return self.inner.fetch(peer, kind, params, dest, timeout=timeout)
-        if self._roll("drop"):
+        if self._roll("drop", kind):
             raise WireError(f"injected: {kind} fetch from {peer.peer_id} dropped")
-        if self._roll("delay"):
-            time.sleep(self.rng.random() * self.rates.max_delay_s)
+        if self._roll("delay", kind):
+            self._sleep()
         n = self.inner.fetch(peer, kind, params, dest, timeout=timeout)
-        if n and self._roll("corrupt"):
-            data = bytearray(dest.read_bytes())
-            data[self.rng.randrange(len(data))] ^= 1 << self.rng.randrange(8)
-            dest.write_bytes(bytes(data))
+        if n and self._roll("corrupt", kind):
+            dest.write_bytes(self._flip(dest.read_bytes()))
         return n
 
     def push(self, peer: PeerInfo, kind: str, data: bytes, *, timeout: float) -> None:
-        if kind in self.rates.spare_kinds or not self._targeted(peer, kind):
+        if not self._targeted(peer, kind):
             self.inner.push(peer, kind, data, timeout=timeout)
             return
-        if self._roll("drop"):
+        if self._roll("drop", kind):
             return  # lost silently, as on a real network
-        if data and self._roll("corrupt"):
-            buf = bytearray(data)
-            buf[self.rng.randrange(len(buf))] ^= 1 << self.rng.randrange(8)
-            data = bytes(buf)
-        if self._roll("reorder"):
-            self._held.append((peer, kind, data))  # delivered after the next push
+        if data and self._roll("corrupt", kind):
+            data = self._flip(data)
+        if self._roll("reorder", kind):
+            with self._lock:
+                self._held.append((peer, kind, data, timeout))  # delivered after the next push
             return
-        if self._roll("delay"):
-            time.sleep(self.rng.random() * self.rates.max_delay_s)
+        if self._roll("delay", kind):
+            self._sleep()
         self.inner.push(peer, kind, data, timeout=timeout)
-        if self._roll("duplicate"):
+        if self._roll("duplicate", kind):
+            self._push_quietly(peer, kind, data, timeout)
+        with self._lock:
+            held, self._held = self._held, []
+        for p, k, d, t in held:
+            self._push_quietly(p, k, d, t)
+
+    def _push_quietly(self, peer: PeerInfo, kind: str, data: bytes, timeout: float) -> None:
+        """A duplicate or late copy: its failure is not the current push's failure."""
+        try:
             self.inner.push(peer, kind, data, timeout=timeout)
-        held, self._held = self._held, []
-        for p, k, d in held:
-            self.inner.push(p, k, d, timeout=timeout)
+        except PulseError:
+            pass
 
     def events(self, *, max_items: int = 256, wait_s: float = 0.0) -> list[Event]:
         return self.inner.events(max_items=max_items, wait_s=wait_s)
 
     def stats(self) -> dict[str, Any]:
-        return {**self.inner.stats(), "faults": dict(self.faults)}
+        with self._lock:
+            return {**self.inner.stats(), "fault_injection": True, "faults": dict(self.faults),
+                    "faulted": dict(self.faulted)}
+
+    def alive(self) -> bool:
+        """Whether the wrapped transport's worker processes still run (True if it has none)."""
+        alive = getattr(self.inner, "alive", None)
+        return bool(alive()) if alive is not None else True
 
     def close(self) -> None:
         self.inner.close()
+
+
+def faulty_factory(make: Callable[..., Transport], cfg: "FaultConfig") -> Callable[..., Transport]:
+    """``make`` (a ``run_node`` transport factory) whose transport faults its own data plane at
+    ``cfg``'s rates, seeded per peer; warns loudly on stderr (the node's log) when it starts."""
+    rates = FaultRates.from_config(cfg)
+
+    def make_faulty(node_cfg, identity, store_root) -> Transport:
+        inner = make(node_cfg, identity, store_root)
+        seed = int.from_bytes(hashlib.blake2b(f"{cfg.seed}:{inner.peer_id}".encode(), digest_size=8).digest(), "big")
+        bar = "!" * 78
+        print(f"{bar}\n!!! CHAOS TESTING: [net.faults] is enabled. This node deliberately faults its own\n"
+              f"!!! fetches and pushes ({rates.describe()}).\n!!! Never enable this outside tests.\n{bar}",
+              file=sys.stderr, flush=True)
+        return FaultyTransport(inner, rates, seed=seed)
+
+    return make_faulty
 
 
 class CrashingTransport:
@@ -167,38 +235,135 @@ class CrashingTransport:
             self.inner.close()
 
 
+class ForgedChain:
+    """A well-formed chain of version records signed by a key nobody trusts, grown on demand
+    (thread-safe), each with a random 64-byte "patch"."""
+
+    def __init__(self, run_id: str, identity=None) -> None:
+        from pulse_node.chain.identity import Identity
+
+        self.run_id = run_id
+        self.identity = identity or Identity.generate()
+        self.records: list = []
+        self._lock = threading.Lock()
+
+    def record(self, version: int):
+        import os
+
+        from pulse_node.chain.record import make_record
+
+        with self._lock:
+            while len(self.records) <= version:
+                n, parent = len(self.records), self.records[-1] if self.records else None
+                self.records.append(make_record(
+                    self.identity, run_id=self.run_id, version=n, parent=parent, state_hash="ab" * 32,
+                    patch=os.urandom(64) if n else None, anchor_version=0, is_anchor=n == 0,
+                    codec="pulsesync/compact/1"))
+            return self.records[version]
+
+
 def start_forging_peer(hub, files: Path, *, run_id: str, claimed_version: int = 10**6) -> Counter:
     """A hostile peer on ``hub``: claims ``claimed_version``, serves records signed by a key nobody
     trusts (a well-formed chain) and random patch/anchor bytes. Returns requests served by kind."""
     import os
 
-    from pulse_node.chain.identity import Identity
-    from pulse_node.chain.record import encode_record, make_record
+    from pulse_node.chain.record import encode_record
     from pulse_node.codec.state import write_atomic
 
-    ident, chain, served, lock = Identity.generate(), [], Counter(), threading.Lock()
-
-    def forged(v: int):
-        with lock:
-            return _extend(v)
-
-    def _extend(v: int):
-        while len(chain) <= v:
-            n = len(chain)
-            chain.append(make_record(ident, run_id=run_id, version=n, parent=chain[-1] if chain else None,
-                                     state_hash="ab" * 32, patch=os.urandom(64) if n else None,
-                                     anchor_version=0, is_anchor=n == 0, codec="pulsesync/compact/1"))
-        return chain[v]
+    chain, served = ForgedChain(run_id), Counter()
 
     def resolve(kind: str, params: dict):
         v = min(int(params.get("version", 0)), 10_000)
         path = Path(files) / f"{kind}-{v}"
-        write_atomic(path, encode_record(forged(v)) if kind == "record" else os.urandom(4096))
+        write_atomic(path, encode_record(chain.record(v)) if kind == "record" else os.urandom(4096))
         served[kind] += 1
         return path
 
     # announced as an inference peer: inference peers are preferred providers, so it is asked first
     hub.join("rogue", resolve).publish(PeerInfo(peer_id="rogue", role="inference", address="",
                                                 version=claimed_version, lowest=0, anchors=[0],
-                                                node_key=ident.public_key_hex))
+                                                node_key=chain.identity.public_key_hex))
     return served
+
+
+class ForgingPeer:
+    """The forging peer on the real network: its own DHT worker and wire worker processes.
+
+    Joins the run's DHT under its own key and announces itself as an inference node (inference
+    peers are asked first) holding ``claimed_version``. Its wire worker serves a store holding a
+    forged chain of ``versions`` records (``ForgedChain``), random patch bytes and a random
+    "anchor" 0; every ``push_every_s`` (``tick``) it pushes its forged head record to the
+    inference nodes. ``served()``: requests its wire worker answered, by kind.
+    """
+
+    def __init__(self, root: Path, *, run_id: str, bootstrap: list[str], versions: int = 1000,
+                 claimed_version: int = 10**6, host: str = "127.0.0.1", push_every_s: float = 5.0) -> None:
+        from pulse_node.chain.identity import Identity
+        from pulse_node.net.dht_client import DhtClient, DhtConfig
+        from pulse_node.net.wire_client import WireClient
+
+        self.root = Path(root)
+        identity = Identity.load_or_create(self.root / "identity.key")
+        self.chain = ForgedChain(run_id, identity)
+        self._write_store(versions)
+        self.push_every_s, self._pushed_at, self.heads_pushed = push_every_s, float("-inf"), 0
+        self.wire = WireClient.start(store=self.root / "store", listen=(f"/ip4/{host}/tcp/0",),
+                                     identity=self.root / "identity.key", log_path=self.root / "wire.log")
+        try:
+            self.dht = DhtClient.start(DhtConfig(run_id=run_id, initial_peers=bootstrap,
+                                                 host_maddrs=[f"/ip4/{host}/tcp/0"],
+                                                 identity=self.root / "identity.key"), log_path=self.root / "dht.log")
+        except BaseException:
+            self.wire.stop()
+            raise
+        self._announce(claimed_version)
+
+    def _write_store(self, versions: int) -> None:
+        import os
+
+        from pulse_node.chain.layout import store_path
+        from pulse_node.chain.record import encode_record
+        from pulse_node.codec.state import write_atomic
+
+        store = self.root / "store"
+        for v in range(versions):
+            write_atomic(store_path(store, "record", v), encode_record(self.chain.record(v)))
+            if v:
+                write_atomic(store_path(store, "patch", v), os.urandom(64))
+        write_atomic(store_path(store, "anchor", 0), os.urandom(4096))
+
+    def _announce(self, claimed_version: int) -> None:
+        from pulse_node.net.dht_records import PeerStatus, Serves
+
+        info = self.wire.info()
+        maddrs = [m if "/p2p/" in m else f"{m}/p2p/{info.peer_id}" for m in info.listen_maddrs]
+        self.peer_id = info.peer_id
+        self.dht.publish_peer(PeerStatus(role="inference", wire_maddrs=maddrs[:8], version=claimed_version,
+                                         serves=Serves(lowest=0, highest=claimed_version, anchors=[0]),
+                                         node_key=self.chain.identity.public_key_hex))
+
+    def tick(self) -> None:
+        """Push the forged head record to every inference node, at most every ``push_every_s``."""
+        from pulse_node.chain.record import encode_record
+
+        if time.monotonic() - self._pushed_at < self.push_every_s:
+            return
+        self._pushed_at = time.monotonic()
+        head = encode_record(self.chain.records[-1])
+        for rec in self.dht.peers():
+            if rec.role == "inference" and rec.peer_id != self.peer_id and rec.wire_maddrs and not rec.leaving:
+                try:
+                    self.wire.push(rec.wire_maddrs[0], "head", head, timeout=5.0)
+                    self.heads_pushed += 1
+                except PulseError:
+                    pass
+
+    def served(self) -> dict[str, int]:
+        return dict(self.wire.stats().get("requests", {}))
+
+    def close(self) -> None:
+        for stop in (self.dht.stop, self.wire.stop):
+            try:
+                stop()
+            except Exception:  # keep stopping the rest
+                pass

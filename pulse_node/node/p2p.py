@@ -174,6 +174,10 @@ class P2PTransport:
         except Exception:
             return False
 
+    def alive(self) -> bool:
+        """Whether both worker processes still run (the node cannot work without either)."""
+        return self.dht.alive() and self.wire.process.alive()
+
     def close(self) -> None:
         for stop in (self.dht.stop, self.wire.stop):
             try:

@@ -37,8 +37,9 @@ class VersionPublisher:
         self.identity = identity
         self.run_id = run_id
         self.chain = chain
-        self.head: VersionRecord | None = store.head()
-        self._state: State | None = store.load_state(self.head.version) if self.head else None
+        self.head: VersionRecord | None = None
+        self._state: State | None = None
+        self.head, self._state = store.load_head() or (None, None)
 
     @property
     def state(self) -> State | None:

@@ -2,7 +2,8 @@
 
 ``run_node`` is what ``pulse-node join`` calls. It owns every resource it starts (store lock,
 worker processes, status server) and releases them in reverse order on return, on an error in
-the role, and on SIGINT/SIGTERM (the role sees ``ctx.stop`` and returns within a round).
+the role, and on SIGINT/SIGTERM (the role sees ``ctx.stop`` and returns within a round). A node
+whose DHT or wire worker process died stops the same way and exits with code 1.
 """
 
 from __future__ import annotations
@@ -61,9 +62,18 @@ def make_role(ctx: RoleContext):
     return InferenceRole(ctx)
 
 
-def _status_writer(ctx: RoleContext, path: Path, every_s: float) -> threading.Thread:
+def _status_writer(ctx: RoleContext, path: Path, every_s: float, worker_died: threading.Event) -> threading.Thread:
+    """Writes status.json every ``every_s``; stops the node if a transport worker process died
+    (the node cannot work without it; a supervisor restarts the whole node)."""
+    alive = getattr(ctx.transport, "alive", None)
+
     def loop() -> None:
         while not ctx.stop.wait(every_s):
+            if alive is not None and not alive():
+                ctx.status.error("a worker process died; stopping the node")
+                ctx.log.error("a worker process died; stopping the node")
+                worker_died.set()
+                ctx.stop.set()
             try:
                 ctx.status.write(path)
             except OSError:
@@ -93,6 +103,7 @@ def run_node(cfg: NodeConfig, make_transport: TransportFactory, *, stop: threadi
     transport = None
     server = None
     stop = stop or threading.Event()
+    worker_died = threading.Event()
     try:
         transport = make_transport(cfg, identity, store.root)
         status = NodeStatus(role=getattr(cfg, "role", "node"), peer_id=transport.peer_id, run_id=cfg.run_id)
@@ -104,7 +115,7 @@ def run_node(cfg: NodeConfig, make_transport: TransportFactory, *, stop: threadi
             for sig in (signal.SIGINT, signal.SIGTERM):
                 signal.signal(sig, lambda *_: stop.set())
         status.write(data / "status.json")
-        _status_writer(ctx, data / "status.json", 0.5)
+        _status_writer(ctx, data / "status.json", 0.5, worker_died)
         _warm_codec()
         role = make_role(ctx)
         try:
@@ -114,7 +125,7 @@ def run_node(cfg: NodeConfig, make_transport: TransportFactory, *, stop: threadi
                 role.close()
             status.update(stopped=True)
             status.write(data / "status.json")
-        return 0
+        return 1 if worker_died.is_set() else 0
     finally:
         stop.set()
         if server is not None:

@@ -71,6 +71,7 @@ class LocalSwarm:
         self.bootstrap: subprocess.Popen | None = None
         self.bootstrap_addr = ""
         self.trusted: list[str] = []
+        self.leftovers: list = []  # processes of killed nodes (psutil), killed at stop if still running
 
     # ---- start ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -80,6 +81,8 @@ class LocalSwarm:
                     shutil.rmtree(child / "store", ignore_errors=True)
                     (child / "status.json").unlink(missing_ok=True)
         self.root.mkdir(parents=True, exist_ok=True)
+        if self.cfg.net.faults.enabled:
+            self.log("WARNING: CHAOS TESTING: [net.faults] is enabled; every node faults its own fetches and pushes")
         self.bootstrap_addr = self._start_bootstrap()
         self.trusted = [Identity.load_or_create(self.root / f"trainer-{i}" / "identity.key").public_key_hex
                         for i in range(self.cfg.trainers)]
@@ -107,15 +110,18 @@ class LocalSwarm:
 
     def add_node(self, name: str, role: str) -> Child:
         """Start one more ``pulse-node join`` process (also used for late joiners)."""
+        child = self._launch(name, role)
+        self.children.append(child)
+        return child
+
+    def _launch(self, name: str, role: str) -> Child:
         d = self.root / name
         d.mkdir(parents=True, exist_ok=True)
         conf = d / "node.toml"
         conf.write_text(tomli_w.dumps(node_config(self.cfg, role=role, data_dir=d, trusted=self.trusted)))
         cmd = [sys.executable, "-m", "pulse_node", "join", "--role", role, "--config", str(conf),
                "--bootstrap", self.bootstrap_addr]
-        child = Child(name, role, d, self._spawn(cmd, d / "log.txt"))
-        self.children.append(child)
-        return child
+        return Child(name, role, d, self._spawn(cmd, d / "log.txt"))
 
     @staticmethod
     def _spawn(cmd: list[str], log_path: Path) -> subprocess.Popen:
@@ -147,6 +153,64 @@ class LocalSwarm:
                 return
             time.sleep(0.5)
 
+    # ---- chaos (tests and bench/chaos.py) --------------------------------------------------
+    def kill(self, child: Child, what: str = "node") -> list:
+        """SIGKILL part of a running node, by the PIDs this swarm started and their children:
+        ``role`` (the role process only: its workers must notice and exit by themselves),
+        ``node`` (the role process and all its workers), ``dht`` or ``wire`` (one worker and its
+        children: the node must notice and exit). Returns the node's whole process tree just
+        before, as ``psutil.Process`` objects (``gone`` says when all have exited)."""
+        import psutil
+
+        try:
+            root = psutil.Process(child.proc.pid)
+            tree = [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return []
+        targets = [root] if what == "role" else tree if what == "node" else _worker_tree(tree, f"{what}_worker")
+        if not targets:
+            raise PulseError(f"{child.name}: no {what} process to kill")
+        for p in targets:
+            try:
+                p.kill()  # psutil checks the process is still the one it saw (no PID reuse)
+            except psutil.NoSuchProcess:
+                pass
+        self.leftovers.extend(tree)
+        return tree
+
+    @staticmethod
+    def gone(procs: list) -> bool:
+        """Whether none of ``procs`` (``psutil.Process``) runs any more (zombies count as gone)."""
+        import psutil
+
+        for p in procs:
+            try:
+                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                    return False
+            except psutil.NoSuchProcess:
+                pass
+        return True
+
+    @staticmethod
+    def kill_leftovers(procs: list) -> None:
+        """SIGKILL what still runs of ``procs`` (``psutil.Process``, e.g. orphaned workers of a
+        killed node); psutil checks each is still the process it saw."""
+        import psutil
+
+        for p in procs:
+            try:
+                if p.is_running():
+                    p.kill()
+            except psutil.NoSuchProcess:
+                pass
+
+    def restart(self, child: Child, *, timeout: float = 30.0) -> Child:
+        """Start an exited (or killed) node again on the same data dir; returns its new ``Child``."""
+        child.proc.wait(timeout=timeout)
+        new = self._launch(child.name, child.role)
+        self.children[self.children.index(child)] = new
+        return new
+
     # ---- stop ----------------------------------------------------------------------------
     def stop(self) -> None:
         """SIGTERM every child, then SIGKILL what is left at the deadline."""
@@ -164,6 +228,7 @@ class LocalSwarm:
             _signal_group(p, signal.SIGKILL)
             if p.poll() is None:
                 p.wait(timeout=5)
+        self.kill_leftovers(self.leftovers)
 
     # ---- summary -------------------------------------------------------------------------
     def summary(self) -> dict[str, Any]:
@@ -183,6 +248,19 @@ class LocalSwarm:
             "run_dir": str(self.root),
             "bootstrap": self.bootstrap_addr,
         }
+
+
+def _worker_tree(tree: list, module: str) -> list:
+    """The process of worker ``module`` (e.g. ``dht_worker``) in ``tree`` and its children."""
+    import psutil
+
+    for p in tree:
+        try:
+            if any(module in part for part in p.cmdline()):
+                return [p, *p.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            continue
+    return []
 
 
 def _signal_group(p: subprocess.Popen, sig: int) -> None:

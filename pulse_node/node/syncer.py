@@ -1,6 +1,7 @@
 """Inference side of PULSESync: keep a local state equal to the newest trusted version.
 
-One ``step()``: learn the head (peers' DHT records and pushed head announcements), fetch the
+One ``step()``: learn the head (peers' DHT records and pushed head announcements, whose signed
+records must come from a trusted trainer), fetch the
 missing versions' records and patches from any peers that hold them (bounded concurrency,
 per-peer timeouts, failover, inference peers preferred so trainers upload each patch about
 once), verify each record (signature, trusted signer, parent link) and patch digest, hand them
@@ -27,7 +28,7 @@ from pathlib import Path
 
 from pulse_node.chain.catchup import check_catchup
 from pulse_node.chain.patchinfo import patch_hashes
-from pulse_node.chain.record import VersionRecord, check_patch, decode_record, encode_record
+from pulse_node.chain.record import VersionRecord, check_patch, decode_record, encode_record, verify_record
 from pulse_node.chain.reorder import ReorderBuffer
 from pulse_node.chain.store import VersionStore
 from pulse_node.codec.patch import apply_patch, read_header
@@ -60,14 +61,16 @@ class VersionSync:
         self.catchup_min_gap, self.catchup_wait_s = catchup_min_gap, catchup_wait_s  # 0 = never ask
         self._pending: tuple[int, str, int, float] | None = None  # (base, peer, target, give up at)
         self._no_catchup_base = -1  # base nobody could make a catch-up from: fetch patches instead
-        self.record: VersionRecord | None = store.head()
-        self.state: State | None = store.load_state(self.record.version) if self.record else None
+        self.record: VersionRecord | None = None
+        self.state: State | None = None
+        self.record, self.state = store.load_head() or (None, None)
         self.reorder = ReorderBuffer(next_version=self.record.version + 1 if self.record else 0)
         self.counters: Counter[str] = Counter()
         self.last_error = ""
         self.stall_passes = 10  # passes without progress before trying a catch-up or an anchor
         self._stalled = 0
-        self.hints: dict[str, int] = {}  # peer -> highest version it told us it holds
+        self.hints: dict[str, int] = {}  # peer -> highest version it told us it holds (verified)
+        self._heads: dict[str, VersionRecord] = {}  # pushed head records, until verified
         self.first_seen: dict[int, float] = {}
         self._pool = ThreadPoolExecutor(max_workers=net.max_parallel_fetches, thread_name_prefix="fetch")
         self._tmp = _fresh_dir(store.root.parent / "fetch-tmp")
@@ -75,7 +78,7 @@ class VersionSync:
 
     # ---- head discovery -------------------------------------------------------------
     def take_events(self, events: list[Event]) -> None:
-        """Head announcements pushed by peers: a hint about who holds what."""
+        """Head announcements pushed by peers: kept until ``step`` verifies them (``_take_hints``)."""
         for ev in events:
             if ev.kind != "head" or self.trust.ignored(ev.sender):
                 continue
@@ -84,14 +87,33 @@ class VersionSync:
             except PulseError:
                 self.trust.strike(ev.sender)
                 continue
-            self.hints[ev.sender] = max(self.hints.get(ev.sender, -1), rec.version)
+            have = self._heads.get(ev.sender)
+            if have is None or rec.version > have.version:
+                self._heads[ev.sender] = rec
+
+    def _take_hints(self, keys: list[str]) -> None:
+        """A pushed head record becomes a hint about who holds what only if a trusted trainer
+        signed it; a forged one strikes its sender (else it could make us chase versions that do
+        not exist). Kept while no trainer key is known yet."""
+        signers = self.trust.signers(keys)
+        if not signers:
+            return
+        for sender, rec in self._heads.items():
+            try:
+                verify_record(rec, trusted_signers=signers)
+            except IntegrityError as exc:
+                self.trust.strike(sender)
+                log.info("head announcement from %s rejected: %s", sender[:12], exc)
+                continue
+            self.hints[sender] = max(self.hints.get(sender, -1), rec.version)
             self.first_seen.setdefault(rec.version, time.monotonic())
+        self._heads.clear()
 
     def target(self, peers: list[PeerInfo]) -> int:
-        """The newest version any trainer (or a hint) says exists; -1 if none."""
+        """The newest version any trainer (or a verified hint) says exists; -1 if none."""
         best = max((p.version for p in peers if p.role == "trainer" and not self.trust.ignored(p.peer_id)
                     and self.trust.vouches_for(p.node_key)), default=-1)
-        best = max([best, *self.hints.values()])
+        best = max([best, *(v for peer, v in self.hints.items() if not self.trust.ignored(peer))])
         for v in range(self.reorder.next_version, best + 1):
             self.first_seen.setdefault(v, time.monotonic())
         return best
@@ -118,6 +140,7 @@ class VersionSync:
     def step(self, peers: list[PeerInfo], *, rank: int = 0, trainer_keys: list[str] | None = None) -> list[VersionRecord]:
         """Fetch and apply what is missing; returns the records applied in this pass."""
         keys = trainer_keys if trainer_keys is not None else [p.node_key for p in peers if p.role == "trainer"]
+        self._take_hints(keys)
         head = self.target(peers)
         if head < 0:
             return []
@@ -137,9 +160,10 @@ class VersionSync:
                 self.reorder.offer(v, got)
         applied = caught + self._apply_ready(keys)
         self._stalled = 0 if applied or self.reorder.next_version > head else self._stalled + 1
-        if self._stalled and (self._stalled >= self.stall_passes or self._nobody_has(self.reorder.next_version, peers)):
+        stuck = self._stalled >= self.stall_passes
+        if self._stalled and (stuck or self._nobody_has(self.reorder.next_version, peers)):
             self._stalled = 0
-            self._recover_gap(peers, head, keys)
+            self._recover_gap(peers, head, keys, older_anchors=stuck)
         return applied
 
     def _nobody_has(self, version: int, peers: list[PeerInfo]) -> bool:
@@ -207,12 +231,18 @@ class VersionSync:
         self.counters["applied"] += 1
 
     # ---- recovery -------------------------------------------------------------------
-    def _recover_gap(self, peers: list[PeerInfo], head: int, keys: list[str]) -> None:
-        """Nobody serves the next patch any more: try a catch-up patch, else an anchor."""
+    def _recover_gap(self, peers: list[PeerInfo], head: int, keys: list[str], *, older_anchors: bool) -> None:
+        """Nobody serves the next patch any more: try a catch-up patch, else an anchor.
+
+        Only ``older_anchors`` (after ``stall_passes`` passes without progress: the way off a
+        fork) may that anchor be one we are already past; sooner, the next version may just not
+        be in the DHT yet, and an older anchor would cost a full download to end where we are.
+        """
+        assert self.record is not None
         self.counters["gaps"] += 1
         if self.state is not None and self._catch_up(self._catchup_offers(peers, head, min_gap=1), keys)[0]:
             return
-        self._recover_from_anchor(peers, head, keys)
+        self._recover_from_anchor(peers, head, keys, above=-1 if older_anchors else self.record.version)
 
     def _catch_up_if_behind(self, peers: list[PeerInfo], head: int, keys: list[str]) -> list[VersionRecord] | None:
         """``catchup_min_gap`` or more versions behind: one catch-up patch instead of the patches.
@@ -286,9 +316,10 @@ class VersionSync:
         self.counters["catchup_bytes_in"] += len(patch)
         log.info("caught up to version %d with one %d-byte patch from %s", rec.version, len(patch), peer.peer_id[:12])
 
-    def _recover_from_anchor(self, peers: list[PeerInfo], head: int, keys: list[str]) -> None:
-        """Load the newest anchor any peer serves (verified against its signed record)."""
-        offers = sorted({(a, p.peer_id) for p in peers for a in p.anchors if a <= head}, reverse=True)
+    def _recover_from_anchor(self, peers: list[PeerInfo], head: int, keys: list[str], *, above: int = -1) -> None:
+        """Load the newest anchor above ``above`` any peer serves (verified against its signed record)."""
+        offers = sorted({(a, p.peer_id) for p in peers if not self.trust.ignored(p.peer_id)
+                         for a in p.anchors if above < a <= head}, reverse=True)
         by_id = {p.peer_id: p for p in peers}
         for anchor, pid in offers:
             peer = by_id[pid]

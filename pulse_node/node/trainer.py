@@ -280,7 +280,7 @@ class TrainerRole:
         self.published_hashes[pub.record.version] = pub.record.state_hash
         self.published_hashes = {v: h for v, h in self.published_hashes.items() if v > pub.record.version - 8}
         export_trainer_state(self.ctx.store.root, params=self.global_params, momentum=self.outer.momentum,
-                             record=pub.record)
+                             record=pub.record, outer_hash=self.outer.state_hash())
         self._announce(push=True)
         return pub
 

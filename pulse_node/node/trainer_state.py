@@ -2,10 +2,11 @@
 
 ``trainer/state.safetensors`` in the store root holds the FP32 global weights
 (``param/<name>``) and the outer momentum (``momentum/<name>``) after a round, with the
-signed version record of that round in its metadata. A trainer that starts late, restarts,
-or finds its state hash disagreeing with a lower-id trainer fetches this file from a peer,
-checks the record's signature and that ``bf16(params)`` hashes to the record's state hash,
-and adopts it. Written atomically after every version.
+signed version record of that round and the hash of (round, weights, momentum) (the base the
+next round's payloads name) in its metadata. A trainer that starts late, restarts, or finds
+its state hash disagreeing with a lower-id trainer fetches this file from a peer, checks the
+record's signature, that ``bf16(params)`` hashes to the record's state hash and that the FP32
+weights and momentum hash to the outer hash, and adopts it. Written atomically after every version.
 """
 
 from __future__ import annotations
@@ -19,31 +20,42 @@ from pulse_node.chain.record import VersionRecord, decode_record, encode_record
 from pulse_node.codec.state import State, load_safetensors, save_safetensors_atomic
 from pulse_node.codec.statehash import state_hash
 from pulse_node.errors import IntegrityError, WireError
+from pulse_node.loco.hashing import tensors_hash
 from pulse_node.torchbits import bits_to_tensor, module_state, tensor_to_bits
 
 RELATIVE_PATH = Path("trainer") / "state.safetensors"
 
 
 def export_trainer_state(root: Path, *, params: Mapping[str, torch.Tensor],
-                         momentum: Mapping[str, torch.Tensor], record: VersionRecord) -> Path:
-    """Write the state after ``record``'s round atomically; returns the file path."""
+                         momentum: Mapping[str, torch.Tensor], record: VersionRecord,
+                         outer_hash: bytes | None = None) -> Path:
+    """Write the state after ``record``'s round atomically; returns the file path.
+
+    ``outer_hash``: ``tensors_hash`` of (round = record.version, params, momentum) if the caller
+    has it (computed here otherwise)."""
+    outer_hash = outer_hash or tensors_hash(("param", params), ("momentum", momentum), round=record.version)
     state: State = {f"param/{n}": tensor_to_bits(t) for n, t in params.items()}
     state.update({f"momentum/{n}": tensor_to_bits(t) for n, t in momentum.items()})
     path = Path(root) / RELATIVE_PATH
-    save_safetensors_atomic(state, path, metadata={"pulse.record": encode_record(record).hex()})
+    save_safetensors_atomic(state, path, metadata={"pulse.record": encode_record(record).hex(),
+                                                   "pulse.outer_hash": outer_hash.hex()})
     return path
 
 
 def read_trainer_state(path: Path, *, names: set[str]) -> tuple[dict[str, object], VersionRecord]:
-    """Parse a fetched trainer state; checks tensor names and that bf16(params) matches the record."""
+    """Parse a fetched trainer state (hostile input); checks tensor names, that bf16(params)
+    matches the record and, when the file names one, the outer hash of weights and momentum."""
     from safetensors import safe_open  # metadata only; tensors come through codec.state
 
     try:
         with safe_open(str(path), framework="numpy") as fh:
             meta = fh.metadata() or {}
         record = decode_record(bytes.fromhex(meta["pulse.record"]))
-    except (KeyError, ValueError, OSError) as exc:
-        raise WireError(f"{path}: not a trainer state file ({exc})") from None
+        outer_hash = bytes.fromhex(meta["pulse.outer_hash"]) if "pulse.outer_hash" in meta else None
+    except WireError:
+        raise
+    except Exception as exc:  # safetensors raises its own error type on a malformed header
+        raise WireError(f"{path}: not a trainer state file ({type(exc).__name__}: {exc})") from None
     state = load_safetensors(path)
     params = {k.split("/", 1)[1]: bits_to_tensor(v) for k, v in state.items() if k.startswith("param/")}
     momentum = {k.split("/", 1)[1]: bits_to_tensor(v) for k, v in state.items() if k.startswith("momentum/")}
@@ -51,4 +63,8 @@ def read_trainer_state(path: Path, *, names: set[str]) -> tuple[dict[str, object
         raise WireError(f"{path}: trainer state does not match this model's tensors")
     if state_hash(module_state(params.items())) != record.state_hash:
         raise IntegrityError(f"{path}: weights do not match the signed record of version {record.version}")
+    if outer_hash is not None and tensors_hash(("param", params), ("momentum", momentum),
+                                               round=record.version) != outer_hash:
+        raise IntegrityError(f"{path}: FP32 weights or momentum do not match the outer hash of version "
+                             f"{record.version}")
     return {"round": record.version, "params": params, "momentum": momentum}, record
