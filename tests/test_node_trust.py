@@ -54,3 +54,27 @@ def test_forged_head_announcement_is_no_hint_and_strikes_its_sender(tmp_path):
     finally:
         sync.close()
         store.close()
+
+
+def test_bans_end_and_grow_so_a_flaky_honest_peer_comes_back(monkeypatch):
+    """``max_strikes`` rejections ban a sender for ``ban_s``; each further ban doubles, capped."""
+    from pulse_node.node import trust as trust_mod
+
+    now = [1000.0]
+    monkeypatch.setattr(trust_mod.time, "monotonic", lambda: now[0])
+    policy = trust_mod.TrustPolicy(max_strikes=3, ban_s=60.0, max_ban_s=200.0)
+    for _ in range(2):
+        policy.strike("peer")
+    assert not policy.ignored("peer")
+    policy.strike("peer")
+    assert policy.ignored("peer") and policy.bans["peer"] == 1
+    now[0] += 61
+    assert not policy.ignored("peer"), "a served ban must end"
+    for expected_ban in (120.0, 200.0, 200.0):  # doubled, then capped
+        for _ in range(3):
+            policy.strike("peer")
+        now[0] += expected_ban - 1
+        assert policy.ignored("peer")
+        now[0] += 2
+        assert not policy.ignored("peer")
+    assert policy.strikes["peer"] == 12 and policy.rejected == 12 and not policy.ignored("other")

@@ -102,12 +102,13 @@ class ChaosLedger:
         """Records (or patches) from ``peer_id`` that inference nodes rejected, over all lives."""
         return sum(int(s.get("strikes", {}).get(peer_id, 0)) for s in self.lives.values())
 
-    def honest_strikes(self, *, max_strikes: int = 3) -> dict[str, int]:
+    def honest_strikes(self) -> dict[str, int]:
         """Strikes inference nodes gave to swarm members (whose damaged data was injected), and
-        how often one node ended a life ignoring a member for good (``max_strikes`` reached)."""
+        the bans those strikes caused (each ends; repeated bans grow, see ``TrustPolicy``)."""
         members = {s.get("peer_id") for s in self.lives.values()}
         given = [n for s in self.lives.values() for p, n in s.get("strikes", {}).items() if p in members]
-        return {"strikes": sum(given), "ignored_for_good": sum(n >= max_strikes for n in given)}
+        bans = [n for s in self.lives.values() for p, n in s.get("bans", {}).items() if p in members]
+        return {"strikes": sum(given), "bans": sum(bans)}
 
     def check(self) -> dict[str, Any]:
         """Held and stored states against the trainers' published state hashes, per version."""

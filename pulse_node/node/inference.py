@@ -70,7 +70,7 @@ class InferenceRole:
                                fetch_errors=self.sync.counters["fetch_errors"],
                                apply_errors=self.sync.counters["apply_errors"],
                                patch_bytes_total=self.sync.counters["patch_bytes_in"],
-                               rejected=self.trust.rejected, strikes=dict(self.trust.strikes),
+                               rejected=self.trust.rejected, strikes=dict(self.trust.strikes), bans=dict(self.trust.bans),
                                gaps=self.sync.counters["gaps"],
                                anchor_loads=self.sync.counters["anchor_loads"],
                                catchups=self.sync.counters["catchups"],

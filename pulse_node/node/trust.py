@@ -3,8 +3,11 @@
 A record is accepted when its signature verifies and its signer is trusted: one of the
 configured trainer keys or, when none are configured (a local swarm), any peer that announces
 the trainer role. With ``min_signers = k > 1`` a version is accepted only after k distinct
-trusted trainers signed records with the same chain hash. Rejections are counted per sender
-so a lying peer's score drops until it is ignored.
+trusted trainers signed records with the same chain hash. Rejections are counted per sender;
+``max_strikes`` of them ban the sender for ``ban_s``, doubling with every further ban up to
+``max_ban_s``. Bans are bounded because damaged bytes from an honest peer (a flaky link, a
+bad disk) look exactly like a lie: a liar keeps re-earning longer bans, an honest peer that
+had a bad minute comes back.
 """
 
 from __future__ import annotations
@@ -20,11 +23,16 @@ from pulse_node.errors import IntegrityError
 class TrustPolicy:
     """Signature, signer and quorum checks for version records; per-peer strike counts."""
 
-    def __init__(self, *, trusted: Iterable[str] = (), min_signers: int = 1, max_strikes: int = 3) -> None:
+    def __init__(self, *, trusted: Iterable[str] = (), min_signers: int = 1, max_strikes: int = 3,
+                 ban_s: float = 60.0, max_ban_s: float = 3600.0) -> None:
         self.trusted = {k.lower() for k in trusted}
         self.min_signers = min_signers
         self.max_strikes = max_strikes
-        self.strikes: Counter[str] = Counter()
+        self.ban_s, self.max_ban_s = ban_s, max_ban_s
+        self.strikes: Counter[str] = Counter()  # all rejections per sender (reported)
+        self.bans: Counter[str] = Counter()
+        self._since_ban: Counter[str] = Counter()
+        self._banned_until: dict[str, float] = {}
         self.failures: Counter[str] = Counter()  # consecutive failed requests per peer
         self.max_failures = 20
         self.cooldown_s = 30.0
@@ -41,8 +49,8 @@ class TrustPolicy:
         return not self.trusted or node_key.lower() in self.trusted
 
     def ignored(self, peer_id: str) -> bool:
-        """Liars are ignored for good; peers that keep failing, for a cool-down after each failure."""
-        if self.strikes[peer_id] >= self.max_strikes:
+        """Banned peers until their ban ends; peers that keep failing, for a cool-down after each failure."""
+        if time.monotonic() < self._banned_until.get(peer_id, float("-inf")):
             return True
         cooling = time.monotonic() - self._last_failure.get(peer_id, float("-inf")) < self.cooldown_s
         return self.failures[peer_id] >= self.max_failures and cooling
@@ -57,8 +65,15 @@ class TrustPolicy:
         self.failures.pop(peer_id, None)
 
     def strike(self, peer_id: str) -> None:
+        """The peer sent something false or damaged; every ``max_strikes`` of them ban it."""
         self.rejected += 1
         self.strikes[peer_id] += 1
+        self._since_ban[peer_id] += 1
+        if self._since_ban[peer_id] >= self.max_strikes:
+            self._since_ban[peer_id] = 0
+            self.bans[peer_id] += 1
+            ban = min(self.max_ban_s, self.ban_s * 2 ** (self.bans[peer_id] - 1))
+            self._banned_until[peer_id] = time.monotonic() + ban
 
     def check(self, record: VersionRecord, *, sender: str, trainer_keys: Iterable[str],
               parent: VersionRecord | None = None) -> bool:
