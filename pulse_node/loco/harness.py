@@ -3,7 +3,8 @@
 Each simulated trainer owns what a networked trainer owns -- its local model and inner
 optimizer (``InnerTrainer``), an ``ErrorFeedback`` and an ``OuterOptimizer`` over its own
 replica of the FP32 global weights -- and payloads travel as encoded bytes that every receiver
-decodes, so the wire codec is exercised every round. One round:
+decodes, so the wire codec is exercised every round (coded against the round's global
+weights, ``base=``, which every replica holds). One round:
 
 1. every trainer takes ``cfg.inner_steps`` inner steps;
 2. every trainer builds and encodes its payload against the round's base hash;
@@ -107,7 +108,7 @@ def _deliver(replicas: list[Replica], rnd: int, cfg: LocoConfig, dropped: Collec
     for rank, rep in enumerate(replicas):
         p = rep.feedback.make_payload(rep.outer.params, rep.trainer.local_params(), round=rnd,
                                       trainer_id=rep.trainer_id, base_hash=rep.outer.state_hash())
-        data = encode_payload(p, level=cfg.zstd_level)
+        data = encode_payload(p, level=cfg.zstd_level, base=rep.outer.params)
         rec.payload_bytes[rep.trainer_id], rec.fired[rep.trainer_id] = len(data), p.count
         if rank in dropped:
             rep.feedback.restore(p)
@@ -123,8 +124,8 @@ def _apply_all(replicas: list[Replica], delivered: list[bytes], cfg: LocoConfig,
         shapes = rep.feedback.shapes
         order = list(delivered)
         rng.shuffle(order)
-        payloads: list[LocoPayload] = [decode_payload(d, shapes=shapes, max_bytes=cfg.max_payload_bytes)
-                                       for d in order]
+        payloads: list[LocoPayload] = [decode_payload(d, shapes=shapes, max_bytes=cfg.max_payload_bytes,
+                                                      base=rep.outer.params) for d in order]
         rep.outer.apply(payloads)
 
 

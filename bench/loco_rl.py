@@ -1,0 +1,272 @@
+"""The GRPO RL workload of ``bench/pulseloco.py``: inner trainers, DDP, and the held-out metric.
+
+Every trainer starts from the same warm-started policy (``configs/solo.toml``: tiny transformer,
+d_model 64, 4 layers, 208k parameters, 2-digit addition, 700 supervised steps, seed 0; cached
+under ``~/.cache/pulse-node``) and takes on-policy GRPO inner steps at a realistic LLM learning
+rate (1e-6 .. 3e-6): before each step its rollout worker loads the BF16 cast of its own local
+FP32 weights, samples ``prompts x group`` completions from its own prompt stream, and the
+learner takes one AdamW step (betas 0.9/0.95, grad clip 1.0, BF16 straight-through forward).
+
+Metric (higher is better), on the task's fixed held-out split (500 problems, disjoint from
+training), on the BF16 cast of the global weights:
+
+- ``expected reward``: the mean over held-out problems of P(answer followed by <eos>) under
+  temperature-1 sampling -- the exact-match reward GRPO maximises, computed exactly by teacher
+  forcing (smooth, so small RL improvements are visible where greedy accuracy is too coarse);
+- greedy accuracy (reported alongside).
+
+Not runnable on its own: ``bench/pulseloco.py --workload rl`` (the default) runs ``main_rl``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Mapping
+
+import torch
+
+from loco_common import (N_TRAINERS, CodecTally, Curve, codec_report, print_table, ratio, ratio_to_target, rss_run,
+                         run_loco, summarize, sweep)
+from pulse_node.configload import load_config
+from pulse_node.rl.batch import bf16_params, pack, token_logprobs
+from pulse_node.rl.config import SoloConfig
+from pulse_node.rl.evaluate import evaluate
+from pulse_node.rl.grpo import GRPOLearner, group_advantages
+from pulse_node.rl.policy import Policy, build_policy
+from pulse_node.rl.sampler import RolloutWorker
+from pulse_node.rl.tasks import make_task_source
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass
+class RLSetup:
+    """One RL sweep: inner lr, rounds, rollouts per inner step."""
+
+    lr: float
+    rounds: int
+    inner_steps: int = 10
+    prompts: int = 16
+    group: int = 8
+
+
+class RLWorkload:
+    """The shared pieces: config, warm-started base weights, held-out problems and their packing."""
+
+    def __init__(self, setup: RLSetup) -> None:
+        overrides = [f"grpo.lr={setup.lr}", f"sampling.prompts_per_batch={setup.prompts}",
+                     f"sampling.group_size={setup.group}"]
+        self.cfg = load_config(SoloConfig, ROOT / "configs" / "solo.toml", overrides)
+        self.setup = setup
+        self.task = make_task_source(self.cfg.task)
+        base = build_policy(self.cfg.model, self.cfg.task, seed=self.cfg.seed, grpo_cfg=self.cfg.grpo)
+        self.base = {n: p.detach().clone() for n, p in base.model.named_parameters()}
+        self.evals = self.task.eval_set()
+        tok = base.tokenizer
+        self.eval_packed = pack([(tok.encode(p.prompt), tok.encode_target(p.answer)) for p in self.evals],
+                                pad_id=tok.pad_id, device=torch.device("cpu"))
+
+    def policy(self) -> Policy:
+        """A fresh policy holding the base weights (no warm-start training: loaded from memory)."""
+        cfg = self.cfg.model_copy(update={"grpo": self.cfg.grpo.model_copy(update={"warmstart_steps": 0})})
+        p = build_policy(cfg.model, cfg.task, seed=cfg.seed, grpo_cfg=cfg.grpo)
+        with torch.no_grad():
+            for n, t in p.model.named_parameters():
+                t.copy_(self.base[n])
+        return p
+
+    @torch.no_grad()
+    def metric(self, policy: Policy) -> tuple[float, float]:
+        """(held-out expected exact-match reward at temperature 1, greedy accuracy), BF16 weights."""
+        lp = token_logprobs(policy.lm, self.eval_packed, params=bf16_params(policy.model))
+        seq = (lp * self.eval_packed.target).sum(dim=1)
+        return float(seq.exp().mean()), evaluate(policy, self.evals)
+
+
+class GRPOTrainer:
+    """``InnerTrainer`` of ``pulse_node.loco.harness``: on-policy GRPO steps on own prompts."""
+
+    def __init__(self, work: RLWorkload, *, seed: int, rank: int) -> None:
+        self.policy = work.policy()
+        self.worker = RolloutWorker(self.policy, work.cfg.sampling)
+        self.learner = GRPOLearner(self.policy, work.cfg.grpo, temperature=work.cfg.sampling.temperature)
+        self.task, self.prompts = work.task, work.setup.prompts
+        self.rng = random.Random(f"loco-rl:{seed}:{rank}")
+        self.version = 0
+        self._params = dict(self.policy.model.named_parameters())
+
+    def local_params(self) -> Mapping[str, torch.Tensor]:
+        return self._params
+
+    def rollouts(self) -> list:
+        """A fresh on-policy batch from the BF16 cast of the current local weights."""
+        self.worker.set_weights(self.policy.bf16_state(), self.version)
+        return self.worker.generate(self.task.sample(self.prompts, self.rng), rng=self.rng)
+
+    def inner_step(self) -> float:
+        """One GRPO step; returns the batch's mean reward (the harness logs it as 'loss')."""
+        stats = self.learner.step(self.rollouts(), current_version=self.version)
+        self.version += 1
+        return stats["reward_mean"]
+
+
+def ddp_step(trainers: list[GRPOTrainer], main: GRPOTrainer) -> None:
+    """One DDP step: every trainer's GRPO gradient on its own rollouts of the shared model, averaged.
+
+    All trainers sample from ``main``'s weights (one model, replicated); the gradient of each
+    trainer's loss is computed on ``main`` and the mean is applied with ``main``'s AdamW.
+    """
+    model, learner = main.policy.model, main.learner
+    model.train()
+    learner.opt.zero_grad(set_to_none=True)
+    for t in trainers:
+        t.worker.set_weights(main.policy.bf16_state(), main.version)
+        rollouts = t.worker.generate(t.task.sample(t.prompts, t.rng), rng=t.rng)
+        adv = group_advantages(rollouts)
+        useful = [i for i, a in enumerate(adv) if a != 0.0]
+        if useful:
+            loss, _ = learner.loss([rollouts[i] for i in useful], [adv[i] for i in useful])
+            (loss / len(trainers)).backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), learner.cfg.max_grad_norm)
+    learner.opt.step()
+    main.version += 1
+
+
+# ---------------------------------------------------------------- methods and phases of the RL sweep
+
+
+def evaluator(work: RLWorkload):
+    """``evaluate(params)``: copies the global FP32 weights into a scratch policy and scores it."""
+    scratch = work.policy()
+
+    def evaluate(params: Mapping[str, torch.Tensor]) -> tuple[float, float]:
+        with torch.no_grad():
+            for n, p in scratch.model.named_parameters():
+                p.copy_(params[n])
+        return work.metric(scratch)
+
+    return evaluate
+
+
+def numel_of(work: RLWorkload) -> int:
+    return sum(int(t.numel()) for t in work.base.values())
+
+
+def run_ddp(work: RLWorkload, seed: int) -> Curve:
+    """DDP: one replicated model, gradients of the 4 trainers' rollouts averaged every inner step."""
+    trainers = [GRPOTrainer(work, seed=seed, rank=r) for r in range(N_TRAINERS)]
+    main, evaluate, numel = trainers[0], evaluator(work), numel_of(work)
+    curve, t0 = Curve(), time.monotonic()
+    for _ in range(work.setup.rounds):
+        for _ in range(work.setup.inner_steps):
+            ddp_step(trainers, main)
+        metric, acc = evaluate(dict(main.policy.model.named_parameters()))
+        curve.metric.append(metric)
+        curve.acc.append(acc)
+        curve.bytes.append(4 * numel * work.setup.inner_steps)
+        curve.density.append(1.0)
+    curve.seconds = time.monotonic() - t0
+    return curve
+
+
+def rl_methods(work: RLWorkload) -> dict[str, Callable[[int], Curve]]:
+    s = work.setup
+
+    def loco(seed: int, **kw) -> Curve:
+        return run_loco(rounds=s.rounds, inner_steps=s.inner_steps, evaluate=evaluator(work), seed=seed,
+                        make_trainer=lambda r: GRPOTrainer(work, seed=seed, rank=r), numel=numel_of(work), **kw)
+
+    return {"ddp": lambda seed: run_ddp(work, seed),
+            "diloco": lambda seed: loco(seed, gate="none"),
+            "diloco_fp16": lambda seed: loco(seed, gate="none", fp16=True),
+            "pulseloco": lambda seed: loco(seed, gate="bf16", tally=True)}
+
+
+def bf16_change(work: RLWorkload, steps: int = 20) -> tuple[float, float]:
+    """Plain GRPO on one trainer: BF16 change fraction per step and over an H-step window."""
+    t = GRPOTrainer(work, seed=999, rank=0)
+    params = list(t.policy.model.parameters())
+    bits = lambda: torch.cat([p.detach().reshape(-1).to(torch.bfloat16).view(torch.int16) for p in params])  # noqa: E731
+    start = prev = bits()
+    per_step, window = [], 0.0
+    for k in range(1, steps + 1):
+        t.inner_step()
+        now = bits()
+        per_step.append(float((now != prev).float().mean()))
+        if k == work.setup.inner_steps:
+            window = float((now != start).float().mean())
+        prev = now
+    return statistics.mean(per_step), window
+
+
+def weight_stats(work: RLWorkload) -> dict[str, float]:
+    w = torch.cat([t.abs().reshape(-1) for t in work.base.values()])
+    return {"params": int(w.numel()), "median_abs_w": float(w.median())}
+
+
+def phase_lr(args, lr: float, seeds: list[int], rounds: int) -> dict:
+    work = RLWorkload(RLSetup(lr=lr, rounds=rounds, prompts=args.prompts))
+    base_metric, base_acc = work.metric(work.policy())
+    step_rate, window_rate = bf16_change(work)
+    print(f"\n# RL, inner lr {lr:g}: base expected reward {base_metric:.5f}, greedy acc {base_acc:.3f}; "
+          f"plain GRPO changes {step_rate:.4f} of BF16 weights per step, {window_rate:.4f} over "
+          f"{work.setup.inner_steps} steps", flush=True)
+    CodecTally.tally = {}
+    methods = {m: run for m, run in rl_methods(work).items() if m in args.methods.split(",")}
+    curves = sweep(methods, seeds, "exp.reward")
+    if args.curves:
+        with open(f"{args.curves}.lr{lr:g}.json", "w") as fh:
+            json.dump({m: [dataclasses.asdict(c) for c in cs] for m, cs in curves.items()}, fh)
+    s = summarize(curves, higher_better=True)
+    print_table(f"RL GRPO, lr {lr:g}", s, "exp.reward")
+    per_entry = codec_report(CodecTally.tally)
+    p, d = s["pulseloco"], s["diloco"]
+    numel = numel_of(work)
+    dense = {"ddp": {"bytes_per_outer_step": 4 * numel * work.setup.inner_steps, "bytes_to_target": None},
+             "diloco_fp16": {"bytes_per_outer_step": 2 * numel, "bytes_to_target": None}}
+    s2 = {**dense, **s}  # a subset run still reports the byte ratios against the dense methods
+    return {
+        "lr": lr, "metric_pulseloco": p["metric_mean"], "metric_diloco": d["metric_mean"],
+        "metric_std": d["metric_std"], "metric_std_pulseloco": p["metric_std"],
+        "metric_ddp": s.get("ddp", {}).get("metric_mean"),
+        "metric_diloco_fp16": s.get("diloco_fp16", {}).get("metric_mean"),
+        "metric_base": base_metric, "acc_base": base_acc,
+        "acc": {m: r["acc_mean"] for m, r in s.items() if not m.startswith("_")},
+        "within_one_std": abs(p["metric_mean"] - d["metric_mean"]) <= d["metric_std"],
+        "bytes_ratio_vs_diloco": ratio(s, "diloco"), "bytes_ratio_vs_ddp": ratio(s2, "ddp"),
+        "bytes_ratio_vs_diloco_fp16": ratio(s2, "diloco_fp16"),
+        "bytes_to_target_ratio_vs_diloco": ratio_to_target(s, "diloco"),
+        "bytes_to_target_ratio_vs_ddp": ratio_to_target(s2, "ddp"),
+        "bytes_per_outer_step": {m: s[m]["bytes_per_outer_step"] for m in s if not m.startswith("_")},
+        "fired_fraction": p["density"], "fired_fraction_first": p["density_first"],
+        "fired_fraction_last": p["density_last"], "bytes_per_fired_entry": per_entry,
+        "grpo_bf16_change_per_step": step_rate, "grpo_bf16_change_per_window": window_rate,
+        "summary": s,
+    }
+
+
+def main_rl(args) -> dict:
+    lrs = [float(x) for x in args.rl_lrs.split(",")]
+    seeds = list(range(1 if args.quick else args.seeds))
+    rounds = 3 if args.quick else args.rounds
+    print(f"# PULSELoCo bench (RL, GRPO): 4 trainers, H=10, seeds {seeds}, rounds {rounds}, lrs {lrs}, "
+          f"{args.prompts} prompts x 8 samples per inner step", flush=True)
+    by_lr = [phase_lr(args, lr, seeds, rounds) for lr in lrs]
+    work = RLWorkload(RLSetup(lr=lrs[0], rounds=0, prompts=args.prompts))
+    n_rss = min(6, args.rss_rounds) if args.quick else args.rss_rounds
+    mib = [0.0]
+    if n_rss:
+        print(f"\n# RSS over {n_rss} PULSELoCo rounds (RL, lr {lrs[0]:g})", flush=True)
+        mib = rss_run(lambda r: GRPOTrainer(work, seed=0, rank=r), rounds=n_rss, inner_steps=work.setup.inner_steps)
+        print("  RSS MiB by round: " + " ".join(f"{m:.0f}" for m in mib), flush=True)
+    head = {k: v for k, v in by_lr[0].items() if k != "summary"}
+    return {"workload": "GRPO RL (pulse_node.rl, configs/solo.toml policy)", "metric": "held-out expected reward",
+            **weight_stats(work), **head, "by_lr": [{k: v for k, v in r.items() if k != "summary"} for r in by_lr],
+            "rss_mib_first": mib[0], "rss_mib_mid": mib[len(mib) // 2], "rss_mib_last": mib[-1],
+            "rss_mib_max": max(mib)}
