@@ -22,6 +22,8 @@ from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from pulse_node.signals import stop_on_signals
+
 if TYPE_CHECKING:
     from pulse_node.net.dht_client import DhtClient, DhtConfig
 
@@ -52,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
 
     config = build_config(args)
     stop = threading.Event()
-    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+    previous = stop_on_signals(stop)
     if args.identity is None:
         print("pulse-node bootstrap: no --identity given: the peer id (and address) changes on every "
               "restart", file=sys.stderr)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 
+from pulse_node.signals import stop_on_signals
+
 DEFAULT_RUN_DIR = "./pulse-swarm"
 
 
@@ -33,7 +35,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import json
-    import signal
     import sys
     import threading
     from pathlib import Path
@@ -67,8 +68,7 @@ def run(args: argparse.Namespace) -> int:
                 Console(width=width, highlight=False).print(render(snap))
             return 1 if any(a.level == "fail" for a in snap.alerts) else 0
         stop = threading.Event()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, lambda *_: stop.set())
+        stop_on_signals(stop)
         print(f"pulse-node status: watching {run_dir or ''}{' + ' if run_dir and dht else ''}"
               f"{'DHT via ' + args.bootstrap[0] if dht else ''}; Ctrl+C to stop", file=sys.stderr, flush=True)
         run_live(dash, Console(highlight=False), interval_s=args.interval, stop=stop)

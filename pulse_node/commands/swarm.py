@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
-import sys
 import threading
 
 from pulse_node.commands.common import add_config_flags, flag_overrides
+from pulse_node.signals import stop_on_signals
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -42,8 +41,7 @@ def run(args: argparse.Namespace) -> int:
     from pulse_node.node.swarm_view import SwarmView
 
     stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+    stop_on_signals(stop)
     swarm = LocalSwarm(cfg)
     view = SwarmView(swarm, quiet=args.json)
     try:

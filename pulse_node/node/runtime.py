@@ -9,7 +9,6 @@ whose DHT or wire worker process died stops the same way and exits with code 1.
 from __future__ import annotations
 
 import logging
-import signal
 import threading
 from pathlib import Path
 from typing import Callable
@@ -20,6 +19,7 @@ from pulse_node.config import NodeConfig
 from pulse_node.node.context import RoleContext
 from pulse_node.node.status import NodeStatus, StatusServer
 from pulse_node.node.transport import Transport
+from pulse_node.signals import stop_on_signals
 
 TransportFactory = Callable[[NodeConfig, Identity, Path], Transport]
 
@@ -112,8 +112,7 @@ def run_node(cfg: NodeConfig, make_transport: TransportFactory, *, stop: threadi
         status.update(metrics_url=server.url, node_key=identity.public_key_hex)
         ctx = RoleContext(cfg=cfg, identity=identity, store=store, transport=transport, status=status, stop=stop)
         if install_signals:
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                signal.signal(sig, lambda *_: stop.set())
+            stop_on_signals(stop)
         status.write(data / "status.json")
         _status_writer(ctx, data / "status.json", 0.5, worker_died)
         _warm_codec()
