@@ -133,8 +133,8 @@ def group_by_label_np(labels: np.ndarray) -> tuple[np.ndarray, list[tuple[int, i
     return order, [(int(w[s]), int(s), int(e)) for s, e in zip(starts, ends)] if w.size else []
 
 
-#: bins of the widest raw field
-_MAX_BINS = EXACT_BINS + (1 << SUB_BITS) * (62 + SUB_BITS + 1 - 4)
+#: bins of every value below 2**62 (their lowest values fit int64); higher symbols are corrupt
+_MAX_BINS = n_gap_bins((1 << 62) - 1)
 #: fields at most this wide are read with one unaligned 64-bit load (offset in a byte <= 7)
 _ONE_LOAD_BITS = 56
 #: widest raw field (gap extra bits of values below 2**62)
@@ -199,8 +199,8 @@ def pack_fields_np(values: np.ndarray, widths: np.ndarray) -> bytes:
     nwords = (int(ends[-1]) + 31) // 32
     shifted = (values & _masks(widths)) << (starts & 31).astype(_U64)
     word = starts >> 5
-    lo = np.bincount(word, weights=(shifted & _U64(0xFFFFFFFF)).astype(np.float64), minlength=nwords + 1)
-    hi = np.bincount(word + 1, weights=(shifted >> _U64(32)).astype(np.float64), minlength=nwords + 1)
+    lo = np.bincount(word, weights=(shifted & _U64(0xFFFFFFFF)).astype(np.float64), minlength=nwords + 2)
+    hi = np.bincount(word + 1, weights=(shifted >> _U64(32)).astype(np.float64), minlength=nwords + 2)
     return (lo + hi)[:nwords].astype("<u4").tobytes()[:(int(ends[-1]) + 7) // 8]
 
 
@@ -227,8 +227,7 @@ class BitReader:
     def unbin(self, sym: np.ndarray) -> np.ndarray:
         """Gap values of bin symbols, their extra bits read from here (see ``gap_unbins``)."""
         sym = np.ascontiguousarray(sym, dtype=np.int64).reshape(-1)
-        n_bins = int(sym.max()) + 1 if sym.size else EXACT_BINS
-        low, nextra = bin_bounds(min(max(n_bins, EXACT_BINS), _MAX_BINS))
+        low, nextra = bin_bounds(_MAX_BINS)  # cached; the kernel refuses symbols beyond it
         out = np.empty(sym.size, np.int64)
         self._advance(K.unbin(sym, low, nextra, self._buf, self._pos, self._nbits, out))
         return out
