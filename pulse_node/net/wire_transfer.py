@@ -284,6 +284,7 @@ class ChunkPlan:
         self.failed_on: dict[int, set[str]] = defaultdict(set)
         self.alive = set(providers)
         self.errors: dict[str, str] = {}
+        self.strikes: dict[str, int] = defaultdict(int)  # consecutive failures, over all of a peer's streams
         self.in_flight = 0
         self.changed = trio.Event()
 
@@ -304,19 +305,26 @@ class ChunkPlan:
             await self.changed.wait()
         return None
 
-    def finish(self, i: int) -> None:
+    def finish(self, i: int, peer: str) -> None:
         self.in_flight -= 1
         self.done[i] = 1
+        self.strikes[peer] = 0
         self._notify()
 
-    def fail(self, i: int, peer: str, error: str, *, drop: bool) -> None:
+    def fail(self, i: int, peer: str, error: str, *, transient: bool) -> None:
+        """Give chunk ``i`` back; drop ``peer`` after a hard error or two transient ones in a row."""
         self.in_flight -= 1
         self.failed_on[i].add(peer)
         self.pending.insert(0, i)
         self.errors[peer] = error
-        if drop:
+        self.strikes[peer] += 1
+        if not transient or self.strikes[peer] >= 2:
             self.alive.discard(peer)
         self._notify()
+
+    def failed(self, peers: list[str]) -> list[str]:
+        """Providers dropped, or whose last attempt failed (a peer that died after its last chunk)."""
+        return sorted(p for p in set(peers) if p not in self.alive or self.strikes[p] > 0)
 
 
 @dataclass
@@ -356,18 +364,14 @@ async def _fetch_chunk(job: MultiJob, peer: str, i: int) -> None:
 
 
 async def _provider_loop(job: MultiJob, peer: str) -> None:
-    strikes = 0
     while (i := await job.plan.take(peer)) is not None:
         try:
             await _fetch_chunk(job, peer, i)
-        except WireError as exc:  # transient (PeerUnavailable) twice in a row, or wrong/missing file
-            strikes += 1
-            transient = isinstance(exc, PeerUnavailable)
-            job.plan.fail(i, peer, str(exc), drop=strikes >= 2 or not transient)
+        except WireError as exc:  # transient (PeerUnavailable), or wrong/missing file
+            job.plan.fail(i, peer, str(exc), transient=isinstance(exc, PeerUnavailable))
             job.dialer.counters.errors["anchor_chunk"] += 1
             continue
-        strikes = 0
-        job.plan.finish(i)
+        job.plan.finish(i, peer)
 
 
 def _assemble(part: Path, dest: Path, want: str | None) -> None:
@@ -422,5 +426,5 @@ async def fetch_multi(dialer: Dialer, peers: list[str], *, version: int, size: i
     finally:
         map_path.unlink(missing_ok=True)
     return {"bytes": size, "seconds": time.monotonic() - t0, "fetched": job.fetched,
-            "resumed": resumed, "failed_providers": sorted(set(peers) - plan.alive),
+            "resumed": resumed, "failed_providers": plan.failed(peers),
             "errors": plan.errors}
