@@ -10,7 +10,8 @@ from pulse_node.configload import StrictModel
 
 
 class LocoConfig(StrictModel):
-    """Knobs of one PULSELoCo swarm; every trainer of a swarm must use the same values.
+    """Knobs of one PULSELoCo swarm; every trainer of a swarm must use the same values
+    (except ``base_coding``).
 
     ``gate="bf16"`` sends an entry of ``s = e + d`` only if it would change the BF16 model
     (``bf16(theta) != bf16(theta - s)``, bitwise); ``gate="none"`` sends every entry (dense
@@ -32,3 +33,6 @@ class LocoConfig(StrictModel):
     max_payload_bytes: int = pydantic.Field(1 << 30, ge=1024)
     """Encoded payloads above this size are refused before decoding."""
     zstd_level: int = pydantic.Field(3, ge=1, le=19)
+    base_coding: bool = True
+    """Code our payloads with the round's FP32 global weights as context (~2.5 B per fired entry
+    instead of ~3.5 B). Receivers decode both kinds, so trainers of one swarm may differ here."""

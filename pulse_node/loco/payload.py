@@ -22,7 +22,11 @@ name order), so a model's many small tensors share one position model. Coders:
 The ``*base*`` coders need the round's FP32 global weights on both sides: pass them as
 ``base=`` to ``encode_payload`` and ``decode_payload`` (every trainer of a round holds the
 same ones; the payload's ``base`` hash names them). Without ``base=`` the encoder uses the
-base-free coders, so callers that do not pass it keep working.
+base-free coders, so callers that do not pass it keep working. A receiver passes its own
+base hash as ``expect_base=``: a payload naming another base is refused with
+``BaseMismatchError`` before any of its data is decoded (never against the wrong weights).
+``read_header`` checks and returns the header alone (round, trainer, base hash, coders), e.g.
+to hold a payload of a coming round until its base is known.
 
 ``decode_payload`` checks sizes before allocating, index ranges and order, finiteness of values,
 and raises ``pulse_node.errors.WireError`` on anything else.
@@ -37,7 +41,7 @@ import msgpack
 import numpy as np
 import zstandard
 
-from pulse_node.errors import PulseError, WireError
+from pulse_node.errors import BaseMismatchError, PulseError, WireError
 from pulse_node.loco import positions as _fallback_positions
 from pulse_node.loco.positions import bounded_decompress
 
@@ -66,6 +70,22 @@ class LocoPayload:
     def count(self) -> int:
         """Number of entries sent (fired) in this payload."""
         return sum(int(p.size) for p, _ in self.tensors.values())
+
+
+@dataclass(frozen=True)
+class PayloadHeader:
+    """What a payload says about itself, checked, without its positions and values decoded."""
+
+    round: int
+    trainer_id: str
+    base_hash: bytes
+    pos_coder: str
+    val_coder: str
+
+    @property
+    def needs_base(self) -> bool:
+        """Whether decoding needs the round's FP32 global weights (a ``*base*`` coder)."""
+        return _needs_base(self.pos_coder, self.val_coder)
 
 
 def _position_coders() -> dict[str, tuple[Callable, Callable]]:
@@ -288,14 +308,27 @@ def _decode_vals(msg: dict, flat_pos: np.ndarray, w: np.ndarray | None) -> np.nd
     return vals
 
 
+def read_header(data: bytes, *, max_bytes: int, max_tensors: int) -> PayloadHeader:
+    """The checked header of payload bytes (``WireError`` if malformed); nothing else is decoded."""
+    msg = _unpack(data, max_bytes=max_bytes, max_tensors=max_tensors)
+    _check_header(msg)
+    return PayloadHeader(round=msg["round"], trainer_id=msg["trainer"], base_hash=msg["base"],
+                         pos_coder=msg["pos_coder"], val_coder=msg["val_coder"])
+
+
 def decode_payload(data: bytes, *, shapes: Mapping[str, tuple[int, ...]], max_bytes: int,
-                   base: Mapping[str, Any] | None = None) -> LocoPayload:
+                   base: Mapping[str, Any] | None = None, expect_base: bytes | None = None) -> LocoPayload:
     """Parse and validate payload bytes against the model's tensor shapes.
 
     ``base``: the round's FP32 global weights (needed iff the payload uses a base coder).
+    ``expect_base``: the hash of those weights; a payload naming another base raises
+    ``BaseMismatchError`` right after its header is checked, before anything else is decoded.
     """
     msg = _unpack(data, max_bytes=max_bytes, max_tensors=len(shapes))
     _check_header(msg)
+    if expect_base is not None and msg["base"] != expect_base:
+        raise BaseMismatchError(f"payload of {msg['trainer'][:12]} for round {msg['round']} was made on base "
+                                f"{msg['base'][:4].hex()}.., not ours ({expect_base[:4].hex()}..)")
     names, counts, numel = _records(msg, shapes)
     if not names:
         if msg["positions"] or msg["values"]:

@@ -4,9 +4,15 @@ Round ``r``, on every trainer (``RoundAgreement.run_round``):
 
 1. Push our payload to every live trainer. Our payload and every valid one received are kept
    as ``loco/<r>/<digest>.payload`` under the store root for ``KEEP_ROUNDS`` rounds; peers
-   fetch them (``loco_payload``).
+   fetch them (``loco_payload``). A received payload is decoded against our FP32 global weights
+   (payloads are base-coded, ``loco/payload.py``) only if the base hash it names is ours, checked
+   before any of it is decoded; one made on another base misses the round like a late one
+   (counted as ``loco_base_mismatch``, logged once per round and trainer), and a trainer on the
+   wrong state is repaired by re-sync (step 5, ``TrainerRole._check_agreement``). Payloads of a
+   coming round are held undecoded until that round opens here.
 2. The coordinator is the lowest id among the trainers we saw when pushing (``order``). It
-   decides once it holds a payload from each of them still live, or at ``loco.deadline_s``:
+   decides once it holds a payload from each of them still live (one whose payload named another
+   base counts as heard from: it cannot contribute), or at ``loco.deadline_s``:
    it signs a ``RoundDecision`` naming the payloads it holds (trainer id + BLAKE3 digest),
    keeps it (``loco_decision``) and pushes it to every trainer. A trainer relays the first
    decision it accepts for a round, once.
@@ -41,13 +47,13 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping
 
 from pulse_node.chain.serving import LOCO_DIR, loco_decision_path, loco_payload_path
-from pulse_node.errors import IntegrityError, PulseError, WireError
+from pulse_node.errors import BaseMismatchError, IntegrityError, PulseError, WireError
 from pulse_node.loco.decision import (MAX_DECISION_BYTES, RoundDecision, decode_decision, encode_decision,
                                       make_decision, payload_digest, verify_decision)
-from pulse_node.loco.payload import LocoPayload, decode_payload
+from pulse_node.loco.payload import LocoPayload, decode_payload, read_header
 from pulse_node.node.context import RoleContext
 from pulse_node.node.transport import PeerInfo
 
@@ -55,6 +61,9 @@ KEEP_ROUNDS = 4  # rounds whose payloads and decisions a trainer keeps on disk a
 WINDOW = 4  # payloads and decisions are buffered for the current round and the next WINDOW - 1
 _PULL_EVERY_S = 1.0
 _PUSH_TIMEOUT_S = 5.0
+
+#: the current round's base: (hash of the FP32 global weights + momentum, those FP32 weights by name)
+BaseFn = Callable[[], tuple[bytes, Mapping[str, Any]]]
 
 
 @dataclass
@@ -70,7 +79,10 @@ class RoundAgreement:
     """One trainer's side of the contributor agreement (inputs, decisions, payload files)."""
 
     def __init__(self, ctx: RoleContext, *, shapes: Mapping[str, tuple[int, ...]],
-                 current_round: Callable[[], int], drain: Callable[[float], None]) -> None:
+                 current_round: Callable[[], int], drain: Callable[[float], None],
+                 base: BaseFn | None = None) -> None:
+        """``base``: our current round's base (``BaseFn``); without it only base-free payloads
+        decode and payloads are not checked against a base hash."""
         self.ctx = ctx
         self.cfg = ctx.cfg.loco  # type: ignore[attr-defined]
         self.shapes = dict(shapes)
@@ -78,7 +90,10 @@ class RoundAgreement:
         self.drain = drain
         self.me = ctx.transport.peer_id
         self.root = Path(ctx.store.root)
+        self.base = base
         self.inbox: dict[int, dict[str, tuple[bytes, LocoPayload]]] = {}
+        self.pending: dict[int, dict[str, bytes]] = {}  # coming rounds: sender -> payload bytes, undecoded
+        self.mismatched: dict[int, set[str]] = {}  # round -> trainers whose payload named another base
         self.decisions: dict[int, RoundDecision] = {}
         self.keys: dict[str, str] = {}  # trainer peer id -> node key it announced
         self.trusted = {k.lower() for k in ctx.cfg.chain.trusted_trainers}
@@ -86,12 +101,57 @@ class RoundAgreement:
 
     # ---- inputs (the trainer hands over every pushed payload and decision) -----------------
     def offer_payload(self, sender: str, data: bytes) -> None:
-        """Keep a pushed payload of the current or a coming round; ``PulseError`` if it is bad."""
-        p = decode_payload(data, shapes=self.shapes, max_bytes=self.cfg.max_payload_bytes)
-        if p.trainer_id != sender:
-            raise WireError(f"payload claims trainer {p.trainer_id[:12]} but came from {sender[:12]}")
-        if self._in_window(p.round):
-            self._keep_payload(p, data)
+        """Keep a pushed payload of the current round, hold one of a coming round until it opens.
+
+        ``PulseError`` if it is malformed; one made on another base is not an error (``_admit``).
+        """
+        self._flush_pending()
+        h = read_header(data, max_bytes=self.cfg.max_payload_bytes, max_tensors=len(self.shapes))
+        if h.trainer_id != sender:
+            raise WireError(f"payload claims trainer {h.trainer_id[:12]} but came from {sender[:12]}")
+        if not self._in_window(h.round):
+            return
+        if h.round > self.current_round():  # its base is the state we do not hold yet
+            self.pending.setdefault(h.round, {})[sender] = data
+            return
+        self._admit(sender, h.round, data)
+
+    def _admit(self, sender: str, r: int, data: bytes) -> None:
+        """Decode and keep a payload of the current round if it was made on our base.
+
+        The base hash is compared before anything is decoded with our weights; a payload made on
+        another base misses the round (``_base_mismatch``). ``PulseError`` if it is malformed.
+        """
+        base_hash, params = self.base() if self.base is not None else (None, None)
+        try:
+            p = decode_payload(data, shapes=self.shapes, max_bytes=self.cfg.max_payload_bytes,
+                               base=params, expect_base=base_hash)
+        except BaseMismatchError as exc:
+            self._base_mismatch(r, sender, exc)
+            return
+        self._keep_payload(p, data)
+
+    def _flush_pending(self) -> None:
+        """Admit held payloads of the round that is now current; drop those of past rounds."""
+        r = self.current_round()
+        for k in sorted(k for k in self.pending if k <= r):
+            held = self.pending.pop(k)
+            for sender, data in held.items() if k == r else ():
+                try:
+                    self._admit(sender, k, data)
+                except PulseError as exc:
+                    self.ctx.status.add("rejected")
+                    self.ctx.status.error(f"bad loco from {sender[:12]}: {exc}")
+
+    def _base_mismatch(self, r: int, trainer: str, exc: BaseMismatchError) -> None:
+        """Count (and log) once per round and trainer a payload made on another global state."""
+        seen = self.mismatched.setdefault(r, set())
+        if trainer in seen:
+            return
+        seen.add(trainer)
+        self.ctx.status.add("loco_base_mismatch")
+        self.ctx.log.warning("round %d: %s; not decoded, %s misses this round (a trainer on another "
+                             "state re-syncs)", r, exc, trainer[:12])
 
     def offer_decision(self, sender: str, data: bytes) -> None:
         """Check a decision; accept (and relay) the first of its round. ``PulseError`` if bad."""
@@ -140,6 +200,7 @@ class RoundAgreement:
         """Push our payload, reach the round's decision and gather exactly its payloads."""
         r = mine.round
         self._prune(r)
+        self._flush_pending()
         self._keep_payload(mine, data)
         live = self._live()
         self._push_all(live, data, kind="loco", timeout=self.cfg.deadline_s)
@@ -182,8 +243,8 @@ class RoundAgreement:
         return True
 
     def _all_in(self, r: int, order: list[str], live: Mapping[str, PeerInfo]) -> bool:
-        held = self.inbox.get(r, {})
-        return all(pid in held for pid in order if pid == self.me or pid in live)
+        held, other_base = self.inbox.get(r, {}), self.mismatched.get(r, set())
+        return all(pid in held or pid in other_base for pid in order if pid == self.me or pid in live)
 
     @staticmethod
     def _closed_elsewhere(r: int, live: Mapping[str, PeerInfo]) -> bool:
@@ -259,12 +320,18 @@ class RoundAgreement:
                            cap=self.cfg.max_payload_bytes, timeout=timeout)
         if data is None:
             return None
+        base_hash, params = self.base() if self.base is not None else (None, None)
         try:
             if payload_digest(data) != digest:
                 raise IntegrityError(f"payload from {peer.peer_id[:12]} does not match the decided digest")
-            p = decode_payload(data, shapes=self.shapes, max_bytes=self.cfg.max_payload_bytes)
-            if (p.trainer_id, p.round) != (tid, r):
+            h = read_header(data, max_bytes=self.cfg.max_payload_bytes, max_tensors=len(self.shapes))
+            if (h.trainer_id, h.round) != (tid, r):
                 raise WireError(f"payload from {peer.peer_id[:12]} is not the decided one")
+            p = decode_payload(data, shapes=self.shapes, max_bytes=self.cfg.max_payload_bytes,
+                               base=params, expect_base=base_hash)
+        except BaseMismatchError as exc:  # decided on our base, yet made on another: never decoded
+            self._base_mismatch(r, tid, exc)
+            return None
         except PulseError as exc:
             self.ctx.status.add("rejected")
             self.ctx.status.error(f"round {r}: {exc}")
@@ -312,7 +379,7 @@ class RoundAgreement:
 
     def _prune(self, r: int) -> None:
         """Forget rounds before ``r``; keep the files of the last ``KEEP_ROUNDS`` rounds."""
-        for table in (self.inbox, self.decisions):
+        for table in (self.inbox, self.decisions, self.pending, self.mismatched):
             for old in [k for k in table if k < r]:
                 del table[old]
         folder = self.root / LOCO_DIR

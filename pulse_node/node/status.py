@@ -36,6 +36,7 @@ GAUGES = {
     "eval_accuracy": "held-out accuracy of the latest evaluated version",
     "errors": "errors recorded",
     "rejected": "peer inputs rejected (bad signature, digest or hash)",
+    "loco_base_mismatch": "PULSELoCo payloads not decoded: made on another global state (trainers)",
     "peers": "live peers seen in the DHT",
 }
 

@@ -5,8 +5,9 @@ One round (= one version):
 1. ``inner_steps`` GRPO steps on rollouts pushed by inference nodes (within the staleness
    bound); when none arrive within ``rollout_wait_s`` the trainer makes its own, so a swarm
    without inference nodes still trains.
-2. The error-feedback gate turns ``global - local`` into a sparse payload, pushed to every other
-   trainer. The round's coordinator decides which payloads make up the round (a signed list,
+2. The error-feedback gate turns ``global - local`` into a sparse payload, coded against the
+   round's FP32 global weights (``loco.base_coding``) and pushed to every other trainer. The
+   round's coordinator decides which payloads make up the round (a signed list,
    ``node/agreement.py``); every trainer averages exactly those in canonical order, and the
    outer Nesterov step updates the FP32 global weights bit-identically on every trainer. A
    trainer left out keeps its error feedback; one that cannot reproduce the decided set re-syncs.
@@ -63,7 +64,7 @@ class TrainerRole:
         self.publisher = VersionPublisher(ctx.store, ctx.identity, run_id=cfg.run_id, chain=cfg.chain)
         self.batches: deque[list[Rollout]] = deque(maxlen=64)
         self.agreement = RoundAgreement(ctx, shapes=self.shapes, current_round=lambda: self.outer.round,
-                                        drain=self._drain_events)
+                                        drain=self._drain_events, base=self._base)
         self.worker_version = -1
         self.peer_heads: dict[int, dict[str, str]] = {}  # version -> trainer -> announced state hash
         self.published_hashes: dict[int, str] = {}
@@ -189,6 +190,10 @@ class TrainerRole:
             self._announce()
 
     # ---- one round ---------------------------------------------------------------------
+    def _base(self) -> tuple[bytes, dict[str, torch.Tensor]]:
+        """The current round's base: hash of (round, FP32 global weights, momentum), the weights."""
+        return self.outer.state_hash(), self.outer.params
+
     def round(self) -> None:
         metrics: dict[str, float] = {}
         for _ in range(self.cfg.loco.inner_steps):
@@ -220,9 +225,12 @@ class TrainerRole:
         """
         round_no = self.outer.round
         local_cpu = {n: p.detach().to("cpu", torch.float32) for n, p in self.local.items()}
+        base_hash, base = self._base()
         mine = self.ef.make_payload(self.global_params, local_cpu, round=round_no,
-                                    trainer_id=self.ctx.transport.peer_id, base_hash=self.outer.state_hash())
-        result = self.agreement.run_round(mine, encode_payload(mine, level=self.cfg.loco.zstd_level))
+                                    trainer_id=self.ctx.transport.peer_id, base_hash=base_hash)
+        data = encode_payload(mine, level=self.cfg.loco.zstd_level,
+                              base=base if self.cfg.loco.base_coding else None)
+        result = self.agreement.run_round(mine, data)
         if result.payloads is not None and self._apply(round_no, result.payloads):
             if not result.mine_included:
                 self.ef.restore(mine)
