@@ -8,7 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pulse_node.codec import entropy as E
+from pulse_node.codec import fused as F
 from pulse_node.codec import kernels as K
+from pulse_node.codec import rans
 from pulse_node.codec import values as V
 from pulse_node.codec.patch import apply_patch, make_patch
 from pulse_node.codec.state import TensorBits
@@ -42,29 +44,47 @@ def test_bit_fields_match_numpy(widths, rnd):
     assert np.array_equal(E.BitReader(data)._read_np(w), v)
 
 
+def _uniform_model() -> rans.Model:
+    return rans.model(np.ones(E.MAX_BINS))
+
+
+def _streams(sym: np.ndarray, nextra: np.ndarray, extra: np.ndarray) -> tuple[rans.Decoder, F.RawBits]:
+    writer = E.BitWriter()
+    writer.write(extra, nextra)
+    return rans.Decoder(rans.encode([(sym, _uniform_model())])), F.RawBits(writer.getvalue())
+
+
 @SETTINGS
-@given(st.lists(_ints, max_size=300))
-def test_unbin_matches_numpy(values):
-    sym, nextra, extra = E.gap_bins(np.array(values, np.int64))
-    writer = E.BitWriter()
-    writer.write(extra, nextra)
-    data = writer.getvalue()
-    assert np.array_equal(E.BitReader(data).unbin(sym), E.gap_unbins_np(sym, E.BitReader(data)))
+@given(st.lists(_ints, min_size=1, max_size=300))
+def test_fused_ranks_match_numpy(values):
+    v = np.array(values, np.int64)
+    sym, nextra, extra = E.gap_bins(v)
+    want = np.cumsum(E.gap_unbins_np(sym, E.BitReader(_raw(nextra, extra))) + 1) - 1
+    dec, raw = _streams(sym, nextra, extra)
+    got = F.decode_ranks(dec, raw, v.size, _uniform_model(), int(want[-1]) + 1, *E.bin_bounds(E.MAX_BINS))
+    assert np.array_equal(got, want) and dec.is_empty() and raw.remaining_bytes() == 0
 
 
-def test_truncated_and_bad_symbols_are_typed_errors():
-    sym, nextra, extra = E.gap_bins(np.array([1000, 5, 70000], np.int64))
+def _raw(nextra: np.ndarray, extra: np.ndarray) -> bytes:
     writer = E.BitWriter()
     writer.write(extra, nextra)
-    data = writer.getvalue()
+    return writer.getvalue()
+
+
+def test_truncated_and_out_of_range_are_typed_errors():
+    v = np.array([1000, 5, 70000], np.int64)
+    sym, nextra, extra = E.gap_bins(v)
+    bounds = E.bin_bounds(E.MAX_BINS)
+    dec, _ = _streams(sym, nextra, extra)
     with pytest.raises(PatchError, match="truncated"):
-        E.BitReader(data[:1]).unbin(sym)
+        F.decode_ranks(dec, F.RawBits(_raw(nextra, extra)[:1]), 3, _uniform_model(), 10**6, *bounds)
+    dec, raw = _streams(sym, nextra, extra)
+    with pytest.raises(PatchError, match="outside its tensor"):
+        F.decode_ranks(dec, raw, 3, _uniform_model(), 71_000, *bounds)
     with pytest.raises(PatchError, match="truncated"):
-        E.BitReader(data[:1]).read(nextra)
+        E.BitReader(_raw(nextra, extra)[:1]).read(nextra)
     with pytest.raises(PatchError, match="out of range"):
-        E.BitReader(data).unbin(np.array([-1], np.int64))
-    with pytest.raises(PatchError, match="out of range"):
-        E.BitReader(data).read(np.array([63], np.int64))
+        E.BitReader(_raw(nextra, extra)).read(np.array([63], np.int64))
 
 
 @SETTINGS
@@ -91,18 +111,15 @@ def test_deltas_match_numpy(dtype, seed, n):
     old, new = old[keep], new[keep]
     for got, want in zip(V.delta_symbols(dtype, old, new), V.delta_symbols_np(dtype, old, new)):
         assert np.array_equal(got, want)
-    zm1 = E.gap_unbins_np(*_reader_for(V.delta_symbols_np(dtype, old, new)))
-    bits = old.copy()
-    V.apply_delta_into(dtype, bits, np.arange(old.size), zm1)
-    assert np.array_equal(bits, new)
+    sym, nextra, extra = V.delta_symbols_np(dtype, old, new)
+    zm1 = E.gap_unbins_np(sym, E.BitReader(_raw(nextra, extra)))
     assert np.array_equal(V.apply_delta(dtype, old, zm1), new)
-
-
-def _reader_for(symbols):
-    sym, nextra, extra = symbols
-    writer = E.BitWriter()
-    writer.write(extra, nextra)
-    return sym, E.BitReader(writer.getvalue())
+    dec, raw = _streams(sym, nextra, extra)
+    bits = old.copy()
+    kind, mant, emask = V.label_layout(dtype)
+    F.decode_deltas_into(dec, raw, np.zeros(256, np.int64), rans.stack([_uniform_model()]), np.arange(old.size),
+                         bits, kind, mant, emask, *E.bin_bounds(E.MAX_BINS))
+    assert np.array_equal(bits, new) and dec.is_empty() and raw.remaining_bytes() == 0
 
 
 def test_whole_codec_is_identical_without_numba(monkeypatch):

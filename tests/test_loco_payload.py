@@ -176,7 +176,7 @@ HOSTILE = [
     mutate("tensors", []),  # data without tensors
     mutate("values", b"garbage", base=True), mutate("values", bomb(), base=True),
     mutate("positions", b"\x93\x01\x02", base=True),
-    value_blob(format=2), value_blob(delta=9), value_blob(delta=True), value_blob(threshold=1),
+    value_blob(format=basecoder.VALUES_FORMAT - 1), value_blob(format=basecoder.VALUES_FORMAT + 1), value_blob(delta=9), value_blob(delta=True), value_blob(threshold=1),
     value_blob(dist=b"\x00" * 16), value_blob(dist=b"\x00" * 3), value_blob(lens=bomb()),
     value_blob(lens=zstandard.ZstdCompressor().compress(b"\x7f" * 4)), value_blob(lens=b"junk"),
     value_blob(rans=b"\x01\x02\x03"), value_blob(rans=b""), value_blob(raw=b""), value_blob(raw=b"\xff" * 4096),

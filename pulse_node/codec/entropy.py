@@ -1,13 +1,13 @@
 """Entropy-coding primitives shared by the position and value coders.
 
-- ``gap_bins`` / ``gap_unbins``: a non-negative integer becomes a bin symbol (exact for values
+- ``gap_bins`` / ``gap_unbins_np``: a non-negative integer becomes a bin symbol (exact for values
   below 16, then four bins per octave) plus raw low bits ("extra bits").
 - ``geometric_freqs``: integer frequency table of the bins under a geometric distribution,
   computed with correctly rounded IEEE operations only, so every machine builds the same
   table from the same (count, universe) pair and no table travels on the wire.
 - ``BitWriter`` / ``BitReader``: variable-width raw fields back to back in one bit stream, vectorized.
-- ``ans_encode`` / ``AnsDecoder``: thin wrappers over ``constriction``'s rANS coder with categorical models built
-  from integer frequency tables.
+- ``ans_encode`` / ``AnsDecoder``: the codec's rANS coder (``rans``) with categorical models
+  built from frequency tables.
 
 Everything is vectorized numpy; no per-element Python loops.
 """
@@ -19,6 +19,7 @@ import functools
 import numpy as np
 
 from pulse_node.codec import kernels as K
+from pulse_node.codec import rans
 from pulse_node.errors import PatchError
 
 #: values below this are their own bin
@@ -70,19 +71,41 @@ def bin_bounds(n_bins: int) -> tuple[np.ndarray, np.ndarray]:
     return low, nextra
 
 
-def gap_unbins(sym: np.ndarray, extra_reader: "BitReader") -> np.ndarray:
-    """Inverse of ``gap_bins``: bin symbols plus extra bits from ``extra_reader``."""
-    if K.AVAILABLE:
-        return extra_reader.unbin(sym)
-    return gap_unbins_np(sym, extra_reader)
-
-
 def gap_unbins_np(sym: np.ndarray, extra_reader: "BitReader") -> np.ndarray:
-    """The numpy twin of ``gap_unbins``."""
+    """Inverse of ``gap_bins``: bin symbols plus extra bits (numpy reference of the fused decoders)."""
     n_bins = int(sym.max()) + 1 if sym.size else EXACT_BINS
     low, nextra = bin_bounds(max(n_bins, EXACT_BINS))
     s = sym.astype(np.int64)
     return low[s] + extra_reader.read(nextra[s])
+
+
+def _geometric(count, universe, out):
+    q = (universe - count) / universe
+    n_bins = out.size
+    surv = np.empty(n_bins + EXACT_BINS + 5, np.float64)
+    surv[0] = 1.0
+    x = 1.0
+    for k in range(1, EXACT_BINS + 1):
+        x *= q
+        surv[k] = x  # q**k for k <= 16
+    a = q * q  # q ** (2 ** (octave - 2)) for octave 4
+    a = a * a
+    n = EXACT_BINS  # q**16 is recomputed as the first bin of octave 4 when that octave is used
+    while n < n_bins + 1:
+        a2 = a * a
+        a4 = a2 * a2
+        surv[n] = a4
+        surv[n + 1] = a4 * a
+        surv[n + 2] = a4 * a2
+        surv[n + 3] = a4 * a2 * a
+        n += 4
+        a = a2
+    surv[n_bins] = 0.0
+    for k in range(n_bins):
+        out[k] = max(surv[k] - surv[k + 1], 0.0)
+
+
+_geometric_kernel = K.jit_or_python(_geometric)
 
 
 def geometric_freqs(count: int, universe: int, n_bins: int) -> np.ndarray:
@@ -92,24 +115,9 @@ def geometric_freqs(count: int, universe: int, n_bins: int) -> np.ndarray:
     multiplication and subtraction are used (correctly rounded everywhere), in a fixed order,
     so every machine derives the identical table and no table travels on the wire.
     """
-    q = (universe - count) / universe
-    surv = [1.0]
-    x = 1.0
-    for _ in range(EXACT_BINS):
-        x *= q
-        surv.append(x)  # surv[k] = q**k for k <= 16
-    a = q * q  # q ** (2 ** (octave - 2)) for octave 4
-    a = a * a
-    while len(surv) < n_bins + 1:
-        a2 = a * a
-        a4 = a2 * a2
-        if len(surv) == EXACT_BINS + 1:
-            surv.pop()  # q**16 is recomputed as the first bin of octave 4
-        surv.extend([a4, a4 * a, a4 * a2, a4 * a2 * a])
-        a = a2
-    s = np.array(surv[: n_bins + 1], dtype=np.float64)
-    s[n_bins] = 0.0
-    return np.maximum(s[:-1] - s[1:], 0.0)
+    out = np.empty(n_bins, np.float64)
+    _geometric_kernel(count, universe, out)
+    return out
 
 
 def group_by_label(labels: np.ndarray) -> tuple[np.ndarray, list[tuple[int, int, int]]]:
@@ -134,7 +142,7 @@ def group_by_label_np(labels: np.ndarray) -> tuple[np.ndarray, list[tuple[int, i
 
 
 #: bins of every value below 2**62 (their lowest values fit int64); higher symbols are corrupt
-_MAX_BINS = n_gap_bins((1 << 62) - 1)
+MAX_BINS = n_gap_bins((1 << 62) - 1)
 #: fields at most this wide are read with one unaligned 64-bit load (offset in a byte <= 7)
 _ONE_LOAD_BITS = 56
 #: widest raw field (gap extra bits of values below 2**62)
@@ -224,14 +232,6 @@ class BitReader:
         self._advance(K.read_fields(self._buf, self._pos, self._nbits, widths, out))
         return out
 
-    def unbin(self, sym: np.ndarray) -> np.ndarray:
-        """Gap values of bin symbols, their extra bits read from here (see ``gap_unbins``)."""
-        sym = np.ascontiguousarray(sym, dtype=np.int64).reshape(-1)
-        low, nextra = bin_bounds(_MAX_BINS)  # cached; the kernel refuses symbols beyond it
-        out = np.empty(sym.size, np.int64)
-        self._advance(K.unbin(sym, low, nextra, self._buf, self._pos, self._nbits, out))
-        return out
-
     def _advance(self, status: int) -> None:
         if status == K.TRUNCATED:
             raise PatchError("raw bit stream is truncated")
@@ -269,69 +269,22 @@ def _load(words: np.ndarray, starts: np.ndarray, widths: np.ndarray) -> np.ndarr
     return word
 
 
-def categorical(freqs: np.ndarray, *, uses: int | None = None):
-    """A constriction categorical model from a non-negative frequency table.
+def categorical(freqs: np.ndarray, *, leaky: bool = True) -> rans.Model:
+    """An rANS model of a non-negative frequency table (see ``rans.quantize``).
 
-    ``uses``: how many symbols will be coded with it; few uses build the model lazily
-    (same code, less set-up; ``perfect=False`` either way, so encoder and decoder agree).
+    ``leaky=False`` keeps zero-frequency symbols impossible (tables counted from the coded
+    symbols themselves); the default gives every symbol some probability.
     """
-    import constriction
-
-    f = np.asarray(freqs, dtype=np.float64)
-    if f.ndim != 1 or f.size == 0 or not np.isfinite(f).all() or (f < 0).any() or f.sum() <= 0:
-        raise PatchError("invalid frequency table")
-    if f.size == 1:
-        f = np.append(f, 0.0)  # constriction needs two symbols; the spare one is never used
-    try:
-        lazy = uses is not None and uses < 4 * f.size
-        return constriction.stream.model.Categorical(f, perfect=False, lazy=lazy)
-    except ValueError as exc:
-        raise PatchError(f"invalid frequency table: {exc}") from None
+    return rans.model(freqs, leaky=leaky)
 
 
 def ans_encode(segments: list[tuple[np.ndarray, object]]) -> bytes:
     """Encode ``[(symbols, freqs or model), ...]`` into one rANS stream, decodable in order."""
-    import constriction
-
-    coder = constriction.stream.stack.AnsCoder()
-    for symbols, freqs in reversed(segments):
-        if symbols.size:
-            model = categorical(freqs, uses=symbols.size) if isinstance(freqs, np.ndarray) else freqs
-            coder.encode_reverse(symbols.astype(np.int32, copy=False), model)
-    return coder.get_compressed().astype("<u4").tobytes()
+    return rans.encode([(s, categorical(f) if isinstance(f, np.ndarray) else f) for s, f in segments])
 
 
-def _coder_failure(exc: BaseException) -> PatchError:
-    """Map an error of the Rust coder to ``PatchError`` (a pyo3 panic derives from BaseException)."""
-    if isinstance(exc, (KeyboardInterrupt, SystemExit, GeneratorExit, MemoryError)):
-        raise exc
-    return PatchError(f"corrupt entropy-coded stream: {type(exc).__name__}: {exc}")
+class AnsDecoder(rans.Decoder):
+    """Decodes segments written by ``ans_encode``, one ``(count, freqs or model)`` at a time."""
 
-
-class AnsDecoder:
-    """Decodes segments written by ``ans_encode``, one ``(count, freqs)`` at a time."""
-
-    def __init__(self, data: bytes) -> None:
-        import constriction
-
-        if len(data) % 4:
-            raise PatchError("entropy-coded stream has a partial word")
-        words = np.frombuffer(data, dtype="<u4").astype(np.uint32)
-        try:
-            self._coder = constriction.stream.stack.AnsCoder(words)
-        except BaseException as exc:  # noqa: BLE001 -- constriction rejects some streams up front
-            raise _coder_failure(exc) from None
-
-    def decode(self, count: int, freqs: object) -> np.ndarray:
-        """``count`` symbols with a frequency table or a prebuilt ``categorical`` model."""
-        if count == 0:
-            return np.zeros(0, np.int32)
-        model = categorical(freqs, uses=count) if isinstance(freqs, np.ndarray) else freqs
-        try:
-            out = self._coder.decode(model, int(count))
-        except BaseException as exc:  # noqa: BLE001
-            raise _coder_failure(exc) from None
-        return np.asarray(out, dtype=np.int64)
-
-    def is_empty(self) -> bool:
-        return bool(self._coder.is_empty())
+    def decode(self, count: int, freqs: object) -> np.ndarray:  # type: ignore[override]
+        return super().decode(count, categorical(freqs) if isinstance(freqs, np.ndarray) else freqs)

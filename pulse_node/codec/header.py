@@ -23,7 +23,7 @@ from pulse_node.codec.statehash import HASH_ALGO, is_hex_digest
 from pulse_node.errors import PatchError
 
 MAGIC = b"PULSEPT"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 _PREFIX = struct.Struct("<7sBI")
 MAX_HEADER_BYTES = 64 << 20
 MAX_TENSORS = 1 << 20

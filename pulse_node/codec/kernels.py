@@ -30,6 +30,13 @@ def _jit(fn):
     return njit(cache=True, nogil=True)(fn) if AVAILABLE else None
 
 
+def jit_or_python(fn, *, inline: bool = False):
+    """``fn`` compiled, or ``fn`` itself without numba (for kernels with no vectorized twin)."""
+    if not AVAILABLE:
+        return fn
+    return njit(cache=True, nogil=True, inline="always" if inline else "never")(fn)
+
+
 def _take_bits(buf, pos, w):
     """The ``w``-bit LSB-first field at bit ``pos`` (the caller checked the bounds)."""
     v = 0
@@ -49,21 +56,6 @@ def _read_fields(buf, pos, nbits, widths, out):
         if pos + w > nbits:
             return TRUNCATED
         out[i] = _take_bits(buf, pos, w)
-        pos += w
-    return pos
-
-
-def _unbin(sym, low, nextra, buf, pos, nbits, out):
-    """``out[i] = low[sym[i]] + next nextra[sym[i]] raw bits``; new position or a status."""
-    n_bins = low.size
-    for i in range(sym.size):
-        s = sym[i]
-        if s < 0 or s >= n_bins:
-            return BAD_SYMBOL
-        w = nextra[s]
-        if pos + w > nbits:
-            return TRUNCATED
-        out[i] = low[s] + _take_bits(buf, pos, w)
         pos += w
     return pos
 
@@ -148,18 +140,6 @@ def _delta_zig(old, new, kind, width, out):
         out[i] = 2 * d - 1 if d >= 0 else -2 * d - 2
 
 
-def _apply_delta(bits, idx, zig_minus_one, kind, width):
-    """In place: ``bits[idx[i]]`` moves by the decoded delta in key space (mod 2**width)."""
-    mask = (1 << width) - 1
-    sign = 1 << (width - 1)
-    for i in range(idx.size):
-        j = idx[i]
-        zig = zig_minus_one[i] + 1
-        d = -((zig + 1) >> 1) if zig & 1 else zig >> 1
-        k = (_key(np.int64(bits[j]), kind, sign, mask) + d) & mask
-        bits[j] = _unkey(k, kind, sign, mask)
-
-
 def _count_below(bits, limit, magnitude_mask):
     """How many elements have magnitude (bits without the sign) below ``limit``."""
     n = 0
@@ -210,13 +190,12 @@ if AVAILABLE:
     _take_bits = njit(cache=True, nogil=True, inline="always")(_take_bits)  # type: ignore[assignment]
     _key = njit(cache=True, nogil=True, inline="always")(_key)  # type: ignore[assignment]
     _unkey = njit(cache=True, nogil=True, inline="always")(_unkey)  # type: ignore[assignment]
+key, unkey = _key, _unkey
 read_fields = _jit(_read_fields)
-unbin = _jit(_unbin)
 write_fields = _jit(_write_fields)
 bin_values = _jit(_bin_values)
 label_order = _jit(_label_order)
 delta_zig = _jit(_delta_zig)
-apply_delta = _jit(_apply_delta)
 count_below = _jit(_count_below)
 members_below = _jit(_members_below)
 background_positions = _jit(_background_positions)
@@ -233,7 +212,6 @@ def warm_up() -> None:
     i64 = np.arange(4, dtype=np.int64)
     buf = np.zeros(8, np.uint8)
     read_fields(buf, 0, 64, i64, np.empty(4, np.int64))
-    unbin(i64, i64, np.zeros(4, np.int64), buf, 0, 64, np.empty(4, np.int64))
     write_fields(i64, i64, np.zeros(8, np.uint8))
     bin_values(i64, np.empty(4, np.int32), np.empty(4, np.int64), np.empty(4, np.int64))
     label_order(np.zeros(4, np.uint8), np.empty(4, np.int64), np.zeros(256, np.int64))
@@ -242,6 +220,21 @@ def warm_up() -> None:
     for dt in (np.uint8, np.uint16, np.uint32):
         bits = np.arange(4, dtype=dt)
         delta_zig(bits, bits + dt(1), FLOAT, 8 * bits.itemsize, np.empty(4, np.int64))
-        apply_delta(bits.copy(), i64 % 4, i64, FLOAT, 8 * bits.itemsize)
         count_below(bits, 1, 127)
         members_below(bits, 1, 127, 2, np.empty(5, np.int64), np.empty(5, np.uint8))
+    _warm_codec_round_trips()
+
+
+def _warm_codec_round_trips() -> None:
+    """A tiny patch per element width and mode through the whole codec (rANS and fused kernels)."""
+    from pulse_node.codec.patch import apply_patch, make_patch
+    from pulse_node.codec.state import TensorBits
+
+    rng = np.random.default_rng(0)
+    for dtype, np_dtype in (("BF16", np.uint16), ("F32", np.uint32), ("I8", np.uint8)):
+        old = rng.integers(0, 1 << 7, 4096).astype(np_dtype)
+        new = old.copy()
+        new[::7] += np_dtype(1)
+        base, moved = {"w": TensorBits(dtype, (4096,), old)}, {"w": TensorBits(dtype, (4096,), new)}
+        for mode, context in (("compact", False), ("compact", True), ("overwrite", False)):
+            apply_patch(base, make_patch(base, moved, mode=mode, position_context=context))

@@ -28,7 +28,6 @@ but one that decodes cleanly yields a wrong state, so only skip verification for
 from __future__ import annotations
 
 import os
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Mapping
@@ -38,12 +37,14 @@ import numpy as np
 
 from pulse_node.codec import values as V
 from pulse_node.codec.context import position_classes, choose_threshold, supports_context
-from pulse_node.codec.entropy import AnsDecoder, BitReader, BitWriter, ans_encode, categorical, gap_unbins, \
-    group_by_label, n_gap_bins
+from pulse_node.codec.entropy import MAX_BINS, AnsDecoder, BitWriter, ans_encode, bin_bounds
+from pulse_node.codec.fused import RawBits, decode_deltas_into
+from pulse_node.codec.models import Key, PatchModels, delta_counts
 from pulse_node.codec.header import (FORMAT_VERSION, MODES, Mode, PatchHeader, TensorEntry, ValueTable,
                                      pack_header, unpack_header)
 from pulse_node.codec.positions import decode_positions, encode_positions
-from pulse_node.codec.state import DTYPES, State, TensorBits
+from pulse_node.codec.rans import encode_rows
+from pulse_node.codec.state import State, TensorBits
 from pulse_node.codec.statehash import HASH_ALGO, bytes_digest, state_hash
 from pulse_node.errors import BaseMismatchError, IntegrityError, PatchError
 
@@ -76,8 +77,8 @@ class _Pending:
     threshold: int
     coding: int
     pos_blob: bytes
-    keys: list[tuple[int, str, int]]  # value-model key per symbol segment
-    symbols: list[np.ndarray]
+    symbols: list[np.ndarray]  # one per byte plane (planes), or the delta symbols in position order
+    labels: np.ndarray | None  # delta: the base exponent of each changed element (its value model)
     extra: tuple[np.ndarray, np.ndarray] | None
 
 
@@ -93,37 +94,41 @@ def _check_same_layout(base: Mapping[str, TensorBits], new: Mapping[str, TensorB
 
 def _prepare(name: str, old: TensorBits, new: TensorBits, idx: np.ndarray, mode: Mode, context: bool) -> _Pending:
     if mode == "overwrite" or old.bits.itemsize == 8:
-        vals = new.bits[idx]
-        keys = [(V.PLANES, old.dtype, j) for j in range(old.bits.itemsize)]
         pos = encode_positions(idx, old.numel)
-        return _Pending(name, old, idx, 0, V.PLANES, pos, keys, V.plane_symbols(vals), None)
+        return _Pending(name, old, idx, 0, V.PLANES, pos, V.plane_symbols(new.bits[idx]), None, None)
     labels = V.exponent_labels(old.dtype, old.bits[idx])
     threshold = choose_threshold(old.dtype, old.bits, labels) if context else 0
     pos = encode_positions(idx, old.numel, classes=position_classes(old.dtype, old.bits, threshold))
     sym, nextra, extra = V.delta_symbols(old.dtype, old.bits[idx], new.bits[idx])
-    order, groups = group_by_label(labels)
-    keys = [(V.DELTA, old.dtype, label) for label, _, _ in groups]
-    symbols = [sym[order[s:e]] for _, s, e in groups]
-    return _Pending(name, old, idx, threshold, V.DELTA, pos, keys, symbols, (extra, nextra))
+    return _Pending(name, old, idx, threshold, V.DELTA, pos, [sym.astype(np.int64)], labels, (extra, nextra))
 
 
-def _build_tables(pending: list[_Pending]) -> dict[tuple[int, str, int], np.ndarray]:
+def _build_tables(pending: list[_Pending]) -> dict[Key, np.ndarray]:
     """Symbol counts per value model over the whole patch (the header carries them)."""
-    parts: dict[tuple[int, str, int], list[np.ndarray]] = {}
+    parts: dict[Key, list[np.ndarray]] = {}
     for p in pending:
-        for key, sym in zip(p.keys, p.symbols):
-            parts.setdefault(key, []).append(np.bincount(sym, minlength=256 if key[0] == V.PLANES else 1))
+        if p.coding == V.PLANES:
+            for j, sym in enumerate(p.symbols):
+                parts.setdefault((V.PLANES, p.tb.dtype, j), []).append(np.bincount(sym, minlength=256))
+        else:
+            present, counts = delta_counts(p.symbols[0], p.labels)
+            for label, row in zip(present.tolist(), counts):
+                parts.setdefault((V.DELTA, p.tb.dtype, label), []).append(row)
     tables = {}
-    for key, counts in parts.items():
-        total = np.zeros(max(c.size for c in counts), np.int64)
-        for c in counts:
-            total[:c.size] += c
-        tables[key] = total
+    for key, rows in parts.items():
+        total = np.zeros(max(r.size for r in rows), np.int64)
+        for r in rows:
+            total[:r.size] += r
+        tables[key] = total[:int(np.flatnonzero(total)[-1]) + 1]  # every key has a symbol
     return tables
 
 
-def _encode_tensor(p: _Pending, models: Mapping[tuple[int, str, int], object]) -> bytes:
-    words = ans_encode([(s, models[k]) for k, s in zip(p.keys, p.symbols)])
+def _encode_tensor(p: _Pending, models: PatchModels) -> bytes:
+    if p.coding == V.PLANES:
+        words = ans_encode([(s, models.model((V.PLANES, p.tb.dtype, j), p.name)) for j, s in enumerate(p.symbols)])
+    else:
+        label_row, stack = models.delta_stack(p.tb.dtype, p.name)
+        words = encode_rows(p.symbols[0], label_row[p.labels], stack)
     raw = BitWriter()
     if p.extra is not None:
         raw.write(*p.extra)
@@ -147,7 +152,7 @@ def make_patch(base: State, new: State, *, mode: Mode = "compact", base_hash: st
 
     pending = [p for p in _map(prepare, sorted(base)) if p is not None]
     tables = _build_tables(pending)
-    models = {k: categorical(c.astype(np.float64)) for k, c in tables.items()}
+    models = PatchModels(tables)
     streams = dict(zip([p.name for p in pending], _map(lambda p: _encode_tensor(p, models), pending)))
     by_name = {p.name: p for p in pending}
     entries, offset = [], 0
@@ -222,60 +227,27 @@ def _decode_positions(entry: TensorEntry, base_bits: np.ndarray, pos_blob: bytes
     return idx
 
 
-class _Models(dict):
-    """Value models of one patch, built from the header's tables on first use (thread-safe)."""
-
-    def __init__(self, tables: Mapping[tuple[int, str, int], ValueTable]) -> None:
-        super().__init__()
-        self.tables = tables
-        self._lock = threading.Lock()
-
-    def get_model(self, key: tuple[int, str, int], name: str) -> object:
-        with self._lock:
-            if key not in self:
-                self[key] = categorical(_table(self.tables, key, name))
-            return self[key]
+def _decode_planes(entry: TensorEntry, idx: np.ndarray, words: bytes, models: PatchModels,
+                   bits: np.ndarray) -> None:
+    dec = AnsDecoder(words)
+    planes = [dec.decode(idx.size, models.model((V.PLANES, entry.dtype, j), entry.name))
+              for j in range(bits.itemsize)]
+    if not dec.is_empty():
+        raise PatchError(f"tensor {entry.name!r}: value stream has trailing data")
+    bits[idx] = V.planes_to_bits(planes, bits.dtype)
 
 
-def _table(tables: Mapping[tuple[int, str, int], ValueTable], key: tuple[int, str, int], name: str) -> np.ndarray:
-    table = tables.get(key)
-    if table is None:
-        raise PatchError(f"tensor {name!r}: patch lacks value table {key}")
-    limit = 256 if key[0] == V.PLANES else n_gap_bins(1 << (8 * DTYPES[key[1]].itemsize))
-    if len(table.counts) > limit:
-        raise PatchError(f"tensor {name!r}: value table {key} has {len(table.counts)} symbols (limit {limit})")
-    return np.asarray(table.counts, dtype=np.float64)
-
-
-def _decode_values(entry: TensorEntry, old: np.ndarray, words: bytes, raw_bytes: bytes,
-                   models: _Models, labels: np.ndarray | None) -> np.ndarray:
-    """New bits (planes) or ``zigzag(delta) - 1`` (delta) of the changed elements."""
-    dec, raw = AnsDecoder(words), BitReader(raw_bytes)
-    if entry.value_coding == V.PLANES:
-        planes = [dec.decode(old.size, models.get_model((V.PLANES, entry.dtype, j), entry.name))
-                  for j in range(old.dtype.itemsize)]
-        out = V.planes_to_bits(planes, old.dtype)
-    else:
-        if old.dtype.itemsize == 8:
-            raise PatchError(f"tensor {entry.name!r}: delta coding is not defined for 8-byte dtypes")
-        sym = np.zeros(old.size, np.int64)
-        order, groups = group_by_label(labels)
-        for label, s, e in groups:
-            sym[order[s:e]] = dec.decode(e - s, models.get_model((V.DELTA, entry.dtype, label), entry.name))
-        out = gap_unbins(sym, raw)
+def _decode_deltas(entry: TensorEntry, idx: np.ndarray, words: bytes, raw_bytes: bytes, models: PatchModels,
+                   bits: np.ndarray) -> None:
+    if bits.itemsize == 8:
+        raise PatchError(f"tensor {entry.name!r}: delta coding is not defined for 8-byte dtypes")
+    label_row, stack = models.delta_stack(entry.dtype, entry.name)
+    dec, raw = AnsDecoder(words), RawBits(raw_bytes)
+    low, nextra = bin_bounds(MAX_BINS)
+    kind, mant, emask = V.label_layout(entry.dtype)
+    decode_deltas_into(dec, raw, label_row, stack, idx, bits, V.kind_of(entry.dtype), mant, emask, low, nextra)
     if not dec.is_empty() or raw.remaining_bytes() > 0:
         raise PatchError(f"tensor {entry.name!r}: value stream has trailing data")
-    return out
-
-
-def _decode_tensor(entry: TensorEntry, base: TensorBits, blob: memoryview,
-                   models: _Models) -> tuple[np.ndarray, np.ndarray]:
-    """Changed positions and their decoded values (see ``_decode_values``)."""
-    pos_blob, words, raw = _split_stream(blob, entry.name)
-    idx = _decode_positions(entry, base.bits, pos_blob)
-    old = base.bits[idx]
-    labels = V.exponent_labels(entry.dtype, old) if entry.value_coding == V.DELTA else None
-    return idx, _decode_values(entry, old, words, raw, models, labels)
 
 
 def _payload(patch: bytes, header: PatchHeader, start: int, verify: bool) -> memoryview:
@@ -292,13 +264,15 @@ def _payload(patch: bytes, header: PatchHeader, start: int, verify: bool) -> mem
 _WORKERS = min(8, os.cpu_count() or 1)
 
 
-def _patched_bits(entry: TensorEntry, b: TensorBits, payload: memoryview, models: "_Models") -> np.ndarray:
-    idx, vals = _decode_tensor(entry, b, payload[entry.offset:entry.offset + entry.length], models)
+def _patched_bits(entry: TensorEntry, b: TensorBits, payload: memoryview, models: PatchModels) -> np.ndarray:
+    """A copy of the base tensor with the entry's changes applied."""
+    pos_blob, words, raw = _split_stream(payload[entry.offset:entry.offset + entry.length], entry.name)
+    idx = _decode_positions(entry, b.bits, pos_blob)
     bits = b.bits.copy()
     if entry.value_coding == V.PLANES:
-        bits[idx] = vals
+        _decode_planes(entry, idx, words, models, bits)
     else:
-        V.apply_delta_into(entry.dtype, bits, idx, vals)
+        _decode_deltas(entry, idx, words, raw, models, bits)
     return bits
 
 
@@ -329,7 +303,7 @@ def apply_patch(base: State, patch: bytes, *, verify: bool = True, allow_any_bas
             raise BaseMismatchError(f"base state hash {actual[:16]}... does not match the patch's base "
                                     f"{header.base_state_hash[:16]}...")
     payload = _payload(patch, header, start, verify)
-    models = _Models({(t.coding, t.dtype, t.label): t for t in header.tables})
+    models = PatchModels({(t.coding, t.dtype, t.label): t.counts for t in header.tables})
     out: State = dict(base)
     changed = [e for e in header.tensors if e.changed]
     for entry, bits in zip(changed, _map(lambda e: _patched_bits(e, base[e.name], payload, models), changed)):

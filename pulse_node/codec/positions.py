@@ -9,7 +9,7 @@ class size) both sides know, so no probability table is sent:
 
     P(gap = g) = p (1 - p)^g,  p = changed_in_class / class_size
 
-Gaps are binned (``entropy.gap_bins``); bins go through rANS (``constriction``), the low
+Gaps are binned (``entropy.gap_bins``); bins go through rANS (``codec.rans``), the low
 bits of large gaps are stored raw. A class with no member or every member set costs nothing.
 
 Cost: the largest class (the "background") is never materialised: its ranks are derived
@@ -20,9 +20,9 @@ that already knows the non-background members (``patch.py``) skip even that.
 Stream layout (msgpack array, version 1): ``[1, numel, count, background, labels, counts,
 rans_words, raw_bits]``; ``labels``/``counts`` list the classes holding at least one position
 (non-background labels ascending, then the background), in the order their gaps are coded.
-The geometric tables use only correctly rounded IEEE arithmetic, and ``constriction``'s model
-quantisation is deterministic, so encoder and decoder agree across machines (same
-``constriction`` major version assumed; a mismatch is caught by the patch hashes).
+The geometric tables use only correctly rounded IEEE arithmetic and the rANS model
+quantisation is deterministic (``rans.quantize``), so encoder and decoder agree across
+machines.
 """
 
 from __future__ import annotations
@@ -33,11 +33,12 @@ import msgpack
 import numpy as np
 
 from pulse_node.codec import kernels as K
-from pulse_node.codec.entropy import AnsDecoder, BitReader, BitWriter, ans_encode, gap_bins, gap_unbins, \
-    geometric_freqs, group_by_label, n_gap_bins
+from pulse_node.codec.entropy import MAX_BINS, AnsDecoder, BitWriter, ans_encode, bin_bounds, categorical, \
+    gap_bins, geometric_freqs, group_by_label, n_gap_bins
+from pulse_node.codec.fused import RawBits, decode_ranks
 from pulse_node.errors import PatchError
 
-POSITIONS_VERSION = 2
+POSITIONS_VERSION = 3
 MAX_LABEL = 255
 _SAMPLE_STRIDE = 61
 
@@ -121,14 +122,12 @@ def _encode_class(ranks: np.ndarray, size: int, segments: list, raw: BitWriter) 
     raw.write(extra, nextra)
 
 
-def _decode_class(count: int, size: int, dec: AnsDecoder, raw: BitReader) -> np.ndarray:
+def _decode_class(count: int, size: int, dec: AnsDecoder, raw: RawBits) -> np.ndarray:
     if count == size:
         return np.arange(size, dtype=np.int64)
-    sym = dec.decode(count, geometric_freqs(count, size, n_gap_bins(size - 1)))
-    ranks = np.cumsum(gap_unbins(sym, raw) + 1) - 1
-    if ranks.size and ranks[-1] >= size:
-        raise PatchError("decoded position lies outside its tensor")
-    return ranks
+    low, nextra = bin_bounds(MAX_BINS)
+    model = categorical(geometric_freqs(count, size, n_gap_bins(size - 1)))
+    return decode_ranks(dec, raw, count, model, size, low, nextra)
 
 
 def encode_positions(idx: np.ndarray, numel: int, *, context: np.ndarray | None = None,
@@ -204,7 +203,7 @@ def decode_positions(data: bytes, numel: int, *, context: np.ndarray | None = No
         raise PatchError("position stream was coded with a different class partition")
     universes = classes.universes() if labels != [bg] else {}
     dec = AnsDecoder(words)
-    raw = BitReader(raw_bytes)
+    raw = RawBits(raw_bytes)
     parts = []
     for label, cnt in zip(labels, counts):
         if label == bg:

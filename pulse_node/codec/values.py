@@ -68,8 +68,18 @@ def key_to_bits(dtype: str, key: np.ndarray) -> np.ndarray:
     return key
 
 
-def _kind(dtype: str) -> int:
+def kind_of(dtype: str) -> int:
+    """Element kind of the order-preserving key (``kernels.FLOAT`` / ``SIGNED`` / ``UNSIGNED``)."""
     return K.FLOAT if dtype in FLOAT_LAYOUT else K.SIGNED if dtype in SIGNED_INTS else K.UNSIGNED
+
+
+def label_layout(dtype: str) -> tuple[int, int, int]:
+    """``(kind, shift, mask)``: an element's exponent label is ``(bits >> shift) & mask`` (0 for ints)."""
+    layout = FLOAT_LAYOUT.get(dtype)
+    if layout is None or layout[0] == 64:
+        return kind_of(dtype), 0, 0
+    width, mant = layout
+    return kind_of(dtype), mant, (1 << (width - 1 - mant)) - 1
 
 
 def delta_symbols(dtype: str, old: np.ndarray, new: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -77,7 +87,7 @@ def delta_symbols(dtype: str, old: np.ndarray, new: np.ndarray) -> tuple[np.ndar
     if not K.AVAILABLE:
         return delta_symbols_np(dtype, old, new)
     zm1 = np.empty(old.size, np.int64)
-    K.delta_zig(np.ascontiguousarray(old), np.ascontiguousarray(new), _kind(dtype), width_of(old), zm1)
+    K.delta_zig(np.ascontiguousarray(old), np.ascontiguousarray(new), kind_of(dtype), width_of(old), zm1)
     return gap_bins(zm1)
 
 
@@ -91,17 +101,9 @@ def delta_symbols_np(dtype: str, old: np.ndarray, new: np.ndarray) -> tuple[np.n
     return gap_bins(zig - 1)
 
 
-def apply_delta_into(dtype: str, bits: np.ndarray, idx: np.ndarray, zig_minus_one: np.ndarray) -> None:
-    """In place: ``bits[idx]`` moved by the decoded deltas (``bits`` is the caller's copy)."""
-    if not K.AVAILABLE:
-        bits[idx] = apply_delta(dtype, bits[idx], zig_minus_one)
-        return
-    K.apply_delta(bits, np.ascontiguousarray(idx, dtype=np.int64), np.ascontiguousarray(zig_minus_one, dtype=np.int64),
-                  _kind(dtype), width_of(bits))
-
-
 def apply_delta(dtype: str, old: np.ndarray, zig_minus_one: np.ndarray) -> np.ndarray:
-    """New raw bits from old raw bits and decoded ``zigzag(delta) - 1`` values."""
+    """New raw bits from old raw bits and ``zigzag(delta) - 1`` values (numpy reference of
+    ``fused.decode_deltas_into``)."""
     zig = zig_minus_one + 1
     diff = np.where(zig & 1, -((zig + 1) >> 1), zig >> 1)
     key = ordered_key(dtype, old)

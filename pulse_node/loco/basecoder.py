@@ -20,7 +20,7 @@ if ``w - s`` leaves the BF16 rounding interval of ``w``; so, at a fired entry:
 
 Models are semi-static: the encoder counts symbols and sends every table as log2-quantized
 counts (one byte per cell, ``FREQ`` maps them back to integer frequencies), so both sides
-build identical ``constriction`` models. The value stream (``VALUES_FORMAT``)::
+build identical rANS models (``codec.rans``). The value stream (``VALUES_FORMAT``)::
 
     msgpack [VALUES_FORMAT, delta, threshold, toward_table(16 B), length_table(zstd), rans, raw]
 
@@ -52,7 +52,7 @@ from pulse_node.codec.entropy import AnsDecoder, BitReader, BitWriter, ans_encod
 from pulse_node.errors import PatchError
 from pulse_node.loco.positions import bounded_decompress
 
-VALUES_FORMAT = 1
+VALUES_FORMAT = 2
 MAXQ = 40
 """Excess bit lengths 0..MAXQ are coded; ``ESC`` marks a value sent raw."""
 ESC = MAXQ + 1
