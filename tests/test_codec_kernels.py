@@ -135,3 +135,18 @@ def test_whole_codec_is_identical_without_numba(monkeypatch):
     monkeypatch.setattr(K, "AVAILABLE", False)
     assert make_patch(base, new) == compiled
     assert np.array_equal(apply_patch(base, compiled)["w"].bits, moved)
+
+
+@SETTINGS
+@given(st.sampled_from([np.uint8, np.uint16, np.uint32, np.uint64]), st.integers(0, 2**31), st.integers(1, 300))
+def test_fused_planes_match_numpy(np_dtype, seed, n):
+    rng = np.random.default_rng(seed)
+    new = rng.integers(0, np.iinfo(np_dtype).max, n, dtype=np_dtype, endpoint=True)
+    planes = V.plane_symbols(new)
+    models = [rans.model(np.bincount(p, minlength=256).astype(float), leaky=False) for p in planes]
+    dec = rans.Decoder(rans.encode(list(zip(planes, models))))
+    bits = np.zeros(2 * n, np_dtype)
+    idx = np.arange(0, 2 * n, 2)
+    F.decode_planes_into(dec, rans.stack(models), idx, bits)
+    assert np.array_equal(bits[idx], V.planes_to_bits(planes, np.dtype(np_dtype))) and dec.is_empty()
+    assert not bits[1::2].any()

@@ -53,7 +53,7 @@ def test_python_encoder_writes_the_same_stream():
     syms = _symbols([50, 30, 15, 4, 1], 3000, rng).astype(np.int64)
     rows = np.zeros(syms.size, np.int64)
     freq, cum, n = m.freq[None], m.cum[None], np.array([m.n])
-    out_c, out_p = np.empty(syms.size + 2, np.uint32), np.empty(syms.size + 2, np.uint32)
+    out_c, out_p = np.empty(syms.size + 4, np.uint32), np.empty(syms.size + 4, np.uint32)
     k = rans.encode_kernel(syms, rows, freq, cum, n, out_c)
     assert rans._encode(syms, rows, freq, cum, n, out_p) == k
     assert np.array_equal(out_c[:k], out_p[:k])
@@ -87,7 +87,7 @@ def test_hostile_streams_raise_typed_errors():
     with pytest.raises(PatchError, match="initial state"):
         rans.Decoder(b"\x00" * 8 + good[8:])
     with pytest.raises(PatchError, match="truncated"):
-        rans.Decoder(good[:12]).decode(600, m)
+        rans.Decoder(good[:24]).decode(600, m)
     dec = rans.Decoder(good)
     dec.decode(599, m)
     assert not dec.is_empty()  # one symbol left: trailing data is detectable

@@ -5,11 +5,12 @@ scatter back to element order, bins to values, ulp deltas into the copy), each w
 temporaries and Python overhead per model. Here each stream is decoded by one compiled loop:
 
 - ``decode_ranks``: gap symbols plus their raw extra bits -> sorted ranks (a position class).
+- ``decode_planes_into``: the byte planes of overwrite coding, combined and scattered.
 - ``decode_deltas_into``: per changed element, the base exponent picks the value model, the
   symbol plus raw bits give ``zigzag(delta) - 1``, and the element moves by that many keys in
   the caller's copy of the tensor, all in position order.
 
-Raw bit fields are read with one unaligned 64-bit load from a buffer padded by 8 bytes.
+Raw bit fields are read from a pair of aligned 32-bit words (the stream padded by two words).
 Kernels return a negative status (``TRUNCATED``, ``BAD_SYMBOL``, ``OUT_OF_RANGE``) instead of
 raising; the wrappers turn it into a ``PatchError``.
 """
@@ -23,86 +24,108 @@ from pulse_node.codec import rans
 from pulse_node.errors import PatchError
 
 TRUNCATED, BAD_SYMBOL, OUT_OF_RANGE = K.TRUNCATED, K.BAD_SYMBOL, -3
-_PAD = 8
 
 
 def _load(buf, pos, w):
-    """The ``w``-bit (<= 56) LSB-first field at bit ``pos`` (one unaligned 64-bit load)."""
-    i = pos >> 3
-    word = np.uint64(0)
-    for b in range(8):
-        word |= np.uint64(buf[i + b]) << np.uint64(8 * b)
-    return np.int64((word >> np.uint64(pos & 7)) & ((np.uint64(1) << np.uint64(w)) - np.uint64(1)))
+    """The ``w``-bit (<= 32) LSB-first field at bit ``pos`` of little-endian uint32 words."""
+    i = pos >> 5
+    pair = (np.uint64(buf[i + 1]) << np.uint64(32)) | np.uint64(buf[i])
+    return np.int64((pair >> np.uint64(pos & 31)) & ((np.uint64(1) << np.uint64(w)) - np.uint64(1)))
 
 
 def _peek(buf, pos, w):
-    """The ``w``-bit (<= 62) field at bit ``pos`` of a buffer padded by 8 bytes."""
-    if w == 0:
-        return np.int64(0)
-    if w > 56:
+    """The ``w``-bit (<= 62) field at bit ``pos`` of a word buffer padded by two words."""
+    if w > 32:
         return load(buf, pos, 32) | (load(buf, pos + 32, w - 32) << np.int64(32))
     return load(buf, pos, w)
 
 
-def _ranks(words, p, x, count, slots, freq, cum, raw, rpos, rbits, low, nextra, size, out):
-    """``count`` gap symbols + extra bits -> ranks in ``[0, size)``; ``(p, x, rpos)`` or a status in p."""
+def _ranks(words, p, x0, x1, t, count, slots, freq, cum, raw, rpos, rbits, low, nextra, size, out):
+    """``count`` gap symbols + extra bits -> ranks in ``[0, size)``; ``(p, x0, x1, rpos)``, a status in p."""
     r = np.int64(-1)
+    xa, xb = (x1, x0) if t else (x0, x1)
     for i in range(count):
-        s, p, x = step(words, p, x, slots, freq, cum)
+        s, p, xa = step(words, p, xa, slots, freq, cum)
         if p < 0:
-            return p, x, rpos
+            return p, x0, x1, rpos
         if s >= low.size:
-            return BAD_SYMBOL, x, rpos
+            return BAD_SYMBOL, x0, x1, rpos
         w = nextra[s]
         if rpos + w > rbits:
-            return TRUNCATED, x, rpos
+            return TRUNCATED, x0, x1, rpos
         r += low[s] + peek(raw, rpos, w) + 1
         rpos += w
         if r >= size:
-            return OUT_OF_RANGE, x, rpos
+            return OUT_OF_RANGE, x0, x1, rpos
         out[i] = r
-    return p, x, rpos
+        xa, xb = xb, xa
+    p, x0, x1 = unswap(t, count, xa, xb, p)
+    return p, x0, x1, rpos
 
 
-def _deltas(words, p, x, label_row, slots, freq, cum, raw, rpos, rbits, low, nextra, idx, bits,
+def _deltas(words, p, x0, x1, t, label_row, slots, freq, cum, raw, rpos, rbits, low, nextra, idx, bits,
             kind, width, mant, emask):
     """Move ``bits[idx[i]]`` by its decoded key delta, the model picked by the base exponent."""
     mask = (np.int64(1) << width) - 1
     sign = np.int64(1) << (width - 1)
+    xa, xb = (x1, x0) if t else (x0, x1)
     for i in range(idx.size):
         j = idx[i]
         b = np.int64(bits[j])
         m = label_row[(b >> mant) & emask]
         if m < 0:
-            return BAD_SYMBOL, x, rpos
-        s, p, x = step_row(words, p, x, m, slots, freq, cum)
+            return BAD_SYMBOL, x0, x1, rpos
+        s, p, xa = step_row(words, p, xa, m, slots, freq, cum)
         if p < 0:
-            return p, x, rpos
+            return p, x0, x1, rpos
         if s >= low.size:
-            return BAD_SYMBOL, x, rpos
+            return BAD_SYMBOL, x0, x1, rpos
         w = nextra[s]
         if rpos + w > rbits:
-            return TRUNCATED, x, rpos
+            return TRUNCATED, x0, x1, rpos
         zig = low[s] + peek(raw, rpos, w) + 1
         rpos += w
-        d = -((zig + 1) >> 1) if zig & 1 else zig >> 1
+        d = (zig >> 1) ^ -(zig & 1)  # un-zigzag, branch-free
         bits[j] = unkey((key(b, kind, sign, mask) + d) & mask, kind, sign, mask)
-    return p, x, rpos
+        xa, xb = xb, xa
+    p, x0, x1 = unswap(t, idx.size, xa, xb, p)
+    return p, x0, x1, rpos
+
+
+def _planes(words, p, x0, x1, t, slots, freq, cum, n_planes, idx, bits):
+    """Overwrite coding: byte plane ``j`` of every element with model row ``j``, then scatter."""
+    n = idx.size
+    acc = np.zeros(n, np.uint64)
+    xa, xb = (x1, x0) if t else (x0, x1)
+    for j in range(n_planes):
+        shift = np.uint64(8 * j)
+        for i in range(n):
+            s, p, xa = step_row(words, p, xa, j, slots, freq, cum)
+            if p < 0:
+                return p, x0, x1
+            acc[i] |= np.uint64(s) << shift
+            xa, xb = xb, xa
+    for i in range(n):
+        bits[idx[i]] = acc[i]
+    return unswap(t, n * n_planes, xa, xb, p)
 
 
 load = K.jit_or_python(_load, inline=True)
 peek = K.jit_or_python(_peek, inline=True)
-step, step_row, key, unkey = rans.step, rans.step_row, K.key, K.unkey
+step, step_row, unswap, key, unkey = rans.step, rans.step_row, rans.unswap, K.key, K.unkey
 ranks_kernel = K.jit_or_python(_ranks)
 deltas_kernel = K.jit_or_python(_deltas)
+planes_kernel = K.jit_or_python(_planes)
 
 
 class RawBits:
-    """A raw bit stream (``entropy.BitWriter`` layout) read by the fused kernels."""
+    """A raw bit stream (``entropy.BitWriter`` layout) as little-endian uint32 words plus two
+    zero words of padding, read by the fused kernels."""
 
     def __init__(self, data: bytes) -> None:
-        self.buf = np.zeros(len(data) + _PAD, np.uint8)
-        self.buf[:len(data)] = np.frombuffer(data, np.uint8)
+        padded = np.zeros(4 * (len(data) // 4 + 3), np.uint8)
+        padded[:len(data)] = np.frombuffer(data, np.uint8)
+        self.buf = padded.view("<u4")
         self.nbits = 8 * len(data)
         self.pos = 0
 
@@ -123,11 +146,11 @@ def decode_ranks(dec: rans.Decoder, raw: RawBits, count: int, model: rans.Model,
                  low: np.ndarray, nextra: np.ndarray) -> np.ndarray:
     """``count`` sorted ranks in ``[0, size)`` coded as binned gaps (``positions``)."""
     out = np.empty(count, np.int64)
-    p, x = dec.cursor
-    p, x, rpos = ranks_kernel(dec.words, p, x, count, model.slots, model.freq, model.cum, raw.buf, raw.pos,
-                              raw.nbits, low, nextra, size, out)
+    p, x0, x1 = dec.cursor
+    p, x0, x1, rpos = ranks_kernel(dec.words, p, x0, x1, dec.parity, count, model.slots, model.freq, model.cum,
+                                   raw.buf, raw.pos, raw.nbits, low, nextra, size, out)
     _check(int(p), "position stream")
-    dec.advance(p, x)
+    dec.advance(count, p, x0, x1)
     raw.pos = int(rpos)
     return out
 
@@ -136,10 +159,22 @@ def decode_deltas_into(dec: rans.Decoder, raw: RawBits, label_row: np.ndarray, m
                        idx: np.ndarray, bits: np.ndarray, kind: int, mant: int, emask: int,
                        low: np.ndarray, nextra: np.ndarray) -> None:
     """Apply the value stream to ``bits`` (the caller's copy) at the sorted unique ``idx``."""
-    p, x = dec.cursor
-    p, x, rpos = deltas_kernel(dec.words, p, x, label_row, models.slots, models.freq, models.cum, raw.buf,
-                               raw.pos, raw.nbits, low, nextra, idx, bits, kind, 8 * bits.itemsize, mant, emask)
+    p, x0, x1 = dec.cursor
+    p, x0, x1, rpos = deltas_kernel(dec.words, p, x0, x1, dec.parity, label_row, models.slots, models.freq,
+                                    models.cum, raw.buf, raw.pos, raw.nbits, low, nextra, idx, bits, kind,
+                                    8 * bits.itemsize, mant, emask)
     _check(int(p), "value stream")
-    dec.advance(p, x)
+    dec.advance(idx.size, p, x0, x1)
     raw.pos = int(rpos)
 
+
+
+def decode_planes_into(dec: rans.Decoder, models: rans.ModelStack, idx: np.ndarray, bits: np.ndarray) -> None:
+    """Write the new bits of the overwrite coding (one model per byte plane) at ``idx``."""
+    if models.n.size != bits.itemsize:
+        raise PatchError(f"value stream needs {bits.itemsize} plane models, patch has {models.n.size}")
+    p, x0, x1 = dec.cursor
+    p, x0, x1 = planes_kernel(dec.words, p, x0, x1, dec.parity, models.slots, models.freq, models.cum,
+                              bits.itemsize, idx, bits)
+    _check(int(p), "value stream")
+    dec.advance(idx.size * bits.itemsize, p, x0, x1)

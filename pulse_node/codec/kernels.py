@@ -112,16 +112,18 @@ def _label_order(labels, order, counts):
 
 
 def _key(b, kind, sign, mask):
-    if kind == 0:
-        return (~b) & mask if b & sign else b | sign
+    """Order-preserving key of raw bits ``b`` (branch-free: weight signs are random)."""
+    if kind == 0:  # negative: all bits flipped; positive: sign bit set
+        return b ^ (sign | (-((b & sign) != 0) & mask))
     if kind == 1:
         return b ^ sign
     return b
 
 
 def _unkey(k, kind, sign, mask):
+    """Inverse of ``_key`` (branch-free)."""
     if kind == 0:
-        return k ^ sign if k & sign else (~k) & mask
+        return k ^ (sign | (-((k & sign) == 0) & mask))
     if kind == 1:
         return k ^ sign
     return k
@@ -231,7 +233,7 @@ def _warm_codec_round_trips() -> None:
     from pulse_node.codec.state import TensorBits
 
     rng = np.random.default_rng(0)
-    for dtype, np_dtype in (("BF16", np.uint16), ("F32", np.uint32), ("I8", np.uint8)):
+    for dtype, np_dtype in (("BF16", np.uint16), ("F32", np.uint32), ("I8", np.uint8), ("I64", np.uint64)):
         old = rng.integers(0, 1 << 7, 4096).astype(np_dtype)
         new = old.copy()
         new[::7] += np_dtype(1)

@@ -61,6 +61,16 @@ class PatchModels:
             self._models[key] = rans.model(table, leaky=False)
         return self._models[key]
 
+    def plane_stack(self, dtype: str, name: str) -> rans.ModelStack:
+        """The byte-plane models of ``dtype``, row ``j`` = plane ``j`` (least significant first)."""
+        with self._lock:
+            key = f"planes:{dtype}"
+            if key not in self._stacks:
+                planes = range(DTYPES[dtype].itemsize)
+                self._stacks[key] = (np.arange(len(planes)),
+                                     rans.stack([self._model((V.PLANES, dtype, j), name) for j in planes]))
+            return self._stacks[key][1]
+
     def delta_stack(self, dtype: str, name: str) -> tuple[np.ndarray, rans.ModelStack]:
         """``(label_row, stack)``: row of each exponent label's model (-1: none) and the models."""
         with self._lock:

@@ -38,7 +38,7 @@ import numpy as np
 from pulse_node.codec import values as V
 from pulse_node.codec.context import position_classes, choose_threshold, supports_context
 from pulse_node.codec.entropy import MAX_BINS, AnsDecoder, BitWriter, ans_encode, bin_bounds
-from pulse_node.codec.fused import RawBits, decode_deltas_into
+from pulse_node.codec.fused import RawBits, decode_deltas_into, decode_planes_into
 from pulse_node.codec.models import Key, PatchModels, delta_counts
 from pulse_node.codec.header import (FORMAT_VERSION, MODES, Mode, PatchHeader, TensorEntry, ValueTable,
                                      pack_header, unpack_header)
@@ -230,11 +230,9 @@ def _decode_positions(entry: TensorEntry, base_bits: np.ndarray, pos_blob: bytes
 def _decode_planes(entry: TensorEntry, idx: np.ndarray, words: bytes, models: PatchModels,
                    bits: np.ndarray) -> None:
     dec = AnsDecoder(words)
-    planes = [dec.decode(idx.size, models.model((V.PLANES, entry.dtype, j), entry.name))
-              for j in range(bits.itemsize)]
+    decode_planes_into(dec, models.plane_stack(entry.dtype, entry.name), idx, bits)
     if not dec.is_empty():
         raise PatchError(f"tensor {entry.name!r}: value stream has trailing data")
-    bits[idx] = V.planes_to_bits(planes, bits.dtype)
 
 
 def _decode_deltas(entry: TensorEntry, idx: np.ndarray, words: bytes, raw_bytes: bytes, models: PatchModels,

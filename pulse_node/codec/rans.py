@@ -5,8 +5,10 @@ A stack coder after Duda's rANS in the 64-bit-state / 32-bit-word form: state ``
 ``2**PREC``. Symbols are encoded in reverse and decoded forward; a decoder finishes with the
 encoder's initial state and no words left, which is how trailing or missing data is caught.
 
-Stream: little-endian uint32 words ``[x >> 32, x & 0xffffffff, w_k, ..., w_1]`` (the final
-state, then the renormalisation words in the order the decoder needs them).
+Two states take turns (symbol ``i`` uses state ``i % 2``), so a decoder runs two independent
+dependency chains and the CPU overlaps them. Stream: little-endian uint32 words
+``[x0 >> 32, x0 & 0xffffffff, x1 >> 32, x1 & 0xffffffff, w_k, ..., w_1]`` (the final states,
+then the renormalisation words in the order the decoder needs them).
 
 Models are built deterministically from float or integer frequencies (``quantize``: one
 correctly rounded scaling, then integer fix-ups), so every machine derives the same model
@@ -118,8 +120,12 @@ def model(freqs: np.ndarray, *, leaky: bool = True) -> Model:
 
 
 def _encode(syms, rows, freq, cum, n_sym, out):
-    """Encode ``syms[i]`` with model ``rows[i]``, last symbol first; words written or BAD_SYMBOL."""
-    x = _LOW
+    """Encode ``syms[i]`` with model ``rows[i]`` and state ``i % 2``, last symbol first.
+
+    Returns the number of words written, or BAD_SYMBOL. Both states share one word stack,
+    which works because the decoder undoes the operations in exactly the reverse order.
+    """
+    xs = np.full(2, _LOW, np.uint64)
     k = 0
     for i in range(syms.size - 1, -1, -1):
         m = rows[i]
@@ -129,52 +135,71 @@ def _encode(syms, rows, freq, cum, n_sym, out):
         f = freq[m, sym]
         if f == 0:
             return BAD_SYMBOL
+        x = xs[i & 1]
         if x >= _XMAX_UNIT * f:
             out[k] = np.uint32(x & _U64(0xFFFFFFFF))
             k += 1
             x >>= _U64(32)
-        x = ((x // f) << _U64(PREC)) + (x % f) + cum[m, sym]
-    out[k] = np.uint32(x & _U64(0xFFFFFFFF))
-    out[k + 1] = np.uint32(x >> _U64(32))
-    return k + 2
+        xs[i & 1] = ((x // f) << _U64(PREC)) + (x % f) + cum[m, sym]
+    for j in (1, 0):  # the decoder reads state 0 first
+        out[k] = np.uint32(xs[j] & _U64(0xFFFFFFFF))
+        out[k + 1] = np.uint32(xs[j] >> _U64(32))
+        k += 2
+    return k
+
+
+def _renorm(words, p, x):
+    """Pull the next word into a state below ``L`` (a rarely taken, well predicted branch:
+    a branch-free select measured slower, it lengthens the state's dependency chain).
+
+    ``words`` ends with one sentinel word that is not part of the stream (see ``Decoder``);
+    reading past the last real word means the stream is truncated.
+    """
+    if x < _LOW:
+        if p >= words.size - 1 or p < 0:
+            return TRUNCATED, x
+        x = (x << _U64(32)) | _U64(words[p])
+        p += 1
+    return p, x
 
 
 def _step(words, p, x, slots, freq, cum):
     """One decoded symbol: ``(symbol, p, x)``; ``p`` is TRUNCATED when words ran out."""
     slot = x & _MASK
     s = slots[slot]
-    x = freq[s] * (x >> _U64(PREC)) + slot - cum[s]
-    if x < _LOW:
-        if p >= words.size or p < 0:
-            return s, TRUNCATED, x
-        x = (x << _U64(32)) | _U64(words[p])
-        p += 1
+    p, x = renorm(words, p, freq[s] * (x >> _U64(PREC)) + slot - cum[s])
     return s, p, x
 
 
-def _decode(words, p, x, count, slots, freq, cum, out):
-    """Decode ``count`` symbols from word ``p`` and state ``x``; ``(p, x)`` or ``(status, x)``."""
+def _decode(words, p, x0, x1, t, count, slots, freq, cum, out):
+    """Decode ``count`` symbols; the next one uses state ``t``. ``(p, x0, x1)``, a status in ``p``."""
+    xa, xb = (x1, x0) if t else (x0, x1)
     for i in range(count):
-        s, p, x = step(words, p, x, slots, freq, cum)
+        s, p, xa = step(words, p, xa, slots, freq, cum)
         if p < 0:
-            return p, x
+            return p, x0, x1
         out[i] = s
-    return p, x
+        xa, xb = xb, xa
+    return unswap(t, count, xa, xb, p)
+
+
+def _unswap(t, count, xa, xb, p):
+    """``(p, x0, x1)`` from the loop's (next, other) states after ``count`` symbols from parity ``t``."""
+    if (t + count) & 1:
+        return p, xb, xa
+    return p, xa, xb
 
 
 def _step_row(words, p, x, m, slots, freq, cum):
     """``step`` with model row ``m`` of stacked tables (no per-symbol array views)."""
     slot = x & _MASK
     s = slots[m, slot]
-    x = freq[m, s] * (x >> _U64(PREC)) + slot - cum[m, s]
-    if x < _LOW:
-        if p >= words.size or p < 0:
-            return s, TRUNCATED, x
-        x = (x << _U64(32)) | _U64(words[p])
-        p += 1
+    p, x = renorm(words, p, freq[m, s] * (x >> _U64(PREC)) + slot - cum[m, s])
     return s, p, x
 
 
+renorm = K.jit_or_python(_renorm, inline=True)
+unswap = K.jit_or_python(_unswap, inline=True)
 step = K.jit_or_python(_step, inline=True)
 step_row = K.jit_or_python(_step_row, inline=True)
 encode_kernel = K.jit_or_python(_encode)
@@ -211,7 +236,7 @@ def encode_rows(syms: np.ndarray, rows: np.ndarray, models: ModelStack) -> bytes
 
 
 def _encode_rows(syms: np.ndarray, rows: np.ndarray, freq: np.ndarray, cum: np.ndarray, n: np.ndarray) -> bytes:
-    out = np.empty(syms.size + 2, np.uint32)
+    out = np.empty(syms.size + 4, np.uint32)
     k = encode_kernel(syms, rows, freq, cum, n, out)
     if k < 0:
         raise PatchError("symbol outside its model (encoder bug or corrupt input)")
@@ -237,47 +262,55 @@ def encode(segments: list[tuple[np.ndarray, Model]]) -> bytes:
 
 
 class Decoder:
-    """Decodes the segments of one ``encode`` stream in order."""
+    """Decodes the segments of one ``encode`` stream in order (two interleaved states)."""
 
     def __init__(self, data: bytes) -> None:
         if len(data) % 4:
             raise PatchError("entropy-coded stream has a partial word")
-        self._words = np.frombuffer(data, dtype="<u4").astype(np.uint32)
-        if self._words.size == 0:
-            self._p, self._x = 0, _LOW
-        elif self._words.size < 2:
+        self._words = np.zeros(len(data) // 4 + 1, np.uint32)  # + the sentinel word (``_renorm``)
+        self._words[:-1] = np.frombuffer(data, dtype="<u4")
+        self._t = 0
+        if self._words.size == 1:
+            self._p, self._x0, self._x1 = 0, _LOW, _LOW
+            return
+        if self._words.size < 5:
             raise PatchError("entropy-coded stream is truncated")
-        else:
-            self._p, self._x = 2, (_U64(self._words[0]) << _U64(32)) | _U64(self._words[1])
-            if self._x < _LOW:
-                raise PatchError("corrupt entropy-coded stream (bad initial state)")
+        w = self._words[:4].astype(np.uint64)
+        self._p, self._x0, self._x1 = 4, (w[0] << _U64(32)) | w[1], (w[2] << _U64(32)) | w[3]
+        if self._x0 < _LOW or self._x1 < _LOW:
+            raise PatchError("corrupt entropy-coded stream (bad initial state)")
 
     def decode(self, count: int, m: Model) -> np.ndarray:
         """The next ``count`` symbols (int64), coded with model ``m``."""
         out = np.empty(count, np.int64)
         if count == 0:
             return out
-        p, x = decode_kernel(self._words, self._p, self._x, count, m.slots, m.freq, m.cum, out)
-        if p < 0:
-            raise PatchError("entropy-coded stream is truncated")
-        self._p, self._x = p, _U64(x)
+        p, x0, x1 = self.cursor
+        self.advance(count, *decode_kernel(self._words, p, x0, x1, self._t, count, m.slots, m.freq, m.cum, out))
         return out
 
     @property
     def words(self) -> np.ndarray:
+        """The stream's words plus one trailing sentinel (see ``_renorm``)."""
         return self._words
 
     @property
-    def cursor(self) -> tuple[int, np.uint64]:
-        """Word position and state, for kernels that decode in place (see ``advance``)."""
-        return self._p, self._x
+    def parity(self) -> int:
+        """Which state decodes the next symbol."""
+        return self._t
 
-    def advance(self, p: int, x: object) -> None:
-        """Take the cursor a kernel returned (a negative ``p`` means the words ran out)."""
+    @property
+    def cursor(self) -> tuple[int, np.uint64, np.uint64]:
+        """Word position and both states, for kernels that decode in place (see ``advance``)."""
+        return self._p, self._x0, self._x1
+
+    def advance(self, count: int, p: int, x0: object, x1: object) -> None:
+        """Take the cursor a kernel returned after ``count`` symbols (negative ``p``: words ran out)."""
         if p < 0:
             raise PatchError("entropy-coded stream is truncated")
-        self._p, self._x = int(p), _U64(x)
+        self._p, self._x0, self._x1 = int(p), _U64(x0), _U64(x1)
+        self._t = (self._t + count) & 1
 
     def is_empty(self) -> bool:
-        """True when every word was used and the state is back at its start (no trailing data)."""
-        return self._p == self._words.size and self._x == _LOW
+        """True when every word was used and both states are back at the start (no trailing data)."""
+        return self._p == self._words.size - 1 and self._x0 == _LOW and self._x1 == _LOW
