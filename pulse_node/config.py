@@ -75,6 +75,10 @@ class ChainConfig(StrictModel):
         "empty = accept any peer that announces the trainer role (local swarms only)",
     )
     min_signers: int = Field(1, ge=1, description="distinct trusted trainers that must sign a version")
+    catchup_min_gap: int = Field(4, ge=0, description="this many versions behind, ask peers for one catch-up "
+                                 "patch instead of the patches (0 = never)")
+    catchup_wait_s: float = Field(30.0, ge=0, description="how long to wait for a peer that is still making "
+                                  "our catch-up patch before fetching the patches one by one")
 
 
 class NodeConfig(StrictModel):

@@ -34,7 +34,8 @@ class InferenceRole:
         cfg = self.cfg
         self.rng = random.Random(f"{cfg.seed}:{ctx.transport.peer_id}")
         self.trust = TrustPolicy(trusted=cfg.chain.trusted_trainers, min_signers=cfg.chain.min_signers)
-        self.sync = VersionSync(ctx.store, ctx.transport, self.trust, net=cfg.net)
+        self.sync = VersionSync(ctx.store, ctx.transport, self.trust, net=cfg.net,
+                                catchup_min_gap=cfg.chain.catchup_min_gap, catchup_wait_s=cfg.chain.catchup_wait_s)
         # weights come from the swarm: only the architecture and tokenizer are needed here
         self.policy = build_policy(cfg.model, cfg.task, seed=cfg.seed, grpo_cfg=GRPOConfig(warmstart_steps=0))
         self.worker = RolloutWorker(self.policy, cfg.sampling)
