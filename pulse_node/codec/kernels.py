@@ -21,6 +21,34 @@ except ImportError:  # pragma: no cover - exercised only on platforms without nu
     njit = None
 
 AVAILABLE = njit is not None
+#: modules whose compiled kernels inline each other (numba's on-disk cache only notices edits
+#: of a kernel's own file, so a change to an inlined helper elsewhere must clear them all)
+_KERNEL_MODULES = ("kernels", "rans", "fused", "entropy")
+
+
+def _clear_stale_cache() -> None:
+    """Drop this package's cached kernels when any kernel module's source changed."""
+    import hashlib
+    from pathlib import Path
+
+    here = Path(__file__).parent
+    cache = here / "__pycache__"
+    try:
+        digest = hashlib.sha256(b"".join((here / f"{m}.py").read_bytes() for m in _KERNEL_MODULES)).hexdigest()
+        stamp = cache / "kernels.sources"
+        if stamp.is_file() and stamp.read_text() == digest:
+            return
+        cache.mkdir(exist_ok=True)
+        for m in _KERNEL_MODULES:
+            for f in [*cache.glob(f"{m}.*.nbi"), *cache.glob(f"{m}.*.nbc")]:
+                f.unlink(missing_ok=True)
+        stamp.write_text(digest)
+    except OSError:  # read-only install: numba then caches elsewhere (keyed by the installed files)
+        pass
+
+
+if AVAILABLE:
+    _clear_stale_cache()
 FLOAT, SIGNED, UNSIGNED = 0, 1, 2
 #: kernel status codes
 TRUNCATED, BAD_SYMBOL = -1, -2
