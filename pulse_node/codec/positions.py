@@ -94,6 +94,8 @@ class Classes:
 
     def background_positions(self, ranks: np.ndarray) -> np.ndarray:
         """Flat indices of the background elements with the given sorted ranks."""
+        if not self.members.size:  # the background is the whole tensor
+            return ranks
         if K.AVAILABLE:
             out = np.empty(ranks.size, np.int64)
             K.background_positions(ranks, self.members, out)
