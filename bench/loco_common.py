@@ -115,9 +115,11 @@ def codec_report(tally: dict[str, float]) -> dict[str, float]:
 
 
 def run_loco(*, rounds: int, inner_steps: int, make_trainer: Callable[[int], InnerTrainer], evaluate: Evaluate,
-             numel: int, gate: str, fp16: bool = False, tally: bool = False, seed: int = 0) -> Curve:
-    """DiLoCo (gate "none", dense), its FP16 variant, or PULSELoCo (gate "bf16") for ``rounds``."""
-    cfg = LocoConfig(inner_steps=inner_steps, gate=gate)
+             numel: int, gate: str, fp16: bool = False, tally: bool = False, seed: int = 0,
+             gate_scale: float = 1.0) -> Curve:
+    """DiLoCo (gate "none", dense), its FP16 variant, or PULSELoCo (gate "bf16", gate scale
+    ``gate_scale``) for ``rounds``."""
+    cfg = LocoConfig(inner_steps=inner_steps, gate=gate, gate_scale=gate_scale)
     curve = Curve()
 
     def on_round(rec, replicas):

@@ -34,6 +34,7 @@ import torch
 from loco_common import (N_TRAINERS, CodecTally, Curve, codec_report, print_table, ratio, ratio_to_target, rss_run,
                          run_loco, summarize, sweep)
 from pulse_node.configload import load_config
+from pulse_node.loco.config import LocoConfig
 from pulse_node.rl.batch import bf16_params, pack, token_logprobs
 from pulse_node.rl.config import SoloConfig
 from pulse_node.rl.evaluate import evaluate
@@ -175,17 +176,36 @@ def run_ddp(work: RLWorkload, seed: int) -> Curve:
     return curve
 
 
-def rl_methods(work: RLWorkload) -> dict[str, Callable[[int], Curve]]:
+def gate_scales(spec: str) -> dict[str, float]:
+    """``--gate-scales`` -> {method label: gate scale}. Items are numbers or ``outer`` (= outer lr x
+    (1 + momentum), the outer step's long-run gain) or ``outer/n`` (that over the 4 trainers: the
+    gain of an entry only one trainer sends). Scale 1 keeps the label ``pulseloco``."""
+    cfg = LocoConfig()
+    named = {"outer": cfg.outer_lr * (1 + cfg.outer_momentum)}
+    named["outer/n"] = named["outer"] / N_TRAINERS
+    out: dict[str, float] = {}
+    for item in (x.strip() for x in spec.split(",") if x.strip()):
+        c = named[item] if item in named else float(item)
+        out["pulseloco" if c == 1.0 else f"pulseloco_c{c:.4g}"] = c
+    return out
+
+
+def rl_methods(work: RLWorkload, scales: dict[str, float] | None = None) -> dict[str, Callable[[int], Curve]]:
     s = work.setup
 
     def loco(seed: int, **kw) -> Curve:
         return run_loco(rounds=s.rounds, inner_steps=s.inner_steps, evaluate=evaluator(work), seed=seed,
                         make_trainer=lambda r: GRPOTrainer(work, seed=seed, rank=r), numel=numel_of(work), **kw)
 
-    return {"ddp": lambda seed: run_ddp(work, seed),
-            "diloco": lambda seed: loco(seed, gate="none"),
-            "diloco_fp16": lambda seed: loco(seed, gate="none", fp16=True),
-            "pulseloco": lambda seed: loco(seed, gate="bf16", tally=True)}
+    out = {"ddp": lambda seed: run_ddp(work, seed),
+           "diloco": lambda seed: loco(seed, gate="none"),
+           "diloco_fp16": lambda seed: loco(seed, gate="none", fp16=True),
+           "pulseloco": lambda seed: loco(seed, gate="bf16", tally=True)}
+    if scales:
+        del out["pulseloco"]
+        for label, c in scales.items():
+            out[label] = lambda seed, c=c: loco(seed, gate="bf16", tally=True, gate_scale=c)
+    return out
 
 
 def bf16_change(work: RLWorkload, steps: int = 20) -> tuple[float, float]:
@@ -218,7 +238,9 @@ def phase_lr(args, lr: float, seeds: list[int], rounds: int) -> dict:
           f"plain GRPO changes {step_rate:.4f} of BF16 weights per step, {window_rate:.4f} over "
           f"{work.setup.inner_steps} steps", flush=True)
     CodecTally.tally = {}
-    methods = {m: run for m, run in rl_methods(work).items() if m in args.methods.split(",")}
+    scales = gate_scales(args.gate_scales) if args.gate_scales else {}
+    wanted = args.methods.split(",") + (list(scales) if "pulseloco" in args.methods.split(",") else [])
+    methods = {m: run for m, run in rl_methods(work, scales).items() if m in wanted}
     curves = sweep(methods, seeds, "exp.reward")
     if args.curves:
         with open(f"{args.curves}.lr{lr:g}.json", "w") as fh:
@@ -226,7 +248,26 @@ def phase_lr(args, lr: float, seeds: list[int], rounds: int) -> dict:
     s = summarize(curves, higher_better=True)
     print_table(f"RL GRPO, lr {lr:g}", s, "exp.reward")
     per_entry = codec_report(CodecTally.tally)
-    p, d = s["pulseloco"], s["diloco"]
+    head = "pulseloco" if "pulseloco" in s else next(iter(scales))
+    p, d = s[head], s["diloco"]
+    by_scale = {}
+    for label, c in scales.items():
+        r = s[label]
+        by_scale[label] = {
+            "gate_scale": c, "bytes_per_outer_step": r["bytes_per_outer_step"],
+            "bytes_ratio_vs_diloco": ratio(s, "diloco", label), "fired_fraction": r["density"],
+            "metric_mean": r["metric_mean"], "metric_std": r["metric_std"], "acc_mean": r["acc_mean"],
+            "share_of_diloco_gain": (r["metric_mean"] - base_metric) / (d["metric_mean"] - base_metric),
+            "within_one_std": abs(r["metric_mean"] - d["metric_mean"]) <= d["metric_std"]}
+    if scales:
+        print(f"\n## gate scale sweep, lr {lr:g} (base {base_metric:.5f}, DiLoCo {d['metric_mean']:.5f} "
+              f"± {d['metric_std']:.5f})")
+        print(f"{'method':<20} {'c':>6} {'B/outer step':>13} {'vs DiLoCo':>9} {'fired':>7} {'exp.reward':>10} "
+              f"{'std':>8} {'gain share':>10}")
+        for label, r in by_scale.items():
+            print(f"{label:<20} {r['gate_scale']:>6.3f} {r['bytes_per_outer_step']:>13.0f} "
+                  f"{r['bytes_ratio_vs_diloco']:>8.1f}x {r['fired_fraction']:>7.4f} {r['metric_mean']:>10.5f} "
+                  f"{r['metric_std']:>8.5f} {r['share_of_diloco_gain']:>10.3f}", flush=True)
     numel = numel_of(work)
     dense = {"ddp": {"bytes_per_outer_step": 4 * numel * work.setup.inner_steps, "bytes_to_target": None},
              "diloco_fp16": {"bytes_per_outer_step": 2 * numel, "bytes_to_target": None}}
@@ -247,6 +288,7 @@ def phase_lr(args, lr: float, seeds: list[int], rounds: int) -> dict:
         "fired_fraction": p["density"], "fired_fraction_first": p["density_first"],
         "fired_fraction_last": p["density_last"], "bytes_per_fired_entry": per_entry,
         "grpo_bf16_change_per_step": step_rate, "grpo_bf16_change_per_window": window_rate,
+        **({"headline_method": head, "gate_scales": by_scale} if scales else {}),
         "summary": s,
     }
 

@@ -28,6 +28,10 @@ all-reduce moves about 2x the message size for every method alike). Every PULSEL
 also encoded with the alternative coders (format 1 of 2026-11-21, base-free format 2, and the
 pieces) to report bytes per fired entry per coder. The last phase records RSS over 50 rounds.
 The last printed line is a JSON summary.
+
+``--gate-scales 0.5,1,2,outer/n,outer`` (RL only) runs the pulseloco method once per gate scale c
+(``LocoConfig.gate_scale``: fire iff ``bf16(w) != bf16(w - c*s)``), labelled ``pulseloco_c<c>``
+(c = 1 keeps the label ``pulseloco``), and prints a per-scale table; without it nothing changes.
 """
 
 from __future__ import annotations
@@ -329,6 +333,9 @@ def main() -> int:
     ap.add_argument("--rss-rounds", type=int, default=50, help="0 skips the RSS phase")
     ap.add_argument("--methods", default="ddp,diloco,diloco_fp16,pulseloco",
                     help="rl: methods to run (diloco and pulseloco are required)")
+    ap.add_argument("--gate-scales", default="",
+                    help="rl: run pulseloco once per gate scale c (LocoConfig.gate_scale), e.g. 0.5,1,2,outer/n,"
+                         "outer (outer = outer lr x (1 + momentum)); labelled pulseloco_c<c>, c=1 stays pulseloco")
     ap.add_argument("--curves", default="", help="rl: write per-round curves to CURVES.lr<lr>.json")
     args = ap.parse_args()
     torch.set_num_threads(1)

@@ -104,3 +104,37 @@ def test_buffers_are_reused_across_rounds() -> None:
     for rnd in range(4):
         ef.make_payload(glob, step(glob, rnd, 1e-4), round=rnd, trainer_id="a")
     assert {t.data_ptr() for t in [*ef.e.values(), *ef._s.values()]} == ptrs
+
+
+@pytest.mark.parametrize("c", [0.3325, 0.5, 2.0])
+def test_gate_scale_changes_what_fires_and_keeps_sent_plus_kept_exact(c: float) -> None:
+    glob = weights(7)
+    shapes = {n: t.shape for n, t in glob.items()}
+    ref, scaled = ErrorFeedback(shapes, cfg=LocoConfig()), ErrorFeedback(shapes, cfg=LocoConfig(gate_scale=c))
+    local = step(glob, 8, 3e-4)
+    p_ref = ref.make_payload(glob, local, round=0, trainer_id="a")
+    p = scaled.make_payload(glob, local, round=0, trainer_id="a")
+    for name, g in glob.items():
+        gn = g.numpy().ravel()
+        s = (gn - local[name].numpy().ravel()).astype(np.float32)
+        cs = (np.float32(c) * s).astype(np.float32)
+        want = np.flatnonzero(bf16_bits_reference(gn) != bf16_bits_reference((gn - cs).astype(np.float32)))
+        idx, vals = p.tensors[name]
+        assert np.array_equal(idx, want)
+        assert np.array_equal(vals.view(np.uint32), s[want].view(np.uint32))  # the exact s, unscaled
+        kept = scaled.e[name].numpy().ravel()
+        sent = np.zeros_like(s)
+        sent[idx] = vals
+        assert np.array_equal((sent + kept).view(np.uint32), s.view(np.uint32))
+        assert not np.any(kept[idx])
+    # a smaller scale fires on fewer entries than the reference gate, a larger one on more
+    assert (p.count < p_ref.count) if c < 1 else (p.count > p_ref.count)
+
+
+def test_gate_scale_must_be_positive() -> None:
+    import pydantic
+
+    for bad in (0.0, -1.0):
+        with pytest.raises(pydantic.ValidationError):
+            LocoConfig(gate_scale=bad)
+    assert LocoConfig().gate_scale == 1.0

@@ -23,6 +23,13 @@ class LocoConfig(StrictModel):
     outer_momentum: float = pydantic.Field(0.9, ge=0.0, lt=1.0)
     nesterov: bool = True
     gate: Literal["bf16", "none"] = "bf16"
+    gate_scale: float = pydantic.Field(1.0, gt=0.0, le=1000.0)
+    """Scale c of the BF16 gate: an entry of ``s`` fires iff ``bf16(theta) != bf16(theta - c*s)``.
+    1.0 is the reference gate. Only the firing decision changes: a fired entry is still sent as
+    the exact FP32 ``s`` (so ``sent + kept == s`` holds). c < 1 fires fewer entries (they wait
+    longer in the error-feedback buffer), c > 1 more; c = outer_lr * (1 + outer_momentum) / N asks
+    whether the outer step's gain on one trainer's entry would change the BF16 weight.
+    Measured on the RL bench: bench/RESULTS.md, "Gate scale sweep (2026-11-22)"."""
     deadline_s: float = pydantic.Field(60.0, gt=0.0)
     """Wall time after the round opens within which a payload must arrive to be averaged."""
     decision_wait_s: float = pydantic.Field(10.0, gt=0.0)

@@ -4,10 +4,11 @@ Each round, per tensor (all in FP32, preallocated buffers reused every round)::
 
     d = theta_global - theta_local          # the pseudo-gradient
     s = e + d                               # plus what earlier rounds did not send
-    fire = bits(bf16(theta_global)) != bits(bf16(theta_global - s))
+    fire = bits(bf16(theta_global)) != bits(bf16(theta_global - c * s))   # c = cfg.gate_scale
     send (positions of fire, s[fire]);  e = s with the fired entries set to 0
 
-so ``sent + kept == s`` entrywise and exactly (every entry of ``s`` is either sent unchanged or
+(``c = 1``, the default, is the reference gate; ``c`` only changes which entries fire, a fired
+entry is still sent as the exact ``s``), so ``sent + kept == s`` entrywise and exactly (every entry of ``s`` is either sent unchanged or
 kept unchanged). BF16 casts round to nearest even; the comparison is bitwise (int16 views), so
 a change of sign of zero also fires. A trainer left out of a round calls ``restore(payload)``,
 which puts the sent values back into ``e`` exactly (they were zeroed, so ``0 + v == v``).
@@ -40,12 +41,17 @@ class ErrorFeedback:
         self._pending: tuple[int, str] | None = None
 
     def _gate(self, name: str, g: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
-        """Bool mask of the entries of ``s`` that would change ``bf16(g)``."""
+        """Bool mask of the entries of ``s`` where ``c * s`` would change ``bf16(g)``."""
         mask = self._mask[name]
         if self.cfg.gate == "none":
             return mask.fill_(True)
         tmp, a, b = self._tmp[name], self._bf_a[name], self._bf_b[name]
-        torch.sub(g, s, out=tmp)
+        c = self.cfg.gate_scale
+        if c == 1.0:
+            torch.sub(g, s, out=tmp)
+        else:
+            torch.mul(s, c, out=tmp)
+            tmp.neg_().add_(g)  # g - fp32(c * s)
         a.copy_(g)
         b.copy_(tmp)
         return torch.ne(a.view(torch.int16), b.view(torch.int16), out=mask)
