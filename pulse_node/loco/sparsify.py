@@ -8,10 +8,11 @@ Each round, per tensor (all in FP32, preallocated buffers reused every round)::
     send (positions of fire, s[fire]);  e = s with the fired entries set to 0
 
 (``c = 1``, the default, is the reference gate; ``c`` only changes which entries fire, a fired
-entry is still sent as the exact ``s``), so ``sent + kept == s`` entrywise and exactly (every entry of ``s`` is either sent unchanged or
-kept unchanged). BF16 casts round to nearest even; the comparison is bitwise (int16 views), so
-a change of sign of zero also fires. A trainer left out of a round calls ``restore(payload)``,
-which puts the sent values back into ``e`` exactly (they were zeroed, so ``0 + v == v``).
+entry is still sent as the exact ``s``), so ``sent + kept == s`` entrywise and exactly (every
+entry of ``s`` is either sent unchanged or kept unchanged). BF16 casts round to nearest even;
+the comparison is bitwise (int16 views), so a change of sign of zero also fires. A trainer left
+out of a round calls ``restore(payload)``, which puts the sent values back into ``e`` exactly
+(they were zeroed, so ``0 + v == v``).
 """
 
 from __future__ import annotations
