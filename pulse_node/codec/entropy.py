@@ -9,7 +9,7 @@
 - ``ans_encode`` / ``AnsDecoder``: the codec's rANS coder (``rans``) with categorical models
   built from frequency tables.
 
-Everything is vectorized numpy; no per-element Python loops.
+Per-element work is vectorized numpy or a compiled kernel (``kernels``); no Python loops per element.
 """
 
 from __future__ import annotations
@@ -235,8 +235,6 @@ class BitReader:
     def _advance(self, status: int) -> None:
         if status == K.TRUNCATED:
             raise PatchError("raw bit stream is truncated")
-        if status == K.BAD_SYMBOL:
-            raise PatchError("bin symbol out of range")
         self._pos = int(status)
 
     def _read_np(self, widths: np.ndarray) -> np.ndarray:

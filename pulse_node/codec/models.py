@@ -42,7 +42,8 @@ class PatchModels:
     def __init__(self, counts: Mapping[Key, object]) -> None:
         self.counts = counts
         self._models: dict[Key, rans.Model] = {}
-        self._stacks: dict[str, tuple[np.ndarray, rans.ModelStack]] = {}
+        self._stacks: dict[str, tuple[np.ndarray, rans.ModelStack]] = {}  # delta: (label_row, stack)
+        self._planes: dict[str, rans.ModelStack] = {}
         self._lock = threading.Lock()
 
     def model(self, key: Key, name: str) -> rans.Model:
@@ -64,12 +65,10 @@ class PatchModels:
     def plane_stack(self, dtype: str, name: str) -> rans.ModelStack:
         """The byte-plane models of ``dtype``, row ``j`` = plane ``j`` (least significant first)."""
         with self._lock:
-            key = f"planes:{dtype}"
-            if key not in self._stacks:
-                planes = range(DTYPES[dtype].itemsize)
-                self._stacks[key] = (np.arange(len(planes)),
-                                     rans.stack([self._model((V.PLANES, dtype, j), name) for j in planes]))
-            return self._stacks[key][1]
+            if dtype not in self._planes:
+                self._planes[dtype] = rans.stack([self._model((V.PLANES, dtype, j), name)
+                                                  for j in range(DTYPES[dtype].itemsize)])
+            return self._planes[dtype]
 
     def delta_stack(self, dtype: str, name: str) -> tuple[np.ndarray, rans.ModelStack]:
         """``(label_row, stack)``: row of each exponent label's model (-1: none) and the models."""

@@ -116,6 +116,7 @@ def plane_symbols(bits: np.ndarray) -> list[np.ndarray]:
 
 
 def planes_to_bits(planes: list[np.ndarray], dtype: np.dtype) -> np.ndarray:
+    """Inverse of ``plane_symbols`` (numpy reference of ``fused.decode_planes_into``)."""
     out = np.zeros(planes[0].shape if planes else 0, dtype=dtype)
     for j, plane in enumerate(planes):
         out |= plane.astype(dtype) << np.array(8 * j, dtype=dtype)
