@@ -39,7 +39,24 @@ class Curve:
     acc: list[float] = field(default_factory=list)
     bytes: list[float] = field(default_factory=list)
     density: list[float] = field(default_factory=list)
+    changed: list[float] = field(default_factory=list)
+    """Fraction of the global model's BF16 entries that changed in each outer step."""
     seconds: float = 0.0
+
+
+class BF16Changes:
+    """Fraction of BF16 entries of a parameter set that changed since the previous call."""
+
+    def __init__(self) -> None:
+        self._prev: dict[str, torch.Tensor] | None = None
+
+    @torch.no_grad()
+    def __call__(self, params: Mapping[str, torch.Tensor]) -> float:
+        now = {n: t.detach().to(torch.bfloat16).view(torch.int16).clone() for n, t in params.items()}
+        prev, self._prev = self._prev, now
+        if prev is None:
+            return 0.0
+        return sum(int((now[n] != prev[n]).sum()) for n in now) / sum(t.numel() for t in now.values())
 
 
 class Fp16DenseFeedback(ErrorFeedback):
@@ -116,13 +133,19 @@ def codec_report(tally: dict[str, float]) -> dict[str, float]:
 
 def run_loco(*, rounds: int, inner_steps: int, make_trainer: Callable[[int], InnerTrainer], evaluate: Evaluate,
              numel: int, gate: str, fp16: bool = False, tally: bool = False, seed: int = 0,
-             gate_scale: float = 1.0) -> Curve:
+             gate_scale: float = 1.0, base: Mapping[str, torch.Tensor] | None = None,
+             outer: Mapping[str, float] | None = None) -> Curve:
     """DiLoCo (gate "none", dense), its FP16 variant, or PULSELoCo (gate "bf16", gate scale
-    ``gate_scale``) for ``rounds``."""
-    cfg = LocoConfig(inner_steps=inner_steps, gate=gate, gate_scale=gate_scale)
-    curve = Curve()
+    ``gate_scale``) for ``rounds``. With ``base`` (the start weights), ``curve.changed`` also
+    covers the first outer step. ``outer`` overrides the outer optimizer (``outer_lr``,
+    ``outer_momentum``, ``nesterov``) for every method alike."""
+    cfg = LocoConfig(inner_steps=inner_steps, gate=gate, gate_scale=gate_scale, **(outer or {}))
+    curve, changes = Curve(), BF16Changes()
+    if base is not None:
+        changes(base)
 
     def on_round(rec, replicas):
+        curve.changed.append(changes(replicas[0].outer.params))
         metric, acc = evaluate(replicas[0].outer.params)
         curve.metric.append(metric)
         curve.acc.append(acc)
@@ -182,6 +205,7 @@ def summarize(curves: dict[str, list[Curve]], *, higher_better: bool) -> dict[st
             "density": statistics.mean(statistics.mean(c.density) for c in cs),
             "density_first": statistics.mean(c.density[0] for c in cs),
             "density_last": statistics.mean(c.density[-1] for c in cs),
+            "bf16_changed": statistics.mean(statistics.mean(c.changed) for c in cs) if cs[0].changed else None,
             "bytes_to_target": bytes_to_reach(mean_curve(cs), target, higher_better=higher_better),
             "seconds": statistics.mean(c.seconds for c in cs),
         }
@@ -192,13 +216,14 @@ def summarize(curves: dict[str, list[Curve]], *, higher_better: bool) -> dict[st
 def print_table(title: str, summary: dict, metric_name: str) -> None:
     print(f"\n## {title}  (target {metric_name} for bytes-to-target: {summary['_target']['value']:.5f})")
     print(f"{'method':<12} {metric_name + ' mean':>14} {'std':>8} {'acc':>6} {'B/outer step':>14} {'density':>8} "
-          f"{'B to target':>13} {'s/run':>6}")
+          f"{'B to target':>13} {'BF16 chg':>8} {'s/run':>6}")
     for m, r in summary.items():
         if m.startswith("_"):
             continue
         reach = f"{r['bytes_to_target']:.3e}" if r["bytes_to_target"] else "not reached"
+        chg = f"{r['bf16_changed']:.4f}" if r.get("bf16_changed") is not None else "-"
         print(f"{m:<12} {r['metric_mean']:>14.5f} {r['metric_std']:>8.5f} {r['acc_mean']:>6.3f} "
-              f"{r['bytes_per_outer_step']:>14.0f} {r['density']:>8.4f} {reach:>13} {r['seconds']:>6.1f}", flush=True)
+              f"{r['bytes_per_outer_step']:>14.0f} {r['density']:>8.4f} {reach:>13} {chg:>8} {r['seconds']:>6.1f}", flush=True)
 
 
 def sweep(methods: dict[str, Callable[[int], Curve]], seeds: list[int], metric_name: str) -> dict[str, list[Curve]]:
@@ -210,6 +235,7 @@ def sweep(methods: dict[str, Callable[[int], Curve]], seeds: list[int], metric_n
             curves[m].append(c)
             print(f"  seed {seed} {m:<12} {metric_name} {c.metric[0]:.5f} -> {c.metric[-1]:.5f} acc {c.acc[-1]:.3f} "
                   f"bytes/step {statistics.mean(c.bytes):.0f} density {statistics.mean(c.density):.4f} "
+                  f"global BF16 changed/step {statistics.mean(c.changed) if c.changed else float('nan'):.4f} "
                   f"({c.seconds:.1f}s)", flush=True)
     return curves
 

@@ -31,7 +31,7 @@ from typing import Callable, Mapping
 
 import torch
 
-from loco_common import (N_TRAINERS, CodecTally, Curve, codec_report, print_table, ratio, ratio_to_target, rss_run,
+from loco_common import (N_TRAINERS, BF16Changes, CodecTally, Curve, codec_report, print_table, ratio, ratio_to_target, rss_run,
                          run_loco, summarize, sweep)
 from pulse_node.configload import load_config
 from pulse_node.loco.config import LocoConfig
@@ -55,6 +55,10 @@ class RLSetup:
     inner_steps: int = 10
     prompts: int = 16
     group: int = 8
+    overrides: tuple[str, ...] = ()
+    outer: tuple[tuple[str, float], ...] = ()
+    """Outer-optimizer overrides for DiLoCo and PULSELoCo alike (``--outer-lr``, ``--outer-momentum``)."""
+    """Extra ``KEY=VALUE`` overrides of ``configs/solo.toml`` (``--set``: other models, tasks)."""
 
 
 class RLWorkload:
@@ -62,7 +66,7 @@ class RLWorkload:
 
     def __init__(self, setup: RLSetup) -> None:
         overrides = [f"grpo.lr={setup.lr}", f"sampling.prompts_per_batch={setup.prompts}",
-                     f"sampling.group_size={setup.group}"]
+                     f"sampling.group_size={setup.group}", *setup.overrides]
         self.cfg = load_config(SoloConfig, ROOT / "configs" / "solo.toml", overrides)
         self.setup = setup
         self.task = make_task_source(self.cfg.task)
@@ -163,11 +167,14 @@ def run_ddp(work: RLWorkload, seed: int) -> Curve:
     """DDP: one replicated model, gradients of the 4 trainers' rollouts averaged every inner step."""
     trainers = [GRPOTrainer(work, seed=seed, rank=r) for r in range(N_TRAINERS)]
     main, evaluate, numel = trainers[0], evaluator(work), numel_of(work)
-    curve, t0 = Curve(), time.monotonic()
+    curve, t0, changes = Curve(), time.monotonic(), BF16Changes()
+    changes(work.base)
     for _ in range(work.setup.rounds):
         for _ in range(work.setup.inner_steps):
             ddp_step(trainers, main)
-        metric, acc = evaluate(dict(main.policy.model.named_parameters()))
+        params = dict(main.policy.model.named_parameters())
+        curve.changed.append(changes(params))
+        metric, acc = evaluate(params)
         curve.metric.append(metric)
         curve.acc.append(acc)
         curve.bytes.append(4 * numel * work.setup.inner_steps)
@@ -195,7 +202,8 @@ def rl_methods(work: RLWorkload, scales: dict[str, float] | None = None) -> dict
 
     def loco(seed: int, **kw) -> Curve:
         return run_loco(rounds=s.rounds, inner_steps=s.inner_steps, evaluate=evaluator(work), seed=seed,
-                        make_trainer=lambda r: GRPOTrainer(work, seed=seed, rank=r), numel=numel_of(work), **kw)
+                        make_trainer=lambda r: GRPOTrainer(work, seed=seed, rank=r), numel=numel_of(work),
+                        base=work.base, outer=dict(s.outer), **kw)
 
     out = {"ddp": lambda seed: run_ddp(work, seed),
            "diloco": lambda seed: loco(seed, gate="none"),
@@ -230,8 +238,19 @@ def weight_stats(work: RLWorkload) -> dict[str, float]:
     return {"params": int(w.numel()), "median_abs_w": float(w.median())}
 
 
+def outer_overrides(args) -> tuple[tuple[str, float], ...]:
+    """``--outer-lr`` / ``--outer-momentum`` as LocoConfig overrides (empty: the reference 0.7 / 0.9)."""
+    out = []
+    if args.outer_lr is not None:
+        out.append(("outer_lr", args.outer_lr))
+    if args.outer_momentum is not None:
+        out.append(("outer_momentum", args.outer_momentum))
+    return tuple(out)
+
+
 def phase_lr(args, lr: float, seeds: list[int], rounds: int) -> dict:
-    work = RLWorkload(RLSetup(lr=lr, rounds=rounds, prompts=args.prompts))
+    work = RLWorkload(RLSetup(lr=lr, rounds=rounds, prompts=args.prompts, overrides=tuple(args.set),
+                              inner_steps=args.inner_steps, outer=outer_overrides(args)))
     base_metric, base_acc = work.metric(work.policy())
     step_rate, window_rate = bf16_change(work)
     print(f"\n# RL, inner lr {lr:g}: base expected reward {base_metric:.5f}, greedy acc {base_acc:.3f}; "
@@ -297,10 +316,13 @@ def main_rl(args) -> dict:
     lrs = [float(x) for x in args.rl_lrs.split(",")]
     seeds = list(range(1 if args.quick else args.seeds))
     rounds = 3 if args.quick else args.rounds
-    print(f"# PULSELoCo bench (RL, GRPO): 4 trainers, H=10, seeds {seeds}, rounds {rounds}, lrs {lrs}, "
-          f"{args.prompts} prompts x 8 samples per inner step", flush=True)
+    print(f"# PULSELoCo bench (RL, GRPO): 4 trainers, H={args.inner_steps}, seeds {seeds}, rounds {rounds}, lrs {lrs}, "
+          f"{args.prompts} prompts x 8 samples per inner step" + (f", overrides {args.set}" if args.set else "")
+          + (f", outer {dict(outer_overrides(args))}" if outer_overrides(args) else ""),
+          flush=True)
     by_lr = [phase_lr(args, lr, seeds, rounds) for lr in lrs]
-    work = RLWorkload(RLSetup(lr=lrs[0], rounds=0, prompts=args.prompts))
+    work = RLWorkload(RLSetup(lr=lrs[0], rounds=0, prompts=args.prompts, overrides=tuple(args.set),
+                              inner_steps=args.inner_steps))
     n_rss = min(6, args.rss_rounds) if args.quick else args.rss_rounds
     mib = [0.0]
     if n_rss:
@@ -308,7 +330,9 @@ def main_rl(args) -> dict:
         mib = rss_run(lambda r: GRPOTrainer(work, seed=0, rank=r), rounds=n_rss, inner_steps=work.setup.inner_steps)
         print("  RSS MiB by round: " + " ".join(f"{m:.0f}" for m in mib), flush=True)
     head = {k: v for k, v in by_lr[0].items() if k != "summary"}
-    return {"workload": "GRPO RL (pulse_node.rl, configs/solo.toml policy)", "metric": "held-out expected reward",
+    return {"workload": "GRPO RL (pulse_node.rl, configs/solo.toml policy)", "overrides": args.set,
+            "inner_steps": args.inner_steps, "outer": dict(outer_overrides(args)),
+            "metric": "held-out expected reward",
             **weight_stats(work), **head, "by_lr": [{k: v for k, v in r.items() if k != "summary"} for r in by_lr],
             "rss_mib_first": mib[0], "rss_mib_mid": mib[len(mib) // 2], "rss_mib_last": mib[-1],
             "rss_mib_max": max(mib)}

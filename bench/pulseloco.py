@@ -330,6 +330,12 @@ def main() -> int:
     ap.add_argument("--rl-lr", type=float, default=3e-6, help="supervised: lr of phase 2")
     ap.add_argument("--rl-lrs", default="3e-6,1e-6", help="rl: inner GRPO lrs; the first is the JSON headline")
     ap.add_argument("--prompts", type=int, default=16, help="rl: prompts per inner step (x 8 samples)")
+    ap.add_argument("--inner-steps", type=int, default=10, help="rl: H, inner steps per outer step")
+    ap.add_argument("--outer-lr", type=float, default=None, help="rl: outer lr (default the reference 0.7)")
+    ap.add_argument("--outer-momentum", type=float, default=None,
+                    help="rl: outer Nesterov momentum (default the reference 0.9; 0 = plain averaging step)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="rl: override a key of configs/solo.toml (other model sizes, tasks; repeatable)")
     ap.add_argument("--rss-rounds", type=int, default=50, help="0 skips the RSS phase")
     ap.add_argument("--methods", default="ddp,diloco,diloco_fp16,pulseloco",
                     help="rl: methods to run (diloco and pulseloco are required)")
