@@ -9,6 +9,10 @@
     for ev in client.events(): ...             # pushes received (with accept_pushes=True)
     client.stop()
 
+With ``DhtConfig.spool_dir`` set (trainers: ``<data_dir>/spool``), bodies above
+``spool.THRESHOLD`` pass between node and worker as spool files (``net/spool.py``), not bytes,
+so a push may reach ``spool_max_push_bytes`` (1 GiB) instead of the RPC-bound 48 MiB.
+
 Start failures raise ``DhtStartError`` (``DuplicateIdentityError`` for a copied identity) with
 the worker's one-line explanation; every call has a timeout and raises ``RpcError`` on expiry.
 Importing this module does not import hivemind.
@@ -16,6 +20,7 @@ Importing this module does not import hivemind.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import tempfile
@@ -23,16 +28,19 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from pulse_node.configload import StrictModel
-from pulse_node.errors import PulseError
+from pulse_node.errors import PulseError, WireError
 from pulse_node.net.dht_records import (
     MAX_TTL_S, MIN_TTL_S, DhtInfo, HeadEntry, PeerRecord, PeerStatus, StartFailure, validate_tree,
 )
 from pulse_node.net.ipc import RpcClient, RpcError
 from pulse_node.net.process import WorkerProcess
+from pulse_node.net.spool import DEFAULT_DISK_BYTES, DEFAULT_MAX_PUSH, THRESHOLD, Spool
 from pulse_node.net.wire_client import WireEvent
+
+log = logging.getLogger("pulse_node.dht.client")
 
 WORKER_MODULE = "pulse_node.net.dht_worker"
 #: a DHT read walks the swarm and may wait out dead peers (hivemind's 3 s RPC timeout)
@@ -69,6 +77,9 @@ class DhtConfig(StrictModel):
     use_auto_relay: bool = False
     client_mode: bool = False
     accept_pushes: bool = False  # serve the p2pd push plane (trainers receive PULSELoCo payloads on it)
+    spool_dir: Path | None = None  # pass large push bodies as files here (net/spool.py); None: bytes only
+    spool_max_push_bytes: int = Field(default=DEFAULT_MAX_PUSH, gt=THRESHOLD)
+    spool_disk_bytes: int = Field(default=DEFAULT_DISK_BYTES, gt=THRESHOLD)
     bootstrap_timeout_s: float = Field(default=15.0, gt=0, le=300)
     ttl_s: float = Field(default=30.0, ge=MIN_TTL_S, le=MAX_TTL_S)
 
@@ -88,6 +99,13 @@ class DhtConfig(StrictModel):
                                  "copy a line that `pulse-node bootstrap` prints")
         return peers
 
+    @model_validator(mode="after")
+    def _spool_budget(self) -> "DhtConfig":
+        if self.spool_disk_bytes < self.spool_max_push_bytes:
+            raise ValueError(f"spool_disk_bytes ({self.spool_disk_bytes}) must hold one push of "
+                             f"spool_max_push_bytes ({self.spool_max_push_bytes})")
+        return self
+
     def worker_args(self) -> list[str]:
         args = ["--run-id", self.run_id, "--bootstrap-timeout", str(self.bootstrap_timeout_s)]
         for flag, values in (("--initial-peers", self.initial_peers), ("--host-maddrs", self.host_maddrs),
@@ -100,6 +118,9 @@ class DhtConfig(StrictModel):
                          ("--client-mode", self.client_mode), ("--accept-pushes", self.accept_pushes)):
             if on:
                 args.append(flag)
+        if self.spool_dir is not None:
+            args += ["--spool", str(self.spool_dir), "--spool-max-push", str(self.spool_max_push_bytes),
+                     "--spool-disk-bytes", str(self.spool_disk_bytes)]
         return args
 
 
@@ -112,6 +133,8 @@ class DhtClient:
         self._local = threading.local()  # pushes get one socket per thread: a long push blocks no lookup
         self._data_clients: list[RpcClient] = []
         self._lock = threading.Lock()
+        self.spool = (Spool(config.spool_dir, max_push=config.spool_max_push_bytes,
+                            disk_bytes=config.spool_disk_bytes) if config.spool_dir is not None else None)
 
     @classmethod
     def start(cls, config: DhtConfig, *, log_path: Path | None = None) -> "DhtClient":
@@ -154,13 +177,56 @@ class DhtClient:
 
     # ---- p2pd push plane (dht_push.py) -------------------------------------------------------
     def push(self, peer_id: str, maddrs: list[str], kind: str, data: bytes, *, timeout: float = 30.0) -> None:
-        """Deliver ``data`` into ``peer_id``'s push queue over p2pd (dialing ``maddrs``, its DHT addresses)."""
-        self._data_call("push", {"peer": peer_id, "maddrs": list(maddrs), "kind": kind, "data": data,
-                                 "timeout": timeout}, timeout=timeout + PUSH_SLACK_S)
+        """Deliver ``data`` into ``peer_id``'s push queue over p2pd (dialing ``maddrs``, its DHT addresses).
+
+        With a spool, a body above ``spool.THRESHOLD`` goes to the worker as a file (removed when
+        the call returns, whatever happened); otherwise as bytes in the RPC frame."""
+        if self.spool is None or len(data) <= THRESHOLD:
+            self._data_call("push", {"peer": peer_id, "maddrs": list(maddrs), "kind": kind, "data": data,
+                                     "timeout": timeout}, timeout=timeout + PUSH_SLACK_S)
+            return
+        if len(data) > self.spool.max_push:  # refuse before writing a file the worker would refuse
+            raise WireError(f"{kind} push of {len(data)} bytes exceeds cap {self.spool.max_push}")
+        try:
+            path = self.spool.write_file(data)
+        except OSError as exc:
+            raise WireError(f"{kind} push: cannot write spool file in {self.spool.directory}: {exc}") from None
+        try:
+            self.push_file(peer_id, maddrs, kind, path, len(data), timeout=timeout)
+        finally:
+            path.unlink(missing_ok=True)
+
+    def push_file(self, peer_id: str, maddrs: list[str], kind: str, path: Path, size: int, *,
+                  timeout: float = 30.0) -> None:
+        """Push the ``size`` bytes of ``path``, a file in this node's spool (the worker checks both)."""
+        self._data_call("push_file", {"peer": peer_id, "maddrs": list(maddrs), "kind": kind, "path": str(path),
+                                      "size": size, "timeout": timeout}, timeout=timeout + PUSH_SLACK_S)
 
     def events(self, *, max_events: int = 64) -> list[WireEvent]:
-        """Drain pushes received over p2pd; ``from_peer`` is the p2p-authenticated sender."""
-        return [WireEvent(**e) for e in self._data_call("events", {"max": max_events}, timeout=10.0)]
+        """Drain pushes received over p2pd; ``from_peer`` is the p2p-authenticated sender.
+
+        A body the worker spooled is read here (its path checked: in our spool, of the announced
+        size, at most our cap) and its file deleted; an event that fails the checks is dropped."""
+        out = []
+        for e in self._data_call("events", {"max": max_events}, timeout=10.0):
+            data = e.get("data", b"")
+            if e.get("path") is not None:
+                data = self._take_spooled(e.get("path"), e.get("size"))
+                if data is None:
+                    continue
+            out.append(WireEvent(kind=e["kind"], from_peer=e["from_peer"], data=data, received_at=e["received_at"]))
+        return out
+
+    def _take_spooled(self, path: object, size: object) -> bytes | None:
+        try:
+            if self.spool is None:
+                raise WireError("the worker sent a spool path but this client has no spool")
+            if not isinstance(size, int) or size > self.spool.max_push:
+                raise WireError(f"spooled push of {size!r} bytes exceeds cap {self.spool.max_push}")
+            return self.spool.take(path, size)
+        except (WireError, OSError) as exc:
+            log.warning("dropped a spooled push event: %s", exc)
+            return None
 
     def push_stats(self) -> dict:
         """Push-plane counters: bytes in/out per kind, errors, queued and rejected events."""

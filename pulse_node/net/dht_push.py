@@ -17,6 +17,14 @@ bounded queue (count and bytes); a push that does not fit is refused with ``busy
 The sender of an event is the peer id p2pd authenticated for the stream (libp2p security
 handshake), never anything the peer wrote: with one Ed25519 identity per node it equals the
 sender's wire peer id, which is what the trainer checks a payload's trainer id against.
+
+With a spool (``net/spool.py``, a trainer's ``<data_dir>/spool``) payloads above
+``spool.THRESHOLD`` never cross the local RPC as bytes: outbound the worker streams a file the
+node wrote (``push_file``), inbound a body is written to a spool file while it is read (chunk by
+chunk, off the event loop, under the same deadlines; removed on any failure) and the event
+carries its path. The ``loco`` cap is then the spool's (default 1 GiB), spooled events count
+against a disk budget instead of the memory one, and a failed disk write answers ``busy``.
+Without a spool the cap stays ``CAPS`` (48 MiB, bounded by the RPC frame).
 """
 
 from __future__ import annotations
@@ -25,18 +33,20 @@ import asyncio
 import logging
 import time
 from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, Awaitable, Callable, ClassVar
 
 from pulse_node.errors import WireError
 from pulse_node.net import wire_protocol as wp
 from pulse_node.net.inbox import Event
 from pulse_node.net.inbox import Inbox as _Inbox
+from pulse_node.net.spool import THRESHOLD, AsyncFile, Spool
 
 log = logging.getLogger("pulse_node.dht.push")
 
 PROTOCOL = "/pulse/p2pd-push/1.0.0"
-#: kinds this plane accepts and their caps (bounded by the local RPC frame, like the wire's pushes)
+#: kinds this plane accepts and their caps without a spool (bounded by the local RPC frame, like the wire's)
 CAPS: dict[str, int] = {"loco": wp.PUSH_CAPS["loco"]}
 WRITE_CHUNK = 1 << 20  # 1 MiB writes were the fastest on p2pd streams (bench/dataplane.py)
 HEADER_TIMEOUT_S = 10.0
@@ -60,8 +70,9 @@ class PushHeader(wp.WireStruct):
 class Inbox(_Inbox):
     """Bounded inbound pushes of the p2pd plane (see ``net.inbox``)."""
 
-    def __init__(self, *, max_events: int = MAX_EVENTS, max_bytes: int = MAX_EVENT_BYTES) -> None:
-        super().__init__(max_events=max_events, max_bytes=max_bytes)
+    def __init__(self, *, max_events: int = MAX_EVENTS, max_bytes: int = MAX_EVENT_BYTES,
+                 max_disk_bytes: int = 0) -> None:
+        super().__init__(max_events=max_events, max_bytes=max_bytes, max_disk_bytes=max_disk_bytes)
 
     def take(self, max_n: int) -> list[Event]:
         return self.take_ready(max_n)
@@ -79,9 +90,12 @@ def _reply(status: str, message: str = "") -> bytes:
 class PushPlane:
     """Serves ``PROTOCOL`` on a hivemind ``P2P`` and sends pushes over it; counts bytes and errors."""
 
-    def __init__(self, p2p: Any, *, inbox: Inbox | None = None) -> None:
+    def __init__(self, p2p: Any, *, spool: Spool | None = None, inbox: Inbox | None = None) -> None:
         self.p2p = p2p
-        self.inbox = inbox or Inbox()
+        self.spool = spool
+        self.caps = {kind: spool.max_push for kind in CAPS} if spool else dict(CAPS)
+        self.inbox = inbox or Inbox(max_disk_bytes=spool.disk_bytes if spool else 0)
+        self._io = ThreadPoolExecutor(MAX_INBOUND, thread_name_prefix="pulse-spool") if spool else None
         self.bytes_in: dict[str, int] = defaultdict(int)
         self.bytes_out: dict[str, int] = defaultdict(int)
         self.errors: dict[str, int] = defaultdict(int)
@@ -119,22 +133,60 @@ class PushPlane:
         await self._answer(writer, status, message)
 
     async def _receive(self, sender: str, head: PushHeader, reader: asyncio.StreamReader) -> tuple[str, str]:
-        cap = CAPS.get(head.kind)
+        cap = self.caps.get(head.kind)
         if cap is None:
             return "unsupported", f"push kind {head.kind!r} is not carried on this plane ({sorted(CAPS)})"
         if head.size > cap:
             return "too_large", f"{head.kind} push of {head.size} bytes exceeds {cap}"
-        if not self.inbox.reserve(head.size):
-            return "busy", "event queue is full"
+        spooled = self.spool is not None and head.size > THRESHOLD
+        if not self.inbox.reserve(head.size, spooled=spooled):
+            return "busy", "spool is full" if spooled else "event queue is full"
+        event: Event | None = None
         try:
             async with asyncio.timeout(HEADER_TIMEOUT_S + head.size / MIN_RATE):
-                data = await reader.readexactly(head.size)
-        except BaseException:
-            self.inbox.release(head.size)
-            raise
-        self.inbox.put(Event(head.kind, sender, data, time.time()))
+                if spooled:
+                    event, message = await self._read_to_spool(sender, head, reader)
+                else:
+                    event, message = Event(head.kind, sender, await reader.readexactly(head.size), time.time()), ""
+        finally:
+            if event is None:
+                self.inbox.release(head.size, spooled=spooled)
+        if event is None:
+            return "busy", message
+        self.inbox.put(event)
         self.bytes_in[head.kind] += head.size
         return "ok", ""
+
+    async def _read_to_spool(self, sender: str, head: PushHeader,
+                             reader: asyncio.StreamReader) -> tuple[Event | None, str]:
+        """The body into a new spool file, chunk by chunk; (None, why) if the disk failed.
+
+        The file is removed on any failure (disk, deadline, a cut stream): only a complete body
+        is left in the spool, and only with its event queued."""
+        assert self.spool is not None and self._io is not None
+        try:
+            fd, path = self.spool.create("in")
+        except OSError as exc:
+            self.errors["spool_write"] += 1
+            return None, f"spool: {exc.strerror}"
+        out = AsyncFile(fd, self._io)
+        complete = False
+        try:
+            left = head.size
+            while left:
+                chunk = await reader.readexactly(min(WRITE_CHUNK, left))
+                left -= len(chunk)
+                try:
+                    await out.write(chunk)
+                except OSError as exc:  # disk full, I/O error: refuse, keep serving
+                    self.errors["spool_write"] += 1
+                    return None, f"spool write failed: {exc.strerror}"
+            complete = True
+        finally:
+            out.close()
+            if not complete:
+                path.unlink(missing_ok=True)
+        return Event(head.kind, sender, b"", time.time(), path=str(path), size=head.size), ""
 
     @staticmethod
     async def _answer(writer: asyncio.StreamWriter, status: str, message: str) -> None:
@@ -149,20 +201,55 @@ class PushPlane:
     # ---- outbound -----------------------------------------------------------------------
     async def push(self, peer_id: str, maddrs: list[str], kind: str, data: bytes, *, timeout: float) -> dict:
         """Send one push; returns once the peer has queued it. ``PeerUnavailable``/``WireError``."""
-        if kind not in CAPS:
-            raise WireError(f"push kind {kind!r} is not carried on this plane ({sorted(CAPS)})")
-        if len(data) > CAPS[kind]:
-            raise WireError(f"{kind} push of {len(data)} bytes exceeds cap {CAPS[kind]}")
+        self._check_size(kind, len(data))
+
+        async def body(writer: asyncio.StreamWriter) -> None:
+            view = memoryview(data)
+            for i in range(0, len(data), WRITE_CHUNK):
+                writer.write(view[i:i + WRITE_CHUNK])
+                await writer.drain()
+
+        return await self._send(peer_id, maddrs, kind, len(data), body, timeout=timeout)
+
+    async def push_file(self, peer_id: str, maddrs: list[str], kind: str, path: object, size: object, *,
+                        timeout: float) -> dict:
+        """``push`` of a body the node wrote to spool file ``path`` (checked: in the spool, ``size`` bytes)."""
+        if self.spool is None or self._io is None:
+            raise WireError("push_file: this DHT worker has no spool (--spool)")
+        if not isinstance(size, int) or isinstance(size, bool):
+            raise WireError(f"push_file: size must be an int, got {size!r}")
+        self._check_size(kind, size)
+        src = AsyncFile(self.spool.open_checked(path, size), self._io)
+
+        async def body(writer: asyncio.StreamWriter) -> None:
+            for offset in range(0, size, WRITE_CHUNK):
+                chunk = await src.pread(min(WRITE_CHUNK, size - offset), offset)
+                if not chunk:
+                    raise WireError(f"push_file: spool file shrank below {size} bytes")
+                writer.write(chunk)
+                await writer.drain()
+
+        try:
+            return await self._send(peer_id, maddrs, kind, size, body, timeout=timeout)
+        finally:
+            src.close()
+
+    def _check_size(self, kind: str, size: int) -> None:
+        if kind not in self.caps:
+            raise WireError(f"push kind {kind!r} is not carried on this plane ({sorted(self.caps)})")
+        if size > self.caps[kind]:
+            raise WireError(f"{kind} push of {size} bytes exceeds cap {self.caps[kind]}")
+
+    async def _send(self, peer_id: str, maddrs: list[str], kind: str, size: int,
+                    body: Callable[[asyncio.StreamWriter], Awaitable[None]], *, timeout: float) -> dict:
+        """Header, ``body(writer)``, the peer's answer; every failure mapped to a typed error and counted."""
         t0 = time.monotonic()
         try:
             async with asyncio.timeout(timeout):
                 reader, writer = await self._open(peer_id, maddrs)
                 try:
-                    writer.write(PushHeader(v=wp.WIRE_VERSION, kind=kind, size=len(data)).encode())
-                    view = memoryview(data)
-                    for i in range(0, len(data), WRITE_CHUNK):
-                        writer.write(view[i:i + WRITE_CHUNK])
-                        await writer.drain()
+                    writer.write(PushHeader(v=wp.WIRE_VERSION, kind=kind, size=size).encode())
+                    await body(writer)
                     resp = wp.Response.decode(await read_frame(reader, wp.RESPONSE_CAP))
                 finally:
                     writer.close()
@@ -179,8 +266,8 @@ class PushPlane:
             self.errors[f"remote_{resp.status}"] += 1
             raise (wp.PeerUnavailable if resp.status == "busy" else WireError)(
                 f"push {kind} to {peer_id}: {resp.status}: {resp.message}")
-        self.bytes_out[kind] += len(data)
-        return {"bytes": len(data), "seconds": time.monotonic() - t0}
+        self.bytes_out[kind] += size
+        return {"bytes": size, "seconds": time.monotonic() - t0}
 
     async def _open(self, peer_id: str, maddrs: list[str]) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         """A stream to ``peer_id``, dialing its advertised DHT addresses first if given."""
@@ -224,7 +311,17 @@ class PushPlane:
 
     def stats(self) -> dict[str, Any]:
         return {"bytes_in": dict(self.bytes_in), "bytes_out": dict(self.bytes_out), "errors": dict(self.errors),
-                "events_queued": len(self.inbox), "events_rejected": self.inbox.rejected}
+                "events_queued": len(self.inbox), "events_rejected": self.inbox.rejected,
+                "caps": dict(self.caps), "spool": str(self.spool.directory) if self.spool else None}
+
+    def close(self) -> None:
+        """After p2pd stopped: finish spool I/O, remove every file nobody collected."""
+        if self._io is not None:
+            self._io.shutdown(wait=True, cancel_futures=True)
+        if self.spool is not None:
+            removed = self.spool.clear()
+            if removed:
+                log.info("removed %d uncollected spool file(s)", removed)
 
 
 def _transport_addrs(peer_id: str, maddrs: list[str]) -> list[Any]:

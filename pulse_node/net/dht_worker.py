@@ -2,7 +2,8 @@
 
 Run: ``python -m pulse_node.net.dht_worker --ipc SOCK --run-id RUN [--initial-peers MADDR ...]
 [--host-maddrs /ip4/0.0.0.0/tcp/0 ...] [--announce-maddrs ...] [--identity PATH] [--use-relay]
-[--use-auto-relay] [--client-mode] [--accept-pushes] [--bootstrap-timeout S] [--error-file PATH]``.
+[--use-auto-relay] [--client-mode] [--accept-pushes] [--spool DIR [--spool-max-push BYTES]
+[--spool-disk-bytes BYTES]] [--bootstrap-timeout S] [--error-file PATH]``.
 
 Design: one asyncio loop in this process runs hivemind's ``DHTNode`` directly (not
 ``hivemind.DHT``, which forks a second process and talks to it over a pipe) next to an asyncio
@@ -13,8 +14,11 @@ as leaving (bounded), stops the DHT node and p2pd, and exits 0. A start failure 
 
 RPC methods: ping, shutdown, info, publish_peer(record, ttl_s), peers(), publish_head(record,
 version, ttl_s), heads(), get(kind), and the p2pd push plane of ``dht_push.py`` (PULSELoCo
-payloads between trainers): push(peer, maddrs, kind, data, timeout), events(max), push_stats(),
+payloads between trainers): push(peer, maddrs, kind, data, timeout), push_file(peer, maddrs, kind,
+path, size, timeout) (with ``--spool``: a body the node wrote to a spool file), events(max)
+(a large received body as a spool ``path`` + ``size`` instead of ``data``), push_stats(),
 probe(peer, maddrs, raw, timeout); inbound pushes are served only with ``--accept-pushes``.
+The spool directory (``net/spool.py``) is created mode 0700 and emptied at start and at stop.
 Published records are re-signed and refreshed every ttl/3 until replaced or shutdown, so dead
 peers disappear within one TTL.
 """
@@ -39,6 +43,7 @@ from pulse_node.net.dht_push import PushPlane
 from pulse_node.net.dht_records import (
     MAX_TTL_S, MIN_TTL_S, DhtInfo, HeadEntry, PeerRecord, PeerStatus, StartFailure, dht_key, validate_tree,
 )
+from pulse_node.net.spool import DEFAULT_DISK_BYTES, DEFAULT_MAX_PUSH, Spool
 
 log = logging.getLogger("pulse_node.dht")
 
@@ -61,6 +66,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--use-auto-relay", action="store_true")
     p.add_argument("--client-mode", action="store_true")
     p.add_argument("--accept-pushes", action="store_true", help="serve the p2pd push plane (dht_push.py)")
+    p.add_argument("--spool", type=Path, help="directory for push bodies passed as files (net/spool.py)")
+    p.add_argument("--spool-max-push", type=int, default=DEFAULT_MAX_PUSH, metavar="BYTES",
+                   help="largest push carried through the spool")
+    p.add_argument("--spool-disk-bytes", type=int, default=DEFAULT_DISK_BYTES, metavar="BYTES",
+                   help="received spool files waiting for the node, at most")
     p.add_argument("--bootstrap-timeout", type=float, default=15.0)
     p.add_argument("--error-file", type=Path)
     p.add_argument("--log-level", default="INFO")
@@ -84,9 +94,10 @@ class Published:
 class DhtWorker:
     """A joined DHT node plus the records it publishes; RPC handlers are the ``rpc_*`` methods."""
 
-    def __init__(self, args: argparse.Namespace, node: Any, p2p: Any, peer_id: str) -> None:
+    def __init__(self, args: argparse.Namespace, node: Any, p2p: Any, peer_id: str, *,
+                 spool: Spool | None = None) -> None:
         self.args, self.node, self.p2p, self.peer_id = args, node, p2p, peer_id
-        self.pushes = PushPlane(p2p)
+        self.pushes = PushPlane(p2p, spool=spool)
         self.session = secrets.token_hex(16)
         self.stop_event = asyncio.Event()
         self.duplicate: str | None = None
@@ -237,9 +248,23 @@ class DhtWorker:
         return await self.pushes.push(str(params.get("peer")), [str(m) for m in maddrs], str(params.get("kind")),
                                       data, timeout=float(params.get("timeout", 30.0)))
 
+    async def rpc_push_file(self, params: dict) -> dict:
+        maddrs = params.get("maddrs") or []
+        if not isinstance(maddrs, list):
+            raise WireError("push_file: maddrs must be a list")
+        return await self.pushes.push_file(str(params.get("peer")), [str(m) for m in maddrs],
+                                           str(params.get("kind")), params.get("path"), params.get("size"),
+                                           timeout=float(params.get("timeout", 30.0)))
+
     async def rpc_events(self, params: dict) -> list[dict]:
-        return [{"kind": e.kind, "from_peer": e.from_peer, "data": e.data, "received_at": e.received_at}
-                for e in self.pushes.inbox.take(int(params.get("max", 64)))]
+        """Received pushes; a spooled one carries ``path`` and ``size`` (the node reads and deletes it)."""
+        out = []
+        for e in self.pushes.inbox.take(int(params.get("max", 64))):
+            item = {"kind": e.kind, "from_peer": e.from_peer, "data": e.data, "received_at": e.received_at}
+            if e.spooled:
+                item.update(path=e.path, size=e.size)
+            out.append(item)
+        return out
 
     async def rpc_push_stats(self, params: dict) -> dict:
         return self.pushes.stats()
@@ -272,7 +297,10 @@ class DhtWorker:
             await asyncio.wait_for(self.node.shutdown(), 5.0)
         except (asyncio.TimeoutError, Exception) as exc:
             log.info("dht[%s]: DHT node shutdown: %s", self.peer_id[-8:], exc)
-        await asyncio.wait_for(self.p2p.shutdown(), 5.0)
+        try:
+            await asyncio.wait_for(self.p2p.shutdown(), 5.0)
+        finally:
+            self.pushes.close()
 
 
 class StartError(Exception):
@@ -344,6 +372,7 @@ async def start_worker(args: argparse.Namespace) -> DhtWorker:
     from pulse_node.net.dht_validator import PulseRecordValidator, libp2p_private_key, peer_id_of
 
     check_run_id(args.run_id)
+    spool = open_spool(args)
     identity = load_identity(args.identity)
     opts = NetOptions(host_maddrs=args.host_maddrs, announce_maddrs=args.announce_maddrs,
                       use_relay=args.use_relay, use_auto_relay=args.use_auto_relay, client_mode=args.client_mode)
@@ -365,7 +394,7 @@ async def start_worker(args: argparse.Namespace) -> DhtWorker:
     except BaseException:
         await p2p.shutdown()
         raise
-    worker = DhtWorker(args, node, p2p, peer_id)
+    worker = DhtWorker(args, node, p2p, peer_id, spool=spool)
     try:
         if args.accept_pushes:
             await worker.pushes.start()
@@ -375,6 +404,19 @@ async def start_worker(args: argparse.Namespace) -> DhtWorker:
         await worker.close()
         raise
     return worker
+
+
+def open_spool(args: argparse.Namespace) -> Spool | None:
+    """The ``--spool`` directory, created (0700) and emptied of an earlier run's files; None without it."""
+    if args.spool is None:
+        return None
+    if not 0 < args.spool_max_push <= args.spool_disk_bytes:
+        raise StartError("config", f"--spool-max-push ({args.spool_max_push}) must be positive and at most "
+                                   f"--spool-disk-bytes ({args.spool_disk_bytes})")
+    try:
+        return Spool(args.spool, max_push=args.spool_max_push, disk_bytes=args.spool_disk_bytes).prepare()
+    except OSError as exc:
+        raise StartError("config", f"cannot use spool directory {args.spool}: {exc.strerror}") from None
 
 
 def report_start_failure(args: argparse.Namespace, kind: str, message: str) -> None:

@@ -5,6 +5,9 @@ node's DHT peer id and data-plane peer id are the same. Peers are addressed by t
 data-plane multiaddr (taken from their signed DHT record). PULSELoCo payloads (``loco``) go
 over the DHT worker's p2pd instead (``net/dht_push.py``, measured several times faster), to the
 DHT addresses in the peer's record, and fall back to the wire push on any error (counted).
+Trainers give the DHT worker a spool (``<data_dir>/spool``) so payloads up to
+``loco.max_payload_bytes`` cross the node <-> worker RPC as files; the wire fallback stays capped
+at ``wire_protocol.PUSH_CAPS["loco"]`` (48 MiB) and refuses a larger payload outright.
 """
 
 from __future__ import annotations
@@ -17,9 +20,11 @@ from typing import Any
 from pulse_node import __version__
 from pulse_node.chain.identity import Identity
 from pulse_node.config import NodeConfig
-from pulse_node.errors import PulseError
+from pulse_node.errors import PulseError, WireError
+from pulse_node.net import spool
 from pulse_node.net.dht_client import DhtClient, DhtConfig
 from pulse_node.net.dht_records import Counters, PeerStatus, Serves
+from pulse_node.net.wire_protocol import PUSH_CAPS
 from pulse_node.net.wire_client import WireClient, WireEvent
 from pulse_node.node.transport import Event, PeerInfo
 
@@ -48,6 +53,8 @@ class P2PTransport:
     def create(cls, cfg: NodeConfig, identity: Identity, store_root: Path) -> "P2PTransport":
         """Start both workers (wire first: it is local-only and fails fast)."""
         data = Path(cfg.data_dir)
+        trainer = getattr(cfg, "role", "") == "trainer"
+        cap = _spool_cap(cfg)
         wire = WireClient.start(store=store_root, listen=tuple(cfg.net.wire_listen),
                                 identity=data / "identity.key", announce=tuple(cfg.net.wire_announce),
                                 log_path=data / "wire.log", start_timeout=cfg.net.worker_start_timeout_s)
@@ -57,7 +64,9 @@ class P2PTransport:
                 announce_maddrs=cfg.net.announce, identity=data / "identity.key",
                 use_relay=cfg.net.use_relay, use_auto_relay=cfg.net.use_auto_relay,
                 client_mode=cfg.net.client_mode, ttl_s=cfg.net.record_ttl_s,
-                accept_pushes=getattr(cfg, "role", "") == "trainer"), log_path=data / "dht.log")
+                accept_pushes=trainer,
+                spool_dir=data / "spool" if trainer else None, spool_max_push_bytes=cap,
+                spool_disk_bytes=max(spool.DEFAULT_DISK_BYTES, 2 * cap)), log_path=data / "dht.log")
         except BaseException:
             wire.stop()
             raise
@@ -118,6 +127,10 @@ class P2PTransport:
             if left is None:
                 return
             timeout = left
+        cap = PUSH_CAPS[_TO_WIRE[kind]]
+        if len(data) > cap:  # a payload only the p2pd plane (with a spool) carries: say so, do not try
+            raise WireError(f"{kind} push of {len(data)} bytes to {peer.peer_id[:12]} exceeds the wire plane's cap "
+                            f"of {cap} bytes; larger PULSELoCo payloads travel only on the p2pd plane")
         self.wire.push(peer.address, _TO_WIRE[kind], data, timeout=timeout)
 
     def _push_loco(self, peer: PeerInfo, data: bytes, *, timeout: float) -> float | None:
@@ -184,6 +197,12 @@ class P2PTransport:
                 stop()
             except Exception as exc:  # keep stopping the rest
                 log.warning("stopping a worker failed: %s", exc)
+
+
+def _spool_cap(cfg: NodeConfig) -> int:
+    """Largest push through a trainer's spool: the payload size its agreement accepts (1 GiB by default)."""
+    loco = getattr(cfg, "loco", None)
+    return max(spool.THRESHOLD + 1, int(getattr(loco, "max_payload_bytes", spool.DEFAULT_MAX_PUSH)))
 
 
 def _full(maddrs: list[str], peer_id: str, announce: list[str]) -> list[str]:
