@@ -134,12 +134,14 @@ def codec_report(tally: dict[str, float]) -> dict[str, float]:
 def run_loco(*, rounds: int, inner_steps: int, make_trainer: Callable[[int], InnerTrainer], evaluate: Evaluate,
              numel: int, gate: str, fp16: bool = False, tally: bool = False, seed: int = 0,
              gate_scale: float = 1.0, base: Mapping[str, torch.Tensor] | None = None,
-             outer: Mapping[str, float] | None = None) -> Curve:
+             outer: Mapping[str, float] | None = None, placement: str = "global") -> Curve:
     """DiLoCo (gate "none", dense), its FP16 variant, or PULSELoCo (gate "bf16", gate scale
     ``gate_scale``) for ``rounds``. With ``base`` (the start weights), ``curve.changed`` also
     covers the first outer step. ``outer`` overrides the outer optimizer (``outer_lr``,
-    ``outer_momentum``, ``nesterov``) for every method alike."""
-    cfg = LocoConfig(inner_steps=inner_steps, gate=gate, gate_scale=gate_scale, **(outer or {}))
+    ``outer_momentum``, ``nesterov``) for every method alike; ``placement`` is
+    ``LocoConfig.outer_placement``."""
+    cfg = LocoConfig(inner_steps=inner_steps, gate=gate, gate_scale=gate_scale, outer_placement=placement,
+                     **(outer or {}))
     curve, changes = Curve(), BF16Changes()
     if base is not None:
         changes(base)

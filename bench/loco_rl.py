@@ -208,7 +208,8 @@ def rl_methods(work: RLWorkload, scales: dict[str, float] | None = None) -> dict
     out = {"ddp": lambda seed: run_ddp(work, seed),
            "diloco": lambda seed: loco(seed, gate="none"),
            "diloco_fp16": lambda seed: loco(seed, gate="none", fp16=True),
-           "pulseloco": lambda seed: loco(seed, gate="bf16", tally=True)}
+           "pulseloco": lambda seed: loco(seed, gate="bf16", tally=True),
+           "pulseloco_trainer": lambda seed: loco(seed, gate="bf16", placement="trainer")}
     if scales:
         del out["pulseloco"]
         for label, c in scales.items():

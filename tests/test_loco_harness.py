@@ -97,3 +97,51 @@ def test_dense_gate_matches_plain_diloco_fp32() -> None:
         mean = (d[0] + d[1]) / 2
         want = g0 - 0.7 * (mean + 0.9 * mean)
         torch.testing.assert_close(run.global_params()[name], want, rtol=0, atol=1e-7)
+
+
+# ---------------------------------------------------------------- outer_placement = "trainer"
+
+TRAINER_CFG = LocoConfig(inner_steps=4, outer_placement="trainer")
+
+
+def test_trainer_placement_dense_equals_the_reference_outer_step() -> None:
+    """Dense (gate "none"): the plain mean of the trainers' own Nesterov updates is the
+    reference's shared Nesterov step on the mean pseudo-gradient, round after round."""
+    ref = run_inprocess(3, ToyTrainer, rounds=4, cfg=LocoConfig(inner_steps=4, gate="none"))
+    moved = run_inprocess(3, ToyTrainer, rounds=4, cfg=LocoConfig(inner_steps=4, gate="none",
+                                                                  outer_placement="trainer"))
+    for name, want in ref.global_params().items():
+        torch.testing.assert_close(moved.global_params()[name], want, rtol=1e-5, atol=1e-7)
+    assert all(float(m.abs().max()) == 0.0 for m in moved.replicas[0].outer.momentum.values())
+    assert any(float(m.abs().max()) > 0.0 for m in ref.replicas[0].outer.momentum.values())
+
+
+def test_trainer_placement_keeps_trainers_bit_identical_and_learning() -> None:
+    run = run_inprocess(4, ToyTrainer, rounds=6, cfg=TRAINER_CFG, arrival_seed=3)
+    assert all(len(set(r.hashes.values())) == 1 and r.resynced == [] for r in run.records)
+    assert run.records[-1].loss < run.records[0].loss
+    assert all(0 < sum(r.fired.values()) for r in run.records)
+
+
+def test_trainer_placement_gates_the_update_not_the_pseudo_gradient() -> None:
+    """sent + kept == e + u exactly, with u = lr * (d + mu * v), v = d in the first round."""
+    trainer = ToyTrainer(0)
+    g = {n: t.detach().clone() for n, t in trainer.local_params().items()}
+    for _ in range(3):
+        trainer.inner_step()
+    local = {n: t.detach().clone() for n, t in trainer.local_params().items()}
+    fb = ErrorFeedback({n: t.shape for n, t in g.items()}, cfg=TRAINER_CFG)
+    p = fb.make_payload(g, local, round=0, trainer_id="t")
+    for name in g:
+        d = g[name] - local[name]
+        u = (d + d * 0.9) * 0.7  # v = 0.9 * 0 + d
+        sent = torch.zeros_like(u).view(-1)
+        idx, vals = p.tensors[name]
+        sent[torch.from_numpy(idx)] = torch.from_numpy(vals)
+        torch.testing.assert_close(sent.view_as(u) + fb.e[name], u, rtol=0, atol=0)
+        torch.testing.assert_close(fb.v[name], d, rtol=0, atol=0)
+    state = fb.state_dict()
+    assert {k for k in state if k.startswith("momentum/")} == {f"momentum/{n}" for n in g}
+    other = ErrorFeedback({n: t.shape for n, t in g.items()}, cfg=TRAINER_CFG)
+    other.load_state_dict(state)
+    assert all(torch.equal(other.v[n], fb.v[n]) and torch.equal(other.e[n], fb.e[n]) for n in g)

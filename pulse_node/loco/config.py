@@ -30,6 +30,16 @@ class LocoConfig(StrictModel):
     longer in the error-feedback buffer), c > 1 more; c = outer_lr * (1 + outer_momentum) / N asks
     whether the outer step's gain on one trainer's entry would change the BF16 weight.
     Measured on the RL bench: bench/RESULTS.md, "Gate scale sweep (2026-11-22)"."""
+    outer_placement: Literal["global", "trainer"] = "global"
+    """Where the outer Nesterov step runs. ``"global"`` (the reference): trainers gate their
+    pseudo-gradient ``d`` and the averaged payloads drive one shared outer step (``outer_lr``,
+    ``outer_momentum``) on the global weights. ``"trainer"``: each trainer runs that outer step
+    on its own ``d`` with its own momentum buffer, gates and error-feeds the resulting update
+    ``u``, and the global weights move by the plain mean of the sent ``u`` (the shared momentum
+    stays zero). The step is linear, so with every trainer contributing the mean of the ``u`` is
+    the reference's step; the gate then holds back only what would not change the BF16 model
+    yet, at the price of firing on the amplified update. Measured on the RL bench: near DiLoCo's
+    quality for ~2.7x the bytes of ``"global"`` (bench/RESULTS.md, "Where the outer step runs")."""
     deadline_s: float = pydantic.Field(60.0, gt=0.0)
     """Wall time after the round opens within which a payload must arrive to be averaged."""
     decision_wait_s: float = pydantic.Field(10.0, gt=0.0)

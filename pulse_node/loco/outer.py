@@ -14,6 +14,10 @@ Outer step (``g`` = mean pseudo-gradient)::
     m = mu * m + g
     theta -= lr * (g + mu * m)   if nesterov else   lr * m
 
+With ``outer_placement = "trainer"`` each trainer has already applied that step to its own
+pseudo-gradient (``sparsify.ErrorFeedback``), so ``g`` is the mean update: ``theta -= g``, and
+the momentum stays zero.
+
 ``state_hash()`` covers round, weights and momentum; a trainer whose hash disagrees with the
 swarm pulls ``state_dict()`` of a peer and calls ``load_state_dict``.
 """
@@ -84,6 +88,9 @@ class OuterOptimizer:
         return acc.div_(float(len(ordered)))
 
     def _step(self, name: str, g: torch.Tensor) -> None:
+        if self.cfg.outer_placement == "trainer":  # the outer step already ran on every trainer
+            self.params[name].sub_(g)
+            return
         m, tmp, theta = self.momentum[name], self._tmp[name], self.params[name]
         mu, lr = self.cfg.outer_momentum, self.cfg.outer_lr
         m.mul_(mu).add_(g)

@@ -9,7 +9,10 @@ Each round, per tensor (all in FP32, preallocated buffers reused every round)::
 
 (``c = 1``, the default, is the reference gate; ``c`` only changes which entries fire, a fired
 entry is still sent as the exact ``s``), so ``sent + kept == s`` entrywise and exactly (every
-entry of ``s`` is either sent unchanged or kept unchanged). BF16 casts round to nearest even;
+entry of ``s`` is either sent unchanged or kept unchanged). With ``cfg.outer_placement ==
+"trainer"`` the trainer first runs the outer step on ``d`` with its own momentum ``v`` and
+gates that update instead: ``v = mu * v + d; u = lr * (d + mu * v)`` (``lr * v`` without
+Nesterov), ``s = e + u``. BF16 casts round to nearest even;
 the comparison is bitwise (int16 views), so a change of sign of zero also fires. A trainer left
 out of a round calls ``restore(payload)``, which puts the sent values back into ``e`` exactly
 (they were zeroed, so ``0 + v == v``).
@@ -39,6 +42,8 @@ class ErrorFeedback:
         self._bf_a = {n: torch.zeros(s, dtype=torch.bfloat16) for n, s in self.shapes.items()}
         self._bf_b = {n: torch.zeros(s, dtype=torch.bfloat16) for n, s in self.shapes.items()}
         self._mask = {n: torch.zeros(s, dtype=torch.bool) for n, s in self.shapes.items()}
+        self.v = ({n: torch.zeros(s, **f32) for n, s in self.shapes.items()}
+                  if cfg.outer_placement == "trainer" else {})  # this trainer's own outer momentum
         self._pending: tuple[int, str] | None = None
 
     def _gate(self, name: str, g: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
@@ -57,10 +62,23 @@ class ErrorFeedback:
         b.copy_(tmp)
         return torch.ne(a.view(torch.int16), b.view(torch.int16), out=mask)
 
+    def _outer_step(self, name: str, d: torch.Tensor) -> None:
+        """``d`` becomes this trainer's outer update ``u`` (in place; ``outer_placement="trainer"``)."""
+        v, tmp, cfg = self.v[name], self._tmp[name], self.cfg
+        v.mul_(cfg.outer_momentum).add_(d)
+        if cfg.nesterov:
+            torch.mul(v, cfg.outer_momentum, out=tmp)
+            d.add_(tmp)
+        else:
+            d.copy_(v)
+        d.mul_(cfg.outer_lr)
+
     def _split(self, name: str, g: torch.Tensor, l: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
         s, e = self._s[name], self.e[name]
         torch.sub(g, l, out=s)  # d
-        torch.add(e, s, out=s)  # s = e + d
+        if self.v:
+            self._outer_step(name, s)  # u
+        torch.add(e, s, out=s)  # s = e + d (or e + u)
         mask = self._gate(name, g, s)
         idx = mask.view(-1).nonzero().view(-1)
         vals = s.view(-1).index_select(0, idx)
@@ -97,12 +115,16 @@ class ErrorFeedback:
         self._pending = None
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """The error-feedback buffers (for a trainer checkpoint)."""
-        return {n: t.clone() for n, t in self.e.items()}
+        """The error-feedback buffers (for a trainer checkpoint), and with ``outer_placement =
+        "trainer"`` this trainer's outer momentum as ``momentum/<name>``."""
+        return {**{n: t.clone() for n, t in self.e.items()},
+                **{f"momentum/{n}": t.clone() for n, t in self.v.items()}}
 
     def load_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
-        if set(state) != set(self.e):
+        if set(state) != set(self.e) | {f"momentum/{n}" for n in self.v}:
             raise KeyError("error-feedback state does not match the model's tensors")
         for n, t in self.e.items():
             t.copy_(state[n])
+        for n, t in self.v.items():
+            t.copy_(state[f"momentum/{n}"])
         self._pending = None
