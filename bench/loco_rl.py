@@ -183,21 +183,26 @@ def run_ddp(work: RLWorkload, seed: int) -> Curve:
     return curve
 
 
-def gate_scales(spec: str) -> dict[str, float]:
-    """``--gate-scales`` -> {method label: gate scale}. Items are numbers or ``outer`` (= outer lr x
-    (1 + momentum), the outer step's long-run gain) or ``outer/n`` (that over the 4 trainers: the
-    gain of an entry only one trainer sends). Scale 1 keeps the label ``pulseloco``."""
+def gate_scales(spec: str) -> dict[str, tuple[float, str]]:
+    """``--gate-scales`` -> {method label: (gate scale, outer placement)}. Items are numbers or
+    ``outer`` (= outer lr x (1 + momentum), the outer step's long-run gain) or ``outer/n`` (that
+    over the 4 trainers: the gain of an entry only one trainer sends), optionally prefixed
+    ``trainer:`` for ``loco.outer_placement = "trainer"``. Scale 1 keeps the labels ``pulseloco``
+    and ``pulseloco_trainer``."""
     cfg = LocoConfig()
     named = {"outer": cfg.outer_lr * (1 + cfg.outer_momentum)}
     named["outer/n"] = named["outer"] / N_TRAINERS
-    out: dict[str, float] = {}
+    out: dict[str, tuple[float, str]] = {}
     for item in (x.strip() for x in spec.split(",") if x.strip()):
+        placement, _, item = item.rpartition(":")
+        placement = placement or "global"
         c = named[item] if item in named else float(item)
-        out["pulseloco" if c == 1.0 else f"pulseloco_c{c:.4g}"] = c
+        label = "pulseloco" + ("" if placement == "global" else f"_{placement}")
+        out[label if c == 1.0 else f"{label}_c{c:.4g}"] = (c, placement)
     return out
 
 
-def rl_methods(work: RLWorkload, scales: dict[str, float] | None = None) -> dict[str, Callable[[int], Curve]]:
+def rl_methods(work: RLWorkload, scales: dict[str, tuple[float, str]] | None = None) -> dict[str, Callable[[int], Curve]]:
     s = work.setup
 
     def loco(seed: int, **kw) -> Curve:
@@ -212,8 +217,9 @@ def rl_methods(work: RLWorkload, scales: dict[str, float] | None = None) -> dict
            "pulseloco_trainer": lambda seed: loco(seed, gate="bf16", placement="trainer")}
     if scales:
         del out["pulseloco"]
-        for label, c in scales.items():
-            out[label] = lambda seed, c=c: loco(seed, gate="bf16", tally=True, gate_scale=c)
+        for label, (c, placement) in scales.items():
+            out[label] = lambda seed, c=c, pl=placement: loco(seed, gate="bf16", tally=pl == "global", gate_scale=c,
+                                                              placement=pl)
     return out
 
 
@@ -260,6 +266,8 @@ def phase_lr(args, lr: float, seeds: list[int], rounds: int) -> dict:
     CodecTally.tally = {}
     scales = gate_scales(args.gate_scales) if args.gate_scales else {}
     wanted = args.methods.split(",") + (list(scales) if "pulseloco" in args.methods.split(",") else [])
+    if "diloco" not in wanted or not any(m.startswith("pulseloco") for m in wanted):
+        raise SystemExit("--methods needs diloco and a pulseloco method")
     methods = {m: run for m, run in rl_methods(work, scales).items() if m in wanted}
     curves = sweep(methods, seeds, "exp.reward")
     if args.curves:
@@ -268,13 +276,13 @@ def phase_lr(args, lr: float, seeds: list[int], rounds: int) -> dict:
     s = summarize(curves, higher_better=True)
     print_table(f"RL GRPO, lr {lr:g}", s, "exp.reward")
     per_entry = codec_report(CodecTally.tally)
-    head = "pulseloco" if "pulseloco" in s else next(iter(scales))
+    head = "pulseloco" if "pulseloco" in s else next(iter(scales or [m for m in s if m.startswith("pulseloco")]))
     p, d = s[head], s["diloco"]
     by_scale = {}
-    for label, c in scales.items():
+    for label, (c, placement) in scales.items():
         r = s[label]
         by_scale[label] = {
-            "gate_scale": c, "bytes_per_outer_step": r["bytes_per_outer_step"],
+            "gate_scale": c, "outer_placement": placement, "bytes_per_outer_step": r["bytes_per_outer_step"],
             "bytes_ratio_vs_diloco": ratio(s, "diloco", label), "fired_fraction": r["density"],
             "metric_mean": r["metric_mean"], "metric_std": r["metric_std"], "acc_mean": r["acc_mean"],
             "share_of_diloco_gain": (r["metric_mean"] - base_metric) / (d["metric_mean"] - base_metric),
@@ -282,10 +290,10 @@ def phase_lr(args, lr: float, seeds: list[int], rounds: int) -> dict:
     if scales:
         print(f"\n## gate scale sweep, lr {lr:g} (base {base_metric:.5f}, DiLoCo {d['metric_mean']:.5f} "
               f"± {d['metric_std']:.5f})")
-        print(f"{'method':<20} {'c':>6} {'B/outer step':>13} {'vs DiLoCo':>9} {'fired':>7} {'exp.reward':>10} "
+        print(f"{'method':<26} {'c':>6} {'B/outer step':>13} {'vs DiLoCo':>9} {'fired':>7} {'exp.reward':>10} "
               f"{'std':>8} {'gain share':>10}")
         for label, r in by_scale.items():
-            print(f"{label:<20} {r['gate_scale']:>6.3f} {r['bytes_per_outer_step']:>13.0f} "
+            print(f"{label:<26} {r['gate_scale']:>6.3f} {r['bytes_per_outer_step']:>13.0f} "
                   f"{r['bytes_ratio_vs_diloco']:>8.1f}x {r['fired_fraction']:>7.4f} {r['metric_mean']:>10.5f} "
                   f"{r['metric_std']:>8.5f} {r['share_of_diloco_gain']:>10.3f}", flush=True)
     numel = numel_of(work)
@@ -300,15 +308,24 @@ def phase_lr(args, lr: float, seeds: list[int], rounds: int) -> dict:
         "metric_base": base_metric, "acc_base": base_acc,
         "acc": {m: r["acc_mean"] for m, r in s.items() if not m.startswith("_")},
         "within_one_std": abs(p["metric_mean"] - d["metric_mean"]) <= d["metric_std"],
-        "bytes_ratio_vs_diloco": ratio(s, "diloco"), "bytes_ratio_vs_ddp": ratio(s2, "ddp"),
-        "bytes_ratio_vs_diloco_fp16": ratio(s2, "diloco_fp16"),
-        "bytes_to_target_ratio_vs_diloco": ratio_to_target(s, "diloco"),
-        "bytes_to_target_ratio_vs_ddp": ratio_to_target(s2, "ddp"),
+        "headline": head,
+        "bytes_ratio_vs_diloco": ratio(s, "diloco", head), "bytes_ratio_vs_ddp": ratio(s2, "ddp", head),
+        "bytes_ratio_vs_diloco_fp16": ratio(s2, "diloco_fp16", head),
+        "bytes_to_target_ratio_vs_diloco": ratio_to_target(s, "diloco", head),
+        "bytes_to_target_ratio_vs_ddp": ratio_to_target(s2, "ddp", head),
         "bytes_per_outer_step": {m: s[m]["bytes_per_outer_step"] for m in s if not m.startswith("_")},
         "fired_fraction": p["density"], "fired_fraction_first": p["density_first"],
         "fired_fraction_last": p["density_last"], "bytes_per_fired_entry": per_entry,
         "grpo_bf16_change_per_step": step_rate, "grpo_bf16_change_per_window": window_rate,
         **({"headline_method": head, "gate_scales": by_scale} if scales else {}),
+        **({"trainer_placement": {
+            "metric_mean": s["pulseloco_trainer"]["metric_mean"], "metric_std": s["pulseloco_trainer"]["metric_std"],
+            "bytes_ratio_vs_diloco": ratio(s, "diloco", "pulseloco_trainer"),
+            "fired_fraction": s["pulseloco_trainer"]["density"],
+            "share_of_diloco_gain": (s["pulseloco_trainer"]["metric_mean"] - base_metric)
+            / (d["metric_mean"] - base_metric),
+            "within_one_std": abs(s["pulseloco_trainer"]["metric_mean"] - d["metric_mean"]) <= d["metric_std"]}}
+           if "pulseloco_trainer" in s else {}),
         "summary": s,
     }
 

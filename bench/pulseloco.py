@@ -338,7 +338,7 @@ def main() -> int:
                     help="rl: override a key of configs/solo.toml (other model sizes, tasks; repeatable)")
     ap.add_argument("--rss-rounds", type=int, default=50, help="0 skips the RSS phase")
     ap.add_argument("--methods", default="ddp,diloco,diloco_fp16,pulseloco",
-                    help="rl: methods to run (diloco and pulseloco are required)")
+                    help="rl: methods to run (diloco and a pulseloco method are required; also pulseloco_trainer)")
     ap.add_argument("--gate-scales", default="",
                     help="rl: run pulseloco once per gate scale c (LocoConfig.gate_scale), e.g. 0.5,1,2,outer/n,"
                          "outer (outer = outer lr x (1 + momentum)); labelled pulseloco_c<c>, c=1 stays pulseloco")

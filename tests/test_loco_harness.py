@@ -124,7 +124,8 @@ def test_trainer_placement_keeps_trainers_bit_identical_and_learning() -> None:
 
 
 def test_trainer_placement_gates_the_update_not_the_pseudo_gradient() -> None:
-    """sent + kept == e + u exactly, with u = lr * (d + mu * v), v = d in the first round."""
+    """sent + kept == e + u exactly, with u = lr * (d + mu * v), v = d in the first round; sent
+    values lie on their weight's FP32 grid (w - (w - sent) == sent) and restore is exact."""
     trainer = ToyTrainer(0)
     g = {n: t.detach().clone() for n, t in trainer.local_params().items()}
     for _ in range(3):
@@ -140,8 +141,16 @@ def test_trainer_placement_gates_the_update_not_the_pseudo_gradient() -> None:
         sent[torch.from_numpy(idx)] = torch.from_numpy(vals)
         torch.testing.assert_close(sent.view_as(u) + fb.e[name], u, rtol=0, atol=0)
         torch.testing.assert_close(fb.v[name], d, rtol=0, atol=0)
+        w = g[name].view(-1)[torch.from_numpy(idx)]
+        v = torch.from_numpy(vals)
+        assert torch.equal((w - (w - v)).view(torch.int32), v.view(torch.int32))
+        assert bool((v != 0).all())
     state = fb.state_dict()
     assert {k for k in state if k.startswith("momentum/")} == {f"momentum/{n}" for n in g}
     other = ErrorFeedback({n: t.shape for n, t in g.items()}, cfg=TRAINER_CFG)
     other.load_state_dict(state)
     assert all(torch.equal(other.v[n], fb.v[n]) and torch.equal(other.e[n], fb.e[n]) for n in g)
+    fb.restore(p)  # missed the round: e holds all of u again, bit for bit
+    for name in g:
+        u = ((g[name] - local[name]) + (g[name] - local[name]) * 0.9) * 0.7
+        assert torch.equal(fb.e[name].view(torch.int32), u.view(torch.int32))

@@ -85,7 +85,24 @@ class ErrorFeedback:
         # s becomes the new e (buffers swap, nothing copied); fired entries are cleared
         self.e[name], self._s[name] = s, e
         s.masked_fill_(mask, 0.0)
+        if self.v:
+            vals = self._on_weight_grid(g.view(-1).index_select(0, idx), vals, s.view(-1), idx)
         return idx.numpy(), vals.numpy()
+
+    @staticmethod
+    def _on_weight_grid(w: torch.Tensor, vals: torch.Tensor, e: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        """Send ``w - fp32(w - v)``, the part of each fired ``v`` the FP32 weight can take; keep the rest.
+
+        The outer update ``u`` has FP32 bits far below ``w``'s ulp (it is scaled by ``lr`` and
+        ``mu``), which the payload value coder can only send raw (~4 B per entry instead of
+        ~2.5); rounded to ``w``'s grid it codes like a pseudo-gradient. The remainder
+        ``v - sent`` (at most half an FP32 ulp of ``w``) stays in ``e`` at that position, so
+        ``sent + kept == v`` still holds exactly (Sterbenz: ``v`` and ``sent`` are within a
+        factor 2 of each other, or ``sent`` is 0 and the remainder is ``v``).
+        """
+        sent = w - (w - vals)
+        e.index_copy_(0, idx, vals - sent)
+        return sent
 
     @torch.no_grad()
     def make_payload(self, global_params: Mapping[str, torch.Tensor],
@@ -107,7 +124,8 @@ class ErrorFeedback:
 
     @torch.no_grad()
     def restore(self, payload: LocoPayload) -> None:
-        """Put an unsent payload back into ``e`` (the trainer missed the round's deadline)."""
+        """Put an unsent payload back into ``e`` (the trainer missed the round's deadline); exact:
+        ``e`` holds 0 or the remainder ``v - sent`` there, and ``remainder + sent == v`` in FP32."""
         if self._pending != (payload.round, payload.trainer_id):
             raise ValueError("restore() takes the payload of this trainer's latest make_payload()")
         for name, (idx, vals) in payload.tensors.items():
