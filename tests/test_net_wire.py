@@ -182,6 +182,29 @@ def test_fetch_from_dead_or_silent_peer_times_out(swarm: dict, tmp_path: Path) -
     client.fetch(swarm["addr"], "record", {"version": 7}, tmp_path / "7.rec", timeout=10)
 
 
+def test_dial_to_an_address_that_drops_syns_fails_within_the_dial_timeout(swarm: dict, tmp_path: Path) -> None:
+    """A NATed peer's private address (or a firewall) drops SYNs: the dial gives up after the
+    dial timeout, not after the request's whole deadline (bench/nat.py measured 60 s)."""
+    [client] = _start([tmp_path / "client"], dial_timeout=1.0)
+    peer_id = swarm["client"].info().peer_id  # a peer this new client has no connection to
+    blackhole = socket.socket()
+    blackhole.bind(("127.0.0.1", 0))
+    blackhole.listen(0)
+    filler = socket.create_connection(blackhole.getsockname(), timeout=5)  # the accept queue is now full:
+    try:  # the kernel drops further SYNs, as a route into a private network does
+        addr = f"/ip4/127.0.0.1/tcp/{blackhole.getsockname()[1]}/p2p/{peer_id}"
+        t0 = time.monotonic()
+        with pytest.raises(wp.PeerUnavailable, match="no connection within 1 s"):
+            client.fetch(addr, "record", {"version": 7}, tmp_path / "x", timeout=30.0)
+        assert time.monotonic() - t0 < 1.0 + 4.0
+        assert client.stats()["errors"]["dial_timeout"] == 1
+        client.fetch(swarm["addr"], "record", {"version": 7}, tmp_path / "7.rec", timeout=10)  # live peers: fine
+    finally:
+        filler.close()
+        blackhole.close()
+        client.stop()
+
+
 def test_anchor_from_several_providers_survives_missing_and_dying_provider(swarm: dict, tmp_path: Path) -> None:
     client, anchor = swarm["client"], swarm["files"]["anchor"]
     slow_root, empty_root = tmp_path / "slow", tmp_path / "empty"

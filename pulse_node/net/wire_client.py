@@ -83,9 +83,11 @@ class WireClient:
     def start(cls, *, store: Path, listen: tuple[str, ...] = ("/ip4/127.0.0.1/tcp/0",),
               identity: Path | None = None, announce: tuple[str, ...] = (), max_streams: int = 32,
               idle_timeout: float = 10.0, max_upload_rate: float = 0.0, log_path: Path | None = None,
-              start_timeout: float = 60.0) -> "WireClient":
+              start_timeout: float = 60.0, dial_timeout: float | None = None) -> "WireClient":
         args = ["--store", str(store), "--max-streams", str(max_streams),
                 "--idle-timeout", str(idle_timeout), "--max-upload-rate", str(max_upload_rate)]
+        if dial_timeout is not None:  # else the worker's default (wire_transfer.DIAL_TIMEOUT_S)
+            args += ["--dial-timeout", str(dial_timeout)]
         for a in listen:
             args += ["--listen", a]
         for a in announce:

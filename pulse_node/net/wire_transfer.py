@@ -116,22 +116,36 @@ class StreamIO:
                 pass
 
 
+#: a new connection (TCP + Noise + yamux) must be up within this many seconds; a live internet
+#: path needs ~1 RTT per step. Without it a dial to an address that drops SYNs (a NATed peer's
+#: private address, a firewall) holds the caller for its whole deadline (60 s for a fetch).
+DIAL_TIMEOUT_S = 10.0
+
+
 class Dialer:
     """Opens streams to peers named by ``/ip4/../tcp/../p2p/<id>`` multiaddrs, reusing connections."""
 
-    def __init__(self, host: Any, *, counters: Counters, max_streams: int, idle: float) -> None:
-        self.host, self.counters, self.idle = host, counters, idle
+    def __init__(self, host: Any, *, counters: Counters, max_streams: int, idle: float,
+                 dial_timeout: float = DIAL_TIMEOUT_S) -> None:
+        self.host, self.counters, self.idle, self.dial_timeout = host, counters, idle, dial_timeout
         self.limiter = trio.CapacityLimiter(max_streams)
 
     async def open(self, peer: str, kind: str) -> StreamIO:
-        """Connect if needed and open a stream for ``kind``; bounded by the caller's deadline."""
+        """Connect if needed (within ``dial_timeout``) and open a stream for ``kind``; bounded by
+        the caller's deadline. A connection the peer opened to us is reused: that is how peers
+        reach a node behind a NAT."""
         try:
             info = info_from_p2p_addr(multiaddr.Multiaddr(peer))
         except Exception as exc:
             raise WireError(f"peer address {peer!r} is not a /p2p/ multiaddr ({exc})") from None
         pid = info.peer_id.to_string()
         try:
-            await self.host.connect(info)
+            with trio.move_on_after(self.dial_timeout) as dial:
+                await self.host.connect(info)
+            if dial.cancelled_caught:
+                self.counters.errors["dial_timeout"] += 1
+                raise TimeoutError(f"no connection within {self.dial_timeout:g} s (nothing answers at {peer}: "
+                                   "a peer behind a NAT or a firewall, or gone)")
             stream = await self.host.new_stream(info.peer_id, [TProtocol(wp.PROTOCOLS[kind])])
         except trio.Cancelled:
             raise

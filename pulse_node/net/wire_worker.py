@@ -418,7 +418,8 @@ async def amain(args: argparse.Namespace) -> None:
     server = Server(partial(resolve, root), counters=counters, events=events, max_streams=args.max_streams,
                     idle=args.idle_timeout, upload_rate=args.max_upload_rate, producer=CatchupProducer(root))
     server.register(host)
-    dialer = wt.Dialer(host, counters=counters, max_streams=args.max_streams, idle=args.idle_timeout)
+    dialer = wt.Dialer(host, counters=counters, max_streams=args.max_streams, idle=args.idle_timeout,
+                       dial_timeout=args.dial_timeout)
     rpc = Rpc(host, server, dialer, events)
     async with host.run(listen):
         log.info("peer %s listening on %s", host.get_id().to_string(), [str(a) for a in host.get_addrs()])
@@ -440,6 +441,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--announce", action="append", default=[], help="multiaddr to advertise instead")
     p.add_argument("--max-streams", type=int, default=32, help="concurrent streams each way")
     p.add_argument("--idle-timeout", type=float, default=10.0, help="seconds any stream read/write may stall")
+    p.add_argument("--dial-timeout", type=float, default=wt.DIAL_TIMEOUT_S, help="seconds a new connection may take")
     p.add_argument("--max-upload-rate", type=float, default=0.0, help="bytes/s served to peers (0 = no cap)")
     p.add_argument("--max-events", type=int, default=1024, help="queued inbound pushes")
     p.add_argument("--max-event-bytes", type=int, default=256 << 20, help="bytes of queued inbound pushes")
