@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from pulse_node.configload import StrictModel
 from pulse_node.loco.config import LocoConfig
@@ -57,6 +57,23 @@ class NetConfig(StrictModel):
     max_parallel_fetches: int = Field(4, ge=1, le=64)
     worker_start_timeout_s: float = Field(60.0, gt=0)
     faults: FaultConfig = Field(default_factory=FaultConfig, description="TESTING ONLY: chaos fault injection")
+
+    @model_validator(mode="after")
+    def _announce_needs_a_fixed_port(self) -> "NetConfig":
+        """An announced address names the port peers dial (the one you forwarded); a listener on
+        port 0 gets a random port, so such an announcement is wrong however it is written."""
+        for announce, listen, key, example in ((self.announce, self.dht_listen, "dht_listen", 31338),
+                                               (self.wire_announce, self.wire_listen, "wire_listen", 31339)):
+            if announce and all(_port(m) == "0" for m in listen):
+                raise ValueError(
+                    f"an announced address needs net.{key} on a fixed port (it listens on a random one, port 0): "
+                    f"listen on the port you forwarded, e.g. --set 'net.{key}=[\"/ip4/0.0.0.0/tcp/{example}\"]'")
+        return self
+
+
+def _port(maddr: str) -> str | None:
+    parts = maddr.split("/")
+    return next((parts[i + 1] for i, p in enumerate(parts[:-1]) if p in ("tcp", "udp")), None)
 
 
 class ChainConfig(StrictModel):

@@ -63,3 +63,17 @@ def test_print_config_shows_resolved_values():
                           "--set", "grpo.lr=3e-6", "--print-config"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert "lr = 3e-06" in out.stdout and 'role = "trainer"' in out.stdout
+
+
+def test_an_announced_address_needs_a_fixed_listen_port():
+    """With port 0 (the default) the node listens on a random port, so no announced port can be
+    right: `join --announce` / `--wire-announce` must come with the forwarded listen port."""
+    from pulse_node.config import InferenceConfig
+
+    for announce, listen in (("net.announce", "net.dht_listen"), ("net.wire_announce", "net.wire_listen")):
+        with pytest.raises(ConfigError, match=f"{listen} on a fixed port"):
+            load_config(InferenceConfig, None, [f"{announce}=['/ip4/1.2.3.4/tcp/31338']"])
+        cfg = load_config(InferenceConfig, None, [f"{announce}=['/ip4/1.2.3.4/tcp/31338']",
+                                                  f"{listen}=['/ip4/0.0.0.0/tcp/31338']"])
+        assert getattr(cfg.net, announce.split(".")[1]) == ["/ip4/1.2.3.4/tcp/31338"]
+    assert load_config(InferenceConfig, None, []).net.announce == []  # no announcement: port 0 is fine
