@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 from pulse_node.chain.identity import Identity
 from pulse_node.ops.checks import address_scope, check_disk, dependency_problems
-from pulse_node.ops.doctor import check_clocks
+from pulse_node.ops.doctor import DoctorOptions, check_clocks, check_reachable
 
 PULSE = [sys.executable, "-m", "pulse_node"]
 
@@ -60,6 +60,14 @@ def test_clock_skew_and_address_scopes() -> None:
     assert [address_scope(a) for a in ("/ip4/8.8.8.8/tcp/1", "/ip4/10.1.2.3/tcp/1", "/ip4/127.0.0.1/tcp/1",
                                        "/dns4/example.org/tcp/1", "/ip4/1.2.3.4/tcp/1/p2p/X/p2p-circuit")] == [
         "public", "private", "loopback", "dns", "relay"]
+
+
+def test_private_addresses_with_a_public_bootstrap_warn_with_what_works_behind_a_nat() -> None:
+    pid = "12D3KooWMUYoksi18CJp44ErBCbEoUe5pvdyyKo25XXHFMMcQnac"
+    client = SimpleNamespace(info=lambda: SimpleNamespace(visible_maddrs=[f"/ip4/192.168.1.5/tcp/4001/p2p/{pid}"]))
+    check = check_reachable(client, DoctorOptions(bootstrap=[f"/ip4/8.8.8.8/tcp/31337/p2p/{pid}"]))
+    assert check.status == "WARN"
+    assert "inference node works anyway" in check.fix and "net.dht_listen" in check.fix and "--announce" in check.fix
 
 
 def test_dependency_and_disk_checks(tmp_path) -> None:

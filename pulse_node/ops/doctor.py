@@ -34,9 +34,12 @@ ALL_CHECKS = ENV_CHECKS + NET_CHECKS
 CLOCK_WARN_S = 30.0
 #: a record is refreshed every ttl/3 (<= 10 s by default): older than this means a slow clock
 RECORD_MAX_AGE_S = 60.0
-NAT_FIX = ("peers outside this network cannot dial you: forward a TCP port and pass --announce "
-           "/ip4/<public-ip>/tcp/<port> (and --wire-announce for the data plane), or run with "
-           "--set net.use_auto_relay=true, or --set net.client_mode=true to only download")
+NAT_FIX = ("peers outside this network cannot dial you. An inference node works anyway: it opens the "
+           "connections and peers answer on them (measured across a real NAT, bench/nat.py). To be dialable "
+           "too (to serve peers that never contacted you), forward TCP ports, listen on them and announce "
+           "them: --set 'net.dht_listen=[\"/ip4/0.0.0.0/tcp/<port>\"]' --announce /ip4/<public-ip>/tcp/<port>, "
+           "and net.wire_listen with --wire-announce for the data plane (net.use_auto_relay gave no relay "
+           "address in that measurement, and the data plane does not use relays)")
 
 
 @dataclass
