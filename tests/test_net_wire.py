@@ -321,3 +321,13 @@ def test_loco_payload_and_decision_are_served_and_decisions_pushed(swarm: dict, 
     got: list = []
     _wait_for(lambda: got.extend(server.events(max_events=8)) or bool(got), 10, "the decision push")
     assert [(e.kind, e.data) for e in got] == [("decision", b"d" * 100)]
+
+
+def test_fetch_over_a_dns4_address(swarm: dict, tmp_path: Path) -> None:
+    """Announced names work (docker compose announces /dns4/<service>/...): the dialer resolves them."""
+    addr = swarm["addr"]
+    assert addr.startswith("/ip4/127.0.0.1/tcp/")
+    named = addr.replace("/ip4/127.0.0.1/", "/dns4/localhost/", 1)
+    swarm["server"].set_head(b"head record 9")
+    swarm["client"].fetch(named, "record", {"version": None}, tmp_path / "head.rec")
+    assert (tmp_path / "head.rec").read_bytes() == b"head record 9"

@@ -40,6 +40,22 @@ def _compose() -> dict:
     return yaml.safe_load(COMPOSE.read_text())
 
 
+def test_compose_nodes_announce_a_dialable_data_plane_address() -> None:
+    """Each node's data plane listens on a fixed port and announces it by service name (the
+    default /ip4/0.0.0.0 port 0 would announce 0.0.0.0, which no other container can dial)."""
+    from pulse_node.configload import load_config
+    from pulse_node.config import NodeConfig
+
+    for name, svc in _compose()["services"].items():
+        script = svc["command"][2]
+        if " join " not in script:
+            continue
+        assert f"--wire-announce /dns4/{name}/tcp/31339" in script, name
+        sets = [a for a in shlex.split(script.split("--bootstrap")[0]) if a.startswith("net.wire_listen=")]
+        cfg = load_config(NodeConfig, None, [*sets, f'net.wire_announce=["/dns4/{name}/tcp/31339"]'])
+        assert cfg.net.wire_listen == ["/ip4/0.0.0.0/tcp/31339"] and cfg.net.wire_announce, name
+
+
 def test_compose_file_declares_the_swarm() -> None:
     c = _compose()
     svcs = c["services"]
@@ -89,6 +105,9 @@ class ComposeAsProcesses:
             self.volume_dir(volume).mkdir(parents=True, exist_ok=True)
             text = re.sub(rf"(?<![\w.-]){re.escape(target)}(?=[/\s'\"]|$)", str(self.volume_dir(volume)), text)
         text = text.replace("/ip4/0.0.0.0/tcp/31337", "/ip4/127.0.0.1/tcp/0")
+        # containers announce their data plane by service name on a fixed port; local processes
+        # share one host, so they listen on 127.0.0.1 port 0 (TINY) and announce that instead
+        text = re.sub(r" --wire-announce /dns4/[\w-]+/tcp/31339", "", text)
         text = text.replace("/dns4/bootstrap/tcp/31337", f"/ip4/127.0.0.1/tcp/{self.bootstrap_port}")
         text = text.replace("/configs/", f"{REPO / 'configs'}/")
         return text.replace("--metrics-port 9100", "--metrics-port 0")
