@@ -180,8 +180,9 @@ async def create_dht_node(p2p: P2P, validator: RecordValidatorBase, *, initial_p
     except ValidationError as exc:
         if "can't access this node" in str(exc):
             raise JoinError("bootstrap", "the bootstrap cannot connect back to this node (NAT or firewall): "
-                            "forward the port and set --announce-maddrs, or run with --client-mode, "
-                            "or --use-auto-relay") from None
+                            "forward a fixed port and announce it (pulse-node join: --set "
+                            "'net.dht_listen=[\"/ip4/0.0.0.0/tcp/31338\"]' --announce /ip4/<PUBLIC_IP>/tcp/31338; "
+                            "pulse-node bootstrap: --announce-maddrs), or join with --set net.client_mode=true") from None
         raise JoinError("bootstrap", f"joining the DHT failed: {exc} (check this machine's clock: "
                         "peers must agree within 3 s; enable NTP)") from None
     except RuntimeError as exc:
