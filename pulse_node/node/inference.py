@@ -17,6 +17,7 @@ from pulse_node.config import InferenceConfig
 from pulse_node.errors import PulseError
 from pulse_node.node.context import RoleContext
 from pulse_node.node.syncer import VersionSync
+from pulse_node.node.transport import push_to_all
 from pulse_node.node.trust import TrustPolicy
 from pulse_node.rl.config import GRPOConfig
 from pulse_node.rl.policy import build_policy
@@ -79,12 +80,7 @@ class InferenceRole:
         for r in applied:
             self.ctx.status.record_version({"version": r.version, "state_hash": r.state_hash,
                                             "patch_bytes": r.patch_bytes, "at": time.time()})
-        data = encode_record(rec)
-        for peer in self.ctx.peers("inference"):
-            try:
-                self.ctx.transport.push(peer, "head", data, timeout=5.0)
-            except PulseError:
-                pass
+        push_to_all(self.ctx.transport, self.ctx.peers("inference"), "head", encode_record(rec), timeout=5.0)
         self.ctx.log.info("holding version %d (%s)", rec.version, rec.state_hash[:12])
 
     def _rollout_once(self, peers) -> bool:

@@ -33,6 +33,7 @@ from pulse_node.node.agreement import RoundAgreement
 from pulse_node.node.context import RoleContext
 from pulse_node.node.publisher import VersionPublisher
 from pulse_node.node.trainer_state import export_trainer_state, read_trainer_state
+from pulse_node.node.transport import push_to_all
 from pulse_node.rl.evaluate import evaluate
 from pulse_node.rl.grpo import GRPOLearner
 from pulse_node.rl.policy import build_policy
@@ -303,12 +304,8 @@ class TrainerRole:
             return
         self.ctx.announce(version=head.version, chain_hash=head.chain_hash, state_hash=head.state_hash)
         if push:
-            data = encode_record(head)
-            for peer in self.ctx.peers():  # inference nodes learn the head, trainers compare states
-                try:
-                    self.ctx.transport.push(peer, "head", data, timeout=5.0)
-                except PulseError:
-                    pass
+            # inference nodes learn the head, trainers compare states
+            push_to_all(self.ctx.transport, self.ctx.peers(), "head", encode_record(head), timeout=5.0)
 
     # ---- inputs ------------------------------------------------------------------------
     def _drain_events(self, wait_s: float = 0.0) -> None:
