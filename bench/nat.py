@@ -299,8 +299,13 @@ def delta(after: dict[str, float], before: dict[str, float]) -> dict[str, float]
 
 def read_peers(boot: str, work: Path) -> list[dict]:
     """The swarm's peer records as the public side sees them (a client-mode DHT node in pnat-pub)."""
-    res = subprocess.run(["ip", "netns", "exec", NS_PUB, sys.executable, str(Path(__file__).resolve()),
-                          "--read-peers", boot, str(work)], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    return _run_self_in(NS_PUB, ["--read-peers", boot, str(work)], timeout=120)
+
+
+def _run_self_in(ns: str, args: list[str], *, timeout: float) -> list[dict]:
+    """This script with ``args`` inside namespace ``ns``; its last stdout line, a JSON list."""
+    res = subprocess.run(["ip", "netns", "exec", ns, sys.executable, str(Path(__file__).resolve()), *args],
+                         capture_output=True, text=True, timeout=timeout, cwd=ROOT)
     try:
         return json.loads(res.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
@@ -326,12 +331,7 @@ def probe_wire(ns: str, listen_ip: str, records: list[dict], work: Path) -> list
     that never talked to them) dials each record's first wire address and asks for its head record."""
     work.mkdir(parents=True, exist_ok=True)
     (work / "records.json").write_text(json.dumps(records))
-    res = subprocess.run(["ip", "netns", "exec", ns, sys.executable, str(Path(__file__).resolve()),
-                          "--probe-wire", listen_ip, str(work)], capture_output=True, text=True, timeout=180, cwd=ROOT)
-    try:
-        return json.loads(res.stdout.strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        return [{"error": (res.stderr or res.stdout)[-500:]}]
+    return _run_self_in(ns, ["--probe-wire", listen_ip, str(work)], timeout=180)
 
 
 def _probe_wire_main(listen_ip: str, work: Path) -> None:

@@ -15,7 +15,8 @@ gates that update instead: ``v = mu * v + d; u = lr * (d + mu * v)`` (``lr * v``
 Nesterov), ``s = e + u``. BF16 casts round to nearest even;
 the comparison is bitwise (int16 views), so a change of sign of zero also fires. A trainer left
 out of a round calls ``restore(payload)``, which puts the sent values back into ``e`` exactly
-(they were zeroed, so ``0 + v == v``).
+(they were zeroed, so ``0 + v == v``; with the trainer placement ``e`` holds the sub-ulp
+remainder of each sent value, see ``_on_weight_grid``, and ``remainder + sent == v``).
 """
 
 from __future__ import annotations

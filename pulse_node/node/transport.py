@@ -11,6 +11,7 @@ import shutil
 import threading
 import time
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Protocol
@@ -69,8 +70,6 @@ def push_to_all(transport: "Transport", peers: list[PeerInfo], kind: str, data: 
 
     if len(peers) <= 1:
         return sum(not one(p) for p in peers)
-    from concurrent.futures import ThreadPoolExecutor
-
     with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL_PUSHES, len(peers)), thread_name_prefix="push") as pool:
         return sum(not ok for ok in pool.map(one, peers))
 
