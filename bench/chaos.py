@@ -37,8 +37,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pulse_node.chain.identity import Identity  # noqa: E402
 from pulse_node.config import InferenceConfig, TrainerConfig  # noqa: E402
-from pulse_node.node.faults import FaultRates, FaultyTransport, start_forging_peer  # noqa: E402
-from pulse_node.node.inprocess import InProcessSwarm, read_status  # noqa: E402
+from pulse_node.testing.faults import FaultRates, FaultyTransport, start_forging_peer  # noqa: E402
+from pulse_node.testing.inprocess import InProcessSwarm, read_status  # noqa: E402
 
 RATES = FaultRates(drop=0.1, duplicate=0.1, reorder=0.1, delay=0.1, corrupt=0.05, max_delay_s=0.1,
                    spare_kinds=("loco",))
@@ -134,7 +134,7 @@ def process_config(args):
 
 
 def run_processes(args) -> dict:
-    from pulse_node.node.chaos import ChaosPlan, ProcessChaos
+    from pulse_node.testing.chaos import ChaosPlan, ProcessChaos
 
     cfg = process_config(args)
     chaos = ProcessChaos(cfg, ChaosPlan(kill_every_s=args.kill_every, seed=args.seed,

@@ -23,7 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pulse_node.config import SwarmConfig  # noqa: E402
-from pulse_node.node.swarm import LocalSwarm  # noqa: E402
+from pulse_node.swarm.launcher import LocalSwarm  # noqa: E402
 
 
 def run(n_inference: int, versions: int, run_dir: Path) -> dict:

@@ -2,7 +2,7 @@
 
 A workload supplies ``make_trainer(seed) -> (rank -> InnerTrainer)`` and ``evaluate(params) ->
 (metric, accuracy)`` on the global FP32 weights; ``run_loco`` runs DiLoCo (gate "none"), DiLoCo
-with FP16 pseudo-gradients, or PULSELoCo (gate "bf16") through ``pulse_node.loco.harness`` and
+with FP16 pseudo-gradients, or PULSELoCo (gate "bf16") through ``pulse_node.testing.loco_harness`` and
 returns a ``Curve``. DDP is workload-specific (it needs the gradient), each workload has its own.
 Not runnable on its own.
 """
@@ -23,7 +23,7 @@ from pulse_node.codec import positions as codec_positions
 from pulse_node.loco import positions as loco_positions
 from pulse_node.loco.basecoder import encode_values_ctx, position_labels
 from pulse_node.loco.config import LocoConfig
-from pulse_node.loco.harness import InnerTrainer, run_inprocess
+from pulse_node.testing.loco_harness import InnerTrainer, run_inprocess
 from pulse_node.loco.payload import LocoPayload, encode_payload, encode_values
 from pulse_node.loco.sparsify import ErrorFeedback
 

@@ -95,7 +95,7 @@ class RLWorkload:
 
 
 class GRPOTrainer:
-    """``InnerTrainer`` of ``pulse_node.loco.harness``: on-policy GRPO steps on own prompts."""
+    """``InnerTrainer`` of ``pulse_node.testing.loco_harness``: on-policy GRPO steps on own prompts."""
 
     def __init__(self, work: RLWorkload, *, seed: int, rank: int) -> None:
         self.policy = work.policy()

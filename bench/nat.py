@@ -241,7 +241,7 @@ def write_config(cfg, d: Path, *, role: str, trusted: list[str], volunteer: bool
     """``node_config`` of the local swarm; a volunteer keeps the default (all-interfaces) listen addresses."""
     import tomli_w
 
-    from pulse_node.node.swarm import node_config
+    from pulse_node.swarm.launcher import node_config
 
     tree = node_config(cfg, role=role, data_dir=d, trusted=trusted)
     if volunteer:

@@ -25,7 +25,7 @@ class FaultConfig(StrictModel):
     """TESTING ONLY (chaos tests): make this node's own data plane misbehave on purpose.
 
     Off by default. With ``enabled = true`` every fetch and push of this node may be dropped,
-    duplicated, reordered, delayed or corrupted at these rates (``node/faults.py``), and the node
+    duplicated, reordered, delayed or corrupted at these rates (``testing/faults.py``), and the node
     says so loudly at start. Discovery (the DHT) is never faulted. Never enable on a real swarm.
     """
 

@@ -6,9 +6,9 @@ import numpy as np
 import torch
 
 from pulse_node.loco.config import LocoConfig
-from pulse_node.loco.harness import run_inprocess
+from pulse_node.testing.loco_harness import run_inprocess
 from pulse_node.loco.sparsify import ErrorFeedback
-from pulse_node.loco.toy import ToyTrainer
+from pulse_node.testing.toy import ToyTrainer
 
 CFG = LocoConfig(inner_steps=4)
 

@@ -273,8 +273,8 @@ def test_a_full_spool_answers_busy_and_a_stopped_worker_leaves_it_empty(swarm) -
 def test_the_wire_fallback_refuses_a_payload_above_its_cap_with_a_clear_error() -> None:
     from pulse_node.config import TrainerConfig
     from pulse_node.net.wire_client import WireClient, WireInfo
-    from pulse_node.node.p2p import P2PTransport
-    from pulse_node.node.transport import PeerInfo
+    from pulse_node.daemon.p2p import P2PTransport
+    from pulse_node.daemon.transport import PeerInfo
 
     class NoWorkerWire(WireClient):  # fails loudly if anything reaches the worker RPC
         def __init__(self) -> None:

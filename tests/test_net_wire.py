@@ -306,7 +306,7 @@ def test_catchup_is_made_on_demand_from_verified_states(swarm: dict, tmp_path: P
 
 
 def test_loco_payload_and_decision_are_served_and_decisions_pushed(swarm: dict, tmp_path: Path) -> None:
-    """The trainers' round files (``node/agreement.py``) go through the real wire worker."""
+    """The trainers' round files (``trainer/agreement.py``) go through the real wire worker."""
     client, server, addr, src = swarm["client"], swarm["server"], swarm["addr"], swarm["src"]
     digest = "cd" * 32
     payload = _write(src, f"loco/4/{digest}.payload", os.urandom(5000))

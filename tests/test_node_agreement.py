@@ -1,4 +1,4 @@
-"""Trainers agree on every round's contributors (``node/agreement.py``), so they never fork.
+"""Trainers agree on every round's contributors (``trainer/agreement.py``), so they never fork.
 
 In-process swarms of trainers (no inference nodes: each makes its own rollouts) with one-way
 payload loss and a coordinator that crashes mid-round; plus forged and conflicting decisions
@@ -18,12 +18,13 @@ from pulse_node.chain.store import VersionStore
 from pulse_node.config import TrainerConfig
 from pulse_node.errors import PulseError
 from pulse_node.loco.decision import decode_decision, encode_decision, make_decision
-from pulse_node.node.agreement import RoundAgreement
-from pulse_node.node.context import RoleContext
-from pulse_node.node.faults import CrashingTransport, FaultRates, FaultyTransport
-from pulse_node.node.inprocess import InProcessSwarm
-from pulse_node.node.status import NodeStatus
-from pulse_node.node.transport import MemoryHub, PeerInfo
+from pulse_node.trainer.agreement import RoundAgreement
+from pulse_node.daemon.context import RoleContext
+from pulse_node.testing.faults import CrashingTransport, FaultRates, FaultyTransport
+from pulse_node.testing.inprocess import InProcessSwarm
+from pulse_node.daemon.status import NodeStatus
+from pulse_node.daemon.transport import PeerInfo
+from pulse_node.testing.memory import MemoryHub
 from tests.conftest import wait_for
 from tests.test_node_memory_swarm import _cfg, _status
 

@@ -21,11 +21,11 @@ from pulse_node.errors import BaseMismatchError
 from pulse_node.loco import payload as payload_mod
 from pulse_node.loco.payload import (POS_CODER_BASE, POSITION_CODERS, VAL_CODER, VAL_CODER_BASE, LocoPayload,
                                      decode_payload, encode_payload, read_header)
-from pulse_node.node.agreement import RoundAgreement
-from pulse_node.node.context import RoleContext
-from pulse_node.node.inprocess import InProcessSwarm
-from pulse_node.node.status import NodeStatus
-from pulse_node.node.transport import MemoryHub
+from pulse_node.trainer.agreement import RoundAgreement
+from pulse_node.daemon.context import RoleContext
+from pulse_node.testing.inprocess import InProcessSwarm
+from pulse_node.daemon.status import NodeStatus
+from pulse_node.testing.memory import MemoryHub
 from tests.conftest import wait_for
 from tests.test_node_agreement import _assert_identical, _at_least
 from tests.test_node_memory_swarm import _cfg, _status

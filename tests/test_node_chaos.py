@@ -14,9 +14,9 @@ from __future__ import annotations
 import pytest
 
 from pulse_node.config import InferenceConfig, SwarmConfig, TrainerConfig
-from pulse_node.node.faults import FaultRates, FaultyTransport
+from pulse_node.testing.faults import FaultRates, FaultyTransport
 from tests.conftest import wait_for
-from pulse_node.node.inprocess import InProcessSwarm
+from pulse_node.testing.inprocess import InProcessSwarm
 from tests.test_node_memory_swarm import _cfg, _status
 
 RATES = FaultRates(drop=0.1, duplicate=0.1, reorder=0.1, delay=0.1, corrupt=0.05, max_delay_s=0.05,
@@ -76,7 +76,7 @@ def _process_config(tmp_path) -> SwarmConfig:
 
 @pytest.mark.slow
 def test_process_swarm_faulty_data_plane_and_kill_9(tmp_path):
-    from pulse_node.node.chaos import ChaosPlan, ProcessChaos
+    from pulse_node.testing.chaos import ChaosPlan, ProcessChaos
 
     chaos = ProcessChaos(_process_config(tmp_path), ChaosPlan(kill_every_s=float("inf"), forged_versions=200),
                          log=lambda m: None)

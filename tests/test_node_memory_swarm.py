@@ -13,7 +13,7 @@ import pytest
 
 from pulse_node.chain.store import VersionStore
 from pulse_node.config import InferenceConfig, TrainerConfig
-from pulse_node.node.inprocess import InProcessSwarm, read_status
+from pulse_node.testing.inprocess import InProcessSwarm, read_status
 from tests.conftest import tiny_overrides, wait_for
 
 
@@ -63,7 +63,7 @@ def test_two_trainers_two_inference_bit_identical(swarm, tmp_path):
 def test_trainer_leaving_does_not_stall_and_returning_trainer_stays_identical(swarm, tmp_path):
     """The remaining trainer goes on past the deadline; the returning one adopts the swarm's state
     and, from its first round after that re-sync on, is bit-identical to the other at every version
-    (the contributor agreement, ``node/agreement.py``, leaves no room for a fork)."""
+    (the contributor agreement, ``trainer/agreement.py``, leaves no room for a fork)."""
     fast = {"loco": {"inner_steps": 2, "deadline_s": 3, "decision_wait_s": 2}}
     t1 = swarm.start("trainer-a", _cfg(TrainerConfig, tmp_path, "t1", **fast))
     t2 = swarm.start("trainer-b", _cfg(TrainerConfig, tmp_path, "t2", **fast))

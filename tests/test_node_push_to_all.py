@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from pulse_node.errors import WireError
-from pulse_node.node.transport import PeerInfo, push_to_all
+from pulse_node.daemon.transport import PeerInfo, push_to_all
 
 
 class BarrierTransport:

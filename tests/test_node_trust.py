@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pulse_node.chain.identity import Identity
 from pulse_node.config import InferenceConfig, TrainerConfig
-from pulse_node.node.faults import start_forging_peer
+from pulse_node.testing.faults import start_forging_peer
 from tests.conftest import wait_for
 from tests.test_node_memory_swarm import _cfg, _status, swarm  # noqa: F401 (fixture)
 
@@ -35,10 +35,11 @@ def test_forged_head_announcement_is_no_hint_and_strikes_its_sender(tmp_path):
     from pulse_node.chain.record import encode_record
     from pulse_node.chain.store import VersionStore
     from pulse_node.config import NetConfig
-    from pulse_node.node.faults import ForgedChain
-    from pulse_node.node.syncer import VersionSync
-    from pulse_node.node.transport import Event, MemoryHub
-    from pulse_node.node.trust import TrustPolicy
+    from pulse_node.testing.faults import ForgedChain
+    from pulse_node.inference.syncer import VersionSync
+    from pulse_node.daemon.transport import Event
+    from pulse_node.testing.memory import MemoryHub
+    from pulse_node.chain.trust import TrustPolicy
 
     trainer = Identity.generate()
     honest, forged = ForgedChain("run", trainer), ForgedChain("run")  # signed by the trainer / by nobody trusted
@@ -58,7 +59,7 @@ def test_forged_head_announcement_is_no_hint_and_strikes_its_sender(tmp_path):
 
 def test_bans_end_and_grow_so_a_flaky_honest_peer_comes_back(monkeypatch):
     """``max_strikes`` rejections ban a sender for ``ban_s``; each further ban doubles, capped."""
-    from pulse_node.node import trust as trust_mod
+    from pulse_node.chain import trust as trust_mod
 
     now = [1000.0]
     monkeypatch.setattr(trust_mod.time, "monotonic", lambda: now[0])

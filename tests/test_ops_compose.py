@@ -9,7 +9,6 @@ tiny model via ``--set``). The same running swarm then feeds the dashboard (``st
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -201,8 +200,6 @@ def _hash_at(status: dict, version: int) -> str | None:
 
 @pytest.fixture(scope="module")
 def swarm(tmp_path_factory):
-    if importlib.util.find_spec("pulse_node.node.p2p") is None:
-        pytest.skip("pulse_node/node/p2p.py (P2PTransport, used by `pulse-node join`) does not exist yet")
     root = tmp_path_factory.mktemp("compose-run")
     runner = ComposeAsProcesses(root, tmp_path_factory.mktemp("cache"))
     try:

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from pulse_node.node.status import NodeStatus, StatusServer
+from pulse_node.daemon.status import NodeStatus, StatusServer
 from pulse_node.ops.sources import dialable_url
 
 PULSE = [sys.executable, "-m", "pulse_node"]

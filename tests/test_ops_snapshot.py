@@ -6,7 +6,7 @@ import json
 import time
 import urllib.request
 
-from pulse_node.node.status import NodeStatus, StatusServer
+from pulse_node.daemon.status import NodeStatus, StatusServer
 from pulse_node.ops.render import render_text, sparkline
 from pulse_node.ops.snapshot import NodeInput, build_snapshot
 from pulse_node.ops.sources import fetch_status, read_run_dir, status_url

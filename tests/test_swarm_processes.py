@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from pulse_node.config import SwarmConfig
-from pulse_node.node.swarm import LocalSwarm
+from pulse_node.swarm.launcher import LocalSwarm
 from tests.conftest import wait_for
 
 pytestmark = pytest.mark.slow

@@ -3,7 +3,7 @@
 The wire worker (another process) and the in-memory test transport both resolve requests
 through ``resolve``, so the set of servable files is defined once, next to the store layout.
 Trainers also serve the PULSELoCo payloads and round decisions of their last few rounds
-(``<root>/loco/<round>/``, see ``node/agreement.py``).
+(``<root>/loco/<round>/``, see ``trainer/agreement.py``).
 """
 
 from __future__ import annotations

@@ -49,12 +49,12 @@ def run(args: argparse.Namespace) -> int:
 
         print(dump_toml(cfg), end="")
         return 0
-    from pulse_node.node.p2p import P2PTransport
-    from pulse_node.node.runtime import run_node
+    from pulse_node.daemon.p2p import P2PTransport
+    from pulse_node.daemon.runtime import run_node
 
     factory = P2PTransport.create
     if cfg.net.faults.enabled:  # testing only: chaos runs fault this node's own data plane
-        from pulse_node.node.faults import faulty_factory
+        from pulse_node.testing.faults import faulty_factory
 
         factory = faulty_factory(factory, cfg.net.faults)
     return run_node(cfg, factory)

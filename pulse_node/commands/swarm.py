@@ -37,8 +37,8 @@ def run(args: argparse.Namespace) -> int:
     if args.print_config:
         print(dump_toml(cfg), end="")
         return 0
-    from pulse_node.node.swarm import LocalSwarm
-    from pulse_node.node.swarm_view import SwarmView
+    from pulse_node.swarm.launcher import LocalSwarm
+    from pulse_node.swarm.view import SwarmView
 
     stop = threading.Event()
     stop_on_signals(stop)

@@ -1,6 +1,6 @@
 """Round decisions: the signed list of payloads that make up one PULSELoCo round (torch-free).
 
-The coordinator of round ``r`` (see ``node/agreement.py``) lists the payloads it holds, each as
+The coordinator of round ``r`` (see ``trainer/agreement.py``) lists the payloads it holds, each as
 (trainer id, BLAKE3 digest of the encoded payload bytes), and signs the list with its Ed25519
 node key. Every trainer then averages exactly those payloads, so all end the round
 bit-identical.

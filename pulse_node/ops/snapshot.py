@@ -1,7 +1,7 @@
 """One picture of a swarm: ``build_snapshot(nodes, peers) -> SwarmSnapshot`` (pure, no I/O).
 
 Inputs are what the sources gathered: each node's status dict (``/status`` or status.json,
-see ``node/status.py``) wrapped in a ``NodeInput``, and the DHT's peer records (``PeerRecord``
+see ``daemon/status.py``) wrapped in a ``NodeInput``, and the DHT's peer records (``PeerRecord``
 dumps). They are merged by peer id; the result says, per node, which version it holds and how
 far behind the head it is, whether its state hash agrees with every other node at the same
 version, bytes moved and saved against a dense sync; per version, patch size, sparsity and

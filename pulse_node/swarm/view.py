@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from pulse_node.node.swarm import LocalSwarm
+from pulse_node.swarm.launcher import LocalSwarm
 
 
 def _mb(n: float) -> str:

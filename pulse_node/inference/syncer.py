@@ -36,8 +36,8 @@ from pulse_node.codec.state import State, load_safetensors
 from pulse_node.codec.statehash import state_hash
 from pulse_node.config import NetConfig
 from pulse_node.errors import BusyError, GapError, IntegrityError, PatchError, PulseError
-from pulse_node.node.transport import Event, PeerInfo, Transport
-from pulse_node.node.trust import TrustPolicy
+from pulse_node.daemon.transport import Event, PeerInfo, Transport
+from pulse_node.chain.trust import TrustPolicy
 
 log = logging.getLogger("pulse.sync")
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from pulse_node.errors import PulseError, WireError
-from pulse_node.node.transport import Event, PeerInfo, Transport
+from pulse_node.daemon.transport import Event, PeerInfo, Transport
 
 if TYPE_CHECKING:
     from pulse_node.config import FaultConfig

@@ -16,8 +16,9 @@ from typing import Callable
 
 from pulse_node.chain.catchup_producer import CatchupProducer
 from pulse_node.chain.serving import store_resolver
-from pulse_node.node.runtime import run_node
-from pulse_node.node.transport import MemoryHub, Transport
+from pulse_node.daemon.runtime import run_node
+from pulse_node.daemon.transport import Transport
+from pulse_node.testing.memory import MemoryHub
 
 Wrap = Callable[[str, Transport], Transport]
 

@@ -16,9 +16,9 @@ from typing import Callable
 from pulse_node.chain.identity import Identity
 from pulse_node.chain.store import VersionStore
 from pulse_node.config import NodeConfig
-from pulse_node.node.context import RoleContext
-from pulse_node.node.status import NodeStatus, StatusServer
-from pulse_node.node.transport import Transport
+from pulse_node.daemon.context import RoleContext
+from pulse_node.daemon.status import NodeStatus, StatusServer
+from pulse_node.daemon.transport import Transport
 from pulse_node.signals import stop_on_signals
 
 TransportFactory = Callable[[NodeConfig, Identity, Path], Transport]
@@ -54,10 +54,10 @@ def make_role(ctx: RoleContext):
 
         torch.set_num_threads(ctx.cfg.torch_threads)
     if ctx.cfg_role == "trainer":
-        from pulse_node.node.trainer import TrainerRole
+        from pulse_node.trainer.role import TrainerRole
 
         return TrainerRole(ctx)
-    from pulse_node.node.inference import InferenceRole
+    from pulse_node.inference.role import InferenceRole
 
     return InferenceRole(ctx)
 

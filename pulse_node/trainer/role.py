@@ -8,7 +8,7 @@ One round (= one version):
 2. The error-feedback gate turns ``global - local`` into a sparse payload, coded against the
    round's FP32 global weights (``loco.base_coding``) and pushed to every other trainer. The
    round's coordinator decides which payloads make up the round (a signed list,
-   ``node/agreement.py``); every trainer averages exactly those in canonical order, and the
+   ``trainer/agreement.py``); every trainer averages exactly those in canonical order, and the
    outer Nesterov step updates the FP32 global weights bit-identically on every trainer. A
    trainer left out keeps its error feedback; one that cannot reproduce the decided set re-syncs.
 3. The BF16 cast of the global weights is published as the next version (patch, signed record,
@@ -29,11 +29,11 @@ from pulse_node.errors import PulseError
 from pulse_node.loco.outer import OuterOptimizer
 from pulse_node.loco.payload import LocoPayload, encode_payload
 from pulse_node.loco.sparsify import ErrorFeedback
-from pulse_node.node.agreement import RoundAgreement
-from pulse_node.node.context import RoleContext
-from pulse_node.node.publisher import VersionPublisher
-from pulse_node.node.trainer_state import export_trainer_state, read_trainer_state
-from pulse_node.node.transport import push_to_all
+from pulse_node.trainer.agreement import RoundAgreement
+from pulse_node.daemon.context import RoleContext
+from pulse_node.trainer.publisher import VersionPublisher
+from pulse_node.trainer.state import export_trainer_state, read_trainer_state
+from pulse_node.daemon.transport import push_to_all
 from pulse_node.rl.evaluate import evaluate
 from pulse_node.rl.grpo import GRPOLearner
 from pulse_node.rl.policy import build_policy
@@ -127,7 +127,7 @@ class TrainerRole:
         The trainer state carries its signed record and is checked against it, so nothing else
         has to be fetched first; the BF16 state becomes our store's current version.
         """
-        from pulse_node.node.trust import TrustPolicy
+        from pulse_node.chain.trust import TrustPolicy
 
         try:
             outer_state, record = self._fetch_trainer_state(peer, TrustPolicy(trusted=self.cfg.chain.trusted_trainers))
@@ -169,7 +169,7 @@ class TrainerRole:
         """Re-sync if the lowest-id trainer announcing a version we published holds another state.
 
         Converging on the lowest id (the next round's coordinator, too) repairs the one fork the
-        contributor agreement leaves possible (``node/agreement.py``).
+        contributor agreement leaves possible (``trainer/agreement.py``).
         """
         me = self.ctx.transport.peer_id
         trainers = {p.peer_id: p for p in self.ctx.peers("trainer")}

@@ -15,10 +15,10 @@ import time
 from pulse_node.chain.record import encode_record
 from pulse_node.config import InferenceConfig
 from pulse_node.errors import PulseError
-from pulse_node.node.context import RoleContext
-from pulse_node.node.syncer import VersionSync
-from pulse_node.node.transport import push_to_all
-from pulse_node.node.trust import TrustPolicy
+from pulse_node.daemon.context import RoleContext
+from pulse_node.inference.syncer import VersionSync
+from pulse_node.daemon.transport import push_to_all
+from pulse_node.chain.trust import TrustPolicy
 from pulse_node.rl.config import GRPOConfig
 from pulse_node.rl.policy import build_policy
 from pulse_node.rl.rollout import encode_rollouts

@@ -26,7 +26,7 @@ from pulse_node.net.dht_client import DhtClient, DhtConfig
 from pulse_node.net.dht_records import Counters, PeerStatus, Serves
 from pulse_node.net.wire_protocol import PUSH_CAPS
 from pulse_node.net.wire_client import WireClient, WireEvent
-from pulse_node.node.transport import Event, PeerInfo
+from pulse_node.daemon.transport import Event, PeerInfo
 
 log = logging.getLogger("pulse.p2p")
 

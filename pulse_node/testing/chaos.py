@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from pulse_node.config import SwarmConfig
-from pulse_node.node.swarm import Child, LocalSwarm
+from pulse_node.swarm.launcher import Child, LocalSwarm
 
 KILL_MODES = ("role", "node", "dht", "wire")
 INFERENCE_COUNTERS = ("anchor_loads", "catchups", "gaps", "patches_applied", "rejected", "fetch_errors",
@@ -177,7 +177,7 @@ class ProcessChaos:
         self._spawned: dict[str, float] = {}  # node -> wall time its current process was started
 
     def start(self) -> None:
-        from pulse_node.node.faults import ForgingPeer
+        from pulse_node.testing.faults import ForgingPeer
 
         spawned = time.time()
         self.swarm.start()

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from pulse_node.chain.identity import Identity
 from pulse_node.chain.store import VersionStore
 from pulse_node.config import NodeConfig
-from pulse_node.node.status import NodeStatus
-from pulse_node.node.transport import PeerInfo, Transport
+from pulse_node.daemon.status import NodeStatus
+from pulse_node.daemon.transport import PeerInfo, Transport
 
 
 @dataclass

@@ -54,8 +54,8 @@ from pulse_node.errors import BaseMismatchError, IntegrityError, PulseError, Wir
 from pulse_node.loco.decision import (MAX_DECISION_BYTES, RoundDecision, decode_decision, encode_decision,
                                       make_decision, payload_digest, verify_decision)
 from pulse_node.loco.payload import LocoPayload, decode_payload, read_header
-from pulse_node.node.context import RoleContext
-from pulse_node.node.transport import PeerInfo
+from pulse_node.daemon.context import RoleContext
+from pulse_node.daemon.transport import PeerInfo
 
 KEEP_ROUNDS = 4  # rounds whose payloads and decisions a trainer keeps on disk and serves
 WINDOW = 4  # payloads and decisions are buffered for the current round and the next WINDOW - 1

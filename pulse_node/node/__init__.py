@@ -1,1 +1,0 @@
-"""Role wiring: the trainer and inference daemons, the local swarm launcher, status endpoints."""

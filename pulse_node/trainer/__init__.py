@@ -1,0 +1,1 @@
+"""The trainer role: GRPO inner steps, the PULSELoCo round agreement, version publication."""
