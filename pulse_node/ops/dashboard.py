@@ -1,7 +1,7 @@
 """The live dashboard behind ``pulse-node status``: gather inputs, build a snapshot, draw it.
 
-``Dashboard.snapshot()`` reads every configured source once (run dir and/or DHT) and returns a
-``SwarmSnapshot``; between calls it remembers each inference node's mean reward at the
+``Dashboard.snapshot()`` reads every configured source once (run dir, or the nodes of a running
+``pulse-node swarm``, and/or the DHT) and returns a ``SwarmSnapshot``; between calls it remembers each inference node's mean reward at the
 version it held, so the reward chart fills in while the dashboard runs even when the
 version histories carry no reward. ``run_live`` redraws until Ctrl+C.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from rich.console import Console
 from rich.live import Live
@@ -26,9 +26,12 @@ class Dashboard:
     """Owns its sources (a DHT client is stopped by ``close``)."""
 
     def __init__(self, *, run_dir: Path | None, dht: DhtSource | None, run_id: str | None,
-                 bootstrap: str | None = None) -> None:
+                 bootstrap: str | None = None, local_nodes: Callable[[], list[NodeInput]] | None = None) -> None:
+        """``local_nodes`` replaces reading every node dir of ``run_dir`` (the swarm launcher
+        passes exactly the nodes it started)."""
         self.run_dir, self.dht, self.run_id = run_dir, dht, run_id
         self.bootstrap = bootstrap
+        self.local_nodes = local_nodes
         self._rewards: dict[tuple[str, int], float] = {}
         self._notes: list[Alert] = []
 
@@ -37,7 +40,7 @@ class Dashboard:
         peers: list[dict[str, Any]] = []
         where = []
         if self.run_dir is not None:
-            nodes += read_run_dir(self.run_dir)
+            nodes += self.local_nodes() if self.local_nodes is not None else read_run_dir(self.run_dir)
             where.append(f"run dir {self.run_dir}")
             self.bootstrap = self.bootstrap or bootstrap_address(self.run_dir)
         self._notes = []
@@ -54,9 +57,8 @@ class Dashboard:
     def _remember_rewards(self, nodes: list[NodeInput]) -> dict[int, float]:
         for n in nodes:
             s = n.status
-            v, r = s.get("version"), s.get("reward_mean")
-            if s.get("role") == "inference" and isinstance(v, int) and v >= 0 and isinstance(r, (int, float)):
-                self._rewards[(str(s.get("peer_id") or n.name), v)] = float(r)
+            if s is not None and s.role == "inference" and s.version >= 0 and s.reward_mean is not None:
+                self._rewards[(s.peer_id or n.name, s.version)] = s.reward_mean
         by_version: dict[int, list[float]] = {}
         for (_node, v), r in self._rewards.items():
             by_version.setdefault(v, []).append(r)
@@ -64,7 +66,7 @@ class Dashboard:
 
     def snapshot(self) -> SwarmSnapshot:
         nodes, peers, where = self._gather()
-        run_filter = [n for n in nodes if not self.run_id or n.status.get("run_id") in (None, self.run_id)]
+        run_filter = [n for n in nodes if not self.run_id or n.status is None or n.status.run_id == self.run_id]
         return build_snapshot(run_filter, peers, now=time.time(), run_id=self.run_id, source=where,
                               bootstrap=self.bootstrap, reward_samples=self._remember_rewards(run_filter),
                               notes=self._notes)
