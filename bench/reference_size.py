@@ -18,11 +18,11 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 from typing import Callable
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from bench.codec import round_robin  # noqa: E402
 from bench.workload import ModelSize, adamw_bf16_states  # noqa: E402
 from pulse_node.codec.patch import make_patch  # noqa: E402
 from pulse_node.codec.reference_size import reference_size  # noqa: E402
@@ -42,26 +42,17 @@ def _pair(size: ModelSize, lr: float) -> tuple[State, State]:
     return states[0], states[1]
 
 
-def _round_robin(fns: dict[str, Callable[[], object]], repeat: int = 5) -> dict[str, float]:
-    best = {k: float("inf") for k in fns}
-    for fn in fns.values():
-        fn()  # compile kernels, warm caches
-    for _ in range(repeat):
-        for k, fn in fns.items():
-            t0 = time.perf_counter()
-            fn()
-            best[k] = min(best[k], time.perf_counter() - t0)
-    return best
-
-
 def measure(base: State, new: State) -> dict[str, float]:
     bh, nh = state_hash(base), state_hash(new)
-    t = _round_robin({
+    fns: dict[str, Callable[[], object]] = {
         "make_patch": lambda: make_patch(base, new, base_hash=bh, new_hash=nh),
         "state_hash": lambda: state_hash(new),
         "changed_fraction": lambda: _changed_fraction(base, new),
         "reference_size": lambda: reference_size(base, new),
-    })
+    }
+    for fn in fns.values():
+        fn()  # compile kernels, warm caches
+    t = round_robin(fns, repeat=5)
     publish = t["make_patch"] + t["state_hash"] + t["changed_fraction"]
     return {**{f"{k}_s": round(v, 4) for k, v in t.items()}, "changed": round(_changed_fraction(base, new), 5),
             "patch_bytes": len(make_patch(base, new, base_hash=bh, new_hash=nh)),

@@ -155,7 +155,7 @@ def test_coming_round_payloads_wait_undecoded_for_their_base(tmp_path, body_deco
     state.round, state.hash, state.weights = 4, b"\x04" * 32, w4  # round 3 closed: our state is round 4's base
     agreement._flush_pending()
     assert set(agreement.inbox[4]) == {"trainer-a"} and _same(early, agreement.inbox[4]["trainer-a"][1])
-    assert agreement.ctx.status.snapshot()["loco_base_mismatch"] == 1 and not agreement.pending
+    assert agreement.ctx.status.snapshot().trainer.loco_base_mismatch == 1 and not agreement.pending
     agreement.ctx.store.close()
 
 

@@ -142,11 +142,19 @@ def test_a_status_of_another_schema_is_shown_not_crashed_on(tmp_path) -> None:
     assert "unknown-schema" in render_text(snap, width=160)
 
 
+class _Running:
+    """Stands in for a node's ``Popen`` that has not exited."""
+
+    def poll(self) -> None:
+        return None
+
+
 def _fake_swarm(root: Path) -> LocalSwarm:
     """A LocalSwarm whose nodes are only status files (what the view and summary read)."""
     swarm = LocalSwarm(SwarmConfig(run_dir=root, run_id="r"), log=lambda m: None)
     swarm.bootstrap_addr = "/ip4/127.0.0.1/tcp/1/p2p/X"
-    swarm.children = [Child(n, n.split("-")[0], root / n, None) for n in ("trainer-0", "inference-0")]  # type: ignore[arg-type]
+    swarm.children = [Child(n, n.split("-")[0], root / n, _Running())  # type: ignore[arg-type]
+                      for n in ("trainer-0", "inference-0")]
     return swarm
 
 
@@ -156,6 +164,8 @@ def test_swarm_without_a_terminal_prints_one_plain_line_per_version(tmp_path) ->
     view = SwarmView(swarm, stream=piped)
     view.started()
     view.tick()  # no status yet: nothing but the header
+    starting = swarm.snapshot()
+    assert [n.state for n in starting.nodes] == ["starting", "starting"] and not starting.alerts
     for top in (1, 3):
         _write(tmp_path, "trainer-0", _trainer("t0", range(0, top + 1)))
         applied = [VersionEntry(version=v, state_hash=f"h{v}", patch_bytes=100) for v in range(1, top)]
@@ -175,6 +185,9 @@ def test_swarm_without_a_terminal_prints_one_plain_line_per_version(tmp_path) ->
     assert summary["eval_first"] == 0.5 and summary["eval_last"] == 0.53 and summary["bytes_patch_total"] == 300
     assert [v["version"] for v in summary["per_version"]] == [0, 1, 2, 3]
     json.dumps(summary)
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    seen = readme.split("## What you will see")[1].split("\n## ")[0]
+    assert [k for k in summary if f"`{k}`" not in seen] == [], "README 'What you will see' misses summary keys"
 
 
 def test_progress_heartbeat_when_nothing_settles() -> None:

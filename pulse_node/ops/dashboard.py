@@ -1,7 +1,7 @@
 """The live dashboard behind ``pulse-node status``: gather inputs, build a snapshot, draw it.
 
-``Dashboard.snapshot()`` reads every configured source once (run dir, or the nodes of a running
-``pulse-node swarm``, and/or the DHT) and returns a ``SwarmSnapshot``; between calls it remembers each inference node's mean reward at the
+``Dashboard.snapshot()`` reads every configured source once (run dir and/or DHT) and returns a
+``SwarmSnapshot``; between calls it remembers each inference node's mean reward at the
 version it held, so the reward chart fills in while the dashboard runs even when the
 version histories carry no reward. ``run_live`` redraws until Ctrl+C.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from rich.console import Console
 from rich.live import Live
@@ -26,12 +26,9 @@ class Dashboard:
     """Owns its sources (a DHT client is stopped by ``close``)."""
 
     def __init__(self, *, run_dir: Path | None, dht: DhtSource | None, run_id: str | None,
-                 bootstrap: str | None = None, local_nodes: Callable[[], list[NodeInput]] | None = None) -> None:
-        """``local_nodes`` replaces reading every node dir of ``run_dir`` (the swarm launcher
-        passes exactly the nodes it started)."""
+                 bootstrap: str | None = None) -> None:
         self.run_dir, self.dht, self.run_id = run_dir, dht, run_id
         self.bootstrap = bootstrap
-        self.local_nodes = local_nodes
         self._rewards: dict[tuple[str, int], float] = {}
         self._notes: list[Alert] = []
 
@@ -40,7 +37,7 @@ class Dashboard:
         peers: list[dict[str, Any]] = []
         where = []
         if self.run_dir is not None:
-            nodes += self.local_nodes() if self.local_nodes is not None else read_run_dir(self.run_dir)
+            nodes += read_run_dir(self.run_dir)
             where.append(f"run dir {self.run_dir}")
             self.bootstrap = self.bootstrap or bootstrap_address(self.run_dir)
         self._notes = []

@@ -22,8 +22,8 @@ from pulse_node.ops.snapshot import FIRST_PATCH_VERSION, NodeView, SwarmSnapshot
 SPARK = "▁▂▃▄▅▆▇█"
 VERSIONS_SHOWN = 8
 CHART_POINTS = 40
-_STATE_STYLE = {"live": "green", "stale": "yellow", "stopped": "dim", "down": "red", "record-only": "cyan",
-                "unknown-schema": "magenta"}
+_STATE_STYLE = {"live": "green", "stale": "yellow", "stopped": "dim", "down": "red", "starting": "dim",
+                "record-only": "cyan", "unknown-schema": "magenta"}
 
 
 def human_bytes(n: float | None) -> str:

@@ -31,7 +31,7 @@ MAX_VERSIONS_SHOWN = 200
 #: version 0 is the genesis anchor (a full checkpoint), not a patch: kept out of byte savings
 FIRST_PATCH_VERSION = 1
 
-NodeState = Literal["live", "stale", "stopped", "down", "record-only", "unknown-schema"]
+NodeState = Literal["live", "stale", "stopped", "down", "starting", "record-only", "unknown-schema"]
 
 
 class _Model(pydantic.BaseModel):
@@ -161,6 +161,8 @@ class NodeInput:
     unreadable: str | None = None
     #: the peer id the source knows it by, when it has no readable status
     peer_id: str = ""
+    #: the source started the node and its process runs, though it wrote no status yet
+    starting: bool = False
 
 
 # ---- merging --------------------------------------------------------------------------------
@@ -175,6 +177,7 @@ class _Merged:
     seen_at: float | None = None
     log_error: str | None = None
     unreadable: str | None = None
+    starting: bool = False
 
 
 def _fresher(new: StatusReport | None, old: StatusReport | None) -> bool:
@@ -187,7 +190,7 @@ def _merge(nodes: Sequence[NodeInput], peers: Sequence[Mapping[str, Any]]) -> li
     for n in nodes:
         st = n.status
         m = _Merged(n.name, st, {}, [n.source], n.problem, n.node_key or (st.node_key if st else None), n.seen_at,
-                    n.log_error, n.unreadable)
+                    n.log_error, n.unreadable, n.starting and st is None)
         pid = st.peer_id if st else n.peer_id
         if pid and pid in by_peer:  # two sources of one node: keep the fresher status
             old = by_peer[pid]
@@ -216,6 +219,8 @@ def _state(m: _Merged, now: float) -> tuple[NodeState, float | None]:
     if s is None:
         if m.unreadable:
             return "unknown-schema", None
+        if m.starting:
+            return "starting", None
         return ("record-only" if m.record else "down"), None
     seen = m.seen_at if m.seen_at is not None else s.updated_at
     age = max(0.0, now - seen)

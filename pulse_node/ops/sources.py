@@ -104,8 +104,9 @@ def read_run_dir(root: Path) -> list[NodeInput]:
     return out
 
 
-def read_node_dir(d: Path, *, name: str | None = None) -> NodeInput:
-    """One node's ``NodeInput`` from its data dir (status.json, identity.key, log.txt)."""
+def read_node_dir(d: Path, *, name: str | None = None, starting: bool = False) -> NodeInput:
+    """One node's ``NodeInput`` from its data dir (status.json, identity.key, log.txt);
+    ``starting``: its process is known to run (shown as starting until it writes a status)."""
     status, unreadable, problem = None, None, None
     try:
         status = read_status(d / "status.json")
@@ -118,7 +119,7 @@ def read_node_dir(d: Path, *, name: str | None = None) -> NodeInput:
     return NodeInput(name=name or d.name, status=status, source="run_dir", problem=problem,
                      node_key=_node_key(d / "identity.key"), seen_at=_mtime(d / "status.json"),
                      log_error=last_error_line(d / "log.txt", within=RECENT_LOG_LINES) if status else None,
-                     unreadable=unreadable)
+                     unreadable=unreadable, starting=starting)
 
 
 def status_url(metrics_url: str) -> str:

@@ -146,7 +146,8 @@ class LocalSwarm:
 
     def node_inputs(self) -> list[NodeInput]:
         """The dashboard's inputs: exactly the nodes this swarm started (not older dirs in run_dir)."""
-        return [read_node_dir(c.data_dir, name=c.name) for c in self.children]
+        return [read_node_dir(c.data_dir, name=c.name, starting=c.proc is not None and c.proc.poll() is None)
+                for c in self.children]
 
     def snapshot(self) -> SwarmSnapshot:
         return build_snapshot(self.node_inputs(), now=time.time(), run_id=self.cfg.run_id,

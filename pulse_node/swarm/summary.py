@@ -46,7 +46,7 @@ def swarm_summary(snap: SwarmSnapshot, nodes: list[tuple[str, str, StatusReport 
         "smaller_than_dense": round(dense / patch, 2) if patch and dense else None,
         "smaller_than_reference": round(reference / patch, 2) if patch and reference else None,
         "changed_fraction_mean": round(sum(v.changed or 0 for v in patches) / len(patches), 6) if patches else None,
-        "changed_fraction_max": max((v.changed or 0 for v in patches), default=None),
+        "changed_fraction_max": round(max(v.changed or 0 for v in patches), 6) if patches else None,
         "catchups": tot.catchups,
         "catchup_bytes": tot.catchup_bytes,
         "catchup_replaced_bytes": tot.catchup_replaced_bytes,
