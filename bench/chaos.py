@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from pulse_node.chain.identity import Identity  # noqa: E402
 from pulse_node.config import InferenceConfig, TrainerConfig  # noqa: E402
 from pulse_node.testing.faults import FaultRates, FaultyTransport, start_forging_peer  # noqa: E402
-from pulse_node.testing.inprocess import InProcessSwarm, read_status  # noqa: E402
+from pulse_node.testing.inprocess import InProcessSwarm, node_status, node_version  # noqa: E402
 
 RATES = FaultRates(drop=0.1, duplicate=0.1, reorder=0.1, delay=0.1, corrupt=0.05, max_delay_s=0.1,
                    spare_kinds=("loco",))
@@ -83,8 +83,8 @@ def run(args) -> dict:
     try:
         while time.monotonic() - t0 < args.minutes * 60 and not swarm.errors:
             time.sleep(1.0)
-            head = max(read_status(Path(c.data_dir)).get("version", -1) for c in trainers)
-            lags = [head - read_status(Path(c.data_dir)).get("version", -1) for c in infs]
+            head = max(node_version(Path(c.data_dir)) for c in trainers)
+            lags = [head - node_version(Path(c.data_dir)) for c in infs]
             max_lag = max([max_lag, *lags]) if head >= 0 else max_lag
             if time.monotonic() > next_kill:
                 i = rng.randrange(len(infs))
@@ -99,21 +99,21 @@ def run(args) -> dict:
 def summarize(trainers, infs, faulty, served, kills, max_lag, errors) -> dict:
     truth: dict[int, str] = {}
     for c in trainers:
-        for h in read_status(Path(c.data_dir)).get("history", []):
-            truth.setdefault(h["version"], h["state_hash"])
+        for h in (s.history if (s := node_status(Path(c.data_dir))) else []):
+            truth.setdefault(h.version, h.state_hash)
     wrong = applied = 0
-    stats = [read_status(Path(c.data_dir)) for c in infs]
+    stats = [s for c in infs if (s := node_status(Path(c.data_dir))) is not None and s.inference is not None]
     for s in stats:
-        for h in s.get("history", []):
+        for h in s.history:
             applied += 1
-            wrong += truth.get(h["version"]) != h["state_hash"]
+            wrong += truth.get(h.version) != h.state_hash
     faults = Counter()
     for f in faulty.values():
         faults.update(f.faults)
     return {"versions_published": max(truth, default=-1), "applied_checked": applied,
             "corrupted_states_used": wrong, "faults_by_kind": dict(faults), "restarts": kills,
-            "recoveries": {k: sum(s.get(k, 0) for s in stats) for k in ("anchor_loads", "catchups", "gaps")},
-            "rejected_inputs": sum(s.get("rejected", 0) for s in stats),
+            "recoveries": {k: sum(getattr(s.inference, k) for s in stats) for k in ("anchor_loads", "catchups", "gaps")},
+            "rejected_inputs": sum(s.counters.rejected for s in stats),
             "rogue_requests_served": dict(served), "max_lag_versions": max_lag, "node_errors": errors[:3]}
 
 

@@ -43,18 +43,18 @@ def run(n_inference: int, versions: int, run_dir: Path) -> dict:
     finally:
         swarm.stop()
     trainer = stats["trainer-0"]
-    published = {h["version"]: h for h in trainer["history"]}
-    patch_total = sum(h["patch_bytes"] for v, h in published.items() if v > 0)
-    out_by_kind = trainer.get("bytes_out_by_kind", {})
+    published = {h.version: h for h in trainer.history}
+    patch_total = sum(h.patch_bytes for v, h in published.items() if v > 0)
+    out_by_kind = trainer.data_plane.bytes_out_by_kind
     lat = []
     for v, h in published.items():
         if v == 0:
             continue
-        got = [next((x["at"] for x in stats[f"inference-{i}"]["history"] if x["version"] == v), None)
+        got = [next((x.at for x in stats[f"inference-{i}"].history if x.version == v), None)
                for i in range(n_inference)]
         if all(g is not None for g in got):
-            lat.append(max(got) - h["at"])
-    dense = published[max(published)]["dense_bytes"]
+            lat.append(max(got) - h.at)
+    dense = published[max(published)].dense_bytes or 0
     return {
         "inference_nodes": n_inference, "versions": versions,
         "patch_bytes_per_version": patch_total / max(len(published) - 1, 1),
@@ -64,7 +64,7 @@ def run(n_inference: int, versions: int, run_dir: Path) -> dict:
         "trainer_upload_bytes_by_kind": out_by_kind,
         "seconds_publish_to_all_median": statistics.median(lat) if lat else None,
         "seconds_publish_to_all_max": max(lat) if lat else None,
-        "inference_patch_bytes_out": {n: s.get("bytes_out_by_kind", {}).get("patch", 0)
+        "inference_patch_bytes_out": {n: s.data_plane.bytes_out_by_kind.get("patch", 0)
                                       for n, s in stats.items() if n.startswith("inference")},
     }
 

@@ -55,6 +55,9 @@ from typing import Any, Callable
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from pulse_node.daemon.status_model import (  # noqa: E402 (torch-free)
+    InferenceCounters, StatusReport, VersionEntry, new_report, read_status)
+
 NS_PUB, NS_RTR, NS_HOME = "pnat-pub", "pnat-rtr", "pnat-home"
 NAMESPACES = (NS_PUB, NS_RTR, NS_HOME)
 PUB_IP, RTR_PUB_IP, RTR_HOME_IP, HOME_IP = "10.233.0.1", "10.233.0.254", "192.168.233.1", "192.168.233.2"
@@ -154,11 +157,10 @@ class Proc:
     role: str = ""
     started: float = field(default_factory=time.time)
 
-    def status(self) -> dict[str, Any]:
-        try:
-            return json.loads((self.data_dir / "status.json").read_text())
-        except (OSError, ValueError):
-            return {}
+    def status(self) -> StatusReport:
+        """The node's last status; before its first write, an empty one (version -1, no history)."""
+        got = read_status(self.data_dir / "status.json")
+        return got if got is not None else new_report(role=self.role or "node", peer_id="", run_id="")
 
     def alive(self) -> bool:
         return self.popen.poll() is None
@@ -272,25 +274,23 @@ README_RECIPE = {
 
 
 # ---- measurements ----------------------------------------------------------------------------
-def history(status: dict) -> dict[int, dict]:
-    return {h["version"]: h for h in status.get("history", [])}
+def history(status: StatusReport) -> dict[int, VersionEntry]:
+    return {h.version: h for h in status.history}
 
 
 def head(trainers: list[Proc]) -> int:
-    return max((t.status().get("version", -1) for t in trainers), default=-1)
-
-
-COUNTERS = ("wire_errors", "fetch_errors", "errors", "rejected", "hivemind_push_errors", "rollouts_in",
-            "rollouts_sent", "patches_applied")
+    return max((t.status().version for t in trainers), default=-1)
 
 
 def counters(p: Proc) -> dict[str, float]:
     s = p.status()
-    out = {k: s.get(k, 0) for k in COUNTERS if isinstance(s.get(k, 0), (int, float))}
-    out["push_bytes_in"] = s.get("bytes_in_by_kind", {}).get("push", 0)
-    out["push_bytes_out"] = s.get("bytes_out_by_kind", {}).get("push", 0)
-    out["wire_dial_errors"] = 0  # filled from logs when present
-    return out
+    t, i, d = s.trainer, s.inference, s.data_plane
+    return {"wire_errors": d.wire_errors, "fetch_errors": i.fetch_errors if i else 0, "errors": s.counters.errors,
+            "rejected": s.counters.rejected, "hivemind_push_errors": d.hivemind_push_errors,
+            "rollouts_in": t.rollouts_in if t else 0, "rollouts_sent": i.rollouts_sent if i else 0,
+            "patches_applied": i.patches_applied if i else 0,
+            "push_bytes_in": d.bytes_in_by_kind.get("push", 0), "push_bytes_out": d.bytes_out_by_kind.get("push", 0),
+            "wire_dial_errors": 0}  # filled from logs when present
 
 
 def delta(after: dict[str, float], before: dict[str, float]) -> dict[str, float]:
@@ -359,27 +359,26 @@ def latencies(trainers: list[Proc], node: Proc, versions: list[int]) -> list[flo
     pub: dict[int, float] = {}
     for t in trainers:
         for v, h in history(t.status()).items():
-            pub[v] = min(pub.get(v, h["at"]), h["at"])
+            pub[v] = min(pub.get(v, h.at), h.at)
     held = history(node.status())
-    return [held[v]["at"] - pub[v] for v in versions if v in held and v in pub]
+    return [held[v].at - pub[v] for v in versions if v in held and v in pub]
 
 
 def hashes_agree(trainers: list[Proc], node: Proc) -> tuple[int, int]:
     """(versions the node holds that the trainers published with the same hash, versions that differ)."""
     ref: dict[int, str] = {}
     for t in trainers:
-        ref.update({v: h["state_hash"] for v, h in history(t.status()).items()})
+        ref.update({v: h.state_hash for v, h in history(t.status()).items()})
     same = diff = 0
     for v, h in history(node.status()).items():
         if v in ref:
-            same += ref[v] == h["state_hash"]
-            diff += ref[v] != h["state_hash"]
+            same += ref[v] == h.state_hash
+            diff += ref[v] != h.state_hash
     return same, diff
 
 
 def errors_naming(p: Proc, peer_id: str, since: float) -> list[str]:
-    return [e["message"] for e in p.status().get("recent_errors", [])
-            if e.get("at", 0) >= since and peer_id[:12] in e.get("message", "")]
+    return [e.message for e in p.status().recent_errors if e.at >= since and peer_id[:12] in e.message]
 
 
 def log_lines(p: Proc, needle: str, since_bytes: int = 0) -> list[str]:
@@ -416,7 +415,7 @@ class Swarm:
 
     def names(self, extra: list[Proc] = ()) -> dict[str, str]:
         """peer id -> node name, from the status files."""
-        return {p.status().get("peer_id", ""): p.name for p in [*self.public, *extra]}
+        return {p.status().peer_id: p.name for p in [*self.public, *extra]}
 
 
 def baseline(sw: Swarm, versions: int, timeout: float) -> dict[str, Any]:
@@ -454,7 +453,7 @@ class Window:
         return round(time.monotonic() - self.t0, 1) if ok and self.home.alive() else None
 
     def version(self) -> int:
-        return self.home.status().get("version", -1)
+        return self.home.status().version
 
 
 def run_mode(sw: Swarm, mode: str, *, versions: int, window: float) -> dict[str, Any]:
@@ -464,7 +463,7 @@ def run_mode(sw: Swarm, mode: str, *, versions: int, window: float) -> dict[str,
     w = Window(sw, home, window)
     out: dict[str, Any] = {"mode": mode, "sets": MODES[mode], "v_sync": -1}
     try:
-        out["started_s"] = w.wait(lambda: bool(home.status().get("peer_id")), "home start")
+        out["started_s"] = w.wait(lambda: bool(home.status().peer_id), "home start")
         out["synced_s"] = out["started_s"] and w.wait(lambda: 0 <= head(sw.trainers) <= w.version(), "home at head")
         out["v_sync"] = w.version()
         if out["synced_s"]:
@@ -514,23 +513,24 @@ def _late_joiner(sw: Swarm, home: Proc, *, timeout: float) -> dict[str, Any]:
     late = sw.add("inference-late", ns=NS_PUB, volunteer=False)
     t0 = time.monotonic()
     try:
-        ok = wait_until(lambda: late.status().get("version", -1) >= head(sw.trainers) >= 0, timeout=timeout,
+        ok = wait_until(lambda: late.status().version >= head(sw.trainers) >= 0, timeout=timeout,
                         what="late joiner at head", procs=[*sw.public, late])
         st = late.status()
     finally:
         sw.procs.stop([late])
-    pid = home.status().get("peer_id", "")
+    pid = home.status().peer_id
     mentions = [ln for ln in log_lines(late, pid[:12]) if pid]
-    return {"at_head_s": round(time.monotonic() - t0, 1) if ok else None, "version": st.get("version", -1),
-            "fetch_errors": st.get("fetch_errors", 0), "wire_errors": st.get("wire_errors", 0),
-            "anchor_loads": st.get("anchor_loads", 0), "catchups": st.get("catchups", 0),
-            "strikes_on_home": st.get("strikes", {}).get(pid, 0), "log_lines_naming_home": mentions[-6:],
-            "bytes_in_from": st.get("bytes_in_by_kind", {})}
+    inf = st.inference or InferenceCounters()
+    return {"at_head_s": round(time.monotonic() - t0, 1) if ok else None, "version": st.version,
+            "fetch_errors": inf.fetch_errors, "wire_errors": st.data_plane.wire_errors,
+            "anchor_loads": inf.anchor_loads, "catchups": inf.catchups,
+            "strikes_on_home": inf.strikes.get(pid, 0), "log_lines_naming_home": mentions[-6:],
+            "bytes_in_from": st.data_plane.bytes_in_by_kind}
 
 
 def _ip_change(sw: Swarm, w: Window) -> dict[str, Any]:
     """The home router's public address changes (a DSL reconnect): MASQUERADE drops every mapping."""
-    v0, push0 = head(sw.trainers), w.home.status().get("bytes_in_by_kind", {}).get("push", 0)
+    v0, push0 = head(sw.trainers), w.home.status().data_plane.bytes_in_by_kind.get("push", 0)
     errs0 = {p.name: counters(p)["wire_errors"] for p in sw.public}
     nsx(NS_RTR, "ip", "addr", "del", f"{RTR_PUB_IP}/24", "dev", "pnat-r0")
     nsx(NS_RTR, "ip", "addr", "add", f"{RTR_PUB_IP2}/24", "dev", "pnat-r0")
@@ -545,34 +545,35 @@ def _ip_change(sw: Swarm, w: Window) -> dict[str, Any]:
         nsx(NS_RTR, "ip", "addr", "del", f"{RTR_PUB_IP2}/24", "dev", "pnat-r0", check=False)
         nsx(NS_RTR, "ip", "addr", "add", f"{RTR_PUB_IP}/24", "dev", "pnat-r0", check=False)
     hs = w.home.status()
-    later = list(range(v0 + 1, hs.get("version", -1) + 1))
-    return {"version_at_change": v0, "seconds_to_hold_v_plus_2": took, "home_version": hs.get("version", -1),
-            "head_push_bytes_after": hs.get("bytes_in_by_kind", {}).get("push", 0) - push0,
+    later = list(range(v0 + 1, hs.version + 1))
+    return {"version_at_change": v0, "seconds_to_hold_v_plus_2": took, "home_version": hs.version,
+            "head_push_bytes_after": hs.data_plane.bytes_in_by_kind.get("push", 0) - push0,
             "public_wire_errors_after": {p.name: counters(p)["wire_errors"] - errs0[p.name] for p in sw.public},
             "latency_home_s": _stats(latencies(sw.trainers, w.home, later)),
             "latency_public_inference_s": _stats(latencies(sw.trainers, sw.public_inf, later)),
-            "home_errors": [e["message"][:160] for e in hs.get("recent_errors", [])][-4:]}
+            "home_errors": [e.message[:160] for e in hs.recent_errors][-4:]}
 
 
-def _home_findings(sw: Swarm, home: Proc, hs: dict, *, v_sync: int, t0: float) -> dict[str, Any]:
-    pid = hs.get("peer_id", "")
+def _home_findings(sw: Swarm, home: Proc, hs: StatusReport, *, v_sync: int, t0: float) -> dict[str, Any]:
+    pid = hs.peer_id
     same, diff = hashes_agree(sw.trainers, home)
-    v_end = hs.get("version", -1)
+    v_end = hs.version
     later = list(range(max(v_sync, 0) + 1, v_end + 1))
+    inf, plane = hs.inference or InferenceCounters(), hs.data_plane
     return {
-        "peer_id": pid, "peers_seen": hs.get("peers", 0), "version": v_end, "trainer_head": head(sw.trainers),
+        "peer_id": pid, "peers_seen": hs.peers, "version": v_end, "trainer_head": head(sw.trainers),
         "hashes_same": same, "hashes_differ": diff,
-        "patches_applied": hs.get("patches_applied", 0), "catchups": hs.get("catchups", 0),
-        "anchor_loads": hs.get("anchor_loads", 0),
-        "rollouts_sent": hs.get("rollouts_sent", 0),
-        "rollout_push_failures": sum("rollout push" in e["message"] for e in hs.get("recent_errors", [])),
-        "head_push_bytes_in": hs.get("bytes_in_by_kind", {}).get("push", 0),
-        "bytes_in_by_kind": hs.get("bytes_in_by_kind", {}), "bytes_out_by_kind": hs.get("bytes_out_by_kind", {}),
-        "wire_errors": hs.get("wire_errors", 0), "fetch_errors": hs.get("fetch_errors", 0),
-        "recent_errors": [e["message"][:200] for e in hs.get("recent_errors", [])][-5:],
+        "patches_applied": inf.patches_applied, "catchups": inf.catchups, "anchor_loads": inf.anchor_loads,
+        "rollouts_sent": inf.rollouts_sent,
+        "rollout_push_failures": sum("rollout push" in e.message for e in hs.recent_errors),
+        "head_push_bytes_in": plane.bytes_in_by_kind.get("push", 0),
+        "bytes_in_by_kind": plane.bytes_in_by_kind, "bytes_out_by_kind": plane.bytes_out_by_kind,
+        "wire_errors": plane.wire_errors, "fetch_errors": inf.fetch_errors,
+        "recent_errors": [e.message[:200] for e in hs.recent_errors][-5:],
         "latency_home_s": _stats(latencies(sw.trainers, home, later)),
         "latency_public_inference_s": _stats(latencies(sw.trainers, sw.public_inf, later)),
-        "strikes_on_home": {p.name: p.status().get("strikes", {}).get(pid, 0) for p in sw.public if pid},
+        "strikes_on_home": {p.name: (p.status().inference or InferenceCounters()).strikes.get(pid, 0)
+                            for p in sw.public if pid},
         "public_errors_naming_home": {p.name: errors_naming(p, pid, t0) for p in sw.public if pid},
         "home_log_tail": _tail(home.data_dir / "log.txt", 6),
     }
@@ -671,7 +672,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         print(f"NAT: {result['nat_check']}")
         sw = start_public(procs, root, args.cache_dir or default_cache_dir())
         print(f"bootstrap {sw.boot}; waiting for the public swarm's version 1")
-        wait_until(lambda: head(sw.trainers) >= 1 and min(p.status().get("version", -1) for p in sw.public) >= 1,
+        wait_until(lambda: head(sw.trainers) >= 1 and min(p.status().version for p in sw.public) >= 1,
                    timeout=240, what="public swarm at version 1", procs=sw.public)
         result["public_start_s"] = round(time.monotonic() - t0, 1)
         result["baseline"] = baseline(sw, 2, timeout=120)

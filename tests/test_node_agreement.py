@@ -26,14 +26,14 @@ from pulse_node.daemon.status import NodeStatus
 from pulse_node.daemon.transport import PeerInfo
 from pulse_node.testing.memory import MemoryHub
 from tests.conftest import wait_for
-from tests.test_node_memory_swarm import _cfg, _status
+from tests.test_node_memory_swarm import _cfg, _history, _status, _version
 
 LOCO = {"inner_steps": 2, "deadline_s": 2.0, "decision_wait_s": 2.0}
 
 
 def _hashes(data_dir: Path) -> dict[int, tuple[str, str]]:
     """Version -> (published state hash, FP32 global + momentum hash) of what a trainer published."""
-    return {h["version"]: (h["state_hash"], h["global_hash"]) for h in _status(data_dir).get("history", [])}
+    return {h.version: (h.state_hash, h.global_hash) for h in _history(data_dir)}
 
 
 def _assert_identical(dirs: dict[str, Path], versions: range) -> None:
@@ -45,7 +45,7 @@ def _assert_identical(dirs: dict[str, Path], versions: range) -> None:
 
 
 def _at_least(dirs, version: int):
-    return lambda: all(_status(d).get("version", -1) >= version for d in dirs)
+    return lambda: all(_version(d) >= version for d in dirs)
 
 
 def _push_forged_decisions(hub: MemoryHub, trainers) -> None:
@@ -82,14 +82,14 @@ def test_one_way_payload_loss_never_forks(tmp_path):
         swarm.stop_all()
     assert not swarm.errors, swarm.errors
     _assert_identical(dirs, range(1, 6))
-    st = {n: _status(d) for n, d in dirs.items()}
+    st = {n: _status(d).trainer for n, d in dirs.items()}
     assert sum(f.faults["drop"] for f in faulty.values()) >= 10, "no payload was lost"
-    assert st["trainer-a"].get("decisions_made", 0) >= 5
-    assert st["trainer-b"].get("loco_fetched", 0) >= 5, "b never fetched the payload it missed"
-    assert st["trainer-c"].get("rounds_left_out", 0) >= 5, "c's lost payload was averaged somewhere"
+    assert st["trainer-a"].decisions_made >= 5
+    assert st["trainer-b"].loco_fetched >= 5, "b never fetched the payload it missed"
+    assert st["trainer-c"].rounds_left_out >= 5, "c's lost payload was averaged somewhere"
     for name, s in st.items():
-        assert s.get("resyncs", 0) <= 1 and not s.get("forks"), f"{name} had to repair a fork"
-        assert s.get("decisions_rejected", 0) == 2, f"{name} did not reject the forged decisions"
+        assert s.resyncs <= 1 and not s.forks, f"{name} had to repair a fork"
+        assert s.decisions_rejected == 2, f"{name} did not reject the forged decisions"
 
 
 def test_coordinator_lost_mid_round_others_finish_in_bounded_time(tmp_path):
@@ -118,9 +118,9 @@ def test_coordinator_lost_mid_round_others_finish_in_bounded_time(tmp_path):
     _assert_identical(dirs, range(1, 3))  # a agreed with them up to its crash
     bound = LOCO["deadline_s"] + 3 * LOCO["decision_wait_s"]  # deadline + n * decision_wait
     for name, d in rest.items():
-        closed_at = next(h["at"] for h in _status(d)["history"] if h["version"] == 3)
+        closed_at = next(h.at for h in _history(d) if h.version == 3)
         assert closed_at - crash["trainer-a"].crashed_at < bound + 10, f"{name} took too long to close round 2"
-    assert _status(rest["trainer-b"]).get("decisions_made", 0) >= 1, "b never took over as coordinator"
+    assert _status(rest["trainer-b"]).trainer.decisions_made >= 1, "b never took over as coordinator"
 
 
 def _agreement(tmp_path, hub: MemoryHub, **cfg_extra) -> RoundAgreement:
@@ -152,13 +152,13 @@ def test_forged_and_conflicting_decisions_are_rejected_and_counted(tmp_path):
         with pytest.raises(PulseError):
             agreement.offer_decision("rogue", data)
     status = agreement.ctx.status.snapshot()
-    assert status["decisions_rejected"] == len(forged) and 3 not in agreement.decisions
+    assert status.trainer.decisions_rejected == len(forged) and 3 not in agreement.decisions
 
     agreement.offer_decision("trainer-a", good)
     agreement.offer_decision("trainer-a", signed(contributors={"trainer-a": b"\x03" * 32}))  # a second one
     agreement.offer_decision("trainer-a", signed(round=99))  # outside the window: ignored
     assert agreement.decisions[3] == decode_decision(good) and set(agreement.decisions) == {3}
-    assert agreement.ctx.status.snapshot()["decision_conflicts"] == 1
+    assert agreement.ctx.status.snapshot().trainer.decision_conflicts == 1
     assert resolve(agreement.root, "loco_decision", {"round": 3}).read_bytes() == good  # served to peers
     agreement.ctx.store.close()
 
@@ -172,7 +172,7 @@ def test_decisions_from_untrusted_trainer_keys_are_rejected(tmp_path):
                                          coordinator="trainer-a", contributors={"trainer-a": b"\x02" * 32}))
     with pytest.raises(PulseError, match="trusted"):
         agreement.offer_decision("trainer-a", data)
-    assert agreement.ctx.status.snapshot()["decisions_rejected"] == 1
+    assert agreement.ctx.status.snapshot().trainer.decisions_rejected == 1
     agreement.ctx.store.close()
 
 

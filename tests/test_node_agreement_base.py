@@ -130,7 +130,7 @@ def test_payload_made_on_another_base_is_refused_before_decoding_and_counted(tmp
     assert set(held) == {"trainer-a", "trainer-c"}
     assert _same(good, held["trainer-a"][1]) and _same(older, held["trainer-c"][1])
     status = agreement.ctx.status.snapshot()
-    assert status["loco_base_mismatch"] == 1 and not status.get("rejected") and not status.get("errors")
+    assert status.trainer.loco_base_mismatch == 1 and not status.counters.rejected and not status.counters.errors
     # it cannot contribute, so the coordinator does not wait for it
     assert agreement._all_in(3, ["trainer-a", "trainer-b", "trainer-x"], {"trainer-a": None, "trainer-x": None}) \
         is False  # our own (trainer-b) payload is not in yet
@@ -155,7 +155,7 @@ def test_coming_round_payloads_wait_undecoded_for_their_base(tmp_path, body_deco
     state.round, state.hash, state.weights = 4, b"\x04" * 32, w4  # round 3 closed: our state is round 4's base
     agreement._flush_pending()
     assert set(agreement.inbox[4]) == {"trainer-a"} and _same(early, agreement.inbox[4]["trainer-a"][1])
-    assert agreement.ctx.status.snapshot()["loco_base_mismatch"] == 1 and not agreement.pending
+    assert agreement.ctx.status.snapshot().trainer.loco_base_mismatch == 1 and not agreement.pending
     agreement.ctx.store.close()
 
 
@@ -217,8 +217,8 @@ def test_trainers_agree_bit_identically_on_base_coded_payloads(tmp_path):
                 assert h.pos_coder == POS_CODER_BASE, (name, h)
     for name, d in dirs.items():
         st = _status(d)
-        assert st["contributors"] == 2, f"{name}: the last round did not average both payloads"
-        assert not st.get("rounds_left_out") and not st.get("loco_base_mismatch") and not st.get("rejected"), st
+        assert st.contributors == 2, f"{name}: the last round did not average both payloads"
+        assert not st.trainer.rounds_left_out and not st.trainer.loco_base_mismatch and not st.counters.rejected, st
 
 
 def test_base_free_peer_is_still_averaged(tmp_path):
@@ -232,7 +232,7 @@ def test_base_free_peer_is_still_averaged(tmp_path):
         == {VAL_CODER_BASE}
     for name, d in dirs.items():
         st = _status(d)
-        assert st["contributors"] == 2 and not st.get("loco_base_mismatch") and not st.get("rejected"), (name, st)
+        assert st.contributors == 2 and not st.trainer.loco_base_mismatch and not st.counters.rejected, (name, st)
 
 
 def test_payload_naming_another_base_misses_the_round_without_breaking_it(tmp_path):
@@ -242,8 +242,8 @@ def test_payload_naming_another_base_misses_the_round_without_breaking_it(tmp_pa
     assert not errors, errors
     _assert_identical(dirs, range(1, 4))
     a, b = _status(dirs["trainer-a"]), _status(dirs["trainer-b"])
-    assert a.get("loco_base_mismatch", 0) >= 3 and not a.get("rejected"), a
-    assert b.get("rounds_left_out", 0) >= 3 and not b.get("forks"), b
-    assert a["contributors"] == 1
-    at = {h["version"]: h["at"] for h in a["history"]}
+    assert a.trainer.loco_base_mismatch >= 3 and not a.counters.rejected, a
+    assert b.trainer.rounds_left_out >= 3 and not b.trainer.forks, b
+    assert a.contributors == 1
+    at = {h.version: h.at for h in a.history}
     assert at[3] - at[1] < LOCO["deadline_s"], "trainer-a waited for the payload it had refused"

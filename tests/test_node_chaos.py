@@ -17,7 +17,7 @@ from pulse_node.config import InferenceConfig, SwarmConfig, TrainerConfig
 from pulse_node.testing.faults import FaultRates, FaultyTransport
 from tests.conftest import wait_for
 from pulse_node.testing.inprocess import InProcessSwarm
-from tests.test_node_memory_swarm import _cfg, _status
+from tests.test_node_memory_swarm import _cfg, _history, _version
 
 RATES = FaultRates(drop=0.1, duplicate=0.1, reorder=0.1, delay=0.1, corrupt=0.05, max_delay_s=0.05,
                    spare_kinds=("loco",))
@@ -35,24 +35,22 @@ def test_faulty_links_and_restart_never_use_a_corrupt_state(tmp_path):
         t1 = swarm.start("trainer-a", _cfg(TrainerConfig, tmp_path, "t1"))
         i1 = swarm.start("infer-a", _cfg(InferenceConfig, tmp_path, "i1"))
         i2 = swarm.start("infer-b", _cfg(InferenceConfig, tmp_path, "i2"))
-        wait_for(lambda: _status(i2).get("version", -1) >= 3, timeout=240, what="infer-b at version 3")
+        wait_for(lambda: _version(i2) >= 3, timeout=240, what="infer-b at version 3")
         swarm.stop(i2)
-        before = _status(i2)["version"]
+        before = _version(i2)
         swarm.start("infer-b", _cfg(InferenceConfig, tmp_path, "i2"))
-        wait_for(lambda: not swarm.errors and min(_status(i1).get("version", -1),
-                                                  _status(i2).get("version", -1)) >= before + 4 or bool(swarm.errors),
+        wait_for(lambda: not swarm.errors and min(_version(i1), _version(i2)) >= before + 4 or bool(swarm.errors),
                  timeout=240, what="both inference nodes 4 versions past the restart")
-        top = max(_status(i1)["version"], _status(i2)["version"])
-        wait_for(lambda: any(h["version"] >= top for h in _status(t1).get("history", [])), timeout=30,
-                 what="trainer status")
+        top = max(_version(i1), _version(i2))
+        wait_for(lambda: any(h.version >= top for h in _history(t1)), timeout=30, what="trainer status")
     finally:
         swarm.stop_all()
     assert not swarm.errors, swarm.errors
-    trainer = {h["version"]: h["state_hash"] for h in _status(t1)["history"]}
+    trainer = {h.version: h.state_hash for h in _history(t1)}
     for node in (i1, i2):
-        applied = _status(node)["history"]
+        applied = _history(node)
         assert applied
-        bad = [h["version"] for h in applied if trainer[h["version"]] != h["state_hash"]]
+        bad = [h.version for h in applied if trainer[h.version] != h.state_hash]
         assert not bad, f"{node.name} used wrong states at versions {bad}"
     injected = sum(sum(f.faults.values()) for f in faulty.values())
     assert injected > 0, "no faults were injected"
@@ -83,7 +81,8 @@ def test_process_swarm_faulty_data_plane_and_kill_9(tmp_path):
 
     def version_of(name: str) -> int:
         chaos.tick()  # reads every status, restarts what was killed
-        return chaos.current_status(chaos.node(name)).get("version", -1)
+        s = chaos.current_status(chaos.node(name))
+        return s.version if s is not None else -1
 
     try:
         chaos.start()

@@ -7,17 +7,27 @@ down for k versions must recover them with one catch-up patch.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
 
 from pulse_node.chain.store import VersionStore
 from pulse_node.config import InferenceConfig, TrainerConfig
-from pulse_node.testing.inprocess import InProcessSwarm, read_status
+from pulse_node.daemon.status_model import VersionEntry
+from pulse_node.ops.snapshot import NodeInput, build_snapshot
+from pulse_node.testing.inprocess import InProcessSwarm, node_status, node_version
 from tests.conftest import tiny_overrides, wait_for
 
 
-_status = read_status
+_status = node_status
+_version = node_version
+
+
+def _history(data_dir: Path) -> list[VersionEntry]:
+    """A node's version history ([] while it has no status)."""
+    s = node_status(data_dir)
+    return s.history if s is not None else []
 
 
 @pytest.fixture
@@ -42,22 +52,22 @@ def test_two_trainers_two_inference_bit_identical(swarm, tmp_path):
     t1 = swarm.start("trainer-a", _cfg(TrainerConfig, tmp_path, "t1"))
     t2 = swarm.start("trainer-b", _cfg(TrainerConfig, tmp_path, "t2"))
     i1 = swarm.start("infer-a", _cfg(InferenceConfig, tmp_path, "i1"))
-    wait_for(lambda: _status(i1).get("version", -1) >= 3, timeout=240, what="inference node at version 3")
+    wait_for(lambda: _version(i1) >= 3, timeout=240, what="inference node at version 3")
     late = swarm.start("infer-late", _cfg(InferenceConfig, tmp_path, "i2"))
-    wait_for(lambda: _status(late).get("version", -1) >= 5, timeout=240, what="late joiner at version 5")
-    top = _status(late)["version"]
-    wait_for(lambda: all(any(h["version"] >= top for h in _status(t).get("history", [])) for t in (t1, t2)),
+    wait_for(lambda: _version(late) >= 5, timeout=240, what="late joiner at version 5")
+    top = _version(late)
+    wait_for(lambda: all(any(h.version >= top for h in _history(t)) for t in (t1, t2)),
              timeout=30, what="trainer status files")
     trainers = [_status(t1), _status(t2)]
     by_version = {}
     for st in trainers:
-        for h in st["history"]:
-            by_version.setdefault(h["version"], set()).add(h["state_hash"])
+        for h in st.history:
+            by_version.setdefault(h.version, set()).add(h.state_hash)
     assert all(len(hashes) == 1 for hashes in by_version.values()), "trainers diverged"
     for node in (i1, late):
-        for h in _status(node)["history"]:
-            assert {h["state_hash"]} == by_version[h["version"]]
-    assert _status(t1).get("rollouts_in", 0) + _status(t2).get("rollouts_in", 0) > 0, "no rollouts reached trainers"
+        for h in _history(node):
+            assert {h.state_hash} == by_version[h.version]
+    assert sum(st.trainer.rollouts_in for st in trainers) > 0, "no rollouts reached trainers"
 
 
 def test_trainer_leaving_does_not_stall_and_returning_trainer_stays_identical(swarm, tmp_path):
@@ -67,25 +77,25 @@ def test_trainer_leaving_does_not_stall_and_returning_trainer_stays_identical(sw
     fast = {"loco": {"inner_steps": 2, "deadline_s": 3, "decision_wait_s": 2}}
     t1 = swarm.start("trainer-a", _cfg(TrainerConfig, tmp_path, "t1", **fast))
     t2 = swarm.start("trainer-b", _cfg(TrainerConfig, tmp_path, "t2", **fast))
-    wait_for(lambda: min(_status(t1).get("version", -1), _status(t2).get("version", -1)) >= 3,
-             timeout=240, what="both trainers at version 3")
+    wait_for(lambda: min(_version(t1), _version(t2)) >= 3, timeout=240, what="both trainers at version 3")
     swarm.stop(t2)  # leaves mid-run
-    left_at = _status(t1)["version"]
-    wait_for(lambda: _status(t1).get("version", -1) >= left_at + 3, timeout=120,
-             what="the remaining trainer to go on alone")
-    returned_at = _status(t1)["version"]
+    left_at = _version(t1)
+    wait_for(lambda: _version(t1) >= left_at + 3, timeout=120, what="the remaining trainer to go on alone")
+    returned_at = _version(t1)
     (t2 / "status.json").unlink()  # so only the returning run's status is read below
     swarm.start("trainer-b", _cfg(TrainerConfig, tmp_path, "t2", **fast))
-    wait_for(lambda: _status(t2).get("resyncs", 0) >= 1, timeout=120, what="the returning trainer to re-sync")
-    assert _status(t2)["version"] >= returned_at, "the returning trainer did not adopt the current version"
-    wait_for(lambda: len(_status(t2).get("history", [])) >= 3, timeout=120, what="3 rounds after the re-sync")
-    hashes = lambda d: {h["version"]: (h["state_hash"], h["global_hash"]) for h in _status(d)["history"]}  # noqa: E731
+    wait_for(lambda: (s := _status(t2)) is not None and s.trainer.resyncs >= 1, timeout=120,
+             what="the returning trainer to re-sync")
+    assert _version(t2) >= returned_at, "the returning trainer did not adopt the current version"
+    wait_for(lambda: len(_history(t2)) >= 3, timeout=120, what="3 rounds after the re-sync")
+    hashes = lambda d: {h.version: (h.state_hash, h.global_hash) for h in _history(d)}  # noqa: E731
     back = hashes(t2)  # every version it published since it returned
     wait_for(lambda: set(back) <= set(hashes(t1)), timeout=30, what="the other trainer's status")
     stayed = hashes(t1)
     assert sorted(back) == list(range(min(back), min(back) + len(back))), "the returning trainer skipped versions"
     assert all(stayed[v] == h for v, h in back.items()), "trainers differ after the re-sync"
-    assert _status(t2)["resyncs"] == 1 and not _status(t2).get("forks"), "the returning trainer forked again"
+    back_counters = _status(t2).trainer
+    assert back_counters.resyncs == 1 and not back_counters.forks, "the returning trainer forked again"
 
 
 def test_node_k_versions_behind_recovers_with_one_catchup_patch(swarm, tmp_path):
@@ -95,18 +105,24 @@ def test_node_k_versions_behind_recovers_with_one_catchup_patch(swarm, tmp_path)
     t1 = swarm.start("trainer-a", _cfg(TrainerConfig, tmp_path, "t1", max_versions=last))
     i1 = swarm.start("infer-a", _cfg(InferenceConfig, tmp_path, "i1"))
     i2 = swarm.start("infer-b", _cfg(InferenceConfig, tmp_path, "i2"))
-    wait_for(lambda: _status(i2).get("version", -1) >= 0, timeout=240, what="the lagging node holding a version")
+    wait_for(lambda: _version(i2) >= 0, timeout=240, what="the lagging node holding a version")
     swarm.stop(i2)
     with VersionStore(i2 / "store", readonly=True) as store:
         base = store.head().version
-    wait_for(lambda: _status(i1).get("version", -1) >= last, timeout=240, what="a peer holding the last version")
+    wait_for(lambda: _version(i1) >= last, timeout=240, what="a peer holding the last version")
     assert last - base >= 4, f"the node fell only {last - base} versions behind"
     (i2 / "status.json").unlink()
     swarm.start("infer-b", _cfg(InferenceConfig, tmp_path, "i2"))
-    wait_for(lambda: _status(i2).get("version", -1) >= last, timeout=120, what="the returning node at the head")
+    wait_for(lambda: _version(i2) >= last, timeout=120, what="the returning node at the head")
     back = _status(i2)
-    trainer = {h["version"]: h for h in _status(t1)["history"]}
-    summed = sum(trainer[v]["patch_bytes"] for v in range(base + 1, last + 1))
-    assert back["catchups"] == 1 and back["patches_applied"] == 0, back
-    assert 0 < back["catchup_bytes_total"] < summed, (back["catchup_bytes_total"], summed)
-    assert back["state_hash"] == trainer[last]["state_hash"], "the returning node holds a different state"
+    trainer = {h.version: h for h in _history(t1)}
+    summed = sum(trainer[v].patch_bytes for v in range(base + 1, last + 1))
+    assert back.inference.catchups == 1 and back.inference.patches_applied == 0, back.inference
+    assert 0 < back.inference.catchup_bytes_total < summed, (back.inference.catchup_bytes_total, summed)
+    assert back.state_hash == trainer[last].state_hash, "the returning node holds a different state"
+    caught = [h for h in back.history if h.catchup_from is not None]  # what the dashboard counts as saved
+    assert [(h.catchup_from, h.version, h.patch_bytes) for h in caught] == [(base, last,
+                                                                             back.inference.catchup_bytes_total)]
+    totals = build_snapshot([NodeInput("t1", _status(t1)), NodeInput("i2", back)], now=time.time()).totals
+    assert (totals.catchups, totals.catchup_bytes, totals.catchup_replaced_bytes) == (
+        1, back.inference.catchup_bytes_total, summed)

@@ -24,6 +24,7 @@ import pytest
 import yaml
 
 from conftest import wait_for
+from pulse_node.daemon.status_model import StatusReport, read_status
 
 REPO = Path(__file__).resolve().parents[1]
 COMPOSE = REPO / "docker-compose.yml"
@@ -168,18 +169,19 @@ class ComposeAsProcesses:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             alive = all(self._alive(s) for s in services)
-            if alive and min(self.status(s).get("version", -1) for s in services) >= version:
+            if alive and min(self.version(s) for s in services) >= version:
                 return
             time.sleep(0.2)  # poll interval of a predicate wait with a deadline
-        report = "\n".join(f"--- {s}: version {self.status(s).get('version', -1)}\n{self.log_tail(s, 8)}"
+        report = "\n".join(f"--- {s}: version {self.version(s)}\n{self.log_tail(s, 8)}"
                            for s in services)
         pytest.fail(f"timed out after {timeout:.0f}s waiting for version {version}:\n{report}")
 
-    def status(self, service: str) -> dict:
-        try:
-            return json.loads((self.volume_dir(f"{service}-data") / "status.json").read_text())
-        except (OSError, ValueError):
-            return {}
+    def status(self, service: str) -> StatusReport | None:
+        return read_status(self.volume_dir(f"{service}-data") / "status.json")
+
+    def version(self, service: str) -> int:
+        s = self.status(service)
+        return s.version if s is not None else -1
 
     def close(self) -> None:
         for p in self.procs.values():
@@ -194,8 +196,8 @@ class ComposeAsProcesses:
                 p.wait(timeout=5)
 
 
-def _hash_at(status: dict, version: int) -> str | None:
-    return next((h["state_hash"] for h in status.get("history", []) if h.get("version") == version), None)
+def _hash_at(status: StatusReport, version: int) -> str | None:
+    return next((h.state_hash for h in status.history if h.version == version), None)
 
 
 @pytest.fixture(scope="module")
@@ -216,7 +218,7 @@ def test_compose_services_form_a_working_swarm(swarm) -> None:
     t, i = swarm.status("trainer-0"), swarm.status("inference-0")
     assert _hash_at(t, 2) and _hash_at(t, 2) == _hash_at(i, 2)
     for service, st in (("trainer-0", t), ("inference-0", i)):
-        port = int(st["metrics_url"].rsplit(":", 1)[1])
+        port = int(st.metrics_url.rsplit(":", 1)[1])
         assert swarm.healthy(service, metrics_port=port), f"{service}: compose health check failed"
 
 
@@ -240,7 +242,7 @@ def test_dashboard_snapshot_and_screen_of_the_running_swarm(swarm) -> None:
     assert versions[1]["compression"] > 1 and versions[2]["dense_bytes"] > versions[2]["patch_bytes"]
     screen = _status_cli(swarm, "--width", "140")
     assert screen.returncode == 0, screen.stderr
-    for needle in ("pulse-node status", "trainer-0", "inference-0", "versions", "compression", "state hash"):
+    for needle in ("pulse-node status", "trainer-0", "inference-0", "versions", "vs dense", "vs ref", "state hash"):
         assert needle in screen.stdout, needle
 
 

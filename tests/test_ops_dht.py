@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from pulse_node.daemon.status import NodeStatus, StatusServer
+from pulse_node.daemon.status_model import VersionEntry
 from pulse_node.ops.sources import dialable_url
 
 PULSE = [sys.executable, "-m", "pulse_node"]
@@ -28,9 +29,10 @@ def live_peer(tmp_path_factory):
         info = client.info()
         status = NodeStatus(role="trainer", peer_id=info.peer_id, run_id=RUN)
         server = StatusServer(status, port=0)
-        status.record_version({"version": 1, "state_hash": "ab" * 8, "patch_bytes": 100, "dense_bytes": 5000,
-                               "changed": 0.02, "reward": 0.25})
-        status.update(version=1, state_hash="ab" * 8, metrics_url=server.url, bytes_out=4321)
+        status.record_version(VersionEntry(version=1, state_hash="ab" * 8, patch_bytes=100, dense_bytes=5000,
+                                           changed=0.02, reward=0.25))
+        status.update(version=1, state_hash="ab" * 8, metrics_url=server.url)
+        status.set_data_plane({"bytes_out": 4321})
         status.error("loco push to 12D3KooWxyz failed: timed out")
         assert client.publish_peer(PeerStatus(role="trainer", version=1, state_hash="ab" * 8, metrics_url=server.url))
         yield info.visible_maddrs[0], key, info.peer_id

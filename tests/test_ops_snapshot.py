@@ -7,6 +7,7 @@ import time
 import urllib.request
 
 from pulse_node.daemon.status import NodeStatus, StatusServer
+from pulse_node.daemon.status_model import StatusReport, VersionEntry
 from pulse_node.ops.render import render_text, sparkline
 from pulse_node.ops.snapshot import NodeInput, build_snapshot
 from pulse_node.ops.sources import fetch_status, read_run_dir, status_url
@@ -16,20 +17,18 @@ PID = {n: "12D3KooW" + n.ljust(44, "x") for n in ("t0", "t1", "i0", "i1")}
 
 
 def _status(name: str, role: str, version: int, *, hashes: dict[int, str], reward: float = 0.5,
-            dense: int = 1000, errors: tuple[str, ...] = ()) -> dict:
+            dense: int = 1000, errors: tuple[str, ...] = ()) -> StatusReport:
     st = NodeStatus(role=role, peer_id=PID[name], run_id="r1")
     for v in range(1, version + 1):
-        entry = {"version": v, "state_hash": hashes[v], "patch_bytes": 10 * v}
-        if role == "trainer":
-            entry.update(dense_bytes=dense, changed=0.01 * v, reward=0.1 * v)
-        st.record_version(entry)
-    st.update(version=version, state_hash=hashes[version], reward_mean=reward, patch_bytes_total=10 * version,
-              bytes_in=100, bytes_out=200 if role == "trainer" else 0)
+        published = dict(dense_bytes=dense, changed=0.01 * v, reward=0.1 * v, reference_bytes=30 * v)
+        st.record_version(VersionEntry(version=v, state_hash=hashes[v], patch_bytes=10 * v,
+                                       **(published if role == "trainer" else {})))
+    st.update(version=version, state_hash=hashes[version], reward_mean=reward)
+    st.set_counts(patch_bytes_total=10 * version)
+    st.set_data_plane({"bytes_in": 100, "bytes_out": 200 if role == "trainer" else 0})
     for e in errors:
         st.error(e)
-    snap = st.snapshot()
-    snap["updated_at"] = NOW - 1
-    return snap
+    return st.snapshot().model_copy(update={"updated_at": NOW - 1})
 
 
 def _swarm(hashes_i1: dict[int, str] | None = None, i1_version: int = 3) -> list[NodeInput]:
@@ -68,9 +67,9 @@ def test_diverged_replica_is_a_failure_naming_the_nodes() -> None:
 
 def test_duplicate_identity_stale_and_down_nodes_are_alerts() -> None:
     nodes = _swarm()
-    stale = dict(nodes[1].status, updated_at=NOW - 100)
+    stale = nodes[1].status.model_copy(update={"updated_at": NOW - 100})
     nodes[1] = NodeInput("trainer-1", stale, node_key="ab" * 32)
-    nodes.append(NodeInput("inference-2", {}, problem="pulse-node join: error: identity file x is already used",
+    nodes.append(NodeInput("inference-2", None, problem="pulse-node join: error: identity file x is already used",
                            node_key="ab" * 32))
     msgs = [a.message for a in build_snapshot(nodes, now=NOW).alerts]
     assert any("duplicate identity" in m and "inference-2" in m and "trainer-1" in m for m in msgs)
@@ -103,7 +102,8 @@ def test_reward_samples_fill_versions_without_history_reward() -> None:
 def test_rendered_screen_shows_every_section() -> None:
     text = render_text(build_snapshot(_swarm(), now=NOW, run_id="r1", source="test"), width=130)
     for needle in ("pulse-node status", "run r1", "head v5", "inference-1", "WARN inference-1 is 2 versions",
-                   "compression", "50.0x", "reward", "push failed: timeout", "saved"):
+                   "vs dense", "50.0x", "vs ref", "4 ok", "reference codec 450 B (3.0x ours)", "reward",
+                   "push failed: timeout", "saved"):
         assert needle in text, needle
     assert sparkline([0.0, 0.5, 1.0, None]) == "▁▄█·"
 
@@ -113,7 +113,7 @@ def test_run_dir_reader_reports_nodes_without_status(tmp_path) -> None:
     (tmp_path / "bootstrap" / "maddrs.txt").write_text("/ip4/127.0.0.1/tcp/1/p2p/X\n")
     (tmp_path / "trainer-0").mkdir()
     trainer = _status("t0", "trainer", 2, hashes={1: "a" * 16, 2: "b" * 16})
-    (tmp_path / "trainer-0" / "status.json").write_text(json.dumps(trainer))
+    (tmp_path / "trainer-0" / "status.json").write_text(trainer.to_json())
     (tmp_path / "inference-0").mkdir()
     log = "starting\npulse-node join: error: identity file is already used\nbye\n"
     (tmp_path / "inference-0" / "log.txt").write_text(log)
@@ -127,14 +127,15 @@ def test_metrics_health_and_status_endpoints_scraped() -> None:
     st = NodeStatus(role="inference", peer_id=PID["i0"], run_id="r1")
     server = StatusServer(st, port=0)
     try:
-        st.update(version=7, bytes_in=12345, reward_mean=0.25)
+        st.update(version=7, reward_mean=0.25)
+        st.set_data_plane({"bytes_in": 12345})
         st.error("boom")
         body = urllib.request.urlopen(server.url + "/metrics", timeout=5).read().decode()
         metrics = {ln.split()[0]: float(ln.split()[1]) for ln in body.splitlines() if ln and not ln.startswith("#")}
         assert metrics["pulse_version"] == 7 and metrics["pulse_bytes_in"] == 12345 and metrics["pulse_errors"] == 1
         assert json.loads(urllib.request.urlopen(server.url + "/health", timeout=5).read()) == {"ok": True}
         got = fetch_status(server.url + "/metrics")
-        assert isinstance(got, dict) and got["version"] == 7 and got["recent_errors"][0]["message"] == "boom"
+        assert isinstance(got, StatusReport) and got.version == 7 and got.recent_errors[0].message == "boom"
         assert status_url("http://h:1/metrics") == "http://h:1/status"
     finally:
         server.close()
@@ -146,9 +147,8 @@ def _write_run_dir(root, *, inference_version: int) -> None:
     nodes = (("trainer-0", "t0", "trainer", 5), ("inference-0", "i0", "inference", inference_version))
     for name, pid, role, version in nodes:
         (root / name).mkdir(exist_ok=True)
-        st = _status(pid, role, version, hashes=hashes)
-        st["updated_at"] = time.time()
-        (root / name / "status.json").write_text(json.dumps(st))
+        st = _status(pid, role, version, hashes=hashes).model_copy(update={"updated_at": time.time()})
+        (root / name / "status.json").write_text(st.to_json())
 
 
 def test_live_dashboard_redraws_and_stops_on_sigint(tmp_path) -> None:
@@ -175,15 +175,16 @@ def test_live_dashboard_redraws_and_stops_on_sigint(tmp_path) -> None:
 
 
 def test_a_quiet_node_that_still_answers_is_live_not_stale() -> None:
-    quiet = dict(_swarm()[0].status, updated_at=NOW - 600)  # nothing changed for 10 minutes
-    views = build_snapshot([NodeInput("t", quiet, seen_at=NOW - 0.4), NodeInput("u", dict(quiet, peer_id="x"))],
-                           now=NOW).nodes
+    quiet = _swarm()[0].status.model_copy(update={"updated_at": NOW - 600})  # nothing changed for 10 minutes
+    views = build_snapshot([NodeInput("t", quiet, seen_at=NOW - 0.4),
+                            NodeInput("u", quiet.model_copy(update={"peer_id": "x"}))], now=NOW).nodes
     assert [v.state for v in views] == ["live", "stale"]
 
 
 def test_logged_failures_and_nodes_without_a_version_are_visible() -> None:
-    nodes = _swarm()[:1] + [NodeInput("inference-9", dict(_status("i1", "inference", 1, hashes={1: "aa" * 8}),
-                                                          version=-1, history=[], state_hash=""),
+    fresh = _status("i1", "inference", 1, hashes={1: "aa" * 8}).model_copy(
+        update={"version": -1, "history": [], "state_hash": ""})
+    nodes = _swarm()[:1] + [NodeInput("inference-9", fresh,
                                       seen_at=NOW - 1, log_error="anchor 0 from 12D3KooW failed: bad params")]
     snap = build_snapshot(nodes, now=NOW)
     assert "inference-9 holds no version yet while the head is v5" in [a.message for a in snap.alerts]
@@ -193,7 +194,8 @@ def test_logged_failures_and_nodes_without_a_version_are_visible() -> None:
 
 def test_genesis_anchor_is_not_counted_as_a_patch() -> None:
     st = _swarm()[0].status
-    genesis = {"version": 0, "state_hash": "00" * 8, "patch_bytes": 0, "dense_bytes": 1000, "changed": 1.0}
-    snap = build_snapshot([NodeInput("trainer-0", dict(st, history=[genesis, *st["history"]]))], now=NOW)
+    genesis = VersionEntry(version=0, state_hash="00" * 8, patch_bytes=0, dense_bytes=1000, changed=1.0)
+    snap = build_snapshot([NodeInput("trainer-0", st.model_copy(update={"history": [genesis, *st.history]}))],
+                          now=NOW)
     assert snap.versions[0].version == 0 and snap.versions[0].compression is None
     assert snap.totals.dense_bytes == 5000 and snap.totals.patch_bytes == 150

@@ -9,10 +9,14 @@ the suite short.
 
 from __future__ import annotations
 
+import io
+
 import pytest
 
 from pulse_node.config import SwarmConfig
+from pulse_node.daemon.status_model import StatusReport
 from pulse_node.swarm.launcher import LocalSwarm
+from pulse_node.swarm.view import SwarmView
 from tests.conftest import wait_for
 
 pytestmark = pytest.mark.slow
@@ -27,8 +31,8 @@ def _swarm_config(tmp_path) -> SwarmConfig:
     # starts from anchor 0 however far the swarm got while it started, so it needs a catch-up patch
 
 
-def _history(status: dict) -> dict[int, str]:
-    return {h["version"]: h["state_hash"] for h in status.get("history", [])}
+def _history(status: StatusReport | None) -> dict[int, str]:
+    return {h.version: h.state_hash for h in status.history} if status is not None else {}
 
 
 @pytest.fixture
@@ -48,14 +52,16 @@ def test_process_swarm_bit_identical_with_late_joiner(swarm):
         swarm.check_alive()
         return swarm.min_version() >= v
 
-    wait_for(lambda: at_least(5), timeout=420, interval=0.5, what="every node at version 5")
+    piped = io.StringIO()  # what `pulse-node swarm` prints without a terminal
+    view = SwarmView(swarm, stream=piped)
+    wait_for(lambda: (view.tick() or True) and at_least(5), timeout=420, interval=0.5, what="every node at version 5")
     late = swarm.add_node("inference-late", "inference")
-    wait_for(lambda: (swarm.check_alive() or True) and late.status().get("version", -1) >= 6,
+    wait_for(lambda: (swarm.check_alive() or True) and late.version() >= 6,
              timeout=300, interval=0.5, what="late joiner at version 6")
 
-    top = late.status().get("version", -1)
-    wait_for(lambda: all(any(h["version"] >= top for h in s.get("history", []))
-                         for c, s in swarm.statuses() if c.role == "trainer"),
+    top = late.version()
+    wait_for(lambda: all(any(h.version >= top for h in s.history)
+                         for c, s in swarm.statuses() if c.role == "trainer" and s is not None),
              timeout=30, interval=0.2, what="trainer status files to catch up")
     stats = {c.name: s for c, s in swarm.statuses()}
     trainer_hashes: dict[int, str] = {}
@@ -68,16 +74,32 @@ def test_process_swarm_bit_identical_with_late_joiner(swarm):
         for v, h in applied.items():
             assert trainer_hashes[v] == h, f"{name} holds a different state at version {v}"
     late_now = stats["inference-late"]  # it may have jumped straight to an anchor
-    assert trainer_hashes.get(late_now["version"]) == late_now["state_hash"], "late joiner holds a different state"
-    assert stats["inference-late"].get("anchor_loads", 0) + stats["inference-late"].get("patches_applied", 0) > 0
-    late_counters = {k: v for k, v in late_now.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-    assert late_now.get("catchups", 0) >= 1, f"the late joiner did not use a catch-up patch: {late_counters}"
-    rollouts_in = sum(stats[n].get("rollouts_in", 0) for n in ("trainer-0", "trainer-1"))
+    assert trainer_hashes.get(late_now.version) == late_now.state_hash, "late joiner holds a different state"
+    assert late_now.inference.anchor_loads + late_now.inference.patches_applied > 0
+    assert late_now.inference.catchups >= 1, f"the late joiner did not use a catch-up patch: {late_now.inference}"
+    rollouts_in = sum(stats[n].trainer.rollouts_in for n in ("trainer-0", "trainer-1"))
     assert rollouts_in > 0, "no rollouts reached the trainers"
     for name in ("trainer-0", "trainer-1"):  # PULSELoCo payloads ride hivemind's p2pd, not the wire
-        assert stats[name]["bytes_in_by_plane"]["hivemind"] > 0, f"{name} received no payload over p2pd"
-        assert stats[name]["loco_fallbacks"] == 0, f"{name} fell back to the wire for a payload"
-    assert stats["trainer-0"]["patch_bytes_total"] < stats["trainer-0"]["dense_bytes_total"]
-    evals = {h["version"]: h["eval"] for name in ("trainer-0", "trainer-1")  # genesis: whoever published it
-             for h in stats[name]["history"] if "eval" in h}
+        assert stats[name].data_plane.bytes_in_by_plane["hivemind"] > 0, f"{name} received no payload over p2pd"
+        assert stats[name].data_plane.loco_fallbacks == 0, f"{name} fell back to the wire for a payload"
+    lead = stats["trainer-0"].trainer
+    assert lead.patch_bytes_total < lead.dense_bytes_total
+    assert 0 < lead.reference_bytes_total, "the publisher did not record the reference codec's size"
+    evals = {h.version: h.eval for name in ("trainer-0", "trainer-1")  # genesis: whoever published it
+             for h in stats[name].history if h.eval is not None}
     assert max(evals[v] for v in evals if v >= 4) > evals[0], f"held-out accuracy did not improve: {evals}"
+    _check_summary_and_progress(swarm.summary(), piped.getvalue(), trainer_hashes)
+
+
+def _check_summary_and_progress(summary: dict, piped: str, trainer_hashes: dict[int, str]) -> None:
+    """The --json summary's PULSE figures and the plain progress lines of a run without a terminal."""
+    assert summary["states_agree"] and summary["hash_disagreements"] == 0, summary
+    assert summary["smaller_than_dense"] > 1 and summary["smaller_than_reference"], summary
+    assert 0 < summary["changed_fraction_mean"] <= 1 and summary["catchups"] >= 1, summary
+    assert summary["catchup_bytes"] < summary["catchup_replaced_bytes"], "a catch-up cost more than its patches"
+    lines = [ln for ln in piped.splitlines() if "] v" in ln]
+    assert "\x1b[" not in piped, "colour codes in piped output"
+    assert lines and all("hashes agree on" in ln for ln in lines if "] v0 " not in ln), piped
+    versions = [int(ln.split("] v")[1].split()[0]) for ln in lines]
+    assert versions == sorted(set(versions)) and versions[-1] >= 4 and set(versions) <= set(trainer_hashes), piped
+    assert all("smaller than dense" in ln and "changed" in ln and "eval" in ln for ln in lines[1:]), piped

@@ -2,6 +2,9 @@
 
     pulse-node swarm                       # embedded default, runs until Ctrl+C
     pulse-node swarm --versions 10 --json  # stop once every node holds version 10; JSON summary last
+
+On a terminal it shows the ``pulse-node status`` screen live; piped (or with ``--json``) it
+prints one plain progress line per version on stderr.
 """
 
 from __future__ import annotations
@@ -22,7 +25,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--inference", type=int, help="number of inference nodes (default 2)")
     p.add_argument("--versions", type=int, help="stop once every node holds this version (default: run forever)")
     p.add_argument("--run-dir", help="node data dirs and logs go here (default ./pulse-swarm)")
-    p.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
+    p.add_argument("--json", action="store_true", help="print a JSON summary as the last line of stdout "
+                   "(progress goes to stderr as plain lines)")
     add_config_flags(p)
     p.set_defaults(run=run)
 
@@ -43,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     stop = threading.Event()
     stop_on_signals(stop)
     swarm = LocalSwarm(cfg)
-    view = SwarmView(swarm, quiet=args.json)
+    view = SwarmView(swarm, plain=args.json)
     try:
         swarm.start()
         view.started()

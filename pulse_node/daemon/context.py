@@ -42,11 +42,11 @@ class RoleContext:
                         version=version, chain_hash=chain_hash, state_hash=state_hash,
                         lowest=-1 if lowest is None else lowest, anchors=anchors,
                         node_key=self.identity.public_key_hex)
-        info.extra["metrics_url"] = self.status.snapshot().get("metrics_url")
+        info.extra["metrics_url"] = self.status.metrics_url
         self.transport.publish(info)
         self.status.update(version=version, chain_hash=chain_hash, state_hash=state_hash,
-                           lowest=info.lowest, anchors=anchors, peers=len(self.transport.peers()),
-                           **self.transport.stats())
+                           lowest=info.lowest, anchors=anchors, peers=len(self.transport.peers()))
+        self.status.set_data_plane(self.transport.stats())
 
     @property
     def cfg_role(self) -> str:

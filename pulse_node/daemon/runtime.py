@@ -32,8 +32,8 @@ class RoleLogFilter(logging.Filter):
         self.status = status
 
     def filter(self, record: logging.LogRecord) -> bool:
-        snap = self.status.snapshot()
-        record.prefix = f"[{snap['peer_id'][:8]} {snap['role']} v{snap['version']}]"
+        st = self.status
+        record.prefix = f"[{st.peer_id[:8]} {st.role} v{st.version}]"
         return True
 
 

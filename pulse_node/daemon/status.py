@@ -1,9 +1,13 @@
 """A node's observable state: ``/metrics`` (Prometheus), ``/health``, ``/status`` and status.json.
 
-``NodeStatus`` is a plain dict-like snapshot the role updates as it works; ``StatusServer``
-serves it on a local port (0 = any free port) and the node also writes it atomically to
-``data_dir/status.json`` so local tools (the swarm launcher, ``status``) can read it without
-the network.
+``NodeStatus`` holds the node's ``StatusReport`` (declared in ``daemon/status_model.py``) and
+is the only way a role changes it, through typed methods that refuse undeclared names
+(``StatusFieldError``): ``update(version=...)`` for top-level fields, ``add("rollouts_used", n)``
+and ``set_counts(...)`` for declared counters, ``set_data_plane(transport.stats())``,
+``record_version(VersionEntry(...))`` and ``error(message)``. ``StatusServer`` serves it on a
+local port (0 = any free port); the node also writes it atomically to ``data_dir/status.json``
+so local tools (the swarm launcher, ``status``) can read it without the network. ``/metrics``
+exports every numeric field the model declares (``gauge_fields``), read at scrape time.
 """
 
 from __future__ import annotations
@@ -13,81 +17,139 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator, Mapping
 
-from prometheus_client import CollectorRegistry, Gauge, generate_latest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import GaugeMetricFamily
 
 from pulse_node.codec.state import write_atomic
-
-#: numeric status fields exported as Prometheus gauges (pulse_<name>)
-GAUGES = {
-    "version": "newest version this node holds",
-    "rounds": "PULSELoCo rounds completed (trainers)",
-    "patches_applied": "patches applied (inference)",
-    "patch_bytes_total": "bytes of patches published or received",
-    "catchups": "catch-up patches applied instead of several patches (inference)",
-    "catchup_bytes_total": "bytes of catch-up patches received (inference)",
-    "dense_bytes_total": "bytes a dense BF16 sync of the same versions would have sent",
-    "bytes_in": "data-plane bytes received",
-    "bytes_out": "data-plane bytes sent",
-    "rollouts_sent": "rollouts sent to trainers (inference)",
-    "rollouts_used": "rollouts consumed by GRPO steps (trainers)",
-    "reward_mean": "mean reward of the latest rollouts",
-    "eval_accuracy": "held-out accuracy of the latest evaluated version",
-    "errors": "errors recorded",
-    "rejected": "peer inputs rejected (bad signature, digest or hash)",
-    "loco_base_mismatch": "PULSELoCo payloads not decoded: made on another global state (trainers)",
-    "peers": "live peers seen in the DHT",
-}
+from pulse_node.daemon.status_model import (
+    ERROR_CHARS, ERRORS_KEPT, HISTORY_LEN, SECTIONS, DataPlane, ErrorEntry, EvalPoint, StatusFieldError, StatusReport,
+    VersionEntry, gauge_fields, new_report)
 
 
 class NodeStatus:
-    """Thread-safe status snapshot of one node."""
+    """Thread-safe holder of one node's ``StatusReport``."""
 
     def __init__(self, *, role: str, peer_id: str, run_id: str) -> None:
         self._lock = threading.Lock()
-        self._data: dict[str, Any] = {"role": role, "peer_id": peer_id, "run_id": run_id,
-                                      "version": -1, "state_hash": "", "started_at": time.time(),
-                                      "recent_errors": [], "history": []}
+        self._report = new_report(role=role, peer_id=peer_id, run_id=run_id)
         self.registry = CollectorRegistry()
-        self._gauges = {k: Gauge(f"pulse_{k}", doc, registry=self.registry) for k, doc in GAUGES.items()}
+        self.registry.register(_Collector(self))
 
     def update(self, **fields: Any) -> None:
+        """Set declared top-level fields (e.g. ``version``, ``reward_mean``), each type-checked."""
         with self._lock:
-            self._data.update(fields)
-            self._data["updated_at"] = time.time()
-            for k, g in self._gauges.items():
-                v = self._data.get(k)
-                if isinstance(v, (int, float)):
-                    g.set(v)
+            for name, value in fields.items():
+                if name not in _settable():
+                    raise StatusFieldError(f"status has no field {name!r} to set; declared: "
+                                           f"{', '.join(_settable())}")
+                setattr(self._report, name, value)
+            self._report.updated_at = time.time()
 
-    def add(self, key: str, amount: float = 1) -> None:
+    def add(self, counter: str, amount: int = 1) -> None:
+        """Add ``amount`` to a declared counter of every node or of this node's role."""
         with self._lock:
-            self._data[key] = self._data.get(key, 0) + amount
-        self.update()
+            section = self._section_of(counter)
+            setattr(section, counter, getattr(section, counter) + amount)
+            self._report.updated_at = time.time()
+
+    def set_counts(self, **counts: Any) -> None:
+        """Set declared counters to absolute values (e.g. a syncer's running totals)."""
+        with self._lock:
+            for name, value in counts.items():
+                setattr(self._section_of(name), name, value)
+            self._report.updated_at = time.time()
+
+    def set_data_plane(self, stats: Mapping[str, Any]) -> None:
+        """What the transport reports (``Transport.stats()``), checked against ``DataPlane``."""
+        plane = DataPlane.model_validate(dict(stats))
+        with self._lock:
+            self._report.data_plane = plane
+            self._report.updated_at = time.time()
 
     def error(self, message: str) -> None:
         with self._lock:
-            errs = self._data["recent_errors"]
-            errs.append({"at": time.time(), "message": message[:300]})
-            del errs[:-20]
-            self._data["errors"] = self._data.get("errors", 0) + 1
-        self.update()
+            errs = self._report.recent_errors
+            errs.append(ErrorEntry(at=time.time(), message=message[:ERROR_CHARS]))
+            del errs[:-ERRORS_KEPT]
+            self._report.counters.errors += 1
+            self._report.updated_at = time.time()
 
-    def record_version(self, entry: dict[str, Any]) -> None:
-        """Append a per-version history entry (bounded) for dashboards and the swarm summary."""
+    def record_version(self, entry: VersionEntry) -> None:
+        """Append a per-version history entry (the last ``HISTORY_LEN`` are kept)."""
+        if not isinstance(entry, VersionEntry):
+            raise StatusFieldError(f"a history entry is a VersionEntry, not {type(entry).__name__}")
         with self._lock:
-            hist = self._data["history"]
+            hist = self._report.history
             hist.append(entry)
-            del hist[:-200]
-        self.update()
+            del hist[:-HISTORY_LEN]
+            if entry.eval is not None and self._report.first_eval is None:
+                self._report.first_eval = EvalPoint(version=entry.version, accuracy=entry.eval)
+            self._report.updated_at = time.time()
 
-    def snapshot(self) -> dict[str, Any]:
+    def _section_of(self, counter: str):
+        for section in (self._report.counters, self._report.trainer, self._report.inference):
+            if section is not None and counter in type(section).model_fields:
+                return section
+        raise StatusFieldError(f"{self._report.role} status has no counter {counter!r}; declared: "
+                               f"{', '.join(self._counter_names())}")
+
+    def _counter_names(self) -> list[str]:
+        return [n for s in (self._report.counters, self._report.trainer, self._report.inference) if s is not None
+                for n in type(s).model_fields]
+
+    @property
+    def version(self) -> int:
+        """The version this node holds (cheap: for log prefixes)."""
+        return self._report.version
+
+    @property
+    def role(self) -> str:
+        return self._report.role
+
+    @property
+    def peer_id(self) -> str:
+        return self._report.peer_id
+
+    @property
+    def metrics_url(self) -> str | None:
+        return self._report.metrics_url
+
+    def snapshot(self) -> StatusReport:
+        """A deep copy of the report (safe to read while the node goes on)."""
         with self._lock:
-            return json.loads(json.dumps(self._data, default=str))
+            return self._report.model_copy(deep=True)
+
+    def to_json(self) -> str:
+        with self._lock:
+            return self._report.to_json()
 
     def write(self, path: Path) -> None:
-        write_atomic(path, json.dumps(self.snapshot(), indent=1).encode())
+        write_atomic(path, self.to_json().encode())
+
+    def gauges(self) -> list[tuple[str, float, str]]:
+        with self._lock:
+            return list(gauge_fields(self._report))
+
+
+#: fields fixed when the node starts (set by ``new_report``)
+_FIXED = ("schema_version", "role", "peer_id", "run_id", "started_at")
+
+
+def _settable() -> list[str]:
+    return [n for n in StatusReport.model_fields if n not in SECTIONS and n not in _FIXED]
+
+
+class _Collector:
+    """``/metrics``: one gauge ``pulse_<name>`` per numeric field of the report, at scrape time."""
+
+    def __init__(self, status: NodeStatus) -> None:
+        self.status = status
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        for name, value, doc in self.status.gauges():
+            yield GaugeMetricFamily(f"pulse_{name}", doc, value=value)
 
 
 class StatusServer:
@@ -117,7 +179,7 @@ def _make_handler(status: NodeStatus, healthy) -> type[BaseHTTPRequestHandler]:
                 ok = bool(healthy())
                 self._send(200 if ok else 503, json.dumps({"ok": ok}).encode(), "application/json")
             elif self.path == "/status":
-                self._send(200, json.dumps(status.snapshot()).encode(), "application/json")
+                self._send(200, status.to_json().encode(), "application/json")
             else:
                 self._send(404, b"not found\n", "text/plain")
 

@@ -10,12 +10,12 @@ staleness.
 from __future__ import annotations
 
 import random
-import time
 
 from pulse_node.chain.record import encode_record
 from pulse_node.config import InferenceConfig
 from pulse_node.errors import PulseError
 from pulse_node.daemon.context import RoleContext
+from pulse_node.daemon.status_model import VersionEntry
 from pulse_node.inference.syncer import VersionSync
 from pulse_node.daemon.transport import push_to_all
 from pulse_node.chain.trust import TrustPolicy
@@ -68,18 +68,20 @@ class InferenceRole:
         self.worker.set_weights(self.sync.state, rec.version)
         self.ctx.store.retain(keep_versions=self.cfg.chain.keep_versions, keep_anchors=self.cfg.chain.keep_anchors)
         self.ctx.announce(version=rec.version, chain_hash=rec.chain_hash, state_hash=rec.state_hash)
-        self.ctx.status.update(patches_applied=self.sync.counters["applied"],
-                               fetch_errors=self.sync.counters["fetch_errors"],
-                               apply_errors=self.sync.counters["apply_errors"],
-                               patch_bytes_total=self.sync.counters["patch_bytes_in"],
-                               rejected=self.trust.rejected, strikes=dict(self.trust.strikes), bans=dict(self.trust.bans),
-                               gaps=self.sync.counters["gaps"],
-                               anchor_loads=self.sync.counters["anchor_loads"],
-                               catchups=self.sync.counters["catchups"],
-                               catchup_bytes_total=self.sync.counters["catchup_bytes_in"])
+        n = self.sync.counters
+        self.ctx.status.set_counts(patches_applied=n["applied"], fetch_errors=n["fetch_errors"],
+                                   apply_errors=n["apply_errors"], patch_bytes_total=n["patch_bytes_in"],
+                                   rejected=self.trust.rejected, strikes=dict(self.trust.strikes),
+                                   bans=dict(self.trust.bans), gaps=n["gaps"], anchor_loads=n["anchor_loads"],
+                                   catchups=n["catchups"], catchup_misses=n["catchup_misses"],
+                                   catchup_bytes_total=n["catchup_bytes_in"])
+        caught = self.sync.last_catchup
         for r in applied:
-            self.ctx.status.record_version({"version": r.version, "state_hash": r.state_hash,
-                                            "patch_bytes": r.patch_bytes, "at": time.time()})
+            by_catchup = caught is not None and caught.target == r.version
+            self.ctx.status.record_version(VersionEntry(
+                version=r.version, state_hash=r.state_hash,
+                patch_bytes=caught.patch_bytes if by_catchup else r.patch_bytes,
+                catchup_from=caught.base if by_catchup else None))
         push_to_all(self.ctx.transport, self.ctx.peers("inference"), "head", encode_record(rec), timeout=5.0)
         self.ctx.log.info("holding version %d (%s)", rec.version, rec.state_hash[:12])
 

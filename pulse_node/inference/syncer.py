@@ -50,6 +50,15 @@ class Fetched:
     patch: bytes
 
 
+@dataclass(frozen=True)
+class CatchupApplied:
+    """One catch-up patch applied: from ``base`` to ``target`` in ``patch_bytes``."""
+
+    base: int
+    target: int
+    patch_bytes: int
+
+
 class VersionSync:
     """Pull, verify, reorder and apply versions; serve them afterwards through the store."""
 
@@ -66,6 +75,7 @@ class VersionSync:
         self.record, self.state = store.load_head() or (None, None)
         self.reorder = ReorderBuffer(next_version=self.record.version + 1 if self.record else 0)
         self.counters: Counter[str] = Counter()
+        self.last_catchup: CatchupApplied | None = None
         self.last_error = ""
         self.stall_passes = 10  # passes without progress before trying a catch-up or an anchor
         self._stalled = 0
@@ -311,6 +321,7 @@ class VersionSync:
             self.trust.strike(peer.peer_id)
             raise
         self.store.put_current(rec, new_state)  # a restart resumes from here
+        self.last_catchup = CatchupApplied(self.record.version, rec.version, len(patch))
         self._adopt(rec, new_state)
         self.counters["catchups"] += 1
         self.counters["catchup_bytes_in"] += len(patch)

@@ -54,9 +54,8 @@ class Dashboard:
     def _remember_rewards(self, nodes: list[NodeInput]) -> dict[int, float]:
         for n in nodes:
             s = n.status
-            v, r = s.get("version"), s.get("reward_mean")
-            if s.get("role") == "inference" and isinstance(v, int) and v >= 0 and isinstance(r, (int, float)):
-                self._rewards[(str(s.get("peer_id") or n.name), v)] = float(r)
+            if s is not None and s.role == "inference" and s.version >= 0 and s.reward_mean is not None:
+                self._rewards[(s.peer_id or n.name, s.version)] = s.reward_mean
         by_version: dict[int, list[float]] = {}
         for (_node, v), r in self._rewards.items():
             by_version.setdefault(v, []).append(r)
@@ -64,7 +63,7 @@ class Dashboard:
 
     def snapshot(self) -> SwarmSnapshot:
         nodes, peers, where = self._gather()
-        run_filter = [n for n in nodes if not self.run_id or n.status.get("run_id") in (None, self.run_id)]
+        run_filter = [n for n in nodes if not self.run_id or n.status is None or n.status.run_id == self.run_id]
         return build_snapshot(run_filter, peers, now=time.time(), run_id=self.run_id, source=where,
                               bootstrap=self.bootstrap, reward_samples=self._remember_rewards(run_filter),
                               notes=self._notes)

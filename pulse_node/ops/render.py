@@ -1,6 +1,7 @@
 """Drawing a ``SwarmSnapshot`` with rich: header, alerts, nodes, versions, reward chart, errors.
 
-``render(snapshot)`` returns one renderable (used by the live dashboard and ``--once``);
+``render(snapshot)`` returns one renderable: the one screen of ``pulse-node status`` (live and
+``--once``) and of ``pulse-node swarm``'s live view (which puts its own header above it);
 ``render_text(snapshot, width=...)`` returns it as plain text (captures, tests).
 """
 
@@ -21,7 +22,8 @@ from pulse_node.ops.snapshot import FIRST_PATCH_VERSION, NodeView, SwarmSnapshot
 SPARK = "▁▂▃▄▅▆▇█"
 VERSIONS_SHOWN = 8
 CHART_POINTS = 40
-_STATE_STYLE = {"live": "green", "stale": "yellow", "stopped": "dim", "down": "red", "record-only": "cyan"}
+_STATE_STYLE = {"live": "green", "stale": "yellow", "stopped": "dim", "down": "red", "starting": "dim",
+                "record-only": "cyan", "unknown-schema": "magenta"}
 
 
 def human_bytes(n: float | None) -> str:
@@ -101,16 +103,26 @@ def _nodes_table(s: SwarmSnapshot) -> Table:
     return t
 
 
+def _holders(r: VersionView) -> Text:
+    if r.agree is None:
+        return Text(str(r.holders or "-"), style="dim")
+    return Text(f"{r.holders} ok", style="green") if r.agree else Text(f"{r.holders} NO", style="bold red")
+
+
+def _times(ratio: float | None) -> str:
+    return "-" if ratio is None else f"{ratio:.1f}x"
+
+
 def _versions_table(rows: Sequence[VersionView]) -> Table:
     t = Table(title=f"versions (last {min(len(rows), VERSIONS_SHOWN)})", title_justify="left", pad_edge=False,
               padding=(0, 1, 0, 0),
               box=box.SIMPLE_HEAD, show_edge=False)
-    for col in ("ver", "patch", "dense", "changed", "compression", "eval", "reward"):
+    for col in ("ver", "nodes", "patch", "dense", "changed", "vs dense", "vs ref", "eval", "reward"):
         t.add_column(col, justify="right", no_wrap=True)
     for r in rows[-VERSIONS_SHOWN:]:
-        t.add_row(str(r.version), human_bytes(r.patch_bytes), human_bytes(r.dense_bytes),
+        t.add_row(str(r.version), _holders(r), human_bytes(r.patch_bytes), human_bytes(r.dense_bytes),
                   "-" if r.changed is None else f"{r.changed * 100:.3g}%",
-                  "-" if r.compression is None else f"{r.compression:.1f}x", _fmt(r.eval), _fmt(r.reward))
+                  _times(r.compression), _times(r.vs_reference), _fmt(r.eval), _fmt(r.reward))
     return t
 
 
@@ -131,7 +143,14 @@ def _charts(s: SwarmSnapshot) -> Text:
     tot = s.totals
     if tot.dense_bytes:
         t.append(f"   bytes  patches {human_bytes(tot.patch_bytes)} vs dense {human_bytes(tot.dense_bytes)} per "
-                 f"receiver: saved {human_bytes(tot.saved_bytes)} ({tot.ratio or 0:.1f}x smaller)\n")
+                 f"receiver: saved {human_bytes(tot.saved_bytes)} ({tot.ratio or 0:.1f}x smaller)")
+        if tot.reference_ratio is not None:
+            t.append(f"; reference codec {human_bytes(tot.reference_bytes)} ({tot.reference_ratio:.1f}x ours)")
+        t.append("\n")
+    if tot.catchups:
+        t.append(f"catch-up  {tot.catchups} patches {human_bytes(tot.catchup_bytes)} instead of "
+                 f"{human_bytes(tot.catchup_replaced_bytes)} of patches "
+                 f"({_times(tot.catchup_replaced_bytes / max(tot.catchup_bytes, 1))} smaller)\n")
     t.append(f"  totals  in {human_bytes(tot.bytes_in)}  out {human_bytes(tot.bytes_out)}  errors {tot.errors}")
     return t
 

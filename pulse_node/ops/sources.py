@@ -6,11 +6,13 @@
   is already used by another running node"), so refusals are visible, not silent.
 - ``DhtSource``: a client-mode DHT node (``DhtClient``) that reads the signed peer records;
   each record's ``metrics_url`` is asked for ``/status`` (short timeout, in parallel).
+
+Statuses are parsed into ``StatusReport`` (``daemon/status_model.py``); one of another schema
+version becomes a node shown as "unknown-schema" with the reason, never an exception.
 """
 
 from __future__ import annotations
 
-import json
 import tempfile
 import time
 import urllib.error
@@ -19,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Mapping
 
+from pulse_node.daemon.status_model import StatusReport, StatusSchemaError, parse_status, read_status
 from pulse_node.errors import PulseError
 from pulse_node.ops.snapshot import NodeInput
 
@@ -79,14 +82,6 @@ def _mtime(path: Path) -> float | None:
         return None
 
 
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
 def bootstrap_address(root: Path) -> str | None:
     """The first address the local swarm's bootstrap printed, if any."""
     for f in (root / "bootstrap" / "maddrs.txt", *sorted(root.glob("*/*.maddrs"))):
@@ -105,16 +100,26 @@ def read_run_dir(root: Path) -> list[NodeInput]:
     for d in sorted(p for p in Path(root).iterdir() if p.is_dir()) if Path(root).is_dir() else []:
         if d.name == "bootstrap" or (d / "maddrs.txt").exists() or not any((d / m).exists() for m in _MARKERS):
             continue
-        status = _read_json(d / "status.json")
-        problem = None
-        if not status:
-            problem = f"no status.json; log: {last_error_line(d / 'log.txt') or 'empty'}"
-        elif status.get("stopped"):
-            problem = f"stopped; log: {last_error_line(d / 'log.txt') or 'empty'}"
-        out.append(NodeInput(name=d.name, status=status, source="run_dir", problem=problem,
-                             node_key=_node_key(d / "identity.key"), seen_at=_mtime(d / "status.json"),
-                             log_error=last_error_line(d / "log.txt", within=RECENT_LOG_LINES) if status else None))
+        out.append(read_node_dir(d))
     return out
+
+
+def read_node_dir(d: Path, *, name: str | None = None, starting: bool = False) -> NodeInput:
+    """One node's ``NodeInput`` from its data dir (status.json, identity.key, log.txt);
+    ``starting``: its process is known to run (shown as starting until it writes a status)."""
+    status, unreadable, problem = None, None, None
+    try:
+        status = read_status(d / "status.json")
+    except StatusSchemaError as exc:
+        unreadable = problem = f"{d / 'status.json'}: {exc}"
+    if status is None and unreadable is None:
+        problem = f"no status.json; log: {last_error_line(d / 'log.txt') or 'empty'}"
+    elif status is not None and status.stopped:
+        problem = f"stopped; log: {last_error_line(d / 'log.txt') or 'empty'}"
+    return NodeInput(name=name or d.name, status=status, source="run_dir", problem=problem,
+                     node_key=_node_key(d / "identity.key"), seen_at=_mtime(d / "status.json"),
+                     log_error=last_error_line(d / "log.txt", within=RECENT_LOG_LINES) if status else None,
+                     unreadable=unreadable, starting=starting)
 
 
 def status_url(metrics_url: str) -> str:
@@ -126,16 +131,17 @@ def status_url(metrics_url: str) -> str:
     return base + "/status"
 
 
-def fetch_status(metrics_url: str, *, timeout: float = HTTP_TIMEOUT_S) -> dict[str, Any] | str:
-    """A node's /status dict, or a one-line reason it could not be read."""
+def fetch_status(metrics_url: str, *, timeout: float = HTTP_TIMEOUT_S) -> StatusReport | str:
+    """A node's /status, or a one-line reason it could not be read (``StatusSchemaError``: it
+    answered with a status of another schema)."""
     if not metrics_url.startswith(("http://", "https://")):
         return f"metrics url {metrics_url!r} is not http(s)"
     try:
         with urllib.request.urlopen(status_url(metrics_url), timeout=timeout) as resp:
-            data = json.loads(resp.read(4 << 20))
+            body = resp.read(4 << 20)
     except (urllib.error.URLError, OSError, ValueError) as exc:
         return f"/status unreachable ({getattr(exc, 'reason', exc)})"
-    return data if isinstance(data, dict) else "/status is not a JSON object"
+    return parse_status(body)
 
 
 def dialable_url(metrics_url: str, dht_maddrs: list[str]) -> str:
@@ -156,14 +162,24 @@ def statuses_of_peers(peers: list[Mapping[str, Any]], *, timeout: float = HTTP_T
         return []
     urls = [dialable_url(str(p["metrics_url"]), list(p.get("dht_maddrs") or [])) for p in targets]
     with ThreadPoolExecutor(max_workers=min(16, len(targets))) as pool:
-        results = list(pool.map(lambda u: fetch_status(u, timeout=timeout), urls))
+        results = list(pool.map(lambda u: _fetch_or_reason(u, timeout), urls))
     answered_at = time.time()
     out = []
     for peer, res in zip(targets, results):
-        if isinstance(res, dict) and res.get("peer_id") == peer.get("peer_id"):
-            out.append(NodeInput(name=f"{peer.get('role', 'peer')}-{str(peer['peer_id'])[-6:]}", status=res,
-                                 source="http", seen_at=answered_at))
+        pid = str(peer["peer_id"])
+        name = f"{peer.get('role', 'peer')}-{pid[-6:]}"
+        if isinstance(res, StatusReport) and res.peer_id == pid:
+            out.append(NodeInput(name=name, status=res, source="http", seen_at=answered_at))
+        elif isinstance(res, StatusSchemaError):
+            out.append(NodeInput(name=name, source="http", unreadable=f"/status: {res}", peer_id=pid))
     return out
+
+
+def _fetch_or_reason(url: str, timeout: float) -> StatusReport | StatusSchemaError | str:
+    try:
+        return fetch_status(url, timeout=timeout)
+    except StatusSchemaError as exc:
+        return exc
 
 
 class DhtSource:

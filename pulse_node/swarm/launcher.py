@@ -3,13 +3,14 @@
 Starts a bootstrap, then T trainers and I inference nodes, each a ``pulse-node join`` process
 with its own data dir and TOML config under ``run_dir`` (the same commands the compose file
 runs). Trainer identities are created first so inference nodes trust exactly those keys.
-Progress comes from each node's ``status.json``; with ``versions`` the swarm stops once every
-node holds that version. Every child is stopped within ``stop_timeout_s`` on return or Ctrl+C.
+Progress comes from each node's ``status.json`` (a ``StatusReport``): ``snapshot()`` is the
+dashboard's ``SwarmSnapshot`` of exactly these nodes, ``summary()`` the JSON summary built from
+it. With ``versions`` the swarm stops once every node holds that version. Every child is
+stopped within ``stop_timeout_s`` on return or Ctrl+C.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -24,7 +25,11 @@ import tomli_w
 
 from pulse_node.chain.identity import Identity
 from pulse_node.config import SwarmConfig
+from pulse_node.daemon.status_model import StatusReport, read_status
 from pulse_node.errors import PulseError
+from pulse_node.ops.snapshot import NodeInput, SwarmSnapshot, build_snapshot
+from pulse_node.ops.sources import read_node_dir
+from pulse_node.swarm.summary import swarm_summary
 
 _SHARED = ("run_id", "seed", "log_level", "model", "task", "sampling", "chain", "net")
 
@@ -36,11 +41,14 @@ class Child:
     data_dir: Path
     proc: subprocess.Popen
 
-    def status(self) -> dict[str, Any]:
-        try:
-            return json.loads((self.data_dir / "status.json").read_text())
-        except (OSError, ValueError):
-            return {}
+    def status(self) -> StatusReport | None:
+        """The node's last status (None before its first write)."""
+        return read_status(self.data_dir / "status.json")
+
+    def version(self) -> int:
+        """The version the node holds (-1: none yet, or no status)."""
+        s = self.status()
+        return s.version if s is not None else -1
 
 
 def node_config(cfg: SwarmConfig, *, role: str, data_dir: Path, trusted: list[str]) -> dict[str, Any]:
@@ -133,8 +141,17 @@ class LocalSwarm:
             log.close()
 
     # ---- watch ---------------------------------------------------------------------------
-    def statuses(self) -> list[tuple[Child, dict[str, Any]]]:
+    def statuses(self) -> list[tuple[Child, StatusReport | None]]:
         return [(c, c.status()) for c in self.children]
+
+    def node_inputs(self) -> list[NodeInput]:
+        """The dashboard's inputs: exactly the nodes this swarm started (not older dirs in run_dir)."""
+        return [read_node_dir(c.data_dir, name=c.name, starting=c.proc is not None and c.proc.poll() is None)
+                for c in self.children]
+
+    def snapshot(self) -> SwarmSnapshot:
+        return build_snapshot(self.node_inputs(), now=time.time(), run_id=self.cfg.run_id,
+                              source=f"run dir {self.root}", bootstrap=self.bootstrap_addr)
 
     def check_alive(self) -> None:
         for c in self.children:
@@ -142,7 +159,7 @@ class LocalSwarm:
                 raise PulseError(f"{c.name} exited with code {c.proc.returncode}; see {c.data_dir / 'log.txt'}")
 
     def min_version(self) -> int:
-        return min((s.get("version", -1) for _, s in self.statuses()), default=-1)
+        return min((c.version() for c in self.children), default=-1)
 
     def wait_versions(self, versions: int | None, *, on_tick: Callable[[], None], stop: Callable[[], bool]) -> None:
         """Until every node holds ``versions`` (or forever), calling ``on_tick`` twice a second."""
@@ -232,22 +249,9 @@ class LocalSwarm:
 
     # ---- summary -------------------------------------------------------------------------
     def summary(self) -> dict[str, Any]:
-        stats = self.statuses()
-        trainers = [s for c, s in stats if c.role == "trainer"]
-        evals = [(h["version"], h["eval"]) for s in trainers[:1] for h in s.get("history", []) if "eval" in h]
-        lead = trainers[0] if trainers else {}
-        return {
-            "versions": self.min_version(),
-            "nodes": [{"name": c.name, "role": c.role, "version": s.get("version", -1),
-                       "state_hash": s.get("state_hash", ""), "peer_id": s.get("peer_id", "")} for c, s in stats],
-            "eval_first": evals[0][1] if evals else None,
-            "eval_last": evals[-1][1] if evals else None,
-            "bytes_patch_total": int(lead.get("patch_bytes_total", 0)),
-            "bytes_dense_equivalent": int(lead.get("dense_bytes_total", 0)),
-            "rollouts_sent": int(sum(s.get("rollouts_sent", 0) for c, s in stats if c.role == "inference")),
-            "run_dir": str(self.root),
-            "bootstrap": self.bootstrap_addr,
-        }
+        """The JSON summary of ``pulse-node swarm --json`` (keys listed in the README)."""
+        nodes = [(c.name, c.role, st) for c, st in self.statuses()]
+        return swarm_summary(self.snapshot(), nodes, run_dir=self.root, bootstrap=self.bootstrap_addr)
 
 
 def _worker_tree(tree: list, module: str) -> list:

@@ -1,67 +1,83 @@
-"""What ``pulse-node swarm`` shows while it runs: a live table of nodes (rich) on stderr."""
+"""What ``pulse-node swarm`` shows while it runs, on stderr (stdout keeps the ``--json`` line).
+
+On a terminal: the ``pulse-node status`` screen (``ops/render.py``, the same code) redrawn
+twice a second, under a header of its own (run dir, bootstrap address, uptime). Without one
+(piped, under systemd or docker) or with ``--json``: plain progress lines, one per version
+(``swarm/progress.py``). At the end, a few lines of results from the summary.
+"""
 
 from __future__ import annotations
 
 import sys
 import time
-from typing import Any
+from typing import Any, TextIO
 
-from rich.console import Console
+from rich.console import Console, Group, RenderableType
 from rich.live import Live
-from rich.table import Table
+from rich.text import Text
 
+from pulse_node.ops.render import human_bytes, render
+from pulse_node.ops.snapshot import SwarmSnapshot
 from pulse_node.swarm.launcher import LocalSwarm
-
-
-def _mb(n: float) -> str:
-    return f"{n / 1e6:.2f} MB"
+from pulse_node.swarm.progress import ProgressLines
 
 
 class SwarmView:
-    """Renders node status twice a second; silent with ``quiet`` (for --json)."""
+    """The live screen (a terminal, not ``plain``) or progress lines (else) of one local swarm."""
 
-    def __init__(self, swarm: LocalSwarm, *, quiet: bool) -> None:
+    def __init__(self, swarm: LocalSwarm, *, plain: bool = False, stream: TextIO | None = None) -> None:
         self.swarm = swarm
-        self.quiet = quiet
-        self.console = Console(file=sys.stderr)
+        self.stream = stream or sys.stderr
+        self.interactive = not plain and self.stream.isatty()
+        self.console = Console(file=self.stream, highlight=False, force_terminal=self.interactive or None)
         self.live: Live | None = None
+        self.progress = ProgressLines(self._line)
         self.t0 = time.monotonic()
 
+    def _line(self, text: str) -> None:
+        print(text, file=self.stream, flush=True)
+
     def started(self) -> None:
-        if self.quiet:
-            return
-        self.console.print(f"[bold]pulse-node swarm[/] run dir {self.swarm.root}")
-        self.console.print(f"bootstrap: {self.swarm.bootstrap_addr}")
-        self.console.print("join from another machine: pulse-node join --bootstrap <that address with a reachable IP> --role inference")
-        self.live = Live(self._table(), console=self.console, refresh_per_second=2, transient=False)
-        self.live.start()
+        self._line(f"pulse-node swarm: run dir {self.swarm.root}")
+        self._line(f"bootstrap: {self.swarm.bootstrap_addr}")
+        self._line("join from another machine: pulse-node join --bootstrap <that address with a reachable IP> "
+                   "--role inference")
+        if self.interactive:
+            self.live = Live(self._screen(self.swarm.snapshot()), console=self.console, refresh_per_second=2,
+                             transient=False)
+            self.live.start()
+
+    def _screen(self, snap: SwarmSnapshot) -> RenderableType:
+        head = Text(f"pulse-node swarm  {time.monotonic() - self.t0:.0f}s  {len(self.swarm.children)} nodes"
+                    f"  (Ctrl+C stops every node)", style="bold")
+        return Group(head, render(snap))
 
     def tick(self) -> None:
+        snap = self.swarm.snapshot()
         if self.live is not None:
-            self.live.update(self._table())
-
-    def _table(self) -> Table:
-        t = Table(title=f"swarm ({time.monotonic() - self.t0:.0f}s)", expand=False)
-        for col in ("node", "role", "version", "state hash", "patch bytes", "reward", "eval", "errors"):
-            t.add_column(col)
-        for child, s in self.swarm.statuses():
-            t.add_row(child.name, child.role, str(s.get("version", "-")), str(s.get("state_hash", ""))[:12],
-                      _mb(s.get("patch_bytes_total", 0)), f"{s.get('reward_mean', 0):.3f}",
-                      f"{s['eval_accuracy']:.3f}" if "eval_accuracy" in s else "-", str(s.get("errors", 0)))
-        return t
+            self.live.update(self._screen(snap))
+        else:
+            self.progress.update(snap)
 
     def close(self) -> None:
         if self.live is not None:
             self.live.stop()
+        else:
+            self.progress.update(self.swarm.snapshot(), final=True)
 
     def final(self, summary: dict[str, Any]) -> None:
         c = self.console
         c.print(f"versions held by every node: {summary['versions']}")
-        hashes = {n["state_hash"] for n in summary["nodes"] if n["version"] == summary["versions"]}
-        c.print(f"state hashes at that version agree: {len(hashes) <= 1}")
+        c.print(f"state hashes at that version agree: {summary['states_agree']}")
         if summary["bytes_dense_equivalent"]:
-            ratio = summary["bytes_dense_equivalent"] / max(summary["bytes_patch_total"], 1)
-            c.print(f"patch bytes {_mb(summary['bytes_patch_total'])} vs dense {_mb(summary['bytes_dense_equivalent'])}"
-                    f" ({ratio:.1f}x smaller)")
+            ref = summary["smaller_than_reference"]
+            c.print(f"patch bytes {human_bytes(summary['bytes_patch_total'])} vs dense "
+                    f"{human_bytes(summary['bytes_dense_equivalent'])} ({summary['smaller_than_dense'] or 0:.1f}x "
+                    f"smaller)" + (f", {ref:.1f}x smaller than the reference codec" if ref else ""))
+        if summary["changed_fraction_mean"] is not None:
+            c.print(f"BF16 entries changed per version: {summary['changed_fraction_mean'] * 100:.3g}% on average")
+        if summary["catchups"]:
+            c.print(f"catch-up patches: {summary['catchups']}, {human_bytes(summary['catchup_bytes'])} instead of "
+                    f"{human_bytes(summary['catchup_replaced_bytes'])} of patches")
         if summary["eval_first"] is not None:
             c.print(f"held-out accuracy: {summary['eval_first']:.3f} -> {summary['eval_last']:.3f}")

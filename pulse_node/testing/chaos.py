@@ -4,7 +4,7 @@ times and restarted on the same data dir, and a forging peer on the real network
 
 ``ProcessChaos.tick()`` drives the schedule (kill one node at a time: its role process only, the
 whole node, or one of its worker processes; restart it once its processes are gone) and lets a
-``ChaosLedger`` read every node's status.json, so every state an inference node applied or held
+``ChaosLedger`` read every node's status (``StatusReport``), so every state an inference node applied or held
 is checked against what the trainers published even across restarts (a node's status history
 starts empty again in each life). Used by ``tests/test_node_chaos.py`` (short) and
 ``bench/chaos.py --processes`` (long).
@@ -20,12 +20,13 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from pulse_node.config import SwarmConfig
+from pulse_node.daemon.status_model import StatusReport
 from pulse_node.swarm.launcher import Child, LocalSwarm
 
 KILL_MODES = ("role", "node", "dht", "wire")
-INFERENCE_COUNTERS = ("anchor_loads", "catchups", "gaps", "patches_applied", "rejected", "fetch_errors",
-                      "apply_errors")
-TRAINER_COUNTERS = ("resyncs", "forks", "rounds_left_out", "rejected", "decisions_rejected", "decision_conflicts",
+#: counters summed over every life of every node of a role (names declared in daemon/status_model.py)
+INFERENCE_COUNTERS = ("anchor_loads", "catchups", "gaps", "patches_applied", "fetch_errors", "apply_errors")
+TRAINER_COUNTERS = ("resyncs", "forks", "rounds_left_out", "decisions_rejected", "decision_conflicts",
                     "decisions_made", "decisions_pulled", "loco_fetched", "rollouts_in")
 ORPHAN_WAIT_S = 20.0  # a node whose role process was killed: its workers must be gone by then
 NOTICE_WAIT_S = 60.0  # a node one of whose workers was killed: it must have exited by then
@@ -38,30 +39,26 @@ class ChaosLedger:
         self.published: dict[int, dict[str, str]] = defaultdict(dict)  # version -> trainer -> state hash
         self.held: dict[str, dict[int, set[str]]] = defaultdict(lambda: defaultdict(set))  # node -> version -> hashes
         self.stored: dict[str, dict[int, str]] = defaultdict(dict)  # node -> version -> hash of its store record
-        self.lives: dict[tuple[str, float], dict[str, Any]] = {}  # (node, started_at) -> its last status
+        self.lives: dict[tuple[str, float], StatusReport] = {}  # (node, started_at) -> its last status
         self.head = -1
         self.max_lag = 0
         self.last_lag: dict[str, int] = {}
 
     def poll(self, children: list[Child]) -> None:
-        polled = [(c, c.status()) for c in children]
+        polled = [(c, s) for c in children if (s := c.status()) is not None]
         for c, s in polled:
-            if not s:
-                continue
-            self.lives[(c.name, float(s.get("started_at", 0.0)))] = s
+            self.lives[(c.name, s.started_at)] = s
             if c.role == "trainer":
-                for h in s.get("history", []):
-                    self.published[h["version"]].setdefault(c.name, h["state_hash"])
-                self.head = max(self.head, s.get("version", -1))
+                for h in s.history:
+                    self.published[h.version].setdefault(c.name, h.state_hash)
+                self.head = max(self.head, s.version)
                 continue
             seen = self.held[c.name]
-            for h in s.get("history", []):
-                seen[h["version"]].add(h["state_hash"])
-            if s.get("version", -1) >= 0 and s.get("state_hash"):
-                seen[s["version"]].add(s["state_hash"])
+            for v, state_hash in s.held().items():
+                seen[v].add(state_hash)
         for c, s in polled:  # lag of every inference node whose process runs (restarted ones included)
-            if c.role == "inference" and c.proc.poll() is None and s.get("version", -1) >= 0 and self.head >= 0:
-                self.last_lag[c.name] = self.head - s["version"]
+            if c.role == "inference" and c.proc.poll() is None and s.version >= 0 and self.head >= 0:
+                self.last_lag[c.name] = self.head - s.version
                 self.max_lag = max(self.max_lag, self.last_lag[c.name])
 
     def read_stores(self, children: list[Child]) -> None:
@@ -81,12 +78,16 @@ class ChaosLedger:
                     self.stored[c.name][rec.version] = rec.state_hash
 
     def counters(self, role: str, keys: tuple[str, ...]) -> dict[str, int]:
-        """``keys`` summed over every life of every node of ``role``."""
+        """``keys`` (counters of ``role``'s section) and ``rejected`` summed over every life of
+        every node of ``role``."""
         out: Counter[str] = Counter()
         for s in self.lives.values():
-            if s.get("role") == role:
-                for k in keys:
-                    out[k] += int(s.get(k, 0) or 0)
+            section = getattr(s, role) if s.role == role else None
+            if section is None:
+                continue
+            for k in keys:
+                out[k] += getattr(section, k)
+            out["rejected"] += s.counters.rejected
         return dict(out)
 
     def faults(self) -> tuple[dict[str, int], dict[str, int]]:
@@ -94,20 +95,21 @@ class ChaosLedger:
         by_fault: Counter[str] = Counter()
         by_message: Counter[str] = Counter()
         for s in self.lives.values():
-            by_fault.update(s.get("faults", {}))
-            by_message.update(s.get("faulted", {}))
+            by_fault.update(s.data_plane.faults)
+            by_message.update(s.data_plane.faulted)
         return dict(by_fault), dict(sorted(by_message.items()))
 
     def strikes_of(self, peer_id: str) -> int:
         """Records (or patches) from ``peer_id`` that inference nodes rejected, over all lives."""
-        return sum(int(s.get("strikes", {}).get(peer_id, 0)) for s in self.lives.values())
+        return sum(s.inference.strikes.get(peer_id, 0) for s in self.lives.values() if s.inference is not None)
 
     def honest_strikes(self) -> dict[str, int]:
         """Strikes inference nodes gave to swarm members (whose damaged data was injected), and
         the bans those strikes caused (each ends; repeated bans grow, see ``TrustPolicy``)."""
-        members = {s.get("peer_id") for s in self.lives.values()}
-        given = [n for s in self.lives.values() for p, n in s.get("strikes", {}).items() if p in members]
-        bans = [n for s in self.lives.values() for p, n in s.get("bans", {}).items() if p in members]
+        members = {s.peer_id for s in self.lives.values()}
+        inference = [s.inference for s in self.lives.values() if s.inference is not None]
+        given = [n for c in inference for p, n in c.strikes.items() if p in members]
+        bans = [n for c in inference for p, n in c.bans.items() if p in members]
         return {"strikes": sum(given), "bans": sum(bans)}
 
     def check(self) -> dict[str, Any]:
@@ -205,7 +207,7 @@ class ProcessChaos:
     def kill_one(self, *, role: str | None = None, mode: str | None = None) -> Child | None:
         """SIGKILL (part of) one running node that holds a version; never the last live trainer."""
         up = [c for c in self.swarm.children if c.proc.poll() is None and c.name not in self.down
-              and self.current_status(c).get("version", -1) >= 0]
+              and (s := self.current_status(c)) is not None and s.version >= 0]
         trainers_up = sum(c.role == "trainer" for c in up)
         pool = [c for c in up if (role is None or c.role == role)
                 and (c.role == "inference" or (self.plan.kill_trainers and trainers_up > 1))]
@@ -215,18 +217,18 @@ class ProcessChaos:
         mode = mode or self.rng.choice(self.plan.kill_modes)
         self.down[child.name] = _Down(child, mode, self.swarm.kill(child, mode))
         self.kills[f"{child.role}:{mode}"] += 1
-        self.log(f"chaos: killed {child.name} ({mode}) at version {child.status().get('version')}")
+        self.log(f"chaos: killed {child.name} ({mode}) at version {child.version()}")
         return child
 
     def node(self, name: str) -> Child:
         """The node called ``name`` as it runs now (``restart`` replaces its ``Child``)."""
         return next(c for c in self.swarm.children if c.name == name)
 
-    def current_status(self, c: Child) -> dict[str, Any]:
-        """``c``'s status if its current process wrote it, else {} (a restarted node's file is its
-        previous life's until the new process writes one)."""
+    def current_status(self, c: Child) -> StatusReport | None:
+        """``c``'s status if its current process wrote it, else None (a restarted node's file is
+        its previous life's until the new process writes one)."""
         s = c.status()
-        return s if s.get("started_at", 0.0) >= self._spawned.get(c.name, 0.0) else {}
+        return s if s is not None and s.started_at >= self._spawned.get(c.name, 0.0) else None
 
     def _recover(self) -> None:
         now = time.monotonic()

@@ -8,7 +8,6 @@ Used by the role tests and ``bench/chaos.py``.
 
 from __future__ import annotations
 
-import json
 import threading
 import traceback
 from pathlib import Path
@@ -17,18 +16,22 @@ from typing import Callable
 from pulse_node.chain.catchup_producer import CatchupProducer
 from pulse_node.chain.serving import store_resolver
 from pulse_node.daemon.runtime import run_node
+from pulse_node.daemon.status_model import StatusReport, read_status
 from pulse_node.daemon.transport import Transport
 from pulse_node.testing.memory import MemoryHub
 
 Wrap = Callable[[str, Transport], Transport]
 
 
-def read_status(data_dir: Path) -> dict:
-    """A node's last status.json ({} while it has none)."""
-    try:
-        return json.loads((Path(data_dir) / "status.json").read_text())
-    except (OSError, ValueError):
-        return {}
+def node_status(data_dir: Path) -> StatusReport | None:
+    """A node's last status.json (None while it has none)."""
+    return read_status(Path(data_dir) / "status.json")
+
+
+def node_version(data_dir: Path) -> int:
+    """The version a node holds (-1: none yet)."""
+    s = node_status(data_dir)
+    return s.version if s is not None else -1
 
 
 class InProcessSwarm:

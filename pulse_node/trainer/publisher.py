@@ -14,6 +14,7 @@ from pulse_node.chain.record import VersionRecord, make_record
 from pulse_node.chain.store import VersionStore
 from pulse_node.codec.header import FORMAT_VERSION
 from pulse_node.codec.patch import make_patch
+from pulse_node.codec.reference_size import reference_size
 from pulse_node.codec.state import State, state_nbytes
 from pulse_node.codec.statehash import state_hash
 from pulse_node.config import ChainConfig
@@ -27,6 +28,8 @@ class Published:
     patch_bytes: int
     dense_bytes: int
     changed_fraction: float
+    #: bytes the reference codec (grail v3.1) takes for the same change (None for the genesis anchor)
+    reference_bytes: int | None = None
 
 
 class VersionPublisher:
@@ -72,8 +75,9 @@ class VersionPublisher:
             self.store.put_anchor(record, state)
         self.store.retain(keep_versions=self.chain.keep_versions, keep_anchors=self.chain.keep_anchors)
         changed = _changed_fraction(self._state, state)
+        reference = reference_size(self._state, state)
         self.head, self._state = record, state
-        return Published(record, len(patch), state_nbytes(state), changed)
+        return Published(record, len(patch), state_nbytes(state), changed, reference)
 
 
 def _changed_fraction(old: State, new: State) -> float:

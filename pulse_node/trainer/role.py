@@ -31,6 +31,7 @@ from pulse_node.loco.payload import LocoPayload, encode_payload
 from pulse_node.loco.sparsify import ErrorFeedback
 from pulse_node.trainer.agreement import RoundAgreement
 from pulse_node.daemon.context import RoleContext
+from pulse_node.daemon.status_model import VersionEntry
 from pulse_node.trainer.publisher import VersionPublisher
 from pulse_node.trainer.state import export_trainer_state, read_trainer_state
 from pulse_node.daemon.transport import push_to_all
@@ -206,15 +207,15 @@ class TrainerRole:
                 self.ctx.status.add("rejected")
                 self.ctx.status.error(f"rollout batch rejected: {exc}")
                 continue
-            self.ctx.status.add("rollouts_used", metrics.get("kept", 0))
+            self.ctx.status.add("rollouts_used", int(metrics.get("kept", 0)))
         contributors = self._loco_round()
         if contributors is None:  # re-synced (or stopping): the adopted version is already ours
             return
         self._reset_local()
         pub = self._publish(reward=float(metrics.get("reward_mean", 0.0)) if metrics else None)
         self._check_agreement()
-        self.ctx.status.update(reward_mean=float(metrics.get("reward_mean", 0.0)), contributors=contributors,
-                               rounds=self.outer.round)
+        self.ctx.status.update(reward_mean=float(metrics.get("reward_mean", 0.0)), contributors=contributors)
+        self.ctx.status.set_counts(rounds=self.outer.round)
         self.ctx.log.info("version %d: %d contributors, patch %d B (%.4f changed), reward %.3f",
                           self.version, contributors, pub.patch_bytes, pub.changed_fraction,
                           metrics.get("reward_mean", 0.0))
@@ -276,16 +277,15 @@ class TrainerRole:
         pub = self.publisher.publish(state)
         self.ctx.status.add("patch_bytes_total", pub.patch_bytes)
         self.ctx.status.add("dense_bytes_total", pub.dense_bytes if pub.record.version > 0 else 0)
-        entry = {"version": pub.record.version, "patch_bytes": pub.patch_bytes,
-                 "dense_bytes": pub.dense_bytes, "changed": pub.changed_fraction,
-                 "state_hash": pub.record.state_hash, "global_hash": self.outer.state_hash().hex(),
-                 "at": time.time()}
-        if reward is not None:
-            entry["reward"] = reward  # mean reward of the batches this version was trained on
+        self.ctx.status.add("reference_bytes_total", pub.reference_bytes or 0)
+        accuracy = None
         if self.cfg.eval_every and pub.record.version % self.cfg.eval_every == 0:
-            entry["eval"] = self._evaluate(state, pub.record.version)
-            self.ctx.status.update(eval_accuracy=entry["eval"])
-        self.ctx.status.record_version(entry)
+            accuracy = self._evaluate(state, pub.record.version)
+            self.ctx.status.update(eval_accuracy=accuracy)
+        self.ctx.status.record_version(VersionEntry(
+            version=pub.record.version, state_hash=pub.record.state_hash, patch_bytes=pub.patch_bytes,
+            dense_bytes=pub.dense_bytes, reference_bytes=pub.reference_bytes, changed=pub.changed_fraction,
+            global_hash=self.outer.state_hash().hex(), reward=reward, eval=accuracy))  # reward: of its batches
         self.published_hashes[pub.record.version] = pub.record.state_hash
         self.published_hashes = {v: h for v, h in self.published_hashes.items() if v > pub.record.version - 8}
         export_trainer_state(self.ctx.store.root, params=self.global_params, momentum=self.outer.momentum,

@@ -1,0 +1,241 @@
+"""The declared, versioned content of a node's ``status.json`` and ``/status``: ``StatusReport``.
+
+Every field a node reports is declared here, with a type and a description; the node fills it
+through ``NodeStatus`` (``daemon/status.py``), which refuses undeclared names, and every reader
+(the dashboard, the swarm launcher and its summary, the chaos ledger, tests, benchmarks) parses
+it back with ``parse_status`` / ``read_status`` and reads attributes. ``/metrics`` gauges are
+derived from the numeric fields declared here (``gauge_fields``). Torch-free: ``ops`` imports it.
+
+Sections: common node fields at the top level; ``counters`` (every node), ``trainer`` or
+``inference`` (the node's role only), ``data_plane`` (what its transport reports); ``history``
+(one ``VersionEntry`` per version published or applied, the last ``HISTORY_LEN``) and
+``recent_errors``. Any change to a declared field bumps ``STATUS_SCHEMA``; a reader given
+another schema gets a ``StatusSchemaError`` naming both versions, never a half-read status.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any, Iterator, Mapping
+
+import pydantic
+from pydantic import Field
+
+from pulse_node.errors import PulseError
+
+#: version of the status schema; bump it on any change to a declared field
+STATUS_SCHEMA = 1
+HISTORY_LEN = 200
+ERRORS_KEPT = 20
+ERROR_CHARS = 300
+
+
+class StatusSchemaError(PulseError):
+    """A status (file or ``/status`` answer) is not one this pulse-node can read."""
+
+
+class StatusFieldError(ValueError):
+    """A node tried to report a field or counter the status model does not declare (a bug)."""
+
+
+class _Section(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class NodeCounters(_Section):
+    """Counters of every node."""
+
+    errors: int = Field(0, ge=0, description="errors recorded")
+    rejected: int = Field(0, ge=0, description="peer inputs rejected (bad signature, digest, hash or format)")
+
+
+class TrainerCounters(_Section):
+    """Counters of a trainer."""
+
+    rounds: int = Field(0, ge=0, description="PULSELoCo rounds completed")
+    rollouts_in: int = Field(0, ge=0, description="rollouts received from inference nodes")
+    rollouts_used: int = Field(0, ge=0, description="rollouts consumed by GRPO steps")
+    rollouts_own: int = Field(0, ge=0, description="rollouts the trainer generated itself (none arrived in time)")
+    rollouts_stale: int = Field(0, ge=0, description="rollouts dropped as older than grpo.max_staleness")
+    patch_bytes_total: int = Field(0, ge=0, description="bytes of the patches published")
+    dense_bytes_total: int = Field(0, ge=0, description="bytes a dense BF16 copy of the same versions would take")
+    reference_bytes_total: int = Field(0, ge=0, description="bytes the reference codec (grail v3.1) would take "
+                                       "for the same patches")
+    loco_bytes_out: int = Field(0, ge=0, description="PULSELoCo payload bytes pushed to other trainers")
+    loco_fetched: int = Field(0, ge=0, description="decided PULSELoCo payloads fetched from peers")
+    loco_base_mismatch: int = Field(0, ge=0, description="PULSELoCo payloads not decoded: made on another "
+                                    "global state")
+    decisions_made: int = Field(0, ge=0, description="round decisions signed as coordinator")
+    decisions_pulled: int = Field(0, ge=0, description="round decisions pulled from live trainers")
+    decisions_rejected: int = Field(0, ge=0, description="round decisions rejected (signature, signer, round)")
+    decision_conflicts: int = Field(0, ge=0, description="second, differing decisions for a round")
+    rounds_left_out: int = Field(0, ge=0, description="rounds whose decision left this trainer's payload out")
+    resyncs: int = Field(0, ge=0, description="states adopted from another trainer")
+    forks: int = Field(0, ge=0, description="rounds closed without an update (no decided payloads, no re-sync)")
+
+
+class InferenceCounters(_Section):
+    """Counters of an inference node (the syncer's and the trust policy's, and rollouts)."""
+
+    patches_applied: int = Field(0, ge=0, description="patches applied")
+    patch_bytes_total: int = Field(0, ge=0, description="bytes of patches received")
+    fetch_errors: int = Field(0, ge=0, description="failed fetches of a record or patch")
+    apply_errors: int = Field(0, ge=0, description="fetched patches that did not apply")
+    gaps: int = Field(0, ge=0, description="gaps in the chain nobody served")
+    anchor_loads: int = Field(0, ge=0, description="anchors (full checkpoints) loaded")
+    catchups: int = Field(0, ge=0, description="catch-up patches applied instead of several patches")
+    catchup_misses: int = Field(0, ge=0, description="catch-up requests that failed")
+    catchup_bytes_total: int = Field(0, ge=0, description="bytes of catch-up patches received")
+    rollouts_sent: int = Field(0, ge=0, description="rollouts sent to trainers")
+    strikes: dict[str, int] = Field(default_factory=dict, description="rejections per sending peer")
+    bans: dict[str, int] = Field(default_factory=dict, description="bans per peer")
+
+
+class DataPlane(_Section):
+    """What the node's transport reports (``Transport.stats()``)."""
+
+    bytes_in: int = Field(0, ge=0, description="data-plane bytes received")
+    bytes_out: int = Field(0, ge=0, description="data-plane bytes sent")
+    bytes_in_by_kind: dict[str, int] = Field(default_factory=dict, description="bytes received per request kind")
+    bytes_out_by_kind: dict[str, int] = Field(default_factory=dict, description="bytes sent per request kind")
+    bytes_in_by_plane: dict[str, int] = Field(default_factory=dict, description="bytes received per plane")
+    bytes_out_by_plane: dict[str, int] = Field(default_factory=dict, description="bytes sent per plane")
+    hivemind_push_errors: int = Field(0, ge=0, description="failed pushes over hivemind's p2pd")
+    loco_fallbacks: int = Field(0, ge=0, description="PULSELoCo pushes that fell back to the wire")
+    wire_errors: int = Field(0, ge=0, description="failed wire requests")
+    duplicate: bool = Field(False, description="another live node publishes under this node's identity")
+    fault_injection: bool = Field(False, description="testing: this node faults its own fetches and pushes")
+    faults: dict[str, int] = Field(default_factory=dict, description="testing: faults injected per fault kind")
+    faulted: dict[str, int] = Field(default_factory=dict, description="testing: faults per message kind:fault")
+
+
+class VersionEntry(_Section):
+    """One version a node published (trainer) or applied (inference)."""
+
+    version: int = Field(ge=0)
+    state_hash: str
+    at: float = Field(default_factory=time.time, description="when it was published or applied (unix time)")
+    patch_bytes: int = Field(0, ge=0, description="bytes of its patch (inference: as received; the catch-up "
+                             "patch's bytes if it came by one)")
+    dense_bytes: int | None = Field(None, ge=0, description="trainer: bytes of a dense BF16 copy")
+    reference_bytes: int | None = Field(None, ge=0, description="trainer: bytes of the reference codec's patch")
+    changed: float | None = Field(None, ge=0, le=1, description="trainer: fraction of BF16 entries changed")
+    global_hash: str | None = Field(None, description="trainer: hash of the FP32 global weights and momentum")
+    reward: float | None = Field(None, description="trainer: mean reward of the batches it was trained on")
+    eval: float | None = Field(None, description="trainer: held-out accuracy, when evaluated")
+    catchup_from: int | None = Field(None, ge=0, description="inference: reached by one catch-up patch from "
+                                     "this version")
+
+
+class EvalPoint(_Section):
+    version: int = Field(ge=0)
+    accuracy: float
+
+
+class ErrorEntry(_Section):
+    at: float
+    message: str = Field(max_length=ERROR_CHARS)
+
+
+class StatusReport(_Section):
+    """What one node reports about itself."""
+
+    schema_version: int = Field(STATUS_SCHEMA, alias="schema", description="version of this status schema")
+    role: str = Field(description="trainer, inference (node: a daemon without a role)")
+    peer_id: str
+    run_id: str
+    started_at: float = Field(default_factory=time.time, description="when this process started (unix time)")
+    updated_at: float = Field(default_factory=time.time, description="last change (unix time)")
+    version: int = Field(-1, ge=-1, description="newest version this node holds (-1: none)")
+    state_hash: str = ""
+    chain_hash: str = ""
+    lowest: int = Field(-1, ge=-1, description="lowest version it serves patches from (-1: none)")
+    anchors: list[int] = Field(default_factory=list, description="anchor versions it serves")
+    peers: int = Field(0, ge=0, description="live peers seen in discovery")
+    reward_mean: float | None = Field(None, description="mean reward of the latest rollouts")
+    eval_accuracy: float | None = Field(None, description="held-out accuracy of the latest evaluated version")
+    first_eval: EvalPoint | None = Field(None, description="trainer: the first version it evaluated (kept when "
+                                          "the history moves past it)")
+    contributors: int | None = Field(None, ge=0, description="trainer: payloads averaged in its last round")
+    metrics_url: str | None = None
+    node_key: str | None = None
+    stopped: bool = Field(False, description="the node has stopped (its last status)")
+    counters: NodeCounters = Field(default_factory=NodeCounters)
+    trainer: TrainerCounters | None = None
+    inference: InferenceCounters | None = None
+    data_plane: DataPlane = Field(default_factory=DataPlane)
+    history: list[VersionEntry] = Field(default_factory=list)
+    recent_errors: list[ErrorEntry] = Field(default_factory=list)
+
+    model_config = pydantic.ConfigDict(extra="forbid", validate_assignment=True, populate_by_name=True)
+
+    def held(self) -> dict[int, str]:
+        """version -> state hash of every version in the history, and the one held now."""
+        out = {h.version: h.state_hash for h in self.history}
+        if self.version >= 0 and self.state_hash:
+            out[self.version] = self.state_hash
+        return out
+
+    def to_json(self) -> str:
+        return self.model_dump_json(by_alias=True)
+
+
+#: sections a node writes only through NodeStatus's typed methods (not ``update``)
+SECTIONS = ("counters", "trainer", "inference", "data_plane", "history", "recent_errors")
+ROLE_SECTIONS: dict[str, type[_Section]] = {"trainer": TrainerCounters, "inference": InferenceCounters}
+
+
+def new_report(*, role: str, peer_id: str, run_id: str) -> StatusReport:
+    """An empty report of a node that just started (its role's counter section present)."""
+    sections = {name: cls() for name, cls in ROLE_SECTIONS.items() if name == role}
+    return StatusReport(role=role, peer_id=peer_id, run_id=run_id, **sections)
+
+
+def gauge_fields(report: StatusReport) -> Iterator[tuple[str, float, str]]:
+    """(name, value, description) of every numeric or boolean field declared at the top level
+    and in the node's sections: what ``/metrics`` exports as ``pulse_<name>``."""
+    parts: list[pydantic.BaseModel] = [report, report.counters, report.data_plane]
+    parts += [s for s in (report.trainer, report.inference) if s is not None]
+    for part in parts:
+        for name, info in type(part).model_fields.items():
+            value = getattr(part, name)
+            if isinstance(value, (bool, int, float)):
+                yield info.alias or name, float(value), info.description or name
+
+
+def parse_status(data: Any) -> StatusReport:
+    """A status from JSON text/bytes or an already decoded object; ``StatusSchemaError`` if it
+    is not JSON, not an object, of another schema version, or does not match the declaration."""
+    if isinstance(data, (str, bytes, bytearray)):
+        try:
+            data = json.loads(data)
+        except ValueError as exc:
+            raise StatusSchemaError(f"status is not JSON: {exc}") from None
+    if not isinstance(data, Mapping):
+        raise StatusSchemaError(f"status is a JSON {type(data).__name__}, not an object")
+    schema = data.get("schema")
+    if schema is None:
+        raise StatusSchemaError(f"status has no schema version (written by an older pulse-node); "
+                                f"this pulse-node reads schema {STATUS_SCHEMA}")
+    if schema != STATUS_SCHEMA:
+        raise StatusSchemaError(f"status schema {schema!r}, this pulse-node reads schema {STATUS_SCHEMA}: "
+                                "run the same pulse-node version on every node and tool")
+    try:
+        return StatusReport.model_validate(data)
+    except pydantic.ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err["loc"])
+        raise StatusSchemaError(f"status of schema {STATUS_SCHEMA} does not match its declaration "
+                                f"({exc.error_count()} errors; first: {where}: {err['msg']})") from None
+
+
+def read_status(path: Path) -> StatusReport | None:
+    """The status a node wrote to ``path`` (None while there is none); ``StatusSchemaError``
+    if the file is not a status this pulse-node can read."""
+    try:
+        raw = Path(path).read_bytes()
+    except OSError:
+        return None
+    return parse_status(raw)
