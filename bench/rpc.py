@@ -53,22 +53,14 @@ def _drain(poll, want: int, timeout: float = 60.0) -> list:  # noqa: ANN001
     return got
 
 
-def _timed_polls(call, n: int) -> float:  # noqa: ANN001
-    times = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
-def _best(fn, n: int) -> float:  # noqa: ANN001
+def _seconds(fn, n: int) -> list[float]:  # noqa: ANN001
+    """How long each of ``n`` calls of ``fn`` took."""
     times = []
     for _ in range(n):
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
-    return min(times)
+    return times
 
 
 def child(polls: int) -> dict:
@@ -87,8 +79,8 @@ def child(polls: int) -> dict:
         try:
             info, addr = receiver.info(), wb.info().listen_maddrs[0]
             rid, maddrs = info.peer_id, info.visible_maddrs
-            out = {"dht_poll": _timed_polls(receiver.events, polls),
-                   "wire_poll": _timed_polls(lambda: wb.events(wait_s=0.0), polls)}
+            out = {"dht_poll": statistics.median(_seconds(receiver.events, polls)),
+                   "wire_poll": statistics.median(_seconds(lambda: wb.events(wait_s=0.0), polls))}
             big, small, roll = os.urandom(40_000_000), os.urandom(MiB), os.urandom(16 * MiB)
 
             def p2pd(body: bytes) -> None:
@@ -99,9 +91,9 @@ def child(polls: int) -> dict:
                 wa.push(addr, rollouts, roll, timeout=120)
                 assert len(_drain(lambda: wb.events(wait_s=1.0), 1)[0].data) == len(roll)
 
-            out["spool_push_40mb"] = _best(lambda: p2pd(big), 3)
-            out["p2pd_push_1mb"] = _best(lambda: p2pd(small), 10)
-            out["wire_push_16mb"] = _best(wire, 3)
+            out["spool_push_40mb"] = min(_seconds(lambda: p2pd(big), 3))
+            out["p2pd_push_1mb"] = min(_seconds(lambda: p2pd(small), 10))
+            out["wire_push_16mb"] = min(_seconds(wire, 3))
         finally:
             t0 = time.perf_counter()
             with ThreadPoolExecutor(4) as pool:

@@ -65,6 +65,9 @@ def test_multi_mb_payload_arrives_byte_exact_from_the_authenticated_sender(pair)
     assert sender.push_stats()["bytes_out"]["loco"] >= len(data)
     assert receiver.push_stats()["bytes_in"]["loco"] >= len(data)
     print(f"24 MiB over p2pd incl. local RPC: {seconds:.2f} s")
+    served = receiver.ping()  # the worker's RPC methods, each a DhtClient method of the same name
+    assert {"push", "push_file", "events", "peers"} <= set(served)
+    assert all(callable(getattr(DhtClient, name, None)) for name in served)
 
 
 def test_oversized_or_malformed_requests_are_refused_before_any_body(pair) -> None:

@@ -169,6 +169,9 @@ def test_hostile_rpc_frames_get_an_error_and_worker_stays_up(swarm: dict) -> Non
     with pytest.raises(WireError, match="push: bad params: timeout: Input should be a valid number"):
         pool.call("push", {"peer": "x", "kind": "loco", "data": b"", "timeout": "1"}, timeout=5)
     assert server.info().peer_id
+    served = server.ping()  # the worker's RPC methods, each a WireClient method of the same name
+    assert {"fetch", "fetch_anchor", "push", "events"} <= set(served)
+    assert all(callable(getattr(WireClient, name, None)) for name in served)
 
 
 def test_fetch_from_dead_or_silent_peer_times_out(swarm: dict, tmp_path: Path) -> None:

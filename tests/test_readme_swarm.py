@@ -15,12 +15,12 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import wait_for
+from tests.test_net_dht import read_maddr_line
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 ROOT = Path(__file__).resolve().parents[1]
@@ -52,15 +52,6 @@ def localize(command: str, port: int, peer_id: str = "") -> list[str]:
     return [PULSE_NODE, *argv[1:]]
 
 
-def first_line(proc: subprocess.Popen, timeout: float) -> str:
-    box: list[str] = []
-    reader = threading.Thread(target=lambda: box.append(proc.stdout.readline()), daemon=True)
-    reader.start()
-    reader.join(timeout)
-    assert box and box[0], f"the bootstrap printed no address within {timeout:.0f} s"
-    return box[0].strip()
-
-
 def stop(proc: subprocess.Popen) -> None:
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
@@ -80,7 +71,7 @@ def test_readme_bootstrap_and_join_form_one_swarm(tmp_path: Path) -> None:
                             stderr=open(tmp_path / "bootstrap.err", "w"), text=True)
     join = None
     try:
-        maddr = first_line(boot, 90)
+        maddr = read_maddr_line(boot, 90)
         assert maddr.startswith(f"/ip4/127.0.0.1/tcp/{port}/p2p/")
         run = re.search(r"ready, run (\S+),", (tmp_path / "bootstrap.err").read_text()).group(1)
         loopback = ["--set", 'net.dht_listen=["/ip4/127.0.0.1/tcp/0"]', "--set", 'net.wire_listen=["/ip4/127.0.0.1/tcp/0"]']
