@@ -85,7 +85,7 @@ def _p2p(root: Path, tmp: Path) -> tuple[Transport, Transport]:
     return a, b
 
 
-@pytest.fixture(scope="module", params=["memory", "p2p"])
+@pytest.fixture(scope="module", params=["memory", pytest.param("p2p", marks=pytest.mark.slow)])
 def pair(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
     tmp = tmp_path_factory.mktemp(request.param)
     files = _store(tmp / "a-store")
