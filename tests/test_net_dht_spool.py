@@ -287,7 +287,7 @@ def test_the_wire_fallback_refuses_a_payload_above_its_cap_with_a_clear_error() 
 
     def p2pd_down(peer_id: str, maddrs: list[str], kind: str, data: bytes, *, timeout: float) -> None:
         tried.append(len(data))
-        raise wp.PeerUnavailable("p2pd plane down")
+        raise PeerUnavailable("p2pd plane down")
 
     transport = P2PTransport(TrainerConfig(), SimpleNamespace(push=p2pd_down), NoWorkerWire())  # type: ignore[arg-type]
     peer_id = base58.b58encode(b"\x00\x24\x08\x01\x12\x20" + os.urandom(32)).decode()

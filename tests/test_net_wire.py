@@ -19,7 +19,7 @@ from typing import Callable, Iterator
 import msgpack
 import pytest
 
-from pulse_node.errors import IntegrityError, WireError
+from pulse_node.errors import IntegrityError, NotFound, PeerUnavailable, WireError
 from pulse_node.net import ipc
 from pulse_node.net import wire_protocol as wp
 from pulse_node.net.wire_client import WireClient, WireConfig
@@ -92,7 +92,7 @@ def test_fetch_patch_record_catchup_and_head(swarm: dict, tmp_path: Path) -> Non
 
 def test_missing_file_and_wrong_digest_leave_no_file(swarm: dict, tmp_path: Path) -> None:
     client, addr = swarm["client"], swarm["addr"]
-    with pytest.raises(wp.NotFound):
+    with pytest.raises(NotFound):
         client.fetch(addr, "patch", {"version": 8}, tmp_path / "8.patch")
     with pytest.raises(IntegrityError):
         client.fetch(addr, "patch", {"version": 7}, tmp_path / "7.patch", expected_digest="0" * 64)
@@ -186,7 +186,7 @@ def test_fetch_from_dead_or_silent_peer_times_out(swarm: dict, tmp_path: Path) -
         silent_addr = f"/ip4/127.0.0.1/tcp/{silent.getsockname()[1]}/p2p/{peer_id}"
         for addr in (gone_addr, silent_addr):
             t0 = time.monotonic()
-            with pytest.raises(wp.PeerUnavailable):
+            with pytest.raises(PeerUnavailable):
                 client.fetch(addr, "patch", {"version": 7}, tmp_path / "x", timeout=2.0)
             assert time.monotonic() - t0 < 2.0 + 1.5, addr
     finally:
@@ -206,7 +206,7 @@ def test_dial_to_an_address_that_drops_syns_fails_within_the_dial_timeout(swarm:
     try:  # the kernel drops further SYNs, as a route into a private network does
         addr = f"/ip4/127.0.0.1/tcp/{blackhole.getsockname()[1]}/p2p/{peer_id}"
         t0 = time.monotonic()
-        with pytest.raises(wp.PeerUnavailable, match="no connection within 1 s"):
+        with pytest.raises(PeerUnavailable, match="no connection within 1 s"):
             client.fetch(addr, "record", {"version": 7}, tmp_path / "x", timeout=30.0)
         assert time.monotonic() - t0 < 1.0 + 4.0
         assert client.stats()["errors"]["dial_timeout"] == 1
@@ -250,7 +250,7 @@ def test_anchor_resumes_after_partial_download(swarm: dict, tmp_path: Path) -> N
     _write(slow_root, "anchors/3.safetensors", anchor)
     [slow] = _start([slow_root], max_upload_rate=float(4 * MiB))
     try:
-        with pytest.raises(wp.PeerUnavailable, match="timed out"):
+        with pytest.raises(PeerUnavailable, match="timed out"):
             client.fetch_anchor([slow.info().listen_maddrs[0]], version=3, size=len(anchor),
                                 dest=tmp_path / "a.st", digest=_sha(anchor), timeout=1.5, chunk=MiB)
     finally:
@@ -310,7 +310,7 @@ def test_catchup_is_made_on_demand_from_verified_states(swarm: dict, tmp_path: P
         check_catchup(patch, from_record=chain[3][0], to_record=chain[17][0])
         assert states_equal(apply_patch(states[3], patch, verify=True), states[17])
         t0 = time.monotonic()
-        with pytest.raises(wp.NotFound, match="does not hold v30"):
+        with pytest.raises(NotFound, match="does not hold v30"):
             client.fetch(addr, "catchup", {"base": 3, "target": 30}, tmp_path / "x.patch")
         assert time.monotonic() - t0 < 5
     finally:
@@ -326,7 +326,7 @@ def test_loco_payload_and_decision_are_served_and_decisions_pushed(swarm: dict, 
     client.fetch(addr, "loco_payload", {"round": 4, "digest": digest}, tmp_path / "p")
     client.fetch(addr, "loco_decision", {"round": 4}, tmp_path / "d")
     assert (tmp_path / "p").read_bytes() == payload and (tmp_path / "d").read_bytes() == decision
-    with pytest.raises(wp.NotFound):
+    with pytest.raises(NotFound):
         client.fetch(addr, "loco_payload", {"round": 4, "digest": "../" + digest[3:]}, tmp_path / "x")
     server.events(max_events=64)  # whatever earlier tests left
     client.push(addr, "loco_decision", b"d" * 100)

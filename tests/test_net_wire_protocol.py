@@ -5,7 +5,7 @@ from __future__ import annotations
 import msgpack
 import pytest
 
-from pulse_node.errors import WireError
+from pulse_node.errors import UnsupportedVersion, WireError
 from pulse_node.net import wire_protocol as wp
 
 V = wp.WIRE_VERSION
@@ -51,7 +51,7 @@ def test_patch_request_rejects_undeclared_input(msg: object, match: str) -> None
 
 
 def test_unsupported_version_is_its_own_type() -> None:
-    with pytest.raises(wp.UnsupportedVersion):
+    with pytest.raises(UnsupportedVersion):
         wp.PatchRequest.decode(msgpack.packb({"v": 9, "version": 1}))
 
 

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Awaitable, Callable, ClassVar
 
-from pulse_node.errors import WireError
+from pulse_node.errors import PeerUnavailable, UnsupportedVersion, WireError
 from pulse_node.net import wire_protocol as wp
 from pulse_node.net.inbox import Inbox
 from pulse_node.net.spool import THRESHOLD, AsyncFile, Spool
@@ -108,7 +108,7 @@ class PushPlane:
             async with asyncio.timeout(HEADER_TIMEOUT_S):
                 head = PushHeader.decode(await read_frame(reader, wp.REQUEST_CAP))
             status, message = await self._receive(sender, head, reader)
-        except wp.UnsupportedVersion as exc:
+        except UnsupportedVersion as exc:
             status, message = "unsupported", str(exc)
         except WireError as exc:
             status, message = "bad_request", str(exc)
@@ -249,16 +249,16 @@ class PushPlane:
                     writer.close()
         except TimeoutError:
             self.errors["timeout"] += 1
-            raise wp.PeerUnavailable(f"push {kind} to {peer_id}: not acknowledged within {timeout:.1f}s") from None
+            raise PeerUnavailable(f"push {kind} to {peer_id}: not acknowledged within {timeout:.1f}s") from None
         except WireError:
             self.errors["protocol"] += 1
             raise
         except Exception as exc:  # p2pd control failures, resets: the peer is not reachable this way
             self.errors["unreachable"] += 1
-            raise wp.PeerUnavailable(f"push {kind} to {peer_id}: {type(exc).__name__}: {exc}") from None
+            raise PeerUnavailable(f"push {kind} to {peer_id}: {type(exc).__name__}: {exc}") from None
         if resp.status != "ok":
             self.errors[f"remote_{resp.status}"] += 1
-            raise (wp.PeerUnavailable if resp.status == "busy" else WireError)(
+            raise (PeerUnavailable if resp.status == "busy" else WireError)(
                 f"push {kind} to {peer_id}: {resp.status}: {resp.message}")
         self.bytes_out[kind] += size
         return {"bytes": size, "seconds": time.monotonic() - t0}

@@ -23,7 +23,7 @@ from typing import Any, ClassVar, Literal
 
 import msgpack
 
-from pulse_node.errors import NotFound, PeerBusy, PeerUnavailable, UnsupportedVersion, WireError  # noqa: F401
+from pulse_node.errors import UnsupportedVersion, WireError
 from pulse_node.vocab import FETCH_KINDS, PUSH_KINDS, FetchKind, check_fetch_kind
 
 WIRE_VERSION = 2

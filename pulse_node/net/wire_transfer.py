@@ -24,9 +24,8 @@ import trio
 from libp2p.custom_types import TProtocol
 from libp2p.peer.peerinfo import info_from_p2p_addr
 
-from pulse_node.errors import IntegrityError, WireError
+from pulse_node.errors import IntegrityError, NotFound, PeerBusy, PeerUnavailable, WireError
 from pulse_node.net import wire_protocol as wp
-from pulse_node.net.wire_protocol import PeerUnavailable
 from pulse_node.net.worker_config import DIAL_TIMEOUT_S
 from pulse_node.vocab import check_push_kind
 
@@ -163,7 +162,7 @@ async def request(dialer: Dialer, peer: str, kind: str, req: wp.WireStruct) -> t
     if resp.status != "ok":
         await io.close()
         dialer.counters.errors[f"remote_{resp.status}"] += 1
-        err = {"busy": wp.PeerBusy, "not_found": wp.NotFound}.get(resp.status, WireError)
+        err = {"busy": PeerBusy, "not_found": NotFound}.get(resp.status, WireError)
         raise err(f"{kind} from {io.peer}: {resp.status}: {resp.message}")
     return io, resp
 

@@ -43,7 +43,7 @@ from libp2p.security.noise.transport import Transport as NoiseTransport
 
 from pulse_node.chain import serving
 from pulse_node.chain.catchup_producer import CatchupProducer
-from pulse_node.errors import BusyError, ConfigError, PulseError, WireError
+from pulse_node.errors import BusyError, ConfigError, PulseError, UnsupportedVersion, WireError
 from pulse_node.net import wire_protocol as wp
 from pulse_node.net import wire_transfer as wt
 from pulse_node.net.inbox import Inbox
@@ -120,7 +120,7 @@ class Server:
                 await self._serve_push(io, req)
             else:
                 await self._serve_file(io, kind, req)
-        except wp.UnsupportedVersion as exc:
+        except UnsupportedVersion as exc:
             await self._reply_error(io, "unsupported", str(exc))
         except wt.PeerUnavailable as exc:
             self.counters.errors[f"serve_{kind}_stream"] += 1
