@@ -209,7 +209,7 @@ class PushPlane:
                         timeout: float) -> dict:
         """``push`` of a body the node wrote to spool file ``path`` (checked: in the spool, ``size`` bytes)."""
         if self.spool is None or self._io is None:
-            raise WireError("push_file: this DHT worker has no spool (--spool)")
+            raise WireError("push_file: this DHT worker has no spool (DhtConfig.spool_dir)")
         if not isinstance(size, int) or isinstance(size, bool):
             raise WireError(f"push_file: size must be an int, got {size!r}")
         self._check_size(kind, size)
