@@ -180,7 +180,7 @@ def bench_hivemind_stream(total: int) -> dict[int, float]:
 def bench_fetch(size: int, rounds: int, tmp: Path) -> dict[str, float]:
     from concurrent.futures import ThreadPoolExecutor
 
-    from pulse_node.net.wire_client import WireClient
+    from pulse_node.net.wire_client import WireClient, WireConfig
 
     data = os.urandom(size)
     digest = hashlib.sha256(data).hexdigest()
@@ -191,7 +191,7 @@ def bench_fetch(size: int, rounds: int, tmp: Path) -> dict[str, float]:
         os.link(tmp / name / "anchors" / "1.safetensors", tmp / name / "patches" / "1.patch")
     (tmp / "b").mkdir()
     with ThreadPoolExecutor(3) as pool:
-        a, b, c = pool.map(lambda n: WireClient.start(store=tmp / n), ("a", "b", "c"))
+        a, b, c = pool.map(lambda n: WireClient.start(WireConfig(store=tmp / n)), ("a", "b", "c"))
     best = {"fetch": 0.0, "anchor_1": 0.0, "anchor_2": 0.0}
     try:
         pa, pc = a.info().listen_maddrs[0], c.info().listen_maddrs[0]
@@ -235,11 +235,11 @@ def _push_workers(host: str, work: Path):  # noqa: ANN202 - (WireClient, DhtClie
     from concurrent.futures import ThreadPoolExecutor
 
     from pulse_node.net.dht_client import DhtClient, DhtConfig
-    from pulse_node.net.wire_client import WireClient
+    from pulse_node.net.wire_client import WireClient, WireConfig
 
     (work / "store").mkdir(parents=True, exist_ok=True)
     with ThreadPoolExecutor(2) as pool:
-        wire = pool.submit(WireClient.start, store=work / "store", listen=(f"/ip4/{host}/tcp/0",))
+        wire = pool.submit(WireClient.start, WireConfig(store=work / "store", listen=[f"/ip4/{host}/tcp/0"]))
         dht = pool.submit(DhtClient.start, DhtConfig(run_id="bench-push", host_maddrs=[f"/ip4/{host}/tcp/0"],
                                                      accept_pushes=True))
         return wire.result(), dht.result()

@@ -336,10 +336,10 @@ def probe_wire(ns: str, listen_ip: str, records: list[dict], work: Path) -> list
 
 def _probe_wire_main(listen_ip: str, work: Path) -> None:
     from pulse_node.errors import PulseError
-    from pulse_node.net.wire_client import WireClient
+    from pulse_node.net.wire_client import WireClient, WireConfig
 
     out = []
-    with WireClient.start(store=work / "store", listen=(f"/ip4/{listen_ip}/tcp/0",)) as wire:
+    with WireClient.start(WireConfig(store=work / "store", listen=[f"/ip4/{listen_ip}/tcp/0"])) as wire:
         for rec in json.loads((work / "records.json").read_text()):
             addr = (rec.get("wire_maddrs") or [""])[0]
             t0 = time.monotonic()

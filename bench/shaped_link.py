@@ -86,9 +86,9 @@ def build_store(store: Path, *, d_model: int, layers: int, steps: int) -> dict:
 
 
 def serve(store: Path, ready: Path, stop: Path) -> None:
-    from pulse_node.net.wire_client import WireClient
+    from pulse_node.net.wire_client import WireClient, WireConfig
 
-    with WireClient.start(store=store, listen=(f"/ip4/{IP_A}/tcp/0",)) as wire:
+    with WireClient.start(WireConfig(store=store, listen=[f"/ip4/{IP_A}/tcp/0"])) as wire:
         me = wire.info()
         ready.write_text(next(m for m in me.listen_maddrs if IP_A in m) + f"/p2p/{me.peer_id}")
         while not stop.exists():
@@ -101,14 +101,14 @@ def client(peer: str, store: Path, work: Path, signer: str, versions: int) -> di
     from pulse_node.codec.patch import apply_patch
     from pulse_node.codec.state import load_safetensors
     from pulse_node.codec.statehash import state_hash
-    from pulse_node.net.wire_client import WireClient
+    from pulse_node.net.wire_client import WireClient, WireConfig
 
     from pulse_node.codec.kernels import warm_up
 
     warm_up()  # a node does this at start
     state = load_safetensors(store / "anchors" / "0.safetensors")  # we hold version 0
     out = {"patch_seconds": [], "patch_bytes": []}
-    with WireClient.start(store=work, listen=(f"/ip4/{IP_B}/tcp/0",)) as wire:
+    with WireClient.start(WireConfig(store=work, listen=[f"/ip4/{IP_B}/tcp/0"])) as wire:
         wire.fetch(peer, "record", {"version": 0}, work / "warm.rec", timeout=60)  # connection set-up
         base_hash = state_hash(state)
         for v in range(1, versions + 1):

@@ -14,11 +14,9 @@ from pydantic import Field, model_validator
 
 from pulse_node.configload import StrictModel
 from pulse_node.loco.config import LocoConfig
+from pulse_node.net.worker_config import ANY_PORT, RECORD_TTL_S, USE_RELAY, RunId
 from pulse_node.rl.config import GRPOConfig, ModelConfig, SamplingConfig, TaskConfig
-
-
-FaultKind = Literal["rollouts", "loco", "head", "loco_decision", "record", "patch", "anchor", "catchup",
-                   "trainer_state", "loco_payload"]
+from pulse_node.vocab import DEFAULT_RUN_ID, Kind
 
 
 class FaultConfig(StrictModel):
@@ -37,21 +35,21 @@ class FaultConfig(StrictModel):
     delay: float = Field(0.0, ge=0, le=1)
     corrupt: float = Field(0.0, ge=0, le=1)
     max_delay_s: float = Field(0.2, ge=0, le=60)
-    spare_kinds: list[FaultKind] = Field(default_factory=list, description="message kinds never faulted")
+    spare_kinds: list[Kind] = Field(default_factory=list, description="message kinds never faulted")
 
 
 class NetConfig(StrictModel):
     """Discovery (hivemind DHT) and data plane (py-libp2p) settings."""
 
     bootstrap: list[str] = Field(default_factory=list, description="multiaddrs of DHT entry points")
-    dht_listen: list[str] = Field(default_factory=lambda: ["/ip4/0.0.0.0/tcp/0"])
-    wire_listen: list[str] = Field(default_factory=lambda: ["/ip4/0.0.0.0/tcp/0"])
+    dht_listen: list[str] = Field(default_factory=lambda: [ANY_PORT])
+    wire_listen: list[str] = Field(default_factory=lambda: [ANY_PORT])
     announce: list[str] = Field(default_factory=list, description="publicly reachable DHT multiaddrs")
     wire_announce: list[str] = Field(default_factory=list, description="publicly reachable data-plane multiaddrs")
-    use_relay: bool = True
+    use_relay: bool = Field(USE_RELAY, description="p2pd's circuit-relay transport (net/worker_config.py says why on)")
     use_auto_relay: bool = False
     client_mode: bool = False
-    record_ttl_s: float = Field(30.0, gt=1)
+    record_ttl_s: float = Field(RECORD_TTL_S, gt=1)
     head_poll_s: float = Field(2.0, gt=0, description="DHT lookup interval; head pushes arrive sooner")
     fetch_timeout_s: float = Field(60.0, gt=0)
     max_parallel_fetches: int = Field(4, ge=1, le=64)
@@ -101,7 +99,7 @@ class ChainConfig(StrictModel):
 class NodeConfig(StrictModel):
     """Settings every daemon role shares."""
 
-    run_id: str = Field("pulse-default", pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    run_id: RunId = Field(DEFAULT_RUN_ID, description="the swarm this node joins (DHT keys, signed records)")
     data_dir: Path = Path("./pulse-data")
     seed: int = 0
     max_versions: int | None = Field(None, ge=1, description="stop after this version (default: run forever)")
@@ -148,7 +146,7 @@ class SwarmConfig(StrictModel):
     run_dir: Path = Path("./pulse-swarm")
     fresh: bool = Field(True, description="start a new run (wipe node stores in run_dir)")
     host: str = "127.0.0.1"
-    run_id: str = Field("pulse-local", pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    run_id: RunId = DEFAULT_RUN_ID
     seed: int = 0
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     stop_timeout_s: float = Field(10.0, gt=0)

@@ -45,3 +45,19 @@ class WireError(PulseError):
 
 class DataError(PulseError):
     """A data file (tasks, model directory) is malformed; the message names file and line."""
+
+
+class PeerUnavailable(WireError):
+    """A peer could not be reached, went away, was busy, or did not answer in time."""
+
+
+class PeerBusy(PeerUnavailable, BusyError):
+    """The peer is working on the request (e.g. making a catch-up patch); ask again shortly."""
+
+
+class NotFound(WireError):
+    """The peer does not hold the requested file."""
+
+
+class UnsupportedVersion(WireError):
+    """The peer speaks another wire version."""

@@ -20,6 +20,7 @@ from pulse_node.config import NetConfig
 from pulse_node.errors import BusyError, GapError, WireError
 from pulse_node.inference.syncer import VersionSync
 from pulse_node.daemon.transport import PeerInfo
+from pulse_node.net.dht_records import PeerStatus, Serves
 from pulse_node.testing.memory import MemoryHub
 from pulse_node.chain.trust import TrustPolicy
 
@@ -139,7 +140,7 @@ def test_memory_transport_serves_made_catchups_and_says_why_not(served: Path, tm
     hub = MemoryHub()
     hub.join("server", store_resolver(served, producer=CatchupProducer(served, wait_s=60)))
     client = hub.join("client", lambda kind, params: None)
-    server = PeerInfo("server", "inference", "")
+    server = PeerInfo("server", PeerStatus(role="inference"))
     size = client.fetch(server, "catchup", {"base": 3, "target": 17}, tmp_path / "got", timeout=5)
     assert size == catchup_path(served, 3, 17).stat().st_size
     with pytest.raises(WireError, match="cannot rebuild base|does not hold v30"):
@@ -157,12 +158,13 @@ def _syncer(tmp_path: Path, hub: MemoryHub, *, at: int, **kw) -> VersionSync:
 
 def _serve(hub: MemoryHub, root: Path, producer: CatchupProducer | None, version: int) -> PeerInfo:
     hub.join("holder", store_resolver(root, producer=producer))
-    return PeerInfo("holder", "inference", "", version=version, lowest=1, anchors=[0, 10, 20],
-                    node_key=TRAINER.public_key_hex)
+    return PeerInfo("holder", PeerStatus(role="inference", version=version,
+                                         serves=Serves(lowest=1, highest=version, anchors=[0, 10, 20]),
+                                         node_key=TRAINER.public_key_hex))
 
 
 def _trainer(version: int) -> PeerInfo:
-    return PeerInfo("trainer", "trainer", "", version=version, node_key=TRAINER.public_key_hex)
+    return PeerInfo("trainer", PeerStatus(role="trainer", version=version, node_key=TRAINER.public_key_hex))
 
 
 def test_syncer_k_behind_recovers_with_one_catchup_patch(served: Path, tmp_path: Path) -> None:

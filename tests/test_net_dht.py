@@ -130,7 +130,7 @@ def test_dead_peer_record_expires(swarm) -> None:
     _, watcher, victim = swarm
     pid = victim.info().peer_id
     wait_until(lambda: pid in {p.peer_id for p in watcher.peers()}, 20, "victim visible")
-    crash(victim._worker.proc.pid)  # worker and its p2pd die without saying goodbye
+    crash(victim.process.proc.pid)  # worker and its p2pd die without saying goodbye
     killed = time.monotonic()
     wait_until(lambda: pid not in {p.peer_id for p in watcher.peers()}, 15, "victim record expired")
     assert time.monotonic() - killed < 2.0 + 6.0  # TTL 2 s, plus a slow read or two
@@ -214,13 +214,14 @@ def test_unreachable_bootstrap_fails_with_a_clear_message_within_its_bound(tmp_d
     hung.bind(("127.0.0.1", 0))
     hung.listen(8)  # accepts TCP, never speaks libp2p: a bootstrap that does not answer
     peers = [f"/ip4/127.0.0.1/tcp/{s.getsockname()[1]}/p2p/{_peer_id()}" for s in (refused, hung)]
-    err = tmp_dir / "err.json"
+    err, config = tmp_dir / "err.json", tmp_dir / "unreachable.json"
+    config.write_text(DhtConfig(run_id=RUN, host_maddrs=LOCAL, initial_peers=peers,
+                                bootstrap_timeout_s=3).model_dump_json())
     started = time.monotonic()
-    try:
+    try:  # the worker as a user would run it by hand: its whole config is one JSON file
         proc = subprocess.run(
             [sys.executable, "-m", "pulse_node.net.dht_worker", "--ipc", str(tmp_dir / "never.sock"),
-             "--run-id", RUN, "--host-maddrs", *LOCAL, "--initial-peers", *peers,
-             "--bootstrap-timeout", "3", "--error-file", str(err)],
+             "--config", str(config), "--error-file", str(err)],
             capture_output=True, text=True, timeout=60)
     finally:
         refused.close()
@@ -255,7 +256,7 @@ def _peer_id() -> str:
 
 
 def test_daemon_start_failure_names_the_cause_and_the_next_step(tmp_dir) -> None:
-    from pulse_node.net.dht_join import JoinError, NetOptions, start_daemon
+    from pulse_node.net.dht_join import JoinError, start_daemon
     from pulse_node.net.dht_validator import libp2p_private_key
 
     key = tmp_dir / "daemon.key"
@@ -269,7 +270,7 @@ def test_daemon_start_failure_names_the_cause_and_the_next_step(tmp_dir) -> None
                  "/ip4/203.0.113.7/tcp/0": "that IP is not on this machine"}
         for maddr, hint in cases.items():
             with pytest.raises(JoinError, match=hint) as info:
-                asyncio.run(start_daemon(NetOptions([maddr], [], False, False, False), str(key)))
+                asyncio.run(start_daemon(DhtConfig(run_id=RUN, host_maddrs=[maddr]), str(key)))
             assert info.value.kind == "daemon" and maddr in str(info.value)
     finally:
         busy.close()

@@ -20,7 +20,7 @@ import pytest
 from pulse_node.net import wire_protocol as wp
 from pulse_node.net.dht_client import DhtClient, DhtConfig
 from pulse_node.net.dht_push import CAPS, PushHeader
-from pulse_node.net.ipc import RpcError
+from pulse_node.errors import PeerUnavailable, WireError
 from tests.conftest import wait_for
 
 LOCAL = ["/ip4/127.0.0.1/tcp/0"]
@@ -60,11 +60,14 @@ def test_multi_mb_payload_arrives_byte_exact_from_the_authenticated_sender(pair)
     sender.push(rid, maddrs, "loco", data, timeout=60)
     seconds = time.monotonic() - t0
     (ev,) = _drain(receiver, 1)
-    assert ev.kind == "loco" and ev.from_peer == sender.info().peer_id
+    assert ev.kind == "loco" and ev.sender == sender.info().peer_id
     assert len(ev.data) == len(data) and hashlib.sha256(ev.data).digest() == hashlib.sha256(data).digest()
     assert sender.push_stats()["bytes_out"]["loco"] >= len(data)
     assert receiver.push_stats()["bytes_in"]["loco"] >= len(data)
     print(f"24 MiB over p2pd incl. local RPC: {seconds:.2f} s")
+    served = receiver.ping()  # the worker's RPC methods, each a DhtClient method of the same name
+    assert {"push", "push_file", "events", "peers"} <= set(served)
+    assert all(callable(getattr(DhtClient, name, None)) for name in served)
 
 
 def test_oversized_or_malformed_requests_are_refused_before_any_body(pair) -> None:
@@ -73,12 +76,12 @@ def test_oversized_or_malformed_requests_are_refused_before_any_body(pair) -> No
     assert _answer(sender.probe(rid, too_big, maddrs=maddrs)).status == "too_large"
     huge_frame = (1 << 30).to_bytes(4, "big")  # a header frame declared at 1 GiB
     assert _answer(sender.probe(rid, huge_frame, maddrs=maddrs)).status == "bad_request"
-    other_kind = PushHeader(v=wp.WIRE_VERSION, kind="rollout", size=10).encode() + b"x" * 10
+    other_kind = PushHeader(v=wp.WIRE_VERSION, kind="rollouts", size=10).encode() + b"x" * 10
     assert _answer(sender.probe(rid, other_kind, maddrs=maddrs)).status == "unsupported"
     errors = receiver.push_stats()["errors"]
     assert errors.get("refused_too_large") and errors.get("refused_bad_request") and errors.get("refused_unsupported")
     assert receiver.events() == []
-    with pytest.raises(RpcError, match="exceeds cap"):  # the sender refuses to send one at all
+    with pytest.raises(WireError, match="exceeds cap"):  # the sender refuses to send one at all
         sender.push(rid, maddrs, "loco", b"\0" * (CAPS["loco"] + 1), timeout=5)
     sender.push(rid, maddrs, "loco", b"still serving", timeout=30)
     assert [e.data for e in _drain(receiver, 1)] == [b"still serving"]
@@ -88,7 +91,7 @@ def test_push_to_an_unreachable_peer_fails_within_its_timeout(pair) -> None:
     _, sender, _, _ = pair
     ghost = base58.b58encode(b"\x00\x24\x08\x01\x12\x20" + os.urandom(32)).decode()  # an Ed25519 id nobody runs
     t0 = time.monotonic()
-    with pytest.raises(RpcError):
+    with pytest.raises(PeerUnavailable):
         sender.push(ghost, ["/ip4/127.0.0.1/tcp/9/p2p/" + ghost], "loco", b"x", timeout=5)
     assert time.monotonic() - t0 < 5 + 3
     assert sender.push_stats()["errors"].get("unreachable", 0) + sender.push_stats()["errors"].get("timeout", 0) >= 1

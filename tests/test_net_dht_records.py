@@ -11,7 +11,7 @@ import pytest
 from pulse_node.chain.identity import Identity
 from pulse_node.errors import WireError
 from pulse_node.net.dht_records import (
-    MAX_TTL_S, HeadEntry, PeerRecord, PeerStatus, decode_record, dht_key, encode_record, validate_tree,
+    MAX_TTL_S, HeadEntry, PeerRecord, PeerStatus, decode_dht_record, dht_key, encode_dht_record, validate_tree,
 )
 
 hivemind_dht = pytest.importorskip("hivemind.dht.routing")
@@ -128,8 +128,8 @@ def test_encode_decode_round_trip_and_strictness() -> None:
     ident = Identity.generate()
     rec = PeerRecord(**PeerStatus(role="inference").model_dump(), peer_id=peer_id_of(ident),
                      session="00" * 16, updated_at=1.0)
-    assert decode_record("peers", encode_record(rec)) == rec
+    assert decode_dht_record("peers", encode_dht_record(rec)) == rec
     with pytest.raises(WireError):
-        decode_record("peers", b"\xc1not msgpack")
+        decode_dht_record("peers", b"\xc1not msgpack")
     with pytest.raises(WireError, match="not a map"):
         validate_tree(PeerRecord, [1, 2])

@@ -22,12 +22,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from pulse_node.errors import WireError
+from pulse_node.errors import PeerUnavailable, WireError
 from pulse_node.net import wire_protocol as wp
 from pulse_node.net.dht_client import DhtClient, DhtConfig
-from pulse_node.net.dht_push import CAPS, Inbox, PushHeader, PushPlane
-from pulse_node.net.inbox import EVENTS_BYTES_PER_CALL, Event
-from pulse_node.net.ipc import RpcError
+from pulse_node.net.dht_push import CAPS, PushHeader, PushPlane
+from pulse_node.net.inbox import EVENTS_BYTES_PER_CALL, Inbox
+from pulse_node.vocab import Event
 from pulse_node.net.spool import THRESHOLD, Spool
 from tests.conftest import wait_for
 
@@ -74,7 +74,7 @@ def test_spooled_events_use_the_disk_budget_and_cost_nothing_per_call() -> None:
     inbox = Inbox(max_events=8, max_bytes=100 << 20, max_disk_bytes=100 << 20)
     for i in range(2):
         assert inbox.reserve(40 << 20, spooled=True)
-        inbox.put(Event("loco", "p", b"", float(i), path=f"/s/in-{i}", size=40 << 20))
+        inbox.put(Event("loco", "p", b"", float(i)), path=f"/s/in-{i}", size=40 << 20)
     assert not inbox.reserve(40 << 20, spooled=True)  # disk budget full
     assert inbox.reserve(40 << 20)  # the memory budget is separate
     inbox.put(Event("loco", "p", b"m" * (40 << 20), 2.0))
@@ -123,11 +123,11 @@ def test_inbound_body_goes_to_a_spool_file_and_failures_leave_nothing(tmp_path: 
     plane = PushPlane(None, spool=spool)
     body = os.urandom(3 * THRESHOLD)
     assert _answer(bytes(_handle(plane, _header(len(body)) + body).out)).status == "ok"
-    (ev,) = plane.inbox.take(4)
-    assert ev.spooled and ev.data == b"" and ev.size == len(body) and spool.take(ev.path, ev.size) == body
+    (queued,) = plane.inbox.take_ready(4)
+    assert queued.event.data == b"" and queued.size == len(body) and spool.take(queued.path, queued.size) == body
     small = b"s" * THRESHOLD  # at the threshold: in memory, as before
     _handle(plane, _header(len(small)) + small)
-    assert [e.data for e in plane.inbox.take(4)] == [small]
+    assert [(q.event.data, q.path) for q in plane.inbox.take_ready(4)] == [(small, None)]
 
     writer = _handle(plane, _header(len(body)) + body[:THRESHOLD + 5])  # the sender is cut mid-body
     assert writer.out == b"" and plane.errors["inbound_cut"] == 1
@@ -196,7 +196,7 @@ def test_a_payload_above_the_old_cap_arrives_byte_identical_and_leaves_no_files(
     assert len(data) > CAPS["loco"] == 48 << 20
     swarm.sender.push(rid, maddrs, "loco", data, timeout=120)
     (ev,) = _drain(swarm.receiver, 1)
-    assert ev.kind == "loco" and ev.from_peer == swarm.sender.info().peer_id
+    assert ev.kind == "loco" and ev.sender == swarm.sender.info().peer_id
     assert len(ev.data) == len(data) and hashlib.sha256(ev.data).digest() == hashlib.sha256(data).digest()
     assert swarm.sender.spool.files() == [] and swarm.receiver.spool.files() == []
     stats = swarm.receiver.push_stats()
@@ -219,7 +219,7 @@ def test_an_oversized_declared_size_is_refused_before_anything_is_written(swarm)
     over = 2 * THRESHOLD + 1  # above the small worker's cap
     with pytest.raises(WireError, match="exceeds cap"):  # its client refuses before writing a file
         swarm.small.push(rid, maddrs, "loco", b"\0" * over, timeout=5)
-    with pytest.raises(RpcError, match="exceeds cap"):  # its worker refuses before opening one
+    with pytest.raises(WireError, match="exceeds cap"):  # its worker refuses before opening one
         swarm.small.push_file(rid, maddrs, "loco", swarm.small.spool.directory / "out-x.push", over, timeout=5)
     assert swarm.small.spool.files() == []
 
@@ -247,10 +247,10 @@ def test_the_worker_refuses_a_file_outside_its_spool(swarm, tmp_path: Path) -> N
     os.symlink(outside, link)
     try:
         for path in (outside, link, swarm.sender.spool.directory / ".." / outside.name):
-            with pytest.raises(RpcError, match="is not a file of the spool"):
+            with pytest.raises(WireError, match="is not a file of the spool"):
                 swarm.sender.push_file(rid, maddrs, "loco", path, 6000, timeout=5)
         good = swarm.sender.spool.write_file(b"g" * (2 * THRESHOLD))
-        with pytest.raises(RpcError, match="expected"):  # the announced size must match
+        with pytest.raises(WireError, match="expected"):  # the announced size must match
             swarm.sender.push_file(rid, maddrs, "loco", good, 2 * THRESHOLD + 1, timeout=5)
         good.unlink()
     finally:
@@ -262,7 +262,7 @@ def test_a_full_spool_answers_busy_and_a_stopped_worker_leaves_it_empty(swarm) -
     sid, maddrs = _target(swarm.small)
     body = os.urandom(2 * THRESHOLD)
     swarm.sender.push(sid, maddrs, "loco", body, timeout=30)  # queued, never collected
-    with pytest.raises(RpcError):  # refused before the body: the sender sees its stream closed
+    with pytest.raises(PeerUnavailable):  # refused before the body: the sender sees its stream closed
         swarm.sender.push(sid, maddrs, "loco", body, timeout=30)
     assert swarm.small.push_stats()["errors"].get("refused_busy") == 1
     assert len(swarm.small.spool.files()) == 1 and swarm.sender.spool.files() == []
@@ -271,15 +271,15 @@ def test_a_full_spool_answers_busy_and_a_stopped_worker_leaves_it_empty(swarm) -
 
 
 def test_the_wire_fallback_refuses_a_payload_above_its_cap_with_a_clear_error() -> None:
+    import base58
+
     from pulse_node.config import TrainerConfig
-    from pulse_node.net.wire_client import WireClient, WireInfo
     from pulse_node.daemon.p2p import P2PTransport
     from pulse_node.daemon.transport import PeerInfo
+    from pulse_node.net.dht_records import PeerRecord
+    from pulse_node.net.wire_client import WireInfo
 
-    class NoWorkerWire(WireClient):  # fails loudly if anything reaches the worker RPC
-        def __init__(self) -> None:
-            super().__init__(None)  # type: ignore[arg-type]
-
+    class NoWorkerWire:  # only ``info``: anything reaching the wire worker would fail loudly
         def info(self) -> WireInfo:
             return WireInfo(peer_id="12D3KooWme", listen_maddrs=[])
 
@@ -287,11 +287,12 @@ def test_the_wire_fallback_refuses_a_payload_above_its_cap_with_a_clear_error() 
 
     def p2pd_down(peer_id: str, maddrs: list[str], kind: str, data: bytes, *, timeout: float) -> None:
         tried.append(len(data))
-        raise wp.PeerUnavailable("p2pd plane down")
+        raise PeerUnavailable("p2pd plane down")
 
     transport = P2PTransport(TrainerConfig(), SimpleNamespace(push=p2pd_down), NoWorkerWire())  # type: ignore[arg-type]
-    peer = PeerInfo(peer_id="12D3KooWpeer", role="trainer", address="/ip4/127.0.0.1/tcp/9",
-                    extra={"dht_maddrs": ["/ip4/127.0.0.1/tcp/9"]})
+    peer_id = base58.b58encode(b"\x00\x24\x08\x01\x12\x20" + os.urandom(32)).decode()
+    peer = PeerInfo(peer_id, PeerRecord(role="trainer", peer_id=peer_id, session="ab" * 16, updated_at=1.0,
+                                        wire_maddrs=["/ip4/127.0.0.1/tcp/9"], dht_maddrs=["/ip4/127.0.0.1/tcp/9"]))
     with pytest.raises(WireError, match="exceeds the wire plane's cap of 50331648 bytes"):
         transport.push(peer, "loco", b"\0" * (wp.PUSH_CAPS["loco"] + 1), timeout=5)
     assert tried == [wp.PUSH_CAPS["loco"] + 1]  # p2pd was tried first; the wire then refused without trying

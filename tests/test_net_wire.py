@@ -19,10 +19,10 @@ from typing import Callable, Iterator
 import msgpack
 import pytest
 
-from pulse_node.errors import IntegrityError, WireError
+from pulse_node.errors import IntegrityError, NotFound, PeerUnavailable, WireError
 from pulse_node.net import ipc
 from pulse_node.net import wire_protocol as wp
-from pulse_node.net.wire_client import WireClient
+from pulse_node.net.wire_client import WireClient, WireConfig
 
 pytestmark = pytest.mark.timeout(60)
 MiB = 1 << 20
@@ -39,7 +39,7 @@ def _wait_for(pred: Callable[[], bool], timeout: float, what: str) -> None:
 def _start(stores: list[Path], **kw: object) -> list[WireClient]:
     """Start several workers in parallel (each start is ~2 s of imports)."""
     with ThreadPoolExecutor(len(stores)) as pool:
-        return list(pool.map(lambda s: WireClient.start(store=s, **kw), stores))
+        return list(pool.map(lambda s: WireClient.start(WireConfig(store=s, **kw)), stores))
 
 
 def _write(root: Path, rel: str, data: bytes) -> bytes:
@@ -92,7 +92,7 @@ def test_fetch_patch_record_catchup_and_head(swarm: dict, tmp_path: Path) -> Non
 
 def test_missing_file_and_wrong_digest_leave_no_file(swarm: dict, tmp_path: Path) -> None:
     client, addr = swarm["client"], swarm["addr"]
-    with pytest.raises(wp.NotFound):
+    with pytest.raises(NotFound):
         client.fetch(addr, "patch", {"version": 8}, tmp_path / "8.patch")
     with pytest.raises(IntegrityError):
         client.fetch(addr, "patch", {"version": 7}, tmp_path / "7.patch", expected_digest="0" * 64)
@@ -109,13 +109,13 @@ def test_push_then_events_long_poll(swarm: dict) -> None:
     got: list = []
     poller = threading.Thread(target=lambda: got.extend(server.events(wait_s=20)))
     poller.start()
-    client.push(addr, "rollout", b"r" * 1000)
+    client.push(addr, "rollouts", b"r" * 1000)
     poller.join(timeout=25)
     client.push(addr, "loco", os.urandom(3 * MiB))
     _wait_for(lambda: got.extend(server.events(max_events=8)) or len(got) >= 2, 10, "two events")
-    assert [e.kind for e in got] == ["rollout", "loco"]
+    assert [e.kind for e in got] == ["rollouts", "loco"]
     assert got[0].data == b"r" * 1000 and len(got[1].data) == 3 * MiB
-    assert {e.from_peer for e in got} == {client.info().peer_id}
+    assert {e.sender for e in got} == {client.info().peer_id}
     with pytest.raises(WireError, match="exceeds cap"):
         client.push(addr, "head", b"h" * (wp.PUSH_CAPS["head"] + 1))
 
@@ -133,9 +133,11 @@ def _frame(body: bytes) -> bytes:
     ("patch", b"\xff\xff\xff\xff", "bad_request"),  # declared length far above the cap
     ("patch", _frame(b"\xc1garbage"), "bad_request"),
     ("patch", _frame(msgpack.packb({"v": 99, "version": 7})), "unsupported"),
-    ("anchor", _frame(msgpack.packb({"v": 1, "version": 3, "offset": 0})), "bad_request"),
-    ("push", _frame(msgpack.packb({"v": 1, "kind": "head", "size": wp.PUSH_CAPS["head"] + 1})), "too_large"),
-    ("push", _frame(msgpack.packb({"v": 1, "kind": "nope", "size": 1})), "bad_request"),
+    ("anchor", _frame(msgpack.packb({"v": wp.WIRE_VERSION, "version": 3, "offset": 0})), "bad_request"),
+    ("push", _frame(msgpack.packb({"v": wp.WIRE_VERSION, "kind": "head", "size": wp.PUSH_CAPS["head"] + 1})),
+     "too_large"),
+    ("push", _frame(msgpack.packb({"v": wp.WIRE_VERSION, "kind": "nope", "size": 1})), "bad_request"),
+    ("push", _frame(msgpack.packb({"v": wp.WIRE_VERSION, "kind": "rollout", "size": 1})), "bad_request"),  # old name
 ])
 def test_hostile_stream_frames_get_an_error_and_server_stays_up(swarm: dict, tmp_path: Path, kind: str,
                                                                 raw: bytes, status: str) -> None:
@@ -154,12 +156,22 @@ def test_hostile_rpc_frames_get_an_error_and_worker_stays_up(swarm: dict) -> Non
             s.sendall(raw)
             n = ipc.frame_length(s.recv(4))
             reply = ipc.decode_body(s.recv(n))
-            assert reply["ok"] is False and reply["error"].startswith("WireError")
+            assert reply["ok"] is False and reply["error"] == "WireError" and reply["message"]
+    with pytest.raises(ipc.RpcError, match="not a method of WireClient"):  # refused before it is sent
+        server.call("no_such_method", timeout=5)
+    pool = server._pool  # below the client's name check: the worker itself refuses
     with pytest.raises(WireError, match="unknown method"):
-        server._call("no_such_method")
-    with pytest.raises(WireError, match="bad params"):
-        server._call("fetch", {"peer": "x"})
+        pool.call("no_such_method", None, timeout=5)
+    with pytest.raises(WireError, match="fetch: bad params: kind"):
+        pool.call("fetch", {"peer": "x", "kind": "rollout", "params": {}, "dest": "/tmp/x", "timeout": 1}, timeout=5)
+    with pytest.raises(WireError, match="fetch: bad params: dest: Field required"):
+        pool.call("fetch", {"peer": "x", "kind": "patch", "params": {}, "timeout": 1}, timeout=5)
+    with pytest.raises(WireError, match="push: bad params: timeout: Input should be a valid number"):
+        pool.call("push", {"peer": "x", "kind": "loco", "data": b"", "timeout": "1"}, timeout=5)
     assert server.info().peer_id
+    served = server.ping()  # the worker's RPC methods, each a WireClient method of the same name
+    assert {"fetch", "fetch_anchor", "push", "events"} <= set(served)
+    assert all(callable(getattr(WireClient, name, None)) for name in served)
 
 
 def test_fetch_from_dead_or_silent_peer_times_out(swarm: dict, tmp_path: Path) -> None:
@@ -174,7 +186,7 @@ def test_fetch_from_dead_or_silent_peer_times_out(swarm: dict, tmp_path: Path) -
         silent_addr = f"/ip4/127.0.0.1/tcp/{silent.getsockname()[1]}/p2p/{peer_id}"
         for addr in (gone_addr, silent_addr):
             t0 = time.monotonic()
-            with pytest.raises(wp.PeerUnavailable):
+            with pytest.raises(PeerUnavailable):
                 client.fetch(addr, "patch", {"version": 7}, tmp_path / "x", timeout=2.0)
             assert time.monotonic() - t0 < 2.0 + 1.5, addr
     finally:
@@ -185,7 +197,7 @@ def test_fetch_from_dead_or_silent_peer_times_out(swarm: dict, tmp_path: Path) -
 def test_dial_to_an_address_that_drops_syns_fails_within_the_dial_timeout(swarm: dict, tmp_path: Path) -> None:
     """A NATed peer's private address (or a firewall) drops SYNs: the dial gives up after the
     dial timeout, not after the request's whole deadline (bench/nat.py measured 60 s)."""
-    [client] = _start([tmp_path / "client"], dial_timeout=1.0)
+    [client] = _start([tmp_path / "client"], dial_timeout_s=1.0)
     peer_id = swarm["client"].info().peer_id  # a peer this new client has no connection to
     blackhole = socket.socket()
     blackhole.bind(("127.0.0.1", 0))
@@ -194,7 +206,7 @@ def test_dial_to_an_address_that_drops_syns_fails_within_the_dial_timeout(swarm:
     try:  # the kernel drops further SYNs, as a route into a private network does
         addr = f"/ip4/127.0.0.1/tcp/{blackhole.getsockname()[1]}/p2p/{peer_id}"
         t0 = time.monotonic()
-        with pytest.raises(wp.PeerUnavailable, match="no connection within 1 s"):
+        with pytest.raises(PeerUnavailable, match="no connection within 1 s"):
             client.fetch(addr, "record", {"version": 7}, tmp_path / "x", timeout=30.0)
         assert time.monotonic() - t0 < 1.0 + 4.0
         assert client.stats()["errors"]["dial_timeout"] == 1
@@ -238,7 +250,7 @@ def test_anchor_resumes_after_partial_download(swarm: dict, tmp_path: Path) -> N
     _write(slow_root, "anchors/3.safetensors", anchor)
     [slow] = _start([slow_root], max_upload_rate=float(4 * MiB))
     try:
-        with pytest.raises(wp.PeerUnavailable, match="timed out"):
+        with pytest.raises(PeerUnavailable, match="timed out"):
             client.fetch_anchor([slow.info().listen_maddrs[0]], version=3, size=len(anchor),
                                 dest=tmp_path / "a.st", digest=_sha(anchor), timeout=1.5, chunk=MiB)
     finally:
@@ -266,7 +278,7 @@ def test_identity_file_raw_seed_and_pem_give_one_peer_id(tmp_path: Path) -> None
     (tmp_path / "pem.key").write_bytes(ident.private_pem())
     stores = [tmp_path / "s1", tmp_path / "s2"]
     with ThreadPoolExecutor(2) as pool:
-        a, b = pool.map(lambda kv: WireClient.start(store=kv[0], identity=kv[1]),
+        a, b = pool.map(lambda kv: WireClient.start(WireConfig(store=kv[0], identity=kv[1])),
                         zip(stores, [tmp_path / "raw.key", tmp_path / "pem.key"]))
     try:
         assert a.info().peer_id == b.info().peer_id
@@ -298,7 +310,7 @@ def test_catchup_is_made_on_demand_from_verified_states(swarm: dict, tmp_path: P
         check_catchup(patch, from_record=chain[3][0], to_record=chain[17][0])
         assert states_equal(apply_patch(states[3], patch, verify=True), states[17])
         t0 = time.monotonic()
-        with pytest.raises(wp.NotFound, match="does not hold v30"):
+        with pytest.raises(NotFound, match="does not hold v30"):
             client.fetch(addr, "catchup", {"base": 3, "target": 30}, tmp_path / "x.patch")
         assert time.monotonic() - t0 < 5
     finally:
@@ -314,13 +326,13 @@ def test_loco_payload_and_decision_are_served_and_decisions_pushed(swarm: dict, 
     client.fetch(addr, "loco_payload", {"round": 4, "digest": digest}, tmp_path / "p")
     client.fetch(addr, "loco_decision", {"round": 4}, tmp_path / "d")
     assert (tmp_path / "p").read_bytes() == payload and (tmp_path / "d").read_bytes() == decision
-    with pytest.raises(wp.NotFound):
+    with pytest.raises(NotFound):
         client.fetch(addr, "loco_payload", {"round": 4, "digest": "../" + digest[3:]}, tmp_path / "x")
     server.events(max_events=64)  # whatever earlier tests left
-    client.push(addr, "decision", b"d" * 100)
+    client.push(addr, "loco_decision", b"d" * 100)
     got: list = []
     _wait_for(lambda: got.extend(server.events(max_events=8)) or bool(got), 10, "the decision push")
-    assert [(e.kind, e.data) for e in got] == [("decision", b"d" * 100)]
+    assert [(e.kind, e.data) for e in got] == [("loco_decision", b"d" * 100)]
 
 
 def test_fetch_over_a_dns4_address(swarm: dict, tmp_path: Path) -> None:

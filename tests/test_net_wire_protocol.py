@@ -5,8 +5,10 @@ from __future__ import annotations
 import msgpack
 import pytest
 
-from pulse_node.errors import WireError
+from pulse_node.errors import UnsupportedVersion, WireError
 from pulse_node.net import wire_protocol as wp
+
+V = wp.WIRE_VERSION
 
 
 def _body(frame: bytes) -> bytes:
@@ -16,29 +18,29 @@ def _body(frame: bytes) -> bytes:
 
 
 def test_every_request_round_trips() -> None:
-    reqs = [wp.RecordRequest(v=1, version=None), wp.RecordRequest(v=1, version=3),
-            wp.PatchRequest(v=1, version=7), wp.AnchorRequest(v=1, version=2, offset=5, length=9),
-            wp.CatchupRequest(v=1, base=3, target=9), wp.PushRequest(v=1, kind="loco", size=12),
-            wp.LocoPayloadRequest(v=1, round=4, digest="ab" * 32), wp.LocoDecisionRequest(v=1, round=4)]
+    reqs = [wp.RecordRequest(v=V, version=None), wp.RecordRequest(v=V, version=3),
+            wp.PatchRequest(v=V, version=7), wp.AnchorRequest(v=V, version=2, offset=5, length=9),
+            wp.CatchupRequest(v=V, base=3, target=9), wp.PushRequest(v=V, kind="loco", size=12),
+            wp.LocoPayloadRequest(v=V, round=4, digest="ab" * 32), wp.LocoDecisionRequest(v=V, round=4)]
     for req in reqs:
         assert type(req).decode(_body(req.encode())) == req
 
 
 def test_response_round_trips_and_error_response_truncates() -> None:
-    r = wp.Response(v=1, status="ok", size=10, total=20, message="")
+    r = wp.Response(v=V, status="ok", size=10, total=20, message="")
     assert wp.Response.decode(_body(r.encode())) == r
     err = wp.error_response("bad_request", "x" * 2000)
     assert err.status == "bad_request" and len(err.message) == 512
 
 
 @pytest.mark.parametrize("msg, match", [
-    ({"v": 1}, "fields"),
-    ({"v": 1, "version": 7, "extra": 1}, "fields"),
-    ({"v": 1, "version": -1}, "integer"),
-    ({"v": 1, "version": "7"}, "integer"),
-    ({"v": 1, "version": 1 << 63}, "integer"),
-    ({"v": 1, "version": True}, "integer"),
-    ({"v": 2, "version": 7}, "unsupported wire version"),
+    ({"v": V}, "fields"),
+    ({"v": V, "version": 7, "extra": 1}, "fields"),
+    ({"v": V, "version": -1}, "integer"),
+    ({"v": V, "version": "7"}, "integer"),
+    ({"v": V, "version": 1 << 63}, "integer"),
+    ({"v": V, "version": True}, "integer"),
+    ({"v": 3, "version": 7}, "unsupported wire version"),
     ({"version": 7}, "unsupported wire version"),
     ([1, 7], "malformed|not a map"),
     ("text", "not a map"),
@@ -49,7 +51,7 @@ def test_patch_request_rejects_undeclared_input(msg: object, match: str) -> None
 
 
 def test_unsupported_version_is_its_own_type() -> None:
-    with pytest.raises(wp.UnsupportedVersion):
+    with pytest.raises(UnsupportedVersion):
         wp.PatchRequest.decode(msgpack.packb({"v": 9, "version": 1}))
 
 
@@ -64,12 +66,19 @@ def test_garbage_and_oversized_frames_are_rejected() -> None:
 
 def test_anchor_chunk_length_is_capped() -> None:
     with pytest.raises(WireError):
-        wp.AnchorRequest(v=1, version=1, offset=0, length=wp.BODY_CAPS["anchor"] + 1)
+        wp.AnchorRequest(v=V, version=1, offset=0, length=wp.BODY_CAPS["anchor"] + 1)
+
+
+def test_protocol_ids_and_caps_speak_the_one_vocabulary() -> None:
+    from pulse_node.vocab import FETCH_KINDS, PUSH_KINDS
+
+    assert set(wp.BODY_CAPS) == set(FETCH_KINDS) and set(wp.PUSH_CAPS) == set(PUSH_KINDS)
+    assert wp.PROTOCOLS["trainer_state"] == "/pulse/trainer_state/2.0.0" and wp.PROTOCOLS["push"] == "/pulse/push/2.0.0"
 
 
 def test_build_request_checks_kind_and_params() -> None:
-    assert wp.build_request("catchup", {"base": 1, "target": 4}) == wp.CatchupRequest(v=1, base=1, target=4)
-    assert wp.build_request("loco_decision", {"round": 2}) == wp.LocoDecisionRequest(v=1, round=2)
+    assert wp.build_request("catchup", {"base": 1, "target": 4}) == wp.CatchupRequest(v=V, base=1, target=4)
+    assert wp.build_request("loco_decision", {"round": 2}) == wp.LocoDecisionRequest(v=V, round=2)
     with pytest.raises(WireError):
         wp.build_request("loco_payload", {"round": 2, "digest": "ab" * 33})
     with pytest.raises(WireError, match="unknown fetch kind"):

@@ -24,7 +24,9 @@ from pulse_node.testing.faults import CrashingTransport, FaultRates, FaultyTrans
 from pulse_node.testing.inprocess import InProcessSwarm
 from pulse_node.daemon.status import NodeStatus
 from pulse_node.daemon.transport import PeerInfo
+from pulse_node.net.dht_records import PeerStatus
 from pulse_node.testing.memory import MemoryHub
+from pulse_node.vocab import DEFAULT_RUN_ID
 from tests.conftest import wait_for
 from tests.test_node_memory_swarm import _cfg, _history, _status, _version
 
@@ -51,11 +53,11 @@ def _at_least(dirs, version: int):
 def _push_forged_decisions(hub: MemoryHub, trainers) -> None:
     """A peer pushes each trainer a decision signed by its own key in the coordinator's name, and junk."""
     rogue = hub.join("rogue", lambda kind, params: None)
-    forged = encode_decision(make_decision(Identity.generate(), run_id="pulse-default", round=1, base=b"\0" * 32,
+    forged = encode_decision(make_decision(Identity.generate(), run_id=DEFAULT_RUN_ID, round=1, base=b"\0" * 32,
                                            coordinator="trainer-a", contributors={"trainer-a": b"\0" * 32}))
     for name in trainers:
         for data in (forged, b"\x99junk"):
-            rogue.push(PeerInfo(peer_id=name, role="trainer", address=""), "loco_decision", data, timeout=1.0)
+            rogue.push(PeerInfo(name, PeerStatus(role="trainer")), "loco_decision", data, timeout=1.0)
 
 
 def test_one_way_payload_loss_never_forks(tmp_path):
@@ -135,11 +137,11 @@ def _agreement(tmp_path, hub: MemoryHub, **cfg_extra) -> RoundAgreement:
 def test_forged_and_conflicting_decisions_are_rejected_and_counted(tmp_path):
     hub, coord, rogue = MemoryHub(), Identity.generate(), Identity.generate()
     hub.join("trainer-a", lambda kind, params: None).publish(
-        PeerInfo(peer_id="trainer-a", role="trainer", address="", node_key=coord.public_key_hex))
+        PeerStatus(role="trainer", node_key=coord.public_key_hex))
     agreement = _agreement(tmp_path, hub)
 
     def signed(ident: Identity = coord, **changes) -> bytes:
-        args = dict(run_id="pulse-default", round=3, base=b"\x01" * 32, coordinator="trainer-a",
+        args = dict(run_id=DEFAULT_RUN_ID, round=3, base=b"\x01" * 32, coordinator="trainer-a",
                     contributors={"trainer-a": b"\x02" * 32})
         return encode_decision(make_decision(ident, **{**args, **changes}))
 
@@ -166,9 +168,9 @@ def test_forged_and_conflicting_decisions_are_rejected_and_counted(tmp_path):
 def test_decisions_from_untrusted_trainer_keys_are_rejected(tmp_path):
     hub, coord = MemoryHub(), Identity.generate()
     hub.join("trainer-a", lambda kind, params: None).publish(
-        PeerInfo(peer_id="trainer-a", role="trainer", address="", node_key=coord.public_key_hex))
+        PeerStatus(role="trainer", node_key=coord.public_key_hex))
     agreement = _agreement(tmp_path, hub, chain={"trusted_trainers": ["ab" * 32]})
-    data = encode_decision(make_decision(coord, run_id="pulse-default", round=3, base=b"\x01" * 32,
+    data = encode_decision(make_decision(coord, run_id=DEFAULT_RUN_ID, round=3, base=b"\x01" * 32,
                                          coordinator="trainer-a", contributors={"trainer-a": b"\x02" * 32}))
     with pytest.raises(PulseError, match="trusted"):
         agreement.offer_decision("trainer-a", data)

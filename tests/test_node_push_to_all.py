@@ -9,6 +9,7 @@ import pytest
 
 from pulse_node.errors import WireError
 from pulse_node.daemon.transport import PeerInfo, push_to_all
+from pulse_node.net.dht_records import PeerStatus
 
 
 class BarrierTransport:
@@ -31,7 +32,8 @@ class BarrierTransport:
 
 
 def _peers(n: int) -> list[PeerInfo]:
-    return [PeerInfo(peer_id=f"p{i}", role="inference", address=f"/ip4/127.0.0.1/tcp/{4000 + i}") for i in range(n)]
+    return [PeerInfo(f"p{i}", PeerStatus(role="inference", wire_maddrs=[f"/ip4/127.0.0.1/tcp/{4000 + i}"]))
+            for i in range(n)]
 
 
 def test_pushes_run_concurrently_and_failures_are_counted() -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from pulse_node.chain.identity import Identity
 from pulse_node.config import InferenceConfig, TrainerConfig
 from pulse_node.testing.faults import start_forging_peer
+from pulse_node.vocab import DEFAULT_RUN_ID
 from tests.conftest import wait_for
 from tests.test_node_memory_swarm import _cfg, _history, _status, _version, swarm  # noqa: F401 (fixture)
 
@@ -18,7 +19,7 @@ from tests.test_node_memory_swarm import _cfg, _history, _status, _version, swar
 def test_forged_versions_are_rejected_and_rogue_ignored(swarm, tmp_path):  # noqa: F811
     trainer_dir = tmp_path / "t1"
     key = Identity.load_or_create(trainer_dir / "identity.key").public_key_hex
-    start_forging_peer(swarm.hub, tmp_path / "rogue", run_id="pulse-default")
+    start_forging_peer(swarm.hub, tmp_path / "rogue", run_id=DEFAULT_RUN_ID)
     t1 = swarm.start("trainer-a", _cfg(TrainerConfig, tmp_path, "t1"))
     i1 = swarm.start("infer-a", _cfg(InferenceConfig, tmp_path, "i1", chain={"trusted_trainers": [key]}))
     wait_for(lambda: _version(i1) >= 3, timeout=240, what="inference node at version 3")

@@ -31,6 +31,7 @@ import msgpack
 
 from pulse_node.chain.identity import Identity, key_id_of, verify_signature
 from pulse_node.errors import IntegrityError, WireError
+from pulse_node.vocab import RUN_ID_RULE, is_run_id
 
 RECORD_MAGIC = "pulse/version-record"
 RECORD_FORMAT = 1
@@ -42,7 +43,6 @@ _MAX_INT = 2**63 - 1
 
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _STATE_HASH = re.compile(r"[0-9a-f]{16,128}")
-_RUN_ID = re.compile(r"[\x21-\x7e]{1,128}")
 _CODEC = re.compile(r"[a-z0-9._/+-]{1,64}")
 
 
@@ -175,8 +175,8 @@ def _check_fields(r: VersionRecord, *, unsigned_ok: bool, error: type[Exception]
 
 
 def _field_problems(r: VersionRecord, *, unsigned_ok: bool):
-    if not _RUN_ID.fullmatch(r.run_id):
-        yield "run_id must be 1-128 printable ASCII characters without spaces"
+    if not is_run_id(r.run_id):
+        yield f"run_id must be {RUN_ID_RULE}"
     if not 0 <= r.version <= _MAX_INT or not 0 <= r.patch_bytes <= _MAX_INT:
         yield "version and patch_bytes must be non-negative 63-bit integers"
     for name in ("parent_chain_hash", "chain_hash", "signer"):

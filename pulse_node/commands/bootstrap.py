@@ -3,7 +3,9 @@
     pulse-node bootstrap [--host-maddrs /ip4/0.0.0.0/tcp/31337] [--announce-maddrs MADDR ...]
                          [--identity bootstrap.key] [--run-id RUN] [--print-maddrs-file PATH]
 
-When ready it prints each full multiaddr (``.../p2p/<peer id>``) on its own stdout line and
+Without ``--run-id`` it serves the default run (``vocab.DEFAULT_RUN_ID``, ``pulse-local``), the
+run every node config joins unless it names another, so ``pulse-node bootstrap`` and ``pulse-node
+join`` form one swarm as written. When ready it prints each full multiaddr (``.../p2p/<peer id>``) on its own stdout line and
 nothing else on stdout, so ``--initial-peers $(cat maddrs.txt)`` works; ``--print-maddrs-file``
 writes the same lines atomically. Status goes to stderr: a peer census every ``--status-every``
 seconds. With ``--identity`` (created if missing) the peer id, hence the address, survives
@@ -23,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pulse_node.signals import stop_on_signals
+from pulse_node.vocab import DEFAULT_RUN_ID
 
 if TYPE_CHECKING:
     from pulse_node.net.dht_client import DhtClient, DhtConfig
@@ -38,7 +41,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--announce-maddrs", nargs="+", default=[], metavar="MADDR",
                    help="public addresses to announce (behind NAT: the forwarded address)")
     p.add_argument("--identity", type=Path, help="Ed25519 key file, created if missing; keeps the address stable")
-    p.add_argument("--run-id", default="default", help="swarm run id (nodes must use the same)")
+    p.add_argument("--run-id", default=DEFAULT_RUN_ID,
+                   help=f"swarm run id; nodes must use the same (default {DEFAULT_RUN_ID}, as node configs)")
     p.add_argument("--initial-peers", nargs="+", default=[], metavar="MADDR",
                    help="other bootstrap nodes to join (for redundant entry points)")
     p.add_argument("--print-maddrs-file", type=Path, help="also write the multiaddrs to this file")

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import argparse
 
+from pulse_node.vocab import DEFAULT_RUN_ID
+
 CHECK_NAMES = ("python", "torch", "hivemind", "libp2p", "dependencies", "accelerator", "disk",
                "daemon", "bootstrap", "reachable", "clocks", "identity")
 
@@ -23,7 +25,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                        "Exit code 0 when no check FAILs.")
     p.add_argument("--bootstrap", action="append", default=[], metavar="MULTIADDR",
                    help="bootstrap peer to test (repeatable); without it the swarm checks are skipped")
-    p.add_argument("--run-id", default="pulse-local", help="run id whose peer records to read (default pulse-local)")
+    p.add_argument("--run-id", default=DEFAULT_RUN_ID, help=f"run id whose peer records to read (default {DEFAULT_RUN_ID})")
     p.add_argument("--data-dir", default="./pulse-data", help="the node's data dir (disk space, identity.key)")
     p.add_argument("--identity", help="identity key to check (default DATA_DIR/identity.key)")
     p.add_argument("--listen", action="append", default=[], metavar="MULTIADDR",

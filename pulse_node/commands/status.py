@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 
 from pulse_node.signals import stop_on_signals
+from pulse_node.vocab import DEFAULT_RUN_ID
 
 DEFAULT_RUN_DIR = "./pulse-swarm"
 
@@ -24,7 +25,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--bootstrap", action="append", default=[], metavar="MULTIADDR",
                    help="read the swarm's DHT through this bootstrap peer (repeatable)")
     p.add_argument("--run-dir", help=f"a local swarm's run dir (default {DEFAULT_RUN_DIR} without --bootstrap)")
-    p.add_argument("--run-id", help="the swarm's run id (DHT key namespace; default pulse-local)")
+    p.add_argument("--run-id", help=f"the swarm's run id (DHT key namespace; default {DEFAULT_RUN_ID})")
     p.add_argument("--once", action="store_true", help="print one screen (or one JSON object with --json) and exit")
     p.add_argument("--json", action="store_true", help="with --once: print the snapshot as one JSON object")
     p.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes (default 2)")
@@ -55,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     if args.bootstrap:
         from pulse_node.ops.sources import DhtSource
 
-        dht = DhtSource(args.bootstrap, run_id=args.run_id or "pulse-local", timeout=args.timeout)
+        dht = DhtSource(args.bootstrap, run_id=args.run_id or DEFAULT_RUN_ID, timeout=args.timeout)
     dash = Dashboard(run_dir=run_dir, dht=dht, run_id=args.run_id,
                      bootstrap=args.bootstrap[0] if args.bootstrap else None)
     try:

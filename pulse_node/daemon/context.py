@@ -15,6 +15,7 @@ from pulse_node.chain.store import VersionStore
 from pulse_node.config import NodeConfig
 from pulse_node.daemon.status import NodeStatus
 from pulse_node.daemon.transport import PeerInfo, Transport
+from pulse_node.net.dht_records import PeerStatus, Serves
 
 
 @dataclass
@@ -38,14 +39,13 @@ class RoleContext:
         """Publish our discovery record (version held, what we serve) and refresh status."""
         anchors = self.store.anchors()
         lowest = self.store.lowest_served()  # patches from there to the head, without a hole
-        info = PeerInfo(peer_id=self.transport.peer_id, role=self.cfg_role, address="",
-                        version=version, chain_hash=chain_hash, state_hash=state_hash,
-                        lowest=-1 if lowest is None else lowest, anchors=anchors,
-                        node_key=self.identity.public_key_hex)
-        info.extra["metrics_url"] = self.status.metrics_url
-        self.transport.publish(info)
+        held = version if version >= 0 else None
+        self.transport.publish(PeerStatus(
+            role=self.cfg_role, version=held, chain_hash=chain_hash or None, state_hash=state_hash or None,
+            serves=Serves(lowest=lowest, highest=held, anchors=anchors[-64:]),
+            node_key=self.identity.public_key_hex, metrics_url=self.status.metrics_url))
         self.status.update(version=version, chain_hash=chain_hash, state_hash=state_hash,
-                           lowest=info.lowest, anchors=anchors, peers=len(self.transport.peers()))
+                           lowest=-1 if lowest is None else lowest, anchors=anchors, peers=len(self.transport.peers()))
         self.status.set_data_plane(self.transport.stats())
 
     @property

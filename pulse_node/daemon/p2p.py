@@ -20,19 +20,16 @@ from typing import Any
 from pulse_node import __version__
 from pulse_node.chain.identity import Identity
 from pulse_node.config import NodeConfig
+from pulse_node.daemon.transport import PeerInfo
 from pulse_node.errors import PulseError, WireError
 from pulse_node.net import spool
 from pulse_node.net.dht_client import DhtClient, DhtConfig
-from pulse_node.net.dht_records import Counters, PeerStatus, Serves
+from pulse_node.net.dht_records import PeerCounters, PeerStatus
+from pulse_node.net.wire_client import WireClient, WireConfig
 from pulse_node.net.wire_protocol import PUSH_CAPS
-from pulse_node.net.wire_client import WireClient, WireEvent
-from pulse_node.daemon.transport import Event, PeerInfo
+from pulse_node.vocab import Event, FetchKind, PushKind, check_fetch_kind, check_push_kind
 
 log = logging.getLogger("pulse.p2p")
-
-#: node push kinds <-> wire push kinds
-_TO_WIRE = {"rollouts": "rollout", "loco": "loco", "head": "head", "loco_decision": "decision"}
-_FROM_WIRE = {v: k for k, v in _TO_WIRE.items()}
 
 
 class P2PTransport:
@@ -55,8 +52,8 @@ class P2PTransport:
         data = Path(cfg.data_dir)
         trainer = getattr(cfg, "role", "") == "trainer"
         cap = _spool_cap(cfg)
-        wire = WireClient.start(store=store_root, listen=tuple(cfg.net.wire_listen),
-                                identity=data / "identity.key", announce=tuple(cfg.net.wire_announce),
+        wire = WireClient.start(WireConfig(store=store_root, listen=cfg.net.wire_listen, announce=cfg.net.wire_announce,
+                                           identity=data / "identity.key"),
                                 log_path=data / "wire.log", start_timeout=cfg.net.worker_start_timeout_s)
         try:
             dht = DhtClient.start(DhtConfig(
@@ -72,38 +69,24 @@ class P2PTransport:
             raise
         return cls(cfg, dht, wire)
 
-    def publish(self, info: PeerInfo) -> None:
+    def publish(self, status: PeerStatus) -> None:
+        """Publish ``status`` with what this transport knows: data-plane addresses, byte counters, software."""
         stats = self.stats()
-        status = PeerStatus(
-            role=info.role, wire_maddrs=self.wire_maddrs[:8],
-            version=info.version if info.version >= 0 else None,
-            chain_hash=info.chain_hash or None, state_hash=info.state_hash or None,
-            serves=Serves(lowest=info.lowest if info.lowest >= 0 else None,
-                          highest=info.version if info.version >= 0 else None, anchors=info.anchors[-64:]),
-            counters=Counters(bytes_in=int(stats.get("bytes_in", 0)), bytes_out=int(stats.get("bytes_out", 0))),
-            metrics_url=info.extra.get("metrics_url"), node_key=info.node_key or None,
-            software=f"pulse-node {__version__}")
-        self.dht.publish_peer(status)
+        self.dht.publish_peer(status.model_copy(update={
+            "wire_maddrs": self.wire_maddrs[:8], "software": f"pulse-node {__version__}",
+            "counters": PeerCounters(bytes_in=int(stats.get("bytes_in", 0)), bytes_out=int(stats.get("bytes_out", 0)))}))
 
     def peers(self) -> list[PeerInfo]:
         """Live peers, from a DHT lookup at most every ``net.head_poll_s`` (pushes carry the fast path)."""
         if time.monotonic() - self._peers_at < self.cfg.net.head_poll_s:
             return list(self._last_peers)
-        out = []
-        for r in self.dht.peers():
-            if r.leaving or r.role == "bootstrap" or not r.wire_maddrs:
-                continue
-            out.append(PeerInfo(peer_id=r.peer_id, role=r.role, address=r.wire_maddrs[0],
-                                version=-1 if r.version is None else r.version,
-                                chain_hash=r.chain_hash or "", state_hash=r.state_hash or "",
-                                lowest=-1 if r.serves.lowest is None else r.serves.lowest,
-                                anchors=list(r.serves.anchors), node_key=r.node_key or "",
-                                extra={"metrics_url": r.metrics_url, "wire_maddrs": list(r.wire_maddrs),
-                                       "dht_maddrs": list(r.dht_maddrs)}))
+        out = [PeerInfo(r.peer_id, r) for r in self.dht.peers()
+               if not r.leaving and r.role != "bootstrap" and r.wire_maddrs]
         self._last_peers, self._peers_at = out, time.monotonic()
         return out
 
-    def fetch(self, peer: PeerInfo, kind: str, params: dict[str, Any], dest: Path, *, timeout: float) -> int:
+    def fetch(self, peer: PeerInfo, kind: FetchKind, params: dict[str, Any], dest: Path, *, timeout: float) -> int:
+        check_fetch_kind(kind)
         if kind == "anchor":
             return self._fetch_anchor(peer, int(params["version"]), dest, timeout=timeout)
         return self.wire.fetch(peer.address, kind, params, dest, timeout=timeout).bytes
@@ -121,23 +104,24 @@ class P2PTransport:
                                         timeout=timeout)
         return result.bytes
 
-    def push(self, peer: PeerInfo, kind: str, data: bytes, *, timeout: float) -> None:
-        if kind == "loco" and peer.extra.get("dht_maddrs"):
+    def push(self, peer: PeerInfo, kind: PushKind, data: bytes, *, timeout: float) -> None:
+        check_push_kind(kind)
+        if kind == "loco" and peer.dht_maddrs:
             left = self._push_loco(peer, data, timeout=timeout)
             if left is None:
                 return
             timeout = left
-        cap = PUSH_CAPS[_TO_WIRE[kind]]
+        cap = PUSH_CAPS[kind]
         if len(data) > cap:  # a payload only the p2pd plane (with a spool) carries: say so, do not try
             raise WireError(f"{kind} push of {len(data)} bytes to {peer.peer_id[:12]} exceeds the wire plane's cap "
                             f"of {cap} bytes; larger PULSELoCo payloads travel only on the p2pd plane")
-        self.wire.push(peer.address, _TO_WIRE[kind], data, timeout=timeout)
+        self.wire.push(peer.address, kind, data, timeout=timeout)
 
     def _push_loco(self, peer: PeerInfo, data: bytes, *, timeout: float) -> float | None:
         """Try the p2pd plane; None when delivered, else the time left for the wire fallback."""
         t0 = time.monotonic()
         try:
-            self.dht.push(peer.peer_id, peer.extra["dht_maddrs"], "loco", data, timeout=timeout)
+            self.dht.push(peer.peer_id, peer.dht_maddrs, "loco", data, timeout=timeout)
             return None
         except PulseError as exc:
             self._loco_fallbacks += 1
@@ -150,9 +134,9 @@ class P2PTransport:
         wire = self.wire.events(max_events=max_items, wait_s=0.0 if got else wait_s)
         if not got and wait_s > 0:
             got = self._dht_events(max_items)
-        return [Event(_FROM_WIRE.get(e.kind, e.kind), e.from_peer, e.data, e.received_at) for e in wire + got]
+        return wire + got
 
-    def _dht_events(self, max_items: int) -> list[WireEvent]:
+    def _dht_events(self, max_items: int) -> list[Event]:
         if not self.dht.config.accept_pushes:
             return []
         try:
@@ -189,7 +173,7 @@ class P2PTransport:
 
     def alive(self) -> bool:
         """Whether both worker processes still run (the node cannot work without either)."""
-        return self.dht.alive() and self.wire.process.alive()
+        return self.dht.alive() and self.wire.alive()
 
     def close(self) -> None:
         for stop in (self.dht.stop, self.wire.stop):

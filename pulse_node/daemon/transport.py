@@ -1,56 +1,99 @@
 """The node's one swap point to the network: discovery + data plane behind a small interface.
 
 ``Transport`` is what trainer and inference roles use. ``P2PTransport`` (``p2p.py``) backs it
-with the hivemind DHT worker and the py-libp2p wire worker; ``MemoryTransport`` (``testing/memory.py``) backs it with an
-in-process hub so role logic is tested fast, and the same contract tests run on both.
+with the hivemind DHT worker and the py-libp2p wire worker; ``MemoryTransport``
+(``testing/memory.py``) backs it with an in-process hub so role logic is tested fast. Both keep
+one contract, checked on both by ``tests/test_net_transport_contract.py``:
+
+- ``publish(status)`` makes this node's ``PeerStatus`` visible to every peer's ``peers()`` as a
+  ``PeerInfo`` under this transport's ``peer_id`` (until ``close``);
+- ``fetch(peer, kind, params, dest)`` writes the file of a ``FetchKind`` the peer serves
+  (``chain/serving.py``) to ``dest`` and returns its size; a file the peer lacks raises
+  ``NotFound``, an unreachable peer ``PeerUnavailable`` (``PeerBusy``: ask again shortly);
+- ``push(peer, kind, data)`` delivers a ``PushKind``; the receiver's ``events()`` returns it as an
+  ``Event`` whose ``sender`` is the pushing transport's ``peer_id`` (authenticated by the
+  transport, never claimed by the peer);
+- a kind outside the vocabulary (``vocab.py``) is refused with ``WireError`` before anything is sent;
+- every call is bounded by its ``timeout``.
 """
 
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 from pulse_node.errors import PulseError
+from pulse_node.net.dht_records import PeerRecord, PeerStatus
+from pulse_node.vocab import Event, FetchKind, PushKind
 
-#: kinds a peer can push to another peer
-PUSH_KINDS = ("rollouts", "loco", "head", "loco_decision")
-#: kinds a peer can fetch from another peer's store
-FETCH_KINDS = ("record", "patch", "anchor", "catchup", "trainer_state", "loco_payload", "loco_decision")
+__all__ = ["Event", "PeerInfo", "Transport", "push_to_all"]
+
+#: a peer's ``version``/``lowest`` when it holds / serves no version
+NO_VERSION = -1
 
 
-@dataclass
+@dataclass(frozen=True)
 class PeerInfo:
-    """What discovery says about a live peer (from its signed DHT record)."""
+    """A live peer as discovery reports it: a read-only view of its signed DHT record.
+
+    ``record`` is the peer's ``PeerRecord`` (signed by its key, checked by every DHT node) on the
+    P2P transport, the ``PeerStatus`` it published on the in-memory one. The properties are the
+    fields roles read, with role-layer conventions: versions are ints (``NO_VERSION`` for none),
+    hashes and keys strings ("" for none)."""
 
     peer_id: str
-    role: str
-    address: str  # data-plane address to fetch from / push to
-    version: int = -1
-    chain_hash: str = ""
-    state_hash: str = ""
-    lowest: int = -1  # lowest version whose patch it serves
-    anchors: list[int] = field(default_factory=list)
-    node_key: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
+    record: PeerStatus
 
+    @property
+    def role(self) -> str:
+        return self.record.role
 
-@dataclass
-class Event:
-    """Something a peer pushed to us."""
+    @property
+    def address(self) -> str:
+        """The data-plane multiaddr to fetch from and push to ("" when it announces none)."""
+        return self.record.wire_maddrs[0] if self.record.wire_maddrs else ""
 
-    kind: str
-    sender: str
-    data: bytes
-    received_at: float
+    @property
+    def version(self) -> int:
+        """The newest version it holds."""
+        return NO_VERSION if self.record.version is None else self.record.version
+
+    @property
+    def lowest(self) -> int:
+        """The lowest version whose patch it serves (patches from there to ``version``)."""
+        return NO_VERSION if self.record.serves.lowest is None else self.record.serves.lowest
+
+    @property
+    def anchors(self) -> list[int]:
+        return list(self.record.serves.anchors)
+
+    @property
+    def chain_hash(self) -> str:
+        return self.record.chain_hash or ""
+
+    @property
+    def state_hash(self) -> str:
+        return self.record.state_hash or ""
+
+    @property
+    def node_key(self) -> str:
+        """Its Ed25519 public key (hex), which signs its version records and decisions."""
+        return self.record.node_key or ""
+
+    @property
+    def dht_maddrs(self) -> list[str]:
+        """Its DHT (p2pd) addresses: where PULSELoCo payloads go (empty on the in-memory transport)."""
+        return list(self.record.dht_maddrs) if isinstance(self.record, PeerRecord) else []
 
 
 #: pushes of one ``push_to_all`` call that run at once
 MAX_PARALLEL_PUSHES = 8
 
 
-def push_to_all(transport: "Transport", peers: list[PeerInfo], kind: str, data: bytes, *, timeout: float) -> int:
+def push_to_all(transport: "Transport", peers: list[PeerInfo], kind: PushKind, data: bytes, *,
+                timeout: float) -> int:
     """Push ``data`` to every peer at once, best effort; returns how many pushes failed.
 
     One peer that has vanished (or whose NAT mapping just died) costs at most ``timeout`` for all
@@ -75,10 +118,10 @@ class Transport(Protocol):
 
     peer_id: str
 
-    def publish(self, info: PeerInfo) -> None: ...
+    def publish(self, status: PeerStatus) -> None: ...
     def peers(self) -> list[PeerInfo]: ...
-    def fetch(self, peer: PeerInfo, kind: str, params: dict[str, Any], dest: Path, *, timeout: float) -> int: ...
-    def push(self, peer: PeerInfo, kind: str, data: bytes, *, timeout: float) -> None: ...
+    def fetch(self, peer: PeerInfo, kind: FetchKind, params: dict[str, Any], dest: Path, *, timeout: float) -> int: ...
+    def push(self, peer: PeerInfo, kind: PushKind, data: bytes, *, timeout: float) -> None: ...
     def events(self, *, max_items: int = 256, wait_s: float = 0.0) -> list[Event]: ...
     def stats(self) -> dict[str, Any]: ...
     def close(self) -> None: ...

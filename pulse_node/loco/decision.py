@@ -26,6 +26,7 @@ import msgpack
 
 from pulse_node.chain.identity import Identity, verify_signature
 from pulse_node.errors import IntegrityError, WireError
+from pulse_node.vocab import RUN_ID_RULE, is_run_id
 from pulse_node.loco.payload import MAX_TRAINER_ID
 
 DECISION_MAGIC = "pulseloco/decision"
@@ -36,7 +37,6 @@ DIGEST_LEN = 32
 _SIGN_DOMAIN = b"pulseloco/decision/sign/1\0"
 _MAX_ROUND = 2**63 - 1
 _HEX64 = re.compile(r"[0-9a-f]{64}")
-_RUN_ID = re.compile(r"[\x21-\x7e]{1,128}")
 
 
 @dataclass(frozen=True)
@@ -138,8 +138,8 @@ def decode_decision(data: bytes) -> RoundDecision:
 
 
 def _problems(d: RoundDecision, *, unsigned_ok: bool) -> Iterator[str]:
-    if not _RUN_ID.fullmatch(d.run_id):
-        yield "run_id must be 1-128 printable ASCII characters without spaces"
+    if not is_run_id(d.run_id):
+        yield f"run_id must be {RUN_ID_RULE}"
     if not 0 <= d.round <= _MAX_ROUND:
         yield "round must be a non-negative 63-bit integer"
     if len(d.base) != DIGEST_LEN:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
 
 from hivemind.dht.node import DHTNode
 from hivemind.dht.protocol import ValidationError
@@ -27,26 +26,16 @@ from hivemind.p2p import P2P, PeerID
 from hivemind.p2p.p2p_daemon_bindings.utils import P2PDaemonError
 from hivemind.utils.multiaddr import Multiaddr
 
+from pulse_node.net.rpc_server import StartFailed
+from pulse_node.net.worker_config import DhtConfig
+
 DAEMON_START_TIMEOUT_S = 15.0
 DHT_WAIT_TIMEOUT_S = 3.0
 _REDIAL_PAUSE_S = 0.5
 
 
-class JoinError(Exception):
+class JoinError(StartFailed):
     """The node could not start its DHT; ``kind`` is config | daemon | bootstrap."""
-
-    def __init__(self, kind: str, message: str) -> None:
-        super().__init__(message)
-        self.kind = kind
-
-
-@dataclass(frozen=True)
-class NetOptions:
-    host_maddrs: list[str]
-    announce_maddrs: list[str]
-    use_relay: bool
-    use_auto_relay: bool
-    client_mode: bool
 
 
 def parse_bootstrap(maddrs: list[str]) -> list[tuple[str, Multiaddr, PeerID]]:
@@ -64,7 +53,7 @@ def parse_bootstrap(maddrs: list[str]) -> list[tuple[str, Multiaddr, PeerID]]:
     return out
 
 
-async def start_daemon(opts: NetOptions, identity_path: str) -> P2P:
+async def start_daemon(opts: DhtConfig, identity_path: str) -> P2P:
     """Start this node's p2pd; ``JoinError('daemon')`` with the cause and a next step."""
     for maddr in opts.announce_maddrs:
         if "/tcp/0" in maddr + "/" or "/udp/0/" in maddr + "/":
@@ -80,7 +69,7 @@ async def start_daemon(opts: NetOptions, identity_path: str) -> P2P:
         raise JoinError("daemon", _daemon_message(str(exc), opts)) from None
 
 
-def _daemon_message(cause: str, opts: NetOptions) -> str:
+def _daemon_message(cause: str, opts: DhtConfig) -> str:
     low = cause.lower()
     if "address already in use" in low:
         hint = "another process already listens on that port: pick another port in --host-maddrs, or stop it"

@@ -1,7 +1,7 @@
 """Pushes over hivemind's p2pd streams: the plane that carries PULSELoCo payloads between trainers.
 
 Runs inside the DHT worker (asyncio, on the same p2pd as hivemind's DHT node) and is reached
-through its RPC (``push``, ``events``, ``push_stats``, ``probe``). Why this plane and not the
+through its RPC (``push``, ``push_file``, ``events``, ``push_stats``, ``probe``). Why this plane and not the
 py-libp2p wire: ``bench/dataplane.py`` (bench/RESULTS.md, "Data plane"). One p2pd stream per
 push, protocol ``PROTOCOL``::
 
@@ -35,17 +35,18 @@ import time
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Awaitable, Callable, ClassVar
 
-from pulse_node.errors import WireError
+from pulse_node.errors import PeerUnavailable, UnsupportedVersion, WireError
 from pulse_node.net import wire_protocol as wp
-from pulse_node.net.inbox import Event
-from pulse_node.net.inbox import Inbox as _Inbox
+from pulse_node.net.inbox import Inbox
 from pulse_node.net.spool import THRESHOLD, AsyncFile, Spool
+from pulse_node.vocab import Event
 
 log = logging.getLogger("pulse_node.dht.push")
 
-PROTOCOL = "/pulse/p2pd-push/1.0.0"
+PROTOCOL = wp.protocol_id("p2pd-push")
 #: kinds this plane accepts and their caps without a spool (bounded by the local RPC frame, like the wire's)
 CAPS: dict[str, int] = {"loco": wp.PUSH_CAPS["loco"]}
 WRITE_CHUNK = 1 << 20  # 1 MiB writes were the fastest on p2pd streams (bench/dataplane.py)
@@ -67,17 +68,6 @@ class PushHeader(wp.WireStruct):
     SPEC: ClassVar = {"v": ("int", 255), "kind": ("str", 16), "size": ("int", wp.MAX_U64)}
 
 
-class Inbox(_Inbox):
-    """Bounded inbound pushes of the p2pd plane (see ``net.inbox``)."""
-
-    def __init__(self, *, max_events: int = MAX_EVENTS, max_bytes: int = MAX_EVENT_BYTES,
-                 max_disk_bytes: int = 0) -> None:
-        super().__init__(max_events=max_events, max_bytes=max_bytes, max_disk_bytes=max_disk_bytes)
-
-    def take(self, max_n: int) -> list[Event]:
-        return self.take_ready(max_n)
-
-
 async def read_frame(reader: asyncio.StreamReader, cap: int) -> bytes:
     """One length-prefixed frame body; the declared length is checked before it is read."""
     return await reader.readexactly(wp.frame_length(await reader.readexactly(4), cap))
@@ -94,7 +84,8 @@ class PushPlane:
         self.p2p = p2p
         self.spool = spool
         self.caps = {kind: spool.max_push for kind in CAPS} if spool else dict(CAPS)
-        self.inbox = inbox or Inbox(max_disk_bytes=spool.disk_bytes if spool else 0)
+        self.inbox = inbox or Inbox(max_events=MAX_EVENTS, max_bytes=MAX_EVENT_BYTES,
+                                    max_disk_bytes=spool.disk_bytes if spool else 0)
         self._io = ThreadPoolExecutor(MAX_INBOUND, thread_name_prefix="pulse-spool") if spool else None
         self.bytes_in: dict[str, int] = defaultdict(int)
         self.bytes_out: dict[str, int] = defaultdict(int)
@@ -117,7 +108,7 @@ class PushPlane:
             async with asyncio.timeout(HEADER_TIMEOUT_S):
                 head = PushHeader.decode(await read_frame(reader, wp.REQUEST_CAP))
             status, message = await self._receive(sender, head, reader)
-        except wp.UnsupportedVersion as exc:
+        except UnsupportedVersion as exc:
             status, message = "unsupported", str(exc)
         except WireError as exc:
             status, message = "bad_request", str(exc)
@@ -141,24 +132,27 @@ class PushPlane:
         spooled = self.spool is not None and head.size > THRESHOLD
         if not self.inbox.reserve(head.size, spooled=spooled):
             return "busy", "spool is full" if spooled else "event queue is full"
-        event: Event | None = None
+        done, message = False, ""
         try:
             async with asyncio.timeout(HEADER_TIMEOUT_S + head.size / MIN_RATE):
                 if spooled:
-                    event, message = await self._read_to_spool(sender, head, reader)
+                    path, message = await self._read_to_spool(head, reader)
+                    if path is not None:
+                        self.inbox.put(Event(head.kind, sender, b"", time.time()), path=str(path), size=head.size)
+                        done = True
                 else:
-                    event, message = Event(head.kind, sender, await reader.readexactly(head.size), time.time()), ""
+                    data = await reader.readexactly(head.size)
+                    self.inbox.put(Event(head.kind, sender, data, time.time()))
+                    done = True
         finally:
-            if event is None:
+            if not done:
                 self.inbox.release(head.size, spooled=spooled)
-        if event is None:
+        if not done:
             return "busy", message
-        self.inbox.put(event)
         self.bytes_in[head.kind] += head.size
         return "ok", ""
 
-    async def _read_to_spool(self, sender: str, head: PushHeader,
-                             reader: asyncio.StreamReader) -> tuple[Event | None, str]:
+    async def _read_to_spool(self, head: PushHeader, reader: asyncio.StreamReader) -> tuple[Path | None, str]:
         """The body into a new spool file, chunk by chunk; (None, why) if the disk failed.
 
         The file is removed on any failure (disk, deadline, a cut stream): only a complete body
@@ -186,7 +180,7 @@ class PushPlane:
             out.close()
             if not complete:
                 path.unlink(missing_ok=True)
-        return Event(head.kind, sender, b"", time.time(), path=str(path), size=head.size), ""
+        return path, ""
 
     @staticmethod
     async def _answer(writer: asyncio.StreamWriter, status: str, message: str) -> None:
@@ -215,7 +209,7 @@ class PushPlane:
                         timeout: float) -> dict:
         """``push`` of a body the node wrote to spool file ``path`` (checked: in the spool, ``size`` bytes)."""
         if self.spool is None or self._io is None:
-            raise WireError("push_file: this DHT worker has no spool (--spool)")
+            raise WireError("push_file: this DHT worker has no spool (DhtConfig.spool_dir)")
         if not isinstance(size, int) or isinstance(size, bool):
             raise WireError(f"push_file: size must be an int, got {size!r}")
         self._check_size(kind, size)
@@ -255,16 +249,16 @@ class PushPlane:
                     writer.close()
         except TimeoutError:
             self.errors["timeout"] += 1
-            raise wp.PeerUnavailable(f"push {kind} to {peer_id}: not acknowledged within {timeout:.1f}s") from None
+            raise PeerUnavailable(f"push {kind} to {peer_id}: not acknowledged within {timeout:.1f}s") from None
         except WireError:
             self.errors["protocol"] += 1
             raise
         except Exception as exc:  # p2pd control failures, resets: the peer is not reachable this way
             self.errors["unreachable"] += 1
-            raise wp.PeerUnavailable(f"push {kind} to {peer_id}: {type(exc).__name__}: {exc}") from None
+            raise PeerUnavailable(f"push {kind} to {peer_id}: {type(exc).__name__}: {exc}") from None
         if resp.status != "ok":
             self.errors[f"remote_{resp.status}"] += 1
-            raise (wp.PeerUnavailable if resp.status == "busy" else WireError)(
+            raise (PeerUnavailable if resp.status == "busy" else WireError)(
                 f"push {kind} to {peer_id}: {resp.status}: {resp.message}")
         self.bytes_out[kind] += size
         return {"bytes": size, "seconds": time.monotonic() - t0}

@@ -15,7 +15,6 @@ This module is pure (pydantic + msgpack): the node imports it without hivemind.
 
 from __future__ import annotations
 
-import re
 from typing import Annotated, Any, Literal, TypeVar
 
 import msgpack
@@ -23,6 +22,7 @@ import pydantic
 from pydantic import Field, StringConstraints
 
 from pulse_node.errors import WireError
+from pulse_node.vocab import RUN_ID_RULE, is_run_id
 
 SCHEMA_VERSION = 1
 #: encoded size caps (bytes, before the signature envelope)
@@ -63,7 +63,9 @@ class Serves(_Record):
     anchors: list[Version] = Field(default_factory=list, max_length=64)
 
 
-class Counters(_Record):
+class PeerCounters(_Record):
+    """Traffic counters a peer advertises in its record (for dashboards; never trusted)."""
+
     bytes_in: Count = 0
     bytes_out: Count = 0
     patches_applied: Count = 0
@@ -80,7 +82,7 @@ class PeerStatus(_Record):
     chain_hash: HexHash | None = None
     state_hash: HexHash | None = None
     serves: Serves = Field(default_factory=Serves)
-    counters: Counters = Field(default_factory=Counters)
+    counters: PeerCounters = Field(default_factory=PeerCounters)
     metrics_url: Annotated[str, StringConstraints(max_length=256)] | None = None
     node_key: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")] | None = None
     software: Annotated[str, StringConstraints(max_length=64)] = ""
@@ -121,17 +123,18 @@ def dht_key(run_id: str, kind: str) -> str:
 
 
 def check_run_id(run_id: str) -> str:
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", run_id):
-        raise WireError(f"run id {run_id!r} must be 1-64 characters of [A-Za-z0-9._-]")
+    """``run_id`` if valid (``vocab.RUN_ID_RULE``), else ``WireError``."""
+    if not is_run_id(run_id):
+        raise WireError(f"run id {run_id!r} must be {RUN_ID_RULE}")
     return run_id
 
 
-def encode_record(record: _Record) -> bytes:
+def encode_dht_record(record: _Record) -> bytes:
     """The msgpack bytes of a record (what is signed and stored)."""
     return msgpack.packb(record.model_dump(mode="python"), use_bin_type=True)
 
 
-def decode_record(kind: str, data: bytes) -> _Record:
+def decode_dht_record(kind: str, data: bytes) -> _Record:
     """Bytes -> validated record of ``kind``; ``WireError`` naming the first problem."""
     cap = MAX_BYTES_OF_KIND[kind]
     if len(data) > cap:
@@ -166,10 +169,3 @@ class DhtInfo(_Record):
     routing_table_size: Count
     #: set when another live process publishes under this node's peer id (copied identity)
     duplicate: str | None = None
-
-
-class StartFailure(_Record):
-    """Why a worker could not start; written to ``--error-file`` before it exits non-zero."""
-
-    kind: Literal["config", "daemon", "bootstrap", "duplicate", "internal"]
-    message: str

@@ -31,7 +31,7 @@ from hivemind.dht.validation import DHTRecord, RecordValidatorBase
 from pulse_node.chain.identity import Identity
 from pulse_node.errors import WireError
 from pulse_node.net.dht_records import (
-    CLOCK_SLACK_S, KEY_KINDS, MAX_HEAD_ENTRY_BYTES, MAX_TTL_S, decode_record, dht_key,
+    CLOCK_SLACK_S, KEY_KINDS, MAX_HEAD_ENTRY_BYTES, MAX_TTL_S, decode_dht_record, dht_key,
 )
 
 log = logging.getLogger(__name__)
@@ -120,7 +120,7 @@ class PulseRecordValidator(RecordValidatorBase):
             peer_id = DHTProtocol.serializer.loads(record.subkey)
             if not isinstance(peer_id, str):
                 return "subkey is not a peer id string"
-            body = decode_record(kind, self._check_signature(record, peer_id))
+            body = decode_dht_record(kind, self._check_signature(record, peer_id))
         except WireError as exc:
             return str(exc)
         if body.peer_id != peer_id:

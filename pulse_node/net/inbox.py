@@ -1,39 +1,49 @@
-"""Bounded queue of inbound pushes, shared by the wire worker (trio) and the p2pd push plane (asyncio).
+"""Bounded queue of inbound pushes, the same in both workers (the wire worker on trio, the p2pd push
+plane on asyncio; anyio wakes a waiting ``events`` call on either).
 
-Space (one slot and the body's bytes) is reserved before a body is read, so a flood of
-pushes is refused with ``busy`` instead of growing memory; ``take`` hands out events up to a
-byte budget per call so one RPC answer stays under ``ipc.MAX_FRAME``. A body written to a spool
-file instead of memory (the p2pd plane's large pushes, ``net/spool.py``) reserves room in a
-separate disk budget and costs nothing against the per-call budget: only its path crosses the
-RPC. No I/O, no event loop: the workers add their own wake-up signal.
+Space (one slot and the body's bytes) is reserved before a body is read, so a flood of pushes is
+refused with ``busy`` instead of growing memory; ``take`` hands out events up to a byte budget
+per call so one RPC answer stays under ``ipc.MAX_FRAME``. A body written to a spool file instead
+of memory (the p2pd plane's large pushes, ``net/spool.py``) reserves room in a separate disk
+budget and costs nothing against the per-call budget: only its path crosses the RPC.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
+from typing import Any
+
+import anyio
+
+from pulse_node.vocab import Event
 
 #: bytes of in-memory event bodies returned by one ``take`` (stays under ipc.MAX_FRAME)
 EVENTS_BYTES_PER_CALL = 48 << 20
+#: longest wait of one ``events`` call
+MAX_WAIT_S = 60.0
 
 
 @dataclass(frozen=True)
-class Event:
-    """One inbound push: its kind, the authenticated sender, the body and the arrival time.
+class Queued:
+    """An event waiting for the node. With ``path`` set its body is in that spool file (``size``
+    bytes) and ``event.data`` is empty; whoever takes it owns the file."""
 
-    A spooled event has ``path`` set (the spool file holding the body, ``size`` bytes) and an
-    empty ``data``; whoever takes it owns the file."""
-
-    kind: str
-    from_peer: str
-    data: bytes
-    received_at: float
+    event: Event
     path: str | None = None
     size: int = 0
 
     @property
-    def spooled(self) -> bool:
-        return self.path is not None
+    def nbytes(self) -> int:
+        return self.size if self.path is not None else len(self.event.data)
+
+    def as_rpc(self) -> dict[str, Any]:
+        """The ``events`` RPC's form: the event's fields, plus ``path`` and ``size`` if spooled."""
+        e = self.event
+        out = {"kind": e.kind, "sender": e.sender, "data": e.data, "received_at": e.received_at}
+        if self.path is not None:
+            out.update(path=self.path, size=self.size)
+        return out
 
 
 class Inbox:
@@ -41,9 +51,10 @@ class Inbox:
 
     def __init__(self, *, max_events: int, max_bytes: int, max_disk_bytes: int = 0) -> None:
         self.max_events, self.max_bytes, self.max_disk_bytes = max_events, max_bytes, max_disk_bytes
-        self._q: deque[Event] = deque()
+        self._q: deque[Queued] = deque()
         self._count = self._bytes = self._disk = 0
         self.rejected = 0
+        self._waiter: anyio.Event | None = None
 
     def reserve(self, n: int, *, spooled: bool = False) -> bool:
         """Claim room for one event of ``n`` bytes (on disk if ``spooled``); False (and counted) when full."""
@@ -66,19 +77,33 @@ class Inbox:
         else:
             self._bytes -= n
 
-    def put(self, event: Event) -> None:
-        """Queue an event whose space was reserved."""
-        self._q.append(event)
+    def put(self, event: Event, *, path: str | None = None, size: int = 0) -> None:
+        """Queue an event whose space was reserved; wake whoever waits in ``take``."""
+        self._q.append(Queued(event, path, size))
+        if self._waiter is not None:
+            self._waiter.set()
+            self._waiter = None
 
-    def take_ready(self, max_n: int) -> list[Event]:
+    async def take(self, max_n: int, wait_s: float = 0.0) -> list[Queued]:
+        """Up to ``max_n`` queued events, waiting up to ``wait_s`` (at most ``MAX_WAIT_S``) for the first."""
+        if not self._q and wait_s > 0:
+            if self._waiter is None:
+                self._waiter = anyio.Event()
+            with anyio.move_on_after(min(wait_s, MAX_WAIT_S)):
+                await self._waiter.wait()
+        return self.take_ready(max_n)
+
+    def take_ready(self, max_n: int) -> list[Queued]:
         """Up to ``max_n`` queued events within ``EVENTS_BYTES_PER_CALL`` of in-memory bodies (at least one)."""
-        out: list[Event] = []
+        out: list[Queued] = []
         budget = EVENTS_BYTES_PER_CALL
-        while self._q and len(out) < max_n and (not out or len(self._q[0].data) <= budget):
-            ev = self._q.popleft()
-            budget -= len(ev.data)
-            self.release(ev.size if ev.spooled else len(ev.data), spooled=ev.spooled)
-            out.append(ev)
+        while self._q and len(out) < max_n and (not out or self._q[0].path is not None
+                                                 or len(self._q[0].event.data) <= budget):
+            item = self._q.popleft()
+            if item.path is None:
+                budget -= len(item.event.data)
+            self.release(item.nbytes, spooled=item.path is not None)
+            out.append(item)
         return out
 
     def __len__(self) -> int:

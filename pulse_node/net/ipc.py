@@ -1,11 +1,17 @@
-"""Local RPC between a node process and its worker processes (Unix socket, framed msgpack).
+"""The local RPC between a node process and its worker processes: frames, errors as data, the client.
 
-Frame: 4-byte big-endian length, then a msgpack map. Requests are
-``{"id": int, "method": str, "params": map}``; responses are
-``{"id": int, "ok": bool, "result": any}`` or ``{"id": int, "ok": false, "error": str}``.
-A frame larger than ``MAX_FRAME`` is a protocol error. Bulk data (patches, anchors) is passed
-as file paths, not bytes. Servers live in the workers (asyncio for hivemind, trio for libp2p)
-and use ``encode_frame``/``decode_body``; ``RpcClient`` is the blocking client used by the node.
+Frame: 4-byte big-endian length, then a msgpack map of at most ``MAX_FRAME`` bytes. A request is
+``{"id": int, "method": str, "params": map}``, where ``method`` is the name of the client method
+that makes the call (``WireClient.fetch_anchor`` calls ``fetch_anchor``) and ``params`` its
+keyword arguments. A reply is ``{"id": int, "ok": true, "result": any}`` or, when the handler
+raised, ``{"id": int, "ok": false, "error": "<TypeName>", "message": str}``: the client raises
+the same exception type (any ``PulseError`` subclass the node process has loaded, e.g.
+``NotFound``, ``PeerUnavailable``, ``IntegrityError``) with the same message. ``RpcError`` is
+the worker itself failing: no answer in time, a lost connection, a bug in a handler.
+
+Bulk data (patches, anchors, large PULSELoCo payloads) crosses as file paths, never as bytes.
+The server is ``rpc_server.py`` (anyio, in both workers); ``RpcClient`` is the blocking client
+the node uses (``process.WorkerClient`` pools them).
 """
 
 from __future__ import annotations
@@ -13,12 +19,12 @@ from __future__ import annotations
 import itertools
 import socket
 import struct
-import threading
 import time
-from typing import Any
+from typing import Any, Literal
 
 import msgpack
 
+from pulse_node.configload import StrictModel
 from pulse_node.errors import PulseError, WireError
 
 MAX_FRAME = 64 * 1024 * 1024
@@ -26,7 +32,14 @@ _LEN = struct.Struct(">I")
 
 
 class RpcError(PulseError):
-    """The worker answered a call with an error, or did not answer in time."""
+    """The worker did not answer in time, the connection broke, or a handler failed unexpectedly."""
+
+
+class StartFailure(StrictModel):
+    """Why a worker could not start; it writes this to its ``--error-file`` and exits 2."""
+
+    kind: Literal["config", "daemon", "bootstrap", "duplicate", "internal"]
+    message: str
 
 
 def encode_frame(message: dict[str, Any]) -> bytes:
@@ -53,6 +66,35 @@ def decode_body(body: bytes) -> dict[str, Any]:
     return msg
 
 
+def error_reply(call_id: Any, exc: BaseException) -> dict[str, Any]:
+    """The reply for a handler that raised ``exc``: its type name and message, as data."""
+    return {"id": call_id, "ok": False, "error": type(exc).__name__, "message": str(exc)}
+
+
+def _error_types() -> dict[str, type[PulseError]]:
+    """Every loaded ``PulseError`` subclass of this package by name (a name used twice maps to none)."""
+    found: dict[str, type[PulseError] | None] = {}
+    todo = [PulseError]
+    while todo:
+        cls = todo.pop()
+        todo.extend(cls.__subclasses__())
+        if cls.__module__.startswith("pulse_node"):
+            found[cls.__name__] = None if found.get(cls.__name__, cls) is not cls else cls
+    return {name: cls for name, cls in found.items() if cls is not None}
+
+
+def raised_error(reply: dict[str, Any]) -> PulseError:
+    """The exception an error reply stands for: the worker's type if known here, else ``RpcError``."""
+    name, message = reply.get("error"), str(reply.get("message", ""))
+    cls = _error_types().get(name) if isinstance(name, str) else None
+    if cls is not None:
+        try:
+            return cls(message)
+        except TypeError:  # a subclass with another constructor
+            pass
+    return RpcError(f"{name}: {message}")
+
+
 def _recv_exact(sock: socket.socket, n: int, deadline: float) -> bytes:
     buf = bytearray()
     while len(buf) < n:
@@ -68,12 +110,15 @@ def _recv_exact(sock: socket.socket, n: int, deadline: float) -> bytes:
 
 
 class RpcClient:
-    """Blocking, thread-safe client: one call at a time per client, each with a timeout."""
+    """One blocking connection to a worker: one call at a time, each with a timeout.
 
-    def __init__(self, path: str, *, connect_timeout: float = 10.0) -> None:
+    After a timeout or a lost connection the client is ``broken`` (a late reply may still be on
+    its way) and must be closed; an error reply leaves it usable."""
+
+    def __init__(self, path: str, *, connect_timeout: float = 5.0) -> None:
         self._path = path
-        self._lock = threading.Lock()
         self._ids = itertools.count(1)
+        self.broken = False
         self._sock = self._connect(connect_timeout)
 
     def _connect(self, timeout: float) -> socket.socket:
@@ -89,34 +134,31 @@ class RpcClient:
                     raise RpcError(f"worker socket {self._path} not reachable after {timeout:.0f}s") from None
                 time.sleep(0.05)
 
-    def call(self, method: str, params: dict[str, Any] | None = None, *, timeout: float = 30.0) -> Any:
-        """Invoke ``method`` and return its result; raises RpcError on error or timeout."""
-        with self._lock:
-            call_id = next(self._ids)
-            deadline = time.monotonic() + timeout
-            try:
-                self._sock.settimeout(timeout)
-                self._sock.sendall(encode_frame({"id": call_id, "method": method, "params": params or {}}))
-                n = frame_length(_recv_exact(self._sock, 4, deadline))
-                reply = decode_body(_recv_exact(self._sock, n, deadline))
-            except (TimeoutError, socket.timeout):
-                self._reset()
-                raise RpcError(f"{method}: no answer within {timeout:.1f}s") from None
-            except (ConnectionError, OSError) as exc:
-                self._reset()
-                raise RpcError(f"{method}: worker connection lost ({exc})") from None
+    def call(self, method: str, params: dict[str, Any] | None = None, *, timeout: float) -> Any:
+        """Invoke ``method``; its result, the worker's typed error, or ``RpcError`` (timeout, lost worker)."""
+        call_id = next(self._ids)
+        frame = encode_frame({"id": call_id, "method": method, "params": params or {}})
+        deadline = time.monotonic() + timeout
+        try:
+            self._sock.settimeout(timeout)
+            self._sock.sendall(frame)
+            n = frame_length(_recv_exact(self._sock, 4, deadline))
+            reply = decode_body(_recv_exact(self._sock, n, deadline))
+        except WireError as exc:
+            self.broken = True
+            raise RpcError(f"{method}: unreadable reply ({exc})") from None
+        except (TimeoutError, socket.timeout):
+            self.broken = True
+            raise RpcError(f"{method}: no answer within {timeout:.1f}s") from None
+        except (ConnectionError, OSError) as exc:
+            self.broken = True
+            raise RpcError(f"{method}: worker connection lost ({exc})") from None
         if reply.get("id") != call_id:
+            self.broken = True
             raise RpcError(f"{method}: reply for another call")
         if not reply.get("ok"):
-            raise RpcError(f"{method}: {reply.get('error', 'unknown error')}")
+            raise raised_error(reply)
         return reply.get("result")
-
-    def _reset(self) -> None:
-        """After a timeout the stream may hold a late reply: reconnect so calls stay paired."""
-        try:
-            self._sock.close()
-        finally:
-            self._sock = self._connect(5.0)
 
     def close(self) -> None:
         self._sock.close()

@@ -1,86 +1,197 @@
-"""Start, supervise and stop one worker process (``python -m pulse_node.net.<worker>``).
+"""A worker process as the node sees it: started with its config, called, stopped.
 
-Workers are separate interpreters started with ``subprocess`` (never fork). Each serves the
-framed RPC of ``ipc.py`` on a Unix socket given by ``--ipc``; ``WorkerProcess`` waits for the
-worker's ``ping`` with a deadline, and ``stop`` asks it to shut down, then terminates, then
-kills it, each step bounded in time.
+``WorkerClient`` is the base of ``DhtClient`` and ``WireClient``. ``start(config)`` writes the
+validated config model as JSON into a private temporary directory and runs ``python -m <module>
+--ipc <dir>/rpc.sock --config <dir>/config.json --error-file <dir>/error.json`` (a new
+interpreter, never fork; ``rpc_server.run_worker`` on the other side), then waits for its
+``ping`` within a deadline. A worker that exits during its start raises the client's
+``start_error`` with the worker's own one-line explanation.
+
+``call`` borrows a connection from a pool (one per call in flight: a long ``events`` poll never
+holds up a ``fetch``; a connection whose call timed out is closed, not reused, so no late reply
+can pair with the next call) and raises the worker's typed errors (``ipc.raised_error``). Every
+call has a timeout. RPC method names are the client's method names: ``call`` refuses any name
+that is not a method of the client class. ``stop`` asks the worker to stop, then SIGTERM, then
+SIGKILL, each step bounded. A worker whose parent is gone stops by itself within ~1 s.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, ClassVar, Generic, TypeVar
 
-from pulse_node.net.ipc import RpcClient, RpcError
+import pydantic
+
+from pulse_node.errors import PulseError
+from pulse_node.net.ipc import RpcClient, RpcError, StartFailure
+
+C = TypeVar("C", bound=pydantic.BaseModel)
+W = TypeVar("W", bound="WorkerClient")
+
+
+class WorkerStartError(PulseError):
+    """A worker could not start; the message says what to check next, ``kind`` what failed."""
+
+    def __init__(self, message: str, kind: str = "internal") -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+class ConnectionPool:
+    """Idle connections to one worker: a call borrows one (or opens one) and gives it back unless it broke."""
+
+    def __init__(self, path: str) -> None:
+        self._path = path
+        self._idle: list[RpcClient] = []
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def call(self, method: str, params: dict[str, Any] | None, *, timeout: float) -> Any:
+        with self._lock:
+            if self._closed:
+                raise RpcError(f"{method}: the worker client is stopped")
+            client = self._idle.pop() if self._idle else None
+        if client is None:
+            client = RpcClient(self._path, connect_timeout=min(5.0, timeout))
+        try:
+            return client.call(method, params, timeout=timeout)
+        finally:
+            with self._lock:
+                keep = not client.broken and not self._closed
+                if keep:
+                    self._idle.append(client)
+            if not keep:
+                client.close()
+
+    def idle(self) -> int:
+        return len(self._idle)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed, idle, self._idle = True, self._idle, []
+        for client in idle:
+            client.close()
 
 
 class WorkerProcess:
-    """One running worker and its RPC client."""
+    """The running interpreter of one worker, its private directory and its log."""
 
-    def __init__(self, module: str, args: list[str], *, name: str, start_timeout: float = 60.0,
-                 log_path: Path | None = None) -> None:
+    def __init__(self, module: str, config: pydantic.BaseModel, *, name: str, log_path: Path | None) -> None:
         self.name = name
-        self._dir = tempfile.mkdtemp(prefix=f"pulse-{name}-")
-        self.socket_path = os.path.join(self._dir, "rpc.sock")
-        cmd = [sys.executable, "-m", module, "--ipc", self.socket_path, *args]
-        self._log = open(log_path, "ab") if log_path else subprocess.DEVNULL
+        self.dir = Path(tempfile.mkdtemp(prefix=f"pulse-{name}-"))
+        self.socket_path = str(self.dir / "rpc.sock")
+        self.error_file = self.dir / "error.json"
+        config_file = self.dir / "config.json"
+        config_file.write_text(config.model_dump_json())
+        self._log: IO[bytes] | int = open(log_path, "ab") if log_path else subprocess.DEVNULL
+        cmd = [sys.executable, "-m", module, "--ipc", self.socket_path, "--config", str(config_file),
+               "--error-file", str(self.error_file)]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=self._log,
                                      stderr=subprocess.STDOUT if log_path else None)
-        self.client = self._wait_ready(start_timeout)
-
-    def _wait_ready(self, timeout: float) -> RpcClient:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RpcError(f"{self.name} worker exited with code {self.proc.returncode} during start")
-            if os.path.exists(self.socket_path):
-                client = RpcClient(self.socket_path, connect_timeout=5.0)
-                client.call("ping", timeout=max(1.0, deadline - time.monotonic()))
-                return client
-            time.sleep(0.05)
-        self.stop()
-        raise RpcError(f"{self.name} worker did not start within {timeout:.0f}s")
-
-    def call(self, method: str, params: dict[str, Any] | None = None, *, timeout: float = 30.0) -> Any:
-        return self.client.call(method, params, timeout=timeout)
 
     def alive(self) -> bool:
         return self.proc.poll() is None
 
-    def stop(self, timeout: float = 5.0) -> None:
-        """Graceful shutdown, then SIGTERM, then SIGKILL; never waits longer than ~2*timeout."""
-        if self.proc.poll() is None:
+    def start_failure(self) -> StartFailure | None:
+        """What the worker wrote before exiting during its start, if anything."""
+        try:
+            return StartFailure.model_validate_json(self.error_file.read_text())
+        except (OSError, ValueError):
+            return None
+
+    def stop(self, timeout: float) -> None:
+        """Wait ``timeout/2`` for an exit already asked for, then SIGTERM, then SIGKILL; clean up."""
+        for step, wait in ((None, timeout / 2), (self.proc.terminate, timeout / 2), (self.proc.kill, timeout)):
+            if self.proc.poll() is not None:
+                break
+            if step is not None:
+                step()
             try:
-                self.client.call("shutdown", timeout=1.0)
-            except Exception:
-                pass
-            try:
-                self.proc.wait(timeout=timeout / 2)
+                self.proc.wait(timeout=wait)
             except subprocess.TimeoutExpired:
-                self.proc.terminate()
-                try:
-                    self.proc.wait(timeout=timeout / 2)
-                except subprocess.TimeoutExpired:
-                    self.proc.kill()
-                    self.proc.wait(timeout=timeout)
-        try:
-            if hasattr(self, "client"):
-                self.client.close()
-        except Exception:
-            pass
-        if self._log is not subprocess.DEVNULL:
-            self._log.close()
-        for p in (self.socket_path,):
-            try:
-                os.unlink(p)
-            except FileNotFoundError:
                 pass
+        if not isinstance(self._log, int):
+            self._log.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class WorkerClient(Generic[C]):
+    """Base of the typed clients: the worker process, a pool of connections to it, stop."""
+
+    module: ClassVar[str]
+    name: ClassVar[str]
+
+    def __init__(self, process: WorkerProcess, config: C) -> None:
+        self.config = config
+        self._process = process
+        self._pool = ConnectionPool(process.socket_path)
+
+    @classmethod
+    def start(cls: type[W], config: C, *, log_path: Path | None = None, start_timeout: float = 60.0) -> W:
+        """Start the worker and wait until it answers ``ping``; ``start_error`` explains a failure."""
+        client = cls(WorkerProcess(cls.module, config, name=cls.name, log_path=log_path), config)
         try:
-            os.rmdir(self._dir)
-        except OSError:
-            pass
+            client._wait_ready(start_timeout)
+        except BaseException:
+            client.stop(timeout=2.0)
+            raise
+        return client
+
+    def _wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not self._process.alive():
+                failure = self._process.start_failure()
+                code = self._process.proc.returncode
+                raise self.start_error(failure or StartFailure(
+                    kind="internal", message=f"the {self.name} worker exited with code {code} during its start"))
+            if os.path.exists(self._process.socket_path):
+                self.ping(timeout=max(1.0, deadline - time.monotonic()))
+                return
+            time.sleep(0.05)
+        raise self.start_error(StartFailure(kind="internal",
+                                            message=f"the {self.name} worker did not start within {timeout:.0f} s"))
+
+    @classmethod
+    def start_error(cls, failure: StartFailure) -> PulseError:
+        return WorkerStartError(failure.message, failure.kind)
+
+    def call(self, method: str, params: dict[str, Any] | None = None, *, timeout: float) -> Any:
+        """Call the worker's ``method`` (a method name of this client class) within ``timeout`` s."""
+        if not callable(getattr(type(self), method, None)):
+            raise RpcError(f"{method!r} is not a method of {type(self).__name__}")
+        return self._pool.call(method, params, timeout=timeout)
+
+    def ping(self, *, timeout: float = 10.0) -> list[str]:
+        """The names of the worker's RPC methods (answered once it serves)."""
+        return list(self.call("ping", timeout=timeout))
+
+    @property
+    def process(self) -> WorkerProcess:
+        return self._process
+
+    def alive(self) -> bool:
+        return self._process.alive()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Ask the worker to stop, then SIGTERM, then SIGKILL; never waits much longer than ``timeout``."""
+        if self._process.alive():
+            try:
+                self.call("stop", timeout=1.0)
+            except PulseError:
+                pass
+        self._pool.close()
+        self._process.stop(timeout)
+
+    def __enter__(self: W) -> W:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

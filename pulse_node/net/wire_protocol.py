@@ -10,7 +10,8 @@ The length of a frame is checked against the struct's cap before anything is rea
 decoded map must carry exactly the declared fields with the declared types and bounds, so
 a hostile peer can make us reject a request but never allocate or parse without limit.
 Each struct carries ``v`` (the wire version, ``WIRE_VERSION``); the libp2p protocol ids are
-versioned as well (``/pulse/<kind>/1.0.0``). This module is pure (msgpack only) so the node
+versioned as well (``/pulse/<kind>/2.0.0``, ``kind`` a ``vocab.FetchKind`` or ``push``; push
+kinds travel as ``vocab.PushKind`` strings). This module is pure (msgpack only) so the node
 process can import it without trio or libp2p.
 """
 
@@ -18,28 +19,29 @@ from __future__ import annotations
 
 import struct
 from dataclasses import asdict, dataclass, fields
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import msgpack
 
-from pulse_node.errors import BusyError, WireError
+from pulse_node.errors import UnsupportedVersion, WireError
+from pulse_node.vocab import FETCH_KINDS, PUSH_KINDS, FetchKind, check_fetch_kind
 
-WIRE_VERSION = 1
+WIRE_VERSION = 2
 CHUNK = 256 * 1024  # body write size: 1.3-1.5x faster than 64 KiB (bench/dataplane.py); 4 MB writes stall
 MAX_U64 = (1 << 63) - 1
 _LEN = struct.Struct(">I")
 
-#: fetchable kinds -> libp2p protocol id
-PROTOCOLS: dict[str, str] = {
-    "record": "/pulse/record/1.0.0",
-    "patch": "/pulse/patch/1.0.0",
-    "anchor": "/pulse/anchor/1.0.0",
-    "catchup": "/pulse/catchup/1.0.0",
-    "trainer_state": "/pulse/trainer-state/1.0.0",
-    "loco_payload": "/pulse/loco-payload/1.0.0",
-    "loco_decision": "/pulse/loco-decision/1.0.0",
-    "push": "/pulse/push/1.0.0",
-}
+#: what a libp2p stream of the data plane carries: one fetch kind, or a push
+StreamKind = Literal[FetchKind, "push"]
+
+
+def protocol_id(kind: str) -> str:
+    """The libp2p protocol id of a stream kind: ``/pulse/<kind>/<WIRE_VERSION>.0.0``."""
+    return f"/pulse/{kind}/{WIRE_VERSION}.0.0"
+
+
+#: stream kinds -> libp2p protocol id
+PROTOCOLS: dict[str, str] = {kind: protocol_id(kind) for kind in (*FETCH_KINDS, "push")}
 
 #: largest body a server sends / a client accepts, per fetch kind
 BODY_CAPS: dict[str, int] = {
@@ -54,32 +56,17 @@ BODY_CAPS: dict[str, int] = {
 
 #: largest push body accepted per push kind (bounded by the local RPC frame, 64 MiB)
 PUSH_CAPS: dict[str, int] = {
-    "rollout": 16 << 20,
+    "rollouts": 16 << 20,
     "loco": 48 << 20,
     "head": 64 << 10,
-    "decision": 64 << 10,
+    "loco_decision": 64 << 10,
 }
+assert set(BODY_CAPS) == set(FETCH_KINDS) and set(PUSH_CAPS) == set(PUSH_KINDS)
 
 REQUEST_CAP = 1024  # bytes of one request frame
 RESPONSE_CAP = 4096  # bytes of one response frame
 
 STATUSES = ("ok", "not_found", "bad_request", "busy", "too_large", "unsupported", "internal")
-
-
-class PeerUnavailable(WireError):
-    """A peer could not be reached, went away, was busy, or did not answer in time."""
-
-
-class PeerBusy(PeerUnavailable, BusyError):
-    """The peer is working on the request (e.g. making a catch-up patch); ask again shortly."""
-
-
-class NotFound(WireError):
-    """The peer does not hold the requested file."""
-
-
-class UnsupportedVersion(WireError):
-    """The peer speaks another wire version."""
 
 
 def _check(name: str, value: Any, spec: tuple[str, int]) -> None:
@@ -206,7 +193,7 @@ class LocoDecisionRequest(WireStruct):
 
 @dataclass(frozen=True)
 class PushRequest(WireStruct):
-    """``size`` bytes of a push of ``kind`` (rollout, loco, head, decision) follow this frame."""
+    """``size`` bytes of a push of ``kind`` (a ``vocab.PushKind``) follow this frame."""
 
     v: int
     kind: str
@@ -256,9 +243,7 @@ def frame_length(header: bytes, cap: int) -> int:
 
 def build_request(kind: str, params: dict[str, Any]) -> WireStruct:
     """A validated request struct for a fetch ``kind`` from the caller's ``params``."""
-    if kind not in REQUESTS or kind == "push":
-        raise WireError(f"unknown fetch kind {kind!r}; expected one of {sorted(BODY_CAPS)}")
-    cls = REQUESTS[kind]
+    cls = REQUESTS[check_fetch_kind(kind)]
     want = set(cls.SPEC) - {"v"}
     if set(params) != want:
         raise WireError(f"{kind} params {sorted(params)} != {sorted(want)}")

@@ -3,7 +3,7 @@
 ``StreamIO`` frames one libp2p stream with a timeout on every read and write and 64 KiB body
 writes. ``Dialer`` reuses connections and bounds concurrent outbound streams. ``fetch_to_file``
 pulls one file (record, patch, catch-up patch) from one peer into a temp file and renames it
-into place; ``fetch_multi`` pulls an anchor in chunks from several providers at once, retries a
+into place; ``fetch_anchor`` pulls an anchor in chunks from several providers at once, retries a
 failed chunk on another provider, resumes from ``<dest>.part`` + ``<dest>.part.map`` and
 checks the whole file's sha256.
 """
@@ -24,13 +24,14 @@ import trio
 from libp2p.custom_types import TProtocol
 from libp2p.peer.peerinfo import info_from_p2p_addr
 
-from pulse_node.errors import IntegrityError, WireError
+from pulse_node.errors import IntegrityError, NotFound, PeerBusy, PeerUnavailable, WireError
 from pulse_node.net import wire_protocol as wp
-from pulse_node.net.wire_protocol import PeerUnavailable
+from pulse_node.net.worker_config import DIAL_TIMEOUT_S
+from pulse_node.vocab import check_push_kind
 
 
-class Counters:
-    """Byte and error counters per protocol and per peer (the ``stats`` RPC)."""
+class Traffic:
+    """Byte, request and error counters per stream kind and per peer (the ``stats`` RPC)."""
 
     def __init__(self) -> None:
         self.bytes_in: dict[str, int] = defaultdict(int)
@@ -58,7 +59,7 @@ class Counters:
 class StreamIO:
     """One libp2p stream: buffered reads and chunked writes, each bounded by ``idle`` seconds."""
 
-    def __init__(self, stream: Any, *, idle: float, counters: Counters, kind: str, peer: str) -> None:
+    def __init__(self, stream: Any, *, idle: float, counters: Traffic, kind: str, peer: str) -> None:
         self.stream, self.idle, self.counters = stream, idle, counters
         self.kind, self.peer = kind, peer
         self._buf = bytearray()
@@ -116,16 +117,10 @@ class StreamIO:
                 pass
 
 
-#: a new connection (TCP + Noise + yamux) must be up within this many seconds; a live internet
-#: path needs ~1 RTT per step. Without it a dial to an address that drops SYNs (a NATed peer's
-#: private address, a firewall) holds the caller for its whole deadline (60 s for a fetch).
-DIAL_TIMEOUT_S = 10.0
-
-
 class Dialer:
     """Opens streams to peers named by ``/ip4/../tcp/../p2p/<id>`` multiaddrs, reusing connections."""
 
-    def __init__(self, host: Any, *, counters: Counters, max_streams: int, idle: float,
+    def __init__(self, host: Any, *, counters: Traffic, max_streams: int, idle: float,
                  dial_timeout: float = DIAL_TIMEOUT_S) -> None:
         self.host, self.counters, self.idle, self.dial_timeout = host, counters, idle, dial_timeout
         self.limiter = trio.CapacityLimiter(max_streams)
@@ -167,7 +162,7 @@ async def request(dialer: Dialer, peer: str, kind: str, req: wp.WireStruct) -> t
     if resp.status != "ok":
         await io.close()
         dialer.counters.errors[f"remote_{resp.status}"] += 1
-        err = {"busy": wp.PeerBusy, "not_found": wp.NotFound}.get(resp.status, WireError)
+        err = {"busy": PeerBusy, "not_found": NotFound}.get(resp.status, WireError)
         raise err(f"{kind} from {io.peer}: {resp.status}: {resp.message}")
     return io, resp
 
@@ -217,8 +212,7 @@ async def fetch_to_file(dialer: Dialer, peer: str, kind: str, params: dict[str, 
 
 async def push(dialer: Dialer, peer: str, kind: str, data: bytes, *, timeout: float) -> dict[str, Any]:
     """Send a push of ``kind`` to ``peer``; returns once the peer has queued it."""
-    if kind not in wp.PUSH_CAPS:
-        raise WireError(f"unknown push kind {kind!r}; expected one of {sorted(wp.PUSH_CAPS)}")
+    check_push_kind(kind)
     if len(data) > wp.PUSH_CAPS[kind]:
         raise WireError(f"{kind} push of {len(data)} bytes exceeds cap {wp.PUSH_CAPS[kind]}")
     t0 = time.monotonic()
@@ -242,7 +236,7 @@ async def push(dialer: Dialer, peer: str, kind: str, data: bytes, *, timeout: fl
     return {"bytes": len(data), "seconds": time.monotonic() - t0}
 
 
-async def probe(dialer: Dialer, peer: str, kind: str, raw: bytes, *, timeout: float) -> dict[str, Any]:
+async def probe(dialer: Dialer, peer: str, kind: str, raw: bytes, *, timeout: float) -> bytes:
     """Diagnostics: send ``raw`` bytes on a ``kind`` stream, return what the peer answers."""
     reply = bytearray()
     with trio.move_on_after(timeout):
@@ -255,7 +249,7 @@ async def probe(dialer: Dialer, peer: str, kind: str, raw: bytes, *, timeout: fl
             pass
         finally:
             await io.close()
-    return {"reply": bytes(reply)}
+    return bytes(reply)
 
 
 # ---------------------------------------------------------------- multi-provider anchors
@@ -403,12 +397,12 @@ def _assemble(part: Path, dest: Path, want: str | None) -> None:
     os.replace(part, dest)
 
 
-async def fetch_multi(dialer: Dialer, peers: list[str], *, version: int, size: int, dest: Path,
+async def fetch_anchor(dialer: Dialer, peers: list[str], *, version: int, size: int, dest: Path,
                       digest: str | None, timeout: float, chunk: int = 4 << 20,
                       per_peer: int = 2) -> dict[str, Any]:
     """Download anchor ``version`` (``size`` bytes) from ``peers`` in ``chunk``-byte pieces."""
     if not peers:
-        raise WireError("fetch_multi needs at least one provider")
+        raise WireError("fetch_anchor needs at least one provider")
     if not 0 < chunk <= wp.BODY_CAPS["anchor"]:
         raise WireError(f"chunk must be in (0, {wp.BODY_CAPS['anchor']}]")
     want = wp.parse_digest(digest)

@@ -1,34 +1,34 @@
 """The libp2p data-plane worker: serves the node's store to peers and fetches from them.
 
-Run by ``WireClient`` (never import it from the node process)::
+Run by ``WireClient.start`` (never import it from the node process) as ``python -m
+pulse_node.net.wire_worker --ipc SOCK --config FILE [--error-file FILE]``, FILE being a
+``WireConfig`` as JSON (``rpc_server.run_worker``).
 
-    python -m pulse_node.net.wire_worker --ipc SOCK --listen /ip4/127.0.0.1/tcp/0 --store ROOT \
-        [--identity KEYFILE] [--announce MADDR ...] [--max-streams N]
+One trio program: a py-libp2p host (TCP, Noise only, yamux) serving the ``/pulse/<kind>/2.0.0``
+protocols of ``wire_protocol`` read-only from the store (files there are written atomically by
+the node), and the local RPC of ``rpc_server.py`` (the ``@rpc`` methods of ``WireService``,
+named like ``WireClient``'s). A catch-up patch that is not cached yet is made on demand from the
+store's verified states (``chain.catchup_producer``: one at a time, on a thread, a bounded wait,
+then ``busy``). Inbound pushes (``vocab.PushKind``: rollouts, PULSELoCo payloads, head
+announcements, round decisions) go to a bounded queue (``net/inbox.py``) that the node drains
+with ``events``. A peer that sends garbage gets an error response and its stream closed; nothing
+a peer sends can stop the worker.
 
-One trio program: a py-libp2p host (TCP, Noise only, yamux) serving the ``/pulse/*/1.0.0``
-protocols of ``wire_protocol`` read-only from ``--store`` (files there are written atomically
-by the node), and the local RPC of ``ipc.py`` on a Unix socket (methods ``rpc_*`` below).
-A catch-up patch that is not cached yet is made on demand from the store's verified states
-(``chain.catchup_producer``: one at a time, on a thread, a bounded wait, then ``busy``).
-Inbound pushes (rollouts, PULSELoCo payloads, head announcements) go to a bounded queue that
-the node drains with ``events``. A peer that sends garbage gets an error response and its
-stream closed; nothing a peer sends can stop the worker.
-
-Identity: ``--identity`` is an Ed25519 private key file, either the raw 32-byte seed or the
-chain layer's PKCS#8 PEM (``pulse_node.chain.identity``); without it an ephemeral key is used.
-The worker exits when its parent process goes away.
+Identity: ``WireConfig.identity`` is an Ed25519 private key file, either the raw 32-byte seed or
+the chain layer's PKCS#8 PEM (``pulse_node.chain.identity``); without it an ephemeral key is used.
+The worker stops when its parent process goes away.
 """
 
 from __future__ import annotations
 
-import argparse
-import inspect
 import logging
 import os
+import sys
 import time
+from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, AsyncIterator, Callable
 
 import multiaddr
 import trio
@@ -43,11 +43,13 @@ from libp2p.security.noise.transport import Transport as NoiseTransport
 
 from pulse_node.chain import serving
 from pulse_node.chain.catchup_producer import CatchupProducer
-from pulse_node.errors import BusyError, ConfigError, PulseError, WireError
-from pulse_node.net.inbox import Event, Inbox
-from pulse_node.net import ipc
+from pulse_node.errors import BusyError, ConfigError, PulseError, UnsupportedVersion, WireError
 from pulse_node.net import wire_protocol as wp
 from pulse_node.net import wire_transfer as wt
+from pulse_node.net.inbox import Inbox
+from pulse_node.net.rpc_server import Service, rpc, run_worker
+from pulse_node.net.worker_config import WireConfig
+from pulse_node.vocab import Event, FetchKind, PushKind
 
 log = logging.getLogger("pulse.wire")
 
@@ -79,31 +81,10 @@ def load_key_pair(path: Path | None) -> Any:
     return create_new_key_pair(data)
 
 
-class EventQueue(Inbox):
-    """The wire worker's inbound pushes (see ``net.inbox``), with a trio wake-up for waiters."""
-
-    def __init__(self, *, max_events: int, max_bytes: int) -> None:
-        super().__init__(max_events=max_events, max_bytes=max_bytes)
-        self._arrived = trio.Event()
-
-    def put(self, event: Event) -> None:
-        super().put(event)
-        self._arrived.set()
-
-    async def take(self, max_n: int, wait_s: float) -> list[Event]:
-        if not len(self) and wait_s > 0:
-            with trio.move_on_after(wait_s):
-                await self._arrived.wait()
-        out = self.take_ready(max_n)
-        if not len(self):
-            self._arrived = trio.Event()
-        return out
-
-
 class Server:
     """Inbound ``/pulse/*`` streams: serves store files and the head record, queues pushes."""
 
-    def __init__(self, resolver: Resolver, *, counters: wt.Counters, events: EventQueue,
+    def __init__(self, resolver: Resolver, *, counters: wt.Traffic, events: Inbox,
                  max_streams: int, idle: float, upload_rate: float = 0.0,
                  producer: CatchupProducer | None = None) -> None:
         self.resolver, self.counters, self.events, self.idle = resolver, counters, events, idle
@@ -139,7 +120,7 @@ class Server:
                 await self._serve_push(io, req)
             else:
                 await self._serve_file(io, kind, req)
-        except wp.UnsupportedVersion as exc:
+        except UnsupportedVersion as exc:
             await self._reply_error(io, "unsupported", str(exc))
         except wt.PeerUnavailable as exc:
             self.counters.errors[f"serve_{kind}_stream"] += 1
@@ -261,144 +242,56 @@ def _peer_of(stream: Any) -> str:
         return "unknown"
 
 
-class Rpc:
-    """Local RPC methods called by the node through ``WireClient`` (``rpc_<method>``)."""
+class WireService(Service):
+    """The wire worker's RPC methods, called by the node through ``WireClient`` (same names)."""
 
-    def __init__(self, host: Any, server: Server, dialer: wt.Dialer, events: EventQueue) -> None:
-        self.host, self.server, self.dialer, self.events = host, server, dialer, events
-        self.stopping = trio.Event()
+    def __init__(self, host: Any, server: Server, dialer: wt.Dialer, inbox: Inbox) -> None:
+        self.host, self.server, self.dialer, self.inbox = host, server, dialer, inbox
 
-    async def rpc_ping(self) -> str:
-        return "pong"
-
-    async def rpc_shutdown(self) -> bool:
-        return True  # the connection handler sets ``stopping`` after replying
-
-    async def rpc_info(self) -> dict[str, Any]:
+    @rpc
+    async def info(self) -> dict[str, Any]:
         return {"peer_id": self.host.get_id().to_string(),
                 "listen_maddrs": [str(a) for a in self.host.get_addrs()]}
 
-    async def rpc_set_head(self, *, record: bytes) -> bool:
-        if not isinstance(record, bytes) or len(record) > wp.BODY_CAPS["record"]:
-            raise WireError(f"head record must be bytes of at most {wp.BODY_CAPS['record']}")
+    @rpc
+    async def set_head(self, *, record: bytes) -> bool:
+        if len(record) > wp.BODY_CAPS["record"]:
+            raise WireError(f"head record must be at most {wp.BODY_CAPS['record']} bytes")
         self.server.head = record
         return True
 
-    async def rpc_fetch(self, *, peer: str, kind: str, params: dict[str, Any], dest: str,
-                        timeout: float = 30.0, expected_digest: str | None = None) -> dict[str, Any]:
-        return await wt.fetch_to_file(self.dialer, peer, kind, params, Path(dest),
-                                      timeout=float(timeout), digest=expected_digest)
+    @rpc
+    async def fetch(self, *, peer: str, kind: FetchKind, params: dict[str, int | str | None], dest: str,
+                    timeout: float, expected_digest: str | None = None) -> dict[str, Any]:
+        return await wt.fetch_to_file(self.dialer, peer, kind, params, Path(dest), timeout=timeout,
+                                      digest=expected_digest)
 
-    async def rpc_fetch_multi(self, *, peers: list[str], version: int, size: int, dest: str,
-                              kind: str = "anchor", digest: str | None = None, timeout: float = 600.0,
-                              chunk: int = 4 << 20, per_peer: int = 2) -> dict[str, Any]:
-        if kind != "anchor":
-            raise WireError("fetch_multi serves kind 'anchor' only")
-        return await wt.fetch_multi(self.dialer, list(peers), version=version, size=size, dest=Path(dest),
-                                    digest=digest, timeout=float(timeout), chunk=chunk, per_peer=per_peer)
+    @rpc
+    async def fetch_anchor(self, *, peers: list[str], version: int, size: int, dest: str, timeout: float,
+                           digest: str | None = None, chunk: int = 4 << 20, per_peer: int = 2) -> dict[str, Any]:
+        return await wt.fetch_anchor(self.dialer, peers, version=version, size=size, dest=Path(dest),
+                                     digest=digest, timeout=timeout, chunk=chunk, per_peer=per_peer)
 
-    async def rpc_push(self, *, peer: str, kind: str, data: bytes, timeout: float = 30.0) -> dict[str, Any]:
-        return await wt.push(self.dialer, peer, kind, data, timeout=float(timeout))
+    @rpc
+    async def push(self, *, peer: str, kind: PushKind, data: bytes, timeout: float) -> dict[str, Any]:
+        return await wt.push(self.dialer, peer, kind, data, timeout=timeout)
 
-    async def rpc_events(self, *, max: int = 64, wait_s: float = 0.0) -> list[dict[str, Any]]:
-        evs = await self.events.take(max_n=int(max), wait_s=min(float(wait_s), 60.0))
-        return [{"kind": e.kind, "from_peer": e.from_peer, "data": e.data, "received_at": e.received_at}
-                for e in evs]
+    @rpc
+    async def events(self, *, max_events: int = 64, wait_s: float = 0.0) -> list[dict[str, Any]]:
+        return [q.as_rpc() for q in await self.inbox.take(max_events, wait_s)]
 
-    async def rpc_stats(self) -> dict[str, Any]:
+    @rpc
+    async def stats(self) -> dict[str, Any]:
         snap = self.dialer.counters.snapshot()
-        snap["events_queued"] = len(self.events)
-        snap["events_rejected"] = self.events.rejected
+        snap["events_queued"] = len(self.inbox)
+        snap["events_rejected"] = self.inbox.rejected
         snap["connected_peers"] = [p.to_string() for p in self.host.get_connected_peers()]
         return snap
 
-    async def rpc_probe(self, *, peer: str, kind: str, raw: bytes, timeout: float = 5.0) -> dict[str, Any]:
+    @rpc
+    async def probe(self, *, peer: str, kind: wp.StreamKind, raw: bytes, timeout: float) -> bytes:
         """Diagnostics: raw bytes on a ``kind`` stream, returns the raw reply."""
-        if kind not in wp.PROTOCOLS:
-            raise WireError(f"unknown protocol kind {kind!r}")
-        return await wt.probe(self.dialer, peer, kind, raw, timeout=float(timeout))
-
-    async def dispatch(self, msg: dict[str, Any]) -> dict[str, Any]:
-        """Run one request map; every failure becomes ``{"ok": false, "error": "Type: message"}``."""
-        call_id, method, params = msg.get("id"), msg.get("method"), msg.get("params", {})
-        fn = getattr(self, f"rpc_{method}", None) if isinstance(method, str) else None
-        try:
-            if fn is None:
-                raise WireError(f"unknown method {method!r}")
-            if not isinstance(params, dict):
-                raise WireError("params must be a map")
-            try:
-                inspect.signature(fn).bind(**params)
-            except TypeError as exc:
-                raise WireError(f"{method}: bad params ({exc})") from None
-            return {"id": call_id, "ok": True, "result": await fn(**params)}
-        except PulseError as exc:
-            return {"id": call_id, "ok": False, "error": f"{type(exc).__name__}: {exc}"}
-        except Exception as exc:
-            log.exception("rpc %s failed", method)
-            return {"id": call_id, "ok": False, "error": f"InternalError: {type(exc).__name__}: {exc}"}
-
-
-async def _recv_exact(stream: trio.SocketStream, n: int) -> bytes | None:
-    buf = bytearray()
-    while len(buf) < n:
-        chunk = await stream.receive_some(min(n - len(buf), 1 << 20))
-        if not chunk:
-            return None
-        buf += chunk
-    return bytes(buf)
-
-
-async def _serve_rpc_conn(rpc: Rpc, stream: trio.SocketStream) -> None:
-    """One local RPC connection; a broken or hostile connection is closed, never fatal."""
-    try:
-        async with stream:
-            await _rpc_loop(rpc, stream)
-    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-        pass
-    except Exception:
-        log.exception("local rpc connection failed")
-
-
-async def _rpc_loop(rpc: Rpc, stream: trio.SocketStream) -> None:
-    """Frames in, frames out, one call at a time; a bad frame gets an error reply and a close."""
-    while True:
-        try:
-            header = await _recv_exact(stream, 4)
-            body = await _recv_exact(stream, ipc.frame_length(header)) if header is not None else None
-            if body is None:
-                return
-            msg = ipc.decode_body(body)
-        except WireError as exc:
-            await stream.send_all(ipc.encode_frame({"id": None, "ok": False, "error": f"WireError: {exc}"}))
-            return
-        reply = await rpc.dispatch(msg)
-        try:
-            frame = ipc.encode_frame(reply)
-        except (WireError, TypeError, ValueError) as exc:  # result too large or not encodable
-            frame = ipc.encode_frame({"id": reply["id"], "ok": False, "error": f"WireError: {exc}"})
-        await stream.send_all(frame)
-        if msg.get("method") == "shutdown":
-            rpc.stopping.set()
-
-
-async def serve_rpc(path: str, rpc: Rpc, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-    if os.path.exists(path):
-        os.unlink(path)
-    sock = trio.socket.socket(trio.socket.AF_UNIX, trio.socket.SOCK_STREAM)
-    await sock.bind(path)
-    sock.listen(16)
-    task_status.started()
-    await trio.serve_listeners(partial(_serve_rpc_conn, rpc), [trio.SocketListener(sock)])
-
-
-async def _watch_parent(rpc: Rpc) -> None:
-    """Stop when the process that started us is gone (we were re-parented)."""
-    parent = os.getppid()
-    while os.getppid() == parent:
-        await trio.sleep(1.0)
-    log.warning("parent process %d is gone; shutting down", parent)
-    rpc.stopping.set()
+        return await wt.probe(self.dialer, peer, kind, raw, timeout=timeout)
 
 
 def make_host(key_pair: Any, listen: list[multiaddr.Multiaddr], announce: list[multiaddr.Multiaddr]) -> Any:
@@ -408,62 +301,32 @@ def make_host(key_pair: Any, listen: list[multiaddr.Multiaddr], announce: list[m
                     muxer_preference="YAMUX", listen_addrs=listen, announce_addrs=announce or None)
 
 
-async def amain(args: argparse.Namespace) -> None:
-    listen = [multiaddr.Multiaddr(a) for a in args.listen]
-    announce = [multiaddr.Multiaddr(a) for a in args.announce]
-    host = make_host(load_key_pair(args.identity), listen, announce)
-    counters = wt.Counters()
-    events = EventQueue(max_events=args.max_events, max_bytes=args.max_event_bytes)
-    root = Path(args.store)
-    server = Server(partial(resolve, root), counters=counters, events=events, max_streams=args.max_streams,
-                    idle=args.idle_timeout, upload_rate=args.max_upload_rate, producer=CatchupProducer(root))
+@asynccontextmanager
+async def open_service(config: WireConfig) -> AsyncIterator[WireService]:
+    """The host listening and serving the store while the process serves the RPC; closed (bounded) after."""
+    listen = [multiaddr.Multiaddr(a) for a in config.listen]
+    announce = [multiaddr.Multiaddr(a) for a in config.announce]
+    host = make_host(load_key_pair(config.identity), listen, announce)
+    counters = wt.Traffic()
+    events = Inbox(max_events=config.max_events, max_bytes=config.max_event_bytes)
+    root = Path(config.store)
+    server = Server(partial(resolve, root), counters=counters, events=events, max_streams=config.max_streams,
+                    idle=config.idle_timeout_s, upload_rate=config.max_upload_rate, producer=CatchupProducer(root))
     server.register(host)
-    dialer = wt.Dialer(host, counters=counters, max_streams=args.max_streams, idle=args.idle_timeout,
-                       dial_timeout=args.dial_timeout)
-    rpc = Rpc(host, server, dialer, events)
+    dialer = wt.Dialer(host, counters=counters, max_streams=config.max_streams, idle=config.idle_timeout_s,
+                       dial_timeout=config.dial_timeout_s)
     async with host.run(listen):
         log.info("peer %s listening on %s", host.get_id().to_string(), [str(a) for a in host.get_addrs()])
-        async with trio.open_nursery() as nursery:
-            await nursery.start(serve_rpc, args.ipc, rpc)
-            nursery.start_soon(_watch_parent, rpc)
-            await rpc.stopping.wait()
-            nursery.cancel_scope.cancel()
-        with trio.move_on_after(3.0):
-            await host.close()
-
-
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="pulse_node.net.wire_worker", description=__doc__.splitlines()[0])
-    p.add_argument("--ipc", required=True, help="Unix socket path for the local RPC")
-    p.add_argument("--listen", action="append", default=[], help="multiaddr to listen on (repeatable)")
-    p.add_argument("--store", required=True, help="root of the node's store (served read-only)")
-    p.add_argument("--identity", type=Path, help="Ed25519 key: raw 32-byte seed or PKCS#8 PEM")
-    p.add_argument("--announce", action="append", default=[], help="multiaddr to advertise instead")
-    p.add_argument("--max-streams", type=int, default=32, help="concurrent streams each way")
-    p.add_argument("--idle-timeout", type=float, default=10.0, help="seconds any stream read/write may stall")
-    p.add_argument("--dial-timeout", type=float, default=wt.DIAL_TIMEOUT_S, help="seconds a new connection may take")
-    p.add_argument("--max-upload-rate", type=float, default=0.0, help="bytes/s served to peers (0 = no cap)")
-    p.add_argument("--max-events", type=int, default=1024, help="queued inbound pushes")
-    p.add_argument("--max-event-bytes", type=int, default=256 << 20, help="bytes of queued inbound pushes")
-    p.add_argument("--log-level", default="WARNING", help="worker log level (logs go to stderr)")
-    args = p.parse_args(argv)
-    args.listen = args.listen or ["/ip4/127.0.0.1/tcp/0"]
-    return args
+        try:
+            yield WireService(host, server, dialer, events)
+        finally:
+            with trio.move_on_after(3.0):
+                await host.close()
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(),
-                        format="%(asctime)s wire[%(process)d] %(levelname)s %(name)s: %(message)s")
-    try:
-        trio.run(amain, args)
-    except ConfigError as exc:
-        print(f"wire_worker: {exc}", flush=True)
-        return 2
-    except KeyboardInterrupt:
-        return 130
-    return 0
+    return run_worker("wire", WireConfig, open_service, backend="trio", argv=argv)
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    sys.exit(main())

@@ -26,6 +26,7 @@ from pulse_node.ops.checks import (
     Check, address_scope, check_accelerator, check_dependencies, check_disk, check_import, check_python,
     run_probes, timed,
 )
+from pulse_node.vocab import DEFAULT_RUN_ID
 
 ENV_CHECKS = ("python", "torch", "hivemind", "libp2p", "dependencies", "accelerator", "disk")
 NET_CHECKS = ("daemon", "bootstrap", "reachable", "clocks", "identity")
@@ -45,7 +46,7 @@ NAT_FIX = ("peers outside this network cannot dial you. An inference node works 
 @dataclass
 class DoctorOptions:
     bootstrap: list[str] = field(default_factory=list)
-    run_id: str = "pulse-local"
+    run_id: str = DEFAULT_RUN_ID
     data_dir: Path = Path("./pulse-data")
     identity: Path | None = None
     timeout: float = 15.0

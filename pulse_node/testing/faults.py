@@ -20,8 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
+from pulse_node.daemon.transport import PeerInfo, Transport
 from pulse_node.errors import PulseError, WireError
-from pulse_node.daemon.transport import Event, PeerInfo, Transport
+from pulse_node.net.dht_records import PeerStatus, Serves
+from pulse_node.vocab import Event
 
 if TYPE_CHECKING:
     from pulse_node.config import FaultConfig
@@ -103,8 +105,8 @@ class FaultyTransport:
         return (kind not in r.spare_kinds and (not r.only_kinds or kind in r.only_kinds)
                 and (not r.only_peers or peer.peer_id in r.only_peers))
 
-    def publish(self, info: PeerInfo) -> None:
-        self.inner.publish(info)
+    def publish(self, status: PeerStatus) -> None:
+        self.inner.publish(status)
 
     def peers(self) -> list[PeerInfo]:
         return self.inner.peers()
@@ -202,9 +204,9 @@ class CrashingTransport:
         if self.crashed_at is not None:
             raise WireError("injected: this node has crashed")
 
-    def publish(self, info: PeerInfo) -> None:
+    def publish(self, status: PeerStatus) -> None:
         if self.crashed_at is None:
-            self.inner.publish(info)
+            self.inner.publish(status)
 
     def peers(self) -> list[PeerInfo]:
         return [] if self.crashed_at is not None else self.inner.peers()
@@ -280,9 +282,9 @@ def start_forging_peer(hub, files: Path, *, run_id: str, claimed_version: int = 
         return path
 
     # announced as an inference peer: inference peers are preferred providers, so it is asked first
-    hub.join("rogue", resolve).publish(PeerInfo(peer_id="rogue", role="inference", address="",
-                                                version=claimed_version, lowest=0, anchors=[0],
-                                                node_key=chain.identity.public_key_hex))
+    hub.join("rogue", resolve).publish(PeerStatus(role="inference", version=claimed_version,
+                                                  serves=Serves(lowest=0, highest=claimed_version, anchors=[0]),
+                                                  node_key=chain.identity.public_key_hex))
     return served
 
 
@@ -300,15 +302,15 @@ class ForgingPeer:
                  claimed_version: int = 10**6, host: str = "127.0.0.1", push_every_s: float = 5.0) -> None:
         from pulse_node.chain.identity import Identity
         from pulse_node.net.dht_client import DhtClient, DhtConfig
-        from pulse_node.net.wire_client import WireClient
+        from pulse_node.net.wire_client import WireClient, WireConfig
 
         self.root = Path(root)
         identity = Identity.load_or_create(self.root / "identity.key")
         self.chain = ForgedChain(run_id, identity)
         self._write_store(versions)
         self.push_every_s, self._pushed_at, self.heads_pushed = push_every_s, float("-inf"), 0
-        self.wire = WireClient.start(store=self.root / "store", listen=(f"/ip4/{host}/tcp/0",),
-                                     identity=self.root / "identity.key", log_path=self.root / "wire.log")
+        self.wire = WireClient.start(WireConfig(store=self.root / "store", listen=[f"/ip4/{host}/tcp/0"],
+                                                identity=self.root / "identity.key"), log_path=self.root / "wire.log")
         try:
             self.dht = DhtClient.start(DhtConfig(run_id=run_id, initial_peers=bootstrap,
                                                  host_maddrs=[f"/ip4/{host}/tcp/0"],
@@ -333,8 +335,6 @@ class ForgingPeer:
         write_atomic(store_path(store, "anchor", 0), os.urandom(4096))
 
     def _announce(self, claimed_version: int) -> None:
-        from pulse_node.net.dht_records import PeerStatus, Serves
-
         info = self.wire.info()
         maddrs = [m if "/p2p/" in m else f"{m}/p2p/{info.peer_id}" for m in info.listen_maddrs]
         self.peer_id = info.peer_id

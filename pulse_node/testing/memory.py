@@ -2,7 +2,8 @@
 
 ``MemoryTransport`` implements ``daemon.transport.Transport`` without sockets or workers: a fetch
 copies the file the serving peer's resolver names (``chain/serving.py``, the same mapping the wire
-worker uses), a push appends to the receiver's inbox.
+worker uses), a push appends to the receiver's inbox. It keeps the transport contract (the same
+kinds, errors and sender rule as ``P2PTransport``; ``tests/test_net_transport_contract.py``).
 """
 
 from __future__ import annotations
@@ -14,8 +15,10 @@ from collections import deque
 from pathlib import Path
 from typing import Any, Callable
 
-from pulse_node.daemon.transport import FETCH_KINDS, PUSH_KINDS, Event, PeerInfo
-from pulse_node.errors import BusyError, WireError
+from pulse_node.daemon.transport import PeerInfo
+from pulse_node.errors import BusyError, NotFound, PeerBusy, PeerUnavailable, PulseError, WireError
+from pulse_node.net.dht_records import PeerStatus
+from pulse_node.vocab import Event, FetchKind, PushKind, check_fetch_kind, check_push_kind
 
 
 Resolver = Callable[[str, dict[str, Any]], "Path | None"]
@@ -48,27 +51,30 @@ class MemoryTransport:
         self.bytes_in = 0
         self.bytes_out = 0
 
-    def publish(self, info: PeerInfo) -> None:
+    def publish(self, status: PeerStatus) -> None:
         with self.hub.lock:
-            self.hub.records[self.peer_id] = info
+            self.hub.records[self.peer_id] = PeerInfo(self.peer_id, status)
 
     def peers(self) -> list[PeerInfo]:
         with self.hub.lock:
             return [p for pid, p in self.hub.records.items() if pid not in self.hub.down]
 
-    def fetch(self, peer: PeerInfo, kind: str, params: dict[str, Any], dest: Path, *, timeout: float) -> int:
-        if kind not in FETCH_KINDS:
-            raise WireError(f"unknown fetch kind {kind!r}")
+    def fetch(self, peer: PeerInfo, kind: FetchKind, params: dict[str, Any], dest: Path, *, timeout: float) -> int:
+        check_fetch_kind(kind)
         with self.hub.lock:
             resolver = None if peer.peer_id in self.hub.down else self.hub.resolvers.get(peer.peer_id)
+        if resolver is None:
+            raise PeerUnavailable(f"{peer.peer_id} unreachable")
         try:
-            src = resolver(kind, params) if resolver else None
+            src = resolver(kind, params)
         except BusyError as exc:  # e.g. still making a catch-up patch: ask again shortly
-            raise BusyError(f"{peer.peer_id} is busy with {kind}: {exc}") from None
+            raise PeerBusy(f"{peer.peer_id} is busy with {kind}: {exc}") from None
+        except PulseError as exc:  # it cannot make the file (a catch-up from a base it lacks), as the wire says
+            raise NotFound(f"{peer.peer_id} has no {kind} {params}: {exc}") from None
         except Exception as exc:  # a failure on the serving side is the peer's problem, not ours
             raise WireError(f"{peer.peer_id} failed to serve {kind}: {exc}") from None
         if src is None or not src.exists():
-            raise WireError(f"{peer.peer_id} has no {kind} {params}")
+            raise NotFound(f"{peer.peer_id} has no {kind} {params}")
         tmp = dest.with_name(dest.name + ".part")
         shutil.copyfile(src, tmp)
         tmp.replace(dest)
@@ -76,13 +82,12 @@ class MemoryTransport:
         self.bytes_in += size
         return size
 
-    def push(self, peer: PeerInfo, kind: str, data: bytes, *, timeout: float) -> None:
-        if kind not in PUSH_KINDS:
-            raise WireError(f"unknown push kind {kind!r}")
+    def push(self, peer: PeerInfo, kind: PushKind, data: bytes, *, timeout: float) -> None:
+        check_push_kind(kind)
         with self.hub.lock:
             inbox = None if peer.peer_id in self.hub.down else self.hub.inboxes.get(peer.peer_id)
         if inbox is None:
-            raise WireError(f"{peer.peer_id} unreachable")
+            raise PeerUnavailable(f"{peer.peer_id} unreachable")
         inbox.append(Event(kind, self.peer_id, bytes(data), time.time()))
         self.bytes_out += len(data)
 

@@ -1,0 +1,164 @@
+"""The ``Transport`` contract (``daemon/transport.py``), run on both implementations.
+
+``memory``: two ``MemoryTransport``s on one hub. ``p2p``: two ``P2PTransport``s, each with its
+real DHT and wire worker processes on 127.0.0.1 port 0, the second joining the first's DHT; both
+are trainers, so ``loco`` pushes take the p2pd plane (through the spool above 1 MiB) and every
+other kind the py-libp2p wire. One pair per implementation serves every test of this module; the
+last test closes one side.
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import pytest
+
+from pulse_node.chain.identity import Identity
+from pulse_node.chain.serving import resolve, store_resolver
+from pulse_node.daemon.transport import PeerInfo, Transport
+from pulse_node.errors import NotFound, PeerUnavailable, WireError
+from pulse_node.net.dht_records import PeerStatus, Serves
+from pulse_node.vocab import FETCH_KINDS, PUSH_KINDS
+from tests.conftest import wait_for
+
+pytestmark = pytest.mark.timeout(300)
+MiB = 1 << 20
+#: one file of every fetch kind, at the path ``chain/serving.py`` maps its params to
+PARAMS: dict[str, dict[str, Any]] = {
+    "record": {"version": 2}, "patch": {"version": 2}, "anchor": {"version": 0},
+    "catchup": {"base": 0, "target": 2}, "trainer_state": {}, "loco_payload": {"round": 1, "digest": "cd" * 32},
+    "loco_decision": {"round": 1},
+}
+KEY = Identity.generate().public_key_hex
+
+
+@dataclass
+class Pair:
+    a: Transport
+    b: Transport
+    files: dict[str, bytes]
+
+
+def _store(root: Path) -> dict[str, bytes]:
+    assert set(PARAMS) == set(FETCH_KINDS)
+    files = {}
+    for kind, params in PARAMS.items():
+        path = resolve(root, kind, params)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        files[kind] = os.urandom(3 * MiB if kind == "anchor" else 5000)
+        path.write_bytes(files[kind])
+    return files
+
+
+def _memory(root: Path, tmp: Path) -> tuple[Transport, Transport]:
+    from pulse_node.testing.memory import MemoryHub
+
+    hub = MemoryHub()
+    return hub.join("node-a", store_resolver(root)), hub.join("node-b", store_resolver(tmp / "b-store"))
+
+
+def _p2p_config(tmp: Path, name: str, bootstrap: list[str]) -> Any:
+    from pulse_node.config import TrainerConfig
+
+    loopback = ["/ip4/127.0.0.1/tcp/0"]
+    return TrainerConfig.model_validate({"data_dir": str(tmp / name), "net": {
+        "bootstrap": bootstrap, "dht_listen": loopback, "wire_listen": loopback, "head_poll_s": 0.2}})
+
+
+def _p2p(root: Path, tmp: Path) -> tuple[Transport, Transport]:
+    from pulse_node.daemon.p2p import P2PTransport
+
+    def create(name: str, store: Path, bootstrap: list[str]) -> P2PTransport:
+        cfg = _p2p_config(tmp, name, bootstrap)
+        return P2PTransport.create(cfg, Identity.load_or_create(tmp / name / "identity.key"), store)
+
+    a = create("a", root, [])
+    try:
+        b = create("b", tmp / "b-store", a.dht.info().visible_maddrs[:1])
+    except BaseException:
+        a.close()
+        raise
+    return a, b
+
+
+@pytest.fixture(scope="module", params=["memory", pytest.param("p2p", marks=pytest.mark.slow)])
+def pair(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
+    tmp = tmp_path_factory.mktemp(request.param)
+    files = _store(tmp / "a-store")
+    (tmp / "b-store").mkdir()
+    a, b = (_memory if request.param == "memory" else _p2p)(tmp / "a-store", tmp)
+    try:
+        a.publish(PeerStatus(role="trainer", version=3, chain_hash="ab" * 32, node_key=KEY,
+                             serves=Serves(lowest=1, highest=3, anchors=[0])))
+        b.publish(PeerStatus(role="trainer"))
+        yield Pair(a, b, files)
+    finally:
+        with ThreadPoolExecutor(2) as pool:
+            list(pool.map(lambda t: t.close(), (a, b)))
+
+
+def _seen(by: Transport, peer_id: str, ok: Callable[[PeerInfo], bool] = lambda p: True) -> PeerInfo:
+    found: list[PeerInfo] = []
+    wait_for(lambda: bool(found.extend(p for p in by.peers() if p.peer_id == peer_id and ok(p)) or found),
+             timeout=30, interval=0.1, what=f"{peer_id[:16]} in peers()")
+    return found[0]
+
+
+def _events(of: Transport, want: int) -> list:
+    got: list = []
+    wait_for(lambda: got.extend(of.events(wait_s=0.2)) or len(got) >= want, timeout=30, what=f"{want} events")
+    return got
+
+
+def test_publish_makes_a_view_of_the_record_visible_to_peers(pair: Pair) -> None:
+    seen = _seen(pair.b, pair.a.peer_id, lambda p: p.version == 3)
+    assert (seen.role, seen.version, seen.lowest, seen.anchors, seen.chain_hash, seen.node_key) == \
+        ("trainer", 3, 1, [0], "ab" * 32, KEY)
+    assert seen.record.version == 3 and seen.record.serves.highest == 3  # the record itself, not a copy
+    other = _seen(pair.a, pair.b.peer_id)
+    assert (other.version, other.lowest, other.state_hash, other.node_key) == (-1, -1, "", "")
+
+
+def test_every_fetch_kind_arrives_whole_and_a_missing_file_is_not_found(pair: Pair, tmp_path: Path) -> None:
+    peer = _seen(pair.b, pair.a.peer_id)
+    for kind, params in PARAMS.items():
+        n = pair.b.fetch(peer, kind, params, tmp_path / kind, timeout=30)
+        assert n == len(pair.files[kind]) and (tmp_path / kind).read_bytes() == pair.files[kind], kind
+    for kind, params in (("patch", {"version": 99}), ("loco_decision", {"round": 7})):
+        with pytest.raises(NotFound):
+            pair.b.fetch(peer, kind, params, tmp_path / "missing", timeout=10)
+    assert not (tmp_path / "missing").exists()
+
+
+def test_every_push_kind_arrives_from_the_authenticated_sender(pair: Pair) -> None:
+    peer = _seen(pair.a, pair.b.peer_id)
+    bodies = {kind: kind.encode() * 100 for kind in PUSH_KINDS}
+    bodies["loco"] = os.urandom(2 * MiB)  # above the spool threshold on the p2p transport
+    for kind, body in bodies.items():
+        pair.a.push(peer, kind, body, timeout=30)
+    got = _events(pair.b, len(bodies))
+    assert sorted((e.kind, e.data) for e in got) == sorted(bodies.items())
+    assert {e.sender for e in got} == {pair.a.peer_id}
+
+
+def test_a_kind_outside_the_vocabulary_is_refused_before_anything_is_sent(pair: Pair, tmp_path: Path) -> None:
+    peer = _seen(pair.a, pair.b.peer_id)
+    for old_name in ("rollout", "decision"):  # the wire's spellings before one vocabulary
+        with pytest.raises(WireError, match="unknown push kind"):
+            pair.a.push(peer, old_name, b"x", timeout=5)  # type: ignore[arg-type]
+    with pytest.raises(WireError, match="unknown fetch kind"):
+        pair.a.fetch(peer, "push", {}, tmp_path / "x", timeout=5)  # type: ignore[arg-type]
+    assert pair.b.events(wait_s=0.3) == []
+
+
+def test_close_leaves_discovery_and_ends_delivery(pair: Pair) -> None:
+    peer = _seen(pair.a, pair.b.peer_id)
+    pair.b.close()
+    wait_for(lambda: pair.b.peer_id not in {p.peer_id for p in pair.a.peers()}, timeout=30,
+             what="the closed transport to leave discovery")
+    with pytest.raises(PeerUnavailable):
+        pair.a.push(peer, "head", b"h", timeout=3)
