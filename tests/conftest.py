@@ -8,6 +8,13 @@ from typing import Callable
 import pytest
 
 
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Drop compiled codec kernels whose sources changed before any test loads one."""
+    from pulse_node.codec.warmup import clear_stale_cache
+
+    clear_stale_cache()
+
+
 def wait_for(predicate: Callable[[], bool], *, timeout: float, interval: float = 0.05, what: str = "condition") -> None:
     """Poll ``predicate`` until it holds; fail the test with ``what`` after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout

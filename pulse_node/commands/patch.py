@@ -101,5 +101,8 @@ def _inspect(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    from pulse_node.codec.warmup import clear_stale_cache
+
+    clear_stale_cache()  # before the first kernel loads from numba's on-disk cache
     actions = {"diff": _diff, "apply": _apply, "inspect": _inspect}
     return actions[args.patch_command](args)
