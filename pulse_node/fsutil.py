@@ -1,8 +1,8 @@
 """Atomic file writes: readers (threads, the wire worker, other nodes) see the old file or the whole new one.
 
 Every file the node shares through its directories is written the same way: into a temp file
-``.<name>.<pid>.<random>.tmp`` beside the target (``chain/layout.is_temp`` recognises and
-sweeps these), then renamed over it. ``durable=True`` also fsyncs the file before the rename
+``.<name>.<pid>.<random>.tmp`` beside the target (``chain/layout.is_temp`` knows the pattern;
+store recovery removes leftovers), then renamed over it. ``durable=True`` also fsyncs the file before the rename
 and the directory after it, so a crash leaves the old file or the new one, never a torn one;
 files that are cheap to lose (round files, resume maps, test copies) skip the fsyncs.
 Torch-free, no imports from the rest of the package.

@@ -44,9 +44,10 @@ from pulse_node.chain.record import (VersionRecord, check_link, check_patch, dec
                                      encode_record, verify_record)
 from pulse_node.chain.patchinfo import patch_hashes
 from pulse_node.codec.patch import apply_patch
-from pulse_node.codec.state import State, load_safetensors, save_safetensors_atomic, write_atomic
+from pulse_node.codec.state import State, load_safetensors, save_safetensors_atomic
 from pulse_node.codec.statehash import state_hash
 from pulse_node.errors import GapError, IntegrityError, PatchError, PulseError, StoreError
+from pulse_node.fsutil import write_atomic
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
-from pulse_node.codec.state import write_atomic
+from pulse_node.fsutil import write_atomic
 
 #: numeric status fields exported as Prometheus gauges (pulse_<name>)
 GAUGES = {

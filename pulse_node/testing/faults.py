@@ -268,7 +268,7 @@ def start_forging_peer(hub, files: Path, *, run_id: str, claimed_version: int = 
     import os
 
     from pulse_node.chain.record import encode_record
-    from pulse_node.codec.state import write_atomic
+    from pulse_node.fsutil import write_atomic
 
     chain, served = ForgedChain(run_id), Counter()
 
@@ -323,7 +323,7 @@ class ForgingPeer:
 
         from pulse_node.chain.layout import store_path
         from pulse_node.chain.record import encode_record
-        from pulse_node.codec.state import write_atomic
+        from pulse_node.fsutil import write_atomic
 
         store = self.root / "store"
         for v in range(versions):

@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 from pulse_node.daemon.transport import FETCH_KINDS, PUSH_KINDS, Event, PeerInfo
 from pulse_node.errors import BusyError, WireError
+from pulse_node.fsutil import atomic_writer
 
 
 Resolver = Callable[[str, dict[str, Any]], "Path | None"]
@@ -69,9 +70,8 @@ class MemoryTransport:
             raise WireError(f"{peer.peer_id} failed to serve {kind}: {exc}") from None
         if src is None or not src.exists():
             raise WireError(f"{peer.peer_id} has no {kind} {params}")
-        tmp = dest.with_name(dest.name + ".part")
-        shutil.copyfile(src, tmp)
-        tmp.replace(dest)
+        with open(src, "rb") as fh, atomic_writer(dest, durable=False) as out:
+            shutil.copyfileobj(fh, out)
         size = dest.stat().st_size
         self.bytes_in += size
         return size

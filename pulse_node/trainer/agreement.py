@@ -42,7 +42,6 @@ still on the other state re-syncs then at the latest, when the decision names a 
 
 from __future__ import annotations
 
-import os
 import shutil
 import time
 from dataclasses import dataclass
@@ -51,6 +50,7 @@ from typing import Any, Callable, Mapping
 
 from pulse_node.chain.serving import LOCO_DIR, loco_decision_path, loco_payload_path
 from pulse_node.errors import BaseMismatchError, IntegrityError, PulseError, WireError
+from pulse_node.fsutil import write_atomic
 from pulse_node.loco.decision import (MAX_DECISION_BYTES, RoundDecision, decode_decision, encode_decision,
                                       make_decision, payload_digest, verify_decision)
 from pulse_node.loco.payload import LocoPayload, decode_payload, read_header
@@ -184,13 +184,13 @@ class RoundAgreement:
                                      d.round, d.coordinator[:12])
             return False
         self.decisions[d.round] = d
-        _write(loco_decision_path(self.root, d.round), data)
+        write_atomic(loco_decision_path(self.root, d.round), data, durable=False)  # served by the wire worker
         return True
 
     def _keep_payload(self, p: LocoPayload, data: bytes) -> None:
         digest = payload_digest(data)
         self.inbox.setdefault(p.round, {})[p.trainer_id] = (digest, p)
-        _write(loco_payload_path(self.root, p.round, digest.hex()), data)
+        write_atomic(loco_payload_path(self.root, p.round, digest.hex()), data, durable=False)
 
     def _in_window(self, r: int) -> bool:
         return 0 <= r - self.current_round() < WINDOW
@@ -387,10 +387,3 @@ class RoundAgreement:
             if path.name.isdigit() and int(path.name) < r - KEEP_ROUNDS:
                 shutil.rmtree(path, ignore_errors=True)
 
-
-def _write(path: Path, data: bytes) -> None:
-    """Atomic replace (readers in the wire worker see the old file or the whole new one)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
