@@ -2,9 +2,11 @@
 
 Round ``r``, on every trainer (``RoundAgreement.run_round``):
 
-1. Push our payload to every live trainer. Our payload and every valid one received are kept
-   as ``loco/<r>/<digest>.payload`` under the store root for ``KEEP_ROUNDS`` rounds; peers
-   fetch them (``loco_payload``). A received payload is decoded against our FP32 global weights
+1. Push our payload to every live trainer. Like every push of the agreement it goes to all of
+   them at once and in the background (``daemon/transport.push_to_all``): no round waits on a
+   slow or vanished peer; a payload push is bounded by ``deadline_s``, a decision push by 5 s.
+   Our payload and every valid one received are kept as ``loco/<r>/<digest>.payload`` under the
+   store root for ``KEEP_ROUNDS`` rounds; peers fetch them (``loco_payload``). A received payload is decoded against our FP32 global weights
    (payloads are base-coded, ``loco/payload.py``) only if the base hash it names is ours, checked
    before any of it is decoded; one made on another base misses the round like a late one
    (counted as ``loco_base_mismatch``, logged once per round and trainer), and a trainer on the
@@ -43,6 +45,7 @@ still on the other state re-syncs then at the latest, when the decision names a 
 from __future__ import annotations
 
 import shutil
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,7 +58,7 @@ from pulse_node.loco.decision import (MAX_DECISION_BYTES, RoundDecision, decode_
                                       make_decision, payload_digest, verify_decision)
 from pulse_node.loco.payload import LocoPayload, decode_payload, read_header
 from pulse_node.daemon.context import RoleContext
-from pulse_node.daemon.transport import PeerInfo
+from pulse_node.daemon.transport import PeerInfo, push_to_all
 
 KEEP_ROUNDS = 4  # rounds whose payloads and decisions a trainer keeps on disk and serves
 WINDOW = 4  # payloads and decisions are buffered for the current round and the next WINDOW - 1
@@ -162,7 +165,8 @@ class RoundAgreement:
             self.ctx.status.add("decisions_rejected")
             raise
         if self._in_window(d.round) and self._accept(d, data):
-            self._push_all(self._live(), data, kind="loco_decision", skip={sender, d.coordinator})
+            relay_to = [p for pid, p in self._live().items() if pid not in (sender, d.coordinator)]
+            self._push(relay_to, data, kind="loco_decision")
 
     def _verify(self, d: RoundDecision) -> None:
         if d.run_id != self.ctx.cfg.run_id:
@@ -203,7 +207,7 @@ class RoundAgreement:
         self._flush_pending()
         self._keep_payload(mine, data)
         live = self._live()
-        self._push_all(live, data, kind="loco", timeout=self.cfg.deadline_s)
+        self._push(list(live.values()), data, kind="loco", timeout=self.cfg.deadline_s)
         self.ctx.status.add("loco_bytes_out", len(data) * len(live))
         order = sorted([self.me, *live], key=str.encode)
         d = self._reach_decision(r, mine.base_hash, order, time.monotonic())
@@ -262,7 +266,7 @@ class RoundAgreement:
                           coordinator=self.me, contributors=held)
         data = encode_decision(d)
         self._accept(d, data)
-        self._push_all(live, data, kind="loco_decision")
+        self._push(list(live.values()), data, kind="loco_decision")
         self.ctx.status.add("decisions_made")
         self.ctx.log.info("round %d: decided %d contributors", r, len(held))
         return d
@@ -352,15 +356,17 @@ class RoundAgreement:
             self._live()
         return self.keys.get(peer_id, "")
 
-    def _push_all(self, peers: Mapping[str, PeerInfo], data: bytes, *, kind: str,
-                  timeout: float = _PUSH_TIMEOUT_S, skip: set[str] | frozenset[str] = frozenset()) -> None:
-        for peer in peers.values():
-            if peer.peer_id in skip:
-                continue
-            try:
-                self.ctx.transport.push(peer, kind, data, timeout=timeout)
-            except PulseError as exc:
-                self.ctx.status.error(f"{kind} push to {peer.peer_id[:12]} failed: {exc}")
+    def _push(self, peers: list[PeerInfo], data: bytes, *, kind: str, timeout: float = _PUSH_TIMEOUT_S) -> None:
+        """Push to every peer at once, in the background: the round never waits on a slow or
+        vanished peer (each push is still bounded by ``timeout``; failures are logged per peer)."""
+        if not peers:
+            return
+
+        def failed(peer: PeerInfo, exc: PulseError) -> None:
+            self.ctx.status.error(f"{kind} push to {peer.peer_id[:12]} failed: {exc}")
+
+        threading.Thread(target=push_to_all, args=(self.ctx.transport, peers, kind, data),
+                         kwargs={"timeout": timeout, "on_error": failed}, name=f"push-{kind}", daemon=True).start()
 
     def _fetch(self, peer: PeerInfo, kind: str, params: dict, *, cap: int, timeout: float) -> bytes | None:
         """Bytes of a small fetch from ``peer`` (at most ``cap``), or None on any failure."""
