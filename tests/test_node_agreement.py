@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from pulse_node.chain.identity import Identity
@@ -129,7 +130,66 @@ def _agreement(tmp_path, hub: MemoryHub, **cfg_extra) -> RoundAgreement:
     ctx = RoleContext(cfg=cfg, identity=Identity.generate(), store=store,
                       transport=hub.join("trainer-b", store_resolver(store.root)),
                       status=NodeStatus(role="trainer", peer_id="trainer-b", run_id=cfg.run_id))
-    return RoundAgreement(ctx, shapes={"w": (4,)}, current_round=lambda: 3, drain=lambda wait_s: None)
+    return RoundAgreement(ctx, shapes={"w": (4,)}, current_round=lambda: 3)
+
+
+def _trainer_agreement(tmp_path, hub: MemoryHub, name: str, **loco) -> RoundAgreement:
+    """A trainer's agreement on ``hub`` for round 3, announced in discovery with its node key."""
+    cfg = TrainerConfig.model_validate({"data_dir": str(tmp_path / name), "loco": loco})
+    store, ident = VersionStore(tmp_path / name / "store"), Identity.generate()
+    transport = hub.join(name, store_resolver(store.root))
+    transport.publish(PeerInfo(peer_id=name, role="trainer", address="", version=3, node_key=ident.public_key_hex))
+    ctx = RoleContext(cfg=cfg, identity=ident, store=store, transport=transport,
+                      status=NodeStatus(role="trainer", peer_id=name, run_id=cfg.run_id))
+    return RoundAgreement(ctx, shapes={"w": (4,)}, current_round=lambda: 3)
+
+
+def _drive(agreements: dict[str, RoundAgreement], *, lost: tuple[str, str] | None = None) -> dict:
+    """Step every open round, handing each agreement its pushed inputs, until all have closed.
+
+    ``lost``: (sender, receiver) whose payload push never arrives."""
+    results: dict = {}
+
+    def one_pass() -> bool:
+        for name, ag in agreements.items():
+            if name in results:
+                continue
+            for ev in ag.ctx.transport.events(wait_s=ag.idle_s / len(agreements)):
+                if ev.kind == "loco" and (ev.sender, name) != lost:
+                    ag.offer_payload(ev.sender, ev.data)
+                elif ev.kind == "loco_decision":
+                    ag.offer_decision(ev.sender, ev.data)
+            if (result := ag.step()) is not None:
+                results[name] = result
+        return len(results) == len(agreements)
+
+    wait_for(one_pass, timeout=60, interval=0.0, what="every agreement to close the round")
+    return results
+
+
+@pytest.mark.parametrize("lost", [None, ("trainer-c", "trainer-b")])
+def test_agreements_driven_step_by_step_close_on_the_same_payloads(tmp_path, lost):
+    """Three agreements over one hub, no trainer: each is opened with its payload and stepped;
+    all close on one decision, with the same payloads in trainer-id order (b fetches c's payload
+    when its push is lost)."""
+    from pulse_node.loco.payload import LocoPayload, encode_payload
+
+    hub = MemoryHub()
+    names = ("trainer-a", "trainer-b", "trainer-c")
+    agreements = {n: _trainer_agreement(tmp_path, hub, n, deadline_s=20.0, decision_wait_s=5.0) for n in names}
+    for i, (name, ag) in enumerate(agreements.items()):
+        mine = LocoPayload(round=3, trainer_id=name, base_hash=b"\x01" * 32, numel={"w": 4},
+                           tensors={"w": (np.array([i], np.int64), np.array([0.5 + i], np.float32))})
+        ag.open_round(mine, encode_payload(mine))
+    results = _drive(agreements, lost=lost)
+    decisions = {r.decision.coordinator for r in results.values()}
+    assert decisions == {"trainer-a"}, decisions
+    for name, r in results.items():
+        assert [p.trainer_id for p in r.payloads] == list(names) and r.mine_included, name
+        assert [float(p.tensors["w"][1][0]) for p in r.payloads] == [0.5, 1.5, 2.5]
+    assert agreements["trainer-b"].ctx.status.snapshot().get("loco_fetched", 0) == (1 if lost else 0)
+    for ag in agreements.values():
+        ag.ctx.store.close()
 
 
 def test_forged_and_conflicting_decisions_are_rejected_and_counted(tmp_path):

@@ -108,7 +108,7 @@ def _agreement(tmp_path: Path, state: _Round) -> RoundAgreement:
     ctx = RoleContext(cfg=cfg, identity=Identity.generate(), store=store,
                       transport=MemoryHub().join("trainer-b", lambda kind, params: None),
                       status=NodeStatus(role="trainer", peer_id="trainer-b", run_id=cfg.run_id))
-    return RoundAgreement(ctx, shapes=SHAPES, current_round=lambda: state.round, drain=lambda wait_s: None,
+    return RoundAgreement(ctx, shapes=SHAPES, current_round=lambda: state.round,
                           base=state.base)
 
 

@@ -1,6 +1,9 @@
 """Per-round contributor agreement: every trainer averages exactly the same PULSELoCo payloads.
 
-Round ``r``, on every trainer (``RoundAgreement.run_round``):
+The trainer drives a round: ``open_round`` with its payload, then ``step`` until the round
+closes, handing over what peers pushed meanwhile (``offer_payload``, ``offer_decision``) for up
+to ``idle_s`` between steps. The agreement never waits on the network itself and never calls
+back into the trainer. Round ``r``, on every trainer:
 
 1. Push our payload to every live trainer. Like every push of the agreement it goes to all of
    them at once and in the background (``daemon/transport.push_to_all``): no round waits on a
@@ -44,10 +47,11 @@ still on the other state re-syncs then at the latest, when the decision names a 
 
 from __future__ import annotations
 
+import enum
 import shutil
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -64,9 +68,32 @@ KEEP_ROUNDS = 4  # rounds whose payloads and decisions a trainer keeps on disk a
 WINDOW = 4  # payloads and decisions are buffered for the current round and the next WINDOW - 1
 _PULL_EVERY_S = 1.0
 _PUSH_TIMEOUT_S = 5.0
+_IDLE_DECIDING_S = 0.05  # how long the driver waits for inputs between steps, reaching a decision
+_IDLE_GATHERING_S = 0.2  # ... and gathering the decided payloads (each step tries fetches)
 
 #: the current round's base: (hash of the FP32 global weights + momentum, those FP32 weights by name)
 BaseFn = Callable[[], tuple[bytes, Mapping[str, Any]]]
+
+
+class _Wait(enum.Enum):
+    WAIT = "wait"  # a step can go no further until new inputs arrive
+
+
+_WAIT = _Wait.WAIT
+
+
+@dataclass
+class OpenRound:
+    """The round being agreed on, as far as ``RoundAgreement.step`` got."""
+
+    round: int
+    base: bytes
+    order: list[str]  # trainers seen when pushing, by id: who decides, and in which turn
+    t0: float  # when the round opened here (monotonic)
+    pulled_at: float = float("-inf")
+    decision: RoundDecision | None = None
+    gather_until: float = 0.0
+    payloads: list[LocoPayload] = field(default_factory=list)  # decided payloads obtained so far
 
 
 @dataclass
@@ -82,15 +109,14 @@ class RoundAgreement:
     """One trainer's side of the contributor agreement (inputs, decisions, payload files)."""
 
     def __init__(self, ctx: RoleContext, *, shapes: Mapping[str, tuple[int, ...]],
-                 current_round: Callable[[], int], drain: Callable[[float], None],
-                 base: BaseFn | None = None) -> None:
+                 current_round: Callable[[], int], base: BaseFn | None = None) -> None:
         """``base``: our current round's base (``BaseFn``); without it only base-free payloads
         decode and payloads are not checked against a base hash."""
         self.ctx = ctx
         self.cfg = ctx.cfg.loco  # type: ignore[attr-defined]
         self.shapes = dict(shapes)
         self.current_round = current_round
-        self.drain = drain
+        self._open: OpenRound | None = None
         self.me = ctx.transport.peer_id
         self.root = Path(ctx.store.root)
         self.base = base
@@ -200,8 +226,8 @@ class RoundAgreement:
         return 0 <= r - self.current_round() < WINDOW
 
     # ---- one round ---------------------------------------------------------------------
-    def run_round(self, mine: LocoPayload, data: bytes) -> RoundResult:
-        """Push our payload, reach the round's decision and gather exactly its payloads."""
+    def open_round(self, mine: LocoPayload, data: bytes) -> None:
+        """Open round ``mine.round``: keep our payload and push it; ``step`` then advances it."""
         r = mine.round
         self._prune(r)
         self._flush_pending()
@@ -210,24 +236,53 @@ class RoundAgreement:
         self._push(list(live.values()), data, kind="loco", timeout=self.cfg.deadline_s)
         self.ctx.status.add("loco_bytes_out", len(data) * len(live))
         order = sorted([self.me, *live], key=str.encode)
-        d = self._reach_decision(r, mine.base_hash, order, time.monotonic())
-        return RoundResult(None) if d is None else self._gather(d, mine.base_hash)
+        self._open = OpenRound(r, mine.base_hash, order, t0=time.monotonic())
 
-    def _reach_decision(self, r: int, base: bytes, order: list[str], t0: float) -> RoundDecision | None:
+    def step(self) -> RoundResult | None:
+        """Advance the open round as far as the inputs at hand allow, without waiting.
+
+        Returns how the round closed, or None while it waits for inputs: the caller hands over
+        what arrived (``offer_payload``, ``offer_decision``) for up to ``idle_s``, then steps again.
+        """
+        o = self._open
+        if o is None:
+            raise RuntimeError("step() without an open round")
+        if o.decision is None:
+            d = self._reach_decision(o)
+            if d is _WAIT:
+                return None
+            if d is None:  # stopping, or a peer closed the round and we cannot get its decision
+                return self._close(RoundResult(None))
+            o.decision, o.gather_until = d, time.monotonic() + self.cfg.decision_wait_s
+            if d.base != o.base:
+                self.ctx.status.error(f"round {d.round}: {d.coordinator[:12]} decided on another state than ours")
+                return self._close(RoundResult(None, d))
+        result = self._gather(o, o.decision)
+        return None if result is None else self._close(result)
+
+    @property
+    def idle_s(self) -> float:
+        """How long the caller may wait for inputs before the next ``step``."""
+        return _IDLE_GATHERING_S if self._open is not None and self._open.decision else _IDLE_DECIDING_S
+
+    def _close(self, result: RoundResult) -> RoundResult:
+        self._open = None
+        return result
+
+    def _reach_decision(self, o: OpenRound) -> RoundDecision | None | _Wait:
         """The round's decision: pushed to us, pulled, or made by us when it is our turn."""
-        pulled_at = float("-inf")
         while not self.ctx.stop.is_set():
-            if r in self.decisions:
-                return self.decisions[r]
+            if o.round in self.decisions:
+                return self.decisions[o.round]
             now, live = time.monotonic(), self._live()
-            if self._my_turn(r, order, live, t0, now):
-                return self._decide(r, base, live, pull=not self._all_in(r, order, live))
-            if now - pulled_at > _PULL_EVERY_S and self._closed_elsewhere(r, live):
-                pulled_at = now
-                if self._pull(r, live) is None:
+            if self._my_turn(o.round, o.order, live, o.t0, now):
+                return self._decide(o.round, o.base, live, pull=not self._all_in(o.round, o.order, live))
+            if now - o.pulled_at > _PULL_EVERY_S and self._closed_elsewhere(o.round, live):
+                o.pulled_at = now
+                if self._pull(o.round, live) is None:
                     return None  # a peer closed the round and we cannot get its decision: re-sync
                 continue
-            self.drain(0.05)
+            return _WAIT
         return None
 
     def _my_turn(self, r: int, order: list[str], live: Mapping[str, PeerInfo], t0: float, now: float) -> bool:
@@ -289,34 +344,33 @@ class RoundAgreement:
         return None
 
     # ---- the decided payloads ------------------------------------------------------------
-    def _gather(self, d: RoundDecision, base: bytes) -> RoundResult:
-        """Exactly the decided payloads, fetched where missing; ``None`` if they cannot be had."""
-        if d.base != base:
-            self.ctx.status.error(f"round {d.round}: {d.coordinator[:12]} decided on another state than ours")
-            return RoundResult(None, d)
-        until = time.monotonic() + self.cfg.decision_wait_s
-        payloads = []
-        for tid, digest in d.contributors:
-            p = self._obtain(d, tid, digest, until)
+    def _gather(self, o: OpenRound, d: RoundDecision) -> RoundResult | None:
+        """Exactly the decided payloads, fetched where missing (None: still waiting for some);
+        ``payloads=None`` if they cannot be had by ``o.gather_until``."""
+        while len(o.payloads) < len(d.contributors):
+            tid, digest = d.contributors[len(o.payloads)]
+            p = self._obtain(d, tid, digest, o.gather_until)
+            if p is _WAIT:
+                return None
             if p is None:
                 self.ctx.status.error(f"round {d.round}: decided payload of {tid[:12]} unavailable")
                 return RoundResult(None, d)
-            payloads.append(p)
-        return RoundResult(payloads, d, mine_included=self.me in d.trainer_ids)
+            o.payloads.append(p)
+        return RoundResult(o.payloads, d, mine_included=self.me in d.trainer_ids)
 
-    def _obtain(self, d: RoundDecision, tid: str, digest: bytes, until: float) -> LocoPayload | None:
-        while True:
-            have = self.inbox.get(d.round, {}).get(tid)
-            if have is not None and have[0] == digest:
-                return have[1]
-            if self.ctx.stop.is_set() or time.monotonic() >= until:
-                return None
-            live = self._live()
-            for peer in sorted(live.values(), key=lambda p: (p.peer_id != d.coordinator, p.peer_id.encode())):
-                p = self._fetch_payload(peer, d.round, tid, digest, until)
-                if p is not None:
-                    return p
-            self.drain(0.2)
+    def _obtain(self, d: RoundDecision, tid: str, digest: bytes, until: float) -> LocoPayload | None | _Wait:
+        """A decided payload: held, or fetched from a live trainer (the coordinator first)."""
+        have = self.inbox.get(d.round, {}).get(tid)
+        if have is not None and have[0] == digest:
+            return have[1]
+        if self.ctx.stop.is_set() or time.monotonic() >= until:
+            return None
+        live = self._live()
+        for peer in sorted(live.values(), key=lambda p: (p.peer_id != d.coordinator, p.peer_id.encode())):
+            p = self._fetch_payload(peer, d.round, tid, digest, until)
+            if p is not None:
+                return p
+        return _WAIT
 
     def _fetch_payload(self, peer: PeerInfo, r: int, tid: str, digest: bytes, until: float) -> LocoPayload | None:
         timeout = max(0.5, min(self.ctx.cfg.net.fetch_timeout_s, until - time.monotonic()))
