@@ -8,8 +8,6 @@ state hash and on the hash of the FP32 global weights + outer momentum.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 
@@ -26,27 +24,9 @@ from pulse_node.testing.inprocess import InProcessSwarm
 from pulse_node.daemon.status import NodeStatus
 from pulse_node.daemon.transport import PeerInfo
 from pulse_node.testing.memory import MemoryHub
-from tests.conftest import wait_for
-from tests.test_node_memory_swarm import _cfg, _status
+from helpers import all_at_version, assert_trainers_identical, read_status, wait_for
 
 LOCO = {"inner_steps": 2, "deadline_s": 2.0, "decision_wait_s": 2.0}
-
-
-def _hashes(data_dir: Path) -> dict[int, tuple[str, str]]:
-    """Version -> (published state hash, FP32 global + momentum hash) of what a trainer published."""
-    return {h["version"]: (h["state_hash"], h["global_hash"]) for h in _status(data_dir).get("history", [])}
-
-
-def _assert_identical(dirs: dict[str, Path], versions: range) -> None:
-    hashes = {name: _hashes(d) for name, d in dirs.items()}
-    for v in versions:
-        at_v = {name: h.get(v) for name, h in hashes.items()}
-        assert None not in at_v.values(), f"version {v} was not published by every trainer: {at_v}"
-        assert len(set(at_v.values())) == 1, f"trainers differ at version {v}: {at_v}"
-
-
-def _at_least(dirs, version: int):
-    return lambda: all(_status(d).get("version", -1) >= version for d in dirs)
 
 
 def _push_forged_decisions(hub: MemoryHub, trainers) -> None:
@@ -59,7 +39,8 @@ def _push_forged_decisions(hub: MemoryHub, trainers) -> None:
             rogue.push(PeerInfo(peer_id=name, role="trainer", address=""), "loco_decision", data, timeout=1.0)
 
 
-def test_one_way_payload_loss_never_forks(tmp_path):
+@pytest.mark.slow
+def test_one_way_payload_loss_never_forks(node_cfg):
     """a -> b and c -> a payload pushes are always lost: a (coordinator) never has c's payload, b
     never receives a's. Every version is still bit-identical on all three trainers, and forged
     decisions pushed meanwhile are rejected and counted."""
@@ -75,15 +56,15 @@ def test_one_way_payload_loss_never_forks(tmp_path):
 
     swarm = InProcessSwarm(wrap=wrap)
     try:
-        dirs = {n: swarm.start(n, _cfg(TrainerConfig, tmp_path, n, loco=LOCO)) for n in ("trainer-a", "trainer-b", "trainer-c")}
-        wait_for(_at_least(dirs.values(), 1), timeout=300, what="every trainer at version 1")
+        dirs = {n: swarm.start(n, node_cfg(TrainerConfig, n, loco=LOCO)) for n in ("trainer-a", "trainer-b", "trainer-c")}
+        wait_for(all_at_version(dirs.values(), 1), timeout=300, what="every trainer at version 1")
         _push_forged_decisions(swarm.hub, dirs)
-        wait_for(_at_least(dirs.values(), 5), timeout=300, what="every trainer at version 5")
+        wait_for(all_at_version(dirs.values(), 5), timeout=300, what="every trainer at version 5")
     finally:
         swarm.stop_all()
     assert not swarm.errors, swarm.errors
-    _assert_identical(dirs, range(1, 6))
-    st = {n: _status(d) for n, d in dirs.items()}
+    assert_trainers_identical(dirs, range(1, 6))
+    st = {n: read_status(d) for n, d in dirs.items()}
     assert sum(f.faults["drop"] for f in faulty.values()) >= 10, "no payload was lost"
     assert st["trainer-a"].get("decisions_made", 0) >= 5
     assert st["trainer-b"].get("loco_fetched", 0) >= 5, "b never fetched the payload it missed"
@@ -93,7 +74,8 @@ def test_one_way_payload_loss_never_forks(tmp_path):
         assert s.get("decisions_rejected", 0) == 2, f"{name} did not reject the forged decisions"
 
 
-def test_coordinator_lost_mid_round_others_finish_in_bounded_time(tmp_path):
+@pytest.mark.slow
+def test_coordinator_lost_mid_round_others_finish_in_bounded_time(node_cfg):
     """a (coordinator) dies with every payload of round 2 in hand, just before sending its decision."""
     crash: dict[str, CrashingTransport] = {}
 
@@ -106,22 +88,22 @@ def test_coordinator_lost_mid_round_others_finish_in_bounded_time(tmp_path):
 
     swarm = InProcessSwarm(wrap=wrap)
     try:
-        dirs = {n: swarm.start(n, _cfg(TrainerConfig, tmp_path, n, loco=LOCO)) for n in ("trainer-a", "trainer-b", "trainer-c")}
+        dirs = {n: swarm.start(n, node_cfg(TrainerConfig, n, loco=LOCO)) for n in ("trainer-a", "trainer-b", "trainer-c")}
         crashed = lambda: "trainer-a" in crash and crash["trainer-a"].crashed_at is not None  # noqa: E731
         wait_for(lambda: crashed() or bool(swarm.errors), timeout=300, what="the coordinator to crash in round 2")
         swarm.stop(dirs["trainer-a"])
         rest = {n: d for n, d in dirs.items() if n != "trainer-a"}
-        wait_for(_at_least(rest.values(), 5), timeout=120, what="b and c at version 5")
+        wait_for(all_at_version(rest.values(), 5), timeout=120, what="b and c at version 5")
     finally:
         swarm.stop_all()
     assert not swarm.errors, swarm.errors
-    _assert_identical(rest, range(1, 6))
-    _assert_identical(dirs, range(1, 3))  # a agreed with them up to its crash
+    assert_trainers_identical(rest, range(1, 6))
+    assert_trainers_identical(dirs, range(1, 3))  # a agreed with them up to its crash
     bound = LOCO["deadline_s"] + 3 * LOCO["decision_wait_s"]  # deadline + n * decision_wait
     for name, d in rest.items():
-        closed_at = next(h["at"] for h in _status(d)["history"] if h["version"] == 3)
+        closed_at = next(h["at"] for h in read_status(d)["history"] if h["version"] == 3)
         assert closed_at - crash["trainer-a"].crashed_at < bound + 10, f"{name} took too long to close round 2"
-    assert _status(rest["trainer-b"]).get("decisions_made", 0) >= 1, "b never took over as coordinator"
+    assert read_status(rest["trainer-b"]).get("decisions_made", 0) >= 1, "b never took over as coordinator"
 
 
 def _agreement(tmp_path, hub: MemoryHub, **cfg_extra) -> RoundAgreement:

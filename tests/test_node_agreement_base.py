@@ -26,9 +26,7 @@ from pulse_node.daemon.context import RoleContext
 from pulse_node.testing.inprocess import InProcessSwarm
 from pulse_node.daemon.status import NodeStatus
 from pulse_node.testing.memory import MemoryHub
-from tests.conftest import wait_for
-from tests.test_node_agreement import _assert_identical, _at_least
-from tests.test_node_memory_swarm import _cfg, _status
+from helpers import all_at_version, assert_trainers_identical, read_status, wait_for
 
 SHAPES = {"w": (256,), "z.bias": (8,)}
 CAP = 1 << 20
@@ -186,7 +184,7 @@ def _renamed_base(data: bytes) -> bytes:
     return msgpack.packb(msg, use_bin_type=True)
 
 
-def _run_pair(tmp_path: Path, rewrite_b=None, **b_extra) -> tuple[dict[str, Path], dict[str, _PushTap], list[str]]:
+def _run_pair(node_cfg, rewrite_b=None, **b_extra) -> tuple[dict[str, Path], dict[str, _PushTap], list[str]]:
     taps: dict[str, _PushTap] = {}
 
     def wrap(name, transport):
@@ -195,51 +193,54 @@ def _run_pair(tmp_path: Path, rewrite_b=None, **b_extra) -> tuple[dict[str, Path
 
     swarm = InProcessSwarm(wrap=wrap)
     try:
-        dirs = {"trainer-a": swarm.start("trainer-a", _cfg(TrainerConfig, tmp_path, "trainer-a", loco=LOCO)),
-                "trainer-b": swarm.start("trainer-b", _cfg(TrainerConfig, tmp_path, "trainer-b",
-                                                           loco={**LOCO, **b_extra}))}
-        wait_for(_at_least(dirs.values(), 3), timeout=300, what="both trainers at version 3")
+        dirs = {"trainer-a": swarm.start("trainer-a", node_cfg(TrainerConfig, "trainer-a", loco=LOCO)),
+                "trainer-b": swarm.start("trainer-b", node_cfg(TrainerConfig, "trainer-b",
+                                                               loco={**LOCO, **b_extra}))}
+        wait_for(all_at_version(dirs.values(), 3), timeout=300, what="both trainers at version 3")
     finally:
         swarm.stop_all()
     return dirs, taps, swarm.errors
 
 
-def test_trainers_agree_bit_identically_on_base_coded_payloads(tmp_path):
-    dirs, taps, errors = _run_pair(tmp_path)
+@pytest.mark.slow
+def test_trainers_agree_bit_identically_on_base_coded_payloads(node_cfg):
+    dirs, taps, errors = _run_pair(node_cfg)
     assert not errors, errors
-    _assert_identical(dirs, range(1, 4))
+    assert_trainers_identical(dirs, range(1, 4))
     for name, tap in taps.items():
         assert len(tap.sent) >= 3, f"{name} pushed too few payloads"
         for data in tap.sent:
             h = read_header(data, max_bytes=CAP, max_tensors=1 << 16)
             assert (h.val_coder, h.pos_coder) == (VAL_CODER_BASE, POS_CODER_BASE), (name, h)
     for name, d in dirs.items():
-        st = _status(d)
+        st = read_status(d)
         assert st["contributors"] == 2, f"{name}: the last round did not average both payloads"
         assert not st.get("rounds_left_out") and not st.get("loco_base_mismatch") and not st.get("rejected"), st
 
 
-def test_base_free_peer_is_still_averaged(tmp_path):
+@pytest.mark.slow
+def test_base_free_peer_is_still_averaged(node_cfg):
     """trainer-b runs with ``loco.base_coding = false`` (like an older peer): both still average
     both payloads, bit-identically."""
-    dirs, taps, errors = _run_pair(tmp_path, base_coding=False)
+    dirs, taps, errors = _run_pair(node_cfg, base_coding=False)
     assert not errors, errors
-    _assert_identical(dirs, range(1, 4))
+    assert_trainers_identical(dirs, range(1, 4))
     assert {read_header(d, max_bytes=CAP, max_tensors=1 << 16).val_coder for d in taps["trainer-b"].sent} == {VAL_CODER}
     assert {read_header(d, max_bytes=CAP, max_tensors=1 << 16).val_coder for d in taps["trainer-a"].sent} \
         == {VAL_CODER_BASE}
     for name, d in dirs.items():
-        st = _status(d)
+        st = read_status(d)
         assert st["contributors"] == 2 and not st.get("loco_base_mismatch") and not st.get("rejected"), (name, st)
 
 
-def test_payload_naming_another_base_misses_the_round_without_breaking_it(tmp_path):
+@pytest.mark.slow
+def test_payload_naming_another_base_misses_the_round_without_breaking_it(node_cfg):
     """Every payload trainer-b pushes names another base: trainer-a never decodes one, counts
     them, and closes each round without b (no waiting for the deadline); both stay identical."""
-    dirs, taps, errors = _run_pair(tmp_path, rewrite_b=_renamed_base)
+    dirs, taps, errors = _run_pair(node_cfg, rewrite_b=_renamed_base)
     assert not errors, errors
-    _assert_identical(dirs, range(1, 4))
-    a, b = _status(dirs["trainer-a"]), _status(dirs["trainer-b"])
+    assert_trainers_identical(dirs, range(1, 4))
+    a, b = read_status(dirs["trainer-a"]), read_status(dirs["trainer-b"])
     assert a.get("loco_base_mismatch", 0) >= 3 and not a.get("rejected"), a
     assert b.get("rounds_left_out", 0) >= 3 and not b.get("forks"), b
     assert a["contributors"] == 1
