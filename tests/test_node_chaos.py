@@ -83,7 +83,7 @@ def test_process_swarm_faulty_data_plane_and_kill_9(tmp_path, warm_cache):
 
     def version_of(name: str) -> int:
         chaos.tick()  # reads every status, restarts what was killed
-        return chaos.currentread_status(chaos.node(name)).get("version", -1)
+        return chaos.current_status(chaos.node(name)).get("version", -1)
 
     try:
         chaos.start()
