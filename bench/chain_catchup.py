@@ -31,6 +31,7 @@ sys.path.insert(0, str(ROOT))
 from pulse_node.chain.catchup import make_catchup  # noqa: E402
 from pulse_node.codec.patch import make_patch  # noqa: E402
 from pulse_node.codec.state import State  # noqa: E402
+from pulse_node.codec.warmup import clear_stale_cache  # noqa: E402
 
 KS = (1, 2, 4, 8, 16, 32)
 
@@ -159,6 +160,7 @@ def main() -> None:
     ap.add_argument("--produce", action="store_true", help="time on-demand production instead")
     ap.add_argument("--states-dir", type=Path, help="saved 33.7M BF16 states <step>.safetensors (0..32)")
     args = ap.parse_args()
+    clear_stale_cache()  # an edited kernel module must not be timed from an old compilation
     if args.produce:
         runs = [measure_production(tiny_default_states(32), "tiny default model")]
         big = saved_states(args.states_dir, 32) if args.states_dir else adamw_states(32, args.lr)

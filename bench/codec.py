@@ -31,6 +31,7 @@ from pulse_node.codec.patch import apply_patch, make_patch  # noqa: E402
 from pulse_node.codec.state import State, TensorBits  # noqa: E402
 from pulse_node.codec.statehash import _tensor_prefix, state_hash  # noqa: E402
 from pulse_node.codec.values import exponent_labels, ordered_key  # noqa: E402
+from pulse_node.codec.warmup import clear_stale_cache  # noqa: E402
 
 
 def _hb(n: np.ndarray, m: np.ndarray) -> float:
@@ -196,6 +197,7 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=8)
     parser.add_argument("--lrs", type=float, nargs="+", default=[1e-6, 3e-6])
     args = parser.parse_args()
+    clear_stale_cache()  # an edited kernel module must not be timed from an old compilation
     import torch
 
     torch.set_num_threads(2)

@@ -20,7 +20,6 @@ import torch
 import zstandard
 
 from pulse_node.codec import positions as codec_positions
-from pulse_node.loco import positions as loco_positions
 from pulse_node.loco.basecoder import encode_values_ctx, position_labels
 from pulse_node.loco.config import LocoConfig
 from pulse_node.testing.loco_harness import InnerTrainer, run_inprocess
@@ -96,6 +95,23 @@ def format1_bytes(p: LocoPayload) -> int:
     return len(msgpack.packb(msg, use_bin_type=True))
 
 
+def varint_zstd_positions(idx: np.ndarray) -> bytes:
+    """Comparison column: strictly increasing indices as LEB128 gap varints in one zstd frame
+    (level 3), the simplest coder there is; the payload uses ``codec.positions``."""
+    gaps = np.diff(np.asarray(idx, dtype=np.int64), prepend=-1) - 1
+    v = gaps.astype(np.uint64)
+    nbytes = np.ones(v.size, dtype=np.int64)
+    for k in range(1, 10):
+        nbytes += v >= np.uint64(1 << (7 * k))
+    starts = np.cumsum(nbytes) - nbytes
+    out = np.empty(int(nbytes.sum()), dtype=np.uint8)
+    for k in range(int(nbytes.max(initial=0))):
+        sel = nbytes > k
+        more = np.where(nbytes[sel] > k + 1, 0x80, 0).astype(np.uint64)
+        out[starts[sel] + k] = (((v[sel] >> np.uint64(7 * k)) & np.uint64(0x7F)) | more).astype(np.uint8)
+    return zstandard.ZstdCompressor(level=3).compress(out.tobytes())
+
+
 def codec_breakdown(p: LocoPayload, base: Mapping[str, np.ndarray], tally: dict[str, float]) -> None:
     names = sorted(n for n, (i, _) in p.tensors.items() if i.size)
     if not names:
@@ -114,7 +130,7 @@ def codec_breakdown(p: LocoPayload, base: Mapping[str, np.ndarray], tally: dict[
         "val_base_exp_rel": len(encode_values_ctx(vals, w[flat], threshold=False)),
         "val_base_excess": len(encode_values_ctx(vals, w[flat])),
         "pos_int64_raw": 8 * vals.size,
-        "pos_varint_zstd_flat": len(loco_positions.encode_positions(flat, int(offs[-1]))),
+        "pos_varint_zstd_flat": len(varint_zstd_positions(flat)),
         "pos_rans_per_tensor": sum(len(codec_positions.encode_positions(p.tensors[n][0], p.numel[n])) for n in names),
         "pos_rans_flat": len(codec_positions.encode_positions(flat, int(offs[-1]))),
         "pos_rans_flat_base_ctx": len(codec_positions.encode_positions(flat, int(offs[-1]),
@@ -132,7 +148,7 @@ def codec_report(tally: dict[str, float]) -> dict[str, float]:
 
 
 def run_loco(*, rounds: int, inner_steps: int, make_trainer: Callable[[int], InnerTrainer], evaluate: Evaluate,
-             numel: int, gate: str, fp16: bool = False, tally: bool = False, seed: int = 0,
+             numel: int, gate: str, fp16: bool = False, tally: bool = False,
              gate_scale: float = 1.0, base: Mapping[str, torch.Tensor] | None = None,
              outer: Mapping[str, float] | None = None, placement: str = "global") -> Curve:
     """DiLoCo (gate "none", dense), its FP16 variant, or PULSELoCo (gate "bf16", gate scale
@@ -157,8 +173,7 @@ def run_loco(*, rounds: int, inner_steps: int, make_trainer: Callable[[int], Inn
 
     feedback = Fp16DenseFeedback if fp16 else CodecTally if tally else ErrorFeedback
     t0 = time.monotonic()
-    run_inprocess(N_TRAINERS, make_trainer, rounds=rounds, cfg=cfg, make_feedback=feedback, on_round=on_round,
-                  arrival_seed=seed)
+    run_inprocess(N_TRAINERS, make_trainer, rounds=rounds, cfg=cfg, make_feedback=feedback, on_round=on_round)
     curve.seconds = time.monotonic() - t0
     return curve
 

@@ -206,7 +206,7 @@ def rl_methods(work: RLWorkload, scales: dict[str, tuple[float, str]] | None = N
     s = work.setup
 
     def loco(seed: int, **kw) -> Curve:
-        return run_loco(rounds=s.rounds, inner_steps=s.inner_steps, evaluate=evaluator(work), seed=seed,
+        return run_loco(rounds=s.rounds, inner_steps=s.inner_steps, evaluate=evaluator(work),
                         make_trainer=lambda r: GRPOTrainer(work, seed=seed, rank=r), numel=numel_of(work),
                         base=work.base, outer=dict(s.outer), **kw)
 

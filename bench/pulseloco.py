@@ -171,8 +171,7 @@ def numel_of(setup: Setup) -> int:
 
 def run_sup_loco(setup: Setup, seed: int, data, evald, **kw) -> Curve:
     return run_loco(rounds=setup.rounds, inner_steps=setup.inner_steps, evaluate=evaluator(setup, seed, evald),
-                    make_trainer=lambda r: SupervisedTrainer(setup, seed, r, data[r]), numel=numel_of(setup),
-                    seed=seed, **kw)
+                    make_trainer=lambda r: SupervisedTrainer(setup, seed, r, data[r]), numel=numel_of(setup), **kw)
 
 
 def run_ddp(setup: Setup, seed: int, data, evald) -> Curve:

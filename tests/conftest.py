@@ -1,27 +1,59 @@
-"""Shared test helpers: predicate waits with deadlines, small configs for fast role tests."""
+"""Shared fixtures and session hooks of the tests; plain helpers are in ``helpers.py``.
+
+Lanes: ``python -m pytest -m "not slow"`` is the day-to-day lane (well under 2 minutes alone);
+tests marked ``slow`` (separate processes, docker-like swarms, in-process swarms of training
+nodes, anything over ~5 s) run in CI's full ``python -m pytest``.
+"""
 
 from __future__ import annotations
 
-import time
+import sys
+from pathlib import Path
 from typing import Callable
 
 import pytest
 
-
-def wait_for(predicate: Callable[[], bool], *, timeout: float, interval: float = 0.05, what: str = "condition") -> None:
-    """Poll ``predicate`` until it holds; fail the test with ``what`` after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(interval)
-    pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}")
+from helpers import node_config
+from pulse_node.testing.inprocess import InProcessSwarm
 
 
-def tiny_overrides(cache_dir: str) -> dict:
-    """A model and RL loop small enough for multi-node tests on 2 CPU cores."""
-    return {
-        "model": {"d_model": 32, "n_layers": 2, "n_heads": 2, "cache_dir": cache_dir},
-        "task": {"digits": 2},
-        "sampling": {"prompts_per_batch": 4, "group_size": 4, "max_new_tokens": 6},
-    }
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Drop compiled codec kernels whose sources changed before any test loads one."""
+    from pulse_node.codec.warmup import clear_stale_cache
+
+    clear_stale_cache()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def one_torch_thread() -> None:
+    """Torch on one intra-op thread, as a node runs it by default (``torch_threads = 1``): with one
+    thread per core, tiny models spend their time contending for the cores (the PULSELoCo
+    harness test took 9-23 s instead of 1.2-1.5 s on 2 busy cores). Only if a test module
+    imported torch: a torch-free run stays torch-free."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="session")
+def warm_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The session's one warm-start cache (``model.cache_dir``): each tiny model's supervised warm
+    start is trained at most once per session, whichever tests and processes need it."""
+    return tmp_path_factory.mktemp("warmstart-cache")
+
+
+@pytest.fixture
+def node_cfg(tmp_path: Path, warm_cache: Path) -> Callable:
+    """``node_cfg(TrainerConfig | InferenceConfig, name, **overrides)``: a tiny node config with its
+    data dir ``tmp_path / name`` and the session's warm-start cache."""
+    return lambda cls, name, **extra: node_config(cls, tmp_path, name, cache_dir=warm_cache, **extra)
+
+
+@pytest.fixture
+def inprocess_swarm():
+    """An in-process swarm (nodes as threads on one in-memory hub), stopped after the test; no
+    node may have raised."""
+    swarm = InProcessSwarm()
+    yield swarm
+    swarm.stop_all()
+    assert not swarm.errors, swarm.errors

@@ -24,7 +24,7 @@ from pulse_node.net.dht_records import PeerStatus, Serves
 from pulse_node.testing.memory import MemoryHub
 from pulse_node.chain.trust import TrustPolicy
 
-from tests.conftest import wait_for
+from helpers import wait_for
 from test_chain_synth import TRAINER, adam_like_chain, build_chain, states_equal
 
 STATES = adam_like_chain(5, 24)

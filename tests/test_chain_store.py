@@ -9,7 +9,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -24,6 +23,7 @@ from pulse_node.codec.patch import make_patch
 from pulse_node.codec.statehash import state_hash
 from pulse_node.errors import GapError, IntegrityError, StoreError
 
+from helpers import wait_for
 from test_chain_synth import CODEC, TRAINER, adam_like_chain, build_chain, states_equal
 
 TRUSTED = {TRAINER.public_key_hex}
@@ -240,6 +240,7 @@ print("done", flush=True)
 
 
 @pytest.mark.parametrize("kill_after", [4, 17])
+@pytest.mark.slow
 def test_kill_9_while_writing_restarts_at_a_verified_version(tmp_path: Path,
                                                              kill_after: int) -> None:
     root = tmp_path / "store"
@@ -247,11 +248,8 @@ def test_kill_9_while_writing_restarts_at_a_verified_version(tmp_path: Path,
     proc = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE)
     records = root / "records"
     try:
-        deadline = time.monotonic() + 60
-        while proc.poll() is None and time.monotonic() < deadline:
-            if records.is_dir() and len(list(records.glob("*.rec"))) > kill_after:
-                break
-            time.sleep(0.002)  # poll interval of a predicate wait with a deadline
+        wait_for(lambda: proc.poll() is not None or (records.is_dir() and len(list(records.glob("*.rec"))) > kill_after),
+                 timeout=60, interval=0.002, what=f"the writer past version {kill_after}")
         assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
         proc.send_signal(signal.SIGKILL)
     finally:

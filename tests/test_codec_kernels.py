@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -150,3 +152,28 @@ def test_fused_planes_match_numpy(np_dtype, seed, n):
     F.decode_planes_into(dec, rans.stack(models), idx, bits)
     assert np.array_equal(bits[idx], V.planes_to_bits(planes, np.dtype(np_dtype))) and dec.is_empty()
     assert not bits[1::2].any()
+
+
+@pytest.mark.skipif(not K.AVAILABLE, reason="numba not installed")
+def test_an_edited_kernel_module_clears_every_cached_kernel(tmp_path):
+    """numba only notices edits to a kernel's own file: an edit to any kernel module must drop
+    the cached kernels of all of them, and an unchanged tree must keep them."""
+    from pulse_node.codec.warmup import KERNEL_MODULES, clear_stale_cache
+
+    for m in KERNEL_MODULES:
+        (tmp_path / f"{m}.py").write_text(f"# {m}\n")
+    cache = tmp_path / "__pycache__"
+    cache.mkdir()
+
+    def compiled() -> list[Path]:
+        files = [cache / f"{m}.k-1.py312.nbi" for m in KERNEL_MODULES] + [cache / "rans.k-1.py312.1.nbc"]
+        for f in files:
+            f.write_bytes(b"compiled")
+        return files
+
+    files = compiled()
+    assert clear_stale_cache(tmp_path) and not any(f.exists() for f in files)  # no stamp yet
+    files = compiled()
+    assert not clear_stale_cache(tmp_path) and all(f.exists() for f in files)  # sources unchanged
+    (tmp_path / "entropy.py").write_text("# entropy, edited\n")  # a helper the others inline
+    assert clear_stale_cache(tmp_path) and not any(f.exists() for f in files)

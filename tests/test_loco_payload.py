@@ -11,7 +11,8 @@ import zstandard
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from pulse_node.errors import WireError
-from pulse_node.loco import basecoder, positions
+from pulse_node.loco import basecoder
+from pulse_node.loco.bounded_zstd import bounded_decompress
 from pulse_node.loco.payload import (POS_CODER_BASE, POSITION_CODERS, VAL_CODER_BASE, VALUE_CODERS, LocoPayload,
                                      decode_payload, encode_payload)
 
@@ -122,17 +123,23 @@ def test_payload_round_trip_random_sparsity(seed: int, density: float) -> None:
     assert_same(p, decode_payload(encode_payload(p, base=base), shapes=SHAPES, max_bytes=CAP, base=base))
 
 
-def test_positions_coder_round_trip_and_limits() -> None:
-    rng = np.random.default_rng(3)
-    for n in (1, 10, 1000, 1 << 20):
-        idx = np.flatnonzero(rng.random(n) < 0.05).astype(np.int64)
-        assert np.array_equal(positions.decode_positions(positions.encode_positions(idx, n), n,
-                                                         max_count=idx.size), idx)
-    blob = positions.encode_positions(np.array([0, 5, 9]), 10)
-    with pytest.raises(WireError):
-        positions.decode_positions(blob, 9, max_count=3)  # index 9 outside 9 elements
-    with pytest.raises(WireError):
-        positions.decode_positions(blob, 10, max_count=2)  # more values than allowed
+def test_bounded_decompress_needs_a_declared_size_within_the_cap() -> None:
+    data = bytes(range(256)) * 4
+    frame = zstandard.ZstdCompressor().compress(data)
+    assert bounded_decompress(frame, limit=len(data), what="t") == data and bounded_decompress(b"", limit=0, what="t") == b""
+    streamed = zstandard.ZstdCompressor().compressobj()
+    undeclared = streamed.compress(data) + streamed.flush()
+    for blob, why in ((frame, "more than the cap"), (undeclared, "does not declare"),
+                      (frame + frame, "corrupt"), (b"junk", "not a zstd frame")):
+        with pytest.raises(WireError, match=why):
+            bounded_decompress(blob, limit=len(data) - (why == "more than the cap"), what="t")
+
+
+def test_only_the_shared_position_coders_are_accepted() -> None:
+    """The varint fallback coder ("loco-varint-zstd") was never chosen and is gone from the format."""
+    assert set(POSITION_CODERS) == {"codec.positions", POS_CODER_BASE}
+    with pytest.raises(WireError, match="unknown position coder"):
+        decode_payload(mutate("pos_coder", "loco-varint-zstd"), shapes=SHAPES, max_bytes=CAP)
 
 
 def mutate(field: str, value, *, base: bool = False) -> bytes:

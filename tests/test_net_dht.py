@@ -18,30 +18,21 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable
 
 import pydantic
 import pytest
 
+from helpers import wait_for
 from pulse_node.chain.identity import Identity
 from pulse_node.net.dht_client import DhtClient, DhtConfig, DuplicateIdentityError
 from pulse_node.net.dht_records import PeerStatus
+
+pytestmark = pytest.mark.slow  # DHT worker processes (hivemind, p2pd)
 
 LOCAL = ["/ip4/127.0.0.1/tcp/0"]
 RUN = "test-run"
 TTL = 3.0
 PULSE_NODE = str(Path(sys.executable).with_name("pulse-node"))
-
-
-def wait_until(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = predicate()
-        if last:
-            return last
-        time.sleep(0.1)
-    raise AssertionError(f"{what}: not true within {timeout:.0f}s (last: {last!r})")
 
 
 def read_maddr_line(proc: subprocess.Popen, timeout: float) -> str:
@@ -108,31 +99,34 @@ def test_peers_find_each_others_records(swarm) -> None:
     trainer, inference, _ = swarm
     ids = {trainer.info().peer_id: "trainer", inference.info().peer_id: "inference"}
     for client in swarm:
-        roles = wait_until(lambda: {p.peer_id: p.role for p in client.peers()}.items() >= ids.items()
-                           and {p.role for p in client.peers()}, 20, "both workers see both records")
+        roles = wait_for(lambda: {p.peer_id: p.role for p in client.peers()}.items() >= ids.items()
+                         and {p.role for p in client.peers()}, timeout=20, interval=0.1,
+                         what="both workers see both records")
         assert {"bootstrap", "trainer", "inference"} <= roles
     rec = next(p for p in inference.peers() if p.role == "trainer")
     assert rec.version == 5 and rec.chain_hash == "ab" * 32 and rec.dht_maddrs
     trainer.publish_head(b"signed version record", version=5)
-    head = wait_until(lambda: inference.heads(), 20, "head visible to the other worker")[0]
+    head = wait_for(lambda: inference.heads(), timeout=20, interval=0.1, what="head visible to the other worker")[0]
     assert (head.version, head.record, head.peer_id) == (5, b"signed version record", trainer.info().peer_id)
 
 
 def test_records_are_refreshed_before_they_expire(swarm) -> None:
     trainer, inference, _ = swarm
     pid = trainer.info().peer_id
-    first = wait_until(lambda: [p for p in inference.peers() if p.peer_id == pid], 20, "trainer record")[0]
-    wait_until(lambda: [p for p in inference.peers() if p.peer_id == pid and p.updated_at > first.updated_at],
-               3 * TTL, "trainer record refreshed (ttl/3)")
+    first = wait_for(lambda: [p for p in inference.peers() if p.peer_id == pid], timeout=20, interval=0.1,
+                     what="trainer record")[0]
+    wait_for(lambda: [p for p in inference.peers() if p.peer_id == pid and p.updated_at > first.updated_at],
+             timeout=3 * TTL, interval=0.1, what="trainer record refreshed (ttl/3)")
 
 
 def test_dead_peer_record_expires(swarm) -> None:
     _, watcher, victim = swarm
     pid = victim.info().peer_id
-    wait_until(lambda: pid in {p.peer_id for p in watcher.peers()}, 20, "victim visible")
+    wait_for(lambda: pid in {p.peer_id for p in watcher.peers()}, timeout=20, interval=0.1, what="victim visible")
     crash(victim.process.proc.pid)  # worker and its p2pd die without saying goodbye
     killed = time.monotonic()
-    wait_until(lambda: pid not in {p.peer_id for p in watcher.peers()}, 15, "victim record expired")
+    wait_for(lambda: pid not in {p.peer_id for p in watcher.peers()}, timeout=15, interval=0.1,
+             what="victim record expired")
     assert time.monotonic() - killed < 2.0 + 6.0  # TTL 2 s, plus a slow read or two
 
 
@@ -142,8 +136,8 @@ def crash(pid: int) -> None:
     for p in [pid, *map(int, children)]:
         os.kill(p, signal.SIGKILL)
     for p in map(int, children):
-        wait_until(lambda: not Path(f"/proc/{p}").exists() or "Z" in Path(f"/proc/{p}/stat").read_text().split()[2],
-                   5, f"p2pd {p} gone")
+        wait_for(lambda: not Path(f"/proc/{p}").exists() or "Z" in Path(f"/proc/{p}/stat").read_text().split()[2],
+                 timeout=5, interval=0.1, what=f"p2pd {p} gone")
 
 
 def test_forged_unsigned_and_bad_records_from_a_peer_are_rejected(bootstrap, swarm) -> None:

@@ -21,7 +21,9 @@ from pulse_node.net import wire_protocol as wp
 from pulse_node.net.dht_client import DhtClient, DhtConfig
 from pulse_node.net.dht_push import CAPS, PushHeader
 from pulse_node.errors import PeerUnavailable, WireError
-from tests.conftest import wait_for
+from helpers import gather
+
+pytestmark = pytest.mark.slow  # DHT worker processes (hivemind, p2pd)
 
 LOCAL = ["/ip4/127.0.0.1/tcp/0"]
 
@@ -42,12 +44,6 @@ def pair():
                 list(pool.map(lambda c: c.stop(timeout=4), clients))
 
 
-def _drain(client: DhtClient, want: int, timeout: float = 30.0) -> list:
-    got: list = []
-    wait_for(lambda: got.extend(client.events()) or len(got) >= want, timeout=timeout, what=f"{want} push event(s)")
-    return got
-
-
 def _answer(reply: bytes) -> wp.Response:
     assert len(reply) >= 4, f"no answer: {reply!r}"
     return wp.Response.decode(reply[4:4 + wp.frame_length(reply[:4], wp.RESPONSE_CAP)])
@@ -59,7 +55,7 @@ def test_multi_mb_payload_arrives_byte_exact_from_the_authenticated_sender(pair)
     t0 = time.monotonic()
     sender.push(rid, maddrs, "loco", data, timeout=60)
     seconds = time.monotonic() - t0
-    (ev,) = _drain(receiver, 1)
+    (ev,) = gather(receiver.events, count=1, timeout=30, what="the push event")
     assert ev.kind == "loco" and ev.sender == sender.info().peer_id
     assert len(ev.data) == len(data) and hashlib.sha256(ev.data).digest() == hashlib.sha256(data).digest()
     assert sender.push_stats()["bytes_out"]["loco"] >= len(data)
@@ -84,7 +80,7 @@ def test_oversized_or_malformed_requests_are_refused_before_any_body(pair) -> No
     with pytest.raises(WireError, match="exceeds cap"):  # the sender refuses to send one at all
         sender.push(rid, maddrs, "loco", b"\0" * (CAPS["loco"] + 1), timeout=5)
     sender.push(rid, maddrs, "loco", b"still serving", timeout=30)
-    assert [e.data for e in _drain(receiver, 1)] == [b"still serving"]
+    assert [e.data for e in gather(receiver.events, count=1, timeout=30, what="the push event")] == [b"still serving"]
 
 
 def test_push_to_an_unreachable_peer_fails_within_its_timeout(pair) -> None:

@@ -29,7 +29,7 @@ from pulse_node.net.dht_push import CAPS, PushHeader, PushPlane
 from pulse_node.net.inbox import EVENTS_BYTES_PER_CALL, Inbox
 from pulse_node.vocab import Event
 from pulse_node.net.spool import THRESHOLD, Spool
-from tests.conftest import wait_for
+from helpers import gather, wait_for
 
 LOCAL = ["/ip4/127.0.0.1/tcp/0"]
 SMALL_DISK = 3 * THRESHOLD  # the third worker's disk budget: one 2-MiB push fits, a second does not
@@ -184,18 +184,13 @@ def _target(client: DhtClient) -> tuple[str, list[str]]:
     return info.peer_id, info.visible_maddrs
 
 
-def _drain(client: DhtClient, want: int, timeout: float = 30.0) -> list:
-    got: list = []
-    wait_for(lambda: got.extend(client.events()) or len(got) >= want, timeout=timeout, what=f"{want} push event(s)")
-    return got
-
-
+@pytest.mark.slow
 def test_a_payload_above_the_old_cap_arrives_byte_identical_and_leaves_no_files(swarm) -> None:
     rid, maddrs = _target(swarm.receiver)
     data = os.urandom(80_000_000)
     assert len(data) > CAPS["loco"] == 48 << 20
     swarm.sender.push(rid, maddrs, "loco", data, timeout=120)
-    (ev,) = _drain(swarm.receiver, 1)
+    (ev,) = gather(swarm.receiver.events, count=1, timeout=30, what="the push event")
     assert ev.kind == "loco" and ev.sender == swarm.sender.info().peer_id
     assert len(ev.data) == len(data) and hashlib.sha256(ev.data).digest() == hashlib.sha256(data).digest()
     assert swarm.sender.spool.files() == [] and swarm.receiver.spool.files() == []
@@ -203,14 +198,16 @@ def test_a_payload_above_the_old_cap_arrives_byte_identical_and_leaves_no_files(
     assert stats["caps"]["loco"] == 1 << 30 and stats["bytes_in"]["loco"] >= len(data)
 
 
+@pytest.mark.slow
 def test_small_pushes_still_travel_as_bytes(swarm) -> None:
     rid, maddrs = _target(swarm.receiver)
     for body in (b"tiny", os.urandom(THRESHOLD)):
         swarm.sender.push(rid, maddrs, "loco", body, timeout=30)
-        assert [e.data for e in _drain(swarm.receiver, 1)] == [body]
+        assert [e.data for e in gather(swarm.receiver.events, count=1, timeout=30, what="the push event")] == [body]
     assert swarm.receiver.spool.files() == []
 
 
+@pytest.mark.slow
 def test_an_oversized_declared_size_is_refused_before_anything_is_written(swarm) -> None:
     rid, maddrs = _target(swarm.receiver)
     too_big = _header((1 << 30) + 1) + b"x" * 1000
@@ -224,6 +221,7 @@ def test_an_oversized_declared_size_is_refused_before_anything_is_written(swarm)
     assert swarm.small.spool.files() == []
 
 
+@pytest.mark.slow
 def test_a_sender_cut_mid_body_leaves_no_partial_file(swarm) -> None:
     rid, maddrs = _target(swarm.receiver)
     cuts = swarm.receiver.push_stats()["errors"].get("inbound_cut", 0)
@@ -239,6 +237,7 @@ def test_a_sender_cut_mid_body_leaves_no_partial_file(swarm) -> None:
     assert swarm.receiver.spool.files() == [] and swarm.receiver.events() == []
 
 
+@pytest.mark.slow
 def test_the_worker_refuses_a_file_outside_its_spool(swarm, tmp_path: Path) -> None:
     rid, maddrs = _target(swarm.receiver)
     outside = tmp_path / "out-000000000000000000000000.push"
@@ -258,6 +257,7 @@ def test_the_worker_refuses_a_file_outside_its_spool(swarm, tmp_path: Path) -> N
     assert outside.read_bytes() == b"secret" * 1000 and swarm.receiver.events() == []
 
 
+@pytest.mark.slow
 def test_a_full_spool_answers_busy_and_a_stopped_worker_leaves_it_empty(swarm) -> None:
     sid, maddrs = _target(swarm.small)
     body = os.urandom(2 * THRESHOLD)

@@ -14,26 +14,19 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Iterator
 
 import msgpack
 import pytest
 
+from helpers import gather, wait_for
 from pulse_node.errors import IntegrityError, NotFound, PeerUnavailable, WireError
 from pulse_node.net import ipc
 from pulse_node.net import wire_protocol as wp
 from pulse_node.net.wire_client import WireClient, WireConfig
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]  # worker processes
 MiB = 1 << 20
-
-
-def _wait_for(pred: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.02)
 
 
 def _start(stores: list[Path], **kw: object) -> list[WireClient]:
@@ -112,7 +105,7 @@ def test_push_then_events_long_poll(swarm: dict) -> None:
     client.push(addr, "rollouts", b"r" * 1000)
     poller.join(timeout=25)
     client.push(addr, "loco", os.urandom(3 * MiB))
-    _wait_for(lambda: got.extend(server.events(max_events=8)) or len(got) >= 2, 10, "two events")
+    got += gather(lambda: server.events(max_events=8), count=2 - len(got), timeout=10, what="two events")
     assert [e.kind for e in got] == ["rollouts", "loco"]
     assert got[0].data == b"r" * 1000 and len(got[1].data) == 3 * MiB
     assert {e.sender for e in got} == {client.info().peer_id}
@@ -230,7 +223,8 @@ def test_anchor_from_several_providers_survives_missing_and_dying_provider(swarm
             peers, version=3, size=len(anchor), dest=tmp_path / "a.st", digest=_sha(anchor),
             timeout=40, chunk=MiB)))
         job.start()
-        _wait_for(lambda: slow.stats()["bytes_out"].get("anchor", 0) >= 128 * 1024, 20, "slow provider sending")
+        wait_for(lambda: slow.stats()["bytes_out"].get("anchor", 0) >= 128 * 1024, timeout=20, interval=0.02,
+             what="slow provider sending")
         slow.process.proc.kill()  # dies mid-transfer: its chunks must move to another provider
         job.join(timeout=45)
         r = result["r"]
@@ -330,8 +324,7 @@ def test_loco_payload_and_decision_are_served_and_decisions_pushed(swarm: dict, 
         client.fetch(addr, "loco_payload", {"round": 4, "digest": "../" + digest[3:]}, tmp_path / "x")
     server.events(max_events=64)  # whatever earlier tests left
     client.push(addr, "loco_decision", b"d" * 100)
-    got: list = []
-    _wait_for(lambda: got.extend(server.events(max_events=8)) or bool(got), 10, "the decision push")
+    got = gather(lambda: server.events(max_events=8), count=1, timeout=10, what="the decision push")
     assert [(e.kind, e.data) for e in got] == [("loco_decision", b"d" * 100)]
 
 

@@ -8,8 +8,7 @@ state hash and on the hash of the FP32 global weights + outer momentum.
 
 from __future__ import annotations
 
-from pathlib import Path
-
+import numpy as np
 import pytest
 
 from pulse_node.chain.identity import Identity
@@ -27,27 +26,9 @@ from pulse_node.daemon.transport import PeerInfo
 from pulse_node.net.dht_records import PeerStatus
 from pulse_node.testing.memory import MemoryHub
 from pulse_node.vocab import DEFAULT_RUN_ID
-from tests.conftest import wait_for
-from tests.test_node_memory_swarm import _cfg, _history, _status, _version
+from helpers import all_at_version, assert_trainers_identical, read_status, wait_for
 
 LOCO = {"inner_steps": 2, "deadline_s": 2.0, "decision_wait_s": 2.0}
-
-
-def _hashes(data_dir: Path) -> dict[int, tuple[str, str]]:
-    """Version -> (published state hash, FP32 global + momentum hash) of what a trainer published."""
-    return {h.version: (h.state_hash, h.global_hash) for h in _history(data_dir)}
-
-
-def _assert_identical(dirs: dict[str, Path], versions: range) -> None:
-    hashes = {name: _hashes(d) for name, d in dirs.items()}
-    for v in versions:
-        at_v = {name: h.get(v) for name, h in hashes.items()}
-        assert None not in at_v.values(), f"version {v} was not published by every trainer: {at_v}"
-        assert len(set(at_v.values())) == 1, f"trainers differ at version {v}: {at_v}"
-
-
-def _at_least(dirs, version: int):
-    return lambda: all(_version(d) >= version for d in dirs)
 
 
 def _push_forged_decisions(hub: MemoryHub, trainers) -> None:
@@ -60,7 +41,8 @@ def _push_forged_decisions(hub: MemoryHub, trainers) -> None:
             rogue.push(PeerInfo(name, PeerStatus(role="trainer")), "loco_decision", data, timeout=1.0)
 
 
-def test_one_way_payload_loss_never_forks(tmp_path):
+@pytest.mark.slow
+def test_one_way_payload_loss_never_forks(node_cfg):
     """a -> b and c -> a payload pushes are always lost: a (coordinator) never has c's payload, b
     never receives a's. Every version is still bit-identical on all three trainers, and forged
     decisions pushed meanwhile are rejected and counted."""
@@ -76,15 +58,15 @@ def test_one_way_payload_loss_never_forks(tmp_path):
 
     swarm = InProcessSwarm(wrap=wrap)
     try:
-        dirs = {n: swarm.start(n, _cfg(TrainerConfig, tmp_path, n, loco=LOCO)) for n in ("trainer-a", "trainer-b", "trainer-c")}
-        wait_for(_at_least(dirs.values(), 1), timeout=300, what="every trainer at version 1")
+        dirs = {n: swarm.start(n, node_cfg(TrainerConfig, n, loco=LOCO)) for n in ("trainer-a", "trainer-b", "trainer-c")}
+        wait_for(all_at_version(dirs.values(), 1), timeout=300, what="every trainer at version 1")
         _push_forged_decisions(swarm.hub, dirs)
-        wait_for(_at_least(dirs.values(), 5), timeout=300, what="every trainer at version 5")
+        wait_for(all_at_version(dirs.values(), 5), timeout=300, what="every trainer at version 5")
     finally:
         swarm.stop_all()
     assert not swarm.errors, swarm.errors
-    _assert_identical(dirs, range(1, 6))
-    st = {n: _status(d).trainer for n, d in dirs.items()}
+    assert_trainers_identical(dirs, range(1, 6))
+    st = {n: read_status(d).trainer for n, d in dirs.items()}
     assert sum(f.faults["drop"] for f in faulty.values()) >= 10, "no payload was lost"
     assert st["trainer-a"].decisions_made >= 5
     assert st["trainer-b"].loco_fetched >= 5, "b never fetched the payload it missed"
@@ -94,7 +76,8 @@ def test_one_way_payload_loss_never_forks(tmp_path):
         assert s.decisions_rejected == 2, f"{name} did not reject the forged decisions"
 
 
-def test_coordinator_lost_mid_round_others_finish_in_bounded_time(tmp_path):
+@pytest.mark.slow
+def test_coordinator_lost_mid_round_others_finish_in_bounded_time(node_cfg):
     """a (coordinator) dies with every payload of round 2 in hand, just before sending its decision."""
     crash: dict[str, CrashingTransport] = {}
 
@@ -107,22 +90,22 @@ def test_coordinator_lost_mid_round_others_finish_in_bounded_time(tmp_path):
 
     swarm = InProcessSwarm(wrap=wrap)
     try:
-        dirs = {n: swarm.start(n, _cfg(TrainerConfig, tmp_path, n, loco=LOCO)) for n in ("trainer-a", "trainer-b", "trainer-c")}
+        dirs = {n: swarm.start(n, node_cfg(TrainerConfig, n, loco=LOCO)) for n in ("trainer-a", "trainer-b", "trainer-c")}
         crashed = lambda: "trainer-a" in crash and crash["trainer-a"].crashed_at is not None  # noqa: E731
         wait_for(lambda: crashed() or bool(swarm.errors), timeout=300, what="the coordinator to crash in round 2")
         swarm.stop(dirs["trainer-a"])
         rest = {n: d for n, d in dirs.items() if n != "trainer-a"}
-        wait_for(_at_least(rest.values(), 5), timeout=120, what="b and c at version 5")
+        wait_for(all_at_version(rest.values(), 5), timeout=120, what="b and c at version 5")
     finally:
         swarm.stop_all()
     assert not swarm.errors, swarm.errors
-    _assert_identical(rest, range(1, 6))
-    _assert_identical(dirs, range(1, 3))  # a agreed with them up to its crash
+    assert_trainers_identical(rest, range(1, 6))
+    assert_trainers_identical(dirs, range(1, 3))  # a agreed with them up to its crash
     bound = LOCO["deadline_s"] + 3 * LOCO["decision_wait_s"]  # deadline + n * decision_wait
     for name, d in rest.items():
-        closed_at = next(h.at for h in _history(d) if h.version == 3)
+        closed_at = next(h.at for h in read_status(d).history if h.version == 3)
         assert closed_at - crash["trainer-a"].crashed_at < bound + 10, f"{name} took too long to close round 2"
-    assert _status(rest["trainer-b"]).trainer.decisions_made >= 1, "b never took over as coordinator"
+    assert read_status(rest["trainer-b"]).trainer.decisions_made >= 1, "b never took over as coordinator"
 
 
 def _agreement(tmp_path, hub: MemoryHub, **cfg_extra) -> RoundAgreement:
@@ -131,7 +114,66 @@ def _agreement(tmp_path, hub: MemoryHub, **cfg_extra) -> RoundAgreement:
     ctx = RoleContext(cfg=cfg, identity=Identity.generate(), store=store,
                       transport=hub.join("trainer-b", store_resolver(store.root)),
                       status=NodeStatus(role="trainer", peer_id="trainer-b", run_id=cfg.run_id))
-    return RoundAgreement(ctx, shapes={"w": (4,)}, current_round=lambda: 3, drain=lambda wait_s: None)
+    return RoundAgreement(ctx, shapes={"w": (4,)}, current_round=lambda: 3)
+
+
+def _trainer_agreement(tmp_path, hub: MemoryHub, name: str, **loco) -> RoundAgreement:
+    """A trainer's agreement on ``hub`` for round 3, announced in discovery with its node key."""
+    cfg = TrainerConfig.model_validate({"data_dir": str(tmp_path / name), "loco": loco})
+    store, ident = VersionStore(tmp_path / name / "store"), Identity.generate()
+    transport = hub.join(name, store_resolver(store.root))
+    transport.publish(PeerInfo(peer_id=name, role="trainer", address="", version=3, node_key=ident.public_key_hex))
+    ctx = RoleContext(cfg=cfg, identity=ident, store=store, transport=transport,
+                      status=NodeStatus(role="trainer", peer_id=name, run_id=cfg.run_id))
+    return RoundAgreement(ctx, shapes={"w": (4,)}, current_round=lambda: 3)
+
+
+def _drive(agreements: dict[str, RoundAgreement], *, lost: tuple[str, str] | None = None) -> dict:
+    """Step every open round, handing each agreement its pushed inputs, until all have closed.
+
+    ``lost``: (sender, receiver) whose payload push never arrives."""
+    results: dict = {}
+
+    def one_pass() -> bool:
+        for name, ag in agreements.items():
+            if name in results:
+                continue
+            for ev in ag.ctx.transport.events(wait_s=ag.idle_s / len(agreements)):
+                if ev.kind == "loco" and (ev.sender, name) != lost:
+                    ag.offer_payload(ev.sender, ev.data)
+                elif ev.kind == "loco_decision":
+                    ag.offer_decision(ev.sender, ev.data)
+            if (result := ag.step()) is not None:
+                results[name] = result
+        return len(results) == len(agreements)
+
+    wait_for(one_pass, timeout=60, interval=0.0, what="every agreement to close the round")
+    return results
+
+
+@pytest.mark.parametrize("lost", [None, ("trainer-c", "trainer-b")])
+def test_agreements_driven_step_by_step_close_on_the_same_payloads(tmp_path, lost):
+    """Three agreements over one hub, no trainer: each is opened with its payload and stepped;
+    all close on one decision, with the same payloads in trainer-id order (b fetches c's payload
+    when its push is lost)."""
+    from pulse_node.loco.payload import LocoPayload, encode_payload
+
+    hub = MemoryHub()
+    names = ("trainer-a", "trainer-b", "trainer-c")
+    agreements = {n: _trainer_agreement(tmp_path, hub, n, deadline_s=20.0, decision_wait_s=5.0) for n in names}
+    for i, (name, ag) in enumerate(agreements.items()):
+        mine = LocoPayload(round=3, trainer_id=name, base_hash=b"\x01" * 32, numel={"w": 4},
+                           tensors={"w": (np.array([i], np.int64), np.array([0.5 + i], np.float32))})
+        ag.open_round(mine, encode_payload(mine))
+    results = _drive(agreements, lost=lost)
+    decisions = {r.decision.coordinator for r in results.values()}
+    assert decisions == {"trainer-a"}, decisions
+    for name, r in results.items():
+        assert [p.trainer_id for p in r.payloads] == list(names) and r.mine_included, name
+        assert [float(p.tensors["w"][1][0]) for p in r.payloads] == [0.5, 1.5, 2.5]
+    assert agreements["trainer-b"].ctx.status.snapshot().get("loco_fetched", 0) == (1 if lost else 0)
+    for ag in agreements.values():
+        ag.ctx.store.close()
 
 
 def test_forged_and_conflicting_decisions_are_rejected_and_counted(tmp_path):

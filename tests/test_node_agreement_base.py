@@ -19,16 +19,14 @@ from pulse_node.chain.store import VersionStore
 from pulse_node.config import TrainerConfig
 from pulse_node.errors import BaseMismatchError
 from pulse_node.loco import payload as payload_mod
-from pulse_node.loco.payload import (POS_CODER_BASE, POSITION_CODERS, VAL_CODER, VAL_CODER_BASE, LocoPayload,
+from pulse_node.loco.payload import (POS_CODER_BASE, VAL_CODER, VAL_CODER_BASE, LocoPayload,
                                      decode_payload, encode_payload, read_header)
 from pulse_node.trainer.agreement import RoundAgreement
 from pulse_node.daemon.context import RoleContext
 from pulse_node.testing.inprocess import InProcessSwarm
 from pulse_node.daemon.status import NodeStatus
 from pulse_node.testing.memory import MemoryHub
-from tests.conftest import wait_for
-from tests.test_node_agreement import _assert_identical, _at_least
-from tests.test_node_memory_swarm import _cfg, _status
+from helpers import all_at_version, assert_trainers_identical, read_status, wait_for
 
 SHAPES = {"w": (256,), "z.bias": (8,)}
 CAP = 1 << 20
@@ -108,7 +106,7 @@ def _agreement(tmp_path: Path, state: _Round) -> RoundAgreement:
     ctx = RoleContext(cfg=cfg, identity=Identity.generate(), store=store,
                       transport=MemoryHub().join("trainer-b", lambda kind, params: None),
                       status=NodeStatus(role="trainer", peer_id="trainer-b", run_id=cfg.run_id))
-    return RoundAgreement(ctx, shapes=SHAPES, current_round=lambda: state.round, drain=lambda wait_s: None,
+    return RoundAgreement(ctx, shapes=SHAPES, current_round=lambda: state.round,
                           base=state.base)
 
 
@@ -186,7 +184,7 @@ def _renamed_base(data: bytes) -> bytes:
     return msgpack.packb(msg, use_bin_type=True)
 
 
-def _run_pair(tmp_path: Path, rewrite_b=None, **b_extra) -> tuple[dict[str, Path], dict[str, _PushTap], list[str]]:
+def _run_pair(node_cfg, rewrite_b=None, **b_extra) -> tuple[dict[str, Path], dict[str, _PushTap], list[str]]:
     taps: dict[str, _PushTap] = {}
 
     def wrap(name, transport):
@@ -195,53 +193,54 @@ def _run_pair(tmp_path: Path, rewrite_b=None, **b_extra) -> tuple[dict[str, Path
 
     swarm = InProcessSwarm(wrap=wrap)
     try:
-        dirs = {"trainer-a": swarm.start("trainer-a", _cfg(TrainerConfig, tmp_path, "trainer-a", loco=LOCO)),
-                "trainer-b": swarm.start("trainer-b", _cfg(TrainerConfig, tmp_path, "trainer-b",
-                                                           loco={**LOCO, **b_extra}))}
-        wait_for(_at_least(dirs.values(), 3), timeout=300, what="both trainers at version 3")
+        dirs = {"trainer-a": swarm.start("trainer-a", node_cfg(TrainerConfig, "trainer-a", loco=LOCO)),
+                "trainer-b": swarm.start("trainer-b", node_cfg(TrainerConfig, "trainer-b",
+                                                               loco={**LOCO, **b_extra}))}
+        wait_for(all_at_version(dirs.values(), 3), timeout=300, what="both trainers at version 3")
     finally:
         swarm.stop_all()
     return dirs, taps, swarm.errors
 
 
-def test_trainers_agree_bit_identically_on_base_coded_payloads(tmp_path):
-    dirs, taps, errors = _run_pair(tmp_path)
+@pytest.mark.slow
+def test_trainers_agree_bit_identically_on_base_coded_payloads(node_cfg):
+    dirs, taps, errors = _run_pair(node_cfg)
     assert not errors, errors
-    _assert_identical(dirs, range(1, 4))
+    assert_trainers_identical(dirs, range(1, 4))
     for name, tap in taps.items():
         assert len(tap.sent) >= 3, f"{name} pushed too few payloads"
         for data in tap.sent:
             h = read_header(data, max_bytes=CAP, max_tensors=1 << 16)
-            assert h.val_coder == VAL_CODER_BASE, (name, h)
-            if POS_CODER_BASE in POSITION_CODERS:
-                assert h.pos_coder == POS_CODER_BASE, (name, h)
+            assert (h.val_coder, h.pos_coder) == (VAL_CODER_BASE, POS_CODER_BASE), (name, h)
     for name, d in dirs.items():
-        st = _status(d)
+        st = read_status(d)
         assert st.contributors == 2, f"{name}: the last round did not average both payloads"
         assert not st.trainer.rounds_left_out and not st.trainer.loco_base_mismatch and not st.counters.rejected, st
 
 
-def test_base_free_peer_is_still_averaged(tmp_path):
+@pytest.mark.slow
+def test_base_free_peer_is_still_averaged(node_cfg):
     """trainer-b runs with ``loco.base_coding = false`` (like an older peer): both still average
     both payloads, bit-identically."""
-    dirs, taps, errors = _run_pair(tmp_path, base_coding=False)
+    dirs, taps, errors = _run_pair(node_cfg, base_coding=False)
     assert not errors, errors
-    _assert_identical(dirs, range(1, 4))
+    assert_trainers_identical(dirs, range(1, 4))
     assert {read_header(d, max_bytes=CAP, max_tensors=1 << 16).val_coder for d in taps["trainer-b"].sent} == {VAL_CODER}
     assert {read_header(d, max_bytes=CAP, max_tensors=1 << 16).val_coder for d in taps["trainer-a"].sent} \
         == {VAL_CODER_BASE}
     for name, d in dirs.items():
-        st = _status(d)
+        st = read_status(d)
         assert st.contributors == 2 and not st.trainer.loco_base_mismatch and not st.counters.rejected, (name, st)
 
 
-def test_payload_naming_another_base_misses_the_round_without_breaking_it(tmp_path):
+@pytest.mark.slow
+def test_payload_naming_another_base_misses_the_round_without_breaking_it(node_cfg):
     """Every payload trainer-b pushes names another base: trainer-a never decodes one, counts
     them, and closes each round without b (no waiting for the deadline); both stay identical."""
-    dirs, taps, errors = _run_pair(tmp_path, rewrite_b=_renamed_base)
+    dirs, taps, errors = _run_pair(node_cfg, rewrite_b=_renamed_base)
     assert not errors, errors
-    _assert_identical(dirs, range(1, 4))
-    a, b = _status(dirs["trainer-a"]), _status(dirs["trainer-b"])
+    assert_trainers_identical(dirs, range(1, 4))
+    a, b = read_status(dirs["trainer-a"]), read_status(dirs["trainer-b"])
     assert a.trainer.loco_base_mismatch >= 3 and not a.counters.rejected, a
     assert b.trainer.rounds_left_out >= 3 and not b.trainer.forks, b
     assert a.contributors == 1

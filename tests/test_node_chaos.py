@@ -15,15 +15,17 @@ import pytest
 
 from pulse_node.config import InferenceConfig, SwarmConfig, TrainerConfig
 from pulse_node.testing.faults import FaultRates, FaultyTransport
-from tests.conftest import wait_for
+from helpers import read_status, wait_for
 from pulse_node.testing.inprocess import InProcessSwarm
-from tests.test_node_memory_swarm import _cfg, _history, _version
+from pulse_node.testing.inprocess import node_version
+
+pytestmark = pytest.mark.slow  # swarms of training nodes (in-process and separate processes)
 
 RATES = FaultRates(drop=0.1, duplicate=0.1, reorder=0.1, delay=0.1, corrupt=0.05, max_delay_s=0.05,
                    spare_kinds=("loco",))
 
 
-def test_faulty_links_and_restart_never_use_a_corrupt_state(tmp_path):
+def test_faulty_links_and_restart_never_use_a_corrupt_state(node_cfg):
     faulty: dict[str, FaultyTransport] = {}
 
     def wrap(name, transport):
@@ -32,23 +34,23 @@ def test_faulty_links_and_restart_never_use_a_corrupt_state(tmp_path):
 
     swarm = InProcessSwarm(wrap=wrap)
     try:
-        t1 = swarm.start("trainer-a", _cfg(TrainerConfig, tmp_path, "t1"))
-        i1 = swarm.start("infer-a", _cfg(InferenceConfig, tmp_path, "i1"))
-        i2 = swarm.start("infer-b", _cfg(InferenceConfig, tmp_path, "i2"))
-        wait_for(lambda: _version(i2) >= 3, timeout=240, what="infer-b at version 3")
+        t1 = swarm.start("trainer-a", node_cfg(TrainerConfig, "t1"))
+        i1 = swarm.start("infer-a", node_cfg(InferenceConfig, "i1"))
+        i2 = swarm.start("infer-b", node_cfg(InferenceConfig, "i2"))
+        wait_for(lambda: node_version(i2) >= 3, timeout=240, what="infer-b at version 3")
         swarm.stop(i2)
-        before = _version(i2)
-        swarm.start("infer-b", _cfg(InferenceConfig, tmp_path, "i2"))
-        wait_for(lambda: not swarm.errors and min(_version(i1), _version(i2)) >= before + 4 or bool(swarm.errors),
+        before = node_version(i2)
+        swarm.start("infer-b", node_cfg(InferenceConfig, "i2"))
+        wait_for(lambda: not swarm.errors and min(node_version(i1), node_version(i2)) >= before + 4 or bool(swarm.errors),
                  timeout=240, what="both inference nodes 4 versions past the restart")
-        top = max(_version(i1), _version(i2))
-        wait_for(lambda: any(h.version >= top for h in _history(t1)), timeout=30, what="trainer status")
+        top = max(node_version(i1), node_version(i2))
+        wait_for(lambda: any(h.version >= top for h in read_status(t1).history), timeout=30, what="trainer status")
     finally:
         swarm.stop_all()
     assert not swarm.errors, swarm.errors
-    trainer = {h.version: h.state_hash for h in _history(t1)}
+    trainer = {h.version: h.state_hash for h in read_status(t1).history}
     for node in (i1, i2):
-        applied = _history(node)
+        applied = read_status(node).history
         assert applied
         bad = [h.version for h in applied if trainer[h.version] != h.state_hash]
         assert not bad, f"{node.name} used wrong states at versions {bad}"
@@ -60,23 +62,22 @@ def test_faulty_links_and_restart_never_use_a_corrupt_state(tmp_path):
 TRAINER_KINDS = ("loco", "loco_decision", "loco_payload", "trainer_state")
 
 
-def _process_config(tmp_path) -> SwarmConfig:
+def _process_config(tmp_path, cache_dir) -> SwarmConfig:
     faults = {"enabled": True, "drop": 0.1, "duplicate": 0.1, "reorder": 0.1, "delay": 0.1, "corrupt": 0.05,
               "max_delay_s": 0.1}
     return SwarmConfig.model_validate({
         "trainers": 2, "inference": 1, "run_dir": str(tmp_path / "swarm"), "run_id": "chaos-test",
-        "model": {"d_model": 32, "n_layers": 2, "n_heads": 2, "cache_dir": str(tmp_path / "cache")},
+        "model": {"d_model": 32, "n_layers": 2, "n_heads": 2, "cache_dir": str(cache_dir)},
         "task": {"digits": 2}, "sampling": {"prompts_per_batch": 4, "group_size": 4, "max_new_tokens": 6},
         "grpo": {"warmstart_steps": 0}, "loco": {"inner_steps": 2, "deadline_s": 10}, "rollout_wait_s": 0.5,
         "eval_every": 0, "rollout_batches_per_version": 1, "chain": {"anchor_every": 5, "keep_versions": 8},
         "net": {"faults": faults}})
 
 
-@pytest.mark.slow
-def test_process_swarm_faulty_data_plane_and_kill_9(tmp_path):
+def test_process_swarm_faulty_data_plane_and_kill_9(tmp_path, warm_cache):
     from pulse_node.testing.chaos import ChaosPlan, ProcessChaos
 
-    chaos = ProcessChaos(_process_config(tmp_path), ChaosPlan(kill_every_s=float("inf"), forged_versions=200),
+    chaos = ProcessChaos(_process_config(tmp_path, warm_cache), ChaosPlan(kill_every_s=float("inf"), forged_versions=200),
                          log=lambda m: None)
 
     def version_of(name: str) -> int:

@@ -12,13 +12,14 @@ from pathlib import Path
 
 import pytest
 
+from helpers import wait_for
 from pulse_node.chain.store import VersionStore
 from pulse_node.config import InferenceConfig, TrainerConfig
 from pulse_node.daemon.status_model import VersionEntry
 from pulse_node.ops.snapshot import NodeInput, build_snapshot
-from pulse_node.testing.inprocess import InProcessSwarm, node_status, node_version
-from tests.conftest import tiny_overrides, wait_for
+from pulse_node.testing.inprocess import node_status, node_version
 
+pytestmark = pytest.mark.slow  # in-process swarms of training nodes
 
 _status = node_status
 _version = node_version
@@ -30,30 +31,12 @@ def _history(data_dir: Path) -> list[VersionEntry]:
     return s.history if s is not None else []
 
 
-@pytest.fixture
-def swarm(tmp_path):
-    s = InProcessSwarm()
-    yield s
-    s.stop_all()
-    assert not s.errors, s.errors
-
-
-def _cfg(cls, tmp: Path, name: str, **extra):
-    base = tiny_overrides(str(tmp / "cache"))
-    base.update(data_dir=str(tmp / name), seed=3)
-    if cls is TrainerConfig:
-        base.update(grpo={"warmstart_steps": 30, "lr": 1e-3}, loco={"inner_steps": 2, "deadline_s": 20},
-                    rollout_wait_s=0.5, eval_every=0, genesis_wait_s=1.0)
-    base.update(extra)
-    return cls.model_validate(base)
-
-
-def test_two_trainers_two_inference_bit_identical(swarm, tmp_path):
-    t1 = swarm.start("trainer-a", _cfg(TrainerConfig, tmp_path, "t1"))
-    t2 = swarm.start("trainer-b", _cfg(TrainerConfig, tmp_path, "t2"))
-    i1 = swarm.start("infer-a", _cfg(InferenceConfig, tmp_path, "i1"))
+def test_two_trainers_two_inference_bit_identical(inprocess_swarm, node_cfg):
+    t1 = inprocess_swarm.start("trainer-a", node_cfg(TrainerConfig, "t1"))
+    t2 = inprocess_swarm.start("trainer-b", node_cfg(TrainerConfig, "t2"))
+    i1 = inprocess_swarm.start("infer-a", node_cfg(InferenceConfig, "i1"))
     wait_for(lambda: _version(i1) >= 3, timeout=240, what="inference node at version 3")
-    late = swarm.start("infer-late", _cfg(InferenceConfig, tmp_path, "i2"))
+    late = inprocess_swarm.start("infer-late", node_cfg(InferenceConfig, "i2"))
     wait_for(lambda: _version(late) >= 5, timeout=240, what="late joiner at version 5")
     top = _version(late)
     wait_for(lambda: all(any(h.version >= top for h in _history(t)) for t in (t1, t2)),
@@ -70,20 +53,20 @@ def test_two_trainers_two_inference_bit_identical(swarm, tmp_path):
     assert sum(st.trainer.rollouts_in for st in trainers) > 0, "no rollouts reached trainers"
 
 
-def test_trainer_leaving_does_not_stall_and_returning_trainer_stays_identical(swarm, tmp_path):
+def test_trainer_leaving_does_not_stall_and_returning_trainer_stays_identical(inprocess_swarm, node_cfg):
     """The remaining trainer goes on past the deadline; the returning one adopts the swarm's state
     and, from its first round after that re-sync on, is bit-identical to the other at every version
     (the contributor agreement, ``trainer/agreement.py``, leaves no room for a fork)."""
     fast = {"loco": {"inner_steps": 2, "deadline_s": 3, "decision_wait_s": 2}}
-    t1 = swarm.start("trainer-a", _cfg(TrainerConfig, tmp_path, "t1", **fast))
-    t2 = swarm.start("trainer-b", _cfg(TrainerConfig, tmp_path, "t2", **fast))
+    t1 = inprocess_swarm.start("trainer-a", node_cfg(TrainerConfig, "t1", **fast))
+    t2 = inprocess_swarm.start("trainer-b", node_cfg(TrainerConfig, "t2", **fast))
     wait_for(lambda: min(_version(t1), _version(t2)) >= 3, timeout=240, what="both trainers at version 3")
-    swarm.stop(t2)  # leaves mid-run
+    inprocess_swarm.stop(t2)  # leaves mid-run
     left_at = _version(t1)
     wait_for(lambda: _version(t1) >= left_at + 3, timeout=120, what="the remaining trainer to go on alone")
     returned_at = _version(t1)
     (t2 / "status.json").unlink()  # so only the returning run's status is read below
-    swarm.start("trainer-b", _cfg(TrainerConfig, tmp_path, "t2", **fast))
+    inprocess_swarm.start("trainer-b", node_cfg(TrainerConfig, "t2", **fast))
     wait_for(lambda: (s := _status(t2)) is not None and s.trainer.resyncs >= 1, timeout=120,
              what="the returning trainer to re-sync")
     assert _version(t2) >= returned_at, "the returning trainer did not adopt the current version"
@@ -98,21 +81,21 @@ def test_trainer_leaving_does_not_stall_and_returning_trainer_stays_identical(sw
     assert back_counters.resyncs == 1 and not back_counters.forks, "the returning trainer forked again"
 
 
-def test_node_k_versions_behind_recovers_with_one_catchup_patch(swarm, tmp_path):
+def test_node_k_versions_behind_recovers_with_one_catchup_patch(inprocess_swarm, node_cfg):
     """A node that was down while k versions were published comes back with ONE catch-up patch
     (made on demand by a peer that holds both states), smaller than the k patches, bit-identical."""
     last = 12
-    t1 = swarm.start("trainer-a", _cfg(TrainerConfig, tmp_path, "t1", max_versions=last))
-    i1 = swarm.start("infer-a", _cfg(InferenceConfig, tmp_path, "i1"))
-    i2 = swarm.start("infer-b", _cfg(InferenceConfig, tmp_path, "i2"))
+    t1 = inprocess_swarm.start("trainer-a", node_cfg(TrainerConfig, "t1", max_versions=last))
+    i1 = inprocess_swarm.start("infer-a", node_cfg(InferenceConfig, "i1"))
+    i2 = inprocess_swarm.start("infer-b", node_cfg(InferenceConfig, "i2"))
     wait_for(lambda: _version(i2) >= 0, timeout=240, what="the lagging node holding a version")
-    swarm.stop(i2)
+    inprocess_swarm.stop(i2)
     with VersionStore(i2 / "store", readonly=True) as store:
         base = store.head().version
     wait_for(lambda: _version(i1) >= last, timeout=240, what="a peer holding the last version")
     assert last - base >= 4, f"the node fell only {last - base} versions behind"
     (i2 / "status.json").unlink()
-    swarm.start("infer-b", _cfg(InferenceConfig, tmp_path, "i2"))
+    inprocess_swarm.start("infer-b", node_cfg(InferenceConfig, "i2"))
     wait_for(lambda: _version(i2) >= last, timeout=120, what="the returning node at the head")
     back = _status(i2)
     trainer = {h.version: h for h in _history(t1)}

@@ -47,3 +47,11 @@ def test_zero_or_one_peer_needs_no_threads(n: int) -> None:
     t = BarrierTransport(parties=1, failing=set())
     assert push_to_all(t, _peers(n), "head", b"record", timeout=5.0) == 0
     assert t.got == [p.peer_id for p in _peers(n)]
+
+
+def test_each_failure_is_reported_with_its_peer() -> None:
+    t = BarrierTransport(parties=3, failing={"p0", "p2"})
+    failed: dict[str, str] = {}
+    assert push_to_all(t, _peers(3), "loco", b"payload", timeout=5.0,
+                       on_error=lambda peer, exc: failed.__setitem__(peer.peer_id, str(exc))) == 2
+    assert failed == {"p0": "p0 unreachable", "p2": "p2 unreachable"} and t.got == ["p1"]

@@ -8,28 +8,30 @@ only, count the rejections, and stop asking the rogue.
 
 from __future__ import annotations
 
+import pytest
+
+from helpers import node_version, read_status, wait_for
 from pulse_node.chain.identity import Identity
 from pulse_node.config import InferenceConfig, TrainerConfig
 from pulse_node.testing.faults import start_forging_peer
 from pulse_node.vocab import DEFAULT_RUN_ID
-from tests.conftest import wait_for
-from tests.test_node_memory_swarm import _cfg, _history, _status, _version, swarm  # noqa: F401 (fixture)
 
 
-def test_forged_versions_are_rejected_and_rogue_ignored(swarm, tmp_path):  # noqa: F811
+@pytest.mark.slow
+def test_forged_versions_are_rejected_and_rogue_ignored(inprocess_swarm, node_cfg, tmp_path):
     trainer_dir = tmp_path / "t1"
     key = Identity.load_or_create(trainer_dir / "identity.key").public_key_hex
-    start_forging_peer(swarm.hub, tmp_path / "rogue", run_id=DEFAULT_RUN_ID)
-    t1 = swarm.start("trainer-a", _cfg(TrainerConfig, tmp_path, "t1"))
-    i1 = swarm.start("infer-a", _cfg(InferenceConfig, tmp_path, "i1", chain={"trusted_trainers": [key]}))
-    wait_for(lambda: _version(i1) >= 3, timeout=240, what="inference node at version 3")
-    applied = _history(i1)
-    published = lambda: {h.version: h.state_hash for h in _history(t1)}  # noqa: E731
+    start_forging_peer(inprocess_swarm.hub, tmp_path / "rogue", run_id=DEFAULT_RUN_ID)
+    t1 = inprocess_swarm.start("trainer-a", node_cfg(TrainerConfig, "t1"))
+    i1 = inprocess_swarm.start("infer-a", node_cfg(InferenceConfig, "i1", chain={"trusted_trainers": [key]}))
+    wait_for(lambda: node_version(i1) >= 3, timeout=240, what="inference node at version 3")
+    applied = read_status(i1).history
+    published = lambda: {h.version: h.state_hash for h in read_status(t1).history}  # noqa: E731
     wait_for(lambda: {h.version for h in applied} <= set(published()), timeout=10, what="trainer status")
     trainer = published()
     assert applied and all(trainer[h.version] == h.state_hash for h in applied)
     assert max(h.version for h in applied) < 1000
-    assert _status(i1).counters.rejected >= 1, "the rogue was never caught"
+    assert read_status(i1).counters.rejected >= 1, "the rogue was never caught"
 
 
 def test_forged_head_announcement_is_no_hint_and_strikes_its_sender(tmp_path):

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import wait_for
+from helpers import wait_for
 from pulse_node.daemon.status_model import StatusReport, read_status
 
 REPO = Path(__file__).resolve().parents[1]
@@ -166,15 +166,12 @@ class ComposeAsProcesses:
 
     def wait_versions(self, services: tuple[str, ...], version: int, *, timeout: float) -> None:
         """Until every service holds ``version``; on timeout fail with each one's version and log tail."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            alive = all(self._alive(s) for s in services)
-            if alive and min(self.version(s) for s in services) >= version:
-                return
-            time.sleep(0.2)  # poll interval of a predicate wait with a deadline
-        report = "\n".join(f"--- {s}: version {self.version(s)}\n{self.log_tail(s, 8)}"
-                           for s in services)
-        pytest.fail(f"timed out after {timeout:.0f}s waiting for version {version}:\n{report}")
+        def report() -> str:
+            return f"version {version}:\n" + "\n".join(
+                f"--- {s}: version {self.version(s)}\n{self.log_tail(s, 8)}" for s in services)
+
+        wait_for(lambda: all(self._alive(s) for s in services) and min(self.version(s) for s in services) >= version,
+                 timeout=timeout, interval=0.2, what=report)
 
     def status(self, service: str) -> StatusReport | None:
         return read_status(self.volume_dir(f"{service}-data") / "status.json")
@@ -201,9 +198,9 @@ def _hash_at(status: StatusReport, version: int) -> str | None:
 
 
 @pytest.fixture(scope="module")
-def swarm(tmp_path_factory):
+def swarm(tmp_path_factory, warm_cache):
     root = tmp_path_factory.mktemp("compose-run")
-    runner = ComposeAsProcesses(root, tmp_path_factory.mktemp("cache"))
+    runner = ComposeAsProcesses(root, warm_cache)
     try:
         runner.start_bootstrap()
         for service in ("trainer-0", "inference-0"):
@@ -214,6 +211,7 @@ def swarm(tmp_path_factory):
         runner.close()
 
 
+@pytest.mark.slow
 def test_compose_services_form_a_working_swarm(swarm) -> None:
     t, i = swarm.status("trainer-0"), swarm.status("inference-0")
     assert _hash_at(t, 2) and _hash_at(t, 2) == _hash_at(i, 2)
@@ -227,6 +225,7 @@ def _status_cli(swarm, *extra: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=60, env=swarm.env)
 
 
+@pytest.mark.slow
 def test_dashboard_snapshot_and_screen_of_the_running_swarm(swarm) -> None:
     r = _status_cli(swarm, "--json")
     assert r.returncode == 0, r.stderr
@@ -246,6 +245,7 @@ def test_dashboard_snapshot_and_screen_of_the_running_swarm(swarm) -> None:
         assert needle in screen.stdout, needle
 
 
+@pytest.mark.slow
 def test_copied_identity_is_refused_and_shown_by_the_dashboard(swarm) -> None:
     (swarm.root / "trainer-copy").mkdir()
     shutil.copy(swarm.volume_dir("trainer-0-data") / "identity.key", swarm.root / "trainer-copy" / "identity.key")

@@ -42,6 +42,7 @@ def live_peer(tmp_path_factory):
         client.stop()
 
 
+@pytest.mark.slow
 def test_status_reads_records_and_each_peers_status_endpoint(live_peer) -> None:
     addr, _key, peer_id = live_peer
     r = subprocess.run([*PULSE, "status", "--bootstrap", addr, "--run-id", RUN, "--once", "--json"],
@@ -54,6 +55,7 @@ def test_status_reads_records_and_each_peers_status_endpoint(live_peer) -> None:
     assert snap["errors"][0]["message"].startswith("loco push") and "DHT (1 peer records)" in snap["source"]
 
 
+@pytest.mark.slow
 def test_doctor_against_a_live_bootstrap_sees_the_swarm_and_the_identity_in_use(live_peer, tmp_path) -> None:
     addr, key, peer_id = live_peer
     r = subprocess.run([*PULSE, "doctor", "--json", "--bootstrap", addr, "--run-id", RUN, "--identity", str(key),

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from types import SimpleNamespace
 
+import pytest
+
 from pulse_node.chain.identity import Identity
 from pulse_node.ops.checks import address_scope, check_disk, dependency_problems
 from pulse_node.ops.doctor import DoctorOptions, check_clocks, check_reachable
@@ -20,6 +22,7 @@ def _doctor(*args: str, timeout: float = 90) -> tuple[int, dict]:
     return r.returncode, {c["name"]: c for c in json.loads(r.stdout)}
 
 
+@pytest.mark.slow
 def test_environment_checks_pass_here(tmp_path) -> None:
     code, checks = _doctor("--data-dir", str(tmp_path), "--only", "python", "--only", "libp2p",
                            "--only", "dependencies", "--only", "disk", "--only", "identity")
@@ -28,6 +31,7 @@ def test_environment_checks_pass_here(tmp_path) -> None:
     assert checks["libp2p"]["detail"] == "libp2p 0.8.1 imports"
 
 
+@pytest.mark.slow
 def test_dead_bootstrap_fails_with_a_next_step_while_the_local_daemon_passes(tmp_path) -> None:
     with socket.socket() as s:  # a port nobody listens on any more
         s.bind(("127.0.0.1", 0))
@@ -43,6 +47,7 @@ def test_dead_bootstrap_fails_with_a_next_step_while_the_local_daemon_passes(tmp
     assert checks["clocks"]["status"] == "SKIP"
 
 
+@pytest.mark.slow
 def test_malformed_bootstrap_address_is_a_config_failure(tmp_path) -> None:
     code, checks = _doctor("--bootstrap", "/ip4/127.0.0.1/tcp/1", "--timeout", "2", "--only", "bootstrap")
     assert code == 1 and checks["bootstrap"]["status"] == "FAIL"

@@ -11,6 +11,8 @@ import pytest
 from codec_strategies import realistic_pair
 from pulse_node.codec.state import save_safetensors_atomic
 
+pytestmark = pytest.mark.slow  # a pulse-node process per call
+
 
 def _cli(*args: str):
     return subprocess.run([sys.executable, "-m", "pulse_node.cli", "patch", *args], capture_output=True,

@@ -14,11 +14,11 @@ from pulse_node.rl.policy import build_policy
 from pulse_node.rl.rollout import Rollout
 from pulse_node.rl.sampler import RolloutWorker
 from pulse_node.rl.tasks import make_task_source
-from test_rl_support import tiny_solo
+from helpers import tiny_solo
 
 
-def make(tmp_path, **grpo):
-    cfg = tiny_solo(tmp_path, **grpo)
+def make(cache_dir, **grpo):
+    cfg = tiny_solo(cache_dir, **grpo)
     policy = build_policy(cfg.model, cfg.task, seed=1, grpo_cfg=cfg.grpo)
     worker = RolloutWorker(policy, cfg.sampling)
     worker.set_weights(policy.bf16_state(), version=0)
@@ -38,11 +38,11 @@ def test_group_advantages() -> None:
     assert adv[0] == pytest.approx(1.0) and adv[1] == pytest.approx(-1.0) and adv[2:] == [0.0, 0.0]
 
 
-def test_one_step_changes_weights_and_bf16_copy(tmp_path) -> None:
-    _, policy, worker, task = make(tmp_path)
+def test_one_step_changes_weights_and_bf16_copy(warm_cache) -> None:
+    _, policy, worker, task = make(warm_cache)
     before = {n: p.detach().clone() for n, p in policy.model.named_parameters()}
     bf16_before = policy.bf16_state()
-    stats = GRPOLearner(policy, tiny_solo(tmp_path).grpo).step(rollouts_with_signal(worker, task), current_version=0)
+    stats = GRPOLearner(policy, tiny_solo(warm_cache).grpo).step(rollouts_with_signal(worker, task), current_version=0)
     assert torch.isfinite(torch.tensor(stats["loss"])) and stats["stepped"] == 1.0
     assert stats["ratio_mean"] == pytest.approx(1.0, abs=1e-3) and stats["clip_frac"] == 0.0
     assert any(not torch.equal(before[n], p) for n, p in policy.model.named_parameters())
@@ -51,28 +51,28 @@ def test_one_step_changes_weights_and_bf16_copy(tmp_path) -> None:
     assert stats["bf16_changed"] == pytest.approx(changed / total) and changed > 0
 
 
-def test_no_signal_means_no_step(tmp_path) -> None:
-    _, policy, worker, task = make(tmp_path)
+def test_no_signal_means_no_step(warm_cache) -> None:
+    _, policy, worker, task = make(warm_cache)
     rs = worker.generate(task.sample(2, random.Random(0)), rng=random.Random(1))
     for r in rs:
         r.reward = 1.0
     bf16 = policy.bf16_state()
-    stats = GRPOLearner(policy, tiny_solo(tmp_path).grpo).step(rs, current_version=0)
+    stats = GRPOLearner(policy, tiny_solo(warm_cache).grpo).step(rs, current_version=0)
     assert stats["stepped"] == 0.0 and stats["informative"] == 0.0
     assert all((bf16[n].bits == t.bits).all() for n, t in policy.bf16_state().items())
 
 
-def test_staleness_bound_drops_old_and_future_rollouts(tmp_path) -> None:
-    _, policy, worker, task = make(tmp_path, max_staleness=2)
+def test_staleness_bound_drops_old_and_future_rollouts(warm_cache) -> None:
+    _, policy, worker, task = make(warm_cache, max_staleness=2)
     rs = rollouts_with_signal(worker, task)
     for i, r in enumerate(rs):
         r.version = [7, 10, 12, 13][i % 4]  # 10-3 stale, 10..12 fresh, 13 from the future
-    stats = GRPOLearner(policy, tiny_solo(tmp_path, max_staleness=2).grpo).step(rs, current_version=12)
+    stats = GRPOLearner(policy, tiny_solo(warm_cache, max_staleness=2).grpo).step(rs, current_version=12)
     assert stats["dropped_stale"] == len(rs) // 2 and stats["kept"] == len(rs) // 2
 
 
-def test_importance_correction_uses_behaviour_logprobs(tmp_path) -> None:
-    cfg, policy, worker, task = make(tmp_path)
+def test_importance_correction_uses_behaviour_logprobs(warm_cache) -> None:
+    cfg, policy, worker, task = make(warm_cache)
     rs = rollouts_with_signal(worker, task)
     learner = GRPOLearner(policy, cfg.grpo)
     adv = group_advantages(rs)
@@ -91,8 +91,8 @@ def test_importance_correction_uses_behaviour_logprobs(tmp_path) -> None:
     assert far["clip_frac"] == pytest.approx(1.0)
 
 
-def test_gradient_scales_with_importance_weight(tmp_path) -> None:
-    cfg, policy, worker, task = make(tmp_path, eps_low=0.9, eps_high=10.0)  # clipping out of the way
+def test_gradient_scales_with_importance_weight(warm_cache) -> None:
+    cfg, policy, worker, task = make(warm_cache, eps_low=0.9, eps_high=10.0)  # clipping out of the way
     rs = rollouts_with_signal(worker, task)
     learner = GRPOLearner(policy, cfg.grpo)
     adv = group_advantages(rs)
@@ -110,8 +110,8 @@ def test_gradient_scales_with_importance_weight(tmp_path) -> None:
     assert torch.allclose(g2, g1 * float(torch.exp(torch.tensor(0.5))), rtol=1e-3, atol=1e-7)
 
 
-def test_hostile_token_ids_rejected(tmp_path) -> None:
-    cfg, policy, worker, task = make(tmp_path)
+def test_hostile_token_ids_rejected(warm_cache) -> None:
+    cfg, policy, worker, task = make(warm_cache)
     rs = rollouts_with_signal(worker, task)
     rs[0].completion_ids = [10_000] * len(rs[0].completion_ids)
     with pytest.raises(WireError):

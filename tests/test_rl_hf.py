@@ -15,6 +15,8 @@ from pulse_node.rl.policy import build_policy
 from pulse_node.rl.sampler import RolloutWorker
 from pulse_node.rl.tasks import make_task_source
 
+pytestmark = pytest.mark.slow  # a Hugging Face model: transformers import and a model dir per module
+
 CHARS = list("0123456789+-*=")
 
 

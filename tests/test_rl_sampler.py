@@ -13,12 +13,12 @@ from pulse_node.rl.evaluate import evaluate
 from pulse_node.rl.policy import build_policy
 from pulse_node.rl.sampler import RolloutWorker
 from pulse_node.rl.tasks import Problem, make_task_source
-from test_rl_support import tiny_solo
+from helpers import tiny_solo
 
 
 @pytest.fixture
-def setup(tmp_path):
-    cfg = tiny_solo(tmp_path)
+def setup(warm_cache):
+    cfg = tiny_solo(warm_cache)
     policy = build_policy(cfg.model, cfg.task, seed=3, grpo_cfg=cfg.grpo)
     worker = RolloutWorker(policy, cfg.sampling)
     worker.set_weights(policy.bf16_state(), version=5)

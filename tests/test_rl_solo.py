@@ -9,13 +9,13 @@ from pulse_node.cli import main
 from pulse_node.configload import load_config
 from pulse_node.rl.config import SoloConfig
 from pulse_node.rl.solo import run_solo
-from test_rl_support import tiny_solo
+from helpers import tiny_solo
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_run_solo_summary(tmp_path) -> None:
-    cfg = tiny_solo(tmp_path).model_copy(update={"max_steps": 3, "sync_every": 2})
+def test_run_solo_summary(warm_cache) -> None:
+    cfg = tiny_solo(warm_cache).model_copy(update={"max_steps": 3, "sync_every": 2})
     out = run_solo(cfg, progress=False)
     assert out["steps"] == 3 and out["rollouts"] == 3 * 4 * 4
     for key in ("eval_before", "eval_after", "bf16_change_density"):
@@ -23,9 +23,9 @@ def test_run_solo_summary(tmp_path) -> None:
     assert out["eval_problems"] == 20 and out["seconds"] > 0
 
 
-def test_cli_json_last_line(tmp_path, capsys) -> None:
+def test_cli_json_last_line(warm_cache, capsys) -> None:
     args = ["solo", "--config", str(ROOT / "configs" / "solo.toml"), "--json", "--quiet",
-            "--set", f'model.cache_dir="{tmp_path}"', "--set", "model.d_model=16",
+            "--set", f'model.cache_dir="{warm_cache}"', "--set", "model.d_model=16",
             "--set", "model.n_layers=1", "--set", "grpo.warmstart_steps=2", "--set", "max_steps=1",
             "--set", "task.eval_size=30", "--set", "sampling.prompts_per_batch=2"]
     assert main(args) == 0

@@ -1,4 +1,8 @@
-"""The supervised warm start is cached on disk keyed by a config hash and reused."""
+"""The supervised warm start is cached on disk keyed by a config hash and reused.
+
+These tests test the cache itself, so each starts from an empty cache of its own (not the
+session's ``warm_cache``).
+"""
 
 from __future__ import annotations
 
@@ -6,7 +10,7 @@ import torch
 
 from pulse_node.rl.policy import build_policy
 from pulse_node.rl.warmstart import cache_path
-from test_rl_support import tiny_solo
+from helpers import tiny_solo
 
 
 def params(policy) -> dict[str, torch.Tensor]:
@@ -14,7 +18,7 @@ def params(policy) -> dict[str, torch.Tensor]:
 
 
 def test_warm_start_trains_once_then_loads_from_cache(tmp_path, capsys) -> None:
-    cfg = tiny_solo(tmp_path, warmstart_steps=5, warmstart_batch=8)
+    cfg = tiny_solo(tmp_path / "cache", warmstart_steps=5, warmstart_batch=8)
     cold = build_policy(cfg.model, cfg.task, seed=0, grpo_cfg=cfg.grpo.model_copy(update={"warmstart_steps": 0}))
     first = build_policy(cfg.model, cfg.task, seed=0, grpo_cfg=cfg.grpo, progress=True)
     err = capsys.readouterr().err
@@ -35,7 +39,7 @@ def test_warm_start_trains_once_then_loads_from_cache(tmp_path, capsys) -> None:
 
 
 def test_corrupt_cache_is_retrained(tmp_path, capsys) -> None:
-    cfg = tiny_solo(tmp_path, warmstart_steps=3, warmstart_batch=8)
+    cfg = tiny_solo(tmp_path / "cache", warmstart_steps=3, warmstart_batch=8)
     first = build_policy(cfg.model, cfg.task, seed=0, grpo_cfg=cfg.grpo)
     path = cache_path(first, model_cfg=cfg.model, grpo_cfg=cfg.grpo, seed=0)
     path.write_bytes(b"not safetensors")

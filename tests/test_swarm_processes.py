@@ -16,17 +16,17 @@ import pytest
 from pulse_node.config import SwarmConfig
 from pulse_node.daemon.status_model import StatusReport
 from pulse_node.swarm.launcher import LocalSwarm
+from helpers import wait_for
 from pulse_node.swarm.view import SwarmView
-from tests.conftest import wait_for
 
 pytestmark = pytest.mark.slow
 
 
-def _swarm_config(tmp_path) -> SwarmConfig:
+def _swarm_config(tmp_path, cache_dir) -> SwarmConfig:
     """The embedded default model and task (so learning is visible), short rounds."""
     return SwarmConfig.model_validate({
         "trainers": 2, "inference": 2, "run_dir": str(tmp_path / "swarm"), "run_id": "test-swarm",
-        "model": {"cache_dir": str(tmp_path / "cache")}, "loco": {"inner_steps": 5, "deadline_s": 30},
+        "model": {"cache_dir": str(cache_dir)}, "loco": {"inner_steps": 5, "deadline_s": 30},
         "eval_every": 1, "chain": {"anchor_every": 1000}})  # only genesis is an anchor: the late joiner
     # starts from anchor 0 however far the swarm got while it started, so it needs a catch-up patch
 
@@ -36,8 +36,8 @@ def _history(status: StatusReport | None) -> dict[int, str]:
 
 
 @pytest.fixture
-def swarm(tmp_path):
-    s = LocalSwarm(_swarm_config(tmp_path), log=lambda m: None)
+def swarm(tmp_path, warm_cache):
+    s = LocalSwarm(_swarm_config(tmp_path, warm_cache), log=lambda m: None)
     try:
         s.start()
         yield s

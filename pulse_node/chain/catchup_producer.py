@@ -30,8 +30,9 @@ from pathlib import Path
 from pulse_node.chain.catchup import make_catchup
 from pulse_node.chain.layout import CATCHUP_KEEP_BYTES, CATCHUP_KEEP_FILES, catchup_path, prune_catchups
 from pulse_node.chain.store import VersionStore
-from pulse_node.codec.state import State, write_atomic
+from pulse_node.codec.state import State
 from pulse_node.errors import BusyError, GapError, PulseError, StoreError
+from pulse_node.fsutil import write_atomic
 
 log = logging.getLogger("pulse.catchup")
 

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
-import secrets
 import stat
 from pathlib import Path
 
@@ -21,6 +19,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from pulse_node.errors import ConfigError
+from pulse_node.fsutil import atomic_writer
 
 log = logging.getLogger(__name__)
 
@@ -119,29 +118,11 @@ def verify_signature(public_key_hex: str, data: bytes, signature: bytes) -> bool
 
 def _create_exclusive(path: Path, data: bytes) -> bool:
     """Write ``data`` to ``path`` (0600) only if it does not exist. False if it already did."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
-        with os.fdopen(fd, "wb") as fh:
+        with atomic_writer(path, mode=0o600, exclusive=True) as fh:
             fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        try:
-            os.link(tmp, path)  # atomic and fails if path exists: no clobbering a racer
-        except FileExistsError:
-            return False
-        except OSError:  # filesystem without hard links: rename (last racer wins)
-            if path.exists():
-                return False
-            os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    except FileExistsError:
+        return False
     return True
 
 

@@ -11,7 +11,8 @@ data plane serves these files as they are), so it has no state and opens nothing
     <root>/catchup/<a>-<b>.patch     cached catch-up patch a -> b (``catchup_producer``); may
                                      vanish at any time (bounded cache, pruned by retention)
 
-``<v>`` is the plain decimal version. Temp files are ``.<name>.<pid>.tmp`` beside their target.
+``<v>`` is the plain decimal version. Temp files are ``.<name>.<pid>.<random>.tmp`` beside their
+target (``fsutil.atomic_writer``).
 """
 
 from __future__ import annotations

@@ -20,8 +20,9 @@ Rules:
   parent/child links, patch digest, the patch header's base and result state hashes, the
   anchor's state hash); bad input raises a typed error and leaves the store unchanged.
 - Opening a writer runs ``recover()``: temp files, data without a record, records that do
-  not decode or verify, and files whose size does not match what they declare are removed,
-  so after a kill -9 at any point the store reopens at the last verified version by itself.
+  not decode or verify, and files whose size does not match what they declare are removed
+  (``store_scan.py`` says which), so after a kill -9 at any point the store reopens at the
+  last verified version by itself.
 - ``head()`` is the highest version reachable from a stored full state (anchor or current)
   through present patches whose records link; ``load_state`` replays and verifies each state
   hash, and drops (and routes around) a stored file that fails its hash.
@@ -37,20 +38,18 @@ import os
 from pathlib import Path
 from typing import Collection
 
-from pulse_node.chain.layout import (CATCHUP_DIR, CATCHUP_KEEP_BYTES, CATCHUP_KEEP_FILES, KINDS,
-                                     embedded_record, is_temp, parse_version, prune_catchups,
-                                     remove_quietly, state_metadata, store_path)
-from pulse_node.chain.record import (VersionRecord, check_link, check_patch, decode_record,
-                                     encode_record, verify_record)
+from pulse_node.chain.layout import (CATCHUP_DIR, CATCHUP_KEEP_BYTES, CATCHUP_KEEP_FILES, KINDS, is_temp,
+                                     prune_catchups, remove_quietly, state_metadata, store_path)
 from pulse_node.chain.patchinfo import patch_hashes
+from pulse_node.chain.record import VersionRecord, check_link, check_patch, encode_record, verify_record
+from pulse_node.chain.store_scan import DATA_KINDS, listdir, scan_store
 from pulse_node.codec.patch import apply_patch
-from pulse_node.codec.state import State, load_safetensors, save_safetensors_atomic, write_atomic
+from pulse_node.codec.state import State, load_safetensors, save_safetensors_atomic
 from pulse_node.codec.statehash import state_hash
-from pulse_node.errors import GapError, IntegrityError, PatchError, PulseError, StoreError
+from pulse_node.errors import GapError, IntegrityError, PatchError, StoreError
+from pulse_node.fsutil import write_atomic
 
 log = logging.getLogger(__name__)
-
-_DATA_KINDS = ("patch", "anchor", "current")
 
 
 class VersionStore:
@@ -63,7 +62,7 @@ class VersionStore:
         self.readonly = readonly
         self._lock_fd: int | None = None
         self._records: dict[int, VersionRecord] = {}
-        self._files: dict[str, set[int]] = {kind: set() for kind in _DATA_KINDS}
+        self._files: dict[str, set[int]] = {kind: set() for kind in DATA_KINDS}
         if readonly:
             if not self.root.is_dir():
                 raise StoreError(f"{self.root}: version store does not exist")
@@ -105,7 +104,7 @@ class VersionStore:
         """Remove leftovers of interrupted writes and invalid files; returns what was removed."""
         self._require_writer()
         folders = [folder for folder, _ in KINDS.values()] + [CATCHUP_DIR]
-        removed = [p for folder in folders for p in _listdir(self.root / folder)
+        removed = [p for folder in folders for p in listdir(self.root / folder)
                    if is_temp(p) and remove_quietly(p)]
         removed += self._scan(repair=True)
         for p in removed:
@@ -118,74 +117,11 @@ class VersionStore:
 
     def _scan(self, *, repair: bool = False) -> list[Path]:
         """Rebuild the index from disk; with ``repair`` delete what is provably garbage."""
-        bad: list[Path] = []
-        untrusted: set[int] = set()
-        self._records = self._scan_records(bad, untrusted)
-        for kind in _DATA_KINDS:
-            self._files[kind] = self._scan_data(kind, bad, skip=untrusted)
-        self._keep_newest_current(bad)
-        if repair:
-            return [p for p in bad if remove_quietly(p)]
-        return []
-
-    def _scan_records(self, bad: list[Path], untrusted: set[int]) -> dict[int, VersionRecord]:
-        """Valid records by version; invalid ones go to ``bad``, untrusted ones are left alone."""
-        records: dict[int, VersionRecord] = {}
-        for path in _listdir(self.root / "records"):
-            v = parse_version(path, ".rec")
-            if v is None:
-                continue
-            try:
-                r = decode_record(path.read_bytes())
-                verify_record(r, trusted_signers=None)
-                if r.version != v:
-                    raise StoreError(f"{path}: holds the record of v{r.version}")
-            except (PulseError, OSError) as exc:
-                log.warning("ignoring invalid record %s: %s", path, exc)
-                bad.append(path)
-                continue
-            if self.trusted is None or r.signer in self.trusted:
-                records[v] = r
-            else:
-                log.warning("ignoring %s: signer is not trusted", path)
-                untrusted.add(v)
-        return records
-
-    def _scan_data(self, kind: str, bad: list[Path], *, skip: set[int]) -> set[int]:
-        folder, suffix = KINDS[kind]
-        present: set[int] = set()
-        for path in _listdir(self.root / folder):
-            v = parse_version(path, suffix)
-            if v is None or v in skip:
-                continue
-            r = self._records.get(v)
-            problem = "no valid record" if r is None else self._data_problem(kind, path, r)
-            if problem:
-                log.warning("ignoring %s: %s", path, problem)
-                bad.append(path)
-            else:
-                present.add(v)
-        return present
-
-    @staticmethod
-    def _data_problem(kind: str, path: Path, r: VersionRecord) -> str | None:
-        """Cheap structural check of a data file against its record (full hashes on load)."""
-        if kind == "patch":
-            size = path.stat().st_size
-            return None if size == r.patch_bytes else f"{size} bytes, record says {r.patch_bytes}"
-        if kind == "anchor" and not r.is_anchor:
-            return "record is not an anchor"
-        try:
-            carried = embedded_record(path)
-        except StoreError as exc:
-            return str(exc)
-        return None if carried.chain_hash == r.chain_hash else "carries another version's record"
-
-    def _keep_newest_current(self, bad: list[Path]) -> None:
-        currents = sorted(self._files["current"])
-        for v in currents[:-1]:
-            bad.append(store_path(self.root, "current", v))
-        self._files["current"] = set(currents[-1:])
+        scan = scan_store(self.root, trusted=self.trusted)
+        self._records, self._files = scan.records, scan.files
+        if not repair:
+            return []
+        return [p for p in scan.bad if remove_quietly(p)]
 
     # ----------------------------------------------------------------- queries
     def path_of(self, kind: str, version: int) -> Path:
@@ -426,7 +362,7 @@ class VersionStore:
         """
         self._require_writer()
         doomed = sorted({v for v in self._records if v >= version}
-                        | {v for kind in _DATA_KINDS for v in self._files[kind] if v >= version}, reverse=True)
+                        | {v for kind in DATA_KINDS for v in self._files[kind] if v >= version}, reverse=True)
         removed = [p for v in doomed for p in self._delete_version(v)]
         return removed + prune_catchups(self.root, keep_files=CATCHUP_KEEP_FILES, keep_bytes=CATCHUP_KEEP_BYTES,
                                         targets=set(self._records))
@@ -437,7 +373,7 @@ class VersionStore:
             del self._records[v]
             if remove_quietly(self.path_of("record", v)):
                 removed.append(self.path_of("record", v))
-        for kind in _DATA_KINDS:
+        for kind in DATA_KINDS:
             if v in self._files[kind]:
                 removed += self._delete_file(kind, v)
         return removed
@@ -517,9 +453,3 @@ class VersionStore:
             remove_quietly(self.path_of(kind, version))
             log.error("removed corrupt %s of v%d", kind, version)
 
-
-def _listdir(folder: Path) -> list[Path]:
-    try:
-        return sorted(folder.iterdir())
-    except FileNotFoundError:
-        return []

@@ -5,6 +5,8 @@ handful of short scalar loops; as numpy passes each costs several full array swe
 temporaries, compiled they are one sweep each. Every kernel has a vectorized numpy twin in
 ``entropy`` / ``values`` that defines the same format: the twins are the test oracle
 (tests/test_codec_kernels.py) and the fallback when numba is not importable (``AVAILABLE``).
+Compiling them all ahead of the first patch, and dropping compiled kernels whose sources
+changed, is ``codec/warmup.py``'s job.
 
 Kernels never raise: they return a negative status that the caller turns into a typed
 ``PatchError``. Element kinds for the order-preserving key: ``FLOAT`` (sign-magnitude),
@@ -21,34 +23,6 @@ except ImportError:  # pragma: no cover - exercised only on platforms without nu
     njit = None
 
 AVAILABLE = njit is not None
-#: modules whose compiled kernels inline each other (numba's on-disk cache only notices edits
-#: of a kernel's own file, so a change to an inlined helper elsewhere must clear them all)
-_KERNEL_MODULES = ("kernels", "rans", "fused", "entropy")
-
-
-def _clear_stale_cache() -> None:
-    """Drop this package's cached kernels when any kernel module's source changed."""
-    import hashlib
-    from pathlib import Path
-
-    here = Path(__file__).parent
-    cache = here / "__pycache__"
-    try:
-        digest = hashlib.sha256(b"".join((here / f"{m}.py").read_bytes() for m in _KERNEL_MODULES)).hexdigest()
-        stamp = cache / "kernels.sources"
-        if stamp.is_file() and stamp.read_text() == digest:
-            return
-        cache.mkdir(exist_ok=True)
-        for m in _KERNEL_MODULES:
-            for f in [*cache.glob(f"{m}.*.nbi"), *cache.glob(f"{m}.*.nbc")]:
-                f.unlink(missing_ok=True)
-        stamp.write_text(digest)
-    except OSError:  # read-only install: numba then caches elsewhere (keyed by the installed files)
-        pass
-
-
-if AVAILABLE:
-    _clear_stale_cache()
 FLOAT, SIGNED, UNSIGNED = 0, 1, 2
 #: kernel status codes
 TRUNCATED, BAD_SYMBOL = -1, -2
@@ -230,41 +204,3 @@ count_below = _jit(_count_below)
 members_below = _jit(_members_below)
 background_positions = _jit(_background_positions)
 locate = _jit(_locate)
-
-
-def warm_up() -> None:
-    """Compile (or load from the on-disk cache) every kernel for every element width.
-
-    A node calls this at start so its first patch is not slowed by compilation.
-    """
-    if not AVAILABLE:
-        return
-    i64 = np.arange(4, dtype=np.int64)
-    buf = np.zeros(8, np.uint8)
-    read_fields(buf, 0, 64, i64, np.empty(4, np.int64))
-    write_fields(i64, i64, np.zeros(8, np.uint8))
-    bin_values(i64, np.empty(4, np.int32), np.empty(4, np.int64), np.empty(4, np.int64))
-    label_order(np.zeros(4, np.uint8), np.empty(4, np.int64), np.zeros(256, np.int64))
-    background_positions(i64, i64, np.empty(4, np.int64))
-    locate(i64, i64, np.empty(4, bool), np.empty(4, np.int64))
-    for dt in (np.uint8, np.uint16, np.uint32):
-        bits = np.arange(4, dtype=dt)
-        delta_zig(bits, bits + dt(1), FLOAT, 8 * bits.itemsize, np.empty(4, np.int64))
-        count_below(bits, 1, 127)
-        members_below(bits, 1, 127, 2, np.empty(5, np.int64), np.empty(5, np.uint8))
-    _warm_codec_round_trips()
-
-
-def _warm_codec_round_trips() -> None:
-    """A tiny patch per element width and mode through the whole codec (rANS and fused kernels)."""
-    from pulse_node.codec.patch import apply_patch, make_patch
-    from pulse_node.codec.state import TensorBits
-
-    rng = np.random.default_rng(0)
-    for dtype, np_dtype in (("BF16", np.uint16), ("F32", np.uint32), ("I8", np.uint8), ("I64", np.uint64)):
-        old = rng.integers(0, 1 << 7, 4096).astype(np_dtype)
-        new = old.copy()
-        new[::7] += np_dtype(1)
-        base, moved = {"w": TensorBits(dtype, (4096,), old)}, {"w": TensorBits(dtype, (4096,), new)}
-        for mode, context in (("compact", False), ("compact", True), ("overwrite", False)):
-            apply_patch(base, make_patch(base, moved, mode=mode, position_context=context))

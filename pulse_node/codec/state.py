@@ -11,7 +11,6 @@ Safetensors files are read and written with the ``safetensors`` library's framew
 from __future__ import annotations
 
 import os
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
@@ -19,6 +18,7 @@ from typing import Mapping
 import numpy as np
 
 from pulse_node.errors import PatchError
+from pulse_node.fsutil import write_atomic
 
 #: safetensors dtype name -> (unsigned view dtype, bytes per element)
 DTYPES: dict[str, np.dtype] = {
@@ -134,19 +134,3 @@ def save_safetensors_atomic(state: Mapping[str, TensorBits], path: str | os.Path
                             metadata: dict[str, str] | None = None) -> None:
     """Write a state to ``path`` atomically (temp file, fsync, rename)."""
     write_atomic(Path(path), to_safetensors_bytes(state, metadata))
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write bytes to ``path`` so readers see either the old file or the whole new one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)

@@ -15,7 +15,6 @@ restarts. SIGINT/SIGTERM stop it within 10 s.
 from __future__ import annotations
 
 import argparse
-import os
 import signal
 import sys
 import threading
@@ -24,6 +23,7 @@ from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from pulse_node.fsutil import write_atomic
 from pulse_node.signals import stop_on_signals
 from pulse_node.vocab import DEFAULT_RUN_ID
 
@@ -96,10 +96,7 @@ def announce(maddrs: list[str], peer_id: str, args: argparse.Namespace) -> None:
           "addresses with --initial-peers:", file=sys.stderr, flush=True)
     text = "".join(f"{m}\n" for m in maddrs)
     if args.print_maddrs_file:  # the file first: whoever reads stdout may look for it at once
-        path = args.print_maddrs_file
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(text)
-        os.replace(tmp, path)
+        write_atomic(args.print_maddrs_file, text.encode(), durable=False)
     sys.stdout.write(text)
     sys.stdout.flush()
 

@@ -49,7 +49,8 @@ def _read(path: Path) -> bytes:
 
 def _diff(args: argparse.Namespace) -> int:
     from pulse_node.codec.patch import make_patch, patch_stats
-    from pulse_node.codec.state import load_safetensors, write_atomic
+    from pulse_node.codec.state import load_safetensors
+    from pulse_node.fsutil import write_atomic
 
     patch = make_patch(load_safetensors(args.old), load_safetensors(args.new), mode=args.mode,
                        position_context=args.context)
@@ -101,5 +102,8 @@ def _inspect(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    from pulse_node.codec.warmup import clear_stale_cache
+
+    clear_stale_cache()  # before the first kernel loads from numba's on-disk cache
     actions = {"diff": _diff, "apply": _apply, "inspect": _inspect}
     return actions[args.patch_command](args)

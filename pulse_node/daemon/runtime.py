@@ -85,9 +85,13 @@ def _status_writer(ctx: RoleContext, path: Path, every_s: float, worker_died: th
 
 
 def _warm_codec() -> threading.Thread:
-    """Load the codec's compiled kernels in the background while the role starts up."""
-    from pulse_node.codec.kernels import warm_up
+    """Load the codec's compiled kernels in the background while the role starts up.
 
+    A stale on-disk cache is cleared here, before the role can load any kernel from it.
+    """
+    from pulse_node.codec.warmup import clear_stale_cache, warm_up
+
+    clear_stale_cache()
     t = threading.Thread(target=warm_up, name="codec-warm-up", daemon=True)
     t.start()
     return t

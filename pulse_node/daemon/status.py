@@ -22,10 +22,10 @@ from typing import Any, Iterator, Mapping
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
-from pulse_node.codec.state import write_atomic
 from pulse_node.daemon.status_model import (
     ERROR_CHARS, ERRORS_KEPT, HISTORY_LEN, SECTIONS, DataPlane, ErrorEntry, EvalPoint, StatusFieldError, StatusReport,
     VersionEntry, gauge_fields, new_report)
+from pulse_node.fsutil import write_atomic
 
 
 class NodeStatus:

@@ -22,7 +22,7 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 from pulse_node.errors import PulseError
 from pulse_node.net.dht_records import PeerRecord, PeerStatus
@@ -92,19 +92,22 @@ class PeerInfo:
 MAX_PARALLEL_PUSHES = 8
 
 
-def push_to_all(transport: "Transport", peers: list[PeerInfo], kind: PushKind, data: bytes, *,
-                timeout: float) -> int:
+def push_to_all(transport: "Transport", peers: list[PeerInfo], kind: PushKind, data: bytes, *, timeout: float,
+                on_error: Callable[[PeerInfo, PulseError], None] | None = None) -> int:
     """Push ``data`` to every peer at once, best effort; returns how many pushes failed.
 
     One peer that has vanished (or whose NAT mapping just died) costs at most ``timeout`` for all
     of them together, not ``timeout`` per peer before the next one is tried (measured across a real
     NAT: sequential head pushes stalled trainer rounds by 7-10 s, bench/RESULTS.md "NAT").
+    ``on_error(peer, exc)`` is told of each failed push (from the pushing thread).
     """
     def one(peer: PeerInfo) -> bool:
         try:
             transport.push(peer, kind, data, timeout=timeout)
             return True
-        except PulseError:
+        except PulseError as exc:
+            if on_error is not None:
+                on_error(peer, exc)
             return False
 
     if len(peers) <= 1:

@@ -50,7 +50,7 @@ import zstandard
 
 from pulse_node.codec.entropy import AnsDecoder, BitReader, BitWriter, ans_encode
 from pulse_node.errors import PatchError
-from pulse_node.loco.positions import bounded_decompress
+from pulse_node.loco.bounded_zstd import bounded_decompress
 
 VALUES_FORMAT = 2
 MAXQ = 40

@@ -18,8 +18,9 @@ With ``outer_placement = "trainer"`` each trainer has already applied that step 
 pseudo-gradient (``sparsify.ErrorFeedback``), so ``g`` is the mean update: ``theta -= g``, and
 the momentum stays zero.
 
-``state_hash()`` covers round, weights and momentum; a trainer whose hash disagrees with the
-swarm pulls ``state_dict()`` of a peer and calls ``load_state_dict``.
+``state_hash()`` covers round, weights and momentum: the base every payload of a round names.
+A trainer that joins or re-syncs adopts a peer's state with ``load_state_dict`` (fetched and
+checked by ``trainer/state.py``).
 """
 
 from __future__ import annotations
@@ -125,21 +126,16 @@ class OuterOptimizer:
                 "momentum": {n: t.clone() for n, t in self.momentum.items()}}
 
     @torch.no_grad()
-    def load_state_dict(self, state: Mapping[str, object], *, expect_hash: bytes | None = None) -> None:
-        """Adopt a peer's state (in place); with ``expect_hash`` the result is verified first."""
+    def load_state_dict(self, state: Mapping[str, object]) -> None:
+        """Adopt a peer's state (in place; its hashes were checked by ``trainer/state.py``)."""
         params, momentum = state["params"], state["momentum"]
         if set(params) != set(self.params) or set(momentum) != set(self.params):
             raise WireError("re-sync state does not match the model's tensors")
         for n, t in self.params.items():
             if params[n].shape != t.shape or momentum[n].shape != t.shape:
                 raise WireError(f"{n}: re-sync state has the wrong shape")
-        if expect_hash is not None:
-            got = tensors_hash(("param", params), ("momentum", momentum), round=int(state["round"]))
-            if got != expect_hash:
-                raise WireError("re-sync state does not match the hash the swarm agreed on")
         for n, t in self.params.items():
             t.copy_(params[n])
             self.momentum[n].copy_(momentum[n])
         self.round = int(state["round"])
         self._hash = None  # the cached base hash described the state we just replaced
-        self._hash = None

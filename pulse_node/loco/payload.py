@@ -12,9 +12,8 @@ FP32 values of ``s = e + d`` there. On the wire (format 2) it is a msgpack map::
 Positions of all listed tensors are coded as one set of indices into their concatenation (in
 name order), so a model's many small tensors share one position model. Coders:
 
-- positions: ``codec.positions`` (the shared rANS gap coder), ``codec.positions/base-ctx``
-  (the same with a per-element class from the base weights, ``basecoder.position_labels``),
-  ``loco-varint-zstd`` (fallback, no compiled dependencies);
+- positions: ``codec.positions`` (the shared rANS gap coder) and ``codec.positions/base-ctx``
+  (the same with a per-element class from the base weights, ``basecoder.position_labels``);
 - values: ``f32-rot-planes-zstd`` (FP32 bits rotated left by one, byte planes, zstd) and
   ``f32-base-excess-rans`` (``basecoder``: sign and excess over the BF16 boundary coded with
   the base weight as context, mantissa bits raw). Both are lossless.
@@ -41,9 +40,9 @@ import msgpack
 import numpy as np
 import zstandard
 
+from pulse_node.codec import positions as shared_positions
 from pulse_node.errors import BaseMismatchError, PulseError, WireError
-from pulse_node.loco import positions as _fallback_positions
-from pulse_node.loco.positions import bounded_decompress
+from pulse_node.loco.bounded_zstd import bounded_decompress
 
 KIND = "pulseloco/payload"
 VERSION = 2
@@ -88,21 +87,13 @@ class PayloadHeader:
         return _needs_base(self.pos_coder, self.val_coder)
 
 
-def _position_coders() -> dict[str, tuple[Callable, Callable]]:
-    coders = {"loco-varint-zstd": (_fallback_positions.encode_positions,
-                                   _fallback_positions.decode_positions)}
-    try:
-        from pulse_node.codec import positions as shared
-        coders["codec.positions"] = (shared.encode_positions, shared.decode_positions)
-        coders[POS_CODER_BASE] = (shared.encode_positions, shared.decode_positions)
-    except ImportError:
-        pass
-    return coders
-
-
-POSITION_CODERS = _position_coders()
-#: the coder new payloads are written with when no base is given (the shared codec when available)
-POSITION_CODER = "codec.positions" if "codec.positions" in POSITION_CODERS else "loco-varint-zstd"
+#: the coder new payloads are written with when no base is given
+POSITION_CODER = "codec.positions"
+#: position coder name -> (encode, decode); the base-context one passes ``context=`` labels
+POSITION_CODERS: dict[str, tuple[Callable, Callable]] = {
+    POSITION_CODER: (shared_positions.encode_positions, shared_positions.decode_positions),
+    POS_CODER_BASE: (shared_positions.encode_positions, shared_positions.decode_positions),
+}
 VALUE_CODERS = (VAL_CODER, VAL_CODER_BASE)
 
 
@@ -175,8 +166,7 @@ def encode_payload(p: LocoPayload, *, level: int = 3, pos_coder: str | None = No
     with it the default coders are the base-context ones, without it the base-free ones.
     ``pos_coder`` / ``val_coder`` name entries of ``POSITION_CODERS`` / ``VALUE_CODERS``.
     """
-    pos_coder = pos_coder or (POS_CODER_BASE if base is not None and POS_CODER_BASE in POSITION_CODERS
-                              else POSITION_CODER)
+    pos_coder = pos_coder or (POS_CODER_BASE if base is not None else POSITION_CODER)
     val_coder = val_coder or (VAL_CODER_BASE if base is not None else VAL_CODER)
     if pos_coder not in POSITION_CODERS or val_coder not in VALUE_CODERS:
         raise ValueError(f"unknown coder {pos_coder!r} / {val_coder!r}")

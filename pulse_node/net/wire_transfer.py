@@ -25,6 +25,7 @@ from libp2p.custom_types import TProtocol
 from libp2p.peer.peerinfo import info_from_p2p_addr
 
 from pulse_node.errors import IntegrityError, NotFound, PeerBusy, PeerUnavailable, WireError
+from pulse_node.fsutil import atomic_writer, commit, write_atomic
 from pulse_node.net import wire_protocol as wp
 from pulse_node.net.worker_config import DIAL_TIMEOUT_S
 from pulse_node.vocab import check_push_kind
@@ -183,8 +184,6 @@ async def fetch_to_file(dialer: Dialer, peer: str, kind: str, params: dict[str, 
     req = wp.build_request(kind, params)
     want = wp.parse_digest(digest)
     t0 = time.monotonic()
-    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.{id(req)}.tmp")
-    dest.parent.mkdir(parents=True, exist_ok=True)
     try:
         with trio.fail_after(timeout):
             async with dialer.limiter:
@@ -193,20 +192,16 @@ async def fetch_to_file(dialer: Dialer, peer: str, kind: str, params: dict[str, 
                     if resp.size > wp.BODY_CAPS[kind]:
                         raise WireError(f"{kind} of {resp.size} bytes exceeds cap {wp.BODY_CAPS[kind]}")
                     hasher = hashlib.sha256() if want else None
-                    with open(tmp, "wb", buffering=1 << 20) as fh:
+                    with atomic_writer(dest) as fh:  # replaces dest only once complete and checked
                         await _body_to(io, resp.size, fh.write, hasher)
-                        fh.flush()
-                        os.fsync(fh.fileno())
+                        if hasher is not None and hasher.hexdigest() != want:
+                            raise IntegrityError(f"{kind} {params} from {io.peer}: sha256 "
+                                                 f"{hasher.hexdigest()} != {want}")
                 finally:
                     await io.close()
-        if hasher is not None and hasher.hexdigest() != want:
-            raise IntegrityError(f"{kind} {params} from {io.peer}: sha256 {hasher.hexdigest()} != {want}")
-        os.replace(tmp, dest)
     except trio.TooSlowError:
         dialer.counters.errors["timeout"] += 1
         raise PeerUnavailable(f"{kind} {params} from {peer}: no complete answer within {timeout:.1f}s") from None
-    finally:
-        tmp.unlink(missing_ok=True)
     return {"bytes": resp.size, "total": resp.total, "seconds": time.monotonic() - t0, "peer": io.peer}
 
 
@@ -265,9 +260,7 @@ class PartialMap:
     done: bytes  # one byte per chunk, 1 = complete
 
     def save(self, path: Path) -> None:
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_bytes(msgpack.packb(asdict(self), use_bin_type=True))
-        os.replace(tmp, path)
+        write_atomic(path, msgpack.packb(asdict(self), use_bin_type=True), durable=False)
 
     @classmethod
     def load(cls, path: Path, *, size: int, chunk: int, digest: str) -> "PartialMap | None":
@@ -392,9 +385,7 @@ def _assemble(part: Path, dest: Path, want: str | None) -> None:
         if h.hexdigest() != want:
             part.unlink(missing_ok=True)
             raise IntegrityError(f"{dest.name}: sha256 {h.hexdigest()} != {want}; partial download discarded")
-    with open(part, "rb+") as fh:
-        os.fsync(fh.fileno())
-    os.replace(part, dest)
+    commit(part, dest)
 
 
 async def fetch_anchor(dialer: Dialer, peers: list[str], *, version: int, size: int, dest: Path,

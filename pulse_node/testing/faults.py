@@ -189,12 +189,14 @@ def faulty_factory(make: Callable[..., Transport], cfg: "FaultConfig") -> Callab
 class CrashingTransport:
     """Wraps a transport that dies like a crashed process just before sending a message for which
     ``when(kind, data)`` holds: that message and everything after it is lost, and the node leaves
-    discovery (``inner.close()``). ``crashed_at`` is the wall time of the crash."""
+    discovery (``inner.close()``). ``crashed_at`` is the wall time of the crash. Pushes go one at
+    a time, so no push running at once with the fatal one (``push_to_all``) slips out after it."""
 
     def __init__(self, inner: Transport, when: Callable[[str, bytes], bool]) -> None:
         self.inner = inner
         self.when = when
         self.crashed_at: float | None = None
+        self._lock = threading.Lock()
 
     @property
     def peer_id(self) -> str:
@@ -216,12 +218,13 @@ class CrashingTransport:
         return self.inner.fetch(peer, kind, params, dest, timeout=timeout)
 
     def push(self, peer: PeerInfo, kind: str, data: bytes, *, timeout: float) -> None:
-        self._check_alive()
-        if self.when(kind, data):
-            self.crashed_at = time.time()
-            self.inner.close()
-            raise WireError("injected: this node has crashed")
-        self.inner.push(peer, kind, data, timeout=timeout)
+        with self._lock:
+            self._check_alive()
+            if self.when(kind, data):
+                self.crashed_at = time.time()
+                self.inner.close()
+                raise WireError("injected: this node has crashed")
+            self.inner.push(peer, kind, data, timeout=timeout)
 
     def events(self, *, max_items: int = 256, wait_s: float = 0.0) -> list[Event]:
         if self.crashed_at is not None:
@@ -270,7 +273,7 @@ def start_forging_peer(hub, files: Path, *, run_id: str, claimed_version: int = 
     import os
 
     from pulse_node.chain.record import encode_record
-    from pulse_node.codec.state import write_atomic
+    from pulse_node.fsutil import write_atomic
 
     chain, served = ForgedChain(run_id), Counter()
 
@@ -325,7 +328,7 @@ class ForgingPeer:
 
         from pulse_node.chain.layout import store_path
         from pulse_node.chain.record import encode_record
-        from pulse_node.codec.state import write_atomic
+        from pulse_node.fsutil import write_atomic
 
         store = self.root / "store"
         for v in range(versions):

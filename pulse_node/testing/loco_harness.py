@@ -1,27 +1,28 @@
-"""N PULSELoCo trainers in one process (no network): used by the tests and the benchmark.
+"""N PULSELoCo trainers in one process (no network), agreeing as the node's trainers do: tests, bench.
 
 Each simulated trainer owns what a networked trainer owns -- its local model and inner
 optimizer (``InnerTrainer``), an ``ErrorFeedback`` and an ``OuterOptimizer`` over its own
 replica of the FP32 global weights -- and payloads travel as encoded bytes that every receiver
 decodes, so the wire codec is exercised every round (coded against the round's global
-weights, ``base=``, which every replica holds). One round:
+weights, ``base=``, which every replica holds). One round, with the round semantics of
+``trainer/agreement.py`` (minus the network and the signature):
 
 1. every trainer takes ``cfg.inner_steps`` inner steps;
 2. every trainer builds and encodes its payload against the round's base hash;
-3. trainers in ``drop(round)`` miss the deadline: their payload is not delivered and they
-   ``restore`` it into their error feedback;
-4. every trainer decodes the delivered payloads, in its own (shuffled) arrival order, and
-   applies them with its ``OuterOptimizer``;
-5. trainers compare state hashes; one whose hash differs from the majority re-syncs by loading
-   a majority peer's ``state_dict`` (verified against the majority hash);
+3. trainers in ``drop(round)`` miss the deadline: their payload is not delivered, so it is not
+   decided, and they ``restore`` it into their error feedback;
+4. the decided set is every delivered payload (``RoundRecord.contributors``, by trainer id), as
+   a coordinator that holds all of them at its deadline decides;
+5. every trainer, the left-out ones too, decodes exactly the decided payloads (each against
+   its own base hash) and applies them with its ``OuterOptimizer``, in trainer-id order;
 6. every trainer resets its local weights to its global replica.
+
+All replicas end every round bit-identical (``RoundRecord.hashes``); nothing re-syncs here.
 """
 
 from __future__ import annotations
 
-import collections
-import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Collection, Mapping, Protocol
 
 import torch
@@ -60,7 +61,6 @@ class RoundRecord:
     payload_bytes: dict[str, int]
     fired: dict[str, int]
     hashes: dict[str, bytes]
-    resynced: list[str] = field(default_factory=list)
     rss_bytes: int = 0
 
 
@@ -75,7 +75,6 @@ class LocoRun:
 
 
 DropFn = Callable[[int], Collection[int]]
-FaultFn = Callable[[int, list[Replica]], None]
 
 
 def _rss() -> int:
@@ -102,9 +101,9 @@ def _build(n_trainers: int, make_trainer: Callable[[int], InnerTrainer], cfg: Lo
 
 
 def _deliver(replicas: list[Replica], rnd: int, cfg: LocoConfig, dropped: Collection[int],
-             rec: RoundRecord) -> list[bytes]:
-    """Steps 2-3: payload bytes of the trainers that made the deadline."""
-    delivered = []
+             rec: RoundRecord) -> dict[str, bytes]:
+    """Steps 2-3: trainer id -> payload bytes of the trainers that made the deadline."""
+    delivered = {}
     for rank, rep in enumerate(replicas):
         p = rep.feedback.make_payload(rep.outer.params, rep.trainer.local_params(), round=rnd,
                                       trainer_id=rep.trainer_id, base_hash=rep.outer.state_hash())
@@ -113,56 +112,37 @@ def _deliver(replicas: list[Replica], rnd: int, cfg: LocoConfig, dropped: Collec
         if rank in dropped:
             rep.feedback.restore(p)
         else:
-            delivered.append(data)
-            rec.contributors.append(rep.trainer_id)
+            delivered[rep.trainer_id] = data
     return delivered
 
 
-def _apply_all(replicas: list[Replica], delivered: list[bytes], cfg: LocoConfig, rng: random.Random) -> None:
-    """Step 4: every trainer decodes and applies the payloads in its own arrival order."""
+def _apply_decided(replicas: list[Replica], delivered: dict[str, bytes], cfg: LocoConfig,
+                   rec: RoundRecord) -> None:
+    """Steps 4-5: decide the delivered payloads; every trainer applies exactly those, in id order."""
+    rec.contributors = sorted(delivered, key=str.encode)
     for rep in replicas:
-        shapes = rep.feedback.shapes
-        order = list(delivered)
-        rng.shuffle(order)
-        payloads: list[LocoPayload] = [decode_payload(d, shapes=shapes, max_bytes=cfg.max_payload_bytes,
-                                                      base=rep.outer.params) for d in order]
+        payloads: list[LocoPayload] = [
+            decode_payload(delivered[tid], shapes=rep.feedback.shapes, max_bytes=cfg.max_payload_bytes,
+                           base=rep.outer.params, expect_base=rep.outer.state_hash())
+            for tid in rec.contributors]
         rep.outer.apply(payloads)
 
 
-def resync_minority(replicas: list[Replica]) -> list[str]:
-    """Step 5: trainers off the majority hash pull a majority peer's state; returns their ids."""
-    hashes = {r.trainer_id: r.outer.state_hash() for r in replicas}
-    counts = collections.Counter(hashes.values())
-    majority = min(counts, key=lambda h: (-counts[h], h))
-    source = next(r for r in replicas if hashes[r.trainer_id] == majority)
-    fixed = []
-    for rep in replicas:
-        if hashes[rep.trainer_id] != majority:
-            rep.outer.load_state_dict(source.outer.state_dict(), expect_hash=majority)
-            fixed.append(rep.trainer_id)
-    return fixed
-
-
 def run_inprocess(n_trainers: int, make_trainer: Callable[[int], InnerTrainer], *, rounds: int,
-                  cfg: LocoConfig, drop: DropFn | None = None, fault: FaultFn | None = None,
-                  arrival_seed: int = 0, make_feedback: Callable[..., ErrorFeedback] = ErrorFeedback,
+                  cfg: LocoConfig, drop: DropFn | None = None,
+                  make_feedback: Callable[..., ErrorFeedback] = ErrorFeedback,
                   on_round: Callable[[RoundRecord, list[Replica]], None] | None = None) -> LocoRun:
     """Run ``rounds`` PULSELoCo rounds of ``n_trainers`` trainers; see the module docstring.
 
-    ``drop(round)`` gives the ranks that miss that round's deadline; ``fault(round, replicas)``
-    may corrupt state after the outer step (to exercise re-sync); ``on_round`` sees each record.
+    ``drop(round)`` gives the ranks that miss that round's deadline; ``on_round`` sees each record.
     """
     replicas = _build(n_trainers, make_trainer, cfg, make_feedback)
-    rng = random.Random(arrival_seed)
     records = []
     for rnd in range(rounds):
         losses = [rep.trainer.inner_step() for rep in replicas for _ in range(cfg.inner_steps)]
         rec = RoundRecord(rnd, sum(losses) / len(losses), [], {}, {}, {})
         delivered = _deliver(replicas, rnd, cfg, set(drop(rnd)) if drop else set(), rec)
-        _apply_all(replicas, delivered, cfg, rng)
-        if fault is not None:
-            fault(rnd, replicas)
-        rec.resynced = resync_minority(replicas)
+        _apply_decided(replicas, delivered, cfg, rec)
         rec.hashes = {r.trainer_id: r.outer.state_hash() for r in replicas}
         with torch.no_grad():
             for rep in replicas:
@@ -174,4 +154,3 @@ def run_inprocess(n_trainers: int, make_trainer: Callable[[int], InnerTrainer], 
             on_round(rec, replicas)
     numel = sum(t.numel() for t in replicas[0].outer.params.values())
     return LocoRun(replicas, records, numel)
-

@@ -19,6 +19,7 @@ from pulse_node.daemon.transport import PeerInfo
 from pulse_node.errors import BusyError, NotFound, PeerBusy, PeerUnavailable, PulseError, WireError
 from pulse_node.net.dht_records import PeerStatus
 from pulse_node.vocab import Event, FetchKind, PushKind, check_fetch_kind, check_push_kind
+from pulse_node.fsutil import atomic_writer
 
 
 Resolver = Callable[[str, dict[str, Any]], "Path | None"]
@@ -75,9 +76,8 @@ class MemoryTransport:
             raise WireError(f"{peer.peer_id} failed to serve {kind}: {exc}") from None
         if src is None or not src.exists():
             raise NotFound(f"{peer.peer_id} has no {kind} {params}")
-        tmp = dest.with_name(dest.name + ".part")
-        shutil.copyfile(src, tmp)
-        tmp.replace(dest)
+        with open(src, "rb") as fh, atomic_writer(dest, durable=False) as out:
+            shutil.copyfileobj(fh, out)
         size = dest.stat().st_size
         self.bytes_in += size
         return size

@@ -1,10 +1,15 @@
 """Per-round contributor agreement: every trainer averages exactly the same PULSELoCo payloads.
 
-Round ``r``, on every trainer (``RoundAgreement.run_round``):
+The trainer drives a round: ``open_round`` with its payload, then ``step`` until the round
+closes, handing over what peers pushed meanwhile (``offer_payload``, ``offer_decision``) for up
+to ``idle_s`` between steps. The agreement never waits on the network itself and never calls
+back into the trainer. Round ``r``, on every trainer:
 
-1. Push our payload to every live trainer. Our payload and every valid one received are kept
-   as ``loco/<r>/<digest>.payload`` under the store root for ``KEEP_ROUNDS`` rounds; peers
-   fetch them (``loco_payload``). A received payload is decoded against our FP32 global weights
+1. Push our payload to every live trainer. Like every push of the agreement it goes to all of
+   them at once and in the background (``daemon/transport.push_to_all``): no round waits on a
+   slow or vanished peer; a payload push is bounded by ``deadline_s``, a decision push by 5 s.
+   Our payload and every valid one received are kept as ``loco/<r>/<digest>.payload`` under the
+   store root for ``KEEP_ROUNDS`` rounds; peers fetch them (``loco_payload``). A received payload is decoded against our FP32 global weights
    (payloads are base-coded, ``loco/payload.py``) only if the base hash it names is ours, checked
    before any of it is decoded; one made on another base misses the round like a late one
    (counted as ``loco_base_mismatch``, logged once per round and trainer), and a trainer on the
@@ -42,28 +47,53 @@ still on the other state re-syncs then at the latest, when the decision names a 
 
 from __future__ import annotations
 
-import os
+import enum
 import shutil
+import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from pulse_node.chain.serving import LOCO_DIR, loco_decision_path, loco_payload_path
 from pulse_node.errors import BaseMismatchError, IntegrityError, PulseError, WireError
+from pulse_node.fsutil import write_atomic
 from pulse_node.loco.decision import (MAX_DECISION_BYTES, RoundDecision, decode_decision, encode_decision,
                                       make_decision, payload_digest, verify_decision)
 from pulse_node.loco.payload import LocoPayload, decode_payload, read_header
 from pulse_node.daemon.context import RoleContext
-from pulse_node.daemon.transport import PeerInfo
+from pulse_node.daemon.transport import PeerInfo, push_to_all
 
 KEEP_ROUNDS = 4  # rounds whose payloads and decisions a trainer keeps on disk and serves
 WINDOW = 4  # payloads and decisions are buffered for the current round and the next WINDOW - 1
 _PULL_EVERY_S = 1.0
 _PUSH_TIMEOUT_S = 5.0
+_IDLE_DECIDING_S = 0.05  # how long the driver waits for inputs between steps, reaching a decision
+_IDLE_GATHERING_S = 0.2  # ... and gathering the decided payloads (each step tries fetches)
 
 #: the current round's base: (hash of the FP32 global weights + momentum, those FP32 weights by name)
 BaseFn = Callable[[], tuple[bytes, Mapping[str, Any]]]
+
+
+class _Wait(enum.Enum):
+    WAIT = "wait"  # a step can go no further until new inputs arrive
+
+
+_WAIT = _Wait.WAIT
+
+
+@dataclass
+class OpenRound:
+    """The round being agreed on, as far as ``RoundAgreement.step`` got."""
+
+    round: int
+    base: bytes
+    order: list[str]  # trainers seen when pushing, by id: who decides, and in which turn
+    t0: float  # when the round opened here (monotonic)
+    pulled_at: float = float("-inf")
+    decision: RoundDecision | None = None
+    gather_until: float = 0.0
+    payloads: list[LocoPayload] = field(default_factory=list)  # decided payloads obtained so far
 
 
 @dataclass
@@ -79,15 +109,14 @@ class RoundAgreement:
     """One trainer's side of the contributor agreement (inputs, decisions, payload files)."""
 
     def __init__(self, ctx: RoleContext, *, shapes: Mapping[str, tuple[int, ...]],
-                 current_round: Callable[[], int], drain: Callable[[float], None],
-                 base: BaseFn | None = None) -> None:
+                 current_round: Callable[[], int], base: BaseFn | None = None) -> None:
         """``base``: our current round's base (``BaseFn``); without it only base-free payloads
         decode and payloads are not checked against a base hash."""
         self.ctx = ctx
         self.cfg = ctx.cfg.loco  # type: ignore[attr-defined]
         self.shapes = dict(shapes)
         self.current_round = current_round
-        self.drain = drain
+        self._open: OpenRound | None = None
         self.me = ctx.transport.peer_id
         self.root = Path(ctx.store.root)
         self.base = base
@@ -162,7 +191,8 @@ class RoundAgreement:
             self.ctx.status.add("decisions_rejected")
             raise
         if self._in_window(d.round) and self._accept(d, data):
-            self._push_all(self._live(), data, kind="loco_decision", skip={sender, d.coordinator})
+            relay_to = [p for pid, p in self._live().items() if pid not in (sender, d.coordinator)]
+            self._push(relay_to, data, kind="loco_decision")
 
     def _verify(self, d: RoundDecision) -> None:
         if d.run_id != self.ctx.cfg.run_id:
@@ -184,46 +214,75 @@ class RoundAgreement:
                                      d.round, d.coordinator[:12])
             return False
         self.decisions[d.round] = d
-        _write(loco_decision_path(self.root, d.round), data)
+        write_atomic(loco_decision_path(self.root, d.round), data, durable=False)  # served by the wire worker
         return True
 
     def _keep_payload(self, p: LocoPayload, data: bytes) -> None:
         digest = payload_digest(data)
         self.inbox.setdefault(p.round, {})[p.trainer_id] = (digest, p)
-        _write(loco_payload_path(self.root, p.round, digest.hex()), data)
+        write_atomic(loco_payload_path(self.root, p.round, digest.hex()), data, durable=False)
 
     def _in_window(self, r: int) -> bool:
         return 0 <= r - self.current_round() < WINDOW
 
     # ---- one round ---------------------------------------------------------------------
-    def run_round(self, mine: LocoPayload, data: bytes) -> RoundResult:
-        """Push our payload, reach the round's decision and gather exactly its payloads."""
+    def open_round(self, mine: LocoPayload, data: bytes) -> None:
+        """Open round ``mine.round``: keep our payload and push it; ``step`` then advances it."""
         r = mine.round
         self._prune(r)
         self._flush_pending()
         self._keep_payload(mine, data)
         live = self._live()
-        self._push_all(live, data, kind="loco", timeout=self.cfg.deadline_s)
+        self._push(list(live.values()), data, kind="loco", timeout=self.cfg.deadline_s)
         self.ctx.status.add("loco_bytes_out", len(data) * len(live))
         order = sorted([self.me, *live], key=str.encode)
-        d = self._reach_decision(r, mine.base_hash, order, time.monotonic())
-        return RoundResult(None) if d is None else self._gather(d, mine.base_hash)
+        self._open = OpenRound(r, mine.base_hash, order, t0=time.monotonic())
 
-    def _reach_decision(self, r: int, base: bytes, order: list[str], t0: float) -> RoundDecision | None:
+    def step(self) -> RoundResult | None:
+        """Advance the open round as far as the inputs at hand allow, without waiting.
+
+        Returns how the round closed, or None while it waits for inputs: the caller hands over
+        what arrived (``offer_payload``, ``offer_decision``) for up to ``idle_s``, then steps again.
+        """
+        o = self._open
+        if o is None:
+            raise RuntimeError("step() without an open round")
+        if o.decision is None:
+            d = self._reach_decision(o)
+            if d is _WAIT:
+                return None
+            if d is None:  # stopping, or a peer closed the round and we cannot get its decision
+                return self._close(RoundResult(None))
+            o.decision, o.gather_until = d, time.monotonic() + self.cfg.decision_wait_s
+            if d.base != o.base:
+                self.ctx.status.error(f"round {d.round}: {d.coordinator[:12]} decided on another state than ours")
+                return self._close(RoundResult(None, d))
+        result = self._gather(o, o.decision)
+        return None if result is None else self._close(result)
+
+    @property
+    def idle_s(self) -> float:
+        """How long the caller may wait for inputs before the next ``step``."""
+        return _IDLE_GATHERING_S if self._open is not None and self._open.decision else _IDLE_DECIDING_S
+
+    def _close(self, result: RoundResult) -> RoundResult:
+        self._open = None
+        return result
+
+    def _reach_decision(self, o: OpenRound) -> RoundDecision | None | _Wait:
         """The round's decision: pushed to us, pulled, or made by us when it is our turn."""
-        pulled_at = float("-inf")
         while not self.ctx.stop.is_set():
-            if r in self.decisions:
-                return self.decisions[r]
+            if o.round in self.decisions:
+                return self.decisions[o.round]
             now, live = time.monotonic(), self._live()
-            if self._my_turn(r, order, live, t0, now):
-                return self._decide(r, base, live, pull=not self._all_in(r, order, live))
-            if now - pulled_at > _PULL_EVERY_S and self._closed_elsewhere(r, live):
-                pulled_at = now
-                if self._pull(r, live) is None:
+            if self._my_turn(o.round, o.order, live, o.t0, now):
+                return self._decide(o.round, o.base, live, pull=not self._all_in(o.round, o.order, live))
+            if now - o.pulled_at > _PULL_EVERY_S and self._closed_elsewhere(o.round, live):
+                o.pulled_at = now
+                if self._pull(o.round, live) is None:
                     return None  # a peer closed the round and we cannot get its decision: re-sync
                 continue
-            self.drain(0.05)
+            return _WAIT
         return None
 
     def _my_turn(self, r: int, order: list[str], live: Mapping[str, PeerInfo], t0: float, now: float) -> bool:
@@ -262,7 +321,7 @@ class RoundAgreement:
                           coordinator=self.me, contributors=held)
         data = encode_decision(d)
         self._accept(d, data)
-        self._push_all(live, data, kind="loco_decision")
+        self._push(list(live.values()), data, kind="loco_decision")
         self.ctx.status.add("decisions_made")
         self.ctx.log.info("round %d: decided %d contributors", r, len(held))
         return d
@@ -285,34 +344,33 @@ class RoundAgreement:
         return None
 
     # ---- the decided payloads ------------------------------------------------------------
-    def _gather(self, d: RoundDecision, base: bytes) -> RoundResult:
-        """Exactly the decided payloads, fetched where missing; ``None`` if they cannot be had."""
-        if d.base != base:
-            self.ctx.status.error(f"round {d.round}: {d.coordinator[:12]} decided on another state than ours")
-            return RoundResult(None, d)
-        until = time.monotonic() + self.cfg.decision_wait_s
-        payloads = []
-        for tid, digest in d.contributors:
-            p = self._obtain(d, tid, digest, until)
+    def _gather(self, o: OpenRound, d: RoundDecision) -> RoundResult | None:
+        """Exactly the decided payloads, fetched where missing (None: still waiting for some);
+        ``payloads=None`` if they cannot be had by ``o.gather_until``."""
+        while len(o.payloads) < len(d.contributors):
+            tid, digest = d.contributors[len(o.payloads)]
+            p = self._obtain(d, tid, digest, o.gather_until)
+            if p is _WAIT:
+                return None
             if p is None:
                 self.ctx.status.error(f"round {d.round}: decided payload of {tid[:12]} unavailable")
                 return RoundResult(None, d)
-            payloads.append(p)
-        return RoundResult(payloads, d, mine_included=self.me in d.trainer_ids)
+            o.payloads.append(p)
+        return RoundResult(o.payloads, d, mine_included=self.me in d.trainer_ids)
 
-    def _obtain(self, d: RoundDecision, tid: str, digest: bytes, until: float) -> LocoPayload | None:
-        while True:
-            have = self.inbox.get(d.round, {}).get(tid)
-            if have is not None and have[0] == digest:
-                return have[1]
-            if self.ctx.stop.is_set() or time.monotonic() >= until:
-                return None
-            live = self._live()
-            for peer in sorted(live.values(), key=lambda p: (p.peer_id != d.coordinator, p.peer_id.encode())):
-                p = self._fetch_payload(peer, d.round, tid, digest, until)
-                if p is not None:
-                    return p
-            self.drain(0.2)
+    def _obtain(self, d: RoundDecision, tid: str, digest: bytes, until: float) -> LocoPayload | None | _Wait:
+        """A decided payload: held, or fetched from a live trainer (the coordinator first)."""
+        have = self.inbox.get(d.round, {}).get(tid)
+        if have is not None and have[0] == digest:
+            return have[1]
+        if self.ctx.stop.is_set() or time.monotonic() >= until:
+            return None
+        live = self._live()
+        for peer in sorted(live.values(), key=lambda p: (p.peer_id != d.coordinator, p.peer_id.encode())):
+            p = self._fetch_payload(peer, d.round, tid, digest, until)
+            if p is not None:
+                return p
+        return _WAIT
 
     def _fetch_payload(self, peer: PeerInfo, r: int, tid: str, digest: bytes, until: float) -> LocoPayload | None:
         timeout = max(0.5, min(self.ctx.cfg.net.fetch_timeout_s, until - time.monotonic()))
@@ -352,15 +410,17 @@ class RoundAgreement:
             self._live()
         return self.keys.get(peer_id, "")
 
-    def _push_all(self, peers: Mapping[str, PeerInfo], data: bytes, *, kind: str,
-                  timeout: float = _PUSH_TIMEOUT_S, skip: set[str] | frozenset[str] = frozenset()) -> None:
-        for peer in peers.values():
-            if peer.peer_id in skip:
-                continue
-            try:
-                self.ctx.transport.push(peer, kind, data, timeout=timeout)
-            except PulseError as exc:
-                self.ctx.status.error(f"{kind} push to {peer.peer_id[:12]} failed: {exc}")
+    def _push(self, peers: list[PeerInfo], data: bytes, *, kind: str, timeout: float = _PUSH_TIMEOUT_S) -> None:
+        """Push to every peer at once, in the background: the round never waits on a slow or
+        vanished peer (each push is still bounded by ``timeout``; failures are logged per peer)."""
+        if not peers:
+            return
+
+        def failed(peer: PeerInfo, exc: PulseError) -> None:
+            self.ctx.status.error(f"{kind} push to {peer.peer_id[:12]} failed: {exc}")
+
+        threading.Thread(target=push_to_all, args=(self.ctx.transport, peers, kind, data),
+                         kwargs={"timeout": timeout, "on_error": failed}, name=f"push-{kind}", daemon=True).start()
 
     def _fetch(self, peer: PeerInfo, kind: str, params: dict, *, cap: int, timeout: float) -> bytes | None:
         """Bytes of a small fetch from ``peer`` (at most ``cap``), or None on any failure."""
@@ -387,10 +447,3 @@ class RoundAgreement:
             if path.name.isdigit() and int(path.name) < r - KEEP_ROUNDS:
                 shutil.rmtree(path, ignore_errors=True)
 
-
-def _write(path: Path, data: bytes) -> None:
-    """Atomic replace (readers in the wire worker see the old file or the whole new one)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)

@@ -29,7 +29,7 @@ from pulse_node.errors import PulseError
 from pulse_node.loco.outer import OuterOptimizer
 from pulse_node.loco.payload import LocoPayload, encode_payload
 from pulse_node.loco.sparsify import ErrorFeedback
-from pulse_node.trainer.agreement import RoundAgreement
+from pulse_node.trainer.agreement import RoundAgreement, RoundResult
 from pulse_node.daemon.context import RoleContext
 from pulse_node.daemon.status_model import VersionEntry
 from pulse_node.trainer.publisher import VersionPublisher
@@ -66,7 +66,7 @@ class TrainerRole:
         self.publisher = VersionPublisher(ctx.store, ctx.identity, run_id=cfg.run_id, chain=cfg.chain)
         self.batches: deque[list[Rollout]] = deque(maxlen=64)
         self.agreement = RoundAgreement(ctx, shapes=self.shapes, current_round=lambda: self.outer.round,
-                                        drain=self._drain_events, base=self._base)
+                                        base=self._base)
         self.worker_version = -1
         self.peer_heads: dict[int, dict[str, str]] = {}  # version -> trainer -> announced state hash
         self.published_hashes: dict[int, str] = {}
@@ -232,7 +232,7 @@ class TrainerRole:
                                     trainer_id=self.ctx.transport.peer_id, base_hash=base_hash)
         data = encode_payload(mine, level=self.cfg.loco.zstd_level,
                               base=base if self.cfg.loco.base_coding else None)
-        result = self.agreement.run_round(mine, data)
+        result = self._agree(mine, data)
         if result.payloads is not None and self._apply(round_no, result.payloads):
             if not result.mine_included:
                 self.ef.restore(mine)
@@ -248,6 +248,13 @@ class TrainerRole:
                               "closing it without an update until the agreement check repairs the fork")
         self.outer.apply([])
         return 0
+
+    def _agree(self, mine: LocoPayload, data: bytes) -> RoundResult:
+        """Drive the contributor agreement of this round, handing it what peers push meanwhile."""
+        self.agreement.open_round(mine, data)
+        while (result := self.agreement.step()) is None:
+            self._drain_events(wait_s=self.agreement.idle_s)
+        return result
 
     def _apply(self, round_no: int, payloads: list[LocoPayload]) -> bool:
         try:

@@ -1,0 +1,100 @@
+"""Helpers shared by the tests (fixtures live in ``conftest.py``): predicate waits, small configs.
+
+Imported as ``from helpers import ...`` (pytest puts ``tests/`` on ``sys.path``).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Callable, Iterable, TypeVar
+
+import pytest
+
+from pulse_node.rl.config import GRPOConfig, ModelConfig, SamplingConfig, SoloConfig, TaskConfig
+from pulse_node.daemon.status_model import StatusReport
+from pulse_node.testing.inprocess import node_status, node_version
+
+T = TypeVar("T")
+
+__all__ = ["all_at_version", "assert_trainers_identical", "gather", "node_config", "node_version", "published", "read_status",
+           "tiny_overrides", "tiny_solo", "wait_for"]
+
+
+def wait_for(predicate: Callable[[], T], *, timeout: float, what: str | Callable[[], str],
+             interval: float = 0.05) -> T:
+    """Poll ``predicate`` until it returns something truthy, and return that.
+
+    Fails the test after ``timeout`` seconds, saying what it waited for (``what``, or what the
+    callable ``what`` returns then, e.g. a report of the processes involved).
+    """
+    deadline = time.monotonic() + timeout
+    while not (result := predicate()):
+        if time.monotonic() >= deadline:
+            pytest.fail(f"timed out after {timeout:.0f}s waiting for {what() if callable(what) else what}")
+        time.sleep(interval)
+    return result
+
+
+def gather(fetch: Callable[[], Iterable[T]], *, count: int, timeout: float, what: str) -> list[T]:
+    """Call ``fetch`` until it has returned at least ``count`` items in all; all of them."""
+    got: list[T] = []
+    wait_for(lambda: got.extend(fetch()) or len(got) >= count, timeout=timeout, what=what)
+    return got
+
+
+def read_status(data_dir: Path) -> StatusReport:
+    """A node's status.json, parsed (a node that has written none yet reads as a fresh report)."""
+    return node_status(data_dir) or StatusReport(role="node", peer_id="", run_id="")
+
+
+def published(data_dir: Path) -> dict[int, tuple[str, str]]:
+    """Version -> (published state hash, FP32 global + momentum hash) of what a trainer published."""
+    return {h.version: (h.state_hash, h.global_hash) for h in read_status(data_dir).history}
+
+
+def assert_trainers_identical(dirs: dict[str, Path], versions: range) -> None:
+    """Every trainer published every version of ``versions``, all with the same hashes."""
+    hashes = {name: published(d) for name, d in dirs.items()}
+    for v in versions:
+        at_v = {name: h.get(v) for name, h in hashes.items()}
+        assert None not in at_v.values(), f"version {v} was not published by every trainer: {at_v}"
+        assert len(set(at_v.values())) == 1, f"trainers differ at version {v}: {at_v}"
+
+
+def all_at_version(dirs: Iterable[Path], version: int) -> Callable[[], bool]:
+    """A predicate: every node of ``dirs`` holds ``version`` (or a later one)."""
+    return lambda: all(node_version(d) >= version for d in dirs)
+
+
+def tiny_overrides(cache_dir: str | Path) -> dict:
+    """A model and RL loop small enough for multi-node tests on 2 CPU cores."""
+    return {
+        "model": {"d_model": 32, "n_layers": 2, "n_heads": 2, "cache_dir": str(cache_dir)},
+        "task": {"digits": 2},
+        "sampling": {"prompts_per_batch": 4, "group_size": 4, "max_new_tokens": 6},
+    }
+
+
+def node_config(cls, tmp: Path, name: str, *, cache_dir: Path, **extra):
+    """A tiny trainer or inference config with data dir ``tmp / name`` (the ``node_cfg`` fixture)."""
+    from pulse_node.config import TrainerConfig
+
+    base = tiny_overrides(cache_dir)
+    base.update(data_dir=str(tmp / name), seed=3)
+    if cls is TrainerConfig:
+        base.update(grpo={"warmstart_steps": 30, "lr": 1e-3}, loco={"inner_steps": 2, "deadline_s": 20},
+                    rollout_wait_s=0.5, eval_every=0, genesis_wait_s=1.0)
+    base.update(extra)
+    return cls.model_validate(base)
+
+
+def tiny_solo(cache_dir: Path, **grpo: object) -> SoloConfig:
+    """A solo config with tiny dims, so each RL test runs in seconds."""
+    return SoloConfig(
+        model=ModelConfig(d_model=16, n_layers=1, n_heads=2, max_len=24, device="cpu", cache_dir=str(cache_dir)),
+        task=TaskConfig(digits=2, eval_size=20),
+        sampling=SamplingConfig(max_new_tokens=4, group_size=4, prompts_per_batch=4),
+        grpo=GRPOConfig(**({"warmstart_steps": 0, "lr": 1e-2} | grpo)),
+        minutes=1.0, max_steps=2, threads=1,
+    )
