@@ -23,7 +23,7 @@ from pulse_node.daemon.transport import PeerInfo, Transport
 from pulse_node.errors import NotFound, PeerUnavailable, WireError
 from pulse_node.net.dht_records import PeerStatus, Serves
 from pulse_node.vocab import FETCH_KINDS, PUSH_KINDS
-from tests.conftest import wait_for
+from helpers import wait_for
 
 pytestmark = pytest.mark.timeout(300)
 MiB = 1 << 20

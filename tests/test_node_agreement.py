@@ -122,7 +122,7 @@ def _trainer_agreement(tmp_path, hub: MemoryHub, name: str, **loco) -> RoundAgre
     cfg = TrainerConfig.model_validate({"data_dir": str(tmp_path / name), "loco": loco})
     store, ident = VersionStore(tmp_path / name / "store"), Identity.generate()
     transport = hub.join(name, store_resolver(store.root))
-    transport.publish(PeerInfo(peer_id=name, role="trainer", address="", version=3, node_key=ident.public_key_hex))
+    transport.publish(PeerStatus(role="trainer", version=3, node_key=ident.public_key_hex))
     ctx = RoleContext(cfg=cfg, identity=ident, store=store, transport=transport,
                       status=NodeStatus(role="trainer", peer_id=name, run_id=cfg.run_id))
     return RoundAgreement(ctx, shapes={"w": (4,)}, current_round=lambda: 3)
@@ -171,7 +171,7 @@ def test_agreements_driven_step_by_step_close_on_the_same_payloads(tmp_path, los
     for name, r in results.items():
         assert [p.trainer_id for p in r.payloads] == list(names) and r.mine_included, name
         assert [float(p.tensors["w"][1][0]) for p in r.payloads] == [0.5, 1.5, 2.5]
-    assert agreements["trainer-b"].ctx.status.snapshot().get("loco_fetched", 0) == (1 if lost else 0)
+    assert agreements["trainer-b"].ctx.status.snapshot().trainer.loco_fetched == (1 if lost else 0)
     for ag in agreements.values():
         ag.ctx.store.close()
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import wait_for
+from helpers import wait_for
 from tests.test_net_dht import read_maddr_line
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
