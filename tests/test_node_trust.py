@@ -39,18 +39,19 @@ def test_forged_head_announcement_is_no_hint_and_strikes_its_sender(tmp_path):
     from pulse_node.inference.syncer import VersionSync
     from pulse_node.daemon.transport import Event
     from pulse_node.testing.memory import MemoryHub
+    from pulse_node.chain.trainerset import TrainerSet
     from pulse_node.chain.trust import TrustPolicy
 
     trainer = Identity.generate()
     honest, forged = ForgedChain("run", trainer), ForgedChain("run")  # signed by the trainer / by nobody trusted
     store = VersionStore(tmp_path / "store")
     sync = VersionSync(store, MemoryHub().join("me", lambda kind, params: None),
-                       TrustPolicy(trusted=[trainer.public_key_hex]), net=NetConfig())
+                       TrustPolicy(TrainerSet(run_id="run", keys=[trainer.public_key_hex])), net=NetConfig())
     try:
         sync.take_events([Event("head", "rogue", encode_record(forged.record(50)), 0.0),
                           Event("head", "peer", encode_record(honest.record(7)), 0.0)])
-        sync.step([], trainer_keys=[])
-        assert sync.hints == {"peer": 7} and sync.target([]) == 7  # the forged v50 is no target
+        sync.step([])
+        assert sync.hints == {"peer": 7} and sync.target() == 7  # the forged v50 is no target
         assert sync.trust.strikes["rogue"] == 1 and "peer" not in sync.trust.strikes
     finally:
         sync.close()
@@ -63,7 +64,9 @@ def test_bans_end_and_grow_so_a_flaky_honest_peer_comes_back(monkeypatch):
 
     now = [1000.0]
     monkeypatch.setattr(trust_mod.time, "monotonic", lambda: now[0])
-    policy = trust_mod.TrustPolicy(max_strikes=3, ban_s=60.0, max_ban_s=200.0)
+    from pulse_node.chain.trainerset import TrainerSet
+
+    policy = trust_mod.TrustPolicy(TrainerSet(run_id="r"), max_strikes=3, ban_s=60.0, max_ban_s=200.0)
     for _ in range(2):
         policy.strike("peer")
     assert not policy.ignored("peer")

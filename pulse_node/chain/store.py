@@ -137,7 +137,7 @@ class VersionStore:
                 continue
             try:
                 r = decode_record(path.read_bytes())
-                verify_record(r, trusted_signers=None)
+                verify_record(r, run_id=None, trusted_signers=None)  # its own files; runs are checked on admission
                 if r.version != v:
                     raise StoreError(f"{path}: holds the record of v{r.version}")
             except (PulseError, OSError) as exc:
@@ -492,7 +492,7 @@ class VersionStore:
 
     def _admit(self, record: VersionRecord) -> None:
         """All checks a new record must pass against what is stored; raises, writes nothing."""
-        verify_record(record, trusted_signers=self.trusted,
+        verify_record(record, run_id=None, trusted_signers=self.trusted,  # run: the caller's trust check
                       parent=self._records.get(record.version - 1))
         v = record.version
         existing, child = self._records.get(v), self._records.get(v + 1)

@@ -28,6 +28,7 @@ class RoleContext:
     status: NodeStatus
     stop: threading.Event = field(default_factory=threading.Event)
     log: logging.Logger = field(default_factory=lambda: logging.getLogger("pulse.node"))
+    admission: bytes | None = None  # this trainer's admission to the trainer set, published in its record
 
     def peers(self, role: str | None = None) -> list[PeerInfo]:
         """Live peers from discovery (never ourselves), optionally of one role."""
@@ -43,6 +44,8 @@ class RoleContext:
                         lowest=-1 if lowest is None else lowest, anchors=anchors,
                         node_key=self.identity.public_key_hex)
         info.extra["metrics_url"] = self.status.snapshot().get("metrics_url")
+        if self.admission is not None:
+            info.extra["admission"] = self.admission
         self.transport.publish(info)
         self.status.update(version=version, chain_hash=chain_hash, state_hash=state_hash,
                            lowest=info.lowest, anchors=anchors, peers=len(self.transport.peers()),

@@ -26,7 +26,10 @@ from pulse_node.net.dht_client import DhtClient, DhtConfig
 from pulse_node.net.dht_records import Counters, PeerStatus, Serves
 from pulse_node.net.wire_protocol import PUSH_CAPS
 from pulse_node.net.wire_client import WireClient, WireEvent
-from pulse_node.daemon.transport import Event, PeerInfo
+from pulse_node.chain.anchor import Piece
+from pulse_node.chain.identity import peer_id_of_key
+from pulse_node.chain.trainerset import TrainerSet
+from pulse_node.daemon.transport import AnchorFetch, Event, PeerInfo
 
 log = logging.getLogger("pulse.p2p")
 
@@ -48,6 +51,9 @@ class P2PTransport:
         self._last_peers: list[PeerInfo] = []
         self._peers_at = float("-inf")
         self._loco_fallbacks = 0
+        # the configured trainers' records are read first, however many others the DHT holds
+        trainers = TrainerSet.from_config(cfg.chain, run_id=cfg.run_id)
+        self._prefer = [peer_id_of_key(k) for k in sorted(trainers.configured)]
 
     @classmethod
     def create(cls, cfg: NodeConfig, identity: Identity, store_root: Path) -> "P2PTransport":
@@ -82,7 +88,7 @@ class P2PTransport:
                           highest=info.version if info.version >= 0 else None, anchors=info.anchors[-64:]),
             counters=Counters(bytes_in=int(stats.get("bytes_in", 0)), bytes_out=int(stats.get("bytes_out", 0))),
             metrics_url=info.extra.get("metrics_url"), node_key=info.node_key or None,
-            software=f"pulse-node {__version__}")
+            software=f"pulse-node {__version__}", admission=info.extra.get("admission"))
         self.dht.publish_peer(status)
 
     def peers(self) -> list[PeerInfo]:
@@ -90,7 +96,7 @@ class P2PTransport:
         if time.monotonic() - self._peers_at < self.cfg.net.head_poll_s:
             return list(self._last_peers)
         out = []
-        for r in self.dht.peers():
+        for r in self.dht.peers(prefer=self._prefer):
             if r.leaving or r.role == "bootstrap" or not r.wire_maddrs:
                 continue
             out.append(PeerInfo(peer_id=r.peer_id, role=r.role, address=r.wire_maddrs[0],
@@ -99,27 +105,24 @@ class P2PTransport:
                                 lowest=-1 if r.serves.lowest is None else r.serves.lowest,
                                 anchors=list(r.serves.anchors), node_key=r.node_key or "",
                                 extra={"metrics_url": r.metrics_url, "wire_maddrs": list(r.wire_maddrs),
-                                       "dht_maddrs": list(r.dht_maddrs)}))
+                                       "dht_maddrs": list(r.dht_maddrs), "admission": r.admission}))
         self._last_peers, self._peers_at = out, time.monotonic()
         return out
 
-    def fetch(self, peer: PeerInfo, kind: str, params: dict[str, Any], dest: Path, *, timeout: float) -> int:
-        if kind == "anchor":
-            return self._fetch_anchor(peer, int(params["version"]), dest, timeout=timeout)
-        return self.wire.fetch(peer.address, kind, params, dest, timeout=timeout).bytes
+    def fetch(self, peer: PeerInfo, kind: str, params: dict[str, Any], dest: Path, *, timeout: float,
+              max_bytes: int | None = None) -> int:
+        return self.wire.fetch(peer.address, kind, params, dest, timeout=timeout, max_bytes=max_bytes).bytes
 
-    def _fetch_anchor(self, peer: PeerInfo, version: int, dest: Path, *, timeout: float) -> int:
-        """Learn the anchor's size from ``peer``, then download it from every peer that has it."""
-        probe = dest.with_name(dest.name + ".probe")
-        try:
-            size = self.wire.fetch(peer.address, "anchor", {"version": version, "offset": 0, "length": 1},
-                                   probe, timeout=min(timeout, 30.0)).total
-        finally:
-            probe.unlink(missing_ok=True)
-        holders = [p.address for p in self._last_peers if version in p.anchors and p.peer_id != peer.peer_id]
-        result = self.wire.fetch_anchor([peer.address, *holders[:7]], version=version, size=size, dest=dest,
-                                        timeout=timeout)
-        return result.bytes
+    def fetch_anchor(self, providers: list[PeerInfo], *, version: int, pieces: list[Piece], dest: Path,
+                     timeout: float) -> AnchorFetch:
+        """Download anchor ``version`` from ``providers`` (the caller chose them), piece by signed piece."""
+        by_address = {p.address: p.peer_id for p in providers}
+        size = pieces[-1].offset + pieces[-1].length
+        r = self.wire.fetch_anchor(list(by_address), version=version, size=size, dest=dest, timeout=timeout,
+                                   pieces=[(p.offset, p.length, p.digest) for p in pieces])
+        return AnchorFetch(r.bytes if r.complete else 0, error=r.error,
+                           bad_peers=[by_address[a] for a in r.bad_providers if a in by_address],
+                           failed_peers=[by_address[a] for a in r.failed_providers if a in by_address])
 
     def push(self, peer: PeerInfo, kind: str, data: bytes, *, timeout: float) -> None:
         if kind == "loco" and peer.extra.get("dht_maddrs"):

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from pulse_node.chain.anchor import Piece
 from pulse_node.errors import PulseError
 
 #: kinds a peer can push to another peer
@@ -34,6 +35,18 @@ class PeerInfo:
     anchors: list[int] = field(default_factory=list)
     node_key: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class AnchorFetch:
+    """What a multi-provider anchor download did: its size, the providers that sent a piece
+    failing its signed digest (``bad_peers``: lies, to strike) or failed otherwise, and, if it
+    did not finish (``dest`` not written), why."""
+
+    bytes: int
+    bad_peers: list[str] = field(default_factory=list)
+    failed_peers: list[str] = field(default_factory=list)
+    error: str = ""
 
 
 @dataclass
@@ -71,13 +84,21 @@ def push_to_all(transport: "Transport", peers: list[PeerInfo], kind: str, data: 
 
 
 class Transport(Protocol):
-    """Network operations a role needs; every call is bounded by ``timeout``."""
+    """Network operations a role needs; every call is bounded by ``timeout``.
+
+    ``fetch`` writes one file the peer serves to ``dest`` and refuses a body larger than
+    ``max_bytes`` (what a signed record allows) before reading it; ``{"version", "offset",
+    "length"}`` of an ``anchor`` is one byte range. ``fetch_anchor`` downloads a whole anchor from
+    several ``providers`` at once, checking each of the signed ``pieces`` as it arrives."""
 
     peer_id: str
 
     def publish(self, info: PeerInfo) -> None: ...
     def peers(self) -> list[PeerInfo]: ...
-    def fetch(self, peer: PeerInfo, kind: str, params: dict[str, Any], dest: Path, *, timeout: float) -> int: ...
+    def fetch(self, peer: PeerInfo, kind: str, params: dict[str, Any], dest: Path, *, timeout: float,
+              max_bytes: int | None = None) -> int: ...
+    def fetch_anchor(self, providers: list[PeerInfo], *, version: int, pieces: list[Piece], dest: Path,
+                     timeout: float) -> AnchorFetch: ...
     def push(self, peer: PeerInfo, kind: str, data: bytes, *, timeout: float) -> None: ...
     def events(self, *, max_items: int = 256, wait_s: float = 0.0) -> list[Event]: ...
     def stats(self) -> dict[str, Any]: ...

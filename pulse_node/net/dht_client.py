@@ -3,8 +3,6 @@
     client = DhtClient.start(DhtConfig(run_id="run1", initial_peers=[...]))
     client.publish_peer(PeerStatus(role="trainer", version=12, ...), ttl_s=30)
     for rec in client.peers(): ...             # validated PeerRecords, expired/leaving ones gone
-    client.publish_head(signed_version_record, version=12, ttl_s=30)
-    newest = max(client.heads(), key=lambda h: h.version)
     client.push(peer_id, dht_maddrs, "loco", payload, timeout=30)   # p2pd push plane (dht_push.py)
     for ev in client.events(): ...             # pushes received (with accept_pushes=True)
     client.stop()
@@ -33,7 +31,7 @@ from pydantic import Field, field_validator, model_validator
 from pulse_node.configload import StrictModel
 from pulse_node.errors import PulseError, WireError
 from pulse_node.net.dht_records import (
-    MAX_TTL_S, MIN_TTL_S, DhtInfo, HeadEntry, PeerRecord, PeerStatus, StartFailure, validate_tree,
+    MAX_TTL_S, MIN_TTL_S, DhtInfo, PeerRecord, PeerStatus, StartFailure, validate_tree,
 )
 from pulse_node.net.ipc import RpcClient, RpcError
 from pulse_node.net.process import WorkerProcess
@@ -160,19 +158,19 @@ class DhtClient:
         params = {"record": status.model_dump(), "ttl_s": ttl_s or self.config.ttl_s}
         return bool(self._worker.call("publish_peer", params, timeout=READ_TIMEOUT_S))
 
-    def peers(self) -> list[PeerRecord]:
-        return [validate_tree(PeerRecord, r) for r in self._worker.call("peers", timeout=READ_TIMEOUT_S)]
-
-    def publish_head(self, record: bytes, *, version: int, ttl_s: float | None = None) -> bool:
-        """Announce the newest version this node holds with its signed version record."""
-        params = {"record": record, "version": version, "ttl_s": ttl_s or self.config.ttl_s}
-        return bool(self._worker.call("publish_head", params, timeout=READ_TIMEOUT_S))
-
-    def heads(self) -> list[HeadEntry]:
-        return [validate_tree(HeadEntry, h) for h in self._worker.call("heads", timeout=READ_TIMEOUT_S)]
+    def peers(self, *, prefer: list[str] | tuple[str, ...] = ()) -> list[PeerRecord]:
+        """Live peer records (at most ``dht_records.MAX_PEERS_READ``: those of ``prefer``, peer
+        ids, first, then the newest), each checked again here."""
+        out = []
+        for r in self._worker.call("peers", {"prefer": list(prefer)}, timeout=READ_TIMEOUT_S):
+            try:
+                out.append(validate_tree(PeerRecord, r))
+            except WireError as exc:
+                log.warning("dropped a peer record the DHT worker returned: %s", exc)
+        return out
 
     def get(self, kind: str) -> list[dict]:
-        """Raw live entries of ``peers`` or ``heads`` (subkey, value, expires_at) for dashboards."""
+        """Raw live entries of ``peers`` (subkey, value, expires_at) for dashboards."""
         return list(self._worker.call("get", {"kind": kind}, timeout=READ_TIMEOUT_S))
 
     # ---- p2pd push plane (dht_push.py) -------------------------------------------------------

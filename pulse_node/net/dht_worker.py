@@ -12,8 +12,9 @@ SIGINT or the parent process going away all set one event; the worker then marks
 as leaving (bounded), stops the DHT node and p2pd, and exits 0. A start failure writes a
 ``StartFailure`` to ``--error-file``, prints it to stderr, and exits 2.
 
-RPC methods: ping, shutdown, info, publish_peer(record, ttl_s), peers(), publish_head(record,
-version, ttl_s), heads(), get(kind), and the p2pd push plane of ``dht_push.py`` (PULSELoCo
+RPC methods: ping, shutdown, info, publish_peer(record, ttl_s), peers(prefer) (at most
+``MAX_PEERS_READ`` valid records, those of the ``prefer`` peer ids first, then the newest),
+get(kind), and the p2pd push plane of ``dht_push.py`` (PULSELoCo
 payloads between trainers): push(peer, maddrs, kind, data, timeout), push_file(peer, maddrs, kind,
 path, size, timeout) (with ``--spool``: a body the node wrote to a spool file), events(max)
 (a large received body as a spool ``path`` + ``size`` instead of ``data``), push_stats(),
@@ -41,7 +42,8 @@ from pulse_node.errors import PulseError, WireError
 from pulse_node.net import ipc
 from pulse_node.net.dht_push import PushPlane
 from pulse_node.net.dht_records import (
-    MAX_TTL_S, MIN_TTL_S, DhtInfo, HeadEntry, PeerRecord, PeerStatus, StartFailure, dht_key, validate_tree,
+    KEY_KINDS, MAX_TTL_S, MIN_TTL_S, DhtInfo, PeerRecord, PeerStatus, StartFailure, dht_key,
+    select_peer_records, validate_tree,
 )
 from pulse_node.net.spool import DEFAULT_DISK_BYTES, DEFAULT_MAX_PUSH, Spool
 
@@ -132,9 +134,10 @@ class DhtWorker:
             log.warning("dht[%s]: refreshing our %s record failed (%s); retrying", self.peer_id[-8:], item.kind, exc)
 
     def _peer_builder(self, status: PeerStatus) -> Callable[[float], PeerRecord]:
-        def build(now: float) -> PeerRecord:
-            return PeerRecord(**status.model_dump(), peer_id=self.peer_id, dht_maddrs=self._visible[:8],
-                              session=self.session, updated_at=now)
+        def build(now: float) -> PeerRecord:  # validated: addresses must end in /p2p/<our id>
+            return validate_tree(PeerRecord, {**status.model_dump(), "peer_id": self.peer_id,
+                                              "dht_maddrs": self._visible[:8], "session": self.session,
+                                              "updated_at": now})
         return build
 
     async def keep_alive(self) -> None:
@@ -212,33 +215,28 @@ class DhtWorker:
     async def rpc_publish_peer(self, params: dict) -> bool:
         status = validate_tree(PeerStatus, params.get("record"))
         item = Published("peers", self._peer_builder(status), check_ttl(params.get("ttl_s")))
+        item.build(time.time())  # a record every peer would refuse fails here, with the reason
         self._published["peers"] = item
         return await self._refresh(item)
 
-    async def rpc_publish_head(self, params: dict) -> bool:
-        record, version = params.get("record"), params.get("version")
-        entry = validate_tree(HeadEntry, {"peer_id": self.peer_id, "session": self.session, "version": version,
-                                          "record": record, "updated_at": time.time()})
-        item = Published("heads", lambda now: entry.model_copy(update={"updated_at": now}),
-                         check_ttl(params.get("ttl_s")))
-        self._published["heads"] = item
-        return await self._refresh(item)
-
     async def rpc_peers(self, params: dict) -> list[dict]:
-        out = []
+        prefer = params.get("prefer") or []
+        if not isinstance(prefer, list) or not all(isinstance(p, str) for p in prefer):
+            raise WireError("peers: prefer must be a list of peer ids")
+        found = []
         for sub, value, _exp in await self.read("peers"):
-            rec = validate_tree(PeerRecord, value)
+            try:
+                rec = validate_tree(PeerRecord, value)
+            except WireError:  # the validator admitted it; a schema change since: skip, never fail the read
+                continue
             if rec.peer_id == sub and not rec.leaving:
-                out.append(rec.model_dump())
-        return out
-
-    async def rpc_heads(self, params: dict) -> list[dict]:
-        return [validate_tree(HeadEntry, value).model_dump() for _sub, value, _exp in await self.read("heads")]
+                found.append(rec)
+        return [rec.model_dump() for rec in select_peer_records(found, prefer=prefer)]
 
     async def rpc_get(self, params: dict) -> list[dict]:
         kind = params.get("kind")
-        if kind not in ("peers", "heads"):
-            raise WireError(f"get: unknown record kind {kind!r} (peers, heads)")
+        if kind not in KEY_KINDS:
+            raise WireError(f"get: unknown record kind {kind!r} ({', '.join(KEY_KINDS)})")
         return [{"subkey": sub, "value": value, "expires_at": exp} for sub, value, exp in await self.read(kind)]
 
     async def rpc_push(self, params: dict) -> dict:

@@ -285,17 +285,20 @@ class Rpc:
         return True
 
     async def rpc_fetch(self, *, peer: str, kind: str, params: dict[str, Any], dest: str,
-                        timeout: float = 30.0, expected_digest: str | None = None) -> dict[str, Any]:
-        return await wt.fetch_to_file(self.dialer, peer, kind, params, Path(dest),
-                                      timeout=float(timeout), digest=expected_digest)
+                        timeout: float = 30.0, expected_digest: str | None = None,
+                        max_bytes: int | None = None) -> dict[str, Any]:
+        return await wt.fetch_to_file(self.dialer, peer, kind, params, Path(dest), timeout=float(timeout),
+                                      digest=expected_digest, max_bytes=max_bytes)
 
     async def rpc_fetch_multi(self, *, peers: list[str], version: int, size: int, dest: str,
                               kind: str = "anchor", digest: str | None = None, timeout: float = 600.0,
-                              chunk: int = 4 << 20, per_peer: int = 2) -> dict[str, Any]:
+                              chunk: int = 4 << 20, per_peer: int = 2,
+                              pieces: list[Any] | None = None) -> dict[str, Any]:
         if kind != "anchor":
             raise WireError("fetch_multi serves kind 'anchor' only")
         return await wt.fetch_multi(self.dialer, list(peers), version=version, size=size, dest=Path(dest),
-                                    digest=digest, timeout=float(timeout), chunk=chunk, per_peer=per_peer)
+                                    digest=digest, timeout=float(timeout), chunk=chunk, per_peer=per_peer,
+                                    pieces=pieces)
 
     async def rpc_push(self, *, peer: str, kind: str, data: bytes, timeout: float = 30.0) -> dict[str, Any]:
         return await wt.push(self.dialer, peer, kind, data, timeout=float(timeout))

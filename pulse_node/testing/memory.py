@@ -2,20 +2,24 @@
 
 ``MemoryTransport`` implements ``daemon.transport.Transport`` without sockets or workers: a fetch
 copies the file the serving peer's resolver names (``chain/serving.py``, the same mapping the wire
-worker uses), a push appends to the receiver's inbox.
+worker uses; an anchor byte range when asked for one; refused above ``max_bytes``), a push
+appends to the receiver's inbox. ``fetch_anchor`` takes each signed piece from the providers in
+turn and checks it, as the wire worker does, naming the providers that sent a bad one.
 """
 
 from __future__ import annotations
 
-import shutil
 import threading
+
+import blake3
 import time
 from collections import deque
 from pathlib import Path
 from typing import Any, Callable
 
-from pulse_node.daemon.transport import FETCH_KINDS, PUSH_KINDS, Event, PeerInfo
-from pulse_node.errors import BusyError, WireError
+from pulse_node.chain.anchor import Piece
+from pulse_node.daemon.transport import FETCH_KINDS, PUSH_KINDS, AnchorFetch, Event, PeerInfo
+from pulse_node.errors import BusyError, IntegrityError, WireError
 
 
 Resolver = Callable[[str, dict[str, Any]], "Path | None"]
@@ -56,9 +60,57 @@ class MemoryTransport:
         with self.hub.lock:
             return [p for pid, p in self.hub.records.items() if pid not in self.hub.down]
 
-    def fetch(self, peer: PeerInfo, kind: str, params: dict[str, Any], dest: Path, *, timeout: float) -> int:
+    def fetch(self, peer: PeerInfo, kind: str, params: dict[str, Any], dest: Path, *, timeout: float,
+              max_bytes: int | None = None) -> int:
         if kind not in FETCH_KINDS:
             raise WireError(f"unknown fetch kind {kind!r}")
+        src = self._source(peer, kind, params)
+        offset, length = int(params.get("offset", 0)), params.get("length")  # an anchor byte range
+        size = max(0, src.stat().st_size - offset)
+        size = size if length is None else min(int(length), size)
+        if max_bytes is not None and size > max_bytes:  # as the wire worker: refused before reading
+            raise IntegrityError(f"{kind} {params} from {peer.peer_id} is {size} bytes, more than the {max_bytes} "
+                                 "its signed record allows")
+        with open(src, "rb") as fh:
+            fh.seek(offset)
+            data = fh.read(size)
+        tmp = dest.with_name(dest.name + ".part")
+        tmp.write_bytes(data)
+        tmp.replace(dest)
+        self.bytes_in += size
+        return size
+
+    def fetch_anchor(self, providers: list[PeerInfo], *, version: int, pieces: list[Piece], dest: Path,
+                     timeout: float) -> AnchorFetch:
+        """Each signed piece from the providers in turn (a bad or missing one: the next provider)."""
+        bad, failed, out = set(), set(), bytearray()
+        for i, piece in enumerate(pieces):
+            for peer in [providers[(i + k) % len(providers)] for k in range(len(providers))]:
+                if peer.peer_id in bad | failed:
+                    continue
+                try:
+                    data = self._range(peer, version, piece)
+                except WireError:
+                    failed.add(peer.peer_id)
+                    continue
+                if blake3.blake3(data).hexdigest() == piece.digest:
+                    out += data
+                    break
+                bad.add(peer.peer_id)
+            else:
+                return AnchorFetch(0, bad_peers=sorted(bad), failed_peers=sorted(failed),
+                                   error=f"anchor {version}: no provider served bytes {piece.offset}+{piece.length}")
+        dest.write_bytes(bytes(out))
+        self.bytes_in += len(out)
+        return AnchorFetch(len(out), bad_peers=sorted(bad), failed_peers=sorted(failed))
+
+    def _range(self, peer: PeerInfo, version: int, piece: Piece) -> bytes:
+        with open(self._source(peer, "anchor", {"version": version}), "rb") as fh:
+            fh.seek(piece.offset)
+            return fh.read(piece.length)
+
+    def _source(self, peer: PeerInfo, kind: str, params: dict[str, Any]) -> Path:
+        """The serving peer's file for ``kind``/``params``; ``WireError`` (``BusyError``) otherwise."""
         with self.hub.lock:
             resolver = None if peer.peer_id in self.hub.down else self.hub.resolvers.get(peer.peer_id)
         try:
@@ -69,12 +121,7 @@ class MemoryTransport:
             raise WireError(f"{peer.peer_id} failed to serve {kind}: {exc}") from None
         if src is None or not src.exists():
             raise WireError(f"{peer.peer_id} has no {kind} {params}")
-        tmp = dest.with_name(dest.name + ".part")
-        shutil.copyfile(src, tmp)
-        tmp.replace(dest)
-        size = dest.stat().st_size
-        self.bytes_in += size
-        return size
+        return Path(src)
 
     def push(self, peer: PeerInfo, kind: str, data: bytes, *, timeout: float) -> None:
         if kind not in PUSH_KINDS:
@@ -103,3 +150,4 @@ class MemoryTransport:
         with self.hub.lock:
             self.hub.records.pop(self.peer_id, None)
             self.hub.down.add(self.peer_id)
+
