@@ -155,3 +155,33 @@ def test_encode_decode_round_trip_and_strictness() -> None:
         decode_record("peers", b"\xc1not msgpack")
     with pytest.raises(WireError, match="not a map"):
         validate_tree(PeerRecord, [1, 2])
+
+
+def test_a_flood_of_records_cannot_blind_the_worker() -> None:
+    """17,000 maximal records (76 MB, past the 64 MiB RPC frame) under fresh keys: the worker still
+    answers, with at most MAX_PEERS_READ records, the trusted trainer's first."""
+    import argparse
+    import asyncio
+    import os
+
+    from pulse_node.chain.identity import peer_id_of_key
+    from pulse_node.net import ipc
+    from pulse_node.net.dht_worker import DhtWorker
+
+    def record(pid: str, updated_at: float) -> dict:
+        m = f"/ip4/198.51.100.1/tcp/1/{'x' * 170}/p2p/{pid}"
+        return PeerRecord(role="trainer", peer_id=pid, session="ab" * 16, updated_at=updated_at,
+                          wire_maddrs=[m] * 8, dht_maddrs=[m] * 8).model_dump()
+
+    sybils = [peer_id_of_key(os.urandom(32).hex()) for _ in range(17_000)]
+    trainer = peer_id_of_key(Identity.generate().public_key_hex)
+    entries = [(p, record(p, 2000.0 + i), 1e12) for i, p in enumerate(sybils)] + [(trainer, record(trainer, 1.0), 1e12)]
+
+    class Flooded(DhtWorker):
+        async def read(self, kind: str) -> list:
+            return entries
+
+    worker = Flooded(argparse.Namespace(run_id=RUN), None, None, "me")
+    out = asyncio.run(worker.rpc_peers({"prefer": [trainer]}))
+    assert len(out) == MAX_PEERS_READ and out[0]["peer_id"] == trainer
+    assert len(ipc.encode_frame({"id": 1, "ok": True, "result": out})) < ipc.MAX_FRAME

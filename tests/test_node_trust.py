@@ -82,3 +82,22 @@ def test_bans_end_and_grow_so_a_flaky_honest_peer_comes_back(monkeypatch):
         now[0] += 2
         assert not policy.ignored("peer")
     assert policy.strikes["peer"] == 12 and policy.rejected == 12 and not policy.ignored("other")
+
+
+def test_an_admitted_trainer_is_followed_by_nodes_that_trust_only_the_admitting_key(swarm, tmp_path):  # noqa: F811
+    """The operator's key A (offline here) signs trainer B into the set; an inference node that
+    is configured with A's key alone learns B's admission from B's discovery record, verifies it
+    against A, and follows B's chain; its status says it is keyed, not open."""
+    from pulse_node.chain.trainerset import Admission
+
+    operator = Identity.generate()
+    b_key = Identity.load_or_create(tmp_path / "tb" / "identity.key").public_key_hex
+    admission = tmp_path / "admission.bin"
+    admission.write_bytes(Admission("pulse-default", b_key).endorse(operator).encode())
+    keys = {"trusted_trainers": [operator.public_key_hex]}
+    tb = swarm.start("trainer-b", _cfg(TrainerConfig, tmp_path, "tb", chain={**keys, "admission_file": str(admission)}))
+    i1 = swarm.start("infer-a", _cfg(InferenceConfig, tmp_path, "i1", chain=keys))
+    wait_for(lambda: _status(i1).get("version", -1) >= 2, timeout=240, what="the inference node at version 2")
+    published = {h["version"]: h["state_hash"] for h in _status(tb)["history"]}
+    assert all(published[h["version"]] == h["state_hash"] for h in _status(i1)["history"])
+    assert _status(i1)["trust_mode"] == "keys" and not _status(i1).get("rejected")
