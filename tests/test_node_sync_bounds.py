@@ -157,3 +157,13 @@ def test_banned_peers_provide_no_anchor_pieces(served, tmp_path) -> None:
         assert liar.served == {}, "a banned peer was asked for anchor pieces"
     finally:
         sync.close()
+
+
+def test_a_store_of_another_run_is_refused_with_a_clear_error(tmp_path) -> None:
+    from pulse_node.errors import ConfigError
+
+    store = fill(tmp_path / "other", 3)  # versions of run "run-s"
+    with pytest.raises(ConfigError, match="holds versions of run 'run-s', not 'run-x'"):
+        VersionSync(store, MemoryHub().join("me", lambda kind, params: None),
+                    TrustPolicy(TrainerSet(run_id="run-x", keys=[TRAINER.public_key_hex])), net=NetConfig())
+    store.close()

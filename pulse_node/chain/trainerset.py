@@ -245,8 +245,8 @@ class TrainerSet:
         if len(self.members) >= MAX_MEMBERS:
             raise IntegrityError(f"the trainer set is full ({MAX_MEMBERS} members)")
         message = admission.signing_bytes()
-        endorsers = {k for k, sig in admission.endorsements
-                     if self.is_member(k) and verify_signature(k, message, sig)}
+        first = {k: sig for k, sig in reversed(admission.endorsements)}  # one signature checked per member
+        endorsers = {k for k, sig in first.items() if self.is_member(k) and verify_signature(k, message, sig)}
         if len(endorsers) < self.quorum:
             raise IntegrityError(f"admission of {key_id_of(admission.key)} has {len(endorsers)} valid member "
                                  f"endorsement(s), needs {self.quorum}")

@@ -41,7 +41,7 @@ from pulse_node.codec.patch import apply_patch, read_header
 from pulse_node.codec.state import State, state_nbytes
 from pulse_node.config import NetConfig
 from pulse_node.daemon.transport import Event, PeerInfo, Transport
-from pulse_node.errors import BusyError, GapError, IntegrityError, PatchError, PulseError
+from pulse_node.errors import BusyError, ConfigError, GapError, IntegrityError, PatchError, PulseError
 from pulse_node.inference.anchor_load import load_anchor
 
 log = logging.getLogger("pulse.sync")
@@ -82,6 +82,9 @@ class VersionSync:
         self.record: VersionRecord | None = None
         self.state: State | None = None
         self.record, self.state = store.load_head() or (None, None)
+        if self.record is not None and self.record.run_id != trust.trainers.run_id:
+            raise ConfigError(f"{store.root} holds versions of run {self.record.run_id!r}, not {trust.trainers.run_id!r}; "
+                              "use another data_dir for another run")
         self.reorder = ReorderBuffer(next_version=self.record.version + 1 if self.record else 0)
         self.counters: Counter[str] = Counter()
         self.last_error = ""
@@ -382,12 +385,18 @@ class VersionSync:
         """Load the newest anchor above ``above`` that peers serve, bounded and checked by its signed
         record (``anchor_load.py``); at most ``MAX_ANCHOR_TRIES`` offers per call."""
         live = [p for p in peers if not self.trust.ignored(p.peer_id) and p.peer_id != self.transport.peer_id]
-        offers = sorted({(a, p.peer_id) for p in live for a in p.anchors if above < a <= head}, reverse=True)
         by_id = {p.peer_id: p for p in live}
+        # newest first; at one version trainer-set members first (fresh keys announcing anchors
+        # cannot crowd them out of the tries), then in random order
+        offers = sorted(((a, p.peer_id) for p in live for a in set(p.anchors) if above < a <= head),
+                        key=lambda o: (-o[0], not self.trust.vouches_for(by_id[o[1]]), random.random()))
         for anchor, pid in offers[:MAX_ANCHOR_TRIES]:
             try:
                 rec = self._fetch_record(by_id[pid], anchor)
-                if not rec.is_anchor or not self.trust.check(rec, sender=pid):
+                if not rec.is_anchor:
+                    self.trust.strike(pid)  # it announced an anchor it does not hold
+                    continue
+                if not self.trust.check(rec, sender=pid):
                     continue
                 holders = [p for p in live if anchor in p.anchors]
                 state = load_anchor(self.transport, self.trust, rec, by_id[pid], holders, self._tmp,
