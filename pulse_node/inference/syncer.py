@@ -11,7 +11,9 @@ once its signed record is in hand and verified: a pushed head record, or the rec
 a trainer-set member announces in its DHT record, fetched and checked (``_probe_announced``).
 Every download is capped by something signed or recomputed before a byte is read: a record by
 ``MAX_RECORD_BYTES``, a patch by its record's ``patch_bytes``, a catch-up patch by twice the dense
-size of our own state, an anchor by its record's manifest (``anchor_load.py``). Applied versions are written to the store, so this node re-serves them. A node that is
+size of our own state, an anchor by its record's manifest (``anchor_load.py``).
+
+Applied versions are written to the store, so this node re-serves them. A node that is
 ``catchup_min_gap`` or more versions behind asks peers for one catch-up patch ``base -> their
 head`` instead of the patches (peers make it on demand, ``chain/catchup_producer.py``; a peer
 still making it answers "busy" and is asked again for up to ``catchup_wait_s``); if nobody can
@@ -83,8 +85,8 @@ class VersionSync:
         self.state: State | None = None
         self.record, self.state = store.load_head() or (None, None)
         if self.record is not None and self.record.run_id != trust.trainers.run_id:
-            raise ConfigError(f"{store.root} holds versions of run {self.record.run_id!r}, not {trust.trainers.run_id!r}; "
-                              "use another data_dir for another run")
+            raise ConfigError(f"{store.root} holds versions of run {self.record.run_id!r}, not "
+                              f"{trust.trainers.run_id!r}; use another data_dir for another run")
         self.reorder = ReorderBuffer(next_version=self.record.version + 1 if self.record else 0)
         self.counters: Counter[str] = Counter()
         self.last_error = ""
@@ -149,8 +151,8 @@ class VersionSync:
         claim = max(claims, key=lambda p: p.version)
         self._probed = {p.peer_id: v for p in peers if (v := self._probed.get(p.peer_id)) is not None}
         self._probed[claim.peer_id] = claim.version
-        others = [p for p in peers if p.version >= claim.version and p.peer_id not in (claim.peer_id, self.transport.peer_id)
-                  and not self.trust.ignored(p.peer_id)]
+        others = [p for p in peers if p.version >= claim.version and not self.trust.ignored(p.peer_id)
+                  and p.peer_id not in (claim.peer_id, self.transport.peer_id)]
         for peer in [claim, *others][:MAX_PROBES]:
             try:
                 rec = self._fetch_record(peer, claim.version)
