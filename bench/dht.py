@@ -6,9 +6,9 @@ Starts a bootstrap worker and ``--peers`` joined workers on 127.0.0.1, then meas
 side in one run:
 - start: spawn -> ready for a worker without peers and for a joining worker, next to the cost
   of a bare ``import hivemind`` in a fresh interpreter (what dominates the start);
-- propagation: one worker publishes a peer record / head with a new version; another polls
-  every 10 ms until it sees it (time from publish call to first sighting);
-- read: the wall time of one ``peers()`` / ``heads()`` call (a full DHT lookup, latest=True).
+- propagation: one worker publishes a peer record with a new version; another polls every
+  10 ms until it sees it (time from publish call to first sighting);
+- read: the wall time of one ``peers()`` call (a full DHT lookup, latest=True).
 Ends with one JSON line.
 """
 
@@ -39,20 +39,15 @@ def import_seconds() -> float:
     return dt
 
 
-def propagation(src: DhtClient, dst: DhtClient, rounds: int, kind: str) -> list[float]:
+def propagation(src: DhtClient, dst: DhtClient, rounds: int) -> list[float]:
     out = []
     for i in range(1, rounds + 1):
         version = 1000 + i
         t = time.perf_counter()
-        if kind == "peer":
-            src.publish_peer(PeerStatus(role="trainer", version=version), ttl_s=30)
-            seen = lambda: any(p.version == version for p in dst.peers())  # noqa: E731
-        else:
-            src.publish_head(b"r" * 200, version=version, ttl_s=30)
-            seen = lambda: any(h.version == version for h in dst.heads())  # noqa: E731
-        while not seen():
+        src.publish_peer(PeerStatus(role="trainer", version=version), ttl_s=30)
+        while not any(p.version == version for p in dst.peers()):
             if time.perf_counter() - t > 30:
-                raise RuntimeError(f"{kind} version {version} not visible after 30 s")
+                raise RuntimeError(f"peer record version {version} not visible after 30 s")
             time.sleep(0.01)
         out.append(time.perf_counter() - t)
     return out
@@ -80,10 +75,8 @@ def main() -> None:
         with ThreadPoolExecutor(max(1, args.peers - 1)) as pool:
             clients += list(pool.map(lambda _: DhtClient.start(cfg), range(args.peers - 1)))
         src, dst = clients[0], clients[-1]
-        peer_prop = propagation(src, dst, args.rounds, "peer")
-        head_prop = propagation(src, dst, args.rounds, "head")
+        peer_prop = propagation(src, dst, args.rounds)
         reads = [timed(dst.peers)[1] for _ in range(args.rounds)]
-        head_reads = [timed(dst.heads)[1] for _ in range(args.rounds)]
     finally:
         for c in clients:
             c.stop()
@@ -92,13 +85,12 @@ def main() -> None:
         "bench": "dht", "peers": args.peers + 1, "rounds": args.rounds,
         "import_hivemind_s": round(imp, 2), "start_alone_s": round(boot_s, 2), "start_joined_s": round(join_s, 2),
         "start_over_import": round(join_s / imp, 2),
-        "peer_propagation": summary(peer_prop), "head_propagation": summary(head_prop),
-        "peers_read": summary(reads), "heads_read": summary(head_reads),
+        "peer_propagation": summary(peer_prop), "peers_read": summary(reads),
     }
     print(f"import hivemind {imp:.2f}s | worker start alone {boot_s:.2f}s, joined {join_s:.2f}s "
           f"({join_s / imp:.2f}x the import)")
-    print(f"peer record publish->visible: {summary(peer_prop)}; head: {summary(head_prop)}")
-    print(f"peers() read: {summary(reads)}; heads() read: {summary(head_reads)}")
+    print(f"peer record publish->visible: {summary(peer_prop)}")
+    print(f"peers() read: {summary(reads)}")
     print(json.dumps(result))
 
 

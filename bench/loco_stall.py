@@ -29,7 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from pulse_node.config import TrainerConfig  # noqa: E402
 from pulse_node.daemon.transport import Event, PeerInfo, Transport  # noqa: E402
 from pulse_node.errors import WireError  # noqa: E402
-from pulse_node.testing.inprocess import InProcessSwarm, read_status  # noqa: E402
+from pulse_node.net.dht_records import PeerStatus  # noqa: E402
+from pulse_node.testing.inprocess import InProcessSwarm, node_status, node_version  # noqa: E402
 
 VANISHED = "trainer-zz"
 SMALL = {"model": {"d_model": 32, "n_layers": 2, "n_heads": 2}, "task": {"digits": 2},
@@ -43,17 +44,21 @@ class Hanging:
         self.inner = inner
         self.peer_id = inner.peer_id
 
-    def publish(self, info: PeerInfo) -> None:
-        self.inner.publish(info)
+    def publish(self, status: PeerStatus) -> None:
+        self.inner.publish(status)
 
     def peers(self) -> list[PeerInfo]:
         return self.inner.peers()
 
-    def fetch(self, peer: PeerInfo, kind: str, params: dict[str, Any], dest: Path, *, timeout: float) -> int:
+    def fetch(self, peer: PeerInfo, kind: str, params: dict[str, Any], dest: Path, *, timeout: float,
+              max_bytes: int | None = None) -> int:
         if peer.peer_id == VANISHED:
             time.sleep(timeout)
             raise WireError(f"{kind} fetch from {VANISHED}: no answer within {timeout:.1f}s")
-        return self.inner.fetch(peer, kind, params, dest, timeout=timeout)
+        return self.inner.fetch(peer, kind, params, dest, timeout=timeout, max_bytes=max_bytes)
+
+    def fetch_anchor(self, providers: list[PeerInfo], **kw: Any) -> Any:
+        return self.inner.fetch_anchor([p for p in providers if p.peer_id != VANISHED], **kw)
 
     def push(self, peer: PeerInfo, kind: str, data: bytes, *, timeout: float) -> None:
         if peer.peer_id == VANISHED:
@@ -85,12 +90,12 @@ def seconds_per_version(tmp: Path, args, *, vanished: bool) -> tuple[float, list
     swarm = InProcessSwarm(wrap=lambda name, t: Hanging(t))
     if vanished:  # listed first: the dead peer was in the swarm before the others came
         swarm.hub.join(VANISHED, lambda kind, params: None).publish(
-            PeerInfo(peer_id=VANISHED, role="trainer", address="", version=-1))
+            PeerStatus(role="trainer"))
     names = [f"trainer-{chr(ord('a') + i)}" for i in range(args.trainers)]
     dirs = [swarm.start(n, trainer_cfg(tmp, n, args)) for n in names]
     give_up = time.monotonic() + args.timeout
     try:
-        while min(read_status(d).get("version", -1) for d in dirs) < args.versions:
+        while min(node_version(d) for d in dirs) < args.versions:
             if swarm.errors or time.monotonic() > give_up:
                 raise SystemExit(f"swarm failed or stalled: {swarm.errors or 'timeout'}")
             time.sleep(0.2)
@@ -98,9 +103,9 @@ def seconds_per_version(tmp: Path, args, *, vanished: bool) -> tuple[float, list
         swarm.stop_all()
     gaps = []
     for d in dirs:
-        at = sorted((h["version"], h["at"]) for h in read_status(d)["history"])
+        at = sorted((h.version, h.at) for h in node_status(d).history)
         gaps += [b[1] - a[1] for a, b in zip(at, at[1:]) if a[0] >= 2 and b[0] <= args.versions]
-    left_out = sum(read_status(d).get("rounds_left_out", 0) for d in dirs)
+    left_out = sum(node_status(d).trainer.rounds_left_out for d in dirs)
     return statistics.median(gaps), gaps, left_out
 
 

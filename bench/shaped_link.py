@@ -115,7 +115,7 @@ def client(peer: str, store: Path, work: Path, signer: str, versions: int) -> di
             t0 = time.monotonic()
             wire.fetch(peer, "record", {"version": v}, work / f"{v}.rec", timeout=120)
             rec = decode_record((work / f"{v}.rec").read_bytes())
-            verify_record(rec, trusted_signers=[signer])
+            verify_record(rec, run_id="shaped", trusted_signers=[signer])
             t1 = time.monotonic()
             wire.fetch(peer, "patch", {"version": v}, work / f"{v}.patch", timeout=600)
             patch = (work / f"{v}.patch").read_bytes()

@@ -7,10 +7,11 @@ into ``TrainerConfig``, ``InferenceConfig`` and ``SwarmConfig``.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from pulse_node.configload import StrictModel
 from pulse_node.loco.config import LocoConfig
@@ -86,14 +87,43 @@ class ChainConfig(StrictModel):
     keep_anchors: int = Field(2, ge=1)
     trusted_trainers: list[str] = Field(
         default_factory=list,
-        description="Ed25519 public keys (hex) whose signed version records are accepted; "
-        "empty = accept any peer that announces the trainer role (local swarms only)",
+        description="the trainer set: Ed25519 public keys (hex) of the trainers that may train, sign versions, "
+        "decide rounds and serve trainer state (chain/trainerset.py); with none here nor in "
+        "trusted_trainers_path, any peer announcing the trainer role is trusted (an open swarm: "
+        "local swarms only, or with open_swarm = true)",
     )
+    trusted_trainers_path: Path | None = Field(
+        None, description="more trainer keys: a file with one hex key per line, or a directory of *.pub files "
+        "(read at start; e.g. the keys compose's trainers write to the shared volume)")
+    open_swarm: bool = Field(
+        False, description="DANGEROUS: with no trainer keys, let `pulse-node join` trust any peer that announces "
+        "the trainer role on a non-loopback bootstrap (anyone can then sign versions and steer the model)")
+    admission_quorum: int = Field(
+        0, ge=0, description="members that must sign a new trainer's admission (0 = a majority of the configured keys)")
+    admission_file: Path | None = Field(
+        None, description="this trainer's admission to the trainer set (`pulse-node trainers admit`), "
+        "carried in its peer record so every node can verify it")
     min_signers: int = Field(1, ge=1, description="distinct trusted trainers that must sign a version")
     catchup_min_gap: int = Field(4, ge=0, description="this many versions behind, ask peers for one catch-up "
                                  "patch instead of the patches (0 = never)")
     catchup_wait_s: float = Field(30.0, ge=0, description="how long to wait for a peer that is still making "
                                   "our catch-up patch before fetching the patches one by one")
+
+    @field_validator("trusted_trainers")
+    @classmethod
+    def _keys(cls, keys: list[str]) -> list[str]:
+        out = [k.strip().lower() for k in keys]
+        for k in out:
+            if not re.fullmatch(r"[0-9a-f]{64}", k):
+                raise ValueError(f"trusted_trainers: {k[:80]!r} is not an Ed25519 public key (64 hex characters; "
+                                 "`pulse-node keygen PATH --show` prints a node's key)")
+        return out
+
+    @model_validator(mode="after")
+    def _open_means_no_keys(self) -> "ChainConfig":
+        if self.open_swarm and (self.trusted_trainers or self.trusted_trainers_path is not None):
+            raise ValueError("chain.open_swarm trusts any announced trainer; it cannot be combined with trainer keys")
+        return self
 
 
 class NodeConfig(StrictModel):

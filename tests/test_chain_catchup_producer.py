@@ -22,6 +22,7 @@ from pulse_node.inference.syncer import VersionSync
 from pulse_node.daemon.transport import PeerInfo
 from pulse_node.net.dht_records import PeerStatus, Serves
 from pulse_node.testing.memory import MemoryHub
+from pulse_node.chain.trainerset import TrainerSet
 from pulse_node.chain.trust import TrustPolicy
 
 from helpers import wait_for
@@ -152,8 +153,11 @@ def test_memory_transport_serves_made_catchups_and_says_why_not(served: Path, tm
 def _syncer(tmp_path: Path, hub: MemoryHub, *, at: int, **kw) -> VersionSync:
     store = fill(tmp_path / "lagging", at, start=at)
     transport = hub.join("lagging", lambda kind, params: None)
-    return VersionSync(store, transport, TrustPolicy(trusted=[TRAINER.public_key_hex]), net=NetConfig(),
-                       **kw)
+    return VersionSync(store, transport, _trust(), net=NetConfig(), **kw)
+
+
+def _trust() -> TrustPolicy:
+    return TrustPolicy(TrainerSet(run_id="run-s", keys=[TRAINER.public_key_hex]))
 
 
 def _serve(hub: MemoryHub, root: Path, producer: CatchupProducer | None, version: int) -> PeerInfo:
@@ -229,7 +233,7 @@ def test_syncer_keeps_its_version_rather_than_reload_an_older_anchor(served: Pat
     patches_lost = FaultyTransport(hub.join("lagging", lambda kind, params: None),
                                    FaultRates(drop=1.0, only_kinds=("patch",)), seed=0)
     sync = VersionSync(fill(tmp_path / "lagging", 14, start=14), patches_lost,
-                       TrustPolicy(trusted=[TRAINER.public_key_hex]), net=NetConfig())
+                       _trust(), net=NetConfig())
     sync.take_events([Event("head", "holder", encode_record(CHAIN[15][0]), 0.0)])  # ... a push says 15
     assert sync.step(peers) == [] and sync.counters["gaps"] == 1
     assert sync.record.version == 14 and sync.counters["anchor_loads"] == 0

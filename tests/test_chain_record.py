@@ -9,7 +9,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import numpy as np
+
+from pulse_node.chain.anchor import AnchorManifest, anchor_manifest
 from pulse_node.chain.identity import Identity
+from pulse_node.codec.state import TensorBits
 from pulse_node.chain.record import (MAX_RECORD_BYTES, RECORD_FORMAT, RECORD_MAGIC, VersionRecord,
                                      chain_hash, check_link, check_patch, decode_record,
                                      encode_record, genesis_parent_hash, make_record,
@@ -19,17 +23,19 @@ from pulse_node.errors import IntegrityError, WireError
 TRAINER = Identity.generate()
 OTHER = Identity.generate()
 CODEC = "pulsesync/compact/1"
+MANIFEST = anchor_manifest({"w": TensorBits("BF16", (3,), np.arange(3, dtype=np.uint16))})
 
 
 def chain(n: int, ident: Identity = TRAINER, run_id: str = "run-a", anchor_every: int = 5
           ) -> list[VersionRecord]:
     records = [make_record(ident, run_id=run_id, version=0, parent=None, state_hash="00" * 32,
-                           patch=None, anchor_version=0, is_anchor=True, codec=CODEC)]
+                           patch=None, anchor_version=0, is_anchor=True, codec=CODEC, anchor_manifest=MANIFEST)]
     for v in range(1, n + 1):
         anchor = v - v % anchor_every
         records.append(make_record(
             ident, run_id=run_id, version=v, parent=records[-1], state_hash=f"{v:064x}",
-            patch=b"patch-%d" % v, anchor_version=anchor, is_anchor=anchor == v, codec=CODEC))
+            patch=b"patch-%d" % v, anchor_version=anchor, is_anchor=anchor == v, codec=CODEC,
+            anchor_manifest=MANIFEST if anchor == v else b""))
     return records
 
 
@@ -41,10 +47,10 @@ def test_round_trip_and_verify_whole_chain() -> None:
     parent = None
     for r in RECORDS:
         data = encode_record(r)
-        assert len(data) < 512
+        assert len(data) < 512 + len(r.anchor_manifest)
         back = decode_record(data)
         assert back == r
-        verify_record(back, trusted_signers=TRUSTED, parent=parent)
+        verify_record(back, run_id="run-a", trusted_signers=TRUSTED, parent=parent)
         parent = back
     assert RECORDS[0].parent_chain_hash == genesis_parent_hash("run-a")
     assert RECORDS[3].chain_hash == chain_hash(
@@ -67,6 +73,7 @@ def tampered_value(r: VersionRecord, name: str):
         "created_at": lambda: value + 1.0,
         "signer": lambda: OTHER.public_key_hex,
         "signature": lambda: bytes([value[0] ^ 1]) + value[1:],
+        "anchor_manifest": lambda: (value[:-1] + bytes([value[-1] ^ 1])) if value else MANIFEST,
     }[name]()
 
 
@@ -78,26 +85,49 @@ def test_any_tampered_field_is_rejected(name: str, index: int) -> None:
     assert bad != r
     with pytest.raises((IntegrityError, WireError)):
         decoded = decode_record(encode_record(bad))
-        verify_record(decoded, trusted_signers=None)
+        verify_record(decoded, run_id=r.run_id, trusted_signers=None)
 
 
 def test_untrusted_or_resigned_record_is_rejected() -> None:
     own = chain(2, ident=OTHER)[2]
-    verify_record(own, trusted_signers=None)
+    verify_record(own, run_id="run-a", trusted_signers=None)
     with pytest.raises(IntegrityError, match="not a trusted"):
-        verify_record(own, trusted_signers=TRUSTED)
+        verify_record(own, run_id="run-a", trusted_signers=TRUSTED)
     # a trusted signer's name on a record signed by someone else
     forged = dataclasses.replace(own, signer=TRAINER.public_key_hex)
     with pytest.raises(IntegrityError, match="bad signature"):
-        verify_record(forged, trusted_signers=TRUSTED)
+        verify_record(forged, run_id="run-a", trusted_signers=TRUSTED)
+
+
+def test_a_record_of_another_run_is_refused_however_well_signed() -> None:
+    other_run = chain(3, run_id="run-b")[3]
+    verify_record(other_run, run_id="run-b", trusted_signers=TRUSTED)
+    with pytest.raises(IntegrityError, match="run 'run-b', this is run 'run-a'"):
+        verify_record(other_run, run_id="run-a", trusted_signers=TRUSTED)
+
+
+def test_anchor_manifest_is_signed_bound_to_anchors_and_decoded_as_hostile_input() -> None:
+    anchor = RECORDS[5]
+    assert anchor.manifest() == AnchorManifest.decode(MANIFEST) and RECORDS[4].manifest() is None
+    with pytest.raises(ValueError, match="unless the version is an anchor"):
+        make_record(TRAINER, run_id="run-a", version=4, parent=RECORDS[3], state_hash="ab" * 32, patch=b"p",
+                    anchor_version=0, is_anchor=False, codec=CODEC, anchor_manifest=MANIFEST)
+    m = AnchorManifest.decode(MANIFEST)
+    for bad in (b"\xc1", msgpack.packb([m.layout, m.data_bytes, m.chunk_bytes, m.chunks + b"x" * 32]),
+                msgpack.packb([m.layout, 10**12, 1, m.chunks]), msgpack.packb([m.layout[:5], 1, 1, b""])):
+        with pytest.raises(WireError):
+            AnchorManifest.decode(bad)
+        with pytest.raises(ValueError):
+            make_record(TRAINER, run_id="run-a", version=0, parent=None, state_hash="00" * 32, patch=None,
+                        anchor_version=0, is_anchor=True, codec=CODEC, anchor_manifest=bad)
 
 
 def test_parent_links_are_checked() -> None:
     with pytest.raises(IntegrityError, match="expected v4"):
-        verify_record(RECORDS[5], trusted_signers=TRUSTED, parent=RECORDS[3])
+        verify_record(RECORDS[5], run_id="run-a", trusted_signers=TRUSTED, parent=RECORDS[3])
     other_run = chain(8, run_id="run-b")
     with pytest.raises(IntegrityError):
-        verify_record(other_run[5], trusted_signers=TRUSTED, parent=RECORDS[4])
+        verify_record(other_run[5], run_id="run-a", trusted_signers=TRUSTED, parent=RECORDS[4])
     # same version number, different history (a fork): parent hash does not match
     fork4 = make_record(TRAINER, run_id="run-a", version=4, parent=RECORDS[3],
                         state_hash="ab" * 32, patch=b"other", anchor_version=0, is_anchor=False,
@@ -111,7 +141,7 @@ def test_anchor_version_must_follow_parent() -> None:
                         state_hash="cd" * 32, patch=b"p", anchor_version=0, is_anchor=False,
                         codec=CODEC)
     with pytest.raises(IntegrityError, match="anchor_version"):
-        verify_record(wrong, trusted_signers=TRUSTED, parent=RECORDS[6])
+        verify_record(wrong, run_id="run-a", trusted_signers=TRUSTED, parent=RECORDS[6])
 
 
 def test_patch_digest_and_length_are_checked() -> None:
@@ -177,4 +207,4 @@ def test_any_single_byte_corruption_is_detected(pos: int, xor: int) -> None:
     except WireError:
         return
     with pytest.raises(IntegrityError):
-        verify_record(r, trusted_signers=TRUSTED)
+        verify_record(r, run_id="run-a", trusted_signers=TRUSTED)

@@ -92,6 +92,7 @@ def states_equal(a: State, b: State) -> bool:
 def build_chain(states: list[State], *, anchor_every: int, ident: Identity = TRAINER,
                 run_id: str = "run-s") -> list[tuple[VersionRecord, bytes | None]]:
     """Signed (record, patch) for every version; anchors every ``anchor_every`` versions."""
+    from pulse_node.chain.anchor import anchor_manifest
     from pulse_node.codec.patch import make_patch
     from pulse_node.codec.statehash import state_hash
 
@@ -102,7 +103,8 @@ def build_chain(states: list[State], *, anchor_every: int, ident: Identity = TRA
         anchor = v - v % anchor_every
         parent = make_record(ident, run_id=run_id, version=v, parent=parent,
                              state_hash=state_hash(state), patch=patch, anchor_version=anchor,
-                             is_anchor=anchor == v, codec=CODEC)
+                             is_anchor=anchor == v, codec=CODEC,
+                             anchor_manifest=anchor_manifest(state) if anchor == v else b"")
         out.append((parent, patch))
     return out
 

@@ -264,6 +264,47 @@ def test_corrupt_provider_is_caught_by_the_digest(swarm: dict, tmp_path: Path) -
     assert list(tmp_path.iterdir()) == []
 
 
+def _pieces(data: bytes, size: int) -> list[tuple[int, int, str]]:
+    import blake3
+
+    return [(off, min(size, len(data) - off), blake3.blake3(data[off:off + size]).hexdigest())
+            for off in range(0, len(data), size)]
+
+
+def test_a_bad_anchor_piece_blames_only_the_provider_that_sent_it(swarm: dict, tmp_path: Path) -> None:
+    """Signed pieces (offset, length, BLAKE3): a provider whose copy differs in one byte is named in
+    ``bad_providers`` (the download returns incomplete, as data, keeping the good pieces); the honest
+    provider then supplies only what is missing and the file is exact, with nobody else blamed."""
+    client, anchor = swarm["client"], swarm["files"]["anchor"]
+    bad = bytearray(anchor)
+    bad[len(anchor) // 2] ^= 1
+    _write(tmp_path / "liar", "anchors/3.safetensors", bytes(bad))
+    (liar,) = _start([tmp_path / "liar"])
+    pieces = _pieces(anchor, 3 * MiB)
+    try:
+        liar_addr = liar.info().listen_maddrs[0]
+        r = client.fetch_anchor([liar_addr], version=3, size=len(anchor), dest=tmp_path / "a.st", timeout=40,
+                                chunk=MiB, pieces=pieces)
+    finally:
+        liar.stop()
+    assert not r.complete and r.bad_providers == [liar_addr] and "signed digest" in r.errors[liar_addr]
+    assert not (tmp_path / "a.st").exists()
+    r = client.fetch_anchor([swarm["addr"]], version=3, size=len(anchor), dest=tmp_path / "a.st", timeout=40,
+                            chunk=MiB, pieces=pieces)
+    assert (tmp_path / "a.st").read_bytes() == anchor
+    assert r.complete and r.bad_providers == [] and r.resumed > 0  # the liar's good pieces were kept
+    assert r.fetched == len(anchor) - r.resumed
+
+
+def test_a_body_larger_than_the_signed_size_is_refused_before_reading(swarm: dict, tmp_path: Path) -> None:
+    client, addr, files = swarm["client"], swarm["addr"], swarm["files"]
+    before = client.stats()["bytes_in"].get("patch", 0)
+    with pytest.raises(IntegrityError, match="signed record allows"):
+        client.fetch(addr, "patch", {"version": 7}, tmp_path / "7.patch", max_bytes=len(files["patch"]) - 1)
+    assert client.stats()["bytes_in"].get("patch", 0) - before < 64 * 1024 and not list(tmp_path.iterdir())
+    client.fetch(addr, "patch", {"version": 7}, tmp_path / "7.patch", max_bytes=len(files["patch"]))
+
+
 def test_identity_file_raw_seed_and_pem_give_one_peer_id(tmp_path: Path) -> None:
     from pulse_node.chain.identity import Identity
 

@@ -42,18 +42,19 @@ def test_forged_head_announcement_is_no_hint_and_strikes_its_sender(tmp_path):
     from pulse_node.inference.syncer import VersionSync
     from pulse_node.daemon.transport import Event
     from pulse_node.testing.memory import MemoryHub
+    from pulse_node.chain.trainerset import TrainerSet
     from pulse_node.chain.trust import TrustPolicy
 
     trainer = Identity.generate()
     honest, forged = ForgedChain("run", trainer), ForgedChain("run")  # signed by the trainer / by nobody trusted
     store = VersionStore(tmp_path / "store")
     sync = VersionSync(store, MemoryHub().join("me", lambda kind, params: None),
-                       TrustPolicy(trusted=[trainer.public_key_hex]), net=NetConfig())
+                       TrustPolicy(TrainerSet(run_id="run", keys=[trainer.public_key_hex])), net=NetConfig())
     try:
         sync.take_events([Event("head", "rogue", encode_record(forged.record(50)), 0.0),
                           Event("head", "peer", encode_record(honest.record(7)), 0.0)])
-        sync.step([], trainer_keys=[])
-        assert sync.hints == {"peer": 7} and sync.target([]) == 7  # the forged v50 is no target
+        sync.step([])
+        assert sync.hints == {"peer": 7} and sync.target() == 7  # the forged v50 is no target
         assert sync.trust.strikes["rogue"] == 1 and "peer" not in sync.trust.strikes
     finally:
         sync.close()
@@ -66,7 +67,9 @@ def test_bans_end_and_grow_so_a_flaky_honest_peer_comes_back(monkeypatch):
 
     now = [1000.0]
     monkeypatch.setattr(trust_mod.time, "monotonic", lambda: now[0])
-    policy = trust_mod.TrustPolicy(max_strikes=3, ban_s=60.0, max_ban_s=200.0)
+    from pulse_node.chain.trainerset import TrainerSet
+
+    policy = trust_mod.TrustPolicy(TrainerSet(run_id="r"), max_strikes=3, ban_s=60.0, max_ban_s=200.0)
     for _ in range(2):
         policy.strike("peer")
     assert not policy.ignored("peer")
@@ -82,3 +85,23 @@ def test_bans_end_and_grow_so_a_flaky_honest_peer_comes_back(monkeypatch):
         now[0] += 2
         assert not policy.ignored("peer")
     assert policy.strikes["peer"] == 12 and policy.rejected == 12 and not policy.ignored("other")
+
+
+@pytest.mark.slow
+def test_an_admitted_trainer_is_followed_by_nodes_that_trust_only_the_admitting_key(inprocess_swarm, node_cfg, tmp_path):
+    """The operator's key A (offline here) signs trainer B into the set; an inference node that
+    is configured with A's key alone learns B's admission from B's discovery record, verifies it
+    against A, and follows B's chain; its status says it is keyed, not open."""
+    from pulse_node.chain.trainerset import Admission
+
+    operator = Identity.generate()
+    b_key = Identity.load_or_create(tmp_path / "tb" / "identity.key").public_key_hex
+    admission = tmp_path / "admission.bin"
+    admission.write_bytes(Admission(DEFAULT_RUN_ID, b_key).endorse(operator).encode())
+    keys = {"trusted_trainers": [operator.public_key_hex]}
+    tb = inprocess_swarm.start("trainer-b", node_cfg(TrainerConfig, "tb", chain={**keys, "admission_file": str(admission)}))
+    i1 = inprocess_swarm.start("infer-a", node_cfg(InferenceConfig, "i1", chain=keys))
+    wait_for(lambda: node_version(i1) >= 2, timeout=240, what="the inference node at version 2")
+    published = {h.version: h.state_hash for h in read_status(tb).history}
+    assert all(published[h.version] == h.state_hash for h in read_status(i1).history)
+    assert read_status(i1).trust_mode == "keys" and not read_status(i1).counters.rejected

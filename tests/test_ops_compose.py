@@ -75,6 +75,25 @@ def test_compose_file_declares_the_swarm() -> None:
     assert len({s["volumes"][0] for s in svcs.values()}) == len(svcs)  # no two nodes share a data volume
 
 
+def test_compose_nodes_trust_exactly_the_trainer_services_keys() -> None:
+    """Every trainer service writes its own public key to the shared volume; every node waits for
+    all of them and trusts exactly those (never "any peer announcing the trainer role")."""
+    c = _compose()
+    svcs = c["services"]
+    trainers = sorted(n for n, s in svcs.items() if " --role trainer " in s["command"][2])
+    assert trainers == ["trainer-0", "trainer-1"]
+    assert c["x-node"]["environment"]["PULSE_TRAINER_KEYS"] == str(len(trainers))
+    for name, svc in svcs.items():
+        script = svc["command"][2]
+        if " join " not in script:
+            continue
+        assert "--set chain.trusted_trainers_path=/shared/trainer-keys" in script, name
+        assert script.index("-ge $$PULSE_TRAINER_KEYS") < script.index("exec pulse-node join"), name
+        writes = f"/shared/trainer-keys/{name}.pub"
+        assert (writes in script) == (name in trainers), name
+        assert ("shared:/shared" in svc["volumes"]) == (name in trainers), name  # only trainers write there
+
+
 def test_docker_compose_config_accepts_the_file() -> None:
     exe = shutil.which("docker-compose")
     if exe is None:
@@ -94,6 +113,7 @@ class ComposeAsProcesses:
         self.procs: dict[str, subprocess.Popen] = {}
         self.bootstrap_port = 0
         self.env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+        self.env["PULSE_TRAINER_KEYS"] = "1"  # compose sets it for its 2 trainer services; this run starts one
 
     def volume_dir(self, volume: str) -> Path:
         return self.root / re.sub(r"-(data|state)$", "", volume)
@@ -215,6 +235,7 @@ def swarm(tmp_path_factory, warm_cache):
 def test_compose_services_form_a_working_swarm(swarm) -> None:
     t, i = swarm.status("trainer-0"), swarm.status("inference-0")
     assert _hash_at(t, 2) and _hash_at(t, 2) == _hash_at(i, 2)
+    assert t["trust_mode"] == i["trust_mode"] == "keys", "compose nodes must trust only the trainers' keys"
     for service, st in (("trainer-0", t), ("inference-0", i)):
         port = int(st.metrics_url.rsplit(":", 1)[1])
         assert swarm.healthy(service, metrics_port=port), f"{service}: compose health check failed"

@@ -134,10 +134,10 @@ def test_a_status_of_another_schema_is_shown_not_crashed_on(tmp_path) -> None:
     _write(tmp_path, "trainer-0", _trainer("t0", range(0, 3)))
     (tmp_path / "inference-0").mkdir()
     newer = json.loads(_inference("i0", [VersionEntry(version=1, state_hash="h1")]).to_json())
-    (tmp_path / "inference-0" / "status.json").write_text(json.dumps({**newer, "schema": 2, "new_field": 1}))
+    (tmp_path / "inference-0" / "status.json").write_text(json.dumps({**newer, "schema": STATUS_SCHEMA + 1, "new_field": 1}))
     snap = build_snapshot(read_run_dir(tmp_path), now=time.time())
     node = {n.name: n for n in snap.nodes}["inference-0"]
-    assert node.state == "unknown-schema" and "schema 2" in (node.problem or "")
+    assert node.state == "unknown-schema" and f"schema {STATUS_SCHEMA + 1}" in (node.problem or "")
     assert any(a.level == "warn" and "inference-0: unknown status schema" in a.message for a in snap.alerts)
     assert "unknown-schema" in render_text(snap, width=160)
 

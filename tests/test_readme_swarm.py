@@ -3,7 +3,7 @@
 The bootstrap and join commands are read from README.md and run as processes with only what a
 test on a shared machine must change: ``<PUBLIC_IP>`` and ``0.0.0.0`` become 127.0.0.1, the port
 the README names becomes one the OS just handed out, ``<PEER_ID>`` is the id the bootstrap
-printed, the config path is the checkout's, and the joining node listens on loopback (port 0).
+printed, ``<TRAINER_KEY_n>`` are fresh trainer keys, the config path is the checkout's, and the joining node listens on loopback (port 0).
 Neither command names a run id: the swarm forms only if both default to the same one.
 """
 
@@ -43,7 +43,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def localize(command: str, port: int, peer_id: str = "") -> list[str]:
+def localize(command: str, port: int, peer_id: str = "", keys: tuple[str, ...] = ()) -> list[str]:
+    for i, key in enumerate(keys, 1):
+        command = command.replace(f"<TRAINER_KEY_{i}>", key)
     text = (command.replace("<PUBLIC_IP>", "127.0.0.1").replace("0.0.0.0", "127.0.0.1")
             .replace("31337", str(port)).replace("<PEER_ID>", peer_id)
             .replace("configs/", f"{ROOT}/configs/"))
@@ -63,6 +65,7 @@ def stop(proc: subprocess.Popen) -> None:
 
 
 def test_readme_bootstrap_and_join_form_one_swarm(tmp_path: Path) -> None:
+    from pulse_node.chain.identity import Identity
     from pulse_node.net.dht_client import DhtClient, DhtConfig
 
     boot_cmd, join_cmd = readme_commands()
@@ -75,7 +78,8 @@ def test_readme_bootstrap_and_join_form_one_swarm(tmp_path: Path) -> None:
         assert maddr.startswith(f"/ip4/127.0.0.1/tcp/{port}/p2p/")
         run = re.search(r"ready, run (\S+),", (tmp_path / "bootstrap.err").read_text()).group(1)
         loopback = ["--set", 'net.dht_listen=["/ip4/127.0.0.1/tcp/0"]', "--set", 'net.wire_listen=["/ip4/127.0.0.1/tcp/0"]']
-        join = subprocess.Popen([*localize(join_cmd, port, maddr.rsplit("/p2p/", 1)[1]), *loopback], cwd=tmp_path,
+        keys = tuple(Identity.generate().public_key_hex for _ in range(join_cmd.count("<TRAINER_KEY_")))
+        join = subprocess.Popen([*localize(join_cmd, port, maddr.rsplit("/p2p/", 1)[1], keys), *loopback], cwd=tmp_path,
                                 stdout=subprocess.DEVNULL, stderr=open(tmp_path / "join.err", "w"))
         with DhtClient.start(DhtConfig(run_id=run, initial_peers=[maddr], client_mode=True,
                                        host_maddrs=["/ip4/127.0.0.1/tcp/0"])) as observer:

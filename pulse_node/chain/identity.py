@@ -4,7 +4,9 @@ The key file holds the 32-byte raw Ed25519 private key as PKCS#8 PEM (readable b
 ``openssl pkey``), mode 0600. It is created atomically: a fully written temp file is
 hard-linked into place, so two processes racing on ``load_or_create`` end up with the
 same key and a crash never leaves a half-written key behind. The libp2p host reuses the
-same key (``private_bytes()``), so a node's peer id and its record signer are one key.
+same key (``private_bytes()``), so a node's peer id and its record signer are one key:
+``peer_id_of_key`` and ``key_of_peer_id`` convert between the two (an Ed25519 libp2p peer id is
+an identity multihash of the protobuf-encoded public key, so it *is* the key).
 """
 
 from __future__ import annotations
@@ -14,11 +16,12 @@ import logging
 import stat
 from pathlib import Path
 
+import base58
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from pulse_node.errors import ConfigError
+from pulse_node.errors import ConfigError, WireError
 from pulse_node.fsutil import atomic_writer
 
 log = logging.getLogger(__name__)
@@ -26,6 +29,8 @@ log = logging.getLogger(__name__)
 PUBLIC_KEY_HEX_LEN = 64
 SIGNATURE_LEN = 64
 _MAX_KEY_FILE = 4096
+#: identity multihash header, then protobuf PublicKey{Type: Ed25519, Data: <32 bytes>} header
+_PEER_ID_HEAD = b"\x00\x24" + b"\x08\x01\x12\x20"
 
 
 class Identity:
@@ -102,6 +107,25 @@ class Identity:
 def key_id_of(public_key_hex: str) -> str:
     """Short fingerprint of a public key for log lines (not for trust decisions)."""
     return hashlib.sha256(public_key_hex.encode("ascii")).hexdigest()[:12]
+
+
+def peer_id_of_key(public_key_hex: str) -> str:
+    """The libp2p peer id (base58, ``12D3KooW...``) of an Ed25519 public key (hex)."""
+    raw = bytes.fromhex(public_key_hex)
+    if len(raw) != 32:
+        raise ValueError(f"an Ed25519 public key is 32 bytes, got {len(raw)}")
+    return base58.b58encode(_PEER_ID_HEAD + raw).decode("ascii")
+
+
+def key_of_peer_id(peer_id: str) -> str:
+    """The Ed25519 public key (hex) a libp2p peer id encodes; ``WireError`` for any other id."""
+    try:
+        raw = base58.b58decode(peer_id)
+    except ValueError:
+        raise WireError(f"peer id {peer_id[:64]!r} is not base58") from None
+    if len(raw) != len(_PEER_ID_HEAD) + 32 or not raw.startswith(_PEER_ID_HEAD):
+        raise WireError(f"peer id {peer_id[:64]!r} is not an Ed25519 identity peer id")
+    return raw[len(_PEER_ID_HEAD):].hex()
 
 
 def verify_signature(public_key_hex: str, data: bytes, signature: bytes) -> bool:

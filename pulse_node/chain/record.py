@@ -7,14 +7,21 @@ version, patch digest, state hash), so one trusted record pins the whole history
 Version 0 (genesis) is always an anchor, has no patch, and its parent chain hash is
 ``genesis_parent_hash(run_id)``, which binds every chain to its run.
 
-The signature (Ed25519, by ``signer``) covers every other field, so no field can be altered
-without detection. Receivers check, in order: decode (size and type caps), signer trusted,
-signature, chain hash, link to the parent record, then the patch digest (``check_patch``),
-and finally the codec checks the base and result state hashes when the patch is applied.
+The record of an anchor version also carries the anchor file's manifest (``anchor_manifest``:
+layout digest, data size, a BLAKE3 digest per chunk; ``chain/anchor.py``), so an anchor download
+is bounded by signed numbers and each chunk is checked as it arrives; ``patch_bytes`` bounds a
+patch download the same way.
 
-Wire format (``RECORD_FORMAT`` 1): a msgpack array
+The signature (Ed25519, by ``signer``) covers every other field, so no field can be altered
+without detection. Receivers check, in order: decode (size and type caps), run id (a record of
+another run is refused even if well signed), signer trusted, signature, chain hash, link to the
+parent record, then the patch digest (``check_patch``), and finally the codec checks the base
+and result state hashes when the patch is applied.
+
+Wire format (``RECORD_FORMAT`` 2): a msgpack array
 ``[RECORD_MAGIC, RECORD_FORMAT, run_id, version, parent_chain_hash, chain_hash, state_hash,
-patch_digest, patch_bytes, anchor_version, is_anchor, codec, created_at, signer, signature]``.
+patch_digest, patch_bytes, anchor_version, is_anchor, anchor_manifest, codec, created_at, signer,
+signature]``.
 The signed message is the same array without the signature, prefixed by a domain tag.
 """
 
@@ -29,13 +36,14 @@ from typing import Any, Collection
 
 import msgpack
 
+from pulse_node.chain.anchor import MAX_MANIFEST_BYTES, AnchorManifest
 from pulse_node.chain.identity import Identity, key_id_of, verify_signature
 from pulse_node.errors import IntegrityError, WireError
 from pulse_node.vocab import RUN_ID_RULE, is_run_id
 
 RECORD_MAGIC = "pulse/version-record"
-RECORD_FORMAT = 1
-MAX_RECORD_BYTES = 2048
+RECORD_FORMAT = 2
+MAX_RECORD_BYTES = 8192
 _SIGN_DOMAIN = b"pulse/version-record/sign/1\0"
 _CHAIN_DOMAIN = "pulse/chain/1"
 _GENESIS_DOMAIN = "pulse/genesis/1"
@@ -59,6 +67,7 @@ class VersionRecord:
     patch_bytes: int
     anchor_version: int
     is_anchor: bool
+    anchor_manifest: bytes  # b"" unless is_anchor (chain/anchor.py)
     codec: str
     created_at: float
     signer: str
@@ -68,12 +77,16 @@ class VersionRecord:
         """``v12@3fa9c1e0`` style tag for log lines."""
         return f"v{self.version}@{self.chain_hash[:8]}"
 
+    def manifest(self) -> AnchorManifest | None:
+        """The signed manifest of this anchor's file (None: not an anchor, or made without one)."""
+        return AnchorManifest.decode(self.anchor_manifest) if self.anchor_manifest else None
+
 
 _FIELDS = tuple(f.name for f in fields(VersionRecord))
 _TYPES: dict[str, type] = {
     "run_id": str, "version": int, "parent_chain_hash": str, "chain_hash": str,
     "state_hash": str, "patch_digest": str, "patch_bytes": int, "anchor_version": int,
-    "is_anchor": bool, "codec": str, "created_at": float, "signer": str, "signature": bytes,
+    "is_anchor": bool, "anchor_manifest": bytes, "codec": str, "created_at": float, "signer": str, "signature": bytes,
 }
 
 
@@ -107,8 +120,9 @@ def signing_bytes(r: VersionRecord) -> bytes:
 
 def make_record(identity: Identity, *, run_id: str, version: int, parent: VersionRecord | None,
                 state_hash: str, patch: bytes | None, anchor_version: int, is_anchor: bool,
-                codec: str) -> VersionRecord:
-    """Build and sign the record of ``version`` (``patch`` turns ``parent``'s state into it)."""
+                codec: str, anchor_manifest: bytes = b"") -> VersionRecord:
+    """Build and sign the record of ``version`` (``patch`` turns ``parent``'s state into it;
+    ``anchor_manifest``: ``chain.anchor.anchor_manifest`` of an anchor's state)."""
     if (version == 0) != (parent is None):
         raise ValueError("version 0 has no parent; every later version needs its parent record")
     if (version == 0) != (patch is None):
@@ -122,7 +136,7 @@ def make_record(identity: Identity, *, run_id: str, version: int, parent: Versio
         chain_hash=chain_hash(parent_chain_hash=parent_hash, version=version,
                               patch_digest=digest, state_hash=state_hash),
         state_hash=state_hash, patch_digest=digest, patch_bytes=0 if patch is None else len(patch),
-        anchor_version=anchor_version, is_anchor=is_anchor, codec=codec,
+        anchor_version=anchor_version, is_anchor=is_anchor, anchor_manifest=anchor_manifest, codec=codec,
         created_at=float(time.time()), signer=identity.public_key_hex, signature=b"")
     _check_fields(unsigned, unsigned_ok=True, error=ValueError)
     return _replace_signature(unsigned, identity.sign(signing_bytes(unsigned)))
@@ -147,7 +161,7 @@ def decode_record(data: bytes) -> VersionRecord:
         raise WireError(f"record is {len(data)} bytes, limit {MAX_RECORD_BYTES}")
     try:
         items = msgpack.unpackb(bytes(data), raw=False, use_list=True, strict_map_key=True,
-                                max_str_len=256, max_bin_len=128, max_array_len=32,
+                                max_str_len=256, max_bin_len=MAX_MANIFEST_BYTES, max_array_len=32,
                                 max_map_len=0, max_ext_len=0)
     except Exception as exc:  # msgpack raises several unrelated types on garbage
         raise WireError(f"record is not valid msgpack ({type(exc).__name__})") from None
@@ -190,6 +204,13 @@ def _field_problems(r: VersionRecord, *, unsigned_ok: bool):
         yield "patch_digest must be 64 lowercase hex characters"
     if not 0 <= r.anchor_version <= r.version or r.is_anchor != (r.anchor_version == r.version):
         yield "anchor_version must be <= version, and equal to it exactly when is_anchor"
+    if r.anchor_manifest and not r.is_anchor:
+        yield "anchor_manifest must be empty unless the version is an anchor"
+    if r.anchor_manifest:
+        try:
+            AnchorManifest.decode(r.anchor_manifest)
+        except WireError as exc:
+            yield str(exc)
     if not _CODEC.fullmatch(r.codec):
         yield "codec must match [a-z0-9._/+-]{1,64}"
     if not math.isfinite(r.created_at) or r.created_at < 0:
@@ -198,18 +219,21 @@ def _field_problems(r: VersionRecord, *, unsigned_ok: bool):
         yield "signature must be 64 bytes"
 
 
-def verify_record(r: VersionRecord, *, trusted_signers: Collection[str] | None,
+def verify_record(r: VersionRecord, *, run_id: str | None, trusted_signers: Collection[str] | None,
                   parent: VersionRecord | None = None) -> None:
-    """Check signer, signature, chain hash and (if given) the parent link; ``IntegrityError``.
+    """Check run, signer, signature, chain hash and (if given) the parent link; ``IntegrityError``.
 
-    ``trusted_signers=None`` accepts any signer whose signature is valid (development swarms
-    only); otherwise the signer's public key hex must be in the collection.
+    ``run_id=None`` accepts any run (only where the run is checked otherwise, e.g. a store that
+    re-reads its own files); ``trusted_signers=None`` accepts any signer whose signature is valid
+    (the same); otherwise the signer's public key hex must be in the collection.
     """
     tag = f"record {r.short()} from {key_id_of(r.signer)}"
     try:
         _check_fields(r, unsigned_ok=False, error=IntegrityError)
     except IntegrityError as exc:
         raise IntegrityError(f"{tag}: {exc}") from None
+    if run_id is not None and r.run_id != run_id:
+        raise IntegrityError(f"{tag}: record of run {r.run_id!r}, this is run {run_id!r}")
     if trusted_signers is not None and r.signer not in trusted_signers:
         raise IntegrityError(f"{tag}: signer is not a trusted trainer key")
     if not verify_signature(r.signer, signing_bytes(r), r.signature):

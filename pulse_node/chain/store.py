@@ -428,7 +428,7 @@ class VersionStore:
 
     def _admit(self, record: VersionRecord) -> None:
         """All checks a new record must pass against what is stored; raises, writes nothing."""
-        verify_record(record, trusted_signers=self.trusted,
+        verify_record(record, run_id=None, trusted_signers=self.trusted,  # run: the caller's trust check
                       parent=self._records.get(record.version - 1))
         v = record.version
         existing, child = self._records.get(v), self._records.get(v + 1)

@@ -64,7 +64,7 @@ def _scan_records(root: Path, trusted: frozenset[str] | None, bad: list[Path],
             continue
         try:
             r = decode_record(path.read_bytes())
-            verify_record(r, trusted_signers=None)
+            verify_record(r, run_id=None, trusted_signers=None)  # its own files; runs are checked on admission
             if r.version != v:
                 raise StoreError(f"{path}: holds the record of v{r.version}")
         except (PulseError, OSError) as exc:

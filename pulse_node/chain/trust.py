@@ -1,11 +1,11 @@
-"""Which signed version records an inference node accepts.
+"""Which signed version records a node accepts, and which peers it still listens to.
 
-A record is accepted when its signature verifies and its signer is trusted: one of the
-configured trainer keys or, when none are configured (a local swarm), any peer that announces
-the trainer role. With ``min_signers = k > 1`` a version is accepted only after k distinct
-trusted trainers signed records with the same chain hash. Rejections are counted per sender;
-``max_strikes`` of them ban the sender for ``ban_s``, doubling with every further ban up to
-``max_ban_s``. Bans are bounded because damaged bytes from an honest peer (a flaky link, a
+A record is accepted when it is of this run, its signature verifies and its signer is a member
+of the trainer set (``chain/trainerset.py``: the configured and admitted trainer keys, or, in an
+open swarm, the keys of the peers announcing the trainer role). With ``min_signers = k > 1`` a
+version is accepted only after k distinct members signed records with the same chain hash.
+Rejections are counted per sender; ``max_strikes`` of them ban the sender for ``ban_s``,
+doubling with every further ban up to ``max_ban_s``. Bans are bounded because damaged bytes from an honest peer (a flaky link, a
 bad disk) look exactly like a lie: a liar keeps re-earning longer bans, an honest peer that
 had a bad minute comes back.
 """
@@ -17,15 +17,16 @@ from collections import Counter, defaultdict
 from typing import Iterable
 
 from pulse_node.chain.record import VersionRecord, verify_record
+from pulse_node.chain.trainerset import TrainerSet, bound_key
 from pulse_node.errors import IntegrityError
 
 
 class TrustPolicy:
-    """Signature, signer and quorum checks for version records; per-peer strike counts."""
+    """Run, signature, signer and quorum checks for version records; per-peer strike counts."""
 
-    def __init__(self, *, trusted: Iterable[str] = (), min_signers: int = 1, max_strikes: int = 3,
+    def __init__(self, trainers: TrainerSet, *, min_signers: int = 1, max_strikes: int = 3,
                  ban_s: float = 60.0, max_ban_s: float = 3600.0) -> None:
-        self.trusted = {k.lower() for k in trusted}
+        self.trainers = trainers
         self.min_signers = min_signers
         self.max_strikes = max_strikes
         self.ban_s, self.max_ban_s = ban_s, max_ban_s
@@ -40,13 +41,13 @@ class TrustPolicy:
         self.rejected = 0
         self._votes: dict[int, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
 
-    def signers(self, trainer_keys: Iterable[str]) -> set[str]:
-        """Keys trusted right now: configured ones, else the announced trainers'."""
-        return set(self.trusted) if self.trusted else {k.lower() for k in trainer_keys if k}
+    def observe(self, peers: Iterable) -> None:
+        """Let the trainer set learn from discovery (admissions; an open set's announced trainers)."""
+        self.trainers.observe(peers)
 
-    def vouches_for(self, node_key: str) -> bool:
-        """Whether a peer announcing ``node_key`` could sign acceptable records at all."""
-        return not self.trusted or node_key.lower() in self.trusted
+    def vouches_for(self, peer) -> bool:
+        """Whether ``peer`` is a trainer-set member (by the key its peer id encodes)."""
+        return self.trainers.is_member(bound_key(peer))
 
     def ignored(self, peer_id: str) -> bool:
         """Banned peers until their ban ends; peers that keep failing, for a cool-down after each failure."""
@@ -75,14 +76,18 @@ class TrustPolicy:
             ban = min(self.max_ban_s, self.ban_s * 2 ** (self.bans[peer_id] - 1))
             self._banned_until[peer_id] = time.monotonic() + ban
 
-    def check(self, record: VersionRecord, *, sender: str, trainer_keys: Iterable[str],
-              parent: VersionRecord | None = None) -> bool:
-        """Verify one record; True once its version has a quorum of agreeing trusted signers."""
+    def verify(self, record: VersionRecord, *, sender: str, parent: VersionRecord | None = None) -> None:
+        """``IntegrityError`` (and a strike for ``sender``) unless a member signed ``record`` for this run."""
         try:
-            verify_record(record, trusted_signers=self.signers(trainer_keys), parent=parent)
+            verify_record(record, run_id=self.trainers.run_id, trusted_signers=self.trainers.members,
+                          parent=parent)
         except IntegrityError:
             self.strike(sender)
             raise
+
+    def check(self, record: VersionRecord, *, sender: str, parent: VersionRecord | None = None) -> bool:
+        """Verify one record; True once its version has a quorum of agreeing trusted signers."""
+        self.verify(record, sender=sender, parent=parent)
         votes = self._votes[record.version][record.chain_hash]
         votes.add(record.signer.lower())
         return len(votes) >= self.min_signers

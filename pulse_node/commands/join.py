@@ -1,14 +1,31 @@
 """``pulse-node join``: run one daemon (trainer or inference) that joins a swarm via a bootstrap.
 
-    pulse-node join --bootstrap /ip4/1.2.3.4/tcp/31337/p2p/Qm... --role inference
+    pulse-node join --bootstrap /ip4/1.2.3.4/tcp/31337/p2p/12D3KooW... --role inference \
+        --set 'chain.trusted_trainers=["<trainer key hex>", ...]'
     pulse-node join --role trainer --config configs/trainer.toml --print-config
+
+Before anything starts, ``trust_gate`` checks the trainer set (``chain/trainerset.py``): a node
+whose bootstrap is not on this machine refuses to start without trainer keys (anyone could then
+sign the versions it applies) unless ``--open-swarm-trust-anyone`` (``chain.open_swarm``) says
+so, which prints a warning banner; a trainer whose own key is neither configured nor admitted
+refuses too (every node would ignore its versions).
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 
 from pulse_node.commands.common import add_config_flags, flag_overrides
+
+OPEN_SWARM_BANNER = """\
+!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!
+!!! OPEN SWARM: no trainer keys are configured and chain.open_swarm is set.
+!!! ANY peer that announces the trainer role is trusted: it can sign the versions
+!!! this node applies, decide training rounds and serve trainer state.
+!!! Configure chain.trusted_trainers to trust only your trainers.
+!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!"""
+_LOCAL_HOSTS = ("/ip4/127.", "/ip6/::1/", "/dns/localhost/", "/dns4/localhost/", "/dns6/localhost/")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -24,6 +41,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="publicly reachable data-plane address to announce (repeatable)")
     p.add_argument("--metrics-port", type=int, help="port of /metrics, /health, /status (0 = any)")
     p.add_argument("--max-versions", type=int, help="stop advancing after this version")
+    p.add_argument("--open-swarm-trust-anyone", dest="open_swarm", action="store_true",
+                   help="DANGEROUS: without trainer keys, trust any peer that announces the trainer role "
+                   "(sets chain.open_swarm; needed to join a non-local bootstrap without keys)")
     add_config_flags(p)
     p.set_defaults(run=run)
 
@@ -38,6 +58,7 @@ def resolve_config(args: argparse.Namespace):
         "role": role, "data_dir": args.data_dir, "metrics_port": args.metrics_port,
         "max_versions": args.max_versions, "net.bootstrap": args.bootstrap or None,
         "net.announce": args.announce or None, "net.wire_announce": args.wire_announce or None,
+        "chain.open_swarm": True if args.open_swarm else None,
     })
     return load_config(ROLE_CONFIGS[role], args.config, overrides)
 
@@ -49,6 +70,9 @@ def run(args: argparse.Namespace) -> int:
 
         print(dump_toml(cfg), end="")
         return 0
+    banner = trust_gate(cfg)
+    if banner:
+        print(banner, file=sys.stderr, flush=True)
     from pulse_node.daemon.p2p import P2PTransport
     from pulse_node.daemon.runtime import run_node
 
@@ -58,3 +82,39 @@ def run(args: argparse.Namespace) -> int:
 
         factory = faulty_factory(factory, cfg.net.faults)
     return run_node(cfg, factory)
+
+
+def is_local(maddr: str) -> bool:
+    """Whether a bootstrap multiaddr names this machine (loopback)."""
+    return maddr.startswith(_LOCAL_HOSTS)
+
+
+def trust_gate(cfg) -> str | None:
+    """``ConfigError`` if this node must not start with its trust settings; else a banner to print
+    (None when there is nothing to warn about). See the module docstring."""
+    from pathlib import Path
+
+    from pulse_node.chain.identity import Identity
+    from pulse_node.chain.trainerset import TrainerSet
+    from pulse_node.errors import ConfigError
+
+    trainers = TrainerSet.from_config(cfg.chain, run_id=cfg.run_id)
+    if trainers.open:
+        remote = [m for m in cfg.net.bootstrap if not is_local(m)]
+        if remote and not cfg.chain.open_swarm:
+            raise ConfigError(
+                f"no trainer keys are configured, and the bootstrap {remote[0]} is not on this machine: any peer "
+                "could sign the versions this node applies. Set chain.trusted_trainers (or "
+                "chain.trusted_trainers_path) to your trainers' keys (`pulse-node keygen DATA_DIR/identity.key "
+                "--show` on each trainer prints its key), or pass --open-swarm-trust-anyone to trust anyone")
+        return OPEN_SWARM_BANNER if cfg.chain.open_swarm else (
+            "pulse-node join: note: no trainer keys configured; trusting any peer announcing the trainer role "
+            "(a local swarm)")
+    if getattr(cfg, "role", "") != "trainer":
+        return None
+    key = Identity.load_or_create(Path(cfg.data_dir) / "identity.key").public_key_hex
+    if key not in trainers.configured and cfg.chain.admission_file is None:
+        raise ConfigError(f"this trainer's key {key} is not in the trainer set: every node would ignore its "
+                          "versions. Add it to chain.trusted_trainers on every node, or have members admit it "
+                          "(`pulse-node trainers admit`) and set chain.admission_file")
+    return None

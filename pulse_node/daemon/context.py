@@ -29,6 +29,7 @@ class RoleContext:
     status: NodeStatus
     stop: threading.Event = field(default_factory=threading.Event)
     log: logging.Logger = field(default_factory=lambda: logging.getLogger("pulse.node"))
+    admission: bytes | None = None  # this trainer's admission to the trainer set, published in its record
 
     def peers(self, role: str | None = None) -> list[PeerInfo]:
         """Live peers from discovery (never ourselves), optionally of one role."""
@@ -43,7 +44,7 @@ class RoleContext:
         self.transport.publish(PeerStatus(
             role=self.cfg_role, version=held, chain_hash=chain_hash or None, state_hash=state_hash or None,
             serves=Serves(lowest=lowest, highest=held, anchors=anchors[-64:]),
-            node_key=self.identity.public_key_hex, metrics_url=self.status.metrics_url))
+            node_key=self.identity.public_key_hex, metrics_url=self.status.metrics_url, admission=self.admission))
         self.status.update(version=version, chain_hash=chain_hash, state_hash=state_hash,
                            lowest=-1 if lowest is None else lowest, anchors=anchors, peers=len(self.transport.peers()))
         self.status.set_data_plane(self.transport.stats())

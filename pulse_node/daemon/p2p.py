@@ -28,6 +28,10 @@ from pulse_node.net.dht_records import PeerCounters, PeerStatus
 from pulse_node.net.wire_client import WireClient, WireConfig
 from pulse_node.net.wire_protocol import PUSH_CAPS
 from pulse_node.vocab import Event, FetchKind, PushKind, check_fetch_kind, check_push_kind
+from pulse_node.chain.anchor import Piece
+from pulse_node.chain.identity import peer_id_of_key
+from pulse_node.chain.trainerset import TrainerSet
+from pulse_node.daemon.transport import AnchorFetch
 
 log = logging.getLogger("pulse.p2p")
 
@@ -45,6 +49,9 @@ class P2PTransport:
         self._last_peers: list[PeerInfo] = []
         self._peers_at = float("-inf")
         self._loco_fallbacks = 0
+        # the configured trainers' records are read first, however many others the DHT holds
+        trainers = TrainerSet.from_config(cfg.chain, run_id=cfg.run_id)
+        self._prefer = [peer_id_of_key(k) for k in sorted(trainers.configured)]
 
     @classmethod
     def create(cls, cfg: NodeConfig, identity: Identity, store_root: Path) -> "P2PTransport":
@@ -80,29 +87,26 @@ class P2PTransport:
         """Live peers, from a DHT lookup at most every ``net.head_poll_s`` (pushes carry the fast path)."""
         if time.monotonic() - self._peers_at < self.cfg.net.head_poll_s:
             return list(self._last_peers)
-        out = [PeerInfo(r.peer_id, r) for r in self.dht.peers()
+        out = [PeerInfo(r.peer_id, r) for r in self.dht.peers(prefer=self._prefer)
                if not r.leaving and r.role != "bootstrap" and r.wire_maddrs]
         self._last_peers, self._peers_at = out, time.monotonic()
         return out
 
-    def fetch(self, peer: PeerInfo, kind: FetchKind, params: dict[str, Any], dest: Path, *, timeout: float) -> int:
+    def fetch(self, peer: PeerInfo, kind: FetchKind, params: dict[str, Any], dest: Path, *, timeout: float,
+              max_bytes: int | None = None) -> int:
         check_fetch_kind(kind)
-        if kind == "anchor":
-            return self._fetch_anchor(peer, int(params["version"]), dest, timeout=timeout)
-        return self.wire.fetch(peer.address, kind, params, dest, timeout=timeout).bytes
+        return self.wire.fetch(peer.address, kind, params, dest, timeout=timeout, max_bytes=max_bytes).bytes
 
-    def _fetch_anchor(self, peer: PeerInfo, version: int, dest: Path, *, timeout: float) -> int:
-        """Learn the anchor's size from ``peer``, then download it from every peer that has it."""
-        probe = dest.with_name(dest.name + ".probe")
-        try:
-            size = self.wire.fetch(peer.address, "anchor", {"version": version, "offset": 0, "length": 1},
-                                   probe, timeout=min(timeout, 30.0)).total
-        finally:
-            probe.unlink(missing_ok=True)
-        holders = [p.address for p in self._last_peers if version in p.anchors and p.peer_id != peer.peer_id]
-        result = self.wire.fetch_anchor([peer.address, *holders[:7]], version=version, size=size, dest=dest,
-                                        timeout=timeout)
-        return result.bytes
+    def fetch_anchor(self, providers: list[PeerInfo], *, version: int, pieces: list[Piece], dest: Path,
+                     timeout: float) -> AnchorFetch:
+        """Download anchor ``version`` from ``providers`` (the caller chose them), piece by signed piece."""
+        by_address = {p.address: p.peer_id for p in providers}
+        size = pieces[-1].offset + pieces[-1].length
+        r = self.wire.fetch_anchor(list(by_address), version=version, size=size, dest=dest, timeout=timeout,
+                                   pieces=[(p.offset, p.length, p.digest) for p in pieces])
+        return AnchorFetch(r.bytes if r.complete else 0, error=r.error,
+                           bad_peers=[by_address[a] for a in r.bad_providers if a in by_address],
+                           failed_peers=[by_address[a] for a in r.failed_providers if a in by_address])
 
     def push(self, peer: PeerInfo, kind: PushKind, data: bytes, *, timeout: float) -> None:
         check_push_kind(kind)

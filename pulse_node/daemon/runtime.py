@@ -15,6 +15,7 @@ from typing import Callable
 
 from pulse_node.chain.identity import Identity
 from pulse_node.chain.store import VersionStore
+from pulse_node.chain.trainerset import TrainerSet, read_admission
 from pulse_node.config import NodeConfig
 from pulse_node.daemon.context import RoleContext
 from pulse_node.daemon.status import NodeStatus, StatusServer
@@ -97,6 +98,11 @@ def _warm_codec() -> threading.Thread:
     return t
 
 
+def _admission(cfg: NodeConfig, identity: Identity) -> bytes | None:
+    path = cfg.chain.admission_file
+    return None if path is None else read_admission(path, run_id=cfg.run_id, key=identity.public_key_hex)
+
+
 def run_node(cfg: NodeConfig, make_transport: TransportFactory, *, stop: threading.Event | None = None,
              install_signals: bool = True) -> int:
     """Run one daemon until stopped; returns a process exit code."""
@@ -113,8 +119,11 @@ def run_node(cfg: NodeConfig, make_transport: TransportFactory, *, stop: threadi
         status = NodeStatus(role=getattr(cfg, "role", "node"), peer_id=transport.peer_id, run_id=cfg.run_id)
         setup_logging(status, cfg.log_level)
         server = StatusServer(status, host=cfg.metrics_host, port=cfg.metrics_port, healthy=lambda: not stop.is_set())
-        status.update(metrics_url=server.url, node_key=identity.public_key_hex)
-        ctx = RoleContext(cfg=cfg, identity=identity, store=store, transport=transport, status=status, stop=stop)
+        trainers = TrainerSet.from_config(cfg.chain, run_id=cfg.run_id)
+        status.update(metrics_url=server.url, node_key=identity.public_key_hex,
+                      trust_mode="open" if trainers.open else "keys", trainer_set=trainers.describe())
+        ctx = RoleContext(cfg=cfg, identity=identity, store=store, transport=transport, status=status, stop=stop,
+                          admission=_admission(cfg, identity))
         if install_signals:
             stop_on_signals(stop)
         status.write(data / "status.json")

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterator, Literal, Mapping
 
 import pydantic
 from pydantic import Field
@@ -26,7 +26,7 @@ from pydantic import Field
 from pulse_node.errors import PulseError
 
 #: version of the status schema; bump it on any change to a declared field
-STATUS_SCHEMA = 1
+STATUS_SCHEMA = 2
 HISTORY_LEN = 200
 ERRORS_KEPT = 20
 ERROR_CHARS = 300
@@ -161,6 +161,9 @@ class StatusReport(_Section):
     contributors: int | None = Field(None, ge=0, description="trainer: payloads averaged in its last round")
     metrics_url: str | None = None
     node_key: str | None = None
+    trust_mode: Literal["keys", "open"] | None = Field(None, description="keys: versions and rounds only from the "
+                                                      "trainer set; open: any peer announcing the trainer role")
+    trainer_set: str | None = Field(None, description="what the trainer set is made of (configured, admitted, quorum)")
     stopped: bool = Field(False, description="the node has stopped (its last status)")
     counters: NodeCounters = Field(default_factory=NodeCounters)
     trainer: TrainerCounters | None = None

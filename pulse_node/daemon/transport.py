@@ -20,15 +20,16 @@ one contract, checked on both by ``tests/test_net_transport_contract.py``:
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
+from pulse_node.chain.anchor import Piece
 from pulse_node.errors import PulseError
 from pulse_node.net.dht_records import PeerRecord, PeerStatus
 from pulse_node.vocab import Event, FetchKind, PushKind
 
-__all__ = ["Event", "PeerInfo", "Transport", "push_to_all"]
+__all__ = ["AnchorFetch", "Event", "PeerInfo", "Transport", "push_to_all"]
 
 #: a peer's ``version``/``lowest`` when it holds / serves no version
 NO_VERSION = -1
@@ -54,6 +55,18 @@ class PeerInfo:
     def address(self) -> str:
         """The data-plane multiaddr to fetch from and push to ("" when it announces none)."""
         return self.record.wire_maddrs[0] if self.record.wire_maddrs else ""
+
+
+@dataclass(frozen=True)
+class AnchorFetch:
+    """What a multi-provider anchor download did: its size, the providers that sent a piece
+    failing its signed digest (``bad_peers``: lies, to strike) or failed otherwise, and, if it
+    did not finish (``dest`` not written), why."""
+
+    bytes: int
+    bad_peers: list[str] = field(default_factory=list)
+    failed_peers: list[str] = field(default_factory=list)
+    error: str = ""
 
     @property
     def version(self) -> int:
@@ -117,13 +130,21 @@ def push_to_all(transport: "Transport", peers: list[PeerInfo], kind: PushKind, d
 
 
 class Transport(Protocol):
-    """Network operations a role needs; every call is bounded by ``timeout``."""
+    """Network operations a role needs; every call is bounded by ``timeout``.
+
+    ``fetch`` writes one file the peer serves to ``dest`` and refuses a body larger than
+    ``max_bytes`` (what a signed record allows) before reading it; ``{"version", "offset",
+    "length"}`` of an ``anchor`` is one byte range. ``fetch_anchor`` downloads a whole anchor from
+    several ``providers`` at once, checking each of the signed ``pieces`` as it arrives."""
 
     peer_id: str
 
     def publish(self, status: PeerStatus) -> None: ...
     def peers(self) -> list[PeerInfo]: ...
-    def fetch(self, peer: PeerInfo, kind: FetchKind, params: dict[str, Any], dest: Path, *, timeout: float) -> int: ...
+    def fetch(self, peer: PeerInfo, kind: FetchKind, params: dict[str, Any], dest: Path, *, timeout: float,
+              max_bytes: int | None = None) -> int: ...
+    def fetch_anchor(self, providers: list[PeerInfo], *, version: int, pieces: list[Piece], dest: Path,
+                     timeout: float) -> AnchorFetch: ...
     def push(self, peer: PeerInfo, kind: PushKind, data: bytes, *, timeout: float) -> None: ...
     def events(self, *, max_items: int = 256, wait_s: float = 0.0) -> list[Event]: ...
     def stats(self) -> dict[str, Any]: ...

@@ -18,6 +18,7 @@ from pulse_node.daemon.context import RoleContext
 from pulse_node.daemon.status_model import VersionEntry
 from pulse_node.inference.syncer import VersionSync
 from pulse_node.daemon.transport import push_to_all
+from pulse_node.chain.trainerset import TrainerSet
 from pulse_node.chain.trust import TrustPolicy
 from pulse_node.rl.config import GRPOConfig
 from pulse_node.rl.policy import build_policy
@@ -34,7 +35,7 @@ class InferenceRole:
         self.cfg: InferenceConfig = ctx.cfg  # type: ignore[assignment]
         cfg = self.cfg
         self.rng = random.Random(f"{cfg.seed}:{ctx.transport.peer_id}")
-        self.trust = TrustPolicy(trusted=cfg.chain.trusted_trainers, min_signers=cfg.chain.min_signers)
+        self.trust = TrustPolicy(TrainerSet.from_config(cfg.chain, run_id=cfg.run_id), min_signers=cfg.chain.min_signers)
         self.sync = VersionSync(ctx.store, ctx.transport, self.trust, net=cfg.net,
                                 catchup_min_gap=cfg.chain.catchup_min_gap, catchup_wait_s=cfg.chain.catchup_wait_s)
         # weights come from the swarm: only the architecture and tokenizer are needed here
@@ -88,7 +89,7 @@ class InferenceRole:
     def _rollout_once(self, peers) -> bool:
         """Generate and push one batch if we hold a version and owe rollouts for it."""
         rec = self.sync.record
-        trainers = [p for p in peers if p.role == "trainer"]
+        trainers = [p for p in peers if p.role == "trainer" and self.trust.vouches_for(p)]  # members only
         if rec is None or not trainers:
             return False
         if self.sent_for.get(rec.version, 0) >= self.cfg.rollout_batches_per_version:

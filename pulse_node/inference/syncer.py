@@ -1,12 +1,19 @@
 """Inference side of PULSESync: keep a local state equal to the newest trusted version.
 
-One ``step()``: learn the head (peers' DHT records and pushed head announcements, whose signed
-records must come from a trusted trainer), fetch the
-missing versions' records and patches from any peers that hold them (bounded concurrency,
-per-peer timeouts, failover, inference peers preferred so trainers upload each patch about
-once), verify each record (signature, trusted signer, parent link) and patch digest, hand them
-to the reorder buffer, and apply exactly the next version, checking base and result state
-hashes. Applied versions are written to the store, so this node re-serves them. A node that is
+One ``step()``: learn the head, fetch the missing versions' records and patches from any peers
+that hold them (bounded concurrency, per-peer timeouts, failover, inference peers preferred so
+trainers upload each patch about once), verify each record (run, signature, trainer-set signer,
+parent link) and patch digest, hand them to the reorder buffer, and apply exactly the next
+version, checking base and result state hashes.
+
+Nothing a peer merely claims sets a number this node acts on. A version becomes the target only
+once its signed record is in hand and verified: a pushed head record, or the record of a version
+a trainer-set member announces in its DHT record, fetched and checked (``_probe_announced``).
+Every download is capped by something signed or recomputed before a byte is read: a record by
+``MAX_RECORD_BYTES``, a patch by its record's ``patch_bytes``, a catch-up patch by twice the dense
+size of our own state, an anchor by its record's manifest (``anchor_load.py``).
+
+Applied versions are written to the store, so this node re-serves them. A node that is
 ``catchup_min_gap`` or more versions behind asks peers for one catch-up patch ``base -> their
 head`` instead of the patches (peers make it on demand, ``chain/catchup_producer.py``; a peer
 still making it answers "busy" and is asked again for up to ``catchup_wait_s``); if nobody can
@@ -28,20 +35,33 @@ from pathlib import Path
 
 from pulse_node.chain.catchup import check_catchup
 from pulse_node.chain.patchinfo import patch_hashes
-from pulse_node.chain.record import VersionRecord, check_patch, decode_record, encode_record, verify_record
+from pulse_node.chain.record import MAX_RECORD_BYTES, VersionRecord, check_patch, decode_record, encode_record
 from pulse_node.chain.reorder import ReorderBuffer
 from pulse_node.chain.store import VersionStore
-from pulse_node.codec.patch import apply_patch, read_header
-from pulse_node.codec.state import State, load_safetensors
-from pulse_node.codec.statehash import state_hash
-from pulse_node.config import NetConfig
-from pulse_node.errors import BusyError, GapError, IntegrityError, PatchError, PulseError
-from pulse_node.daemon.transport import Event, PeerInfo, Transport
 from pulse_node.chain.trust import TrustPolicy
+from pulse_node.codec.patch import apply_patch, read_header
+from pulse_node.codec.state import State, state_nbytes
+from pulse_node.config import NetConfig
+from pulse_node.daemon.transport import Event, PeerInfo, Transport
+from pulse_node.errors import BusyError, ConfigError, GapError, IntegrityError, PatchError, PulseError
+from pulse_node.inference.anchor_load import load_anchor
 
 log = logging.getLogger("pulse.sync")
 
 Offer = tuple[PeerInfo, int]  # a peer to ask for a catch-up patch, and the target version to ask for
+#: pushed head records kept until the next pass, and verified hints kept, at most
+MAX_PENDING_HEADS = 256
+MAX_HINTS = 1024
+#: anchors offered by peers tried per recovery, at most (each costs a record fetch)
+MAX_ANCHOR_TRIES = 8
+#: peers asked for the record of an announced version, at most, per pass
+MAX_PROBES = 3
+
+
+def catchup_cap(state: State) -> int:
+    """Largest catch-up patch accepted: twice the dense size of the state it applies to (a
+    fully changed state codes to ~1.04x dense), recomputed here, never what a peer says."""
+    return 2 * state_nbytes(state) + (1 << 20)
 
 
 @dataclass
@@ -73,6 +93,9 @@ class VersionSync:
         self.record: VersionRecord | None = None
         self.state: State | None = None
         self.record, self.state = store.load_head() or (None, None)
+        if self.record is not None and self.record.run_id != trust.trainers.run_id:
+            raise ConfigError(f"{store.root} holds versions of run {self.record.run_id!r}, not "
+                              f"{trust.trainers.run_id!r}; use another data_dir for another run")
         self.reorder = ReorderBuffer(next_version=self.record.version + 1 if self.record else 0)
         self.counters: Counter[str] = Counter()
         self.last_catchup: CatchupApplied | None = None
@@ -81,6 +104,8 @@ class VersionSync:
         self._stalled = 0
         self.hints: dict[str, int] = {}  # peer -> highest version it told us it holds (verified)
         self._heads: dict[str, VersionRecord] = {}  # pushed head records, until verified
+        self.head: VersionRecord | None = None  # newest verified record ahead of us: the target
+        self._probed: dict[str, int] = {}  # peer -> the announced version we asked it about
         self.first_seen: dict[int, float] = {}
         self._pool = ThreadPoolExecutor(max_workers=net.max_parallel_fetches, thread_name_prefix="fetch")
         self._tmp = _fresh_dir(store.root.parent / "fetch-tmp")
@@ -98,35 +123,61 @@ class VersionSync:
                 self.trust.strike(ev.sender)
                 continue
             have = self._heads.get(ev.sender)
-            if have is None or rec.version > have.version:
+            if (have is None and len(self._heads) < MAX_PENDING_HEADS) or (have and rec.version > have.version):
                 self._heads[ev.sender] = rec
 
-    def _take_hints(self, keys: list[str]) -> None:
-        """A pushed head record becomes a hint about who holds what only if a trusted trainer
-        signed it; a forged one strikes its sender (else it could make us chase versions that do
-        not exist). Kept while no trainer key is known yet."""
-        signers = self.trust.signers(keys)
-        if not signers:
+    def _take_hints(self) -> None:
+        """A pushed head record becomes a target and a hint about who holds what only if a member
+        of the trainer set signed it for this run; a forged one strikes its sender (else it could
+        make us chase versions that do not exist). Kept while no member is known yet."""
+        if not self.trust.trainers.members:
             return
         for sender, rec in self._heads.items():
             try:
-                verify_record(rec, trusted_signers=signers)
+                self.trust.verify(rec, sender=sender)
             except IntegrityError as exc:
-                self.trust.strike(sender)
                 log.info("head announcement from %s rejected: %s", sender[:12], exc)
                 continue
-            self.hints[sender] = max(self.hints.get(sender, -1), rec.version)
-            self.first_seen.setdefault(rec.version, time.monotonic())
+            self._verified(rec, holder=sender)
         self._heads.clear()
 
-    def target(self, peers: list[PeerInfo]) -> int:
-        """The newest version any trainer (or a verified hint) says exists; -1 if none."""
-        best = max((p.version for p in peers if p.role == "trainer" and not self.trust.ignored(p.peer_id)
-                    and self.trust.vouches_for(p.node_key)), default=-1)
-        best = max([best, *(v for peer, v in self.hints.items() if not self.trust.ignored(peer))])
-        for v in range(self.reorder.next_version, best + 1):
-            self.first_seen.setdefault(v, time.monotonic())
-        return best
+    def _verified(self, rec: VersionRecord, *, holder: str) -> None:
+        """``rec`` (verified) exists and ``holder`` says it holds it: a hint, and maybe the new target."""
+        self.hints[holder] = max(self.hints.get(holder, -1), rec.version)
+        if len(self.hints) > MAX_HINTS:  # keep the peers holding the newest versions
+            self.hints = dict(sorted(self.hints.items(), key=lambda kv: -kv[1])[:MAX_HINTS // 2])
+        if rec.version > self.target():
+            self.head = rec
+
+    def _probe_announced(self, peers: list[PeerInfo]) -> None:
+        """A member trainer announces a version beyond our target in its DHT record: fetch that
+        version's record (from it, else from peers announcing it) and verify it before it counts.
+        Each (peer, announced version) is asked about once."""
+        claims = [p for p in peers if p.role == "trainer" and p.version > self.target()
+                  and self._probed.get(p.peer_id) != p.version and not self.trust.ignored(p.peer_id)
+                  and self.trust.vouches_for(p)]
+        if not claims:
+            return
+        claim = max(claims, key=lambda p: p.version)
+        self._probed = {p.peer_id: v for p in peers if (v := self._probed.get(p.peer_id)) is not None}
+        self._probed[claim.peer_id] = claim.version
+        others = [p for p in peers if p.version >= claim.version and not self.trust.ignored(p.peer_id)
+                  and p.peer_id not in (claim.peer_id, self.transport.peer_id)]
+        for peer in [claim, *others][:MAX_PROBES]:
+            try:
+                rec = self._fetch_record(peer, claim.version)
+                self.trust.verify(rec, sender=peer.peer_id)
+            except PulseError as exc:
+                log.info("announced version %d of %s not confirmed by %s: %s", claim.version, claim.peer_id[:12],
+                         peer.peer_id[:12], exc)
+                continue
+            self._verified(rec, holder=peer.peer_id)
+            return
+
+    def target(self) -> int:
+        """The newest version whose signed record we verified (or hold); -1 if none."""
+        ours = self.record.version if self.record is not None else -1
+        return max(ours, self.head.version if self.head is not None else -1)
 
     def providers(self, version: int, peers: list[PeerInfo], *, rank: int) -> list[PeerInfo]:
         """Peers that hold ``version``: inference peers first (shuffled), trainers last.
@@ -147,48 +198,51 @@ class VersionSync:
         return others + trainers
 
     # ---- one pass -------------------------------------------------------------------
-    def step(self, peers: list[PeerInfo], *, rank: int = 0, trainer_keys: list[str] | None = None) -> list[VersionRecord]:
+    def step(self, peers: list[PeerInfo], *, rank: int = 0) -> list[VersionRecord]:
         """Fetch and apply what is missing; returns the records applied in this pass."""
-        keys = trainer_keys if trainer_keys is not None else [p.node_key for p in peers if p.role == "trainer"]
-        self._take_hints(keys)
-        head = self.target(peers)
-        if head < 0:
+        self.trust.observe(peers)
+        self._take_hints()
+        self._probe_announced(peers)
+        head = self.target()
+        if head < 0 or (self.record is not None and head <= self.record.version):
             return []
+        nxt = self.reorder.next_version
+        for v in range(nxt, min(head, nxt + self.window - 1) + 1):
+            self.first_seen.setdefault(v, time.monotonic())
+        self.first_seen = {v: t for v, t in self.first_seen.items() if v >= nxt}
         if self.state is None:
-            self._recover_from_anchor(peers, head, keys)
+            self._recover_from_anchor(peers, head)
             if self.state is None:
                 return []
-        caught = self._catch_up_if_behind(peers, head, keys)
+        caught = self._catch_up_if_behind(peers, head)
         if caught is None:
             return []  # a peer is still making our catch-up patch: ask it again next pass
         wanted = [v for v in range(self.reorder.next_version, min(head, self.reorder.next_version + self.window - 1) + 1)
                   if v not in self.reorder]
-        jobs = {v: self._pool.submit(self._fetch_version, v, self.providers(v, peers, rank=rank), keys) for v in wanted}
+        jobs = {v: self._pool.submit(self._fetch_version, v, self.providers(v, peers, rank=rank)) for v in wanted}
         for v, job in jobs.items():
             got = job.result()
             if got is not None:
                 self.reorder.offer(v, got)
-        applied = caught + self._apply_ready(keys)
+        applied = caught + self._apply_ready()
         self._stalled = 0 if applied or self.reorder.next_version > head else self._stalled + 1
         stuck = self._stalled >= self.stall_passes
         if self._stalled and (stuck or self._nobody_has(self.reorder.next_version, peers)):
             self._stalled = 0
-            self._recover_gap(peers, head, keys, older_anchors=stuck)
+            self._recover_gap(peers, head, older_anchors=stuck)
         return applied
 
     def _nobody_has(self, version: int, peers: list[PeerInfo]) -> bool:
         return not any(p.lowest <= version <= p.version for p in peers
                        if p.peer_id != self.transport.peer_id and not self.trust.ignored(p.peer_id))
 
-    def _fetch_version(self, version: int, providers: list[PeerInfo], keys: list[str]) -> Fetched | None:
+    def _fetch_version(self, version: int, providers: list[PeerInfo]) -> Fetched | None:
         for peer in providers:
             try:
-                rec = decode_record(self._fetch(peer, "record", {"version": version}))
-                if rec.version != version:
-                    raise IntegrityError(f"asked for version {version}, got record of {rec.version}")
-                if not self.trust.check(rec, sender=peer.peer_id, trainer_keys=keys):
+                rec = self._fetch_record(peer, version)
+                if not self.trust.check(rec, sender=peer.peer_id):
                     continue
-                patch = self._fetch(peer, "patch", {"version": version})
+                patch = self._fetch(peer, "patch", {"version": version}, max_bytes=rec.patch_bytes)
                 try:
                     check_patch(rec, patch)
                 except IntegrityError:
@@ -203,15 +257,27 @@ class VersionSync:
                 log.info("fetch of version %d from %s failed: %s", version, peer.peer_id[:12], exc)
         return None
 
-    def _fetch(self, peer: PeerInfo, kind: str, params: dict) -> bytes:
+    def _fetch_record(self, peer: PeerInfo, version: int) -> VersionRecord:
+        """The record of ``version`` from ``peer``, decoded (not verified); a wrong one strikes it."""
+        rec = decode_record(self._fetch(peer, "record", {"version": version}, max_bytes=MAX_RECORD_BYTES))
+        if rec.version != version:
+            self.trust.strike(peer.peer_id)
+            raise IntegrityError(f"asked for version {version}, got record of {rec.version}")
+        return rec
+
+    def _fetch(self, peer: PeerInfo, kind: str, params: dict, *, max_bytes: int) -> bytes:
+        """One file, refused (and the peer struck) if it declares more than ``max_bytes``."""
         dest = self._tmp / f"{kind}-{threading.get_ident()}-{random.getrandbits(32):08x}"
         try:
-            self.transport.fetch(peer, kind, params, dest, timeout=self.net.fetch_timeout_s)
+            self.transport.fetch(peer, kind, params, dest, timeout=self.net.fetch_timeout_s, max_bytes=max_bytes)
             return dest.read_bytes()
+        except IntegrityError:
+            self.trust.strike(peer.peer_id)
+            raise
         finally:
             dest.unlink(missing_ok=True)
 
-    def _apply_ready(self, keys: list[str]) -> list[VersionRecord]:
+    def _apply_ready(self) -> list[VersionRecord]:
         applied: list[VersionRecord] = []
         for version, got in self.reorder.pop_ready():
             try:
@@ -241,7 +307,7 @@ class VersionSync:
         self.counters["applied"] += 1
 
     # ---- recovery -------------------------------------------------------------------
-    def _recover_gap(self, peers: list[PeerInfo], head: int, keys: list[str], *, older_anchors: bool) -> None:
+    def _recover_gap(self, peers: list[PeerInfo], head: int, *, older_anchors: bool) -> None:
         """Nobody serves the next patch any more: try a catch-up patch, else an anchor.
 
         Only ``older_anchors`` (after ``stall_passes`` passes without progress: the way off a
@@ -250,11 +316,11 @@ class VersionSync:
         """
         assert self.record is not None
         self.counters["gaps"] += 1
-        if self.state is not None and self._catch_up(self._catchup_offers(peers, head, min_gap=1), keys)[0]:
+        if self.state is not None and self._catch_up(self._catchup_offers(peers, head, min_gap=1))[0]:
             return
-        self._recover_from_anchor(peers, head, keys, above=-1 if older_anchors else self.record.version)
+        self._recover_from_anchor(peers, head, above=-1 if older_anchors else self.record.version)
 
-    def _catch_up_if_behind(self, peers: list[PeerInfo], head: int, keys: list[str]) -> list[VersionRecord] | None:
+    def _catch_up_if_behind(self, peers: list[PeerInfo], head: int) -> list[VersionRecord] | None:
         """``catchup_min_gap`` or more versions behind: one catch-up patch instead of the patches.
 
         Returns ``[record caught up to]`` or ``[]`` (fetch patches), or None while the peer that
@@ -270,7 +336,7 @@ class VersionSync:
             return []
         offers = ([(p, pending[2]) for p in peers if p.peer_id == pending[1]] if pending
                   else self._catchup_offers(peers, head, min_gap=self.catchup_min_gap))
-        rec, busy = self._catch_up(offers, keys)
+        rec, busy = self._catch_up(offers)
         if rec is not None or busy is None:
             self._pending = None
             self._no_catchup_base = -1 if rec is not None else base
@@ -288,17 +354,18 @@ class VersionSync:
         random.shuffle(offers)
         return sorted(offers, key=lambda o: (o[0].role == "trainer", -o[1]))
 
-    def _catch_up(self, offers: list[Offer], keys: list[str]) -> tuple[VersionRecord | None, Offer | None]:
+    def _catch_up(self, offers: list[Offer]) -> tuple[VersionRecord | None, Offer | None]:
         """Ask each (peer, target) for a catch-up patch from our version; returns (the record we
         caught up to, None) or (None, the first offer that answered busy, if any)."""
         assert self.record is not None and self.state is not None
         busy = None
         for peer, target in offers:
             try:
-                rec = decode_record(self._fetch(peer, "record", {"version": target}))
-                if rec.version != target or not self.trust.check(rec, sender=peer.peer_id, trainer_keys=keys):
+                rec = self._fetch_record(peer, target)
+                if not self.trust.check(rec, sender=peer.peer_id):
                     continue
-                patch = self._fetch(peer, "catchup", {"base": self.record.version, "target": target})
+                patch = self._fetch(peer, "catchup", {"base": self.record.version, "target": target},
+                                    max_bytes=catchup_cap(self.state))
                 self._apply_catchup(peer, rec, patch)
                 return rec, None
             except BusyError as exc:
@@ -327,24 +394,26 @@ class VersionSync:
         self.counters["catchup_bytes_in"] += len(patch)
         log.info("caught up to version %d with one %d-byte patch from %s", rec.version, len(patch), peer.peer_id[:12])
 
-    def _recover_from_anchor(self, peers: list[PeerInfo], head: int, keys: list[str], *, above: int = -1) -> None:
-        """Load the newest anchor above ``above`` any peer serves (verified against its signed record)."""
-        offers = sorted({(a, p.peer_id) for p in peers if not self.trust.ignored(p.peer_id)
-                         for a in p.anchors if above < a <= head}, reverse=True)
-        by_id = {p.peer_id: p for p in peers}
-        for anchor, pid in offers:
-            peer = by_id[pid]
+    def _recover_from_anchor(self, peers: list[PeerInfo], head: int, *, above: int = -1) -> None:
+        """Load the newest anchor above ``above`` that peers serve, bounded and checked by its signed
+        record (``anchor_load.py``); at most ``MAX_ANCHOR_TRIES`` offers per call."""
+        live = [p for p in peers if not self.trust.ignored(p.peer_id) and p.peer_id != self.transport.peer_id]
+        by_id = {p.peer_id: p for p in live}
+        # newest first; at one version trainer-set members first (fresh keys announcing anchors
+        # cannot crowd them out of the tries), then in random order
+        offers = sorted(((a, p.peer_id) for p in live for a in set(p.anchors) if above < a <= head),
+                        key=lambda o: (-o[0], not self.trust.vouches_for(by_id[o[1]]), random.random()))
+        for anchor, pid in offers[:MAX_ANCHOR_TRIES]:
             try:
-                rec = decode_record(self._fetch(peer, "record", {"version": anchor}))
-                if not rec.is_anchor or not self.trust.check(rec, sender=pid, trainer_keys=keys):
+                rec = self._fetch_record(by_id[pid], anchor)
+                if not rec.is_anchor:
+                    self.trust.strike(pid)  # it announced an anchor it does not hold
                     continue
-                dest = self._tmp / f"anchor-{anchor}.safetensors"
-                self.transport.fetch(peer, "anchor", {"version": anchor}, dest, timeout=self.net.fetch_timeout_s * 4)
-                state = load_safetensors(dest)
-                dest.unlink(missing_ok=True)
-                if state_hash(state) != rec.state_hash:
-                    self.trust.strike(pid)
-                    raise IntegrityError(f"anchor {anchor} from {pid} does not match its signed record")
+                if not self.trust.check(rec, sender=pid):
+                    continue
+                holders = [p for p in live if anchor in p.anchors]
+                state = load_anchor(self.transport, self.trust, rec, by_id[pid], holders, self._tmp,
+                                    timeout=self.net.fetch_timeout_s * 4)
                 self.store.put_anchor(rec, state)
                 self._adopt(rec, state)
                 self.counters["anchor_loads"] += 1

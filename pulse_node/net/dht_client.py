@@ -3,8 +3,6 @@
     client = DhtClient.start(DhtConfig(run_id="run1", initial_peers=[...]))
     client.publish_peer(PeerStatus(role="trainer", version=12, ...), ttl_s=30)
     for rec in client.peers(): ...             # validated PeerRecords, expired/leaving ones gone
-    client.publish_head(signed_version_record, version=12, ttl_s=30)
-    newest = max(client.heads(), key=lambda h: h.version)
     client.push(peer_id, dht_maddrs, "loco", payload, timeout=30)   # p2pd push plane (dht_push.py)
     for ev in client.events(): ...             # pushes received (with accept_pushes=True)
     client.stop()
@@ -26,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from pulse_node.errors import WireError
-from pulse_node.net.dht_records import DhtInfo, HeadEntry, PeerRecord, PeerStatus, validate_tree
+from pulse_node.net.dht_records import DhtInfo, PeerRecord, PeerStatus, validate_tree
 from pulse_node.net.ipc import StartFailure
 from pulse_node.net.process import WorkerClient, WorkerStartError
 from pulse_node.net.spool import THRESHOLD, Spool
@@ -83,19 +81,19 @@ class DhtClient(WorkerClient[DhtConfig]):
         params = {"status": status.model_dump(), "ttl_s": ttl_s or self.config.ttl_s}
         return bool(self.call("publish_peer", params, timeout=READ_TIMEOUT_S))
 
-    def peers(self) -> list[PeerRecord]:
-        return [validate_tree(PeerRecord, r) for r in self.call("peers", timeout=READ_TIMEOUT_S)]
-
-    def publish_head(self, record: bytes, *, version: int, ttl_s: float | None = None) -> bool:
-        """Announce the newest version this node holds with its signed version record."""
-        params = {"record": record, "version": version, "ttl_s": ttl_s or self.config.ttl_s}
-        return bool(self.call("publish_head", params, timeout=READ_TIMEOUT_S))
-
-    def heads(self) -> list[HeadEntry]:
-        return [validate_tree(HeadEntry, h) for h in self.call("heads", timeout=READ_TIMEOUT_S)]
+    def peers(self, *, prefer: list[str] | tuple[str, ...] = ()) -> list[PeerRecord]:
+        """Live peer records (at most ``dht_records.MAX_PEERS_READ``: those of ``prefer``, peer
+        ids, first, then the newest), each checked again here."""
+        out = []
+        for r in self.call("peers", {"prefer": list(prefer)}, timeout=READ_TIMEOUT_S):
+            try:
+                out.append(validate_tree(PeerRecord, r))
+            except WireError as exc:
+                log.warning("dropped a peer record the DHT worker returned: %s", exc)
+        return out
 
     def get(self, kind: str) -> list[dict]:
-        """Raw live entries of ``peers`` or ``heads`` (subkey, value, expires_at) for dashboards."""
+        """Raw live entries of ``peers`` (subkey, value, expires_at) for dashboards."""
         return list(self.call("get", {"kind": kind}, timeout=READ_TIMEOUT_S))
 
     # ---- p2pd push plane (dht_push.py) -------------------------------------------------------

@@ -1,41 +1,51 @@
 """Records that peers publish in the swarm's DHT: declared, versioned, size-capped schemas.
 
-Two DHT keys per run, each a dictionary whose subkeys are the publishers' peer ids:
+One DHT key per run, ``pulse/<run>/peers``, a dictionary whose subkeys are the publishers' peer
+ids, holding one ``PeerRecord`` per live peer (role, addresses, head version, what it serves,
+counters, and a trainer's admission to the trainer set). The node supplies a ``PeerStatus``;
+the DHT worker adds the fields it owns (peer id, DHT addresses, session nonce, time) and keeps
+the record alive. (A second key, ``heads``, was written but never read, and is gone: head
+versions travel in the peer record, and signed head records in ``head`` pushes.)
 
-- ``pulse/<run>/peers``: one ``PeerRecord`` per live peer (role, addresses, head version,
-  what it serves, counters). The node supplies a ``PeerStatus``; the DHT worker adds the fields
-  it owns (peer id, DHT addresses, session nonce, time) and keeps the record alive.
-- ``pulse/<run>/heads``: one ``HeadEntry`` per publisher: the newest version it holds and the
-  chain's signed version record for it (opaque bytes here; the chain layer verifies them).
+Every claim in a record is bound to its publisher: the record is signed by the key its peer id
+encodes (``dht_validator``), its ``node_key`` must be that same key, and every address it
+announces must end in ``/p2p/<its peer id>`` (``PeerRecord`` checks both wherever a record is
+validated: in every DHT node, in the worker that reads records, in the node). What a record
+says beyond that (versions, roles) is a hint, never trusted by itself.
 
 Every record is a msgpack map with an explicit schema version ``v``; decoding is strict (no
-type coercion, unknown fields rejected) so a peer cannot smuggle data past the schema.
+type coercion, unknown fields rejected) so a peer cannot smuggle data past the schema. A node
+reads at most ``MAX_PEERS_READ`` records (``select_peer_records``: the preferred peer ids first,
+then the newest), so a flood of Sybil records cannot exceed the worker's RPC frame and blind it.
 This module is pure (pydantic + msgpack): the node imports it without hivemind.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Collection, Literal, TypeVar
 
 import msgpack
 import pydantic
 from pydantic import Field, StringConstraints
 
+from pulse_node.chain.identity import key_of_peer_id
 from pulse_node.errors import WireError
 from pulse_node.vocab import RUN_ID_RULE, is_run_id
 
 SCHEMA_VERSION = 1
-#: encoded size caps (bytes, before the signature envelope)
-MAX_PEER_RECORD_BYTES = 4096
-MAX_HEAD_ENTRY_BYTES = 16384
-MAX_HEAD_RECORD_BYTES = 12288
+#: encoded size cap of a peer record (bytes, before the signature envelope)
+MAX_PEER_RECORD_BYTES = 8192
+#: a trainer's admission to the trainer set (``chain/trainerset.py``), as carried in its record
+MAX_ADMISSION_BYTES = 4096
+#: peer records a node reads per lookup, at most (x MAX_PEER_RECORD_BYTES: 4 MiB, under the RPC frame)
+MAX_PEERS_READ = 512
 #: records live between these bounds; nodes refresh every ttl/3
 MIN_TTL_S = 1.0
 MAX_TTL_S = 600.0
 #: how far in the future a peer's clock may be before its records are refused
 CLOCK_SLACK_S = 30.0
 
-KEY_KINDS = ("peers", "heads")
+KEY_KINDS = ("peers",)
 ROLES = ("bootstrap", "trainer", "inference")
 
 _PEER_ID_RE = r"^[1-9A-HJ-NP-Za-km-z]{40,64}$"
@@ -86,6 +96,7 @@ class PeerStatus(_Record):
     metrics_url: Annotated[str, StringConstraints(max_length=256)] | None = None
     node_key: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")] | None = None
     software: Annotated[str, StringConstraints(max_length=64)] = ""
+    admission: Annotated[bytes, Field(max_length=MAX_ADMISSION_BYTES)] | None = None
 
 
 class PeerRecord(PeerStatus):
@@ -98,21 +109,25 @@ class PeerRecord(PeerStatus):
     updated_at: Time
     leaving: bool = False
 
-
-class HeadEntry(_Record):
-    """What the DHT holds under ``pulse/<run>/heads`` for one publisher (subkey = ``peer_id``)."""
-
-    v: Literal[1] = SCHEMA_VERSION
-    peer_id: PeerId
-    session: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{32}$")]
-    version: Version
-    record: Annotated[bytes, Field(max_length=MAX_HEAD_RECORD_BYTES)]
-    updated_at: Time
+    @pydantic.model_validator(mode="after")
+    def _claims_bound_to_peer_id(self) -> "PeerRecord":
+        """The announced key is the one the peer id encodes; every address names this peer."""
+        try:
+            key = key_of_peer_id(self.peer_id)
+        except WireError as exc:
+            raise ValueError(str(exc)) from None
+        if self.node_key is not None and self.node_key != key:
+            raise ValueError("node_key is not the key its peer id encodes")
+        suffix = f"/p2p/{self.peer_id}"
+        for m in (*self.wire_maddrs, *self.dht_maddrs):
+            if not m.endswith(suffix):
+                raise ValueError(f"address {m[:80]!r} does not end in /p2p/<its own peer id>")
+        return self
 
 
 R = TypeVar("R", bound=_Record)
-MODEL_OF_KIND: dict[str, type[_Record]] = {"peers": PeerRecord, "heads": HeadEntry}
-MAX_BYTES_OF_KIND = {"peers": MAX_PEER_RECORD_BYTES, "heads": MAX_HEAD_ENTRY_BYTES}
+MODEL_OF_KIND: dict[str, type[_Record]] = {"peers": PeerRecord}
+MAX_BYTES_OF_KIND = {"peers": MAX_PEER_RECORD_BYTES}
 
 
 def dht_key(run_id: str, kind: str) -> str:
@@ -144,6 +159,16 @@ def decode_dht_record(kind: str, data: bytes) -> _Record:
     except Exception as exc:
         raise WireError(f"{kind} record is not msgpack ({exc})") from None
     return validate_tree(MODEL_OF_KIND[kind], tree)
+
+
+def select_peer_records(records: list[PeerRecord], *, prefer: Collection[str] = (),
+                        limit: int = MAX_PEERS_READ) -> list[PeerRecord]:
+    """At most ``limit`` records: those of ``prefer`` (peer ids, e.g. the trusted trainers')
+    first, then the most recently updated. Anyone can publish records under fresh keys; this
+    keeps what a node reads bounded and its trainers always in it."""
+    wanted = set(prefer)
+    ranked = sorted(records, key=lambda r: (r.peer_id not in wanted, -r.updated_at, r.peer_id))
+    return ranked[:limit]
 
 
 def validate_tree(model: type[R], tree: Any) -> R:

@@ -9,7 +9,9 @@ needs no separate registration. ``PulseRecordValidator`` plugs into hivemind's
 
 Checks, in order: known key of this run; subkey is an Ed25519 peer id; signature envelope is
 well formed and verifies; expiration is no more than ``MAX_TTL_S`` (+ clock slack) ahead;
-the body decodes strictly into the schema of its key and names the same peer id.
+the body decodes strictly into the schema of its key and names the same peer id; a peer
+record's ``node_key`` must be the key its peer id encodes and each of its addresses must end in
+``/p2p/<its peer id>`` (``PeerRecord``), so a record can claim no one else's key or address.
 We do not use hivemind's ``SchemaValidator`` (it needs pydantic.v1 models and detects coercion by
 re-comparing values); strict pydantic v2 models in ``dht_records`` do the same job.
 """
@@ -20,7 +22,6 @@ import dataclasses
 import logging
 import time
 
-import base58
 import msgpack
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
@@ -28,17 +29,14 @@ from hivemind.dht.protocol import DHTProtocol
 from hivemind.dht.routing import DHTID
 from hivemind.dht.validation import DHTRecord, RecordValidatorBase
 
-from pulse_node.chain.identity import Identity
+from pulse_node.chain.identity import Identity, key_of_peer_id, peer_id_of_key
 from pulse_node.errors import WireError
 from pulse_node.net.dht_records import (
-    CLOCK_SLACK_S, KEY_KINDS, MAX_HEAD_ENTRY_BYTES, MAX_TTL_S, decode_dht_record, dht_key,
+    CLOCK_SLACK_S, KEY_KINDS, MAX_PEER_RECORD_BYTES, MAX_TTL_S, decode_dht_record, dht_key,
 )
 
 log = logging.getLogger(__name__)
 
-#: protobuf PublicKey{Type: Ed25519, Data: <32 bytes>} header, then identity multihash header
-_PB_ED25519_PUB = b"\x08\x01\x12\x20"
-_MH_IDENTITY = b"\x00\x24"
 _PB_ED25519_PRIV = b"\x08\x01\x12\x40"
 _ENVELOPE_TAG = "pulse-dht-sig-1"
 _SIG_CONTEXT = b"pulse-dht-record-1"
@@ -46,20 +44,12 @@ _SIG_CONTEXT = b"pulse-dht-record-1"
 
 def peer_id_of(identity: Identity) -> str:
     """The libp2p peer id (base58) of an Ed25519 identity."""
-    raw = bytes.fromhex(identity.public_key_hex)
-    return base58.b58encode(_MH_IDENTITY + _PB_ED25519_PUB + raw).decode("ascii")
+    return peer_id_of_key(identity.public_key_hex)
 
 
 def public_key_of(peer_id: str) -> bytes:
     """The raw Ed25519 public key inside a peer id; ``WireError`` for any other kind of id."""
-    try:
-        raw = base58.b58decode(peer_id)
-    except ValueError:
-        raise WireError(f"peer id {peer_id!r} is not base58") from None
-    head = _MH_IDENTITY + _PB_ED25519_PUB
-    if len(raw) != len(head) + 32 or not raw.startswith(head):
-        raise WireError(f"peer id {peer_id!r} is not an Ed25519 identity peer id")
-    return raw[len(head):]
+    return bytes.fromhex(key_of_peer_id(peer_id))
 
 
 def libp2p_private_key(identity: Identity) -> bytes:
@@ -81,7 +71,7 @@ def sign_envelope(record: DHTRecord, identity: Identity) -> bytes:
 
 def open_envelope(value: bytes) -> tuple[bytes, bytes]:
     """Signed value -> (unsigned value, signature); ``WireError`` if malformed."""
-    if len(value) > MAX_HEAD_ENTRY_BYTES + 128:
+    if len(value) > MAX_PEER_RECORD_BYTES + 128:
         raise WireError(f"signed value of {len(value)} bytes exceeds the size cap")
     try:
         tag, inner, sig = msgpack.unpackb(value, raw=False)

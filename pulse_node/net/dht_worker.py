@@ -11,10 +11,11 @@ p2pd, and exits 0. A start failure (``dht_join.JoinError``, a live duplicate of 
 bad spool) is reported as a ``StartFailure`` and the process exits 2.
 
 RPC methods (the ``@rpc`` methods of ``DhtWorker``, named like ``DhtClient``'s): ``info``,
-``publish_peer``, ``peers``, ``publish_head``, ``heads``, ``get``, and the p2pd push plane of
-``dht_push.py`` (PULSELoCo payloads between trainers): ``push``, ``push_file`` (a body the node
-wrote to a spool file), ``events`` (a large received body as a spool ``path`` + ``size`` instead
-of ``data``), ``push_stats``, ``probe``; inbound pushes are served only with ``accept_pushes``.
+``publish_peer``, ``peers`` (at most ``MAX_PEERS_READ`` valid records, those of the ``prefer`` peer
+ids first, then the newest), ``get``, and the p2pd push plane of ``dht_push.py`` (PULSELoCo
+payloads between trainers): ``push``, ``push_file`` (a body the node wrote to a spool file),
+``events`` (a large received body as a spool ``path`` + ``size`` instead of ``data``),
+``push_stats``, ``probe``; inbound pushes are served only with ``accept_pushes``.
 The spool directory (``net/spool.py``) is created mode 0700 and emptied at start and at stop.
 Published records are re-signed and refreshed every ttl/3 until replaced or stopped, so dead
 peers disappear within one TTL.
@@ -36,7 +37,7 @@ from typing import Any, AsyncIterator, Callable, Literal
 from pulse_node.errors import WireError
 from pulse_node.net.dht_push import PushPlane
 from pulse_node.net.dht_records import (
-    MAX_TTL_S, MIN_TTL_S, DhtInfo, HeadEntry, PeerRecord, PeerStatus, dht_key, validate_tree,
+    MAX_TTL_S, MIN_TTL_S, DhtInfo, PeerRecord, PeerStatus, dht_key, select_peer_records, validate_tree,
 )
 from pulse_node.net.rpc_server import Service, StartFailed, rpc, run_worker
 from pulse_node.net.spool import Spool
@@ -104,9 +105,10 @@ class DhtWorker(Service):
             log.warning("dht[%s]: refreshing our %s record failed (%s); retrying", self.peer_id[-8:], item.kind, exc)
 
     def _peer_builder(self, status: PeerStatus) -> Callable[[float], PeerRecord]:
-        def build(now: float) -> PeerRecord:
-            return PeerRecord(**status.model_dump(), peer_id=self.peer_id, dht_maddrs=self._visible[:8],
-                              session=self.session, updated_at=now)
+        def build(now: float) -> PeerRecord:  # validated: addresses must end in /p2p/<our id>
+            return validate_tree(PeerRecord, {**status.model_dump(), "peer_id": self.peer_id,
+                                              "dht_maddrs": self._visible[:8], "session": self.session,
+                                              "updated_at": now})
         return build
 
     async def run(self) -> None:
@@ -175,32 +177,24 @@ class DhtWorker(Service):
     @rpc
     async def publish_peer(self, *, status: PeerStatus, ttl_s: float) -> bool:
         item = RefreshedRecord("peers", self._peer_builder(status), check_ttl(ttl_s))
+        item.build(time.time())  # a record every peer would refuse fails here, with the reason
         self._published["peers"] = item
         return await self._refresh(item)
 
     @rpc
-    async def publish_head(self, *, record: bytes, version: int, ttl_s: float) -> bool:
-        entry = validate_tree(HeadEntry, {"peer_id": self.peer_id, "session": self.session, "version": version,
-                                          "record": record, "updated_at": time.time()})
-        item = RefreshedRecord("heads", lambda now: entry.model_copy(update={"updated_at": now}), check_ttl(ttl_s))
-        self._published["heads"] = item
-        return await self._refresh(item)
-
-    @rpc
-    async def peers(self) -> list[PeerRecord]:
-        out = []
+    async def peers(self, *, prefer: list[str] | None = None) -> list[PeerRecord]:
+        found = []
         for sub, value, _exp in await self.read("peers"):
-            rec = validate_tree(PeerRecord, value)
+            try:
+                rec = validate_tree(PeerRecord, value)
+            except WireError:  # the validator admitted it; a schema change since: skip, never fail the read
+                continue
             if rec.peer_id == sub and not rec.leaving:
-                out.append(rec)
-        return out
+                found.append(rec)
+        return select_peer_records(found, prefer=prefer or ())
 
     @rpc
-    async def heads(self) -> list[HeadEntry]:
-        return [validate_tree(HeadEntry, value) for _sub, value, _exp in await self.read("heads")]
-
-    @rpc
-    async def get(self, *, kind: Literal["peers", "heads"]) -> list[dict]:
+    async def get(self, *, kind: Literal["peers"]) -> list[dict]:
         return [{"subkey": sub, "value": value, "expires_at": exp} for sub, value, exp in await self.read(kind)]
 
     @rpc

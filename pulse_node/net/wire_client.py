@@ -17,7 +17,7 @@ file), ``WireError`` (protocol, bad arguments), ``IntegrityError`` (digest misma
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +52,9 @@ class AnchorResult:
     resumed: int
     failed_providers: list[str]
     errors: dict[str, str]
+    bad_providers: list[str] = field(default_factory=list)  # sent a piece failing its signed digest: a lie
+    complete: bool = True  # False (with ``error``) only for a download of signed pieces that did not finish
+    error: str = ""
 
 
 class WireClient(WorkerClient[WireConfig]):
@@ -65,20 +68,24 @@ class WireClient(WorkerClient[WireConfig]):
         return WireInfo(peer_id=r["peer_id"], listen_maddrs=list(r["listen_maddrs"]))
 
     def fetch(self, peer: str, kind: str, params: dict[str, int | str | None], dest: Path, *,
-              timeout: float = 30.0, expected_digest: str | None = None) -> FetchResult:
-        """Fetch a file of ``kind`` (a ``vocab.FetchKind``) from ``peer`` into ``dest`` (atomic)."""
+              timeout: float = 30.0, expected_digest: str | None = None,
+              max_bytes: int | None = None) -> FetchResult:
+        """Fetch a file of ``kind`` (a ``vocab.FetchKind``) from ``peer`` into ``dest`` (atomic); a body
+        declared larger than ``max_bytes`` is refused before it is read."""
         r = self.call("fetch", {"peer": peer, "kind": kind, "params": params, "dest": str(dest),
-                                "timeout": timeout, "expected_digest": expected_digest},
+                                "timeout": timeout, "expected_digest": expected_digest, "max_bytes": max_bytes},
                       timeout=timeout + _RPC_SLACK)
         return FetchResult(bytes=r["bytes"], seconds=r["seconds"], peer=r["peer"], total=r.get("total", 0))
 
     def fetch_anchor(self, peers: list[str], *, version: int, size: int, dest: Path,
                      digest: str | None = None, timeout: float = 600.0, chunk: int = 4 << 20,
-                     per_peer: int = 2) -> AnchorResult:
-        """Download anchor ``version`` from several providers at once; resumable, verified."""
+                     per_peer: int = 2, pieces: list[tuple[int, int, str]] | None = None) -> AnchorResult:
+        """Download anchor ``version`` from several providers at once; resumable, verified (each
+        of the signed ``pieces`` (offset, length, BLAKE3 hex) as it arrives, when given)."""
         r = self.call("fetch_anchor", {"peers": list(peers), "version": version, "size": size,
                                        "dest": str(dest), "digest": digest, "timeout": timeout,
-                                       "chunk": chunk, "per_peer": per_peer},
+                                       "chunk": chunk, "per_peer": per_peer,
+                                       "pieces": None if pieces is None else [list(p) for p in pieces]},
                       timeout=timeout + _RPC_SLACK)
         return AnchorResult(**r)
 

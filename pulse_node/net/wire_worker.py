@@ -262,15 +262,18 @@ class WireService(Service):
 
     @rpc
     async def fetch(self, *, peer: str, kind: FetchKind, params: dict[str, int | str | None], dest: str,
-                    timeout: float, expected_digest: str | None = None) -> dict[str, Any]:
+                    timeout: float, expected_digest: str | None = None,
+                    max_bytes: int | None = None) -> dict[str, Any]:
         return await wt.fetch_to_file(self.dialer, peer, kind, params, Path(dest), timeout=timeout,
-                                      digest=expected_digest)
+                                      digest=expected_digest, max_bytes=max_bytes)
 
     @rpc
     async def fetch_anchor(self, *, peers: list[str], version: int, size: int, dest: str, timeout: float,
-                           digest: str | None = None, chunk: int = 4 << 20, per_peer: int = 2) -> dict[str, Any]:
+                           digest: str | None = None, chunk: int = 4 << 20, per_peer: int = 2,
+                           pieces: list[tuple[int, int, str]] | None = None) -> dict[str, Any]:
         return await wt.fetch_anchor(self.dialer, peers, version=version, size=size, dest=Path(dest),
-                                     digest=digest, timeout=timeout, chunk=chunk, per_peer=per_peer)
+                                     digest=digest, timeout=timeout, chunk=chunk, per_peer=per_peer,
+                                     pieces=pieces)
 
     @rpc
     async def push(self, *, peer: str, kind: PushKind, data: bytes, timeout: float) -> dict[str, Any]:

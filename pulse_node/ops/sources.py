@@ -9,13 +9,19 @@
 
 Statuses are parsed into ``StatusReport`` (``daemon/status_model.py``); one of another schema
 version becomes a node shown as "unknown-schema" with the reason, never an exception.
+A record's ``metrics_url`` is the peer's claim, so asking it is bounded (``status_target``,
+``fetch_status``): plain http only, to a host among the addresses the same record announces
+(never a third party), to a loopback or private address only when the bootstrap itself is one
+(a local swarm), no redirects, 2 s, at most ``MAX_STATUS_BYTES`` read.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import tempfile
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -26,6 +32,7 @@ from pulse_node.errors import PulseError
 from pulse_node.ops.snapshot import NodeInput
 
 HTTP_TIMEOUT_S = 2.0
+MAX_STATUS_BYTES = 4 << 20
 LOG_TAIL_BYTES = 8192
 #: a live node's log error counts as current if it is among the log's last lines
 RECENT_LOG_LINES = 20
@@ -131,17 +138,60 @@ def status_url(metrics_url: str) -> str:
     return base + "/status"
 
 
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None  # a redirect would send us wherever the peer likes
+
+
+_OPENER = urllib.request.build_opener(_NoRedirect)
+
+
 def fetch_status(metrics_url: str, *, timeout: float = HTTP_TIMEOUT_S) -> StatusReport | str:
-    """A node's /status, or a one-line reason it could not be read (``StatusSchemaError``: it
-    answered with a status of another schema)."""
-    if not metrics_url.startswith(("http://", "https://")):
-        return f"metrics url {metrics_url!r} is not http(s)"
+    """A node's /status, or a one-line reason it could not be read (http only, no redirects, at
+    most ``MAX_STATUS_BYTES``; ``StatusSchemaError``: it answered with a status of another schema)."""
+    if not metrics_url.startswith("http://"):
+        return f"metrics url {metrics_url[:80]!r} is not plain http"
     try:
-        with urllib.request.urlopen(status_url(metrics_url), timeout=timeout) as resp:
-            body = resp.read(4 << 20)
+        with _OPENER.open(status_url(metrics_url), timeout=timeout) as resp:
+            body = resp.read(MAX_STATUS_BYTES + 1)
+        if len(body) > MAX_STATUS_BYTES:
+            return f"/status is larger than {MAX_STATUS_BYTES} bytes"
     except (urllib.error.URLError, OSError, ValueError) as exc:
         return f"/status unreachable ({getattr(exc, 'reason', exc)})"
     return parse_status(body)
+
+
+def _maddr_host(maddr: str) -> str | None:
+    parts = maddr.split("/")
+    return parts[2] if len(parts) > 2 and parts[1] in ("ip4", "ip6", "dns", "dns4", "dns6") else None
+
+
+def _private(host: str) -> bool:
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return host == "localhost"
+    return ip.is_private or ip.is_loopback or ip.is_link_local or ip.is_unspecified
+
+
+def is_private_maddr(maddr: str) -> bool:
+    """Whether a multiaddr names a loopback, private or link-local host (a local swarm)."""
+    host = _maddr_host(maddr)
+    return host is not None and _private(host)
+
+
+def status_target(peer: Mapping[str, Any], *, allow_private: bool) -> str:
+    """The URL to ask a peer record for its /status; ``ValueError`` saying why not."""
+    announced = [str(m) for m in [*(peer.get("dht_maddrs") or []), *(peer.get("wire_maddrs") or [])]]
+    url = dialable_url(str(peer.get("metrics_url") or ""), [m for m in announced if m.startswith("/ip4/")])
+    parsed = urllib.parse.urlsplit(url)
+    if parsed.scheme != "http" or not parsed.hostname or parsed.username or parsed.password:
+        raise ValueError(f"metrics url {url[:80]!r} is not a plain http URL")
+    if parsed.hostname not in {_maddr_host(m) for m in announced}:
+        raise ValueError(f"metrics url host {parsed.hostname!r} is not an address the record announces")
+    if _private(parsed.hostname) and not allow_private:
+        raise ValueError(f"metrics url host {parsed.hostname!r} is private and the swarm is not")
+    return url
 
 
 def dialable_url(metrics_url: str, dht_maddrs: list[str]) -> str:
@@ -155,12 +205,19 @@ def dialable_url(metrics_url: str, dht_maddrs: list[str]) -> str:
     return metrics_url
 
 
-def statuses_of_peers(peers: list[Mapping[str, Any]], *, timeout: float = HTTP_TIMEOUT_S) -> list[NodeInput]:
-    """Ask every peer that announces a metrics URL for its /status, in parallel."""
-    targets = [p for p in peers if p.get("metrics_url")]
+def statuses_of_peers(peers: list[Mapping[str, Any]], *, timeout: float = HTTP_TIMEOUT_S,
+                      allow_private: bool = False) -> list[NodeInput]:
+    """Ask every peer whose record announces an acceptable metrics URL (``status_target``) for
+    its /status, in parallel."""
+    targets, urls = [], []
+    for p in peers:
+        try:
+            urls.append(status_target(p, allow_private=allow_private))
+            targets.append(p)
+        except ValueError:
+            continue
     if not targets:
         return []
-    urls = [dialable_url(str(p["metrics_url"]), list(p.get("dht_maddrs") or [])) for p in targets]
     with ThreadPoolExecutor(max_workers=min(16, len(targets))) as pool:
         results = list(pool.map(lambda u: _fetch_or_reason(u, timeout), urls))
     answered_at = time.time()
@@ -191,6 +248,7 @@ class DhtSource:
         self._logdir = tempfile.TemporaryDirectory(prefix="pulse-status-")
         self.log_path = Path(self._logdir.name) / "dht.log"
         cfg = DhtConfig(run_id=run_id, initial_peers=bootstrap, client_mode=True, bootstrap_timeout_s=timeout)
+        self.local = bool(bootstrap) and all(is_private_maddr(m) for m in bootstrap)  # may ask private hosts
         try:
             self.client = DhtClient.start(cfg, log_path=self.log_path)
         except BaseException:
@@ -202,7 +260,7 @@ class DhtSource:
 
     def read(self) -> tuple[list[NodeInput], list[dict[str, Any]]]:
         peers = self.peers()
-        return statuses_of_peers(peers), peers
+        return statuses_of_peers(peers, allow_private=self.local), peers
 
     def close(self) -> None:
         try:

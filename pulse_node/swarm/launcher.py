@@ -92,12 +92,18 @@ class LocalSwarm:
         if self.cfg.net.faults.enabled:
             self.log("WARNING: CHAOS TESTING: [net.faults] is enabled; every node faults its own fetches and pushes")
         self.bootstrap_addr = self._start_bootstrap()
-        self.trusted = [Identity.load_or_create(self.root / f"trainer-{i}" / "identity.key").public_key_hex
-                        for i in range(self.cfg.trainers)]
+        self.trusted = self.trainer_keys()
         for i in range(self.cfg.trainers):
             self.add_node(f"trainer-{i}", "trainer")
         for i in range(self.cfg.inference):
             self.add_node(f"inference-{i}", "inference")
+
+    def trainer_keys(self) -> list[str]:
+        """Create (or load) every trainer's identity before any node starts; every node's config
+        then trusts exactly these keys (``chain.trusted_trainers``), so the local swarm is keyed,
+        not open."""
+        return [Identity.load_or_create(self.root / f"trainer-{i}" / "identity.key").public_key_hex
+                for i in range(self.cfg.trainers)]
 
     def _start_bootstrap(self) -> str:
         d = self.root / "bootstrap"

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from pulse_node.daemon.transport import PeerInfo, Transport
+from pulse_node.daemon.transport import AnchorFetch, PeerInfo, Transport
 from pulse_node.errors import PulseError, WireError
 from pulse_node.net.dht_records import PeerStatus, Serves
 from pulse_node.vocab import Event
@@ -111,17 +111,28 @@ class FaultyTransport:
     def peers(self) -> list[PeerInfo]:
         return self.inner.peers()
 
-    def fetch(self, peer: PeerInfo, kind: str, params: dict[str, Any], dest: Path, *, timeout: float) -> int:
+    def fetch(self, peer: PeerInfo, kind: str, params: dict[str, Any], dest: Path, *, timeout: float,
+              max_bytes: int | None = None) -> int:
         if not self._targeted(peer, kind):
-            return self.inner.fetch(peer, kind, params, dest, timeout=timeout)
+            return self.inner.fetch(peer, kind, params, dest, timeout=timeout, max_bytes=max_bytes)
         if self._roll("drop", kind):
             raise WireError(f"injected: {kind} fetch from {peer.peer_id} dropped")
         if self._roll("delay", kind):
             self._sleep()
-        n = self.inner.fetch(peer, kind, params, dest, timeout=timeout)
+        n = self.inner.fetch(peer, kind, params, dest, timeout=timeout, max_bytes=max_bytes)
         if n and self._roll("corrupt", kind):
             dest.write_bytes(self._flip(dest.read_bytes()))
         return n
+
+    def fetch_anchor(self, providers: list[PeerInfo], *, version: int, pieces: list, dest: Path,
+                     timeout: float) -> AnchorFetch:
+        """Dropped or delayed as a whole (its pieces are checked against signed digests anyway)."""
+        if providers and self._targeted(providers[0], "anchor"):
+            if self._roll("drop", "anchor"):
+                raise WireError(f"injected: anchor {version} download dropped")
+            if self._roll("delay", "anchor"):
+                self._sleep()
+        return self.inner.fetch_anchor(providers, version=version, pieces=pieces, dest=dest, timeout=timeout)
 
     def push(self, peer: PeerInfo, kind: str, data: bytes, *, timeout: float) -> None:
         if not self._targeted(peer, kind):
@@ -213,9 +224,15 @@ class CrashingTransport:
     def peers(self) -> list[PeerInfo]:
         return [] if self.crashed_at is not None else self.inner.peers()
 
-    def fetch(self, peer: PeerInfo, kind: str, params: dict[str, Any], dest: Path, *, timeout: float) -> int:
+    def fetch(self, peer: PeerInfo, kind: str, params: dict[str, Any], dest: Path, *, timeout: float,
+              max_bytes: int | None = None) -> int:
         self._check_alive()
-        return self.inner.fetch(peer, kind, params, dest, timeout=timeout)
+        return self.inner.fetch(peer, kind, params, dest, timeout=timeout, max_bytes=max_bytes)
+
+    def fetch_anchor(self, providers: list[PeerInfo], *, version: int, pieces: list, dest: Path,
+                     timeout: float) -> AnchorFetch:
+        self._check_alive()
+        return self.inner.fetch_anchor(providers, version=version, pieces=pieces, dest=dest, timeout=timeout)
 
     def push(self, peer: PeerInfo, kind: str, data: bytes, *, timeout: float) -> None:
         with self._lock:

@@ -2,24 +2,29 @@
 
 ``MemoryTransport`` implements ``daemon.transport.Transport`` without sockets or workers: a fetch
 copies the file the serving peer's resolver names (``chain/serving.py``, the same mapping the wire
-worker uses), a push appends to the receiver's inbox. It keeps the transport contract (the same
-kinds, errors and sender rule as ``P2PTransport``; ``tests/test_net_transport_contract.py``).
+worker uses; an anchor byte range when asked for one; refused above ``max_bytes``), a push
+appends to the receiver's inbox. ``fetch_anchor`` takes each signed piece from the providers in
+turn and checks it, as the wire worker does, naming the providers that sent a bad one. It keeps
+the transport contract (the same kinds, errors and sender rule as ``P2PTransport``;
+``tests/test_net_transport_contract.py``).
 """
 
 from __future__ import annotations
 
-import shutil
 import threading
 import time
 from collections import deque
 from pathlib import Path
 from typing import Any, Callable
 
-from pulse_node.daemon.transport import PeerInfo
-from pulse_node.errors import BusyError, NotFound, PeerBusy, PeerUnavailable, PulseError, WireError
+import blake3
+
+from pulse_node.chain.anchor import Piece
+from pulse_node.daemon.transport import AnchorFetch, PeerInfo
+from pulse_node.errors import BusyError, IntegrityError, NotFound, PeerBusy, PeerUnavailable, PulseError, WireError
+from pulse_node.fsutil import write_atomic
 from pulse_node.net.dht_records import PeerStatus
 from pulse_node.vocab import Event, FetchKind, PushKind, check_fetch_kind, check_push_kind
-from pulse_node.fsutil import atomic_writer
 
 
 Resolver = Callable[[str, dict[str, Any]], "Path | None"]
@@ -60,8 +65,54 @@ class MemoryTransport:
         with self.hub.lock:
             return [p for pid, p in self.hub.records.items() if pid not in self.hub.down]
 
-    def fetch(self, peer: PeerInfo, kind: FetchKind, params: dict[str, Any], dest: Path, *, timeout: float) -> int:
+    def fetch(self, peer: PeerInfo, kind: FetchKind, params: dict[str, Any], dest: Path, *, timeout: float,
+              max_bytes: int | None = None) -> int:
         check_fetch_kind(kind)
+        src = self._source(peer, kind, params)
+        offset, length = int(params.get("offset", 0)), params.get("length")  # an anchor byte range
+        size = max(0, src.stat().st_size - offset)
+        size = size if length is None else min(int(length), size)
+        if max_bytes is not None and size > max_bytes:  # as the wire worker: refused before reading
+            raise IntegrityError(f"{kind} {params} from {peer.peer_id} is {size} bytes, more than the {max_bytes} "
+                                 "its signed record allows")
+        with open(src, "rb") as fh:
+            fh.seek(offset)
+            data = fh.read(size)
+        write_atomic(dest, data, durable=False)
+        self.bytes_in += size
+        return size
+
+    def fetch_anchor(self, providers: list[PeerInfo], *, version: int, pieces: list[Piece], dest: Path,
+                     timeout: float) -> AnchorFetch:
+        """Each signed piece from the providers in turn (a bad or missing one: the next provider)."""
+        bad, failed, out = set(), set(), bytearray()
+        for i, piece in enumerate(pieces):
+            for peer in [providers[(i + k) % len(providers)] for k in range(len(providers))]:
+                if peer.peer_id in bad | failed:
+                    continue
+                try:
+                    data = self._range(peer, version, piece)
+                except WireError:
+                    failed.add(peer.peer_id)
+                    continue
+                if blake3.blake3(data).hexdigest() == piece.digest:
+                    out += data
+                    break
+                bad.add(peer.peer_id)
+            else:
+                return AnchorFetch(0, bad_peers=sorted(bad), failed_peers=sorted(failed),
+                                   error=f"anchor {version}: no provider served bytes {piece.offset}+{piece.length}")
+        write_atomic(dest, bytes(out), durable=False)
+        self.bytes_in += len(out)
+        return AnchorFetch(len(out), bad_peers=sorted(bad), failed_peers=sorted(failed))
+
+    def _range(self, peer: PeerInfo, version: int, piece: Piece) -> bytes:
+        with open(self._source(peer, "anchor", {"version": version}), "rb") as fh:
+            fh.seek(piece.offset)
+            return fh.read(piece.length)
+
+    def _source(self, peer: PeerInfo, kind: str, params: dict[str, Any]) -> Path:
+        """The serving peer's file for ``kind``/``params``; ``NotFound``, ``PeerUnavailable`` or ``PeerBusy`` otherwise."""
         with self.hub.lock:
             resolver = None if peer.peer_id in self.hub.down else self.hub.resolvers.get(peer.peer_id)
         if resolver is None:
@@ -76,11 +127,7 @@ class MemoryTransport:
             raise WireError(f"{peer.peer_id} failed to serve {kind}: {exc}") from None
         if src is None or not src.exists():
             raise NotFound(f"{peer.peer_id} has no {kind} {params}")
-        with open(src, "rb") as fh, atomic_writer(dest, durable=False) as out:
-            shutil.copyfileobj(fh, out)
-        size = dest.stat().st_size
-        self.bytes_in += size
-        return size
+        return Path(src)
 
     def push(self, peer: PeerInfo, kind: PushKind, data: bytes, *, timeout: float) -> None:
         check_push_kind(kind)
@@ -108,3 +155,4 @@ class MemoryTransport:
         with self.hub.lock:
             self.hub.records.pop(self.peer_id, None)
             self.hub.down.add(self.peer_id)
+

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pulse_node.chain.anchor import anchor_manifest
 from pulse_node.chain.identity import Identity
 from pulse_node.chain.record import VersionRecord, make_record
 from pulse_node.chain.store import VersionStore
@@ -58,7 +59,7 @@ class VersionPublisher:
         if self.head is None or self._state is None:
             record = make_record(self.identity, run_id=self.run_id, version=0, parent=None,
                                  state_hash=digest, patch=None, anchor_version=0, is_anchor=True,
-                                 codec="anchor/safetensors")
+                                 codec="anchor/safetensors", anchor_manifest=anchor_manifest(state))
             self.store.put_anchor(record, state)
             self.head, self._state = record, state
             return Published(record, 0, state_nbytes(state), 1.0)
@@ -69,7 +70,8 @@ class VersionPublisher:
         record = make_record(self.identity, run_id=self.run_id, version=version, parent=self.head,
                              state_hash=digest, patch=patch,
                              anchor_version=version if is_anchor else self.head.anchor_version,
-                             is_anchor=is_anchor, codec=f"pulsesync/{self.chain.patch_mode}/{FORMAT_VERSION}")
+                             is_anchor=is_anchor, codec=f"pulsesync/{self.chain.patch_mode}/{FORMAT_VERSION}",
+                             anchor_manifest=anchor_manifest(state) if is_anchor else b"")
         self.store.put_patch(record, patch)
         if is_anchor:
             self.store.put_anchor(record, state)

@@ -24,8 +24,10 @@ from collections import deque
 import torch
 
 from pulse_node.chain.record import VersionRecord, decode_record, encode_record
+from pulse_node.chain.trainerset import TrainerSet, sender_key
+from pulse_node.chain.trust import TrustPolicy
 from pulse_node.config import TrainerConfig
-from pulse_node.errors import PulseError
+from pulse_node.errors import IntegrityError, PulseError
 from pulse_node.loco.outer import OuterOptimizer
 from pulse_node.loco.payload import LocoPayload, encode_payload
 from pulse_node.loco.sparsify import ErrorFeedback
@@ -33,7 +35,7 @@ from pulse_node.trainer.agreement import RoundAgreement, RoundResult
 from pulse_node.daemon.context import RoleContext
 from pulse_node.daemon.status_model import VersionEntry
 from pulse_node.trainer.publisher import VersionPublisher
-from pulse_node.trainer.state import export_trainer_state, read_trainer_state
+from pulse_node.trainer.state import export_trainer_state, read_trainer_state, trainer_state_cap
 from pulse_node.daemon.transport import push_to_all
 from pulse_node.rl.evaluate import evaluate
 from pulse_node.rl.grpo import GRPOLearner
@@ -68,8 +70,9 @@ class TrainerRole:
         self.agreement = RoundAgreement(ctx, shapes=self.shapes, current_round=lambda: self.outer.round,
                                         base=self._base)
         self.worker_version = -1
-        self.peer_heads: dict[int, dict[str, str]] = {}  # version -> trainer -> announced state hash
+        self.peer_heads: dict[int, dict[str, str]] = {}  # version -> trainer -> state hash of its signed head
         self.published_hashes: dict[int, str] = {}
+        self.trust = TrustPolicy(TrainerSet.from_config(cfg.chain, run_id=cfg.run_id))
 
     @property
     def version(self) -> int:
@@ -111,7 +114,7 @@ class TrainerRole:
         start = time.monotonic()
         give_up = start + self.cfg.genesis_wait_s + self.cfg.net.fetch_timeout_s
         while not self.ctx.stop.is_set():
-            trainers = self.ctx.peers("trainer")
+            trainers = self._member_trainers()  # a peer merely announcing the role leads nothing
             ahead = [p for p in trainers if p.version >= max(self.version, 0)]
             if ahead:
                 return min(ahead, key=lambda p: (-p.version, p.peer_id))
@@ -122,16 +125,21 @@ class TrainerRole:
             self.ctx.wait(0.2)
         return None
 
+    def _member_trainers(self) -> list:
+        """Live trainers that are members of the trainer set (by the key their peer id encodes)."""
+        peers = self.ctx.peers()
+        self.trust.observe(peers)
+        return [p for p in peers if p.role == "trainer" and self.trust.vouches_for(p)]
+
     def _resync(self, peer) -> bool:
         """Adopt ``peer``'s FP32 global weights, momentum and head record; False if that failed.
 
-        The trainer state carries its signed record and is checked against it, so nothing else
-        has to be fetched first; the BF16 state becomes our store's current version.
+        Only from a member of the trainer set, and only a state whose record a member signed for
+        this run and that is not older than our own (a replayed old state is refused); checked
+        before anything of ours is touched. The BF16 state becomes our store's current version.
         """
-        from pulse_node.chain.trust import TrustPolicy
-
         try:
-            outer_state, record = self._fetch_trainer_state(peer, TrustPolicy(trusted=self.cfg.chain.trusted_trainers))
+            outer_state, record = self._fetch_trainer_state(peer)
             state = module_state(outer_state["params"].items())
             self._adopt_into_store(record, state)
         except PulseError as exc:
@@ -155,16 +163,33 @@ class TrainerRole:
             self.ctx.store.discard_from(0)
         self.ctx.store.put_current(record, state)
 
-    def _fetch_trainer_state(self, peer, trust) -> tuple[dict, "VersionRecord"]:
+    def _fetch_trainer_state(self, peer) -> tuple[dict, "VersionRecord"]:
+        if not any(p.peer_id == peer.peer_id for p in self._member_trainers()):
+            raise IntegrityError(f"{peer.peer_id[:12]} is not a member of the trainer set")
         dest = self.ctx.store.root / f".trainer-state-{peer.peer_id[:16]}.part"
         try:
-            self.ctx.transport.fetch(peer, "trainer_state", {}, dest, timeout=self.cfg.net.fetch_timeout_s)
+            self.ctx.transport.fetch(peer, "trainer_state", {}, dest, timeout=self.cfg.net.fetch_timeout_s,
+                                     max_bytes=trainer_state_cap(self.global_params))
             outer_state, record = read_trainer_state(dest, names=set(self.global_params))
         finally:
             dest.unlink(missing_ok=True)
-        keys = [p.node_key for p in self.ctx.peers("trainer")]
-        trust.check(record, sender=peer.peer_id, trainer_keys=keys)
+        self.trust.verify(record, sender=peer.peer_id)
+        if record.version < self.version:
+            raise IntegrityError(f"{peer.peer_id[:12]} serves the state of version {record.version}, older than "
+                                 f"ours ({self.version})")
         return outer_state, record
+
+    def _take_head(self, sender: str, data: bytes) -> None:
+        """A pushed head record counts (for ``_check_agreement``) only if it is the sender's own,
+        signed by the key its peer id encodes, a trainer-set member, for this run."""
+        rec = decode_record(data)
+        peers = self.ctx.peers()
+        self.trust.observe(peers)
+        key = sender_key(sender, peers)
+        if rec.signer != key or not self.trust.trainers.is_member(key):
+            raise IntegrityError(f"head record of {rec.short()} is not signed by its sender, a trainer-set member")
+        self.trust.verify(rec, sender=sender)
+        self.peer_heads.setdefault(rec.version, {})[sender] = rec.state_hash
 
     def _check_agreement(self) -> None:
         """Re-sync if the lowest-id trainer announcing a version we published holds another state.
@@ -268,7 +293,7 @@ class TrainerRole:
         """Adopt the state of a trainer that finished ``round_no``, waiting a bounded time for one."""
         give_up = time.monotonic() + self.cfg.loco.decision_wait_s + self.cfg.net.fetch_timeout_s
         while not self.ctx.stop.is_set() and time.monotonic() < give_up:
-            done = [p for p in self.ctx.peers("trainer") if p.version > round_no]
+            done = [p for p in self._member_trainers() if p.version > round_no]
             if done and self._resync(min(done, key=lambda p: (-p.version, p.peer_id))):
                 return True
             self._drain_events(wait_s=0.2)
@@ -322,8 +347,7 @@ class TrainerRole:
                     self.batches.append(decode_rollouts(ev.data))
                     self.ctx.status.add("rollouts_in", len(self.batches[-1]))
                 elif ev.kind == "head":
-                    rec = decode_record(ev.data)
-                    self.peer_heads.setdefault(rec.version, {})[ev.sender] = rec.state_hash
+                    self._take_head(ev.sender, ev.data)
                 elif ev.kind == "loco":
                     self.agreement.offer_payload(ev.sender, ev.data)
                 elif ev.kind == "loco_decision":

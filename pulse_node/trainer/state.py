@@ -4,9 +4,12 @@
 (``param/<name>``) and the outer momentum (``momentum/<name>``) after a round, with the
 signed version record of that round and the hash of (round, weights, momentum) (the base the
 next round's payloads name) in its metadata. A trainer that starts late, restarts, or finds
-its state hash disagreeing with a lower-id trainer fetches this file from a peer, checks the
-record's signature, that ``bf16(params)`` hashes to the record's state hash and that the FP32
-weights and momentum hash to the outer hash, and adopts it. Written atomically after every version.
+its state hash disagreeing with a lower-id trainer fetches this file from a trainer-set member
+(at most ``trainer_state_cap`` bytes: its own model's FP32 weights and momentum plus a header),
+checks that ``bf16(params)`` hashes to the record's state hash and that the FP32 weights and
+momentum hash to the outer hash, then (``TrainerRole``) that a member signed the record for this
+run and that it is not older than its own state, and adopts it. Written atomically after every
+version.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from typing import Mapping
 
 import torch
 
+from pulse_node.chain.anchor import MAX_HEADER_BYTES
 from pulse_node.chain.record import VersionRecord, decode_record, encode_record
 from pulse_node.codec.state import State, load_safetensors, save_safetensors_atomic
 from pulse_node.codec.statehash import state_hash
@@ -24,6 +28,11 @@ from pulse_node.loco.hashing import tensors_hash
 from pulse_node.torchbits import bits_to_tensor, module_state, tensor_to_bits
 
 RELATIVE_PATH = Path("trainer") / "state.safetensors"
+
+
+def trainer_state_cap(params: Mapping[str, torch.Tensor]) -> int:
+    """The largest trainer state file of this model: FP32 weights and momentum, and a header."""
+    return 2 * 4 * sum(t.numel() for t in params.values()) + 8 + MAX_HEADER_BYTES
 
 
 def export_trainer_state(root: Path, *, params: Mapping[str, torch.Tensor],

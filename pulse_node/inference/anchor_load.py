@@ -1,0 +1,81 @@
+"""Download one anchor (a full checkpoint) bounded by its signed record, blaming whoever lies.
+
+The record of an anchor version names its file's manifest (``chain/anchor.py``). ``load_anchor``
+fetches the file's header from one provider (at most ``MAX_HEADER_BYTES``) and checks it against
+the manifest and the record, then downloads the rest from up to ``MAX_PROVIDERS`` peers at once
+(``Transport.fetch_anchor``), each signed piece checked as it arrives: a provider that sends a
+bad header or a bad piece is struck (and dropped from the download), honest ones are not. Nothing
+larger than the signed size is ever written. An anchor whose record carries no manifest is not
+downloaded at all (its size would be whatever a provider says).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pulse_node.chain.anchor import MAX_HEADER_BYTES, check_header, header_length, pieces
+from pulse_node.chain.layout import state_metadata
+from pulse_node.chain.record import VersionRecord
+from pulse_node.chain.trust import TrustPolicy
+from pulse_node.codec.state import State, load_safetensors
+from pulse_node.codec.statehash import state_hash
+from pulse_node.daemon.transport import PeerInfo, Transport
+from pulse_node.errors import IntegrityError, WireError
+
+#: first read of an anchor: the header of any model up to a few thousand tensors
+HEADER_PROBE_BYTES = 64 << 10
+MAX_PROVIDERS = 8
+
+
+def fetch_header(transport: Transport, peer: PeerInfo, record: VersionRecord, scratch: Path, *,
+                 timeout: float) -> bytes:
+    """The anchor file's first ``8 + header`` bytes from ``peer``, checked against ``record``."""
+    manifest = record.manifest()
+    assert manifest is not None
+    data = _range(transport, peer, record.version, HEADER_PROBE_BYTES, scratch, timeout=timeout)
+    n = 8 + header_length(data[:8])
+    if len(data) < n:
+        data = _range(transport, peer, record.version, min(n, 8 + MAX_HEADER_BYTES), scratch, timeout=timeout)
+    check_header(data[:n], manifest=manifest, metadata=state_metadata(record))
+    return data[:n]
+
+
+def _range(transport: Transport, peer: PeerInfo, version: int, length: int, scratch: Path, *,
+           timeout: float) -> bytes:
+    dest = scratch / f"anchor-{version}.head"
+    try:
+        transport.fetch(peer, "anchor", {"version": version, "offset": 0, "length": length}, dest,
+                        timeout=timeout, max_bytes=length)
+        return dest.read_bytes()
+    finally:
+        dest.unlink(missing_ok=True)
+
+
+def load_anchor(transport: Transport, trust: TrustPolicy, record: VersionRecord, primary: PeerInfo,
+                holders: list[PeerInfo], scratch: Path, *, timeout: float) -> State:
+    """The state of anchor ``record`` (already verified: a member signed it for this run).
+
+    ``primary`` serves the header; it and ``holders`` (peers announcing the anchor) serve pieces.
+    ``IntegrityError`` (after striking the liar) or another ``PulseError`` if it cannot be had."""
+    if record.manifest() is None:
+        raise IntegrityError(f"anchor {record.short()} carries no manifest; its size is not bound by a signature")
+    try:
+        header = fetch_header(transport, primary, record, scratch, timeout=min(timeout, 30.0))
+    except IntegrityError:
+        trust.strike(primary.peer_id)
+        raise
+    providers = [primary, *[p for p in holders if p.peer_id != primary.peer_id][:MAX_PROVIDERS - 1]]
+    dest = scratch / f"anchor-{record.version}.safetensors"
+    try:
+        result = transport.fetch_anchor(providers, version=record.version, pieces=pieces(header, record.manifest()),
+                                        dest=dest, timeout=timeout)
+        for liar in result.bad_peers:
+            trust.strike(liar)
+        if result.error:
+            raise WireError(result.error)
+        state = load_safetensors(dest)
+    finally:
+        dest.unlink(missing_ok=True)
+    if state_hash(state) != record.state_hash:  # every piece matched: the signer's manifest is wrong
+        raise IntegrityError(f"anchor {record.short()} matches its manifest but not its state hash")
+    return state
