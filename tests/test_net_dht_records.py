@@ -160,13 +160,13 @@ def test_encode_decode_round_trip_and_strictness() -> None:
 def test_a_flood_of_records_cannot_blind_the_worker() -> None:
     """17,000 maximal records (76 MB, past the 64 MiB RPC frame) under fresh keys: the worker still
     answers, with at most MAX_PEERS_READ records, the trusted trainer's first."""
-    import argparse
     import asyncio
     import os
 
     from pulse_node.chain.identity import peer_id_of_key
     from pulse_node.net import ipc
     from pulse_node.net.dht_worker import DhtWorker
+    from pulse_node.net.worker_config import DhtConfig
 
     def record(pid: str, updated_at: float) -> dict:
         m = f"/ip4/198.51.100.1/tcp/1/{'x' * 170}/p2p/{pid}"
@@ -181,7 +181,7 @@ def test_a_flood_of_records_cannot_blind_the_worker() -> None:
         async def read(self, kind: str) -> list:
             return entries
 
-    worker = Flooded(argparse.Namespace(run_id=RUN), None, None, "me")
-    out = asyncio.run(worker.rpc_peers({"prefer": [trainer]}))
+    worker = Flooded(DhtConfig(run_id=RUN), None, None, "me")
+    out = [r.model_dump() for r in asyncio.run(worker.peers(prefer=[trainer]))]
     assert len(out) == MAX_PEERS_READ and out[0]["peer_id"] == trainer
     assert len(ipc.encode_frame({"id": 1, "ok": True, "result": out})) < ipc.MAX_FRAME

@@ -292,7 +292,8 @@ def test_the_wire_fallback_refuses_a_payload_above_its_cap_with_a_clear_error() 
     transport = P2PTransport(TrainerConfig(), SimpleNamespace(push=p2pd_down), NoWorkerWire())  # type: ignore[arg-type]
     peer_id = base58.b58encode(b"\x00\x24\x08\x01\x12\x20" + os.urandom(32)).decode()
     peer = PeerInfo(peer_id, PeerRecord(role="trainer", peer_id=peer_id, session="ab" * 16, updated_at=1.0,
-                                        wire_maddrs=["/ip4/127.0.0.1/tcp/9"], dht_maddrs=["/ip4/127.0.0.1/tcp/9"]))
+                                        wire_maddrs=[f"/ip4/127.0.0.1/tcp/9/p2p/{peer_id}"],
+                                        dht_maddrs=[f"/ip4/127.0.0.1/tcp/9/p2p/{peer_id}"]))
     with pytest.raises(WireError, match="exceeds the wire plane's cap of 50331648 bytes"):
         transport.push(peer, "loco", b"\0" * (wp.PUSH_CAPS["loco"] + 1), timeout=5)
     assert tried == [wp.PUSH_CAPS["loco"] + 1]  # p2pd was tried first; the wire then refused without trying

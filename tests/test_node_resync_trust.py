@@ -28,9 +28,10 @@ from pulse_node.testing.faults import ForgedChain
 from pulse_node.testing.memory import MemoryHub
 from pulse_node.torchbits import module_state
 from pulse_node.trainer.state import export_trainer_state
-from tests.conftest import tiny_overrides
+from helpers import tiny_overrides
+from pulse_node.vocab import DEFAULT_RUN_ID
 
-RUN = "pulse-default"
+RUN = DEFAULT_RUN_ID
 HONEST = Identity.generate()  # another member of the trainer set
 
 
@@ -89,7 +90,7 @@ def test_forged_lower_id_head_neither_rolls_back_nor_wipes_the_store(trainer, tm
     role._drain_events()
     role._check_agreement()
     assert role.version == 3 and role.ctx.store.versions() == [0, 1, 2, 3], "rolled back or wiped"
-    assert not role.ctx.status.snapshot().get("resyncs")
+    assert not role.ctx.status.snapshot().trainer.resyncs
     assert not role._resync(rogue_peer), "adopted a state from a peer outside the trainer set"
     assert role.version == 3 and role.ctx.store.versions() == [0, 1, 2, 3]
 
@@ -105,7 +106,7 @@ def test_resync_refuses_any_state_not_newer_signed_by_a_member_of_this_run(train
         peer = _server(tmp_path, hub, HONEST, role, signer, version=version, run_id=run_id)
     assert not role._resync(peer)
     assert role.version == 3 and role.ctx.store.versions() == [0, 1, 2, 3]
-    errors = " ".join(e["message"] for e in role.ctx.status.snapshot()["recent_errors"])
+    errors = " ".join(e.message for e in role.ctx.status.snapshot().recent_errors)
     assert {"older": "older than ours", "other_run": "run 'elsewhere'", "signed_by_stranger": "not a trusted",
             "stolen_key": "not a member"}[case] in errors
 

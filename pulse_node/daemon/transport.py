@@ -56,18 +56,6 @@ class PeerInfo:
         """The data-plane multiaddr to fetch from and push to ("" when it announces none)."""
         return self.record.wire_maddrs[0] if self.record.wire_maddrs else ""
 
-
-@dataclass(frozen=True)
-class AnchorFetch:
-    """What a multi-provider anchor download did: its size, the providers that sent a piece
-    failing its signed digest (``bad_peers``: lies, to strike) or failed otherwise, and, if it
-    did not finish (``dest`` not written), why."""
-
-    bytes: int
-    bad_peers: list[str] = field(default_factory=list)
-    failed_peers: list[str] = field(default_factory=list)
-    error: str = ""
-
     @property
     def version(self) -> int:
         """The newest version it holds."""
@@ -99,6 +87,18 @@ class AnchorFetch:
     def dht_maddrs(self) -> list[str]:
         """Its DHT (p2pd) addresses: where PULSELoCo payloads go (empty on the in-memory transport)."""
         return list(self.record.dht_maddrs) if isinstance(self.record, PeerRecord) else []
+
+
+@dataclass(frozen=True)
+class AnchorFetch:
+    """What a multi-provider anchor download did: its size, the providers that sent a piece
+    failing its signed digest (``bad_peers``: lies, to strike) or failed otherwise, and, if it
+    did not finish (``dest`` not written), why."""
+
+    bytes: int
+    bad_peers: list[str] = field(default_factory=list)
+    failed_peers: list[str] = field(default_factory=list)
+    error: str = ""
 
 
 #: pushes of one ``push_to_all`` call that run at once
