@@ -1,10 +1,14 @@
-"""A locally built Qwen2-architecture model (tied embeddings, BPE tokenizer) through a process swarm.
+"""A locally built Qwen2-architecture model (tied embeddings, BPE tokenizer) through a process swarm
+whose trainers run on different numbers of processes.
 
-Bootstrap, two trainers (PULSELoCo rounds), an inference node and a late inference joiner (the
-genesis anchor, then one catch-up patch made on demand by a peer) as real ``pulse-node join``
-processes; every node must hold the trainers' state at every version it has, the weights must
-really move, and ``pulse-node export`` of the late joiner's newest version and of an older
-version rebuilt from a trainer's store must load back into transformers bit-identically.
+Bootstrap, a trainer on 2 processes (``torchrun``, FSDP2 over gloo), a one-process trainer
+(PULSELoCo rounds between the two), an inference node and a late inference joiner (the genesis
+anchor, then one catch-up patch made on demand by a peer) as real ``pulse-node join`` processes.
+Both trainers must publish the same state at every version (the sharded outer step gives the
+same FP32 bits), every node must hold it, the weights must really move, and ``pulse-node
+export`` of the late joiner's newest version and of an older version rebuilt from a trainer's
+store must load back into transformers bit-identically. One swarm serves both to keep the
+suite short.
 """
 
 from __future__ import annotations
@@ -20,13 +24,13 @@ from tests.conftest import wait_for
 from tests.hf_fixtures import HF_SAMPLING, HF_TASK, hf_model_dir  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.slow
-VERSIONS = 4
+SHARED = 3  # versions both trainers must publish together (the 2-process one starts later: torchrun)
 
 
 @pytest.fixture
 def swarm(tmp_path, hf_model_dir):  # noqa: F811
     cfg = SwarmConfig.model_validate({
-        "trainers": 2, "inference": 1, "versions": VERSIONS, "run_dir": str(tmp_path / "swarm"), "run_id": "hf-swarm",
+        "trainers": 2, "trainer_ranks": [2], "inference": 1, "run_dir": str(tmp_path / "swarm"), "run_id": "hf-swarm",
         "model": {"kind": "hf", "path": str(hf_model_dir), "device": "cpu"}, "task": HF_TASK, "sampling": HF_SAMPLING,
         "grpo": {"lr": 1e-3}, "loco": {"inner_steps": 2, "deadline_s": 20}, "eval_every": 0,
         "chain": {"anchor_every": 1000, "catchup_min_gap": 2}})  # only genesis is an anchor: the late
@@ -54,32 +58,43 @@ def _loaded_hash(out) -> str:
     return state_hash(module_state(model.named_parameters()))
 
 
-def test_hf_model_through_a_process_swarm_with_late_joiner_and_export(swarm, tmp_path, capsys) -> None:
-    def alive_and(pred) -> bool:
-        swarm.check_alive()
-        return pred()
+def test_fsdp_and_one_process_trainers_agree_on_an_hf_model_late_joiner_and_export(swarm, tmp_path, capsys) -> None:
+    trainer_0, trainer_1 = (c for c in swarm.children if c.role == "trainer")
 
-    wait_for(lambda: alive_and(lambda: swarm.min_version() >= 2), timeout=300, interval=0.5, what="every node at v2")
+    def published(child) -> dict[int, str]:
+        swarm.check_alive()
+        return _history(child.status())
+
+    # the 2-process trainer may join after the other published a few versions alone: it adopts
+    # that state, then both publish every version (each its own, from the same round)
+    wait_for(lambda: len(published(trainer_0)) >= SHARED, timeout=300, interval=0.5,
+             what=f"the 2-process trainer publishing {SHARED} versions")
     late = swarm.add_node("inference-late", "inference")
-    wait_for(lambda: alive_and(lambda: late.status().get("version", -1) >= VERSIONS and swarm.min_version() >= VERSIONS),
-             timeout=240, interval=0.5, what=f"every node, the late joiner too, at v{VERSIONS}")
+    target = max(published(trainer_1)) + 2
+    wait_for(lambda: (swarm.check_alive() or True) and late.status().get("version", -1) >= target,
+             timeout=240, interval=0.5, what=f"the late joiner at v{target}")
+    swarm.stop()  # a still store to export from
     stats = {c.name: s for c, s in swarm.statuses()}
-    trainers: dict[int, str] = {}
+    assert stats["trainer-0"].get("ranks") == 2 and "ranks" not in stats["trainer-1"]
+    assert len(stats["trainer-0"]["rank_peak_rss_mb"]) == 2
+    fsdp, single = _history(stats["trainer-0"]), _history(stats["trainer-1"])
+    assert len(fsdp) >= SHARED and set(fsdp) <= set(single)
+    for v, h in fsdp.items():
+        assert single[v] == h, f"the 2-process and the 1-process trainer disagree at version {v}"
     for name in ("trainer-0", "trainer-1"):
-        for v, h in _history(stats[name]).items():
-            assert trainers.setdefault(v, h) == h, f"trainers disagree at version {v}"
-    assert set(trainers) >= set(range(1, VERSIONS + 1)) and len(set(trainers.values())) == len(trainers), \
-        "the weights did not change every version"
+        assert stats[name]["contributors"] == 2, f"{name}: the last round did not average both trainers"
+    assert len(set(single.values())) == len(single), "the weights did not change every version"
     for name in ("inference-0", "inference-late"):
         for v, h in _history(stats[name]).items():
-            assert trainers[v] == h, f"{name} holds another state at version {v}"
-    assert stats["inference-late"]["state_hash"] == trainers[VERSIONS]
-    assert stats["inference-late"].get("catchups", 0) >= 1, "the late joiner did not use a catch-up patch"
+            assert single[v] == h, f"{name} holds another state at version {v}"
+    late_now = stats["inference-late"]
+    assert late_now.get("catchups", 0) >= 1, "the late joiner did not use a catch-up patch"
 
     out = tmp_path / "export-late"
     assert main(["export", "--data-dir", str(late.data_dir), "-o", str(out)]) == 0
-    assert json.loads(capsys.readouterr().out)["version"] == VERSIONS
-    assert _loaded_hash(out) == trainers[VERSIONS]
-    trainer_dir = swarm.root / "trainer-1"
-    assert main(["export", "--data-dir", str(trainer_dir), "--version", "1", "-o", str(tmp_path / "export-v1")]) == 0
-    assert _loaded_hash(tmp_path / "export-v1") == trainers[1]
+    assert json.loads(capsys.readouterr().out)["version"] == late_now["version"]
+    assert _loaded_hash(out) == single[late_now["version"]]
+    v_fsdp = min(fsdp)  # rebuilt from the 2-process trainer's store: the anchor it adopted + patches
+    assert main(["export", "--data-dir", str(trainer_0.data_dir), "--version", str(v_fsdp),
+                 "-o", str(tmp_path / "export-fsdp")]) == 0
+    assert _loaded_hash(tmp_path / "export-fsdp") == single[v_fsdp]

@@ -2,11 +2,16 @@
 
     pulse-node join --bootstrap /ip4/1.2.3.4/tcp/31337/p2p/Qm... --role inference
     pulse-node join --role trainer --config configs/trainer.toml --print-config
+    torchrun --nproc-per-node 4 -m pulse_node join --role trainer --config configs/trainer-fsdp.toml ...
+
+Under torchrun (``WORLD_SIZE`` > 1) a trainer runs on every process: rank 0 is the node and
+the other ranks compute for it (``trainer/distributed.py``).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 
 from pulse_node.commands.common import add_config_flags, flag_overrides
 
@@ -49,6 +54,18 @@ def run(args: argparse.Namespace) -> int:
 
         print(dump_toml(cfg), end="")
         return 0
+    from pulse_node.trainer import world_size
+
+    if world_size() > 1:
+        if cfg.role != "trainer":
+            from pulse_node.errors import ConfigError
+
+            raise ConfigError(f"only a trainer runs on several processes (WORLD_SIZE={world_size()}); "
+                              f"start an {cfg.role} node without torchrun")
+        if int(os.environ.get("RANK", "0")) > 0:
+            from pulse_node.trainer.distributed import serve_rank
+
+            return serve_rank(cfg)
     from pulse_node.daemon.p2p import P2PTransport
     from pulse_node.daemon.runtime import run_node
 

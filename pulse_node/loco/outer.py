@@ -20,6 +20,13 @@ the momentum stays zero.
 
 ``state_hash()`` covers round, weights and momentum; a trainer whose hash disagrees with the
 swarm pulls ``state_dict()`` of a peer and calls ``load_state_dict``.
+
+``apply`` = ``check`` (the whole round's payloads against the whole model) + ``step``. Every
+operation of ``step`` is per entry, so it can run on any slice of the tensors: a trainer on
+several processes (``trainer/distributed.py``) checks on rank 0 and steps each rank's row
+range of each tensor with the payloads' entries in that range, and gets the same FP32 bits as
+one process would. The scratch buffers of ``step`` are allocated on the first step, so an
+optimizer that never steps (rank 0's full replica) costs only its weights and momentum.
 """
 
 from __future__ import annotations
@@ -44,8 +51,8 @@ class OuterOptimizer:
         self.cfg = cfg
         self.params = {n: params[n] for n in sorted(params)}
         self.momentum = {n: torch.zeros_like(t) for n, t in self.params.items()}
-        self._acc = {n: torch.zeros_like(t) for n, t in self.params.items()}
-        self._tmp = {n: torch.zeros_like(t) for n, t in self.params.items()}
+        self._acc: dict[str, torch.Tensor] = {}  # scratch of step(), allocated on the first step
+        self._tmp: dict[str, torch.Tensor] = {}
         self.round = round
         self._hash: bytes | None = None
 
@@ -56,7 +63,8 @@ class OuterOptimizer:
                                       round=self.round)
         return self._hash
 
-    def _validate(self, payloads: Sequence[LocoPayload]) -> None:
+    def check(self, payloads: Sequence[LocoPayload]) -> None:
+        """``WireError``/``BaseMismatchError`` unless the payloads fit this round and state."""
         seen: set[str] = set()
         base = self.state_hash()
         for p in payloads:
@@ -77,8 +85,13 @@ class OuterOptimizer:
                 if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= t.numel()):
                     raise WireError(f"{name}: payload position out of range")
 
+    def _scratch(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+        if name not in self._acc:
+            self._acc[name], self._tmp[name] = torch.zeros_like(self.params[name]), torch.zeros_like(self.params[name])
+        return self._acc[name], self._tmp[name]
+
     def _mean_into_acc(self, name: str, ordered: Sequence[LocoPayload]) -> torch.Tensor:
-        acc = self._acc[name]
+        acc = self._scratch(name)[0]
         acc.zero_()
         flat = acc.view(-1)
         for p in ordered:
@@ -91,7 +104,7 @@ class OuterOptimizer:
         if self.cfg.outer_placement == "trainer":  # the outer step already ran on every trainer
             self.params[name].sub_(g)
             return
-        m, tmp, theta = self.momentum[name], self._tmp[name], self.params[name]
+        m, tmp, theta = self.momentum[name], self._scratch(name)[1], self.params[name]
         mu, lr = self.cfg.outer_momentum, self.cfg.outer_lr
         m.mul_(mu).add_(g)
         if self.cfg.nesterov:
@@ -110,12 +123,23 @@ class OuterOptimizer:
         a bad payload leaves the state unchanged. With fewer than ``cfg.min_contributors``
         payloads no update is applied, but the round still closes.
         """
-        self._validate(payloads)
+        self.check(payloads)
+        self.step(payloads)
+
+    @torch.no_grad()
+    def step(self, payloads: Sequence[LocoPayload]) -> None:
+        """``apply`` without ``check``: for payloads already checked (against the whole model),
+        or slices of them (every payload of the round, each cut to this optimizer's tensors)."""
         ordered = sorted(payloads, key=lambda p: p.trainer_id.encode())
         if len(ordered) >= self.cfg.min_contributors:
             for name in self.params:
                 self._step(name, self._mean_into_acc(name, ordered))
-        self.round += 1
+        self.set_round(self.round + 1)
+
+    def set_round(self, round: int) -> None:
+        """The weights and momentum now hold the state of ``round`` (after a step, or after they
+        were loaded or gathered from elsewhere)."""
+        self.round = round
         self._hash = None
 
     def state_dict(self) -> dict[str, object]:
@@ -140,6 +164,4 @@ class OuterOptimizer:
         for n, t in self.params.items():
             t.copy_(params[n])
             self.momentum[n].copy_(momentum[n])
-        self.round = int(state["round"])
-        self._hash = None  # the cached base hash described the state we just replaced
-        self._hash = None
+        self.set_round(int(state["round"]))  # the cached base hash described the state we just replaced
