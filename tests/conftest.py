@@ -7,6 +7,8 @@ from typing import Callable
 
 import pytest
 
+from tests.hf_fixtures import hf_model_dir  # noqa: F401 (session fixture: one local HF model for every test)
+
 
 def wait_for(predicate: Callable[[], bool], *, timeout: float, interval: float = 0.05, what: str = "condition") -> None:
     """Poll ``predicate`` until it holds; fail the test with ``what`` after ``timeout`` seconds."""

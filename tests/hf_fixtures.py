@@ -1,5 +1,5 @@
 """A tiny local Qwen2-architecture model (tied embeddings, BPE tokenizer trained on the task),
-built once per test session; import the fixtures into a test module to use them."""
+built once per test session (``conftest.py`` imports the fixture), and its task settings."""
 
 from __future__ import annotations
 

@@ -23,7 +23,7 @@ from pulse_node.rl.config import ModelConfig, TaskConfig
 from pulse_node.rl.policy import build_policy
 from pulse_node.torchbits import module_state
 from pulse_node.trainer.publisher import VersionPublisher
-from tests.hf_fixtures import HF_TASK, hf_model_dir  # noqa: F401 (fixture)
+from tests.hf_fixtures import HF_TASK
 
 
 def _fill_store(data_dir, model_cfg: ModelConfig, *, versions: int = 3) -> dict[int, str]:
@@ -53,13 +53,13 @@ def _loaded_hash(out) -> tuple[str, torch.nn.Module]:
 
 
 @pytest.fixture(scope="module")
-def hf_store(tmp_path_factory, hf_model_dir):  # noqa: F811
+def hf_store(tmp_path_factory, hf_model_dir):
     data_dir = tmp_path_factory.mktemp("hf-node")
     return data_dir, _fill_store(data_dir, ModelConfig(kind="hf", path=str(hf_model_dir), device="cpu"))
 
 
 @pytest.fixture(scope="module")
-def hf_tokenizer(hf_model_dir):  # noqa: F811
+def hf_tokenizer(hf_model_dir):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(hf_model_dir)

@@ -11,7 +11,7 @@ from pulse_node.rl.config import ModelConfig, SamplingConfig, SoloConfig, TaskCo
 from pulse_node.rl.policy import build_policy, check_versionable
 from pulse_node.rl.solo import run_solo
 from pulse_node.testing.hf_models import build_hf_model, task_texts, train_tokenizer
-from tests.hf_fixtures import HF_SAMPLING, HF_TASK, hf_model_dir  # noqa: F401 (fixture)
+from tests.hf_fixtures import HF_SAMPLING, HF_TASK
 
 
 @pytest.mark.parametrize("arch", ["qwen2", "llama"])
@@ -31,7 +31,7 @@ def test_tokenizer_loads_back_as_trained(tmp_path, arch) -> None:
         assert loaded.decode(loaded(text)["input_ids"], skip_special_tokens=True) == text
 
 
-def test_tied_and_untied_heads_are_versioned_once(tmp_path, hf_model_dir) -> None:  # noqa: F811
+def test_tied_and_untied_heads_are_versioned_once(tmp_path, hf_model_dir) -> None:
     tied = build_policy(ModelConfig(kind="hf", path=str(hf_model_dir), device="cpu"), TaskConfig(**HF_TASK), seed=0)
     assert "model.embed_tokens.weight" in tied.bf16_state() and "lm_head.weight" not in tied.bf16_state()
     assert tied.model.lm_head.weight is tied.model.model.embed_tokens.weight
@@ -44,7 +44,7 @@ def test_tied_and_untied_heads_are_versioned_once(tmp_path, hf_model_dir) -> Non
     assert set(state) == {n for n, _ in untied.model.named_parameters()}
 
 
-def test_persistent_buffers_are_refused(hf_model_dir) -> None:  # noqa: F811
+def test_persistent_buffers_are_refused(hf_model_dir) -> None:
     policy = build_policy(ModelConfig(kind="hf", path=str(hf_model_dir), device="cpu"), TaskConfig(**HF_TASK), seed=0)
     check_versionable(policy.model, where="ok")
     policy.model.model.register_buffer("step_count", torch.zeros(1))
@@ -52,7 +52,7 @@ def test_persistent_buffers_are_refused(hf_model_dir) -> None:  # noqa: F811
         check_versionable(policy.model, where="m")
 
 
-def test_solo_trains_a_local_hf_model(hf_model_dir) -> None:  # noqa: F811
+def test_solo_trains_a_local_hf_model(hf_model_dir) -> None:
     cfg = SoloConfig(model=ModelConfig(kind="hf", path=str(hf_model_dir), device="cpu"), task=TaskConfig(**HF_TASK),
                      sampling=SamplingConfig(**HF_SAMPLING), max_steps=3, minutes=5, threads=1)
     out = run_solo(cfg, progress=False)

@@ -21,14 +21,14 @@ from pulse_node.cli import main
 from pulse_node.config import SwarmConfig
 from pulse_node.swarm.launcher import LocalSwarm
 from tests.conftest import wait_for
-from tests.hf_fixtures import HF_SAMPLING, HF_TASK, hf_model_dir  # noqa: F401 (fixture)
+from tests.hf_fixtures import HF_SAMPLING, HF_TASK
 
 pytestmark = pytest.mark.slow
 SHARED = 3  # versions both trainers must publish together (the 2-process one starts later: torchrun)
 
 
 @pytest.fixture
-def swarm(tmp_path, hf_model_dir):  # noqa: F811
+def swarm(tmp_path, hf_model_dir):
     cfg = SwarmConfig.model_validate({
         "trainers": 2, "trainer_ranks": [2], "inference": 1, "run_dir": str(tmp_path / "swarm"), "run_id": "hf-swarm",
         "model": {"kind": "hf", "path": str(hf_model_dir), "device": "cpu"}, "task": HF_TASK, "sampling": HF_SAMPLING,

@@ -25,8 +25,9 @@ swarm pulls ``state_dict()`` of a peer and calls ``load_state_dict``.
 operation of ``step`` is per entry, so it can run on any slice of the tensors: a trainer on
 several processes (``trainer/distributed.py``) checks on rank 0 and steps each rank's row
 range of each tensor with the payloads' entries in that range, and gets the same FP32 bits as
-one process would. The scratch buffers of ``step`` are allocated on the first step, so an
-optimizer that never steps (rank 0's full replica) costs only its weights and momentum.
+one process would. ``step``'s scratch (two buffers the size of the largest tensor) is allocated
+on the first step, so an optimizer that never steps (rank 0's full replica) costs only its
+weights and momentum.
 """
 
 from __future__ import annotations
@@ -51,8 +52,7 @@ class OuterOptimizer:
         self.cfg = cfg
         self.params = {n: params[n] for n in sorted(params)}
         self.momentum = {n: torch.zeros_like(t) for n, t in self.params.items()}
-        self._acc: dict[str, torch.Tensor] = {}  # scratch of step(), allocated on the first step
-        self._tmp: dict[str, torch.Tensor] = {}
+        self._flat: tuple[torch.Tensor, torch.Tensor] | None = None  # step()'s scratch, made by its first call
         self.round = round
         self._hash: bytes | None = None
 
@@ -86,9 +86,13 @@ class OuterOptimizer:
                     raise WireError(f"{name}: payload position out of range")
 
     def _scratch(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
-        if name not in self._acc:
-            self._acc[name], self._tmp[name] = torch.zeros_like(self.params[name]), torch.zeros_like(self.params[name])
-        return self._acc[name], self._tmp[name]
+        """Two FP32 buffers the size of the largest tensor, viewed as ``name`` (reused for every
+        tensor and round: 8 B per element of the largest tensor, not per parameter)."""
+        if self._flat is None:
+            largest = max((t.numel() for t in self.params.values()), default=0)
+            self._flat = (torch.zeros(largest), torch.zeros(largest))
+        t = self.params[name]
+        return tuple(f[:t.numel()].view(t.shape) for f in self._flat)  # type: ignore[return-value]
 
     def _mean_into_acc(self, name: str, ordered: Sequence[LocoPayload]) -> torch.Tensor:
         acc = self._scratch(name)[0]

@@ -246,6 +246,7 @@ class DistributedEngine:
         self.cfg = cfg
         self.ranks = Ranks(timeout_s=cfg.dist.timeout_s)
         self.work = ShardWork(cfg, self.ranks)
+        self.policy = self.work.policy  # rank 0's shard of the model, its tokenizer and task
         self.shapes = dict(self.work.layout.shapes)
         self.outer = ShardedOuter(self.work.initial, cfg.loco, engine=self)
         self.work.initial = None

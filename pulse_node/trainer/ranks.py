@@ -1,8 +1,8 @@
 """The processes of one trainer under torchrun: process group, commands from rank 0, object collectives.
 
 Rank 0 is the node (identity, store, network workers, the role); ranks 1..N-1 only compute.
-Rank 0 drives them: ``post(name)`` puts a command under ``cmd/<seq>`` in a small TCP store that
-rank 0 hosts (its address goes to the others over the process group once), and every rank,
+Rank 0 drives them: ``post(name)`` puts a command under ``cmd/<seq>`` in the TCP store torchrun
+set up for the group (``MASTER_ADDR:MASTER_PORT``, under a prefix of its own), and every rank,
 rank 0 included, then runs that command's method of its ``ShardWork``, which exchanges data with
 collectives (``bcast``/``scatter``/``gather`` of objects here, tensors in ``trainer/shards.py``).
 Ranks > 0 wait for the next command by polling the store, not in a collective, so a node that
@@ -10,8 +10,8 @@ idles for an hour (between rounds, after ``max_versions``) never trips a collect
 every command ends in a collective rank 0 cannot pass before all ranks joined it, so rank 0
 deletes the previous command's key when posting the next.
 
-Collectives time out after ``TrainerConfig.dist.timeout_s`` (the process group's timeout); a
-rank whose rank 0 is gone fails its next store poll and exits, and torchrun stops the rest.
+Collectives time out after ``TrainerConfig.dist.timeout_s`` (the process group's timeout). When
+rank 0 exits or dies, torchrun stops the other ranks (a rank whose store is gone exits by itself).
 """
 
 from __future__ import annotations
@@ -41,11 +41,12 @@ class Ranks:
             dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.seq = 0
-        host = os.environ.get("MASTER_ADDR", "127.0.0.1")
-        store = dist.TCPStore(host, 0, self.world, True, wait_for_workers=False,
-                              timeout=timedelta(seconds=timeout_s)) if self.rank == 0 else None
-        port = self.bcast(store.port if store is not None else None)
-        self.store = store or dist.TCPStore(host, port, self.world, False, timeout=timedelta(seconds=timeout_s))
+        # the store torchrun set up for the process group (reachable by every rank by
+        # construction), as one more client; keys under a prefix of this job attempt
+        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                              timeout=timedelta(seconds=timeout_s))
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        self.store = dist.PrefixStore(f"pulse-trainer/{attempt}/", store)
 
     # ---- commands ----------------------------------------------------------------------
     def post(self, name: str) -> None:
