@@ -88,9 +88,13 @@ def check_architecture(config: dict[str, Any], weights: State) -> None:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    cfg = AutoConfig.for_model(**{k: v for k, v in config.items() if k != "transformers_version"})
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(cfg)
+    try:
+        cfg = AutoConfig.for_model(**{k: v for k, v in config.items() if k != "transformers_version"})
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(cfg)
+    except Exception as exc:  # transformers raises assorted types for configs it cannot build
+        raise DataError(f"cannot build the model config.json describes ({type(exc).__name__}: {exc}), "
+                        "so the version cannot be checked against it") from None
     want = {n: tuple(p.shape) for n, p in model.named_parameters()}
     have = {n: tuple(t.shape) for n, t in weights.items()}
     if want != have:
