@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -145,6 +145,16 @@ class NodeConfig(StrictModel):
     chain: ChainConfig = Field(default_factory=ChainConfig)
 
 
+class DistConfig(StrictModel):
+    """A trainer on several processes: ``torchrun --nproc-per-node N -m pulse_node join --role trainer``
+    (FSDP2; ``trainer/distributed.py``). Ignored by a one-process trainer."""
+
+    timeout_s: float = Field(1800.0, gt=0, description="timeout of one collective between the trainer's ranks")
+    cpu_offload: bool = Field(False, description="FSDP2 CPUOffloadPolicy: each rank's shard of the weights, "
+                              "gradients and AdamW moments lives in host memory and the optimizer steps there "
+                              "(a GPU too small for its shard; slower; nothing to do on a CPU-only trainer)")
+
+
 class TrainerConfig(NodeConfig):
     """A trainer: GRPO inner steps, PULSELoCo rounds, version publication."""
 
@@ -154,6 +164,7 @@ class TrainerConfig(NodeConfig):
     rollout_wait_s: float = Field(1.0, ge=0, description="wait this long for peers' rollouts, then make our own")
     eval_every: int = Field(1, ge=0, description="held-out eval every N versions (0 = never)")
     genesis_wait_s: float = Field(5.0, ge=0, description="wait this long to meet the other trainers before publishing genesis")
+    dist: DistConfig = Field(default_factory=DistConfig, description="a trainer on several processes (torchrun)")
 
 
 class InferenceConfig(NodeConfig):
@@ -171,6 +182,8 @@ class SwarmConfig(StrictModel):
     """
 
     trainers: int = Field(2, ge=1, le=16)
+    trainer_ranks: list[Annotated[int, Field(ge=1, le=64)]] = Field(default_factory=list, description="processes of each trainer (torchrun, "
+                                     "FSDP2), e.g. [2] runs trainer-0 on 2; missing entries are 1")
     inference: int = Field(2, ge=0, le=32)
     versions: int | None = Field(None, ge=1, description="stop once every node holds this version")
     run_dir: Path = Path("./pulse-swarm")

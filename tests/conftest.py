@@ -15,6 +15,7 @@ import pytest
 
 from helpers import node_config
 from pulse_node.testing.inprocess import InProcessSwarm
+from tests.hf_fixtures import hf_model_dir  # noqa: F401 (session fixture: one local HF model for every test)
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:

@@ -100,10 +100,12 @@ def test_gate_none_sends_everything_and_keeps_nothing() -> None:
 def test_buffers_are_reused_across_rounds() -> None:
     glob = weights(6)
     ef = ErrorFeedback({n: t.shape for n, t in glob.items()}, cfg=LocoConfig())
-    ptrs = {t.data_ptr() for t in [*ef.e.values(), *ef._s.values()]}
+    ptrs = {t.data_ptr() for t in [*ef.e.values(), *ef._flat.values()]}
     for rnd in range(4):
         ef.make_payload(glob, step(glob, rnd, 1e-4), round=rnd, trainer_id="a")
-    assert {t.data_ptr() for t in [*ef.e.values(), *ef._s.values()]} == ptrs
+    assert {t.data_ptr() for t in [*ef.e.values(), *ef._flat.values()]} == ptrs
+    largest = max(t.numel() for t in glob.values())  # one scratch for all tensors, not one per tensor
+    assert all(t.numel() == largest for t in ef._flat.values())
 
 
 @pytest.mark.parametrize("c", [0.3325, 0.5, 2.0])

@@ -3,6 +3,10 @@
     pulse-node join --bootstrap /ip4/1.2.3.4/tcp/31337/p2p/12D3KooW... --role inference \
         --set 'chain.trusted_trainers=["<trainer key hex>", ...]'
     pulse-node join --role trainer --config configs/trainer.toml --print-config
+    torchrun --nproc-per-node 4 -m pulse_node join --role trainer --config configs/trainer-fsdp.toml ...
+
+Under torchrun (``WORLD_SIZE`` > 1) a trainer runs on every process: rank 0 is the node and
+the other ranks compute for it (``trainer/distributed.py``).
 
 Before anything starts, ``trust_gate`` checks the trainer set (``chain/trainerset.py``): a node
 whose bootstrap is not on this machine refuses to start without trainer keys (anyone could then
@@ -14,6 +18,7 @@ refuses too (every node would ignore its versions).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from pulse_node.commands.common import add_config_flags, flag_overrides
@@ -70,6 +75,19 @@ def run(args: argparse.Namespace) -> int:
 
         print(dump_toml(cfg), end="")
         return 0
+    from pulse_node.trainer import world_size
+
+    if world_size() > 1:
+        if cfg.role != "trainer":
+            from pulse_node.errors import ConfigError
+
+            raise ConfigError(f"only a trainer runs on several processes (WORLD_SIZE={world_size()}); "
+                              f"start an {cfg.role} node without torchrun")
+        if int(os.environ.get("RANK", "0")) > 0:
+            from pulse_node.trainer.distributed import serve_rank
+
+            return serve_rank(cfg)
+
     banner = trust_gate(cfg)
     if banner:
         print(banner, file=sys.stderr, flush=True)

@@ -21,6 +21,13 @@ the momentum stays zero.
 ``state_hash()`` covers round, weights and momentum: the base every payload of a round names.
 A trainer that joins or re-syncs adopts a peer's state with ``load_state_dict`` (fetched and
 checked by ``trainer/state.py``).
+``apply`` = ``check`` (the whole round's payloads against the whole model) + ``step``. Every
+operation of ``step`` is per entry, so it can run on any slice of the tensors: a trainer on
+several processes (``trainer/distributed.py``) checks on rank 0 and steps each rank's row
+range of each tensor with the payloads' entries in that range, and gets the same FP32 bits as
+one process would. ``step``'s scratch (two buffers the size of the largest tensor) is allocated
+on the first step, so an optimizer that never steps (rank 0's full replica) costs only its
+weights and momentum.
 """
 
 from __future__ import annotations
@@ -45,8 +52,7 @@ class OuterOptimizer:
         self.cfg = cfg
         self.params = {n: params[n] for n in sorted(params)}
         self.momentum = {n: torch.zeros_like(t) for n, t in self.params.items()}
-        self._acc = {n: torch.zeros_like(t) for n, t in self.params.items()}
-        self._tmp = {n: torch.zeros_like(t) for n, t in self.params.items()}
+        self._flat: tuple[torch.Tensor, torch.Tensor] | None = None  # step()'s scratch, made by its first call
         self.round = round
         self._hash: bytes | None = None
 
@@ -57,7 +63,8 @@ class OuterOptimizer:
                                       round=self.round)
         return self._hash
 
-    def _validate(self, payloads: Sequence[LocoPayload]) -> None:
+    def check(self, payloads: Sequence[LocoPayload]) -> None:
+        """``WireError``/``BaseMismatchError`` unless the payloads fit this round and state."""
         seen: set[str] = set()
         base = self.state_hash()
         for p in payloads:
@@ -78,8 +85,17 @@ class OuterOptimizer:
                 if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= t.numel()):
                     raise WireError(f"{name}: payload position out of range")
 
+    def _scratch(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """Two FP32 buffers the size of the largest tensor, viewed as ``name`` (reused for every
+        tensor and round: 8 B per element of the largest tensor, not per parameter)."""
+        if self._flat is None:
+            largest = max((t.numel() for t in self.params.values()), default=0)
+            self._flat = (torch.zeros(largest), torch.zeros(largest))
+        t = self.params[name]
+        return tuple(f[:t.numel()].view(t.shape) for f in self._flat)  # type: ignore[return-value]
+
     def _mean_into_acc(self, name: str, ordered: Sequence[LocoPayload]) -> torch.Tensor:
-        acc = self._acc[name]
+        acc = self._scratch(name)[0]
         acc.zero_()
         flat = acc.view(-1)
         for p in ordered:
@@ -92,7 +108,7 @@ class OuterOptimizer:
         if self.cfg.outer_placement == "trainer":  # the outer step already ran on every trainer
             self.params[name].sub_(g)
             return
-        m, tmp, theta = self.momentum[name], self._tmp[name], self.params[name]
+        m, tmp, theta = self.momentum[name], self._scratch(name)[1], self.params[name]
         mu, lr = self.cfg.outer_momentum, self.cfg.outer_lr
         m.mul_(mu).add_(g)
         if self.cfg.nesterov:
@@ -111,12 +127,23 @@ class OuterOptimizer:
         a bad payload leaves the state unchanged. With fewer than ``cfg.min_contributors``
         payloads no update is applied, but the round still closes.
         """
-        self._validate(payloads)
+        self.check(payloads)
+        self.step(payloads)
+
+    @torch.no_grad()
+    def step(self, payloads: Sequence[LocoPayload]) -> None:
+        """``apply`` without ``check``: for payloads already checked (against the whole model),
+        or slices of them (every payload of the round, each cut to this optimizer's tensors)."""
         ordered = sorted(payloads, key=lambda p: p.trainer_id.encode())
         if len(ordered) >= self.cfg.min_contributors:
             for name in self.params:
                 self._step(name, self._mean_into_acc(name, ordered))
-        self.round += 1
+        self.set_round(self.round + 1)
+
+    def set_round(self, round: int) -> None:
+        """The weights and momentum now hold the state of ``round`` (after a step, or after they
+        were loaded or gathered from elsewhere)."""
+        self.round = round
         self._hash = None
 
     def state_dict(self) -> dict[str, object]:
@@ -137,5 +164,4 @@ class OuterOptimizer:
         for n, t in self.params.items():
             t.copy_(params[n])
             self.momentum[n].copy_(momentum[n])
-        self.round = int(state["round"])
-        self._hash = None  # the cached base hash described the state we just replaced
+        self.set_round(int(state["round"]))  # the cached base hash described the state we just replaced

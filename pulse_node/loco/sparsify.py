@@ -1,6 +1,8 @@
 """Per-trainer side of PULSELoCo: pseudo-gradient, BF16 gate and the error-feedback buffer.
 
-Each round, per tensor (all in FP32, preallocated buffers reused every round)::
+Each round, per tensor (all in FP32; the scratch is one set of buffers the size of the largest
+tensor, allocated once and reused for every tensor and round, so it costs ~13 B per element of
+that tensor instead of per parameter, and the heap does not grow round after round)::
 
     d = theta_global - theta_local          # the pseudo-gradient
     s = e + d                               # plus what earlier rounds did not send
@@ -21,6 +23,7 @@ remainder of each sent value, see ``_on_weight_grid``, and ``remainder + sent ==
 
 from __future__ import annotations
 
+import math
 from typing import Mapping
 
 import numpy as np
@@ -38,21 +41,25 @@ class ErrorFeedback:
         self.shapes = {n: tuple(int(d) for d in shapes[n]) for n in sorted(shapes)}
         f32 = dict(dtype=torch.float32)
         self.e = {n: torch.zeros(s, **f32) for n, s in self.shapes.items()}
-        self._s = {n: torch.zeros(s, **f32) for n, s in self.shapes.items()}
-        self._tmp = {n: torch.zeros(s, **f32) for n, s in self.shapes.items()}
-        self._bf_a = {n: torch.zeros(s, dtype=torch.bfloat16) for n, s in self.shapes.items()}
-        self._bf_b = {n: torch.zeros(s, dtype=torch.bfloat16) for n, s in self.shapes.items()}
-        self._mask = {n: torch.zeros(s, dtype=torch.bool) for n, s in self.shapes.items()}
         self.v = ({n: torch.zeros(s, **f32) for n, s in self.shapes.items()}
                   if cfg.outer_placement == "trainer" else {})  # this trainer's own outer momentum
+        largest = max((math.prod(s) for s in self.shapes.values()), default=0)
+        self._flat = {"s": torch.zeros(largest, **f32), "tmp": torch.zeros(largest, **f32),
+                      "a": torch.zeros(largest, dtype=torch.bfloat16), "b": torch.zeros(largest, dtype=torch.bfloat16),
+                      "mask": torch.zeros(largest, dtype=torch.bool)}
         self._pending: tuple[int, str] | None = None
+
+    def _scratch(self, key: str, name: str) -> torch.Tensor:
+        """Scratch buffer ``key`` viewed as tensor ``name`` (valid until the next tensor)."""
+        shape = self.shapes[name]
+        return self._flat[key][:math.prod(shape)].view(shape)
 
     def _gate(self, name: str, g: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
         """Bool mask of the entries of ``s`` where ``c * s`` would change ``bf16(g)``."""
-        mask = self._mask[name]
+        mask = self._scratch("mask", name)
         if self.cfg.gate == "none":
             return mask.fill_(True)
-        tmp, a, b = self._tmp[name], self._bf_a[name], self._bf_b[name]
+        tmp, a, b = self._scratch("tmp", name), self._scratch("a", name), self._scratch("b", name)
         c = self.cfg.gate_scale
         if c == 1.0:
             torch.sub(g, s, out=tmp)
@@ -65,7 +72,7 @@ class ErrorFeedback:
 
     def _outer_step(self, name: str, d: torch.Tensor) -> None:
         """``d`` becomes this trainer's outer update ``u`` (in place; ``outer_placement="trainer"``)."""
-        v, tmp, cfg = self.v[name], self._tmp[name], self.cfg
+        v, tmp, cfg = self.v[name], self._scratch("tmp", name), self.cfg
         v.mul_(cfg.outer_momentum).add_(d)
         if cfg.nesterov:
             torch.mul(v, cfg.outer_momentum, out=tmp)
@@ -75,7 +82,7 @@ class ErrorFeedback:
         d.mul_(cfg.outer_lr)
 
     def _split(self, name: str, g: torch.Tensor, l: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
-        s, e = self._s[name], self.e[name]
+        s, e = self._scratch("s", name), self.e[name]
         torch.sub(g, l, out=s)  # d
         if self.v:
             self._outer_step(name, s)  # u
@@ -83,11 +90,10 @@ class ErrorFeedback:
         mask = self._gate(name, g, s)
         idx = mask.view(-1).nonzero().view(-1)
         vals = s.view(-1).index_select(0, idx)
-        # s becomes the new e (buffers swap, nothing copied); fired entries are cleared
-        self.e[name], self._s[name] = s, e
-        s.masked_fill_(mask, 0.0)
+        # s becomes the new e with the fired entries cleared
+        e.copy_(s).masked_fill_(mask, 0.0)
         if self.v:
-            vals = self._on_weight_grid(g.view(-1).index_select(0, idx), vals, s.view(-1), idx)
+            vals = self._on_weight_grid(g.view(-1).index_select(0, idx), vals, e.view(-1), idx)
         return idx.numpy(), vals.numpy()
 
     @staticmethod

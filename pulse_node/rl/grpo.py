@@ -94,8 +94,12 @@ class GRPOLearner:
                      "tokens": float(mask.sum().item())}
         return masked_mean(per_token, mask), stats
 
-    def step(self, rollouts: list[Rollout], *, current_version: int) -> dict[str, float]:
-        """One AdamW step on ``rollouts``; returns loss, reward_mean, kept, dropped_stale, ..."""
+    def plan(self, rollouts: list[Rollout], *, current_version: int) -> tuple[dict[str, float], list[Rollout], list[float]]:
+        """Drop stale rollouts, validate the rest, keep the informative ones.
+
+        Returns the step's stats so far, the rollouts with a non-zero advantage and their
+        advantages (a trainer on several processes plans on rank 0 and splits the batch).
+        """
         fresh = self._fresh(rollouts, current_version)
         self._validate(fresh)
         adv = group_advantages(fresh)
@@ -105,11 +109,16 @@ class GRPOLearner:
                  "informative": float(len(useful)), "ratio_mean": 1.0, "clip_frac": 0.0,
                  "tokens": 0.0, "grad_norm": 0.0, "bf16_changed": 0.0, "stepped": 0.0,
                  "staleness_mean": sum(current_version - r.version for r in fresh) / max(1, len(fresh))}
+        return stats, [fresh[i] for i in useful], [adv[i] for i in useful]
+
+    def step(self, rollouts: list[Rollout], *, current_version: int) -> dict[str, float]:
+        """One AdamW step on ``rollouts``; returns loss, reward_mean, kept, dropped_stale, ..."""
+        stats, batch, adv = self.plan(rollouts, current_version=current_version)
         self.opt.zero_grad(set_to_none=True)
-        if not useful:
+        if not batch:
             return stats  # no signal: the weights (and the version's BF16 cast) stay as they are
         self.policy.model.train()
-        loss, extra = self.loss([fresh[i] for i in useful], [adv[i] for i in useful])
+        loss, extra = self.loss(batch, adv)
         loss.backward()
         norm = torch.nn.utils.clip_grad_norm_(self.policy.model.parameters(), self.cfg.max_grad_norm)
         before = bf16_bits(self.policy.model)

@@ -4,6 +4,16 @@
 start) or loads a Hugging Face causal LM from a local directory (``local_files_only``,
 safetensors weights only). ``Policy.bf16_state()`` is the State that gets versioned and
 shipped; ``Policy.load_bf16_state`` loads one into the FP32 masters (exact upcast).
+
+What is versioned, and why: exactly the model's parameters, each once, under the name
+``named_parameters()`` gives it. Tied weights are one parameter (a Qwen2 model with
+``tie_word_embeddings`` has ``model.embed_tokens.weight`` and no ``lm_head.weight``: the head
+is the same tensor), so a tied tensor is diffed, shipped and hashed once and every node that
+loads it ties it the same way; the Hugging Face checkpoint layout omits the tied name too
+(``commands/export.py``). Buffers are not versioned: the non-persistent ones (rotary
+``inv_freq``, causal masks) are derived from the config, which every node loads from the same
+model directory, and never trained. A model with persistent buffers (state that is saved but
+not trained) is refused, because nodes could silently hold different values of it.
 """
 
 from __future__ import annotations
@@ -62,6 +72,9 @@ def load_hf(path: str, *, device: torch.device) -> tuple[HFLM, HFTokenizer]:
     if not any(root.glob("*.safetensors")):
         raise DataError(f"{root}: no *.safetensors weights in the model directory")
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # a bar per load in every node's log says nothing
 
     try:
         tok = AutoTokenizer.from_pretrained(root, local_files_only=True)
@@ -73,8 +86,17 @@ def load_hf(path: str, *, device: torch.device) -> tuple[HFLM, HFTokenizer]:
         tokenizer = HFTokenizer(tok)
     except ValueError as exc:
         raise DataError(f"{root}: {exc}") from None
+    check_versionable(module, where=str(root))
     context = int(getattr(module.config, "max_position_embeddings", 2048) or 2048)
     return HFLM(module.to(device), context), tokenizer
+
+
+def check_versionable(module: torch.nn.Module, *, where: str) -> None:
+    """``DataError`` unless the parameters are the model's whole saved state (see the module doc)."""
+    persistent = sorted({n for n, _ in module.named_buffers()} & set(module.state_dict()))
+    if persistent:
+        raise DataError(f"{where}: the model has persistent buffers ({', '.join(persistent[:3])}), state "
+                        "that is saved but not versioned; pulse-node versions parameters only")
 
 
 def build_policy(model_cfg: ModelConfig, task_cfg: TaskConfig, *, seed: int,

@@ -135,7 +135,14 @@ class LocalSwarm:
         conf.write_text(tomli_w.dumps(node_config(self.cfg, role=role, data_dir=d, trusted=self.trusted)))
         cmd = [sys.executable, "-m", "pulse_node", "join", "--role", role, "--config", str(conf),
                "--bootstrap", self.bootstrap_addr]
+        ranks = self._ranks(name, role)
+        if ranks > 1:  # the way distributed PyTorch is launched: rank 0 is the node, the rest compute
+            cmd[1:3] = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}", "-m", "pulse_node"]
         return Child(name, role, d, self._spawn(cmd, d / "log.txt"))
+
+    def _ranks(self, name: str, role: str) -> int:
+        index = int(name.rsplit("-", 1)[-1]) if role == "trainer" and name.rsplit("-", 1)[-1].isdigit() else -1
+        return self.cfg.trainer_ranks[index] if 0 <= index < len(self.cfg.trainer_ranks) else 1
 
     @staticmethod
     def _spawn(cmd: list[str], log_path: Path) -> subprocess.Popen:

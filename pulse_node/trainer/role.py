@@ -28,22 +28,18 @@ from pulse_node.chain.trainerset import TrainerSet, sender_key
 from pulse_node.chain.trust import TrustPolicy
 from pulse_node.config import TrainerConfig
 from pulse_node.errors import IntegrityError, PulseError
-from pulse_node.loco.outer import OuterOptimizer
 from pulse_node.loco.payload import LocoPayload, encode_payload
-from pulse_node.loco.sparsify import ErrorFeedback
 from pulse_node.trainer.agreement import RoundAgreement, RoundResult
 from pulse_node.daemon.context import RoleContext
 from pulse_node.daemon.status_model import VersionEntry
+from pulse_node.trainer.engine import make_engine
 from pulse_node.trainer.publisher import VersionPublisher
 from pulse_node.trainer.state import export_trainer_state, read_trainer_state, trainer_state_cap
 from pulse_node.daemon.transport import push_to_all
 from pulse_node.rl.evaluate import evaluate
-from pulse_node.rl.grpo import GRPOLearner
-from pulse_node.rl.policy import build_policy
 from pulse_node.rl.rollout import Rollout, decode_rollouts
-from pulse_node.rl.sampler import RolloutWorker
 from pulse_node.rl.tasks import make_task_source
-from pulse_node.torchbits import load_state, module_state
+from pulse_node.torchbits import module_state
 
 
 class TrainerRole:
@@ -55,16 +51,14 @@ class TrainerRole:
         cfg = self.cfg
         # the model seed is the run's (every trainer starts bit-identical); sampling differs per peer
         self.rng = random.Random(f"{cfg.seed}:{ctx.transport.peer_id}")
-        self.policy = build_policy(cfg.model, cfg.task, seed=cfg.seed, grpo_cfg=cfg.grpo, progress=True)
-        self.learner = GRPOLearner(self.policy, cfg.grpo, temperature=cfg.sampling.temperature)
-        self.worker = RolloutWorker(self.policy, cfg.sampling)
+        # model, optimizers, error feedback and outer step: in this process, or on the ranks of a
+        # torchrun group (trainer/engine.py); outer.params are the whole FP32 global weights either way
+        self.engine = make_engine(cfg, status=ctx.status)
         self.tasks = make_task_source(cfg.task)
         self.eval_set = self.tasks.eval_set()
-        self.local = dict(self.policy.model.named_parameters())
-        self.global_params = {n: p.detach().to("cpu", torch.float32).clone() for n, p in self.local.items()}
-        self.shapes = {n: tuple(t.shape) for n, t in self.global_params.items()}
-        self.outer = OuterOptimizer(self.global_params, cfg.loco)
-        self.ef = ErrorFeedback(self.shapes, cfg=cfg.loco)
+        self.outer = self.engine.outer
+        self.global_params = self.outer.params
+        self.shapes = self.engine.shapes
         self.publisher = VersionPublisher(ctx.store, ctx.identity, run_id=cfg.run_id, chain=cfg.chain)
         self.batches: deque[list[Rollout]] = deque(maxlen=64)
         self.agreement = RoundAgreement(ctx, shapes=self.shapes, current_round=lambda: self.outer.round,
@@ -97,8 +91,7 @@ class TrainerRole:
             self._publish()
             return
         # alone with our own store: continue from it (BF16 -> FP32 is exact; FP32 residue is lost)
-        load_state(self.global_params, self.publisher.state)
-        self.outer.round = head.version
+        self.engine.load_global(self.publisher.state, round=head.version)
         self._reset_local()
         self.ctx.log.info("resumed alone at version %d", head.version)
         self._announce()
@@ -227,7 +220,7 @@ class TrainerRole:
             if self.ctx.stop.is_set():
                 return
             try:
-                metrics = self.learner.step(self._next_batch(), current_version=self.version)
+                metrics = self.engine.step(self._next_batch(), current_version=self.version)
             except PulseError as exc:  # a malformed batch from a peer: drop it, keep training
                 self.ctx.status.add("rejected")
                 self.ctx.status.error(f"rollout batch rejected: {exc}")
@@ -251,21 +244,19 @@ class TrainerRole:
         None when the round ended in a re-sync (or the trainer is stopping) instead.
         """
         round_no = self.outer.round
-        local_cpu = {n: p.detach().to("cpu", torch.float32) for n, p in self.local.items()}
         base_hash, base = self._base()
-        mine = self.ef.make_payload(self.global_params, local_cpu, round=round_no,
-                                    trainer_id=self.ctx.transport.peer_id, base_hash=base_hash)
+        mine = self.engine.make_payload(round=round_no, trainer_id=self.ctx.transport.peer_id, base_hash=base_hash)
         data = encode_payload(mine, level=self.cfg.loco.zstd_level,
                               base=base if self.cfg.loco.base_coding else None)
         result = self._agree(mine, data)
         if result.payloads is not None and self._apply(round_no, result.payloads):
             if not result.mine_included:
-                self.ef.restore(mine)
+                self.engine.restore(mine)
                 self.ctx.status.add("rounds_left_out")
             return len(result.payloads)
         if self.ctx.stop.is_set():
             return None
-        self.ef.restore(mine)  # our work was not applied: it stays in the error feedback
+        self.engine.restore(mine)  # our work was not applied: it stays in the error feedback
         if self._resync_after(round_no):
             return None
         self.ctx.status.add("forks")
@@ -300,9 +291,7 @@ class TrainerRole:
         return False
 
     def _reset_local(self) -> None:
-        with torch.no_grad():
-            for n, p in self.local.items():
-                p.copy_(self.global_params[n].to(p.device))
+        self.engine.reset_local()
 
     def _publish(self, reward: float | None = None):
         state = module_state(self.global_params.items())
@@ -326,9 +315,9 @@ class TrainerRole:
         return pub
 
     def _evaluate(self, state, version: int) -> float:
-        self.worker.set_weights(state, version)
+        self.engine.worker.set_weights(state, version)
         self.worker_version = version
-        return float(evaluate(self.worker, self.eval_set))
+        return float(evaluate(self.engine.worker, self.eval_set))
 
     def _announce(self, push: bool = False) -> None:
         head = self.publisher.head
@@ -373,8 +362,11 @@ class TrainerRole:
 
     def _own_batch(self) -> list[Rollout]:
         if self.worker_version != self.version and self.publisher.state is not None:
-            self.worker.set_weights(self.publisher.state, self.version)
+            self.engine.worker.set_weights(self.publisher.state, self.version)
             self.worker_version = self.version
         problems = self.tasks.sample(self.cfg.sampling.prompts_per_batch, self.rng)
         self.ctx.status.add("rollouts_own", len(problems) * self.cfg.sampling.group_size)
-        return self.worker.generate(problems, rng=self.rng)
+        return self.engine.worker.generate(problems, rng=self.rng)
+
+    def close(self) -> None:
+        self.engine.close()

@@ -1,0 +1,333 @@
+"""A trainer on several processes and devices: FSDP2 inner steps, PULSELoCo on each rank's shard.
+
+Launched the way distributed PyTorch is (``torchrun --nproc-per-node N -m pulse_node join --role
+trainer ...``). Rank 0 is the node: the one identity, store and network side (DHT and wire
+workers, the role, ``DistributedEngine``); ranks 1..N-1 run ``serve_rank`` and only compute,
+driven by rank 0's commands (``trainer/ranks.py``). Each rank holds (``ShardWork``):
+
+- its FSDP2 shard (``fully_shard``, every decoder block and the root; a tied head is one
+  parameter of the root group) of the FP32 local weights, gradients and AdamW moments, BF16
+  forward with ``grpo.bf16_compute`` (``MixedPrecisionPolicy(param_dtype=bf16)``);
+- its rows of the FP32 global weights, outer momentum and error feedback (``trainer/shards.py``
+  layout, the same rows as its FSDP shard), on CPU as in a one-process trainer.
+
+A round: rank 0 plans each GRPO batch (staleness, advantages) and scatters shares; every rank
+steps its share (the loss scaled so the averaged gradient is the whole batch's token mean).
+The gate and error feedback run on each rank's rows; the payload pieces are gathered to rank 0
+(shard positions + row offset, concatenated in rank order: the same entries, in the same order,
+with the same FP32 bits as one process finds). Rank 0 codes and exchanges payloads and agrees
+on the round as any trainer; the decided payloads, cut to each rank's rows, drive the outer
+step on every shard (per-entry operations only, in trainer-id order, so the FP32 result does
+not depend on the sharding), and the new global rows and momentum are gathered back.
+
+Rank 0 keeps whole FP32 copies of the global weights and momentum (``ShardedOuter``): payloads
+are coded and decoded against the whole base, the outer hash and the trainer-state file cover
+whole tensors, and the version is the BF16 cast of them, published by rank 0's ordinary
+publisher, so the patch is exactly a one-process trainer's. That is the network side's memory,
+8 B per parameter on rank 0's host plus the BF16 version state; everything that grows with
+training (weights, gradients, moments: 16 B/param) is split N ways on the devices.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import resource
+import signal
+import threading
+from typing import Any
+
+import psutil
+import torch
+from torch import nn
+
+from pulse_node.codec.state import State
+from pulse_node.config import TrainerConfig
+from pulse_node.loco.config import LocoConfig
+from pulse_node.loco.outer import OuterOptimizer
+from pulse_node.loco.payload import LocoPayload
+from pulse_node.loco.sparsify import ErrorFeedback
+from pulse_node.rl.config import GRPOConfig
+from pulse_node.rl.grpo import GRPOLearner
+from pulse_node.rl.policy import build_policy
+from pulse_node.rl.rollout import Rollout
+from pulse_node.rl.sampler import RolloutWorker
+from pulse_node.torchbits import load_state
+from pulse_node.trainer.ranks import Ranks
+from pulse_node.trainer.shards import (ShardLayout, combine_payloads, gather_rows, offset_tensors, scatter_rows,
+                                       slice_payload)
+
+log = logging.getLogger("pulse.ranks")
+
+
+def rank_device(name: str) -> torch.device:
+    """``model.device`` for this rank: CUDA device ``LOCAL_RANK`` when the model runs on CUDA."""
+    from pulse_node.rl.device import resolve_device
+
+    dev = resolve_device(name)
+    if dev.type == "cuda":
+        dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(dev)
+    return dev
+
+
+def shard_model(model: nn.Module, *, bf16_compute: bool, cpu_offload: bool) -> None:
+    """``fully_shard`` every block of the model's outermost ``ModuleList``s, then the root."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16_compute \
+        else MixedPrecisionPolicy()
+    kw = {"mp_policy": mp, "offload_policy": CPUOffloadPolicy() if cpu_offload else OffloadPolicy()}
+    taken: list[str] = []
+    for name, module in model.named_modules():
+        if isinstance(module, nn.ModuleList) and not any(name.startswith(t + ".") for t in taken):
+            taken.append(name)
+            for block in module:
+                fully_shard(block, **kw)
+    fully_shard(model, **kw)
+
+
+def memory_mb() -> dict[str, float]:
+    """This process's resident memory now and at its peak (MB)."""
+    return {"rss_mb": psutil.Process().memory_info().rss / 2**20,
+            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+class ShardWork:
+    """One rank's part of the trainer. Every ``cmd_*`` method is collective: rank 0 calls it with
+    the argument, the other ranks with None (they receive theirs inside)."""
+
+    def __init__(self, cfg: TrainerConfig, ranks: Ranks) -> None:
+        self.cfg, self.ranks = cfg, ranks
+        rank = ranks.rank
+        device = rank_device(cfg.model.device)
+        model_cfg = cfg.model.model_copy(update={"device": str(device)})
+        # only rank 0 warm-starts the tiny model: the others get rank 0's weights (cmd_load)
+        grpo = cfg.grpo if rank == 0 else cfg.grpo.model_copy(update={"warmstart_steps": 0})
+        self.policy = build_policy(model_cfg, cfg.task, seed=cfg.seed, grpo_cfg=grpo, progress=rank == 0)
+        named = dict(self.policy.model.named_parameters())
+        self.layout = ShardLayout({n: tuple(p.shape) for n, p in named.items()}, world=ranks.world)
+        self.initial = {n: p.detach().to("cpu", torch.float32).clone() for n, p in named.items()} if rank == 0 else None
+        # offloading to the host only means something when the model runs on an accelerator
+        shard_model(self.policy.model, bf16_compute=cfg.grpo.bf16_compute,
+                    cpu_offload=cfg.dist.cpu_offload and device.type != "cpu")
+        self.local = {n: p for n, p in self.policy.model.named_parameters()}
+        for n, p in self.local.items():
+            if tuple(p.to_local().shape) != self.layout.local_shape(n, rank):
+                raise RuntimeError(f"{n}: FSDP shard {tuple(p.to_local().shape)} is not rows "
+                                   f"{self.layout.span(n, rank)} of {self.layout.shapes[n]}")
+        self.spans = self.layout.spans(rank)
+        shapes = self.layout.local_shapes(rank)
+        self.outer = OuterOptimizer({n: torch.zeros(s) for n, s in shapes.items()}, cfg.loco)
+        self.ef = ErrorFeedback(shapes, cfg=cfg.loco)
+        # BF16 forward comes from FSDP's mixed precision: the learner must not swap parameters
+        self.learner = GRPOLearner(self.policy, cfg.grpo.model_copy(update={"bf16_compute": False}),
+                                   temperature=cfg.sampling.temperature)
+        self.replica: tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]] | None = None  # rank 0
+        self._mine: LocoPayload | None = None
+
+    def run(self, name: str, arg: Any = None) -> Any:
+        return getattr(self, f"cmd_{name}")(arg)
+
+    # ---- weights ----------------------------------------------------------------------
+    def cmd_load(self, round: int | None) -> None:
+        """The global rows and momentum from rank 0's replica; the local weights reset to them."""
+        round = self.ranks.bcast(round)
+        params, momentum = self.replica or ({}, {})
+        for n in self.layout.shapes:
+            scatter_rows(self.layout, n, params.get(n), rank=self.ranks.rank, into=self.outer.params[n])
+            scatter_rows(self.layout, n, momentum.get(n), rank=self.ranks.rank, into=self.outer.momentum[n])
+        self.outer.set_round(round)
+        self.cmd_reset_local(None)
+
+    @torch.no_grad()
+    def cmd_reset_local(self, _: None) -> None:
+        for n, p in self.local.items():
+            p.to_local().copy_(self.outer.params[n].to(p.device))
+        torch.distributed.barrier()
+
+    def _gather_global(self) -> None:
+        params, momentum = self.replica or ({}, {})
+        for n in self.layout.shapes:
+            gather_rows(self.layout, n, self.outer.params[n], rank=self.ranks.rank, into=params.get(n))
+            gather_rows(self.layout, n, self.outer.momentum[n], rank=self.ranks.rank, into=momentum.get(n))
+
+    # ---- PULSELoCo ----------------------------------------------------------------------
+    def cmd_make_payload(self, head: tuple[int, str, bytes] | None) -> LocoPayload | None:
+        round, trainer_id, base_hash = self.ranks.bcast(head)
+        local = {n: p.to_local().detach().to("cpu", torch.float32) for n, p in self.local.items()}
+        self._mine = self.ef.make_payload(self.outer.params, local, round=round, trainer_id=trainer_id,
+                                          base_hash=base_hash)
+        pieces = self.ranks.gather(offset_tensors(self._mine.tensors, self.spans))
+        if pieces is None:
+            return None
+        numel = {n: int(torch.Size(s).numel()) for n, s in self.layout.shapes.items()}
+        return combine_payloads(pieces, round=round, trainer_id=trainer_id, base_hash=base_hash, numel=numel)
+
+    def cmd_restore(self, _: None) -> None:
+        if self._mine is not None:
+            self.ef.restore(self._mine)
+            self._mine = None
+        torch.distributed.barrier()
+
+    def cmd_apply(self, slices: list[list[LocoPayload]] | None) -> None:
+        """Each rank's cut of the round's (checked) payloads: outer step on the rows, gathered back."""
+        self.outer.step(self.ranks.scatter(slices))
+        self._gather_global()
+
+    # ---- inner steps --------------------------------------------------------------------
+    def cmd_step(self, shares: list[tuple[list[Rollout], list[float], float]] | None) -> list[dict] | None:
+        """One data-parallel GRPO step; each rank's loss is scaled by ``world * its tokens / all
+        tokens`` so FSDP's gradient mean is the token mean over the whole batch."""
+        rollouts, adv, scale = self.ranks.scatter(shares)
+        learner, model = self.learner, self.policy.model
+        learner.opt.zero_grad(set_to_none=True)
+        model.train()
+        loss, extra = learner.loss(rollouts, adv)
+        (loss * scale).backward()
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), self.cfg.grpo.max_grad_norm)
+        before = {n: p.to_local().detach().to(torch.bfloat16) for n, p in self.local.items()}
+        learner.opt.step()
+        changed = sum(int((before[n].view(torch.int16) != p.to_local().detach().to(torch.bfloat16).view(torch.int16))
+                          .sum()) for n, p in self.local.items())
+        norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+        extra["tokens"] = extra["tokens"] if scale else 0.0  # a placeholder share counts nothing
+        return self.ranks.gather({**extra, "loss": float(loss.detach()) * scale, "grad_norm": float(norm),
+                                  "changed": changed, "numel": sum(p.to_local().numel() for p in self.local.values()),
+                                  **memory_mb()})
+
+
+def split_batch(batch: list[Rollout], adv: list[float], world: int) -> list[tuple[list[Rollout], list[float], float]]:
+    """Contiguous shares of ``batch`` per rank, with each share's loss scale. A rank without a
+    rollout of its own takes a placeholder with scale 0 (it must still join the collectives)."""
+    tokens = sum(len(r.completion_ids) for r in batch)
+    shares = []
+    for r in range(world):
+        lo, hi = r * len(batch) // world, (r + 1) * len(batch) // world
+        part, part_adv = batch[lo:hi], adv[lo:hi]
+        if not part:
+            shares.append((batch[:1], [0.0], 0.0))
+            continue
+        shares.append((part, part_adv, world * sum(len(x.completion_ids) for x in part) / max(tokens, 1)))
+    return shares
+
+
+def combine_stats(parts: list[dict]) -> dict[str, float]:
+    """The whole step's figures from the ranks' (token-weighted means, sums, per-rank memory)."""
+    tokens = sum(p["tokens"] for p in parts) or 1.0
+    return {"loss": sum(p["loss"] for p in parts) / len(parts), "grad_norm": parts[0]["grad_norm"],
+            "ratio_mean": sum(p["ratio_mean"] * p["tokens"] for p in parts) / tokens,
+            "clip_frac": sum(p["clip_frac"] * p["tokens"] for p in parts) / tokens,
+            "tokens": sum(p["tokens"] for p in parts), "stepped": 1.0,
+            "bf16_changed": sum(p["changed"] for p in parts) / max(1, sum(p["numel"] for p in parts))}
+
+
+class ShardedOuter(OuterOptimizer):
+    """Rank 0's whole FP32 global weights and momentum; ``apply`` runs the step on the shards."""
+
+    def __init__(self, params: dict[str, torch.Tensor], cfg: LocoConfig, *, engine: "DistributedEngine") -> None:
+        super().__init__(params, cfg)
+        self._engine = engine
+
+    def apply(self, payloads) -> None:
+        self.check(payloads)  # the whole round, against the whole model, before any rank moves
+        self._engine.apply_on_shards(payloads)
+        self.set_round(self.round + 1)
+
+    def load_state_dict(self, state, *, expect_hash: bytes | None = None) -> None:
+        super().load_state_dict(state, expect_hash=expect_hash)
+        self._engine.push_global()
+
+
+class DistributedEngine:
+    """Rank 0's ``Engine`` (``trainer/engine.py``) over the ranks of a torchrun group."""
+
+    def __init__(self, cfg: TrainerConfig, *, status=None) -> None:
+        self.cfg = cfg
+        self.ranks = Ranks(timeout_s=cfg.dist.timeout_s)
+        self.work = ShardWork(cfg, self.ranks)
+        self.policy = self.work.policy  # rank 0's shard of the model, its tokenizer and task
+        self.shapes = dict(self.work.layout.shapes)
+        self.outer = ShardedOuter(self.work.initial, cfg.loco, engine=self)
+        self.work.initial = None
+        self.work.replica = (self.outer.params, self.outer.momentum)
+        self._worker: RolloutWorker | None = None
+        self.push_global()  # every rank starts from rank 0's weights
+        self.status = status
+        if status is not None:
+            status.update(ranks=self.ranks.world)
+
+    def _call(self, name: str, arg: Any = None) -> Any:
+        self.ranks.post(name)
+        return self.work.run(name, arg)
+
+    @property
+    def worker(self) -> RolloutWorker:
+        """Rollouts and evals on rank 0 (built on first use: a trainer fed by inference nodes and
+        not evaluating never holds this whole-model copy)."""
+        if self._worker is None:
+            policy = build_policy(self.cfg.model, self.cfg.task, seed=self.cfg.seed,
+                                  grpo_cfg=GRPOConfig(warmstart_steps=0))
+            self._worker = RolloutWorker(policy, self.cfg.sampling)
+        return self._worker
+
+    def step(self, rollouts: list[Rollout], *, current_version: int) -> dict[str, float]:
+        stats, batch, adv = self.work.learner.plan(rollouts, current_version=current_version)
+        if not batch:
+            return stats
+        parts = self._call("step", split_batch(batch, adv, self.ranks.world))
+        stats.update(combine_stats(parts))
+        if self.status is not None:
+            self.status.update(rank_rss_mb=[round(p["rss_mb"]) for p in parts],
+                               rank_peak_rss_mb=[round(p["peak_rss_mb"]) for p in parts])
+        return stats
+
+    def make_payload(self, *, round: int, trainer_id: str, base_hash: bytes) -> LocoPayload:
+        return self._call("make_payload", (round, trainer_id, base_hash))
+
+    def restore(self, payload: LocoPayload) -> None:
+        self._call("restore")
+
+    def reset_local(self) -> None:
+        self._call("reset_local")
+
+    def apply_on_shards(self, payloads: list[LocoPayload]) -> None:
+        slices = [[slice_payload(p, self.work.layout.spans(r)) for p in payloads] for r in range(self.ranks.world)]
+        self._call("apply", slices)
+
+    def push_global(self) -> None:
+        """Rank 0's global weights and momentum to every rank's rows (and its local weights)."""
+        self._call("load", self.outer.round)
+
+    def load_global(self, state: State, *, round: int) -> None:
+        load_state(self.outer.params, state)
+        self.outer.set_round(round)
+        self.push_global()
+
+    def close(self) -> None:
+        """Let the other ranks exit (bounded wait), then leave the process group."""
+        try:
+            self.ranks.stop()
+        finally:
+            self.ranks.close()
+
+
+def serve_rank(cfg: TrainerConfig) -> int:
+    """Ranks 1..N-1 of a trainer: run rank 0's commands until it says stop."""
+    logging.basicConfig(level=cfg.log_level.upper(), format=f"%(asctime)s [rank {os.environ.get('RANK')}] %(message)s")
+    stopping = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):  # rank 0 decides when the group stops
+        signal.signal(sig, lambda *_: stopping.set())
+    if cfg.torch_threads:
+        torch.set_num_threads(cfg.torch_threads)
+    ranks = Ranks(timeout_s=cfg.dist.timeout_s)
+    work = ShardWork(cfg, ranks)
+    log.info("rank %d of %d ready", ranks.rank, ranks.world)
+    try:
+        while (name := ranks.next(stopping)) not in ("stop", None):
+            work.run(name)
+        if name == "stop":
+            ranks.acknowledge_stop()
+    finally:
+        ranks.close()
+    return 0
