@@ -20,7 +20,7 @@ import pytest
 from pulse_node.cli import main
 from pulse_node.config import SwarmConfig
 from pulse_node.swarm.launcher import LocalSwarm
-from tests.conftest import wait_for
+from helpers import wait_for
 from tests.hf_fixtures import HF_SAMPLING, HF_TASK
 
 pytestmark = pytest.mark.slow
