@@ -43,8 +43,8 @@ def swarm(tmp_path, hf_model_dir):
         s.stop()
 
 
-def _history(status: dict) -> dict[int, str]:
-    return {h["version"]: h["state_hash"] for h in status.get("history", [])}
+def _history(status) -> dict[int, str]:
+    return {h.version: h.state_hash for h in status.history} if status is not None else {}
 
 
 def _loaded_hash(out) -> str:
@@ -71,29 +71,29 @@ def test_fsdp_and_one_process_trainers_agree_on_an_hf_model_late_joiner_and_expo
              what=f"the 2-process trainer publishing {SHARED} versions")
     late = swarm.add_node("inference-late", "inference")
     target = max(published(trainer_1)) + 2
-    wait_for(lambda: (swarm.check_alive() or True) and late.status().get("version", -1) >= target,
+    wait_for(lambda: (swarm.check_alive() or True) and (s := late.status()) is not None and s.version >= target,
              timeout=240, interval=0.5, what=f"the late joiner at v{target}")
     swarm.stop()  # a still store to export from
     stats = {c.name: s for c, s in swarm.statuses()}
-    assert stats["trainer-0"].get("ranks") == 2 and "ranks" not in stats["trainer-1"]
-    assert len(stats["trainer-0"]["rank_peak_rss_mb"]) == 2
+    assert stats["trainer-0"].ranks == 2 and stats["trainer-1"].ranks is None
+    assert len(stats["trainer-0"].rank_peak_rss_mb) == 2
     fsdp, single = _history(stats["trainer-0"]), _history(stats["trainer-1"])
     assert len(fsdp) >= SHARED and set(fsdp) <= set(single)
     for v, h in fsdp.items():
         assert single[v] == h, f"the 2-process and the 1-process trainer disagree at version {v}"
     for name in ("trainer-0", "trainer-1"):
-        assert stats[name]["contributors"] == 2, f"{name}: the last round did not average both trainers"
+        assert stats[name].contributors == 2, f"{name}: the last round did not average both trainers"
     assert len(set(single.values())) == len(single), "the weights did not change every version"
     for name in ("inference-0", "inference-late"):
         for v, h in _history(stats[name]).items():
             assert single[v] == h, f"{name} holds another state at version {v}"
     late_now = stats["inference-late"]
-    assert late_now.get("catchups", 0) >= 1, "the late joiner did not use a catch-up patch"
+    assert late_now.inference.catchups >= 1, "the late joiner did not use a catch-up patch"
 
     out = tmp_path / "export-late"
     assert main(["export", "--data-dir", str(late.data_dir), "-o", str(out)]) == 0
-    assert json.loads(capsys.readouterr().out)["version"] == late_now["version"]
-    assert _loaded_hash(out) == single[late_now["version"]]
+    assert json.loads(capsys.readouterr().out)["version"] == late_now.version
+    assert _loaded_hash(out) == single[late_now.version]
     v_fsdp = min(fsdp)  # rebuilt from the 2-process trainer's store: the anchor it adopted + patches
     assert main(["export", "--data-dir", str(trainer_0.data_dir), "--version", str(v_fsdp),
                  "-o", str(tmp_path / "export-fsdp")]) == 0

@@ -33,7 +33,6 @@ PARAMS: dict[str, dict[str, Any]] = {
     "catchup": {"base": 0, "target": 2}, "trainer_state": {}, "loco_payload": {"round": 1, "digest": "cd" * 32},
     "loco_decision": {"round": 1},
 }
-KEY = Identity.generate().public_key_hex
 
 
 @dataclass
@@ -41,6 +40,7 @@ class Pair:
     a: Transport
     b: Transport
     files: dict[str, bytes]
+    key: str  # a's node key (a P2P record must announce the key its peer id encodes)
 
 
 def _store(root: Path) -> dict[str, bytes]:
@@ -90,12 +90,13 @@ def pair(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
     tmp = tmp_path_factory.mktemp(request.param)
     files = _store(tmp / "a-store")
     (tmp / "b-store").mkdir()
+    key = Identity.load_or_create(tmp / "a" / "identity.key").public_key_hex
     a, b = (_memory if request.param == "memory" else _p2p)(tmp / "a-store", tmp)
     try:
-        a.publish(PeerStatus(role="trainer", version=3, chain_hash="ab" * 32, node_key=KEY,
+        a.publish(PeerStatus(role="trainer", version=3, chain_hash="ab" * 32, node_key=key,
                              serves=Serves(lowest=1, highest=3, anchors=[0])))
         b.publish(PeerStatus(role="trainer"))
-        yield Pair(a, b, files)
+        yield Pair(a, b, files, key)
     finally:
         with ThreadPoolExecutor(2) as pool:
             list(pool.map(lambda t: t.close(), (a, b)))
@@ -117,7 +118,7 @@ def _events(of: Transport, want: int) -> list:
 def test_publish_makes_a_view_of_the_record_visible_to_peers(pair: Pair) -> None:
     seen = _seen(pair.b, pair.a.peer_id, lambda p: p.version == 3)
     assert (seen.role, seen.version, seen.lowest, seen.anchors, seen.chain_hash, seen.node_key) == \
-        ("trainer", 3, 1, [0], "ab" * 32, KEY)
+        ("trainer", 3, 1, [0], "ab" * 32, pair.key)
     assert seen.record.version == 3 and seen.record.serves.highest == 3  # the record itself, not a copy
     other = _seen(pair.a, pair.b.peer_id)
     assert (other.version, other.lowest, other.state_hash, other.node_key) == (-1, -1, "", "")

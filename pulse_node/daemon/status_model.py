@@ -26,7 +26,7 @@ from pydantic import Field
 from pulse_node.errors import PulseError
 
 #: version of the status schema; bump it on any change to a declared field
-STATUS_SCHEMA = 2
+STATUS_SCHEMA = 3
 HISTORY_LEN = 200
 ERRORS_KEPT = 20
 ERROR_CHARS = 300
@@ -159,6 +159,9 @@ class StatusReport(_Section):
     first_eval: EvalPoint | None = Field(None, description="trainer: the first version it evaluated (kept when "
                                           "the history moves past it)")
     contributors: int | None = Field(None, ge=0, description="trainer: payloads averaged in its last round")
+    ranks: int | None = Field(None, ge=1, description="trainer under torchrun: processes of its FSDP2 group")
+    rank_rss_mb: list[int] = Field(default_factory=list, description="trainer under torchrun: RSS (MB) per rank")
+    rank_peak_rss_mb: list[int] = Field(default_factory=list, description="trainer under torchrun: peak RSS (MB) per rank")
     metrics_url: str | None = None
     node_key: str | None = None
     trust_mode: Literal["keys", "open"] | None = Field(None, description="keys: versions and rounds only from the "

@@ -418,6 +418,8 @@ def _spans(size: int, chunk: int, pieces: list[Any] | None) -> list[tuple[int, i
         return [(off, min(chunk, size - off), None) for off in range(0, max(size, 1), chunk)]
     spans, pos = [], 0
     for piece in pieces:
+        if len(piece) != 3:
+            raise WireError("anchor pieces must be (offset, length, BLAKE3 hex) tiling the file from 0")
         off, length, digest = piece
         if off != pos or not isinstance(length, int) or length < 0 or not isinstance(digest, str) or len(digest) != 64:
             raise WireError("anchor pieces must be (offset, length, BLAKE3 hex) tiling the file from 0")

@@ -270,7 +270,7 @@ class WireService(Service):
     @rpc
     async def fetch_anchor(self, *, peers: list[str], version: int, size: int, dest: str, timeout: float,
                            digest: str | None = None, chunk: int = 4 << 20, per_peer: int = 2,
-                           pieces: list[tuple[int, int, str]] | None = None) -> dict[str, Any]:
+                           pieces: list[list[int | str]] | None = None) -> dict[str, Any]:  # (offset, length, hex)
         return await wt.fetch_anchor(self.dialer, peers, version=version, size=size, dest=Path(dest),
                                      digest=digest, timeout=timeout, chunk=chunk, per_peer=per_peer,
                                      pieces=pieces)
