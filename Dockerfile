@@ -1,8 +1,8 @@
 # pulse-node image: one image for the bootstrap, trainers and inference nodes (see docker-compose.yml).
 #
 #   docker build -t pulse-node:latest .                       # CPU torch (default)
-#   docker build -t pulse-node:cuda --build-arg TORCH_SPEC=torch==2.13.0 \
-#       --build-arg TORCH_INDEX_URL=<the wheel index of the torch build for your CUDA> .
+#   docker build -t pulse-node:cuda --build-arg TORCH_INDEX_URL= .   # PyPI's torch: the CUDA build
+#   (or TORCH_INDEX_URL=<the wheel index of the torch build for your CUDA>)
 #
 # Three stages on the official python:3.11-slim, which has no C compiler:
 #   base  - Python + torch, on its own layer (the package's open torch range would otherwise let
@@ -16,7 +16,9 @@
 FROM python:3.11-slim AS base
 
 ARG TORCH_SPEC=torch==2.13.0
-ARG TORCH_INDEX_URL=
+# PyTorch's CPU wheel index: a ~190 MB wheel, where PyPI's torch for Linux x86_64 is the CUDA
+# build and brings several GB of nvidia-* packages
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 
 ENV PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
