@@ -140,7 +140,6 @@ class ComposeAsProcesses:
         text = re.sub(r" --wire-announce /dns4/[\w-]+/tcp/31339", "", text)
         text = text.replace("/dns4/bootstrap/tcp/31337", f"/ip4/127.0.0.1/tcp/{self.bootstrap_port}")
         text = text.replace("/configs/", f"{REPO / 'configs'}/")
-        text = text.replace("metrics_host=0.0.0.0", "metrics_host=127.0.0.1")
         return text.replace("--metrics-port 9100", "--metrics-port 0")
 
     def command(self, service: str) -> list[str]:
