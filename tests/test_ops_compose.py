@@ -40,6 +40,19 @@ def _compose() -> dict:
     return yaml.safe_load(COMPOSE.read_text())
 
 
+def interpolate(text: str, env: dict[str, str] | None = None) -> str:
+    """Compose's variable substitution, for the forms the file uses: ``${VAR:-default}`` (default
+    when unset or empty), ``${VAR-default}`` (default when unset) and ``$$`` (a literal ``$``)."""
+    env = env or {}
+
+    def value(m: re.Match) -> str:
+        name, colon, default = m.groups()
+        v = env.get(name)
+        return default if v is None or (colon and not v) else v
+
+    return re.sub(r"\$\{(\w+)(:?)-([^}]*)\}", value, text.replace("$$", "\0")).replace("\0", "$")
+
+
 def test_compose_nodes_announce_a_dialable_data_plane_address() -> None:
     """Each node's data plane listens on a fixed port and announces it by service name (the
     default /ip4/0.0.0.0 port 0 would announce 0.0.0.0, which no other container can dial)."""
@@ -94,13 +107,31 @@ def test_compose_nodes_trust_exactly_the_trainer_services_keys() -> None:
         assert ("shared:/shared" in svc["volumes"]) == (name in trainers), name  # only trainers write there
 
 
-def test_docker_compose_config_accepts_the_file() -> None:
+def test_bootstrap_port_is_published_on_loopback_unless_asked() -> None:
+    (port,) = _compose()["services"]["bootstrap"]["ports"]
+    assert interpolate(port) == "127.0.0.1:31337:31337"
+    assert interpolate(port, {"PULSE_BOOTSTRAP_BIND": "0.0.0.0"}) == "0.0.0.0:31337:31337"
+    assert interpolate(port, {"PULSE_BOOTSTRAP_PORT": ""}) == "127.0.0.1::31337"  # Docker picks the host port
+    assert all("ports" not in s for n, s in _compose()["services"].items() if n != "bootstrap")
+
+
+def _compose_cli() -> list[str] | None:
+    """``docker compose`` (v2 plugin) or ``docker-compose``, whichever is installed."""
+    docker = shutil.which("docker")
+    if docker and subprocess.run([docker, "compose", "version"], capture_output=True, timeout=30).returncode == 0:
+        return [docker, "compose"]
     exe = shutil.which("docker-compose")
-    if exe is None:
-        pytest.skip("docker-compose binary not installed (apt-get install docker-compose); YAML checks above still ran")
+    return [exe] if exe else None
+
+
+def test_docker_compose_config_accepts_the_file() -> None:
+    cli = _compose_cli()
+    if cli is None:
+        pytest.skip("neither `docker compose` nor docker-compose is installed; YAML checks above still ran")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PULSE_")}
     for profile in ([], ["--profile", "gpu"]):
-        r = subprocess.run([exe, "-f", str(COMPOSE), *profile, "config", "-q"], capture_output=True, text=True,
-                           timeout=60, cwd=REPO)
+        r = subprocess.run([*cli, "-f", str(COMPOSE), *profile, "config", "-q"], capture_output=True, text=True,
+                           timeout=60, cwd=REPO, env=env)
         assert r.returncode == 0, r.stderr
 
 
@@ -119,7 +150,7 @@ class ComposeAsProcesses:
         return self.root / re.sub(r"-(data|state)$", "", volume)
 
     def translate(self, service: str, text: str) -> str:
-        text = text.replace("$$", "$")  # compose's escape for a literal $
+        text = interpolate(text)  # none of the file's variables is set here
         for spec in self.compose["services"][service].get("volumes", []):
             volume, target = spec.split(":")[:2]
             self.volume_dir(volume).mkdir(parents=True, exist_ok=True)
