@@ -29,7 +29,7 @@ pytestmark = pytest.mark.timeout(300)
 MiB = 1 << 20
 #: one file of every fetch kind, at the path ``chain/serving.py`` maps its params to
 PARAMS: dict[str, dict[str, Any]] = {
-    "record": {"version": 2}, "patch": {"version": 2}, "anchor": {"version": 0},
+    "record": {"version": 2}, "patch": {"version": 2}, "anchor": {"version": 0, "offset": 0, "length": 3 * MiB},
     "catchup": {"base": 0, "target": 2}, "trainer_state": {}, "loco_payload": {"round": 1, "digest": "cd" * 32},
     "loco_decision": {"round": 1},
 }

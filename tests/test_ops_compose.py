@@ -266,7 +266,7 @@ def swarm(tmp_path_factory, warm_cache):
 def test_compose_services_form_a_working_swarm(swarm) -> None:
     t, i = swarm.status("trainer-0"), swarm.status("inference-0")
     assert _hash_at(t, 2) and _hash_at(t, 2) == _hash_at(i, 2)
-    assert t["trust_mode"] == i["trust_mode"] == "keys", "compose nodes must trust only the trainers' keys"
+    assert t.trust_mode == i.trust_mode == "keys", "compose nodes must trust only the trainers' keys"
     for service, st in (("trainer-0", t), ("inference-0", i)):
         port = int(st.metrics_url.rsplit(":", 1)[1])
         assert swarm.healthy(service, metrics_port=port), f"{service}: compose health check failed"

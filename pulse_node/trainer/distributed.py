@@ -234,8 +234,8 @@ class ShardedOuter(OuterOptimizer):
         self._engine.apply_on_shards(payloads)
         self.set_round(self.round + 1)
 
-    def load_state_dict(self, state, *, expect_hash: bytes | None = None) -> None:
-        super().load_state_dict(state, expect_hash=expect_hash)
+    def load_state_dict(self, state) -> None:
+        super().load_state_dict(state)
         self._engine.push_global()
 
 
