@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import wait_for
+from helpers import wait_for
 
 pytestmark = pytest.mark.slow
 
