@@ -5,7 +5,8 @@ For each seed:
 1. warm-start the embedded model once in this process (cached under ``model.cache_dir``, the
    same file the nodes load), so the warm start does not eat the swarm's minutes;
 2. run the local swarm (``swarm/launcher.LocalSwarm``: bootstrap + trainers + inference nodes as
-   processes, exactly what ``pulse-node swarm`` starts) for ``--minutes`` of wall clock, reading
+   processes, exactly what ``pulse-node swarm`` starts) for ``--minutes`` of wall clock from
+   launch (process start-up included, as a user sees it), reading
    the trainers' per-version held-out accuracy from their ``status.json`` every 2 s (so the
    files' bounded history never loses the start);
 3. run ``pulse-node solo`` on the same model, task, GRPO settings and seed (hence the same warm
@@ -43,6 +44,7 @@ import tomli_w
 
 from pulse_node.config import SwarmConfig
 from pulse_node.configload import load_config
+from pulse_node.errors import PulseError
 from pulse_node.swarm.launcher import LocalSwarm
 
 GAIN_MIN, DROP_MAX = 0.15, 0.05
@@ -158,12 +160,22 @@ def run_solo(cfg: SwarmConfig, *, rollouts: int, minutes_cap: float, workdir: Pa
             "seconds": round(time.monotonic() - t0, 1), "capped": res["steps"] < steps}
 
 
+def attempt(kind: str, seed: int, run) -> dict:
+    """``run()``, or a failed run carrying the error (a dead node or solo process) so the other
+    seeds still run and the JSON says what went wrong."""
+    try:
+        return run()
+    except (PulseError, subprocess.CalledProcessError, OSError, ValueError) as exc:
+        log(f"{kind} seed {seed} FAILED: {exc}")
+        return {"evals": [], "error": f"{type(exc).__name__}: {exc}"}
+
+
 def row(kind: str, seed: int, run: dict, window: int) -> dict:
     stats = curve_stats(run["evals"], window)
     out = {"kind": kind, "seed": seed, **{k: (round(v, 4) if isinstance(v, float) else v) for k, v in stats.items()},
            **verdict(stats)}
     keep = ("versions", "steps", "rollouts", "rollouts_used", "rollouts_in", "rollouts_own", "rollouts_stale",
-            "seconds", "changed_mean", "patch_bytes_total", "dense_bytes_total", "capped")
+            "seconds", "changed_mean", "patch_bytes_total", "dense_bytes_total", "capped", "error")
     out.update({k: (round(run[k], 4) if isinstance(run[k], float) else run[k]) for k in keep if k in run})
     return out
 
@@ -174,8 +186,8 @@ def print_table(rows: list[dict]) -> None:
     print(head)
     fmt = (lambda x: f"{x:.3f}" if isinstance(x, float) else "-")
     for r in rows:
-        n = r.get("versions", r.get("steps"))
-        rollouts = r.get("rollouts_used", r.get("rollouts"))
+        n = r.get("versions", r.get("steps", "-"))
+        rollouts = r.get("rollouts_used", r.get("rollouts", "-"))
         print(f"{r['kind']:<6} {r['seed']:>4} {n:>14} {rollouts:>9} {fmt(r['start']):>6} {fmt(r['peak']):>6} "
               f"{fmt(r['end']):>6} {fmt(r['gain']):>6} {fmt(r['drop']):>6} {fmt(r['peak_raw']):>8} "
               f"{fmt(r['end_raw']):>7}  {'yes' if r['pass'] else 'NO'}")
@@ -200,12 +212,13 @@ def main() -> int:
         cfg = load_config(SwarmConfig, args.config,
                           args.overrides + [f"seed={seed}", f"run_dir={json.dumps(str(root / f'seed{seed}'))}"])
         warm_start(cfg)
-        swarm = run_swarm(cfg, args.minutes)
+        swarm = attempt("swarm", seed, lambda: run_swarm(cfg, args.minutes))
         loads.append(load())
         rows.append(row("swarm", seed, swarm, args.window))
         curves[f"swarm-{seed}"] = swarm["evals"]
-        if not args.no_solo:
-            solo = run_solo(cfg, rollouts=swarm.get("rollouts_used", 0), minutes_cap=6 * args.minutes, workdir=root)
+        if not args.no_solo and swarm.get("rollouts_used"):
+            solo = attempt("solo", seed, lambda: run_solo(cfg, rollouts=swarm["rollouts_used"],
+                                                          minutes_cap=6 * args.minutes, workdir=root))
             loads.append(load())
             rows.append(row("solo", seed, solo, args.window))
             curves[f"solo-{seed}"] = solo["evals"]
