@@ -85,8 +85,8 @@ def curve_stats(points: list[tuple[float, float]], window: int) -> dict:
 def verdict(stats: dict) -> dict:
     if stats["start"] is None:
         return {"gain": None, "drop": None, "pass": False}
-    gain, drop = stats["end"] - stats["start"], stats["peak"] - stats["end"]
-    return {"gain": round(gain, 4), "drop": round(drop, 4), "pass": gain >= GAIN_MIN and drop <= DROP_MAX}
+    gain, drop = round(stats["end"] - stats["start"], 4), round(stats["peak"] - stats["end"], 4)
+    return {"gain": gain, "drop": drop, "pass": gain >= GAIN_MIN and drop <= DROP_MAX}
 
 
 class Watch:
@@ -180,17 +180,17 @@ def row(kind: str, seed: int, run: dict, window: int) -> dict:
     return out
 
 
-def print_table(rows: list[dict]) -> None:
+def print_table(rows: list[dict], file=sys.stdout) -> None:
     head = f"{'run':<6} {'seed':>4} {'versions/steps':>14} {'rollouts':>9} {'start':>6} {'peak':>6} {'end':>6} " \
            f"{'gain':>6} {'drop':>6} {'peak raw':>8} {'end raw':>7}  pass"
-    print(head)
+    print(head, file=file)
     fmt = (lambda x: f"{x:.3f}" if isinstance(x, float) else "-")
     for r in rows:
         n = r.get("versions", r.get("steps", "-"))
         rollouts = r.get("rollouts_used", r.get("rollouts", "-"))
         print(f"{r['kind']:<6} {r['seed']:>4} {n:>14} {rollouts:>9} {fmt(r['start']):>6} {fmt(r['peak']):>6} "
               f"{fmt(r['end']):>6} {fmt(r['gain']):>6} {fmt(r['drop']):>6} {fmt(r['peak_raw']):>8} "
-              f"{fmt(r['end_raw']):>7}  {'yes' if r['pass'] else 'NO'}")
+              f"{fmt(r['end_raw']):>7}  {'yes' if r['pass'] else 'NO'}", file=file)
 
 
 def main() -> int:
@@ -222,8 +222,9 @@ def main() -> int:
             loads.append(load())
             rows.append(row("solo", seed, solo, args.window))
             curves[f"solo-{seed}"] = solo["evals"]
-        print_table(rows)
-    (root / "swarm_learning.json").write_text(json.dumps({"rows": rows, "curves": curves}, indent=1))
+        print_table(rows, file=sys.stderr)  # so far
+        (root / "swarm_learning.json").write_text(json.dumps({"rows": rows, "curves": curves}, indent=1))
+    print_table(rows)
     swarm_rows = [r for r in rows if r["kind"] == "swarm"]
     result = {"minutes": args.minutes, "seeds": seeds, "config": args.config, "overrides": args.overrides,
               "window": args.window, "targets": {"gain_min": GAIN_MIN, "drop_max": DROP_MAX},
