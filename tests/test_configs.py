@@ -77,3 +77,22 @@ def test_an_announced_address_needs_a_fixed_listen_port():
                                                   f"{listen}=['/ip4/0.0.0.0/tcp/31338']"])
         assert getattr(cfg.net, announce.split(".")[1]) == ["/ip4/1.2.3.4/tcp/31338"]
     assert load_config(InferenceConfig, None, []).net.announce == []  # no announcement: port 0 is fine
+
+
+def test_solo_refuses_a_sync_interval_whose_rollouts_it_would_drop():
+    """With sync_every = k solo's rollouts are up to k - 1 versions old: a smaller staleness bound
+    would silently drop them all, so the config says what to raise instead."""
+    with pytest.raises(ConfigError, match="grpo.max_staleness"):
+        load_config(SoloConfig, None, ["sync_every=3"])
+    assert load_config(SoloConfig, None, ["sync_every=3", "grpo.max_staleness=2"]).sync_every == 3
+
+
+def test_realistic_preset_shares_the_default_warm_start():
+    """configs/realistic.toml changes how the swarm trains, not the model or task: its nodes load
+    the warm start the default swarm cached (no second warm start for a user)."""
+    from pulse_node.rl.warmstart import cache_key
+
+    keys = set()
+    for cfg in (load_config(SwarmConfig, None), load_config(SwarmConfig, ROOT / "configs" / "realistic.toml")):
+        keys.add(cache_key(cfg.task.model_dump(mode="json"), cfg.model, cfg.grpo, cfg.seed))
+    assert len(keys) == 1

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_run_solo_summary(warm_cache) -> None:
-    cfg = tiny_solo(warm_cache).model_copy(update={"max_steps": 3, "sync_every": 2})
+    cfg = tiny_solo(warm_cache, max_staleness=1).model_copy(update={"max_steps": 3, "sync_every": 2})
     out = run_solo(cfg, progress=False)
     assert out["steps"] == 3 and out["rollouts"] == 3 * 4 * 4
     for key in ("eval_before", "eval_after", "bf16_change_density"):

@@ -49,7 +49,7 @@ class TaskConfig(StrictModel):
     ops: str = "+"  # arithmetic: subset of "+-*"
     path: str | None = None  # jsonl: training problems
     eval_path: str | None = None  # jsonl: held-out problems (default: split off `path`)
-    eval_size: int = pydantic.Field(200, ge=1)
+    eval_size: int = pydantic.Field(1000, ge=1)  # held-out problems (1000: +-1.5 points at 60%, see bench/RESULTS.md)
     reward: str = "exact"  # a name in pulse_node.rl.tasks.REWARDS
     seed: int = 1234  # fixes the held-out split; independent of the run seed
 
@@ -81,7 +81,11 @@ class GRPOConfig(StrictModel):
     weight_decay: float = pydantic.Field(0.0, ge=0)
     eps_low: float = pydantic.Field(0.2, ge=0, lt=1)
     eps_high: float = pydantic.Field(0.28, ge=0)
-    max_staleness: int = pydantic.Field(4, ge=0)  # drop rollouts older than this many versions
+    max_staleness: int = pydantic.Field(0, ge=0)
+    """Drop rollouts made more than this many versions before the one being trained. 0 (only
+    rollouts of the current version, corrected within the round by the importance ratio): with 4
+    the default swarm trained on 4-version-old rollouts and lost what it had learned
+    (bench/RESULTS.md, "Why the default swarm forgot")."""
     max_grad_norm: float = pydantic.Field(1.0, gt=0)
     bf16_compute: bool = True  # forward on the BF16-rounded weights (straight-through)
     warmstart_steps: int = pydantic.Field(700, ge=0)
@@ -102,3 +106,10 @@ class SoloConfig(StrictModel):
     sync_every: int = pydantic.Field(1, ge=1)  # push the BF16 copy to the worker every N steps
     eval_every: int = pydantic.Field(0, ge=0)  # 0 = only before and after
     threads: int | None = pydantic.Field(None, ge=1)  # torch intra-op threads (None = default)
+
+    @pydantic.model_validator(mode="after")
+    def _check(self) -> "SoloConfig":
+        if self.sync_every - 1 > self.grpo.max_staleness:
+            raise ValueError(f"sync_every={self.sync_every} makes rollouts up to {self.sync_every - 1} versions old, "
+                             f"but grpo.max_staleness={self.grpo.max_staleness} drops them: raise grpo.max_staleness")
+        return self
