@@ -13,6 +13,7 @@ import pytest
 
 from pulse_node.chain.store import VersionStore
 from pulse_node.config import InferenceConfig, TrainerConfig
+from pulse_node.rl.verify import STRIKES
 from pulse_node.testing.inprocess import InProcessSwarm, read_status
 from tests.conftest import tiny_overrides, wait_for
 
@@ -58,6 +59,9 @@ def test_two_trainers_two_inference_bit_identical(swarm, tmp_path):
         for h in _status(node)["history"]:
             assert {h["state_hash"]} == by_version[h["version"]]
     assert _status(t1).get("rollouts_in", 0) + _status(t2).get("rollouts_in", 0) > 0, "no rollouts reached trainers"
+    senders = [s for t in (t1, t2) for s in _status(t).get("rollout_senders", {}).values()]
+    assert sum(s["accepted"] for s in senders) > 0, "no verified batch was accepted"
+    assert not {r for s in senders for r in s["rejected"]} & STRIKES, f"honest batches refused: {senders}"
 
 
 def test_trainer_leaving_does_not_stall_and_returning_trainer_stays_identical(swarm, tmp_path):

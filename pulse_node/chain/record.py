@@ -12,9 +12,14 @@ without detection. Receivers check, in order: decode (size and type caps), signe
 signature, chain hash, link to the parent record, then the patch digest (``check_patch``),
 and finally the codec checks the base and result state hashes when the patch is applied.
 
-Wire format (``RECORD_FORMAT`` 1): a msgpack array
+``rollout_settings`` is the canonical JSON of the settings rollouts of this version must be
+made with (``rl/settings.py``; "" when none are declared): signed like every field, so a
+producer cannot pick its own temperature or task and trainers agree on what they check.
+
+Wire format (``RECORD_FORMAT`` 2): a msgpack array
 ``[RECORD_MAGIC, RECORD_FORMAT, run_id, version, parent_chain_hash, chain_hash, state_hash,
-patch_digest, patch_bytes, anchor_version, is_anchor, codec, created_at, signer, signature]``.
+patch_digest, patch_bytes, anchor_version, is_anchor, codec, created_at, rollout_settings,
+signer, signature]``.
 The signed message is the same array without the signature, prefixed by a domain tag.
 """
 
@@ -33,7 +38,7 @@ from pulse_node.chain.identity import Identity, key_id_of, verify_signature
 from pulse_node.errors import IntegrityError, WireError
 
 RECORD_MAGIC = "pulse/version-record"
-RECORD_FORMAT = 1
+RECORD_FORMAT = 2
 MAX_RECORD_BYTES = 2048
 _SIGN_DOMAIN = b"pulse/version-record/sign/1\0"
 _CHAIN_DOMAIN = "pulse/chain/1"
@@ -44,6 +49,7 @@ _HEX64 = re.compile(r"[0-9a-f]{64}")
 _STATE_HASH = re.compile(r"[0-9a-f]{16,128}")
 _RUN_ID = re.compile(r"[\x21-\x7e]{1,128}")
 _CODEC = re.compile(r"[a-z0-9._/+-]{1,64}")
+_SETTINGS = re.compile(r"[\x20-\x7e]{0,1024}")
 
 
 @dataclass(frozen=True)
@@ -61,6 +67,7 @@ class VersionRecord:
     is_anchor: bool
     codec: str
     created_at: float
+    rollout_settings: str
     signer: str
     signature: bytes
 
@@ -73,7 +80,8 @@ _FIELDS = tuple(f.name for f in fields(VersionRecord))
 _TYPES: dict[str, type] = {
     "run_id": str, "version": int, "parent_chain_hash": str, "chain_hash": str,
     "state_hash": str, "patch_digest": str, "patch_bytes": int, "anchor_version": int,
-    "is_anchor": bool, "codec": str, "created_at": float, "signer": str, "signature": bytes,
+    "is_anchor": bool, "codec": str, "created_at": float, "rollout_settings": str, "signer": str,
+    "signature": bytes,
 }
 
 
@@ -107,7 +115,7 @@ def signing_bytes(r: VersionRecord) -> bytes:
 
 def make_record(identity: Identity, *, run_id: str, version: int, parent: VersionRecord | None,
                 state_hash: str, patch: bytes | None, anchor_version: int, is_anchor: bool,
-                codec: str) -> VersionRecord:
+                codec: str, rollout_settings: str = "") -> VersionRecord:
     """Build and sign the record of ``version`` (``patch`` turns ``parent``'s state into it)."""
     if (version == 0) != (parent is None):
         raise ValueError("version 0 has no parent; every later version needs its parent record")
@@ -123,7 +131,8 @@ def make_record(identity: Identity, *, run_id: str, version: int, parent: Versio
                               patch_digest=digest, state_hash=state_hash),
         state_hash=state_hash, patch_digest=digest, patch_bytes=0 if patch is None else len(patch),
         anchor_version=anchor_version, is_anchor=is_anchor, codec=codec,
-        created_at=float(time.time()), signer=identity.public_key_hex, signature=b"")
+        created_at=float(time.time()), rollout_settings=rollout_settings,
+        signer=identity.public_key_hex, signature=b"")
     _check_fields(unsigned, unsigned_ok=True, error=ValueError)
     return _replace_signature(unsigned, identity.sign(signing_bytes(unsigned)))
 
@@ -147,7 +156,7 @@ def decode_record(data: bytes) -> VersionRecord:
         raise WireError(f"record is {len(data)} bytes, limit {MAX_RECORD_BYTES}")
     try:
         items = msgpack.unpackb(bytes(data), raw=False, use_list=True, strict_map_key=True,
-                                max_str_len=256, max_bin_len=128, max_array_len=32,
+                                max_str_len=1024, max_bin_len=128, max_array_len=32,
                                 max_map_len=0, max_ext_len=0)
     except Exception as exc:  # msgpack raises several unrelated types on garbage
         raise WireError(f"record is not valid msgpack ({type(exc).__name__})") from None
@@ -194,6 +203,8 @@ def _field_problems(r: VersionRecord, *, unsigned_ok: bool):
         yield "codec must match [a-z0-9._/+-]{1,64}"
     if not math.isfinite(r.created_at) or r.created_at < 0:
         yield "created_at must be a finite non-negative timestamp"
+    if not _SETTINGS.fullmatch(r.rollout_settings):
+        yield "rollout_settings must be at most 1024 printable ASCII characters"
     if not (unsigned_ok and r.signature == b"") and len(r.signature) != 64:
         yield "signature must be 64 bytes"
 

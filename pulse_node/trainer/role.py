@@ -3,8 +3,9 @@
 One round (= one version):
 
 1. ``inner_steps`` GRPO steps on rollouts pushed by inference nodes (within the staleness
-   bound); when none arrive within ``rollout_wait_s`` the trainer makes its own, so a swarm
-   without inference nodes still trains.
+   bound), taken round robin per sender and each batch verified before use (``trainer/intake.py``,
+   ``rl/verify.py``: a refused batch does not use up a step); when none arrive within
+   ``rollout_wait_s`` the trainer makes its own, so a swarm without inference nodes still trains.
 2. The error-feedback gate turns ``global - local`` into a sparse payload, coded against the
    round's FP32 global weights (``loco.base_coding``) and pushed to every other trainer. The
    round's coordinator decides which payloads make up the round (a signed list,
@@ -17,9 +18,7 @@ One round (= one version):
 
 from __future__ import annotations
 
-import random
 import time
-from collections import deque
 
 import torch
 
@@ -30,6 +29,7 @@ from pulse_node.loco.outer import OuterOptimizer
 from pulse_node.loco.payload import LocoPayload, encode_payload
 from pulse_node.loco.sparsify import ErrorFeedback
 from pulse_node.trainer.agreement import RoundAgreement
+from pulse_node.trainer.intake import RolloutFeed
 from pulse_node.daemon.context import RoleContext
 from pulse_node.trainer.publisher import VersionPublisher
 from pulse_node.trainer.state import export_trainer_state, read_trainer_state
@@ -37,9 +37,12 @@ from pulse_node.daemon.transport import push_to_all
 from pulse_node.rl.evaluate import evaluate
 from pulse_node.rl.grpo import GRPOLearner
 from pulse_node.rl.policy import build_policy
-from pulse_node.rl.rollout import Rollout, decode_rollouts
+from pulse_node.rl.assign import BatchKey, assigned_problems
+from pulse_node.rl.rollout import Rollout
 from pulse_node.rl.sampler import RolloutWorker
+from pulse_node.rl.settings import settings_of
 from pulse_node.rl.tasks import make_task_source
+from pulse_node.rl.verify import RolloutVerifier
 from pulse_node.torchbits import load_state, module_state
 
 
@@ -51,7 +54,6 @@ class TrainerRole:
         self.cfg: TrainerConfig = ctx.cfg  # type: ignore[assignment]
         cfg = self.cfg
         # the model seed is the run's (every trainer starts bit-identical); sampling differs per peer
-        self.rng = random.Random(f"{cfg.seed}:{ctx.transport.peer_id}")
         self.policy = build_policy(cfg.model, cfg.task, seed=cfg.seed, grpo_cfg=cfg.grpo, progress=True)
         self.learner = GRPOLearner(self.policy, cfg.grpo, temperature=cfg.sampling.temperature)
         self.worker = RolloutWorker(self.policy, cfg.sampling)
@@ -62,11 +64,15 @@ class TrainerRole:
         self.shapes = {n: tuple(t.shape) for n, t in self.global_params.items()}
         self.outer = OuterOptimizer(self.global_params, cfg.loco)
         self.ef = ErrorFeedback(self.shapes, cfg=cfg.loco)
-        self.publisher = VersionPublisher(ctx.store, ctx.identity, run_id=cfg.run_id, chain=cfg.chain)
-        self.batches: deque[list[Rollout]] = deque(maxlen=64)
+        self.publisher = VersionPublisher(ctx.store, ctx.identity, run_id=cfg.run_id, chain=cfg.chain,
+                                          rollout_settings=settings_of(cfg))
+        verifier = RolloutVerifier(self.worker, self.tasks, run_id=cfg.run_id, cfg=cfg.verify,
+                                   batches_per_version=cfg.rollout_batches_per_version,
+                                   max_staleness=cfg.grpo.max_staleness)
+        self.feed = RolloutFeed(verifier, cfg.verify, status=ctx.status)
+        self.own_batches = 0
         self.agreement = RoundAgreement(ctx, shapes=self.shapes, current_round=lambda: self.outer.round,
                                         drain=self._drain_events, base=self._base)
-        self.worker_version = -1
         self.peer_heads: dict[int, dict[str, str]] = {}  # version -> trainer -> announced state hash
         self.published_hashes: dict[int, str] = {}
 
@@ -94,6 +100,7 @@ class TrainerRole:
             return
         # alone with our own store: continue from it (BF16 -> FP32 is exact; FP32 residue is lost)
         load_state(self.global_params, self.publisher.state)
+        self.feed.keep_state(head.version, self.publisher.state)
         self.outer.round = head.version
         self._reset_local()
         self.ctx.log.info("resumed alone at version %d", head.version)
@@ -139,6 +146,8 @@ class TrainerRole:
         self.outer.load_state_dict(outer_state)
         self._reset_local()
         self.publisher.adopt(record, state)
+        self.feed.forget_states()  # earlier states we hold may be another fork's
+        self.feed.keep_state(record.version, state)
         self.ctx.status.add("resyncs")
         self.ctx.log.info("adopted state of %s at version %d", peer.peer_id[:12], record.version)
         self._announce()
@@ -274,6 +283,7 @@ class TrainerRole:
     def _publish(self, reward: float | None = None):
         state = module_state(self.global_params.items())
         pub = self.publisher.publish(state)
+        self.feed.keep_state(pub.record.version, state)
         self.ctx.status.add("patch_bytes_total", pub.patch_bytes)
         self.ctx.status.add("dense_bytes_total", pub.dense_bytes if pub.record.version > 0 else 0)
         entry = {"version": pub.record.version, "patch_bytes": pub.patch_bytes,
@@ -295,7 +305,6 @@ class TrainerRole:
 
     def _evaluate(self, state, version: int) -> float:
         self.worker.set_weights(state, version)
-        self.worker_version = version
         return float(evaluate(self.worker, self.eval_set))
 
     def _announce(self, push: bool = False) -> None:
@@ -312,8 +321,7 @@ class TrainerRole:
         for ev in self.ctx.transport.events(wait_s=wait_s):
             try:
                 if ev.kind == "rollouts":
-                    self.batches.append(decode_rollouts(ev.data))
-                    self.ctx.status.add("rollouts_in", len(self.batches[-1]))
+                    self.feed.offer(ev.sender, ev.data)
                 elif ev.kind == "head":
                     rec = decode_record(ev.data)
                     self.peer_heads.setdefault(rec.version, {})[ev.sender] = rec.state_hash
@@ -326,24 +334,23 @@ class TrainerRole:
                 self.ctx.status.error(f"bad {ev.kind} from {ev.sender[:12]}: {exc}")
 
     def _next_batch(self) -> list[Rollout]:
-        """A batch of fresh peer rollouts, or our own after ``rollout_wait_s``."""
+        """A verified batch of peer rollouts, or our own after ``rollout_wait_s``."""
         deadline = time.monotonic() + self.cfg.rollout_wait_s
         while True:
             self._drain_events()
-            while self.batches:
-                batch = self.batches.popleft()
-                fresh = [r for r in batch if 0 <= self.version - r.version <= self.cfg.grpo.max_staleness]
-                if fresh:
-                    return fresh
-                self.ctx.status.add("rollouts_stale", len(batch))
+            batch = self.feed.next_batch(self.version)
+            if batch is not None:
+                return batch
             if time.monotonic() >= deadline or not self.ctx.peers("inference"):
                 return self._own_batch()
             self._drain_events(wait_s=0.05)
 
     def _own_batch(self) -> list[Rollout]:
-        if self.worker_version != self.version and self.publisher.state is not None:
+        """A batch made here with the seeded sampler (trusted: not verified)."""
+        if self.worker.version != self.version and self.publisher.state is not None:
             self.worker.set_weights(self.publisher.state, self.version)
-            self.worker_version = self.version
-        problems = self.tasks.sample(self.cfg.sampling.prompts_per_batch, self.rng)
+        self.own_batches += 1
+        key = BatchKey(self.cfg.run_id, self.worker.version, self.ctx.transport.peer_id, self.own_batches)
+        problems = assigned_problems(self.tasks, key, self.cfg.sampling.prompts_per_batch)
         self.ctx.status.add("rollouts_own", len(problems) * self.cfg.sampling.group_size)
-        return self.worker.generate(problems, rng=self.rng)
+        return self.worker.generate(problems, key=key)
