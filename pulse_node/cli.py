@@ -15,7 +15,7 @@ from pulse_node import __version__
 from pulse_node.errors import PulseError
 
 #: subcommand modules, in the order ``--help`` lists them
-COMMANDS = ("swarm", "join", "bootstrap", "solo", "patch", "status", "doctor", "keygen")
+COMMANDS = ("swarm", "join", "bootstrap", "solo", "patch", "rollouts", "status", "doctor", "keygen")
 
 
 def build_parser() -> argparse.ArgumentParser:
