@@ -114,3 +114,16 @@ def test_node_k_versions_behind_recovers_with_one_catchup_patch(swarm, tmp_path)
     assert back["catchups"] == 1 and back["patches_applied"] == 0, back
     assert 0 < back["catchup_bytes_total"] < summed, (back["catchup_bytes_total"], summed)
     assert back["state_hash"] == trainer[last]["state_hash"], "the returning node holds a different state"
+
+
+def test_inference_node_refuses_a_version_declaring_other_rollout_settings(swarm, tmp_path):
+    """The trainer's records declare temperature 1.0; an inference node configured for 0.5 holds the
+    versions but sends no rollouts, and says why in its status."""
+    sampling = tiny_overrides("")["sampling"] | {"temperature": 0.5}
+    swarm.start("trainer-a", _cfg(TrainerConfig, tmp_path, "t1", max_versions=2))
+    node = swarm.start("infer-a", _cfg(InferenceConfig, tmp_path, "i1", sampling=sampling))
+    wait_for(lambda: _status(node).get("version", -1) >= 1 and _status(node).get("rollout_settings_error"),
+             timeout=240, what="the inference node to hold a version and refuse it")
+    st = _status(node)
+    assert "temperature: version 1.0 vs config 0.5" in st["rollout_settings_error"]
+    assert not st.get("rollouts_sent")

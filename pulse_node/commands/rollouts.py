@@ -102,7 +102,7 @@ def make_batch(cfg, *, identity: Path, version: int | None, batch: int) -> tuple
     from pulse_node.chain.identity import Identity
     from pulse_node.errors import ConfigError
     from pulse_node.net.dht_validator import peer_id_of
-    from pulse_node.rl.assign import BatchKey, assigned_problems
+    from pulse_node.rl.assign import BatchKey
     from pulse_node.rl.rollout import encode_rollouts
     from pulse_node.rl.tasks import make_task_source
 
@@ -114,8 +114,7 @@ def make_batch(cfg, *, identity: Path, version: int | None, batch: int) -> tuple
     worker = source.worker()
     worker.set_weights(state, v)
     key = BatchKey(cfg.run_id, v, peer_id_of(Identity.load(identity)), batch)
-    rollouts = worker.generate(assigned_problems(make_task_source(cfg.task), key, cfg.sampling.prompts_per_batch),
-                               key=key)
+    rollouts = worker.generate_batch(make_task_source(cfg.task), key)
     return encode_rollouts(rollouts), rollouts
 
 

@@ -20,7 +20,7 @@ from pulse_node.daemon.context import RoleContext
 from pulse_node.inference.syncer import VersionSync
 from pulse_node.daemon.transport import push_to_all
 from pulse_node.chain.trust import TrustPolicy
-from pulse_node.rl.assign import BatchKey, assigned_problems
+from pulse_node.rl.assign import BatchKey
 from pulse_node.rl.config import GRPOConfig
 from pulse_node.rl.policy import build_policy
 from pulse_node.rl.rollout import encode_rollouts
@@ -97,7 +97,7 @@ class InferenceRole:
         if batch >= self.cfg.rollout_batches_per_version or not self._settings_agree(rec):
             return False
         key = BatchKey(self.cfg.run_id, rec.version, self.ctx.transport.peer_id, batch)
-        rollouts = self.worker.generate(assigned_problems(self.tasks, key, self.cfg.sampling.prompts_per_batch), key=key)
+        rollouts = self.worker.generate_batch(self.tasks, key)
         trainer = trainers[self._next_trainer % len(trainers)]
         self._next_trainer += 1
         try:

@@ -18,13 +18,13 @@ from typing import Callable, Sequence
 import torch
 
 from pulse_node.codec.state import State
-from pulse_node.rl.assign import BatchKey
+from pulse_node.rl.assign import BatchKey, assigned_problems
 from pulse_node.rl.config import SamplingConfig
 from pulse_node.rl.models import HFLM, TinyLM
 from pulse_node.rl.policy import check_prompts
 from pulse_node.rl.rollout import Rollout
 from pulse_node.rl.seeded import SampleNoise, draw, noise_rows
-from pulse_node.rl.tasks import Problem, reward
+from pulse_node.rl.tasks import Problem, TaskSource, reward
 from pulse_node.rl.tokenizer import Tokenizer
 from pulse_node.torchbits import load_state
 
@@ -123,6 +123,11 @@ class RolloutWorker:
             fin += f
         return [self._rollout(problems[i // g], prompts[i], t, lp, f, key=key, sample=i)
                 for i, (t, lp, f) in enumerate(zip(toks, lps, fin))]
+
+    def generate_batch(self, task: TaskSource, key: BatchKey, *, rows_per_pass: int | None = None) -> list[Rollout]:
+        """Batch ``key`` as trainers expect it: its assigned problems, answered by the seeded sampler."""
+        problems = assigned_problems(task, key, self.cfg.prompts_per_batch)
+        return self.generate(problems, key=key, rows_per_pass=rows_per_pass)
 
     def _rollout(self, prob: Problem, prompt: list[int], toks: list[int], lps: list[float], finished: bool,
                  *, key: BatchKey, sample: int) -> Rollout:

@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from pulse_node.rl.assign import BatchKey, assigned_problems
+from pulse_node.rl.assign import BatchKey
 from pulse_node.rl.config import SoloConfig
 from pulse_node.rl.evaluate import evaluate
 from pulse_node.rl.grpo import GRPOLearner
@@ -43,7 +43,7 @@ def _train(cfg: SoloConfig, policy, worker: RolloutWorker, task, evals, *, progr
     tot = {"steps": 0, "rollouts": 0, "changed": 0.0, "reward": 0.0, "dropped": 0, "tokens": 0.0, "history": []}
     while time.monotonic() < deadline and (cfg.max_steps is None or tot["steps"] < cfg.max_steps):
         key = BatchKey(f"solo-{cfg.seed}", worker.version, "solo", tot["steps"])
-        rollouts = worker.generate(assigned_problems(task, key, cfg.sampling.prompts_per_batch), key=key)
+        rollouts = worker.generate_batch(task, key)
         stats = learner.step(rollouts, current_version=tot["steps"])
         tot["steps"] += 1
         version = tot["steps"]

@@ -58,8 +58,7 @@ class ForgeryLab:
         """Batch ``batch`` of ``version`` by ``sender``, made honestly (optionally on other weights)."""
         v = self.current if version is None else version
         self.producer.set_weights(state if state is not None else self.states[v], v if key_version is None else key_version)
-        key = BatchKey(self.run_id, self.producer.version, sender, batch)
-        return self.producer.generate(assigned_problems(self.task, key, self.sampling.prompts_per_batch), key=key)
+        return self.producer.generate_batch(self.task, BatchKey(self.run_id, self.producer.version, sender, batch))
 
     def judge(self, sender: str, rollouts: list[Rollout]) -> BatchVerdict:
         """The verifier's verdict on ``rollouts`` sent by ``sender`` (through the wire format)."""

@@ -37,7 +37,7 @@ from pulse_node.daemon.transport import push_to_all
 from pulse_node.rl.evaluate import evaluate
 from pulse_node.rl.grpo import GRPOLearner
 from pulse_node.rl.policy import build_policy
-from pulse_node.rl.assign import BatchKey, assigned_problems
+from pulse_node.rl.assign import BatchKey
 from pulse_node.rl.rollout import Rollout
 from pulse_node.rl.sampler import RolloutWorker
 from pulse_node.rl.settings import settings_of
@@ -351,6 +351,6 @@ class TrainerRole:
             self.worker.set_weights(self.publisher.state, self.version)
         self.own_batches += 1
         key = BatchKey(self.cfg.run_id, self.worker.version, self.ctx.transport.peer_id, self.own_batches)
-        problems = assigned_problems(self.tasks, key, self.cfg.sampling.prompts_per_batch)
-        self.ctx.status.add("rollouts_own", len(problems) * self.cfg.sampling.group_size)
-        return self.worker.generate(problems, key=key)
+        rollouts = self.worker.generate_batch(self.tasks, key)
+        self.ctx.status.add("rollouts_own", len(rollouts))
+        return rollouts
