@@ -38,15 +38,23 @@ class SampleNoise:
     def __init__(self, batch_digest: bytes, sample: int) -> None:
         self._xof = blake3.blake3(int(sample).to_bytes(8, "little"), key=batch_digest)
 
-    def steps(self, first: int, count: int, vocab: int) -> torch.Tensor:
+    def raw(self, first: int, count: int, vocab: int) -> bytes:
         width = 4 * vocab
-        raw = self._xof.digest(length=width * count, seek=width * first)
-        return _gumbel(raw, count, vocab)
+        return self._xof.digest(length=width * count, seek=width * first)
+
+    def steps(self, first: int, count: int, vocab: int) -> torch.Tensor:
+        return _gumbel(self.raw(first, count, vocab), count, vocab)
+
+
+def noise_block(batch_digest: bytes, lengths: Sequence[tuple[int, int]], vocab: int) -> torch.Tensor:
+    """[sum of counts, vocab] noise of steps ``0..count-1`` of each ``(sample, count)``, stacked."""
+    raw = b"".join(SampleNoise(batch_digest, s).raw(0, n, vocab) for s, n in lengths)
+    return _gumbel(raw, sum(n for _, n in lengths), vocab)
 
 
 def noise_rows(noises: Sequence[SampleNoise], step: int, vocab: int) -> torch.Tensor:
     """[len(noises), vocab] noise of one decoding step for several samples."""
-    return torch.cat([n.steps(step, 1, vocab) for n in noises])
+    return _gumbel(b"".join(n.raw(step, 1, vocab) for n in noises), len(noises), vocab)
 
 
 def seeded_scores(logits: torch.Tensor, noise: torch.Tensor, temperature: float) -> torch.Tensor:

@@ -40,7 +40,7 @@ from pulse_node.rl.batch import pack
 from pulse_node.rl.config import VerifyConfig
 from pulse_node.rl.rollout import Rollout
 from pulse_node.rl.sampler import RolloutWorker
-from pulse_node.rl.seeded import SampleNoise, gaps, seeded_scores
+from pulse_node.rl.seeded import gaps, noise_block, seeded_scores
 from pulse_node.rl.tasks import Problem, TaskSource
 
 #: refusals that strike the sender (it sent something false); the others are nobody's fault
@@ -54,12 +54,19 @@ LOGIT_BUDGET = 1 << 26
 
 @dataclass
 class RolloutCheck:
-    """The verdict on one rollout: ``reason`` "" when it passes; ``gap`` its largest token gap."""
+    """The verdict on one rollout: ``reason`` "" when it passes.
+
+    ``gap``: its largest token gap (0 when every token is exactly the recomputed draw);
+    ``closest``: the smallest difference between the best and second-best seeded score over its
+    tokens, i.e. how near a tie its closest draw was (only there could a token be swapped within
+    the tolerance). Both NaN when the tokens were not recomputed.
+    """
 
     sample: int
     reason: str = ""
     detail: str = ""
     gap: float = float("nan")
+    closest: float = float("nan")
 
     @property
     def ok(self) -> bool:
@@ -100,6 +107,7 @@ class RolloutVerifier:
         self._eval_prompts = {tuple(tok.encode(p.prompt)) for p in task.eval_set()}
         self._accepted: set[BatchKey] = set()
         self._logit_width: int | None = None
+        self.logit_budget = LOGIT_BUDGET  # logits per forward (benches lower it to vary the shape)
 
     # ---- the checks --------------------------------------------------------------------
     def check(self, rollouts: list[Rollout], *, sender: str, current_version: int,
@@ -123,11 +131,12 @@ class RolloutVerifier:
         if self.worker.version != key.version:
             self.worker.set_weights(state, key.version)
         todo = [i for i, c in enumerate(checks) if c.ok]
-        scored = self._recompute([rollouts[i] for i in todo], key)
+        scored = self.recompute([rollouts[i] for i in todo], key)
         out = []
-        for i, (gap, logprobs) in zip(todo, scored):
+        for i, (gap, closest, logprobs) in zip(todo, scored):
             reward = self._reward(rollouts[i], problems[i // self.sampling.group_size])
             checks[i] = self._dynamic(rollouts[i], gap=gap, reward=reward, logprobs=logprobs)
+            checks[i].closest = float(closest.min())
             out.append(replace(rollouts[i], reward=reward, logprobs=logprobs, local=True))
         verdict = self._verdict(checks, out)
         if verdict.ok:
@@ -197,13 +206,14 @@ class RolloutVerifier:
 
     # ---- the teacher-forced recomputation ------------------------------------------------
     @torch.no_grad()
-    def _recompute(self, rollouts: list[Rollout], key: BatchKey) -> list[tuple[torch.Tensor, list[float]]]:
-        """Per rollout: the gap of each completion token and its behaviour log-prob (ours)."""
+    def recompute(self, rollouts: list[Rollout], key: BatchKey) -> list[tuple[torch.Tensor, torch.Tensor, list[float]]]:
+        """Per rollout and completion token: its gap, the best-minus-second-best seeded score, and
+        its behaviour log-prob (ours)."""
         if not rollouts:
             return []
         width = max(len(r.prompt_ids) + len(r.completion_ids) for r in rollouts)
-        rows = max(1, LOGIT_BUDGET // (width * self._vocab()))
-        out: list[tuple[torch.Tensor, list[float]]] = []
+        rows = max(1, self.logit_budget // (width * self._vocab()))
+        out: list[tuple[torch.Tensor, torch.Tensor, list[float]]] = []
         for start in range(0, len(rollouts), rows):
             out += self._recompute_rows(rollouts[start:start + rows], key.digest())
         return out
@@ -215,19 +225,24 @@ class RolloutVerifier:
             self._logit_width = int(self.worker.lm.logits(probe, torch.ones_like(probe, dtype=torch.bool)).shape[-1])
         return self._logit_width
 
-    def _recompute_rows(self, rollouts: list[Rollout], digest: bytes) -> list[tuple[torch.Tensor, list[float]]]:
+    def _recompute_rows(self, rollouts: list[Rollout], digest: bytes) -> list[tuple[torch.Tensor, torch.Tensor, list[float]]]:
+        """One forward over the distinct sequences (samples of a group often repeat), then per rollout."""
         w, temp = self.worker, self.sampling.temperature
-        packed = pack([(r.prompt_ids, r.completion_ids) for r in rollouts], pad_id=w.tokenizer.pad_id, device=w.device)
+        distinct: dict[tuple[tuple[int, ...], tuple[int, ...]], int] = {}
+        which = [distinct.setdefault((tuple(r.prompt_ids), tuple(r.completion_ids)), len(distinct)) for r in rollouts]
+        packed = pack(list(distinct), pad_id=w.tokenizer.pad_id, device=w.device)
         logits = w.lm.logits(packed.ids, packed.mask)[:, :-1].float()
-        rows = torch.cat([torch.full((len(r.completion_ids),), i) for i, r in enumerate(rollouts)])
+        rows = torch.cat([torch.full((len(r.completion_ids),), u) for u, r in zip(which, rollouts)])
         cols = torch.cat([torch.arange(len(r.completion_ids)) + len(r.prompt_ids) - 1 for r in rollouts])
         z = logits[rows.to(w.device), cols.to(w.device)]  # [tokens, vocab]
         tokens = torch.cat([torch.tensor(r.completion_ids) for r in rollouts]).to(w.device)
-        noise = torch.cat([SampleNoise(digest, r.sample).steps(0, len(r.completion_ids), z.shape[-1]) for r in rollouts])
-        gap = gaps(seeded_scores(z, noise, temp), tokens).cpu()
+        noise = noise_block(digest, [(r.sample, len(r.completion_ids)) for r in rollouts], z.shape[-1])
+        scores = seeded_scores(z, noise, temp)
+        top2 = scores.topk(2, dim=-1).values
+        gap, closest = gaps(scores, tokens).cpu(), (top2[:, 0] - top2[:, 1]).cpu()
         logp = torch.log_softmax(z / temp, dim=-1).gather(-1, tokens[:, None]).squeeze(-1).cpu()
         sizes = [len(r.completion_ids) for r in rollouts]
-        return [(g, lp.tolist()) for g, lp in zip(gap.split(sizes), logp.split(sizes))]
+        return list(zip(gap.split(sizes), closest.split(sizes), [lp.tolist() for lp in logp.split(sizes)]))
 
 
 def _termination(r: Rollout, *, eos: int, max_new: int) -> str:
