@@ -18,31 +18,20 @@ import argparse
 import json
 import time
 from collections import Counter
-from pathlib import Path
 
-from pulse_node.configload import load_config
-from pulse_node.rl.assign import BatchKey
-from pulse_node.rl.config import SoloConfig, VerifyConfig
-from pulse_node.rl.grpo import GRPOLearner
-from pulse_node.rl.policy import build_policy, build_tiny
-from pulse_node.rl.sampler import RolloutWorker
+from rollout_common import solo_versions
+
+from pulse_node.rl.config import VerifyConfig
+from pulse_node.rl.policy import build_tiny
 from pulse_node.rl.tasks import make_task_source
 from pulse_node.rl.verify import STRIKES
 from pulse_node.testing.forgery import FORGERIES, HONEST, ForgeryLab, flood
 from pulse_node.torchbits import module_state
 
-ROOT = Path(__file__).resolve().parents[1]
-
 
 def make_lab(steps: int) -> ForgeryLab:
-    cfg = load_config(SoloConfig, ROOT / "configs" / "solo.toml")
-    policy = build_policy(cfg.model, cfg.task, seed=cfg.seed, grpo_cfg=cfg.grpo, progress=True)
-    task, states = make_task_source(cfg.task), {0: policy.bf16_state()}
-    worker, learner = RolloutWorker(policy, cfg.sampling), GRPOLearner(policy, cfg.grpo)
-    for s in range(steps):
-        worker.set_weights(policy.bf16_state(), 0)
-        learner.step(worker.generate_batch(task, BatchKey("warm", 0, "bench", s)), current_version=0)
-    states[1] = policy.bf16_state()
+    cfg, policy, states = solo_versions(steps)
+    task = make_task_source(cfg.task)
     foreign = module_state(build_tiny(cfg.model, seed=cfg.seed + 1, device=policy.device).module.named_parameters())
     return ForgeryLab(policy=policy, states=states, foreign=foreign, task=task, sampling=cfg.sampling,
                       verify=VerifyConfig())
@@ -68,7 +57,7 @@ def main() -> None:
         results[kind] = {"caught": caught, "tried": args.trials, "reasons": dict(reasons)}
         print(f"{kind}: caught {caught}/{args.trials} {dict(reasons)}", flush=True)
     honest = flood(lab, flood_batches=args.flood, honest_batches=4, takes=12)
-    print(f"\n| forgery | caught / tried | reasons |\n|---|---|---|")
+    print("\n| forgery | caught / tried | reasons |\n|---|---|---|")
     for kind, r in results.items():
         print(f"| {kind} | {r['caught']}/{r['tried']} | {', '.join(f'{k} {v}' for k, v in r['reasons'].items())} |")
     print(f"| flood: {args.flood} valid batches from one sender, 4 from an honest one, 12 inner steps | honest "

@@ -27,21 +27,19 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 
-from pulse_node.configload import load_config
+from rollout_common import ROOT, solo_versions
+
 from pulse_node.rl.assign import BatchKey
 from pulse_node.rl.config import GRPOConfig, ModelConfig, SoloConfig, VerifyConfig
-from pulse_node.rl.grpo import GRPOLearner
 from pulse_node.rl.policy import build_policy
 from pulse_node.rl.rollout import decode_rollouts, encode_rollouts
 from pulse_node.rl.sampler import RolloutWorker
 from pulse_node.rl.tasks import make_task_source
 from pulse_node.rl.verify import RolloutVerifier
 
-ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 from test_rl_hf import save_tiny_hf  # noqa: E402  (the tests' tiny Llama, one definition)
 
@@ -75,18 +73,6 @@ class Tally:
             self.max_logprob_diff = max([self.max_logprob_diff, *(abs(a - b) for a, b in zip(ours.logprobs, claimed.logprobs))])
 
 
-def versions_of_solo(cfg: SoloConfig, steps: int) -> tuple[object, dict[int, object]]:
-    """The warm-started solo policy and two of its versions: the warm start, and ``steps`` GRPO steps later."""
-    policy = build_policy(cfg.model, cfg.task, seed=cfg.seed, grpo_cfg=cfg.grpo, progress=True)
-    task, states = make_task_source(cfg.task), {0: policy.bf16_state()}
-    worker, learner = RolloutWorker(policy, cfg.sampling), GRPOLearner(policy, cfg.grpo)
-    for s in range(steps):
-        worker.set_weights(policy.bf16_state(), 0)
-        learner.step(worker.generate_batch(task, BatchKey("warm", 0, "bench", s)), current_version=0)
-    states[1] = policy.bf16_state()
-    return policy, states
-
-
 def run_config(policy, cfg: SoloConfig, state, version: int, *, p_threads: int, rows: int | None,
                v_threads: int, per_sequence: bool, batches: int, tally: Tally, bf16: bool = False) -> None:
     task = make_task_source(cfg.task)
@@ -109,8 +95,7 @@ def run_config(policy, cfg: SoloConfig, state, version: int, *, p_threads: int, 
 
 
 def honest_grid(args) -> dict[str, Tally]:
-    cfg = load_config(SoloConfig, ROOT / "configs" / "solo.toml")
-    policy, states = versions_of_solo(cfg, args.grpo_steps)
+    cfg, policy, states = solo_versions(args.grpo_steps)
     out: dict[str, Tally] = {}
     shapes = [(1, None), (2, 64), (1, 7), (2, 1)]
     for version in (0, 1):
@@ -148,8 +133,7 @@ def hf_grid(args, cfg: SoloConfig) -> dict[str, Tally]:
 
 
 def bf16_rows(args) -> dict[str, Tally]:
-    cfg = load_config(SoloConfig, ROOT / "configs" / "solo.toml")
-    policy, states = versions_of_solo(cfg, 0)
+    cfg, policy, states = solo_versions(0)
     tally = Tally()
     run_config(policy, cfg, states[0], 0, p_threads=1, rows=None, v_threads=1, per_sequence=False,
                batches=args.batches, tally=tally, bf16=True)
@@ -164,8 +148,8 @@ def main() -> None:
     t0 = time.monotonic()
     honest, extra = honest_grid(args), bf16_rows(args)
     tol = VerifyConfig().score_tolerance
-    print(f"\n| configuration | rollouts | refused | largest gap | rollouts with a draw within tol of a tie | "
-          f"largest logprob diff |\n|---|---|---|---|---|---|")
+    print("\n| configuration | rollouts | refused | largest gap | rollouts with a draw within tol of a tie | "
+          "largest logprob diff |\n|---|---|---|---|---|---|")
     for name, t in {**honest, **extra}.items():
         lp = f"{t.max_logprob_diff:.3g}" if t.refused < t.rollouts else "- (all refused)"
         print(f"| {name} | {t.rollouts} | {t.refused} {t.reasons or ''} | {t.max_gap:.3g} | {t.near_tie} | {lp} |")

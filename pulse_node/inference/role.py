@@ -107,7 +107,7 @@ class InferenceRole:
             self.ctx.status.update(reward_mean=reward)
         except PulseError as exc:
             self.ctx.status.error(f"rollout push to {trainer.peer_id[:12]} failed: {exc}")
-        self.sent_for[rec.version] = batch + 1
+        self.sent_for = {v: n for v, n in self.sent_for.items() if v > rec.version - 8} | {rec.version: batch + 1}
         return True
 
     def _settings_agree(self, rec) -> bool:

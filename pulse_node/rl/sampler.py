@@ -23,7 +23,7 @@ from pulse_node.rl.config import SamplingConfig
 from pulse_node.rl.models import HFLM, TinyLM
 from pulse_node.rl.policy import check_prompts
 from pulse_node.rl.rollout import Rollout
-from pulse_node.rl.seeded import SampleNoise, draw, noise_rows
+from pulse_node.rl.seeded import SampleNoise, draw, drawable, noise_rows
 from pulse_node.rl.tasks import Problem, TaskSource, reward
 from pulse_node.rl.tokenizer import Tokenizer
 from pulse_node.torchbits import load_state
@@ -74,7 +74,7 @@ class RolloutWorker:
             if noise is None:
                 tok = logp.argmax(-1)
             else:
-                tok = draw(logits, noise_rows(noise, step, logits.shape[-1]), temperature)
+                tok = draw(logits, noise_rows(noise, step, drawable(logits, self.tokenizer.vocab_size)), temperature)
             tok = torch.where(done, torch.full_like(tok, self.tokenizer.pad_id), tok)
             toks.append(tok)
             lps.append(logp.gather(-1, tok[:, None]).squeeze(-1))

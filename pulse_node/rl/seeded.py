@@ -2,9 +2,10 @@
 
 Token ``k`` of sample ``i`` of the batch with key digest ``K`` (``rl/assign.py``) is
 
-    argmax_j  z_j / T + G_j,   G_j = -log(-log U_j)
+    argmax_j  z_j / T + G_j,   G_j = -log(-log U_j),   j < V
 
-with ``z`` the logits of the version's BF16 weights, ``T`` the declared temperature, and
+with ``V`` the smaller of the logits' width and the tokenizer's vocabulary (padding rows of an
+embedding are never drawn), ``z`` the logits of the version's BF16 weights, ``T`` the declared temperature, and
 ``U_j = (x_j + 1/2) / 2^32`` for the uint32 ``x_j`` at offset ``4 (k V + j)`` of the BLAKE3 XOF
 output keyed by ``K`` over ``i`` (8 bytes, little endian). Gumbel-max draws exactly from
 softmax(z / T), so learning is unchanged; but the draw is a function of (weights, key, sample,
@@ -58,8 +59,13 @@ def noise_rows(noises: Sequence[SampleNoise], step: int, vocab: int) -> torch.Te
 
 
 def seeded_scores(logits: torch.Tensor, noise: torch.Tensor, temperature: float) -> torch.Tensor:
-    """The scores the draw maximises: logits / T + G (float32)."""
-    return logits.float() / temperature + noise.to(logits.device)
+    """The scores the draw maximises: logits / T + G (float32), over the ``V`` ids the noise covers."""
+    return logits[..., : noise.shape[-1]].float() / temperature + noise.to(logits.device)
+
+
+def drawable(logits: torch.Tensor, vocab_size: int) -> int:
+    """``V``: how many ids a draw ranges over (never the padding rows past the tokenizer's vocabulary)."""
+    return min(int(logits.shape[-1]), vocab_size)
 
 
 def draw(logits: torch.Tensor, noise: torch.Tensor, temperature: float) -> torch.Tensor:

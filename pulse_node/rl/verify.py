@@ -40,7 +40,7 @@ from pulse_node.rl.batch import pack
 from pulse_node.rl.config import VerifyConfig
 from pulse_node.rl.rollout import Rollout
 from pulse_node.rl.sampler import RolloutWorker
-from pulse_node.rl.seeded import gaps, noise_block, seeded_scores
+from pulse_node.rl.seeded import drawable, gaps, noise_block, seeded_scores
 from pulse_node.rl.tasks import Problem, TaskSource
 
 #: refusals that strike the sender (it sent something false); the others are nobody's fault
@@ -236,7 +236,8 @@ class RolloutVerifier:
         cols = torch.cat([torch.arange(len(r.completion_ids)) + len(r.prompt_ids) - 1 for r in rollouts])
         z = logits[rows.to(w.device), cols.to(w.device)]  # [tokens, vocab]
         tokens = torch.cat([torch.tensor(r.completion_ids) for r in rollouts]).to(w.device)
-        noise = noise_block(digest, [(r.sample, len(r.completion_ids)) for r in rollouts], z.shape[-1])
+        noise = noise_block(digest, [(r.sample, len(r.completion_ids)) for r in rollouts],
+                            drawable(z, w.tokenizer.vocab_size))
         scores = seeded_scores(z, noise, temp)
         top2 = scores.topk(2, dim=-1).values
         gap, closest = gaps(scores, tokens).cpu(), (top2[:, 0] - top2[:, 1]).cpu()
