@@ -108,3 +108,12 @@ def test_a_flood_does_not_take_the_honest_senders_share(lab) -> None:
     assert out["honest_used"] == 2, out  # every honest batch trained on
     assert out["order"][:4].count(HONEST) == 2, out["order"]  # alternating turns while both have batches
     assert out["flood_refused"].get("queue_full", 0) >= 14 and not out["honest_refused"], out
+
+
+def test_a_fork_with_the_same_version_number_is_not_mistaken_for_the_held_state(lab) -> None:
+    """After a re-sync the trainer's worker may hold another fork's weights under the same version
+    number: the verifier loads the state it is given, not whatever carries that number."""
+    verifier = lab.new_verifier()
+    verifier.worker.set_weights(lab.states[0], 1)  # "version 1" of a fork
+    rs = lab.honest(HONEST, 3, 1)
+    assert verifier.check(rs, sender=HONEST, current_version=1, state_of=lab.states.get).ok

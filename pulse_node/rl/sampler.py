@@ -43,11 +43,12 @@ class RolloutWorker:
         self.lm.module = copy.deepcopy(policy_like.lm.module).float().eval().requires_grad_(False)
         self.reward_fn = reward_fn or reward(policy_like.task.reward)
         self.version = -1
+        self.loaded: State | None = None  # the State last loaded (two forks may share a version number)
 
     def set_weights(self, state: State, version: int) -> None:
         """Load a BF16 State (all parameters) as policy ``version``."""
         load_state(dict(self.lm.module.named_parameters()), state)
-        self.version = int(version)
+        self.version, self.loaded = int(version), state
 
     def _prompt_batch(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         width = max(len(p) for p in prompts)

@@ -128,7 +128,7 @@ class RolloutVerifier:
         checks = [self._static(r, key, problems[r.sample // self.sampling.group_size]) for r in rollouts]
         if not full and not all(c.ok for c in checks):
             return self._verdict(checks, [])
-        if self.worker.version != key.version:
+        if self.worker.loaded is not state:
             self.worker.set_weights(state, key.version)
         todo = [i for i, c in enumerate(checks) if c.ok]
         scored = self.recompute([rollouts[i] for i in todo], key)

@@ -347,7 +347,7 @@ class TrainerRole:
 
     def _own_batch(self) -> list[Rollout]:
         """A batch made here with the seeded sampler (trusted: not verified)."""
-        if self.worker.version != self.version and self.publisher.state is not None:
+        if self.worker.loaded is not self.publisher.state and self.publisher.state is not None:
             self.worker.set_weights(self.publisher.state, self.version)
         self.own_batches += 1
         key = BatchKey(self.cfg.run_id, self.worker.version, self.ctx.transport.peer_id, self.own_batches)
