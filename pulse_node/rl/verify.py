@@ -29,9 +29,11 @@ log-probs of that version: no number from the producer enters the loss.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+import copy
+from dataclasses import dataclass, field
 from typing import Callable
 
+import numpy as np
 import torch
 
 from pulse_node.codec.state import State
@@ -125,19 +127,25 @@ class RolloutVerifier:
         if state is None:
             return _refuse("unknown_version", f"weights of version {key.version} are not held here", n)
         problems = assigned_problems(self.task, key, self.sampling.prompts_per_batch)
-        checks = [self._static(r, key, problems[r.sample // self.sampling.group_size]) for r in rollouts]
+        wants = [self.worker.tokenizer.encode(p.prompt) for p in problems]
+        g = self.sampling.group_size
+        checks = [self._static(r, key, problems[r.sample // g], wants[r.sample // g]) for r in rollouts]
         if not full and not all(c.ok for c in checks):
             return self._verdict(checks, [])
         if self.worker.loaded is not state:
             self.worker.set_weights(state, key.version)
         todo = [i for i, c in enumerate(checks) if c.ok]
-        scored = self.recompute([rollouts[i] for i in todo], key)
+        rec = self.recompute([rollouts[i] for i in todo], key)
+        rewards: dict[tuple, float] = {}
         out = []
-        for i, (gap, closest, logprobs) in zip(todo, scored):
-            reward = self._reward(rollouts[i], problems[i // self.sampling.group_size])
-            checks[i] = self._dynamic(rollouts[i], gap=gap, reward=reward, logprobs=logprobs)
-            checks[i].closest = float(closest.min())
-            out.append(replace(rollouts[i], reward=reward, logprobs=logprobs, local=True))
+        for j, i in enumerate(todo):
+            r, problem = rollouts[i], problems[i // self.sampling.group_size]
+            seen = (tuple(r.completion_ids), problem.answer)
+            reward = rewards[seen] if seen in rewards else rewards.setdefault(seen, self._reward(r, problem))
+            checks[i] = self._dynamic(r, rec, j, reward=reward)
+            scored = copy.copy(r)
+            scored.reward, scored.logprobs, scored.local = reward, rec.logprobs[j], True
+            out.append(scored)
         verdict = self._verdict(checks, out)
         if verdict.ok:
             self._accepted.add(key)
@@ -170,10 +178,9 @@ class RolloutVerifier:
             return "stale", f"version {r.version} is more than {self.max_staleness} behind {current}"
         return None
 
-    def _static(self, r: Rollout, key: BatchKey, problem: Problem) -> RolloutCheck:
-        """Prompt, group, termination and token-range checks (no model needed)."""
+    def _static(self, r: Rollout, key: BatchKey, problem: Problem, want: list[int]) -> RolloutCheck:
+        """Prompt (``want``: the assigned one's ids), group, termination and token-range checks."""
         tok, cfg = self.worker.tokenizer, self.sampling
-        want = tok.encode(problem.prompt)
         c = RolloutCheck(r.sample)
         if tuple(r.prompt_ids) in self._eval_prompts and r.prompt_ids != want:
             c.reason, c.detail = "eval_prompt", "the prompt is one of the eval split"
@@ -187,16 +194,16 @@ class RolloutVerifier:
             c.reason, c.detail = "token_range", "token ids outside the vocabulary or longer than the context"
         return c
 
-    def _dynamic(self, r: Rollout, *, gap: torch.Tensor, reward: float, logprobs: list[float]) -> RolloutCheck:
-        """Seeded draws, reward and log-prob claims, against the recomputation."""
-        c = RolloutCheck(r.sample, gap=float(gap.max()))
+    def _dynamic(self, r: Rollout, rec: Recomputed, j: int, *, reward: float) -> RolloutCheck:
+        """Seeded draws, reward and log-prob claims of ``r`` (``rec``'s ``j``-th), against the recomputation."""
+        c = RolloutCheck(r.sample, gap=float(rec.gap[j]), closest=float(rec.closest[j]))
         if c.gap > self.cfg.score_tolerance:
-            k = int(gap.argmax())
             c.reason = "not_sampled"
-            c.detail = f"token {k} is not the seeded draw (gap {c.gap:.4g} > tolerance {self.cfg.score_tolerance:g})"
+            c.detail = (f"token {int(rec.token_gaps[j].argmax())} is not the seeded draw "
+                        f"(gap {c.gap:.4g} > tolerance {self.cfg.score_tolerance:g})")
         elif abs(r.reward - reward) > REWARD_TOLERANCE:
             c.reason, c.detail = "wrong_reward", f"reward {r.reward:g} claimed, {reward:g} recomputed"
-        elif (off := max(abs(a - b) for a, b in zip(r.logprobs, logprobs))) > self.cfg.logprob_tolerance:
+        elif (off := float(rec.claim_off[j])) > self.cfg.logprob_tolerance:
             c.reason = "forged_logprobs"
             c.detail = f"log-probs differ by {off:.4g} > tolerance {self.cfg.logprob_tolerance:g}"
         return c
@@ -206,17 +213,14 @@ class RolloutVerifier:
 
     # ---- the teacher-forced recomputation ------------------------------------------------
     @torch.no_grad()
-    def recompute(self, rollouts: list[Rollout], key: BatchKey) -> list[tuple[torch.Tensor, torch.Tensor, list[float]]]:
-        """Per rollout and completion token: its gap, the best-minus-second-best seeded score, and
-        its behaviour log-prob (ours)."""
+    def recompute(self, rollouts: list[Rollout], key: BatchKey) -> Recomputed:
+        """The teacher-forced recomputation of ``rollouts`` (batch ``key``) with the loaded weights."""
         if not rollouts:
-            return []
+            return Recomputed.empty()
         width = max(len(r.prompt_ids) + len(r.completion_ids) for r in rollouts)
         rows = max(1, self.logit_budget // (width * self._vocab()))
-        out: list[tuple[torch.Tensor, torch.Tensor, list[float]]] = []
-        for start in range(0, len(rollouts), rows):
-            out += self._recompute_rows(rollouts[start:start + rows], key.digest())
-        return out
+        return Recomputed.join([self._recompute_rows(rollouts[start:start + rows], key.digest())
+                                for start in range(0, len(rollouts), rows)])
 
     def _vocab(self) -> int:
         """Width of the logits (may exceed the tokenizer's vocabulary), from a one-token forward."""
@@ -225,25 +229,58 @@ class RolloutVerifier:
             self._logit_width = int(self.worker.lm.logits(probe, torch.ones_like(probe, dtype=torch.bool)).shape[-1])
         return self._logit_width
 
-    def _recompute_rows(self, rollouts: list[Rollout], digest: bytes) -> list[tuple[torch.Tensor, torch.Tensor, list[float]]]:
-        """One forward over the distinct sequences (samples of a group often repeat), then per rollout."""
+    def _recompute_rows(self, rollouts: list[Rollout], digest: bytes) -> Recomputed:
+        """One forward over the distinct sequences (samples of a group often repeat), then per token."""
         w, temp = self.worker, self.sampling.temperature
         distinct: dict[tuple[tuple[int, ...], tuple[int, ...]], int] = {}
         which = [distinct.setdefault((tuple(r.prompt_ids), tuple(r.completion_ids)), len(distinct)) for r in rollouts]
         packed = pack(list(distinct), pad_id=w.tokenizer.pad_id, device=w.device)
         logits = w.lm.logits(packed.ids, packed.mask)[:, :-1].float()
-        rows = torch.cat([torch.full((len(r.completion_ids),), u) for u, r in zip(which, rollouts)])
-        cols = torch.cat([torch.arange(len(r.completion_ids)) + len(r.prompt_ids) - 1 for r in rollouts])
-        z = logits[rows.to(w.device), cols.to(w.device)]  # [tokens, vocab]
-        tokens = torch.cat([torch.tensor(r.completion_ids) for r in rollouts]).to(w.device)
+        sizes = np.array([len(r.completion_ids) for r in rollouts])
+        starts = np.cumsum(sizes) - sizes
+        cols = (np.arange(sizes.sum()) - np.repeat(starts, sizes)
+                + np.repeat(np.array([len(r.prompt_ids) - 1 for r in rollouts]), sizes))
+        z = logits[torch.from_numpy(np.repeat(which, sizes)).to(w.device), torch.from_numpy(cols).to(w.device)]
+        tokens = torch.tensor([t for r in rollouts for t in r.completion_ids], device=w.device)
         noise = noise_block(digest, [(r.sample, len(r.completion_ids)) for r in rollouts],
                             drawable(z, w.tokenizer.vocab_size))
         scores = seeded_scores(z, noise, temp)
         top2 = scores.topk(2, dim=-1).values
-        gap, closest = gaps(scores, tokens).cpu(), (top2[:, 0] - top2[:, 1]).cpu()
-        logp = torch.log_softmax(z / temp, dim=-1).gather(-1, tokens[:, None]).squeeze(-1).cpu()
-        sizes = [len(r.completion_ids) for r in rollouts]
-        return list(zip(gap.split(sizes), closest.split(sizes), [lp.tolist() for lp in logp.split(sizes)]))
+        logp = torch.log_softmax(z / temp, dim=-1).gather(-1, tokens[:, None]).squeeze(-1)
+        return Recomputed.of(gap=gaps(scores, tokens).cpu().numpy(), closest=(top2[:, 0] - top2[:, 1]).cpu().numpy(),
+                             logp=logp.cpu().numpy(), sizes=sizes,
+                             claimed=np.array([x for r in rollouts for x in r.logprobs]))
+
+
+@dataclass
+class Recomputed:
+    """Per rollout: its largest token gap, its closest draw (smallest best-minus-second-best
+    seeded score), the largest |claimed - recomputed| log-prob, our log-probs, and per token
+    the gaps (to say which token failed)."""
+
+    gap: np.ndarray
+    closest: np.ndarray
+    claim_off: np.ndarray
+    logprobs: list[list[float]]
+    token_gaps: list[np.ndarray]
+
+    @classmethod
+    def of(cls, *, gap: np.ndarray, closest: np.ndarray, logp: np.ndarray, claimed: np.ndarray,
+           sizes: np.ndarray) -> "Recomputed":
+        starts = np.cumsum(sizes) - sizes
+        flat = logp.astype(np.float64).tolist()
+        return cls(gap=np.maximum.reduceat(gap, starts), closest=np.minimum.reduceat(closest, starts),
+                   claim_off=np.maximum.reduceat(np.abs(claimed - logp), starts),
+                   logprobs=[flat[a:a + n] for a, n in zip(starts, sizes)], token_gaps=np.split(gap, starts[1:]))
+
+    @classmethod
+    def empty(cls) -> "Recomputed":
+        return cls(np.zeros(0), np.zeros(0), np.zeros(0), [], [])
+
+    @classmethod
+    def join(cls, parts: list["Recomputed"]) -> "Recomputed":
+        return cls(*(np.concatenate([getattr(p, f) for p in parts]) for f in ("gap", "closest", "claim_off")),
+                   [x for p in parts for x in p.logprobs], [x for p in parts for x in p.token_gaps])
 
 
 def _termination(r: Rollout, *, eos: int, max_new: int) -> str:
