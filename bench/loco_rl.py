@@ -35,6 +35,7 @@ from loco_common import (N_TRAINERS, BF16Changes, CodecTally, Curve, codec_repor
                          run_loco, summarize, sweep)
 from pulse_node.configload import load_config
 from pulse_node.loco.config import LocoConfig
+from pulse_node.rl.assign import BatchKey
 from pulse_node.rl.batch import bf16_params, pack, token_logprobs
 from pulse_node.rl.config import SoloConfig
 from pulse_node.rl.evaluate import evaluate
@@ -103,6 +104,7 @@ class GRPOTrainer:
         self.learner = GRPOLearner(self.policy, work.cfg.grpo, temperature=work.cfg.sampling.temperature)
         self.task, self.prompts = work.task, work.setup.prompts
         self.rng = random.Random(f"loco-rl:{seed}:{rank}")
+        self.name = f"loco-rl:{seed}:{rank}"
         self.version = 0
         self._params = dict(self.policy.model.named_parameters())
 
@@ -112,7 +114,11 @@ class GRPOTrainer:
     def rollouts(self) -> list:
         """A fresh on-policy batch from the BF16 cast of the current local weights."""
         self.worker.set_weights(self.policy.bf16_state(), self.version)
-        return self.worker.generate(self.task.sample(self.prompts, self.rng), rng=self.rng)
+        return self.worker.generate(self.task.sample(self.prompts, self.rng), key=self._key())
+
+    def _key(self) -> BatchKey:
+        """A fresh batch key (seeds this batch's token draws; the prompts come from ``self.rng``)."""
+        return BatchKey("loco-rl", self.worker.version, self.name, self.rng.getrandbits(31))
 
     def inner_step(self) -> float:
         """One GRPO step; returns the batch's mean reward (the harness logs it as 'loss')."""
@@ -132,7 +138,7 @@ def ddp_step(trainers: list[GRPOTrainer], main: GRPOTrainer) -> None:
     learner.opt.zero_grad(set_to_none=True)
     for t in trainers:
         t.worker.set_weights(main.policy.bf16_state(), main.version)
-        rollouts = t.worker.generate(t.task.sample(t.prompts, t.rng), rng=t.rng)
+        rollouts = t.worker.generate(t.task.sample(t.prompts, t.rng), key=t._key())
         adv = group_advantages(rollouts)
         useful = [i for i, a in enumerate(adv) if a != 0.0]
         if useful:

@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 
 from pulse_node.configload import load_config
+from pulse_node.rl.assign import BatchKey
 from pulse_node.rl.config import SoloConfig
 from pulse_node.rl.grpo import GRPOLearner, bf16_bits
 from pulse_node.rl.policy import build_policy
@@ -74,7 +75,8 @@ def run_lr(cfg: SoloConfig, lr: float, *, steps: int) -> dict:
     t0 = time.monotonic()
     for v in range(steps):
         worker.set_weights(policy.bf16_state(), v)
-        rollouts = worker.generate(task.sample(cfg.sampling.prompts_per_batch, rng), rng=rng)
+        rollouts = worker.generate(task.sample(cfg.sampling.prompts_per_batch, rng),
+                                   key=BatchKey(f"sparsity-{lr}", v, "bench", 0))
         before32 = torch.cat([p.detach().flatten().clone() for p in policy.model.parameters()])
         learner.step(rollouts, current_version=v)
         after32 = torch.cat([p.detach().flatten() for p in policy.model.parameters()])

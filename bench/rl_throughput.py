@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from pulse_node.configload import load_config
+from pulse_node.rl.assign import BatchKey
 from pulse_node.rl.config import SoloConfig
 from pulse_node.rl.grpo import GRPOLearner, group_advantages
 from pulse_node.rl.policy import build_policy
@@ -33,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def one_round(worker, learner, task, rng, cfg: SoloConfig, version: int) -> tuple[float, float]:
     problems = task.sample(cfg.sampling.prompts_per_batch, rng)
     t0 = time.perf_counter()
-    rollouts = worker.generate(problems, rng=rng)
+    rollouts = worker.generate(problems, key=BatchKey("throughput", worker.version, "bench", rng.getrandbits(31)))
     t1 = time.perf_counter()
     learner.step(rollouts, current_version=version)
     t2 = time.perf_counter()

@@ -15,7 +15,8 @@ from pulse_node import __version__
 from pulse_node.errors import PulseError
 
 #: subcommand modules, in the order ``--help`` lists them
-COMMANDS = ("swarm", "join", "bootstrap", "solo", "patch", "export", "status", "doctor", "keygen", "trainers")
+COMMANDS = ("swarm", "join", "bootstrap", "solo", "patch", "rollouts", "export", "status", "doctor", "keygen",
+            "trainers")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -16,7 +16,7 @@ from pydantic import Field, field_validator, model_validator
 from pulse_node.configload import StrictModel
 from pulse_node.loco.config import LocoConfig
 from pulse_node.net.worker_config import ANY_PORT, RECORD_TTL_S, USE_RELAY, RunId
-from pulse_node.rl.config import GRPOConfig, ModelConfig, SamplingConfig, TaskConfig
+from pulse_node.rl.config import GRPOConfig, ModelConfig, SamplingConfig, TaskConfig, VerifyConfig
 from pulse_node.vocab import DEFAULT_RUN_ID, Kind
 
 
@@ -141,6 +141,9 @@ class NodeConfig(StrictModel):
     model: ModelConfig = Field(default_factory=ModelConfig)
     task: TaskConfig = Field(default_factory=TaskConfig)
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    rollout_batches_per_version: int = Field(16, ge=0, le=4096, description="rollout batches an inference node "
+                                             "sends per version held; trainers refuse batch indices past it")
+    verify: VerifyConfig = Field(default_factory=VerifyConfig)
     net: NetConfig = Field(default_factory=NetConfig)
     chain: ChainConfig = Field(default_factory=ChainConfig)
 
@@ -171,7 +174,6 @@ class InferenceConfig(NodeConfig):
     """An inference node: pulls versions, generates and scores rollouts for trainers."""
 
     role: Literal["inference"] = "inference"
-    rollout_batches_per_version: int = Field(16, ge=0, description="rollout batches sent per version held")
 
 
 class SwarmConfig(StrictModel):
@@ -196,7 +198,7 @@ class SwarmConfig(StrictModel):
     start_timeout_s: float = Field(600.0, gt=0)
     rollout_wait_s: float = Field(1.0, ge=0)
     eval_every: int = Field(1, ge=0)
-    rollout_batches_per_version: int = Field(16, ge=0)
+    rollout_batches_per_version: int = Field(16, ge=0, le=4096)
     model: ModelConfig = Field(default_factory=ModelConfig)
     task: TaskConfig = Field(default_factory=TaskConfig)
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)

@@ -12,11 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from helpers import wait_for
+from helpers import tiny_overrides, wait_for
 from pulse_node.chain.store import VersionStore
 from pulse_node.config import InferenceConfig, TrainerConfig
 from pulse_node.daemon.status_model import VersionEntry
 from pulse_node.ops.snapshot import NodeInput, build_snapshot
+from pulse_node.rl.verify import STRIKES
 from pulse_node.testing.inprocess import node_status, node_version
 
 pytestmark = pytest.mark.slow  # in-process swarms of training nodes
@@ -51,6 +52,9 @@ def test_two_trainers_two_inference_bit_identical(inprocess_swarm, node_cfg):
         for h in _history(node):
             assert {h.state_hash} == by_version[h.version]
     assert sum(st.trainer.rollouts_in for st in trainers) > 0, "no rollouts reached trainers"
+    senders = [s for t in (t1, t2) for s in _status(t).rollout_senders.values()]
+    assert sum(s.accepted for s in senders) > 0, "no verified batch was accepted"
+    assert not {r for s in senders for r in s.rejected} & STRIKES, f"honest batches refused: {senders}"
 
 
 def test_trainer_leaving_does_not_stall_and_returning_trainer_stays_identical(inprocess_swarm, node_cfg):
@@ -109,3 +113,16 @@ def test_node_k_versions_behind_recovers_with_one_catchup_patch(inprocess_swarm,
     totals = build_snapshot([NodeInput("t1", _status(t1)), NodeInput("i2", back)], now=time.time()).totals
     assert (totals.catchups, totals.catchup_bytes, totals.catchup_replaced_bytes) == (
         1, back.inference.catchup_bytes_total, summed)
+
+
+def test_inference_node_refuses_a_version_declaring_other_rollout_settings(inprocess_swarm, node_cfg):
+    """The trainer's records declare temperature 1.0; an inference node configured for 0.5 holds the
+    versions but sends no rollouts, and says why in its status."""
+    sampling = tiny_overrides("")["sampling"] | {"temperature": 0.5}
+    inprocess_swarm.start("trainer-a", node_cfg(TrainerConfig, "t1", max_versions=2))
+    node = inprocess_swarm.start("infer-a", node_cfg(InferenceConfig, "i1", sampling=sampling))
+    wait_for(lambda: _version(node) >= 1 and _status(node).rollout_settings_error,
+             timeout=240, what="the inference node to hold a version and refuse it")
+    st = _status(node)
+    assert "temperature: version 1.0 vs config 0.5" in st.rollout_settings_error
+    assert st.inference.rollouts_sent == 0

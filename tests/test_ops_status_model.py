@@ -60,7 +60,7 @@ def test_metrics_are_every_declared_numeric_field() -> None:
     assert set(metrics) == declared
     assert metrics["pulse_reference_bytes_total"] == 1234 and metrics["pulse_bytes_in"] == 7
     assert metrics["pulse_duplicate"] == 1 and metrics["pulse_rollouts_used"] == 0
-    assert "# HELP pulse_rollouts_stale rollouts dropped as older than grpo.max_staleness" in body
+    assert "# HELP pulse_rollouts_refused rollouts in batches refused by verification or intake" in body
     for role in ("trainer", "inference"):  # one name per gauge across a node's sections
         names = [name for name, _, _ in gauge_fields(new_report(role=role, peer_id="p", run_id="r"))]
         assert len(names) == len(set(names)), names

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import copy
-import random
 
 import pytest
 import torch
 
 from pulse_node.errors import WireError
+from pulse_node.rl.assign import BatchKey, assigned_problems
 from pulse_node.rl.grpo import GRPOLearner, group_advantages
 from pulse_node.rl.policy import build_policy
 from pulse_node.rl.rollout import Rollout
@@ -26,7 +26,8 @@ def make(cache_dir, **grpo):
 
 
 def rollouts_with_signal(worker, task, *, n: int = 4) -> list[Rollout]:
-    rs = worker.generate(task.sample(n, random.Random(0)), rng=random.Random(1))
+    key = BatchKey("grpo", 0, "peer", 0)
+    rs = worker.generate(assigned_problems(task, key, n), key=key)
     for i, r in enumerate(rs):  # force mixed rewards in every group
         r.reward = float(i % 2)
     return rs
@@ -53,7 +54,8 @@ def test_one_step_changes_weights_and_bf16_copy(warm_cache) -> None:
 
 def test_no_signal_means_no_step(warm_cache) -> None:
     _, policy, worker, task = make(warm_cache)
-    rs = worker.generate(task.sample(2, random.Random(0)), rng=random.Random(1))
+    key = BatchKey("grpo", 0, "peer", 1)
+    rs = worker.generate(assigned_problems(task, key, 2), key=key)
     for r in rs:
         r.reward = 1.0
     bf16 = policy.bf16_state()
@@ -116,3 +118,13 @@ def test_hostile_token_ids_rejected(warm_cache) -> None:
     rs[0].completion_ids = [10_000] * len(rs[0].completion_ids)
     with pytest.raises(WireError):
         GRPOLearner(policy, cfg.grpo).step(rs, current_version=0)
+
+
+def test_only_local_rollouts_are_trained_on(warm_cache) -> None:
+    """A rollout decoded from the wire carries a peer's numbers: GRPO refuses it."""
+    from pulse_node.rl.rollout import decode_rollouts, encode_rollouts
+
+    cfg, policy, worker, task = make(warm_cache)
+    wire = decode_rollouts(encode_rollouts(rollouts_with_signal(worker, task)))
+    with pytest.raises(ValueError, match="local"):
+        GRPOLearner(policy, cfg.grpo).step(wire, current_version=0)

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import random
-
 import pytest
 import torch
 
 from pulse_node.errors import DataError
+from pulse_node.rl.assign import BatchKey, assigned_problems
 from pulse_node.rl.config import GRPOConfig, ModelConfig, SamplingConfig, TaskConfig
 from pulse_node.rl.evaluate import evaluate
 from pulse_node.rl.grpo import GRPOLearner
@@ -54,8 +53,9 @@ def test_local_hf_model_samples_and_trains(hf_dir) -> None:
     worker = RolloutWorker(policy, sampling)
     worker.set_weights(policy.bf16_state(), version=2)
     task = make_task_source(task_cfg)
-    a = worker.generate(task.sample(3, random.Random(0)), rng=random.Random(5))
-    b = worker.generate(task.sample(3, random.Random(0)), rng=random.Random(5))
+    key = BatchKey("hf", 2, "peer", 0)
+    a = worker.generate(assigned_problems(task, key, 3), key=key)
+    b = worker.generate(assigned_problems(task, key, 3), key=key, rows_per_pass=5)
     assert [r.completion_ids for r in a] == [r.completion_ids for r in b]
     assert all(r.version == 2 and max(r.completion_ids) < policy.tokenizer.vocab_size for r in a)
     for i, r in enumerate(a):

@@ -10,37 +10,43 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pulse_node.errors import WireError
-from pulse_node.rl.rollout import Rollout, decode_rollouts, encode_rollouts
+from pulse_node.rl.rollout import WIRE_VERSION, Rollout, decode_rollouts, encode_rollouts
 
 
 def sample_rollouts(n: int = 3) -> list[Rollout]:
     return [Rollout(prompt_ids=[1, 5 + i, 7], completion_ids=[9, 2], logprobs=[-0.5, -0.125],
                     reward=float(i % 2), version=4 + i, problem_id=f"p{i}", group_id="g0",
-                    finished=bool(i % 2)) for i in range(n)]
+                    finished=bool(i % 2), batch=3, sample=i) for i in range(n)]
 
 
 def test_round_trip() -> None:
     rs = sample_rollouts()
+    for r in rs:
+        r.local = True
     back = decode_rollouts(encode_rollouts(rs))
-    assert back == rs
+    assert back == rs and [(r.batch, r.sample) for r in back] == [(3, 0), (3, 1), (3, 2)]
+    assert not any(r.local for r in back)  # a decoded rollout is never the node's own
     assert decode_rollouts(encode_rollouts([])) == []
+    item = msgpack.unpackb(encode_rollouts(rs[:1]))["rollouts"][0]
+    assert set(item) == {"p", "c", "l", "r", "v", "pid", "g", "f", "b", "i"}  # wire 1's fields keep their names
 
 
 def _body(**changes) -> bytes:
     item = msgpack.unpackb(encode_rollouts(sample_rollouts(1)))["rollouts"][0]
     item.update(changes)
-    return msgpack.packb({"wire": 1, "rollouts": [item]}, use_bin_type=True)
+    return msgpack.packb({"wire": WIRE_VERSION, "rollouts": [item]}, use_bin_type=True)
 
 
 @pytest.mark.parametrize("data", [
-    b"", b"\xc1", b"\x92\x01", msgpack.packb({"wire": 2, "rollouts": []}),
-    msgpack.packb({"wire": 1}), msgpack.packb({"wire": 1, "rollouts": {}}),
-    msgpack.packb({"wire": 1, "rollouts": [1]}),
+    b"", b"\xc1", b"\x92\x01", msgpack.packb({"wire": 1, "rollouts": []}),
+    msgpack.packb({"wire": 3, "rollouts": []}),
+    msgpack.packb({"wire": 2}), msgpack.packb({"wire": 2, "rollouts": {}}),
+    msgpack.packb({"wire": 2, "rollouts": [1]}),
     _body(r=math.nan), _body(r=1), _body(v=-1), _body(v=True), _body(f=1),
     _body(l=b"\x00\x00\x00\x00"), _body(c=b"\x01\x00\x00"), _body(c=b""),
     _body(l=msgpack.packb(1.0)), _body(pid=""), _body(pid=7), _body(g="x" * 300),
     _body(c=b"\xff\xff\xff\xff\x01\x00\x00\x00", l=b"\x00\x00\x00\xbf\x00\x00\x00\xbf"),
-    _body(extra=1), _body(l=b"\x00\x00\xc0\x7f\x00\x00\x00\xbf"), _body(l=b"\x00\x00\x80\x3f\x00\x00\x00\xbf"),
+    _body(extra=1), _body(b=-1), _body(b=1 << 20), _body(b=True), _body(i=-1), _body(i=1.0), _body(l=b"\x00\x00\xc0\x7f\x00\x00\x00\xbf"), _body(l=b"\x00\x00\x80\x3f\x00\x00\x00\xbf"),
 ])
 def test_malformed_messages_raise_wire_error(data: bytes) -> None:
     with pytest.raises(WireError):

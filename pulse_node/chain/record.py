@@ -18,10 +18,14 @@ another run is refused even if well signed), signer trusted, signature, chain ha
 parent record, then the patch digest (``check_patch``), and finally the codec checks the base
 and result state hashes when the patch is applied.
 
+``rollout_settings`` is the canonical JSON of the settings rollouts of this version must be
+made with (``rl/settings.py``; "" when none are declared): signed like every field, so a
+producer cannot pick its own temperature or task and trainers agree on what they check.
+
 Wire format (``RECORD_FORMAT`` 2): a msgpack array
 ``[RECORD_MAGIC, RECORD_FORMAT, run_id, version, parent_chain_hash, chain_hash, state_hash,
-patch_digest, patch_bytes, anchor_version, is_anchor, anchor_manifest, codec, created_at, signer,
-signature]``.
+patch_digest, patch_bytes, anchor_version, is_anchor, anchor_manifest, codec, created_at,
+rollout_settings, signer, signature]``.
 The signed message is the same array without the signature, prefixed by a domain tag.
 """
 
@@ -52,6 +56,7 @@ _MAX_INT = 2**63 - 1
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _STATE_HASH = re.compile(r"[0-9a-f]{16,128}")
 _CODEC = re.compile(r"[a-z0-9._/+-]{1,64}")
+_SETTINGS = re.compile(r"[\x20-\x7e]{0,1024}")
 
 
 @dataclass(frozen=True)
@@ -70,6 +75,7 @@ class VersionRecord:
     anchor_manifest: bytes  # b"" unless is_anchor (chain/anchor.py)
     codec: str
     created_at: float
+    rollout_settings: str
     signer: str
     signature: bytes
 
@@ -86,7 +92,8 @@ _FIELDS = tuple(f.name for f in fields(VersionRecord))
 _TYPES: dict[str, type] = {
     "run_id": str, "version": int, "parent_chain_hash": str, "chain_hash": str,
     "state_hash": str, "patch_digest": str, "patch_bytes": int, "anchor_version": int,
-    "is_anchor": bool, "anchor_manifest": bytes, "codec": str, "created_at": float, "signer": str, "signature": bytes,
+    "is_anchor": bool, "anchor_manifest": bytes, "codec": str, "created_at": float,
+    "rollout_settings": str, "signer": str, "signature": bytes,
 }
 
 
@@ -120,9 +127,10 @@ def signing_bytes(r: VersionRecord) -> bytes:
 
 def make_record(identity: Identity, *, run_id: str, version: int, parent: VersionRecord | None,
                 state_hash: str, patch: bytes | None, anchor_version: int, is_anchor: bool,
-                codec: str, anchor_manifest: bytes = b"") -> VersionRecord:
+                codec: str, anchor_manifest: bytes = b"", rollout_settings: str = "") -> VersionRecord:
     """Build and sign the record of ``version`` (``patch`` turns ``parent``'s state into it;
-    ``anchor_manifest``: ``chain.anchor.anchor_manifest`` of an anchor's state)."""
+    ``anchor_manifest``: ``chain.anchor.anchor_manifest`` of an anchor's state; ``rollout_settings``:
+    ``rl.settings`` canonical JSON)."""
     if (version == 0) != (parent is None):
         raise ValueError("version 0 has no parent; every later version needs its parent record")
     if (version == 0) != (patch is None):
@@ -137,7 +145,8 @@ def make_record(identity: Identity, *, run_id: str, version: int, parent: Versio
                               patch_digest=digest, state_hash=state_hash),
         state_hash=state_hash, patch_digest=digest, patch_bytes=0 if patch is None else len(patch),
         anchor_version=anchor_version, is_anchor=is_anchor, anchor_manifest=anchor_manifest, codec=codec,
-        created_at=float(time.time()), signer=identity.public_key_hex, signature=b"")
+        created_at=float(time.time()), rollout_settings=rollout_settings,
+        signer=identity.public_key_hex, signature=b"")
     _check_fields(unsigned, unsigned_ok=True, error=ValueError)
     return _replace_signature(unsigned, identity.sign(signing_bytes(unsigned)))
 
@@ -161,7 +170,7 @@ def decode_record(data: bytes) -> VersionRecord:
         raise WireError(f"record is {len(data)} bytes, limit {MAX_RECORD_BYTES}")
     try:
         items = msgpack.unpackb(bytes(data), raw=False, use_list=True, strict_map_key=True,
-                                max_str_len=256, max_bin_len=MAX_MANIFEST_BYTES, max_array_len=32,
+                                max_str_len=1024, max_bin_len=MAX_MANIFEST_BYTES, max_array_len=32,
                                 max_map_len=0, max_ext_len=0)
     except Exception as exc:  # msgpack raises several unrelated types on garbage
         raise WireError(f"record is not valid msgpack ({type(exc).__name__})") from None
@@ -215,6 +224,8 @@ def _field_problems(r: VersionRecord, *, unsigned_ok: bool):
         yield "codec must match [a-z0-9._/+-]{1,64}"
     if not math.isfinite(r.created_at) or r.created_at < 0:
         yield "created_at must be a finite non-negative timestamp"
+    if not _SETTINGS.fullmatch(r.rollout_settings):
+        yield "rollout_settings must be at most 1024 printable ASCII characters"
     if not (unsigned_ok and r.signature == b"") and len(r.signature) != 64:
         yield "signature must be 64 bytes"
 

@@ -58,7 +58,8 @@ class TrainerCounters(_Section):
     rollouts_in: int = Field(0, ge=0, description="rollouts received from inference nodes")
     rollouts_used: int = Field(0, ge=0, description="rollouts consumed by GRPO steps")
     rollouts_own: int = Field(0, ge=0, description="rollouts the trainer generated itself (none arrived in time)")
-    rollouts_stale: int = Field(0, ge=0, description="rollouts dropped as older than grpo.max_staleness")
+    rollouts_refused: int = Field(0, ge=0, description="rollouts in batches refused by verification or intake "
+                                  "(stale, wrong assignment, forged numbers, over budget)")
     patch_bytes_total: int = Field(0, ge=0, description="bytes of the patches published")
     dense_bytes_total: int = Field(0, ge=0, description="bytes a dense BF16 copy of the same versions would take")
     reference_bytes_total: int = Field(0, ge=0, description="bytes the reference codec (grail v3.1) would take "
@@ -109,6 +110,19 @@ class DataPlane(_Section):
     fault_injection: bool = Field(False, description="testing: this node faults its own fetches and pushes")
     faults: dict[str, int] = Field(default_factory=dict, description="testing: faults injected per fault kind")
     faulted: dict[str, int] = Field(default_factory=dict, description="testing: faults per message kind:fault")
+
+
+class SenderReport(_Section):
+    """What one rollout sender contributed to a trainer and why batches were refused (``trainer/intake.py``)."""
+
+    accepted: int = Field(0, ge=0, description="batches trained on")
+    accepted_rollouts: int = Field(0, ge=0, description="rollouts in those batches")
+    rejected: dict[str, int] = Field(default_factory=dict, description="batches refused, by reason")
+    queued: int = Field(0, ge=0, description="batches waiting")
+    queued_bytes: int = Field(0, ge=0, description="bytes of the batches waiting")
+    strikes: int = Field(0, ge=0, description="refusals that count against the sender")
+    banned: bool = Field(False, description="the sender is ignored")
+    last_seen: float = Field(0.0, description="when it last sent a batch (unix time)")
 
 
 class VersionEntry(_Section):
@@ -162,6 +176,10 @@ class StatusReport(_Section):
     ranks: int | None = Field(None, ge=1, description="trainer under torchrun: processes of its FSDP2 group")
     rank_rss_mb: list[int] = Field(default_factory=list, description="trainer under torchrun: RSS (MB) per rank")
     rank_peak_rss_mb: list[int] = Field(default_factory=list, description="trainer under torchrun: peak RSS (MB) per rank")
+    rollout_senders: dict[str, SenderReport] = Field(default_factory=dict, description="trainer: per rollout "
+                                                     "sender, batches accepted and refused")
+    rollout_settings_error: str = Field("", description="inference: why it makes no rollouts for the version it "
+                                        "holds (its record declares other rollout settings); empty when it does")
     metrics_url: str | None = None
     node_key: str | None = None
     trust_mode: Literal["keys", "open"] | None = Field(None, description="keys: versions and rounds only from the "

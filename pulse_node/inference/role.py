@@ -3,13 +3,13 @@
 Each pass of the loop: take pushed head announcements, let ``VersionSync`` fetch/verify/apply
 what is missing (re-serving it through the store), tell peers what we now hold, then generate
 one batch of scored rollouts with exactly the version we hold and push it to a trainer
-(round robin). Rollouts carry the version that produced them, so trainers can correct for
-staleness.
+(round robin). Batch ``b`` of version ``v`` answers the prompts assigned to (run, v, our peer
+id, b), with the seeded sampler, for ``b < rollout_batches_per_version`` (``rl/assign.py``,
+``rl/seeded.py``), so trainers can verify it (``rl/verify.py``). We generate only for versions
+whose signed record declares the rollout settings of our config (``rl/settings.py``).
 """
 
 from __future__ import annotations
-
-import random
 
 from pulse_node.chain.record import encode_record
 from pulse_node.config import InferenceConfig
@@ -20,10 +20,12 @@ from pulse_node.inference.syncer import VersionSync
 from pulse_node.daemon.transport import push_to_all
 from pulse_node.chain.trainerset import TrainerSet
 from pulse_node.chain.trust import TrustPolicy
+from pulse_node.rl.assign import BatchKey
 from pulse_node.rl.config import GRPOConfig
 from pulse_node.rl.policy import build_policy
 from pulse_node.rl.rollout import encode_rollouts
 from pulse_node.rl.sampler import RolloutWorker
+from pulse_node.rl.settings import SettingsMismatch, check_settings, settings_of
 from pulse_node.rl.tasks import make_task_source
 
 
@@ -34,7 +36,6 @@ class InferenceRole:
         self.ctx = ctx
         self.cfg: InferenceConfig = ctx.cfg  # type: ignore[assignment]
         cfg = self.cfg
-        self.rng = random.Random(f"{cfg.seed}:{ctx.transport.peer_id}")
         self.trust = TrustPolicy(TrainerSet.from_config(cfg.chain, run_id=cfg.run_id), min_signers=cfg.chain.min_signers)
         self.sync = VersionSync(ctx.store, ctx.transport, self.trust, net=cfg.net,
                                 catchup_min_gap=cfg.chain.catchup_min_gap, catchup_wait_s=cfg.chain.catchup_wait_s)
@@ -43,6 +44,8 @@ class InferenceRole:
         self.worker = RolloutWorker(self.policy, cfg.sampling)
         self.tasks = make_task_source(cfg.task)
         self.sent_for: dict[int, int] = {}
+        self.settings = settings_of(cfg)
+        self.refused_version = -1  # the last version whose declared settings differ from ours
         self._next_trainer = 0
 
     def run(self) -> None:
@@ -92,10 +95,11 @@ class InferenceRole:
         trainers = [p for p in peers if p.role == "trainer" and self.trust.vouches_for(p)]  # members only
         if rec is None or not trainers:
             return False
-        if self.sent_for.get(rec.version, 0) >= self.cfg.rollout_batches_per_version:
+        batch = self.sent_for.get(rec.version, 0)
+        if batch >= self.cfg.rollout_batches_per_version or not self._settings_agree(rec):
             return False
-        problems = self.tasks.sample(self.cfg.sampling.prompts_per_batch, self.rng)
-        rollouts = self.worker.generate(problems, rng=self.rng)
+        key = BatchKey(self.cfg.run_id, rec.version, self.ctx.transport.peer_id, batch)
+        rollouts = self.worker.generate_batch(self.tasks, key)
         trainer = trainers[self._next_trainer % len(trainers)]
         self._next_trainer += 1
         try:
@@ -105,7 +109,22 @@ class InferenceRole:
             self.ctx.status.update(reward_mean=reward)
         except PulseError as exc:
             self.ctx.status.error(f"rollout push to {trainer.peer_id[:12]} failed: {exc}")
-        self.sent_for[rec.version] = self.sent_for.get(rec.version, 0) + 1
+        self.sent_for = {v: n for v, n in self.sent_for.items() if v > rec.version - 8} | {rec.version: batch + 1}
+        return True
+
+    def _settings_agree(self, rec) -> bool:
+        """Whether ``rec`` declares our rollout settings; says why not in the status (once per version)."""
+        try:
+            check_settings(rec.rollout_settings, self.settings, version=rec.version)
+        except SettingsMismatch as exc:
+            if self.refused_version != rec.version:
+                self.refused_version = rec.version
+                self.ctx.status.update(rollout_settings_error=str(exc))
+                self.ctx.status.error(f"not generating rollouts: {exc}")
+            return False
+        if self.refused_version >= 0:
+            self.refused_version = -1
+            self.ctx.status.update(rollout_settings_error="")
         return True
 
     def close(self) -> None:

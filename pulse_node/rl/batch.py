@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
+import numpy as np
 import torch
 
 from pulse_node.rl.models import HFLM, Params, TinyLM
@@ -24,15 +25,15 @@ class Packed:
 def pack(pairs: Sequence[tuple[Sequence[int], Sequence[int]]], *, pad_id: int,
          device: torch.device) -> Packed:
     width = max(len(p) + len(c) for p, c in pairs)
-    ids = torch.full((len(pairs), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(pairs), width), dtype=torch.bool)
-    target = torch.zeros((len(pairs), width), dtype=torch.bool)
+    ids = np.full((len(pairs), width), pad_id, dtype=np.int64)
+    lengths = np.array([[len(p), len(p) + len(c)] for p, c in pairs], dtype=np.int64).reshape(-1, 2)
     for i, (p, c) in enumerate(pairs):
-        n = len(p) + len(c)
-        ids[i, :n] = torch.tensor(list(p) + list(c), dtype=torch.long)
-        mask[i, :n] = True
-        target[i, len(p):n] = True
-    return Packed(ids.to(device), mask.to(device), target[:, 1:].to(device))
+        ids[i, :len(p)] = p
+        ids[i, len(p):len(p) + len(c)] = c
+    col = np.arange(width)[None, :]
+    mask, target = col < lengths[:, 1:], (col >= lengths[:, :1]) & (col < lengths[:, 1:])
+    return Packed(torch.from_numpy(ids).to(device), torch.from_numpy(mask).to(device),
+                  torch.from_numpy(target[:, 1:]).to(device))
 
 
 def token_logprobs(lm: TinyLM | HFLM, packed: Packed, *, params: Params | None = None,

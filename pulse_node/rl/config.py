@@ -1,7 +1,7 @@
 """Pydantic configs of the RL workload (torch-free so the CLI can validate without torch).
 
-One section per concern: ``model``, ``task``, ``sampling``, ``grpo``; ``SoloConfig`` wires them
-for ``pulse-node solo``. The trainer and inference roles reuse the same sections.
+One section per concern: ``model``, ``task``, ``sampling``, ``grpo``, ``verify``; ``SoloConfig``
+wires them for ``pulse-node solo``. The trainer and inference roles reuse the same sections.
 """
 
 from __future__ import annotations
@@ -71,6 +71,29 @@ class SamplingConfig(StrictModel):
     max_new_tokens: int = pydantic.Field(5, ge=1, le=4096)
     group_size: int = pydantic.Field(8, ge=2, le=1024)  # completions per prompt (GRPO group)
     prompts_per_batch: int = pydantic.Field(32, ge=1, le=4096)
+
+
+class VerifyConfig(StrictModel):
+    """How a trainer checks the rollout batches peers send it, and how many it queues per sender.
+
+    The tolerances are in the units of the check (``rl/verify.py``) and were measured
+    (bench/rollout_honest.py, bench/RESULTS.md "Verified rollouts"): over 11,264 honest rollouts
+    made on other thread counts and batch shapes with a KV cache, the largest gap was 0 and the
+    largest log-prob difference 1.1e-05 (CPU; CUDA not measured). Raise them only for producers
+    whose numerics differ more (``pulse-node rollouts check`` prints the gap seen).
+    """
+
+    score_tolerance: float = pydantic.Field(
+        0.02, gt=0, le=10, description="largest gap (seeded score of the best token minus that of the sampled "
+        "token, logits/temperature + Gumbel noise) still taken as the seeded draw")
+    logprob_tolerance: float = pydantic.Field(
+        0.02, gt=0, le=10, description="largest |claimed - recomputed| behaviour log-prob of a token (claims are "
+        "only compared, never used)")
+    max_queued_batches: int = pydantic.Field(4, ge=1, le=4096, description="queued batches per sender "
+                                             "(the oldest is dropped for a new one)")
+    max_queued_bytes: int = pydantic.Field(16 << 20, ge=1 << 16, description="queued bytes per sender")
+    max_total_bytes: int = pydantic.Field(256 << 20, ge=1 << 16, description="queued bytes of all senders "
+                                          "(when full, the largest queue loses its oldest batch)")
 
 
 class GRPOConfig(StrictModel):

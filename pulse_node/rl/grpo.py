@@ -7,11 +7,15 @@ One ``step`` = one inner AdamW step on the FP32 master weights (one new policy v
 2. advantage A = (r - mean_group) / std_group per GRPO group (0 for all-equal groups, which
    carry no signal and are skipped);
 3. token-level (DAPO) loss  -min(rho * A, clip(rho, 1 - eps_low, 1 + eps_high) * A), averaged
-   over completion tokens, with rho = exp(logp_theta - logp_behaviour). The behaviour log-probs
-   come from the rollout, so rho is the importance weight that corrects for rollouts made by an
-   older version (or by a peer's BF16 weights);
+   over completion tokens, with rho = exp(logp_theta - logp_behaviour), the importance weight
+   that corrects for rollouts made by an older version;
 4. the forward pass uses the BF16-rounded weights (straight-through), i.e. the same numbers
    inference ran on; gradients and AdamW act on the FP32 masters.
+
+Rewards and behaviour log-probs are never a peer's claims: ``step`` takes only ``local``
+rollouts, made by this node's own sampler or re-scored by the trainer's verifier
+(``rl/verify.py``: reward recomputed with the task's reward function, log-probs recomputed
+teacher-forced with the version's weights). A rollout decoded from the wire is refused.
 """
 
 from __future__ import annotations
@@ -100,6 +104,8 @@ class GRPOLearner:
         Returns the step's stats so far, the rollouts with a non-zero advantage and their
         advantages (a trainer on several processes plans on rank 0 and splits the batch).
         """
+        if not all(r.local for r in rollouts):
+            raise ValueError("GRPO trains only on local rollouts (own sampler or re-scored by the verifier)")
         fresh = self._fresh(rollouts, current_version)
         self._validate(fresh)
         adv = group_advantages(fresh)

@@ -4,6 +4,13 @@ Rollouts travel from inference nodes to trainers, so the wire format is a declar
 msgpack struct and decoding treats the bytes as hostile: a size cap before parsing, msgpack
 limits, exact field sets and types, bounded lengths, finite values. Any violation is a
 ``WireError``. Token ids are packed as little-endian uint32 and log-probs as float32.
+
+Wire version 2: ``{"wire": 2, "rollouts": [...]}``, one map per rollout with ``p`` prompt ids,
+``c`` completion ids, ``l`` behaviour log-probs, ``r`` reward, ``v`` version, ``pid`` problem id,
+``g`` GRPO group id, ``f`` finished (ended with EOS), and (new in 2) ``b`` the batch index and
+``i`` the sample index within the batch (``rl/assign.py``). Decoding only checks shapes: every
+claim (prompts, tokens, reward, log-probs, version) is checked by the trainer (``rl/verify.py``),
+and a decoded rollout is never ``local``.
 """
 
 from __future__ import annotations
@@ -16,12 +23,13 @@ import numpy as np
 
 from pulse_node.errors import WireError
 
-WIRE_VERSION = 1
+WIRE_VERSION = 2
 MAX_ROLLOUTS = 65536
 MAX_TOKENS = 1 << 16  # per prompt or completion
 MAX_ID_LEN = 256
 DEFAULT_MAX_BYTES = 64 << 20
-_FIELDS = {"p", "c", "l", "r", "v", "pid", "g", "f"}
+_FIELDS = {"p", "c", "l", "r", "v", "pid", "g", "f", "b", "i"}
+MAX_BATCH_INDEX = 1 << 20
 
 
 @dataclass
@@ -36,7 +44,11 @@ class Rollout:
     problem_id: str
     group_id: str  # rollouts of one prompt in one batch share it (the GRPO group)
     finished: bool = True  # ended with EOS (False: truncated at max_new_tokens)
+    batch: int = 0  # batch index of its version's batches by its producer (rl/assign.py)
+    sample: int = 0  # position in its batch (seeds its token draws)
     text: str = field(default="", compare=False)  # decoded completion (local only, not sent)
+    # reward and log-probs were computed on this node (own sampler or the verifier), never sent
+    local: bool = field(default=False, compare=False)
 
 
 def _pack_one(r: Rollout) -> dict:
@@ -49,11 +61,13 @@ def _pack_one(r: Rollout) -> dict:
         "pid": r.problem_id,
         "g": r.group_id,
         "f": bool(r.finished),
+        "b": int(r.batch),
+        "i": int(r.sample),
     }
 
 
 def encode_rollouts(rollouts: list[Rollout]) -> bytes:
-    """Bytes of a rollout batch (msgpack ``{"wire": 1, "rollouts": [...]}``)."""
+    """Bytes of a rollout batch (msgpack ``{"wire": 2, "rollouts": [...]}``)."""
     if len(rollouts) > MAX_ROLLOUTS:
         raise ValueError(f"at most {MAX_ROLLOUTS} rollouts per message")
     for r in rollouts:
@@ -87,15 +101,20 @@ def _text(raw: object, what: str) -> str:
     return raw
 
 
+def _int(raw: object, what: str, limit: int) -> int:
+    if not isinstance(raw, int) or isinstance(raw, bool) or not 0 <= raw < limit:
+        raise WireError(f"rollout field {what}: must be an int in [0, {limit})")
+    return raw
+
+
 def _unpack_one(item: object) -> Rollout:
     if not isinstance(item, dict) or set(item) != _FIELDS:
         raise WireError(f"rollout must be a map with fields {sorted(_FIELDS)}")
     completion = _ids(item["c"], "c")
-    reward, version, finished = item["r"], item["v"], item["f"]
+    reward, finished = item["r"], item["f"]
     if not isinstance(reward, float) or not math.isfinite(reward):
         raise WireError("rollout field r: reward must be a finite float")
-    if not isinstance(version, int) or isinstance(version, bool) or not 0 <= version < 2**62:
-        raise WireError("rollout field v: version must be a non-negative int")
+    version = _int(item["v"], "v", 2**62)
     if not isinstance(finished, bool):
         raise WireError("rollout field f: must be a bool")
     prompt = _ids(item["p"], "p")
@@ -104,7 +123,8 @@ def _unpack_one(item: object) -> Rollout:
     return Rollout(prompt_ids=prompt, completion_ids=completion,
                    logprobs=_logprobs(item["l"], len(completion)), reward=reward,
                    version=version, problem_id=_text(item["pid"], "pid"),
-                   group_id=_text(item["g"], "g"), finished=finished)
+                   group_id=_text(item["g"], "g"), finished=finished,
+                   batch=_int(item["b"], "b", MAX_BATCH_INDEX), sample=_int(item["i"], "i", MAX_ROLLOUTS))
 
 
 def decode_rollouts(data: bytes, *, max_bytes: int = DEFAULT_MAX_BYTES) -> list[Rollout]:

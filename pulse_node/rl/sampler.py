@@ -1,26 +1,30 @@
 """Inference side: a rollout worker that generates on exactly the versioned BF16 weights.
 
-The worker owns its own copy of the network. ``set_weights`` loads a BF16 State; on CPU the
-values are held upcast to FP32 (BF16 -> FP32 is exact, and CPU BF16 matmuls are slow), on CUDA
-the copy is kept in BF16. Generation is batched (left padding), uses the KV cache, samples at
-``sampling.temperature`` with a seeded generator, and records the behaviour log-prob of every
-sampled token (under the temperature-scaled distribution) and the weights' version.
+The worker owns its own copy of the network. ``set_weights`` loads a BF16 State, held upcast to
+FP32 on every device (BF16 -> FP32 is exact). FP32 compute also on CUDA, because trainers
+recompute every token draw in FP32 (``rl/verify.py``): BF16 activations would move the logits by
+far more than the measured tolerance (bench/RESULTS.md "Verified rollouts"). Generation is
+batched (left padding, optionally ``rows_per_pass`` rows at a time), uses the KV cache, draws
+each token with the seeded sampler (``rl/seeded.py``, keyed by the batch's ``BatchKey``), and
+records the behaviour log-prob of every sampled token (under the temperature-scaled
+distribution) and the weights' version.
 """
 
 from __future__ import annotations
 
 import copy
-import random
 from typing import Callable, Sequence
 
 import torch
 
 from pulse_node.codec.state import State
+from pulse_node.rl.assign import BatchKey, assigned_problems
 from pulse_node.rl.config import SamplingConfig
 from pulse_node.rl.models import HFLM, TinyLM
 from pulse_node.rl.policy import check_prompts
 from pulse_node.rl.rollout import Rollout
-from pulse_node.rl.tasks import Problem, reward
+from pulse_node.rl.seeded import SampleNoise, draw, drawable, noise_rows
+from pulse_node.rl.tasks import Problem, TaskSource, reward
 from pulse_node.rl.tokenizer import Tokenizer
 from pulse_node.torchbits import load_state
 
@@ -36,16 +40,15 @@ class RolloutWorker:
         self.tokenizer: Tokenizer = policy_like.tokenizer
         self.device = policy_like.device
         self.lm: TinyLM | HFLM = copy.copy(policy_like.lm)
-        self.lm.module = copy.deepcopy(policy_like.lm.module).eval().requires_grad_(False)
-        if self.device.type == "cuda":
-            self.lm.module.to(torch.bfloat16)
+        self.lm.module = copy.deepcopy(policy_like.lm.module).float().eval().requires_grad_(False)
         self.reward_fn = reward_fn or reward(policy_like.task.reward)
         self.version = -1
+        self.loaded: State | None = None  # the State last loaded (two forks may share a version number)
 
     def set_weights(self, state: State, version: int) -> None:
         """Load a BF16 State (all parameters) as policy ``version``."""
         load_state(dict(self.lm.module.named_parameters()), state)
-        self.version = int(version)
+        self.version, self.loaded = int(version), state
 
     def _prompt_batch(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         width = max(len(p) for p in prompts)
@@ -57,20 +60,22 @@ class RolloutWorker:
         return ids.to(self.device), mask.to(self.device)
 
     @torch.no_grad()
-    def _sample(self, prompts: list[list[int]], *, temperature: float | None,
-                gen: torch.Generator | None) -> tuple[list[list[int]], list[list[float]], list[bool]]:
-        """Token ids, log-probs and finished flags; ``temperature=None`` means greedy."""
+    def _sample(self, prompts: list[list[int]], *, noise: list[SampleNoise] | None
+                ) -> tuple[list[list[int]], list[list[float]], list[bool]]:
+        """Token ids, log-probs and finished flags: seeded draws (one noise source per row), or
+        greedy when ``noise`` is None."""
         ids, mask = self._prompt_batch(prompts)
         b, max_new = len(prompts), self.cfg.max_new_tokens
+        temperature = self.cfg.temperature if noise is not None else 1.0
         logits, cache = self.lm.prefill(ids, mask, max_new)
         done = torch.zeros(b, dtype=torch.bool, device=self.device)
         toks, lps = [], []
         for step in range(max_new):
-            logp = torch.log_softmax(logits.float() / (temperature or 1.0), dim=-1)
-            if temperature is None:
+            logp = torch.log_softmax(logits.float() / temperature, dim=-1)
+            if noise is None:
                 tok = logp.argmax(-1)
             else:
-                tok = torch.multinomial(logp.exp(), 1, generator=gen).squeeze(-1)
+                tok = draw(logits, noise_rows(noise, step, drawable(logits, self.tokenizer.vocab_size)), temperature)
             tok = torch.where(done, torch.full_like(tok, self.tokenizer.pad_id), tok)
             toks.append(tok)
             lps.append(logp.gather(-1, tok[:, None]).squeeze(-1))
@@ -95,31 +100,49 @@ class RolloutWorker:
                       max_new_tokens=self.cfg.max_new_tokens)
         return [self.tokenizer.encode(p.prompt) for p in problems]
 
-    def generate(self, problems: Sequence[Problem], *, rng: random.Random) -> list[Rollout]:
-        """``group_size`` scored rollouts per problem, tagged with this worker's version."""
+    def generate(self, problems: Sequence[Problem], *, key: BatchKey,
+                 rows_per_pass: int | None = None) -> list[Rollout]:
+        """Batch ``key``: ``group_size`` scored rollouts per problem, drawn by the seeded sampler.
+
+        ``rows_per_pass`` bounds how many rows are decoded together (memory); the rollouts are
+        the same for any value, since each row's draws depend only on (key, sample, step).
+        """
         if self.version < 0:
             raise RuntimeError("RolloutWorker.set_weights must be called before generate")
+        if key.version != self.version:
+            raise ValueError(f"batch key is for version {key.version}, the worker holds {self.version}")
         g = self.cfg.group_size
         encoded = self._encode(problems)
         prompts = [p for p in encoded for _ in range(g)]
-        gen = torch.Generator(device=self.device).manual_seed(rng.getrandbits(63))
-        toks, lps, fin = self._sample(prompts, temperature=self.cfg.temperature, gen=gen)
-        nonce = rng.getrandbits(32)
-        out = []
-        for i, (t, lp, f) in enumerate(zip(toks, lps, fin)):
-            prob = problems[i // g]
-            text = self.tokenizer.decode(t)
-            out.append(Rollout(prompt_ids=prompts[i], completion_ids=t, logprobs=lp,
-                               reward=float(self.reward_fn(text, prob.answer)), version=self.version,
-                               problem_id=prob.id[:256], group_id=f"{self.version}:{nonce:08x}:{i // g}",
-                               finished=f, text=text))
-        return out
+        digest, step_rows = key.digest(), rows_per_pass or len(prompts)
+        toks, lps, fin = [], [], []
+        for start in range(0, len(prompts), step_rows):
+            rows = range(start, min(start + step_rows, len(prompts)))
+            t, lp, f = self._sample([prompts[i] for i in rows], noise=[SampleNoise(digest, i) for i in rows])
+            toks += t
+            lps += lp
+            fin += f
+        return [self._rollout(problems[i // g], prompts[i], t, lp, f, key=key, sample=i)
+                for i, (t, lp, f) in enumerate(zip(toks, lps, fin))]
+
+    def generate_batch(self, task: TaskSource, key: BatchKey, *, rows_per_pass: int | None = None) -> list[Rollout]:
+        """Batch ``key`` as trainers expect it: its assigned problems, answered by the seeded sampler."""
+        problems = assigned_problems(task, key, self.cfg.prompts_per_batch)
+        return self.generate(problems, key=key, rows_per_pass=rows_per_pass)
+
+    def _rollout(self, prob: Problem, prompt: list[int], toks: list[int], lps: list[float], finished: bool,
+                 *, key: BatchKey, sample: int) -> Rollout:
+        text = self.tokenizer.decode(toks)
+        return Rollout(prompt_ids=prompt, completion_ids=toks, logprobs=lps,
+                       reward=float(self.reward_fn(text, prob.answer)), version=self.version,
+                       problem_id=prob.id[:256], group_id=key.group_id(sample // self.cfg.group_size),
+                       finished=finished, batch=key.batch, sample=sample, text=text, local=True)
 
     def greedy(self, problems: Sequence[Problem]) -> list[str]:
         """Greedy completions (text), batched."""
         encoded = self._encode(problems)
         texts: list[str] = []
         for start in range(0, len(encoded), EVAL_CHUNK):
-            toks, _, _ = self._sample(encoded[start:start + EVAL_CHUNK], temperature=None, gen=None)
+            toks, _, _ = self._sample(encoded[start:start + EVAL_CHUNK], noise=None)
             texts.extend(self.tokenizer.decode(t) for t in toks)
         return texts

@@ -1,6 +1,8 @@
 """``pulse-node solo``: trainer and inference in one process, no network.
 
-Loop: the worker generates rollouts on the BF16 weights of version v; the learner takes one
+Loop: the worker generates rollouts on the BF16 weights of version v with the same seeded
+sampler and prompt assignment as inference nodes (batch key: run ``solo-<seed>``, producer
+``solo``, batch = step; ``rl/assign.py``, ``rl/seeded.py``); the learner takes one
 GRPO inner step on the FP32 masters (version v+1); every ``sync_every`` steps the worker loads
 the new BF16 cast (so with ``sync_every > 1`` rollouts are up to that many versions stale and
 the importance correction matters). Held-out greedy accuracy is measured before and after.
@@ -8,12 +10,12 @@ the importance correction matters). Held-out greedy accuracy is measured before 
 
 from __future__ import annotations
 
-import random
 import sys
 import time
 
 import torch
 
+from pulse_node.rl.assign import BatchKey
 from pulse_node.rl.config import SoloConfig
 from pulse_node.rl.evaluate import evaluate
 from pulse_node.rl.grpo import GRPOLearner
@@ -36,12 +38,12 @@ def _check_task(policy, task, cfg: SoloConfig) -> None:
 def _train(cfg: SoloConfig, policy, worker: RolloutWorker, task, evals, *, progress: bool) -> dict:
     """The GRPO phase: generate -> one inner step -> (every sync_every) push the BF16 cast."""
     learner = GRPOLearner(policy, cfg.grpo, temperature=cfg.sampling.temperature)
-    rng = random.Random(f"solo:{cfg.seed}")
     t0 = time.monotonic()
     deadline = t0 + cfg.minutes * 60
     tot = {"steps": 0, "rollouts": 0, "changed": 0.0, "reward": 0.0, "dropped": 0, "tokens": 0.0, "history": []}
     while time.monotonic() < deadline and (cfg.max_steps is None or tot["steps"] < cfg.max_steps):
-        rollouts = worker.generate(task.sample(cfg.sampling.prompts_per_batch, rng), rng=rng)
+        key = BatchKey(f"solo-{cfg.seed}", worker.version, "solo", tot["steps"])
+        rollouts = worker.generate_batch(task, key)
         stats = learner.step(rollouts, current_version=tot["steps"])
         tot["steps"] += 1
         version = tot["steps"]

@@ -1,8 +1,13 @@
 """Tasks with verifiable rewards: procedural arithmetic and GSM8K-style JSONL files.
 
-A ``TaskSource`` hands out training problems (``sample``) and a fixed, disjoint held-out split
-(``eval_set``). Rewards are plain functions ``(completion, answer) -> float`` registered by
-name in ``REWARDS`` so configs can pick one (``task.reward = "exact"``).
+Every task has two explicit, disjoint splits, fixed by the task config alone (never by the run
+seed), so every node derives the same ones: ``eval`` (the held-out problems, ``eval_set``) and
+``train`` (everything ``sample`` draws from). Disjoint means by prompt text: a prompt of the
+eval split is never drawn for training, even when a JSONL file repeats it, or the training file
+also holds a problem of ``eval_path``. ``split_of`` says which split a prompt belongs to.
+Rollout prompts are drawn from ``train`` only (``rl/assign.py``); trainers refuse any other.
+Rewards are plain functions ``(completion, answer) -> float`` registered by name in
+``REWARDS`` so configs can pick one (``task.reward = "exact"``).
 """
 
 from __future__ import annotations
@@ -12,12 +17,13 @@ import random
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import Callable, Literal, Protocol
 
 from pulse_node.errors import ConfigError, DataError
 from pulse_node.rl.config import TaskConfig
 
 RewardFn = Callable[[str, str], float]
+Split = Literal["train", "eval"]
 REWARDS: dict[str, RewardFn] = {}
 MAX_JSONL_BYTES = 1 << 30
 
@@ -33,9 +39,14 @@ class Problem:
 
 
 class TaskSource(Protocol):
-    def sample(self, n: int, rng: random.Random) -> list[Problem]: ...
+    def sample(self, n: int, rng: random.Random) -> list[Problem]:
+        """``n`` problems of the train split, drawn with ``rng`` (deterministic given its state)."""
 
-    def eval_set(self) -> list[Problem]: ...
+    def eval_set(self) -> list[Problem]:
+        """The eval split, in a fixed order."""
+
+    def split_of(self, prompt: str) -> Split | None:
+        """Which split ``prompt`` belongs to (None: not a problem of this task)."""
 
 
 def register_reward(name: str) -> Callable[[RewardFn], RewardFn]:
@@ -89,7 +100,11 @@ def gsm8k_reward(completion: str, answer: str) -> float:
 
 
 class ArithmeticTask:
-    """Procedural problems ``a<op>b=``; difficulty = operand digits; held-out split by set."""
+    """Procedural problems ``a<op>b=``; difficulty = operand digits.
+
+    eval split: ``eval_size`` distinct problems drawn with ``task.seed``; train split: every other
+    problem of the space (operands of ``min_digits..digits`` digits, an op of ``ops``).
+    """
 
     def __init__(self, cfg: TaskConfig) -> None:
         self.cfg = cfg
@@ -105,6 +120,8 @@ class ArithmeticTask:
             evals.setdefault(p.id, p)
         self._eval = list(evals.values())
         self._eval_ids = frozenset(evals)
+        ops = "".join(re.escape(o) for o in sorted(set(cfg.ops)))
+        self._form = re.compile(rf"(0|[1-9]\d{{0,{cfg.digits - 1}}})([{ops}])(0|[1-9]\d{{0,{cfg.digits - 1}}})=")
 
     def _operand(self, rng: random.Random) -> int:
         d = rng.randint(self.cfg.min_digits, self.cfg.digits)
@@ -126,6 +143,12 @@ class ArithmeticTask:
 
     def eval_set(self) -> list[Problem]:
         return list(self._eval)
+
+    def split_of(self, prompt: str) -> Split | None:
+        m = self._form.fullmatch(prompt)
+        if m is None or any(len(m.group(i)) < self.cfg.min_digits for i in (1, 3)):
+            return None
+        return "eval" if prompt in self._eval_ids else "train"
 
 
 def _parse_line(raw: str, where: str) -> Problem:
@@ -169,7 +192,12 @@ def load_jsonl(path: str | Path) -> list[Problem]:
 
 
 class JsonlTask:
-    """Problems from a local JSONL file; held-out split = ``eval_path`` or a seeded split."""
+    """Problems from a local JSONL file.
+
+    eval split: the first ``eval_size`` problems of ``eval_path``, else ``eval_size`` problems of
+    ``path`` chosen with ``task.seed``; train split: the other problems of ``path`` whose prompt
+    is not in the eval split.
+    """
 
     def __init__(self, cfg: TaskConfig) -> None:
         problems = load_jsonl(cfg.path or "")
@@ -183,12 +211,22 @@ class JsonlTask:
             random.Random(f"split:{cfg.seed}").shuffle(order)
             self._eval = [problems[i] for i in sorted(order[: cfg.eval_size])]
             self._train = [problems[i] for i in sorted(order[cfg.eval_size:])]
+        self._eval_prompts = frozenset(p.prompt for p in self._eval)
+        self._train = [p for p in self._train if p.prompt not in self._eval_prompts]
+        if not self._train:
+            raise DataError(f"{cfg.path}: no training problems left once the eval split's prompts are removed")
+        self._train_prompts = frozenset(p.prompt for p in self._train)
 
     def sample(self, n: int, rng: random.Random) -> list[Problem]:
         return [rng.choice(self._train) for _ in range(n)]
 
     def eval_set(self) -> list[Problem]:
         return list(self._eval)
+
+    def split_of(self, prompt: str) -> Split | None:
+        if prompt in self._eval_prompts:
+            return "eval"
+        return "train" if prompt in self._train_prompts else None
 
     def all_problems(self) -> list[Problem]:
         return self._train + self._eval

@@ -54,7 +54,7 @@ class Child:
 def node_config(cfg: SwarmConfig, *, role: str, data_dir: Path, trusted: list[str]) -> dict[str, Any]:
     """The TOML tree of one node's config (what its ``--config`` file holds)."""
     tree = cfg.model_dump(mode="json", include=set(_SHARED), exclude_none=True)
-    tree.update(role=role, data_dir=str(data_dir))
+    tree.update(role=role, data_dir=str(data_dir), rollout_batches_per_version=cfg.rollout_batches_per_version)
     tree["net"]["dht_listen"] = [f"/ip4/{cfg.host}/tcp/0"]
     tree["net"]["wire_listen"] = [f"/ip4/{cfg.host}/tcp/0"]
     tree["chain"]["trusted_trainers"] = trusted
@@ -63,8 +63,6 @@ def node_config(cfg: SwarmConfig, *, role: str, data_dir: Path, trusted: list[st
     if role == "trainer":
         tree.update(grpo=cfg.grpo.model_dump(mode="json"), loco=cfg.loco.model_dump(mode="json"),
                     rollout_wait_s=cfg.rollout_wait_s, eval_every=cfg.eval_every)
-    else:
-        tree.update(rollout_batches_per_version=cfg.rollout_batches_per_version)
     return tree
 
 

@@ -36,11 +36,13 @@ class Published:
 class VersionPublisher:
     """Publishes consecutive versions of one run into a store."""
 
-    def __init__(self, store: VersionStore, identity: Identity, *, run_id: str, chain: ChainConfig) -> None:
+    def __init__(self, store: VersionStore, identity: Identity, *, run_id: str, chain: ChainConfig,
+                 rollout_settings: str = "") -> None:
         self.store = store
         self.identity = identity
         self.run_id = run_id
         self.chain = chain
+        self.rollout_settings = rollout_settings  # declared in every record (rl/settings.py)
         self.head: VersionRecord | None = None
         self._state: State | None = None
         self.head, self._state = store.load_head() or (None, None)
@@ -59,7 +61,8 @@ class VersionPublisher:
         if self.head is None or self._state is None:
             record = make_record(self.identity, run_id=self.run_id, version=0, parent=None,
                                  state_hash=digest, patch=None, anchor_version=0, is_anchor=True,
-                                 codec="anchor/safetensors", anchor_manifest=anchor_manifest(state))
+                                 codec="anchor/safetensors", anchor_manifest=anchor_manifest(state),
+                                 rollout_settings=self.rollout_settings)
             self.store.put_anchor(record, state)
             self.head, self._state = record, state
             return Published(record, 0, state_nbytes(state), 1.0)
@@ -71,7 +74,8 @@ class VersionPublisher:
                              state_hash=digest, patch=patch,
                              anchor_version=version if is_anchor else self.head.anchor_version,
                              is_anchor=is_anchor, codec=f"pulsesync/{self.chain.patch_mode}/{FORMAT_VERSION}",
-                             anchor_manifest=anchor_manifest(state) if is_anchor else b"")
+                             anchor_manifest=anchor_manifest(state) if is_anchor else b"",
+                             rollout_settings=self.rollout_settings)
         self.store.put_patch(record, patch)
         if is_anchor:
             self.store.put_anchor(record, state)

@@ -3,8 +3,9 @@
 One round (= one version):
 
 1. ``inner_steps`` GRPO steps on rollouts pushed by inference nodes (within the staleness
-   bound); when none arrive within ``rollout_wait_s`` the trainer makes its own, so a swarm
-   without inference nodes still trains.
+   bound), taken round robin per sender and each batch verified before use (``trainer/intake.py``,
+   ``rl/verify.py``: a refused batch does not use up a step); when none arrive within
+   ``rollout_wait_s`` the trainer makes its own, so a swarm without inference nodes still trains.
 2. The error-feedback gate turns ``global - local`` into a sparse payload, coded against the
    round's FP32 global weights (``loco.base_coding``) and pushed to every other trainer. The
    round's coordinator decides which payloads make up the round (a signed list,
@@ -17,9 +18,7 @@ One round (= one version):
 
 from __future__ import annotations
 
-import random
 import time
-from collections import deque
 
 import torch
 
@@ -27,19 +26,23 @@ from pulse_node.chain.record import VersionRecord, decode_record, encode_record
 from pulse_node.chain.trainerset import TrainerSet, sender_key
 from pulse_node.chain.trust import TrustPolicy
 from pulse_node.config import TrainerConfig
-from pulse_node.errors import IntegrityError, PulseError
-from pulse_node.loco.payload import LocoPayload, encode_payload
-from pulse_node.trainer.agreement import RoundAgreement, RoundResult
 from pulse_node.daemon.context import RoleContext
 from pulse_node.daemon.status_model import VersionEntry
+from pulse_node.daemon.transport import push_to_all
+from pulse_node.errors import IntegrityError, PulseError
+from pulse_node.loco.payload import LocoPayload, encode_payload
+from pulse_node.rl.assign import BatchKey
+from pulse_node.rl.evaluate import evaluate
+from pulse_node.rl.rollout import Rollout
+from pulse_node.rl.settings import settings_of
+from pulse_node.rl.tasks import make_task_source
+from pulse_node.rl.verify import RolloutVerifier
+from pulse_node.torchbits import module_state
+from pulse_node.trainer.agreement import RoundAgreement, RoundResult
 from pulse_node.trainer.engine import make_engine
+from pulse_node.trainer.intake import RolloutFeed
 from pulse_node.trainer.publisher import VersionPublisher
 from pulse_node.trainer.state import export_trainer_state, read_trainer_state, trainer_state_cap
-from pulse_node.daemon.transport import push_to_all
-from pulse_node.rl.evaluate import evaluate
-from pulse_node.rl.rollout import Rollout, decode_rollouts
-from pulse_node.rl.tasks import make_task_source
-from pulse_node.torchbits import module_state
 
 
 class TrainerRole:
@@ -50,7 +53,6 @@ class TrainerRole:
         self.cfg: TrainerConfig = ctx.cfg  # type: ignore[assignment]
         cfg = self.cfg
         # the model seed is the run's (every trainer starts bit-identical); sampling differs per peer
-        self.rng = random.Random(f"{cfg.seed}:{ctx.transport.peer_id}")
         # model, optimizers, error feedback and outer step: in this process, or on the ranks of a
         # torchrun group (trainer/engine.py); outer.params are the whole FP32 global weights either way
         self.engine = make_engine(cfg, status=ctx.status)
@@ -59,14 +61,18 @@ class TrainerRole:
         self.outer = self.engine.outer
         self.global_params = self.outer.params
         self.shapes = self.engine.shapes
-        self.publisher = VersionPublisher(ctx.store, ctx.identity, run_id=cfg.run_id, chain=cfg.chain)
-        self.batches: deque[list[Rollout]] = deque(maxlen=64)
+        self.publisher = VersionPublisher(ctx.store, ctx.identity, run_id=cfg.run_id, chain=cfg.chain,
+                                          rollout_settings=settings_of(cfg))
+        verifier = RolloutVerifier(self.engine.worker, self.tasks, run_id=cfg.run_id, cfg=cfg.verify,
+                                   batches_per_version=cfg.rollout_batches_per_version,
+                                   max_staleness=cfg.grpo.max_staleness)
+        self.trust = TrustPolicy(TrainerSet.from_config(cfg.chain, run_id=cfg.run_id))
+        self.feed = RolloutFeed(verifier, cfg.verify, status=ctx.status, trust=self.trust)
+        self.own_batches = 0
         self.agreement = RoundAgreement(ctx, shapes=self.shapes, current_round=lambda: self.outer.round,
                                         base=self._base)
-        self.worker_version = -1
         self.peer_heads: dict[int, dict[str, str]] = {}  # version -> trainer -> state hash of its signed head
         self.published_hashes: dict[int, str] = {}
-        self.trust = TrustPolicy(TrainerSet.from_config(cfg.chain, run_id=cfg.run_id))
 
     @property
     def version(self) -> int:
@@ -92,6 +98,7 @@ class TrainerRole:
             return
         # alone with our own store: continue from it (BF16 -> FP32 is exact; FP32 residue is lost)
         self.engine.load_global(self.publisher.state, round=head.version)
+        self.feed.keep_state(head.version, self.publisher.state)
         self._reset_local()
         self.ctx.log.info("resumed alone at version %d", head.version)
         self._announce()
@@ -141,6 +148,8 @@ class TrainerRole:
         self.outer.load_state_dict(outer_state)
         self._reset_local()
         self.publisher.adopt(record, state)
+        self.feed.forget_states()  # earlier states we hold may be another fork's
+        self.feed.keep_state(record.version, state)
         self.ctx.status.add("resyncs")
         self.ctx.log.info("adopted state of %s at version %d", peer.peer_id[:12], record.version)
         self._announce()
@@ -296,6 +305,7 @@ class TrainerRole:
     def _publish(self, reward: float | None = None):
         state = module_state(self.global_params.items())
         pub = self.publisher.publish(state)
+        self.feed.keep_state(pub.record.version, state)
         self.ctx.status.add("patch_bytes_total", pub.patch_bytes)
         self.ctx.status.add("dense_bytes_total", pub.dense_bytes if pub.record.version > 0 else 0)
         self.ctx.status.add("reference_bytes_total", pub.reference_bytes or 0)
@@ -316,7 +326,6 @@ class TrainerRole:
 
     def _evaluate(self, state, version: int) -> float:
         self.engine.worker.set_weights(state, version)
-        self.worker_version = version
         return float(evaluate(self.engine.worker, self.eval_set))
 
     def _announce(self, push: bool = False) -> None:
@@ -333,8 +342,7 @@ class TrainerRole:
         for ev in self.ctx.transport.events(wait_s=wait_s):
             try:
                 if ev.kind == "rollouts":
-                    self.batches.append(decode_rollouts(ev.data))
-                    self.ctx.status.add("rollouts_in", len(self.batches[-1]))
+                    self.feed.offer(ev.sender, ev.data)
                 elif ev.kind == "head":
                     self._take_head(ev.sender, ev.data)
                 elif ev.kind == "loco":
@@ -346,27 +354,27 @@ class TrainerRole:
                 self.ctx.status.error(f"bad {ev.kind} from {ev.sender[:12]}: {exc}")
 
     def _next_batch(self) -> list[Rollout]:
-        """A batch of fresh peer rollouts, or our own after ``rollout_wait_s``."""
+        """A verified batch of peer rollouts, or our own after ``rollout_wait_s``."""
         deadline = time.monotonic() + self.cfg.rollout_wait_s
         while True:
             self._drain_events()
-            while self.batches:
-                batch = self.batches.popleft()
-                fresh = [r for r in batch if 0 <= self.version - r.version <= self.cfg.grpo.max_staleness]
-                if fresh:
-                    return fresh
-                self.ctx.status.add("rollouts_stale", len(batch))
+            batch = self.feed.next_batch(self.version)
+            if batch is not None:
+                return batch
             if time.monotonic() >= deadline or not self.ctx.peers("inference"):
                 return self._own_batch()
             self._drain_events(wait_s=0.05)
 
     def _own_batch(self) -> list[Rollout]:
-        if self.worker_version != self.version and self.publisher.state is not None:
-            self.engine.worker.set_weights(self.publisher.state, self.version)
-            self.worker_version = self.version
-        problems = self.tasks.sample(self.cfg.sampling.prompts_per_batch, self.rng)
-        self.ctx.status.add("rollouts_own", len(problems) * self.cfg.sampling.group_size)
-        return self.engine.worker.generate(problems, rng=self.rng)
+        """A batch made here with the seeded sampler (trusted: not verified)."""
+        worker = self.engine.worker
+        if worker.loaded is not self.publisher.state and self.publisher.state is not None:
+            worker.set_weights(self.publisher.state, self.version)
+        self.own_batches += 1
+        key = BatchKey(self.cfg.run_id, worker.version, self.ctx.transport.peer_id, self.own_batches)
+        rollouts = worker.generate_batch(self.tasks, key)
+        self.ctx.status.add("rollouts_own", len(rollouts))
+        return rollouts
 
     def close(self) -> None:
         self.engine.close()

@@ -1,0 +1,169 @@
+"""Honest rollouts are never refused: >= 10,000 made and verified across threads, shapes and models.
+
+Producers use the seeded sampler with the KV cache (``RolloutWorker.generate_batch``), decoding
+``rows_per_pass`` rows together (all 256, 64, 7 or 1) on 1 or 2 torch threads. The verifier is the
+trainer's (``rl/verify.py``): one teacher-forced forward per batch, or one per sequence
+(``logit_budget`` lowered), on the other thread count. Models: the default solo model (warm
+started) at its warm start and after ``--grpo-steps`` GRPO steps (temperature 1.0 and 0.7), and a
+tiny Hugging Face Llama (random init, HF's own KV cache and attention). CPU only: no CUDA here.
+
+Per configuration: rollouts, refused, the largest token gap seen (0 = the verifier's draw is the
+producer's token exactly), the margin (tolerance - largest gap), the rollouts that had a draw
+within the tolerance of a tie (the only places a forger could swap a token unnoticed), and the
+largest |claimed - recomputed| behaviour log-prob. Extra rows (not in the honest total): a
+producer computing in BF16 (what the sampler did on CUDA before) against the FP32 verifier.
+
+    python bench/rollout_honest.py [--batches 2] [--grpo-steps 20]
+
+Ends with one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from rollout_common import ROOT, solo_versions
+
+from pulse_node.rl.assign import BatchKey
+from pulse_node.rl.config import GRPOConfig, ModelConfig, SoloConfig, VerifyConfig
+from pulse_node.rl.policy import build_policy
+from pulse_node.rl.rollout import decode_rollouts, encode_rollouts
+from pulse_node.rl.sampler import RolloutWorker
+from pulse_node.rl.tasks import make_task_source
+from pulse_node.rl.verify import RolloutVerifier
+
+sys.path.insert(0, str(ROOT / "tests"))
+from test_rl_hf import save_tiny_hf  # noqa: E402  (the tests' tiny Llama, one definition)
+
+RUN = "bench-honest"
+
+
+@dataclass
+class Tally:
+    rollouts: int = 0
+    tokens: int = 0
+    refused: int = 0
+    reasons: dict[str, int] = field(default_factory=dict)
+    max_gap: float = 0.0
+    near_tie: int = 0
+    max_logprob_diff: float = 0.0
+    closest: float = math.inf
+
+    def add(self, rollouts, verdict, tol: float) -> None:
+        self.rollouts += len(rollouts)
+        self.tokens += sum(len(r.completion_ids) for r in rollouts)
+        if not verdict.ok:
+            self.refused += sum(not c.ok for c in verdict.checks)
+            for c in verdict.checks:
+                if not c.ok:
+                    self.reasons[c.reason] = self.reasons.get(c.reason, 0) + 1
+        gaps = [c.gap for c in verdict.checks if c.gap == c.gap]
+        self.max_gap = max([self.max_gap, *gaps])
+        self.near_tie += sum(c.closest <= tol for c in verdict.checks)
+        self.closest = min([self.closest, *(c.closest for c in verdict.checks if c.closest == c.closest)])
+        for ours, claimed in zip(verdict.rollouts, rollouts):
+            self.max_logprob_diff = max([self.max_logprob_diff, *(abs(a - b) for a, b in zip(ours.logprobs, claimed.logprobs))])
+
+
+def run_config(policy, cfg: SoloConfig, state, version: int, *, p_threads: int, rows: int | None,
+               v_threads: int, per_sequence: bool, batches: int, tally: Tally, bf16: bool = False) -> None:
+    task = make_task_source(cfg.task)
+    producer = RolloutWorker(policy, cfg.sampling)
+    if bf16:
+        producer.lm.module.to(torch.bfloat16)
+    producer.set_weights(state, version)
+    verifier = RolloutVerifier(RolloutWorker(policy, cfg.sampling), task, run_id=RUN, batches_per_version=1 << 20,
+                               max_staleness=4, cfg=VerifyConfig())
+    if per_sequence:
+        verifier.logit_budget = 1
+    for b in range(batches):
+        sender = f"peer-{p_threads}-{rows}-{v_threads}-{per_sequence}-{b}"
+        torch.set_num_threads(p_threads)
+        rollouts = producer.generate_batch(task, BatchKey(RUN, version, sender, b), rows_per_pass=rows)
+        torch.set_num_threads(v_threads)
+        verdict = verifier.check(decode_rollouts(encode_rollouts(rollouts)), sender=sender, current_version=version,
+                                 state_of=lambda v: state, full=True)
+        tally.add(rollouts, verdict, verifier.cfg.score_tolerance)
+
+
+def honest_grid(args) -> dict[str, Tally]:
+    cfg, policy, states = solo_versions(args.grpo_steps)
+    out: dict[str, Tally] = {}
+    shapes = [(1, None), (2, 64), (1, 7), (2, 1)]
+    for version in (0, 1):
+        for i, (p_threads, rows) in enumerate(shapes):
+            for per_sequence in (False, True):
+                name = f"solo v{version} gen {p_threads}t rows={rows or 256} | verify {3 - p_threads}t " \
+                       f"{'per-sequence' if per_sequence else 'one forward'}"
+                out[name] = Tally()
+                run_config(policy, cfg, states[version], version, p_threads=p_threads, rows=rows,
+                           v_threads=3 - p_threads, per_sequence=per_sequence, batches=args.batches, tally=out[name])
+                print(f"{name}: {out[name].rollouts} rollouts, refused {out[name].refused}, "
+                      f"max gap {out[name].max_gap:.3g}", flush=True)
+    cold = cfg.model_copy(update={"sampling": cfg.sampling.model_copy(update={"temperature": 0.7})})
+    for p_threads, rows in shapes[:2]:
+        name = f"solo v1 T=0.7 gen {p_threads}t rows={rows or 256} | verify {3 - p_threads}t one forward"
+        out[name] = Tally()
+        run_config(policy, cold, states[1], 1, p_threads=p_threads, rows=rows, v_threads=3 - p_threads,
+                   per_sequence=False, batches=args.batches, tally=out[name])
+    return out | hf_grid(args, cfg)
+
+
+def hf_grid(args, cfg: SoloConfig) -> dict[str, Tally]:
+    out: dict[str, Tally] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        save_tiny_hf(tmp)
+        hf = cfg.model_copy(update={"model": ModelConfig(kind="hf", path=tmp, device="cpu")})
+        policy = build_policy(hf.model, hf.task, seed=0, grpo_cfg=GRPOConfig(warmstart_steps=0))
+        state = policy.bf16_state()
+        for p_threads, rows in ((1, None), (2, 7), (2, None), (1, 64)):
+            name = f"hf-llama gen {p_threads}t rows={rows or 256} | verify {3 - p_threads}t one forward"
+            out[name] = Tally()
+            run_config(policy, hf, state, 0, p_threads=p_threads, rows=rows, v_threads=3 - p_threads,
+                       per_sequence=False, batches=args.batches, tally=out[name])
+    return out
+
+
+def bf16_rows(args) -> dict[str, Tally]:
+    cfg, policy, states = solo_versions(0)
+    tally = Tally()
+    run_config(policy, cfg, states[0], 0, p_threads=1, rows=None, v_threads=1, per_sequence=False,
+               batches=args.batches, tally=tally, bf16=True)
+    return {"solo v0 gen BF16 compute (not FP32) | verify FP32": tally}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--batches", type=int, default=2, help="batches of 256 rollouts per configuration")
+    ap.add_argument("--grpo-steps", type=int, default=20)
+    args = ap.parse_args()
+    t0 = time.monotonic()
+    honest, extra = honest_grid(args), bf16_rows(args)
+    tol = VerifyConfig().score_tolerance
+    print("\n| configuration | rollouts | refused | largest gap | rollouts with a draw within tol of a tie | "
+          "largest logprob diff |\n|---|---|---|---|---|---|")
+    for name, t in {**honest, **extra}.items():
+        lp = f"{t.max_logprob_diff:.3g}" if t.refused < t.rollouts else "- (all refused)"
+        print(f"| {name} | {t.rollouts} | {t.refused} {t.reasons or ''} | {t.max_gap:.3g} | {t.near_tie} | {lp} |")
+    total = sum(t.rollouts for t in honest.values())
+    refused = sum(t.refused for t in honest.values())
+    worst = max(t.max_gap for t in honest.values())
+    print(f"\nhonest: {total} rollouts, {refused} refused; largest gap {worst:.3g} vs tolerance {tol:g} "
+          f"(smallest margin {tol - worst:.4g}); largest logprob diff "
+          f"{max(t.max_logprob_diff for t in honest.values()):.3g} vs {VerifyConfig().logprob_tolerance:g}; "
+          f"{time.monotonic() - t0:.0f} s")
+    print(json.dumps({"bench": "rollout_honest", "rollouts": total, "refused": refused, "max_gap": worst,
+                      "score_tolerance": tol, "configs": {k: vars(v) for k, v in {**honest, **extra}.items()}},
+                     default=str))
+
+
+if __name__ == "__main__":
+    main()

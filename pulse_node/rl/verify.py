@@ -1,0 +1,296 @@
+"""What a trainer checks before it learns from a rollout batch, and the numbers it learns with.
+
+A batch is a producer's answer to its assignment ``BatchKey(run, version, sender, batch)``
+(``rl/assign.py``); the sender is the peer the transport authenticated. ``RolloutVerifier.check``
+takes the decoded batch and, in order (cheap checks first; the first failure refuses the whole
+batch):
+
+1. shape: exactly ``prompts_per_batch * group_size`` rollouts, one version and batch index,
+   samples ``0..n-1`` in order, batch index below ``batches_per_version`` (``batch_shape``,
+   ``batch_index``);
+2. freshness: the version is within ``max_staleness`` of ours and we hold its weights (``stale``,
+   ``future_version``, ``unknown_version``: not the sender's fault, no strike); not a batch we
+   accepted before (``replayed``);
+3. per rollout: the prompt is the assigned one (``eval_prompt`` if it is an eval-split prompt,
+   else ``prompt_not_assigned``), the group id is the canonical one (``group_id``), termination
+   (a finished completion ends in its only EOS; an unfinished one is exactly ``max_new_tokens``
+   long and has none: ``termination``), token ids inside the vocabulary and context
+   (``token_range``);
+4. one teacher-forced forward of the version's weights over the batch: every completion token
+   must be the seeded draw (``rl/seeded.py``) up to ``verify.score_tolerance`` (``not_sampled``:
+   edited, swapped, written, truncated-then-EOS or other-model completions);
+5. the reward, recomputed with the task's reward function, must equal the claim
+   (``wrong_reward``); the claimed log-probs must match ours within ``verify.logprob_tolerance``
+   (``forged_logprobs``).
+
+An accepted batch comes back as ``local`` rollouts carrying the trainer's reward and behaviour
+log-probs of that version: no number from the producer enters the loss.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import torch
+
+from pulse_node.codec.state import State
+from pulse_node.rl.assign import BatchKey, assigned_problems
+from pulse_node.rl.batch import pack
+from pulse_node.rl.config import VerifyConfig
+from pulse_node.rl.rollout import Rollout
+from pulse_node.rl.sampler import RolloutWorker
+from pulse_node.rl.seeded import drawable, gaps, noise_block, seeded_scores
+from pulse_node.rl.tasks import Problem, TaskSource
+
+#: refusals that strike the sender (it sent something false); the others are nobody's fault
+STRIKES = frozenset({"malformed", "batch_shape", "batch_index", "eval_prompt", "prompt_not_assigned",
+                     "group_id", "termination", "token_range", "not_sampled", "wrong_reward",
+                     "forged_logprobs"})
+REWARD_TOLERANCE = 1e-6
+#: logits held at once by the teacher-forced forward (rows are chunked to stay under it)
+LOGIT_BUDGET = 1 << 26
+
+
+@dataclass
+class RolloutCheck:
+    """The verdict on one rollout: ``reason`` "" when it passes.
+
+    ``gap``: its largest token gap (0 when every token is exactly the recomputed draw);
+    ``closest``: the smallest difference between the best and second-best seeded score over its
+    tokens, i.e. how near a tie its closest draw was (only there could a token be swapped within
+    the tolerance). Both NaN when the tokens were not recomputed.
+    """
+
+    sample: int
+    reason: str = ""
+    detail: str = ""
+    gap: float = float("nan")
+    closest: float = float("nan")
+
+    @property
+    def ok(self) -> bool:
+        return not self.reason
+
+
+@dataclass
+class BatchVerdict:
+    """The verdict on a batch: accepted (with trainer-scored rollouts) or refused with a reason."""
+
+    reason: str = ""
+    detail: str = ""
+    checks: list[RolloutCheck] = field(default_factory=list)
+    rollouts: list[Rollout] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.reason
+
+    @property
+    def strike(self) -> bool:
+        return self.reason in STRIKES
+
+
+def _refuse(reason: str, detail: str, n: int) -> BatchVerdict:
+    return BatchVerdict(reason, detail, [RolloutCheck(i, reason, detail) for i in range(n)])
+
+
+class RolloutVerifier:
+    """Checks rollout batches against version weights; shares the trainer's rollout worker."""
+
+    def __init__(self, worker: RolloutWorker, task: TaskSource, *, run_id: str, batches_per_version: int,
+                 max_staleness: int, cfg: VerifyConfig) -> None:
+        self.worker, self.task, self.run_id, self.cfg = worker, task, run_id, cfg
+        self.sampling = worker.cfg
+        self.batches_per_version, self.max_staleness = batches_per_version, max_staleness
+        tok = worker.tokenizer
+        self._eval_prompts = {tuple(tok.encode(p.prompt)) for p in task.eval_set()}
+        self._accepted: set[BatchKey] = set()
+        self._logit_width: int | None = None
+        self.logit_budget = LOGIT_BUDGET  # logits per forward (benches lower it to vary the shape)
+
+    # ---- the checks --------------------------------------------------------------------
+    def check(self, rollouts: list[Rollout], *, sender: str, current_version: int,
+              state_of: Callable[[int], State | None], full: bool = False) -> BatchVerdict:
+        """Verify a batch from ``sender``; ``full`` checks every rollout even after a failure
+        (``rollouts check`` prints them all), else the first failure ends the work."""
+        n = len(rollouts)
+        refused = self._shape(rollouts) or self._freshness(rollouts[0], current_version)
+        if refused:
+            return _refuse(*refused, n)
+        key = BatchKey(self.run_id, rollouts[0].version, sender, rollouts[0].batch)
+        if key in self._accepted:
+            return _refuse("replayed", f"batch {key.batch} of version {key.version} was accepted before", n)
+        state = state_of(key.version)
+        if state is None:
+            return _refuse("unknown_version", f"weights of version {key.version} are not held here", n)
+        problems = assigned_problems(self.task, key, self.sampling.prompts_per_batch)
+        wants = [self.worker.tokenizer.encode(p.prompt) for p in problems]
+        g = self.sampling.group_size
+        checks = [self._static(r, key, problems[r.sample // g], wants[r.sample // g]) for r in rollouts]
+        if not full and not all(c.ok for c in checks):
+            return self._verdict(checks, [])
+        if self.worker.loaded is not state:
+            self.worker.set_weights(state, key.version)
+        todo = [i for i, c in enumerate(checks) if c.ok]
+        rec = self.recompute([rollouts[i] for i in todo], key)
+        rewards: dict[tuple, float] = {}
+        out = []
+        for j, i in enumerate(todo):
+            r, problem = rollouts[i], problems[i // self.sampling.group_size]
+            seen = (tuple(r.completion_ids), problem.answer)
+            reward = rewards[seen] if seen in rewards else rewards.setdefault(seen, self._reward(r, problem))
+            checks[i] = self._dynamic(r, rec, j, reward=reward)
+            scored = copy.copy(r)
+            scored.reward, scored.logprobs, scored.local = reward, rec.logprobs[j], True
+            out.append(scored)
+        verdict = self._verdict(checks, out)
+        if verdict.ok:
+            self._accepted.add(key)
+            self._accepted = {k for k in self._accepted if k.version >= current_version - self.max_staleness}
+        return verdict
+
+    def _verdict(self, checks: list[RolloutCheck], scored: list[Rollout]) -> BatchVerdict:
+        bad = next((c for c in checks if not c.ok), None)
+        if bad is None:
+            return BatchVerdict("", "", checks, scored)
+        return BatchVerdict(bad.reason, f"sample {bad.sample}: {bad.detail}", checks)
+
+    def _shape(self, rollouts: list[Rollout]) -> tuple[str, str] | None:
+        want = self.sampling.prompts_per_batch * self.sampling.group_size
+        if len(rollouts) != want:
+            return "batch_shape", f"{len(rollouts)} rollouts, a batch has {want}"
+        first = rollouts[0]
+        for i, r in enumerate(rollouts):
+            if (r.version, r.batch, r.sample) != (first.version, first.batch, i):
+                return "batch_shape", (f"rollout {i} is (version {r.version}, batch {r.batch}, sample {r.sample}), "
+                                       f"expected ({first.version}, {first.batch}, {i})")
+        if first.batch >= self.batches_per_version:
+            return "batch_index", f"batch index {first.batch} >= {self.batches_per_version} per version"
+        return None
+
+    def _freshness(self, r: Rollout, current: int) -> tuple[str, str] | None:
+        if r.version > current:
+            return "future_version", f"version {r.version} is ahead of ours ({current})"
+        if current - r.version > self.max_staleness:
+            return "stale", f"version {r.version} is more than {self.max_staleness} behind {current}"
+        return None
+
+    def _static(self, r: Rollout, key: BatchKey, problem: Problem, want: list[int]) -> RolloutCheck:
+        """Prompt (``want``: the assigned one's ids), group, termination and token-range checks."""
+        tok, cfg = self.worker.tokenizer, self.sampling
+        c = RolloutCheck(r.sample)
+        if tuple(r.prompt_ids) in self._eval_prompts and r.prompt_ids != want:
+            c.reason, c.detail = "eval_prompt", "the prompt is one of the eval split"
+        elif r.prompt_ids != want or r.problem_id != problem.id[:256]:
+            c.reason, c.detail = "prompt_not_assigned", f"the assigned problem is {problem.id[:40]!r}"
+        elif r.group_id != key.group_id(r.sample // cfg.group_size):
+            c.reason, c.detail = "group_id", f"group id {r.group_id[:40]!r} is not the batch's"
+        elif why := _termination(r, eos=tok.eos_id, max_new=cfg.max_new_tokens):
+            c.reason, c.detail = "termination", why
+        elif max(r.completion_ids) >= tok.vocab_size or len(r.prompt_ids) + len(r.completion_ids) > self.worker.lm.context:
+            c.reason, c.detail = "token_range", "token ids outside the vocabulary or longer than the context"
+        return c
+
+    def _dynamic(self, r: Rollout, rec: Recomputed, j: int, *, reward: float) -> RolloutCheck:
+        """Seeded draws, reward and log-prob claims of ``r`` (``rec``'s ``j``-th), against the recomputation."""
+        c = RolloutCheck(r.sample, gap=float(rec.gap[j]), closest=float(rec.closest[j]))
+        if c.gap > self.cfg.score_tolerance:
+            c.reason = "not_sampled"
+            c.detail = (f"token {int(rec.token_gaps[j].argmax())} is not the seeded draw "
+                        f"(gap {c.gap:.4g} > tolerance {self.cfg.score_tolerance:g})")
+        elif abs(r.reward - reward) > REWARD_TOLERANCE:
+            c.reason, c.detail = "wrong_reward", f"reward {r.reward:g} claimed, {reward:g} recomputed"
+        elif (off := float(rec.claim_off[j])) > self.cfg.logprob_tolerance:
+            c.reason = "forged_logprobs"
+            c.detail = f"log-probs differ by {off:.4g} > tolerance {self.cfg.logprob_tolerance:g}"
+        return c
+
+    def _reward(self, r: Rollout, problem: Problem) -> float:
+        return float(self.worker.reward_fn(self.worker.tokenizer.decode(r.completion_ids), problem.answer))
+
+    # ---- the teacher-forced recomputation ------------------------------------------------
+    @torch.no_grad()
+    def recompute(self, rollouts: list[Rollout], key: BatchKey) -> Recomputed:
+        """The teacher-forced recomputation of ``rollouts`` (batch ``key``) with the loaded weights."""
+        if not rollouts:
+            return Recomputed.empty()
+        width = max(len(r.prompt_ids) + len(r.completion_ids) for r in rollouts)
+        rows = max(1, self.logit_budget // (width * self._vocab()))
+        return Recomputed.join([self._recompute_rows(rollouts[start:start + rows], key.digest())
+                                for start in range(0, len(rollouts), rows)])
+
+    def _vocab(self) -> int:
+        """Width of the logits (may exceed the tokenizer's vocabulary), from a one-token forward."""
+        if self._logit_width is None:
+            probe = torch.tensor([[self.worker.tokenizer.eos_id]], device=self.worker.device)
+            self._logit_width = int(self.worker.lm.logits(probe, torch.ones_like(probe, dtype=torch.bool)).shape[-1])
+        return self._logit_width
+
+    def _recompute_rows(self, rollouts: list[Rollout], digest: bytes) -> Recomputed:
+        """One forward over the distinct sequences (samples of a group often repeat), then per token."""
+        w, temp = self.worker, self.sampling.temperature
+        distinct: dict[tuple[tuple[int, ...], tuple[int, ...]], int] = {}
+        which = [distinct.setdefault((tuple(r.prompt_ids), tuple(r.completion_ids)), len(distinct)) for r in rollouts]
+        packed = pack(list(distinct), pad_id=w.tokenizer.pad_id, device=w.device)
+        logits = w.lm.logits(packed.ids, packed.mask)[:, :-1].float()
+        sizes = np.array([len(r.completion_ids) for r in rollouts])
+        starts = np.cumsum(sizes) - sizes
+        cols = (np.arange(sizes.sum()) - np.repeat(starts, sizes)
+                + np.repeat(np.array([len(r.prompt_ids) - 1 for r in rollouts]), sizes))
+        z = logits[torch.from_numpy(np.repeat(which, sizes)).to(w.device), torch.from_numpy(cols).to(w.device)]
+        tokens = torch.tensor([t for r in rollouts for t in r.completion_ids], device=w.device)
+        noise = noise_block(digest, [(r.sample, len(r.completion_ids)) for r in rollouts],
+                            drawable(z, w.tokenizer.vocab_size))
+        scores = seeded_scores(z, noise, temp)
+        top2 = scores.topk(2, dim=-1).values
+        logp = torch.log_softmax(z / temp, dim=-1).gather(-1, tokens[:, None]).squeeze(-1)
+        return Recomputed.of(gap=gaps(scores, tokens).cpu().numpy(), closest=(top2[:, 0] - top2[:, 1]).cpu().numpy(),
+                             logp=logp.cpu().numpy(), sizes=sizes,
+                             claimed=np.array([x for r in rollouts for x in r.logprobs]))
+
+
+@dataclass
+class Recomputed:
+    """Per rollout: its largest token gap, its closest draw (smallest best-minus-second-best
+    seeded score), the largest |claimed - recomputed| log-prob, our log-probs, and per token
+    the gaps (to say which token failed)."""
+
+    gap: np.ndarray
+    closest: np.ndarray
+    claim_off: np.ndarray
+    logprobs: list[list[float]]
+    token_gaps: list[np.ndarray]
+
+    @classmethod
+    def of(cls, *, gap: np.ndarray, closest: np.ndarray, logp: np.ndarray, claimed: np.ndarray,
+           sizes: np.ndarray) -> "Recomputed":
+        starts = np.cumsum(sizes) - sizes
+        flat = logp.astype(np.float64).tolist()
+        return cls(gap=np.maximum.reduceat(gap, starts), closest=np.minimum.reduceat(closest, starts),
+                   claim_off=np.maximum.reduceat(np.abs(claimed - logp), starts),
+                   logprobs=[flat[a:a + n] for a, n in zip(starts, sizes)], token_gaps=np.split(gap, starts[1:]))
+
+    @classmethod
+    def empty(cls) -> "Recomputed":
+        return cls(np.zeros(0), np.zeros(0), np.zeros(0), [], [])
+
+    @classmethod
+    def join(cls, parts: list["Recomputed"]) -> "Recomputed":
+        return cls(*(np.concatenate([getattr(p, f) for p in parts]) for f in ("gap", "closest", "claim_off")),
+                   [x for p in parts for x in p.logprobs], [x for p in parts for x in p.token_gaps])
+
+
+def _termination(r: Rollout, *, eos: int, max_new: int) -> str:
+    """Why the completion's end does not match its ``finished`` flag ("" if it does)."""
+    c = r.completion_ids
+    if len(c) > max_new:
+        return f"{len(c)} tokens, more than max_new_tokens={max_new}"
+    if r.finished and (c[-1] != eos or eos in c[:-1]):
+        return "marked finished but does not end in its only EOS"
+    if not r.finished and (eos in c or len(c) != max_new):
+        return f"marked unfinished but has an EOS or is not max_new_tokens={max_new} long"
+    return ""
+

@@ -1,0 +1,201 @@
+"""Fair intake of rollout batches: one queue per sender, served round robin, capped, tallied.
+
+Inference nodes push rollout batches to a trainer; the sender of each is the peer id the
+transport authenticated. ``RolloutIntake`` keeps the raw bytes (decoded and verified only when
+the trainer takes a batch, so a batch that goes stale in the queue costs nothing) in one FIFO per
+sender and hands them out round robin, so a sender that floods gets one turn per round of
+senders like everyone else. Caps: ``verify.max_queued_batches`` and ``verify.max_queued_bytes``
+per sender (the sender's oldest batch goes first: it is the stalest) and
+``verify.max_total_bytes`` over all (the largest queue loses its oldest batch). Every refusal
+is tallied per sender by reason; refusals that mean the sender lied strike it (``TrustPolicy``:
+every 3 strikes ban it for 60 s, doubling per further ban up to 1 h), and a banned sender's
+batches are refused on arrival. ``tallies()`` is a plain dict for the node status.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import asdict, dataclass, field
+
+from pulse_node.chain.trust import TrustPolicy
+from pulse_node.codec.state import State
+from pulse_node.daemon.status import NodeStatus
+from pulse_node.errors import WireError
+from pulse_node.rl.config import VerifyConfig
+from pulse_node.rl.rollout import Rollout, decode_rollouts
+from pulse_node.rl.verify import BatchVerdict, RolloutCheck, RolloutVerifier
+
+#: senders whose tallies are kept (the least recently seen idle sender is forgotten first)
+MAX_TRACKED_SENDERS = 1024
+
+
+@dataclass
+class SenderTally:
+    """What one sender contributed and why it was refused."""
+
+    accepted: int = 0  # batches trained on
+    accepted_rollouts: int = 0
+    rejected: dict[str, int] = field(default_factory=dict)  # batches refused, by reason
+    queued: int = 0
+    queued_bytes: int = 0
+    strikes: int = 0
+    banned: bool = False
+    last_seen: float = 0.0
+
+
+class RolloutIntake:
+    """Per-sender FIFOs of raw rollout batches, served round robin."""
+
+    def __init__(self, cfg: VerifyConfig, *, trust: TrustPolicy) -> None:
+        self.cfg = cfg
+        self.trust = trust  # the node's: a sender banned for lying about rollouts is banned everywhere
+        self._queues: dict[str, deque[bytes]] = {}
+        self._turns: deque[str] = deque()  # senders with queued batches, next turn first
+        self._tally: dict[str, SenderTally] = {}
+        self.total_bytes = 0
+
+    def __len__(self) -> int:
+        return sum(len(q) for q in self._queues.values())
+
+    def tally(self, sender: str) -> SenderTally:
+        t = self._tally.get(sender)
+        if t is None:
+            self._forget_idle()
+            t = self._tally[sender] = SenderTally()
+        t.last_seen = time.time()
+        return t
+
+    def offer(self, sender: str, data: bytes) -> bool:
+        """Queue a batch from ``sender``; False (tallied) if refused on arrival."""
+        if self.trust.ignored(sender):
+            self.refused(sender, "banned", strike=False)
+            return False
+        if len(data) > self.cfg.max_queued_bytes:
+            self.refused(sender, "too_large", strike=False)
+            return False
+        item = bytes(data)
+        queue = self._queues.setdefault(sender, deque())
+        if sender not in self._turns:
+            self._turns.append(sender)
+        queue.append(item)
+        self._account(sender, +1, len(item))
+        while len(queue) > self.cfg.max_queued_batches or self.tally(sender).queued_bytes > self.cfg.max_queued_bytes:
+            self._drop_oldest(sender)
+        while self.total_bytes > self.cfg.max_total_bytes:
+            self._drop_oldest(max(self._queues, key=lambda s: self._tally[s].queued_bytes))
+        kept = self._queues.get(sender)
+        return bool(kept) and kept[-1] is item
+
+    def take(self) -> tuple[str, bytes] | None:
+        """The next batch, round robin over senders (None when every queue is empty)."""
+        while self._turns:
+            sender = self._turns.popleft()
+            queue = self._queues.get(sender)
+            if not queue:
+                continue
+            data = queue.popleft()
+            self._account(sender, -1, -len(data))
+            if queue:
+                self._turns.append(sender)
+            else:
+                del self._queues[sender]
+            return sender, data
+        return None
+
+    def accepted(self, sender: str, rollouts: int) -> None:
+        t = self.tally(sender)
+        t.accepted += 1
+        t.accepted_rollouts += rollouts
+
+    def refused(self, sender: str, reason: str, *, strike: bool) -> None:
+        """Tally a refused batch; ``strike`` when the refusal means the sender lied."""
+        t = self.tally(sender)
+        t.rejected[reason] = t.rejected.get(reason, 0) + 1
+        if strike:
+            self.trust.strike(sender)
+            t.strikes = self.trust.strikes[sender]
+
+    def tallies(self) -> dict[str, dict]:
+        """Per-sender tallies as plain JSON-ready dicts (for status.json)."""
+        out = {}
+        for sender, t in self._tally.items():
+            t.banned = self.trust.ignored(sender)
+            out[sender] = asdict(t) | {"rejected": dict(t.rejected)}
+        return out
+
+    def _account(self, sender: str, batches: int, nbytes: int) -> None:
+        t = self.tally(sender)
+        t.queued += batches
+        t.queued_bytes += nbytes
+        self.total_bytes += nbytes
+
+    def _drop_oldest(self, sender: str) -> None:
+        queue = self._queues[sender]
+        data = queue.popleft()
+        self._account(sender, -1, -len(data))
+        self.refused(sender, "queue_full", strike=False)
+        if not queue:
+            del self._queues[sender]
+
+    def _forget_idle(self) -> None:
+        if len(self._tally) < MAX_TRACKED_SENDERS:
+            return
+        idle = [s for s in self._tally if s not in self._queues]
+        if idle:
+            del self._tally[min(idle, key=lambda s: self._tally[s].last_seen)]
+
+
+class RolloutFeed:
+    """The trainer's source of checked peer batches: intake queues -> decode -> verify -> tally.
+
+    Holds the BF16 states of the versions a batch may still be made from (the newest
+    ``max_staleness + 1``: ``keep_state`` on every publication, ``forget_states`` on a re-sync,
+    whose earlier states were another fork's). A refused batch is tallied and the next one is
+    taken at once: it never uses up an inner step.
+    """
+
+    def __init__(self, verifier: RolloutVerifier, cfg: VerifyConfig, *, status: NodeStatus,
+                 trust: TrustPolicy) -> None:
+        self.verifier, self.status = verifier, status
+        self.intake = RolloutIntake(cfg, trust=trust)
+        self.states: dict[int, State] = {}
+
+    def keep_state(self, version: int, state: State) -> None:
+        self.states[version] = state
+        low = version - self.verifier.max_staleness
+        self.states = {v: s for v, s in self.states.items() if v >= low}
+
+    def forget_states(self) -> None:
+        self.states.clear()
+
+    def offer(self, sender: str, data: bytes) -> None:
+        self.intake.offer(sender, data)
+        self.status.update(rollout_senders=self.intake.tallies())
+
+    def next_batch(self, current_version: int) -> list[Rollout] | None:
+        """The next accepted batch (trainer-scored rollouts), or None once the queues are empty."""
+        while (item := self.intake.take()) is not None:
+            sender, data = item
+            verdict = self._check(sender, data, current_version)
+            self.status.add("rollouts_in", len(verdict.checks))
+            if verdict.ok:
+                self.intake.accepted(sender, len(verdict.rollouts))
+            else:
+                self.intake.refused(sender, verdict.reason, strike=verdict.strike)
+                self.status.add("rollouts_refused", len(verdict.checks))
+                if verdict.strike:
+                    self.status.add("rejected")
+                    self.status.error(f"rollout batch from {sender[:12]} refused: {verdict.reason} ({verdict.detail})")
+            self.status.update(rollout_senders=self.intake.tallies())
+            if verdict.ok:
+                return verdict.rollouts
+        return None
+
+    def _check(self, sender: str, data: bytes, current_version: int) -> BatchVerdict:
+        try:
+            rollouts = decode_rollouts(data)
+        except WireError as exc:
+            return BatchVerdict("malformed", str(exc), [RolloutCheck(0, "malformed", str(exc))])
+        return self.verifier.check(rollouts, sender=sender, current_version=current_version,
+                                   state_of=self.states.get)

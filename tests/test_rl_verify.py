@@ -1,0 +1,119 @@
+"""Verified rollouts: honest batches pass on any batch shape and thread count, every forgery of
+the catalogue is refused with its reason, refusals that are nobody's fault do not strike, and a
+flooding sender does not take an honest sender's share."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from helpers import tiny_solo
+
+from pulse_node.rl.assign import BatchKey, assigned_problems
+from pulse_node.rl.config import VerifyConfig
+from pulse_node.rl.grpo import GRPOLearner
+from pulse_node.rl.policy import build_policy, build_tiny
+from pulse_node.rl.tasks import make_task_source
+from pulse_node.rl.verify import STRIKES
+from pulse_node.testing.forgery import FORGER, FORGERIES, HONEST, ForgeryLab, flood
+from pulse_node.torchbits import module_state
+
+EXPECTED = {
+    "wrong_reward": {"wrong_reward"}, "edited_token": {"not_sampled", "termination"},
+    "swapped_completion": {"not_sampled"}, "cherry_picked": {"not_sampled"},
+    "written_completion": {"not_sampled", "termination"}, "forged_logprobs": {"forged_logprobs"},
+    # another model's (or version's) draws may agree with the version's where both are near uniform (the
+    # tiny test model is): the tokens are then the version's own draws, and its claimed log-probs give it away
+    "eval_prompt": {"eval_prompt"}, "wrong_version": {"not_sampled", "forged_logprobs"},
+    "relabeled_version": {"prompt_not_assigned"}, "other_model": {"not_sampled", "forged_logprobs"}, "other_peers_batch": {"prompt_not_assigned"}, "replayed_batch": {"replayed"},
+    "truncated_finished": {"not_sampled"}, "ground_batch_index": {"batch_index"},
+    "dropped_rollouts": {"batch_shape"},
+}
+
+
+@pytest.fixture(scope="module")
+def lab(warm_cache) -> ForgeryLab:
+    """Versions 0 and 1 of a tiny policy (one GRPO step apart), and a foreign model's weights."""
+    cfg = tiny_solo(warm_cache)
+    torch.manual_seed(0)
+    policy = build_policy(cfg.model, cfg.task, seed=1, grpo_cfg=cfg.grpo)
+    task = make_task_source(cfg.task)
+    states = {0: policy.bf16_state()}
+    lab = ForgeryLab(policy=policy, states=dict(states), foreign=module_state(
+        build_tiny(cfg.model, seed=99, device=policy.device).module.named_parameters()),
+        task=task, sampling=cfg.sampling, verify=VerifyConfig(), batches_per_version=4)
+    learner = GRPOLearner(policy, cfg.grpo)
+    rs = lab.honest(HONEST, 0, 0)
+    for i, r in enumerate(rs):
+        r.reward = float(i % 2)
+    learner.step(rs, current_version=0)
+    states[1] = policy.bf16_state()
+    return ForgeryLab(policy=policy, states=states, foreign=lab.foreign, task=task, sampling=cfg.sampling,
+                      verify=VerifyConfig(), batches_per_version=4)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("rows_per_pass", [None, 1, 5])
+def test_honest_batches_pass_on_any_shape_and_thread_count(lab, threads, rows_per_pass) -> None:
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        lab.producer.set_weights(lab.states[1], 1)
+        key = BatchKey(lab.run_id, 1, HONEST, 1)
+        rs = lab.producer.generate(assigned_problems(lab.task, key, lab.sampling.prompts_per_batch), key=key,
+                                   rows_per_pass=rows_per_pass)
+        verdict = lab.new_verifier().check(rs, sender=HONEST, current_version=1, state_of=lab.states.get)
+    finally:
+        torch.set_num_threads(before)
+    assert verdict.ok, verdict.detail
+    assert max(c.gap for c in verdict.checks) <= lab.verify.score_tolerance / 10
+    # the trainer learns with its own numbers: recomputed rewards, its own log-probs
+    assert all(v.local and v.reward == r.reward for v, r in zip(verdict.rollouts, rs))
+    assert max(abs(a - b) for v, r in zip(verdict.rollouts, rs) for a, b in zip(v.logprobs, r.logprobs)) < 1e-4
+
+
+@pytest.mark.parametrize("kind", sorted(FORGERIES))
+def test_every_forgery_is_refused_with_its_reason(lab, kind) -> None:
+    lab.verifier = lab.new_verifier()  # forget accepted batches of other cases
+    sender, rollouts = FORGERIES[kind](lab)
+    verdict = lab.judge(sender, rollouts)
+    assert not verdict.ok and verdict.reason in EXPECTED[kind], (verdict.reason, verdict.detail)
+    assert verdict.strike == (verdict.reason in STRIKES) and not verdict.rollouts
+
+
+def test_refusals_that_are_nobodys_fault_do_not_strike(lab) -> None:
+    verifier = lab.new_verifier()
+    rs = lab.honest(HONEST, 2, 0)
+    assert verifier.check(copy.deepcopy(rs), sender=HONEST, current_version=1, state_of=lambda v: None).reason == "unknown_version"
+    assert verifier.check(copy.deepcopy(rs), sender=HONEST, current_version=9, state_of=lab.states.get).reason == "stale"
+    ahead = verifier.check(copy.deepcopy(rs), sender=HONEST, current_version=0, state_of=lab.states.get)
+    assert ahead.ok  # version 0 is current for a trainer at 0
+    early = lab.honest(HONEST, 2, 1)
+    assert verifier.check(early, sender=HONEST, current_version=0, state_of=lab.states.get).reason == "future_version"
+    for reason in ("unknown_version", "stale", "future_version", "replayed"):
+        assert reason not in STRIKES
+
+
+def test_full_check_reports_every_rollout(lab) -> None:
+    _, rs = FORGERIES["forged_logprobs"](lab)
+    rs[0].reward = 1.0 - rs[0].reward
+    verdict = lab.new_verifier().check(rs, sender=FORGER, current_version=1, state_of=lab.states.get, full=True)
+    assert len(verdict.checks) == len(rs)
+    assert {c.reason for c in verdict.checks} >= {"wrong_reward", "forged_logprobs", ""}
+
+
+def test_a_flood_does_not_take_the_honest_senders_share(lab) -> None:
+    out = flood(lab, flood_batches=20, honest_batches=2, takes=6, distinct=2)
+    assert out["honest_used"] == 2, out  # every honest batch trained on
+    assert out["order"][:4].count(HONEST) == 2, out["order"]  # alternating turns while both have batches
+    assert out["flood_refused"].get("queue_full", 0) >= 14 and not out["honest_refused"], out
+
+
+def test_a_fork_with_the_same_version_number_is_not_mistaken_for_the_held_state(lab) -> None:
+    """After a re-sync the trainer's worker may hold another fork's weights under the same version
+    number: the verifier loads the state it is given, not whatever carries that number."""
+    verifier = lab.new_verifier()
+    verifier.worker.set_weights(lab.states[0], 1)  # "version 1" of a fork
+    rs = lab.honest(HONEST, 3, 1)
+    assert verifier.check(rs, sender=HONEST, current_version=1, state_of=lab.states.get).ok

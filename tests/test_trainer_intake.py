@@ -1,0 +1,75 @@
+"""The trainer's rollout intake: round robin between senders, caps, bans and tallies."""
+
+from __future__ import annotations
+
+from pulse_node.chain.trainerset import TrainerSet
+from pulse_node.chain.trust import TrustPolicy
+from pulse_node.rl.config import VerifyConfig
+from pulse_node.trainer.intake import RolloutIntake
+
+KIB = 1 << 10
+
+
+def intake(**cfg) -> RolloutIntake:
+    return RolloutIntake(VerifyConfig(**({"max_queued_bytes": 64 * KIB, "max_total_bytes": 256 * KIB} | cfg)), trust=TrustPolicy(TrainerSet(run_id="r")))
+
+
+def drain(q: RolloutIntake) -> list[tuple[str, bytes]]:
+    out = []
+    while (item := q.take()) is not None:
+        out.append(item)
+    return out
+
+
+def test_round_robin_between_senders() -> None:
+    q = intake(max_queued_batches=10)
+    for i in range(6):
+        q.offer("flooder", b"f%d" % i)
+    q.offer("a", b"a0")
+    q.offer("a", b"a1")
+    q.offer("b", b"b0")
+    got = drain(q)
+    assert [s for s, _ in got[:5]] == ["flooder", "a", "b", "flooder", "a"]
+    assert [d for s, d in got if s == "flooder"] == [b"f%d" % i for i in range(6)]  # FIFO per sender
+    assert len(q) == 0 and q.total_bytes == 0 and q.take() is None
+
+
+def test_per_sender_caps_drop_that_senders_oldest() -> None:
+    q = intake(max_queued_batches=3)
+    kept = [q.offer("flooder", b"%03d" % i) for i in range(10)]
+    assert all(kept) and len(q) == 3
+    assert [d for _, d in drain(q)] == [b"007", b"008", b"009"]
+    t = q.tallies()["flooder"]
+    assert t["rejected"] == {"queue_full": 7} and t["queued"] == 0 and t["strikes"] == 0
+    assert not q.offer("big", b"x" * (64 * KIB + 1))  # larger than a sender may queue
+    assert q.tallies()["big"]["rejected"] == {"too_large": 1}
+    q.offer("s", b"x" * (40 * KIB))
+    q.offer("s", b"y" * (40 * KIB))  # over the sender's byte cap: the first goes
+    assert [d[:1] for _, d in drain(q)] == [b"y"]
+
+
+def test_total_cap_evicts_from_the_largest_queue() -> None:
+    q = intake(max_queued_batches=8, max_total_bytes=100 * KIB)
+    for _ in range(4):
+        q.offer("big", b"b" * (20 * KIB))
+    q.offer("small", b"s" * (10 * KIB))
+    q.offer("small2", b"t" * (15 * KIB))  # 4*20 + 10 + 15 > 100: "big" loses its oldest
+    t = q.tallies()
+    assert t["big"]["queued"] == 3 and t["big"]["rejected"] == {"queue_full": 1}
+    assert t["small"]["queued"] == 1 and t["small2"]["queued"] == 1 and q.total_bytes <= 100 * KIB
+
+
+def test_strikes_ban_a_sender_and_are_tallied() -> None:
+    q = RolloutIntake(VerifyConfig(), trust=TrustPolicy(TrainerSet(run_id="r"), max_strikes=3, ban_s=60))
+    for reason in ("not_sampled", "wrong_reward"):
+        q.refused("liar", reason, strike=True)
+    q.refused("liar", "stale", strike=False)
+    assert q.offer("liar", b"batch")  # two strikes: not banned yet
+    q.refused("liar", "forged_logprobs", strike=True)
+    assert not q.offer("liar", b"batch2")  # third strike: banned, refused on arrival
+    q.accepted("honest", 256)
+    t = q.tallies()
+    assert t["liar"]["banned"] and t["liar"]["strikes"] == 3
+    assert t["liar"]["rejected"] == {"not_sampled": 1, "wrong_reward": 1, "stale": 1, "forged_logprobs": 1,
+                                     "banned": 1}
+    assert t["honest"] == t["honest"] | {"accepted": 1, "accepted_rollouts": 256, "banned": False, "strikes": 0}
