@@ -199,3 +199,18 @@ def test_genesis_anchor_is_not_counted_as_a_patch() -> None:
                           now=NOW)
     assert snap.versions[0].version == 0 and snap.versions[0].compression is None
     assert snap.totals.dense_bytes == 5000 and snap.totals.patch_bytes == 150
+
+
+def test_rollout_senders_per_trainer_are_shown_refused_first() -> None:
+    nodes = _swarm()
+    senders = {PID["i0"]: {"accepted": 7, "accepted_rollouts": 112},
+               "12D3KooWforger" + "y" * 38: {"rejected": {"not_sampled": 2, "wrong_reward": 1}, "strikes": 3,
+                                               "banned": True}}
+    t0 = StatusReport.model_validate(nodes[0].status.model_dump(by_alias=True) | {"rollout_senders": senders})
+    snap = build_snapshot([NodeInput("trainer-0", t0), *nodes[1:]], now=NOW)
+    assert [(r.sender, r.accepted, r.refused, r.banned) for r in snap.senders] == [
+        ("12D3KooWforg", 0, 3, True), ("inference-0", 7, 0, False)]
+    text = render_text(snap, width=140)
+    for needle in ("rollout senders", "12D3KooWforg BANNED", "not_sampled 2, wrong_reward 1", "inference-0"):
+        assert needle in text, needle
+    assert "rollout senders" not in render_text(build_snapshot(_swarm(), now=NOW), width=140)

@@ -126,6 +126,20 @@ def _versions_table(rows: Sequence[VersionView]) -> Table:
     return t
 
 
+def _senders_table(s: SwarmSnapshot) -> Table:
+    t = Table(title="rollout senders", title_justify="left", pad_edge=False, padding=(0, 1, 0, 0),
+              box=box.SIMPLE_HEAD, show_edge=False)
+    for col, just in (("trainer", "left"), ("sender", "left"), ("accepted", "right"), ("rollouts", "right"),
+                      ("refused", "right"), ("why", "left"), ("strikes", "right"), ("queued", "right")):
+        t.add_column(col, justify=just, no_wrap=True)
+    for r in s.senders:
+        why = ", ".join(f"{k} {n}" for k, n in sorted(r.reasons.items(), key=lambda kv: -kv[1])[:3]) or "-"
+        t.add_row(r.trainer, Text(r.sender + (" BANNED" if r.banned else ""), style="bold red" if r.banned else ""),
+                  str(r.accepted), str(r.accepted_rollouts), Text(str(r.refused), style="red" if r.refused else ""),
+                  why, str(r.strikes), str(r.queued))
+    return t
+
+
 def _charts(s: SwarmSnapshot) -> Text:
     rows = [r for r in s.versions if r.version >= FIRST_PATCH_VERSION][-CHART_POINTS:]  # v0: the genesis anchor
     t = Text()
@@ -170,6 +184,8 @@ def _errors(s: SwarmSnapshot) -> RenderableType:
 def render(snapshot: SwarmSnapshot) -> RenderableType:
     """The whole dashboard screen for one snapshot."""
     parts: list[RenderableType] = [_header(snapshot), _alerts(snapshot), _nodes_table(snapshot)]
+    if snapshot.senders:
+        parts.append(_senders_table(snapshot))
     if snapshot.versions:
         parts += [_versions_table(snapshot.versions), _charts(snapshot)]
     parts.append(_errors(snapshot))

@@ -7,7 +7,7 @@ which version it holds and how far behind the head it is, whether its state hash
 every other node at the same version, bytes moved and saved against a dense sync; per version,
 how many nodes hold it and whether they agree, patch size, BF16 changed fraction, size against
 dense BF16 and against the reference codec, eval and reward; catch-up patches against the
-patches they replaced; and the alerts an operator must act on (diverged replicas, duplicate
+patches they replaced; per trainer, its rollout senders' accepted and refused batches; and the alerts an operator must act on (diverged replicas, duplicate
 identities, lagging, stale or dead nodes, statuses of an unknown schema). ``pulse-node status
 --once --json`` prints ``SwarmSnapshot.model_dump(mode="json")``; schema changes bump ``v``.
 """
@@ -20,8 +20,9 @@ from typing import Any, Literal, Mapping, Sequence
 import pydantic
 
 from pulse_node.daemon.status_model import StatusReport
+from pulse_node.ops.senders import SenderView, sender_views
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 #: a status not refreshed for this long is stale (nodes write it every 0.5 s)
 STALE_AFTER_S = 15.0
 #: a live node this many versions behind the head is reported as lagging
@@ -125,7 +126,7 @@ class Totals(_Model):
 
 
 class SwarmSnapshot(_Model):
-    v: Literal[2] = SCHEMA_VERSION
+    v: Literal[3] = SCHEMA_VERSION
     taken_at: float
     run_id: str | None = None
     source: str = ""
@@ -139,6 +140,7 @@ class SwarmSnapshot(_Model):
     totals: Totals
     errors: list[ErrorLine]
     alerts: list[Alert]
+    senders: list[SenderView] = pydantic.Field(default_factory=list)  # rollout senders per trainer
 
 
 @dataclass(frozen=True)
@@ -438,7 +440,8 @@ def build_snapshot(nodes: Sequence[NodeInput], peers: Sequence[Mapping[str, Any]
     return SwarmSnapshot(taken_at=now, run_id=run_id or _run_id(merged), source=source, bootstrap=bootstrap,
                          head=head, roles=roles, nodes=views, versions=list(table.values()),
                          hash_checks_total=len(shared), hash_disagreements=bad, totals=_totals(merged, views, table),
-                         errors=_errors(merged, now), alerts=alerts)
+                         errors=_errors(merged, now), alerts=alerts,
+                         senders=sender_views([(m.name, m.status) for m in merged if m.status is not None]))
 
 
 def _run_id(merged: Sequence[_Merged]) -> str | None:

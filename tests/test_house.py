@@ -1,0 +1,107 @@
+"""The house of docs/ARCHITECTURE.md holds in the code: which folder may import which, no import
+cycle between modules, no module over 500 lines, test support never imported by production code."""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+PKG = Path(__file__).resolve().parents[1] / "pulse_node"
+SHARED = {"errors", "vocab", "fsutil", "signals", "configload", "__version__"}
+ABOVE_NET = SHARED | {"codec", "chain", "torchbits", "rl", "loco", "net", "config"}
+#: folder (or top-level module) -> what it may import; mirrors the house table of docs/ARCHITECTURE.md
+ALLOWED: dict[str, set[str]] = {
+    **{m: SHARED for m in SHARED},
+    "codec": SHARED,
+    "chain": SHARED | {"codec"},
+    "torchbits": {"codec"},
+    "rl": SHARED | {"codec", "torchbits"},
+    "loco": SHARED | {"codec", "chain"},
+    "net": SHARED | {"chain"},
+    "config": SHARED | {"rl", "loco", "net"},
+    "daemon": ABOVE_NET,
+    "trainer": ABOVE_NET | {"daemon"},
+    "inference": ABOVE_NET | {"daemon"},
+    "ops": SHARED | {"chain", "net", "daemon"},
+    "swarm": SHARED | {"chain", "config", "daemon", "ops"},
+    "commands": ABOVE_NET | {"daemon", "trainer", "inference", "ops", "swarm", "commands"},
+    "cli": SHARED | {"commands"},
+    "__main__": {"cli"},
+}
+#: edges the table names as exceptions: (importing module, imported folder)
+EXCEPTIONS = {
+    ("daemon/runtime.py", "trainer"), ("daemon/runtime.py", "inference"),  # the one place that picks a role
+    ("commands/join.py", "testing"),  # fault injection, only with net.faults.enabled (chaos runs)
+}
+MAX_LINES = 500
+
+
+def _unit(module: str) -> str:
+    """``pulse_node.chain.record`` -> ``chain``; ``pulse_node.errors`` -> ``errors``."""
+    return module.split(".")[1]
+
+
+def _imports(path: Path) -> set[str]:
+    """Every ``pulse_node.*`` module ``path`` imports (at any depth, lazy imports included)."""
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("pulse_node."):
+            out.add(node.module)
+            out.update(f"{node.module}.{a.name}" for a in node.names
+                       if (PKG / Path(*node.module.split(".")[1:]) / f"{a.name}.py").exists())
+        elif isinstance(node, ast.ImportFrom) and node.module == "pulse_node":
+            out.update(f"pulse_node.{a.name}" for a in node.names)
+        elif isinstance(node, ast.Import):
+            out.update(a.name for a in node.names if a.name.startswith("pulse_node."))
+    return out
+
+
+def _modules() -> dict[str, Path]:
+    return {".".join(("pulse_node", *p.relative_to(PKG).with_suffix("").parts)): p
+            for p in PKG.rglob("*.py") if "__pycache__" not in p.parts}
+
+
+def test_folders_import_only_what_the_house_table_allows() -> None:
+    bad = []
+    for module, path in _modules().items():
+        unit = _unit(module) if module.count(".") else "__init__"
+        if unit in ("testing", "__init__"):
+            continue
+        rel = path.relative_to(PKG).as_posix()
+        for imported in _imports(path):
+            target = _unit(imported)
+            if target == unit or (rel, target) in EXCEPTIONS:
+                continue
+            if target not in ALLOWED.get(unit, set()):
+                bad.append(f"{rel} imports {imported}")
+    assert not bad, "imports the house table (docs/ARCHITECTURE.md) does not allow:\n" + "\n".join(sorted(bad))
+
+
+def test_no_import_cycle_between_modules() -> None:
+    modules = _modules()
+    graph: dict[str, set[str]] = defaultdict(set)
+    for module, path in modules.items():
+        graph[module] = {m for m in _imports(path) if m in modules and m != module}
+    state: dict[str, int] = {}
+
+    def visit(node: str, trail: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                pytest.fail("import cycle: " + " -> ".join(trail[trail.index(nxt):] + [node, nxt]))
+            if nxt not in state:
+                visit(nxt, trail + [node])
+        state[node] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [])
+
+
+def test_no_module_over_500_lines() -> None:
+    long = {p.relative_to(PKG).as_posix(): n for p in _modules().values()
+            if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert not long, f"modules over {MAX_LINES} lines: {long}"
