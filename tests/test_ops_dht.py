@@ -73,3 +73,8 @@ def test_doctor_against_a_live_bootstrap_sees_the_swarm_and_the_identity_in_use(
 def test_metrics_url_on_all_interfaces_is_dialled_at_the_dht_address() -> None:
     assert dialable_url("http://0.0.0.0:9100", ["/ip4/10.0.0.5/tcp/1/p2p/X"]) == "http://10.0.0.5:9100"
     assert dialable_url("http://127.0.0.1:9100", ["/ip4/10.0.0.5/tcp/1"]) == "http://127.0.0.1:9100"
+    # a container announces its loopback first: the dashboard on the host needs the bridge address
+    both = ["/ip4/127.0.0.1/tcp/1/p2p/X", "/ip4/172.18.0.3/tcp/1/p2p/X"]
+    assert dialable_url("http://0.0.0.0:9100", both) == "http://172.18.0.3:9100"
+    assert dialable_url("http://0.0.0.0:9100", both[:1]) == "http://127.0.0.1:9100"
+    assert dialable_url("http://0.0.0.0:9100", ["/ip6/::1/tcp/1"]) == "http://0.0.0.0:9100"

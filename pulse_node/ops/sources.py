@@ -195,14 +195,21 @@ def status_target(peer: Mapping[str, Any], *, allow_private: bool) -> str:
 
 
 def dialable_url(metrics_url: str, dht_maddrs: list[str]) -> str:
-    """A node listening on all interfaces announces ``0.0.0.0``: use the IP of its DHT address instead."""
+    """A node listening on all interfaces announces ``0.0.0.0``: use an IP of its DHT addresses
+    instead, a non-loopback one first (a container's 127.0.0.1 is not the container from here)."""
     if "://0.0.0.0:" not in metrics_url:
         return metrics_url
-    for maddr in dht_maddrs:
-        parts = maddr.split("/")
-        if len(parts) > 2 and parts[1] == "ip4":
-            return metrics_url.replace("://0.0.0.0:", f"://{parts[2]}:", 1)
-    return metrics_url
+    hosts = [h for h in (_maddr_host(m) for m in dht_maddrs if m.startswith("/ip4/")) if h]
+    hosts.sort(key=lambda h: ipaddress.ip_address(h).is_loopback if _is_ip(h) else True)
+    return metrics_url.replace("://0.0.0.0:", f"://{hosts[0]}:", 1) if hosts else metrics_url
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
 
 
 def statuses_of_peers(peers: list[Mapping[str, Any]], *, timeout: float = HTTP_TIMEOUT_S,
