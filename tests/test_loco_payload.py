@@ -260,3 +260,16 @@ def test_payload_codec_and_config_import_without_torch() -> None:
     code = ("import sys; import pulse_node.loco.payload, pulse_node.loco.config, pulse_node.loco.basecoder; "
             "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_position_labels_in_slices_equal_the_whole_array_formula(monkeypatch) -> None:
+    """Labels computed slice by slice in uint32 (1 B per weight) are the int64 formula's, across
+    slice edges and on every kind of bit pattern (zeros, denormals, inf/nan, random words)."""
+    rng = np.random.default_rng(7)
+    normal = (rng.standard_normal(5000) * 10.0 ** rng.integers(-40, 38, 5000)).astype(np.float32).view(np.uint32)
+    special = np.array([0, 0x80000000, 1, 0x7F800000, 0xFF800000, 0x7FC00000, 0xFFFFFFFF, 0x00008000], np.uint32)
+    w = np.concatenate([normal, rng.integers(0, 2**32, 3000, dtype=np.uint64).astype(np.uint32), special])
+    ew, _, dz = basecoder._base_fields(w)
+    expected = (np.clip(ew - 96, 0, 63) * 4 + np.minimum(np.minimum(dz, 0x10000 - dz) >> 13, 3)).astype(np.uint8)
+    monkeypatch.setattr(basecoder, "LABEL_SLICE", 999)  # many slices, uneven last one
+    assert np.array_equal(basecoder.position_labels(w), expected)

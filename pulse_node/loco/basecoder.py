@@ -63,6 +63,8 @@ _Q_MAX = 41
 #: table cell q (1.._Q_MAX) -> integer frequency ~ 2**((q - 1) / 2) * 1024 (0 = symbol absent)
 FREQ = np.array([0] + [math.isqrt(1 << (q + 19)) for q in range(1, _Q_MAX + 1)], dtype=np.float64)
 _U = np.uint64
+#: elements per slice when labelling every weight (bounds the temporaries to a few MB)
+LABEL_SLICE = 1 << 20
 
 
 def _base_fields(w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -75,10 +77,22 @@ def _base_fields(w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def position_labels(w_bits: np.ndarray) -> np.ndarray:
-    """Per-element class of the position coder: (exponent window, distance to the nearer boundary)."""
-    ew, _, dz = _base_fields(np.asarray(w_bits, dtype=np.uint32).reshape(-1))
-    near = np.minimum(np.minimum(dz, 0x10000 - dz) >> 13, 3)
-    return (np.clip(ew - 96, 0, 63) * 4 + near).astype(np.uint8)
+    """Per-element class of the position coder: (exponent window, distance to the nearer boundary).
+
+    One byte per element, computed in uint32 slices of ``LABEL_SLICE`` elements: the whole
+    model's labels cost 1 B per parameter, not the ~50 B of int64 temporaries over every weight.
+    The low 16 bits of a BF16-rounded FP32 mantissa are the low 16 bits of its bit pattern, so
+    ``dz`` here is ``_base_fields``'s exactly.
+    """
+    w = np.asarray(w_bits, dtype=np.uint32).reshape(-1)
+    out = np.empty(w.size, dtype=np.uint8)
+    for lo in range(0, w.size, LABEL_SLICE):
+        c = w[lo:lo + LABEL_SLICE]
+        window = np.clip(((c >> 23) & 0xFF).astype(np.int32) - 96, 0, 63)
+        dz = ((c & 0xFFFF) + 0x8000) & 0xFFFF
+        near = np.minimum(np.minimum(dz, 0x10000 - dz) >> 13, 3).astype(np.int32)
+        out[lo:lo + LABEL_SLICE] = window * 4 + near
+    return out
 
 
 def _bitlen(x: np.ndarray) -> np.ndarray:
