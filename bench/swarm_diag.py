@@ -96,7 +96,7 @@ def patch_stats(hist: dict[int, dict]) -> dict:
 
 
 def run(cfg: SwarmConfig, root: Path, *, versions: int, timeout_s: float) -> tuple[dict[int, float], list[dict], dict]:
-    from pulse_node.testing.inprocess import InProcessSwarm, read_status
+    from pulse_node.testing.inprocess import InProcessSwarm, node_status, node_version
 
     from pulse_node.rl.policy import build_policy
 
@@ -118,22 +118,28 @@ def run(cfg: SwarmConfig, root: Path, *, versions: int, timeout_s: float) -> tup
     t0 = time.monotonic()
     try:
         while time.monotonic() < deadline and not swarm.errors:
-            st = read_status(trainers[0])
-            hist.update({h["version"]: h for h in st.get("history", [])})
-            if min(read_status(t).get("version", -1) for t in trainers) >= versions:
+            _take_history(hist, node_status(trainers[0]))
+            if min(node_version(t) for t in trainers) >= versions:
                 break
             time.sleep(1.0)
-        st = read_status(trainers[0])
-        hist.update({h["version"]: h for h in st.get("history", [])})
+        st = node_status(trainers[0])
+        _take_history(hist, st)
     finally:
         swarm.stop_all()
     if swarm.errors:
         raise SystemExit("\n".join(swarm.errors))
     evals.update({v: h["eval"] for v, h in hist.items() if "eval" in h})
-    counters = {k: st.get(k, 0) for k in ("rollouts_in", "rollouts_own", "rollouts_stale", "rollouts_used")}
+    counters = {k: getattr(st.trainer, k) if st is not None and st.trainer is not None else 0
+                for k in ("rollouts_in", "rollouts_own", "rollouts_refused", "rollouts_used")}
     counters["seconds"] = round(time.monotonic() - t0, 1)
     counters.update(patch_stats(hist))
     return evals, steps, counters
+
+
+def _take_history(hist: dict[int, dict], st) -> None:
+    """Add a trainer status's version history (as plain dicts) to ``hist``."""
+    if st is not None:
+        hist.update({h.version: h.model_dump(exclude_none=True) for h in st.history})
 
 
 def main() -> int:

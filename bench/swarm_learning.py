@@ -48,7 +48,7 @@ from pulse_node.errors import PulseError
 from pulse_node.swarm.launcher import LocalSwarm
 
 GAIN_MIN, DROP_MAX = 0.15, 0.05
-COUNTERS = ("rollouts_used", "rollouts_in", "rollouts_own", "rollouts_stale", "patch_bytes_total",
+COUNTERS = ("rollouts_used", "rollouts_in", "rollouts_own", "rollouts_refused", "patch_bytes_total",
             "dense_bytes_total")
 
 
@@ -98,14 +98,14 @@ class Watch:
         self.counters: dict[str, float] = {}
 
     def poll(self) -> None:
-        trainers = [s for c, s in self.swarm.statuses() if c.role == "trainer"]
+        trainers = [st for c, st in self.swarm.statuses() if c.role == "trainer" and st is not None]
         if not trainers:
             return
         for status in trainers:  # every trainer holds the same state per version; only one evaluated genesis
-            for h in status.get("history", []):
-                self.history.setdefault(h["version"], {}).update(h)
+            for h in status.history:
+                self.history.setdefault(h.version, {}).update(h.model_dump(exclude_none=True))
         for key in COUNTERS:
-            self.counters[key] = sum(s.get(key, 0) for s in trainers)
+            self.counters[key] = sum(getattr(s.trainer, key) for s in trainers if s.trainer is not None)
 
     def evals(self) -> list[tuple[float, float]]:
         return [(v, h["eval"]) for v, h in sorted(self.history.items()) if "eval" in h]
@@ -174,7 +174,7 @@ def row(kind: str, seed: int, run: dict, window: int) -> dict:
     stats = curve_stats(run["evals"], window)
     out = {"kind": kind, "seed": seed, **{k: (round(v, 4) if isinstance(v, float) else v) for k, v in stats.items()},
            **verdict(stats)}
-    keep = ("versions", "steps", "rollouts", "rollouts_used", "rollouts_in", "rollouts_own", "rollouts_stale",
+    keep = ("versions", "steps", "rollouts", "rollouts_used", "rollouts_in", "rollouts_own", "rollouts_refused",
             "seconds", "changed_mean", "patch_bytes_total", "dense_bytes_total", "capped", "error")
     out.update({k: (round(run[k], 4) if isinstance(run[k], float) else run[k]) for k in keep if k in run})
     return out
