@@ -15,6 +15,7 @@ from pydantic import Field, field_validator, model_validator
 
 from pulse_node.configload import StrictModel
 from pulse_node.loco.config import LocoConfig
+from pulse_node.net.budget import BudgetConfig
 from pulse_node.net.worker_config import ANY_PORT, RECORD_TTL_S, USE_RELAY, RunId
 from pulse_node.rl.config import GRPOConfig, ModelConfig, SamplingConfig, TaskConfig, VerifyConfig
 from pulse_node.vocab import DEFAULT_RUN_ID, Kind
@@ -55,6 +56,8 @@ class NetConfig(StrictModel):
     fetch_timeout_s: float = Field(60.0, gt=0)
     max_parallel_fetches: int = Field(4, ge=1, le=64)
     worker_start_timeout_s: float = Field(60.0, gt=0)
+    budget: BudgetConfig = Field(default_factory=BudgetConfig,
+                                 description="per-peer budgets of streams, requests, pushes and catch-ups (net/budget.py)")
     faults: FaultConfig = Field(default_factory=FaultConfig, description="TESTING ONLY: chaos fault injection")
 
     @model_validator(mode="after")

@@ -80,6 +80,13 @@ class CatchupProducer:
             raise job.error
         return path
 
+    def making(self, base: int, target: int) -> bool:
+        """Whether ``base -> target`` is cached or being made now (a request for it costs nothing new)."""
+        job = self._job
+        if job is not None and not job.done.is_set() and (job.base, job.target) == (base, target):
+            return True
+        return catchup_path(self.root, base, target).exists()
+
     def _check(self, base: int, target: int) -> None:
         """Fail fast (no state is loaded) unless this node can make ``base -> target``."""
         if target - base > self.max_gap:

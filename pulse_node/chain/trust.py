@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import time
 from collections import Counter, defaultdict
-from typing import Iterable
+from typing import Callable, Iterable
 
+from pulse_node.chain.identity import peer_id_of_key
 from pulse_node.chain.record import VersionRecord, verify_record
 from pulse_node.chain.trainerset import TrainerSet, bound_key
 from pulse_node.errors import IntegrityError
@@ -40,10 +41,17 @@ class TrustPolicy:
         self._last_failure: dict[str, float] = {}
         self.rejected = 0
         self._votes: dict[int, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
+        #: told the members' peer ids whenever the set changes (the data plane serves them first)
+        self.on_members: Callable[[frozenset[str]], None] | None = None
+        self._told: frozenset[str] | None = None
 
     def observe(self, peers: Iterable) -> None:
         """Let the trainer set learn from discovery (admissions; an open set's announced trainers)."""
         self.trainers.observe(peers)
+        members = self.trainers.members
+        if self.on_members is not None and members != self._told:
+            self._told = members
+            self.on_members(frozenset(peer_id_of_key(k) for k in members))
 
     def vouches_for(self, peer) -> bool:
         """Whether ``peer`` is a trainer-set member (by the key its peer id encodes)."""

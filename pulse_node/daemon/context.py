@@ -14,6 +14,7 @@ from pulse_node.chain.identity import Identity
 from pulse_node.chain.store import VersionStore
 from pulse_node.config import NodeConfig
 from pulse_node.daemon.status import NodeStatus
+from pulse_node.errors import PulseError
 from pulse_node.daemon.transport import PeerInfo, Transport
 from pulse_node.net.dht_records import PeerStatus, Serves
 
@@ -48,6 +49,17 @@ class RoleContext:
         self.status.update(version=version, chain_hash=chain_hash, state_hash=state_hash,
                            lowest=-1 if lowest is None else lowest, anchors=anchors, peers=len(self.transport.peers()))
         self.status.set_data_plane(self.transport.stats())
+
+    def share_members(self, peer_ids: frozenset[str]) -> None:
+        """Tell the transport's workers the trainer-set members' peer ids (``net/budget.py``: their
+        own stream pool, larger shares); a transport without per-peer budgets ignores it."""
+        tell = getattr(self.transport, "set_members", None)
+        if tell is None:
+            return
+        try:
+            tell(sorted(peer_ids))
+        except PulseError as exc:  # budgets fall back to treating everyone as a non-member
+            self.log.warning("telling the data plane the trainer set failed: %s", exc)
 
     @property
     def cfg_role(self) -> str:

@@ -60,14 +60,14 @@ class P2PTransport:
         trainer = getattr(cfg, "role", "") == "trainer"
         cap = _spool_cap(cfg)
         wire = WireClient.start(WireConfig(store=store_root, listen=cfg.net.wire_listen, announce=cfg.net.wire_announce,
-                                           identity=data / "identity.key"),
+                                           identity=data / "identity.key", budget=cfg.net.budget),
                                 log_path=data / "wire.log", start_timeout=cfg.net.worker_start_timeout_s)
         try:
             dht = DhtClient.start(DhtConfig(
                 run_id=cfg.run_id, initial_peers=cfg.net.bootstrap, host_maddrs=cfg.net.dht_listen,
                 announce_maddrs=cfg.net.announce, identity=data / "identity.key",
                 use_relay=cfg.net.use_relay, use_auto_relay=cfg.net.use_auto_relay,
-                client_mode=cfg.net.client_mode, ttl_s=cfg.net.record_ttl_s,
+                client_mode=cfg.net.client_mode, ttl_s=cfg.net.record_ttl_s, budget=cfg.net.budget,
                 accept_pushes=trainer,
                 spool_dir=data / "spool" if trainer else None, spool_max_push_bytes=cap,
                 spool_disk_bytes=max(spool.DEFAULT_DISK_BYTES, 2 * cap)), log_path=data / "dht.log")
@@ -132,6 +132,12 @@ class P2PTransport:
             log.warning("loco push to %s over p2pd failed (%s); falling back to the wire", peer.peer_id[:12], exc)
         return max(1.0, timeout - (time.monotonic() - t0))
 
+    def set_members(self, peer_ids: list[str]) -> None:
+        """The trainer-set members' peer ids, to both workers (each serves members first)."""
+        self.wire.set_members(peer_ids)
+        if self.dht.config.accept_pushes:
+            self.dht.set_members(peer_ids)
+
     def events(self, *, max_items: int = 256, wait_s: float = 0.0) -> list[Event]:
         """Pushes from both planes; the wire call waits, the p2pd queue is read before and after."""
         got = self._dht_events(max_items)
@@ -160,7 +166,8 @@ class P2PTransport:
                 "bytes_in_by_kind": raw.get("bytes_in", {}), "bytes_out_by_kind": raw.get("bytes_out", {}),
                 "bytes_in_by_plane": by_plane_in, "bytes_out_by_plane": by_plane_out,
                 "hivemind_push_errors": sum(hm.get("errors", {}).values()), "loco_fallbacks": self._loco_fallbacks,
-                "wire_errors": sum(raw.get("errors", {}).values()), "duplicate": self._duplicate()}
+                "wire_errors": sum(raw.get("errors", {}).values()), "duplicate": self._duplicate(),
+                "refused": _merged(raw.get("refused", {}), hm.get("refused", {}))}
 
     def _push_stats(self) -> dict[str, Any]:
         try:
@@ -185,6 +192,15 @@ class P2PTransport:
                 stop()
             except Exception as exc:  # keep stopping the rest
                 log.warning("stopping a worker failed: %s", exc)
+
+
+def _merged(*counts: dict[str, int]) -> dict[str, int]:
+    """Refusal counts of both planes, by reason."""
+    out: dict[str, int] = {}
+    for c in counts:
+        for k, v in c.items():
+            out[k] = out.get(k, 0) + int(v)
+    return out
 
 
 def _spool_cap(cfg: NodeConfig) -> int:

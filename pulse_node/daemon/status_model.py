@@ -26,7 +26,7 @@ from pydantic import Field
 from pulse_node.errors import PulseError
 
 #: version of the status schema; bump it on any change to a declared field
-STATUS_SCHEMA = 3
+STATUS_SCHEMA = 4
 HISTORY_LEN = 200
 ERRORS_KEPT = 20
 ERROR_CHARS = 300
@@ -107,6 +107,8 @@ class DataPlane(_Section):
     loco_fallbacks: int = Field(0, ge=0, description="PULSELoCo pushes that fell back to the wire")
     wire_errors: int = Field(0, ge=0, description="failed wire requests")
     duplicate: bool = Field(False, description="another live node publishes under this node's identity")
+    refused: dict[str, int] = Field(default_factory=dict, description="peer requests refused by their per-peer "
+                                    "budget, by reason (net/budget.py)")
     fault_injection: bool = Field(False, description="testing: this node faults its own fetches and pushes")
     faults: dict[str, int] = Field(default_factory=dict, description="testing: faults injected per fault kind")
     faulted: dict[str, int] = Field(default_factory=dict, description="testing: faults per message kind:fault")

@@ -150,6 +150,10 @@ class DhtClient(WorkerClient[DhtConfig]):
             log.warning("dropped a spooled push event: %s", exc)
             return None
 
+    def set_members(self, peer_ids: list[str]) -> None:
+        """Tell the push plane which peers are trainer-set members (served first)."""
+        self.call("set_members", {"peer_ids": sorted(peer_ids)}, timeout=10.0)
+
     def push_stats(self) -> dict:
         """Push-plane counters: bytes in/out per kind, errors, queued and rejected events."""
         return dict(self.call("push_stats", timeout=10.0))

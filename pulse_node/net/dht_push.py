@@ -11,7 +11,9 @@ push, protocol ``PROTOCOL``::
 
 Limits, all checked before anything is allocated: the header frame is capped at
 ``wire_protocol.REQUEST_CAP``, the declared size at the kind's cap (``CAPS``), at most
-``MAX_INBOUND`` streams are read at once, and every stream has a deadline (``HEADER_TIMEOUT_S``
+``MAX_INBOUND`` streams are read at once (trainer-set members may use all of them; all
+non-members together at most ``OTHER_INBOUND``, one each: ``set_members``), a non-member's queued
+pushes stay within its own share (``net/budget.py``), and every stream has a deadline (``HEADER_TIMEOUT_S``
 for the header, then at least ``MIN_RATE`` bytes/s for the body). Received pushes wait in a
 bounded queue (count and bytes); a push that does not fit is refused with ``busy`` and counted.
 The sender of an event is the peer id p2pd authenticated for the stream (libp2p security
@@ -40,6 +42,7 @@ from typing import Any, Awaitable, Callable, ClassVar
 
 from pulse_node.errors import PeerUnavailable, UnsupportedVersion, WireError
 from pulse_node.net import wire_protocol as wp
+from pulse_node.net.budget import BudgetConfig, Members, PushShares, Refusals
 from pulse_node.net.inbox import Inbox
 from pulse_node.net.spool import THRESHOLD, AsyncFile, Spool
 from pulse_node.vocab import Event
@@ -53,6 +56,7 @@ WRITE_CHUNK = 1 << 20  # 1 MiB writes were the fastest on p2pd streams (bench/da
 HEADER_TIMEOUT_S = 10.0
 MIN_RATE = 1e6  # bytes/s a stream must sustain, or it is cut
 MAX_INBOUND = 8
+OTHER_INBOUND = 2  # of MAX_INBOUND, what all non-members together may hold (one stream each)
 MAX_EVENTS = 256
 MAX_EVENT_BYTES = 256 << 20
 
@@ -80,12 +84,18 @@ def _reply(status: str, message: str = "") -> bytes:
 class PushPlane:
     """Serves ``PROTOCOL`` on a hivemind ``P2P`` and sends pushes over it; counts bytes and errors."""
 
-    def __init__(self, p2p: Any, *, spool: Spool | None = None, inbox: Inbox | None = None) -> None:
+    def __init__(self, p2p: Any, *, spool: Spool | None = None, inbox: Inbox | None = None,
+                 budget: BudgetConfig | None = None) -> None:
         self.p2p = p2p
         self.spool = spool
         self.caps = {kind: spool.max_push for kind in CAPS} if spool else dict(CAPS)
+        budget = budget or BudgetConfig()
+        self.members = Members()
+        self.refusals = Refusals(interval=budget.log_interval_s)
+        shares = PushShares(budget, self.members, max_events=MAX_EVENTS, max_bytes=MAX_EVENT_BYTES)
         self.inbox = inbox or Inbox(max_events=MAX_EVENTS, max_bytes=MAX_EVENT_BYTES,
-                                    max_disk_bytes=spool.disk_bytes if spool else 0)
+                                    max_disk_bytes=spool.disk_bytes if spool else 0, shares=shares)
+        self._others: dict[str, int] = {}  # non-members' open inbound streams
         self._io = ThreadPoolExecutor(MAX_INBOUND, thread_name_prefix="pulse-spool") if spool else None
         self.bytes_in: dict[str, int] = defaultdict(int)
         self.bytes_out: dict[str, int] = defaultdict(int)
@@ -99,11 +109,17 @@ class PushPlane:
     async def handle(self, info: Any, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """One inbound stream: header -> checks -> body -> queued event -> response."""
         sender = info.peer_id.to_base58()  # authenticated by p2pd, not claimed by the peer
-        if self._active >= MAX_INBOUND:
+        why = self._slot(sender)
+        if why:
             self.errors["busy"] += 1
-            await self._answer(writer, "busy", "too many inbound pushes")
+            if why != "busy":
+                self.refusals.add(sender, why)
+            await self._answer(writer, "busy", f"{why}: too many inbound pushes")
             return
         self._active += 1
+        member = sender in self.members
+        if not member:
+            self._others[sender] = self._others.get(sender, 0) + 1
         try:
             async with asyncio.timeout(HEADER_TIMEOUT_S):
                 head = PushHeader.decode(await read_frame(reader, wp.REQUEST_CAP))
@@ -118,10 +134,26 @@ class PushPlane:
             return
         finally:
             self._active -= 1
+            if not member:
+                self._others[sender] -= 1
+                if self._others[sender] <= 0:
+                    del self._others[sender]
         if status != "ok":
             self.errors[f"refused_{status}"] += 1
             log.info("push from %s refused: %s: %s", sender[-8:], status, message)
         await self._answer(writer, status, message)
+
+    def _slot(self, sender: str) -> str:
+        """"" if ``sender`` may open one more inbound stream, else the reason (members first)."""
+        if self._active >= MAX_INBOUND:
+            return "busy"
+        if sender in self.members:
+            return ""
+        if sender in self._others:
+            return "streams_peer"
+        if len(self._others) >= OTHER_INBOUND:
+            return "streams_pool"
+        return ""
 
     async def _receive(self, sender: str, head: PushHeader, reader: asyncio.StreamReader) -> tuple[str, str]:
         cap = self.caps.get(head.kind)
@@ -130,8 +162,11 @@ class PushPlane:
         if head.size > cap:
             return "too_large", f"{head.kind} push of {head.size} bytes exceeds {cap}"
         spooled = self.spool is not None and head.size > THRESHOLD
-        if not self.inbox.reserve(head.size, spooled=spooled):
-            return "busy", "spool is full" if spooled else "event queue is full"
+        why = self.inbox.admit(head.size, spooled=spooled, peer=sender)
+        if why:
+            if why != "queue_full":
+                self.refusals.add(sender, why, f"{head.kind} push of {head.size} bytes")
+            return "busy", f"{why}: " + ("spool is full" if spooled else "event queue is full")
         done, message = False, ""
         try:
             async with asyncio.timeout(HEADER_TIMEOUT_S + head.size / MIN_RATE):
@@ -146,7 +181,7 @@ class PushPlane:
                     done = True
         finally:
             if not done:
-                self.inbox.release(head.size, spooled=spooled)
+                self.inbox.release(head.size, spooled=spooled, peer=sender)
         if not done:
             return "busy", message
         self.bytes_in[head.kind] += head.size
@@ -306,6 +341,7 @@ class PushPlane:
     def stats(self) -> dict[str, Any]:
         return {"bytes_in": dict(self.bytes_in), "bytes_out": dict(self.bytes_out), "errors": dict(self.errors),
                 "events_queued": len(self.inbox), "events_rejected": self.inbox.rejected,
+                "refused": dict(self.refusals.by_reason),
                 "caps": dict(self.caps), "spool": str(self.spool.directory) if self.spool else None}
 
     def close(self) -> None:

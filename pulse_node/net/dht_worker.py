@@ -71,7 +71,7 @@ class DhtWorker(Service):
     def __init__(self, config: DhtConfig, node: Any, p2p: Any, peer_id: str, *,
                  spool: Spool | None = None) -> None:
         self.config, self.node, self.p2p, self.peer_id = config, node, p2p, peer_id
-        self.pushes = PushPlane(p2p, spool=spool)
+        self.pushes = PushPlane(p2p, spool=spool, budget=config.budget)
         self.session = secrets.token_hex(16)
         self.duplicate: str | None = None
         self._published: dict[str, RefreshedRecord] = {}
@@ -210,6 +210,14 @@ class DhtWorker(Service):
     async def events(self, *, max_events: int = 64, wait_s: float = 0.0) -> list[dict]:
         """Received pushes; a spooled one carries ``path`` and ``size`` (the node reads and deletes it)."""
         return [q.as_rpc() for q in await self.pushes.inbox.take(max_events, wait_s)]
+
+    @rpc
+    async def set_members(self, *, peer_ids: list[str]) -> int:
+        """The trainer-set members' peer ids: the push plane serves them first."""
+        if len(peer_ids) > 4096 or not all(isinstance(p, str) and len(p) <= 128 for p in peer_ids):
+            raise WireError("set_members takes at most 4096 peer ids")
+        self.pushes.members.set(peer_ids)
+        return len(self.pushes.members.ids)
 
     @rpc
     async def push_stats(self) -> dict:

@@ -6,6 +6,9 @@ refused with ``busy`` instead of growing memory; ``take`` hands out events up to
 per call so one RPC answer stays under ``ipc.MAX_FRAME``. A body written to a spool file instead
 of memory (the p2pd plane's large pushes, ``net/spool.py``) reserves room in a separate disk
 budget and costs nothing against the per-call budget: only its path crosses the RPC.
+
+With ``shares`` (``net/budget.py``) a push is admitted against its sender's own share first: a
+non-member peer cannot fill the queue for everyone by declaring large sizes it never sends.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from typing import Any
 
 import anyio
 
+from pulse_node.net.budget import PushShares
 from pulse_node.vocab import Event
 
 #: bytes of in-memory event bodies returned by one ``take`` (stays under ipc.MAX_FRAME)
@@ -49,28 +53,42 @@ class Queued:
 class Inbox:
     """Bounded inbound pushes; space is reserved before a body is read (``busy`` when full)."""
 
-    def __init__(self, *, max_events: int, max_bytes: int, max_disk_bytes: int = 0) -> None:
+    def __init__(self, *, max_events: int, max_bytes: int, max_disk_bytes: int = 0,
+                 shares: PushShares | None = None) -> None:
         self.max_events, self.max_bytes, self.max_disk_bytes = max_events, max_bytes, max_disk_bytes
+        self.shares = shares
         self._q: deque[Queued] = deque()
         self._count = self._bytes = self._disk = 0
         self.rejected = 0
         self._waiter: anyio.Event | None = None
 
-    def reserve(self, n: int, *, spooled: bool = False) -> bool:
+    def reserve(self, n: int, *, spooled: bool = False, peer: str = "") -> bool:
         """Claim room for one event of ``n`` bytes (on disk if ``spooled``); False (and counted) when full."""
+        return not self.admit(n, spooled=spooled, peer=peer)
+
+    def admit(self, n: int, *, spooled: bool = False, peer: str = "") -> str:
+        """Like ``reserve``: "" when room for the push of ``peer`` was claimed, else why not
+        (``push_share``, ``push_pool``: the sender's budget; ``queue_full``)."""
         used, cap = (self._disk, self.max_disk_bytes) if spooled else (self._bytes, self.max_bytes)
         if self._count + 1 > self.max_events or used + n > cap:
             self.rejected += 1
-            return False
+            return "queue_full"
+        if self.shares is not None:
+            why = self.shares.admit(peer, n)
+            if why:
+                self.rejected += 1
+                return why
         self._count += 1
         if spooled:
             self._disk += n
         else:
             self._bytes += n
-        return True
+        return ""
 
-    def release(self, n: int, *, spooled: bool = False) -> None:
+    def release(self, n: int, *, spooled: bool = False, peer: str = "") -> None:
         """Give back a reservation (body never arrived, or the event was taken)."""
+        if self.shares is not None:
+            self.shares.release(peer, n)
         self._count -= 1
         if spooled:
             self._disk -= n
@@ -102,7 +120,7 @@ class Inbox:
             item = self._q.popleft()
             if item.path is None:
                 budget -= len(item.event.data)
-            self.release(item.nbytes, spooled=item.path is not None)
+            self.release(item.nbytes, spooled=item.path is not None, peer=item.event.sender)
             out.append(item)
         return out
 

@@ -102,6 +102,10 @@ class WireClient(WorkerClient[WireConfig]):
     def stats(self) -> dict[str, Any]:
         return self.call("stats", timeout=10.0)
 
+    def set_members(self, peer_ids: list[str]) -> None:
+        """Tell the worker which peers are trainer-set members (their own stream pool, larger shares)."""
+        self.call("set_members", {"peer_ids": sorted(peer_ids)}, timeout=10.0)
+
     def set_head(self, record: bytes) -> None:
         self.call("set_head", {"record": record}, timeout=10.0)
 

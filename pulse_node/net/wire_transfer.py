@@ -31,6 +31,7 @@ from libp2p.peer.peerinfo import info_from_p2p_addr
 from pulse_node.errors import IntegrityError, NotFound, PeerBusy, PeerUnavailable, WireError
 from pulse_node.fsutil import atomic_writer, commit, write_atomic
 from pulse_node.net import wire_protocol as wp
+from pulse_node.net.budget import Flow
 from pulse_node.net.worker_config import DIAL_TIMEOUT_S
 from pulse_node.vocab import check_push_kind
 
@@ -64,23 +65,36 @@ class Traffic:
 class StreamIO:
     """One libp2p stream: buffered reads and chunked writes, each bounded by ``idle`` seconds."""
 
-    def __init__(self, stream: Any, *, idle: float, counters: Traffic, kind: str, peer: str) -> None:
+    def __init__(self, stream: Any, *, idle: float, counters: Traffic, kind: str, peer: str,
+                 flow: Flow | None = None) -> None:
         self.stream, self.idle, self.counters = stream, idle, counters
         self.kind, self.peer = kind, peer
+        self.flow = flow  # an inbound stream's budget (deadline, minimum rate): ``net/budget.py``
         self._buf = bytearray()
+
+    def _limit(self) -> float:
+        """How long the next read or write may take: ``idle``, or less if the flow's budget says so."""
+        return self.idle if self.flow is None else self.flow.limit(self.idle, self.peer)
+
+    def _timed_out(self, what: str) -> None:
+        if self.flow is not None:
+            self.flow.limit(self.idle, self.peer, slack=0.01)  # raises SlowPeer if the budget ran out
+        raise PeerUnavailable(f"peer {self.peer} {what} for {self.idle:.0f}s")
 
     async def read_some(self, n: int) -> bytes:
         if not self._buf:
             try:
-                with trio.fail_after(self.idle):
+                with trio.fail_after(self._limit()):
                     data = await self.stream.read(max(n, wp.CHUNK))
             except trio.TooSlowError:
-                raise PeerUnavailable(f"peer {self.peer} sent nothing for {self.idle:.0f}s") from None
+                self._timed_out("sent nothing")
             except Exception as exc:
                 raise PeerUnavailable(f"stream from {self.peer} ended ({type(exc).__name__})") from None
             if not data:
                 raise PeerUnavailable(f"stream from {self.peer} ended")
             self.counters.add_in(self.kind, self.peer, len(data))
+            if self.flow is not None:
+                self.flow.add(len(data))
             if len(data) <= n:
                 return data  # the common case for bodies: no copy through the buffer
             self._buf += data
@@ -105,13 +119,15 @@ class StreamIO:
         for i in range(0, len(view), wp.CHUNK):
             piece = bytes(view[i:i + wp.CHUNK])
             try:
-                with trio.fail_after(self.idle):
+                with trio.fail_after(self._limit()):
                     await self.stream.write(piece)
             except trio.TooSlowError:
-                raise PeerUnavailable(f"peer {self.peer} stopped reading for {self.idle:.0f}s") from None
+                self._timed_out("stopped reading")
             except Exception as exc:
                 raise PeerUnavailable(f"stream to {self.peer} failed ({type(exc).__name__})") from None
             self.counters.add_out(self.kind, self.peer, len(piece))
+            if self.flow is not None:
+                self.flow.add(len(piece))
 
     async def close(self, *, reset: bool = False) -> None:
         """Close (or reset) the stream; shielded so a cancelled transfer still frees the peer's side."""

@@ -14,6 +14,13 @@ announcements, round decisions) go to a bounded queue (``net/inbox.py``) that th
 with ``events``. A peer that sends garbage gets an error response and its stream closed; nothing
 a peer sends can stop the worker.
 
+Per-peer budgets (``net/budget.py``, ``WireConfig.budget``): inbound streams come from two
+pools (members' and everyone's, a non-member holding at most a few), each with a request
+token bucket, an overall deadline and a minimum rate (a slower stream is cut, ``SlowPeer``; when
+the shared pool is full the slowest non-member stream is evicted); a push is queued only
+against its sender's share; catch-up production is charged to the requesting peer. The member
+peer ids come from the node (``set_members``); refusals are counted by reason (``stats``).
+
 Identity: ``WireConfig.identity`` is an Ed25519 private key file, either the raw 32-byte seed or
 the chain layer's PKCS#8 PEM (``pulse_node.chain.identity``); without it an ephemeral key is used.
 The worker stops when its parent process goes away.
@@ -46,6 +53,7 @@ from pulse_node.chain.catchup_producer import CatchupProducer
 from pulse_node.errors import BusyError, ConfigError, PulseError, UnsupportedVersion, WireError
 from pulse_node.net import wire_protocol as wp
 from pulse_node.net import wire_transfer as wt
+from pulse_node.net.budget import CatchupBudget, Members, Refusals, Refused, SlowPeer, StreamPools, PushShares
 from pulse_node.net.inbox import Inbox
 from pulse_node.net.rpc_server import Service, rpc, run_worker
 from pulse_node.net.worker_config import WireConfig
@@ -84,12 +92,13 @@ def load_key_pair(path: Path | None) -> Any:
 class Server:
     """Inbound ``/pulse/*`` streams: serves store files and the head record, queues pushes."""
 
-    def __init__(self, resolver: Resolver, *, counters: wt.Traffic, events: Inbox,
-                 max_streams: int, idle: float, upload_rate: float = 0.0,
-                 producer: CatchupProducer | None = None) -> None:
+    def __init__(self, resolver: Resolver, *, counters: wt.Traffic, events: Inbox, pools: StreamPools,
+                 idle: float, upload_rate: float = 0.0, producer: CatchupProducer | None = None,
+                 catchups: CatchupBudget | None = None) -> None:
         self.resolver, self.counters, self.events, self.idle = resolver, counters, events, idle
-        self.producer = producer
-        self.limiter = trio.CapacityLimiter(max_streams)
+        self.producer, self.catchups = producer, catchups
+        self.pools = pools
+        self.refusals = pools.refusals
         self.upload_rate = upload_rate
         self.head: bytes | None = None
         self._next_send = 0.0
@@ -103,14 +112,20 @@ class Server:
         io = wt.StreamIO(stream, idle=self.idle, counters=self.counters, kind=kind, peer=peer)
         self.counters.requests[kind] += 1
         try:
-            self.limiter.acquire_nowait()
-        except trio.WouldBlock:
-            await self._reply_error(io, "busy", f"serving {self.limiter.total_tokens} streams already")
+            flow = self.pools.open(peer)
+        except Refused as exc:
+            await self._reply_error(io, "busy", f"{exc.reason}: {exc}", limit=1.0)
+            await io.close(reset=True)
             return
+        io.flow = flow
         try:
-            await self._handle(kind, io)
+            with trio.CancelScope() as scope:
+                flow.on_cut = scope.cancel  # evicted for a faster stream
+                await self._handle(kind, io)
+            if scope.cancelled_caught:
+                await io.close(reset=True)
         finally:
-            self.limiter.release()
+            self.pools.close(flow)
 
     async def _handle(self, kind: str, io: wt.StreamIO) -> None:
         reset = False
@@ -122,6 +137,9 @@ class Server:
                 await self._serve_file(io, kind, req)
         except UnsupportedVersion as exc:
             await self._reply_error(io, "unsupported", str(exc))
+        except SlowPeer as exc:
+            self.refusals.add(io.peer, io.flow.why() if io.flow else "slow", str(exc))
+            reset = True
         except wt.PeerUnavailable as exc:
             self.counters.errors[f"serve_{kind}_stream"] += 1
             log.debug("serving %s to %s: %s", kind, io.peer, exc)
@@ -135,12 +153,13 @@ class Server:
         finally:
             await io.close(reset=reset)
 
-    async def _reply_error(self, io: wt.StreamIO, status: str, message: str) -> None:
+    async def _reply_error(self, io: wt.StreamIO, status: str, message: str, *, limit: float | None = None) -> None:
         self.counters.errors[f"sent_{status}"] += 1
-        try:
-            await io.write(wp.error_response(status, message).encode())
-        except wt.PeerUnavailable:
-            pass
+        with trio.move_on_after(self.idle if limit is None else limit):
+            try:
+                await io.write(wp.error_response(status, message).encode())
+            except wt.PeerUnavailable:
+                pass
 
     async def _serve_file(self, io: wt.StreamIO, kind: str, req: Any) -> None:
         params = {k: getattr(req, k) for k in req.SPEC if k != "v"}
@@ -152,6 +171,10 @@ class Server:
             return
         path = self.resolver(kind, params)
         if kind == "catchup" and path is not None and self.producer is not None and not path.exists():
+            if not self._catchup_allowed(io.peer, req.base, req.target):
+                await self._reply_error(io, "busy", "catchup_budget: this peer asked for too many catch-up patches; "
+                                                    "fetch the patches instead")
+                return
             path = await self._make_catchup(io, req.base, req.target)
             if path is None:
                 return
@@ -169,15 +192,28 @@ class Server:
                                        message="").encode())
             await self._send_range(io, fh.fileno(), off, length)
 
-    async def _make_catchup(self, io: wt.StreamIO, base: int, target: int) -> Path | None:
-        """Have the producer make ``base -> target`` on a thread (it waits a bounded time)."""
+    def _catchup_allowed(self, peer: str, base: int, target: int) -> bool:
+        """A pair being made already is shared for free; a new production is charged to ``peer``."""
         assert self.producer is not None
+        if self.catchups is None or self.producer.making(base, target) or self.catchups.allow(peer):
+            return True
+        self.refusals.add(peer, "catchup_budget", f"v{base} -> v{target}")
+        return False
+
+    async def _make_catchup(self, io: wt.StreamIO, base: int, target: int) -> Path | None:
+        """Have the producer make ``base -> target`` on a thread (it waits a bounded time, which
+        does not count against the peer's minimum rate)."""
+        assert self.producer is not None
+        t0 = trio.current_time()
         try:
             return await trio.to_thread.run_sync(self.producer.request, base, target)
         except BusyError as exc:
             await self._reply_error(io, "busy", str(exc))
         except PulseError as exc:
             await self._reply_error(io, "not_found", f"no catchup v{base} -> v{target}: {exc}")
+        finally:
+            if io.flow is not None:
+                io.flow.own_s += trio.current_time() - t0
         return None
 
     @staticmethod
@@ -223,13 +259,16 @@ class Server:
         if req.size > cap:
             await self._reply_error(io, "too_large", f"{req.kind} push of {req.size} bytes exceeds {cap}")
             return
-        if not self.events.reserve(req.size):
-            await self._reply_error(io, "busy", "event queue is full")
+        why = self.events.admit(req.size, peer=io.peer)
+        if why:
+            if why != "queue_full":
+                self.refusals.add(io.peer, why, f"{req.kind} push of {req.size} bytes")
+            await self._reply_error(io, "busy", f"{why}: event queue has no room for this push")
             return
         try:
             data = await io.read_exact(req.size)
         except BaseException:
-            self.events.release(req.size)
+            self.events.release(req.size, peer=io.peer)
             raise
         self.events.put(Event(req.kind, io.peer, data, time.time()))
         await io.write(wp.Response(v=wp.WIRE_VERSION, status="ok", size=0, total=0, message="").encode())
@@ -245,8 +284,8 @@ def _peer_of(stream: Any) -> str:
 class WireService(Service):
     """The wire worker's RPC methods, called by the node through ``WireClient`` (same names)."""
 
-    def __init__(self, host: Any, server: Server, dialer: wt.Dialer, inbox: Inbox) -> None:
-        self.host, self.server, self.dialer, self.inbox = host, server, dialer, inbox
+    def __init__(self, host: Any, server: Server, dialer: wt.Dialer, inbox: Inbox, members: Members) -> None:
+        self.host, self.server, self.dialer, self.inbox, self.members = host, server, dialer, inbox, members
 
     @rpc
     async def info(self) -> dict[str, Any]:
@@ -259,6 +298,14 @@ class WireService(Service):
             raise WireError(f"head record must be at most {wp.BODY_CAPS['record']} bytes")
         self.server.head = record
         return True
+
+    @rpc
+    async def set_members(self, *, peer_ids: list[str]) -> int:
+        """The trainer-set members' peer ids (they get their own stream pool and larger shares)."""
+        if len(peer_ids) > 4096 or not all(isinstance(p, str) and len(p) <= 128 for p in peer_ids):
+            raise WireError("set_members takes at most 4096 peer ids")
+        self.members.set(peer_ids)
+        return len(self.members.ids)
 
     @rpc
     async def fetch(self, *, peer: str, kind: FetchKind, params: dict[str, int | str | None], dest: str,
@@ -288,6 +335,9 @@ class WireService(Service):
         snap = self.dialer.counters.snapshot()
         snap["events_queued"] = len(self.inbox)
         snap["events_rejected"] = self.inbox.rejected
+        snap["refused"] = dict(self.server.refusals.by_reason)
+        snap["streams_open"] = self.server.pools.open_count()
+        snap["members"] = len(self.members.ids)
         snap["connected_peers"] = [p.to_string() for p in self.host.get_connected_peers()]
         return snap
 
@@ -311,17 +361,21 @@ async def open_service(config: WireConfig) -> AsyncIterator[WireService]:
     announce = [multiaddr.Multiaddr(a) for a in config.announce]
     host = make_host(load_key_pair(config.identity), listen, announce)
     counters = wt.Traffic()
-    events = Inbox(max_events=config.max_events, max_bytes=config.max_event_bytes)
+    budget, members = config.budget, Members()
+    refusals = Refusals(interval=budget.log_interval_s)
+    shares = PushShares(budget, members, max_events=config.max_events, max_bytes=config.max_event_bytes)
+    events = Inbox(max_events=config.max_events, max_bytes=config.max_event_bytes, shares=shares)
     root = Path(config.store)
-    server = Server(partial(resolve, root), counters=counters, events=events, max_streams=config.max_streams,
-                    idle=config.idle_timeout_s, upload_rate=config.max_upload_rate, producer=CatchupProducer(root))
+    server = Server(partial(resolve, root), counters=counters, events=events, pools=StreamPools(budget, members, refusals),
+                    idle=config.idle_timeout_s, upload_rate=config.max_upload_rate, producer=CatchupProducer(root),
+                    catchups=CatchupBudget(budget, members))
     server.register(host)
     dialer = wt.Dialer(host, counters=counters, max_streams=config.max_streams, idle=config.idle_timeout_s,
                        dial_timeout=config.dial_timeout_s)
     async with host.run(listen):
         log.info("peer %s listening on %s", host.get_id().to_string(), [str(a) for a in host.get_addrs()])
         try:
-            yield WireService(host, server, dialer, events)
+            yield WireService(host, server, dialer, events, members)
         finally:
             with trio.move_on_after(3.0):
                 await host.close()

@@ -14,6 +14,7 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from pulse_node.configload import StrictModel
+from pulse_node.net.budget import BudgetConfig
 from pulse_node.net.dht_records import MAX_TTL_S, MIN_TTL_S
 from pulse_node.net.spool import DEFAULT_DISK_BYTES, DEFAULT_MAX_PUSH, THRESHOLD
 from pulse_node.vocab import check_run_id
@@ -55,6 +56,7 @@ class DhtConfig(StrictModel):
     spool_disk_bytes: int = Field(default=DEFAULT_DISK_BYTES, gt=THRESHOLD)
     bootstrap_timeout_s: float = Field(default=15.0, gt=0, le=300)
     ttl_s: float = Field(default=RECORD_TTL_S, ge=MIN_TTL_S, le=MAX_TTL_S)
+    budget: BudgetConfig = Field(default_factory=BudgetConfig)  # the push plane's per-peer shares
     log_level: LogLevel = "info"
 
     @field_validator("initial_peers")
@@ -81,10 +83,11 @@ class WireConfig(StrictModel):
     listen: list[str] = Field(default_factory=lambda: ["/ip4/127.0.0.1/tcp/0"], min_length=1)
     announce: list[str] = Field(default_factory=list)  # advertised instead of the listen addresses
     identity: Path | None = None  # Ed25519 key: raw 32-byte seed or PKCS#8 PEM; None: an ephemeral key
-    max_streams: int = Field(default=32, ge=1, le=4096)  # concurrent streams each way
+    max_streams: int = Field(default=32, ge=1, le=4096)  # concurrent outbound streams (inbound: ``budget``)
     idle_timeout_s: float = Field(default=10.0, gt=0)  # how long any stream read or write may stall
     dial_timeout_s: float = Field(default=DIAL_TIMEOUT_S, gt=0)
     max_upload_rate: float = Field(default=0.0, ge=0)  # bytes/s served to peers, 0 = no cap
     max_events: int = Field(default=1024, ge=1)  # queued inbound pushes
     max_event_bytes: int = Field(default=256 << 20, ge=1)  # bytes of queued inbound pushes
+    budget: BudgetConfig = Field(default_factory=BudgetConfig)  # per-peer budgets (``net/budget.py``)
     log_level: LogLevel = "warning"

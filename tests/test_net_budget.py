@@ -1,0 +1,144 @@
+"""Per-peer budgets (``net/budget.py``): pure bookkeeping with a fake clock."""
+
+from __future__ import annotations
+
+import pytest
+
+from pulse_node.net.budget import (BudgetConfig, CatchupBudget, Members, PushShares, Refusals, Refused,
+                                   StreamPools, TokenBucket)
+from pulse_node.net.inbox import Inbox
+from pulse_node.vocab import Event
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _pools(**kw: object) -> tuple[StreamPools, Members, Refusals, Clock]:
+    clock, members = Clock(), Members(["m1"])
+    refusals = Refusals(clock=clock)
+    return StreamPools(BudgetConfig(**kw), members, refusals, clock=clock), members, refusals, clock
+
+
+def test_a_non_member_holds_at_most_its_streams_and_members_have_their_own_pool() -> None:
+    pools, _, refusals, _ = _pools(member_streams=2, other_streams=4, streams_per_peer=2)
+    flows = [pools.open("x"), pools.open("x")]
+    with pytest.raises(Refused) as exc:
+        pools.open("x")
+    assert exc.value.reason == "streams_peer"
+    pools.open("y"), pools.open("y")
+    with pytest.raises(Refused):
+        pools.open("z")  # shared pool full, nobody past grace to evict
+    assert pools.open("m1").member and pools.open("m1").member
+    with pytest.raises(Refused):
+        pools.open("m1")  # members overflow into the shared pool, which is full
+    pools.close(flows[0])
+    assert pools.open("m1").member  # the freed shared slot
+    pools.close(flows[1])
+    assert pools.open("z").peer == "z"
+    assert refusals.by_reason["streams_peer"] == 1 and refusals.by_reason["streams_pool"] == 2
+
+
+def test_full_shared_pool_evicts_the_slowest_non_member_past_grace() -> None:
+    pools, _, refusals, clock = _pools(other_streams=2, streams_per_peer=2, grace_s=1.0)
+    slow, fast = pools.open("s"), pools.open("f")
+    cut = []
+    slow.on_cut = lambda: cut.append("slow")
+    fast.on_cut = lambda: cut.append("fast")
+    clock.t += 2.0
+    slow.add(10)
+    fast.add(10 << 20)
+    new = pools.open("n")
+    assert cut == ["slow"] and slow.cut == "evicted" and new.peer == "n"
+    assert refusals.by_reason["evicted"] == 1
+    pools.close(slow)  # closing an evicted flow later changes nothing
+    assert pools.by_peer["s"] == 0 and len(pools.other_pool) == 2
+
+
+def test_time_left_follows_the_minimum_rate_and_the_deadline() -> None:
+    pools, _, _, clock = _pools(min_rate=1000, grace_s=5.0, stream_deadline_s=60.0)
+    flow = pools.open("x")
+    assert flow.time_left() == pytest.approx(5.0)
+    flow.add(3000)  # three more seconds earned
+    assert flow.time_left() == pytest.approx(8.0)
+    flow.own_s = 2.0  # our own work does not count against the peer
+    assert flow.time_left() == pytest.approx(10.0)
+    clock.t += 11.0
+    assert flow.time_left() < 0 and flow.why() == "slow"
+    flow.add(10 ** 9)
+    clock.t += 50.0
+    assert flow.time_left() <= 0 and flow.why() == "deadline"
+
+
+def test_a_request_flood_is_refused_by_the_token_bucket_members_get_more() -> None:
+    pools, _, refusals, clock = _pools(requests_per_s=10, request_burst=5, member_factor=4, streams_per_peer=100,
+                                       other_streams=1000, member_streams=1000)
+    ok = 0
+    for _ in range(50):
+        try:
+            pools.close(pools.open("x"))
+            ok += 1
+        except Refused as exc:
+            assert exc.reason == "rate"
+    assert ok == 5 and refusals.by_reason["rate"] == 45
+    member_ok = 0
+    for _ in range(50):
+        try:
+            pools.close(pools.open("m1"))
+            member_ok += 1
+        except Refused:
+            pass
+    assert member_ok == 20  # burst 5 x member_factor 4
+    clock.t += 1.0
+    pools.close(pools.open("x"))  # refilled
+
+
+def test_token_bucket_refills() -> None:
+    b = TokenBucket(2.0, 2.0, 0.0)
+    assert b.take(0.0) and b.take(0.0) and not b.take(0.0)
+    assert b.take(0.5) and not b.take(0.5)
+    assert b.full(10.0)
+
+
+def test_push_shares_keep_one_sender_to_its_own_share() -> None:
+    cfg = BudgetConfig(push_tickets_per_peer=2, push_bytes_per_peer=1 << 20, other_push_fraction=0.5)
+    members = Members(["m"])
+    inbox = Inbox(max_events=10, max_bytes=8 << 20, shares=PushShares(cfg, members, max_events=10, max_bytes=8 << 20))
+    assert inbox.admit(100, peer="x") == "" and inbox.admit(100, peer="x") == ""
+    assert inbox.admit(100, peer="x") == "push_share"
+    assert inbox.admit(2 << 20, peer="y") == "push_share"  # declared size beyond its share: never reserved
+    for p in "abc":
+        assert inbox.admit(100, peer=p) == ""
+    assert inbox.admit(100, peer="d") == "push_pool"  # non-members hold half of the queue's events
+    for _ in range(5):
+        assert inbox.admit(1 << 20, peer="m") == ""  # members are not bound by a share
+    inbox.release(100, peer="x")
+    assert inbox.admit(100, peer="x") == ""
+    inbox.put(Event("rollouts", "a", b"z" * 100, 0.0))
+    [taken] = inbox.take_ready(1)
+    assert taken.event.sender == "a" and inbox.admit(100, peer="d") == ""
+
+
+def test_catchup_budget_per_peer_per_minute() -> None:
+    clock = Clock()
+    budget = CatchupBudget(BudgetConfig(catchups_per_min=2, member_factor=3), Members(["m"]), clock=clock)
+    assert [budget.allow("x") for _ in range(3)] == [True, True, False]
+    assert sum(budget.allow("m") for _ in range(10)) == 6
+    clock.t += 61
+    assert budget.allow("x")
+
+
+def test_refusals_are_logged_once_per_peer_and_interval(caplog: pytest.LogCaptureFixture) -> None:
+    clock = Clock()
+    refusals = Refusals(interval=60.0, clock=clock)
+    with caplog.at_level("WARNING", logger="pulse.budget"):
+        for _ in range(100):
+            refusals.add("peerA", "rate")
+        clock.t += 61
+        refusals.add("peerA", "rate")
+    assert refusals.by_reason["rate"] == 101
+    assert len([r for r in caplog.records if "peerA" in r.getMessage()]) == 2
