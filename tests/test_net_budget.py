@@ -142,3 +142,32 @@ def test_refusals_are_logged_once_per_peer_and_interval(caplog: pytest.LogCaptur
         refusals.add("peerA", "rate")
     assert refusals.by_reason["rate"] == 101
     assert len([r for r in caplog.records if "peerA" in r.getMessage()]) == 2
+
+
+def test_p2pd_push_plane_serves_members_first_and_one_stream_per_non_member() -> None:
+    from pulse_node.net import dht_push
+
+    plane = dht_push.PushPlane(p2p=None)
+    plane.members.set(["m"])
+    assert plane._slot("x") == ""
+    plane._others = {"x": 1}
+    assert plane._slot("x") == "streams_peer"
+    plane._others = {f"p{i}": 1 for i in range(dht_push.OTHER_INBOUND)}
+    assert plane._slot("y") == "streams_pool" and plane._slot("m") == ""
+    plane._active = dht_push.MAX_INBOUND
+    assert plane._slot("m") == "busy"
+    assert plane.inbox.shares is not None and plane.stats()["refused"] == {}
+
+
+def test_trust_policy_tells_the_members_peer_ids_once_per_change() -> None:
+    from pulse_node.chain.identity import Identity, peer_id_of_key
+    from pulse_node.chain.trainerset import TrainerSet
+    from pulse_node.chain.trust import TrustPolicy
+
+    key = Identity.generate().public_key_hex
+    trust = TrustPolicy(TrainerSet(run_id="r", keys=[key]))
+    told: list[frozenset[str]] = []
+    trust.on_members = told.append
+    trust.observe([])
+    trust.observe([])
+    assert told == [frozenset({peer_id_of_key(key)})]

@@ -115,7 +115,7 @@ class Server:
             flow = self.pools.open(peer)
         except Refused as exc:
             await self._reply_error(io, "busy", f"{exc.reason}: {exc}", limit=1.0)
-            await io.close(reset=True)
+            await io.close()  # not a reset: the peer still reads why
             return
         io.flow = flow
         try:

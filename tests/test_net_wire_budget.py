@@ -1,0 +1,148 @@
+"""Per-peer budgets on the real wire worker (``net/budget.py``): three worker processes on
+127.0.0.1 port 0 per test: a ``victim`` with small budgets, an ``attacker`` and an ``honest`` peer.
+Waits are predicates with deadlines; every worker is stopped.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from pulse_node.errors import NotFound, PeerBusy, PeerUnavailable
+from pulse_node.net import wire_protocol as wp
+from pulse_node.net.budget import BudgetConfig
+from pulse_node.net.wire_client import WireClient, WireConfig
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]  # worker processes
+
+
+@contextmanager
+def _trio(tmp: Path, budget: BudgetConfig, victim_store: Path | None = None) -> Iterator[tuple[WireClient, ...]]:
+    """victim (with ``budget``), attacker, honest: started in parallel, stopped after."""
+    stores = [victim_store or tmp / "victim", tmp / "attacker", tmp / "honest"]
+    for s in stores:
+        s.mkdir(parents=True, exist_ok=True)
+    configs = [WireConfig(store=stores[0], budget=budget), WireConfig(store=stores[1]), WireConfig(store=stores[2])]
+    with ThreadPoolExecutor(3) as pool:
+        workers = list(pool.map(WireClient.start, configs))
+    try:
+        yield tuple(workers)
+    finally:
+        for w in workers:
+            w.stop()
+
+
+def test_slow_drip_streams_hold_only_their_share_and_honest_pushes_go_through(tmp_path: Path) -> None:
+    budget = BudgetConfig(other_streams=6, streams_per_peer=4, grace_s=1.0, min_rate=256 * 1024,
+                          request_burst=1000, requests_per_s=1000)
+    with _trio(tmp_path, budget) as (victim, attacker, honest):
+        addr = victim.info().listen_maddrs[0]
+        # a push header declaring 16 MiB of rollouts, then nothing: a zero-rate drip
+        drip = wp.PushRequest(v=wp.WIRE_VERSION, kind="rollouts", size=16 << 20).encode()
+        stop, most_open = threading.Event(), [0]
+
+        def attack() -> None:
+            while not stop.is_set():
+                attacker.probe(addr, "push", drip, timeout=8.0)
+
+        def watch() -> None:
+            while not stop.is_set():
+                most_open[0] = max(most_open[0], victim.stats()["streams_open"]["other"])
+                time.sleep(0.05)
+
+        with ThreadPoolExecutor(13) as pool:
+            for _ in range(12):
+                pool.submit(attack)
+            pool.submit(watch)
+            try:
+                time.sleep(1.5)  # the attacker holds its 4 streams, the rest are refused
+                took = {}
+                for kind, body in (("head", b"h" * 300), ("loco_decision", b"d" * 500), ("rollouts", b"r" * (1 << 20))):
+                    t0 = time.monotonic()
+                    honest.push(addr, kind, body, timeout=5.0)
+                    took[kind] = time.monotonic() - t0
+                time.sleep(1.5)  # past the grace: the drips are cut
+            finally:
+                stop.set()
+        got = [e.kind for e in victim.events(max_events=16, wait_s=1.0) if e.sender == honest.info().peer_id]
+        refused = victim.stats()["refused"]
+    assert sorted(got) == ["head", "loco_decision", "rollouts"]
+    assert max(took.values()) < 5.0, took
+    assert most_open[0] <= 4 + 1, most_open  # the attacker's share, plus the honest push
+    assert refused.get("streams_peer", 0) >= 8 and refused.get("slow", 0) >= 4, refused
+    assert refused.get("push_share", 0) >= 1, refused  # 16 MiB declared three times fills its 48 MiB share
+
+
+def test_a_request_flood_is_refused_by_the_token_bucket_and_counted(tmp_path: Path) -> None:
+    budget = BudgetConfig(requests_per_s=5, request_burst=10)
+    with _trio(tmp_path, budget) as (victim, attacker, honest):
+        addr = victim.info().listen_maddrs[0]
+        victim.set_head(b"a signed head record")
+        victim.set_members([honest.info().peer_id])
+        outcomes = {"ok": 0, "busy": 0}
+        for i in range(60):
+            try:
+                attacker.fetch(addr, "record", {"version": None}, tmp_path / f"a{i}", timeout=5.0)
+                outcomes["ok"] += 1
+            except PeerBusy:
+                outcomes["busy"] += 1
+        for i in range(5):  # the member is served while the attacker is refused
+            assert honest.fetch(addr, "record", {"version": None}, tmp_path / f"h{i}", timeout=5.0).bytes == 20
+        stats = victim.stats()
+    assert outcomes["busy"] >= 30 and outcomes["ok"] >= 10, outcomes
+    assert stats["refused"]["rate"] == outcomes["busy"] and stats["members"] == 1
+
+
+def _chain_store(root: Path) -> list:
+    from pulse_node.chain.store import VersionStore
+    from test_chain_synth import adam_like_chain, build_chain
+
+    states = adam_like_chain(5, 18)
+    chain = build_chain(states, anchor_every=10)
+    with VersionStore(root, trusted_signers=None) as store:
+        for v, (record, patch) in enumerate(chain):
+            if record.is_anchor:
+                store.put_anchor(record, states[v])
+            if patch is not None:
+                store.put_patch(record, patch)
+    return chain
+
+
+def test_catchups_for_many_pairs_are_refused_beyond_the_peers_budget_a_member_is_served(tmp_path: Path) -> None:
+    from pulse_node.chain.catchup import check_catchup
+
+    chain = _chain_store(tmp_path / "store")
+    budget = BudgetConfig(catchups_per_min=2, member_factor=4)
+    with _trio(tmp_path, budget, victim_store=tmp_path / "store") as (victim, attacker, honest):
+        addr = victim.info().listen_maddrs[0]
+        victim.set_members([honest.info().peer_id])
+        made, refused = [], []
+        for base in range(10, 17):
+            try:
+                attacker.fetch(addr, "catchup", {"base": base, "target": 17}, tmp_path / f"a{base}", timeout=20.0)
+                made.append(base)
+            except PeerBusy as exc:
+                assert "catchup_budget" in str(exc) or "still making" in str(exc), exc
+                refused.append(base)
+        attacker.fetch(addr, "catchup", {"base": made[0], "target": 17}, tmp_path / "again", timeout=20.0)  # cached: free
+        honest.fetch(addr, "catchup", {"base": 3, "target": 17}, tmp_path / "h.patch", timeout=20.0)
+        check_catchup((tmp_path / "h.patch").read_bytes(), from_record=chain[3][0], to_record=chain[17][0])
+        stats = victim.stats()
+    assert len(made) <= 2 and len(refused) >= 5, (made, refused)
+    assert stats["refused"]["catchup_budget"] >= 5
+
+
+def test_a_refused_stream_gets_a_typed_busy_answer(tmp_path: Path) -> None:
+    budget = BudgetConfig(requests_per_s=0.1, request_burst=1)
+    with _trio(tmp_path, budget) as (victim, attacker, _):
+        addr = victim.info().listen_maddrs[0]
+        with pytest.raises(NotFound):
+            attacker.fetch(addr, "patch", {"version": 1}, tmp_path / "p", timeout=5.0)
+        with pytest.raises(PeerUnavailable, match="rate"):
+            attacker.fetch(addr, "patch", {"version": 1}, tmp_path / "p", timeout=5.0)
