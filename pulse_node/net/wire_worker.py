@@ -239,17 +239,20 @@ class Server:
                 raise wt.PeerUnavailable("file shrank while serving")  # resets the stream
             for i in range(0, len(block), wp.CHUNK):
                 piece = block[i:i + wp.CHUNK]
-                await self._throttle(len(piece))
+                await self._throttle(io, len(piece))
                 await io.write(piece)
             pos += len(block)
 
-    async def _throttle(self, n: int) -> None:
-        """Optional upload cap shared by all streams (``--max-upload-rate``)."""
+    async def _throttle(self, io: wt.StreamIO, n: int) -> None:
+        """Optional upload cap shared by all streams (``--max-upload-rate``); the wait is ours, so it
+        does not count against the peer's minimum rate."""
         if self.upload_rate <= 0:
             return
         now = trio.current_time()
         start = max(now, self._next_send)
         self._next_send = start + n / self.upload_rate
+        if io.flow is not None:
+            io.flow.own_s += start - now
         await trio.sleep_until(start)
 
     async def _serve_push(self, io: wt.StreamIO, req: Any) -> None:
