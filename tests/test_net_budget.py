@@ -167,7 +167,7 @@ def test_trust_policy_tells_the_members_peer_ids_once_per_change() -> None:
     key = Identity.generate().public_key_hex
     trust = TrustPolicy(TrainerSet(run_id="r", keys=[key]))
     told: list[frozenset[str]] = []
-    trust.on_members = told.append
+    trust.listen_members(told.append)
     trust.observe([])
     trust.observe([])
     assert told == [frozenset({peer_id_of_key(key)})]

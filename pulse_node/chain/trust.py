@@ -48,6 +48,14 @@ class TrustPolicy:
     def observe(self, peers: Iterable) -> None:
         """Let the trainer set learn from discovery (admissions; an open set's announced trainers)."""
         self.trainers.observe(peers)
+        self._tell_members()
+
+    def listen_members(self, tell: Callable[[frozenset[str]], None]) -> None:
+        """Call ``tell`` with the members' peer ids now and whenever the set changes."""
+        self.on_members, self._told = tell, None
+        self._tell_members()
+
+    def _tell_members(self) -> None:
         members = self.trainers.members
         if self.on_members is not None and members != self._told:
             self._told = members

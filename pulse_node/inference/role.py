@@ -37,7 +37,7 @@ class InferenceRole:
         self.cfg: InferenceConfig = ctx.cfg  # type: ignore[assignment]
         cfg = self.cfg
         self.trust = TrustPolicy(TrainerSet.from_config(cfg.chain, run_id=cfg.run_id), min_signers=cfg.chain.min_signers)
-        self.trust.on_members = ctx.share_members  # the data plane serves members first
+        self.trust.listen_members(ctx.share_members)  # the data plane serves members first
         self.sync = VersionSync(ctx.store, ctx.transport, self.trust, net=cfg.net,
                                 catchup_min_gap=cfg.chain.catchup_min_gap, catchup_wait_s=cfg.chain.catchup_wait_s)
         # weights come from the swarm: only the architecture and tokenizer are needed here

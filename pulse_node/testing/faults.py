@@ -163,6 +163,12 @@ class FaultyTransport:
         except PulseError:
             pass
 
+    def set_members(self, peer_ids: list[str]) -> None:
+        """Passed through: the inner transport's per-peer budgets serve members first."""
+        tell = getattr(self.inner, "set_members", None)
+        if tell is not None:
+            tell(peer_ids)
+
     def events(self, *, max_items: int = 256, wait_s: float = 0.0) -> list[Event]:
         return self.inner.events(max_items=max_items, wait_s=wait_s)
 
@@ -242,6 +248,12 @@ class CrashingTransport:
                 self.inner.close()
                 raise WireError("injected: this node has crashed")
             self.inner.push(peer, kind, data, timeout=timeout)
+
+    def set_members(self, peer_ids: list[str]) -> None:
+        """Passed through: the inner transport's per-peer budgets serve members first."""
+        tell = getattr(self.inner, "set_members", None)
+        if tell is not None:
+            tell(peer_ids)
 
     def events(self, *, max_items: int = 256, wait_s: float = 0.0) -> list[Event]:
         if self.crashed_at is not None:

@@ -67,7 +67,7 @@ class TrainerRole:
                                    batches_per_version=cfg.rollout_batches_per_version,
                                    max_staleness=cfg.grpo.max_staleness)
         self.trust = TrustPolicy(TrainerSet.from_config(cfg.chain, run_id=cfg.run_id))
-        self.trust.on_members = ctx.share_members  # the data plane serves members first
+        self.trust.listen_members(ctx.share_members)  # the data plane serves members first
         self.feed = RolloutFeed(verifier, cfg.verify, status=ctx.status, trust=self.trust)
         self.own_batches = 0
         self.agreement = RoundAgreement(ctx, shapes=self.shapes, current_round=lambda: self.outer.round,
