@@ -174,6 +174,8 @@ def swarm():
             futures = [pool.submit(DhtClient.start, c) for c in configs]
             clients = [f.result() for f in futures]
             try:
+                # the sender is a trainer-set member for the receiver (a non-member's share is 48 MiB)
+                clients[1].set_members([clients[0].info().peer_id])
                 yield SimpleNamespace(sender=clients[0], receiver=clients[1], small=clients[2])
             finally:
                 list(pool.map(lambda c: c.stop(timeout=4), clients))
