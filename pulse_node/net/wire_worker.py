@@ -172,8 +172,9 @@ class Server:
         path = self.resolver(kind, params)
         if kind == "catchup" and path is not None and self.producer is not None and not path.exists():
             if not self._catchup_allowed(io.peer, req.base, req.target):
-                await self._reply_error(io, "busy", "catchup_budget: this peer asked for too many catch-up patches; "
-                                                    "fetch the patches instead")
+                # not "busy": asked again, it would still be refused; the requester moves on to patches
+                await self._reply_error(io, "not_found", "catchup_budget: this peer asked for too many catch-up "
+                                                         "patches; fetch the patches instead")
                 return
             path = await self._make_catchup(io, req.base, req.target)
             if path is None:
