@@ -171,3 +171,10 @@ def test_trust_policy_tells_the_members_peer_ids_once_per_change() -> None:
     trust.observe([])
     trust.observe([])
     assert told == [frozenset({peer_id_of_key(key)})]
+
+
+def test_refusals_are_declared_in_the_status_model() -> None:
+    from pulse_node.daemon.status_model import DataPlane
+
+    plane = DataPlane.model_validate({"refused": {"rate": 3, "slow": 1}})
+    assert plane.refused == {"rate": 3, "slow": 1} and DataPlane().refused == {}
