@@ -44,7 +44,7 @@ def test_a_non_member_holds_at_most_its_streams_and_members_have_their_own_pool(
 
 
 def test_full_shared_pool_evicts_the_slowest_non_member_past_grace() -> None:
-    pools, _, refusals, clock = _pools(other_streams=2, streams_per_peer=2, grace_s=1.0)
+    pools, _, refusals, clock = _pools(other_streams=2, streams_per_peer=2, grace_s=1.0, min_rate=1000)
     slow, fast = pools.open("s"), pools.open("f")
     cut = []
     slow.on_cut = lambda: cut.append("slow")
@@ -57,6 +57,11 @@ def test_full_shared_pool_evicts_the_slowest_non_member_past_grace() -> None:
     assert refusals.by_reason["evicted"] == 1
     pools.close(slow)  # closing an evicted flow later changes nothing
     assert pools.by_peer["s"] == 0 and len(pools.other_pool) == 2
+    clock.t += 2.0
+    new.add(10 << 20)
+    with pytest.raises(Refused):  # both streams are healthy (above 4x the minimum rate): nobody is cut
+        pools.open("late")
+    assert cut == ["slow"]
 
 
 def test_time_left_follows_the_minimum_rate_and_the_deadline() -> None:

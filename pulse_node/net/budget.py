@@ -9,7 +9,8 @@ node's trust policy over the local RPC (``set_members``).
 - **Streams** (``StreamPools``): two pools, one only members use (``member_streams``) and one for
   everyone (``other_streams``, members overflow into it); a non-member holds at most
   ``streams_per_peer`` at once. When the shared pool is full, a new stream evicts the slowest
-  non-member stream past its grace period (``Flow.rate``), so slow-drip streams cannot park there.
+  non-member stream past its grace period that moves less than ``EVICT_BELOW`` times the minimum
+  rate (``Flow.rate``), so slow-drip streams cannot park there.
 - **Deadline and minimum rate** (``Flow``): every stream ends by ``stream_deadline_s``; after
   ``grace_s`` it must have moved ``min_rate`` bytes per second of peer I/O (time this node spends
   working on the answer does not count), or it is cut with ``SlowPeer``.
@@ -46,6 +47,7 @@ Clock = Callable[[], float]
 #: refusal reasons, as counted in ``data_plane.refused``
 REASONS = ("streams_peer", "streams_pool", "rate", "push_share", "push_pool", "slow", "deadline", "evicted",
            "catchup_budget")
+EVICT_BELOW = 4.0  # times the minimum rate: a slower stream may be evicted when the shared pool is full
 _PEERS_KEPT = 4096  # per-peer state of this many peers at most (oldest idle ones are forgotten)
 
 
@@ -227,9 +229,11 @@ class StreamPools:
                     del self.by_peer[flow.peer]
 
     def _evict_slowest(self, peer: str) -> bool:
-        """Cut the slowest non-member stream past its grace (not the requester's own); True if one was."""
-        victims = [f for f in self.other_pool if not f.member and not f.cut and f.peer != peer
-                   and f.rate() < float("inf")]
+        """Cut the slowest non-member stream past its grace and below ``EVICT_BELOW`` times the
+        minimum rate (a healthy transfer is never cut for a newcomer), not the requester's own;
+        True if one was."""
+        floor = EVICT_BELOW * self.cfg.min_rate
+        victims = [f for f in self.other_pool if not f.member and not f.cut and f.peer != peer and f.rate() < floor]
         if not victims:
             return False
         victim = min(victims, key=Flow.rate)
