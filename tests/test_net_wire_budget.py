@@ -14,6 +14,8 @@ from typing import Iterator
 
 import pytest
 
+from helpers import wait_for
+
 from pulse_node.errors import NotFound, PeerBusy, PeerUnavailable
 from pulse_node.net import wire_protocol as wp
 from pulse_node.net.budget import BudgetConfig
@@ -61,13 +63,15 @@ def test_slow_drip_streams_hold_only_their_share_and_honest_pushes_go_through(tm
                 pool.submit(attack)
             pool.submit(watch)
             try:
-                time.sleep(1.5)  # the attacker holds its 4 streams, the rest are refused
+                wait_for(lambda: victim.stats()["refused"].get("streams_peer", 0) >= 8, timeout=10,
+                         what="the attacker's streams beyond its 4 refused")
                 took = {}
                 for kind, body in (("head", b"h" * 300), ("loco_decision", b"d" * 500), ("rollouts", b"r" * (1 << 20))):
                     t0 = time.monotonic()
                     honest.push(addr, kind, body, timeout=5.0)
                     took[kind] = time.monotonic() - t0
-                time.sleep(1.5)  # past the grace: the drips are cut
+                wait_for(lambda: victim.stats()["refused"].get("slow", 0) >= 4, timeout=10,
+                         what="the drips cut past their grace")
             finally:
                 stop.set()
         got = [e.kind for e in victim.events(max_events=16, wait_s=1.0) if e.sender == honest.info().peer_id]
@@ -77,6 +81,33 @@ def test_slow_drip_streams_hold_only_their_share_and_honest_pushes_go_through(tm
     assert most_open[0] <= 4 + 1, most_open  # the attacker's share, plus the honest push
     assert refused.get("streams_peer", 0) >= 8 and refused.get("slow", 0) >= 4, refused
     assert refused.get("push_share", 0) >= 1, refused  # 16 MiB declared three times fills its 48 MiB share
+
+
+def test_a_full_shared_pool_evicts_the_slowest_drip_for_an_honest_push(tmp_path: Path) -> None:
+    budget = BudgetConfig(other_streams=4, streams_per_peer=2, grace_s=1.0, min_rate=10.0, request_burst=1000,
+                          requests_per_s=1000)  # a drip of a 30-byte header is cut only after ~4 s
+    with _trio(tmp_path, budget) as (victim, attacker, honest):
+        second = WireClient.start(WireConfig(store=tmp_path / "attacker"))
+        try:
+            addr = victim.info().listen_maddrs[0]
+            drip = wp.PushRequest(v=wp.WIRE_VERSION, kind="rollouts", size=1 << 20).encode()
+            with ThreadPoolExecutor(4) as pool:
+                for w in (attacker, attacker, second, second):
+                    pool.submit(w.probe, addr, "push", drip, timeout=8.0)
+                wait_for(lambda: victim.stats()["streams_open"]["other"] == 4, timeout=10, what="the pool full of drips")
+
+                def pushed() -> bool:
+                    try:
+                        honest.push(addr, "head", b"h" * 200, timeout=3.0)
+                        return True
+                    except PeerUnavailable:  # within the drips' grace: refused, not evicted
+                        return False
+
+                wait_for(pushed, timeout=10, what="the honest push, evicting a drip")
+                refused = victim.stats()["refused"]
+        finally:
+            second.stop()
+    assert refused.get("evicted", 0) >= 1 and refused.get("streams_pool", 0) >= 0, refused
 
 
 def test_a_request_flood_is_refused_by_the_token_bucket_and_counted(tmp_path: Path) -> None:
