@@ -68,7 +68,7 @@ USER pulse
 WORKDIR /home/pulse
 # the codec's numba kernels compiled once here (~1 MB), not in every new container (~10 s of CPU
 # each); on a CPU other than the build machine's, numba recompiles into the same directory
-RUN python -c "from pulse_node.codec.kernels import warm_up; warm_up()"
+RUN python -c "from pulse_node.codec.warmup import warm_up; warm_up()"
 
 # 31337: bootstrap DHT port; 9100: /metrics /health /status of a node (inside the container)
 EXPOSE 31337 9100

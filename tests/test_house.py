@@ -4,6 +4,7 @@ cycle between modules, no module over 500 lines, test support never imported by 
 from __future__ import annotations
 
 import ast
+import re
 from collections import defaultdict
 from pathlib import Path
 
@@ -105,3 +106,54 @@ def test_no_module_over_500_lines() -> None:
     long = {p.relative_to(PKG).as_posix(): n for p in _modules().values()
             if (n := len(p.read_text().splitlines())) > MAX_LINES}
     assert not long, f"modules over {MAX_LINES} lines: {long}"
+
+
+ARCHITECTURE = PKG.parent / "docs" / "ARCHITECTURE.md"
+LEADING_NAME = re.compile(r"[A-Za-z_][\w.]*")
+
+
+def _path_section() -> str:
+    text = ARCHITECTURE.read_text()
+    start = text.index("## The path of one version")
+    return text[start:text.index("\n## ", start + 1)]
+
+
+def _defined_names() -> set[str]:
+    names: set[str] = set()
+    for path in PKG.rglob("*.py"):
+        names.add(path.stem)
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(node.name)
+            elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                names.add(node.target.id)
+    return names
+
+
+def _module_named(owner: list[str]) -> Path | None:
+    """``wire_transfer`` in ``wire_transfer.push``: the one module of that name, if it is one."""
+    found = list(PKG.rglob(f"{owner[-1]}.py")) if len(owner) == 1 else []
+    return found[0] if len(found) == 1 else None
+
+
+def test_the_path_of_one_version_names_code_that_exists() -> None:
+    """Every file and function the walk-through of docs/ARCHITECTURE.md names is in the code."""
+    defined, missing = _defined_names(), []
+    for span in re.findall(r"`([^`]+)`", _path_section(), flags=re.S):
+        if span.endswith(".py"):
+            if not (PKG / span).is_file():
+                missing.append(span)
+            continue
+        match = LEADING_NAME.match(span)
+        if match is None:
+            continue
+        *owner, name = match.group().split(".")
+        module = PKG.joinpath(*owner).with_suffix(".py") if owner else None
+        module = module if module is not None and module.is_file() else _module_named(owner)
+        if module is not None:
+            ok = name in {n.name for n in ast.walk(ast.parse(module.read_text())) if hasattr(n, "name")}
+        else:
+            ok = name in defined and all(o in defined for o in owner)
+        if not ok:
+            missing.append(span)
+    assert not missing, f"docs/ARCHITECTURE.md's path of one version names what the code lacks: {missing}"
