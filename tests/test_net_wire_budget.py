@@ -93,7 +93,7 @@ def test_a_full_shared_pool_evicts_the_slowest_drip_for_an_honest_push(tmp_path:
             drip = wp.PushRequest(v=wp.WIRE_VERSION, kind="rollouts", size=1 << 20).encode()
             with ThreadPoolExecutor(4) as pool:
                 for w in (attacker, attacker, second, second):
-                    pool.submit(w.probe, addr, "push", drip, timeout=8.0)
+                    pool.submit(w.probe, addr, "push", drip, timeout=5.0)
                 wait_for(lambda: victim.stats()["streams_open"]["other"] == 4, timeout=10, what="the pool full of drips")
 
                 def pushed() -> bool:
