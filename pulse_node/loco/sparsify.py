@@ -112,7 +112,7 @@ class ErrorFeedback:
         """Fired values clipped to ``SENDER_SHARE`` of the bound at their base weights ``w``; the
         excess is added to ``e`` (0 there: the entries fired)."""
         lim = torch.from_numpy(self.bound.limit(w.numpy()) * SENDER_SHARE).to(torch.float32)
-        sent = torch.minimum(vals, lim).maximum_(-lim)
+        sent = torch.clamp(vals, min=-lim, max=lim)
         over = sent != vals
         if bool(over.any()):
             e.index_add_(0, idx[over], (vals - sent)[over])
