@@ -8,7 +8,9 @@ The contributor agreement (``trainer/agreement.py``) asks this object, never dis
 - ``is_member(peer_id)``: by the key the peer id encodes (libp2p Ed25519 ids; on the in-memory
   test hub, the key its record announces), against the same ``TrustPolicy`` / ``TrainerSet``
   the rest of the node uses: configured keys, the key file, admissions. In an open swarm (no key
-  configured) every peer announcing the trainer role is a member, as for version records.
+  configured) every peer announcing the trainer role is a member, as for version records. A
+  member stays one for the agreement after it leaves discovery (its key is remembered, at most
+  ``KNOWN_CAP`` of them), so a decision naming a trainer that just died is still valid.
 - ``refuse(...)``: count a refused payload or decision by reason (``loco_refused`` /
   ``decisions_refused`` in the status) and strike the sender through the trust policy's strike
   mechanism (3 strikes ban it; a banned peer's payloads are dropped, reason ``banned``).
@@ -24,6 +26,7 @@ from pulse_node.daemon.context import RoleContext
 from pulse_node.daemon.transport import PeerInfo
 
 What = Literal["loco", "decision"]
+KNOWN_CAP = 4096  # member peer ids whose key is remembered after they leave discovery
 
 
 class RoundTrust:
@@ -34,24 +37,32 @@ class RoundTrust:
         self.me = ctx.transport.peer_id
         self._peers: list[PeerInfo] = []
         self._logged: set[tuple[str, str]] = set()
+        self._known: dict[str, str] = {}  # member peer id -> its key, as seen in discovery
 
     def live(self) -> dict[str, PeerInfo]:
         """Live trainer-set members but us (learning admissions from discovery first)."""
         self._peers = self.ctx.peers()
         self.trust.observe(self._peers)
-        return {p.peer_id: p for p in self._peers if p.role == "trainer" and self.trust.vouches_for(p)}
+        live = {p.peer_id: p for p in self._peers if p.role == "trainer" and self.trust.vouches_for(p)}
+        for pid in live:
+            if pid not in self._known and len(self._known) < KNOWN_CAP:
+                self._known[pid] = sender_key(pid, self._peers)
+        return live
 
     def key_of(self, peer_id: str) -> str:
         """The key ``peer_id`` speaks for ("" if unknown)."""
         if peer_id == self.me:
             return self.ctx.identity.public_key_hex
-        return sender_key(peer_id, self._peers)
+        return sender_key(peer_id, self._peers) or self._known.get(peer_id, "")
 
     def is_member(self, peer_id: str) -> bool:
         """Whether ``peer_id`` is a trainer-set member (discovery is re-read once if not)."""
-        if peer_id == self.me or self.trust.trainers.is_member(self.key_of(peer_id)):
+        return peer_id == self.me or self._member(peer_id) or (self.live() is not None and self._member(peer_id))
+
+    def _member(self, peer_id: str) -> bool:
+        known = self._known.get(peer_id)
+        if known is not None and (self.trust.trainers.open or self.trust.trainers.is_member(known)):
             return True
-        self.live()
         return self.trust.trainers.is_member(self.key_of(peer_id))
 
     def banned(self, peer_id: str) -> bool:
