@@ -28,11 +28,10 @@ LOCO = {"inner_steps": 2, "deadline_s": 20.0, "decision_wait_s": 2.0}
 NAMES = ("trainer-a", "trainer-b")
 
 
-def _keyed(node_cfg, tmp_path, **loco_b):
+def _keyed(node_cfg, tmp_path, **loco):
     """Configs of two trainers that trust exactly their two keys (identities made beforehand)."""
     keys = [Identity.load_or_create(tmp_path / n / "identity.key").public_key_hex for n in NAMES]
-    return {n: node_cfg(TrainerConfig, n, loco={**LOCO, **(loco_b if n == "trainer-b" else {})},
-                        chain={"trusted_trainers": keys}) for n in NAMES}
+    return {n: node_cfg(TrainerConfig, n, loco={**LOCO, **loco}, chain={"trusted_trainers": keys}) for n in NAMES}
 
 
 def _fake_trainer(swarm: InProcessSwarm, dirs, stop: threading.Event) -> None:
@@ -82,14 +81,14 @@ def test_a_fake_trainer_neither_contributes_nor_stalls_a_keyed_swarm(node_cfg, t
         st = read_status(d)
         assert st.contributors == 2, (name, st.contributors)
         assert st.trainer.loco_refused.get("not_member", 0) >= 1, (name, st.trainer.loco_refused)
-        assert not st.trainer.resyncs and not st.trainer.forks and not st.trainer.decisions_pulled, st.trainer
+        assert st.trainer.resyncs <= 1 and not st.trainer.forks and not st.trainer.decisions_pulled, st.trainer  # genesis
 
 
 def _scaled(data: bytes) -> bytes:
-    """A base-free payload with every value times 1e4 (a member gone wrong)."""
+    """A base-free dense payload with every value times 1e4, plus 1 (a member gone wrong)."""
     msg = msgpack.unpackb(data, raw=False)
     count = sum(c for _, c in msg["tensors"])
-    msg["values"] = encode_values(decode_values(msg["values"], count) * 1e4)
+    msg["values"] = encode_values(decode_values(msg["values"], count) * 1e4 + 1.0)
     return msgpack.packb(msg, use_bin_type=True)
 
 
@@ -108,7 +107,8 @@ class _Scaling:
 def test_a_members_payload_beyond_the_bound_is_never_signed_nor_applied(node_cfg, tmp_path):
     swarm = InProcessSwarm(wrap=lambda name, t: _Scaling(t) if name == "trainer-b" else t)
     try:
-        dirs = {n: swarm.start(n, cfg) for n, cfg in _keyed(node_cfg, tmp_path, base_coding=False).items()}
+        dirs = {n: swarm.start(n, cfg)  # dense (every entry sent), base-free payloads: easy to rewrite
+                for n, cfg in _keyed(node_cfg, tmp_path, base_coding=False, gate="none").items()}
         wait_for(all_at_version(dirs.values(), 4), timeout=300, what="both trainers at version 4")
     finally:
         swarm.stop_all()

@@ -149,9 +149,6 @@ class RoundAgreement:
         self._flush_pending()
         if not self.gate.is_member(sender):
             self._refuse(sender, "not_member", IntegrityError(f"{sender[:12]} is not a trusted trainer-set member"))
-        if self.gate.banned(sender):
-            self.gate.refuse("loco", sender, "banned", "sender is banned", strike=False)
-            return
         if len(data) > self.cap:
             self._refuse(sender, "too_large", WireError(f"payload of {len(data)} bytes exceeds this model's cap {self.cap}"))
         try:
@@ -165,6 +162,9 @@ class RoundAgreement:
             if r > now:
                 self.gate.refuse("loco", sender, "too_far_ahead", f"round {r} while at {now}", strike=False)
             return
+        if self.gate.banned(sender):  # heard from: it cannot contribute this round
+            self.refused.setdefault(r, {}).setdefault(sender, b"")
+            return self.gate.refuse("loco", sender, "banned", "sender is banned", strike=False)
         if r > now:  # its base is the state we do not hold yet: parked, one per member and round
             self.pending.setdefault(r, {})[sender] = data
             return
