@@ -77,6 +77,8 @@ class TrainerCounters(_Section):
                                          "duplicate, banned)")
     decisions_refused: dict[str, int] = Field(default_factory=dict, description="round decisions refused, by reason "
                                               "(not_member, bad_decision, out_of_bound)")
+    loco_bound_ratio_max: float = Field(0.0, ge=0, description="largest |value| / payload value bound among the "
+                                        "payloads this trainer made or admitted (refused ones not counted)")
     loco_clipped: int = Field(0, ge=0, description="entries of our own payloads clipped to half the payload value "
                               "bound (the excess stays in the error feedback)")
     rounds_left_out: int = Field(0, ge=0, description="rounds whose decision left this trainer's payload out")

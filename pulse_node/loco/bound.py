@@ -100,11 +100,12 @@ class PayloadBound:
         return worst
 
     def check(self, tensors: Mapping[str, tuple[np.ndarray, np.ndarray]], base: Mapping[str, Any],
-              *, who: str = "payload") -> None:
-        """``PayloadBoundError`` if any entry exceeds its limit."""
+              *, who: str = "payload") -> float:
+        """The payload's ``ratio``; ``PayloadBoundError`` if any entry exceeds its limit."""
         worst = self.ratio(tensors, base)
         if not worst <= 1.0:
             raise PayloadBoundError(f"{who}: an entry is {worst:.3g}x the payload value bound")
+        return worst
 
 
 def max_payload_bytes(shapes: Mapping[str, tuple[int, ...]], *, cap: int) -> int:

@@ -137,6 +137,7 @@ class RoundAgreement:
         self.gate = RoundTrust(ctx, trust or TrustPolicy(TrainerSet.from_config(ctx.cfg.chain, run_id=ctx.cfg.run_id)))
         self.bound = bound if bound is not None else PayloadBound.of_trainer(ctx.cfg)
         self.cap = max_payload_bytes(self.shapes, cap=self.cfg.max_payload_bytes)
+        self.ratio_max = 0.0
         shutil.rmtree(self.root / LOCO_DIR, ignore_errors=True)  # an earlier run's rounds mean nothing now
 
     # ---- inputs (the trainer hands over every pushed payload and decision) -----------------
@@ -203,8 +204,14 @@ class RoundAgreement:
         base_hash, params = self.base() if self.base is not None else (None, None)
         p = decode_payload(data, shapes=self.shapes, max_bytes=self.cap, base=params, expect_base=base_hash)
         if params is not None:
-            self.bound.check(p.tensors, params, who=f"round {p.round} payload of {p.trainer_id[:12]}")
+            self._ratio(self.bound.check(p.tensors, params, who=f"round {p.round} payload of {p.trainer_id[:12]}"))
         return p
+
+    def _ratio(self, ratio: float) -> None:
+        """Report the largest value / bound ratio seen (how close honest payloads come to it)."""
+        if ratio > self.ratio_max:
+            self.ratio_max = ratio
+            self.ctx.status.set_counts(loco_bound_ratio_max=ratio)
 
     def _flush_pending(self) -> None:
         """Admit held payloads of the round that is now current; drop those of past rounds."""
@@ -286,6 +293,8 @@ class RoundAgreement:
         self._prune(r)
         self._flush_pending()
         self._keep_payload(mine, data)
+        if self.base is not None:
+            self._ratio(self.bound.ratio(mine.tensors, self.base()[1]))
         live = self._live()
         self._push(list(live.values()), data, kind="loco", timeout=self.cfg.deadline_s)
         self.ctx.status.add("loco_bytes_out", len(data) * len(live))
@@ -315,8 +324,7 @@ class RoundAgreement:
         return None if result is None else self._close(result)
 
     @property
-    def idle_s(self) -> float:
-        """How long the caller may wait for inputs before the next ``step``."""
+    def idle_s(self) -> float:  # how long the caller may wait for inputs before the next ``step``
         return _IDLE_GATHERING_S if self._open is not None and self._open.decision else _IDLE_DECIDING_S
 
     def _close(self, result: RoundResult) -> RoundResult:
@@ -384,7 +392,7 @@ class RoundAgreement:
         """Fetch an existing decision of round ``r`` from the live trainers (the first valid one)."""
         timeout = min(self.ctx.cfg.net.fetch_timeout_s, self.cfg.decision_wait_s)
         for peer in sorted(live.values(), key=lambda p: p.peer_id.encode()):
-            data = self._fetch(peer, "loco_decision", {"round": r}, cap=MAX_DECISION_BYTES, timeout=timeout)
+            data = self.gate.fetch(peer, "loco_decision", {"round": r}, cap=MAX_DECISION_BYTES, timeout=timeout)
             if data is None:
                 continue
             try:
@@ -429,7 +437,7 @@ class RoundAgreement:
 
     def _fetch_payload(self, peer: PeerInfo, r: int, tid: str, digest: bytes, until: float) -> LocoPayload | None:
         timeout = max(0.5, min(self.ctx.cfg.net.fetch_timeout_s, until - time.monotonic()))
-        data = self._fetch(peer, "loco_payload", {"round": r, "digest": digest.hex()},
+        data = self.gate.fetch(peer, "loco_payload", {"round": r, "digest": digest.hex()},
                            cap=self.cap, timeout=timeout)
         if data is None:
             return None
@@ -462,8 +470,7 @@ class RoundAgreement:
         return self.gate.live()
 
     def _push(self, peers: list[PeerInfo], data: bytes, *, kind: str, timeout: float = _PUSH_TIMEOUT_S) -> None:
-        """Push to every peer at once, in the background: the round never waits on a slow or
-        vanished peer (each push is still bounded by ``timeout``; failures are logged per peer)."""
+        """Push to every peer at once, in the background (each bounded by ``timeout``)."""
         if not peers:
             return
 
@@ -472,21 +479,6 @@ class RoundAgreement:
 
         threading.Thread(target=push_to_all, args=(self.ctx.transport, peers, kind, data),
                          kwargs={"timeout": timeout, "on_error": failed}, name=f"push-{kind}", daemon=True).start()
-
-    def _fetch(self, peer: PeerInfo, kind: str, params: dict, *, cap: int, timeout: float) -> bytes | None:
-        """Bytes of a small fetch from ``peer`` (at most ``cap``), or None on any failure."""
-        dest = self.root / LOCO_DIR / f".fetch-{kind}"
-        try:
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            self.ctx.transport.fetch(peer, kind, params, dest, timeout=timeout)
-            if dest.stat().st_size > cap:
-                raise WireError(f"{kind} from {peer.peer_id[:12]} exceeds {cap} bytes")
-            return dest.read_bytes()
-        except (PulseError, OSError) as exc:
-            self.ctx.log.debug("%s %s from %s: %s", kind, params, peer.peer_id[:12], exc)
-            return None
-        finally:
-            dest.unlink(missing_ok=True)
 
     def _prune(self, r: int) -> None:
         """Forget rounds before ``r``; keep the files of the last ``KEEP_ROUNDS`` rounds."""

@@ -18,12 +18,15 @@ The contributor agreement (``trainer/agreement.py``) asks this object, never dis
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
+from pulse_node.chain.serving import LOCO_DIR
 from pulse_node.chain.trainerset import sender_key
 from pulse_node.chain.trust import TrustPolicy
 from pulse_node.daemon.context import RoleContext
 from pulse_node.daemon.transport import PeerInfo
+from pulse_node.errors import PulseError, WireError
 
 What = Literal["loco", "decision"]
 KNOWN_CAP = 4096  # member peer ids whose key is remembered after they leave discovery
@@ -64,6 +67,24 @@ class RoundTrust:
         if known is not None and (self.trust.trainers.open or self.trust.trainers.is_member(known)):
             return True
         return self.trust.trainers.is_member(self.key_of(peer_id))
+
+    def fetch(self, peer: PeerInfo, kind: str, params: dict, *, cap: int, timeout: float) -> bytes | None:
+        """Bytes of a small fetch (``loco_payload``, ``loco_decision``) from a member, at most
+        ``cap`` (the download itself is capped), or None on any failure or a non-member."""
+        if not self.is_member(peer.peer_id):
+            return None
+        dest = Path(self.ctx.store.root) / LOCO_DIR / f".fetch-{kind}"
+        try:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            self.ctx.transport.fetch(peer, kind, params, dest, timeout=timeout, max_bytes=cap)
+            if dest.stat().st_size > cap:
+                raise WireError(f"{kind} from {peer.peer_id[:12]} exceeds {cap} bytes")
+            return dest.read_bytes()
+        except (PulseError, OSError) as exc:
+            self.ctx.log.debug("%s %s from %s: %s", kind, params, peer.peer_id[:12], exc)
+            return None
+        finally:
+            dest.unlink(missing_ok=True)
 
     def banned(self, peer_id: str) -> bool:
         return peer_id != self.me and self.trust.ignored(peer_id)
