@@ -101,6 +101,8 @@ def test_a_non_member_cannot_contribute_park_decide_nor_be_waited_for(keyed):
     assert st.decisions_refused == {"not_member": 1, "bad_decision": 1} and st.decisions_rejected == 2
     assert ag.gate.trust.strikes[fake] == 3 and ag.gate.banned(fake), "the non-member was not struck"
     assert ROUND not in ag.decisions
+    ag.offer_payload(fake, _payload(fake)[1])  # banned now: dropped unread, counted, no error
+    assert _status(ag).loco_refused == {"not_member": 2, "banned": 1} and fake not in ag.inbox[ROUND]
 
 
 def test_an_open_swarm_keeps_trusting_announced_trainers(tmp_path):

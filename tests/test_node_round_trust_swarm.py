@@ -80,7 +80,8 @@ def test_a_fake_trainer_neither_contributes_nor_stalls_a_keyed_swarm(node_cfg, t
     for name, d in dirs.items():
         st = read_status(d)
         assert st.contributors == 2, (name, st.contributors)
-        assert st.trainer.loco_refused.get("not_member", 0) >= 1, (name, st.trainer.loco_refused)
+        refused = st.trainer.loco_refused
+        assert refused.get("not_member", 0) >= 1 and refused.get("banned", 0) >= 1, (name, refused)
         assert st.trainer.resyncs <= 1 and not st.trainer.forks and not st.trainer.decisions_pulled, st.trainer  # genesis
 
 

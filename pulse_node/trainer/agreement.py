@@ -148,6 +148,8 @@ class RoundAgreement:
         made on another base is not an error (``_admit``).
         """
         self._flush_pending()
+        if self.gate.dropped("loco", sender):
+            return
         if not self.gate.is_member(sender):
             self._refuse(sender, "not_member", IntegrityError(f"{sender[:12]} is not a trusted trainer-set member"))
         if len(data) > self.cap:
@@ -237,6 +239,8 @@ class RoundAgreement:
 
     def offer_decision(self, sender: str, data: bytes) -> None:
         """Check a decision; accept (and relay) the first of its round. ``PulseError`` if bad."""
+        if self.gate.dropped("decision", sender):
+            return
         if not self.gate.is_member(sender):
             self.gate.refuse("decision", sender, "not_member", "not a trainer-set member", strike=True)
             raise IntegrityError(f"decision pushed by {sender[:12]}, not a trusted trainer-set member")

@@ -89,6 +89,13 @@ class RoundTrust:
     def banned(self, peer_id: str) -> bool:
         return peer_id != self.me and self.trust.ignored(peer_id)
 
+    def dropped(self, what: What, peer_id: str) -> bool:
+        """A banned peer never seen as a member: drop its input unread (counted, not logged)."""
+        if peer_id in self._known or not self.banned(peer_id):
+            return False
+        self.ctx.status.add_reason("loco_refused" if what == "loco" else "decisions_refused", "banned")
+        return True
+
     def refuse(self, what: What, sender: str, reason: str, message: str, *, strike: bool) -> None:
         """Count a refusal by reason, strike ``sender`` if asked; logged once per sender and reason."""
         self.ctx.status.add_reason("loco_refused" if what == "loco" else "decisions_refused", reason)
