@@ -25,6 +25,7 @@ from pulse_node.trainer.agreement import RoundAgreement
 from pulse_node.daemon.context import RoleContext
 from pulse_node.testing.inprocess import InProcessSwarm
 from pulse_node.daemon.status import NodeStatus
+from pulse_node.net.dht_records import PeerStatus
 from pulse_node.testing.memory import MemoryHub
 from helpers import all_at_version, assert_trainers_identical, read_status, wait_for
 
@@ -100,11 +101,15 @@ class _Round:
         return self.hash, self.weights
 
 
-def _agreement(tmp_path: Path, state: _Round) -> RoundAgreement:
+def _agreement(tmp_path: Path, state: _Round, members=("trainer-a", "trainer-c", "trainer-x")) -> RoundAgreement:
+    """trainer-b's agreement; ``members`` announce the trainer role (an open swarm: members)."""
     cfg = TrainerConfig.model_validate({"data_dir": str(tmp_path / "b")})
-    store = VersionStore(tmp_path / "b" / "store")
+    store, hub = VersionStore(tmp_path / "b" / "store"), MemoryHub()
+    for name in members:
+        hub.join(name, lambda kind, params: None).publish(
+            PeerStatus(role="trainer", node_key=Identity.generate().public_key_hex))
     ctx = RoleContext(cfg=cfg, identity=Identity.generate(), store=store,
-                      transport=MemoryHub().join("trainer-b", lambda kind, params: None),
+                      transport=hub.join("trainer-b", lambda kind, params: None),
                       status=NodeStatus(role="trainer", peer_id="trainer-b", run_id=cfg.run_id))
     return RoundAgreement(ctx, shapes=SHAPES, current_round=lambda: state.round,
                           base=state.base)

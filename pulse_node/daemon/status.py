@@ -54,6 +54,15 @@ class NodeStatus:
             setattr(section, counter, getattr(section, counter) + amount)
             self._report.updated_at = time.time()
 
+    def add_reason(self, counter: str, reason: str, amount: int = 1) -> None:
+        """Add ``amount`` to ``reason`` of a declared by-reason counter (a ``dict[str, int]``)."""
+        with self._lock:
+            table = getattr(self._section_of(counter), counter)
+            if not isinstance(table, dict):
+                raise StatusFieldError(f"counter {counter!r} is not counted by reason")
+            table[reason] = table.get(reason, 0) + amount
+            self._report.updated_at = time.time()
+
     def set_counts(self, **counts: Any) -> None:
         """Set declared counters to absolute values (e.g. a syncer's running totals)."""
         with self._lock:

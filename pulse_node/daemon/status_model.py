@@ -26,7 +26,7 @@ from pydantic import Field
 from pulse_node.errors import PulseError
 
 #: version of the status schema; bump it on any change to a declared field
-STATUS_SCHEMA = 4
+STATUS_SCHEMA = 5
 HISTORY_LEN = 200
 ERRORS_KEPT = 20
 ERROR_CHARS = 300
@@ -72,6 +72,15 @@ class TrainerCounters(_Section):
     decisions_pulled: int = Field(0, ge=0, description="round decisions pulled from live trainers")
     decisions_rejected: int = Field(0, ge=0, description="round decisions rejected (signature, signer, round)")
     decision_conflicts: int = Field(0, ge=0, description="second, differing decisions for a round")
+    loco_refused: dict[str, int] = Field(default_factory=dict, description="PULSELoCo payloads refused, by reason "
+                                         "(not_member, out_of_bound, too_large, malformed, too_far_ahead, "
+                                         "duplicate, banned)")
+    decisions_refused: dict[str, int] = Field(default_factory=dict, description="round decisions refused, by reason "
+                                              "(not_member, bad_decision, out_of_bound)")
+    loco_bound_ratio_max: float = Field(0.0, ge=0, description="largest |value| / payload value bound among the "
+                                        "payloads this trainer made or admitted (refused ones not counted)")
+    loco_clipped: int = Field(0, ge=0, description="entries of our own payloads clipped to half the payload value "
+                              "bound (the excess stays in the error feedback)")
     rounds_left_out: int = Field(0, ge=0, description="rounds whose decision left this trainer's payload out")
     resyncs: int = Field(0, ge=0, description="states adopted from another trainer")
     forks: int = Field(0, ge=0, description="rounds closed without an update (no decided payloads, no re-sync)")

@@ -50,6 +50,9 @@ class LocoConfig(StrictModel):
     """Below this many on-time payloads the round applies no update (the round still closes)."""
     max_payload_bytes: int = pydantic.Field(1 << 30, ge=1024)
     """Encoded payloads above this size are refused before decoding."""
+    value_bound_margin: float = pydantic.Field(4.0, ge=1.0, le=1e6)
+    """Margin of the payload value bound (``loco/bound.py``) over the largest entry an honest
+    round can produce; a payload with a larger entry is refused, never signed nor applied."""
     zstd_level: int = pydantic.Field(3, ge=1, le=19)
     base_coding: bool = True
     """Code our payloads with the round's FP32 global weights as context (~2.5 B per fired entry

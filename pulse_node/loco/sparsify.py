@@ -19,6 +19,12 @@ the comparison is bitwise (int16 views), so a change of sign of zero also fires.
 out of a round calls ``restore(payload)``, which puts the sent values back into ``e`` exactly
 (they were zeroed, so ``0 + v == v``; with the trainer placement ``e`` holds the sub-ulp
 remainder of each sent value, see ``_on_weight_grid``, and ``remainder + sent == v``).
+
+With a ``bound`` (``loco/bound.py``, what the trainer role passes) a fired entry is sent clipped
+to half the payload value bound and the excess stays in ``e`` (``clipped`` counts such entries
+of the last payload): receivers refuse entries above the bound, and only a trainer left out of
+several rounds in a row accumulates that much. ``restore`` is then exact up to one FP32
+rounding of ``excess + sent`` per clipped entry.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from typing import Mapping
 import numpy as np
 import torch
 
+from pulse_node.loco.bound import SENDER_SHARE, PayloadBound
 from pulse_node.loco.config import LocoConfig
 from pulse_node.loco.payload import LocoPayload
 
@@ -36,8 +43,11 @@ from pulse_node.loco.payload import LocoPayload
 class ErrorFeedback:
     """The error-feedback buffer ``e`` of one trainer plus scratch buffers for the gate."""
 
-    def __init__(self, shapes: Mapping[str, tuple[int, ...]], *, cfg: LocoConfig) -> None:
+    def __init__(self, shapes: Mapping[str, tuple[int, ...]], *, cfg: LocoConfig,
+                 bound: PayloadBound | None = None) -> None:
         self.cfg = cfg
+        self.bound = bound
+        self.clipped = 0  # entries of the last payload clipped to the bound
         self.shapes = {n: tuple(int(d) for d in shapes[n]) for n in sorted(shapes)}
         f32 = dict(dtype=torch.float32)
         self.e = {n: torch.zeros(s, **f32) for n, s in self.shapes.items()}
@@ -92,9 +102,22 @@ class ErrorFeedback:
         vals = s.view(-1).index_select(0, idx)
         # s becomes the new e with the fired entries cleared
         e.copy_(s).masked_fill_(mask, 0.0)
+        if self.bound is not None:
+            vals = self._clip(g.view(-1).index_select(0, idx), vals, e.view(-1), idx)
         if self.v:
             vals = self._on_weight_grid(g.view(-1).index_select(0, idx), vals, e.view(-1), idx)
         return idx.numpy(), vals.numpy()
+
+    def _clip(self, w: torch.Tensor, vals: torch.Tensor, e: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        """Fired values clipped to ``SENDER_SHARE`` of the bound at their base weights ``w``; the
+        excess is added to ``e`` (0 there: the entries fired)."""
+        lim = torch.from_numpy(self.bound.limit(w.numpy()) * SENDER_SHARE).to(torch.float32)
+        sent = torch.clamp(vals, min=-lim, max=lim)
+        over = sent != vals
+        if bool(over.any()):
+            e.index_add_(0, idx[over], (vals - sent)[over])
+            self.clipped += int(over.sum())
+        return sent
 
     @staticmethod
     def _on_weight_grid(w: torch.Tensor, vals: torch.Tensor, e: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
@@ -108,7 +131,7 @@ class ErrorFeedback:
         factor 2 of each other, or ``sent`` is 0 and the remainder is ``v``).
         """
         sent = w - (w - vals)
-        e.index_copy_(0, idx, vals - sent)
+        e.index_add_(0, idx, vals - sent)  # e is 0 there, or a clipped excess
         return sent
 
     @torch.no_grad()
@@ -119,6 +142,7 @@ class ErrorFeedback:
         if set(global_params) != set(self.shapes) or set(local_params) != set(self.shapes):
             raise KeyError("global/local parameters do not match the error-feedback tensors")
         tensors, numel = {}, {}
+        self.clipped = 0
         for name in self.shapes:
             g, l = global_params[name].detach(), local_params[name].detach()
             if g.dtype != torch.float32 or l.dtype != torch.float32:

@@ -9,12 +9,10 @@ back into the trainer. Round ``r``, on every trainer:
    them at once and in the background (``daemon/transport.push_to_all``): no round waits on a
    slow or vanished peer; a payload push is bounded by ``deadline_s``, a decision push by 5 s.
    Our payload and every valid one received are kept as ``loco/<r>/<digest>.payload`` under the
-   store root for ``KEEP_ROUNDS`` rounds; peers fetch them (``loco_payload``). A received payload is decoded against our FP32 global weights
-   (payloads are base-coded, ``loco/payload.py``) only if the base hash it names is ours, checked
-   before any of it is decoded; one made on another base misses the round like a late one
-   (counted as ``loco_base_mismatch``, logged once per round and trainer), and a trainer on the
-   wrong state is repaired by re-sync (step 5, ``TrainerRole._check_agreement``). Payloads of a
-   coming round are held undecoded until that round opens here.
+   store root for ``KEEP_ROUNDS`` rounds; peers fetch them (``loco_payload``). A received payload
+   is decoded (base-coded, ``loco/payload.py``) only if the base hash it names is ours; one made
+   on another base misses the round like a late one (``loco_base_mismatch``; the trainer on the
+   wrong state re-syncs). Payloads of a coming round are held undecoded until it opens here.
 2. The coordinator is the lowest id among the trainers we saw when pushing (``order``). It
    decides once it holds a payload from each of them still live (one whose payload named another
    base counts as heard from: it cannot contribute), or at ``loco.deadline_s``:
@@ -31,18 +29,21 @@ back into the trainer. Round ``r``, on every trainer:
    or any trainer (digest checked). A trainer that cannot get them within ``decision_wait_s``,
    or whose state is not the decision's base, gets ``payloads=None`` and must re-sync.
 
-Decisions are checked (caps, schema, run id, signer = the announced key of the trainer the
-decision names as coordinator, a configured trusted trainer key if any, signature); rejections
-are counted (``decisions_rejected``). At most one decision is accepted per round; differing
-later ones are counted (``decision_conflicts``) and ignored.
+Only trainer-set members take part (``trainer/round_trust.py``): payloads and decisions pushed
+by any other peer are refused and strike it, and only members are pushed to, waited for, asked
+for decisions and fetched from. Payloads are capped by the model's size before anything is
+parsed (``loco/bound.max_payload_bytes``), and every entry is checked against the payload value
+bound (``loco/bound.py``) on our base weights before the payload is kept, signed into a decision
+or applied; a refused payload counts as heard from (its sender cannot contribute this round).
+Payloads of coming rounds are parked only for the next ``PARK_ROUNDS`` rounds, one per member
+and round. Decisions are checked (caps, schema, run id, signer = the key the coordinator's peer
+id encodes, a trainer-set member, signature, every contributor a member, no payload we refused
+as out of bound); refusals are counted by reason (``decisions_refused``, ``loco_refused``). At
+most one decision is accepted per round; differing later ones are counted
+(``decision_conflicts``) and ignored.
 
-Remaining failure case: a decision that reaches only some trainers (its coordinator dies right
-after pushing it, before anyone relays it) while another trainer has already timed out, found
-no decision to pull and decided differently. The two groups then publish different states for
-version ``r + 1``. Trainers push their head records to each other, and one that sees the
-lowest-id trainer announcing that version hold another state re-syncs from it
-(``TrainerRole._check_agreement``); that trainer also coordinates the next round, so any trainer
-still on the other state re-syncs then at the latest, when the decision names a base it lacks.
+Remaining failure case (a decision that reaches only some trainers while another timed out and
+decided differently) and its repair: docs/ARCHITECTURE.md, "Trainers agreeing on one state".
 """
 
 from __future__ import annotations
@@ -56,16 +57,21 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from pulse_node.chain.serving import LOCO_DIR, loco_decision_path, loco_payload_path
+from pulse_node.chain.trainerset import TrainerSet
+from pulse_node.chain.trust import TrustPolicy
 from pulse_node.errors import BaseMismatchError, IntegrityError, PulseError, WireError
 from pulse_node.fsutil import write_atomic
 from pulse_node.loco.decision import (MAX_DECISION_BYTES, RoundDecision, decode_decision, encode_decision,
                                       make_decision, payload_digest, verify_decision)
+from pulse_node.loco.bound import PayloadBound, PayloadBoundError, max_payload_bytes
 from pulse_node.loco.payload import LocoPayload, decode_payload, read_header
 from pulse_node.daemon.context import RoleContext
 from pulse_node.daemon.transport import PeerInfo, push_to_all
+from pulse_node.trainer.round_trust import RoundTrust
 
 KEEP_ROUNDS = 4  # rounds whose payloads and decisions a trainer keeps on disk and serves
-WINDOW = 4  # payloads and decisions are buffered for the current round and the next WINDOW - 1
+WINDOW = 4  # decisions are taken for the current round and the next WINDOW - 1
+PARK_ROUNDS = 2  # payloads of coming rounds are parked for the next PARK_ROUNDS rounds only
 _PULL_EVERY_S = 1.0
 _PUSH_TIMEOUT_S = 5.0
 _IDLE_DECIDING_S = 0.05  # how long the driver waits for inputs between steps, reaching a decision
@@ -109,9 +115,12 @@ class RoundAgreement:
     """One trainer's side of the contributor agreement (inputs, decisions, payload files)."""
 
     def __init__(self, ctx: RoleContext, *, shapes: Mapping[str, tuple[int, ...]],
-                 current_round: Callable[[], int], base: BaseFn | None = None) -> None:
+                 current_round: Callable[[], int], base: BaseFn | None = None,
+                 trust: TrustPolicy | None = None, bound: PayloadBound | None = None) -> None:
         """``base``: our current round's base (``BaseFn``); without it only base-free payloads
-        decode and payloads are not checked against a base hash."""
+        decode and payloads are not checked against a base hash nor the value bound.
+        ``trust``: the node's trust policy (default: one from ``ctx.cfg.chain``); ``bound``: the
+        payload value bound (default: the one ``ctx.cfg`` implies)."""
         self.ctx = ctx
         self.cfg = ctx.cfg.loco  # type: ignore[attr-defined]
         self.shapes = dict(shapes)
@@ -124,26 +133,50 @@ class RoundAgreement:
         self.pending: dict[int, dict[str, bytes]] = {}  # coming rounds: sender -> payload bytes, undecoded
         self.mismatched: dict[int, set[str]] = {}  # round -> trainers whose payload named another base
         self.decisions: dict[int, RoundDecision] = {}
-        self.keys: dict[str, str] = {}  # trainer peer id -> node key it announced
-        self.trusted = {k.lower() for k in ctx.cfg.chain.trusted_trainers}
+        self.refused: dict[int, dict[str, bytes]] = {}  # round -> member -> digest of its out-of-bound payload
+        self.gate = RoundTrust(ctx, trust or TrustPolicy(TrainerSet.from_config(ctx.cfg.chain, run_id=ctx.cfg.run_id)))
+        self.bound = bound if bound is not None else PayloadBound.of_trainer(ctx.cfg)
+        self.cap = max_payload_bytes(self.shapes, cap=self.cfg.max_payload_bytes)
+        self.ratio_max = 0.0
         shutil.rmtree(self.root / LOCO_DIR, ignore_errors=True)  # an earlier run's rounds mean nothing now
 
     # ---- inputs (the trainer hands over every pushed payload and decision) -----------------
     def offer_payload(self, sender: str, data: bytes) -> None:
         """Keep a pushed payload of the current round, hold one of a coming round until it opens.
 
-        ``PulseError`` if it is malformed; one made on another base is not an error (``_admit``).
+        ``PulseError`` if it is refused (not a member, too large, malformed, out of bound); one
+        made on another base is not an error (``_admit``).
         """
         self._flush_pending()
-        h = read_header(data, max_bytes=self.cfg.max_payload_bytes, max_tensors=len(self.shapes))
+        if self.gate.dropped("loco", sender):
+            return
+        if not self.gate.is_member(sender):
+            self._refuse(sender, "not_member", IntegrityError(f"{sender[:12]} is not a trusted trainer-set member"))
+        if len(data) > self.cap:
+            self._refuse(sender, "too_large", WireError(f"payload of {len(data)} bytes exceeds this model's cap {self.cap}"))
+        try:
+            h = read_header(data, max_bytes=self.cap, max_tensors=len(self.shapes))
+        except WireError as exc:
+            self._refuse(sender, "malformed", exc)
         if h.trainer_id != sender:
-            raise WireError(f"payload claims trainer {h.trainer_id[:12]} but came from {sender[:12]}")
-        if not self._in_window(h.round):
+            self._refuse(sender, "malformed", WireError(f"payload claims trainer {h.trainer_id[:12]} but came from {sender[:12]}"))
+        r, now = h.round, self.current_round()
+        if not 0 <= r - now <= PARK_ROUNDS:
+            if r > now:
+                self.gate.refuse("loco", sender, "too_far_ahead", f"round {r} while at {now}", strike=False)
             return
-        if h.round > self.current_round():  # its base is the state we do not hold yet
-            self.pending.setdefault(h.round, {})[sender] = data
+        if self.gate.banned(sender):  # heard from: it cannot contribute this round
+            self.refused.setdefault(r, {}).setdefault(sender, b"")
+            return self.gate.refuse("loco", sender, "banned", "sender is banned", strike=False)
+        if r > now:  # its base is the state we do not hold yet: parked, one per member and round
+            self.pending.setdefault(r, {})[sender] = data
             return
-        self._admit(sender, h.round, data)
+        self._admit(sender, r, data)
+
+    def _refuse(self, sender: str, reason: str, exc: PulseError) -> None:
+        """Count and strike a refused payload, then raise ``exc``."""
+        self.gate.refuse("loco", sender, reason, str(exc), strike=True)
+        raise exc
 
     def _admit(self, sender: str, r: int, data: bytes) -> None:
         """Decode and keep a payload of the current round if it was made on our base.
@@ -151,14 +184,36 @@ class RoundAgreement:
         The base hash is compared before anything is decoded with our weights; a payload made on
         another base misses the round (``_base_mismatch``). ``PulseError`` if it is malformed.
         """
-        base_hash, params = self.base() if self.base is not None else (None, None)
+        have = self.inbox.get(r, {}).get(sender)
+        if have is not None:  # one payload per member and round: the first
+            if have[0] != payload_digest(data):
+                self.gate.refuse("loco", sender, "duplicate", f"a second payload for round {r}", strike=False)
+            return
         try:
-            p = decode_payload(data, shapes=self.shapes, max_bytes=self.cfg.max_payload_bytes,
-                               base=params, expect_base=base_hash)
+            p = self._decode(data)
         except BaseMismatchError as exc:
             self._base_mismatch(r, sender, exc)
             return
+        except PayloadBoundError as exc:
+            self.refused.setdefault(r, {})[sender] = payload_digest(data)
+            self._refuse(sender, "out_of_bound", exc)
+        except PulseError as exc:
+            self._refuse(sender, "malformed", exc)
         self._keep_payload(p, data)
+
+    def _decode(self, data: bytes) -> LocoPayload:
+        """Decode against our base and check the value bound (``PayloadBoundError``)."""
+        base_hash, params = self.base() if self.base is not None else (None, None)
+        p = decode_payload(data, shapes=self.shapes, max_bytes=self.cap, base=params, expect_base=base_hash)
+        if params is not None:
+            self._ratio(self.bound.check(p.tensors, params, who=f"round {p.round} payload of {p.trainer_id[:12]}"))
+        return p
+
+    def _ratio(self, ratio: float) -> None:
+        """Report the largest value / bound ratio seen (how close honest payloads come to it)."""
+        if ratio > self.ratio_max:
+            self.ratio_max = ratio
+            self.ctx.status.set_counts(loco_bound_ratio_max=ratio)
 
     def _flush_pending(self) -> None:
         """Admit held payloads of the round that is now current; drop those of past rounds."""
@@ -184,11 +239,19 @@ class RoundAgreement:
 
     def offer_decision(self, sender: str, data: bytes) -> None:
         """Check a decision; accept (and relay) the first of its round. ``PulseError`` if bad."""
+        if self.gate.dropped("decision", sender):
+            return
+        if not self.gate.is_member(sender):
+            self.gate.refuse("decision", sender, "not_member", "not a trainer-set member", strike=True)
+            raise IntegrityError(f"decision pushed by {sender[:12]}, not a trusted trainer-set member")
         try:
             d = decode_decision(data)
             self._verify(d)
-        except PulseError:
-            self.ctx.status.add("decisions_rejected")
+        except PayloadBoundError as exc:
+            self.gate.refuse("decision", sender, "out_of_bound", str(exc), strike=False)
+            raise
+        except PulseError as exc:
+            self.gate.refuse("decision", sender, "bad_decision", str(exc), strike=False)
             raise
         if self._in_window(d.round) and self._accept(d, data):
             relay_to = [p for pid, p in self._live().items() if pid not in (sender, d.coordinator)]
@@ -197,12 +260,14 @@ class RoundAgreement:
     def _verify(self, d: RoundDecision) -> None:
         if d.run_id != self.ctx.cfg.run_id:
             raise IntegrityError(f"round {d.round} decision is for run {d.run_id!r}")
-        key = self.ctx.identity.public_key_hex if d.coordinator == self.me else self._key_of(d.coordinator)
-        if not key:
-            raise IntegrityError(f"round {d.round} decision names {d.coordinator[:12]}, not a known trainer")
-        if self.trusted and key.lower() not in self.trusted:
-            raise IntegrityError(f"round {d.round} decision of {d.coordinator[:12]}: not a trusted trainer key")
-        verify_decision(d, signer_key=key)
+        if not self.gate.is_member(d.coordinator):
+            raise IntegrityError(f"round {d.round} decision of {d.coordinator[:12]}: not a trusted trainer-set member")
+        verify_decision(d, signer_key=self.gate.key_of(d.coordinator))
+        if not all(map(self.gate.is_member, d.trainer_ids)):
+            raise IntegrityError(f"round {d.round} decision names a contributor outside the trainer set")
+        refused = set(self.refused.get(d.round, {}).values())
+        if any(digest in refused for _, digest in d.contributors):
+            raise PayloadBoundError(f"round {d.round} decision names a payload beyond the value bound")
 
     def _accept(self, d: RoundDecision, data: bytes) -> bool:
         """Take ``d`` if it is the first decision of its round (at most one per round)."""
@@ -232,6 +297,8 @@ class RoundAgreement:
         self._prune(r)
         self._flush_pending()
         self._keep_payload(mine, data)
+        if self.base is not None:
+            self._ratio(self.bound.ratio(mine.tensors, self.base()[1]))
         live = self._live()
         self._push(list(live.values()), data, kind="loco", timeout=self.cfg.deadline_s)
         self.ctx.status.add("loco_bytes_out", len(data) * len(live))
@@ -261,8 +328,7 @@ class RoundAgreement:
         return None if result is None else self._close(result)
 
     @property
-    def idle_s(self) -> float:
-        """How long the caller may wait for inputs before the next ``step``."""
+    def idle_s(self) -> float:  # how long the caller may wait for inputs before the next ``step``
         return _IDLE_GATHERING_S if self._open is not None and self._open.decision else _IDLE_DECIDING_S
 
     def _close(self, result: RoundResult) -> RoundResult:
@@ -302,8 +368,8 @@ class RoundAgreement:
         return True
 
     def _all_in(self, r: int, order: list[str], live: Mapping[str, PeerInfo]) -> bool:
-        held, other_base = self.inbox.get(r, {}), self.mismatched.get(r, set())
-        return all(pid in held or pid in other_base for pid in order if pid == self.me or pid in live)
+        held, other_base, refused = self.inbox.get(r, {}), self.mismatched.get(r, set()), self.refused.get(r, {})
+        return all(pid in held or pid in other_base or pid in refused for pid in order if pid == self.me or pid in live)
 
     @staticmethod
     def _closed_elsewhere(r: int, live: Mapping[str, PeerInfo]) -> bool:
@@ -330,7 +396,7 @@ class RoundAgreement:
         """Fetch an existing decision of round ``r`` from the live trainers (the first valid one)."""
         timeout = min(self.ctx.cfg.net.fetch_timeout_s, self.cfg.decision_wait_s)
         for peer in sorted(live.values(), key=lambda p: p.peer_id.encode()):
-            data = self._fetch(peer, "loco_decision", {"round": r}, cap=MAX_DECISION_BYTES, timeout=timeout)
+            data = self.gate.fetch(peer, "loco_decision", {"round": r}, cap=MAX_DECISION_BYTES, timeout=timeout)
             if data is None:
                 continue
             try:
@@ -359,11 +425,12 @@ class RoundAgreement:
         return RoundResult(o.payloads, d, mine_included=self.me in d.trainer_ids)
 
     def _obtain(self, d: RoundDecision, tid: str, digest: bytes, until: float) -> LocoPayload | None | _Wait:
-        """A decided payload: held, or fetched from a live trainer (the coordinator first)."""
+        """A decided payload: held, or fetched from a live member (the coordinator first); None
+        if it cannot be had in time or is beyond the value bound (the round then re-syncs)."""
         have = self.inbox.get(d.round, {}).get(tid)
         if have is not None and have[0] == digest:
             return have[1]
-        if self.ctx.stop.is_set() or time.monotonic() >= until:
+        if self.ctx.stop.is_set() or time.monotonic() >= until or digest in self.refused.get(d.round, {}).values():
             return None
         live = self._live()
         for peer in sorted(live.values(), key=lambda p: (p.peer_id != d.coordinator, p.peer_id.encode())):
@@ -374,21 +441,24 @@ class RoundAgreement:
 
     def _fetch_payload(self, peer: PeerInfo, r: int, tid: str, digest: bytes, until: float) -> LocoPayload | None:
         timeout = max(0.5, min(self.ctx.cfg.net.fetch_timeout_s, until - time.monotonic()))
-        data = self._fetch(peer, "loco_payload", {"round": r, "digest": digest.hex()},
-                           cap=self.cfg.max_payload_bytes, timeout=timeout)
+        data = self.gate.fetch(peer, "loco_payload", {"round": r, "digest": digest.hex()},
+                           cap=self.cap, timeout=timeout)
         if data is None:
             return None
-        base_hash, params = self.base() if self.base is not None else (None, None)
         try:
             if payload_digest(data) != digest:
                 raise IntegrityError(f"payload from {peer.peer_id[:12]} does not match the decided digest")
-            h = read_header(data, max_bytes=self.cfg.max_payload_bytes, max_tensors=len(self.shapes))
+            h = read_header(data, max_bytes=self.cap, max_tensors=len(self.shapes))
             if (h.trainer_id, h.round) != (tid, r):
                 raise WireError(f"payload from {peer.peer_id[:12]} is not the decided one")
-            p = decode_payload(data, shapes=self.shapes, max_bytes=self.cfg.max_payload_bytes,
-                               base=params, expect_base=base_hash)
+            p = self._decode(data)
         except BaseMismatchError as exc:  # decided on our base, yet made on another: never decoded
             self._base_mismatch(r, tid, exc)
+            return None
+        except PayloadBoundError as exc:  # a decision naming it is refused: never applied
+            self.refused.setdefault(r, {})[tid] = digest
+            coordinator = self.decisions[r].coordinator if r in self.decisions else peer.peer_id
+            self.gate.refuse("decision", coordinator, "out_of_bound", str(exc), strike=True)
             return None
         except PulseError as exc:
             self.ctx.status.add("rejected")
@@ -400,19 +470,11 @@ class RoundAgreement:
 
     # ---- plumbing ------------------------------------------------------------------------
     def _live(self) -> dict[str, PeerInfo]:
-        """Live trainers but us, remembering the node key each announced."""
-        live = {p.peer_id: p for p in self.ctx.peers("trainer")}
-        self.keys.update({pid: p.node_key for pid, p in live.items() if p.node_key})
-        return live
-
-    def _key_of(self, peer_id: str) -> str:
-        if peer_id not in self.keys:
-            self._live()
-        return self.keys.get(peer_id, "")
+        """Live trainer-set members but us (``RoundTrust.live``)."""
+        return self.gate.live()
 
     def _push(self, peers: list[PeerInfo], data: bytes, *, kind: str, timeout: float = _PUSH_TIMEOUT_S) -> None:
-        """Push to every peer at once, in the background: the round never waits on a slow or
-        vanished peer (each push is still bounded by ``timeout``; failures are logged per peer)."""
+        """Push to every peer at once, in the background (each bounded by ``timeout``)."""
         if not peers:
             return
 
@@ -422,24 +484,9 @@ class RoundAgreement:
         threading.Thread(target=push_to_all, args=(self.ctx.transport, peers, kind, data),
                          kwargs={"timeout": timeout, "on_error": failed}, name=f"push-{kind}", daemon=True).start()
 
-    def _fetch(self, peer: PeerInfo, kind: str, params: dict, *, cap: int, timeout: float) -> bytes | None:
-        """Bytes of a small fetch from ``peer`` (at most ``cap``), or None on any failure."""
-        dest = self.root / LOCO_DIR / f".fetch-{kind}"
-        try:
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            self.ctx.transport.fetch(peer, kind, params, dest, timeout=timeout)
-            if dest.stat().st_size > cap:
-                raise WireError(f"{kind} from {peer.peer_id[:12]} exceeds {cap} bytes")
-            return dest.read_bytes()
-        except (PulseError, OSError) as exc:
-            self.ctx.log.debug("%s %s from %s: %s", kind, params, peer.peer_id[:12], exc)
-            return None
-        finally:
-            dest.unlink(missing_ok=True)
-
     def _prune(self, r: int) -> None:
         """Forget rounds before ``r``; keep the files of the last ``KEEP_ROUNDS`` rounds."""
-        for table in (self.inbox, self.decisions, self.pending, self.mismatched):
+        for table in (self.inbox, self.decisions, self.pending, self.mismatched, self.refused):
             for old in [k for k in table if k < r]:
                 del table[old]
         folder = self.root / LOCO_DIR

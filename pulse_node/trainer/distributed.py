@@ -44,6 +44,7 @@ from torch import nn
 from pulse_node.codec.state import State
 from pulse_node.config import TrainerConfig
 from pulse_node.loco.config import LocoConfig
+from pulse_node.loco.bound import PayloadBound
 from pulse_node.loco.outer import OuterOptimizer
 from pulse_node.loco.payload import LocoPayload
 from pulse_node.loco.sparsify import ErrorFeedback
@@ -119,7 +120,7 @@ class ShardWork:
         self.spans = self.layout.spans(rank)
         shapes = self.layout.local_shapes(rank)
         self.outer = OuterOptimizer({n: torch.zeros(s) for n, s in shapes.items()}, cfg.loco)
-        self.ef = ErrorFeedback(shapes, cfg=cfg.loco)
+        self.ef = ErrorFeedback(shapes, cfg=cfg.loco, bound=PayloadBound.of_trainer(cfg))
         # BF16 forward comes from FSDP's mixed precision: the learner must not swap parameters
         self.learner = GRPOLearner(self.policy, cfg.grpo.model_copy(update={"bf16_compute": False}),
                                    temperature=cfg.sampling.temperature)

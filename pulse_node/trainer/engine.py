@@ -25,6 +25,7 @@ import torch
 
 from pulse_node.codec.state import State
 from pulse_node.config import TrainerConfig
+from pulse_node.loco.bound import PayloadBound
 from pulse_node.loco.outer import OuterOptimizer
 from pulse_node.loco.payload import LocoPayload
 from pulse_node.loco.sparsify import ErrorFeedback
@@ -76,7 +77,7 @@ class LocalEngine:
         global_params = {n: p.detach().to("cpu", torch.float32).clone() for n, p in self.local.items()}
         self.shapes = {n: tuple(t.shape) for n, t in global_params.items()}
         self.outer = OuterOptimizer(global_params, cfg.loco)
-        self.ef = ErrorFeedback(self.shapes, cfg=cfg.loco)
+        self.ef = ErrorFeedback(self.shapes, cfg=cfg.loco, bound=PayloadBound.of_trainer(cfg))
 
     @property
     def worker(self) -> RolloutWorker:

@@ -30,6 +30,7 @@ from pulse_node.daemon.context import RoleContext
 from pulse_node.daemon.status_model import VersionEntry
 from pulse_node.daemon.transport import push_to_all
 from pulse_node.errors import IntegrityError, PulseError
+from pulse_node.loco.bound import PayloadBound
 from pulse_node.loco.payload import LocoPayload, encode_payload
 from pulse_node.rl.assign import BatchKey
 from pulse_node.rl.evaluate import evaluate
@@ -71,7 +72,7 @@ class TrainerRole:
         self.feed = RolloutFeed(verifier, cfg.verify, status=ctx.status, trust=self.trust)
         self.own_batches = 0
         self.agreement = RoundAgreement(ctx, shapes=self.shapes, current_round=lambda: self.outer.round,
-                                        base=self._base)
+                                        base=self._base, trust=self.trust, bound=PayloadBound.of_trainer(cfg))
         self.peer_heads: dict[int, dict[str, str]] = {}  # version -> trainer -> state hash of its signed head
         self.published_hashes: dict[int, str] = {}
 
@@ -256,6 +257,7 @@ class TrainerRole:
         round_no = self.outer.round
         base_hash, base = self._base()
         mine = self.engine.make_payload(round=round_no, trainer_id=self.ctx.transport.peer_id, base_hash=base_hash)
+        self.ctx.status.add("loco_clipped", getattr(getattr(self.engine, "ef", None), "clipped", 0))
         data = encode_payload(mine, level=self.cfg.loco.zstd_level,
                               base=base if self.cfg.loco.base_coding else None)
         result = self._agree(mine, data)

@@ -1,0 +1,108 @@
+"""Who takes part in a PULSELoCo round: trainer-set members only (``chain/trainerset.py``).
+
+The contributor agreement (``trainer/agreement.py``) asks this object, never discovery directly:
+
+- ``live()``: the member trainers in discovery (not us). Only they are pushed to, counted in a
+  round's coordinator order and "all in", asked for decisions and fetched payloads from; a peer
+  that merely announces the trainer role is none of these.
+- ``is_member(peer_id)``: by the key the peer id encodes (libp2p Ed25519 ids; on the in-memory
+  test hub, the key its record announces), against the same ``TrustPolicy`` / ``TrainerSet``
+  the rest of the node uses: configured keys, the key file, admissions. In an open swarm (no key
+  configured) every peer announcing the trainer role is a member, as for version records. A
+  member stays one for the agreement after it leaves discovery (its key is remembered, at most
+  ``KNOWN_CAP`` of them), so a decision naming a trainer that just died is still valid.
+- ``refuse(...)``: count a refused payload or decision by reason (``loco_refused`` /
+  ``decisions_refused`` in the status) and strike the sender through the trust policy's strike
+  mechanism (3 strikes ban it; a banned peer's payloads are dropped, reason ``banned``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pulse_node.chain.serving import LOCO_DIR
+from pulse_node.chain.trainerset import sender_key
+from pulse_node.chain.trust import TrustPolicy
+from pulse_node.daemon.context import RoleContext
+from pulse_node.daemon.transport import PeerInfo
+from pulse_node.errors import PulseError, WireError
+
+What = Literal["loco", "decision"]
+KNOWN_CAP = 4096  # member peer ids whose key is remembered after they leave discovery
+
+
+class RoundTrust:
+    """Membership and refusals of one trainer's contributor agreement."""
+
+    def __init__(self, ctx: RoleContext, trust: TrustPolicy) -> None:
+        self.ctx, self.trust = ctx, trust
+        self.me = ctx.transport.peer_id
+        self._peers: list[PeerInfo] = []
+        self._logged: set[tuple[str, str]] = set()
+        self._known: dict[str, str] = {}  # member peer id -> its key, as seen in discovery
+
+    def live(self) -> dict[str, PeerInfo]:
+        """Live trainer-set members but us (learning admissions from discovery first)."""
+        self._peers = self.ctx.peers()
+        self.trust.observe(self._peers)
+        live = {p.peer_id: p for p in self._peers if p.role == "trainer" and self.trust.vouches_for(p)}
+        for pid in live:
+            if pid not in self._known and len(self._known) < KNOWN_CAP:
+                self._known[pid] = sender_key(pid, self._peers)
+        return live
+
+    def key_of(self, peer_id: str) -> str:
+        """The key ``peer_id`` speaks for ("" if unknown)."""
+        if peer_id == self.me:
+            return self.ctx.identity.public_key_hex
+        return sender_key(peer_id, self._peers) or self._known.get(peer_id, "")
+
+    def is_member(self, peer_id: str) -> bool:
+        """Whether ``peer_id`` is a trainer-set member (discovery is re-read once if not)."""
+        return peer_id == self.me or self._member(peer_id) or (self.live() is not None and self._member(peer_id))
+
+    def _member(self, peer_id: str) -> bool:
+        known = self._known.get(peer_id)
+        if known is not None and (self.trust.trainers.open or self.trust.trainers.is_member(known)):
+            return True
+        return self.trust.trainers.is_member(self.key_of(peer_id))
+
+    def fetch(self, peer: PeerInfo, kind: str, params: dict, *, cap: int, timeout: float) -> bytes | None:
+        """Bytes of a small fetch (``loco_payload``, ``loco_decision``) from a member, at most
+        ``cap`` (the download itself is capped), or None on any failure or a non-member."""
+        if not self.is_member(peer.peer_id):
+            return None
+        dest = Path(self.ctx.store.root) / LOCO_DIR / f".fetch-{kind}"
+        try:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            self.ctx.transport.fetch(peer, kind, params, dest, timeout=timeout, max_bytes=cap)
+            if dest.stat().st_size > cap:
+                raise WireError(f"{kind} from {peer.peer_id[:12]} exceeds {cap} bytes")
+            return dest.read_bytes()
+        except (PulseError, OSError) as exc:
+            self.ctx.log.debug("%s %s from %s: %s", kind, params, peer.peer_id[:12], exc)
+            return None
+        finally:
+            dest.unlink(missing_ok=True)
+
+    def banned(self, peer_id: str) -> bool:
+        return peer_id != self.me and self.trust.ignored(peer_id)
+
+    def dropped(self, what: What, peer_id: str) -> bool:
+        """A banned peer never seen as a member: drop its input unread (counted, not logged)."""
+        if peer_id in self._known or not self.banned(peer_id):
+            return False
+        self.ctx.status.add_reason("loco_refused" if what == "loco" else "decisions_refused", "banned")
+        return True
+
+    def refuse(self, what: What, sender: str, reason: str, message: str, *, strike: bool) -> None:
+        """Count a refusal by reason, strike ``sender`` if asked; logged once per sender and reason."""
+        self.ctx.status.add_reason("loco_refused" if what == "loco" else "decisions_refused", reason)
+        if what == "decision":
+            self.ctx.status.add("decisions_rejected")
+        if strike and sender != self.me:
+            self.trust.strike(sender)
+        if (sender, reason) not in self._logged and len(self._logged) < 4096:
+            self._logged.add((sender, reason))
+            self.ctx.log.warning("refused %s from %s (%s): %s", what, sender[:12], reason, message)
