@@ -192,11 +192,13 @@ def test_forged_and_conflicting_decisions_are_rejected_and_counted(tmp_path):
     tampered[good.index(b"\x02" * 32)] ^= 1  # a contributor's digest: still decodes, signature fails
     forged = [signed(rogue), signed(rogue, coordinator="trainer-x"), signed(run_id="other-run"),
               bytes(tampered), b"\x93garbage"]
-    for data in forged:
+    for data in forged:  # pushed by the member itself: every check after membership runs
         with pytest.raises(PulseError):
-            agreement.offer_decision("rogue", data)
+            agreement.offer_decision("trainer-a", data)
+    with pytest.raises(PulseError, match="not a trusted trainer-set member"):
+        agreement.offer_decision("rogue", good)  # a valid decision relayed by a non-member
     status = agreement.ctx.status.snapshot()
-    assert status.trainer.decisions_rejected == len(forged) and 3 not in agreement.decisions
+    assert status.trainer.decisions_rejected == len(forged) + 1 and 3 not in agreement.decisions
 
     agreement.offer_decision("trainer-a", good)
     agreement.offer_decision("trainer-a", signed(contributors={"trainer-a": b"\x03" * 32}))  # a second one
