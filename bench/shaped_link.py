@@ -71,6 +71,17 @@ def _copy_seconds(state) -> float:
     return dt
 
 
+def _copy_warm_seconds(state) -> float:
+    """A bare copy into buffers already touched (no page faults): the memory-bandwidth floor."""
+    dst = [t.bits.copy() for t in state.values()]
+    t0 = time.perf_counter()
+    for d, t in zip(dst, state.values()):
+        d[...] = t.bits
+    dt = time.perf_counter() - t0
+    del dst
+    return dt
+
+
 def _minflt() -> int:
     import resource
 
@@ -181,7 +192,8 @@ def client(peer: str, store: Path, work: Path, signer: str, versions: int) -> di
             out.setdefault("phases", []).append({"record_s": t1 - t0, "patch_fetch_s": t2 - t1,
                                                  "decode_apply_s": t3 - t2, "result_hash_s": time.monotonic() - t3,
                                                  "apply_verify_s": time.monotonic() - t2,
-                                                 "apply_minflt": f1 - f0, "copy_s": _copy_seconds(state)})
+                                                 "apply_minflt": f1 - f0, "copy_s": _copy_seconds(state),
+                                                 "copy_warm_s": _copy_warm_seconds(state)})
         size = (store / "anchors" / f"{versions}.safetensors").stat().st_size
         t0 = time.monotonic()
         wire.fetch_anchor([peer], version=versions, size=size, dest=work / "dense.safetensors", timeout=3600)
