@@ -231,6 +231,7 @@ def measure(rate: str, store: Path, info: dict) -> dict:
             "byte_ratio": out["dense_bytes"] / p_bytes,
             "patch_overhead_s": p_secs - p_bytes / bw, "dense_overhead_s": out["dense_seconds"] - out["dense_bytes"] / bw,
             "patch_ideal_s": p_bytes / bw, "dense_ideal_s": out["dense_bytes"] / bw,
+            "patch_phases": out["phases"],
             "patch_phases_mean_s": {k: sum(ph[k] for ph in out["phases"]) / len(out["phases"])
                                     for k in out["phases"][0]},
             "apply_verify_x_copy": sum(ph["apply_verify_s"] / ph["copy_s"] for ph in out["phases"]) / len(out["phases"]),
