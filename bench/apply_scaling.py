@@ -8,6 +8,7 @@ the state hash. Each row: seconds, ns per parameter, minor page faults and the k
 transparent-huge-page and compaction counters (/proc/vmstat) during the operation. Last line: JSON.
 
     python bench/apply_scaling.py --sizes 166m 1b --repeat 5
+    python bench/apply_scaling.py --sizes 1b --no-thp        # the same with transparent huge pages off for this process
 """
 
 from __future__ import annotations
@@ -82,7 +83,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", nargs="+", default=["166m", "1b"])
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--no-thp", action="store_true", help="prctl(PR_SET_THP_DISABLE): 4 kB pages only")
     args = ap.parse_args()
+    if args.no_thp:
+        import ctypes
+
+        if ctypes.CDLL(None, use_errno=True).prctl(41, 1, 0, 0, 0) != 0:  # PR_SET_THP_DISABLE
+            sys.exit("prctl(PR_SET_THP_DISABLE) failed")
     import torch
 
     from pulse_node.codec.warmup import warm_up
@@ -98,7 +105,7 @@ def main() -> None:
             extra = ", ".join(f"{c} {o[c]}" for c in ("minflt", *VMSTAT) if c in o)
             print(f"  {k:16s} median {o['median_s']:.3f} s (min {o['min_s']:.3f}, max {o['max_s']:.3f}) = "
                   f"{o['median_ns_per_param']:.2f} ns/param; {extra}", flush=True)
-    print(json.dumps({"bench": "apply_scaling", "results": results}))
+    print(json.dumps({"bench": "apply_scaling", "no_thp": args.no_thp, "results": results}))
 
 
 if __name__ == "__main__":
