@@ -8,6 +8,12 @@ exponent-conditioned bound; then speed ratios measured side by side in this run
 xxh3-128, BLAKE3 and SHA-256 on ~500 MB. The last line is one JSON object.
 
 Run: ``/work/venv/bin/python bench/codec.py [--steps 30] [--k 8]`` (about 10 minutes on 2 cores).
+
+At about 1 G parameters (issue 15), where AdamW does not fit beside the codec:
+``python bench/codec.py --size 1b --emulate --lean --lrs 3e-6 --steps 1 --k 1 --repeat 3``
+(``--size``: a bench/workload.py preset; ``--emulate``: bench/emulated_steps.py; ``--lean``: only
+the default compact patch, no entropy bounds or reference codec, which need several int64 passes
+over the whole model; ``--repeat``: rounds of the round-robin timing).
 """
 
 from __future__ import annotations
@@ -26,7 +32,8 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench import ref_codec_v31 as ref  # noqa: E402
-from bench.workload import adamw_bf16_states, param_count  # noqa: E402
+from bench.emulated_steps import states  # noqa: E402
+from bench.workload import SIZES, param_count  # noqa: E402
 from pulse_node.codec.patch import apply_patch, make_patch  # noqa: E402
 from pulse_node.codec.state import State, TensorBits  # noqa: E402
 from pulse_node.codec.statehash import _tensor_prefix, state_hash  # noqa: E402
@@ -83,14 +90,26 @@ def best_of(fn: Callable[[], object], repeat: int = 5) -> float:
     return best
 
 
+#: what ``--lean`` keeps (large models): the default patch only
+LEAN = {"compact": ("compact", False)}
+OPTS = {"lean": False, "repeat": 7}
+
+
+def _variants() -> dict[str, tuple[str, bool]]:
+    return LEAN if OPTS["lean"] else VARIANTS
+
+
 def sizes(base: State, new: State) -> dict[str, float]:
-    bound0, boundc, m = entropy_bounds(base, new)
     numel = sum(t.numel for t in base.values())
-    out = {"density": m / numel, "changed": m, "naive": 6.0, "ref_v31": len(ref.encode(base, new)) / m}
-    for name, (mode, ctx) in VARIANTS.items():
+    if OPTS["lean"]:
+        m = sum(int(np.count_nonzero(base[k].bits != new[k].bits)) for k in base)
+        out = {"density": m / numel, "changed": m, "naive": 6.0}
+    else:
+        bound0, boundc, m = entropy_bounds(base, new)
+        out = {"density": m / numel, "changed": m, "naive": 6.0, "ref_v31": len(ref.encode(base, new)) / m,
+               "entropy_order0": bound0 / 8 / m, "entropy_exp_cond": boundc / 8 / m}
+    for name, (mode, ctx) in _variants().items():
         out[name] = len(make_patch(base, new, mode=mode, position_context=ctx)) / m
-    out["entropy_order0"] = bound0 / 8 / m
-    out["entropy_exp_cond"] = boundc / 8 / m
     return out
 
 
@@ -111,23 +130,26 @@ def speeds(base: State, new: State) -> dict[str, float]:
     names = sorted(base)
     bh, nh = state_hash(base), state_hash(new)
     patches = {name: make_patch(base, new, mode=mode, base_hash=bh, new_hash=nh, position_context=ctx)
-               for name, (mode, ctx) in VARIANTS.items()}
-    rp = ref.encode(base, new)
+               for name, (mode, ctx) in _variants().items()}
+    dst = {k: base[k].bits.copy() for k in names}  # touched once: a copy into them has no page faults
     fns: dict[str, Callable[[], object]] = {
         "bare_compare": lambda: [np.flatnonzero(np.not_equal(base[k].bits, new[k].bits)) for k in names],
         "bare_copy": lambda: [base[k].bits.copy() for k in names],
+        "bare_copy_warm": lambda: [np.copyto(dst[k], base[k].bits) for k in names],
         "state_hash": lambda: state_hash(new),
-        "ref_encode": lambda: ref.encode(base, new),
-        "ref_apply": lambda: ref.decode_apply(base, rp),
     }
-    for name, (mode, ctx) in VARIANTS.items():
+    if not OPTS["lean"]:
+        rp = ref.encode(base, new)
+        fns["ref_encode"] = lambda: ref.encode(base, new)
+        fns["ref_apply"] = lambda: ref.decode_apply(base, rp)
+    for name, (mode, ctx) in _variants().items():
         fns[f"{name}_encode"] = lambda mode=mode, ctx=ctx: make_patch(base, new, mode=mode, base_hash=bh,
                                                                       new_hash=nh, position_context=ctx)
         fns[f"{name}_apply"] = lambda name=name: apply_patch(base, patches[name], verify=False)
         fns[f"{name}_apply_verified"] = lambda name=name: apply_patch(base, patches[name], base_hash=bh)
     for fn in fns.values():
         fn()
-    return round_robin(fns)
+    return round_robin(fns, repeat=OPTS["repeat"])
 
 
 def hash_throughput(total_mb: int = 512) -> dict[str, float]:
@@ -157,12 +179,12 @@ def hash_throughput(total_mb: int = 512) -> dict[str, float]:
     return {k: nbytes / 1e6 / best_of(lambda f=f: run(f), repeat=2) for k, f in cands.items()}
 
 
-def workload(lr: float, steps: int, k: int) -> dict[str, object]:
+def workload(lr: float, steps: int, k: int, size: str = "34m", emulate: bool = False) -> dict[str, object]:
     one, kstep = [], []
     timing = {}
     window: deque[State] = deque(maxlen=k + 1)
-    sample_steps = {1, steps // 2, steps}
-    for step, state in adamw_bf16_states(lr=lr, steps=steps):
+    sample_steps = {s for s in (1, steps // 2, steps) if s >= 1}
+    for step, state in states(size=size, lr=lr, steps=steps, emulate=emulate):
         window.append(state)
         if step in sample_steps:
             one.append(sizes(window[-2], state))
@@ -175,6 +197,9 @@ def workload(lr: float, steps: int, k: int) -> dict[str, object]:
 
 
 def _print_sizes(label: str, s: dict[str, float]) -> None:
+    if OPTS["lean"]:
+        print(f"  {label:8s} density {s['density']:.3%}  B/change: compact {s['compact']:.3f}")
+        return
     print(f"  {label:8s} density {s['density']:.3%}  B/change: naive {s['naive']:.2f}  ref-v3.1 {s['ref_v31']:.3f}  "
           f"overwrite {s['overwrite']:.3f}  compact {s['compact']:.3f} (+context {s['compact_ctx']:.3f})  | entropy order-0 "
           f"{s['entropy_order0']:.3f}  exp-conditioned {s['entropy_exp_cond']:.3f}")
@@ -182,11 +207,14 @@ def _print_sizes(label: str, s: dict[str, float]) -> None:
 
 def _print_speed(t: dict[str, float]) -> None:
     c, p = t["bare_compare"], t["bare_copy"]
-    print(f"  speed (1-step, s): bare compare {c:.3f}, bare copy {p:.3f}, state_hash {t['state_hash']:.3f}")
-    for mode in VARIANTS:
+    print(f"  speed (1-step, s): bare compare {c:.3f}, bare copy {p:.3f} (into touched buffers "
+          f"{t['bare_copy_warm']:.3f}), state_hash {t['state_hash']:.3f}")
+    for mode in _variants():
         print(f"    {mode:11s} diff+encode {t[f'{mode}_encode']:.3f} ({t[f'{mode}_encode'] / c:.1f}x compare)  "
               f"decode+apply {t[f'{mode}_apply']:.3f} ({t[f'{mode}_apply'] / p:.1f}x copy; "
               f"verified {t[f'{mode}_apply_verified'] / p:.1f}x)")
+    if OPTS["lean"]:
+        return
     print(f"    ref-v3.1  diff+encode {t['ref_encode']:.3f} ({t['ref_encode'] / c:.1f}x compare)  "
           f"decode+apply {t['ref_apply']:.3f} ({t['ref_apply'] / p:.1f}x copy)")
 
@@ -196,15 +224,22 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--k", type=int, default=8)
     parser.add_argument("--lrs", type=float, nargs="+", default=[1e-6, 3e-6])
+    parser.add_argument("--size", choices=sorted(SIZES), default="34m")
+    parser.add_argument("--emulate", action="store_true", help="emulated steps (bench/emulated_steps.py), not AdamW")
+    parser.add_argument("--lean", action="store_true", help="compact only; no entropy bounds or reference codec")
+    parser.add_argument("--repeat", type=int, default=7, help="rounds of the round-robin timing (min taken)")
     args = parser.parse_args()
+    OPTS.update(lean=args.lean, repeat=args.repeat)
     clear_stale_cache()  # an edited kernel module must not be timed from an old compilation
     import torch
 
     torch.set_num_threads(2)
-    print(f"model: {param_count() / 1e6:.1f} M params, AdamW (0.9, 0.95), wd 0.01, {args.steps} steps")
+    n_params = param_count(SIZES[args.size])
+    print(f"model: {n_params / 1e6:.1f} M params ({args.size}), "
+          f"{'emulated steps' if args.emulate else 'AdamW (0.9, 0.95), wd 0.01'}, {args.steps} steps", flush=True)
     results = []
     for lr in args.lrs:
-        r = workload(lr, args.steps, args.k)
+        r = workload(lr, args.steps, args.k, size=args.size, emulate=args.emulate)
         results.append(r)
         print(f"lr {lr:g}")
         _print_sizes("1-step", r["one_step"])
@@ -214,7 +249,8 @@ def main() -> None:
             _print_speed(t)
     hashes = hash_throughput()
     print("state hash MB/s on ~512 MB: " + ", ".join(f"{k} {v:.0f}" for k, v in hashes.items()))
-    summary = {"params_m": round(param_count() / 1e6, 1), "hash_mb_s": {k: round(v) for k, v in hashes.items()}}
+    summary = {"params_m": round(n_params / 1e6, 1), "size": args.size, "emulate": args.emulate,
+               "hash_mb_s": {k: round(v) for k, v in hashes.items()}}
     for r in results:
         key = f"lr{r['lr']:g}"
         summary[key] = {
@@ -223,12 +259,14 @@ def main() -> None:
         }
         for when, t in r["speed"].items():
             summary[key][when] = {
-                "encode_x_compare": {m: round(t[f"{m}_encode"] / t["bare_compare"], 2) for m in VARIANTS}
-                | {"ref_v31": round(t["ref_encode"] / t["bare_compare"], 2)},
-                "apply_x_copy": {m: round(t[f"{m}_apply"] / t["bare_copy"], 2) for m in VARIANTS}
-                | {"ref_v31": round(t["ref_apply"] / t["bare_copy"], 2)},
+                "encode_x_compare": {m: round(t[f"{m}_encode"] / t["bare_compare"], 2) for m in _variants()}
+                | ({} if OPTS["lean"] else {"ref_v31": round(t["ref_encode"] / t["bare_compare"], 2)}),
+                "apply_x_copy": {m: round(t[f"{m}_apply"] / t["bare_copy"], 2) for m in _variants()}
+                | ({} if OPTS["lean"] else {"ref_v31": round(t["ref_apply"] / t["bare_copy"], 2)}),
                 "apply_verified_x_copy": {m: round(t[f"{m}_apply_verified"] / t["bare_copy"], 2)
-                                          for m in VARIANTS},
+                                          for m in _variants()},
+                "apply_x_warm_copy": {m: round(t[f"{m}_apply"] / t["bare_copy_warm"], 2) for m in _variants()},
+                "seconds": {k: round(v, 3) for k, v in t.items()},
             }
     print(json.dumps(summary))
 

@@ -41,7 +41,10 @@ def _config(model_dir: str, args: argparse.Namespace):
 
 
 def _rollouts(tokenizer, *, n: int, version: int, rng: random.Random):
-    """Groups of 4 with mixed rewards (every group informative); completions of 3 tokens + EOS."""
+    """Groups of 4 with mixed rewards (every group informative); completions of 3 tokens + EOS.
+
+    Marked ``local`` (as the trainer's own sampler or the verifier's re-scoring would): GRPO
+    trains only on those, and verification is not what this bench measures."""
     from pulse_node.rl.rollout import Rollout
 
     out = []
@@ -50,7 +53,7 @@ def _rollouts(tokenizer, *, n: int, version: int, rng: random.Random):
         completion = [rng.randrange(1, tokenizer.vocab_size) for _ in range(3)] + [tokenizer.eos_id]
         out.append(Rollout(prompt_ids=prompt, completion_ids=completion, logprobs=[-2.0] * len(completion),
                            reward=float(i % 2), version=version, problem_id=str(i // 4), group_id=f"{version}:{i // 4}",
-                           finished=True, text=""))
+                           finished=True, text="", local=True))
     return out
 
 

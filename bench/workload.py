@@ -42,6 +42,15 @@ class ModelSize:
     batch: int = 4
 
 
+#: named sizes for ``--size`` (param counts of ``TinyLM``; "1b" is a ~1.04 G-parameter shape like
+#: Llama-3.2-1B / TinyLlama: d 2048, 18 layers, vocab 32000, untied head; BF16 ~2.1 GB)
+SIZES: dict[str, ModelSize] = {
+    "34m": ModelSize(),
+    "166m": ModelSize(vocab=32000, d_model=1024, n_layers=8, n_heads=16, seq_len=64, batch=2),
+    "1b": ModelSize(vocab=32000, d_model=2048, n_layers=18, n_heads=32, seq_len=64, batch=2),
+}
+
+
 class Block(nn.Module):
     """Pre-norm transformer block (attention + GELU MLP) with biases, like GPT-2."""
 
@@ -135,7 +144,8 @@ def adamw_bf16_states(*, lr: float, steps: int, seed: int = 0, weight_decay: flo
 
 
 def param_count(size: ModelSize = ModelSize()) -> int:
-    return sum(p.numel() for p in TinyLM(size).parameters())
+    with torch.device("meta"):  # shapes only: no 4 GB allocation for the 1b preset
+        return sum(p.numel() for p in TinyLM(size).parameters())
 
 
 def _main() -> None:
