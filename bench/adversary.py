@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import subprocess
 import sys
 import tempfile
@@ -138,12 +139,30 @@ class Bench:
             try:
                 proc.wait(timeout=90)
             except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=10)
+                proc.terminate()
+                proc.wait(timeout=30)
         finally:
+            if proc.poll() is None:
+                proc.terminate()
+                proc.wait(timeout=30)
             log.close()
         res = json.loads(out.read_text()) if out.exists() else {"attacker_error": f"no result (exit {proc.returncode})"}
         return {**w, "attacker": res}
+
+    def settle(self, rate: float, *, limit_s: float = 150.0) -> float | None:
+        """Seconds until the swarm makes versions again at half its baseline ``rate`` over 10 s
+        (an attack can outlive its process: its DHT record stays until it expires); ``limit_s`` max."""
+        t0, marks = time.monotonic(), [(time.monotonic(), self.head())]
+        need = max(1, int(rate * 10 * 0.5))
+        while time.monotonic() - t0 < limit_s:
+            time.sleep(1.0)
+            self.poll()
+            now, v = time.monotonic(), self.head()
+            marks.append((now, v))
+            old = [m for m in marks if now - m[0] >= 10.0]
+            if old and v - old[-1][1] >= need:
+                return round(now - t0 - 10.0, 1) if now - t0 > 10.0 else 0.0
+        return None
 
     def wait_started(self, versions: int = 2, timeout: float = 600) -> None:
         end = time.monotonic() + timeout
@@ -170,6 +189,7 @@ class Bench:
                 self.poll()
                 wrong = self.ledger.check()["corrupted_states_used"] - before
                 rows.append(row(name, base, res, wrong, self.crashed()))
+                rows[-1]["recovery_s"] = self.settle(base["rate"])
                 print(fmt(rows[-1]), file=sys.stderr, flush=True)
             baselines.append(self.window(self.args.baseline)["rate"])
             self.poll()
@@ -200,7 +220,7 @@ def fmt(r: dict) -> str:
                     if k.rsplit(".", 1)[-1] in REPORT_KEYS and v > 0)
     return (f"{r['attack']:<15} held={'yes' if r['held'] else 'NO':<3} crashed={'NO' if not r['crashed'] else 'YES'}"
             f" poisoned={'YES' if r['poisoned'] else 'no':<3} ratio={r['rate_ratio']:<5} "
-            f"({r['attack_rate']:.3f}/{r['baseline_rate']:.3f} v/s) reported: {rep or '-'}")
+            f"({r['attack_rate']:.3f}/{r['baseline_rate']:.3f} v/s) recovery={r.get('recovery_s')}s reported: {rep or '-'}")
 
 
 def summary(rows: list[dict], baselines: list[float], final: dict, crashed: list[str], root: Path) -> dict[str, Any]:
@@ -215,6 +235,10 @@ def summary(rows: list[dict], baselines: list[float], final: dict, crashed: list
             "crashes": crashed, "run_dir": str(root), "per_attack": rows}
 
 
+def _interrupt(*_: object) -> None:
+    raise KeyboardInterrupt
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--baseline", type=float, default=20.0, help="seconds of each no-attack window")
@@ -223,6 +247,8 @@ def main() -> None:
     ap.add_argument("--run-dir")
     args = ap.parse_args()
     names = [a for a in args.attacks.split(",") if a]
+    for sig in (signal.SIGINT, signal.SIGTERM):  # stop the swarm and attacker on either (background jobs ignore INT)
+        signal.signal(sig, _interrupt)
     res = Bench(args).run(names)
     print(f"{'attack':<15} {'held':<5} {'crashed':<8} {'poisoned':<9} {'ratio':<6} reported")
     for r in res["per_attack"]:
