@@ -220,7 +220,8 @@ def fmt(r: dict) -> str:
                     if k.rsplit(".", 1)[-1] in REPORT_KEYS and v > 0)
     return (f"{r['attack']:<15} held={'yes' if r['held'] else 'NO':<3} crashed={'NO' if not r['crashed'] else 'YES'}"
             f" poisoned={'YES' if r['poisoned'] else 'no':<3} ratio={r['rate_ratio']:<5} "
-            f"({r['attack_rate']:.3f}/{r['baseline_rate']:.3f} v/s) recovery={r.get('recovery_s')}s reported: {rep or '-'}")
+            f"({r['attack_rate']:.3f}/{r['baseline_rate']:.3f} v/s) recovery={r.get('recovery_s')}s "
+            f"max_contributors={max(map(int, r['contributors_seen']), default='-')} reported: {rep or '-'}")
 
 
 def summary(rows: list[dict], baselines: list[float], final: dict, crashed: list[str], root: Path) -> dict[str, Any]:
