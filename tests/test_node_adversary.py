@@ -21,7 +21,7 @@ from helpers import wait_for
 pytestmark = pytest.mark.slow  # a process swarm
 
 ATTACKS = ("huge_version", "smaller", "bad_anchor", "rollout_flood")
-ATTACK_S = 12.0
+ATTACK_S = 8.0
 
 
 def _config(tmp_path, cache_dir) -> SwarmConfig:
