@@ -224,7 +224,8 @@ def rollback(h: Hostile, deadline: float) -> dict:
 
     olds: list[bytes] = []
     for rec in h.others("trainer"):
-        for v in (0, 1, 2):
+        top = rec.version or 0
+        for v in range(max(0, top - 6), max(0, top - 2)):  # still kept (keep_versions), older than the head
             data = h.fetch(rec, "record", {"version": v}, max_bytes=8 << 10, timeout=5.0)
             if data:
                 olds.append(data)
@@ -246,7 +247,7 @@ def slow_drip(h: Hostile, deadline: float, *, streams: int = 48) -> dict:
     held until the server's idle limit), on fetch and push protocols, over and over."""
     import struct
 
-    bait = struct.pack(">I", 60 << 20) + b"\x80"  # declares a 60 MiB frame, sends one byte
+    bait = struct.pack(">I", 200) + b"\x80"  # declares a 200-byte frame (under every cap), sends one byte
 
     def hold(rec: PeerRecord, kind: str) -> None:
         while time.monotonic() < deadline:
@@ -260,7 +261,7 @@ def slow_drip(h: Hostile, deadline: float, *, streams: int = 48) -> dict:
     with ThreadPoolExecutor(max_workers=max(1, streams * max(1, len(targets)))) as pool:
         for rec in targets:
             for i in range(streams):
-                pool.submit(hold, rec, ("head", "record", "rollouts", "loco")[i % 4])
+                pool.submit(hold, rec, ("push", "record", "push", "catchup")[i % 4])
     return {"tried": f"{streams} stalled streams at each of {len(targets)} nodes until the deadline"}
 
 
