@@ -193,11 +193,12 @@ class Bench:
                 print(fmt(rows[-1]), file=sys.stderr, flush=True)
             baselines.append(self.window(self.args.baseline)["rate"])
             self.poll()
+            crashed = self.crashed()  # before the swarm is stopped (stopped processes have exited)
         finally:
             self.swarm.stop()
         self.ledger.read_stores(self.swarm.children)
         final = self.ledger.check()
-        return summary(rows, baselines, final, self.crashed(), self.root)
+        return summary(rows, baselines, final, crashed, self.root)
 
 
 def row(name: str, base: dict, res: dict, wrong: int, crashed: list[str]) -> dict[str, Any]:
