@@ -411,8 +411,15 @@ def run_attack(name: str, root: Path, *, run_id: str, bootstrap: list[str], seco
     fn = ATTACKS[attack]
     peers: list[Hostile] = []
     try:
-        for i in range(keys):
-            peers.append(Hostile(root / f"key-{i}", run_id, bootstrap, host))
+        with ThreadPoolExecutor(max_workers=keys) as pool:  # Sybil keys start their workers at once
+            started = [pool.submit(Hostile, root / f"key-{i}", run_id, bootstrap, host) for i in range(keys)]
+            for f in started:
+                try:
+                    peers.append(f.result())
+                except Exception:
+                    continue
+        if len(peers) < keys:
+            raise RuntimeError(f"{keys - len(peers)} of {keys} hostile peers did not start")
         deadline = time.monotonic() + seconds
         out: list[dict] = [{}] * keys
         threads = [threading.Thread(target=lambda i=i: out.__setitem__(i, fn(peers[i], deadline)), daemon=True)
