@@ -1,0 +1,263 @@
+"""Hostile peers (issue 13): a real local swarm (bootstrap, 2 trusted trainers, 2 inference nodes,
+separate processes) and one attacker process per attack (``python -m pulse_node.testing.attack``,
+its own DHT and wire workers and fresh keys, ``pulse_node/testing/attackers.py``).
+
+    python bench/adversary.py [--baseline 20] [--window 20] [--attacks a,b,c] [--run-dir DIR]
+
+For every attack: a baseline window without attack, then the attack window. Per attack: what it
+tried; ``held`` (every state an inference node held or stored is one the trainers signed, checked
+by ``ChaosLedger`` against the trainers' histories and stores); ``crashed`` (an honest process
+exited or restarted); ``poisoned`` (the attacker's payload named in a round decision);
+``rate_ratio`` (versions/s of the trainers during the attack / the baseline window before it);
+``reported`` (every status counter of the honest nodes that moved during the window). The
+``control`` ratios compare consecutive no-attack windows (the noise floor on shared cores).
+Last line: JSON with ``attacks``, ``held``, ``crashed``, ``poisoned``, ``min_rate_ratio``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+DEFAULT_ATTACKS = ("inject_payload", "trainer_role", "huge_version", "rollback", "slow_drip", "bad_anchor",
+                   "oversize", "catchup_flood", "fake_trainers", "rollout_flood", "smaller",
+                   "sybil_trainers", "sybil_peers")
+SMALL = {"model": {"d_model": 32, "n_layers": 2, "n_heads": 2}, "task": {"digits": 2},
+         "sampling": {"prompts_per_batch": 8, "group_size": 4}}
+
+
+def swarm_config(run_dir: Path, *, trainers: int = 2, inference: int = 2, seed: int = 0):
+    from pulse_node.config import SwarmConfig
+
+    return SwarmConfig.model_validate({
+        **SMALL, "trainers": trainers, "inference": inference, "run_dir": str(run_dir), "run_id": "adversary",
+        "seed": seed, "model": {**SMALL["model"], "cache_dir": str(run_dir / "cache")},
+        "grpo": {"warmstart_steps": 50}, "loco": {"inner_steps": 2, "deadline_s": 10},
+        "rollout_wait_s": 0.5, "eval_every": 0, "rollout_batches_per_version": 1,
+        "chain": {"anchor_every": 5, "keep_versions": 8}})
+
+
+def counters(statuses: list) -> Counter:
+    """Every int counter of every honest node, flattened (dicts summed), keyed ``role.path``."""
+    out: Counter = Counter()
+
+    def walk(prefix: str, tree: Any) -> None:
+        if isinstance(tree, bool):
+            return
+        if isinstance(tree, int):
+            out[prefix] += tree
+        elif isinstance(tree, dict):
+            if prefix.endswith(("strikes", "bans", "rejected")) and all(isinstance(v, int) for v in tree.values()):
+                out[prefix] += sum(tree.values())
+                return
+            for k, v in tree.items():
+                walk(f"{prefix}.{k}", v)
+
+    skip = {"version", "lowest", "peers", "contributors", "ranks", "started_at", "updated_at", "schema", "history"}
+    for s in statuses:
+        tree = s.model_dump(mode="json", by_alias=True)
+        for k, v in tree.items():
+            if k not in skip and k != "rollout_senders":
+                walk(f"{s.role}.{k}", v)
+        for sender in tree.get("rollout_senders", {}).values():
+            walk(f"{s.role}.rollout_senders", sender)
+    return out
+
+
+class Bench:
+    def __init__(self, args) -> None:
+        from pulse_node.swarm.launcher import LocalSwarm
+        from pulse_node.testing.chaos import ChaosLedger
+
+        self.args = args
+        self.root = Path(args.run_dir) if args.run_dir else Path(tempfile.mkdtemp(prefix="pulse-adversary-"))
+        self.cfg = swarm_config(self.root)
+        self.swarm = LocalSwarm(self.cfg, log=lambda m: print(m, file=sys.stderr))
+        self.ledger = ChaosLedger()
+        self.lives: dict[str, float] = {}
+        self.restarts: list[str] = []
+
+    def poll(self) -> None:
+        self.ledger.poll(self.swarm.children)
+        for c in self.swarm.children:
+            s = c.status()
+            if s is None:
+                continue
+            first = self.lives.setdefault(c.name, s.started_at)
+            if s.started_at != first and f"{c.name} restarted" not in self.restarts:
+                self.restarts.append(f"{c.name} restarted")
+
+    def crashed(self) -> list[str]:
+        dead = [f"{c.name} exited {c.proc.returncode}" for c in self.swarm.children if c.proc.poll() is not None]
+        boot = self.swarm.bootstrap
+        if boot is not None and boot.poll() is not None:
+            dead.append(f"bootstrap exited {boot.returncode}")
+        return dead + self.restarts
+
+    def head(self) -> int:
+        return max((c.version() for c in self.swarm.children if c.role == "trainer"), default=-1)
+
+    def statuses(self) -> list:
+        return [s for c in self.swarm.children if (s := c.status()) is not None]
+
+    def window(self, seconds: float, proc: subprocess.Popen | None = None) -> dict[str, Any]:
+        """Versions/s over ``seconds`` and the counters that moved."""
+        self.poll()
+        v0, c0, t0 = self.head(), counters(self.statuses()), time.monotonic()
+        contributors: Counter = Counter()
+        while time.monotonic() - t0 < seconds:
+            time.sleep(1.0)
+            self.poll()
+            for s in self.statuses():
+                if s.contributors is not None:
+                    contributors[s.contributors] += 1
+        v1, dt = self.head(), time.monotonic() - t0
+        moved = {k: v - c0.get(k, 0) for k, v in counters(self.statuses()).items() if v != c0.get(k, 0)}
+        return {"versions": v1 - v0, "seconds": round(dt, 1), "rate": (v1 - v0) / dt, "moved": moved,
+                "contributors_seen": dict(contributors)}
+
+    def attack(self, name: str) -> dict[str, Any]:
+        out = self.root / "attacks" / f"{name}.json"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        cmd = [sys.executable, "-m", "pulse_node.testing.attack", name, "--bootstrap", self.swarm.bootstrap_addr,
+               "--run-id", self.cfg.run_id, "--root", str(self.root / "attacks" / name),
+               "--seconds", str(self.args.window), "--out", str(out)]
+        log = open(self.root / "attacks" / f"{name}.log", "w")
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            w = self.window(self.args.window, proc)
+            try:
+                proc.wait(timeout=90)
+            except subprocess.TimeoutExpired:
+                proc.terminate()
+                proc.wait(timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.terminate()
+                proc.wait(timeout=30)
+            log.close()
+        res = json.loads(out.read_text()) if out.exists() else {"attacker_error": f"no result (exit {proc.returncode})"}
+        return {**w, "attacker": res}
+
+    def settle(self, rate: float, *, limit_s: float = 150.0) -> float | None:
+        """Seconds until the swarm makes versions again at half its baseline ``rate`` over 10 s
+        (an attack can outlive its process: its DHT record stays until it expires); ``limit_s`` max."""
+        t0, marks = time.monotonic(), [(time.monotonic(), self.head())]
+        need = max(1, int(rate * 10 * 0.5))
+        while time.monotonic() - t0 < limit_s:
+            time.sleep(1.0)
+            self.poll()
+            now, v = time.monotonic(), self.head()
+            marks.append((now, v))
+            old = [m for m in marks if now - m[0] >= 10.0]
+            if old and v - old[-1][1] >= need:
+                return round(now - t0 - 10.0, 1) if now - t0 > 10.0 else 0.0
+        return None
+
+    def wait_started(self, versions: int = 2, timeout: float = 600) -> None:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            self.poll()
+            if self.crashed():
+                raise RuntimeError(f"swarm died while starting: {self.crashed()}")
+            inf = [c.version() for c in self.swarm.children if c.role == "inference"]
+            if self.head() >= versions and inf and min(inf) >= 1:
+                return
+            time.sleep(1.0)
+        raise RuntimeError("swarm did not reach its first versions in time")
+
+    def run(self, names: list[str]) -> dict[str, Any]:
+        rows, baselines = [], []
+        self.swarm.start()
+        try:
+            self.wait_started()
+            for name in names:
+                base = self.window(self.args.baseline)
+                baselines.append(base["rate"])
+                before = self.ledger.check()["corrupted_states_used"]
+                res = self.attack(name)
+                self.poll()
+                wrong = self.ledger.check()["corrupted_states_used"] - before
+                rows.append(row(name, base, res, wrong, self.crashed()))
+                rows[-1]["recovery_s"] = self.settle(base["rate"])
+                print(fmt(rows[-1]), file=sys.stderr, flush=True)
+            baselines.append(self.window(self.args.baseline)["rate"])
+            self.poll()
+            crashed = self.crashed()  # before the swarm is stopped (stopped processes have exited)
+        finally:
+            self.swarm.stop()
+        self.ledger.read_stores(self.swarm.children)
+        final = self.ledger.check()
+        return summary(rows, baselines, final, crashed, self.root)
+
+
+def row(name: str, base: dict, res: dict, wrong: int, crashed: list[str]) -> dict[str, Any]:
+    a = res["attacker"]
+    ratio = res["rate"] / base["rate"] if base["rate"] > 0 else float("nan")
+    return {"attack": name, "tried": a.get("tried", name), "held": wrong == 0, "wrong_states": wrong,
+            "crashed": crashed, "poisoned": bool(a.get("succeeded")), "rate_ratio": round(ratio, 2),
+            "baseline_rate": round(base["rate"], 3), "attack_rate": round(res["rate"], 3),
+            "reported": res["moved"], "contributors_seen": res["contributors_seen"],
+            "attacker_sent": a.get("sent", {}), "attacker_error": a.get("attacker_error"),
+            "attacker": {k: v for k, v in a.items() if k not in ("tried", "sent", "peer_ids")}}
+
+
+REPORT_KEYS = ("rejected", "decisions_rejected", "strikes", "bans", "loco_base_mismatch", "rollouts_refused",
+               "fetch_errors", "wire_errors", "resyncs", "forks", "catchup_misses", "apply_errors", "errors")
+
+
+def fmt(r: dict) -> str:
+    rep = ", ".join(f"{k.split('.', 1)[1]}+{v}" for k, v in sorted(r["reported"].items())
+                    if k.rsplit(".", 1)[-1] in REPORT_KEYS and v > 0)
+    return (f"{r['attack']:<15} held={'yes' if r['held'] else 'NO':<3} crashed={'NO' if not r['crashed'] else 'YES'}"
+            f" poisoned={'YES' if r['poisoned'] else 'no':<3} ratio={r['rate_ratio']:<5} "
+            f"({r['attack_rate']:.3f}/{r['baseline_rate']:.3f} v/s) recovery={r.get('recovery_s')}s "
+            f"max_contributors={max(map(int, r['contributors_seen']), default='-')} reported: {rep or '-'}")
+
+
+def summary(rows: list[dict], baselines: list[float], final: dict, crashed: list[str], root: Path) -> dict[str, Any]:
+    control = [round(b / a, 2) for a, b in zip(baselines, baselines[1:]) if a > 0]
+    ratios = [r["rate_ratio"] for r in rows if r["rate_ratio"] == r["rate_ratio"]]
+    return {"attacks": len(rows), "held": all(r["held"] for r in rows) and final["corrupted_states_used"] == 0,
+            "crashed": bool(crashed), "poisoned": any(r["poisoned"] for r in rows),
+            "min_rate_ratio": min(ratios, default=None), "control_ratios": control,
+            "min_control_ratio": min(control, default=None), "baseline_rates": [round(b, 3) for b in baselines],
+            "final_check": {k: final[k] for k in ("corrupted_states_used", "wrong", "trainer_disagreement_count")
+                            if k in final} | {k: v for k, v in final.items() if k.startswith(("held_", "stored_"))},
+            "crashes": crashed, "run_dir": str(root), "per_attack": rows}
+
+
+def _interrupt(*_: object) -> None:
+    raise KeyboardInterrupt
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--baseline", type=float, default=20.0, help="seconds of each no-attack window")
+    ap.add_argument("--window", type=float, default=20.0, help="seconds of each attack")
+    ap.add_argument("--attacks", default=",".join(DEFAULT_ATTACKS))
+    ap.add_argument("--run-dir")
+    args = ap.parse_args()
+    names = [a for a in args.attacks.split(",") if a]
+    for sig in (signal.SIGINT, signal.SIGTERM):  # stop the swarm and attacker on either (background jobs ignore INT)
+        signal.signal(sig, _interrupt)
+    res = Bench(args).run(names)
+    print(f"{'attack':<15} {'held':<5} {'crashed':<8} {'poisoned':<9} {'ratio':<6} reported")
+    for r in res["per_attack"]:
+        print(fmt(r))
+    print(f"control (no-attack) ratios: {res['control_ratios']}")
+    print(json.dumps(res, default=str))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,39 @@
+"""One hostile peer process: ``python -m pulse_node.testing.attack NAME --bootstrap ADDR --run-id R
+--root DIR --seconds S [--out result.json]``. Runs attack NAME of ``testing/attackers.py`` on the
+real network and writes what it tried and saw as JSON (stdout, and ``--out``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+from pathlib import Path
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("name")
+    ap.add_argument("--bootstrap", action="append", required=True)
+    ap.add_argument("--run-id", required=True)
+    ap.add_argument("--root", required=True)
+    ap.add_argument("--seconds", type=float, default=20.0)
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwinds: the attacker's workers are stopped
+    from pulse_node.testing.attackers import run_attack
+
+    try:
+        res = run_attack(args.name, Path(args.root), run_id=args.run_id, bootstrap=args.bootstrap,
+                         seconds=args.seconds, host=args.host)
+    except Exception as exc:  # the bench reports an attacker that could not run
+        res = {"tried": args.name, "attacker_error": f"{type(exc).__name__}: {exc}"}
+    text = json.dumps(res, default=str)
+    if args.out:
+        Path(args.out).write_text(text)
+    print(text, flush=True)
+
+
+if __name__ == "__main__":
+    main()
