@@ -35,7 +35,7 @@ from pulse_node.loco.payload import LocoPayload, encode_payload
 from pulse_node.rl.assign import BatchKey
 from pulse_node.rl.evaluate import evaluate
 from pulse_node.rl.rollout import Rollout
-from pulse_node.rl.settings import settings_of
+from pulse_node.rl.settings import ModelMismatch, check_declared_model, settings_of
 from pulse_node.rl.tasks import make_task_source
 from pulse_node.rl.verify import RolloutVerifier
 from pulse_node.torchbits import module_state
@@ -142,8 +142,11 @@ class TrainerRole:
         """
         try:
             outer_state, record = self._fetch_trainer_state(peer)
+            check_declared_model(record.rollout_settings, self.publisher.rollout_settings, version=record.version)
             state = module_state(outer_state["params"].items())
             self._adopt_into_store(record, state)
+        except ModelMismatch:
+            raise  # another model than the swarm's: refuse to join rather than train on it
         except PulseError as exc:
             self.ctx.status.error(f"re-sync from {peer.peer_id[:12]} failed: {exc}")
             return False
