@@ -147,3 +147,19 @@ def use_chat_template(setting: bool | None, source: ModelSource) -> bool:
     if setting is not None:
         return setting
     return has and bool(_INSTRUCT.search(source.name))
+
+
+def model_report(model_path: str, *, revision: str | None, chat_setting: bool | None) -> tuple[bool, str, str]:
+    """(found, what a node would load, how to fix it) for ``pulse-node doctor``."""
+    try:
+        source = resolve_model(model_path, revision=revision)
+        digest = files_digest(source.path)
+        chat = use_chat_template(chat_setting, source)
+    except DataError as exc:
+        fix = (fetch_hint(model_path, revision) if is_hub_id(model_path) and not Path(model_path).exists()
+               else "set model.path to a model directory or a cached hub id")
+        return False, str(exc), fix
+    name = source.hub_id or "a local directory"
+    rev = source.revision or "(not a hub snapshot)"
+    return True, (f"{name} revision {rev} at {source.path}; files digest {digest[:16]}; "
+                  f"chat template {'on' if chat else 'off'}"), ""
