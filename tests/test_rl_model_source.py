@@ -121,3 +121,15 @@ def test_system_prompt_bound_by_digest(cache) -> None:
     a = json.loads(_settings(None, system_prompt="Reason step by step, then answer after ####."))
     b = json.loads(_settings(None))
     assert len(a["task"]["system_prompt"]) == 64 and "system_prompt" not in b["task"]
+
+
+def test_doctor_reports_the_model_of_a_node_config(cache) -> None:
+    from pulse_node.commands.doctor import model_check
+
+    toml = cache / "node.toml"
+    toml.write_text('role = "inference"\n[model]\nkind = "hf"\npath = "Org/M-Instruct"\n')
+    check = model_check(str(toml))()
+    assert check.status == "PASS" and f"Org/M-Instruct revision {A} at " in check.detail
+    toml.write_text('role = "trainer"\n[model]\nkind = "hf"\npath = "Org/M-Instruct"\nrevision = "' + "c" * 40 + '"\n')
+    check = model_check(str(toml))()
+    assert check.status == "FAIL" and check.fix.startswith("hf download Org/M-Instruct --revision " + "c" * 40)
