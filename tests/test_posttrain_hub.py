@@ -21,7 +21,7 @@ from pulse_node.rl.settings import settings_of
 from pulse_node.rl.tasks import make_task_source, reward_for
 from pulse_node.trainer.publisher import VersionPublisher
 
-pytestmark = pytest.mark.slow  # a Hugging Face model built and pre-trained per module (~10 s)
+pytestmark = pytest.mark.slow  # a Hugging Face model built and pre-trained per module (~15-25 s)
 
 HUB_ID = "Org/Tiny-Instruct"
 REV_A, REV_B = "a" * 40, "b" * 40
@@ -33,7 +33,7 @@ def gsm8k_rows() -> list[dict]:
             for a in range(10) for b in range(10)]
 
 
-def pretrain(model_dir, task: TaskConfig, steps: int = 80) -> None:
+def pretrain(model_dir, task: TaskConfig, steps: int = 150) -> None:
     """Teacher forcing on the task's chat-rendered prompts, so some sampled answers are right."""
     from pulse_node.rl.config import ModelConfig
     from pulse_node.rl.warmstart import train_sft
@@ -96,7 +96,9 @@ def node_dir(tmp_path, hub, *extra: str, new_tokens: int = 12, babble: bool = Fa
     with VersionStore(tmp_path / "store") as store:
         VersionPublisher(store, Identity.generate(), run_id=cfg.run_id, chain=cfg.chain,
                          rollout_settings=settings_of(cfg)).publish(policy.bf16_state())
-    Identity.load_or_create(tmp_path / "producer.key")
+    key = tmp_path / "producer.key"  # a fixed producer: its peer id picks the batch's prompts and draws
+    key.write_bytes(Identity.from_private_bytes(bytes(range(32))).private_pem())
+    key.chmod(0o600)
     return cfg, policy
 
 
@@ -149,3 +151,16 @@ def test_long_completions_flow_through_make_and_check(hf_home, tmp_path, capsys)
     sender = peer_id_of(Identity.load(tmp_path / "producer.key"))
     assert main(["rollouts", "check", "--data-dir", str(tmp_path), "--sender", sender, str(batch), *more]) == 0
     assert [len(r.completion_ids) for r in decode_rollouts(batch.read_bytes())] == [1024, 1024]
+
+
+def test_export_of_a_hub_model_renders_prompts_as_the_swarm_did(hf_home, tmp_path) -> None:
+    from transformers import AutoTokenizer
+
+    _, policy = node_dir(tmp_path / "node", hf_home)
+    out = tmp_path / "exported"
+    assert main(["export", "--data-dir", str(tmp_path / "node"), "-o", str(out), *sets(hf_home)]) == 0
+    exported = AutoTokenizer.from_pretrained(out, local_files_only=True)
+    question = gsm8k_rows()[0]["question"]
+    text = exported.apply_chat_template([{"role": "user", "content": question}], tokenize=False,
+                                        add_generation_prompt=True)
+    assert text == policy.tokenizer.render(question) and question in text
