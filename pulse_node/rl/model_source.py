@@ -95,8 +95,9 @@ def resolve_model(path: str, *, revision: str | None = None) -> ModelSource:
         folder = Path(snapshot_download(path, revision=revision, cache_dir=cache, local_files_only=True))
     except (LocalEntryNotFoundError, FileNotFoundError, OSError, ValueError):
         rev = f" at revision {revision}" if revision else ""
-        raise DataError(f"model {path}{rev} is not in the local Hugging Face cache ({cache}); nodes never "
-                        f"download at run time. Cache it once with: {fetch_hint(path, revision)}") from None
+        raise DataError(f"model {path}{rev}: no such directory, and not in the local Hugging Face cache ({cache}) "
+                        f"as a hub id; nodes never download at run time. Cache it once with: "
+                        f"{fetch_hint(path, revision)}") from None
     return ModelSource(path=folder, hub_id=path, revision=folder.name if _COMMIT.fullmatch(folder.name) else "")
 
 

@@ -95,7 +95,7 @@ def settings_of(cfg) -> str:
 
 def describe_model(m: dict | None) -> str:
     if not isinstance(m, dict):
-        return "the embedded tiny model"
+        return "no model identity (the embedded tiny model, or a trainer from before model identities)"
     return (f"{m.get('id') or 'a local directory'} revision {m.get('revision') or '(unknown)'} "
             f"digest {str(m.get('digest', ''))[:16]}")
 
