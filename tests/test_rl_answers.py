@@ -53,7 +53,7 @@ def test_huge_completion_has_no_answer() -> None:
 def test_rewards_gsm8k_and_math() -> None:
     g, m = reward("gsm8k"), reward("math")
     assert g("so she pays 3 + 4 = 7 dollars.\n#### 7", "7") == 1.0 and g("It costs $1,234.00", "1234") == 1.0
-    assert g("#### 8", "7") == 0.0 and g("no number", "5") == 0.0
+    assert g("#### 8", "7") == 0.0 and g("no number", "5") == 0.0 and g("#### $7 apples", "7") == 1.0
     assert m("The answer is $\\boxed{\\dfrac{3}{4}}$.", "0.75") == 1.0 and m("\\boxed{x^2+2x+1}", "(x+1)^2") == 1.0
 
 

@@ -36,6 +36,7 @@ _PLAIN_NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)")
 _FRACTION = re.compile(r"([+-]?\d+)\s*/\s*([+-]?\d+)")
 _LATEX_FRAC = re.compile(r"([+-]?)\\[dt]?frac\{([+-]?\d+)\}\{([+-]?\d+)\}")
 _COMMAND = re.compile(r"\\([A-Za-z]+)")
+_WORDY = re.compile(r"[A-Za-z$:=\s]*?(-?\d[\d,]*(?:\.\d+)?)\s*[A-Za-z%.\s]*")
 _UNITS = ("\\$", "$", "\\%", "%", "\\!", "\\,", "\\ ", "{,}", ",", " ", "\\text{dollars}", "dollars")
 
 
@@ -90,10 +91,14 @@ def as_number(text: str) -> Fraction | None:
 
 
 def numbers_equal(got: str | None, want: str) -> bool:
-    """Whether two answers are the same number (False if either is not a plain number)."""
+    """Whether two answers are the same number (False if either is not a plain number); a final
+    answer with only words around its number ("$7 apples", "x = 7") counts by that number."""
     if got is None:
         return False
     a, b = as_number(got), as_number(want)
+    if a is None and len(got) <= MAX_ANSWER_CHARS:
+        wordy = _WORDY.fullmatch(got.strip())
+        a = as_number(wordy.group(1)) if wordy else None
     return a is not None and a == b
 
 
