@@ -109,13 +109,13 @@ def files_digest(folder: Path) -> str:
         f = folder / name
         if f.is_file():
             found = True
-            h.update(f"{name}\0{_sha256(f)}\n".encode())
+            h.update(f"{name}\0{sha256_file(f)}\n".encode())
     if not found:
         raise DataError(f"{folder}: no config.json or tokenizer files to identify the model by")
     return h.hexdigest()
 
 
-def _sha256(path: Path) -> str:
+def sha256_file(path: Path) -> str:
     h = hashlib.sha256()
     with path.open("rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):

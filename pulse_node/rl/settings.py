@@ -40,9 +40,10 @@ class ModelMismatch(SettingsMismatch):
 def _file_digest(path: str | None) -> str:
     if not path:
         return ""
+    from pulse_node.rl.model_source import sha256_file  # hashlib.file_digest is 3.11+; we support 3.10
+
     try:
-        with Path(path).open("rb") as f:
-            return hashlib.file_digest(f, "sha256").hexdigest()
+        return sha256_file(Path(path))
     except OSError as exc:
         raise DataError(f"{path}: cannot read the task file ({exc.strerror})") from None
 
