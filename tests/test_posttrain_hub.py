@@ -164,3 +164,16 @@ def test_export_of_a_hub_model_renders_prompts_as_the_swarm_did(hf_home, tmp_pat
     text = exported.apply_chat_template([{"role": "user", "content": question}], tokenize=False,
                                         add_generation_prompt=True)
     assert text == policy.tokenizer.render(question) and question in text
+
+
+def test_system_prompt_and_explicit_chat_template_switch(hf_home) -> None:
+    from pulse_node.rl.config import ModelConfig
+
+    model = ModelConfig(kind="hf", path=HUB_ID, device="cpu")
+    task = TaskConfig(kind="jsonl", path=str(hf_home["task"]), reward="gsm8k", eval_size=8)
+    q = gsm8k_rows()[5]["question"]
+    with_system = build_policy(model, task.model_copy(update={"system_prompt": "Be brief."}), seed=0).tokenizer
+    assert with_system.render(q) == f"<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n{q}<|im_end|>\n" \
+        "<|im_start|>assistant\n"
+    raw = build_policy(model, task.model_copy(update={"chat_template": False}), seed=0).tokenizer
+    assert raw.render(q) == q and raw.encode(q) != with_system.encode(q)
