@@ -177,3 +177,29 @@ def test_system_prompt_and_explicit_chat_template_switch(hf_home) -> None:
         "<|im_start|>assistant\n"
     raw = build_policy(model, task.model_copy(update={"chat_template": False}), seed=0).tokenizer
     assert raw.render(q) == q and raw.encode(q) != with_system.encode(q)
+
+
+def test_a_trainer_on_another_revision_refuses_to_join(hf_home, tmp_path) -> None:
+    from helpers import wait_for
+    from pulse_node.config import TrainerConfig
+    from pulse_node.testing.inprocess import InProcessSwarm, node_version
+
+    def trainer(name: str, **model) -> TrainerConfig:
+        return TrainerConfig.model_validate({
+            "data_dir": str(tmp_path / name), "seed": 3, "genesis_wait_s": 1.0, "rollout_wait_s": 0.5,
+            "eval_every": 0, "torch_threads": 1, "model": {"kind": "hf", "path": HUB_ID, "device": "cpu", **model},
+            "task": {"kind": "jsonl", "path": str(hf_home["task"]), "reward": "gsm8k", "eval_size": 8},
+            "sampling": {"prompts_per_batch": 2, "group_size": 2, "max_new_tokens": 4},
+            "grpo": {"warmstart_steps": 0}, "loco": {"inner_steps": 2, "deadline_s": 20}})
+
+    swarm = InProcessSwarm()
+    try:
+        first = swarm.start("trainer-a", trainer("a"))
+        wait_for(lambda: node_version(first) >= 0, timeout=120, what="the first trainer's genesis")
+        swarm.start("trainer-b", trainer("b", revision=REV_B))
+        wait_for(lambda: swarm.errors, timeout=120, what="the second trainer to refuse")
+    finally:
+        swarm.stop_all()
+    assert len(swarm.errors) == 1 and swarm.errors[0].startswith("trainer-b: ModelMismatch")
+    assert f"made with model {HUB_ID} revision {REV_A}" in swarm.errors[0]
+    assert f"loads {HUB_ID} revision {REV_B}" in swarm.errors[0]

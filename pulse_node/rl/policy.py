@@ -3,8 +3,9 @@
 ``build_policy`` makes the embedded tiny model (seeded init, then the cached supervised warm
 start) or loads a Hugging Face causal LM from a local directory or a hub id found in the local
 HF cache (``rl/model_source.py``; ``local_files_only``, safetensors weights only), its tokenizer
-rendering prompts through the chat template when the task asks for it (``rl/tokenizer.py``). ``Policy.bf16_state()`` is the State that gets versioned and
-shipped; ``Policy.load_bf16_state`` loads one into the FP32 masters (exact upcast).
+rendering prompts through the chat template when the task asks for it (``rl/tokenizer.py``).
+``Policy.bf16_state()`` is the State that gets versioned and shipped; ``Policy.load_bf16_state``
+loads one into the FP32 masters (exact upcast).
 
 What is versioned, and why: exactly the model's parameters, each once, under the name
 ``named_parameters()`` gives it. Tied weights are one parameter (a Qwen2 model with

@@ -5,8 +5,8 @@ one place a prompt's text becomes the text the model sees: with a chat template 
 (``task.chat_template``), ``HFTokenizer.render`` wraps the prompt as a user message (after an
 optional system prompt) through ``apply_chat_template(..., add_generation_prompt=True)``, so
 assigned prompts, the sampler, the trainers' verification and evaluation all feed the same
-rendered text. ``decode`` drops special tokens. Unknown characters raise ``ValueError``; callers turn that
-into a ``DataError`` naming the problem's file and line.
+rendered text. ``decode`` drops special tokens. Unknown characters raise ``ValueError``;
+callers turn that into a ``DataError`` naming the problem's file and line.
 """
 
 from __future__ import annotations
