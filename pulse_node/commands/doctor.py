@@ -13,7 +13,7 @@ import argparse
 
 from pulse_node.vocab import DEFAULT_RUN_ID
 
-CHECK_NAMES = ("python", "torch", "hivemind", "libp2p", "dependencies", "accelerator", "disk",
+CHECK_NAMES = ("python", "torch", "hivemind", "libp2p", "dependencies", "accelerator", "disk", "model",
                "daemon", "bootstrap", "reachable", "clocks", "identity")
 
 
@@ -33,8 +33,30 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--timeout", type=float, default=15.0, help="seconds to reach the bootstrap (default 15)")
     p.add_argument("--only", action="append", choices=CHECK_NAMES, metavar="CHECK",
                    help=f"run only these checks (repeatable): {', '.join(CHECK_NAMES)}")
+    p.add_argument("--config", metavar="FILE", help="the node's TOML config: report the model it would load "
+                   "(default DATA_DIR/node.toml when present)")
     p.add_argument("--json", action="store_true", help="print the checks as a JSON list")
     p.set_defaults(run=run)
+
+
+def model_check(config: str):
+    """The doctor's ``model`` check for the node config ``config`` (hub id, revision, local path)."""
+    from pulse_node.config import ROLE_CONFIGS
+    from pulse_node.configload import load_config, read_toml
+    from pulse_node.ops.checks import Check
+
+    def check() -> Check:
+        role = read_toml(config).get("role") or "inference"
+        cfg = load_config(ROLE_CONFIGS[role], config, [])
+        if cfg.model.kind != "hf":
+            return Check(name="model", status="PASS", detail="the embedded tiny model (built from the config)")
+        from pulse_node.rl.model_source import model_report
+
+        ok, detail, fix = model_report(cfg.model.path or "", revision=cfg.model.revision,
+                                       chat_setting=cfg.task.chat_template)
+        return Check(name="model", status="PASS" if ok else "FAIL", detail=detail, fix=fix)
+
+    return check
 
 
 def run(args: argparse.Namespace) -> int:
@@ -52,6 +74,10 @@ def run(args: argparse.Namespace) -> int:
                          identity=Path(args.identity) if args.identity else None, timeout=args.timeout,
                          listen=args.listen or ["/ip4/0.0.0.0/tcp/0"],
                          only=frozenset(args.only) if args.only else None)
+    config = args.config or (str(Path(args.data_dir) / "node.toml") if (Path(args.data_dir) / "node.toml").is_file()
+                             else None)
+    if config:
+        opts.model_check = model_check(config)
     console = Console(highlight=False, width=None if sys.stdout.isatty() else 120)
     style = {"PASS": "green", "WARN": "yellow", "FAIL": "bold red", "SKIP": "dim"}
 

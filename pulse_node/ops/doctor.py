@@ -9,7 +9,9 @@ and the network checks here, each bounded in time:
 - ``reachable``: the addresses peers would dial, public or private, and what to do if private;
 - ``clocks``: live peers' record times against ours (records are signed with times);
 - ``identity``: whether this node's identity key is already live in the swarm (a copied key;
-  such a second node refuses to start, FIELD #14).
+  such a second node refuses to start, FIELD #14);
+- ``model`` (with a config): which model, revision and local path the node would load, or the
+  command that caches it (the check itself comes from the caller: ``ops`` does not import ``rl``).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from pulse_node.ops.checks import (
 )
 from pulse_node.vocab import DEFAULT_RUN_ID
 
-ENV_CHECKS = ("python", "torch", "hivemind", "libp2p", "dependencies", "accelerator", "disk")
+ENV_CHECKS = ("python", "torch", "hivemind", "libp2p", "dependencies", "accelerator", "disk", "model")
 NET_CHECKS = ("daemon", "bootstrap", "reachable", "clocks", "identity")
 ALL_CHECKS = ENV_CHECKS + NET_CHECKS
 #: peers' record times may differ from ours by this much before we warn
@@ -52,6 +54,7 @@ class DoctorOptions:
     timeout: float = 15.0
     listen: list[str] = field(default_factory=lambda: ["/ip4/0.0.0.0/tcp/0"])
     only: frozenset[str] | None = None
+    model_check: Callable[[], Check] | None = None  # None: no config given, nothing to report
 
     def wants(self, name: str) -> bool:
         return self.only is None or name in self.only
@@ -75,6 +78,9 @@ def environment_checks(opts: DoctorOptions) -> list[Check]:
         checks.append(check_accelerator(facts["torch"]))
     if opts.wants("disk"):
         checks.append(timed("disk", check_disk, opts.data_dir))
+    if opts.wants("model"):
+        checks.append(timed("model", opts.model_check) if opts.model_check else
+                      Check(name="model", status="SKIP", detail="no --config given (the model is named there)"))
     return checks
 
 

@@ -19,10 +19,11 @@ def default_cache_dir() -> str:
 
 
 class ModelConfig(StrictModel):
-    """Which policy model: the embedded tiny transformer or a local Hugging Face directory."""
+    """Which policy model: the embedded tiny transformer or a Hugging Face causal LM."""
 
     kind: Literal["tiny", "hf"] = "tiny"
-    path: str | None = None  # local HF directory (kind="hf")
+    path: str | None = None  # kind="hf": a local directory or a hub id found in the local HF cache
+    revision: str | None = None  # hub id: branch, tag or commit (default: the cached "main")
     d_model: int = pydantic.Field(64, ge=8, le=4096)
     n_layers: int = pydantic.Field(4, ge=1, le=64)
     n_heads: int = pydantic.Field(4, ge=1, le=64)
@@ -34,7 +35,7 @@ class ModelConfig(StrictModel):
     @pydantic.model_validator(mode="after")
     def _check(self) -> "ModelConfig":
         if self.kind == "hf" and not self.path:
-            raise ValueError("model.kind='hf' needs model.path (a local directory)")
+            raise ValueError("model.kind='hf' needs model.path (a local directory or a hub id like Org/Name)")
         if self.d_model % self.n_heads:
             raise ValueError("model.d_model must be divisible by model.n_heads")
         return self
@@ -50,7 +51,13 @@ class TaskConfig(StrictModel):
     path: str | None = None  # jsonl: training problems
     eval_path: str | None = None  # jsonl: held-out problems (default: split off `path`)
     eval_size: int = pydantic.Field(1000, ge=1)  # held-out problems (1000: +-1.5 points at 60%, see bench/RESULTS.md)
-    reward: str = "exact"  # a name in pulse_node.rl.tasks.REWARDS
+    reward: str = "exact"  # a name in pulse_node.rl.tasks.REWARDS ("math": the math-verify checker)
+    format_reward: float = pydantic.Field(0.0, ge=0, lt=1)  # added when the completion ends in a
+    # marked answer (\boxed{..} or #### ..); < 1 so only a correct answer scores >= 1 (solved)
+    format_think: bool = False  # the format reward also needs a closed <think>...</think> first
+    chat_template: bool | None = None  # hf: render prompts with the tokenizer's chat template
+    # (None: on for an instruct/chat model whose tokenizer has one)
+    system_prompt: str | None = pydantic.Field(None, max_length=4096)  # with chat_template
     seed: int = 1234  # fixes the held-out split; independent of the run seed
 
     @pydantic.model_validator(mode="after")

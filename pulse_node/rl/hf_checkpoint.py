@@ -5,7 +5,7 @@ safetensors in the HF layout (``model.safetensors``, or ``model-0000k-of-0000n.s
 plus ``model.safetensors.index.json`` above ``max_shard_size``), so
 ``AutoModelForCausalLM.from_pretrained(out)`` loads weights bit-identical to the version.
 
-- A run from a local HF model (``model.kind = "hf"``): the versioned State already uses the
+- A run from an HF model (``model.kind = "hf"``, a directory or a cached hub id): the versioned State already uses the
   model's parameter names (a tied head is one tensor, which the HF layout omits too), so the
   weights are written as they are; ``config.json`` comes from ``model.path`` with
   ``dtype = bfloat16`` (the version's precision), every other non-weight file (tokenizer,
@@ -46,7 +46,10 @@ def write_checkpoint(out: Path, state: State, *, model_cfg: ModelConfig,
     Written into a temporary sibling first and renamed, so ``out`` is either complete or absent.
     """
     if model_cfg.kind == "hf":
-        config, weights, copy_from = _hf_layout(state, Path(model_cfg.path or ""))
+        from pulse_node.rl.model_source import resolve_model
+
+        source = resolve_model(model_cfg.path or "", revision=model_cfg.revision)
+        config, weights, copy_from = _hf_layout(state, source.path)
     else:
         config, weights, copy_from = _gpt2_layout(state, model_cfg), _gpt2_weights(state), None
     check_architecture(config, weights)

@@ -1,9 +1,11 @@
 """The trainer's policy: FP32 master model + tokenizer, and its versioned BF16 cast.
 
 ``build_policy`` makes the embedded tiny model (seeded init, then the cached supervised warm
-start) or loads a Hugging Face causal LM from a local directory (``local_files_only``,
-safetensors weights only). ``Policy.bf16_state()`` is the State that gets versioned and
-shipped; ``Policy.load_bf16_state`` loads one into the FP32 masters (exact upcast).
+start) or loads a Hugging Face causal LM from a local directory or a hub id found in the local
+HF cache (``rl/model_source.py``; ``local_files_only``, safetensors weights only), its tokenizer
+rendering prompts through the chat template when the task asks for it (``rl/tokenizer.py``).
+``Policy.bf16_state()`` is the State that gets versioned and shipped; ``Policy.load_bf16_state``
+loads one into the FP32 masters (exact upcast).
 
 What is versioned, and why: exactly the model's parameters, each once, under the name
 ``named_parameters()`` gives it. Tied weights are one parameter (a Qwen2 model with
@@ -19,7 +21,6 @@ not trained) is refused, because nodes could silently hold different values of i
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Iterable
 
 import torch
@@ -28,6 +29,7 @@ from pulse_node.codec.state import State
 from pulse_node.errors import DataError
 from pulse_node.rl.config import GRPOConfig, ModelConfig, TaskConfig
 from pulse_node.rl.device import resolve_device
+from pulse_node.rl.model_source import resolve_model, use_chat_template
 from pulse_node.rl.models import HFLM, TinyGPT, TinyLM
 from pulse_node.rl.tasks import Problem
 from pulse_node.rl.tokenizer import CharTokenizer, HFTokenizer, Tokenizer
@@ -64,11 +66,10 @@ def build_tiny(model_cfg: ModelConfig, *, seed: int, device: torch.device) -> Ti
     return TinyLM(module.to(device))
 
 
-def load_hf(path: str, *, device: torch.device) -> tuple[HFLM, HFTokenizer]:
-    """A causal LM and tokenizer from a local directory; typed errors name the directory."""
-    root = Path(path)
-    if not root.is_dir():
-        raise DataError(f"{root}: model directory not found")
+def load_hf(model_cfg: ModelConfig, task_cfg: TaskConfig, *, device: torch.device) -> tuple[HFLM, HFTokenizer]:
+    """A causal LM and tokenizer from ``model.path`` (directory or cached hub id); typed errors name it."""
+    source = resolve_model(model_cfg.path or "", revision=model_cfg.revision)
+    root = source.path
     if not any(root.glob("*.safetensors")):
         raise DataError(f"{root}: no *.safetensors weights in the model directory")
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -83,7 +84,8 @@ def load_hf(path: str, *, device: torch.device) -> tuple[HFLM, HFTokenizer]:
     except Exception as exc:  # transformers/safetensors raise assorted types for bad files
         raise DataError(f"{root}: cannot load the model: {type(exc).__name__}: {exc}") from None
     try:
-        tokenizer = HFTokenizer(tok)
+        tokenizer = HFTokenizer(tok, chat=use_chat_template(task_cfg.chat_template, source),
+                                system_prompt=task_cfg.system_prompt)
     except ValueError as exc:
         raise DataError(f"{root}: {exc}") from None
     check_versionable(module, where=str(root))
@@ -104,7 +106,7 @@ def build_policy(model_cfg: ModelConfig, task_cfg: TaskConfig, *, seed: int,
     """The policy a trainer starts from (the tiny model comes warm-started, from cache if possible)."""
     device = resolve_device(model_cfg.device)
     if model_cfg.kind == "hf":
-        lm, tokenizer = load_hf(model_cfg.path or "", device=device)
+        lm, tokenizer = load_hf(model_cfg, task_cfg, device=device)
         return Policy(lm, tokenizer, task_cfg, device)
     policy = Policy(build_tiny(model_cfg, seed=seed, device=device), CharTokenizer(), task_cfg, device)
     from pulse_node.rl.warmstart import warm_start

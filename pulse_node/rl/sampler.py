@@ -24,7 +24,7 @@ from pulse_node.rl.models import HFLM, TinyLM
 from pulse_node.rl.policy import check_prompts
 from pulse_node.rl.rollout import Rollout
 from pulse_node.rl.seeded import SampleNoise, draw, drawable, noise_rows
-from pulse_node.rl.tasks import Problem, TaskSource, reward
+from pulse_node.rl.tasks import Problem, TaskSource, reward_for
 from pulse_node.rl.tokenizer import Tokenizer
 from pulse_node.torchbits import load_state
 
@@ -41,7 +41,7 @@ class RolloutWorker:
         self.device = policy_like.device
         self.lm: TinyLM | HFLM = copy.copy(policy_like.lm)
         self.lm.module = copy.deepcopy(policy_like.lm.module).float().eval().requires_grad_(False)
-        self.reward_fn = reward_fn or reward(policy_like.task.reward)
+        self.reward_fn = reward_fn or reward_for(policy_like.task)
         self.version = -1
         self.loaded: State | None = None  # the State last loaded (two forks may share a version number)
 

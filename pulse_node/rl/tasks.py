@@ -1,4 +1,4 @@
-"""Tasks with verifiable rewards: procedural arithmetic and GSM8K-style JSONL files.
+"""Tasks with verifiable rewards: procedural arithmetic and GSM8K- or MATH-style JSONL files.
 
 Every task has two explicit, disjoint splits, fixed by the task config alone (never by the run
 seed), so every node derives the same ones: ``eval`` (the held-out problems, ``eval_set``) and
@@ -7,7 +7,15 @@ eval split is never drawn for training, even when a JSONL file repeats it, or th
 also holds a problem of ``eval_path``. ``split_of`` says which split a prompt belongs to.
 Rollout prompts are drawn from ``train`` only (``rl/assign.py``); trainers refuse any other.
 Rewards are plain functions ``(completion, answer) -> float`` registered by name in
-``REWARDS`` so configs can pick one (``task.reward = "exact"``).
+``REWARDS`` so configs can pick one (``task.reward = "exact"``); ``reward_for(task)`` adds the
+optional format reward (``task.format_reward``) and stays a pure function of its two
+arguments, so a trainer re-scores every peer's completion (``rl/verify.py``). ``gsm8k`` and
+``math`` use the answer checker of ``rl/answers.py`` (exact rationals; expressions via
+math-verify, bounded against hostile completions).
+
+A JSONL line is ``{"question"|"prompt"|"problem": ..., "answer"|"solution": ...}``: GSM8K's
+answers end in ``#### 42`` and MATH's solutions in ``\\boxed{..}``; the reference answer is
+what follows the last ``####``, else the last ``\\boxed{}``'s content, else the whole text.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ from pathlib import Path
 from typing import Callable, Literal, Protocol
 
 from pulse_node.errors import ConfigError, DataError
+from pulse_node.rl.answers import answers_equal, boxed_contents, extract_answer, format_ok, numbers_equal
 from pulse_node.rl.config import TaskConfig
 
 RewardFn = Callable[[str, str], float]
@@ -94,9 +103,28 @@ def exact_reward(completion: str, answer: str) -> float:
 
 @register_reward("gsm8k")
 def gsm8k_reward(completion: str, answer: str) -> float:
-    """1.0 iff the completion's final answer ('#### 42' or last number) equals the answer."""
-    got = final_answer(completion)
-    return 1.0 if got is not None and got == normalize_number(answer) else 0.0
+    """1.0 iff the completion's final answer (boxed, after '####', or its last number) is the
+    answer's number ("1,234" = "1234", "$5.00" = "5", "3/4" = "0.75")."""
+    return 1.0 if numbers_equal(extract_answer(completion), answer) else 0.0
+
+
+@register_reward("math")
+def math_reward(completion: str, answer: str) -> float:
+    """1.0 iff the completion's final answer equals the answer as a number or an expression
+    (math-verify, size-bounded: ``rl/answers.py``)."""
+    return 1.0 if answers_equal(extract_answer(completion), answer) else 0.0
+
+
+def reward_for(cfg: TaskConfig) -> RewardFn:
+    """The task's reward: ``cfg.reward`` plus ``cfg.format_reward`` for a well-formed completion."""
+    base, weight, think = reward(cfg.reward), cfg.format_reward, cfg.format_think
+    if not weight:
+        return base
+
+    def with_format(completion: str, answer: str) -> float:
+        return base(completion, answer) + (weight if format_ok(completion, think=think) else 0.0)
+
+    return with_format
 
 
 class ArithmeticTask:
@@ -158,17 +186,24 @@ def _parse_line(raw: str, where: str) -> Problem:
         raise DataError(f"{where}: invalid JSON ({exc.msg})") from None
     if not isinstance(obj, dict):
         raise DataError(f"{where}: expected a JSON object, got {type(obj).__name__}")
-    prompt = obj.get("prompt", obj.get("question"))
-    answer = obj.get("answer")
+    prompt = next((obj[k] for k in ("prompt", "question", "problem") if k in obj), None)
+    answer = next((obj[k] for k in ("answer", "solution") if k in obj), None)
     if not isinstance(prompt, str) or not prompt:
-        raise DataError(f"{where}: needs a non-empty string 'prompt' (or 'question')")
+        raise DataError(f"{where}: needs a non-empty string 'prompt' (or 'question', 'problem')")
     if isinstance(answer, (int, float)) and not isinstance(answer, bool):
         answer = str(answer)
     if not isinstance(answer, str) or not answer.strip():
-        raise DataError(f"{where}: needs a non-empty string 'answer'")
-    final = final_answer(answer) if "####" in answer else answer.strip()
+        raise DataError(f"{where}: needs a non-empty string 'answer' (or 'solution')")
     pid = obj.get("id", where)
-    return Problem(id=str(pid), prompt=prompt, answer=final or answer.strip(), source=where)
+    return Problem(id=str(pid), prompt=prompt, answer=reference_answer(answer) or answer.strip(), source=where)
+
+
+def reference_answer(text: str) -> str:
+    """The final answer of a reference solution: after '####', else the last \\boxed{}, else all of it."""
+    if "####" in text:
+        return text.rsplit("####", 1)[1].strip().split("\n")[0].strip().replace(",", "")
+    boxed = boxed_contents(text)
+    return boxed[-1].strip() if boxed else text.strip()
 
 
 def load_jsonl(path: str | Path) -> list[Problem]:
@@ -234,7 +269,7 @@ class JsonlTask:
 
 def make_task_source(cfg: TaskConfig) -> TaskSource:
     """The task named by ``cfg.kind``; also checks the reward name exists."""
-    reward(cfg.reward)
+    reward_for(cfg)
     if cfg.kind == "arithmetic":
         return ArithmeticTask(cfg)
     return JsonlTask(cfg)

@@ -1,8 +1,12 @@
 """Tokenizers behind one small interface: the embedded character tokenizer and an HF adapter.
 
-``encode`` returns the ids a prompt is fed as (with BOS if the tokenizer uses one);
-``decode`` drops special tokens. Unknown characters raise ``ValueError``; callers turn that
-into a ``DataError`` naming the problem's file and line.
+``encode`` returns the ids a prompt is fed as (with BOS if the tokenizer uses one), and is the
+one place a prompt's text becomes the text the model sees: with a chat template on
+(``task.chat_template``), ``HFTokenizer.render`` wraps the prompt as a user message (after an
+optional system prompt) through ``apply_chat_template(..., add_generation_prompt=True)``, so
+assigned prompts, the sampler, the trainers' verification and evaluation all feed the same
+rendered text. ``decode`` drops special tokens. Unknown characters raise ``ValueError``;
+callers turn that into a ``DataError`` naming the problem's file and line.
 """
 
 from __future__ import annotations
@@ -55,16 +59,28 @@ class CharTokenizer:
 class HFTokenizer:
     """Adapter over a ``transformers`` tokenizer loaded from a local directory."""
 
-    def __init__(self, tok: Any) -> None:
+    def __init__(self, tok: Any, *, chat: bool = False, system_prompt: str | None = None) -> None:
         if tok.eos_token_id is None:
             raise ValueError("the tokenizer defines no eos_token")
+        if chat and not getattr(tok, "chat_template", None):
+            raise ValueError("a chat template is asked for, but the tokenizer has none")
         self.tok = tok
+        self.chat, self.system_prompt = chat, system_prompt
         self.eos_id = int(tok.eos_token_id)
         self.pad_id = int(tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id)
         self.vocab_size = len(tok)
 
+    def render(self, text: str) -> str:
+        """The text the model is fed for prompt ``text`` (the chat template's, when on)."""
+        if not self.chat:
+            return text
+        messages = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+        messages.append({"role": "user", "content": text})
+        return self.tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
     def encode(self, text: str) -> list[int]:
-        ids = list(self.tok(text, add_special_tokens=True)["input_ids"])
+        # a rendered template holds its own special tokens (BOS included where the model has one)
+        ids = list(self.tok(self.render(text), add_special_tokens=not self.chat)["input_ids"])
         if self.tok.unk_token_id is not None and self.tok.unk_token_id in ids:
             raise ValueError("text contains tokens unknown to the tokenizer")
         return ids

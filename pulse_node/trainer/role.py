@@ -35,7 +35,7 @@ from pulse_node.loco.payload import LocoPayload, encode_payload
 from pulse_node.rl.assign import BatchKey
 from pulse_node.rl.evaluate import evaluate
 from pulse_node.rl.rollout import Rollout
-from pulse_node.rl.settings import settings_of
+from pulse_node.rl.settings import ModelMismatch, check_declared_model, settings_of
 from pulse_node.rl.tasks import make_task_source
 from pulse_node.rl.verify import RolloutVerifier
 from pulse_node.torchbits import module_state
@@ -92,7 +92,7 @@ class TrainerRole:
     def _start_chain(self) -> None:
         """Join the run: adopt a peer trainer's state, else resume our store, else publish genesis."""
         source = self._sync_source()
-        if source is not None and self._resync(source):
+        if source is not None and self._resync(source, joining=True):
             return
         head = self.publisher.head
         if head is None:
@@ -133,7 +133,7 @@ class TrainerRole:
         self.trust.observe(peers)
         return [p for p in peers if p.role == "trainer" and self.trust.vouches_for(p)]
 
-    def _resync(self, peer) -> bool:
+    def _resync(self, peer, *, joining: bool = False) -> bool:
         """Adopt ``peer``'s FP32 global weights, momentum and head record; False if that failed.
 
         Only from a member of the trainer set, and only a state whose record a member signed for
@@ -142,8 +142,14 @@ class TrainerRole:
         """
         try:
             outer_state, record = self._fetch_trainer_state(peer)
+            check_declared_model(record.rollout_settings, self.publisher.rollout_settings, version=record.version)
             state = module_state(outer_state["params"].items())
             self._adopt_into_store(record, state)
+        except ModelMismatch as exc:
+            if joining:
+                raise  # the swarm runs another model: refuse to join rather than train on it
+            self.ctx.status.error(f"re-sync from {peer.peer_id[:12]} refused: {exc}")
+            return False
         except PulseError as exc:
             self.ctx.status.error(f"re-sync from {peer.peer_id[:12]} failed: {exc}")
             return False
