@@ -1,0 +1,97 @@
+"""Log-probs of the chosen tokens without a [tokens, vocabulary] tensor for the whole batch.
+
+The learner needs one number per completion token: log softmax(h W^T / T)[token]. Computing
+it as ``lm.logits`` does materialises FP32 logits for every position of every row (0.6 MB a
+token at a 152k vocabulary) and keeps them, and their log-softmax, for backward. Here the model
+runs to its last hidden states (``hidden_states``: the trunk, optionally with activation
+checkpointing per block), only completion positions are kept, and the head + log-softmax +
+gather runs over chunks of positions (``chosen_logprobs``), each chunk under
+``torch.utils.checkpoint`` so its logits are recomputed in backward instead of stored: at any
+time at most one chunk's logits exist.
+
+The numbers are those of ``rl/batch.token_logprobs`` (same head, same positions, same
+temperature scaling, FP32 log-softmax) up to float rounding of the matmul order.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+from pulse_node.rl.batch import Packed
+from pulse_node.rl.models import HFLM, TinyLM, _full_allowed, positions
+
+Head = tuple[torch.Tensor, torch.Tensor | None]  # the output projection's weight and bias
+
+
+def enable_hf_checkpointing(lm: TinyLM | HFLM) -> None:
+    """Activation checkpointing of an HF model's decoder layers (non-reentrant); the tiny model
+    checkpoints its blocks in ``hidden_states`` instead."""
+    if isinstance(lm, HFLM):
+        lm.module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
+def _tiny_hidden(lm: TinyLM, packed: Packed, *, recompute: bool) -> tuple[torch.Tensor, Head]:
+    """``TinyGPT.forward`` up to (and including) the final LayerNorm, blocks optionally checkpointed."""
+    m, mask = lm.module, packed.mask
+    pos, allowed = positions(mask), _full_allowed(mask)
+    x = m.tok_emb(packed.ids) + m.pos_emb(pos.clamp_max(m.max_len - 1))
+    for i, block in enumerate(m.blocks):
+        if recompute and torch.is_grad_enabled():
+            x = checkpoint(block, x, allowed, None, i, use_reentrant=False)
+        else:
+            x = block(x, allowed, None, i)
+    return m.ln_f(x), (m.tok_emb.weight, None)
+
+
+def _hf_head(module: torch.nn.Module) -> Head:
+    head = module.get_output_embeddings()
+    if not isinstance(head, torch.nn.Linear):
+        raise TypeError(f"chunked log-probs need a linear output head, not {type(head).__name__}")
+    for attr in ("final_logit_softcapping", "logit_scale"):
+        if getattr(module.config, attr, None) not in (None, 1.0):
+            raise TypeError(f"chunked log-probs do not apply the model's {attr}")
+    return head.weight, head.bias
+
+
+def hidden_states(lm: TinyLM | HFLM, packed: Packed, *, recompute: bool = False) -> tuple[torch.Tensor, Head]:
+    """[B, T, d] last hidden states (what the head projects) and the head's weight and bias.
+
+    ``recompute``: checkpoint the tiny model's blocks (HF models use their own
+    ``gradient_checkpointing_enable``, see ``enable_hf_checkpointing``).
+    """
+    if isinstance(lm, TinyLM):
+        return _tiny_hidden(lm, packed, recompute=recompute)
+    out = lm.module.base_model(input_ids=packed.ids, attention_mask=packed.mask.long(),
+                               position_ids=positions(packed.mask), use_cache=False)
+    return out.last_hidden_state, _hf_head(lm.module)
+
+
+def _chunk_logprobs(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, tokens: torch.Tensor,
+                    temperature: float) -> torch.Tensor:
+    logits = F.linear(h, weight, bias).float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    return torch.log_softmax(logits, dim=-1).gather(-1, tokens[:, None]).squeeze(-1)
+
+
+def chosen_logprobs(h: torch.Tensor, head: Head, tokens: torch.Tensor, *, chunk: int,
+                    temperature: float = 1.0) -> torch.Tensor:
+    """[N] log-prob of ``tokens[i]`` given hidden state ``h[i]`` ([N, d]), ``chunk`` rows at a time."""
+    weight, bias = head
+    parts = []
+    for lo in range(0, h.shape[0], chunk):
+        args = (h[lo:lo + chunk], weight, bias, tokens[lo:lo + chunk], temperature)
+        parts.append(checkpoint(_chunk_logprobs, *args, use_reentrant=False) if torch.is_grad_enabled()
+                     else _chunk_logprobs(*args))
+    return torch.cat(parts) if parts else h[:, 0].float()  # no rows: still on the graph
+
+
+def completion_logprobs(lm: TinyLM | HFLM, packed: Packed, *, chunk: int, recompute: bool = False,
+                        temperature: float = 1.0) -> torch.Tensor:
+    """[N] log-probs of the completion tokens of ``packed``, row by row (row-major over
+    ``packed.target``), without the whole batch's logits."""
+    hidden, head = hidden_states(lm, packed, recompute=recompute)
+    h = hidden[:, :-1][packed.target]
+    return chosen_logprobs(h, head, packed.ids[:, 1:][packed.target], chunk=chunk, temperature=temperature)
