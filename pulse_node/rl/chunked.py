@@ -28,8 +28,13 @@ Head = tuple[torch.Tensor, torch.Tensor | None]  # the output projection's weigh
 def enable_hf_checkpointing(lm: TinyLM | HFLM) -> None:
     """Activation checkpointing of an HF model's decoder layers (non-reentrant); the tiny model
     checkpoints its blocks in ``hidden_states`` instead."""
-    if isinstance(lm, HFLM):
-        lm.module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if not isinstance(lm, HFLM):
+        return
+    module, kw = lm.module, {"use_reentrant": False}
+    if hasattr(module, "activation_checkpointing_enable"):  # transformers >= 5.2x; the old name warns
+        module.activation_checkpointing_enable(activation_checkpointing_kwargs=kw)
+    else:
+        module.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kw)
 
 
 def _tiny_hidden(lm: TinyLM, packed: Packed, *, recompute: bool) -> tuple[torch.Tensor, Head]:
