@@ -12,6 +12,10 @@ the step on the batch:
   after ``malloc_trim``) minus the RSS just before it;
 - CUDA: ``torch.cuda.max_memory_allocated`` minus the memory allocated before it.
 
+Also reported: the whole process's peak (model, AdamW state and the step). Past one
+micro-batch the step holds one more parameter-sized tensor (a micro-batch's gradient before it
+is added to ``.grad``), whatever the number of micro-batches.
+
 The micro-batch budget defaults to the smaller batch's tokens, so n rollouts are one micro-batch
 and 4n are four: the learner's memory should then be flat (target: peak at 4n <= 1.2x peak at
 n). The learner before micro-batching builds the whole batch's logits: its ratio is ~4x.
@@ -118,8 +122,9 @@ def child(spec: dict) -> dict:
     if cuda:
         torch.cuda.synchronize()
     seconds = time.perf_counter() - t0
-    peak = (torch.cuda.max_memory_allocated() - before) / 2**20 if cuda else _status_mb("VmHWM") - before
-    return {"rows": spec["rows"], "seconds": seconds, "peak_mb": peak, "tokens": stats["tokens"],
+    total = torch.cuda.max_memory_allocated() / 2**20 if cuda else _status_mb("VmHWM")
+    peak = total - (before / 2**20 if cuda else before)
+    return {"rows": spec["rows"], "seconds": seconds, "peak_mb": peak, "process_peak_mb": total, "tokens": stats["tokens"],
             "stepped": stats["stepped"], "micro_batch_tokens": spec["micro_batch_tokens"]}
 
 
@@ -147,6 +152,8 @@ def measure(*, hidden: int, layers: int, vocab: int, completion: int, batches: t
             "batches": [small, large], "micro_batch_tokens": budget, "checkpointing": checkpointing,
             "step_s": [a["seconds"], b["seconds"]], "peak_mb": [a["peak_mb"], b["peak_mb"]],
             "peak_ratio": b["peak_mb"] / max(a["peak_mb"], 1e-9), "time_ratio": b["seconds"] / a["seconds"],
+            "process_peak_mb": [a["process_peak_mb"], b["process_peak_mb"]],
+            "process_peak_ratio": b["process_peak_mb"] / a["process_peak_mb"],
             "mb_per_rollout": [a["peak_mb"] / small, b["peak_mb"] / large]}
 
 
@@ -175,8 +182,9 @@ def main() -> None:
         print(f"{'rollouts':>9} {'step s':>8} {'peak MB':>9} {'MB/rollout':>11}")
         for i in range(2):
             print(f"{out['batches'][i]:>9} {out['step_s'][i]:>8.2f} {out['peak_mb'][i]:>9.0f} {out['mb_per_rollout'][i]:>11.1f}")
-        print(f"peak at {out['batches'][1]} / at {out['batches'][0]}: {out['peak_ratio']:.2f}x (target <= 1.2x); "
-              f"time {out['time_ratio']:.2f}x")
+        print(f"step peak at {out['batches'][1]} / at {out['batches'][0]}: {out['peak_ratio']:.2f}x (target <= 1.2x); "
+              f"time {out['time_ratio']:.2f}x; whole process (model, AdamW state, step) "
+              f"{out['process_peak_mb'][0]:.0f} -> {out['process_peak_mb'][1]:.0f} MB, {out['process_peak_ratio']:.2f}x")
     print(json.dumps(out))
 
 
