@@ -118,3 +118,16 @@ def test_micro_batches_respect_the_budget_and_cover_every_row() -> None:
     size = [len(r.prompt_ids) + len(r.completion_ids) for r in rollouts]
     assert all(len(g) == 1 or max(size[i] for i in g) * len(g) <= 50 for g in groups)
     assert len(micro_batches(rollouts, budget=1)) == 20 and len(micro_batches(rollouts, budget=10**6)) == 1
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_chosen_logprob_gradient(temperature: float) -> None:
+    """The head's hand-written backward (logits recomputed, gradient in place) against autograd."""
+    from pulse_node.rl.chunked import ChosenLogprob, chosen_logprobs
+
+    g = torch.Generator().manual_seed(0)
+    h, w, b = (torch.randn(*s, generator=g, dtype=torch.float64, requires_grad=True) for s in ((9, 5), (13, 5), (13,)))
+    tokens = torch.randint(0, 13, (9,), generator=g)
+    assert torch.autograd.gradcheck(lambda *a: ChosenLogprob.apply(*a, tokens, temperature), (h, w, b))
+    want = torch.log_softmax((h @ w.T + b) / temperature, -1).gather(-1, tokens[:, None]).squeeze(-1)
+    torch.testing.assert_close(chosen_logprobs(h, (w, b), tokens, chunk=4, temperature=temperature), want)

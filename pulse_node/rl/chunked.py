@@ -5,9 +5,9 @@ it as ``lm.logits`` does materialises FP32 logits for every position of every ro
 token at a 152k vocabulary) and keeps them, and their log-softmax, for backward. Here the model
 runs to its last hidden states (``hidden_states``: the trunk, optionally with activation
 checkpointing per block), only completion positions are kept, and the head + log-softmax +
-gather runs over chunks of positions (``chosen_logprobs``), each chunk under
-``torch.utils.checkpoint`` so its logits are recomputed in backward instead of stored: at any
-time at most one chunk's logits exist.
+gather runs over chunks of positions (``chosen_logprobs``), each chunk an autograd function
+that keeps only its inputs and its log-sum-exp and recomputes its logits in backward (turning
+them into their gradient in place): at any time at most one chunk's logits exist, once.
 
 The numbers are those of ``rl/batch.token_logprobs`` (same head, same positions, same
 temperature scaling, FP32 log-softmax) up to float rounding of the matmul order.
@@ -73,23 +73,44 @@ def hidden_states(lm: TinyLM | HFLM, packed: Packed, *, recompute: bool = False)
     return out.last_hidden_state, _hf_head(lm.module)
 
 
-def _chunk_logprobs(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, tokens: torch.Tensor,
-                    temperature: float) -> torch.Tensor:
-    logits = F.linear(h, weight, bias).float()
-    if temperature != 1.0:
-        logits = logits / temperature
-    return torch.log_softmax(logits, dim=-1).gather(-1, tokens[:, None]).squeeze(-1)
+def _logits(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, temperature: float) -> torch.Tensor:
+    logits = F.linear(h, weight, bias)
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # FP32 at least
+    return logits.div_(temperature) if temperature != 1.0 else logits
+
+
+class ChosenLogprob(torch.autograd.Function):
+    """log softmax(h W^T + b) / T at ``tokens``, its logits recomputed in backward and turned
+    into their gradient in place: one [rows, vocabulary] FP32 tensor at a time (autograd's
+    log_softmax + gather would keep the logits and the log-softmax, then make two more)."""
+
+    @staticmethod
+    def forward(ctx, h, weight, bias, tokens, temperature):  # noqa: D102 (autograd's signature)
+        logits = _logits(h, weight, bias, temperature)
+        lse = torch.logsumexp(logits, dim=-1)
+        ctx.save_for_backward(h, weight, bias, tokens, lse)
+        ctx.temperature = temperature
+        return logits.gather(-1, tokens[:, None]).squeeze(-1) - lse
+
+    @staticmethod
+    def backward(ctx, grad):  # noqa: D102
+        h, weight, bias, tokens, lse = ctx.saved_tensors
+        g = _logits(h, weight, bias, ctx.temperature).sub_(lse[:, None]).exp_()  # softmax
+        g.mul_(-grad[:, None]).scatter_add_(-1, tokens[:, None], grad[:, None])  # (onehot - p) * grad
+        if ctx.temperature != 1.0:
+            g.div_(ctx.temperature)
+        g = g.to(h.dtype)
+        need = ctx.needs_input_grad
+        return (g @ weight if need[0] else None, g.T @ h if need[1] else None,
+                g.sum(0) if bias is not None and need[2] else None, None, None)
 
 
 def chosen_logprobs(h: torch.Tensor, head: Head, tokens: torch.Tensor, *, chunk: int,
                     temperature: float = 1.0) -> torch.Tensor:
     """[N] log-prob of ``tokens[i]`` given hidden state ``h[i]`` ([N, d]), ``chunk`` rows at a time."""
     weight, bias = head
-    parts = []
-    for lo in range(0, h.shape[0], chunk):
-        args = (h[lo:lo + chunk], weight, bias, tokens[lo:lo + chunk], temperature)
-        parts.append(checkpoint(_chunk_logprobs, *args, use_reentrant=False) if torch.is_grad_enabled()
-                     else _chunk_logprobs(*args))
+    parts = [ChosenLogprob.apply(h[lo:lo + chunk], weight, bias, tokens[lo:lo + chunk], temperature)
+             for lo in range(0, h.shape[0], chunk)]
     return torch.cat(parts) if parts else h[:, 0].float()  # no rows: still on the graph
 
 
