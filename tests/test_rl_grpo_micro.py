@@ -128,6 +128,18 @@ def test_chosen_logprob_gradient(temperature: float) -> None:
     g = torch.Generator().manual_seed(0)
     h, w, b = (torch.randn(*s, generator=g, dtype=torch.float64, requires_grad=True) for s in ((9, 5), (13, 5), (13,)))
     tokens = torch.randint(0, 13, (9,), generator=g)
-    assert torch.autograd.gradcheck(lambda *a: ChosenLogprob.apply(*a, tokens, temperature), (h, w, b))
+    # a head weight that is not a leaf takes its gradient through autograd
+    assert torch.autograd.gradcheck(lambda h, w, b: ChosenLogprob.apply(h, w * 1, b, tokens, temperature), (h, w, b))
     want = torch.log_softmax((h @ w.T + b) / temperature, -1).gather(-1, tokens[:, None]).squeeze(-1)
-    torch.testing.assert_close(chosen_logprobs(h, (w, b), tokens, chunk=4, temperature=temperature), want)
+    got = chosen_logprobs(h, (w, b), tokens, chunk=4, temperature=temperature)
+    torch.testing.assert_close(got, want)
+    # a leaf (a parameter) gets it added straight into .grad, chunk by chunk and backward by backward
+    weights = torch.randn(9, generator=g, dtype=torch.float64)
+    (want * weights).sum().backward()
+    ref = [t.grad.clone() for t in (h, w, b)]
+    for t in (h, w, b):
+        t.grad = None
+    for _ in range(2):
+        (chosen_logprobs(h, (w, b), tokens, chunk=4, temperature=temperature) * weights).sum().backward()
+    for t, r in zip((h, w, b), ref):
+        torch.testing.assert_close(t.grad, 2 * r)

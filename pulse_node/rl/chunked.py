@@ -82,7 +82,13 @@ def _logits(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, te
 class ChosenLogprob(torch.autograd.Function):
     """log softmax(h W^T + b) / T at ``tokens``, its logits recomputed in backward and turned
     into their gradient in place: one [rows, vocabulary] FP32 tensor at a time (autograd's
-    log_softmax + gather would keep the logits and the log-softmax, then make two more)."""
+    log_softmax + gather would keep the logits and the log-softmax, then make two more).
+
+    A head weight that is a parameter gets its gradient added straight into ``.grad``
+    (``addmm_``) instead of through autograd, which would make a [vocabulary, d] tensor per
+    chunk and another per micro-batch before adding it: so the step's memory does not rise
+    after the first micro-batch by a vocabulary-sized gradient. (Hooks on that parameter's
+    gradient do not see this part.)"""
 
     @staticmethod
     def forward(ctx, h, weight, bias, tokens, temperature):  # noqa: D102 (autograd's signature)
@@ -90,6 +96,7 @@ class ChosenLogprob(torch.autograd.Function):
         lse = torch.logsumexp(logits, dim=-1)
         ctx.save_for_backward(h, weight, bias, tokens, lse)
         ctx.temperature = temperature
+        ctx.param = weight if weight.is_leaf and weight.requires_grad else None
         return logits.gather(-1, tokens[:, None]).squeeze(-1) - lse
 
     @staticmethod
@@ -101,8 +108,16 @@ class ChosenLogprob(torch.autograd.Function):
             g.div_(ctx.temperature)
         g = g.to(h.dtype)
         need = ctx.needs_input_grad
-        return (g @ weight if need[0] else None, g.T @ h if need[1] else None,
-                g.sum(0) if bias is not None and need[2] else None, None, None)
+        grad_w = None
+        if need[1] and ctx.param is not None:
+            if ctx.param.grad is None:
+                ctx.param.grad = g.T @ h
+            else:
+                ctx.param.grad.addmm_(g.T, h)
+        elif need[1]:
+            grad_w = g.T @ h
+        return (g @ weight if need[0] else None, grad_w, g.sum(0) if bias is not None and need[2] else None,
+                None, None)
 
 
 def chosen_logprobs(h: torch.Tensor, head: Head, tokens: torch.Tensor, *, chunk: int,
