@@ -93,11 +93,13 @@ class ChosenLogprob(torch.autograd.Function):
     @staticmethod
     def forward(ctx, h, weight, bias, tokens, temperature):  # noqa: D102 (autograd's signature)
         logits = _logits(h, weight, bias, temperature)
-        lse = torch.logsumexp(logits, dim=-1)
+        chosen = logits.gather(-1, tokens[:, None]).squeeze(-1)
+        top = logits.amax(dim=-1, keepdim=True)
+        lse = logits.sub_(top).exp_().sum(dim=-1).log_().add_(top.squeeze(-1))  # logsumexp, in place
         ctx.save_for_backward(h, weight, bias, tokens, lse)
         ctx.temperature = temperature
         ctx.param = weight if weight.is_leaf and weight.requires_grad else None
-        return logits.gather(-1, tokens[:, None]).squeeze(-1) - lse
+        return chosen - lse
 
     @staticmethod
     def backward(ctx, grad):  # noqa: D102
