@@ -12,9 +12,10 @@ the step on the batch:
   after ``malloc_trim``) minus the RSS just before it;
 - CUDA: ``torch.cuda.max_memory_allocated`` minus the memory allocated before it.
 
-Also reported: the whole process's peak (model, AdamW state and the step). Past one
-micro-batch the step holds one more parameter-sized tensor (a micro-batch's gradient before it
-is added to ``.grad``), whatever the number of micro-batches.
+Also reported: the whole process's peak (model, AdamW state and the step). The step's own
+memory is one FP32 copy of the masters (the BF16-rounded values are in place during the
+micro-batches), the gradients, AdamW's temporaries and one micro-batch's activations plus one
+chunk's logits: the same at n and 4n.
 
 The micro-batch budget defaults to the smaller batch's tokens, so n rollouts are one micro-batch
 and 4n are four: the learner's memory should then be flat (target: peak at 4n <= 1.2x peak at
