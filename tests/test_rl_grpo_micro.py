@@ -143,3 +143,24 @@ def test_chosen_logprob_gradient(temperature: float) -> None:
         (chosen_logprobs(h, (w, b), tokens, chunk=4, temperature=temperature) * weights).sum().backward()
     for t, r in zip((h, w, b), ref):
         torch.testing.assert_close(t.grad, 2 * r)
+
+
+def test_ranks_run_as_many_micro_batches_and_padding_adds_nothing() -> None:
+    """A sharded trainer's ranks run the same number of micro-batches (each forward is
+    collective); the empty ones a rank pads with add nothing to its gradient."""
+    from pulse_node.trainer.distributed import split_batch
+
+    policy = tiny_policy()
+    rollouts = batch(policy, rows=5, seed=2)
+    adv = [1.0 if i % 2 else -1.0 for i in range(5)]
+    shares = split_batch(rollouts, adv, 4, micro_batch_tokens=1)  # one row per micro-batch
+    assert [len(s[0]) for s in shares] == [1, 1, 1, 2] and [s[3] for s in shares] == [2] * 4
+    learner = GRPOLearner(policy, GRPOConfig(micro_batch_tokens=1))
+    part, part_adv = shares[3][0], shares[3][1]
+    one = learner.accumulate(part, part_adv)
+    ref = grads(policy.model)
+    policy.model.zero_grad(set_to_none=True)
+    padded = learner.accumulate(part, part_adv, count=4)
+    assert padded == one
+    for n, g in grads(policy.model).items():
+        torch.testing.assert_close(g, ref[n], rtol=0, atol=0)
