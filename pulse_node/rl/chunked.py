@@ -91,7 +91,7 @@ class ChosenLogprob(torch.autograd.Function):
     gradient do not see this part.)"""
 
     @staticmethod
-    def forward(ctx, h, weight, bias, tokens, temperature):  # noqa: D102 (autograd's signature)
+    def forward(ctx, h, weight, bias, tokens, temperature):
         logits = _logits(h, weight, bias, temperature)
         chosen = logits.gather(-1, tokens[:, None]).squeeze(-1)
         top = logits.amax(dim=-1, keepdim=True)
@@ -102,7 +102,7 @@ class ChosenLogprob(torch.autograd.Function):
         return chosen - lse
 
     @staticmethod
-    def backward(ctx, grad):  # noqa: D102
+    def backward(ctx, grad):
         h, weight, bias, tokens, lse = ctx.saved_tensors
         g = _logits(h, weight, bias, ctx.temperature).sub_(lse[:, None]).exp_()  # softmax
         g.mul_(-grad[:, None]).scatter_add_(-1, tokens[:, None], grad[:, None])  # (onehot - p) * grad
