@@ -6,8 +6,9 @@ log-probs the same way the sampler does (same positions, same temperature scalin
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Iterator, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -50,6 +51,24 @@ def bf16_params(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     """Straight-through BF16 weights: forward sees bf16(w) exactly, gradients reach FP32 w."""
     return {n: p + (p.detach().to(torch.bfloat16).to(p.dtype) - p.detach())
             for n, p in module.named_parameters()}
+
+
+@contextmanager
+def bf16_rounded(module: torch.nn.Module) -> Iterator[None]:
+    """``bf16_params`` in place: inside the block the parameters hold their BF16-rounded values
+    (exact in FP32), so forward and backward, activation recomputation included, see bf16(w) and
+    the gradient lands on the parameter; the FP32 masters are put back on leaving."""
+    params = list(module.parameters())
+    masters = [p.detach().clone() for p in params]
+    with torch.no_grad():
+        for p in params:
+            p.copy_(p.to(torch.bfloat16))
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for p, master in zip(params, masters):
+                p.copy_(master)
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -118,6 +118,15 @@ class GRPOConfig(StrictModel):
     (bench/RESULTS.md, "Why the default swarm forgot")."""
     max_grad_norm: float = pydantic.Field(1.0, gt=0)
     bf16_compute: bool = True  # forward on the BF16-rounded weights (straight-through)
+    micro_batch_tokens: int = pydantic.Field(8192, ge=1)
+    """Token budget of one micro-batch (rows x padded length): a step runs its batch in
+    micro-batches of at most this many tokens (one row at least) and accumulates their
+    gradients, so its memory is one micro-batch's whatever the batch size."""
+    logit_chunk_tokens: int = pydantic.Field(1024, ge=1)
+    """Completion positions whose logits exist at once (forward, and recomputed in backward)."""
+    activation_checkpointing: bool = False
+    """Recompute each block's activations in backward instead of keeping them (less memory,
+    about one more forward of compute)."""
     warmstart_steps: int = pydantic.Field(700, ge=0)
     warmstart_lr: float = pydantic.Field(5e-3, gt=0)
     warmstart_batch: int = pydantic.Field(64, ge=1)

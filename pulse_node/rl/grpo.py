@@ -12,6 +12,13 @@ One ``step`` = one inner AdamW step on the FP32 master weights (one new policy v
 4. the forward pass uses the BF16-rounded weights (straight-through), i.e. the same numbers
    inference ran on; gradients and AdamW act on the FP32 masters.
 
+Memory: a step runs its batch in micro-batches of at most ``grpo.micro_batch_tokens`` tokens
+and accumulates their gradients; each micro-batch adds (its per-token loss sum) / (the whole
+batch's completion tokens), so the accumulated gradient is the single big step's. Log-probs of
+the chosen tokens come from the last hidden states through the head in chunks of positions
+(``rl/chunked.py``), never a [tokens, vocabulary] tensor for the batch, and optionally with
+activation checkpointing (``grpo.activation_checkpointing``). Peak memory is one micro-batch's.
+
 Rewards and behaviour log-probs are never a peer's claims: ``step`` takes only ``local``
 rollouts, made by this node's own sampler or re-scored by the trainer's verifier
 (``rl/verify.py``: reward recomputed with the task's reward function, log-probs recomputed
@@ -22,11 +29,13 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from contextlib import nullcontext
 
 import torch
 
 from pulse_node.errors import WireError
-from pulse_node.rl.batch import bf16_params, masked_mean, pack, token_logprobs
+from pulse_node.rl.batch import Packed, bf16_params, bf16_rounded, pack, token_logprobs
+from pulse_node.rl.chunked import completion_logprobs, enable_hf_checkpointing
 from pulse_node.rl.config import GRPOConfig
 from pulse_node.rl.rollout import Rollout
 
@@ -57,13 +66,32 @@ def changed_fraction(before: dict[str, torch.Tensor], after: dict[str, torch.Ten
     return changed / max(1, sum(t.numel() for t in before.values()))
 
 
-class GRPOLearner:
-    """Runs GRPO inner steps on a policy's FP32 masters with AdamW."""
+def micro_batches(rollouts: list[Rollout], *, budget: int) -> list[list[int]]:
+    """Indices of ``rollouts`` in micro-batches of at most ``budget`` tokens (rows x the longest
+    row's prompt + completion; one row at least), longest rows first so padding stays small."""
+    size = [len(r.prompt_ids) + len(r.completion_ids) for r in rollouts]
+    groups: list[list[int]] = []
+    for i in sorted(range(len(rollouts)), key=lambda i: -size[i]):
+        if groups and size[groups[-1][0]] * (len(groups[-1]) + 1) <= budget:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups
 
-    def __init__(self, policy, grpo_cfg: GRPOConfig, *, temperature: float = 1.0) -> None:
-        self.policy, self.cfg, self.temperature = policy, grpo_cfg, temperature
+
+class GRPOLearner:
+    """Runs GRPO inner steps on a policy's FP32 masters with AdamW.
+
+    ``chunked=False`` computes log-probs from the model's whole forward (``lm.logits`` per
+    micro-batch): an FSDP-sharded model gathers its head only inside its root's forward.
+    """
+
+    def __init__(self, policy, grpo_cfg: GRPOConfig, *, temperature: float = 1.0, chunked: bool = True) -> None:
+        self.policy, self.cfg, self.temperature, self.chunked = policy, grpo_cfg, temperature, chunked
         self.opt = torch.optim.AdamW(policy.model.parameters(), lr=grpo_cfg.lr,
                                      betas=tuple(grpo_cfg.betas), weight_decay=grpo_cfg.weight_decay)
+        if grpo_cfg.activation_checkpointing:
+            enable_hf_checkpointing(policy.lm)
 
     def _fresh(self, rollouts: list[Rollout], current_version: int) -> list[Rollout]:
         return [r for r in rollouts if 0 <= current_version - r.version <= self.cfg.max_staleness]
@@ -76,27 +104,59 @@ class GRPOLearner:
             if max(r.prompt_ids + r.completion_ids) >= vocab or len(r.logprobs) != len(r.completion_ids):
                 raise WireError(f"rollout of problem {r.problem_id!r} has token ids outside the vocabulary")
 
-    def loss(self, rollouts: list[Rollout], advantages: list[float]) -> tuple[torch.Tensor, dict[str, float]]:
-        """The clipped surrogate over ``rollouts`` (all with non-zero advantage)."""
+    def _new_logprobs(self, packed: Packed, params: dict[str, torch.Tensor] | None) -> torch.Tensor:
+        if self.chunked and params is None:
+            return completion_logprobs(self.policy.lm, packed, chunk=self.cfg.logit_chunk_tokens,
+                                       recompute=self.cfg.activation_checkpointing, temperature=self.temperature)
+        return token_logprobs(self.policy.lm, packed, params=params, temperature=self.temperature)[packed.target]
+
+    def terms(self, rollouts: list[Rollout], advantages: list[float], *,
+              params: dict[str, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Per completion token (rows in order): the clipped surrogate, the importance ratio and
+        whether it was clipped (the last two detached)."""
         dev = self.policy.device
         packed = pack([(r.prompt_ids, r.completion_ids) for r in rollouts],
                       pad_id=self.policy.tokenizer.pad_id, device=dev)
-        params = bf16_params(self.policy.model) if self.cfg.bf16_compute else None
-        new_lp = token_logprobs(self.policy.lm, packed, params=params, temperature=self.temperature)
-        old_lp = torch.zeros_like(new_lp)
-        for i, r in enumerate(rollouts):
-            start = len(r.prompt_ids) - 1
-            old_lp[i, start:start + len(r.logprobs)] = torch.tensor(r.logprobs, dtype=old_lp.dtype)
-        adv = torch.tensor(advantages, dtype=new_lp.dtype, device=dev)[:, None]
+        new_lp = self._new_logprobs(packed, params)
+        old_lp = torch.tensor([lp for r in rollouts for lp in r.logprobs], dtype=new_lp.dtype, device=dev)
+        adv = torch.tensor([a for r, a in zip(rollouts, advantages) for _ in r.completion_ids],
+                           dtype=new_lp.dtype, device=dev)
         ratio = torch.exp((new_lp - old_lp).clamp(-20, 20))
         clipped = ratio.clamp(1 - self.cfg.eps_low, 1 + self.cfg.eps_high)
         per_token = -torch.minimum(ratio * adv, clipped * adv)
-        mask = packed.target
-        with torch.no_grad():
-            stats = {"ratio_mean": masked_mean(ratio, mask).item(),
-                     "clip_frac": masked_mean((ratio != clipped).float(), mask).item(),
-                     "tokens": float(mask.sum().item())}
-        return masked_mean(per_token, mask), stats
+        return per_token, ratio.detach(), (ratio != clipped).detach()
+
+    def loss(self, rollouts: list[Rollout], advantages: list[float]) -> tuple[torch.Tensor, dict[str, float]]:
+        """The clipped surrogate over ``rollouts`` (all with non-zero advantage) as one graph, for
+        a caller that runs backward itself (``step`` micro-batches instead)."""
+        params = bf16_params(self.policy.model) if self.cfg.bf16_compute else None
+        per_token, ratio, clipped = self.terms(rollouts, advantages, params=params)
+        n = max(1, per_token.numel())
+        return per_token.sum() / n, {"ratio_mean": float(ratio.sum()) / n, "clip_frac": float(clipped.sum()) / n,
+                                     "tokens": float(per_token.numel())}
+
+    def accumulate(self, rollouts: list[Rollout], advantages: list[float], *, scale: float = 1.0,
+                   count: int | None = None) -> dict[str, float]:
+        """Backward of ``scale`` x the token-mean loss of ``rollouts``, micro-batch by micro-batch
+        (gradients add up in ``.grad``); ``count`` pads to that many micro-batches with empty ones
+        (ranks of a sharded model must run as many forwards as each other). Returns loss,
+        ratio_mean, clip_frac and tokens over the whole batch."""
+        groups = micro_batches(rollouts, budget=self.cfg.micro_batch_tokens)
+        groups += [[]] * max(0, (count or 0) - len(groups))
+        total = sum(len(r.completion_ids) for r in rollouts)
+        sums = [0.0, 0.0, 0.0]
+        rounded = bf16_rounded(self.policy.model) if self.cfg.bf16_compute else nullcontext()
+        with rounded:
+            for group in groups:
+                part = [rollouts[i] for i in group] or rollouts[:1]  # an empty one: a row with weight 0
+                per_token, ratio, clipped = self.terms(part, [advantages[i] for i in group] or [0.0])
+                weight = scale / max(total, 1) if group else 0.0
+                (per_token.sum() * weight).backward()
+                if group:
+                    sums = [sums[0] + float(per_token.detach().sum()), sums[1] + float(ratio.sum()),
+                            sums[2] + float(clipped.sum())]
+        n = max(total, 1)
+        return {"loss": sums[0] / n, "ratio_mean": sums[1] / n, "clip_frac": sums[2] / n, "tokens": float(total)}
 
     def plan(self, rollouts: list[Rollout], *, current_version: int) -> tuple[dict[str, float], list[Rollout], list[float]]:
         """Drop stale rollouts, validate the rest, keep the informative ones.
@@ -124,11 +184,10 @@ class GRPOLearner:
         if not batch:
             return stats  # no signal: the weights (and the version's BF16 cast) stay as they are
         self.policy.model.train()
-        loss, extra = self.loss(batch, adv)
-        loss.backward()
+        extra = self.accumulate(batch, adv)
         norm = torch.nn.utils.clip_grad_norm_(self.policy.model.parameters(), self.cfg.max_grad_norm)
         before = bf16_bits(self.policy.model)
         self.opt.step()
-        stats.update(extra, loss=float(loss.item()), grad_norm=float(norm), stepped=1.0,
+        stats.update(extra, grad_norm=float(norm), stepped=1.0,
                      bf16_changed=changed_fraction(before, bf16_bits(self.policy.model)))
         return stats

@@ -49,7 +49,7 @@ from pulse_node.loco.outer import OuterOptimizer
 from pulse_node.loco.payload import LocoPayload
 from pulse_node.loco.sparsify import ErrorFeedback
 from pulse_node.rl.config import GRPOConfig
-from pulse_node.rl.grpo import GRPOLearner
+from pulse_node.rl.grpo import GRPOLearner, micro_batches
 from pulse_node.rl.policy import build_policy
 from pulse_node.rl.rollout import Rollout
 from pulse_node.rl.sampler import RolloutWorker
@@ -122,8 +122,9 @@ class ShardWork:
         self.outer = OuterOptimizer({n: torch.zeros(s) for n, s in shapes.items()}, cfg.loco)
         self.ef = ErrorFeedback(shapes, cfg=cfg.loco, bound=PayloadBound.of_trainer(cfg))
         # BF16 forward comes from FSDP's mixed precision: the learner must not swap parameters
+        # and the head is gathered only inside the root's forward: log-probs from the whole forward
         self.learner = GRPOLearner(self.policy, cfg.grpo.model_copy(update={"bf16_compute": False}),
-                                   temperature=cfg.sampling.temperature)
+                                   temperature=cfg.sampling.temperature, chunked=False)
         self.replica: tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]] | None = None  # rank 0
         self._mine: LocoPayload | None = None
 
@@ -177,15 +178,15 @@ class ShardWork:
         self._gather_global()
 
     # ---- inner steps --------------------------------------------------------------------
-    def cmd_step(self, shares: list[tuple[list[Rollout], list[float], float]] | None) -> list[dict] | None:
+    def cmd_step(self, shares: list[tuple[list[Rollout], list[float], float, int]] | None) -> list[dict] | None:
         """One data-parallel GRPO step; each rank's loss is scaled by ``world * its tokens / all
-        tokens`` so FSDP's gradient mean is the token mean over the whole batch."""
-        rollouts, adv, scale = self.ranks.scatter(shares)
+        tokens`` so FSDP's gradient mean is the token mean over the whole batch. Every rank runs
+        the same number of micro-batches (each forward and backward is collective)."""
+        rollouts, adv, scale, count = self.ranks.scatter(shares)
         learner, model = self.learner, self.policy.model
         learner.opt.zero_grad(set_to_none=True)
         model.train()
-        loss, extra = learner.loss(rollouts, adv)
-        (loss * scale).backward()
+        extra = learner.accumulate(rollouts, adv, scale=scale, count=count)
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), self.cfg.grpo.max_grad_norm)
         before = {n: p.to_local().detach().to(torch.bfloat16) for n, p in self.local.items()}
         learner.opt.step()
@@ -193,14 +194,16 @@ class ShardWork:
                           .sum()) for n, p in self.local.items())
         norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
         extra["tokens"] = extra["tokens"] if scale else 0.0  # a placeholder share counts nothing
-        return self.ranks.gather({**extra, "loss": float(loss.detach()) * scale, "grad_norm": float(norm),
+        return self.ranks.gather({**extra, "loss": extra["loss"] * scale, "grad_norm": float(norm),
                                   "changed": changed, "numel": sum(p.to_local().numel() for p in self.local.values()),
                                   **memory_mb()})
 
 
-def split_batch(batch: list[Rollout], adv: list[float], world: int) -> list[tuple[list[Rollout], list[float], float]]:
-    """Contiguous shares of ``batch`` per rank, with each share's loss scale. A rank without a
-    rollout of its own takes a placeholder with scale 0 (it must still join the collectives)."""
+def split_batch(batch: list[Rollout], adv: list[float], world: int, *,
+                micro_batch_tokens: int) -> list[tuple[list[Rollout], list[float], float, int]]:
+    """Contiguous shares of ``batch`` per rank, with each share's loss scale and the number of
+    micro-batches every rank runs (the most any share needs). A rank without a rollout of its
+    own takes a placeholder with scale 0 (it must still join the collectives)."""
     tokens = sum(len(r.completion_ids) for r in batch)
     shares = []
     for r in range(world):
@@ -210,7 +213,8 @@ def split_batch(batch: list[Rollout], adv: list[float], world: int) -> list[tupl
             shares.append((batch[:1], [0.0], 0.0))
             continue
         shares.append((part, part_adv, world * sum(len(x.completion_ids) for x in part) / max(tokens, 1)))
-    return shares
+    count = max(len(micro_batches(s[0], budget=micro_batch_tokens)) for s in shares)
+    return [(*s, count) for s in shares]
 
 
 def combine_stats(parts: list[dict]) -> dict[str, float]:
@@ -276,7 +280,8 @@ class DistributedEngine:
         stats, batch, adv = self.work.learner.plan(rollouts, current_version=current_version)
         if not batch:
             return stats
-        parts = self._call("step", split_batch(batch, adv, self.ranks.world))
+        parts = self._call("step", split_batch(batch, adv, self.ranks.world,
+                                               micro_batch_tokens=self.cfg.grpo.micro_batch_tokens))
         stats.update(combine_stats(parts))
         if self.status is not None:
             self.status.update(rank_rss_mb=[round(p["rss_mb"]) for p in parts],
