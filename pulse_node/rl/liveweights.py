@@ -61,10 +61,22 @@ def _live_bits(chunk: torch.Tensor, dtype: str) -> torch.Tensor:
     return chunk.view(_SIGNED[chunk.element_size()])
 
 
+def _cpu_bits(param: torch.Tensor) -> np.ndarray:
+    """The flat unsigned-integer numpy view of a CPU parameter's storage (writes go to it)."""
+    return param.detach().view(-1).view(_SIGNED[param.element_size()]).numpy().view(
+        np.dtype(f"<u{param.element_size()}"))
+
+
 def _scatter(param: torch.Tensor, idx: np.ndarray, bits: np.ndarray, dtype: str) -> None:
-    if idx.size:
-        where = torch.from_numpy(idx.astype(np.int64, copy=False)).to(param.device)
-        param.view(-1).index_copy_(0, where, _to_param(bits, dtype, param))
+    """``param[idx] = bits`` (as values of ``dtype``, upcast where the parameter is wider)."""
+    if not idx.size:
+        return
+    if param.device.type == "cpu":  # numpy: no int64 copy of the positions, no value tensor
+        dst = _cpu_bits(param)
+        dst[idx] = (bits.astype(np.uint32) << 16) if dst.itemsize == 4 and bits.itemsize == 2 else bits
+        return
+    where = torch.from_numpy(idx.astype(np.int64, copy=False)).to(param.device)
+    param.view(-1).index_copy_(0, where, _to_param(bits, dtype, param))
 
 
 class _Step:
@@ -200,6 +212,8 @@ class LiveWeights:
 
     @staticmethod
     def _diff_tensor(param: torch.Tensor, tb: TensorBits) -> TensorChange:
+        if param.device.type == "cpu":
+            return _diff_cpu(_cpu_bits(param), tb)
         flat = param.view(-1)
         signed = tb.bits.view(np.dtype(f"<i{tb.bits.itemsize}"))
         parts_i, parts_old = [], []
@@ -213,3 +227,19 @@ class LiveWeights:
         idx = np.concatenate(parts_i) if parts_i else np.zeros(0, np.int64)
         old = (np.concatenate(parts_old) if parts_old else np.zeros(0, signed.dtype)).view(tb.bits.dtype)
         return TensorChange(idx.astype(np.uint32 if tb.numel <= 1 << 32 else np.int64), old, tb.bits[idx])
+
+
+def _diff_cpu(live: np.ndarray, tb: TensorBits) -> TensorChange:
+    """Positions where the live bits (``live``: the parameter's unsigned view) differ from ``tb``."""
+    upcast = live.itemsize == 4 and tb.bits.itemsize == 2
+    parts_i, parts_old = [], []
+    for lo in range(0, tb.numel, CHUNK):
+        have = live[lo:lo + CHUNK]
+        if upcast:
+            have = (have >> 16).astype(np.uint16)
+        hit = np.flatnonzero(have != tb.bits[lo:lo + CHUNK])
+        parts_i.append(hit + lo)
+        parts_old.append(have[hit])
+    idx = np.concatenate(parts_i) if parts_i else np.zeros(0, np.int64)
+    old = np.concatenate(parts_old) if parts_old else np.zeros(0, tb.bits.dtype)
+    return TensorChange(idx.astype(np.uint32 if tb.numel <= 1 << 32 else np.int64), old, tb.bits[idx])
