@@ -97,3 +97,20 @@ def test_wrong_base_and_read_only_arrays_are_refused_untouched() -> None:
     with pytest.raises(PatchError, match="read-only"):
         apply_patch_inplace(frozen, patch)
     assert _same(frozen, base)
+
+
+def test_a_kernel_failing_midway_restores_its_tensor(monkeypatch) -> None:
+    import pulse_node.codec.inplace as inplace
+
+    base, new = _pair(3)
+    patch = make_patch(base, new)
+
+    def half_then_fail(entry, idx, words, raw, models, bits):  # writes garbage, then reports corruption
+        bits[idx[: idx.size // 2]] ^= 0x1234
+        raise PatchError("value stream: symbol outside its model")
+
+    monkeypatch.setattr(inplace, "_decode_deltas", half_then_fail)
+    state = _copy(base)
+    with pytest.raises(PatchError, match="outside its model"):
+        apply_patch_inplace(state, patch)
+    assert _same(state, base)
