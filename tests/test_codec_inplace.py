@@ -9,6 +9,7 @@ import dataclasses
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from codec_strategies import mutate, realistic_bits, state_pairs
 from pulse_node.codec.header import pack_header, unpack_header
@@ -114,3 +115,20 @@ def test_a_kernel_failing_midway_restores_its_tensor(monkeypatch) -> None:
     with pytest.raises(PatchError, match="outside its model"):
         apply_patch_inplace(state, patch)
     assert _same(state, base)
+
+
+@FAST
+@given(state_pairs(), st.integers(0, 2**32 - 1))
+def test_composed_changes_equal_the_two_steps(p1, seed: int) -> None:
+    base, mid = p1
+    rng = np.random.default_rng(seed)
+    end = {k: TensorBits(t.dtype, t.shape, mutate(t.dtype, t.bits, 0.3, rng) if t.numel else t.bits.copy())
+           for k, t in mid.items()}
+    state = _copy(base)
+    first = apply_patch_inplace(state, make_patch(base, mid))
+    both = first.then(apply_patch_inplace(state, make_patch(mid, end)))
+    assert _same(state, end) and both.base_hash == state_hash(base) and both.result_hash == state_hash(end)
+    both.undo(state)
+    assert _same(state, base)
+    both.redo(state)
+    assert _same(state, end)

@@ -63,6 +63,23 @@ class Changes:
     def nbytes(self) -> int:
         return sum(c.nbytes for c in self.tensors.values())
 
+    def then(self, later: "Changes") -> "Changes":
+        """One ``Changes`` for this step followed by ``later`` (whose base is this result): the
+        union of positions, old bits from the first step that touched each, new bits from the last."""
+        tensors = dict(self.tensors)
+        for name, b in later.tensors.items():
+            a = tensors.get(name)
+            if a is None:
+                tensors[name] = b
+                continue
+            idx = np.union1d(a.idx, b.idx)
+            pa, pb = np.searchsorted(idx, a.idx), np.searchsorted(idx, b.idx)
+            old, new = np.empty(idx.size, a.old.dtype), np.empty(idx.size, a.new.dtype)
+            old[pb], new[pa] = b.old, a.new
+            old[pa], new[pb] = a.old, b.new  # the first step's old bits, the last step's new bits win
+            tensors[name] = TensorChange(idx, old, new)
+        return Changes(self.base_hash, later.result_hash, tensors)
+
     def undo(self, state: Mapping[str, TensorBits]) -> None:
         """Write the old bits back: the state returns to ``base_hash``."""
         for name, c in self.tensors.items():

@@ -85,7 +85,7 @@ class VersionSync:
 
     def __init__(self, store: VersionStore, transport: Transport, trust: TrustPolicy, *,
                  net: NetConfig, seeds: int = 1, window: int = 16, seed_wait_s: float = 2.0,
-                 catchup_min_gap: int = 4, catchup_wait_s: float = 30.0, keep_changes: int = 4) -> None:
+                 catchup_min_gap: int = 4, catchup_wait_s: float = 30.0) -> None:
         self.store, self.transport, self.trust, self.net = store, transport, trust, net
         self.seeds, self.window, self.seed_wait_s = seeds, window, seed_wait_s
         self.catchup_min_gap, self.catchup_wait_s = catchup_min_gap, catchup_wait_s  # 0 = never ask
@@ -94,8 +94,7 @@ class VersionSync:
         self.record: VersionRecord | None = None
         self.state: State | None = None
         self.record, self.state = store.load_head() or (None, None)  # our own arrays: patched in place
-        self.changes: list[Move] = []  # steps applied in place, until the live model takes them
-        self.keep_changes = keep_changes
+        self.changes: list[Move] = []  # what was applied in place, until the live model takes it
         if self.record is not None and self.record.run_id != trust.trainers.run_id:
             raise ConfigError(f"{store.root} holds versions of run {self.record.run_id!r}, not "
                               f"{trust.trainers.run_id!r}; use another data_dir for another run")
@@ -316,9 +315,13 @@ class VersionSync:
         self.counters["applied"] += 1
 
     def _moved(self, base: int, target: int, changes: Changes) -> None:
-        """Keep what an in-place apply changed, for the live model (``take_changes``), bounded."""
-        self.changes.append((base, target, changes))
-        del self.changes[:-self.keep_changes]
+        """Keep what an in-place apply changed, for the live model (``take_changes``): one step
+        from the version the live model last took, consecutive applies composed into it."""
+        if self.changes and self.changes[-1][1] == base:
+            first, _, before = self.changes[-1]
+            self.changes = [(first, target, before.then(changes))]
+        else:
+            self.changes = [(base, target, changes)]
 
     def take_changes(self) -> list[Move]:
         """The (from, to, changes) steps applied since the last call; the live model follows them
