@@ -42,8 +42,9 @@ class InferenceRole:
         self.sync = VersionSync(ctx.store, ctx.transport, self.trust, net=cfg.net,
                                 catchup_min_gap=cfg.chain.catchup_min_gap, catchup_wait_s=cfg.chain.catchup_wait_s)
         # weights come from the swarm: only the architecture and tokenizer are needed here
-        self.policy = build_policy(cfg.model, cfg.task, seed=cfg.seed, grpo_cfg=GRPOConfig(warmstart_steps=0))
-        self.worker = RolloutWorker(self.policy, cfg.sampling)
+        policy = build_policy(cfg.model, cfg.task, seed=cfg.seed, grpo_cfg=GRPOConfig(warmstart_steps=0))
+        self.worker = RolloutWorker(policy, cfg.sampling)
+        del policy  # the worker holds its own copy; a second network would cost 4 B/param for nothing
         # it only moves forward: no undo steps kept beside the live model (bytes per parameter)
         self.worker.live = LiveWeights(dict(self.worker.lm.module.named_parameters()), keep=0)
         self.tasks = make_task_source(cfg.task)
