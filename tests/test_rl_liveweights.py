@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -18,6 +19,7 @@ from pulse_node.codec.patch import make_patch
 from pulse_node.codec.state import State, TensorBits
 from pulse_node.codec.statehash import state_hash
 from pulse_node.errors import IntegrityError
+from pulse_node.rl import liveweights
 from pulse_node.rl.liveweights import LiveWeights
 from pulse_node.torchbits import bits_to_tensor
 
@@ -106,7 +108,9 @@ def test_any_sequence_of_moves_equals_a_fresh_load(seed: int, ops: list[tuple[st
         assert live.version == held
 
 
-def test_verifier_switches_back_four_versions_by_undo_not_reload() -> None:
+@pytest.mark.parametrize("numpy_on_cpu", [True, False])  # False: the torch path CUDA parameters take
+def test_verifier_switches_back_four_versions_by_undo_not_reload(numpy_on_cpu: bool, monkeypatch) -> None:
+    monkeypatch.setattr(liveweights, "NUMPY_ON_CPU", numpy_on_cpu)
     chain = _chain(7)
     live = LiveWeights(_params(), keep=4)
     live.load(chain[0], 0)

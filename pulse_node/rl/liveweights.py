@@ -36,6 +36,8 @@ from pulse_node.torchbits import load_state
 
 #: elements compared per chunk when diffing the live bits against a state (bounds temporaries)
 CHUNK = 1 << 22
+#: CPU parameters are written through numpy views (False: the torch path CUDA takes, for tests)
+NUMPY_ON_CPU = True
 #: threads scattering into CPU parameters
 SCATTER_THREADS = min(4, os.cpu_count() or 1)
 _SIGNED = {2: torch.int16, 4: torch.int32}
@@ -75,7 +77,7 @@ def _scatter(param: torch.Tensor, idx: np.ndarray, bits: np.ndarray, dtype: str)
     """``param[idx] = bits`` (as values of ``dtype``, upcast where the parameter is wider)."""
     if not idx.size:
         return
-    if param.device.type == "cpu":  # numpy: no int64 copy of the positions, no value tensor
+    if param.device.type == "cpu" and NUMPY_ON_CPU:  # numpy: no int64 copy of the positions
         dst = _cpu_bits(param)
         dst[idx] = (bits.astype(np.uint32) << 16) if dst.itemsize == 4 and bits.itemsize == 2 else bits
         return
@@ -231,7 +233,7 @@ class LiveWeights:
 
     @staticmethod
     def _diff_tensor(param: torch.Tensor, tb: TensorBits) -> TensorChange:
-        if param.device.type == "cpu":
+        if param.device.type == "cpu" and NUMPY_ON_CPU:
             return _diff_cpu(_cpu_bits(param), tb)
         flat = param.view(-1)
         signed = tb.bits.view(np.dtype(f"<i{tb.bits.itemsize}"))
