@@ -138,3 +138,17 @@ def test_advance_refuses_steps_that_do_not_start_at_the_held_version() -> None:
     assert live.set(state, 2, changes=[(0, 1, one), (1, 2, two)]) == "advanced"
     _assert_holds(live, chain[2])
     assert not live.steps  # keep=0: nothing kept beside the live model
+
+
+def test_the_diff_kernel_finds_exactly_the_differing_bits() -> None:
+    from pulse_node.codec import kernels as K
+
+    rng = np.random.default_rng(5)
+    want = rng.integers(0, 1 << 16, 5000).astype(np.uint16)
+    have = want.astype(np.uint32) << 16 | rng.integers(0, 1 << 16, 5000).astype(np.uint32)  # low bits: noise
+    flip = rng.random(5000) < 0.05
+    have[flip] ^= 1 << 20
+    out = np.empty(5001, np.int64)
+    n = K.differ(have, want, 16, 100, out)
+    assert np.array_equal(out[:n], np.flatnonzero(flip) + 100)
+    assert K.differ(want, want, 0, 0, out) == 0

@@ -190,6 +190,16 @@ def _locate(members, idx, hit, before):
         hit[i] = j < members.size and members[j] == x
 
 
+def _differ(have, want, shift, lo, out):
+    """Positions ``lo + i`` where ``have[i] >> shift != want[i]``, compacted into ``out`` (one
+    spare slot, branch-free like ``_members_below``); returns how many."""
+    k = 0
+    for i in range(have.size):
+        out[k] = lo + i
+        k += (np.int64(have[i]) >> shift) != np.int64(want[i])
+    return k
+
+
 if AVAILABLE:
     _take_bits = njit(cache=True, nogil=True, inline="always")(_take_bits)  # type: ignore[assignment]
     _key = njit(cache=True, nogil=True, inline="always")(_key)  # type: ignore[assignment]
@@ -204,3 +214,4 @@ count_below = _jit(_count_below)
 members_below = _jit(_members_below)
 background_positions = _jit(_background_positions)
 locate = _jit(_locate)
+differ = _jit(_differ)

@@ -30,6 +30,7 @@ from typing import Iterable, Mapping
 import numpy as np
 import torch
 
+from pulse_node.codec import kernels as K
 from pulse_node.codec.inplace import Changes, Move, TensorChange
 from pulse_node.codec.state import State, TensorBits
 from pulse_node.torchbits import load_state
@@ -252,15 +253,15 @@ class LiveWeights:
 
 def _diff_cpu(live: np.ndarray, tb: TensorBits) -> TensorChange:
     """Positions where the live bits (``live``: the parameter's unsigned view) differ from ``tb``."""
-    upcast = live.itemsize == 4 and tb.bits.itemsize == 2
-    parts_i, parts_old = [], []
+    shift = 16 if live.itemsize == 4 and tb.bits.itemsize == 2 else 0
+    parts = []
+    out = np.empty(min(CHUNK, tb.numel) + 1, np.int64)
     for lo in range(0, tb.numel, CHUNK):
-        have = live[lo:lo + CHUNK]
-        if upcast:
-            have = (have >> 16).astype(np.uint16)
-        hit = np.flatnonzero(have != tb.bits[lo:lo + CHUNK])
-        parts_i.append(hit + lo)
-        parts_old.append(have[hit])
-    idx = np.concatenate(parts_i) if parts_i else np.zeros(0, np.int64)
-    old = np.concatenate(parts_old) if parts_old else np.zeros(0, tb.bits.dtype)
+        have, want = live[lo:lo + CHUNK], tb.bits[lo:lo + CHUNK]
+        if K.AVAILABLE:  # one compiled pass: compare and compact
+            parts.append(out[:K.differ(have, want, shift, lo, out)].copy())
+        else:
+            parts.append(np.flatnonzero((have >> shift) != want) + lo)
+    idx = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+    old = (live[idx] >> shift).astype(tb.bits.dtype)
     return TensorChange(idx.astype(np.uint32 if tb.numel <= 1 << 32 else np.int64), old, tb.bits[idx])
