@@ -31,14 +31,14 @@ OPS = st.lists(st.one_of(st.just(("fwd", 0)), st.just(("back", 0)), st.just(("ba
                          st.tuples(st.just("goto"), st.integers(0, VERSIONS - 1))), min_size=1, max_size=14)
 
 
-def _chain(seed: int) -> list[State]:
+def _chain(seed: int, densities: tuple[float, ...] = (0.0, 0.02, 0.2, 1.0)) -> list[State]:
     rng = np.random.default_rng(seed)
     first = {}
     for name, (dtype, _, shape) in LAYOUT.items():
         first[name] = TensorBits(dtype, shape, realistic_bits(dtype, int(np.prod(shape, dtype=np.int64)), rng))
     chain = [first]
     for _ in range(VERSIONS - 1):
-        density = float(rng.choice([0.0, 0.02, 0.2, 1.0]))
+        density = float(rng.choice(densities))
         chain.append({k: TensorBits(t.dtype, t.shape, mutate(t.dtype, t.bits, density, rng))
                       for k, t in chain[-1].items()})
     return chain
@@ -111,7 +111,7 @@ def test_any_sequence_of_moves_equals_a_fresh_load(seed: int, ops: list[tuple[st
 @pytest.mark.parametrize("numpy_on_cpu", [True, False])  # False: the torch path CUDA parameters take
 def test_verifier_switches_back_four_versions_by_undo_not_reload(numpy_on_cpu: bool, monkeypatch) -> None:
     monkeypatch.setattr(liveweights, "NUMPY_ON_CPU", numpy_on_cpu)
-    chain = _chain(7)
+    chain = _chain(7, densities=(0.02, 0.1))
     live = LiveWeights(_params(), keep=4)
     live.load(chain[0], 0)
     for v in range(1, 5):
@@ -126,7 +126,7 @@ def test_verifier_switches_back_four_versions_by_undo_not_reload(numpy_on_cpu: b
 
 
 def test_advance_refuses_steps_that_do_not_start_at_the_held_version() -> None:
-    chain = _chain(3)
+    chain = _chain(3, densities=(0.02, 0.1))
     state = {k: t.copy() for k, t in chain[0].items()}
     live = LiveWeights(_params(), keep=0)
     live.load(state, 0)
@@ -152,3 +152,15 @@ def test_the_diff_kernel_finds_exactly_the_differing_bits() -> None:
     n = K.differ(have, want, 16, 100, out)
     assert np.array_equal(out[:n], np.flatnonzero(flip) + 100)
     assert K.differ(want, want, 0, 0, out) == 0
+
+
+def test_dense_steps_are_loaded_not_kept() -> None:
+    """A state where most entries differ (a first Adam step) is loaded whole and keeps no step:
+    the undo logs stay bounded by ``MAX_STEP_FRACTION`` of the model."""
+    chain = _chain(11)
+    rng = np.random.default_rng(0)
+    dense = {k: TensorBits(t.dtype, t.shape, mutate(t.dtype, t.bits, 1.0, rng)) for k, t in chain[0].items()}
+    live = LiveWeights(_params(), keep=4)
+    live.load(chain[0], 0)
+    assert live.set(dense, 1) == "loaded" and live.counts["loads"] == 2 and not live.steps
+    _assert_holds(live, dense)

@@ -37,6 +37,8 @@ from pulse_node.torchbits import load_state
 
 #: elements compared per chunk when diffing the live bits against a state (bounds temporaries)
 CHUNK = 1 << 22
+#: a step changing more than this fraction of all entries is not kept (8 B per changed entry)
+MAX_STEP_FRACTION = 0.25
 #: CPU parameters are written through numpy views (False: the torch path CUDA takes, for tests)
 NUMPY_ON_CPU = True
 #: threads scattering into CPU parameters
@@ -131,10 +133,13 @@ class LiveWeights:
         return refs is not None and len(refs) == len(state) and all(
             (tb := state.get(name)) is not None and r() is tb for name, r in refs)
 
+    def _numel(self) -> int:
+        return sum(p.numel() for p in self.params.values())
+
     def _add(self, step: _Step) -> None:
         self.steps = deque(s for s in self.steps if step.b not in (s.a, s.b))
-        if self.keep > 0:
-            self.steps.append(step)
+        if self.keep > 0 and step.changes.changed <= MAX_STEP_FRACTION * self._numel():
+            self.steps.append(step)  # a dense step (a first Adam step, a long catch-up) is not kept
         while len(self.steps) > self.keep:
             self.steps.popleft()
         live = {v for s in self.steps for v in (s.a, s.b)} | {self.version, step.a, step.b}
@@ -207,8 +212,7 @@ class LiveWeights:
             return "advanced"
         if self.version >= 0 and all(_exact(self.params[n], tb) for n, tb in state.items()) \
                 and set(state) == set(self.params):
-            self.diff(state, version)
-            return "diffed"
+            return "diffed" if self.diff(state, version) else "loaded"
         self.load(state, version)
         return "loaded"
 
@@ -217,20 +221,27 @@ class LiveWeights:
         ends = [self.version] + [b for _, b, _ in changes]
         return [a for a, _, _ in changes] == ends[:-1] and ends[-1] == version
 
-    def diff(self, state: State, version: int) -> None:
-        """Compare the live bits with ``state`` and write only what differs; kept as a step."""
+    def diff(self, state: State, version: int) -> bool:
+        """Compare the live bits with ``state`` and write only what differs; kept as a step. More
+        than ``MAX_STEP_FRACTION`` of the entries differing: a whole load instead (bounded memory)."""
         tensors: dict[str, TensorChange] = {}
+        budget = MAX_STEP_FRACTION * self._numel()
         with torch.no_grad():
             for name, tb in state.items():
                 c = self._diff_tensor(self.params[name], tb)
                 if c.idx.size:
                     _scatter(self.params[name], c.idx, c.new, tb.dtype)
                     tensors[name] = c
+                    budget -= c.idx.size
+                if budget < 0:
+                    self.load(state, version)
+                    return False
         step = _Step(self.version, version, Changes("", "", tensors), {n: tb.dtype for n, tb in state.items()})
         self.version = version
         self._add(step)
         self._tag(version, state)
         self.counts["diffs"] += 1
+        return True
 
     @staticmethod
     def _diff_tensor(param: torch.Tensor, tb: TensorBits) -> TensorChange:
