@@ -411,7 +411,11 @@ class VersionSync:
         except (IntegrityError, PatchError):
             self.trust.strike(peer.peer_id)
             raise
-        self.store.put_current(rec, self.state)  # a restart resumes from here
+        try:
+            self.store.put_current(rec, self.state)  # a restart resumes from here
+        except BaseException:
+            changes.undo(self.state)  # refused by the store: we stay at our version
+            raise
         self.last_catchup = CatchupApplied(self.record.version, rec.version, len(patch))
         base = self.record.version
         self._adopt(rec, self.state)
