@@ -3,7 +3,8 @@
 For each preset size (``bench/workload.py`` SIZES) two consecutive versions from
 ``bench/emulated_steps.py`` and the compact patch between them; then, ``--repeat`` times in turn:
 a bare copy of the state into new arrays (what apply does to every changed tensor), a copy into
-buffers already touched (memory bandwidth alone), ``apply_patch`` without the result hash, and
+buffers already touched (memory bandwidth alone), ``apply_patch`` without the result hash, the
+same patch applied in place into a state of its own and undone (``codec/inplace.py``), and
 the state hash. Each row: seconds, ns per parameter, minor page faults and the kernel's
 transparent-huge-page and compaction counters (/proc/vmstat) during the operation. Last line: JSON.
 
@@ -47,6 +48,7 @@ def one_size(size: str, repeat: int) -> dict:
     import numpy as np
 
     from bench.emulated_steps import states
+    from pulse_node.codec.inplace import apply_patch_inplace
     from pulse_node.codec.patch import apply_patch, make_patch
     from pulse_node.codec.statehash import state_hash
 
@@ -59,10 +61,13 @@ def one_size(size: str, repeat: int) -> dict:
     del new
     n = sum(t.numel for t in base.values())
     dst = {k: t.bits.copy() for k, t in base.items()}
+    own = {k: t.copy() for k, t in base.items()}
     ops = {
         "copy_new_arrays": lambda: [t.bits.copy() for t in base.values()],
         "copy_touched": lambda: [np.copyto(dst[k], t.bits) for k, t in base.items()],
         "apply_no_hash": lambda: apply_patch(base, patch, verify=False, base_hash=bh),
+        # in place (codec/inplace.py) into the node's own state, then undone: no page faults
+        "apply_inplace_and_undo": lambda: apply_patch_inplace(own, patch, verify=False, base_hash=bh).undo(own),
         "state_hash": lambda: state_hash(base),
     }
     apply_patch(base, patch, verify=False, base_hash=bh)  # kernels compiled / loaded

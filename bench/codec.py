@@ -4,7 +4,7 @@ For lr 1e-6 and 3e-6, 1-step and k-step patches, prints: density, bytes per chan
 of (1) naive int32 index + BF16 value, (2) the reference codec v3.1 (bench/ref_codec_v31.py),
 (3) ours in overwrite and compact mode (compact with and without position context), (4) order-0 entropy of positions + ulp deltas and the
 exponent-conditioned bound; then speed ratios measured side by side in this run
-(diff+encode / bare compare, decode+apply / bare copy) and the state-hash throughput of
+(diff+encode / bare compare, decode+apply / bare copy, also in place: ``codec/inplace.py``) and the state-hash throughput of
 xxh3-128, BLAKE3 and SHA-256 on ~500 MB. The last line is one JSON object.
 
 Run: ``/work/venv/bin/python bench/codec.py [--steps 30] [--k 8]`` (about 10 minutes on 2 cores).
@@ -34,6 +34,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench import ref_codec_v31 as ref  # noqa: E402
 from bench.emulated_steps import states  # noqa: E402
 from bench.workload import SIZES, param_count  # noqa: E402
+from pulse_node.codec.inplace import apply_patch_inplace  # noqa: E402
 from pulse_node.codec.patch import apply_patch, make_patch  # noqa: E402
 from pulse_node.codec.state import State, TensorBits  # noqa: E402
 from pulse_node.codec.statehash import _tensor_prefix, state_hash  # noqa: E402
@@ -147,6 +148,9 @@ def speeds(base: State, new: State) -> dict[str, float]:
                                                                       new_hash=nh, position_context=ctx)
         fns[f"{name}_apply"] = lambda name=name: apply_patch(base, patches[name], verify=False)
         fns[f"{name}_apply_verified"] = lambda name=name: apply_patch(base, patches[name], base_hash=bh)
+        own = {k: t.copy() for k, t in base.items()}  # the node's own state, patched in place and undone
+        fns[f"{name}_apply_inplace"] = lambda name=name, own=own: apply_patch_inplace(
+            own, patches[name], verify=False, base_hash=bh).undo(own)
     for fn in fns.values():
         fn()
     return round_robin(fns, repeat=OPTS["repeat"])
@@ -212,7 +216,9 @@ def _print_speed(t: dict[str, float]) -> None:
     for mode in _variants():
         print(f"    {mode:11s} diff+encode {t[f'{mode}_encode']:.3f} ({t[f'{mode}_encode'] / c:.1f}x compare)  "
               f"decode+apply {t[f'{mode}_apply']:.3f} ({t[f'{mode}_apply'] / p:.1f}x copy; "
-              f"verified {t[f'{mode}_apply_verified'] / p:.1f}x)")
+              f"verified {t[f'{mode}_apply_verified'] / p:.1f}x); in place + undo "
+              f"{t[f'{mode}_apply_inplace']:.3f} ({t[f'{mode}_apply_inplace'] / p:.1f}x copy, "
+              f"{t[f'{mode}_apply_inplace'] / t['bare_copy_warm']:.1f}x a copy into touched buffers)")
     if OPTS["lean"]:
         return
     print(f"    ref-v3.1  diff+encode {t['ref_encode']:.3f} ({t['ref_encode'] / c:.1f}x compare)  "

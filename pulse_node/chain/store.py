@@ -43,6 +43,7 @@ from pulse_node.chain.layout import (CATCHUP_DIR, CATCHUP_KEEP_BYTES, CATCHUP_KE
 from pulse_node.chain.patchinfo import patch_hashes
 from pulse_node.chain.record import VersionRecord, check_link, check_patch, encode_record, verify_record
 from pulse_node.chain.store_scan import DATA_KINDS, listdir, scan_store
+from pulse_node.codec.inplace import apply_patch_inplace
 from pulse_node.codec.patch import apply_patch
 from pulse_node.codec.state import State, load_safetensors, save_safetensors_atomic
 from pulse_node.codec.statehash import state_hash
@@ -269,21 +270,26 @@ class VersionStore:
 
     def _replay(self, start: int, version: int) -> State:
         kind = "anchor" if start in self._files["anchor"] else "current"
-        return self.advance(self._full_state(kind, start), start, version)
+        return self.advance(self._full_state(kind, start), start, version, inplace=True)  # ours alone
 
-    def advance(self, state: State, start: int, version: int) -> State:
+    def advance(self, state: State, start: int, version: int, *, inplace: bool = False) -> State:
         """Apply the stored patches ``start+1..version`` to ``state``, verifying each result.
 
         ``state`` must be the verified state of ``start`` (hash equal to its record's). A patch
-        that does not reproduce its record is dropped and ``IntegrityError`` raised.
+        that does not reproduce its record is dropped and ``IntegrityError`` raised. ``inplace``:
+        patch ``state``'s own arrays (the caller hands them over; no array per version), else
+        ``state`` is left as it was.
         """
         for v in range(start + 1, version + 1):
             patch = self.patch_bytes(v)
             parent = self._records.get(v - 1)
             try:
                 self._check_header(patch, self._records[v], parent)
-                state = apply_patch(state, patch, verify=True,
-                                    base_hash=parent.state_hash if parent else None)
+                base_hash = parent.state_hash if parent else None
+                if inplace:
+                    apply_patch_inplace(state, patch, verify=True, base_hash=base_hash)
+                else:
+                    state = apply_patch(state, patch, verify=True, base_hash=base_hash)
             except (PatchError, IntegrityError) as exc:  # BaseMismatchError included
                 self._drop("patch", v)
                 raise IntegrityError(f"patch v{v} does not reproduce its record: {exc}") from None

@@ -73,6 +73,8 @@ def _warm_kernels() -> None:
         K.delta_zig(bits, bits + dt(1), K.FLOAT, 8 * bits.itemsize, np.empty(4, np.int64))
         K.count_below(bits, 1, 127)
         K.members_below(bits, 1, 127, 2, np.empty(5, np.int64), np.empty(5, np.uint8))
+    for have, want in ((np.uint32, np.uint16), (np.uint16, np.uint16), (np.uint32, np.uint32)):
+        K.differ(np.arange(4, dtype=have), np.arange(4, dtype=want), 0, 0, np.empty(5, np.int64))
 
 
 def _warm_codec_round_trips() -> None:

@@ -23,6 +23,7 @@ from pulse_node.chain.trust import TrustPolicy
 from pulse_node.rl.assign import BatchKey
 from pulse_node.rl.config import GRPOConfig
 from pulse_node.rl.policy import build_policy
+from pulse_node.rl.liveweights import LiveWeights
 from pulse_node.rl.rollout import encode_rollouts
 from pulse_node.rl.sampler import RolloutWorker
 from pulse_node.rl.settings import SettingsMismatch, check_settings, settings_of
@@ -41,8 +42,11 @@ class InferenceRole:
         self.sync = VersionSync(ctx.store, ctx.transport, self.trust, net=cfg.net,
                                 catchup_min_gap=cfg.chain.catchup_min_gap, catchup_wait_s=cfg.chain.catchup_wait_s)
         # weights come from the swarm: only the architecture and tokenizer are needed here
-        self.policy = build_policy(cfg.model, cfg.task, seed=cfg.seed, grpo_cfg=GRPOConfig(warmstart_steps=0))
-        self.worker = RolloutWorker(self.policy, cfg.sampling)
+        policy = build_policy(cfg.model, cfg.task, seed=cfg.seed, grpo_cfg=GRPOConfig(warmstart_steps=0))
+        self.worker = RolloutWorker(policy, cfg.sampling)
+        del policy  # the worker holds its own copy; a second network would cost 4 B/param for nothing
+        # it only moves forward: no undo steps kept beside the live model (bytes per parameter)
+        self.worker.live = LiveWeights(dict(self.worker.lm.module.named_parameters()), keep=0)
         self.tasks = make_task_source(cfg.task)
         self.sent_for: dict[int, int] = {}
         self.settings = settings_of(cfg)
@@ -70,7 +74,8 @@ class InferenceRole:
 
     def _on_applied(self, applied) -> None:
         rec = self.sync.record
-        self.worker.set_weights(self.sync.state, rec.version)
+        # the steps just applied in place, scattered into the live model (a reload only after an anchor)
+        self.worker.set_weights(self.sync.state, rec.version, changes=self.sync.take_changes())
         self.ctx.store.retain(keep_versions=self.cfg.chain.keep_versions, keep_anchors=self.cfg.chain.keep_anchors)
         self.ctx.announce(version=rec.version, chain_hash=rec.chain_hash, state_hash=rec.state_hash)
         n = self.sync.counters

@@ -39,7 +39,8 @@ from pulse_node.chain.record import MAX_RECORD_BYTES, VersionRecord, check_patch
 from pulse_node.chain.reorder import ReorderBuffer
 from pulse_node.chain.store import VersionStore
 from pulse_node.chain.trust import TrustPolicy
-from pulse_node.codec.patch import apply_patch, read_header
+from pulse_node.codec.inplace import Changes, Move, apply_patch_inplace
+from pulse_node.codec.patch import read_header
 from pulse_node.codec.state import State, state_nbytes
 from pulse_node.config import NetConfig
 from pulse_node.daemon.transport import Event, PeerInfo, Transport
@@ -92,7 +93,8 @@ class VersionSync:
         self._no_catchup_base = -1  # base nobody could make a catch-up from: fetch patches instead
         self.record: VersionRecord | None = None
         self.state: State | None = None
-        self.record, self.state = store.load_head() or (None, None)
+        self.record, self.state = store.load_head() or (None, None)  # our own arrays: patched in place
+        self.changes: list[Move] = []  # what was applied in place, until the live model takes it
         if self.record is not None and self.record.run_id != trust.trainers.run_id:
             raise ConfigError(f"{store.root} holds versions of run {self.record.run_id!r}, not "
                               f"{trust.trainers.run_id!r}; use another data_dir for another run")
@@ -299,12 +301,33 @@ class VersionSync:
         header = read_header(got.patch)
         if header.result_state_hash != rec.state_hash:
             raise IntegrityError(f"patch {rec.version} result hash differs from its signed record")
-        new_state = apply_patch(self.state, got.patch, verify=True, base_hash=self.record.state_hash)
-        self.store.put_patch(rec, got.patch)
+        # in place into the state allocated once; a failure leaves our version intact
+        changes = apply_patch_inplace(self.state, got.patch, verify=True, base_hash=self.record.state_hash)
+        try:
+            self.store.put_patch(rec, got.patch)
+        except BaseException:
+            changes.undo(self.state)
+            raise
+        self._moved(self.record.version, rec.version, changes)
         if rec.is_anchor:
-            self.store.put_anchor(rec, new_state)
-        self.state, self.record = new_state, rec
+            self.store.put_anchor(rec, self.state)
+        self.record = rec
         self.counters["applied"] += 1
+
+    def _moved(self, base: int, target: int, changes: Changes) -> None:
+        """Keep what an in-place apply changed, for the live model (``take_changes``): one step
+        from the version the live model last took, consecutive applies composed into it."""
+        if self.changes and self.changes[-1][1] == base:
+            first, _, before = self.changes[-1]
+            self.changes = [(first, target, before.then(changes))]
+        else:
+            self.changes = [(base, target, changes)]
+
+    def take_changes(self) -> list[Move]:
+        """The (from, to, changes) steps applied since the last call; the live model follows them
+        sparsely. Empty after an anchor or a state loaded whole (reload the live model)."""
+        out, self.changes = self.changes, []
+        return out
 
     # ---- recovery -------------------------------------------------------------------
     def _recover_gap(self, peers: list[PeerInfo], head: int, *, older_anchors: bool) -> None:
@@ -382,14 +405,21 @@ class VersionSync:
             if patch_hashes(patch)[0] != self.record.state_hash:  # the peer's history differs: no lie
                 raise GapError(f"catch-up starts from another state of version {self.record.version}")
             check_catchup(patch, from_record=self.record, to_record=rec)  # header names both signed hashes
-            # apply checks the result against that hash, so it is not computed twice
-            new_state = apply_patch(self.state, patch, verify=True, base_hash=self.record.state_hash)
+            # apply checks the result against that hash, so it is not computed twice; in place,
+            # and a failure leaves our version intact
+            changes = apply_patch_inplace(self.state, patch, verify=True, base_hash=self.record.state_hash)
         except (IntegrityError, PatchError):
             self.trust.strike(peer.peer_id)
             raise
-        self.store.put_current(rec, new_state)  # a restart resumes from here
+        try:
+            self.store.put_current(rec, self.state)  # a restart resumes from here
+        except BaseException:
+            changes.undo(self.state)  # refused by the store: we stay at our version
+            raise
         self.last_catchup = CatchupApplied(self.record.version, rec.version, len(patch))
-        self._adopt(rec, new_state)
+        base = self.record.version
+        self._adopt(rec, self.state)
+        self._moved(base, rec.version, changes)
         self.counters["catchups"] += 1
         self.counters["catchup_bytes_in"] += len(patch)
         log.info("caught up to version %d with one %d-byte patch from %s", rec.version, len(patch), peer.peer_id[:12])
@@ -423,6 +453,7 @@ class VersionSync:
 
     def _adopt(self, record: VersionRecord, state: State) -> None:
         self.state, self.record = state, record
+        self.changes = []  # a state loaded whole: the live model reloads too
         self.reorder.reset(record.version + 1)
         self.trust.forget_below(record.version)
 

@@ -20,13 +20,14 @@ import torch
 from pulse_node.codec.state import State
 from pulse_node.rl.assign import BatchKey, assigned_problems
 from pulse_node.rl.config import SamplingConfig
+from pulse_node.codec.inplace import Move
+from pulse_node.rl.liveweights import LiveWeights
 from pulse_node.rl.models import HFLM, TinyLM
 from pulse_node.rl.policy import check_prompts
 from pulse_node.rl.rollout import Rollout
 from pulse_node.rl.seeded import SampleNoise, draw, drawable, noise_rows
 from pulse_node.rl.tasks import Problem, TaskSource, reward_for
 from pulse_node.rl.tokenizer import Tokenizer
-from pulse_node.torchbits import load_state
 
 EVAL_CHUNK = 256
 
@@ -45,10 +46,16 @@ class RolloutWorker:
         self.version = -1
         self.loaded: State | None = None  # the State last loaded (two forks may share a version number)
 
-    def set_weights(self, state: State, version: int) -> None:
-        """Load a BF16 State (all parameters) as policy ``version``."""
-        load_state(dict(self.lm.module.named_parameters()), state)
+    def set_weights(self, state: State, version: int, *, changes: list[Move] | None = None) -> str:
+        """Hold a BF16 State as policy ``version``: moved sparsely from the version held when it can
+        (kept steps, the ``changes`` an in-place apply made, or a bitwise diff; ``rl/liveweights.py``),
+        else loaded whole. Returns how ("kept", "moved", "advanced", "diffed", "loaded")."""
+        live = getattr(self, "live", None)
+        if live is None:
+            live = self.live = LiveWeights(dict(self.lm.module.named_parameters()))
+        how = live.set(state, version, changes=changes)
         self.version, self.loaded = int(version), state
+        return how
 
     def _prompt_batch(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         width = max(len(p) for p in prompts)

@@ -132,8 +132,8 @@ class RolloutVerifier:
         checks = [self._static(r, key, problems[r.sample // g], wants[r.sample // g]) for r in rollouts]
         if not full and not all(c.ok for c in checks):
             return self._verdict(checks, [])
-        if self.worker.loaded is not state:
-            self.worker.set_weights(state, key.version)
+        if self.worker.loaded is not state or self.worker.version != key.version:
+            self.worker.set_weights(state, key.version)  # sparse: undo/redo between nearby versions
         todo = [i for i, c in enumerate(checks) if c.ok]
         rec = self.recompute([rollouts[i] for i in todo], key)
         rewards: dict[tuple, float] = {}

@@ -1,0 +1,357 @@
+"""A version from its first byte to the live model ready to sample, at 166 M and ~1 B parameters.
+
+    sudo python bench/sync_1b.py [--sizes 166m 1b] [--rates 100mbit 1gbit 10gbit] [--versions 4]
+
+Per size: a store (anchor 0 plus ``--versions`` compact patches of emulated AdamW-like steps at
+lr 3e-6, ``bench/emulated_steps.py``), then two parts.
+
+- ``local`` (one process, no network; before/after side by side on the same patches): the old
+  path (``apply_patch`` builds a new state, verified, then ``torchbits.load_state`` reloads every
+  parameter of the FP32 live model) and the new one (``apply_patch_inplace`` into the state held,
+  verified, then ``LiveWeights`` scatters the changed entries into the live model). With the
+  steps kept (``keep=4``, the verifier's setting) it then moves the live model back 4 versions
+  and forward again (undo/redo, no decode), and once onto an unseen state by a bitwise compare.
+- ``link`` per rate: a trainer side serving the store and an inference side (the new path,
+  ``keep=0`` as ``inference/role.py`` sets it) in two network namespaces joined by a veth pair,
+  shaped with ``tc tbf`` at 100 Mbit and 1 Gbit, unshaped for "10gbit" (a veth moves several
+  Gbit/s, bounded by the CPU). Per version: record fetch + signature check, patch transfer,
+  record digest check, decode + in-place apply, state hash of the result, live-model update;
+  and the peak RSS of the inference side during the versions (``VmHWM`` reset after start-up)
+  minus its live model and minus the process before the model existed (interpreter + torch).
+
+Namespaces and veths (``pulse-syA``/``pulse-syB``, 10.231.78.0/30) are removed at the end, also
+on error. Last line JSON: ``overhead_s`` (size -> rate -> mean seconds from the last byte of a
+patch to the live model ready), ``peak_rss_per_param`` (size -> rate -> bytes per parameter
+above the live model), ``switch_vs_apply`` (size -> moving the verifier back 4 versions / one
+verified in-place apply), plus every phase.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+NS_A, NS_B = "pulse-syA", "pulse-syB"
+IP_A, IP_B = "10.231.78.1", "10.231.78.2"
+RATES = {"100mbit": 100e6 / 8, "1gbit": 1e9 / 8, "10gbit": 10e9 / 8}
+
+
+def sh(*cmd: str, check: bool = True) -> None:
+    subprocess.run(cmd, check=check, capture_output=True)
+
+
+def netns_up(rate: str) -> None:
+    netns_down()
+    sh("ip", "netns", "add", NS_A)
+    sh("ip", "netns", "add", NS_B)
+    sh("ip", "link", "add", "psyA0", "type", "veth", "peer", "name", "psyB0")
+    for ns, dev, ip in ((NS_A, "psyA0", IP_A), (NS_B, "psyB0", IP_B)):
+        sh("ip", "link", "set", dev, "netns", ns)
+        sh("ip", "netns", "exec", ns, "ip", "addr", "add", f"{ip}/30", "dev", dev)
+        sh("ip", "netns", "exec", ns, "ip", "link", "set", dev, "up")
+        sh("ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up")
+        if rate != "10gbit":  # 10gbit: the bare veth
+            sh("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", rate,
+               "burst", "1mb" if rate == "1gbit" else "256kb", "latency", "50ms")
+
+
+def netns_down() -> None:
+    for ns in (NS_A, NS_B):
+        sh("ip", "netns", "del", ns, check=False)
+
+
+def rss_kb(field: str = "VmRSS") -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    return 0
+
+
+def reset_peak() -> None:
+    Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS (Linux >= 4.0)
+
+
+def build_store(store: Path, *, size: str, versions: int) -> dict:
+    """Anchor 0 plus ``versions`` patches, signed; only anchor 0 is stored whole."""
+    from bench.emulated_steps import states
+    from pulse_node.chain.identity import Identity
+    from pulse_node.chain.record import make_record
+    from pulse_node.chain.store import VersionStore
+    from pulse_node.codec.patch import make_patch
+    from pulse_node.codec.statehash import state_hash
+    from pulse_node.codec.warmup import warm_up
+
+    warm_up()
+    ident = Identity.generate()
+    info: dict = {"signer": ident.public_key_hex, "patch_bytes": [], "changed": []}
+    with VersionStore(store) as vs:
+        prev = prev_rec = prev_hash = None
+        for step, state in states(size=size, lr=3e-6, steps=versions, emulate=True):
+            h = state_hash(state)
+            patch = make_patch(prev, state, base_hash=prev_hash, new_hash=h) if prev is not None else None
+            rec = make_record(ident, run_id="sync1b", version=step, parent=prev_rec, state_hash=h, patch=patch,
+                              anchor_version=0, is_anchor=step == 0,
+                              codec="pulsesync/compact/1" if patch else "anchor/safetensors")
+            if patch is None:
+                vs.put_anchor(rec, state)
+                info["params"] = sum(t.numel for t in state.values())
+            else:
+                vs.put_patch(rec, patch)
+                info["patch_bytes"].append(len(patch))
+                info["changed"].append(sum(int((state[k].bits != prev[k].bits).sum()) for k in state))
+            print(f"  built v{step}" + (f": patch {len(patch) / 1e6:.2f} MB" if patch else ""), flush=True)
+            prev, prev_rec, prev_hash = state, rec, h
+    return info
+
+
+def _built(store: Path, *, size: str, versions: int) -> dict:
+    """The store of ``size`` (built, or reused from ``--store-dir`` when it holds the versions)."""
+    meta = store.parent / f"{store.name}.json"
+    if meta.exists() and json.loads(meta.read_text()).get("versions") == versions:
+        print(f"  reusing {store}", flush=True)
+        return json.loads(meta.read_text())
+    shutil.rmtree(store, ignore_errors=True)
+    info = build_store(store, size=size, versions=versions)
+    info["versions"] = versions
+    if store.parent.is_dir():
+        meta.write_text(json.dumps(info))
+    return info
+
+
+def _live_params(state) -> dict:
+    import torch
+
+    return {name: torch.empty(t.shape, dtype=torch.float32) for name, t in state.items()}
+
+
+def local(store: Path, versions: int, *, rounds: int = 3) -> dict:
+    """Old vs new path on the same patches, then the verifier's switch back 4 versions."""
+    from pulse_node.chain.store import VersionStore
+    from pulse_node.codec.inplace import apply_patch_inplace
+    from pulse_node.codec.patch import apply_patch
+    from pulse_node.codec.statehash import state_hash
+    from pulse_node.codec.warmup import warm_up
+    from pulse_node.rl.liveweights import LiveWeights
+    from pulse_node.torchbits import load_state
+
+    warm_up()
+    vs = VersionStore(store, readonly=True)
+    state = vs.anchor_state(0)
+    live = LiveWeights(_live_params(state), keep=4)
+    live.load(state, 0)
+    rows = []
+    for v in range(1, versions + 1):
+        patch, base_hash = vs.patch_bytes(v), vs.record(v - 1).state_hash
+        t0 = time.perf_counter()
+        new = apply_patch(state, patch, verify=True, base_hash=base_hash)
+        t1 = time.perf_counter()
+        load_state(live.params, new)
+        t2 = time.perf_counter()
+        del new
+        gc.collect()
+        t3 = time.perf_counter()
+        changes = apply_patch_inplace(state, patch, verify=False, base_hash=base_hash)
+        t4 = time.perf_counter()
+        assert state_hash(state) == vs.record(v).state_hash
+        t5 = time.perf_counter()
+        live.set(state, v, changes=[(v - 1, v, changes)])
+        t6 = time.perf_counter()
+        rows.append({"old_apply_verify_s": t1 - t0, "old_reload_s": t2 - t1, "old_total_s": t2 - t0,
+                     "new_decode_apply_s": t4 - t3, "new_hash_s": t5 - t4, "new_live_update_s": t6 - t5,
+                     "new_total_s": t6 - t3, "changed": changes.changed, "step_bytes": changes.nbytes})
+        print(f"  local v{v}: {rows[-1]}", flush=True)
+    mean = {k: sum(r[k] for r in rows) / len(rows) for k in rows[0]}
+    back = max(0, versions - 4)
+    # side by side, ``rounds`` times (min of each, so a load spike on the shared box spoils neither):
+    # the verifier back 4 versions and forward again, and one verified in-place apply of the last patch
+    last, base_hash = vs.patch_bytes(versions), vs.record(versions - 1).state_hash
+    times: dict[str, list[float]] = {"back": [], "forward": [], "apply": []}
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        assert live.move_to(back)
+        t1 = time.perf_counter()
+        assert live.move_to(versions)
+        t2 = time.perf_counter()
+        changes.undo(state)  # the state back at versions - 1, then the patch again, verified
+        t3 = time.perf_counter()
+        changes = apply_patch_inplace(state, last, verify=True, base_hash=base_hash)
+        t4 = time.perf_counter()
+        for k, dt in (("back", t1 - t0), ("forward", t2 - t1), ("apply", t4 - t3)):
+            times[k].append(dt)
+    foreign = {k: t.copy() for k, t in state.items()}  # the same version, another object: compared
+    t0 = time.perf_counter()
+    how = live.set(foreign, versions)
+    diff = time.perf_counter() - t0
+    best = {k: min(v) for k, v in times.items()}
+    return {"versions": rows, "mean": mean, "switch_back_s": best["back"], "switch_forward_s": best["forward"],
+            "apply_verified_s": best["apply"], "rounds": times, "steps_moved": versions - back,
+            "first_visit_diff_s": diff, "first_visit": how, "switch_vs_apply": best["back"] / best["apply"],
+            "old_vs_new_total": mean["old_total_s"] / mean["new_total_s"]}
+
+
+def serve(store: Path, ready: Path, stop: Path) -> None:
+    from pulse_node.net.wire_client import WireClient, WireConfig
+
+    with WireClient.start(WireConfig(store=store, listen=[f"/ip4/{IP_A}/tcp/0"])) as wire:
+        me = wire.info()
+        ready.write_text(next(m for m in me.listen_maddrs if IP_A in m) + f"/p2p/{me.peer_id}")
+        while not stop.exists():
+            time.sleep(0.1)
+
+
+def client(peer: str, store: Path, work: Path, signer: str, versions: int) -> dict:
+    """Inference side: the new path per version, every phase timed, peak RSS above the live model."""
+    import torch  # noqa: F401  (part of the process before the model: the baseline)
+
+    from pulse_node.chain.record import check_patch, decode_record, verify_record
+    from pulse_node.codec.inplace import apply_patch_inplace
+    from pulse_node.codec.state import load_safetensors
+    from pulse_node.codec.statehash import state_hash
+    from pulse_node.codec.warmup import warm_up
+    from pulse_node.net.wire_client import WireClient, WireConfig
+    from pulse_node.rl.liveweights import LiveWeights
+
+    warm_up()
+    out: dict = {"phases": []}
+    with WireClient.start(WireConfig(store=work, listen=[f"/ip4/{IP_B}/tcp/0"])) as wire:
+        wire.fetch(peer, "record", {"version": 0}, work / "warm.rec", timeout=60)  # connection set-up
+        gc.collect()
+        out["baseline_rss_kb"] = rss_kb()
+        state = load_safetensors(store / "anchors" / "0.safetensors")  # we hold version 0
+        live = LiveWeights(_live_params(state), keep=0)  # as inference/role.py sets it
+        live.load(state, 0)
+        base_hash = state_hash(state)
+        gc.collect()
+        out["loaded_rss_kb"] = rss_kb()
+        out["live_bytes"] = sum(p.numel() * p.element_size() for p in live.params.values())
+        reset_peak()
+        for v in range(1, versions + 1):
+            t0 = time.monotonic()
+            wire.fetch(peer, "record", {"version": v}, work / f"{v}.rec", timeout=120)
+            rec = decode_record((work / f"{v}.rec").read_bytes())
+            verify_record(rec, run_id="sync1b", trusted_signers=[signer])
+            t1 = time.monotonic()
+            wire.fetch(peer, "patch", {"version": v}, work / f"{v}.patch", timeout=600)
+            t2 = time.monotonic()  # the last byte is in
+            patch = (work / f"{v}.patch").read_bytes()
+            (work / f"{v}.patch").unlink()
+            check_patch(rec, patch)  # the signed digest covers the payload
+            t3 = time.monotonic()
+            changes = apply_patch_inplace(state, patch, verify=False, base_hash=base_hash)
+            t4 = time.monotonic()
+            if state_hash(state) != rec.state_hash:  # what verify=True does, timed apart
+                changes.undo(state)
+                raise RuntimeError(f"v{v}: result hash differs from the signed one")
+            t5 = time.monotonic()
+            live.set(state, v, changes=[(v - 1, v, changes)])
+            t6 = time.monotonic()
+            base_hash = rec.state_hash
+            del changes, patch
+            out["phases"].append({"record_s": t1 - t0, "transfer_s": t2 - t1, "digest_s": t3 - t2,
+                                  "decode_apply_s": t4 - t3, "hash_s": t5 - t4, "live_update_s": t6 - t5,
+                                  "last_byte_to_ready_s": t6 - t2, "total_s": t6 - t0,
+                                  "patch_bytes": rec.patch_bytes})
+        out["peak_rss_kb"] = rss_kb("VmHWM")
+        out["params"] = sum(t.numel for t in state.values())
+    return out
+
+
+def link(rate: str, store: Path, info: dict, versions: int) -> dict:
+    netns_up(rate)
+    tmp = Path(tempfile.mkdtemp(prefix="pulse-sync1b-"))
+    ready, stop = tmp / "ready", tmp / "stop"
+    py = [sys.executable, str(Path(__file__).resolve())]
+    server = subprocess.Popen(["ip", "netns", "exec", NS_A, *py, "--serve", str(store), str(ready), str(stop)])
+    try:
+        deadline = time.monotonic() + 120
+        while not ready.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        (tmp / "work").mkdir()
+        res = subprocess.run(["ip", "netns", "exec", NS_B, *py, "--client", ready.read_text(), str(store),
+                              str(tmp / "work"), info["signer"], str(versions)],
+                             capture_output=True, text=True, timeout=3600)
+        if res.returncode != 0:
+            raise RuntimeError(res.stderr[-3000:])
+        out = json.loads(res.stdout.strip().splitlines()[-1])
+    finally:
+        stop.write_text("1")
+        server.wait(timeout=30)
+        netns_down()
+        shutil.rmtree(tmp, ignore_errors=True)
+    phases = out["phases"]
+    mean = {k: sum(p[k] for p in phases) / len(phases) for k in phases[0]}
+    above = out["peak_rss_kb"] * 1024 - out["live_bytes"] - out["baseline_rss_kb"] * 1024
+    return {"rate": rate, "mean": mean, "phases": phases, "ideal_transfer_s": mean["patch_bytes"] / RATES[rate],
+            "peak_rss_per_param": above / out["params"],
+            "peak_rss_per_param_with_runtime": (out["peak_rss_kb"] * 1024 - out["live_bytes"]) / out["params"],
+            "held_rss_per_param": (out["loaded_rss_kb"] - out["baseline_rss_kb"]) * 1024 / out["params"]
+            - out["live_bytes"] / out["params"],  # the state (and load residue) before any version
+            "version_peak_per_param": (out["peak_rss_kb"] - out["loaded_rss_kb"]) * 1024 / out["params"],
+            "baseline_rss_mb": out["baseline_rss_kb"] / 1024, "peak_rss_mb": out["peak_rss_kb"] / 1024,
+            "loaded_rss_mb": out["loaded_rss_kb"] / 1024, "live_mb": out["live_bytes"] / 2**20}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", nargs="+", default=["166m", "1b"], choices=["34m", "166m", "1b"])
+    ap.add_argument("--rates", nargs="+", default=list(RATES), choices=list(RATES))
+    ap.add_argument("--versions", type=int, default=4)
+    ap.add_argument("--no-link", action="store_true", help="only the local part (no root needed)")
+    ap.add_argument("--store-dir", type=Path, help="keep the built stores here and reuse them (per size)")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds of the side-by-side switch / apply timing")
+    ap.add_argument("--serve", nargs=3, metavar=("STORE", "READY", "STOP"))
+    ap.add_argument("--client", nargs=5, metavar=("PEER", "STORE", "WORK", "SIGNER", "VERSIONS"))
+    args = ap.parse_args()
+    if args.serve:
+        serve(Path(args.serve[0]), Path(args.serve[1]), Path(args.serve[2]))
+        return
+    if args.client:
+        peer, store, work, signer, versions = args.client
+        print(json.dumps(client(peer, Path(store), Path(work), signer, int(versions))))
+        return
+    if not args.no_link and os.geteuid() != 0:
+        sys.exit("sync_1b needs root for its links (ip netns, tc); --no-link runs the local part only")
+    report: dict = {"overhead_s": {}, "peak_rss_per_param": {}, "switch_vs_apply": {}, "sizes": {}}
+    try:
+        for size in args.sizes:
+            with tempfile.TemporaryDirectory(prefix="pulse-sync1b-store-") as tmp:
+                store = (args.store_dir / size) if args.store_dir else Path(tmp) / "store"
+                info = _built(store, size=size, versions=args.versions)
+                gc.collect()
+                loc = local(store, args.versions, rounds=args.rounds)
+                gc.collect()
+                print(f"{size} local: old {loc['mean']['old_total_s']:.3f} s, new {loc['mean']['new_total_s']:.3f} s "
+                      f"per version; back {loc['steps_moved']} versions {loc['switch_back_s']:.3f} s = "
+                      f"{loc['switch_vs_apply']:.2f}x a verified apply ({loc['apply_verified_s']:.3f} s)", flush=True)
+                links = {} if args.no_link else {rate: link(rate, store, info, args.versions) for rate in args.rates}
+                for rate, r in links.items():
+                    print(f"{size} {rate}: last byte -> live model {r['mean']['last_byte_to_ready_s']:.3f} s "
+                          f"(transfer {r['mean']['transfer_s']:.3f} s, ideal {r['ideal_transfer_s']:.3f} s); "
+                          f"peak RSS above live model {r['peak_rss_per_param']:.2f} B/param "
+                          f"({r['peak_rss_per_param_with_runtime']:.2f} with the runtime); {r['mean']}", flush=True)
+            report["sizes"][size] = {"params": info["params"], "patch_bytes": info["patch_bytes"],
+                                     "bytes_per_change": sum(info["patch_bytes"]) / sum(info["changed"]),
+                                     "changed_fraction": sum(info["changed"]) / len(info["changed"]) / info["params"],
+                                     "local": loc, "links": links}
+            report["overhead_s"][size] = {r: v["mean"]["last_byte_to_ready_s"] for r, v in links.items()}
+            report["peak_rss_per_param"][size] = {r: v["peak_rss_per_param"] for r, v in links.items()}
+            report["switch_vs_apply"][size] = loc["switch_vs_apply"]
+    finally:
+        if not args.no_link:
+            netns_down()
+    print(json.dumps(report))
+
+
+if __name__ == "__main__":
+    main()

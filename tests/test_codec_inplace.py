@@ -1,0 +1,134 @@
+"""In-place apply: the same result as ``apply_patch`` in the state's own arrays, the undo log
+restores the base exactly, and every failure (corrupt value stream, wrong result hash, wrong
+base) leaves the previous version intact."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from codec_strategies import mutate, realistic_bits, state_pairs
+from pulse_node.codec.header import pack_header, unpack_header
+from pulse_node.codec.inplace import apply_patch_inplace
+from pulse_node.codec.patch import apply_patch, make_patch
+from pulse_node.codec.state import State, TensorBits
+from pulse_node.codec.statehash import bytes_digest, state_hash
+from pulse_node.errors import BaseMismatchError, IntegrityError, PatchError
+
+FAST = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def _copy(state: State) -> State:
+    return {k: t.copy() for k, t in state.items()}
+
+
+def _same(a: State, b: State) -> bool:
+    return set(a) == set(b) and all(np.array_equal(a[k].bits, b[k].bits) for k in a)
+
+
+def _pair(seed: int = 0, density: float = 0.05) -> tuple[State, State]:
+    rng = np.random.default_rng(seed)
+    base = {f"w{i}": TensorBits("BF16", (64, 50), realistic_bits("BF16", 3200, rng)) for i in range(4)}
+    base["f"] = TensorBits("F32", (300,), realistic_bits("F32", 300, rng))
+    new = {k: TensorBits(t.dtype, t.shape, mutate(t.dtype, t.bits, density, rng)) for k, t in base.items()}
+    return base, new
+
+
+@FAST
+@given(state_pairs())
+def test_inplace_equals_copying_apply_and_undo_restores(pair) -> None:
+    base, new = pair
+    for mode, context in (("compact", False), ("compact", True), ("overwrite", False)):
+        patch = make_patch(base, new, mode=mode, position_context=context)
+        state = _copy(base)
+        arrays = {k: t.bits for k, t in state.items()}
+        changes = apply_patch_inplace(state, patch)
+        assert _same(state, apply_patch(base, patch)) and _same(state, new)
+        assert all(state[k].bits is arrays[k] for k in state)  # no new array: written in place
+        assert changes.changed == sum(int((base[k].bits != new[k].bits).sum()) for k in base)
+        changes.undo(state)
+        assert _same(state, base)
+        changes.redo(state)
+        assert _same(state, new)
+
+
+def test_corrupt_value_stream_leaves_the_base_intact() -> None:
+    base, new = _pair()
+    patch = bytearray(make_patch(base, new))
+    header, start = unpack_header(memoryview(bytes(patch)))
+    victim = max((e for e in header.tensors if e.changed), key=lambda e: e.offset)  # the last one decoded
+    at = start + victim.offset
+    patch[at:at + victim.length] = b"\xc1" * victim.length  # never valid msgpack: the stream is refused
+    state = _copy(base)
+    with pytest.raises(PatchError):
+        apply_patch_inplace(state, bytes(patch), verify=False, base_hash=header.base_state_hash)
+    assert _same(state, base)
+
+
+def test_wrong_result_hash_rolls_every_tensor_back() -> None:
+    base, new = _pair(1)
+    other = {k: TensorBits(t.dtype, t.shape, t.bits.copy()) for k, t in new.items()}
+    other["w0"].bits[0] ^= 1  # a payload that decodes cleanly but not to the signed result
+    forged = make_patch(base, other)
+    header, start = unpack_header(memoryview(forged))
+    relabelled = dataclasses.replace(header, result_state_hash=state_hash(new))
+    patch = pack_header(relabelled) + forged[start:]
+    assert bytes_digest(forged[start:]) == header.payload_digest
+    state = _copy(base)
+    before = state_hash(state)
+    with pytest.raises(IntegrityError):
+        apply_patch_inplace(state, patch)
+    assert _same(state, base) and state_hash(state) == before
+
+
+def test_wrong_base_and_read_only_arrays_are_refused_untouched() -> None:
+    base, new = _pair(2)
+    patch = make_patch(base, new)
+    state = _copy(new)
+    with pytest.raises(BaseMismatchError):
+        apply_patch_inplace(state, patch)
+    assert _same(state, new)
+    frozen = _copy(base)
+    for t in frozen.values():
+        t.bits.flags.writeable = False
+    with pytest.raises(PatchError, match="read-only"):
+        apply_patch_inplace(frozen, patch)
+    assert _same(frozen, base)
+
+
+def test_a_kernel_failing_midway_restores_its_tensor(monkeypatch) -> None:
+    import pulse_node.codec.inplace as inplace
+
+    base, new = _pair(3)
+    patch = make_patch(base, new)
+
+    def half_then_fail(entry, idx, words, raw, models, bits):  # writes garbage, then reports corruption
+        bits[idx[: idx.size // 2]] ^= 0x1234
+        raise PatchError("value stream: symbol outside its model")
+
+    monkeypatch.setattr(inplace, "_decode_deltas", half_then_fail)
+    state = _copy(base)
+    with pytest.raises(PatchError, match="outside its model"):
+        apply_patch_inplace(state, patch)
+    assert _same(state, base)
+
+
+@FAST
+@given(state_pairs(), st.integers(0, 2**32 - 1))
+def test_composed_changes_equal_the_two_steps(p1, seed: int) -> None:
+    base, mid = p1
+    rng = np.random.default_rng(seed)
+    end = {k: TensorBits(t.dtype, t.shape, mutate(t.dtype, t.bits, 0.3, rng) if t.numel else t.bits.copy())
+           for k, t in mid.items()}
+    state = _copy(base)
+    first = apply_patch_inplace(state, make_patch(base, mid))
+    both = first.then(apply_patch_inplace(state, make_patch(mid, end)))
+    assert _same(state, end) and both.base_hash == state_hash(base) and both.result_hash == state_hash(end)
+    both.undo(state)
+    assert _same(state, base)
+    both.redo(state)
+    assert _same(state, end)
