@@ -107,6 +107,8 @@ class ChainConfig(StrictModel):
         None, description="this trainer's admission to the trainer set (`pulse-node trainers admit`), "
         "carried in its peer record so every node can verify it")
     min_signers: int = Field(1, ge=1, description="distinct trusted trainers that must sign a version")
+    max_version_step: int = Field(64, ge=1, description="refuse a record more than this many versions past the "
+                                  "highest version another trainer-set member was seen signing (chain/trust.py)")
     catchup_min_gap: int = Field(4, ge=0, description="this many versions behind, ask peers for one catch-up "
                                  "patch instead of the patches (0 = never)")
     catchup_wait_s: float = Field(30.0, ge=0, description="how long to wait for a peer that is still making "

@@ -27,6 +27,7 @@ from pulse_node.chain.trainerset import TrainerSet, sender_key
 from pulse_node.chain.trust import TrustPolicy
 from pulse_node.config import TrainerConfig
 from pulse_node.daemon.context import RoleContext
+from pulse_node.daemon.evidence_plane import EvidencePlane, node_trust
 from pulse_node.daemon.status_model import VersionEntry
 from pulse_node.daemon.transport import push_to_all
 from pulse_node.errors import IntegrityError, PulseError
@@ -67,7 +68,8 @@ class TrainerRole:
         verifier = RolloutVerifier(self.engine.worker, self.tasks, run_id=cfg.run_id, cfg=cfg.verify,
                                    batches_per_version=cfg.rollout_batches_per_version,
                                    max_staleness=cfg.grpo.max_staleness)
-        self.trust = TrustPolicy(TrainerSet.from_config(cfg.chain, run_id=cfg.run_id))
+        self.trust = node_trust(cfg)  # with the evidence book: convicted members are refused for good
+        self.evidence = EvidencePlane(ctx, self.trust)
         self.trust.listen_members(ctx.share_members)  # the data plane serves members first
         self.feed = RolloutFeed(verifier, cfg.verify, status=ctx.status, trust=self.trust)
         self.own_batches = 0
@@ -321,6 +323,7 @@ class TrainerRole:
             dense_bytes=pub.dense_bytes, reference_bytes=pub.reference_bytes, changed=pub.changed_fraction,
             global_hash=self.outer.state_hash().hex(), reward=reward, eval=accuracy))  # reward: of its batches
         self.published_hashes[pub.record.version] = pub.record.state_hash
+        self.trust.saw(pub.record)  # our own versions are the version step's reference, too
         self.published_hashes = {v: h for v, h in self.published_hashes.items() if v > pub.record.version - 8}
         export_trainer_state(self.ctx.store.root, params=self.global_params, momentum=self.outer.momentum,
                              record=pub.record, outer_hash=self.outer.state_hash())
@@ -352,6 +355,8 @@ class TrainerRole:
                     self.agreement.offer_payload(ev.sender, ev.data)
                 elif ev.kind == "loco_decision":
                     self.agreement.offer_decision(ev.sender, ev.data)
+                elif ev.kind == "evidence":
+                    self.evidence.take(ev.sender, ev.data)
             except PulseError as exc:
                 self.ctx.status.add("rejected")
                 self.ctx.status.error(f"bad {ev.kind} from {ev.sender[:12]}: {exc}")

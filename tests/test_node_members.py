@@ -1,0 +1,176 @@
+"""A trainer-set member is held to one member's share (``trainer/decisions.py``, ``chain/evidence.py``,
+``chain/trust.py``): decisions only from the round's designated coordinator in its turn, on our
+base, never ahead of time; two conflicting signed statements of one key convict it everywhere;
+versions move forward by a bounded step from what the other members signed.
+
+Agreements of trainers under real libp2p peer ids on one in-memory hub, stepped by hand, and
+trust policies fed signed records directly.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pulse_node.chain.anchor import anchor_manifest
+from pulse_node.chain.evidence import EvidenceBook, decode_evidence
+from pulse_node.chain.identity import Identity
+from pulse_node.chain.record import encode_record, make_record
+from pulse_node.chain.trainerset import TrainerSet
+from pulse_node.chain.trust import TrustPolicy
+from pulse_node.codec.state import TensorBits
+from pulse_node.errors import IntegrityError, PulseError
+from pulse_node.loco.decision import encode_decision, make_decision
+from pulse_node.loco.equivocation import evidence_checkers
+from pulse_node.net.dht_records import PeerStatus
+from pulse_node.testing.adversaries import peer_id
+from pulse_node.testing.memory import MemoryHub
+from pulse_node.trainer.decisions import coordinator_order, turn_at
+from pulse_node.vocab import DEFAULT_RUN_ID
+from test_node_round_trust import BASE, ROUND, _agreement, _payload
+
+RUN = DEFAULT_RUN_ID
+CODEC = "pulsesync/compact/1"
+MANIFEST = anchor_manifest({"w": TensorBits("BF16", (3,), np.arange(3, dtype=np.uint16))})
+
+
+def test_the_coordinator_order_rotates_and_does_not_depend_on_who_is_seen():
+    ids = [f"peer-{i}" for i in range(6)]
+    firsts = {coordinator_order(RUN, r, ids)[0] for r in range(60)}
+    assert len(firsts) >= 5, "one member coordinates (nearly) every round"
+    for r in range(20):
+        full = coordinator_order(RUN, r, ids)
+        partial = coordinator_order(RUN, r, [i for i in ids if i != full[3]])
+        assert partial == [i for i in full if i != full[3]], "a view missing a member reorders the others"
+    order = ["a", "b", "c"]
+    assert turn_at(order, "a", {}, me="x", deadline=10.0, wait=2.0) == float("-inf")
+    assert turn_at(order, "c", {"a": 1, "b": 1}, me="x", deadline=10.0, wait=2.0) == 14.0
+    assert turn_at(order, "c", {"a": 1}, me="x", deadline=10.0, wait=2.0) == 12.0  # b gone: skipped
+    assert turn_at(order, "c", {}, me="x", deadline=10.0, wait=2.0) == 10.0
+
+
+@pytest.fixture
+def pair(tmp_path):
+    """Our agreement (round ``ROUND`` open on ``BASE``) and a member who is second in the order."""
+    hub, me = MemoryHub(), Identity.generate()
+    while True:  # a member that comes after us in round ROUND's order
+        member = Identity.generate()
+        if coordinator_order(RUN, ROUND, [peer_id(me), peer_id(member)])[0] == peer_id(me):
+            break
+    ag = _agreement(tmp_path, hub, me, [me.public_key_hex, member.public_key_hex])
+    hub.join(peer_id(member), lambda kind, params: None).publish(
+        PeerStatus(role="trainer", version=ROUND, node_key=member.public_key_hex))
+    yield ag, member
+    ag.ctx.store.close()
+
+
+def _decision(ident: Identity, *, rnd: int = ROUND, base: bytes = BASE, digest: bytes = b"\2" * 32) -> bytes:
+    pid = peer_id(ident)
+    return encode_decision(make_decision(ident, run_id=RUN, round=rnd, base=base, coordinator=pid,
+                                         contributors={pid: digest}))
+
+
+def test_a_decision_before_its_coordinators_turn_is_parked_then_taken_in_turn(pair):
+    ag, member = pair
+    mine, data = _payload(peer_id(ag.ctx.identity))
+    ag.open_round(mine, data)
+    early = _decision(member)
+    ag.offer_decision(peer_id(member), early)
+    assert ROUND not in ag.decisions, "a member decided a round it is not first for, before its turn"
+    ag._open.t0 -= ag.cfg.deadline_s + ag.cfg.decision_wait_s  # its turn has come
+    ag._replay_parked(ROUND)
+    assert ag.decisions[ROUND].coordinator == peer_id(member)
+
+
+def test_decisions_signed_ahead_of_time_or_on_another_base_are_never_taken(pair):
+    ag, member = pair
+    at = [ROUND]
+    ag.current_round = lambda: at[0]
+    for r in range(ROUND + 1, ROUND + 4):  # pre-signed for the coming rounds, on a guessed base
+        ag.offer_decision(peer_id(member), _decision(member, rnd=r, base=b"\7" * 32))
+    assert set(ag.decisions) == set(), "a decision of a round not open here was accepted"
+    at[0] = ROUND + 1
+    mine, data = _payload(peer_id(ag.ctx.identity), rnd=ROUND + 1)
+    ag.open_round(mine, data)
+    ag._open.t0 -= 100.0
+    ag._replay_parked(ROUND + 1)
+    ag.offer_decision(peer_id(member), _decision(member, rnd=ROUND + 1, base=b"\7" * 32))
+    assert ROUND + 1 not in ag.decisions
+    assert ag.ctx.status.snapshot().trainer.decisions_refused.get("other_base", 0) >= 1
+
+
+def test_two_decisions_of_one_key_for_one_round_convict_it(pair, tmp_path):
+    ag, member = pair
+    mine, data = _payload(peer_id(ag.ctx.identity))
+    ag.open_round(mine, data)
+    ag._open.t0 -= 100.0
+    first, second = _decision(member), _decision(member, digest=b"\3" * 32)
+    ag.offer_decision(peer_id(member), first)
+    assert ag.decisions[ROUND].coordinator == peer_id(member)
+    with pytest.raises(IntegrityError, match="convicted"):
+        ag.offer_decision(peer_id(member), second)
+    assert ROUND not in ag.decisions, "the equivocator's decision was kept"
+    assert member.public_key_hex in ag.gate.trust.evidence and peer_id(member) not in ag._live()
+    with pytest.raises(PulseError):  # refused from now on, even a decision that would have been fine
+        ag.offer_decision(peer_id(member), _decision(member, rnd=ROUND + 1))
+    # the evidence convinces a node that never saw either decision, and survives its restart
+    ev = ag.gate.trust.evidence.convicted[member.public_key_hex]
+    other = EvidenceBook(run_id=RUN, directory=tmp_path / "ev", checkers=evidence_checkers())
+    assert other.add_bytes(ev.encode()).key == member.public_key_hex
+    assert member.public_key_hex in EvidenceBook(run_id=RUN, directory=tmp_path / "ev", checkers=evidence_checkers())
+
+
+def _records(ident: Identity, versions, *, salt: str = "a"):
+    """Records of ``ident``'s own chain (one anchor, version 0); ``salt`` makes another history."""
+    first = make_record(ident, run_id=RUN, version=0, parent=None, state_hash="00" * 32, patch=None,
+                        anchor_version=0, is_anchor=True, codec=CODEC, anchor_manifest=MANIFEST)
+    out = {0: first}
+    for v in range(1, max(versions) + 1):
+        out[v] = make_record(ident, run_id=RUN, version=v, parent=out[v - 1], state_hash=f"{salt}{v:063x}",
+                             patch=b"p%d" % v, anchor_version=0, is_anchor=False, codec=CODEC)
+    return {v: out[v] for v in versions}
+
+
+def _trust(*idents: Identity, step: int = 8) -> TrustPolicy:
+    return TrustPolicy(TrainerSet(run_id=RUN, keys=[i.public_key_hex for i in idents]), max_version_step=step)
+
+
+def test_a_record_far_past_what_the_other_members_signed_is_refused():
+    a, b = Identity.generate(), Identity.generate()
+    trust = _trust(a, b)
+    for v, rec in _records(a, [5, 6]).items():
+        trust.verify(rec, sender="a")
+    with pytest.raises(IntegrityError, match="past what the trainer set signed"):
+        trust.verify(_records(b, [40])[40], sender="b")
+    assert trust.far_refused == 1 and trust.strikes["b"] == 1
+    trust.verify(_records(b, [12])[12], sender="b")  # within the step
+    with pytest.raises(IntegrityError):  # b alone cannot lift its own ceiling
+        trust.verify(_records(b, [50])[50], sender="b")
+    # a partition left both far ahead: once both are seen there, they vouch for each other
+    trust.verify(_records(a, [41])[41], sender="a")  # b was seen signing 50
+    trust.verify(_records(b, [45])[45], sender="b")  # a was seen at 41
+
+
+def test_two_records_of_one_key_for_one_version_convict_it_and_the_evidence_travels():
+    a, b = Identity.generate(), Identity.generate()
+    trust = _trust(a, b)
+    one, two = _records(a, [3], salt="a")[3], _records(a, [3], salt="b")[3]
+    trust.verify(one, sender="x")
+    with pytest.raises(IntegrityError, match="convicted"):
+        trust.verify(two, sender="x")
+    assert a.public_key_hex in trust.evidence and not trust.is_member(a.public_key_hex)
+    with pytest.raises(IntegrityError, match="convicted"):
+        trust.verify(_records(a, [4])[4], sender="x")
+    ev = trust.evidence.convicted[a.public_key_hex]
+    assert decode_evidence(ev.encode())[0] == "head" and ev.at == 3
+    other = _trust(a, b)
+    other.evidence.add_bytes(ev.encode())
+    assert a.public_key_hex in other.evidence
+    for bad in (EvidenceBook(run_id=RUN).checkers["head"],):  # agreeing or foreign records are no evidence
+        with pytest.raises(IntegrityError):
+            bad(encode_record(one), encode_record(one), RUN)
+        with pytest.raises(IntegrityError):
+            bad(encode_record(one), encode_record(_records(b, [3], salt="b")[3]), RUN)
+    fresh = Identity.generate()  # a non-member equivocating against itself convicts nobody
+    with pytest.raises(IntegrityError, match="not a trainer-set member"):
+        other.evidence.add("head", encode_record(_records(fresh, [2])[2]), encode_record(_records(fresh, [2], salt="c")[2]))
