@@ -44,9 +44,9 @@ def _push_forged_decisions(hub: MemoryHub, trainers) -> None:
 
 @pytest.mark.slow
 def test_one_way_payload_loss_never_forks(node_cfg):
-    """a -> b and c -> a payload pushes are always lost: a (coordinator) never has c's payload, b
-    never receives a's. Every version is still bit-identical on all three trainers, and forged
-    decisions pushed meanwhile are rejected and counted."""
+    """a -> b and c -> a payload pushes are always lost: a never has c's payload, b never receives
+    a's. Every version is still bit-identical on all three trainers (whoever coordinates a round),
+    and forged decisions pushed meanwhile are rejected and counted."""
     faulty: dict[str, FaultyTransport] = {}
     lost = {"trainer-a": ("trainer-b",), "trainer-c": ("trainer-a",)}
 
@@ -69,9 +69,14 @@ def test_one_way_payload_loss_never_forks(node_cfg):
     assert_trainers_identical(dirs, range(1, 6))
     st = {n: read_status(d).trainer for n, d in dirs.items()}
     assert sum(f.faults["drop"] for f in faulty.values()) >= 10, "no payload was lost"
-    assert st["trainer-a"].decisions_made >= 5
-    assert st["trainer-b"].loco_fetched >= 5, "b never fetched the payload it missed"
-    assert st["trainer-c"].rounds_left_out >= 5, "c's lost payload was averaged somewhere"
+    turns = [coordinator_order(DEFAULT_RUN_ID, r, dirs)[0] for r in range(5)]  # rounds 0-4 make versions 1-5
+    assert sum(s.decisions_made for s in st.values()) >= 5
+    if "trainer-b" in turns:
+        assert st["trainer-a"].rounds_left_out >= 1, "a's payload, which b never had, was averaged"
+    if "trainer-a" in turns:
+        assert st["trainer-c"].rounds_left_out >= 1, "c's lost payload was averaged somewhere"
+    if "trainer-a" in turns or "trainer-c" in turns:
+        assert st["trainer-b"].loco_fetched >= 1, "b never fetched the payload it missed"
     for name, s in st.items():
         assert s.resyncs <= 1 and not s.forks, f"{name} had to repair a fork"
         assert s.decisions_rejected == 2, f"{name} did not reject the forged decisions"
@@ -89,7 +94,7 @@ def test_coordinator_lost_mid_round_others_finish_in_bounded_time(node_cfg):
         if name != "trainer-a":
             return transport
         crash[name] = CrashingTransport(
-            transport, lambda kind, data: kind == "loco_decision" and decode_decision(data).round >= 2)
+            transport, lambda kind, data: kind == "loco_decision" and _own_decision(data, "trainer-a", lost))
         return crash[name]
 
     swarm = InProcessSwarm(wrap=wrap)
@@ -110,6 +115,12 @@ def test_coordinator_lost_mid_round_others_finish_in_bounded_time(node_cfg):
         closed_at = next(h.at for h in read_status(d).history if h.version == lost + 1)
         assert closed_at - crash["trainer-a"].crashed_at < bound + 10, f"{name} took too long to close round {lost}"
     assert sum(read_status(d).trainer.decisions_made for d in rest.values()) >= 1, "nobody took over"
+
+
+def _own_decision(data: bytes, name: str, first_round: int) -> bool:
+    """Whether ``data`` is a decision ``name`` coordinated, of ``first_round`` or later (not a relay)."""
+    d = decode_decision(data)
+    return d.coordinator == name and d.round >= first_round
 
 
 def _agreement(tmp_path, hub: MemoryHub, **cfg_extra) -> RoundAgreement:

@@ -174,3 +174,57 @@ def test_two_records_of_one_key_for_one_version_convict_it_and_the_evidence_trav
     fresh = Identity.generate()  # a non-member equivocating against itself convicts nobody
     with pytest.raises(IntegrityError, match="not a trainer-set member"):
         other.evidence.add("head", encode_record(_records(fresh, [2])[2]), encode_record(_records(fresh, [2], salt="c")[2]))
+
+
+def test_pulse_node_status_names_banned_members_and_open_trust_mode():
+    from pulse_node.daemon.status_model import EvidenceEntry
+    from pulse_node.ops.render import render_text
+    from pulse_node.ops.snapshot import NodeInput, build_snapshot
+    from test_ops_snapshot import NOW, _swarm
+
+    nodes = _swarm(i1_version=5)
+    entry = EvidenceEntry(key="ab" * 32, kind="decision", at=12, found_at=NOW - 5)
+    nodes = [NodeInput(n.name, n.status.model_copy(update={"evidence": [entry] if i < 3 else [],
+                                                          "trust_mode": "open" if i == 0 else "keys"}))
+             for i, n in enumerate(nodes)]
+    msgs = [a.message for a in build_snapshot(nodes, now=NOW).alerts]
+    assert any("banned for equivocation (two signed decisions for 12) by 3/4 nodes" in m for m in msgs), msgs
+    assert any(m.startswith("OPEN trust mode on trainer-0") for m in msgs), msgs
+    assert "abababababababab... banned" in render_text(build_snapshot(nodes, now=NOW), width=200)
+
+
+def test_a_member_serving_another_record_for_an_anchor_gets_no_honest_provider_struck(tmp_path):
+    """A member signs its own record for anchor 20 (other chunk digests, same layout) and serves
+    it: the honest provider of the real anchor serves another record of 20, so it is not asked
+    for pieces and never struck; the download fails on the liar alone."""
+    import dataclasses
+
+    from pulse_node.chain.anchor import AnchorManifest
+    from pulse_node.chain.record import signing_bytes
+    from pulse_node.chain.serving import store_resolver
+    from pulse_node.inference.anchor_load import load_anchor
+    from pulse_node.testing.adversaries import announce
+    from test_chain_catchup_producer import CHAIN, fill
+    from test_chain_synth import TRAINER
+
+    served = fill(tmp_path / "served" / "store", 24)
+    served.close()
+    member = Identity.generate()
+    real = CHAIN[20][0]
+    m = AnchorManifest.decode(real.anchor_manifest)
+    swapped = dataclasses.replace(m, chunks=bytes(b ^ 1 for b in m.chunks)).encode()
+    unsigned = dataclasses.replace(real, anchor_manifest=swapped, signer=member.public_key_hex)
+    forged = dataclasses.replace(unsigned, signature=member.sign(signing_bytes(unsigned)))
+    hub = MemoryHub()
+    forged_file = tmp_path / "forged.record"
+    forged_file.write_bytes(encode_record(forged))
+    honest_store = store_resolver(served.root)
+    liar = announce(hub, member, lambda kind, params: forged_file if kind == "record" else honest_store(kind, params),
+                    role="trainer", version=24, anchors=(20,))
+    honest = announce(hub, TRAINER, honest_store, role="trainer", version=24, anchors=(20,))
+    me = hub.join("me", lambda kind, params: None)
+    trust = TrustPolicy(TrainerSet(run_id=real.run_id, keys=[TRAINER.public_key_hex, member.public_key_hex]))
+    trust.verify(forged, sender=liar.peer_id)
+    with pytest.raises(PulseError):
+        load_anchor(me, trust, forged, liar, [liar, honest], tmp_path, timeout=10)
+    assert honest.peer_id not in trust.strikes, "the provider of the real anchor was struck"

@@ -138,6 +138,7 @@ class RoundAgreement(DecisionIntake):
         self.gate = RoundTrust(ctx, trust or node_trust(ctx.cfg))
         self.bound = bound if bound is not None else PayloadBound.of_trainer(ctx.cfg)
         self.cap = max_payload_bytes(self.shapes, cap=self.cfg.max_payload_bytes)
+        self._cap_pushes()
         self.ratio_max = 0.0
         self._init_intake()
         shutil.rmtree(self.root / LOCO_DIR, ignore_errors=True)  # an earlier run's rounds mean nothing now
@@ -428,6 +429,15 @@ class RoundAgreement(DecisionIntake):
         return p
 
     # ---- plumbing ------------------------------------------------------------------------
+    def _cap_pushes(self) -> None:
+        """Tell the push planes our payload cap: a larger push is refused before it is read."""
+        tell = getattr(self.ctx.transport, "cap_pushes", None)
+        try:
+            if tell is not None:
+                tell("loco", self.cap)
+        except PulseError as exc:
+            self.ctx.log.warning("cannot lower the push plane's payload cap: %s", exc)
+
     def _live(self) -> dict[str, PeerInfo]:
         """Live trainer-set members but us (``RoundTrust.live``)."""
         return self.gate.live()
