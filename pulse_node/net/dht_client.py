@@ -19,6 +19,7 @@ Importing this module does not import hivemind.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from pathlib import Path
 from typing import Any
@@ -159,8 +160,8 @@ class DhtClient(WorkerClient[DhtConfig]):
         """Lower the cap of ``kind`` pushes on this plane, in the worker (refused before the body is
         read) and here (a spooled body above it is deleted unread); returns the cap now in force."""
         now = int(self.call("set_push_cap", {"kind": kind, "cap": int(cap)}, timeout=10.0))
-        if self.spool is not None:
-            self.spool.max_push = min(self.spool.max_push, now)
+        if self.spool is not None and now < self.spool.max_push:
+            self.spool = dataclasses.replace(self.spool, max_push=now)
         return now
 
     def push_stats(self) -> dict:

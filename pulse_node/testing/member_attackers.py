@@ -150,12 +150,13 @@ def anchor_swap(h: Any, deadline: float) -> dict:
     from pulse_node.chain.layout import store_path
     from pulse_node.chain.record import decode_record, encode_record
     from pulse_node.fsutil import write_atomic
+    from pulse_node.net.dht_records import Serves
 
     done: set[int] = set()
 
     def step() -> None:
         for rec in h.others():
-            for a in sorted(set(rec.anchors or []) - done, reverse=True)[:1]:
+            for a in sorted(set(rec.serves.anchors) - done, reverse=True)[:1]:
                 raw = h.fetch(rec, "record", {"version": a}, max_bytes=1 << 16, timeout=5.0)
                 if not raw:
                     continue
@@ -164,7 +165,7 @@ def anchor_swap(h: Any, deadline: float) -> dict:
                     write_atomic(store_path(h.root / "store", "record", a), encode_record(swapped_anchor(h.identity, real)))
                     done.add(a)
         if done:
-            h.announce("inference", max(done), anchors=sorted(done))
+            h.announce("inference", max(done), serves=Serves(lowest=min(done), highest=max(done), anchors=sorted(done)))
 
     _every(deadline, 2.0, step)
     return {"tried": "member key: serves its own signed record for real anchors (other chunk digests)",

@@ -3,8 +3,8 @@
 A re-sync replaces a trainer's whole state (``trainer/role.py`` ``_resync``), so one member must
 not be able to trigger it nor choose what is adopted. The ballots for a version are the state
 hashes of the signed records members published for it: the heads they pushed to us, else the
-record each live member trainer serves for it (fetched and verified; one that does not hold the
-version votes for none), and our own if we hold the version. Each key votes once (a key signing
+record each live member trainer serves for it (fetched and verified; one that holds an older
+version votes for none, one that holds none yet does not vote), and our own if we hold the version. Each key votes once (a key signing
 two records for one version is convicted of equivocation by the trust policy instead,
 ``chain/trust.py``). ``majority`` takes the state more than half of the voters hold;
 when we are one of exactly two voters in a tie, the lower peer id breaks it (the only repair a
@@ -59,6 +59,8 @@ def gather_ballots(*, version: int, heads: Mapping[str, str], trainers: list[Any
                                          timeout=timeout, strict=True)
             continue
         if not trust.is_member(key) or key in ballots:
+            continue
+        if peer.version < 0:  # starting itself: no state to vote with (genesis, a fresh trainer)
             continue
         if peer.version < version or asked >= MAX_ASKED:
             ballots[key] = ""

@@ -324,7 +324,7 @@ class TrainerRole:
         give_up = time.monotonic() + self.cfg.loco.decision_wait_s + self.cfg.net.fetch_timeout_s
         while not self.ctx.stop.is_set() and time.monotonic() < give_up:
             done = [p for p in self._member_trainers() if p.version > round_no]
-            if done and self._resync(min(done, key=lambda p: (-p.version, p.peer_id))):
+            if any(self._resync(p) for p in sorted(done, key=lambda p: (-p.version, p.peer_id))):
                 return True
             self._drain_events(wait_s=0.2)
         return False
