@@ -228,3 +228,39 @@ def test_a_member_serving_another_record_for_an_anchor_gets_no_honest_provider_s
     with pytest.raises(PulseError):
         load_anchor(me, trust, forged, liar, [liar, honest], tmp_path, timeout=10)
     assert honest.peer_id not in trust.strikes, "the provider of the real anchor was struck"
+
+
+def test_the_evidence_plane_verifies_reports_spreads_and_keeps_evidence(tmp_path):
+    """A received evidence is verified here (garbage strikes its sender), the key is named in the
+    status, the evidence is pushed on to every peer, and a node built on the same data dir keeps it."""
+    from pulse_node.chain.serving import store_resolver
+    from pulse_node.chain.store import VersionStore
+    from pulse_node.config import InferenceConfig
+    from pulse_node.daemon.context import RoleContext
+    from pulse_node.daemon.evidence_plane import EvidencePlane, node_trust
+    from pulse_node.daemon.status import NodeStatus
+    from helpers import wait_for
+
+    bad = Identity.generate()
+    cfg = InferenceConfig.model_validate({"data_dir": str(tmp_path / "me"), "chain": {"trusted_trainers": [bad.public_key_hex]}})
+    hub = MemoryHub()
+    store = VersionStore(tmp_path / "me" / "store")
+    ctx = RoleContext(cfg=cfg, identity=Identity.generate(), store=store, transport=hub.join("me", store_resolver(store.root)),
+                      status=NodeStatus(role="inference", peer_id="me", run_id=cfg.run_id))
+    peer = hub.join("peer", lambda kind, params: None)
+    peer.publish(PeerStatus(role="inference"))
+    trust = node_trust(cfg)
+    plane = EvidencePlane(ctx, trust)
+    plane.take("liar", b"\x93junk")
+    assert trust.strikes["liar"] == 1 and not ctx.status.snapshot().evidence
+    one, two = (encode_record(_records(bad, [3], salt=s)[3]) for s in ("a", "b"))
+    other = TrustPolicy(TrainerSet(run_id=cfg.run_id, keys=[bad.public_key_hex]))
+    ev = other.evidence.add("head", one, two)
+    plane.take("reporter", ev.encode())
+    (entry,) = ctx.status.snapshot().evidence
+    assert (entry.key, entry.kind, entry.at) == (bad.public_key_hex, "head", 3)
+    assert not trust.is_member(bad.public_key_hex) and trust.strikes["reporter"] == 0
+    got = wait_for(lambda: [e for e in peer.events(wait_s=0.1) if e.kind == "evidence"], timeout=10, what="the gossip")
+    assert decode_evidence(got[0].data)[1:] == (one, two)
+    assert bad.public_key_hex in node_trust(cfg).evidence, "a restart forgot the evidence"
+    store.close()
