@@ -73,6 +73,7 @@ def counters(statuses: list) -> Counter:
                 walk(f"{s.role}.{k}", v)
         for sender in tree.get("rollout_senders", {}).values():
             walk(f"{s.role}.rollout_senders", sender)
+        out[f"{s.role}.evidence"] += len(tree.get("evidence", []))  # members convicted of equivocation
     return out
 
 
@@ -221,7 +222,8 @@ def row(name: str, base: dict, res: dict, wrong: int, crashed: list[str]) -> dic
 
 
 REPORT_KEYS = ("rejected", "decisions_rejected", "strikes", "bans", "loco_base_mismatch", "rollouts_refused",
-               "fetch_errors", "wire_errors", "resyncs", "forks", "catchup_misses", "apply_errors", "errors")
+               "fetch_errors", "wire_errors", "resyncs", "forks", "catchup_misses", "apply_errors", "errors",
+               "evidence", "equivocation")
 
 
 def fmt(r: dict) -> str:
