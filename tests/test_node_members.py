@@ -264,3 +264,15 @@ def test_the_evidence_plane_verifies_reports_spreads_and_keeps_evidence(tmp_path
     assert decode_evidence(got[0].data)[1:] == (one, two)
     assert bad.public_key_hex in node_trust(cfg).evidence, "a restart forgot the evidence"
     store.close()
+
+
+def test_a_member_announcing_a_far_version_does_not_close_our_round(tmp_path):
+    hub, me, member = MemoryHub(), Identity.generate(), Identity.generate()
+    ag = _agreement(tmp_path, hub, me, [me.public_key_hex, member.public_key_hex])
+    t = hub.join(peer_id(member), lambda kind, params: None)
+    try:
+        for version, closed in ((10**12 - 1, False), (ROUND + 1, True)):
+            t.publish(PeerStatus(role="trainer", version=version, node_key=member.public_key_hex))
+            assert ag._closed_elsewhere(ROUND, ag._live()) is closed, version
+    finally:
+        ag.ctx.store.close()

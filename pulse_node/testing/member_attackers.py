@@ -135,7 +135,8 @@ def far(h: Any, deadline: float) -> dict:
 
     data = far_head(h.identity, h.run_id)
     write_atomic(store_path(h.root / "store", "record", FAR_VERSION), data)
-    h.announce("trainer", FAR_VERSION)
+    h.announce("inference", FAR_VERSION)  # not a live trainer: a member that never contributes would
+    # hold every round up to its deadline, which is not what this attack measures
 
     def step() -> None:
         for rec in h.others():

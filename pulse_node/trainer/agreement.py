@@ -331,9 +331,11 @@ class RoundAgreement(DecisionIntake):
         held, other_base, refused = self.inbox.get(r, {}), self.mismatched.get(r, set()), self.refused.get(r, {})
         return all(pid in held or pid in other_base or pid in refused for pid in order if pid == self.me or pid in live)
 
-    @staticmethod
-    def _closed_elsewhere(r: int, live: Mapping[str, PeerInfo]) -> bool:
-        return any(p.version > r for p in live.values())  # it published version r + 1
+    def _closed_elsewhere(self, r: int, live: Mapping[str, PeerInfo]) -> bool:
+        """A live member announces a version past round ``r`` (it published ``r + 1``); a claim more
+        than ``max_version_step`` ahead is no member's honest progress and is ignored."""
+        step = self.gate.trust.max_version_step
+        return any(r < p.version <= r + step for p in live.values())
 
     def _decide(self, r: int, base: bytes, live: Mapping[str, PeerInfo], *, pull: bool) -> RoundDecision | None:
         """Sign and push the decision of round ``r``: the payloads we hold that were made on ``base``."""
