@@ -263,6 +263,11 @@ def test_the_evidence_plane_verifies_reports_spreads_and_keeps_evidence(tmp_path
     got = wait_for(lambda: [e for e in peer.events(wait_s=0.1) if e.kind == "evidence"], timeout=10, what="the gossip")
     assert decode_evidence(got[0].data)[1:] == (one, two)
     assert bad.public_key_hex in node_trust(cfg).evidence, "a restart forgot the evidence"
+    late = hub.join("late", lambda kind, params: None)  # joined after the gossip
+    late.publish(PeerStatus(role="inference"))
+    plane.tell_new_peers()
+    got = wait_for(lambda: [e for e in late.events(wait_s=0.1) if e.kind == "evidence"], timeout=10, what="the late peer told")
+    assert decode_evidence(got[0].data)[1:] == (one, two)
     store.close()
 
 

@@ -5,12 +5,15 @@
 ``EvidencePlane`` takes ``evidence`` pushes (verified by the book itself, whoever sent them; one
 that does not check out strikes its sender) and, for every evidence this node newly verified,
 found itself or received, pushes it once to every peer in the background and lists the convicted
-key in ``status.json`` (``evidence``). A convicted key is refused by the trust policy from then on.
+key in ``status.json`` (``evidence``). A peer that shows up later (it joined after the gossip) is
+pushed every evidence this node holds, once (``tell_new_peers``, at most every 10 s). A convicted
+key is refused by the trust policy from then on.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +28,8 @@ from pulse_node.errors import IntegrityError, WireError
 from pulse_node.loco.equivocation import evidence_checkers
 
 _PUSH_TIMEOUT_S = 5.0
+_TELL_EVERY_S = 10.0
+_TOLD_CAP = 4096  # peers remembered as told
 
 
 def node_trust(cfg: Any, *, min_signers: int = 1) -> TrustPolicy:
@@ -41,6 +46,8 @@ class EvidencePlane:
         self.ctx, self.trust = ctx, trust
         self.book = trust.evidence
         self.book.on_new = self._spread
+        self._told: set[str] = set()  # peers pushed every evidence held when they were first seen
+        self._told_at = float("-inf")
         self._report()
 
     def take(self, sender: str, data: bytes) -> None:
@@ -51,6 +58,25 @@ class EvidencePlane:
             self.ctx.status.add("rejected")
             self.trust.strike(sender)
             self.ctx.log.warning("refused evidence from %s: %s", sender[:12], exc)
+
+    def tell_new_peers(self) -> None:
+        """Push every evidence held to the peers not told yet (cheap when there is none)."""
+        now = time.monotonic()
+        if not self.book.convicted or now - self._told_at < _TELL_EVERY_S:
+            return
+        self._told_at = now
+        fresh = [p for p in self.ctx.peers() if p.peer_id not in self._told and not self.trust.convicted(p.peer_id)]
+        fresh = fresh[:max(0, _TOLD_CAP - len(self._told))]
+        if not fresh:
+            return
+        self._told.update(p.peer_id for p in fresh)
+        bodies = [e.encode() for e in self.book.entries()]
+
+        def push() -> None:
+            for data in bodies:
+                push_to_all(self.ctx.transport, fresh, "evidence", data, timeout=_PUSH_TIMEOUT_S)
+
+        threading.Thread(target=push, name="push-evidence", daemon=True).start()
 
     def _spread(self, ev: Evidence) -> None:
         self._report()

@@ -67,6 +67,7 @@ class InferenceRole:
 
     def _take_events(self, events) -> None:
         """Evidence to the evidence plane, head announcements to the syncer."""
+        self.evidence.tell_new_peers()
         for ev in events:
             if ev.kind == "evidence":
                 self.evidence.take(ev.sender, ev.data)

@@ -370,6 +370,7 @@ class TrainerRole:
 
     # ---- inputs ------------------------------------------------------------------------
     def _drain_events(self, wait_s: float = 0.0) -> None:
+        self.evidence.tell_new_peers()
         for ev in self.ctx.transport.events(wait_s=wait_s):
             try:
                 if ev.kind == "rollouts":
