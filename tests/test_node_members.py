@@ -281,3 +281,22 @@ def test_a_member_announcing_a_far_version_does_not_close_our_round(tmp_path):
             assert ag._closed_elsewhere(ROUND, ag._live()) is closed, version
     finally:
         ag.ctx.store.close()
+
+
+def test_a_trainer_restarting_within_a_round_it_decided_never_signs_a_second_decision(tmp_path):
+    """Our decision of a round is kept on disk: after a restart the same round gets the same bytes
+    (never a second, conflicting decision that would convict us), or none if our state changed."""
+    hub, me, member = MemoryHub(), Identity.generate(), Identity.generate()
+    keys = [me.public_key_hex, member.public_key_hex]
+    first = _agreement(tmp_path, hub, me, keys)
+    mine, data = _payload(peer_id(me))
+    first.open_round(mine, data)
+    d1 = first._decide(ROUND, BASE, first._live(), pull=False)
+    first.ctx.store.close()
+    again = _agreement(tmp_path, MemoryHub(), me, keys)  # restarted: nothing in memory, other payloads
+    other, data2 = _payload(peer_id(me), value=2e-4)
+    again.open_round(other, data2)
+    d2 = again._decide(ROUND, BASE, again._live(), pull=False)
+    assert d2 == d1, "a second, different decision of one round was signed"
+    assert again._decide(ROUND, b"\x09" * 32, again._live(), pull=False) is None  # another state now
+    again.ctx.store.close()

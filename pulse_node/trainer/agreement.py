@@ -344,14 +344,21 @@ class RoundAgreement(DecisionIntake):
                 return self.decisions[r]
             if self._closed_elsewhere(r, live):
                 return None
-        held = {tid: digest for tid, (digest, p) in self.inbox.get(r, {}).items() if p.base_hash == base}
-        d = make_decision(self.ctx.identity, run_id=self.ctx.cfg.run_id, round=r, base=base,
-                          coordinator=self.me, contributors=held)
-        data = encode_decision(d)
+        earlier = self._signed_before(r)  # never two decisions of one round, even across a restart
+        if earlier is not None:
+            d, data = earlier
+            if d.base != base:
+                return None  # we decided it on another state before: re-sync
+        else:
+            held = {tid: digest for tid, (digest, p) in self.inbox.get(r, {}).items() if p.base_hash == base}
+            d = make_decision(self.ctx.identity, run_id=self.ctx.cfg.run_id, round=r, base=base,
+                              coordinator=self.me, contributors=held)
+            data = encode_decision(d)
+            self._keep_own(r, data)
         self._accept(d, data)
         self._push(list(live.values()), data, kind="loco_decision")
         self.ctx.status.add("decisions_made")
-        self.ctx.log.info("round %d: decided %d contributors", r, len(held))
+        self.ctx.log.info("round %d: decided %d contributors", r, len(d.contributors))
         return d
 
     def _pull(self, r: int, live: Mapping[str, PeerInfo]) -> RoundDecision | None:

@@ -24,6 +24,10 @@ contributor a member, no payload we refused as out of bound), then:
    ``other_base``; a trainer on another state re-syncs when its peers have closed the round),
    so a decision cannot freeze training by naming a base nobody holds.
 
+Our own decisions are kept in ``<data_dir>/decided/<round>`` (the last ``OWN_KEEP`` rounds) and
+signed again never: a trainer that restarts within a round it decided re-sends that decision
+(or re-syncs if it is on another state now) instead of signing a second one and being convicted.
+
 The first decision that passes all three is accepted (at most one per round; later different
 ones from other coordinators are counted as ``decision_conflicts`` and ignored) and relayed once.
 """
@@ -31,6 +35,7 @@ ones from other coordinators are counted as ``decision_conflicts`` and ignored) 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any, Mapping
 
 import blake3
@@ -40,10 +45,11 @@ from pulse_node.errors import IntegrityError, PulseError
 from pulse_node.fsutil import write_atomic
 from pulse_node.chain.serving import loco_decision_path
 from pulse_node.loco.bound import PayloadBoundError
-from pulse_node.loco.decision import RoundDecision, decode_decision, verify_decision
+from pulse_node.loco.decision import MAX_DECISION_BYTES, RoundDecision, decode_decision, verify_decision
 
 _ORDER_DOMAIN = b"pulse/coordinator-order/1\0"
 PARK_PER_ROUND = 8  # decisions parked per coming round, at most
+OWN_KEEP = 8  # rounds whose own decision a trainer keeps on disk
 
 
 def coordinator_order(run_id: str, round: int, ids) -> list[str]:
@@ -185,6 +191,30 @@ class DecisionIntake:
         self.decisions[d.round] = d
         write_atomic(loco_decision_path(self.root, d.round), data, durable=False)  # served by the wire worker
         return True
+
+    def _own_path(self, r: int) -> Path:
+        return Path(self.ctx.cfg.data_dir) / "decided" / str(r)
+
+    def _signed_before(self, r: int) -> tuple[RoundDecision, bytes] | None:
+        """The decision of round ``r`` we signed earlier (before a restart, too), if any."""
+        try:
+            data = self._own_path(r).read_bytes()[:MAX_DECISION_BYTES + 1]
+            d = decode_decision(data)
+            verify_decision(d, signer_key=self.ctx.identity.public_key_hex)
+        except (OSError, PulseError):
+            return None
+        return (d, data) if d.round == r and d.run_id == self.ctx.cfg.run_id else None
+
+    def _keep_own(self, r: int, data: bytes) -> None:
+        """Keep our decision of round ``r`` (durably: it must outlive a crash) and forget old ones."""
+        folder = self._own_path(r).parent
+        try:
+            write_atomic(self._own_path(r), data)
+            for path in folder.iterdir():
+                if path.name.isdigit() and int(path.name) < r - OWN_KEEP:
+                    path.unlink(missing_ok=True)
+        except OSError as exc:
+            self.ctx.log.warning("cannot keep our decision of round %d: %s", r, exc)
 
     def _prune_intake(self, r: int) -> None:
         for old in [k for k in self.parked if k < r]:
