@@ -32,6 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 DEFAULT_ATTACKS = ("inject_payload", "trainer_role", "huge_version", "rollback", "slow_drip", "bad_anchor",
                    "oversize", "catchup_flood", "fake_trainers", "rollout_flood", "smaller",
                    "sybil_trainers", "sybil_peers")
+MEMBER_ATTACKS = ("member_presigned", "member_equivocate", "member_heads", "member_far_version",
+                  "member_anchor_swap", "member_oversize")  # testing/member_attackers.py: an admitted key each
 SMALL = {"model": {"d_model": 32, "n_layers": 2, "n_heads": 2}, "task": {"digits": 2},
          "sampling": {"prompts_per_batch": 8, "group_size": 4}}
 
@@ -71,18 +73,24 @@ def counters(statuses: list) -> Counter:
                 walk(f"{s.role}.{k}", v)
         for sender in tree.get("rollout_senders", {}).values():
             walk(f"{s.role}.rollout_senders", sender)
+        out[f"{s.role}.evidence"] += len(tree.get("evidence", []))  # members convicted of equivocation
     return out
 
 
 class Bench:
     def __init__(self, args) -> None:
+        from pulse_node.chain.identity import Identity
         from pulse_node.swarm.launcher import LocalSwarm
         from pulse_node.testing.chaos import ChaosLedger
+        from pulse_node.testing.member_attackers import member_keys
 
         self.args = args
         self.root = Path(args.run_dir) if args.run_dir else Path(tempfile.mkdtemp(prefix="pulse-adversary-"))
         self.cfg = swarm_config(self.root)
         self.swarm = LocalSwarm(self.cfg, log=lambda m: print(m, file=sys.stderr))
+        self.members = member_keys(self.root, args.attacks.split(","))  # admitted like the trainers' keys
+        honest_keys = self.swarm.trainer_keys
+        self.swarm.trainer_keys = lambda: honest_keys() + [Identity.load(k).public_key_hex for k in self.members.values()]
         self.ledger = ChaosLedger()
         self.lives: dict[str, float] = {}
         self.restarts: list[str] = []
@@ -132,6 +140,7 @@ class Bench:
         cmd = [sys.executable, "-m", "pulse_node.testing.attack", name, "--bootstrap", self.swarm.bootstrap_addr,
                "--run-id", self.cfg.run_id, "--root", str(self.root / "attacks" / name),
                "--seconds", str(self.args.window), "--out", str(out)]
+        cmd += ["--identity", str(self.members[name])] if name in self.members else []
         log = open(self.root / "attacks" / f"{name}.log", "w")
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
@@ -213,7 +222,8 @@ def row(name: str, base: dict, res: dict, wrong: int, crashed: list[str]) -> dic
 
 
 REPORT_KEYS = ("rejected", "decisions_rejected", "strikes", "bans", "loco_base_mismatch", "rollouts_refused",
-               "fetch_errors", "wire_errors", "resyncs", "forks", "catchup_misses", "apply_errors", "errors")
+               "fetch_errors", "wire_errors", "resyncs", "forks", "catchup_misses", "apply_errors", "errors",
+               "evidence", "equivocation")
 
 
 def fmt(r: dict) -> str:
@@ -234,7 +244,12 @@ def summary(rows: list[dict], baselines: list[float], final: dict, crashed: list
             "min_control_ratio": min(control, default=None), "baseline_rates": [round(b, 3) for b in baselines],
             "final_check": {k: final[k] for k in ("corrupted_states_used", "wrong", "trainer_disagreement_count")
                             if k in final} | {k: v for k, v in final.items() if k.startswith(("held_", "stored_"))},
-            "crashes": crashed, "run_dir": str(root), "per_attack": rows}
+            "crashes": crashed, "run_dir": str(root), "per_attack": per_attack(rows), "rows": rows}
+
+
+def per_attack(rows: list[dict]) -> dict[str, dict[str, Any]]:
+    """``{name: {"rate_ratio": float, "held": bool}}`` for every attack run."""
+    return {r["attack"]: {"rate_ratio": r["rate_ratio"], "held": r["held"] and not r["poisoned"]} for r in rows}
 
 
 def _interrupt(*_: object) -> None:
@@ -245,7 +260,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--baseline", type=float, default=20.0, help="seconds of each no-attack window")
     ap.add_argument("--window", type=float, default=20.0, help="seconds of each attack")
-    ap.add_argument("--attacks", default=",".join(DEFAULT_ATTACKS))
+    ap.add_argument("--attacks", default=",".join(DEFAULT_ATTACKS + MEMBER_ATTACKS),
+                    help="comma-separated subset to run (e.g. --attacks member_presigned,member_far_version)")
     ap.add_argument("--run-dir")
     args = ap.parse_args()
     names = [a for a in args.attacks.split(",") if a]
@@ -253,7 +269,7 @@ def main() -> None:
         signal.signal(sig, _interrupt)
     res = Bench(args).run(names)
     print(f"{'attack':<15} {'held':<5} {'crashed':<8} {'poisoned':<9} {'ratio':<6} reported")
-    for r in res["per_attack"]:
+    for r in res["rows"]:
         print(fmt(r))
     print(f"control (no-attack) ratios: {res['control_ratios']}")
     print(json.dumps(res, default=str))

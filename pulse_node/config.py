@@ -98,15 +98,24 @@ class ChainConfig(StrictModel):
     trusted_trainers_path: Path | None = Field(
         None, description="more trainer keys: a file with one hex key per line, or a directory of *.pub files "
         "(read at start; e.g. the keys compose's trainers write to the shared volume)")
+    #: Open mode (``open_swarm``, no keys): keys are free, so what holds a member to one member's
+    #: share does not bind anyone who can make keys: a key convicted of equivocation is replaced by
+    #: a fresh one, a re-sync majority or the version step's "other members" can be one operator's
+    #: keys, and fresh keys can fill the evidence book. What still holds: signatures, chain hashes,
+    #: signed download sizes, the payload value bound and size caps, one decision per round from
+    #: the coordinator whose turn it is. Nodes report ``trust_mode = "open"``; ``pulse-node status`` warns.
     open_swarm: bool = Field(
         False, description="DANGEROUS: with no trainer keys, let `pulse-node join` trust any peer that announces "
-        "the trainer role on a non-loopback bootstrap (anyone can then sign versions and steer the model)")
+        "the trainer role on a non-loopback bootstrap (anyone can then sign versions and steer the model; "
+        "equivocation bans, re-sync majorities and the version step bind nobody, keys being free)")
     admission_quorum: int = Field(
         0, ge=0, description="members that must sign a new trainer's admission (0 = a majority of the configured keys)")
     admission_file: Path | None = Field(
         None, description="this trainer's admission to the trainer set (`pulse-node trainers admit`), "
         "carried in its peer record so every node can verify it")
     min_signers: int = Field(1, ge=1, description="distinct trusted trainers that must sign a version")
+    max_version_step: int = Field(64, ge=1, description="refuse a record more than this many versions past the "
+                                  "highest version another trainer-set member was seen signing (chain/trust.py)")
     catchup_min_gap: int = Field(4, ge=0, description="this many versions behind, ask peers for one catch-up "
                                  "patch instead of the patches (0 = never)")
     catchup_wait_s: float = Field(30.0, ge=0, description="how long to wait for a peer that is still making "

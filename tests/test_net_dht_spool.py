@@ -260,6 +260,21 @@ def test_the_worker_refuses_a_file_outside_its_spool(swarm, tmp_path: Path) -> N
 
 
 @pytest.mark.slow
+def test_a_trainer_lowers_the_cap_to_its_models_payload_bound(swarm) -> None:
+    """``set_push_cap`` (a trainer's agreement: ``loco/bound.max_payload_bytes`` of its shapes): a push
+    above it is refused on its declared size, before a byte of it is read or spooled."""
+    rid, maddrs = _target(swarm.receiver)
+    cap = 2 * THRESHOLD
+    assert swarm.receiver.set_push_cap("loco", cap) == cap and swarm.receiver.spool.max_push == cap
+    assert swarm.receiver.set_push_cap("loco", 1 << 30) == cap, "a cap was raised"
+    assert _answer(swarm.sender.probe(rid, _header(cap + 1) + b"x" * 1000, maddrs=maddrs)).status == "too_large"
+    body = os.urandom(cap)
+    swarm.sender.push(rid, maddrs, "loco", body, timeout=30)
+    assert [e.data for e in gather(swarm.receiver.events, count=1, timeout=30, what="the push event")] == [body]
+    assert swarm.receiver.spool.files() == [] and swarm.receiver.push_stats()["caps"]["loco"] == cap
+
+
+@pytest.mark.slow
 def test_a_full_spool_answers_busy_and_a_stopped_worker_leaves_it_empty(swarm) -> None:
     sid, maddrs = _target(swarm.small)
     body = os.urandom(2 * THRESHOLD)

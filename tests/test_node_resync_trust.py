@@ -16,6 +16,7 @@ import pytest
 
 from pulse_node.chain.identity import Identity
 from pulse_node.chain.record import encode_record, make_record
+from pulse_node.chain.layout import store_path
 from pulse_node.chain.serving import store_resolver
 from pulse_node.chain.store import VersionStore
 from pulse_node.codec.statehash import state_hash
@@ -70,6 +71,9 @@ def _state_file(role, root: Path, signer: Identity, *, version: int, run_id: str
     record = make_record(signer, run_id=run_id, version=version, parent=parent, state_hash=digest, patch=b"p",
                          anchor_version=0, is_anchor=False, codec="pulsesync/compact/1")
     export_trainer_state(root, params=role.global_params, momentum=role.outer.momentum, record=record)
+    path = store_path(root, "record", version)  # served like a trainer's store serves its records
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(encode_record(record))
 
 
 def _server(tmp_path: Path, hub, ident: Identity, role, signer: Identity, *, version: int, run_id: str = RUN,
@@ -128,4 +132,4 @@ def test_pushed_heads_count_only_when_signed_by_their_member_sender(trainer) -> 
             role._take_head(sender, encode_record(rec))
     assert not role.peer_heads
     role._take_head(honest_id, encode_record(genuine))
-    assert role.peer_heads == {3: {honest_id: genuine.state_hash}}
+    assert role.peer_heads == {3: {HONEST.public_key_hex: genuine.state_hash}}  # the signer's ballot

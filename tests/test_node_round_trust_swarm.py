@@ -118,5 +118,7 @@ def test_a_members_payload_beyond_the_bound_is_never_signed_nor_applied(node_cfg
     _round_times_ok(dirs)
     a, b = read_status(dirs["trainer-a"]), read_status(dirs["trainer-b"])
     assert a.trainer.loco_refused.get("out_of_bound", 0) >= 3, a.trainer.loco_refused
-    assert a.contributors == 1 and b.contributors == 1, "a scaled payload was averaged"
-    assert b.trainer.rounds_left_out >= 3 and not b.trainer.forks and not a.trainer.forks
+    # in a's rounds b is left out; in b's rounds a fetches b's payload as b holds it (unscaled),
+    # by the decided digest: either way both average the same payloads, never a scaled one
+    assert a.contributors == b.contributors and not b.trainer.forks and not a.trainer.forks
+    assert b.trainer.rounds_left_out + a.trainer.loco_fetched >= 3, (a.trainer, b.trainer)

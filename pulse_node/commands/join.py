@@ -27,7 +27,8 @@ OPEN_SWARM_BANNER = """\
 !!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!
 !!! OPEN SWARM: no trainer keys are configured and chain.open_swarm is set.
 !!! ANY peer that announces the trainer role is trusted: it can sign the versions
-!!! this node applies, decide training rounds and serve trainer state.
+!!! this node applies, decide training rounds and serve trainer state. Keys are
+!!! free: equivocation bans, re-sync majorities and the version step bind nobody.
 !!! Configure chain.trusted_trainers to trust only your trainers.
 !!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!"""
 _LOCAL_HOSTS = ("/ip4/127.", "/ip6/::1/", "/dns/localhost/", "/dns4/localhost/", "/dns6/localhost/")

@@ -138,6 +138,12 @@ class P2PTransport:
         if self.dht.config.accept_pushes:
             self.dht.set_members(peer_ids)
 
+    def cap_pushes(self, kind: str, cap: int) -> None:
+        """Lower the cap of ``kind`` pushes to ``cap`` on the p2pd plane (the wire plane's is
+        ``PUSH_CAPS``, already smaller than any model's payload bound needs to be)."""
+        if self.dht.config.accept_pushes:
+            self.dht.set_push_cap(kind, cap)
+
     def events(self, *, max_items: int = 256, wait_s: float = 0.0) -> list[Event]:
         """Pushes from both planes; the wire call waits, the p2pd queue is read before and after."""
         got = self._dht_events(max_items)

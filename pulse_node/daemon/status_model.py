@@ -26,7 +26,7 @@ from pydantic import Field
 from pulse_node.errors import PulseError
 
 #: version of the status schema; bump it on any change to a declared field
-STATUS_SCHEMA = 5
+STATUS_SCHEMA = 6
 HISTORY_LEN = 200
 ERRORS_KEPT = 20
 ERROR_CHARS = 300
@@ -164,6 +164,16 @@ class ErrorEntry(_Section):
     message: str = Field(max_length=ERROR_CHARS)
 
 
+class EvidenceEntry(_Section):
+    """A trainer-set key this node convicted of equivocation (``chain/evidence.py``) and refuses."""
+
+    key: str = Field(description="the convicted Ed25519 key (hex)")
+    kind: Literal["head", "decision"] = Field(description="head: two records for one version; decision: two "
+                                              "round decisions for one round")
+    at: int = Field(ge=0, description="the version (head) or round (decision) both messages are about")
+    found_at: float = Field(description="when this node verified the evidence (unix time)")
+
+
 class StatusReport(_Section):
     """What one node reports about itself."""
 
@@ -196,6 +206,8 @@ class StatusReport(_Section):
     trust_mode: Literal["keys", "open"] | None = Field(None, description="keys: versions and rounds only from the "
                                                       "trainer set; open: any peer announcing the trainer role")
     trainer_set: str | None = Field(None, description="what the trainer set is made of (configured, admitted, quorum)")
+    evidence: list[EvidenceEntry] = Field(default_factory=list, description="members convicted of equivocation "
+                                          "by evidence this node verified; refused for good")
     stopped: bool = Field(False, description="the node has stopped (its last status)")
     counters: NodeCounters = Field(default_factory=NodeCounters)
     trainer: TrainerCounters | None = None

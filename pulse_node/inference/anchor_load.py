@@ -4,8 +4,11 @@ The record of an anchor version names its file's manifest (``chain/anchor.py``).
 fetches the file's header from one provider (at most ``MAX_HEADER_BYTES``) and checks it against
 the manifest and the record, then downloads the rest from up to ``MAX_PROVIDERS`` peers at once
 (``Transport.fetch_anchor``), each signed piece checked as it arrives: a provider that sends a
-bad header or a bad piece is struck (and dropped from the download), honest ones are not. Nothing
-larger than the signed size is ever written. An anchor whose record carries no manifest is not
+bad header or a bad piece is struck (and dropped from the download), honest ones are not. Strikes
+are bound to the record: the primary served it; every other provider is asked for its own record
+of the version first and downloads from it only if that is the same record (chain hash and
+manifest), so a member signing a second record for an anchor cannot get the pieces of providers
+holding the real one struck. Nothing larger than the signed size is ever written. An anchor whose record carries no manifest is not
 downloaded at all (its size would be whatever a provider says).
 """
 
@@ -15,12 +18,12 @@ from pathlib import Path
 
 from pulse_node.chain.anchor import MAX_HEADER_BYTES, check_header, header_length, pieces
 from pulse_node.chain.layout import state_metadata
-from pulse_node.chain.record import VersionRecord
+from pulse_node.chain.record import MAX_RECORD_BYTES, VersionRecord, decode_record
 from pulse_node.chain.trust import TrustPolicy
 from pulse_node.codec.state import State, load_safetensors
 from pulse_node.codec.statehash import state_hash
 from pulse_node.daemon.transport import PeerInfo, Transport
-from pulse_node.errors import IntegrityError, WireError
+from pulse_node.errors import IntegrityError, PulseError, WireError
 
 #: first read of an anchor: the header of any model up to a few thousand tensors
 HEADER_PROBE_BYTES = 64 << 10
@@ -51,6 +54,19 @@ def _range(transport: Transport, peer: PeerInfo, version: int, length: int, scra
         dest.unlink(missing_ok=True)
 
 
+def _serves(transport: Transport, peer: PeerInfo, record: VersionRecord, scratch: Path, *, timeout: float) -> bool:
+    """Whether ``peer`` serves exactly ``record`` for its version (same chain hash and manifest)."""
+    dest = scratch / f"anchor-{record.version}-{peer.peer_id[-16:]}.record"
+    try:
+        transport.fetch(peer, "record", {"version": record.version}, dest, timeout=timeout, max_bytes=MAX_RECORD_BYTES)
+        theirs = decode_record(dest.read_bytes()[:MAX_RECORD_BYTES + 1])
+    except (PulseError, OSError):
+        return False
+    finally:
+        dest.unlink(missing_ok=True)
+    return (theirs.chain_hash, theirs.anchor_manifest) == (record.chain_hash, record.anchor_manifest)
+
+
 def load_anchor(transport: Transport, trust: TrustPolicy, record: VersionRecord, primary: PeerInfo,
                 holders: list[PeerInfo], scratch: Path, *, timeout: float) -> State:
     """The state of anchor ``record`` (already verified: a member signed it for this run).
@@ -64,7 +80,8 @@ def load_anchor(transport: Transport, trust: TrustPolicy, record: VersionRecord,
     except IntegrityError:
         trust.strike(primary.peer_id)
         raise
-    providers = [primary, *[p for p in holders if p.peer_id != primary.peer_id][:MAX_PROVIDERS - 1]]
+    others = [p for p in holders if p.peer_id != primary.peer_id][:MAX_PROVIDERS - 1]
+    providers = [primary, *[p for p in others if _serves(transport, p, record, scratch, timeout=min(timeout, 10.0))]]
     dest = scratch / f"anchor-{record.version}.safetensors"
     try:
         result = transport.fetch_anchor(providers, version=record.version, pieces=pieces(header, record.manifest()),

@@ -18,8 +18,7 @@ from pulse_node.daemon.context import RoleContext
 from pulse_node.daemon.status_model import VersionEntry
 from pulse_node.inference.syncer import VersionSync
 from pulse_node.daemon.transport import push_to_all
-from pulse_node.chain.trainerset import TrainerSet
-from pulse_node.chain.trust import TrustPolicy
+from pulse_node.daemon.evidence_plane import EvidencePlane, node_trust
 from pulse_node.rl.assign import BatchKey
 from pulse_node.rl.config import GRPOConfig
 from pulse_node.rl.policy import build_policy
@@ -37,7 +36,8 @@ class InferenceRole:
         self.ctx = ctx
         self.cfg: InferenceConfig = ctx.cfg  # type: ignore[assignment]
         cfg = self.cfg
-        self.trust = TrustPolicy(TrainerSet.from_config(cfg.chain, run_id=cfg.run_id), min_signers=cfg.chain.min_signers)
+        self.trust = node_trust(cfg, min_signers=cfg.chain.min_signers)  # convicted members refused for good
+        self.evidence = EvidencePlane(ctx, self.trust)
         self.trust.listen_members(ctx.share_members)  # the data plane serves members first
         self.sync = VersionSync(ctx.store, ctx.transport, self.trust, net=cfg.net,
                                 catchup_min_gap=cfg.chain.catchup_min_gap, catchup_wait_s=cfg.chain.catchup_wait_s)
@@ -52,6 +52,8 @@ class InferenceRole:
         self.settings = settings_of(cfg)
         self.refused_version = -1  # the last version whose declared settings differ from ours
         self._next_trainer = 0
+        if self.sync.record is not None:
+            self.trust.saw(self.sync.record)  # the version step's reference before any peer's record
 
     def run(self) -> None:
         rec = self.sync.record
@@ -60,12 +62,20 @@ class InferenceRole:
         busy = False
         while not self.ctx.stop.is_set():
             # idle: block up to 0.5 s on pushed head announcements instead of polling
-            self.sync.take_events(self.ctx.transport.events(wait_s=0.0 if busy else 0.5))
+            self._take_events(self.ctx.transport.events(wait_s=0.0 if busy else 0.5))
             peers = self.ctx.peers()
             applied = self.sync.step(peers, rank=self._rank(peers))
             if self.sync.record is not None and self.sync.record.version != self.worker.version:
                 self._on_applied(applied)
             busy = self._rollout_once(peers)
+
+    def _take_events(self, events) -> None:
+        """Evidence to the evidence plane, head announcements to the syncer."""
+        self.evidence.tell_new_peers()
+        for ev in events:
+            if ev.kind == "evidence":
+                self.evidence.take(ev.sender, ev.data)
+        self.sync.take_events([ev for ev in events if ev.kind != "evidence"])
 
     def _rank(self, peers) -> int:
         """Our position among inference peers (decides who fetches fresh versions from trainers)."""

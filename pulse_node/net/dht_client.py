@@ -19,6 +19,7 @@ Importing this module does not import hivemind.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from pathlib import Path
 from typing import Any
@@ -144,6 +145,7 @@ class DhtClient(WorkerClient[DhtConfig]):
             if self.spool is None:
                 raise WireError("the worker sent a spool path but this client has no spool")
             if not isinstance(size, int) or size > self.spool.max_push:
+                self.spool.check(path).unlink(missing_ok=True)  # never read into memory
                 raise WireError(f"spooled push of {size!r} bytes exceeds cap {self.spool.max_push}")
             return self.spool.take(path, size)
         except (WireError, OSError) as exc:
@@ -153,6 +155,14 @@ class DhtClient(WorkerClient[DhtConfig]):
     def set_members(self, peer_ids: list[str]) -> None:
         """Tell the push plane which peers are trainer-set members (served first)."""
         self.call("set_members", {"peer_ids": sorted(peer_ids)}, timeout=10.0)
+
+    def set_push_cap(self, kind: str, cap: int) -> int:
+        """Lower the cap of ``kind`` pushes on this plane, in the worker (refused before the body is
+        read) and here (a spooled body above it is deleted unread); returns the cap now in force."""
+        now = int(self.call("set_push_cap", {"kind": kind, "cap": int(cap)}, timeout=10.0))
+        if self.spool is not None and now < self.spool.max_push:
+            self.spool = dataclasses.replace(self.spool, max_push=now)
+        return now
 
     def push_stats(self) -> dict:
         """Push-plane counters: bytes in/out per kind, errors, queued and rejected events."""

@@ -220,6 +220,15 @@ class DhtWorker(Service):
         return len(self.pushes.members.ids)
 
     @rpc
+    async def set_push_cap(self, *, kind: str, cap: int) -> int:
+        """Lower the push plane's cap for ``kind`` (a trainer: the largest payload its model's shapes
+        allow, ``loco/bound.max_payload_bytes``); a larger push is refused before its body is read."""
+        if kind not in self.pushes.caps or type(cap) is not int or cap < 1:
+            raise WireError(f"set_push_cap: no cap {kind!r} to set to {cap!r}")
+        self.pushes.caps[kind] = min(self.pushes.caps[kind], cap)
+        return self.pushes.caps[kind]
+
+    @rpc
     async def push_stats(self) -> dict:
         return self.pushes.stats()
 

@@ -60,6 +60,7 @@ PUSH_CAPS: dict[str, int] = {
     "loco": 48 << 20,
     "head": 64 << 10,
     "loco_decision": 64 << 10,
+    "evidence": 192 << 10,  # two conflicting signed messages (chain/evidence.py caps it at ~129 KiB)
 }
 assert set(BODY_CAPS) == set(FETCH_KINDS) and set(PUSH_CAPS) == set(PUSH_KINDS)
 

@@ -319,6 +319,24 @@ def _duplicate_alerts(merged: Sequence[_Merged], peers: Sequence[Mapping[str, An
     return out
 
 
+def _trust_alerts(merged: Sequence[_Merged]) -> list[Alert]:
+    """One warning for nodes in open trust mode; one line per member a node convicted of equivocation."""
+    statuses = [(m.name, m.status) for m in merged if m.status is not None]
+    out: list[Alert] = []
+    open_mode = sorted(name for name, st in statuses if st.trust_mode == "open")
+    if open_mode:
+        out.append(Alert(level="warn", message=f"OPEN trust mode on {', '.join(open_mode)}: any peer announcing the "
+                         "trainer role is a member (keys are free: equivocation bans and quorums do not bind)"))
+    convicted: dict[str, tuple[Any, list[str]]] = {}
+    for name, st in statuses:
+        for e in st.evidence:
+            convicted.setdefault(e.key, (e, []))[1].append(name)
+    for key, (e, names) in sorted(convicted.items()):
+        out.append(Alert(level="warn", message=f"member {key[:16]}... banned for equivocation (two signed {e.kind}s "
+                         f"for {e.at}) by {len(names)}/{len(statuses)} nodes"))
+    return out
+
+
 def _node_alerts(views: Sequence[NodeView], head: int | None) -> list[Alert]:
     if not views:
         return [Alert(level="warn",
@@ -432,7 +450,7 @@ def build_snapshot(nodes: Sequence[NodeInput], peers: Sequence[Mapping[str, Any]
            for v, g in sorted(shared.items()) if len(g) > 1]
     alerts = [Alert(level="fail", message=f"state hashes disagree at version {c.version}: "
                     + "; ".join(f"{h[:12]} on {', '.join(n)}" for h, n in c.hashes.items())) for c in bad[-5:]]
-    alerts += _duplicate_alerts(merged, peers) + _node_alerts(views, head) + list(notes)
+    alerts += _duplicate_alerts(merged, peers) + _trust_alerts(merged) + _node_alerts(views, head) + list(notes)
     roles: dict[str, int] = {}
     for n in views:
         if n.state != "down":

@@ -20,13 +20,19 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--out")
+    ap.add_argument("--identity", help="member attacks: the admitted key file the attacker holds")
     args = ap.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwinds: the attacker's workers are stopped
     from pulse_node.testing.attackers import run_attack
+    from pulse_node.testing.member_attackers import MEMBER_ATTACKS, run_member_attack
 
     try:
-        res = run_attack(args.name, Path(args.root), run_id=args.run_id, bootstrap=args.bootstrap,
-                         seconds=args.seconds, host=args.host)
+        if args.name in MEMBER_ATTACKS:
+            res = run_member_attack(args.name, Path(args.root), identity=Path(args.identity), run_id=args.run_id,
+                                    bootstrap=args.bootstrap, seconds=args.seconds, host=args.host)
+        else:
+            res = run_attack(args.name, Path(args.root), run_id=args.run_id, bootstrap=args.bootstrap,
+                             seconds=args.seconds, host=args.host)
     except Exception as exc:  # the bench reports an attacker that could not run
         res = {"tried": args.name, "attacker_error": f"{type(exc).__name__}: {exc}"}
     text = json.dumps(res, default=str)

@@ -13,12 +13,14 @@ back into the trainer. Round ``r``, on every trainer:
    is decoded (base-coded, ``loco/payload.py``) only if the base hash it names is ours; one made
    on another base misses the round like a late one (``loco_base_mismatch``; the trainer on the
    wrong state re-syncs). Payloads of a coming round are held undecoded until it opens here.
-2. The coordinator is the lowest id among the trainers we saw when pushing (``order``). It
+2. The coordinator is the first of the trainers we saw when pushing in the round's rendezvous
+   order (``order``, ``trainer/decisions.coordinator_order``: it changes every round). It
    decides once it holds a payload from each of them still live (one whose payload named another
    base counts as heard from: it cannot contribute), or at ``loco.deadline_s``:
    it signs a ``RoundDecision`` naming the payloads it holds (trainer id + BLAKE3 digest),
-   keeps it (``loco_decision``) and pushes it to every trainer. A trainer relays the first
-   decision it accepts for a round, once.
+   keeps it (``loco_decision``) and pushes it to every trainer. A trainer accepts a decision
+   only from a coordinator whose turn it is, on its own base (``trainer/decisions.py``), and
+   relays the first it accepts for a round, once.
 3. The others wait for it. If none came ``loco.decision_wait_s`` after their own deadline, the
    next trainer in ``order`` decides, and so on; past the deadline a coordinator gone from
    discovery is skipped at once. A round closes within ``deadline_s + n * decision_wait_s``.
@@ -36,11 +38,9 @@ parsed (``loco/bound.max_payload_bytes``), and every entry is checked against th
 bound (``loco/bound.py``) on our base weights before the payload is kept, signed into a decision
 or applied; a refused payload counts as heard from (its sender cannot contribute this round).
 Payloads of coming rounds are parked only for the next ``PARK_ROUNDS`` rounds, one per member
-and round. Decisions are checked (caps, schema, run id, signer = the key the coordinator's peer
-id encodes, a trainer-set member, signature, every contributor a member, no payload we refused
-as out of bound); refusals are counted by reason (``decisions_refused``, ``loco_refused``). At
-most one decision is accepted per round; differing later ones are counted
-(``decision_conflicts``) and ignored.
+and round. Which decisions are accepted (designated coordinator, our base, one per round,
+equivocation evidence): ``trainer/decisions.py``; refusals are counted by reason
+(``decisions_refused``, ``loco_refused``).
 
 Remaining failure case (a decision that reaches only some trainers while another timed out and
 decided differently) and its repair: docs/ARCHITECTURE.md, "Trainers agreeing on one state".
@@ -57,16 +57,17 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from pulse_node.chain.serving import LOCO_DIR, loco_decision_path, loco_payload_path
-from pulse_node.chain.trainerset import TrainerSet
 from pulse_node.chain.trust import TrustPolicy
 from pulse_node.errors import BaseMismatchError, IntegrityError, PulseError, WireError
 from pulse_node.fsutil import write_atomic
-from pulse_node.loco.decision import (MAX_DECISION_BYTES, RoundDecision, decode_decision, encode_decision,
-                                      make_decision, payload_digest, verify_decision)
+from pulse_node.loco.decision import (MAX_DECISION_BYTES, RoundDecision, encode_decision, make_decision,
+                                      payload_digest)
 from pulse_node.loco.bound import PayloadBound, PayloadBoundError, max_payload_bytes
 from pulse_node.loco.payload import LocoPayload, decode_payload, read_header
 from pulse_node.daemon.context import RoleContext
+from pulse_node.daemon.evidence_plane import node_trust
 from pulse_node.daemon.transport import PeerInfo, push_to_all
+from pulse_node.trainer.decisions import DecisionIntake, coordinator_order
 from pulse_node.trainer.round_trust import RoundTrust
 
 KEEP_ROUNDS = 4  # rounds whose payloads and decisions a trainer keeps on disk and serves
@@ -111,7 +112,7 @@ class RoundResult:
     mine_included: bool = False
 
 
-class RoundAgreement:
+class RoundAgreement(DecisionIntake):
     """One trainer's side of the contributor agreement (inputs, decisions, payload files)."""
 
     def __init__(self, ctx: RoleContext, *, shapes: Mapping[str, tuple[int, ...]],
@@ -134,10 +135,12 @@ class RoundAgreement:
         self.mismatched: dict[int, set[str]] = {}  # round -> trainers whose payload named another base
         self.decisions: dict[int, RoundDecision] = {}
         self.refused: dict[int, dict[str, bytes]] = {}  # round -> member -> digest of its out-of-bound payload
-        self.gate = RoundTrust(ctx, trust or TrustPolicy(TrainerSet.from_config(ctx.cfg.chain, run_id=ctx.cfg.run_id)))
+        self.gate = RoundTrust(ctx, trust or node_trust(ctx.cfg))
         self.bound = bound if bound is not None else PayloadBound.of_trainer(ctx.cfg)
         self.cap = max_payload_bytes(self.shapes, cap=self.cfg.max_payload_bytes)
+        self._cap_pushes()
         self.ratio_max = 0.0
+        self._init_intake()
         shutil.rmtree(self.root / LOCO_DIR, ignore_errors=True)  # an earlier run's rounds mean nothing now
 
     # ---- inputs (the trainer hands over every pushed payload and decision) -----------------
@@ -237,51 +240,6 @@ class RoundAgreement:
         self.ctx.log.warning("round %d: %s; not decoded, %s misses this round (a trainer on another "
                              "state re-syncs)", r, exc, trainer[:12])
 
-    def offer_decision(self, sender: str, data: bytes) -> None:
-        """Check a decision; accept (and relay) the first of its round. ``PulseError`` if bad."""
-        if self.gate.dropped("decision", sender):
-            return
-        if not self.gate.is_member(sender):
-            self.gate.refuse("decision", sender, "not_member", "not a trainer-set member", strike=True)
-            raise IntegrityError(f"decision pushed by {sender[:12]}, not a trusted trainer-set member")
-        try:
-            d = decode_decision(data)
-            self._verify(d)
-        except PayloadBoundError as exc:
-            self.gate.refuse("decision", sender, "out_of_bound", str(exc), strike=False)
-            raise
-        except PulseError as exc:
-            self.gate.refuse("decision", sender, "bad_decision", str(exc), strike=False)
-            raise
-        if self._in_window(d.round) and self._accept(d, data):
-            relay_to = [p for pid, p in self._live().items() if pid not in (sender, d.coordinator)]
-            self._push(relay_to, data, kind="loco_decision")
-
-    def _verify(self, d: RoundDecision) -> None:
-        if d.run_id != self.ctx.cfg.run_id:
-            raise IntegrityError(f"round {d.round} decision is for run {d.run_id!r}")
-        if not self.gate.is_member(d.coordinator):
-            raise IntegrityError(f"round {d.round} decision of {d.coordinator[:12]}: not a trusted trainer-set member")
-        verify_decision(d, signer_key=self.gate.key_of(d.coordinator))
-        if not all(map(self.gate.is_member, d.trainer_ids)):
-            raise IntegrityError(f"round {d.round} decision names a contributor outside the trainer set")
-        refused = set(self.refused.get(d.round, {}).values())
-        if any(digest in refused for _, digest in d.contributors):
-            raise PayloadBoundError(f"round {d.round} decision names a payload beyond the value bound")
-
-    def _accept(self, d: RoundDecision, data: bytes) -> bool:
-        """Take ``d`` if it is the first decision of its round (at most one per round)."""
-        have = self.decisions.get(d.round)
-        if have is not None:
-            if (have.base, have.contributors) != (d.base, d.contributors):
-                self.ctx.status.add("decision_conflicts")
-                self.ctx.log.warning("round %d: ignoring a second, different decision from %s",
-                                     d.round, d.coordinator[:12])
-            return False
-        self.decisions[d.round] = d
-        write_atomic(loco_decision_path(self.root, d.round), data, durable=False)  # served by the wire worker
-        return True
-
     def _keep_payload(self, p: LocoPayload, data: bytes) -> None:
         digest = payload_digest(data)
         self.inbox.setdefault(p.round, {})[p.trainer_id] = (digest, p)
@@ -302,8 +260,9 @@ class RoundAgreement:
         live = self._live()
         self._push(list(live.values()), data, kind="loco", timeout=self.cfg.deadline_s)
         self.ctx.status.add("loco_bytes_out", len(data) * len(live))
-        order = sorted([self.me, *live], key=str.encode)
+        order = coordinator_order(self.ctx.cfg.run_id, r, [self.me, *live])
         self._open = OpenRound(r, mine.base_hash, order, t0=time.monotonic())
+        self._replay_parked(r)
 
     def step(self) -> RoundResult | None:
         """Advance the open round as far as the inputs at hand allow, without waiting.
@@ -338,6 +297,7 @@ class RoundAgreement:
     def _reach_decision(self, o: OpenRound) -> RoundDecision | None | _Wait:
         """The round's decision: pushed to us, pulled, or made by us when it is our turn."""
         while not self.ctx.stop.is_set():
+            self._replay_parked(o.round)
             if o.round in self.decisions:
                 return self.decisions[o.round]
             now, live = time.monotonic(), self._live()
@@ -371,9 +331,11 @@ class RoundAgreement:
         held, other_base, refused = self.inbox.get(r, {}), self.mismatched.get(r, set()), self.refused.get(r, {})
         return all(pid in held or pid in other_base or pid in refused for pid in order if pid == self.me or pid in live)
 
-    @staticmethod
-    def _closed_elsewhere(r: int, live: Mapping[str, PeerInfo]) -> bool:
-        return any(p.version > r for p in live.values())  # it published version r + 1
+    def _closed_elsewhere(self, r: int, live: Mapping[str, PeerInfo]) -> bool:
+        """A live member announces a version past round ``r`` (it published ``r + 1``); a claim more
+        than ``max_version_step`` ahead is no member's honest progress and is ignored."""
+        step = self.gate.trust.max_version_step
+        return any(r < p.version <= r + step for p in live.values())
 
     def _decide(self, r: int, base: bytes, live: Mapping[str, PeerInfo], *, pull: bool) -> RoundDecision | None:
         """Sign and push the decision of round ``r``: the payloads we hold that were made on ``base``."""
@@ -382,14 +344,21 @@ class RoundAgreement:
                 return self.decisions[r]
             if self._closed_elsewhere(r, live):
                 return None
-        held = {tid: digest for tid, (digest, p) in self.inbox.get(r, {}).items() if p.base_hash == base}
-        d = make_decision(self.ctx.identity, run_id=self.ctx.cfg.run_id, round=r, base=base,
-                          coordinator=self.me, contributors=held)
-        data = encode_decision(d)
+        earlier = self._signed_before(r)  # never two decisions of one round, even across a restart
+        if earlier is not None:
+            d, data = earlier
+            if d.base != base:
+                return None  # we decided it on another state before: re-sync
+        else:
+            held = {tid: digest for tid, (digest, p) in self.inbox.get(r, {}).items() if p.base_hash == base}
+            d = make_decision(self.ctx.identity, run_id=self.ctx.cfg.run_id, round=r, base=base,
+                              coordinator=self.me, contributors=held)
+            data = encode_decision(d)
+            self._keep_own(r, data)
         self._accept(d, data)
         self._push(list(live.values()), data, kind="loco_decision")
         self.ctx.status.add("decisions_made")
-        self.ctx.log.info("round %d: decided %d contributors", r, len(held))
+        self.ctx.log.info("round %d: decided %d contributors", r, len(d.contributors))
         return d
 
     def _pull(self, r: int, live: Mapping[str, PeerInfo]) -> RoundDecision | None:
@@ -469,6 +438,15 @@ class RoundAgreement:
         return p
 
     # ---- plumbing ------------------------------------------------------------------------
+    def _cap_pushes(self) -> None:
+        """Tell the push planes our payload cap: a larger push is refused before it is read."""
+        tell = getattr(self.ctx.transport, "cap_pushes", None)
+        try:
+            if tell is not None:
+                tell("loco", self.cap)
+        except PulseError as exc:
+            self.ctx.log.warning("cannot lower the push plane's payload cap: %s", exc)
+
     def _live(self) -> dict[str, PeerInfo]:
         """Live trainer-set members but us (``RoundTrust.live``)."""
         return self.gate.live()
@@ -489,6 +467,7 @@ class RoundAgreement:
         for table in (self.inbox, self.decisions, self.pending, self.mismatched, self.refused):
             for old in [k for k in table if k < r]:
                 del table[old]
+        self._prune_intake(r)
         folder = self.root / LOCO_DIR
         for path in folder.iterdir() if folder.is_dir() else []:
             if path.name.isdigit() and int(path.name) < r - KEEP_ROUNDS:

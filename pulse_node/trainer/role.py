@@ -23,10 +23,10 @@ import time
 import torch
 
 from pulse_node.chain.record import VersionRecord, decode_record, encode_record
-from pulse_node.chain.trainerset import TrainerSet, sender_key
-from pulse_node.chain.trust import TrustPolicy
+from pulse_node.chain.trainerset import bound_key, sender_key
 from pulse_node.config import TrainerConfig
 from pulse_node.daemon.context import RoleContext
+from pulse_node.daemon.evidence_plane import EvidencePlane, node_trust
 from pulse_node.daemon.status_model import VersionEntry
 from pulse_node.daemon.transport import push_to_all
 from pulse_node.errors import IntegrityError, PulseError
@@ -43,6 +43,7 @@ from pulse_node.trainer.agreement import RoundAgreement, RoundResult
 from pulse_node.trainer.engine import make_engine
 from pulse_node.trainer.intake import RolloutFeed
 from pulse_node.trainer.publisher import VersionPublisher
+from pulse_node.trainer.resync_quorum import gather_ballots, majority
 from pulse_node.trainer.state import export_trainer_state, read_trainer_state, trainer_state_cap
 
 
@@ -67,7 +68,8 @@ class TrainerRole:
         verifier = RolloutVerifier(self.engine.worker, self.tasks, run_id=cfg.run_id, cfg=cfg.verify,
                                    batches_per_version=cfg.rollout_batches_per_version,
                                    max_staleness=cfg.grpo.max_staleness)
-        self.trust = TrustPolicy(TrainerSet.from_config(cfg.chain, run_id=cfg.run_id))
+        self.trust = node_trust(cfg)  # with the evidence book: convicted members are refused for good
+        self.evidence = EvidencePlane(ctx, self.trust)
         self.trust.listen_members(ctx.share_members)  # the data plane serves members first
         self.feed = RolloutFeed(verifier, cfg.verify, status=ctx.status, trust=self.trust)
         self.own_batches = 0
@@ -91,8 +93,7 @@ class TrainerRole:
 
     def _start_chain(self) -> None:
         """Join the run: adopt a peer trainer's state, else resume our store, else publish genesis."""
-        source = self._sync_source()
-        if source is not None and self._resync(source, joining=True):
+        if any(self._resync(source, joining=True) for source in self._sync_sources()):
             return
         head = self.publisher.head
         if head is None:
@@ -105,8 +106,9 @@ class TrainerRole:
         self.ctx.log.info("resumed alone at version %d", head.version)
         self._announce()
 
-    def _sync_source(self):
-        """The trainer to copy state from, if any: the most advanced, else the genesis leader.
+    def _sync_sources(self) -> list:
+        """The trainers to copy state from, most advanced first (each adopted only with a quorum,
+        ``_resync``); none if we lead genesis.
 
         Trainers that start together wait ``genesis_wait_s`` to see each other; the one with the
         lowest peer id publishes genesis and the others adopt it, so all start bit-identical.
@@ -119,13 +121,13 @@ class TrainerRole:
             trainers = self._member_trainers()  # a peer merely announcing the role leads nothing
             ahead = [p for p in trainers if p.version >= max(self.version, 0)]
             if ahead:
-                return min(ahead, key=lambda p: (-p.version, p.peer_id))
+                return sorted(ahead, key=lambda p: (-p.version, p.peer_id))
             leader = min([me] + [p.peer_id for p in trainers])
             now = time.monotonic()
             if (leader == me and now > start + self.cfg.genesis_wait_s) or now > give_up:
-                return None
+                return []
             self.ctx.wait(0.2)
-        return None
+        return []
 
     def _member_trainers(self) -> list:
         """Live trainers that are members of the trainer set (by the key their peer id encodes)."""
@@ -136,12 +138,25 @@ class TrainerRole:
     def _resync(self, peer, *, joining: bool = False) -> bool:
         """Adopt ``peer``'s FP32 global weights, momentum and head record; False if that failed.
 
-        Only from a member of the trainer set, and only a state whose record a member signed for
-        this run and that is not older than our own (a replayed old state is refused); checked
-        before anything of ours is touched. The BF16 state becomes our store's current version.
+        Only from a member of the trainer set, only a state a majority of the live members hold
+        (``trainer/resync_quorum.py``; asked before the state is fetched), whose record a member
+        signed for this run and that is not older than our own (a replayed old state is refused);
+        checked before anything of ours is touched. The BF16 state becomes our store's current version.
         """
         try:
+            if not any(p.peer_id == peer.peer_id for p in self._member_trainers()):
+                raise IntegrityError(f"{peer.peer_id[:12]} is not a member of the trainer set")
+            if peer.version < self.version:
+                raise IntegrityError(f"{peer.peer_id[:12]} holds version {peer.version}, older than ours ({self.version})")
+            agreed = self._quorum_state(peer.version, source=peer.peer_id)
+            if agreed is None:
+                raise IntegrityError(f"no majority of the trainer set holds a state at version {peer.version}")
             outer_state, record = self._fetch_trainer_state(peer)
+            if record.version != peer.version:  # it moved on since it announced: ask again for that version
+                agreed = self._quorum_state(record.version, source=peer.peer_id)
+            if record.state_hash != agreed:
+                raise IntegrityError(f"{peer.peer_id[:12]} serves version {record.version} ({record.state_hash[:12]}), "
+                                     f"not the state a majority holds at {peer.version}")
             check_declared_model(record.rollout_settings, self.publisher.rollout_settings, version=record.version)
             state = module_state(outer_state["params"].items())
             self._adopt_into_store(record, state)
@@ -189,6 +204,17 @@ class TrainerRole:
                                  f"ours ({self.version})")
         return outer_state, record
 
+    def _quorum_state(self, version: int, *, source: str = "") -> str | None:
+        """The state hash a majority of the live members (and we, if we published it) hold at
+        ``version``; ``source``'s record is checked (``PulseError`` if it is bad)."""
+        ballots = gather_ballots(version=version, heads=self.peer_heads.get(version, {}), source=source,
+                                 trainers=self._member_trainers(), trust=self.trust, fetch=self.ctx.transport.fetch,
+                                 scratch=self.ctx.store.root, timeout=min(self.cfg.net.fetch_timeout_s, 5.0))
+        me, mine = self.ctx.identity.public_key_hex, self.published_hashes.get(version)
+        if mine:
+            ballots[me] = mine
+        return majority(ballots, me=me)
+
     def _take_head(self, sender: str, data: bytes) -> None:
         """A pushed head record counts (for ``_check_agreement``) only if it is the sender's own,
         signed by the key its peer id encodes, a trainer-set member, for this run."""
@@ -199,24 +225,25 @@ class TrainerRole:
         if rec.signer != key or not self.trust.trainers.is_member(key):
             raise IntegrityError(f"head record of {rec.short()} is not signed by its sender, a trainer-set member")
         self.trust.verify(rec, sender=sender)
-        self.peer_heads.setdefault(rec.version, {})[sender] = rec.state_hash
+        self.peer_heads.setdefault(rec.version, {})[key] = rec.state_hash
 
     def _check_agreement(self) -> None:
-        """Re-sync if the lowest-id trainer announcing a version we published holds another state.
+        """Re-sync if a majority of the trainer set holds another state at a version we published.
 
-        Converging on the lowest id (the next round's coordinator, too) repairs the one fork the
-        contributor agreement leaves possible (``trainer/agreement.py``).
+        That repairs the one fork the contributor agreement leaves possible (``trainer/agreement.py``);
+        one member's differing head is outvoted (``trainer/resync_quorum.py``).
         """
-        me = self.ctx.transport.peer_id
-        trainers = {p.peer_id: p for p in self.ctx.peers("trainer")}
+        me = self.ctx.identity.public_key_hex
+        live = {bound_key(p): p for p in self._member_trainers()}
         for version in sorted(self.peer_heads):
             mine = self.published_hashes.get(version)
-            heads = {pid: h for pid, h in self.peer_heads[version].items() if pid in trainers}
-            lowest = min(heads, key=str.encode, default=None)
-            if mine and lowest is not None and lowest.encode() < me.encode() and heads[lowest] != mine:
-                self.ctx.status.error(f"state differs from {lowest[:12]} at version {version}; re-syncing")
+            heads = {k: h for k, h in self.peer_heads[version].items() if k in live}
+            won = majority({**heads, me: mine}, me=me) if mine and heads else None
+            if won is not None and won != mine:
+                source = min((live[k] for k, h in heads.items() if h == won), key=lambda p: p.peer_id.encode())
+                self.ctx.status.error(f"state differs from the majority at version {version}; re-syncing")
                 self.peer_heads.clear()
-                self._resync(trainers[lowest])
+                self._resync(source)
                 return
         self.peer_heads = {v: h for v, h in self.peer_heads.items() if v > self.version - 8}
 
@@ -303,7 +330,7 @@ class TrainerRole:
         give_up = time.monotonic() + self.cfg.loco.decision_wait_s + self.cfg.net.fetch_timeout_s
         while not self.ctx.stop.is_set() and time.monotonic() < give_up:
             done = [p for p in self._member_trainers() if p.version > round_no]
-            if done and self._resync(min(done, key=lambda p: (-p.version, p.peer_id))):
+            if any(self._resync(p) for p in sorted(done, key=lambda p: (-p.version, p.peer_id))):
                 return True
             self._drain_events(wait_s=0.2)
         return False
@@ -327,6 +354,7 @@ class TrainerRole:
             dense_bytes=pub.dense_bytes, reference_bytes=pub.reference_bytes, changed=pub.changed_fraction,
             global_hash=self.outer.state_hash().hex(), reward=reward, eval=accuracy))  # reward: of its batches
         self.published_hashes[pub.record.version] = pub.record.state_hash
+        self.trust.saw(pub.record)  # our own versions are the version step's reference, too
         self.published_hashes = {v: h for v, h in self.published_hashes.items() if v > pub.record.version - 8}
         export_trainer_state(self.ctx.store.root, params=self.global_params, momentum=self.outer.momentum,
                              record=pub.record, outer_hash=self.outer.state_hash())
@@ -348,6 +376,7 @@ class TrainerRole:
 
     # ---- inputs ------------------------------------------------------------------------
     def _drain_events(self, wait_s: float = 0.0) -> None:
+        self.evidence.tell_new_peers()
         for ev in self.ctx.transport.events(wait_s=wait_s):
             try:
                 if ev.kind == "rollouts":
@@ -358,6 +387,8 @@ class TrainerRole:
                     self.agreement.offer_payload(ev.sender, ev.data)
                 elif ev.kind == "loco_decision":
                     self.agreement.offer_decision(ev.sender, ev.data)
+                elif ev.kind == "evidence":
+                    self.evidence.take(ev.sender, ev.data)
             except PulseError as exc:
                 self.ctx.status.add("rejected")
                 self.ctx.status.error(f"bad {ev.kind} from {ev.sender[:12]}: {exc}")

@@ -14,6 +14,8 @@ The contributor agreement (``trainer/agreement.py``) asks this object, never dis
 - ``refuse(...)``: count a refused payload or decision by reason (``loco_refused`` /
   ``decisions_refused`` in the status) and strike the sender through the trust policy's strike
   mechanism (3 strikes ban it; a banned peer's payloads are dropped, reason ``banned``).
+- A key convicted of equivocation (``chain/evidence.py``) is no member here from then on, even
+  while it is still in discovery or remembered: it is not live, pushed to, waited for or fetched from.
 """
 
 from __future__ import annotations
@@ -64,9 +66,11 @@ class RoundTrust:
 
     def _member(self, peer_id: str) -> bool:
         known = self._known.get(peer_id)
+        if known is not None and known in self.trust.evidence:
+            return False  # convicted of equivocation: out of the effective trainer set for good
         if known is not None and (self.trust.trainers.open or self.trust.trainers.is_member(known)):
             return True
-        return self.trust.trainers.is_member(self.key_of(peer_id))
+        return self.trust.is_member(self.key_of(peer_id))
 
     def fetch(self, peer: PeerInfo, kind: str, params: dict, *, cap: int, timeout: float) -> bytes | None:
         """Bytes of a small fetch (``loco_payload``, ``loco_decision``) from a member, at most
@@ -87,7 +91,7 @@ class RoundTrust:
             dest.unlink(missing_ok=True)
 
     def banned(self, peer_id: str) -> bool:
-        return peer_id != self.me and self.trust.ignored(peer_id)
+        return peer_id != self.me and (self.trust.ignored(peer_id) or self.key_of(peer_id) in self.trust.evidence)
 
     def dropped(self, what: What, peer_id: str) -> bool:
         """A banned peer never seen as a member: drop its input unread (counted, not logged)."""

@@ -1,0 +1,33 @@
+"""Round-decision equivocation: one key signing two different decisions for one round.
+
+The coordinator of a round signs one decision (``loco/decision.py``); two different ones for the
+same round, both validly signed by the same key, prove that it told trainers different things
+(a fork on purpose). ``decisions_conflict`` is the ``chain/evidence.py`` checker for them;
+``evidence_checkers`` is every kind a node verifies.
+"""
+
+from __future__ import annotations
+
+from pulse_node.chain.evidence import Checker, heads_conflict
+from pulse_node.errors import IntegrityError
+from pulse_node.loco.decision import decode_decision, verify_decision
+
+
+def decisions_conflict(first: bytes, second: bytes, run_id: str) -> tuple[str, int]:
+    """(signer, round) if both are decisions of ``run_id`` validly signed by one key for one round
+    that name another base or other payloads; ``IntegrityError`` / ``WireError`` otherwise."""
+    a, b = decode_decision(first), decode_decision(second)
+    if a.signer != b.signer or a.round != b.round:
+        raise IntegrityError("the two decisions are not one key's decisions for one round")
+    if (a.base, a.contributors) == (b.base, b.contributors):
+        raise IntegrityError(f"the two decisions of round {a.round} agree: no conflict")
+    for d in (a, b):
+        if d.run_id != run_id:
+            raise IntegrityError(f"round {d.round} decision is for run {d.run_id!r}")
+        verify_decision(d, signer_key=a.signer)
+    return a.signer, a.round
+
+
+def evidence_checkers() -> dict[str, Checker]:
+    """Every kind of evidence a node verifies."""
+    return {"head": heads_conflict, "decision": decisions_conflict}

@@ -1,0 +1,223 @@
+"""Which round decisions a trainer accepts: the designated coordinator's, on our base, one per round.
+
+``RoundAgreement`` (``trainer/agreement.py``) takes every pushed or pulled decision through
+``DecisionIntake.offer_decision``. A decision is checked (caps, schema, run id, signer = the key
+the coordinator's peer id encodes, a trainer-set member not convicted, signature, every
+contributor a member, no payload we refused as out of bound), then:
+
+1. **Witnessed.** The first verified decision of each (round, signer) is remembered; a second,
+   different one signed by the same key is equivocation evidence (``loco/equivocation.py``,
+   ``chain/evidence.py``): the key is convicted, refused from then on by this node and by every
+   node the evidence reaches, and a decision of it we accepted for the open round is dropped
+   (the next coordinator decides).
+2. **Designated.** Round ``r``'s coordinators take turns in ``coordinator_order``: the members
+   sorted by BLAKE3(run id, ``r``, peer id), a rendezvous order every trainer computes alike
+   from public ids (it changes every round, so no member coordinates more than its share of
+   rounds, and a view missing some member only differs where that member would have been
+   first). The first in the order may decide at once; the one at position ``p`` only from its
+   turn on: ``deadline_s`` after the round opened here plus ``decision_wait_s`` for each live
+   member before it, less ``decision_wait_s / 2`` for skew between trainers. A decision that
+   comes before its turn, or before its round opened here, is parked (a few per round, for the
+   rounds of the window) and looked at again at every step: nobody, designated or not, can have
+   a decision accepted for a round ahead of time.
+3. **On our base.** A decision whose base is not this round's base here is refused (reason
+   ``other_base``; a trainer on another state re-syncs when its peers have closed the round),
+   so a decision cannot freeze training by naming a base nobody holds.
+
+Our own decisions are kept in ``<data_dir>/decided/<round>`` (the last ``OWN_KEEP`` rounds) and
+signed again never: a trainer that restarts within a round it decided re-sends that decision
+(or re-syncs if it is on another state now) instead of signing a second one and being convicted.
+
+The first decision that passes all three is accepted (at most one per round; later different
+ones from other coordinators are counted as ``decision_conflicts`` and ignored) and relayed once.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Mapping
+
+import blake3
+
+from pulse_node.chain.identity import key_id_of
+from pulse_node.errors import IntegrityError, PulseError
+from pulse_node.fsutil import write_atomic
+from pulse_node.chain.serving import loco_decision_path
+from pulse_node.loco.bound import PayloadBoundError
+from pulse_node.loco.decision import MAX_DECISION_BYTES, RoundDecision, decode_decision, verify_decision
+
+_ORDER_DOMAIN = b"pulse/coordinator-order/1\0"
+PARK_PER_ROUND = 8  # decisions parked per coming round, at most
+OWN_KEEP = 8  # rounds whose own decision a trainer keeps on disk
+
+
+def coordinator_order(run_id: str, round: int, ids) -> list[str]:
+    """Round ``round``'s coordinators in turn: rendezvous order of the members' peer ids."""
+    prefix = _ORDER_DOMAIN + run_id.encode() + b"\0" + round.to_bytes(8, "big")
+    return sorted(set(ids), key=lambda pid: (blake3.blake3(prefix + pid.encode()).digest(), pid.encode()))
+
+
+def turn_at(order: list[str], who: str, live: Mapping[str, object], *, me: str, deadline: float,
+            wait: float) -> float:
+    """When ``who`` may decide (monotonic time), by the live members before it in ``order``."""
+    pos = order.index(who)
+    if pos == 0:
+        return float("-inf")
+    before = [i for i, pid in enumerate(order[:pos]) if pid == me or pid in live]
+    return deadline + (before[-1] + 1) * wait if before else deadline
+
+
+class DecisionIntake:
+    """``RoundAgreement``'s decision side (see the module docstring); mixed into it."""
+
+    # provided by RoundAgreement
+    decisions: dict[int, RoundDecision]
+    _open: Any  # agreement.OpenRound | None
+    gate: Any
+    refused: dict[int, dict[str, bytes]]
+
+    def _init_intake(self) -> None:
+        self.parked: dict[int, dict[str, tuple[RoundDecision, bytes]]] = {}  # round -> coordinator -> decision
+        self.witnessed: dict[tuple[int, str], bytes] = {}  # (round, signer) -> its first verified decision
+
+    def offer_decision(self, sender: str, data: bytes) -> None:
+        """Check a decision; accept (and relay) it if it passes (module docstring). ``PulseError`` if bad."""
+        if self.gate.dropped("decision", sender):
+            return
+        if not self.gate.is_member(sender):
+            self.gate.refuse("decision", sender, "not_member", "not a trainer-set member", strike=True)
+            raise IntegrityError(f"decision pushed by {sender[:12]}, not a trusted trainer-set member")
+        try:
+            d = decode_decision(data)
+            self._verify(d)
+            self._witness(d, data)
+        except PayloadBoundError as exc:
+            self.gate.refuse("decision", sender, "out_of_bound", str(exc), strike=False)
+            raise
+        except PulseError as exc:
+            self.gate.refuse("decision", sender, "bad_decision", str(exc), strike=False)
+            raise
+        if self._in_window(d.round):
+            self._consider(d, data, sender=sender)
+
+    def _verify(self, d: RoundDecision) -> None:
+        if d.run_id != self.ctx.cfg.run_id:
+            raise IntegrityError(f"round {d.round} decision is for run {d.run_id!r}")
+        if not self.gate.is_member(d.coordinator):
+            raise IntegrityError(f"round {d.round} decision of {d.coordinator[:12]}: not a trusted trainer-set member")
+        verify_decision(d, signer_key=self.gate.key_of(d.coordinator))
+        if not all(map(self.gate.is_member, d.trainer_ids)):
+            raise IntegrityError(f"round {d.round} decision names a contributor outside the trainer set")
+        refused = set(self.refused.get(d.round, {}).values())
+        if any(digest in refused for _, digest in d.contributors):
+            raise PayloadBoundError(f"round {d.round} decision names a payload beyond the value bound")
+
+    def _witness(self, d: RoundDecision, data: bytes) -> None:
+        """Remember the first decision of (round, signer); convict the signer on a different second one."""
+        if not -4 <= d.round - self.current_round() < 4:  # bounded: recent and coming rounds only
+            return
+        slot = (d.round, d.signer)
+        first = self.witnessed.setdefault(slot, data)
+        if first == data:
+            return
+        have = decode_decision(first)
+        if (have.base, have.contributors) == (d.base, d.contributors):
+            return
+        self.gate.trust.evidence.add("decision", first, data)  # verifies both again; convicts the key
+        self.ctx.status.add_reason("decisions_refused", "equivocation")
+        accepted = self.decisions.get(d.round)
+        if accepted is not None and accepted.signer == d.signer:
+            del self.decisions[d.round]  # not applied yet: the next coordinator in turn decides
+            o = self._open
+            if o is not None and o.round == d.round and o.decision is accepted:
+                o.decision, o.payloads = None, []
+        raise IntegrityError(f"{key_id_of(d.signer)} signed two decisions for round {d.round}: convicted")
+
+    def _consider(self, d: RoundDecision, data: bytes, *, sender: str) -> None:
+        """Accept ``d`` if its round is open here, it is its coordinator's turn and on our base;
+        park it if it is early."""
+        why = self._standing(d)
+        if why in ("early", "not_open"):
+            held = self.parked.setdefault(d.round, {})
+            if d.coordinator in held or len(held) < PARK_PER_ROUND:
+                held[d.coordinator] = (d, data)
+            return
+        if why is not None:
+            self.gate.refuse("decision", sender, why, f"round {d.round} decision of {d.coordinator[:12]}", strike=False)
+            return
+        if self._accept(d, data):
+            self.parked.pop(d.round, None)
+            relay_to = [p for pid, p in self._live().items() if pid not in (sender, d.coordinator)]
+            self._push(relay_to, data, kind="loco_decision")
+
+    def _standing(self, d: RoundDecision) -> str | None:
+        """None if ``d`` may be accepted now, else why not (``not_open``, ``early``, ``other_base``,
+        ``not_designated``)."""
+        o = self._open
+        if o is None or o.round != d.round:
+            return "not_open"
+        if d.base != o.base:
+            return "other_base"
+        live = self._live()
+        order = coordinator_order(self.ctx.cfg.run_id, d.round,
+                                  [pid for pid in {*o.order, *live} if pid == self.me or self.gate.is_member(pid)])
+        if d.coordinator not in order:
+            return "not_designated"
+        due = turn_at(order, d.coordinator, live, me=self.me, deadline=o.t0 + self.cfg.deadline_s,
+                      wait=self.cfg.decision_wait_s)
+        return None if time.monotonic() >= due - self.cfg.decision_wait_s / 2 else "early"
+
+    def _replay_parked(self, r: int) -> None:
+        """Look again at the parked decisions of round ``r`` (their turn may have come)."""
+        for coordinator, (d, data) in sorted(self.parked.get(r, {}).items(), key=lambda kv: kv[0].encode()):
+            if r in self.decisions:
+                return
+            if self._standing(d) is None and self._accept(d, data):
+                self.parked.pop(r, None)
+                relay_to = [p for pid, p in self._live().items() if pid != d.coordinator]
+                self._push(relay_to, data, kind="loco_decision")
+                return
+
+    def _accept(self, d: RoundDecision, data: bytes) -> bool:
+        """Take ``d`` if it is the first decision of its round (at most one per round)."""
+        have = self.decisions.get(d.round)
+        if have is not None:
+            if (have.base, have.contributors) != (d.base, d.contributors):
+                self.ctx.status.add("decision_conflicts")
+                self.ctx.log.warning("round %d: ignoring a second, different decision from %s",
+                                     d.round, d.coordinator[:12])
+            return False
+        self.decisions[d.round] = d
+        write_atomic(loco_decision_path(self.root, d.round), data, durable=False)  # served by the wire worker
+        return True
+
+    def _own_path(self, r: int) -> Path:
+        return Path(self.ctx.cfg.data_dir) / "decided" / str(r)
+
+    def _signed_before(self, r: int) -> tuple[RoundDecision, bytes] | None:
+        """The decision of round ``r`` we signed earlier (before a restart, too), if any."""
+        try:
+            data = self._own_path(r).read_bytes()[:MAX_DECISION_BYTES + 1]
+            d = decode_decision(data)
+            verify_decision(d, signer_key=self.ctx.identity.public_key_hex)
+        except (OSError, PulseError):
+            return None
+        return (d, data) if d.round == r and d.run_id == self.ctx.cfg.run_id else None
+
+    def _keep_own(self, r: int, data: bytes) -> None:
+        """Keep our decision of round ``r`` (durably: it must outlive a crash) and forget old ones."""
+        folder = self._own_path(r).parent
+        try:
+            write_atomic(self._own_path(r), data)
+            for path in folder.iterdir():
+                if path.name.isdigit() and int(path.name) < r - OWN_KEEP:
+                    path.unlink(missing_ok=True)
+        except OSError as exc:
+            self.ctx.log.warning("cannot keep our decision of round %d: %s", r, exc)
+
+    def _prune_intake(self, r: int) -> None:
+        for old in [k for k in self.parked if k < r]:
+            del self.parked[old]
+        for slot in [s for s in self.witnessed if s[0] < r - 4]:
+            del self.witnessed[slot]

@@ -1,0 +1,88 @@
+"""Whose state a trainer may re-sync to: one a quorum of the trainer set signed, never one member's.
+
+A re-sync replaces a trainer's whole state (``trainer/role.py`` ``_resync``), so one member must
+not be able to trigger it nor choose what is adopted. The ballots for a version are the state
+hashes of the signed records members published for it: the heads they pushed to us, else the
+record each live member trainer serves for it (fetched and verified; one that holds an older
+version votes for none, one that holds none yet does not vote), and our own if we hold the version. Each key votes once (a key signing
+two records for one version is convicted of equivocation by the trust policy instead,
+``chain/trust.py``). ``majority`` takes the state more than half of the voters hold;
+when we are one of exactly two voters in a tie, the lower peer id breaks it (the only repair a
+two-trainer swarm has; with two members each is half of the set anyway), never otherwise.
+
+So a member's head conflicting with our own published head is no reason to re-sync unless the
+others side with it; a trainer behind adopts a state only if a majority of the live members hold
+it, so one member announcing (and serving) a far version is never adopted.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping
+
+from pulse_node.chain.identity import peer_id_of_key
+from pulse_node.chain.record import MAX_RECORD_BYTES, decode_record
+from pulse_node.chain.trainerset import bound_key
+from pulse_node.chain.trust import TrustPolicy
+from pulse_node.errors import PulseError
+
+MAX_ASKED = 16  # member trainers asked for their record of a version, at most
+
+
+def majority(ballots: Mapping[str, str], *, me: str = "") -> str | None:
+    """The state hash more than half of ``ballots`` (voter key -> state hash) hold; with two
+    voters in a tie, one of them ``me``, the lower peer id's; else None."""
+    counts: dict[str, int] = {}
+    for h in ballots.values():
+        counts[h] = counts.get(h, 0) + 1
+    for h, n in counts.items():
+        if h and 2 * n > len(ballots):
+            return h
+    if len(ballots) == 2 and me in ballots:
+        return ballots[min(ballots, key=lambda k: peer_id_of_key(k).encode())] or None
+    return None
+
+
+def gather_ballots(*, version: int, heads: Mapping[str, str], trainers: list[Any], trust: TrustPolicy,
+                   fetch: Any, scratch: Path, timeout: float, source: str = "") -> dict[str, str]:
+    """Ballots for ``version`` of the live member ``trainers`` (key -> state hash; "" for one that
+    does not hold the version): a pushed head (``heads``: key -> state hash) counts as its
+    signer's ballot; a member without one is asked for its record of the version
+    (``fetch(peer, kind, params, dest, ...)``, verified by ``trust``). The record of ``source``
+    (a peer id: the state we would adopt) is always asked for, and a failure there raises."""
+    ballots = {k: h for k, h in heads.items() if trust.is_member(k)}
+    asked = 0
+    for peer in trainers:
+        key = bound_key(peer)
+        if peer.peer_id == source:
+            ballots[key] = _served_state(peer, version, trust=trust, fetch=fetch, scratch=scratch,
+                                         timeout=timeout, strict=True)
+            continue
+        if not trust.is_member(key) or key in ballots:
+            continue
+        if peer.version < 0:  # starting itself: no state to vote with (genesis, a fresh trainer)
+            continue
+        if peer.version < version or asked >= MAX_ASKED:
+            ballots[key] = ""
+            continue
+        asked += 1
+        ballots[key] = _served_state(peer, version, trust=trust, fetch=fetch, scratch=scratch, timeout=timeout)
+    return ballots
+
+
+def _served_state(peer: Any, version: int, *, trust: TrustPolicy, fetch: Any, scratch: Path, timeout: float,
+                  strict: bool = False) -> str:
+    """The state hash of the verified record ``peer`` serves for ``version`` ("" if none; with
+    ``strict`` the ``PulseError`` saying why)."""
+    dest = scratch / f".ballot-{peer.peer_id[-16:]}"
+    try:
+        fetch(peer, "record", {"version": version}, dest, timeout=timeout, max_bytes=MAX_RECORD_BYTES)
+        rec = decode_record(dest.read_bytes()[:MAX_RECORD_BYTES + 1])
+        trust.verify(rec, sender=peer.peer_id)
+    except (PulseError, OSError):
+        if strict:
+            raise
+        return ""
+    finally:
+        dest.unlink(missing_ok=True)
+    return rec.state_hash if rec.version == version else ""
