@@ -17,7 +17,6 @@ from pulse_node.errors import PulseError
 from pulse_node.daemon.context import RoleContext
 from pulse_node.daemon.status_model import VersionEntry
 from pulse_node.inference.syncer import VersionSync
-from pulse_node.daemon.transport import push_to_all
 from pulse_node.chain.trainerset import TrainerSet
 from pulse_node.chain.trust import TrustPolicy
 from pulse_node.rl.assign import BatchKey
@@ -39,7 +38,8 @@ class InferenceRole:
         self.trust = TrustPolicy(TrainerSet.from_config(cfg.chain, run_id=cfg.run_id), min_signers=cfg.chain.min_signers)
         self.trust.listen_members(ctx.share_members)  # the data plane serves members first
         self.sync = VersionSync(ctx.store, ctx.transport, self.trust, net=cfg.net,
-                                catchup_min_gap=cfg.chain.catchup_min_gap, catchup_wait_s=cfg.chain.catchup_wait_s)
+                                catchup_min_gap=cfg.chain.catchup_min_gap, catchup_wait_s=cfg.chain.catchup_wait_s,
+                                standing=ctx.standing)
         # weights come from the swarm: only the architecture and tokenizer are needed here
         self.policy = build_policy(cfg.model, cfg.task, seed=cfg.seed, grpo_cfg=GRPOConfig(warmstart_steps=0))
         self.worker = RolloutWorker(self.policy, cfg.sampling)
@@ -87,7 +87,8 @@ class InferenceRole:
                 version=r.version, state_hash=r.state_hash,
                 patch_bytes=caught.patch_bytes if by_catchup else r.patch_bytes,
                 catchup_from=caught.base if by_catchup else None))
-        push_to_all(self.ctx.transport, self.ctx.peers("inference"), "head", encode_record(rec), timeout=5.0)
+        # in the background: applying never waits on a peer that does not answer
+        self.ctx.push_in_background("head", encode_record(rec), self.ctx.peers("inference"))
         self.ctx.log.info("holding version %d (%s)", rec.version, rec.state_hash[:12])
 
     def _rollout_once(self, peers) -> bool:
@@ -129,4 +130,5 @@ class InferenceRole:
         return True
 
     def close(self) -> None:
+        self.ctx.close()
         self.sync.close()

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pulse_node.chain.catchup import check_catchup
+from pulse_node.chain.identity import peer_id_of_key
 from pulse_node.chain.patchinfo import patch_hashes
 from pulse_node.chain.record import MAX_RECORD_BYTES, VersionRecord, check_patch, decode_record, encode_record
 from pulse_node.chain.reorder import ReorderBuffer
@@ -45,6 +46,7 @@ from pulse_node.config import NetConfig
 from pulse_node.daemon.transport import Event, PeerInfo, Transport
 from pulse_node.errors import BusyError, ConfigError, GapError, IntegrityError, PatchError, PulseError
 from pulse_node.inference.anchor_load import load_anchor
+from pulse_node.net.standing import FETCH_UNKNOWN, Standing
 
 log = logging.getLogger("pulse.sync")
 
@@ -56,6 +58,8 @@ MAX_HINTS = 1024
 MAX_ANCHOR_TRIES = 8
 #: peers asked for the record of an announced version, at most, per pass
 MAX_PROBES = 3
+#: seconds a peer without standing gets to send a record, when tried before the trainers
+FIRST_TRY_S = 3.0
 
 
 def catchup_cap(state: State) -> int:
@@ -84,8 +88,10 @@ class VersionSync:
 
     def __init__(self, store: VersionStore, transport: Transport, trust: TrustPolicy, *,
                  net: NetConfig, seeds: int = 1, window: int = 16, seed_wait_s: float = 2.0,
-                 catchup_min_gap: int = 4, catchup_wait_s: float = 30.0) -> None:
+                 catchup_min_gap: int = 4, catchup_wait_s: float = 30.0, standing: Standing | None = None) -> None:
         self.store, self.transport, self.trust, self.net = store, transport, trust, net
+        self.standing = standing if standing is not None else Standing()
+        self._members_told: frozenset[str] | None = None
         self.seeds, self.window, self.seed_wait_s = seeds, window, seed_wait_s
         self.catchup_min_gap, self.catchup_wait_s = catchup_min_gap, catchup_wait_s  # 0 = never ask
         self._pending: tuple[int, str, int, float] | None = None  # (base, peer, target, give up at)
@@ -136,8 +142,10 @@ class VersionSync:
             try:
                 self.trust.verify(rec, sender=sender)
             except IntegrityError as exc:
+                self.standing.struck(sender)
                 log.info("head announcement from %s rejected: %s", sender[:12], exc)
                 continue
+            self.standing.head_matched(sender)
             self._verified(rec, holder=sender)
         self._heads.clear()
 
@@ -161,8 +169,8 @@ class VersionSync:
         claim = max(claims, key=lambda p: p.version)
         self._probed = {p.peer_id: v for p in peers if (v := self._probed.get(p.peer_id)) is not None}
         self._probed[claim.peer_id] = claim.version
-        others = [p for p in peers if p.version >= claim.version and not self.trust.ignored(p.peer_id)
-                  and p.peer_id not in (claim.peer_id, self.transport.peer_id)]
+        others = self.standing.providers([p for p in peers if p.version >= claim.version and not self.trust.ignored(
+            p.peer_id) and p.peer_id not in (claim.peer_id, self.transport.peer_id)])
         for peer in [claim, *others][:MAX_PROBES]:
             try:
                 rec = self._fetch_record(peer, claim.version)
@@ -180,27 +188,34 @@ class VersionSync:
         return max(ours, self.head.version if self.head is not None else -1)
 
     def providers(self, version: int, peers: list[PeerInfo], *, rank: int) -> list[PeerInfo]:
-        """Peers that hold ``version``: inference peers first (shuffled), trainers last.
+        """Peers that hold ``version``, in standing order (``net/standing.py``): peers that
+        delivered to us before, then trainer-set members, then at most ``FETCH_UNKNOWN`` others.
+        What a peer announces (role, version) orders nothing.
 
         Only the first ``seeds`` inference nodes (by rank) fetch a fresh version straight from a
-        trainer; the rest wait up to ``seed_wait_s`` for a peer copy, so a trainer's upload does
-        not grow with the number of inference nodes.
+        trainer; the rest, while no peer that delivered before holds it, try one peer without
+        standing that pushed us the verified head of it (briefly: ``FIRST_TRY_S``) or wait up to
+        ``seed_wait_s`` for one, so a trainer's upload does not grow with the inference nodes.
         """
         holders = [p for p in peers if p.peer_id != self.transport.peer_id and not self.trust.ignored(p.peer_id)
                    and max(p.version, self.hints.get(p.peer_id, -1)) >= version and p.lowest <= version]
-        others = [p for p in holders if p.role != "trainer"]
-        trainers = [p for p in holders if p.role == "trainer"]
-        random.shuffle(others)
-        random.shuffle(trainers)
+        random.shuffle(holders)
+        ordered = self.standing.providers(holders, quota=FETCH_UNKNOWN)
+        if rank < self.seeds or (ordered and self.standing.delivered_before(ordered[0].peer_id)):
+            return ordered
+        copies = [p for p in holders if p.peer_id not in self.standing.members and self.hints.get(p.peer_id, -1) >= version
+                  and self.standing.score(p.peer_id) >= 0]
         young = time.monotonic() - self.first_seen.get(version, 0.0) < self.seed_wait_s
-        if not others and rank >= self.seeds and young:
-            return []
-        return others + trainers
+        if not copies:
+            return [] if young else ordered
+        first = self.standing.order(copies, quota=1)[0]
+        return [first] + [p for p in ordered if p.peer_id != first.peer_id]
 
     # ---- one pass -------------------------------------------------------------------
     def step(self, peers: list[PeerInfo], *, rank: int = 0) -> list[VersionRecord]:
         """Fetch and apply what is missing; returns the records applied in this pass."""
         self.trust.observe(peers)
+        self._tell_standing_members()
         self._take_hints()
         self._probe_announced(peers)
         head = self.target()
@@ -232,6 +247,13 @@ class VersionSync:
             self._recover_gap(peers, head, older_anchors=stuck)
         return applied
 
+    def _tell_standing_members(self) -> None:
+        """The trainer set's members come first in every order (``net/standing.py``)."""
+        keys = self.trust.trainers.members
+        if keys != self._members_told:
+            self._members_told = keys
+            self.standing.set_members(self.standing.members | {peer_id_of_key(k) for k in keys})
+
     def _nobody_has(self, version: int, peers: list[PeerInfo]) -> bool:
         return not any(p.lowest <= version <= p.version for p in peers
                        if p.peer_id != self.transport.peer_id and not self.trust.ignored(p.peer_id))
@@ -239,7 +261,8 @@ class VersionSync:
     def _fetch_version(self, version: int, providers: list[PeerInfo]) -> Fetched | None:
         for peer in providers:
             try:
-                rec = self._fetch_record(peer, version)
+                known = self.standing.known(peer.peer_id)
+                rec = self._fetch_record(peer, version, timeout=None if known else FIRST_TRY_S)
                 if not self.trust.check(rec, sender=peer.peer_id):
                     continue
                 patch = self._fetch(peer, "patch", {"version": version}, max_bytes=rec.patch_bytes)
@@ -250,29 +273,35 @@ class VersionSync:
                     raise
                 self.counters["patch_bytes_in"] += len(patch)
                 self.trust.served(peer.peer_id)
+                self.standing.delivered(peer.peer_id)
                 return Fetched(rec, patch)
             except PulseError as exc:
                 self.counters["fetch_errors"] += 1
                 self.trust.failed(peer.peer_id)
+                self.standing.failed(peer.peer_id)
                 log.info("fetch of version %d from %s failed: %s", version, peer.peer_id[:12], exc)
         return None
 
-    def _fetch_record(self, peer: PeerInfo, version: int) -> VersionRecord:
+    def _fetch_record(self, peer: PeerInfo, version: int, *, timeout: float | None = None) -> VersionRecord:
         """The record of ``version`` from ``peer``, decoded (not verified); a wrong one strikes it."""
-        rec = decode_record(self._fetch(peer, "record", {"version": version}, max_bytes=MAX_RECORD_BYTES))
+        rec = decode_record(self._fetch(peer, "record", {"version": version}, max_bytes=MAX_RECORD_BYTES,
+                                        timeout=timeout))
         if rec.version != version:
             self.trust.strike(peer.peer_id)
+            self.standing.struck(peer.peer_id)
             raise IntegrityError(f"asked for version {version}, got record of {rec.version}")
         return rec
 
-    def _fetch(self, peer: PeerInfo, kind: str, params: dict, *, max_bytes: int) -> bytes:
+    def _fetch(self, peer: PeerInfo, kind: str, params: dict, *, max_bytes: int, timeout: float | None = None) -> bytes:
         """One file, refused (and the peer struck) if it declares more than ``max_bytes``."""
         dest = self._tmp / f"{kind}-{threading.get_ident()}-{random.getrandbits(32):08x}"
+        limit = self.net.fetch_timeout_s if timeout is None else min(timeout, self.net.fetch_timeout_s)
         try:
-            self.transport.fetch(peer, kind, params, dest, timeout=self.net.fetch_timeout_s, max_bytes=max_bytes)
+            self.transport.fetch(peer, kind, params, dest, timeout=limit, max_bytes=max_bytes)
             return dest.read_bytes()
         except IntegrityError:
             self.trust.strike(peer.peer_id)
+            self.standing.struck(peer.peer_id)
             raise
         finally:
             dest.unlink(missing_ok=True)
@@ -346,13 +375,16 @@ class VersionSync:
         return None
 
     def _catchup_offers(self, peers: list[PeerInfo], head: int, *, min_gap: int) -> list[Offer]:
-        """(peer, target = its version) pairs at least ``min_gap`` ahead of us: inference peers
-        first, nearest the head first; trainers last (their CPU trains)."""
+        """(peer, target = its version) pairs at least ``min_gap`` ahead of us, in standing order:
+        peers that delivered before, members, at most ``FETCH_UNKNOWN`` others (a flood of fresh
+        keys announcing versions costs a few tries, not one per key); nearest the head first
+        within each."""
         assert self.record is not None
         offers = [(p, min(p.version, head)) for p in peers if p.peer_id != self.transport.peer_id
                   and not self.trust.ignored(p.peer_id) and min(p.version, head) - self.record.version >= min_gap]
         random.shuffle(offers)
-        return sorted(offers, key=lambda o: (o[0].role == "trainer", -o[1]))
+        offers.sort(key=lambda o: -o[1])
+        return self.standing.providers(offers, quota=FETCH_UNKNOWN, key=lambda o: o[0].peer_id)
 
     def _catch_up(self, offers: list[Offer]) -> tuple[VersionRecord | None, Offer | None]:
         """Ask each (peer, target) for a catch-up patch from our version; returns (the record we
@@ -367,12 +399,14 @@ class VersionSync:
                 patch = self._fetch(peer, "catchup", {"base": self.record.version, "target": target},
                                     max_bytes=catchup_cap(self.state))
                 self._apply_catchup(peer, rec, patch)
+                self.standing.delivered(peer.peer_id)
                 return rec, None
             except BusyError as exc:
                 busy = busy or (peer, target)
                 log.info("catch-up from %s: %s", peer.peer_id[:12], exc)
             except PulseError as exc:
                 self.counters["catchup_misses"] += 1
+                self.standing.failed(peer.peer_id)
                 log.info("catch-up from %s failed: %s", peer.peer_id[:12], exc)
         return None, busy
 
@@ -386,6 +420,7 @@ class VersionSync:
             new_state = apply_patch(self.state, patch, verify=True, base_hash=self.record.state_hash)
         except (IntegrityError, PatchError):
             self.trust.strike(peer.peer_id)
+            self.standing.struck(peer.peer_id)
             raise
         self.store.put_current(rec, new_state)  # a restart resumes from here
         self.last_catchup = CatchupApplied(self.record.version, rec.version, len(patch))
@@ -399,10 +434,14 @@ class VersionSync:
         record (``anchor_load.py``); at most ``MAX_ANCHOR_TRIES`` offers per call."""
         live = [p for p in peers if not self.trust.ignored(p.peer_id) and p.peer_id != self.transport.peer_id]
         by_id = {p.peer_id: p for p in live}
-        # newest first; at one version trainer-set members first (fresh keys announcing anchors
-        # cannot crowd them out of the tries), then in random order
-        offers = sorted(((a, p.peer_id) for p in live for a in set(p.anchors) if above < a <= head),
-                        key=lambda o: (-o[0], not self.trust.vouches_for(by_id[o[1]]), random.random()))
+        # only anchors at or below the verified head count (an announced one above it is no
+        # version a member signed); the offers in standing order (members' and peers' that
+        # delivered before, then at most FETCH_UNKNOWN offers of peers without standing), newest
+        # first within each: fresh keys announcing anchors cannot use up the tries
+        offers = [(a, p.peer_id) for p in live for a in set(p.anchors) if above < a <= head]
+        random.shuffle(offers)
+        offers.sort(key=lambda o: -o[0])
+        offers = self.standing.providers(offers, quota=FETCH_UNKNOWN, key=lambda o: o[1])
         for anchor, pid in offers[:MAX_ANCHOR_TRIES]:
             try:
                 rec = self._fetch_record(by_id[pid], anchor)
@@ -411,14 +450,16 @@ class VersionSync:
                     continue
                 if not self.trust.check(rec, sender=pid):
                     continue
-                holders = [p for p in live if anchor in p.anchors]
+                holders = self.standing.providers([p for p in live if anchor in p.anchors], quota=FETCH_UNKNOWN)
                 state = load_anchor(self.transport, self.trust, rec, by_id[pid], holders, self._tmp,
                                     timeout=self.net.fetch_timeout_s * 4)
                 self.store.put_anchor(rec, state)
                 self._adopt(rec, state)
+                self.standing.delivered(pid)
                 self.counters["anchor_loads"] += 1
                 return
             except PulseError as exc:
+                self.standing.failed(pid)
                 log.info("anchor %d from %s failed: %s", anchor, pid[:12], exc)
 
     def _adopt(self, record: VersionRecord, state: State) -> None:

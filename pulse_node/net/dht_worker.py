@@ -73,6 +73,7 @@ class DhtWorker(Service):
         self.config, self.node, self.p2p, self.peer_id = config, node, p2p, peer_id
         self.pushes = PushPlane(p2p, spool=spool, budget=config.budget)
         self.session = secrets.token_hex(16)
+        self.salt = secrets.token_bytes(16)  # this worker's draw of which newcomers' records it reads
         self.duplicate: str | None = None
         self._published: dict[str, RefreshedRecord] = {}
         self._last_peer_publish = 0.0
@@ -191,7 +192,8 @@ class DhtWorker(Service):
                 continue
             if rec.peer_id == sub and not rec.leaving:
                 found.append(rec)
-        return select_peer_records(found, prefer=prefer or ())
+        epoch = int(time.time() // 30).to_bytes(8, "big")  # the draw changes every 30 s: newcomers take turns
+        return select_peer_records(found, prefer=prefer or (), salt=self.salt + epoch)
 
     @rpc
     async def get(self, *, kind: Literal["peers"]) -> list[dict]:
