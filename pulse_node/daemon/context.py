@@ -14,6 +14,7 @@ from pulse_node.chain.identity import Identity
 from pulse_node.chain.store import VersionStore
 from pulse_node.config import NodeConfig
 from pulse_node.daemon.status import NodeStatus
+from pulse_node.daemon.status_model import StandingReport
 from pulse_node.errors import PulseError
 from pulse_node.daemon.fanout import Fanout
 from pulse_node.daemon.transport import PeerInfo, Transport
@@ -39,6 +40,7 @@ class RoleContext:
     #: what this node saw each peer do (``net/standing.py``): orders views, pushes and fetches
     standing: Standing = field(default_factory=Standing)
     _fanout: Fanout | None = field(default=None, repr=False)
+    _last_view: tuple[int, int, int] = (0, 0, 0)
 
     def peers(self, role: str | None = None) -> list[PeerInfo]:
         """Live peers from discovery (never ourselves), optionally of one role: the view.
@@ -57,6 +59,7 @@ class RoleContext:
         taken = {p.peer_id for p in view}
         claims = [p for p in found if p.role == "trainer" and p.record.admission and p.peer_id not in taken]
         view += self.standing.order(claims, quota=MAX_ADMISSION_CLAIMS)
+        self._last_view = (len(found), len(view), sum(not self.standing.known(p.peer_id) for p in view))
         return [p for p in view if role is None or p.role == role]
 
     def push_in_background(self, kind: str, data: bytes, peers: list[PeerInfo]) -> None:
@@ -67,6 +70,13 @@ class RoleContext:
             self._fanout = Fanout(self.transport, order=lambda ps: self.standing.order(ps, quota=PUSH_UNKNOWN),
                                   on_error=lambda peer, _exc: self.standing.failed(peer.peer_id))
         self._fanout.submit(kind, data, peers)  # type: ignore[arg-type]
+
+    def standing_report(self) -> StandingReport:
+        found, view, newcomers = self._last_view
+        pushes = self._fanout.counts if self._fanout is not None else {}
+        return StandingReport(found=found, view=view, newcomers_in_view=newcomers, **self.standing.summary(),
+                              **{f"pushes_{k}": int(pushes.get(k, 0)) for k in ("submitted", "superseded",
+                                                                                "failed", "skipped")})
 
     def close(self) -> None:
         """Stop the background pushes (what a role started)."""
@@ -83,7 +93,8 @@ class RoleContext:
             serves=Serves(lowest=lowest, highest=held, anchors=anchors[-64:]),
             node_key=self.identity.public_key_hex, metrics_url=self.status.metrics_url, admission=self.admission))
         self.status.update(version=version, chain_hash=chain_hash, state_hash=state_hash,
-                           lowest=-1 if lowest is None else lowest, anchors=anchors, peers=len(self.peers()))
+                           lowest=-1 if lowest is None else lowest, anchors=anchors, peers=len(self.peers()),
+                           standing=self.standing_report())
         self.status.set_data_plane(self.transport.stats())
 
     def share_members(self, peer_ids: frozenset[str]) -> None:

@@ -68,7 +68,7 @@ class TrainerRole:
                                    max_staleness=cfg.grpo.max_staleness)
         self.trust = TrustPolicy(TrainerSet.from_config(cfg.chain, run_id=cfg.run_id))
         self.trust.listen_members(ctx.share_members)  # the data plane serves members first
-        self.feed = RolloutFeed(verifier, cfg.verify, status=ctx.status, trust=self.trust)
+        self.feed = RolloutFeed(verifier, cfg.verify, status=ctx.status, trust=self.trust, standing=ctx.standing)
         self.own_batches = 0
         self.agreement = RoundAgreement(ctx, shapes=self.shapes, current_round=lambda: self.outer.round,
                                         base=self._base, trust=self.trust, bound=PayloadBound.of_trainer(cfg))
