@@ -2,7 +2,7 @@
 separate processes) and one attacker process per attack (``python -m pulse_node.testing.attack``,
 its own DHT and wire workers and fresh keys, ``pulse_node/testing/attackers.py``).
 
-    python bench/adversary.py [--baseline 20] [--window 20] [--attacks a,b,c] [--run-dir DIR]
+    python bench/adversary.py [--baseline 20] [--window 20] [--attacks a,b,c | --only a,b] [--run-dir DIR]
 
 For every attack: a baseline window without attack, then the attack window. Per attack: what it
 tried; ``held`` (every state an inference node held or stored is one the trainers signed, checked
@@ -11,7 +11,10 @@ exited or restarted); ``poisoned`` (the attacker's payload named in a round deci
 ``rate_ratio`` (versions/s of the trainers during the attack / the baseline window before it);
 ``reported`` (every status counter of the honest nodes that moved during the window). The
 ``control`` ratios compare consecutive no-attack windows (the noise floor on shared cores).
-Last line: JSON with ``attacks``, ``held``, ``crashed``, ``poisoned``, ``min_rate_ratio``.
+Last line: JSON with ``attacks``, ``held``, ``crashed``, ``poisoned``, ``min_rate_ratio``,
+``per_attack`` (``{name: {"rate_ratio", "held"}}``), ``rows`` (everything per attack) and, over the
+flood attacks (issue 21: fresh keys' records, ``testing/flood.py``), ``inference_max_lag`` (the most
+versions an inference node was behind the trainers' head, polled every second).
 """
 
 from __future__ import annotations
@@ -31,7 +34,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 DEFAULT_ATTACKS = ("inject_payload", "trainer_role", "huge_version", "rollback", "slow_drip", "bad_anchor",
                    "oversize", "catchup_flood", "fake_trainers", "rollout_flood", "smaller",
-                   "sybil_trainers", "sybil_peers")
+                   "sybil_trainers", "sybil_peers", "record_flood", "sybil_flood")
+#: attacks during which inference nodes must stay within ``MAX_LAG`` versions of the head
+FLOOD_ATTACKS = {"record_flood", "sybil_flood"}
+MAX_LAG = 2
 SMALL = {"model": {"d_model": 32, "n_layers": 2, "n_heads": 2}, "task": {"digits": 2},
          "sampling": {"prompts_per_batch": 8, "group_size": 4}}
 
@@ -115,16 +121,23 @@ class Bench:
         self.poll()
         v0, c0, t0 = self.head(), counters(self.statuses()), time.monotonic()
         contributors: Counter = Counter()
+        lag = 0
         while time.monotonic() - t0 < seconds:
             time.sleep(1.0)
             self.poll()
             for s in self.statuses():
                 if s.contributors is not None:
                     contributors[s.contributors] += 1
+            lag = max(lag, self.inference_lag())
         v1, dt = self.head(), time.monotonic() - t0
         moved = {k: v - c0.get(k, 0) for k, v in counters(self.statuses()).items() if v != c0.get(k, 0)}
         return {"versions": v1 - v0, "seconds": round(dt, 1), "rate": (v1 - v0) / dt, "moved": moved,
-                "contributors_seen": dict(contributors)}
+                "contributors_seen": dict(contributors), "inference_max_lag": lag}
+
+    def inference_lag(self) -> int:
+        """How many versions the furthest-behind inference node is behind the trainers' head."""
+        inf = [c.version() for c in self.swarm.children if c.role == "inference"]
+        return max(0, self.head() - min(inf)) if inf else 0
 
     def attack(self, name: str) -> dict[str, Any]:
         out = self.root / "attacks" / f"{name}.json"
@@ -208,6 +221,7 @@ def row(name: str, base: dict, res: dict, wrong: int, crashed: list[str]) -> dic
             "crashed": crashed, "poisoned": bool(a.get("succeeded")), "rate_ratio": round(ratio, 2),
             "baseline_rate": round(base["rate"], 3), "attack_rate": round(res["rate"], 3),
             "reported": res["moved"], "contributors_seen": res["contributors_seen"],
+            "inference_max_lag": res["inference_max_lag"], "baseline_inference_max_lag": base["inference_max_lag"],
             "attacker_sent": a.get("sent", {}), "attacker_error": a.get("attacker_error"),
             "attacker": {k: v for k, v in a.items() if k not in ("tried", "sent", "peer_ids")}}
 
@@ -222,19 +236,28 @@ def fmt(r: dict) -> str:
     return (f"{r['attack']:<15} held={'yes' if r['held'] else 'NO':<3} crashed={'NO' if not r['crashed'] else 'YES'}"
             f" poisoned={'YES' if r['poisoned'] else 'no':<3} ratio={r['rate_ratio']:<5} "
             f"({r['attack_rate']:.3f}/{r['baseline_rate']:.3f} v/s) recovery={r.get('recovery_s')}s "
-            f"max_contributors={max(map(int, r['contributors_seen']), default='-')} reported: {rep or '-'}")
+            f"max_contributors={max(map(int, r['contributors_seen']), default='-')} "
+            f"inference_lag={r['inference_max_lag']} reported: {rep or '-'}")
 
 
 def summary(rows: list[dict], baselines: list[float], final: dict, crashed: list[str], root: Path) -> dict[str, Any]:
     control = [round(b / a, 2) for a, b in zip(baselines, baselines[1:]) if a > 0]
     ratios = [r["rate_ratio"] for r in rows if r["rate_ratio"] == r["rate_ratio"]]
+    lags = [r["inference_max_lag"] for r in rows if r["attack"] in FLOOD_ATTACKS]
     return {"attacks": len(rows), "held": all(r["held"] for r in rows) and final["corrupted_states_used"] == 0,
             "crashed": bool(crashed), "poisoned": any(r["poisoned"] for r in rows),
             "min_rate_ratio": min(ratios, default=None), "control_ratios": control,
             "min_control_ratio": min(control, default=None), "baseline_rates": [round(b, 3) for b in baselines],
             "final_check": {k: final[k] for k in ("corrupted_states_used", "wrong", "trainer_disagreement_count")
                             if k in final} | {k: v for k, v in final.items() if k.startswith(("held_", "stored_"))},
-            "crashes": crashed, "run_dir": str(root), "per_attack": rows}
+            "crashes": crashed, "run_dir": str(root), "per_attack": per_attack(rows),
+            "inference_max_lag": max(lags, default=None),
+            "inference_within_lag": None if not lags else max(lags) <= MAX_LAG, "rows": rows}
+
+
+def per_attack(rows: list[dict]) -> dict[str, dict[str, Any]]:
+    """``{name: {"rate_ratio", "held"}}`` for every attack run (the JSON line's ``per_attack``)."""
+    return {r["attack"]: {"rate_ratio": r["rate_ratio"], "held": r["held"]} for r in rows}
 
 
 def _interrupt(*_: object) -> None:
@@ -246,14 +269,15 @@ def main() -> None:
     ap.add_argument("--baseline", type=float, default=20.0, help="seconds of each no-attack window")
     ap.add_argument("--window", type=float, default=20.0, help="seconds of each attack")
     ap.add_argument("--attacks", default=",".join(DEFAULT_ATTACKS))
+    ap.add_argument("--only", help="run only these attacks (comma separated; same as --attacks)")
     ap.add_argument("--run-dir")
     args = ap.parse_args()
-    names = [a for a in args.attacks.split(",") if a]
+    names = [a for a in (args.only or args.attacks).split(",") if a]
     for sig in (signal.SIGINT, signal.SIGTERM):  # stop the swarm and attacker on either (background jobs ignore INT)
         signal.signal(sig, _interrupt)
     res = Bench(args).run(names)
     print(f"{'attack':<15} {'held':<5} {'crashed':<8} {'poisoned':<9} {'ratio':<6} reported")
-    for r in res["per_attack"]:
+    for r in res["rows"]:
         print(fmt(r))
     print(f"control (no-attack) ratios: {res['control_ratios']}")
     print(json.dumps(res, default=str))
