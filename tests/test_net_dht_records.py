@@ -215,3 +215,19 @@ def test_a_flood_of_records_cannot_blind_the_worker() -> None:
     out = [r.model_dump() for r in asyncio.run(worker.peers(prefer=[trainer]))]
     assert len(out) == MAX_PEERS_READ and out[0]["peer_id"] == trainer
     assert len(ipc.encode_frame({"id": 1, "ok": True, "result": out})) < ipc.MAX_FRAME
+
+
+def test_an_accepted_record_is_checked_once_and_a_changed_one_again(owner, monkeypatch) -> None:
+    """Every DHT read re-validates every record of the answer; a record that passed is
+    remembered by its exact bytes, so a flood is checked once per record, and any change to the
+    bytes (a forged signature, another expiration) is checked in full again."""
+    ident, validator = owner
+    rec = signed(validator, dht_record(peer_id_of(ident), peer_record(ident)))
+    calls = []
+    real = validator.reject_reason
+    monkeypatch.setattr(validator, "reject_reason", lambda r, **kw: calls.append(1) or real(r, **kw))
+    assert validator.validate(rec) and validator.validate(rec) and len(calls) == 1
+    forged = dataclasses.replace(rec, value=rec.value[:-1] + bytes([rec.value[-1] ^ 1]))
+    assert not validator.validate(forged) and not validator.validate(forged) and len(calls) == 3
+    later = dataclasses.replace(rec, expiration_time=rec.expiration_time + 1)
+    assert not validator.validate(later)  # the signature covers the expiration

@@ -41,6 +41,8 @@ class RoleContext:
     standing: Standing = field(default_factory=Standing)
     _fanout: Fanout | None = field(default=None, repr=False)
     _last_view: tuple[int, int, int] = (0, 0, 0)
+    _view: list[PeerInfo] = field(default_factory=list, repr=False)
+    _view_key: tuple | None = field(default=None, repr=False)
 
     def peers(self, role: str | None = None) -> list[PeerInfo]:
         """Live peers from discovery (never ourselves), optionally of one role: the view.
@@ -50,17 +52,20 @@ class RoleContext:
         an admission (so an admitted trainer is learned); however many records fresh keys
         publish, the view holds the same honest peers."""
         me = self.transport.peer_id
-        found = [p for p in self.transport.peers() if p.peer_id != me]
-        self.standing.seen(p.peer_id for p in found)
-        prefer = getattr(self.transport, "prefer", None)
-        if prefer is not None:
-            prefer(self.standing.known_ids())
-        view = self.standing.order(found, quota=VIEW_UNKNOWN)
-        taken = {p.peer_id for p in view}
-        claims = [p for p in found if p.role == "trainer" and p.record.admission and p.peer_id not in taken]
-        view += self.standing.order(claims, quota=MAX_ADMISSION_CLAIMS)
-        self._last_view = (len(found), len(view), sum(not self.standing.known(p.peer_id) for p in view))
-        return [p for p in view if role is None or p.role == role]
+        found = tuple(p for p in self.transport.peers() if p.peer_id != me)
+        key = (found, self.standing.changes, self.standing.epoch())
+        if self._view_key != key:  # a flood makes ordering cost: once per change, not per call
+            self.standing.seen(p.peer_id for p in found)
+            prefer = getattr(self.transport, "prefer", None)
+            if prefer is not None:
+                prefer(self.standing.known_ids())
+            view = self.standing.order(found, quota=VIEW_UNKNOWN)
+            taken = {p.peer_id for p in view}
+            claims = [p for p in found if p.role == "trainer" and p.record.admission and p.peer_id not in taken]
+            view += self.standing.order(claims, quota=MAX_ADMISSION_CLAIMS)
+            self._last_view = (len(found), len(view), sum(not self.standing.known(p.peer_id) for p in view))
+            self._view, self._view_key = view, (found, self.standing.changes, self.standing.epoch())
+        return [p for p in self._view if role is None or p.role == role]
 
     def push_in_background(self, kind: str, data: bytes, peers: list[PeerInfo]) -> None:
         """Push to ``peers`` without waiting (``daemon/fanout.py``): members and peers with

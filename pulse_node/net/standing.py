@@ -69,10 +69,12 @@ class Standing:
         self.members: frozenset[str] = frozenset()
         self.marks: dict[str, PeerMarks] = {}
         self._lock = threading.RLock()  # the push fan-out thread reports failures too
+        self.changes = 0  # bumped by every observation that can move a peer in the order
 
     # ---- observations ---------------------------------------------------------------
     def set_members(self, peer_ids: Iterable[str]) -> None:
         self.members = frozenset(peer_ids)
+        self.changes += 1
 
     def _of(self, peer_id: str) -> PeerMarks:
         with self._lock:
@@ -81,6 +83,7 @@ class Standing:
                 if len(self.marks) >= self.max_peers:
                     self._forget()
                 m = self.marks[peer_id] = PeerMarks(first_seen=self.clock())
+            self.changes += 1
             return m
 
     def seen(self, peer_ids: Iterable[str]) -> None:
@@ -93,22 +96,27 @@ class Standing:
         m = self._of(peer_id)
         m.delivered += n
         m.fail_streak = 0
+        self.changes += 1
 
     def accepted(self, peer_id: str, n: int = 1) -> None:
         """A rollout batch of its was verified and accepted."""
         self._of(peer_id).accepted += n
+        self.changes += 1
 
     def head_matched(self, peer_id: str) -> None:
         """It pushed a head record a trainer-set member signed."""
         self._of(peer_id).heads += 1
+        self.changes += 1
 
     def failed(self, peer_id: str) -> None:
         """A request to it timed out or failed."""
         self._of(peer_id).fail_streak += 1
+        self.changes += 1
 
     def struck(self, peer_id: str) -> None:
         """It sent something false or damaged."""
         self._of(peer_id).strikes += 1
+        self.changes += 1
 
     # ---- judgement ------------------------------------------------------------------
     def score(self, peer_id: str) -> float:
@@ -137,11 +145,14 @@ class Standing:
             ids = [p for p, m in self.marks.items() if m.earned and p not in self.members and self.score(p) > 0]
         return sorted(ids, key=lambda p: (-self.score(p), p))[:limit]
 
+    def epoch(self) -> int:
+        """Which draw of newcomers is current (it changes every ``rotate_s``)."""
+        return int(self.clock() // self.rotate_s) if self.rotate_s > 0 else 0
+
     def _draw(self, peer_id: str) -> bytes:
         """This node's random order of unknown peers, redrawn every ``rotate_s``."""
-        epoch = int(self.clock() // self.rotate_s) if self.rotate_s > 0 else 0
         return hashlib.blake2b(peer_id.encode(), key=self.salt, digest_size=8,
-                               person=epoch.to_bytes(8, "big")).digest()
+                               person=self.epoch().to_bytes(8, "big")).digest()
 
     def order(self, items: Iterable[T], *, quota: int, key: Callable[[T], str] = lambda p: p.peer_id,
               members_first: bool = True) -> list[T]:
