@@ -54,6 +54,7 @@ class P2PTransport:
         self._configured = [peer_id_of_key(k) for k in sorted(trainers.configured)]
         self._members: list[str] = []
         self._standing: list[str] = []
+        self._told_standing: set[str] | None = None
 
     @classmethod
     def create(cls, cfg: NodeConfig, identity: Identity, store_root: Path) -> "P2PTransport":
@@ -137,8 +138,16 @@ class P2PTransport:
 
     def prefer(self, peer_ids: list[str]) -> None:
         """Peers with standing, best first (``net/standing.py``): their records are read right
-        after the trainer set's, however many records fresh keys publish."""
-        self._standing = list(peer_ids)[:256]
+        after the trainer set's, however many records fresh keys publish, and the wire worker
+        gives them their own shares (everyone else without membership shares the newcomers')."""
+        ids = list(peer_ids)[:256]
+        if self._told_standing is None or set(ids) != self._told_standing:
+            try:
+                self.wire.set_standing(ids)
+                self._told_standing = set(ids)
+            except PulseError as exc:  # budgets keep the last set told
+                log.warning("telling the data plane the peers with standing failed: %s", exc)
+        self._standing = ids
 
     def set_members(self, peer_ids: list[str]) -> None:
         """The trainer-set members' peer ids, to both workers (each serves members first); their
