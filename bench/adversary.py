@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -32,11 +34,14 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from pulse_node.testing.free_keys import NODE_CONFIG_ENV, node_config_path  # noqa: E402
+
 DEFAULT_ATTACKS = ("inject_payload", "trainer_role", "huge_version", "rollback", "slow_drip", "bad_anchor",
                    "oversize", "catchup_flood", "fake_trainers", "rollout_flood", "smaller",
-                   "sybil_trainers", "sybil_peers", "record_flood", "sybil_flood")
-#: attacks during which inference nodes must stay within ``MAX_LAG`` versions of the head
-FLOOD_ATTACKS = {"record_flood", "sybil_flood"}
+                   "sybil_trainers", "sybil_peers", "record_flood", "sybil_flood", "junk_rollouts", "pool_hog",
+                   "catchup_sybils", "hostile_status")
+#: floods of free identities (issue 21): inference nodes must stay within ``MAX_LAG`` versions of the head
+FLOOD_ATTACKS = {"record_flood", "sybil_flood", "junk_rollouts", "pool_hog", "catchup_sybils"}
 MAX_LAG = 2
 SMALL = {"model": {"d_model": 32, "n_layers": 2, "n_heads": 2}, "task": {"digits": 2},
          "sampling": {"prompts_per_batch": 8, "group_size": 4}}
@@ -146,9 +151,17 @@ class Bench:
                "--run-id", self.cfg.run_id, "--root", str(self.root / "attacks" / name),
                "--seconds", str(self.args.window), "--out", str(out)]
         log = open(self.root / "attacks" / f"{name}.log", "w")
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        env = {**os.environ, NODE_CONFIG_ENV: str(node_config_path(self.root))}
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+        operator: dict[str, Any] = {}
+        probe = threading.Thread(target=lambda: operator.update(self.operator_status(delay=min(10.0, self.args.window / 3))),
+                                 daemon=True)
+        if name == "hostile_status":
+            probe.start()
         try:
             w = self.window(self.args.window, proc)
+            if probe.is_alive():
+                probe.join(timeout=120)
             try:
                 proc.wait(timeout=90)
             except subprocess.TimeoutExpired:
@@ -160,7 +173,22 @@ class Bench:
                 proc.wait(timeout=30)
             log.close()
         res = json.loads(out.read_text()) if out.exists() else {"attacker_error": f"no result (exit {proc.returncode})"}
-        return {**w, "attacker": res}
+        return {**w, "attacker": res, "operator": operator}
+
+    def operator_status(self, *, delay: float) -> dict[str, Any]:
+        """The operator's ``pulse-node status --bootstrap ... --once --json`` against the live swarm
+        (its hostile records included): how long it took, and whether it finished."""
+        time.sleep(delay)
+        cmd = [sys.executable, "-m", "pulse_node", "status", "--bootstrap", self.swarm.bootstrap_addr,
+               "--run-id", self.cfg.run_id, "--once", "--json"]
+        t0 = time.monotonic()
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=90)
+        except subprocess.TimeoutExpired:
+            return {"status_s": round(time.monotonic() - t0, 1), "finished": False}
+        nodes = len(json.loads(done.stdout.strip().splitlines()[-1]).get("nodes", [])) if done.returncode == 0 else 0
+        return {"status_s": round(time.monotonic() - t0, 1), "finished": True, "rc": done.returncode,
+                "nodes_shown": nodes}
 
     def settle(self, rate: float, *, limit_s: float = 150.0) -> float | None:
         """Seconds until the swarm makes versions again at half its baseline ``rate`` over 10 s
@@ -223,7 +251,8 @@ def row(name: str, base: dict, res: dict, wrong: int, crashed: list[str]) -> dic
             "reported": res["moved"], "contributors_seen": res["contributors_seen"],
             "inference_max_lag": res["inference_max_lag"], "baseline_inference_max_lag": base["inference_max_lag"],
             "attacker_sent": a.get("sent", {}), "attacker_error": a.get("attacker_error"),
-            "attacker": {k: v for k, v in a.items() if k not in ("tried", "sent", "peer_ids")}}
+            "attacker": {k: v for k, v in a.items() if k not in ("tried", "sent", "peer_ids")},
+            "operator": res.get("operator") or None}
 
 
 REPORT_KEYS = ("rejected", "decisions_rejected", "strikes", "bans", "loco_base_mismatch", "rollouts_refused",

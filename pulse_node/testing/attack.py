@@ -24,14 +24,16 @@ def main() -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwinds: the attacker's workers are stopped
     from pulse_node.testing.attackers import run_attack
     from pulse_node.testing.flood import FLOODS, run_flood
+    from pulse_node.testing.free_keys import all_attacks
 
     try:
         if args.name in FLOODS:  # one process, many fresh keys, no node of its own
             res = run_flood(args.name, run_id=args.run_id, bootstrap=args.bootstrap, seconds=args.seconds,
                             host=args.host)
         else:
+            attacks, sybils = all_attacks()
             res = run_attack(args.name, Path(args.root), run_id=args.run_id, bootstrap=args.bootstrap,
-                             seconds=args.seconds, host=args.host)
+                             seconds=args.seconds, host=args.host, attacks=attacks, sybils=sybils)
     except Exception as exc:  # the bench reports an attacker that could not run
         res = {"tried": args.name, "attacker_error": f"{type(exc).__name__}: {exc}"}
     text = json.dumps(res, default=str)
