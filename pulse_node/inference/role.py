@@ -64,8 +64,12 @@ class InferenceRole:
             busy = self._rollout_once(peers)
 
     def _rank(self, peers) -> int:
-        """Our position among inference peers (decides who fetches fresh versions from trainers)."""
-        ids = sorted([p.peer_id for p in peers if p.role == "inference"] + [self.ctx.transport.peer_id])
+        """Our position among inference peers that showed themselves (standing, or a verified head
+        pushed to us): decides who fetches fresh versions from trainers. Fresh keys merely
+        announcing the role cannot push us out of the seeds."""
+        shown = [p.peer_id for p in peers if p.role == "inference" and
+                 (self.ctx.standing.known(p.peer_id) or p.peer_id in self.sync.hints)]
+        ids = sorted(shown + [self.ctx.transport.peer_id])
         return ids.index(self.ctx.transport.peer_id)
 
     def _on_applied(self, applied) -> None:
