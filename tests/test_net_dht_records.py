@@ -173,7 +173,8 @@ def test_the_preferred_order_is_kept_and_ranges_take_turns() -> None:
     other = _rec(Identity.generate(), updated_at=1.0, host="192.168.5.5")
     picked = select_peer_records([*flood, other, *pref], prefer=[r.peer_id for r in reversed(pref)], limit=6)
     assert picked[:3] == list(reversed(pref)) and other in picked[3:5]
-    assert address_range(other) == "ip4/192.168.5"
+    assert address_range(other.wire_maddrs) == "ip4/192.168.5" and address_range(["/dns4/x.example/tcp/1"]) == "dns4/x.example"
+    assert address_range(None) == address_range([7]) == ""
 
 
 def test_encode_decode_round_trip_and_strictness() -> None:
@@ -207,6 +208,8 @@ def test_a_flood_of_records_cannot_blind_the_worker() -> None:
     trainer = peer_id_of_key(Identity.generate().public_key_hex)
     entries = [(p, record(p, 2000.0 + i), 1e12) for i, p in enumerate(sybils)] + [(trainer, record(trainer, 1.0), 1e12)]
 
+    from pulse_node.net import dht_worker as dht_worker_mod
+
     class Flooded(DhtWorker):
         async def read(self, kind: str) -> list:
             return entries
@@ -215,6 +218,14 @@ def test_a_flood_of_records_cannot_blind_the_worker() -> None:
     out = [r.model_dump() for r in asyncio.run(worker.peers(prefer=[trainer]))]
     assert len(out) == MAX_PEERS_READ and out[0]["peer_id"] == trainer
     assert len(ipc.encode_frame({"id": 1, "ok": True, "result": out})) < ipc.MAX_FRAME
+    validated = []
+    real = dht_worker_mod.validate_tree
+    dht_worker_mod.validate_tree = lambda model, tree: validated.append(1) or real(model, tree)
+    try:
+        few = asyncio.run(worker.peers(prefer=[trainer], limit=10))
+    finally:
+        dht_worker_mod.validate_tree = real
+    assert len(few) == 10 and few[0].peer_id == trainer and len(validated) == 10  # chosen first, then checked
 
 
 def test_an_accepted_record_is_checked_once_and_a_changed_one_again(owner, monkeypatch) -> None:

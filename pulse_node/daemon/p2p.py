@@ -24,7 +24,7 @@ from pulse_node.daemon.transport import PeerInfo
 from pulse_node.errors import PulseError, WireError
 from pulse_node.net import spool
 from pulse_node.net.dht_client import DhtClient, DhtConfig
-from pulse_node.net.dht_records import PeerCounters, PeerStatus
+from pulse_node.net.dht_records import NEWCOMERS_READ, PeerCounters, PeerStatus
 from pulse_node.net.wire_client import WireClient, WireConfig
 from pulse_node.net.wire_protocol import PUSH_CAPS
 from pulse_node.vocab import Event, FetchKind, PushKind, check_fetch_kind, check_push_kind
@@ -91,7 +91,9 @@ class P2PTransport:
         if time.monotonic() - self._peers_at < self.cfg.net.head_poll_s:
             return list(self._last_peers)
         prefer = list(dict.fromkeys(self._configured + self._members + self._standing))
-        out = [PeerInfo(r.peer_id, r) for r in self.dht.peers(prefer=prefer)
+        # the view keeps a few newcomers only (net/standing.py): reading more would cost CPU for nothing
+        found = self.dht.peers(prefer=prefer, limit=len(prefer) + NEWCOMERS_READ)
+        out = [PeerInfo(r.peer_id, r) for r in found
                if not r.leaving and r.role != "bootstrap" and r.wire_maddrs]
         self._last_peers, self._peers_at = out, time.monotonic()
         return out

@@ -24,7 +24,7 @@ This module is pure (pydantic + msgpack): the node imports it without hivemind.
 from __future__ import annotations
 
 import hashlib
-from typing import Annotated, Any, Literal, Sequence, TypeVar
+from typing import Annotated, Any, Callable, Literal, Sequence, TypeVar
 
 import msgpack
 import pydantic
@@ -128,6 +128,9 @@ class PeerRecord(PeerStatus):
 
 
 R = TypeVar("R", bound=_Record)
+E = TypeVar("E")  # a record, or a raw DHT entry the worker has not validated yet
+#: records of peers without standing a node asks its DHT worker for, beyond its preferred ones
+NEWCOMERS_READ = 64
 MODEL_OF_KIND: dict[str, type[_Record]] = {"peers": PeerRecord}
 MAX_BYTES_OF_KIND = {"peers": MAX_PEER_RECORD_BYTES}
 
@@ -163,8 +166,9 @@ def decode_dht_record(kind: str, data: bytes) -> _Record:
     return validate_tree(MODEL_OF_KIND[kind], tree)
 
 
-def select_peer_records(records: list[PeerRecord], *, prefer: Sequence[str] = (),
-                        limit: int = MAX_PEERS_READ, salt: bytes = b"") -> list[PeerRecord]:
+def select_peer_records(records: list[E], *, prefer: Sequence[str] = (), limit: int = MAX_PEERS_READ,
+                        salt: bytes = b"", id_of: Callable[[E], str] = lambda r: r.peer_id,  # type: ignore[attr-defined]
+                        range_of: Callable[[E], str] | None = None) -> list[E]:
     """At most ``limit`` records: those of ``prefer`` first, in its order (the node's ranking:
     trainer-set members, then peers with standing, ``net/standing.py``), then the others one per
     address range in turn, each range in an order drawn from ``salt`` (a secret of this node).
@@ -172,13 +176,15 @@ def select_peer_records(records: list[PeerRecord], *, prefer: Sequence[str] = ()
     Anyone can publish records under fresh keys, and a record's ``updated_at`` and version are
     what its publisher says (one announcing the future would sort first): neither orders
     anything here, so a flood cannot push the preferred peers out, and which newcomers are read
-    is this node's draw, not the flooder's choice."""
+    is this node's draw, not the flooder's choice. ``id_of`` and ``range_of`` read a record's
+    peer id and address range (the DHT worker selects raw entries before it validates them)."""
     rank = {pid: i for i, pid in enumerate(prefer)}
-    chosen = sorted((r for r in records if r.peer_id in rank), key=lambda r: rank[r.peer_id])
-    ranges: dict[str, list[PeerRecord]] = {}
-    for r in sorted((r for r in records if r.peer_id not in rank), key=lambda r: _draw(r.peer_id, salt)):
-        ranges.setdefault(address_range(r), []).append(r)
-    queues = sorted(ranges.values(), key=lambda q: _draw(q[0].peer_id, salt))
+    range_of = range_of or (lambda r: address_range(r.wire_maddrs))  # type: ignore[attr-defined]
+    chosen = sorted((r for r in records if id_of(r) in rank), key=lambda r: rank[id_of(r)])
+    ranges: dict[str, list[E]] = {}
+    for r in sorted((r for r in records if id_of(r) not in rank), key=lambda r: _draw(id_of(r), salt)):
+        ranges.setdefault(range_of(r), []).append(r)
+    queues = sorted(ranges.values(), key=lambda q: _draw(id_of(q[0]), salt))
     depth = 0
     while len(chosen) < limit and any(len(q) > depth for q in queues):
         chosen.extend(q[depth] for q in queues if len(q) > depth)
@@ -186,9 +192,11 @@ def select_peer_records(records: list[PeerRecord], *, prefer: Sequence[str] = ()
     return chosen[:limit]
 
 
-def address_range(record: PeerRecord) -> str:
-    """The network a record's first data-plane address is in: an IPv4 /24, an IPv6 /48, a DNS name."""
-    parts = record.wire_maddrs[0].split("/") if record.wire_maddrs else []
+def address_range(wire_maddrs: Any) -> str:
+    """The network the first of a record's data-plane addresses is in: an IPv4 /24, an IPv6 /48,
+    a DNS name ("" when there is none, or it is not a list of strings: any raw value is safe)."""
+    first = wire_maddrs[0] if isinstance(wire_maddrs, list) and wire_maddrs else None
+    parts = first.split("/") if isinstance(first, str) else []
     if len(parts) < 3:
         return ""
     proto, host = parts[1], parts[2]
