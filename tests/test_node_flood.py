@@ -105,3 +105,33 @@ def test_fake_anchors_do_not_use_up_a_fresh_nodes_tries(served, tmp_path) -> Non
         assert sum(p.startswith("sybil") for p in offers_tried) <= FETCH_UNKNOWN
     finally:
         sync.close()
+
+
+@pytest.mark.parametrize("n", [1, 1000])
+def test_a_nodes_view_holds_the_same_honest_peers_with_one_or_a_thousand_fresh_keys(tmp_path, n) -> None:
+    """``RoleContext.peers``: members, peers with standing, then a fixed number of newcomers;
+    what a record says of itself (version, role) moves nobody in."""
+    from pulse_node.chain.identity import Identity
+    from pulse_node.chain.store import VersionStore
+    from pulse_node.config import InferenceConfig
+    from pulse_node.daemon.context import RoleContext
+    from pulse_node.daemon.status import NodeStatus
+    from pulse_node.net.standing import VIEW_UNKNOWN
+
+    hub, me = MemoryHub(), Identity.generate()
+    for pid, role in (("trainer-a", "trainer"), ("worker", "inference")):
+        hub.join(pid, lambda k, p: None).publish(PeerStatus(role=role, version=3))
+    _flood(hub, Silent(), n)
+    store = VersionStore(tmp_path / "store")
+    ctx = RoleContext(cfg=InferenceConfig(data_dir=str(tmp_path)), identity=me, store=store,
+                      status=NodeStatus(role="inference", peer_id=peer_id(me), run_id="r"),
+                      transport=hub.join(peer_id(me), lambda k, p: None))
+    try:
+        ctx.share_members(frozenset({"trainer-a"}))
+        ctx.standing.delivered("worker")
+        view = [p.peer_id for p in ctx.peers()]
+        assert view[:2] == ["trainer-a", "worker"] and len(view) - 2 == min(n, VIEW_UNKNOWN)
+        assert ctx.standing_report().found == n + 2
+    finally:
+        ctx.close()
+        store.close()
