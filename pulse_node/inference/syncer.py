@@ -173,7 +173,7 @@ class VersionSync:
             p.peer_id) and p.peer_id not in (claim.peer_id, self.transport.peer_id)])
         for peer in [claim, *others][:MAX_PROBES]:
             try:
-                rec = self._fetch_record(peer, claim.version)
+                rec = self._fetch_record(peer, claim.version, timeout=self._first_try(peer.peer_id))
                 self.trust.verify(rec, sender=peer.peer_id)
             except PulseError as exc:
                 log.info("announced version %d of %s not confirmed by %s: %s", claim.version, claim.peer_id[:12],
@@ -261,8 +261,7 @@ class VersionSync:
     def _fetch_version(self, version: int, providers: list[PeerInfo]) -> Fetched | None:
         for peer in providers:
             try:
-                known = self.standing.known(peer.peer_id)
-                rec = self._fetch_record(peer, version, timeout=None if known else FIRST_TRY_S)
+                rec = self._fetch_record(peer, version, timeout=self._first_try(peer.peer_id))
                 if not self.trust.check(rec, sender=peer.peer_id):
                     continue
                 patch = self._fetch(peer, "patch", {"version": version}, max_bytes=rec.patch_bytes)
@@ -281,6 +280,11 @@ class VersionSync:
                 self.standing.failed(peer.peer_id)
                 log.info("fetch of version %d from %s failed: %s", version, peer.peer_id[:12], exc)
         return None
+
+    def _first_try(self, peer_id: str) -> float | None:
+        """The record timeout for ``peer_id``: short for a peer without standing (a silent
+        newcomer costs ``FIRST_TRY_S``, once), the configured one otherwise."""
+        return None if self.standing.known(peer_id) else FIRST_TRY_S
 
     def _fetch_record(self, peer: PeerInfo, version: int, *, timeout: float | None = None) -> VersionRecord:
         """The record of ``version`` from ``peer``, decoded (not verified); a wrong one strikes it."""
@@ -393,7 +397,7 @@ class VersionSync:
         busy = None
         for peer, target in offers:
             try:
-                rec = self._fetch_record(peer, target)
+                rec = self._fetch_record(peer, target, timeout=self._first_try(peer.peer_id))
                 if not self.trust.check(rec, sender=peer.peer_id):
                     continue
                 patch = self._fetch(peer, "catchup", {"base": self.record.version, "target": target},
@@ -444,7 +448,7 @@ class VersionSync:
         offers = self.standing.providers(offers, quota=FETCH_UNKNOWN, key=lambda o: o[1])
         for anchor, pid in offers[:MAX_ANCHOR_TRIES]:
             try:
-                rec = self._fetch_record(by_id[pid], anchor)
+                rec = self._fetch_record(by_id[pid], anchor, timeout=self._first_try(pid))
                 if not rec.is_anchor:
                     self.trust.strike(pid)  # it announced an anchor it does not hold
                     continue
