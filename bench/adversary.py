@@ -149,16 +149,17 @@ class Bench:
         out.parent.mkdir(parents=True, exist_ok=True)
         cmd = [sys.executable, "-m", "pulse_node.testing.attack", name, "--bootstrap", self.swarm.bootstrap_addr,
                "--run-id", self.cfg.run_id, "--root", str(self.root / "attacks" / name),
-               "--seconds", str(self.args.window), "--out", str(out)]
+               "--seconds", str(self.args.window), "--out", str(out), "--started", str(out.with_suffix(".started"))]
         log = open(self.root / "attacks" / f"{name}.log", "w")
         env = {**os.environ, NODE_CONFIG_ENV: str(node_config_path(self.root))}
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
         operator: dict[str, Any] = {}
         probe = threading.Thread(target=lambda: operator.update(self.operator_status(delay=min(10.0, self.args.window / 3))),
                                  daemon=True)
-        if name == "hostile_status":
-            probe.start()
         try:
+            self.wait_attack_started(out.with_suffix(".started"), proc)  # its workers take seconds to start
+            if name == "hostile_status":
+                probe.start()
             w = self.window(self.args.window, proc)
             if probe.is_alive():
                 probe.join(timeout=120)
@@ -174,6 +175,14 @@ class Bench:
             log.close()
         res = json.loads(out.read_text()) if out.exists() else {"attacker_error": f"no result (exit {proc.returncode})"}
         return {**w, "attacker": res, "operator": operator}
+
+    def wait_attack_started(self, marker: Path, proc: subprocess.Popen, *, limit_s: float = 120.0) -> None:
+        """Until the attacker says its attack runs (or it exits, or ``limit_s``): the measured
+        window is the attack, not the attacker's start-up."""
+        end = time.monotonic() + limit_s
+        while not marker.exists() and proc.poll() is None and time.monotonic() < end:
+            time.sleep(0.2)
+            self.poll()
 
     def operator_status(self, *, delay: float) -> dict[str, Any]:
         """The operator's ``pulse-node status --bootstrap ... --once --json`` against the live swarm

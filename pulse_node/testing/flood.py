@@ -16,6 +16,7 @@ import os
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 from pulse_node.chain.identity import Identity
 from pulse_node.net.dht_records import CLOCK_SLACK_S, PeerRecord, Serves, dht_key
@@ -77,7 +78,8 @@ def _record(ident: Identity, *, port: int, host: str, now: float) -> PeerRecord:
                       node_key=ident.public_key_hex)
 
 
-async def flood(run_id: str, bootstrap: list[str], *, keys: int, seconds: float, host: str = "127.0.0.1") -> dict:
+async def flood(run_id: str, bootstrap: list[str], *, keys: int, seconds: float, host: str = "127.0.0.1",
+                on_start: Callable[[], None] | None = None) -> dict:
     """Store and keep refreshing ``keys`` hostile records for ``seconds``; what it did."""
     from pulse_node.net.dht_join import connect_bootstrap, create_dht_node, start_daemon
     from pulse_node.net.dht_validator import libp2p_private_key
@@ -100,7 +102,9 @@ async def flood(run_id: str, bootstrap: list[str], *, keys: int, seconds: float,
         node = await create_dht_node(p2p, _flood_validator(run_id, own, fresh), initial_peers=bootstrap,
                                      client_mode=False, timeout=30)
         key = dht_key(run_id, "peers")
-        deadline = t0 + seconds
+        deadline = time.monotonic() + seconds
+        if on_start is not None:
+            on_start()
         try:
             while time.monotonic() < deadline:
                 now = time.time()
@@ -123,5 +127,6 @@ async def flood(run_id: str, bootstrap: list[str], *, keys: int, seconds: float,
             "connections_held": hole.accepted, "succeeded": False}
 
 
-def run_flood(name: str, *, run_id: str, bootstrap: list[str], seconds: float, host: str = "127.0.0.1") -> dict:
-    return asyncio.run(flood(run_id, bootstrap, keys=FLOODS[name], seconds=seconds, host=host))
+def run_flood(name: str, *, run_id: str, bootstrap: list[str], seconds: float, host: str = "127.0.0.1",
+              on_start: Callable[[], None] | None = None) -> dict:
+    return asyncio.run(flood(run_id, bootstrap, keys=FLOODS[name], seconds=seconds, host=host, on_start=on_start))
