@@ -26,8 +26,8 @@ node's trust policy over the local RPC (``set_members``).
 - **Newcomers together** (issue 21): keys are free, so once the node has said which peers have
   standing (``Members.set_standing``: peers that delivered verified work, ``net/standing.py``),
   peers with neither membership nor standing share fixed allotments *together*: at most
-  ``newcomer_streams`` streams of the shared pool between them, and one catch-up budget between
-  them, so 1 or 1,000 fresh keys take the same from honest peers. A stream of a peer with
+  ``newcomer_streams`` streams of the shared pool between them, one request bucket and one
+  catch-up budget between them, so 1 or 1,000 fresh keys take the same from honest peers. A stream of a peer with
   standing may evict a newcomer's stream past its grace. Bulk reads (``trainer_state``,
   ``anchor``) of non-members are charged against ``bulk_bytes_per_peer`` per 10 minutes
   (``BulkBudget``; newcomers share one such budget too).
@@ -284,7 +284,9 @@ class StreamPools:
         return self.cfg.requests_per_s * (self.cfg.member_factor if member else 1.0)
 
     def _bucket(self, peer: str, member: bool) -> TokenBucket:
+        """The request bucket of ``peer``; all newcomers draw from one bucket together."""
         now = self.clock()
+        peer = self.members.budget_key(peer)
         bucket = self._buckets.get(peer)
         if bucket is None:
             factor = self.cfg.member_factor if member else 1.0
