@@ -154,8 +154,8 @@ class Bench:
         env = {**os.environ, NODE_CONFIG_ENV: str(node_config_path(self.root))}
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
         operator: dict[str, Any] = {}
-        probe = threading.Thread(target=lambda: operator.update(self.operator_status(delay=min(10.0, self.args.window / 3))),
-                                 daemon=True)
+        delay = min(10.0, self.args.window / 3)
+        probe = threading.Thread(target=lambda: operator.update(self.operator_status(delay=delay)), daemon=True)
         try:
             self.wait_attack_started(out.with_suffix(".started"), proc)  # its workers take seconds to start
             if name == "hostile_status":

@@ -71,8 +71,8 @@ class Fanout:
             try:
                 targets = self.order(peers)
                 self.counts["skipped"] += len(peers) - len(targets)
-                failed = push_to_all(self.transport, targets, kind, data, timeout=self.timeout,  # type: ignore[arg-type]
-                                     on_error=self.on_error)
+                failed = push_to_all(self.transport, targets, kind, data,  # type: ignore[arg-type]
+                                     timeout=self.timeout, on_error=self.on_error)
                 self.counts["pushed"] += len(targets) - failed
                 self.counts["failed"] += failed
             except Exception as exc:  # a bug must not end the fan-out thread

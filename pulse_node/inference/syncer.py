@@ -203,8 +203,8 @@ class VersionSync:
         ordered = self.standing.providers(holders, quota=FETCH_UNKNOWN)
         if rank < self.seeds or (ordered and self.standing.delivered_before(ordered[0].peer_id)):
             return ordered
-        copies = [p for p in holders if p.peer_id not in self.standing.members and self.hints.get(p.peer_id, -1) >= version
-                  and self.standing.score(p.peer_id) >= 0]
+        copies = [p for p in holders if p.peer_id not in self.standing.members
+                  and self.hints.get(p.peer_id, -1) >= version and self.standing.score(p.peer_id) >= 0]
         young = time.monotonic() - self.first_seen.get(version, 0.0) < self.seed_wait_s
         if not copies:
             return [] if young else ordered

@@ -167,7 +167,7 @@ def decode_dht_record(kind: str, data: bytes) -> _Record:
 
 
 def select_peer_records(records: list[E], *, prefer: Sequence[str] = (), limit: int = MAX_PEERS_READ,
-                        salt: bytes = b"", id_of: Callable[[E], str] = lambda r: r.peer_id,  # type: ignore[attr-defined]
+                        salt: bytes = b"", id_of: Callable[[E], str] = lambda r: r.peer_id,  # type: ignore
                         range_of: Callable[[E], str] | None = None) -> list[E]:
     """At most ``limit`` records: those of ``prefer`` first, in its order (the node's ranking:
     trainer-set members, then peers with standing, ``net/standing.py``), then the others one per
