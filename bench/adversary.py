@@ -2,7 +2,7 @@
 separate processes) and one attacker process per attack (``python -m pulse_node.testing.attack``,
 its own DHT and wire workers and fresh keys, ``pulse_node/testing/attackers.py``).
 
-    python bench/adversary.py [--baseline 20] [--window 20] [--attacks a,b,c] [--run-dir DIR]
+    python bench/adversary.py [--baseline 20] [--window 20] [--attacks a,b,c | --only a,b] [--run-dir DIR]
 
 For every attack: a baseline window without attack, then the attack window. Per attack: what it
 tried; ``held`` (every state an inference node held or stored is one the trainers signed, checked
@@ -11,17 +11,22 @@ exited or restarted); ``poisoned`` (the attacker's payload named in a round deci
 ``rate_ratio`` (versions/s of the trainers during the attack / the baseline window before it);
 ``reported`` (every status counter of the honest nodes that moved during the window). The
 ``control`` ratios compare consecutive no-attack windows (the noise floor on shared cores).
-Last line: JSON with ``attacks``, ``held``, ``crashed``, ``poisoned``, ``min_rate_ratio``.
+Last line: JSON with ``attacks``, ``held``, ``crashed``, ``poisoned``, ``min_rate_ratio``,
+``per_attack`` (``{name: {"rate_ratio", "held"}}``), ``rows`` (everything per attack) and, over the
+flood attacks (issue 21: fresh keys' records, ``testing/flood.py``), ``inference_max_lag`` (the most
+versions an inference node was behind the trainers' head, polled every second).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -29,11 +34,17 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from pulse_node.testing.free_keys import NODE_CONFIG_ENV, node_config_path  # noqa: E402
+
 DEFAULT_ATTACKS = ("inject_payload", "trainer_role", "huge_version", "rollback", "slow_drip", "bad_anchor",
                    "oversize", "catchup_flood", "fake_trainers", "rollout_flood", "smaller",
-                   "sybil_trainers", "sybil_peers")
+                   "sybil_trainers", "sybil_peers", "record_flood", "sybil_flood", "junk_rollouts", "pool_hog",
+                   "catchup_sybils", "hostile_status")
 MEMBER_ATTACKS = ("member_presigned", "member_equivocate", "member_heads", "member_far_version",
                   "member_anchor_swap", "member_oversize")  # testing/member_attackers.py: an admitted key each
+#: floods of free identities (issue 21): inference nodes must stay within ``MAX_LAG`` versions of the head
+FLOOD_ATTACKS = {"record_flood", "sybil_flood", "junk_rollouts", "pool_hog", "catchup_sybils"}
+MAX_LAG = 2
 SMALL = {"model": {"d_model": 32, "n_layers": 2, "n_heads": 2}, "task": {"digits": 2},
          "sampling": {"prompts_per_batch": 8, "group_size": 4}}
 
@@ -123,28 +134,44 @@ class Bench:
         self.poll()
         v0, c0, t0 = self.head(), counters(self.statuses()), time.monotonic()
         contributors: Counter = Counter()
+        lag = 0
         while time.monotonic() - t0 < seconds:
             time.sleep(1.0)
             self.poll()
             for s in self.statuses():
                 if s.contributors is not None:
                     contributors[s.contributors] += 1
+            lag = max(lag, self.inference_lag())
         v1, dt = self.head(), time.monotonic() - t0
         moved = {k: v - c0.get(k, 0) for k, v in counters(self.statuses()).items() if v != c0.get(k, 0)}
         return {"versions": v1 - v0, "seconds": round(dt, 1), "rate": (v1 - v0) / dt, "moved": moved,
-                "contributors_seen": dict(contributors)}
+                "contributors_seen": dict(contributors), "inference_max_lag": lag}
+
+    def inference_lag(self) -> int:
+        """How many versions the furthest-behind inference node is behind the trainers' head."""
+        inf = [c.version() for c in self.swarm.children if c.role == "inference"]
+        return max(0, self.head() - min(inf)) if inf else 0
 
     def attack(self, name: str) -> dict[str, Any]:
         out = self.root / "attacks" / f"{name}.json"
         out.parent.mkdir(parents=True, exist_ok=True)
         cmd = [sys.executable, "-m", "pulse_node.testing.attack", name, "--bootstrap", self.swarm.bootstrap_addr,
                "--run-id", self.cfg.run_id, "--root", str(self.root / "attacks" / name),
-               "--seconds", str(self.args.window), "--out", str(out)]
+               "--seconds", str(self.args.window), "--out", str(out), "--started", str(out.with_suffix(".started"))]
         cmd += ["--identity", str(self.members[name])] if name in self.members else []
         log = open(self.root / "attacks" / f"{name}.log", "w")
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        env = {**os.environ, NODE_CONFIG_ENV: str(node_config_path(self.root))}
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+        operator: dict[str, Any] = {}
+        delay = min(10.0, self.args.window / 3)
+        probe = threading.Thread(target=lambda: operator.update(self.operator_status(delay=delay)), daemon=True)
         try:
+            self.wait_attack_started(out.with_suffix(".started"), proc)  # its workers take seconds to start
+            if name == "hostile_status":
+                probe.start()
             w = self.window(self.args.window, proc)
+            if probe.is_alive():
+                probe.join(timeout=120)
             try:
                 proc.wait(timeout=90)
             except subprocess.TimeoutExpired:
@@ -156,7 +183,30 @@ class Bench:
                 proc.wait(timeout=30)
             log.close()
         res = json.loads(out.read_text()) if out.exists() else {"attacker_error": f"no result (exit {proc.returncode})"}
-        return {**w, "attacker": res}
+        return {**w, "attacker": res, "operator": operator}
+
+    def wait_attack_started(self, marker: Path, proc: subprocess.Popen, *, limit_s: float = 120.0) -> None:
+        """Until the attacker says its attack runs (or it exits, or ``limit_s``): the measured
+        window is the attack, not the attacker's start-up."""
+        end = time.monotonic() + limit_s
+        while not marker.exists() and proc.poll() is None and time.monotonic() < end:
+            time.sleep(0.2)
+            self.poll()
+
+    def operator_status(self, *, delay: float) -> dict[str, Any]:
+        """The operator's ``pulse-node status --bootstrap ... --once --json`` against the live swarm
+        (its hostile records included): how long it took, and whether it finished."""
+        time.sleep(delay)
+        cmd = [sys.executable, "-m", "pulse_node", "status", "--bootstrap", self.swarm.bootstrap_addr,
+               "--run-id", self.cfg.run_id, "--once", "--json"]
+        t0 = time.monotonic()
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=90)
+        except subprocess.TimeoutExpired:
+            return {"status_s": round(time.monotonic() - t0, 1), "finished": False}
+        nodes = len(json.loads(done.stdout.strip().splitlines()[-1]).get("nodes", [])) if done.returncode == 0 else 0
+        return {"status_s": round(time.monotonic() - t0, 1), "finished": True, "rc": done.returncode,
+                "nodes_shown": nodes}
 
     def settle(self, rate: float, *, limit_s: float = 150.0) -> float | None:
         """Seconds until the swarm makes versions again at half its baseline ``rate`` over 10 s
@@ -217,8 +267,10 @@ def row(name: str, base: dict, res: dict, wrong: int, crashed: list[str]) -> dic
             "crashed": crashed, "poisoned": bool(a.get("succeeded")), "rate_ratio": round(ratio, 2),
             "baseline_rate": round(base["rate"], 3), "attack_rate": round(res["rate"], 3),
             "reported": res["moved"], "contributors_seen": res["contributors_seen"],
+            "inference_max_lag": res["inference_max_lag"], "baseline_inference_max_lag": base["inference_max_lag"],
             "attacker_sent": a.get("sent", {}), "attacker_error": a.get("attacker_error"),
-            "attacker": {k: v for k, v in a.items() if k not in ("tried", "sent", "peer_ids")}}
+            "attacker": {k: v for k, v in a.items() if k not in ("tried", "sent", "peer_ids")},
+            "operator": res.get("operator") or None}
 
 
 REPORT_KEYS = ("rejected", "decisions_rejected", "strikes", "bans", "loco_base_mismatch", "rollouts_refused",
@@ -232,23 +284,27 @@ def fmt(r: dict) -> str:
     return (f"{r['attack']:<15} held={'yes' if r['held'] else 'NO':<3} crashed={'NO' if not r['crashed'] else 'YES'}"
             f" poisoned={'YES' if r['poisoned'] else 'no':<3} ratio={r['rate_ratio']:<5} "
             f"({r['attack_rate']:.3f}/{r['baseline_rate']:.3f} v/s) recovery={r.get('recovery_s')}s "
-            f"max_contributors={max(map(int, r['contributors_seen']), default='-')} reported: {rep or '-'}")
+            f"max_contributors={max(map(int, r['contributors_seen']), default='-')} "
+            f"inference_lag={r['inference_max_lag']} reported: {rep or '-'}")
 
 
 def summary(rows: list[dict], baselines: list[float], final: dict, crashed: list[str], root: Path) -> dict[str, Any]:
     control = [round(b / a, 2) for a, b in zip(baselines, baselines[1:]) if a > 0]
     ratios = [r["rate_ratio"] for r in rows if r["rate_ratio"] == r["rate_ratio"]]
+    lags = [r["inference_max_lag"] for r in rows if r["attack"] in FLOOD_ATTACKS]
     return {"attacks": len(rows), "held": all(r["held"] for r in rows) and final["corrupted_states_used"] == 0,
             "crashed": bool(crashed), "poisoned": any(r["poisoned"] for r in rows),
             "min_rate_ratio": min(ratios, default=None), "control_ratios": control,
             "min_control_ratio": min(control, default=None), "baseline_rates": [round(b, 3) for b in baselines],
             "final_check": {k: final[k] for k in ("corrupted_states_used", "wrong", "trainer_disagreement_count")
                             if k in final} | {k: v for k, v in final.items() if k.startswith(("held_", "stored_"))},
-            "crashes": crashed, "run_dir": str(root), "per_attack": per_attack(rows), "rows": rows}
+            "crashes": crashed, "run_dir": str(root), "per_attack": per_attack(rows),
+            "inference_max_lag": max(lags, default=None),
+            "inference_within_lag": None if not lags else max(lags) <= MAX_LAG, "rows": rows}
 
 
 def per_attack(rows: list[dict]) -> dict[str, dict[str, Any]]:
-    """``{name: {"rate_ratio": float, "held": bool}}`` for every attack run."""
+    """``{name: {"rate_ratio": float, "held": bool}}`` for every attack run (the JSON line's ``per_attack``)."""
     return {r["attack"]: {"rate_ratio": r["rate_ratio"], "held": r["held"] and not r["poisoned"]} for r in rows}
 
 
@@ -261,10 +317,11 @@ def main() -> None:
     ap.add_argument("--baseline", type=float, default=20.0, help="seconds of each no-attack window")
     ap.add_argument("--window", type=float, default=20.0, help="seconds of each attack")
     ap.add_argument("--attacks", default=",".join(DEFAULT_ATTACKS + MEMBER_ATTACKS),
-                    help="comma-separated subset to run (e.g. --attacks member_presigned,member_far_version)")
+                    help="comma-separated subset to run (e.g. --attacks member_presigned,record_flood)")
+    ap.add_argument("--only", help="run only these attacks (comma separated; same as --attacks)")
     ap.add_argument("--run-dir")
     args = ap.parse_args()
-    names = [a for a in args.attacks.split(",") if a]
+    names = [a for a in (args.only or args.attacks).split(",") if a]
     for sig in (signal.SIGINT, signal.SIGTERM):  # stop the swarm and attacker on either (background jobs ignore INT)
         signal.signal(sig, _interrupt)
     res = Bench(args).run(names)

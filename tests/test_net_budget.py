@@ -183,3 +183,72 @@ def test_refusals_are_declared_in_the_status_model() -> None:
 
     plane = DataPlane.model_validate({"refused": {"rate": 3, "slow": 1}})
     assert plane.refused == {"rate": 3, "slow": 1} and DataPlane().refused == {}
+
+
+def test_newcomers_share_their_streams_together_and_peers_with_standing_keep_theirs() -> None:
+    """Once the node names its peers with standing, 1 or 1,000 fresh keys hold at most
+    ``newcomer_streams`` streams between them; a peer with standing still opens its own."""
+    for keys in (1, 1000):
+        pools, members, refusals, clock = _pools(other_streams=16, streams_per_peer=4, newcomer_streams=4,
+                                                 grace_s=1.0, min_rate=1000)
+        members.set_standing(["worker"])
+        opened = 0
+        for i in range(keys * 4):
+            try:
+                pools.open(f"sybil-{i % keys}")
+                opened += 1
+            except Refused as exc:
+                assert exc.reason in ("streams_newcomers", "streams_peer", "rate")  # rate: one bucket together
+        assert opened == 4 and (keys == 1 or refusals.by_reason["streams_newcomers"] > 0)
+        assert all(pools.open("worker").peer == "worker" for _ in range(4))
+
+
+def test_a_peer_with_standing_evicts_a_newcomers_stream_past_grace() -> None:
+    pools, members, refusals, clock = _pools(other_streams=2, streams_per_peer=2, newcomer_streams=2, grace_s=1.0,
+                                             min_rate=1000)
+    members.set_standing(["worker"])
+    hogs = [pools.open("sybil-a"), pools.open("sybil-b")]
+    cut = []
+    for h in hogs:
+        h.on_cut = lambda h=h: cut.append(h.peer)
+        h.add(10 << 20)  # fast enough never to be cut for being slow
+    with pytest.raises(Refused):
+        pools.open("worker")  # within their grace: not cut
+    clock.t += 2.0
+    for h in hogs:
+        h.add(10 << 20)
+    assert pools.open("worker").peer == "worker" and len(cut) == 1
+    with pytest.raises(Refused):
+        pools.open("sybil-c")  # a newcomer never evicts a healthy stream
+
+
+def test_newcomers_share_one_catchup_budget_and_bulk_reads_are_budgeted() -> None:
+    from pulse_node.net.budget import BulkBudget
+
+    clock = Clock()
+    members = Members(["m"], standing=["worker"])
+    cfg = BudgetConfig(catchups_per_min=2, bulk_bytes_per_peer=10 << 20)
+    catchups = CatchupBudget(cfg, members, clock=clock)
+    assert [catchups.allow(f"sybil-{i}") for i in range(5)] == [True, True, False, False, False]
+    assert catchups.allow("worker") and catchups.allow("m")
+    bulk = BulkBudget(cfg, members, clock=clock)
+    assert bulk.allow("sybil-1", 6 << 20) and not bulk.allow("sybil-2", 6 << 20)  # one budget together
+    assert bulk.allow("worker", 6 << 20) and bulk.allow("m", 1 << 30)
+    clock.t += 601
+    assert bulk.allow("sybil-2", 6 << 20)  # the window moved on
+
+
+def test_newcomers_draw_requests_from_one_bucket() -> None:
+    """A thousand fresh keys get the request rate of one newcomer together; a peer with standing
+    keeps its own bucket."""
+    pools, members, refusals, clock = _pools(requests_per_s=1.0, request_burst=5, newcomer_streams=2048,
+                                             other_streams=2048)
+    members.set_standing(["worker"])
+    opened = 0
+    for i in range(1000):
+        try:
+            pools.open(f"sybil-{i}")
+            opened += 1
+        except Refused as exc:
+            assert exc.reason == "rate"
+    assert opened == 5 and all(pools.open("worker").peer == "worker" for _ in range(4))

@@ -13,7 +13,7 @@ from pulse_node.chain.identity import Identity
 from pulse_node.errors import WireError
 from pulse_node.net.dht_records import (
     MAX_PEERS_READ, MAX_TTL_S, PeerRecord, PeerStatus, decode_dht_record, dht_key, encode_dht_record,
-    select_peer_records, validate_tree,
+    address_range, select_peer_records, validate_tree,
 )
 
 hivemind_dht = pytest.importorskip("hivemind.dht.routing")
@@ -143,7 +143,38 @@ def test_a_sybil_flood_leaves_a_bounded_read_with_the_trusted_trainers_in_it() -
     honest = PeerRecord(role="trainer", peer_id=peer_id_of(trainer), session="cd" * 16, updated_at=1.0)
     picked = select_peer_records([*sybils, honest], prefer=[honest.peer_id])
     assert len(picked) == MAX_PEERS_READ and picked[0] == honest
-    assert picked[1:] == sorted(sybils, key=lambda r: -r.updated_at)[:MAX_PEERS_READ - 1]  # then the newest
+
+
+def _rec(ident: Identity, *, updated_at: float, version: int | None = None, host: str = "127.0.0.1") -> PeerRecord:
+    pid = peer_id_of(ident)
+    return PeerRecord(role="inference", peer_id=pid, session="ab" * 16, updated_at=updated_at, version=version,
+                      wire_maddrs=[f"/ip4/{host}/tcp/4000/p2p/{pid}"])
+
+
+def test_a_records_stated_time_or_version_orders_nothing() -> None:
+    """Records announcing the future and attractive versions do not sort before the others:
+    which non-preferred records are read is the reader's draw (its salt), the same whatever the
+    records say about themselves."""
+    idents = [Identity.generate() for _ in range(40)]
+    plain = [_rec(i, updated_at=100.0) for i in idents]
+    bragging = [_rec(i, updated_at=1e10, version=10**12) for i in idents]
+    salt = b"reader-secret"
+    a = [r.peer_id for r in select_peer_records(plain, limit=10, salt=salt)]
+    b = [r.peer_id for r in select_peer_records(bragging, limit=10, salt=salt)]
+    assert a == b
+    assert a != [r.peer_id for r in select_peer_records(plain, limit=10, salt=b"another reader")]
+
+
+def test_the_preferred_order_is_kept_and_ranges_take_turns() -> None:
+    """``prefer`` is the node's ranking (kept as given); after it, one record per address range
+    in turn, so one /24 full of fresh keys does not fill the read."""
+    pref = [_rec(Identity.generate(), updated_at=1.0, host="10.0.0.1") for _ in range(3)]
+    flood = [_rec(Identity.generate(), updated_at=2.0, host="10.9.9.9") for _ in range(50)]
+    other = _rec(Identity.generate(), updated_at=1.0, host="192.168.5.5")
+    picked = select_peer_records([*flood, other, *pref], prefer=[r.peer_id for r in reversed(pref)], limit=6)
+    assert picked[:3] == list(reversed(pref)) and other in picked[3:5]
+    assert address_range(other.wire_maddrs) == "ip4/192.168.5" and address_range(["/dns4/x.example/tcp/1"]) == "dns4/x.example"
+    assert address_range(None) == address_range([7]) == ""
 
 
 def test_encode_decode_round_trip_and_strictness() -> None:
@@ -177,6 +208,8 @@ def test_a_flood_of_records_cannot_blind_the_worker() -> None:
     trainer = peer_id_of_key(Identity.generate().public_key_hex)
     entries = [(p, record(p, 2000.0 + i), 1e12) for i, p in enumerate(sybils)] + [(trainer, record(trainer, 1.0), 1e12)]
 
+    from pulse_node.net import dht_worker as dht_worker_mod
+
     class Flooded(DhtWorker):
         async def read(self, kind: str) -> list:
             return entries
@@ -185,3 +218,27 @@ def test_a_flood_of_records_cannot_blind_the_worker() -> None:
     out = [r.model_dump() for r in asyncio.run(worker.peers(prefer=[trainer]))]
     assert len(out) == MAX_PEERS_READ and out[0]["peer_id"] == trainer
     assert len(ipc.encode_frame({"id": 1, "ok": True, "result": out})) < ipc.MAX_FRAME
+    validated = []
+    real = dht_worker_mod.validate_tree
+    dht_worker_mod.validate_tree = lambda model, tree: validated.append(1) or real(model, tree)
+    try:
+        few = asyncio.run(worker.peers(prefer=[trainer], limit=10))
+    finally:
+        dht_worker_mod.validate_tree = real
+    assert len(few) == 10 and few[0].peer_id == trainer and len(validated) == 10  # chosen first, then checked
+
+
+def test_an_accepted_record_is_checked_once_and_a_changed_one_again(owner, monkeypatch) -> None:
+    """Every DHT read re-validates every record of the answer; a record that passed is
+    remembered by its exact bytes, so a flood is checked once per record, and any change to the
+    bytes (a forged signature, another expiration) is checked in full again."""
+    ident, validator = owner
+    rec = signed(validator, dht_record(peer_id_of(ident), peer_record(ident)))
+    calls = []
+    real = validator.reject_reason
+    monkeypatch.setattr(validator, "reject_reason", lambda r, **kw: calls.append(1) or real(r, **kw))
+    assert validator.validate(rec) and validator.validate(rec) and len(calls) == 1
+    forged = dataclasses.replace(rec, value=rec.value[:-1] + bytes([rec.value[-1] ^ 1]))
+    assert not validator.validate(forged) and not validator.validate(forged) and len(calls) == 3
+    later = dataclasses.replace(rec, expiration_time=rec.expiration_time + 1)
+    assert not validator.validate(later)  # the signature covers the expiration

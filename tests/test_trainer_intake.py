@@ -73,3 +73,37 @@ def test_strikes_ban_a_sender_and_are_tallied() -> None:
     assert t["liar"]["rejected"] == {"not_sampled": 1, "wrong_reward": 1, "stale": 1, "forged_logprobs": 1,
                                      "banned": 1}
     assert t["honest"] == t["honest"] | {"accepted": 1, "accepted_rollouts": 256, "banned": False, "strikes": 0}
+
+
+def test_batches_queued_before_a_ban_are_dropped_unverified() -> None:
+    """A sender banned after its batches were queued costs no verification for them."""
+    q = intake(max_queued_batches=10)
+    for i in range(5):
+        q.offer("liar", b"l%d" % i)
+    q.offer("honest", b"h0")
+    for _ in range(q.trust.max_strikes):
+        q.trust.strike("liar")
+    assert drain(q) == [("honest", b"h0")]
+    t = q.tallies()["liar"]
+    assert t["rejected"] == {"banned": 5} and t["queued"] == 0 and q.total_bytes == 0
+
+
+def test_fresh_keys_share_one_turn_together() -> None:
+    """Senders with standing (a batch accepted before) take turns; 1 or 1,000 fresh keys get one
+    take in ``NEWCOMER_EVERY`` together, so the honest senders' share is the same."""
+    from pulse_node.trainer.intake import NEWCOMER_EVERY
+
+    shares = []
+    for n in (1, 1000):
+        q = intake(max_queued_batches=50)
+        q.accepted("a", 4)
+        q.accepted("b", 4)
+        for i in range(n):
+            for _ in range(max(1, 20 // n)):  # one key with many batches, or many keys with one
+                q.offer(f"sybil-{i}", b"junk")
+        for i in range(20):
+            q.offer("a", b"a%d" % i)
+            q.offer("b", b"b%d" % i)
+        first = [q.take()[0] for _ in range(4 * NEWCOMER_EVERY)]
+        shares.append(sum(s in ("a", "b") for s in first))
+    assert shares[0] == shares[1] == 4 * (NEWCOMER_EVERY - 1)

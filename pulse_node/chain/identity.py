@@ -11,6 +11,8 @@ an identity multihash of the protobuf-encoded public key, so it *is* the key).
 
 from __future__ import annotations
 
+import functools
+
 import hashlib
 import logging
 import stat
@@ -117,8 +119,10 @@ def peer_id_of_key(public_key_hex: str) -> str:
     return base58.b58encode(_PEER_ID_HEAD + raw).decode("ascii")
 
 
+@functools.lru_cache(maxsize=16384)
 def key_of_peer_id(peer_id: str) -> str:
-    """The Ed25519 public key (hex) a libp2p peer id encodes; ``WireError`` for any other id."""
+    """The Ed25519 public key (hex) a libp2p peer id encodes; ``WireError`` for any other id.
+    Cached: every record read checks it, and a flood of records repeats the same ids."""
     try:
         raw = base58.b58decode(peer_id)
     except ValueError:

@@ -14,9 +14,15 @@ from pulse_node.chain.identity import Identity
 from pulse_node.chain.store import VersionStore
 from pulse_node.config import NodeConfig
 from pulse_node.daemon.status import NodeStatus
+from pulse_node.daemon.status_model import StandingReport
 from pulse_node.errors import PulseError
+from pulse_node.daemon.fanout import Fanout
 from pulse_node.daemon.transport import PeerInfo, Transport
 from pulse_node.net.dht_records import PeerStatus, Serves
+from pulse_node.net.standing import PUSH_UNKNOWN, VIEW_UNKNOWN, Standing
+
+#: records of trainers carrying an admission read beyond the view's newcomers, at most
+MAX_ADMISSION_CLAIMS = 8
 
 
 @dataclass
@@ -31,11 +37,56 @@ class RoleContext:
     stop: threading.Event = field(default_factory=threading.Event)
     log: logging.Logger = field(default_factory=lambda: logging.getLogger("pulse.node"))
     admission: bytes | None = None  # this trainer's admission to the trainer set, published in its record
+    #: what this node saw each peer do (``net/standing.py``): orders views, pushes and fetches
+    standing: Standing = field(default_factory=Standing)
+    _fanout: Fanout | None = field(default=None, repr=False)
+    _last_view: tuple[int, int, int] = (0, 0, 0)
+    _view: list[PeerInfo] = field(default_factory=list, repr=False)
+    _view_key: tuple | None = field(default=None, repr=False)
 
     def peers(self, role: str | None = None) -> list[PeerInfo]:
-        """Live peers from discovery (never ourselves), optionally of one role."""
+        """Live peers from discovery (never ourselves), optionally of one role: the view.
+
+        Trainer-set members and peers with standing, then at most ``VIEW_UNKNOWN`` peers without
+        standing (this node's draw, turning over every few seconds) and a few trainers carrying
+        an admission (so an admitted trainer is learned); however many records fresh keys
+        publish, the view holds the same honest peers."""
         me = self.transport.peer_id
-        return [p for p in self.transport.peers() if p.peer_id != me and (role is None or p.role == role)]
+        found = tuple(p for p in self.transport.peers() if p.peer_id != me)
+        key = (found, self.standing.changes, self.standing.epoch())
+        if self._view_key != key:  # a flood makes ordering cost: once per change, not per call
+            self.standing.seen(p.peer_id for p in found)
+            prefer = getattr(self.transport, "prefer", None)
+            if prefer is not None:
+                prefer(self.standing.known_ids())
+            view = self.standing.order(found, quota=VIEW_UNKNOWN)
+            taken = {p.peer_id for p in view}
+            claims = [p for p in found if p.role == "trainer" and p.record.admission and p.peer_id not in taken]
+            view += self.standing.order(claims, quota=MAX_ADMISSION_CLAIMS)
+            self._last_view = (len(found), len(view), sum(not self.standing.known(p.peer_id) for p in view))
+            self._view, self._view_key = view, (found, self.standing.changes, self.standing.epoch())
+        return [p for p in self._view if role is None or p.role == role]
+
+    def push_in_background(self, kind: str, data: bytes, peers: list[PeerInfo]) -> None:
+        """Push to ``peers`` without waiting (``daemon/fanout.py``): members and peers with
+        standing first, at most ``PUSH_UNKNOWN`` others; a newer push of ``kind`` replaces a
+        waiting one; a peer whose push fails is demoted."""
+        if self._fanout is None:
+            self._fanout = Fanout(self.transport, order=lambda ps: self.standing.order(ps, quota=PUSH_UNKNOWN),
+                                  on_error=lambda peer, _exc: self.standing.failed(peer.peer_id))
+        self._fanout.submit(kind, data, peers)  # type: ignore[arg-type]
+
+    def standing_report(self) -> StandingReport:
+        found, view, newcomers = self._last_view
+        pushes = self._fanout.counts if self._fanout is not None else {}
+        return StandingReport(found=found, view=view, newcomers_in_view=newcomers, **self.standing.summary(),
+                              **{f"pushes_{k}": int(pushes.get(k, 0)) for k in ("submitted", "superseded",
+                                                                                "failed", "skipped")})
+
+    def close(self) -> None:
+        """Stop the background pushes (what a role started)."""
+        if self._fanout is not None:
+            self._fanout.close()
 
     def announce(self, *, version: int, chain_hash: str, state_hash: str) -> None:
         """Publish our discovery record (version held, what we serve) and refresh status."""
@@ -47,12 +98,14 @@ class RoleContext:
             serves=Serves(lowest=lowest, highest=held, anchors=anchors[-64:]),
             node_key=self.identity.public_key_hex, metrics_url=self.status.metrics_url, admission=self.admission))
         self.status.update(version=version, chain_hash=chain_hash, state_hash=state_hash,
-                           lowest=-1 if lowest is None else lowest, anchors=anchors, peers=len(self.transport.peers()))
+                           lowest=-1 if lowest is None else lowest, anchors=anchors, peers=len(self.peers()),
+                           standing=self.standing_report())
         self.status.set_data_plane(self.transport.stats())
 
     def share_members(self, peer_ids: frozenset[str]) -> None:
         """Tell the transport's workers the trainer-set members' peer ids (``net/budget.py``: their
         own stream pool, larger shares); a transport without per-peer budgets ignores it."""
+        self.standing.set_members(peer_ids)
         tell = getattr(self.transport, "set_members", None)
         if tell is None:
             return

@@ -24,7 +24,7 @@ from pulse_node.daemon.transport import PeerInfo
 from pulse_node.errors import PulseError, WireError
 from pulse_node.net import spool
 from pulse_node.net.dht_client import DhtClient, DhtConfig
-from pulse_node.net.dht_records import PeerCounters, PeerStatus
+from pulse_node.net.dht_records import NEWCOMERS_READ, PeerCounters, PeerStatus
 from pulse_node.net.wire_client import WireClient, WireConfig
 from pulse_node.net.wire_protocol import PUSH_CAPS
 from pulse_node.vocab import Event, FetchKind, PushKind, check_fetch_kind, check_push_kind
@@ -51,7 +51,10 @@ class P2PTransport:
         self._loco_fallbacks = 0
         # the configured trainers' records are read first, however many others the DHT holds
         trainers = TrainerSet.from_config(cfg.chain, run_id=cfg.run_id)
-        self._prefer = [peer_id_of_key(k) for k in sorted(trainers.configured)]
+        self._configured = [peer_id_of_key(k) for k in sorted(trainers.configured)]
+        self._members: list[str] = []
+        self._standing: list[str] = []
+        self._told_standing: set[str] | None = None
 
     @classmethod
     def create(cls, cfg: NodeConfig, identity: Identity, store_root: Path) -> "P2PTransport":
@@ -87,7 +90,10 @@ class P2PTransport:
         """Live peers, from a DHT lookup at most every ``net.head_poll_s`` (pushes carry the fast path)."""
         if time.monotonic() - self._peers_at < self.cfg.net.head_poll_s:
             return list(self._last_peers)
-        out = [PeerInfo(r.peer_id, r) for r in self.dht.peers(prefer=self._prefer)
+        prefer = list(dict.fromkeys(self._configured + self._members + self._standing))
+        # the view keeps a few newcomers only (net/standing.py): reading more would cost CPU for nothing
+        found = self.dht.peers(prefer=prefer, limit=len(prefer) + NEWCOMERS_READ)
+        out = [PeerInfo(r.peer_id, r) for r in found
                if not r.leaving and r.role != "bootstrap" and r.wire_maddrs]
         self._last_peers, self._peers_at = out, time.monotonic()
         return out
@@ -132,8 +138,23 @@ class P2PTransport:
             log.warning("loco push to %s over p2pd failed (%s); falling back to the wire", peer.peer_id[:12], exc)
         return max(1.0, timeout - (time.monotonic() - t0))
 
+    def prefer(self, peer_ids: list[str]) -> None:
+        """Peers with standing, best first (``net/standing.py``): their records are read right
+        after the trainer set's, however many records fresh keys publish, and the wire worker
+        gives them their own shares (everyone else without membership shares the newcomers')."""
+        ids = list(peer_ids)[:256]
+        if self._told_standing is None or set(ids) != self._told_standing:
+            try:
+                self.wire.set_standing(ids)
+                self._told_standing = set(ids)
+            except PulseError as exc:  # budgets keep the last set told
+                log.warning("telling the data plane the peers with standing failed: %s", exc)
+        self._standing = ids
+
     def set_members(self, peer_ids: list[str]) -> None:
-        """The trainer-set members' peer ids, to both workers (each serves members first)."""
+        """The trainer-set members' peer ids, to both workers (each serves members first); their
+        records are read first."""
+        self._members = list(peer_ids)
         self.wire.set_members(peer_ids)
         if self.dht.config.accept_pushes:
             self.dht.set_members(peer_ids)

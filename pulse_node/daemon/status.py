@@ -7,7 +7,10 @@ and ``set_counts(...)`` for declared counters, ``set_data_plane(transport.stats(
 ``record_version(VersionEntry(...))`` and ``error(message)``. ``StatusServer`` serves it on a
 local port (0 = any free port); the node also writes it atomically to ``data_dir/status.json``
 so local tools (the swarm launcher, ``status``) can read it without the network. ``/metrics``
-exports every numeric field the model declares (``gauge_fields``), read at scrape time.
+exports every numeric field the model declares (``gauge_fields``), read at scrape time. The
+server answers on at most ``MAX_STATUS_THREADS`` threads; a connection past them is closed at
+once, and one that sends nothing for ``idle_timeout`` seconds is dropped, so idle or dripping
+connections cannot make it start threads without bound.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
@@ -161,26 +164,68 @@ class _Collector:
             yield GaugeMetricFamily(f"pulse_{name}", doc, value=value)
 
 
+#: connections the status server handles at once (more are closed at once)
+MAX_STATUS_THREADS = 8
+IDLE_TIMEOUT_S = 5.0
+
+
+class _BoundedServer(HTTPServer):
+    """An HTTP server whose connections are handled on at most ``MAX_STATUS_THREADS`` threads."""
+
+    def __init__(self, addr: tuple[str, int], handler: type[BaseHTTPRequestHandler]) -> None:
+        super().__init__(addr, handler)
+        self.slots = threading.BoundedSemaphore(MAX_STATUS_THREADS)
+        self.busy = 0
+        self._count = threading.Lock()
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self.slots.acquire(blocking=False):
+            self.shutdown_request(request)  # all threads busy: refused, not queued
+            return
+        with self._count:
+            self.busy += 1
+        threading.Thread(target=self._handle, args=(request, client_address), daemon=True).start()
+
+    def _handle(self, request: Any, client_address: Any) -> None:
+        try:
+            self.finish_request(request, client_address)
+        except Exception:
+            self.handle_error(request, client_address)
+        finally:
+            self.shutdown_request(request)
+            with self._count:
+                self.busy -= 1
+            self.slots.release()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        return  # a peer that hung up or timed out: nothing to report
+
+
 class StatusServer:
     """``/metrics``, ``/health`` and ``/status`` on a local port, in a daemon thread."""
 
     def __init__(self, status: NodeStatus, *, host: str = "127.0.0.1", port: int = 0,
-                 healthy: "callable | None" = None) -> None:
-        handler = _make_handler(status, healthy or (lambda: True))
-        self.httpd = ThreadingHTTPServer((host, port), handler)
-        self.httpd.daemon_threads = True
+                 healthy: "callable | None" = None, idle_timeout: float = IDLE_TIMEOUT_S) -> None:
+        handler = _make_handler(status, healthy or (lambda: True), idle_timeout=idle_timeout)
+        self.httpd = _BoundedServer((host, port), handler)
         self.port = self.httpd.server_address[1]
         self.url = f"http://{host}:{self.port}"
         self._thread = threading.Thread(target=self.httpd.serve_forever, name="status-http", daemon=True)
         self._thread.start()
+
+    def busy(self) -> int:
+        """Connections being handled now."""
+        return self.httpd.busy
 
     def close(self) -> None:
         self.httpd.shutdown()
         self.httpd.server_close()
 
 
-def _make_handler(status: NodeStatus, healthy) -> type[BaseHTTPRequestHandler]:
+def _make_handler(status: NodeStatus, healthy, *, idle_timeout: float) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
+        timeout = idle_timeout  # per read: an idle connection is dropped
+
         def do_GET(self) -> None:  # noqa: N802 (http.server API)
             if self.path == "/metrics":
                 self._send(200, generate_latest(status.registry), "text/plain; version=0.0.4")

@@ -159,6 +159,22 @@ class EvalPoint(_Section):
     accuracy: float
 
 
+class StandingReport(_Section):
+    """How this node ranks peers (``net/standing.py``): by what it saw them do, never by what
+    their records claim; peers without standing share a fixed allotment together."""
+
+    found: int = Field(0, ge=0, description="peers discovery returned (fresh keys included)")
+    view: int = Field(0, ge=0, description="peers in the view: members, peers with standing, a few newcomers")
+    newcomers_in_view: int = Field(0, ge=0, description="peers without standing in the view (capped)")
+    remembered: int = Field(0, ge=0, description="peers whose observations this node keeps")
+    with_standing: int = Field(0, ge=0, description="non-member peers that earned standing (verified work)")
+    demoted: int = Field(0, ge=0, description="peers ranked below untried newcomers (failures, strikes)")
+    pushes_submitted: int = Field(0, ge=0, description="background push jobs submitted (heads)")
+    pushes_superseded: int = Field(0, ge=0, description="push jobs replaced by a newer one before they ran")
+    pushes_failed: int = Field(0, ge=0, description="background pushes that failed or timed out")
+    pushes_skipped: int = Field(0, ge=0, description="peers left out of a push fan-out (newcomers past the cap)")
+
+
 class ErrorEntry(_Section):
     at: float
     message: str = Field(max_length=ERROR_CHARS)
@@ -213,6 +229,7 @@ class StatusReport(_Section):
     trainer: TrainerCounters | None = None
     inference: InferenceCounters | None = None
     data_plane: DataPlane = Field(default_factory=DataPlane)
+    standing: StandingReport = Field(default_factory=StandingReport)
     history: list[VersionEntry] = Field(default_factory=list)
     recent_errors: list[ErrorEntry] = Field(default_factory=list)
 

@@ -17,7 +17,6 @@ from pulse_node.errors import PulseError
 from pulse_node.daemon.context import RoleContext
 from pulse_node.daemon.status_model import VersionEntry
 from pulse_node.inference.syncer import VersionSync
-from pulse_node.daemon.transport import push_to_all
 from pulse_node.daemon.evidence_plane import EvidencePlane, node_trust
 from pulse_node.rl.assign import BatchKey
 from pulse_node.rl.config import GRPOConfig
@@ -40,7 +39,8 @@ class InferenceRole:
         self.evidence = EvidencePlane(ctx, self.trust)
         self.trust.listen_members(ctx.share_members)  # the data plane serves members first
         self.sync = VersionSync(ctx.store, ctx.transport, self.trust, net=cfg.net,
-                                catchup_min_gap=cfg.chain.catchup_min_gap, catchup_wait_s=cfg.chain.catchup_wait_s)
+                                catchup_min_gap=cfg.chain.catchup_min_gap, catchup_wait_s=cfg.chain.catchup_wait_s,
+                                standing=ctx.standing)
         # weights come from the swarm: only the architecture and tokenizer are needed here
         policy = build_policy(cfg.model, cfg.task, seed=cfg.seed, grpo_cfg=GRPOConfig(warmstart_steps=0))
         self.worker = RolloutWorker(policy, cfg.sampling)
@@ -78,8 +78,12 @@ class InferenceRole:
         self.sync.take_events([ev for ev in events if ev.kind != "evidence"])
 
     def _rank(self, peers) -> int:
-        """Our position among inference peers (decides who fetches fresh versions from trainers)."""
-        ids = sorted([p.peer_id for p in peers if p.role == "inference"] + [self.ctx.transport.peer_id])
+        """Our position among inference peers that showed themselves (standing, or a verified head
+        pushed to us): decides who fetches fresh versions from trainers. Fresh keys merely
+        announcing the role cannot push us out of the seeds."""
+        shown = [p.peer_id for p in peers if p.role == "inference" and
+                 (self.ctx.standing.known(p.peer_id) or p.peer_id in self.sync.hints)]
+        ids = sorted(shown + [self.ctx.transport.peer_id])
         return ids.index(self.ctx.transport.peer_id)
 
     def _on_applied(self, applied) -> None:
@@ -102,7 +106,8 @@ class InferenceRole:
                 version=r.version, state_hash=r.state_hash,
                 patch_bytes=caught.patch_bytes if by_catchup else r.patch_bytes,
                 catchup_from=caught.base if by_catchup else None))
-        push_to_all(self.ctx.transport, self.ctx.peers("inference"), "head", encode_record(rec), timeout=5.0)
+        # in the background: applying never waits on a peer that does not answer
+        self.ctx.push_in_background("head", encode_record(rec), self.ctx.peers("inference"))
         self.ctx.log.info("holding version %d (%s)", rec.version, rec.state_hash[:12])
 
     def _rollout_once(self, peers) -> bool:
@@ -144,4 +149,5 @@ class InferenceRole:
         return True
 
     def close(self) -> None:
+        self.ctx.close()
         self.sync.close()

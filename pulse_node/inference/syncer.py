@@ -18,7 +18,8 @@ Applied versions are written to the store, so this node re-serves them. A node t
 head`` instead of the patches (peers make it on demand, ``chain/catchup_producer.py``; a peer
 still making it answers "busy" and is asked again for up to ``catchup_wait_s``); if nobody can
 make it, the patches are fetched as usual. A node with no state starts from the newest anchor;
-one whose missing patches nobody holds any more tries a catch-up patch, then an anchor.
+one whose missing patches nobody holds any more tries a catch-up patch, then an anchor (both in
+``inference/recovery.py``).
 """
 
 from __future__ import annotations
@@ -33,36 +34,39 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from pulse_node.chain.catchup import check_catchup
-from pulse_node.chain.patchinfo import patch_hashes
-from pulse_node.chain.record import MAX_RECORD_BYTES, VersionRecord, check_patch, decode_record, encode_record
+from pulse_node.chain.identity import peer_id_of_key
+from pulse_node.chain.record import (
+    MAX_RECORD_BYTES,
+    VersionRecord,
+    check_patch,
+    decode_record,
+    encode_record,
+)
 from pulse_node.chain.reorder import ReorderBuffer
 from pulse_node.chain.store import VersionStore
 from pulse_node.chain.trust import TrustPolicy
 from pulse_node.codec.inplace import Changes, Move, apply_patch_inplace
 from pulse_node.codec.patch import read_header
-from pulse_node.codec.state import State, state_nbytes
+from pulse_node.codec.state import State
 from pulse_node.config import NetConfig
 from pulse_node.daemon.transport import Event, PeerInfo, Transport
-from pulse_node.errors import BusyError, ConfigError, GapError, IntegrityError, PatchError, PulseError
-from pulse_node.inference.anchor_load import load_anchor
+from pulse_node.errors import (
+    ConfigError,
+    IntegrityError,
+    PulseError,
+)
+from pulse_node.inference.recovery import CatchupApplied, Recovery, catchup_cap  # noqa: F401 (re-exported)
+from pulse_node.net.standing import FETCH_UNKNOWN, Standing
 
 log = logging.getLogger("pulse.sync")
 
-Offer = tuple[PeerInfo, int]  # a peer to ask for a catch-up patch, and the target version to ask for
 #: pushed head records kept until the next pass, and verified hints kept, at most
 MAX_PENDING_HEADS = 256
 MAX_HINTS = 1024
-#: anchors offered by peers tried per recovery, at most (each costs a record fetch)
-MAX_ANCHOR_TRIES = 8
 #: peers asked for the record of an announced version, at most, per pass
 MAX_PROBES = 3
-
-
-def catchup_cap(state: State) -> int:
-    """Largest catch-up patch accepted: twice the dense size of the state it applies to (a
-    fully changed state codes to ~1.04x dense), recomputed here, never what a peer says."""
-    return 2 * state_nbytes(state) + (1 << 20)
+#: seconds a peer without standing gets to send a record, when tried before the trainers
+FIRST_TRY_S = 3.0
 
 
 @dataclass
@@ -71,22 +75,15 @@ class Fetched:
     patch: bytes
 
 
-@dataclass(frozen=True)
-class CatchupApplied:
-    """One catch-up patch applied: from ``base`` to ``target`` in ``patch_bytes``."""
-
-    base: int
-    target: int
-    patch_bytes: int
-
-
-class VersionSync:
+class VersionSync(Recovery):
     """Pull, verify, reorder and apply versions; serve them afterwards through the store."""
 
     def __init__(self, store: VersionStore, transport: Transport, trust: TrustPolicy, *,
                  net: NetConfig, seeds: int = 1, window: int = 16, seed_wait_s: float = 2.0,
-                 catchup_min_gap: int = 4, catchup_wait_s: float = 30.0) -> None:
+                 catchup_min_gap: int = 4, catchup_wait_s: float = 30.0, standing: Standing | None = None) -> None:
         self.store, self.transport, self.trust, self.net = store, transport, trust, net
+        self.standing = standing if standing is not None else Standing()
+        self._members_told: frozenset[str] | None = None
         self.seeds, self.window, self.seed_wait_s = seeds, window, seed_wait_s
         self.catchup_min_gap, self.catchup_wait_s = catchup_min_gap, catchup_wait_s  # 0 = never ask
         self._pending: tuple[int, str, int, float] | None = None  # (base, peer, target, give up at)
@@ -138,8 +135,10 @@ class VersionSync:
             try:
                 self.trust.verify(rec, sender=sender)
             except IntegrityError as exc:
+                self.standing.struck(sender)
                 log.info("head announcement from %s rejected: %s", sender[:12], exc)
                 continue
+            self.standing.head_matched(sender)
             self._verified(rec, holder=sender)
         self._heads.clear()
 
@@ -163,11 +162,11 @@ class VersionSync:
         claim = max(claims, key=lambda p: p.version)
         self._probed = {p.peer_id: v for p in peers if (v := self._probed.get(p.peer_id)) is not None}
         self._probed[claim.peer_id] = claim.version
-        others = [p for p in peers if p.version >= claim.version and not self.trust.ignored(p.peer_id)
-                  and p.peer_id not in (claim.peer_id, self.transport.peer_id)]
+        others = self.standing.providers([p for p in peers if p.version >= claim.version and not self.trust.ignored(
+            p.peer_id) and p.peer_id not in (claim.peer_id, self.transport.peer_id)])
         for peer in [claim, *others][:MAX_PROBES]:
             try:
-                rec = self._fetch_record(peer, claim.version)
+                rec = self._fetch_record(peer, claim.version, timeout=self._first_try(peer.peer_id))
                 self.trust.verify(rec, sender=peer.peer_id)
             except PulseError as exc:
                 log.info("announced version %d of %s not confirmed by %s: %s", claim.version, claim.peer_id[:12],
@@ -182,27 +181,34 @@ class VersionSync:
         return max(ours, self.head.version if self.head is not None else -1)
 
     def providers(self, version: int, peers: list[PeerInfo], *, rank: int) -> list[PeerInfo]:
-        """Peers that hold ``version``: inference peers first (shuffled), trainers last.
+        """Peers that hold ``version``, in standing order (``net/standing.py``): peers that
+        delivered to us before, then trainer-set members, then at most ``FETCH_UNKNOWN`` others.
+        What a peer announces (role, version) orders nothing.
 
         Only the first ``seeds`` inference nodes (by rank) fetch a fresh version straight from a
-        trainer; the rest wait up to ``seed_wait_s`` for a peer copy, so a trainer's upload does
-        not grow with the number of inference nodes.
+        trainer; the rest, while no peer that delivered before holds it, try one peer without
+        standing that pushed us the verified head of it (briefly: ``FIRST_TRY_S``) or wait up to
+        ``seed_wait_s`` for one, so a trainer's upload does not grow with the inference nodes.
         """
         holders = [p for p in peers if p.peer_id != self.transport.peer_id and not self.trust.ignored(p.peer_id)
                    and max(p.version, self.hints.get(p.peer_id, -1)) >= version and p.lowest <= version]
-        others = [p for p in holders if p.role != "trainer"]
-        trainers = [p for p in holders if p.role == "trainer"]
-        random.shuffle(others)
-        random.shuffle(trainers)
+        random.shuffle(holders)
+        ordered = self.standing.providers(holders, quota=FETCH_UNKNOWN)
+        if rank < self.seeds or (ordered and self.standing.delivered_before(ordered[0].peer_id)):
+            return ordered
+        copies = [p for p in holders if p.peer_id not in self.standing.members
+                  and self.hints.get(p.peer_id, -1) >= version and self.standing.score(p.peer_id) >= 0]
         young = time.monotonic() - self.first_seen.get(version, 0.0) < self.seed_wait_s
-        if not others and rank >= self.seeds and young:
-            return []
-        return others + trainers
+        if not copies:
+            return [] if young else ordered
+        first = self.standing.order(copies, quota=1)[0]
+        return [first] + [p for p in ordered if p.peer_id != first.peer_id]
 
     # ---- one pass -------------------------------------------------------------------
     def step(self, peers: list[PeerInfo], *, rank: int = 0) -> list[VersionRecord]:
         """Fetch and apply what is missing; returns the records applied in this pass."""
         self.trust.observe(peers)
+        self._tell_standing_members()
         self._take_hints()
         self._probe_announced(peers)
         head = self.target()
@@ -234,6 +240,13 @@ class VersionSync:
             self._recover_gap(peers, head, older_anchors=stuck)
         return applied
 
+    def _tell_standing_members(self) -> None:
+        """The trainer set's members come first in every order (``net/standing.py``)."""
+        keys = self.trust.trainers.members
+        if keys != self._members_told:
+            self._members_told = keys
+            self.standing.set_members(self.standing.members | {peer_id_of_key(k) for k in keys})
+
     def _nobody_has(self, version: int, peers: list[PeerInfo]) -> bool:
         return not any(p.lowest <= version <= p.version for p in peers
                        if p.peer_id != self.transport.peer_id and not self.trust.ignored(p.peer_id))
@@ -241,7 +254,7 @@ class VersionSync:
     def _fetch_version(self, version: int, providers: list[PeerInfo]) -> Fetched | None:
         for peer in providers:
             try:
-                rec = self._fetch_record(peer, version)
+                rec = self._fetch_record(peer, version, timeout=self._first_try(peer.peer_id))
                 if not self.trust.check(rec, sender=peer.peer_id):
                     continue
                 patch = self._fetch(peer, "patch", {"version": version}, max_bytes=rec.patch_bytes)
@@ -252,29 +265,40 @@ class VersionSync:
                     raise
                 self.counters["patch_bytes_in"] += len(patch)
                 self.trust.served(peer.peer_id)
+                self.standing.delivered(peer.peer_id)
                 return Fetched(rec, patch)
             except PulseError as exc:
                 self.counters["fetch_errors"] += 1
                 self.trust.failed(peer.peer_id)
+                self.standing.failed(peer.peer_id)
                 log.info("fetch of version %d from %s failed: %s", version, peer.peer_id[:12], exc)
         return None
 
-    def _fetch_record(self, peer: PeerInfo, version: int) -> VersionRecord:
+    def _first_try(self, peer_id: str) -> float | None:
+        """The record timeout for ``peer_id``: short for a peer without standing (a silent
+        newcomer costs ``FIRST_TRY_S``, once), the configured one otherwise."""
+        return None if self.standing.known(peer_id) else FIRST_TRY_S
+
+    def _fetch_record(self, peer: PeerInfo, version: int, *, timeout: float | None = None) -> VersionRecord:
         """The record of ``version`` from ``peer``, decoded (not verified); a wrong one strikes it."""
-        rec = decode_record(self._fetch(peer, "record", {"version": version}, max_bytes=MAX_RECORD_BYTES))
+        rec = decode_record(self._fetch(peer, "record", {"version": version}, max_bytes=MAX_RECORD_BYTES,
+                                        timeout=timeout))
         if rec.version != version:
             self.trust.strike(peer.peer_id)
+            self.standing.struck(peer.peer_id)
             raise IntegrityError(f"asked for version {version}, got record of {rec.version}")
         return rec
 
-    def _fetch(self, peer: PeerInfo, kind: str, params: dict, *, max_bytes: int) -> bytes:
+    def _fetch(self, peer: PeerInfo, kind: str, params: dict, *, max_bytes: int, timeout: float | None = None) -> bytes:
         """One file, refused (and the peer struck) if it declares more than ``max_bytes``."""
         dest = self._tmp / f"{kind}-{threading.get_ident()}-{random.getrandbits(32):08x}"
+        limit = self.net.fetch_timeout_s if timeout is None else min(timeout, self.net.fetch_timeout_s)
         try:
-            self.transport.fetch(peer, kind, params, dest, timeout=self.net.fetch_timeout_s, max_bytes=max_bytes)
+            self.transport.fetch(peer, kind, params, dest, timeout=limit, max_bytes=max_bytes)
             return dest.read_bytes()
         except IntegrityError:
             self.trust.strike(peer.peer_id)
+            self.standing.struck(peer.peer_id)
             raise
         finally:
             dest.unlink(missing_ok=True)
@@ -328,128 +352,6 @@ class VersionSync:
         sparsely. Empty after an anchor or a state loaded whole (reload the live model)."""
         out, self.changes = self.changes, []
         return out
-
-    # ---- recovery -------------------------------------------------------------------
-    def _recover_gap(self, peers: list[PeerInfo], head: int, *, older_anchors: bool) -> None:
-        """Nobody serves the next patch any more: try a catch-up patch, else an anchor.
-
-        Only ``older_anchors`` (after ``stall_passes`` passes without progress: the way off a
-        fork) may that anchor be one we are already past; sooner, the next version may just not
-        be in the DHT yet, and an older anchor would cost a full download to end where we are.
-        """
-        assert self.record is not None
-        self.counters["gaps"] += 1
-        if self.state is not None and self._catch_up(self._catchup_offers(peers, head, min_gap=1))[0]:
-            return
-        self._recover_from_anchor(peers, head, above=-1 if older_anchors else self.record.version)
-
-    def _catch_up_if_behind(self, peers: list[PeerInfo], head: int) -> list[VersionRecord] | None:
-        """``catchup_min_gap`` or more versions behind: one catch-up patch instead of the patches.
-
-        Returns ``[record caught up to]`` or ``[]`` (fetch patches), or None while the peer that
-        answered "busy" may still be making ours (until ``catchup_wait_s``, then patches).
-        """
-        assert self.record is not None
-        base, pending = self.record.version, self._pending
-        if pending is not None and (pending[0] != base or time.monotonic() > pending[3]):
-            if pending[0] == base:
-                self._no_catchup_base = base  # waited long enough
-            self._pending = pending = None
-        if not self.catchup_min_gap or head - base < self.catchup_min_gap or base == self._no_catchup_base:
-            return []
-        offers = ([(p, pending[2]) for p in peers if p.peer_id == pending[1]] if pending
-                  else self._catchup_offers(peers, head, min_gap=self.catchup_min_gap))
-        rec, busy = self._catch_up(offers)
-        if rec is not None or busy is None:
-            self._pending = None
-            self._no_catchup_base = -1 if rec is not None else base
-            return [rec] if rec is not None else []
-        if pending is None:
-            self._pending = (base, busy[0].peer_id, busy[1], time.monotonic() + self.catchup_wait_s)
-        return None
-
-    def _catchup_offers(self, peers: list[PeerInfo], head: int, *, min_gap: int) -> list[Offer]:
-        """(peer, target = its version) pairs at least ``min_gap`` ahead of us: inference peers
-        first, nearest the head first; trainers last (their CPU trains)."""
-        assert self.record is not None
-        offers = [(p, min(p.version, head)) for p in peers if p.peer_id != self.transport.peer_id
-                  and not self.trust.ignored(p.peer_id) and min(p.version, head) - self.record.version >= min_gap]
-        random.shuffle(offers)
-        return sorted(offers, key=lambda o: (o[0].role == "trainer", -o[1]))
-
-    def _catch_up(self, offers: list[Offer]) -> tuple[VersionRecord | None, Offer | None]:
-        """Ask each (peer, target) for a catch-up patch from our version; returns (the record we
-        caught up to, None) or (None, the first offer that answered busy, if any)."""
-        assert self.record is not None and self.state is not None
-        busy = None
-        for peer, target in offers:
-            try:
-                rec = self._fetch_record(peer, target)
-                if not self.trust.check(rec, sender=peer.peer_id):
-                    continue
-                patch = self._fetch(peer, "catchup", {"base": self.record.version, "target": target},
-                                    max_bytes=catchup_cap(self.state))
-                self._apply_catchup(peer, rec, patch)
-                return rec, None
-            except BusyError as exc:
-                busy = busy or (peer, target)
-                log.info("catch-up from %s: %s", peer.peer_id[:12], exc)
-            except PulseError as exc:
-                self.counters["catchup_misses"] += 1
-                log.info("catch-up from %s failed: %s", peer.peer_id[:12], exc)
-        return None, busy
-
-    def _apply_catchup(self, peer: PeerInfo, rec: VersionRecord, patch: bytes) -> None:
-        assert self.record is not None and self.state is not None
-        try:
-            if patch_hashes(patch)[0] != self.record.state_hash:  # the peer's history differs: no lie
-                raise GapError(f"catch-up starts from another state of version {self.record.version}")
-            check_catchup(patch, from_record=self.record, to_record=rec)  # header names both signed hashes
-            # apply checks the result against that hash, so it is not computed twice; in place,
-            # and a failure leaves our version intact
-            changes = apply_patch_inplace(self.state, patch, verify=True, base_hash=self.record.state_hash)
-        except (IntegrityError, PatchError):
-            self.trust.strike(peer.peer_id)
-            raise
-        try:
-            self.store.put_current(rec, self.state)  # a restart resumes from here
-        except BaseException:
-            changes.undo(self.state)  # refused by the store: we stay at our version
-            raise
-        self.last_catchup = CatchupApplied(self.record.version, rec.version, len(patch))
-        base = self.record.version
-        self._adopt(rec, self.state)
-        self._moved(base, rec.version, changes)
-        self.counters["catchups"] += 1
-        self.counters["catchup_bytes_in"] += len(patch)
-        log.info("caught up to version %d with one %d-byte patch from %s", rec.version, len(patch), peer.peer_id[:12])
-
-    def _recover_from_anchor(self, peers: list[PeerInfo], head: int, *, above: int = -1) -> None:
-        """Load the newest anchor above ``above`` that peers serve, bounded and checked by its signed
-        record (``anchor_load.py``); at most ``MAX_ANCHOR_TRIES`` offers per call."""
-        live = [p for p in peers if not self.trust.ignored(p.peer_id) and p.peer_id != self.transport.peer_id]
-        by_id = {p.peer_id: p for p in live}
-        # newest first; at one version trainer-set members first (fresh keys announcing anchors
-        # cannot crowd them out of the tries), then in random order
-        offers = sorted(((a, p.peer_id) for p in live for a in set(p.anchors) if above < a <= head),
-                        key=lambda o: (-o[0], not self.trust.vouches_for(by_id[o[1]]), random.random()))
-        for anchor, pid in offers[:MAX_ANCHOR_TRIES]:
-            try:
-                rec = self._fetch_record(by_id[pid], anchor)
-                if not rec.is_anchor:
-                    self.trust.strike(pid)  # it announced an anchor it does not hold
-                    continue
-                if not self.trust.check(rec, sender=pid):
-                    continue
-                holders = [p for p in live if anchor in p.anchors]
-                state = load_anchor(self.transport, self.trust, rec, by_id[pid], holders, self._tmp,
-                                    timeout=self.net.fetch_timeout_s * 4)
-                self.store.put_anchor(rec, state)
-                self._adopt(rec, state)
-                self.counters["anchor_loads"] += 1
-                return
-            except PulseError as exc:
-                log.info("anchor %d from %s failed: %s", anchor, pid[:12], exc)
 
     def _adopt(self, record: VersionRecord, state: State) -> None:
         self.state, self.record = state, record

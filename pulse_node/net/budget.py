@@ -23,6 +23,14 @@ node's trust policy over the local RPC (``set_members``).
 - **Catch-up production** (``CatchupBudget``): per peer per minute, ``catchups_per_min`` patches
   made for it (a cached or already-running pair costs nothing: identical requests share one
   production), ``member_factor`` times that for members.
+- **Newcomers together** (issue 21): keys are free, so once the node has said which peers have
+  standing (``Members.set_standing``: peers that delivered verified work, ``net/standing.py``),
+  peers with neither membership nor standing share fixed allotments *together*: at most
+  ``newcomer_streams`` streams of the shared pool between them, one request bucket and one
+  catch-up budget between them, so 1 or 1,000 fresh keys take the same from honest peers. A stream of a peer with
+  standing may evict a newcomer's stream past its grace. Bulk reads (``trainer_state``,
+  ``anchor``) of non-members are charged against ``bulk_bytes_per_peer`` per 10 minutes
+  (``BulkBudget``; newcomers share one such budget too).
 
 Every refusal is counted by reason (``Refusals``) and logged once per peer per interval.
 """
@@ -46,7 +54,12 @@ Clock = Callable[[], float]
 
 #: refusal reasons, as counted in ``data_plane.refused``
 REASONS = ("streams_peer", "streams_pool", "rate", "push_share", "push_pool", "slow", "deadline", "evicted",
-           "catchup_budget")
+           "catchup_budget", "streams_newcomers", "bulk_budget")
+#: the one budget key all newcomers (no membership, no standing) share
+NEWCOMERS = "<newcomers>"
+#: kinds whose reads are charged to the bulk budget of a non-member
+BULK_KINDS = ("trainer_state", "anchor")
+BULK_WINDOW_S = 600.0
 EVICT_BELOW = 4.0  # times the minimum rate: a slower stream may be evicted when the shared pool is full
 _PEERS_KEPT = 4096  # per-peer state of this many peers at most (oldest idle ones are forgotten)
 
@@ -71,6 +84,10 @@ class BudgetConfig(StrictModel):
     push_bytes_per_peer: int = Field(48 << 20, ge=1 << 16, description="bytes of those pushes")
     other_push_fraction: float = Field(0.5, gt=0, le=1, description="share of the push queue all non-members may hold")
     catchups_per_min: float = Field(2.0, ge=0, description="catch-up patches made per minute for one non-member")
+    newcomer_streams: int = Field(4, ge=1, le=2048, description="shared-pool streams all peers without membership "
+                                  "or standing hold together")
+    bulk_bytes_per_peer: int = Field(4 << 30, ge=1 << 20, description="trainer_state and anchor bytes served to one "
+                                     "non-member (newcomers: all together) per 10 minutes")
     log_interval_s: float = Field(60.0, gt=0, description="a peer's refusals are logged at most once per interval")
 
 
@@ -113,13 +130,27 @@ class TokenBucket:
 
 
 class Members:
-    """The trainer-set members' peer ids, as the node last said (``set_members``)."""
+    """The trainer-set members' peer ids, and the peers with standing, as the node last said
+    (``set_members``, ``set_standing``). Until the node names peers with standing, nobody is a
+    newcomer (every non-member has its own shares, as before standing existed)."""
 
-    def __init__(self, ids: Iterable[str] = ()) -> None:
+    def __init__(self, ids: Iterable[str] = (), *, standing: Iterable[str] | None = None) -> None:
         self.ids: frozenset[str] = frozenset(ids)
+        self.standing: frozenset[str] | None = None if standing is None else frozenset(standing)
 
     def set(self, ids: Iterable[str]) -> None:
         self.ids = frozenset(ids)
+
+    def set_standing(self, ids: Iterable[str]) -> None:
+        self.standing = frozenset(ids)
+
+    def newcomer(self, peer: str) -> bool:
+        """Neither a member nor a peer with standing (only once the node named the latter)."""
+        return self.standing is not None and peer not in self.ids and peer not in self.standing
+
+    def budget_key(self, peer: str) -> str:
+        """Whose budget a request of ``peer`` is charged to: its own, or the newcomers' one."""
+        return NEWCOMERS if self.newcomer(peer) else peer
 
     def __contains__(self, peer: object) -> bool:
         return peer in self.ids
@@ -139,6 +170,7 @@ class Flow:
     moved: int = 0
     own_s: float = 0.0  # time this node spent making the answer (not the peer's fault)
     cut: str = ""  # why it was evicted, once it was
+    newcomer: bool = False  # neither member nor with standing: holds one of the newcomers' slots
     on_cut: Callable[[], None] | None = field(default=None, repr=False)
 
     def add(self, n: int) -> None:
@@ -207,15 +239,19 @@ class StreamPools:
             raise Refused("rate", f"more than {self._rate(member):g} requests/s")
         if not member and self.by_peer[peer] >= self.cfg.streams_per_peer:
             raise Refused("streams_peer", f"{self.by_peer[peer]} streams open already")
+        newcomer = self.members.newcomer(peer)
+        if newcomer and sum(f.newcomer for f in self.other_pool) >= self.cfg.newcomer_streams:
+            raise Refused("streams_newcomers", f"all {self.cfg.newcomer_streams} streams of peers without standing "
+                                               "busy")
         if member and len(self.member_pool) < self.cfg.member_streams:
             pool = self.member_pool
-        elif len(self.other_pool) < self.cfg.other_streams or self._evict_slowest(peer):
+        elif len(self.other_pool) < self.cfg.other_streams or self._evict_slowest(peer, newcomer=newcomer):
             pool = self.other_pool
         else:
             raise Refused("streams_pool", f"all {self.cfg.other_streams} shared streams busy")
         now = self.clock()
         flow = Flow(peer, member, now, now + self.cfg.stream_deadline_s, self.cfg.min_rate, self.cfg.grace_s,
-                    self.clock)
+                    self.clock, newcomer=newcomer)
         pool.add(flow)
         self.by_peer[peer] += 1
         return flow
@@ -228,12 +264,14 @@ class StreamPools:
                 if self.by_peer[flow.peer] <= 0:
                     del self.by_peer[flow.peer]
 
-    def _evict_slowest(self, peer: str) -> bool:
+    def _evict_slowest(self, peer: str, *, newcomer: bool = False) -> bool:
         """Cut the slowest non-member stream past its grace and below ``EVICT_BELOW`` times the
         minimum rate (a healthy transfer is never cut for a newcomer), not the requester's own;
-        True if one was."""
+        for a requester with standing, a newcomer's stream past its grace at any rate. True if
+        one was."""
         floor = EVICT_BELOW * self.cfg.min_rate
-        victims = [f for f in self.other_pool if not f.member and not f.cut and f.peer != peer and f.rate() < floor]
+        victims = [f for f in self.other_pool if not f.member and not f.cut and f.peer != peer and
+                   (f.rate() < floor or (not newcomer and f.newcomer and f.rate() != float("inf")))]
         if not victims:
             return False
         victim = min(victims, key=Flow.rate)
@@ -246,7 +284,9 @@ class StreamPools:
         return self.cfg.requests_per_s * (self.cfg.member_factor if member else 1.0)
 
     def _bucket(self, peer: str, member: bool) -> TokenBucket:
+        """The request bucket of ``peer``; all newcomers draw from one bucket together."""
         now = self.clock()
+        peer = self.members.budget_key(peer)
         bucket = self._buckets.get(peer)
         if bucket is None:
             factor = self.cfg.member_factor if member else 1.0
@@ -312,6 +352,7 @@ class CatchupBudget:
         """Whether a new production may start for ``peer`` (then it is charged)."""
         now = self.clock()
         limit = self.cfg.catchups_per_min * (self.cfg.member_factor if peer in self.members else 1.0)
+        peer = self.members.budget_key(peer)  # newcomers share one budget
         times = [t for t in self._made.get(peer, []) if now - t < 60.0]
         if len(times) + 1 > limit:
             self._made[peer] = times
@@ -321,4 +362,29 @@ class CatchupBudget:
         self._made.move_to_end(peer)
         while len(self._made) > _PEERS_KEPT:
             self._made.popitem(last=False)
+        return True
+
+
+class BulkBudget:
+    """Bytes of bulk reads (``BULK_KINDS``) served per non-member per ``BULK_WINDOW_S``; all
+    newcomers share one budget. Members are not charged."""
+
+    def __init__(self, cfg: BudgetConfig, members: Members, *, clock: Clock = time.monotonic) -> None:
+        self.cfg, self.members, self.clock = cfg, members, clock
+        self._spent: OrderedDict[str, list[tuple[float, int]]] = OrderedDict()
+
+    def allow(self, peer: str, nbytes: int) -> bool:
+        """Whether ``nbytes`` more may be served to ``peer`` now (then they are charged)."""
+        if peer in self.members:
+            return True
+        key, now = self.members.budget_key(peer), self.clock()
+        spent = [(t, n) for t, n in self._spent.get(key, []) if now - t < BULK_WINDOW_S]
+        if sum(n for _, n in spent) + nbytes > self.cfg.bulk_bytes_per_peer:
+            self._spent[key] = spent
+            return False
+        spent.append((now, nbytes))
+        self._spent[key] = spent
+        self._spent.move_to_end(key)
+        while len(self._spent) > _PEERS_KEPT:
+            self._spent.popitem(last=False)
         return True

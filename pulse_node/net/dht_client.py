@@ -82,11 +82,12 @@ class DhtClient(WorkerClient[DhtConfig]):
         params = {"status": status.model_dump(), "ttl_s": ttl_s or self.config.ttl_s}
         return bool(self.call("publish_peer", params, timeout=READ_TIMEOUT_S))
 
-    def peers(self, *, prefer: list[str] | tuple[str, ...] = ()) -> list[PeerRecord]:
-        """Live peer records (at most ``dht_records.MAX_PEERS_READ``: those of ``prefer``, peer
-        ids, first, then the newest), each checked again here."""
+    def peers(self, *, prefer: list[str] | tuple[str, ...] = (), limit: int | None = None) -> list[PeerRecord]:
+        """Live peer records (at most ``limit``, by default ``dht_records.MAX_PEERS_READ``: those of
+        ``prefer``, peer ids, first, then others in the worker's draw), each checked again here."""
         out = []
-        for r in self.call("peers", {"prefer": list(prefer)}, timeout=READ_TIMEOUT_S):
+        params: dict = {"prefer": list(prefer)} | ({"limit": int(limit)} if limit is not None else {})
+        for r in self.call("peers", params, timeout=READ_TIMEOUT_S):
             try:
                 out.append(validate_tree(PeerRecord, r))
             except WireError as exc:

@@ -16,13 +16,15 @@ says beyond that (versions, roles) is a hint, never trusted by itself.
 Every record is a msgpack map with an explicit schema version ``v``; decoding is strict (no
 type coercion, unknown fields rejected) so a peer cannot smuggle data past the schema. A node
 reads at most ``MAX_PEERS_READ`` records (``select_peer_records``: the preferred peer ids first,
-then the newest), so a flood of Sybil records cannot exceed the worker's RPC frame and blind it.
+in the node's order, then others in a draw of its own, never by what a record says about its
+time or version), so a flood of Sybil records cannot exceed the worker's RPC frame and blind it.
 This module is pure (pydantic + msgpack): the node imports it without hivemind.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Collection, Literal, TypeVar
+import hashlib
+from typing import Annotated, Any, Callable, Literal, Sequence, TypeVar
 
 import msgpack
 import pydantic
@@ -126,6 +128,9 @@ class PeerRecord(PeerStatus):
 
 
 R = TypeVar("R", bound=_Record)
+E = TypeVar("E")  # a record, or a raw DHT entry the worker has not validated yet
+#: records of peers without standing a node asks its DHT worker for, beyond its preferred ones
+NEWCOMERS_READ = 64
 MODEL_OF_KIND: dict[str, type[_Record]] = {"peers": PeerRecord}
 MAX_BYTES_OF_KIND = {"peers": MAX_PEER_RECORD_BYTES}
 
@@ -161,14 +166,49 @@ def decode_dht_record(kind: str, data: bytes) -> _Record:
     return validate_tree(MODEL_OF_KIND[kind], tree)
 
 
-def select_peer_records(records: list[PeerRecord], *, prefer: Collection[str] = (),
-                        limit: int = MAX_PEERS_READ) -> list[PeerRecord]:
-    """At most ``limit`` records: those of ``prefer`` (peer ids, e.g. the trusted trainers')
-    first, then the most recently updated. Anyone can publish records under fresh keys; this
-    keeps what a node reads bounded and its trainers always in it."""
-    wanted = set(prefer)
-    ranked = sorted(records, key=lambda r: (r.peer_id not in wanted, -r.updated_at, r.peer_id))
-    return ranked[:limit]
+def select_peer_records(records: list[E], *, prefer: Sequence[str] = (), limit: int = MAX_PEERS_READ,
+                        salt: bytes = b"", id_of: Callable[[E], str] = lambda r: r.peer_id,  # type: ignore
+                        range_of: Callable[[E], str] | None = None) -> list[E]:
+    """At most ``limit`` records: those of ``prefer`` first, in its order (the node's ranking:
+    trainer-set members, then peers with standing, ``net/standing.py``), then the others one per
+    address range in turn, each range in an order drawn from ``salt`` (a secret of this node).
+
+    Anyone can publish records under fresh keys, and a record's ``updated_at`` and version are
+    what its publisher says (one announcing the future would sort first): neither orders
+    anything here, so a flood cannot push the preferred peers out, and which newcomers are read
+    is this node's draw, not the flooder's choice. ``id_of`` and ``range_of`` read a record's
+    peer id and address range (the DHT worker selects raw entries before it validates them)."""
+    rank = {pid: i for i, pid in enumerate(prefer)}
+    range_of = range_of or (lambda r: address_range(r.wire_maddrs))  # type: ignore[attr-defined]
+    chosen = sorted((r for r in records if id_of(r) in rank), key=lambda r: rank[id_of(r)])
+    ranges: dict[str, list[E]] = {}
+    for r in sorted((r for r in records if id_of(r) not in rank), key=lambda r: _draw(id_of(r), salt)):
+        ranges.setdefault(range_of(r), []).append(r)
+    queues = sorted(ranges.values(), key=lambda q: _draw(id_of(q[0]), salt))
+    depth = 0
+    while len(chosen) < limit and any(len(q) > depth for q in queues):
+        chosen.extend(q[depth] for q in queues if len(q) > depth)
+        depth += 1
+    return chosen[:limit]
+
+
+def address_range(wire_maddrs: Any) -> str:
+    """The network the first of a record's data-plane addresses is in: an IPv4 /24, an IPv6 /48,
+    a DNS name ("" when there is none, or it is not a list of strings: any raw value is safe)."""
+    first = wire_maddrs[0] if isinstance(wire_maddrs, list) and wire_maddrs else None
+    parts = first.split("/") if isinstance(first, str) else []
+    if len(parts) < 3:
+        return ""
+    proto, host = parts[1], parts[2]
+    if proto == "ip4":
+        return "ip4/" + ".".join(host.split(".")[:3])
+    if proto == "ip6":
+        return "ip6/" + ":".join(host.split(":")[:3])
+    return f"{proto}/{host}"
+
+
+def _draw(peer_id: str, salt: bytes) -> bytes:
+    return hashlib.blake2b(peer_id.encode(), key=salt[:64], digest_size=8).digest()
 
 
 def validate_tree(model: type[R], tree: Any) -> R:

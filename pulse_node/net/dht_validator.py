@@ -12,6 +12,11 @@ well formed and verifies; expiration is no more than ``MAX_TTL_S`` (+ clock slac
 the body decodes strictly into the schema of its key and names the same peer id; a peer
 record's ``node_key`` must be the key its peer id encodes and each of its addresses must end in
 ``/p2p/<its peer id>`` (``PeerRecord``), so a record can claim no one else's key or address.
+Every DHT read validates every record of the answer again (hivemind checks each response), so a
+record that passed is remembered (``ACCEPTED_KEPT``, by a digest of key, subkey, signed value
+and expiration): a flood of records costs each node one check per record version, not one per
+read. Only acceptance is remembered: the time-dependent checks can only turn a refusal into an
+acceptance later, never the reverse.
 We do not use hivemind's ``SchemaValidator`` (it needs pydantic.v1 models and detects coercion by
 re-comparing values); strict pydantic v2 models in ``dht_records`` do the same job.
 """
@@ -19,8 +24,11 @@ re-comparing values); strict pydantic v2 models in ``dht_records`` do the same j
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
+import struct
 import time
+from collections import OrderedDict
 
 import msgpack
 from cryptography.exceptions import InvalidSignature
@@ -40,6 +48,8 @@ log = logging.getLogger(__name__)
 _PB_ED25519_PRIV = b"\x08\x01\x12\x40"
 _ENVELOPE_TAG = "pulse-dht-sig-1"
 _SIG_CONTEXT = b"pulse-dht-record-1"
+#: records remembered as accepted, at most
+ACCEPTED_KEPT = 16384
 
 
 def peer_id_of(identity: Identity) -> str:
@@ -89,12 +99,23 @@ class PulseRecordValidator(RecordValidatorBase):
         self._identity = identity
         self._own_subkey = DHTProtocol.serializer.dumps(peer_id_of(identity))
         self._kinds = {DHTID.generate(source=dht_key(run_id, k)).to_bytes(): k for k in KEY_KINDS}
+        self._accepted: OrderedDict[bytes, None] = OrderedDict()
 
     def validate(self, record: DHTRecord) -> bool:
+        digest = hashlib.blake2b(b"".join((struct.pack(">dII", record.expiration_time, len(record.key),
+                                                       len(record.subkey)), record.key, record.subkey,
+                                           record.value)), digest_size=16).digest()
+        if digest in self._accepted:
+            self._accepted.move_to_end(digest)
+            return True
         reason = self.reject_reason(record)
         if reason is not None:
             log.debug("rejected DHT record: %s", reason)
-        return reason is None
+            return False
+        self._accepted[digest] = None
+        if len(self._accepted) > ACCEPTED_KEPT:
+            self._accepted.popitem(last=False)
+        return True
 
     def reject_reason(self, record: DHTRecord, *, now: float | None = None) -> str | None:
         """Why ``record`` is refused, or None if it is acceptable."""

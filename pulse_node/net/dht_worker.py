@@ -37,7 +37,8 @@ from typing import Any, AsyncIterator, Callable, Literal
 from pulse_node.errors import WireError
 from pulse_node.net.dht_push import PushPlane
 from pulse_node.net.dht_records import (
-    MAX_TTL_S, MIN_TTL_S, DhtInfo, PeerRecord, PeerStatus, dht_key, select_peer_records, validate_tree,
+    MAX_PEERS_READ, MAX_TTL_S, MIN_TTL_S, DhtInfo, PeerRecord, PeerStatus, address_range, dht_key,
+    select_peer_records, validate_tree,
 )
 from pulse_node.net.rpc_server import Service, StartFailed, rpc, run_worker
 from pulse_node.net.spool import Spool
@@ -73,6 +74,7 @@ class DhtWorker(Service):
         self.config, self.node, self.p2p, self.peer_id = config, node, p2p, peer_id
         self.pushes = PushPlane(p2p, spool=spool, budget=config.budget)
         self.session = secrets.token_hex(16)
+        self.salt = secrets.token_bytes(16)  # this worker's draw of which newcomers' records it reads
         self.duplicate: str | None = None
         self._published: dict[str, RefreshedRecord] = {}
         self._last_peer_publish = 0.0
@@ -182,16 +184,24 @@ class DhtWorker(Service):
         return await self._refresh(item)
 
     @rpc
-    async def peers(self, *, prefer: list[str] | None = None) -> list[PeerRecord]:
+    async def peers(self, *, prefer: list[str] | None = None, limit: int = MAX_PEERS_READ) -> list[PeerRecord]:
+        """At most ``limit`` live records, ``prefer`` first (``select_peer_records``), chosen from
+        the raw entries before any is validated: a flood costs a validation per record returned,
+        not per record stored."""
+        epoch = int(time.time() // 30).to_bytes(8, "big")  # the draw changes every 30 s: newcomers take turns
+        entries = await self.read("peers")
+        chosen = select_peer_records(entries, prefer=prefer or (), limit=max(1, min(limit, MAX_PEERS_READ)),
+                                     salt=self.salt + epoch, id_of=lambda e: e[0],
+                                     range_of=lambda e: address_range(e[1].get("wire_maddrs")))
         found = []
-        for sub, value, _exp in await self.read("peers"):
+        for sub, value, _exp in chosen:
             try:
                 rec = validate_tree(PeerRecord, value)
             except WireError:  # the validator admitted it; a schema change since: skip, never fail the read
                 continue
             if rec.peer_id == sub and not rec.leaving:
                 found.append(rec)
-        return select_peer_records(found, prefer=prefer or ())
+        return found
 
     @rpc
     async def get(self, *, kind: Literal["peers"]) -> list[dict]:

@@ -106,6 +106,10 @@ class WireClient(WorkerClient[WireConfig]):
         """Tell the worker which peers are trainer-set members (their own stream pool, larger shares)."""
         self.call("set_members", {"peer_ids": sorted(peer_ids)}, timeout=10.0)
 
+    def set_standing(self, peer_ids: list[str]) -> None:
+        """Tell the worker which non-members have standing; the others share the newcomers' budgets."""
+        self.call("set_standing", {"peer_ids": sorted(peer_ids)}, timeout=10.0)
+
     def set_head(self, record: bytes) -> None:
         self.call("set_head", {"record": record}, timeout=10.0)
 

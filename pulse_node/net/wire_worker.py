@@ -53,7 +53,8 @@ from pulse_node.chain.catchup_producer import CatchupProducer
 from pulse_node.errors import BusyError, ConfigError, PulseError, UnsupportedVersion, WireError
 from pulse_node.net import wire_protocol as wp
 from pulse_node.net import wire_transfer as wt
-from pulse_node.net.budget import CatchupBudget, Members, Refusals, Refused, SlowPeer, StreamPools, PushShares
+from pulse_node.net.budget import (BULK_KINDS, BulkBudget, CatchupBudget, Members, Refusals, Refused, SlowPeer,
+                                   StreamPools, PushShares)
 from pulse_node.net.inbox import Inbox
 from pulse_node.net.rpc_server import Service, rpc, run_worker
 from pulse_node.net.worker_config import WireConfig
@@ -94,9 +95,9 @@ class Server:
 
     def __init__(self, resolver: Resolver, *, counters: wt.Traffic, events: Inbox, pools: StreamPools,
                  idle: float, upload_rate: float = 0.0, producer: CatchupProducer | None = None,
-                 catchups: CatchupBudget | None = None) -> None:
+                 catchups: CatchupBudget | None = None, bulk: BulkBudget | None = None) -> None:
         self.resolver, self.counters, self.events, self.idle = resolver, counters, events, idle
-        self.producer, self.catchups = producer, catchups
+        self.producer, self.catchups, self.bulk = producer, catchups, bulk
         self.pools = pools
         self.refusals = pools.refusals
         self.upload_rate = upload_rate
@@ -189,6 +190,11 @@ class Server:
         with fh:
             total = os.fstat(fh.fileno()).st_size
             off, length = self._range(kind, req, total)
+            if kind in BULK_KINDS and self.bulk is not None and not self.bulk.allow(io.peer, length):
+                self.refusals.add(io.peer, "bulk_budget", f"{kind} {length} bytes")
+                await self._reply_error(io, "busy", f"bulk_budget: {kind} bytes served to this peer are over "
+                                                    "its budget; ask a member or later")
+                return
             await io.write(wp.Response(v=wp.WIRE_VERSION, status="ok", size=length, total=total,
                                        message="").encode())
             await self._send_range(io, fh.fileno(), off, length)
@@ -312,6 +318,15 @@ class WireService(Service):
         return len(self.members.ids)
 
     @rpc
+    async def set_standing(self, *, peer_ids: list[str]) -> int:
+        """Peers with standing (``net/standing.py``): their own shares; everyone else who is no
+        member shares the newcomers' allotments together (``net/budget.py``)."""
+        if len(peer_ids) > 4096 or not all(isinstance(p, str) and len(p) <= 128 for p in peer_ids):
+            raise WireError("set_standing takes at most 4096 peer ids")
+        self.members.set_standing(peer_ids)
+        return len(peer_ids)
+
+    @rpc
     async def fetch(self, *, peer: str, kind: FetchKind, params: dict[str, int | str | None], dest: str,
                     timeout: float, expected_digest: str | None = None,
                     max_bytes: int | None = None) -> dict[str, Any]:
@@ -372,7 +387,7 @@ async def open_service(config: WireConfig) -> AsyncIterator[WireService]:
     root = Path(config.store)
     server = Server(partial(resolve, root), counters=counters, events=events, pools=StreamPools(budget, members, refusals),
                     idle=config.idle_timeout_s, upload_rate=config.max_upload_rate, producer=CatchupProducer(root),
-                    catchups=CatchupBudget(budget, members))
+                    catchups=CatchupBudget(budget, members), bulk=BulkBudget(budget, members))
     server.register(host)
     dialer = wt.Dialer(host, counters=counters, max_streams=config.max_streams, idle=config.idle_timeout_s,
                        dial_timeout=config.dial_timeout_s)

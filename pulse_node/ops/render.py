@@ -1,5 +1,8 @@
 """Drawing a ``SwarmSnapshot`` with rich: header, alerts, nodes, versions, reward chart, errors.
 
+Every string a peer chose (names, roles, hashes, reasons, error text) goes into a table cell
+through ``rich.markup.escape``: drawn as the text it is, never as markup.
+
 ``render(snapshot)`` returns one renderable: the one screen of ``pulse-node status`` (live and
 ``--once``) and of ``pulse-node swarm``'s live view (which puts its own header above it);
 ``render_text(snapshot, width=...)`` returns it as plain text (captures, tests).
@@ -13,6 +16,7 @@ from typing import Sequence
 
 from rich import box
 from rich.console import Console, Group, RenderableType
+from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
@@ -94,10 +98,10 @@ def _nodes_table(s: SwarmSnapshot) -> Table:
                       ("saved", "right"), ("reward", "right"), ("eval", "right"), ("err", "right")):
         t.add_column(col, justify=just, no_wrap=True)
     for n in sorted(s.nodes, key=lambda n: (n.role, n.name)):
-        t.add_row(n.name, n.role, Text(n.state, style=_STATE_STYLE.get(n.state, "")),
+        t.add_row(escape(n.name), escape(n.role), Text(n.state, style=_STATE_STYLE.get(n.state, "")),
                   "-" if n.version is None else str(n.version),
                   Text("-" if n.lag is None else str(n.lag), style="yellow" if (n.lag or 0) >= 2 else ""),
-                  n.state_hash[:12] or "-", _agree_mark(n), human_bytes(n.bytes_in), human_bytes(n.bytes_out),
+                  escape(n.state_hash[:12]) or "-", _agree_mark(n), human_bytes(n.bytes_in), human_bytes(n.bytes_out),
                   human_bytes(n.saved_bytes) if n.saved_bytes else "-", _fmt(n.reward_mean), _fmt(n.eval_accuracy),
                   Text(str(n.errors), style="red" if n.errors else ""))
     return t
@@ -134,9 +138,9 @@ def _senders_table(s: SwarmSnapshot) -> Table:
         t.add_column(col, justify=just, no_wrap=True)
     for r in s.senders:
         why = ", ".join(f"{k} {n}" for k, n in sorted(r.reasons.items(), key=lambda kv: -kv[1])[:3]) or "-"
-        t.add_row(r.trainer, Text(r.sender + (" BANNED" if r.banned else ""), style="bold red" if r.banned else ""),
+        t.add_row(escape(r.trainer), Text(r.sender + (" BANNED" if r.banned else ""), style="bold red" if r.banned else ""),
                   str(r.accepted), str(r.accepted_rollouts), Text(str(r.refused), style="red" if r.refused else ""),
-                  why, str(r.strikes), str(r.queued))
+                  escape(why), str(r.strikes), str(r.queued))
     return t
 
 
@@ -177,7 +181,7 @@ def _errors(s: SwarmSnapshot) -> RenderableType:
     t.add_column("node", no_wrap=True)
     t.add_column("message", overflow="fold")
     for e in s.errors[-6:]:
-        t.add_row(time.strftime("%H:%M:%S", time.localtime(e.at)), e.node, e.message)
+        t.add_row(time.strftime("%H:%M:%S", time.localtime(e.at)), escape(e.node), escape(e.message))
     return t
 
 

@@ -11,21 +11,24 @@ Statuses are parsed into ``StatusReport`` (``daemon/status_model.py``); one of a
 version becomes a node shown as "unknown-schema" with the reason, never an exception.
 A record's ``metrics_url`` is the peer's claim, so asking it is bounded (``status_target``,
 ``fetch_status``): plain http only, to a host among the addresses the same record announces
-(never a third party), to a loopback or private address only when the bootstrap itself is one
-(a local swarm), no redirects, 2 s, at most ``MAX_STATUS_BYTES`` read.
+(never a third party); a name (``/dns4/...``) is resolved here and every address it resolves to
+is checked, and the request goes to that checked address (no second lookup to rebind): a loopback
+or private address only when the bootstrap itself is one (a local swarm), a link-local,
+unspecified or multicast one never, unless the operator named that very address; no redirects;
+one overall deadline of 2 s for connecting, sending and the whole answer (a peer dripping one
+byte at a time cannot hold it longer), at most ``MAX_STATUS_BYTES`` read.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import socket
 import tempfile
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Collection, Mapping
 
 from pulse_node.daemon.status_model import StatusReport, StatusSchemaError, parse_status, read_status
 from pulse_node.errors import PulseError
@@ -138,27 +141,62 @@ def status_url(metrics_url: str) -> str:
     return base + "/status"
 
 
-class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
-        return None  # a redirect would send us wherever the peer likes
-
-
-_OPENER = urllib.request.build_opener(_NoRedirect)
-
-
 def fetch_status(metrics_url: str, *, timeout: float = HTTP_TIMEOUT_S) -> StatusReport | str:
     """A node's /status, or a one-line reason it could not be read (http only, no redirects, at
-    most ``MAX_STATUS_BYTES``; ``StatusSchemaError``: it answered with a status of another schema)."""
+    most ``MAX_STATUS_BYTES``, all within ``timeout``; ``StatusSchemaError``: it answered with a
+    status of another schema)."""
     if not metrics_url.startswith("http://"):
         return f"metrics url {metrics_url[:80]!r} is not plain http"
     try:
-        with _OPENER.open(status_url(metrics_url), timeout=timeout) as resp:
-            body = resp.read(MAX_STATUS_BYTES + 1)
-        if len(body) > MAX_STATUS_BYTES:
-            return f"/status is larger than {MAX_STATUS_BYTES} bytes"
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        return f"/status unreachable ({getattr(exc, 'reason', exc)})"
+        code, body = http_get(status_url(metrics_url), timeout=timeout, max_bytes=MAX_STATUS_BYTES)
+    except _TooLarge:
+        return f"/status is larger than {MAX_STATUS_BYTES} bytes"
+    except (OSError, ValueError) as exc:
+        return f"/status unreachable ({exc or type(exc).__name__})"
+    if code != 200:
+        return f"/status answered HTTP {code}" + (" (redirects are not followed)" if 300 <= code < 400 else "")
     return parse_status(body)
+
+
+class _TooLarge(ValueError):
+    pass
+
+
+def http_get(url: str, *, timeout: float, max_bytes: int) -> tuple[int, bytes]:
+    """(status code, body) of a plain HTTP/1.0 GET, everything within one deadline of ``timeout``
+    seconds (``TimeoutError`` past it, however the peer paces its bytes); ``_TooLarge`` past
+    ``max_bytes`` of body. No redirects, no keep-alive."""
+    deadline = time.monotonic() + timeout
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme != "http" or not parts.hostname:
+        raise ValueError(f"{url[:80]!r} is not a plain http URL")
+
+    def left() -> float:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError(f"no complete answer within {timeout:g} s")
+        return remaining
+
+    path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    buf = bytearray()
+    with socket.create_connection((parts.hostname, parts.port or 80), timeout=left()) as sock:
+        sock.settimeout(left())
+        sock.sendall(f"GET {path} HTTP/1.0\r\nHost: {parts.netloc}\r\nConnection: close\r\n\r\n".encode())
+        while True:
+            sock.settimeout(left())
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            buf += chunk
+            if len(buf) > max_bytes + 65536:  # the body's cap plus room for headers
+                raise _TooLarge(f"body larger than {max_bytes} bytes")
+    head, sep, body = bytes(buf).partition(b"\r\n\r\n")
+    status = head.split(b"\r\n", 1)[0].split()
+    if not sep or len(status) < 2 or not status[0].startswith(b"HTTP/") or not status[1].isdigit():
+        raise ValueError("not an HTTP answer")
+    if len(body) > max_bytes:
+        raise _TooLarge(f"body larger than {max_bytes} bytes")
+    return int(status[1]), body
 
 
 def _maddr_host(maddr: str) -> str | None:
@@ -180,8 +218,32 @@ def is_private_maddr(maddr: str) -> bool:
     return host is not None and _private(host)
 
 
-def status_target(peer: Mapping[str, Any], *, allow_private: bool) -> str:
-    """The URL to ask a peer record for its /status; ``ValueError`` saying why not."""
+def _addresses(host: str) -> list[str]:
+    """Every address ``host`` resolves to (an IP: itself)."""
+    if _is_ip(host):
+        return [host]
+    return sorted({str(info[4][0]) for info in socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)})
+
+
+#: how names are resolved (tests replace it; nothing else should)
+resolve: Callable[[str], list[str]] = _addresses
+
+
+def allowed_address(ip: str, *, allow_private: bool, named: Collection[str] = ()) -> bool:
+    """Whether the status fetch may connect to ``ip``: one the operator named, else a public one,
+    else (a local swarm) a loopback or private one; link-local, unspecified, multicast and
+    reserved ones only when named."""
+    if ip in named:
+        return True
+    addr = ipaddress.ip_address(ip)
+    if addr.is_link_local or addr.is_unspecified or addr.is_multicast or addr.is_reserved:
+        return False
+    return allow_private or not (addr.is_private or addr.is_loopback)
+
+
+def status_target(peer: Mapping[str, Any], *, allow_private: bool, named: Collection[str] = ()) -> str:
+    """The URL to ask a peer record for its /status, its host replaced by the checked address it
+    resolved to; ``ValueError`` saying why not."""
     announced = [str(m) for m in [*(peer.get("dht_maddrs") or []), *(peer.get("wire_maddrs") or [])]]
     url = dialable_url(str(peer.get("metrics_url") or ""), [m for m in announced if m.startswith("/ip4/")])
     parsed = urllib.parse.urlsplit(url)
@@ -189,9 +251,18 @@ def status_target(peer: Mapping[str, Any], *, allow_private: bool) -> str:
         raise ValueError(f"metrics url {url[:80]!r} is not a plain http URL")
     if parsed.hostname not in {_maddr_host(m) for m in announced}:
         raise ValueError(f"metrics url host {parsed.hostname!r} is not an address the record announces")
-    if _private(parsed.hostname) and not allow_private:
+    if _private(parsed.hostname) and not allow_private and parsed.hostname not in named:
         raise ValueError(f"metrics url host {parsed.hostname!r} is private and the swarm is not")
-    return url
+    try:
+        ips = resolve(parsed.hostname)
+    except (OSError, UnicodeError) as exc:
+        raise ValueError(f"metrics url host {parsed.hostname!r} does not resolve ({exc})") from None
+    bad = [ip for ip in ips if not allowed_address(ip, allow_private=allow_private, named=named)]
+    if not ips or bad:
+        raise ValueError(f"metrics url host {parsed.hostname!r} resolves to {', '.join(bad) or 'nothing'}, "
+                         "an address the status fetch does not ask")
+    host = f"[{ips[0]}]" if ":" in ips[0] else ips[0]
+    return urllib.parse.urlunsplit(parsed._replace(netloc=f"{host}:{parsed.port}" if parsed.port else host))
 
 
 def dialable_url(metrics_url: str, dht_maddrs: list[str]) -> str:
@@ -213,13 +284,13 @@ def _is_ip(host: str) -> bool:
 
 
 def statuses_of_peers(peers: list[Mapping[str, Any]], *, timeout: float = HTTP_TIMEOUT_S,
-                      allow_private: bool = False) -> list[NodeInput]:
+                      allow_private: bool = False, named: Collection[str] = ()) -> list[NodeInput]:
     """Ask every peer whose record announces an acceptable metrics URL (``status_target``) for
-    its /status, in parallel."""
+    its /status, in parallel (``named``: addresses the operator gave, e.g. the bootstrap's)."""
     targets, urls = [], []
     for p in peers:
         try:
-            urls.append(status_target(p, allow_private=allow_private))
+            urls.append(status_target(p, allow_private=allow_private, named=named))
             targets.append(p)
         except ValueError:
             continue
@@ -256,6 +327,7 @@ class DhtSource:
         self.log_path = Path(self._logdir.name) / "dht.log"
         cfg = DhtConfig(run_id=run_id, initial_peers=bootstrap, client_mode=True, bootstrap_timeout_s=timeout)
         self.local = bool(bootstrap) and all(is_private_maddr(m) for m in bootstrap)  # may ask private hosts
+        self.named = {h for m in bootstrap if (h := _maddr_host(m))}  # the operator gave these
         try:
             self.client = DhtClient.start(cfg, log_path=self.log_path)
         except BaseException:
@@ -267,7 +339,7 @@ class DhtSource:
 
     def read(self) -> tuple[list[NodeInput], list[dict[str, Any]]]:
         peers = self.peers()
-        return statuses_of_peers(peers, allow_private=self.local), peers
+        return statuses_of_peers(peers, allow_private=self.local, named=self.named), peers
 
     def close(self) -> None:
         try:

@@ -405,10 +405,12 @@ SYBILS: dict[str, tuple[str, int]] = {"sybil_trainers": ("trainer_role", 4), "sy
 
 
 def run_attack(name: str, root: Path, *, run_id: str, bootstrap: list[str], seconds: float,
-               host: str = "127.0.0.1") -> dict:
-    """Run attack ``name`` (one of ``ATTACKS`` or ``SYBILS``) for ``seconds``; what it tried and saw."""
-    attack, keys = SYBILS.get(name, (name, 1))
-    fn = ATTACKS[attack]
+               host: str = "127.0.0.1", attacks: dict[str, Callable[..., dict]] | None = None,
+               sybils: dict[str, tuple[str, int]] | None = None, on_start: Callable[[], None] | None = None) -> dict:
+    """Run attack ``name`` (one of ``attacks`` or ``sybils``, by default ``ATTACKS`` and
+    ``SYBILS``) for ``seconds``; what it tried and saw."""
+    attack, keys = (SYBILS if sybils is None else sybils).get(name, (name, 1))
+    fn = (ATTACKS if attacks is None else attacks)[attack]
     peers: list[Hostile] = []
     try:
         with ThreadPoolExecutor(max_workers=keys) as pool:  # Sybil keys start their workers at once
@@ -421,6 +423,8 @@ def run_attack(name: str, root: Path, *, run_id: str, bootstrap: list[str], seco
         if len(peers) < keys:
             raise RuntimeError(f"{keys - len(peers)} of {keys} hostile peers did not start")
         deadline = time.monotonic() + seconds
+        if on_start is not None:  # every key's workers run: the attack starts now
+            on_start()
         out: list[dict] = [{}] * keys
         threads = [threading.Thread(target=lambda i=i: out.__setitem__(i, fn(peers[i], deadline)), daemon=True)
                    for i in range(keys)]

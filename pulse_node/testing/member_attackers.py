@@ -215,14 +215,17 @@ def member_keys(root: Path, names: list[str]) -> dict[str, Path]:
 
 
 def run_member_attack(name: str, root: Path, *, identity: Path, run_id: str, bootstrap: list[str], seconds: float,
-                      host: str = "127.0.0.1") -> dict:
-    """Run member attack ``name`` for ``seconds`` under the admitted key file ``identity``."""
+                      host: str = "127.0.0.1", on_start: Callable[[], None] | None = None) -> dict:
+    """Run member attack ``name`` for ``seconds`` under the admitted key file ``identity``;
+    ``on_start`` is called once the attacker's workers are up (the bench's window starts then)."""
     from pulse_node.testing.attackers import Hostile
 
     (root / "key-0").mkdir(parents=True, exist_ok=True)
     shutil.copyfile(identity, root / "key-0" / "identity.key")
     h = Hostile(root / "key-0", run_id, bootstrap, host)
     try:
+        if on_start is not None:
+            on_start()
         res = MEMBER_ATTACKS[name](h, time.monotonic() + seconds)
         return {**res, "keys": 1, "peer_ids": [h.peer_id], "sent": dict(h.tally), "succeeded": False}
     finally:

@@ -9,7 +9,13 @@ per sender (the sender's oldest batch goes first: it is the stalest) and
 ``verify.max_total_bytes`` over all (the largest queue loses its oldest batch). Every refusal
 is tallied per sender by reason; refusals that mean the sender lied strike it (``TrustPolicy``:
 every 3 strikes ban it for 60 s, doubling per further ban up to 1 h), and a banned sender's
-batches are refused on arrival. ``tallies()`` is a plain dict for the node status.
+batches are refused on arrival, and those it had queued before the ban are dropped unverified
+when their turn comes (a ban must not still cost a forward per queued batch).
+
+Keys are free, so turns are not one per key: senders with standing (``net/standing.py``: a batch
+of theirs was accepted before) take their turns round robin, and senders without standing share
+one turn in every ``NEWCOMER_EVERY`` together, so 1 or 1,000 fresh keys cost the trainer the same
+verification work while honest batches wait. ``tallies()`` is a plain dict for the node status.
 """
 
 from __future__ import annotations
@@ -22,12 +28,15 @@ from pulse_node.chain.trust import TrustPolicy
 from pulse_node.codec.state import State
 from pulse_node.daemon.status import NodeStatus
 from pulse_node.errors import WireError
+from pulse_node.net.standing import Standing
 from pulse_node.rl.config import VerifyConfig
 from pulse_node.rl.rollout import Rollout, decode_rollouts
 from pulse_node.rl.verify import BatchVerdict, RolloutCheck, RolloutVerifier
 
 #: senders whose tallies are kept (the least recently seen idle sender is forgotten first)
 MAX_TRACKED_SENDERS = 1024
+#: while senders with standing have batches queued, one take in this many goes to a newcomer
+NEWCOMER_EVERY = 4
 
 
 @dataclass
@@ -47,9 +56,11 @@ class SenderTally:
 class RolloutIntake:
     """Per-sender FIFOs of raw rollout batches, served round robin."""
 
-    def __init__(self, cfg: VerifyConfig, *, trust: TrustPolicy) -> None:
+    def __init__(self, cfg: VerifyConfig, *, trust: TrustPolicy, standing: Standing | None = None) -> None:
         self.cfg = cfg
         self.trust = trust  # the node's: a sender banned for lying about rollouts is banned everywhere
+        self.standing = standing if standing is not None else Standing()
+        self._known_in_a_row = 0
         self._queues: dict[str, deque[bytes]] = {}
         self._turns: deque[str] = deque()  # senders with queued batches, next turn first
         self._tally: dict[str, SenderTally] = {}
@@ -88,11 +99,16 @@ class RolloutIntake:
         return bool(kept) and kept[-1] is item
 
     def take(self) -> tuple[str, bytes] | None:
-        """The next batch, round robin over senders (None when every queue is empty)."""
+        """The next batch (None when every queue is empty): senders with standing round robin,
+        newcomers one turn in ``NEWCOMER_EVERY`` together; a banned sender's queue is dropped."""
         while self._turns:
-            sender = self._turns.popleft()
+            sender = self._next_turn()
             queue = self._queues.get(sender)
             if not queue:
+                continue
+            if self.trust.ignored(sender):  # banned after these were queued: never verified
+                while queue:
+                    self._drop_oldest(sender, reason="banned")
                 continue
             data = queue.popleft()
             self._account(sender, -1, -len(data))
@@ -103,7 +119,21 @@ class RolloutIntake:
             return sender, data
         return None
 
+    def _next_turn(self) -> str:
+        """Pop the sender whose turn it is."""
+        known = next((s for s in self._turns if self.standing.known(s)), None)
+        newcomer = next((s for s in self._turns if not self.standing.known(s)), None)
+        if known is not None and (newcomer is None or self._known_in_a_row < NEWCOMER_EVERY - 1):
+            self._known_in_a_row += 1
+            pick = known
+        else:
+            self._known_in_a_row = 0
+            pick = newcomer if newcomer is not None else self._turns[0]
+        self._turns.remove(pick)
+        return pick
+
     def accepted(self, sender: str, rollouts: int) -> None:
+        self.standing.accepted(sender)
         t = self.tally(sender)
         t.accepted += 1
         t.accepted_rollouts += rollouts
@@ -114,6 +144,7 @@ class RolloutIntake:
         t.rejected[reason] = t.rejected.get(reason, 0) + 1
         if strike:
             self.trust.strike(sender)
+            self.standing.struck(sender)
             t.strikes = self.trust.strikes[sender]
 
     def tallies(self) -> dict[str, dict]:
@@ -130,11 +161,11 @@ class RolloutIntake:
         t.queued_bytes += nbytes
         self.total_bytes += nbytes
 
-    def _drop_oldest(self, sender: str) -> None:
+    def _drop_oldest(self, sender: str, *, reason: str = "queue_full") -> None:
         queue = self._queues[sender]
         data = queue.popleft()
         self._account(sender, -1, -len(data))
-        self.refused(sender, "queue_full", strike=False)
+        self.refused(sender, reason, strike=False)
         if not queue:
             del self._queues[sender]
 
@@ -156,9 +187,9 @@ class RolloutFeed:
     """
 
     def __init__(self, verifier: RolloutVerifier, cfg: VerifyConfig, *, status: NodeStatus,
-                 trust: TrustPolicy) -> None:
+                 trust: TrustPolicy, standing: Standing | None = None) -> None:
         self.verifier, self.status = verifier, status
-        self.intake = RolloutIntake(cfg, trust=trust)
+        self.intake = RolloutIntake(cfg, trust=trust, standing=standing)
         self.states: dict[int, State] = {}
 
     def keep_state(self, version: int, state: State) -> None:

@@ -28,7 +28,6 @@ from pulse_node.config import TrainerConfig
 from pulse_node.daemon.context import RoleContext
 from pulse_node.daemon.evidence_plane import EvidencePlane, node_trust
 from pulse_node.daemon.status_model import VersionEntry
-from pulse_node.daemon.transport import push_to_all
 from pulse_node.errors import IntegrityError, PulseError
 from pulse_node.loco.bound import PayloadBound
 from pulse_node.loco.payload import LocoPayload, encode_payload
@@ -71,7 +70,7 @@ class TrainerRole:
         self.trust = node_trust(cfg)  # with the evidence book: convicted members are refused for good
         self.evidence = EvidencePlane(ctx, self.trust)
         self.trust.listen_members(ctx.share_members)  # the data plane serves members first
-        self.feed = RolloutFeed(verifier, cfg.verify, status=ctx.status, trust=self.trust)
+        self.feed = RolloutFeed(verifier, cfg.verify, status=ctx.status, trust=self.trust, standing=ctx.standing)
         self.own_batches = 0
         self.agreement = RoundAgreement(ctx, shapes=self.shapes, current_round=lambda: self.outer.round,
                                         base=self._base, trust=self.trust, bound=PayloadBound.of_trainer(cfg))
@@ -225,6 +224,7 @@ class TrainerRole:
         if rec.signer != key or not self.trust.trainers.is_member(key):
             raise IntegrityError(f"head record of {rec.short()} is not signed by its sender, a trainer-set member")
         self.trust.verify(rec, sender=sender)
+        self.ctx.standing.head_matched(sender)
         self.peer_heads.setdefault(rec.version, {})[key] = rec.state_hash
 
     def _check_agreement(self) -> None:
@@ -371,8 +371,9 @@ class TrainerRole:
             return
         self.ctx.announce(version=head.version, chain_hash=head.chain_hash, state_hash=head.state_hash)
         if push:
-            # inference nodes learn the head, trainers compare states
-            push_to_all(self.ctx.transport, self.ctx.peers(), "head", encode_record(head), timeout=5.0)
+            # inference nodes learn the head, trainers compare states; in the background, members
+            # and peers with standing first: a peer that never answers cannot hold the version back
+            self.ctx.push_in_background("head", encode_record(head), self.ctx.peers())
 
     # ---- inputs ------------------------------------------------------------------------
     def _drain_events(self, wait_s: float = 0.0) -> None:
@@ -417,4 +418,5 @@ class TrainerRole:
         return rollouts
 
     def close(self) -> None:
+        self.ctx.close()
         self.engine.close()

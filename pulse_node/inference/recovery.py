@@ -1,0 +1,234 @@
+"""Recovery of an inference node that cannot take the next patch: catch-up patches and anchors.
+
+``VersionSync`` (``inference/syncer.py``) falls back here when it is ``catchup_min_gap`` or more
+versions behind (one catch-up patch ``base -> head`` instead of the patches, made on demand by a
+peer, ``chain/catchup_producer.py``), when nobody serves the next patch any more (a catch-up
+patch, else an anchor), and when it holds no state yet (the newest anchor, ``anchor_load.py``).
+Offers are tried in standing order (``net/standing.py``): peers that delivered before, members,
+then at most ``FETCH_UNKNOWN`` peers without standing, so fresh keys announcing versions or
+anchors cost a few tries, not one per key. Every download is capped before a byte is read: a
+catch-up patch by twice the dense size of our own state, an anchor by its signed manifest.
+"""
+
+from __future__ import annotations
+
+import abc
+import logging
+import random
+import time
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+from pulse_node.chain.catchup import check_catchup
+from pulse_node.chain.patchinfo import patch_hashes
+from pulse_node.chain.record import VersionRecord
+from pulse_node.chain.store import VersionStore
+from pulse_node.chain.trust import TrustPolicy
+from pulse_node.codec.inplace import Changes, apply_patch_inplace
+from pulse_node.codec.state import State, state_nbytes
+from pulse_node.config import NetConfig
+from pulse_node.daemon.transport import PeerInfo, Transport
+from pulse_node.errors import (
+    BusyError,
+    GapError,
+    IntegrityError,
+    PatchError,
+    PulseError,
+)
+from pulse_node.inference.anchor_load import load_anchor
+from pulse_node.net.standing import FETCH_UNKNOWN, Standing
+
+log = logging.getLogger("pulse.sync")
+
+Offer = tuple[PeerInfo, int]  # a peer to ask for a catch-up patch, and the target version to ask for
+#: anchors offered by peers tried per recovery, at most (each costs a record fetch)
+MAX_ANCHOR_TRIES = 8
+
+
+def catchup_cap(state: State) -> int:
+    """Largest catch-up patch accepted: twice the dense size of the state it applies to (a
+    fully changed state codes to ~1.04x dense), recomputed here, never what a peer says."""
+    return 2 * state_nbytes(state) + (1 << 20)
+
+
+@dataclass(frozen=True)
+class CatchupApplied:
+    """One catch-up patch applied: from ``base`` to ``target`` in ``patch_bytes``."""
+
+    base: int
+    target: int
+    patch_bytes: int
+
+
+class Recovery(abc.ABC):
+    """The catch-up and anchor paths of ``VersionSync`` (which provides the state used here)."""
+
+    store: VersionStore
+    transport: Transport
+    trust: TrustPolicy
+    net: NetConfig
+    standing: Standing
+    record: VersionRecord | None
+    state: State | None
+    counters: Counter[str]
+    catchup_min_gap: int
+    catchup_wait_s: float
+    last_catchup: CatchupApplied | None
+    _pending: tuple[int, str, int, float] | None
+    _no_catchup_base: int
+    _tmp: Any
+
+    @abc.abstractmethod
+    def _first_try(self, peer_id: str) -> float | None:
+        """Seconds a first record fetch from ``peer_id`` may take (None: the default)."""
+
+    @abc.abstractmethod
+    def _fetch_record(self, peer: PeerInfo, version: int, *, timeout: float | None = None) -> VersionRecord:
+        """``peer``'s record of ``version``, bounded and decoded."""
+
+    @abc.abstractmethod
+    def _fetch(self, peer: PeerInfo, kind: str, params: dict, *, max_bytes: int,
+               timeout: float | None = None) -> bytes:
+        """One bounded download of ``kind`` from ``peer``."""
+
+    @abc.abstractmethod
+    def _adopt(self, record: VersionRecord, state: State) -> None:
+        """Make ``record``/``state`` the version held."""
+
+    @abc.abstractmethod
+    def _moved(self, base: int, target: int, changes: Changes) -> None:
+        """Remember the in-place step ``base -> target`` for the live model."""
+
+    def _recover_gap(self, peers: list[PeerInfo], head: int, *, older_anchors: bool) -> None:
+        """Nobody serves the next patch any more: try a catch-up patch, else an anchor.
+
+        Only ``older_anchors`` (after ``stall_passes`` passes without progress: the way off a
+        fork) may that anchor be one we are already past; sooner, the next version may just not
+        be in the DHT yet, and an older anchor would cost a full download to end where we are.
+        """
+        assert self.record is not None
+        self.counters["gaps"] += 1
+        if self.state is not None and self._catch_up(self._catchup_offers(peers, head, min_gap=1))[0]:
+            return
+        self._recover_from_anchor(peers, head, above=-1 if older_anchors else self.record.version)
+
+    def _catch_up_if_behind(self, peers: list[PeerInfo], head: int) -> list[VersionRecord] | None:
+        """``catchup_min_gap`` or more versions behind: one catch-up patch instead of the patches.
+
+        Returns ``[record caught up to]`` or ``[]`` (fetch patches), or None while the peer that
+        answered "busy" may still be making ours (until ``catchup_wait_s``, then patches).
+        """
+        assert self.record is not None
+        base, pending = self.record.version, self._pending
+        if pending is not None and (pending[0] != base or time.monotonic() > pending[3]):
+            if pending[0] == base:
+                self._no_catchup_base = base  # waited long enough
+            self._pending = pending = None
+        if not self.catchup_min_gap or head - base < self.catchup_min_gap or base == self._no_catchup_base:
+            return []
+        offers = ([(p, pending[2]) for p in peers if p.peer_id == pending[1]] if pending
+                  else self._catchup_offers(peers, head, min_gap=self.catchup_min_gap))
+        rec, busy = self._catch_up(offers)
+        if rec is not None or busy is None:
+            self._pending = None
+            self._no_catchup_base = -1 if rec is not None else base
+            return [rec] if rec is not None else []
+        if pending is None:
+            self._pending = (base, busy[0].peer_id, busy[1], time.monotonic() + self.catchup_wait_s)
+        return None
+
+    def _catchup_offers(self, peers: list[PeerInfo], head: int, *, min_gap: int) -> list[Offer]:
+        """(peer, target = its version) pairs at least ``min_gap`` ahead of us, in standing order:
+        peers that delivered before, members, at most ``FETCH_UNKNOWN`` others (a flood of fresh
+        keys announcing versions costs a few tries, not one per key); nearest the head first
+        within each."""
+        assert self.record is not None
+        offers = [(p, min(p.version, head)) for p in peers if p.peer_id != self.transport.peer_id
+                  and not self.trust.ignored(p.peer_id) and min(p.version, head) - self.record.version >= min_gap]
+        random.shuffle(offers)
+        offers.sort(key=lambda o: -o[1])
+        return self.standing.providers(offers, quota=FETCH_UNKNOWN, key=lambda o: o[0].peer_id)
+
+    def _catch_up(self, offers: list[Offer]) -> tuple[VersionRecord | None, Offer | None]:
+        """Ask each (peer, target) for a catch-up patch from our version; returns (the record we
+        caught up to, None) or (None, the first offer that answered busy, if any)."""
+        assert self.record is not None and self.state is not None
+        busy = None
+        for peer, target in offers:
+            try:
+                rec = self._fetch_record(peer, target, timeout=self._first_try(peer.peer_id))
+                if not self.trust.check(rec, sender=peer.peer_id):
+                    continue
+                patch = self._fetch(peer, "catchup", {"base": self.record.version, "target": target},
+                                    max_bytes=catchup_cap(self.state))
+                self._apply_catchup(peer, rec, patch)
+                self.standing.delivered(peer.peer_id)
+                return rec, None
+            except BusyError as exc:
+                busy = busy or (peer, target)
+                log.info("catch-up from %s: %s", peer.peer_id[:12], exc)
+            except PulseError as exc:
+                self.counters["catchup_misses"] += 1
+                self.standing.failed(peer.peer_id)
+                log.info("catch-up from %s failed: %s", peer.peer_id[:12], exc)
+        return None, busy
+
+    def _apply_catchup(self, peer: PeerInfo, rec: VersionRecord, patch: bytes) -> None:
+        assert self.record is not None and self.state is not None
+        try:
+            if patch_hashes(patch)[0] != self.record.state_hash:  # the peer's history differs: no lie
+                raise GapError(f"catch-up starts from another state of version {self.record.version}")
+            check_catchup(patch, from_record=self.record, to_record=rec)  # header names both signed hashes
+            # apply checks the result against that hash, so it is not computed twice; in place,
+            # and a failure leaves our version intact
+            changes = apply_patch_inplace(self.state, patch, verify=True, base_hash=self.record.state_hash)
+        except (IntegrityError, PatchError):
+            self.trust.strike(peer.peer_id)
+            self.standing.struck(peer.peer_id)
+            raise
+        try:
+            self.store.put_current(rec, self.state)  # a restart resumes from here
+        except BaseException:
+            changes.undo(self.state)  # refused by the store: we stay at our version
+            raise
+        self.last_catchup = CatchupApplied(self.record.version, rec.version, len(patch))
+        base = self.record.version
+        self._adopt(rec, self.state)
+        self._moved(base, rec.version, changes)
+        self.counters["catchups"] += 1
+        self.counters["catchup_bytes_in"] += len(patch)
+        log.info("caught up to version %d with one %d-byte patch from %s", rec.version, len(patch), peer.peer_id[:12])
+
+    def _recover_from_anchor(self, peers: list[PeerInfo], head: int, *, above: int = -1) -> None:
+        """Load the newest anchor above ``above`` that peers serve, bounded and checked by its signed
+        record (``anchor_load.py``); at most ``MAX_ANCHOR_TRIES`` offers per call."""
+        live = [p for p in peers if not self.trust.ignored(p.peer_id) and p.peer_id != self.transport.peer_id]
+        by_id = {p.peer_id: p for p in live}
+        # only anchors at or below the verified head count (an announced one above it is no
+        # version a member signed); the offers in standing order (members' and peers' that
+        # delivered before, then at most FETCH_UNKNOWN offers of peers without standing), newest
+        # first within each: fresh keys announcing anchors cannot use up the tries
+        offers = [(a, p.peer_id) for p in live for a in set(p.anchors) if above < a <= head]
+        random.shuffle(offers)
+        offers.sort(key=lambda o: -o[0])
+        offers = self.standing.providers(offers, quota=FETCH_UNKNOWN, key=lambda o: o[1])
+        for anchor, pid in offers[:MAX_ANCHOR_TRIES]:
+            try:
+                rec = self._fetch_record(by_id[pid], anchor, timeout=self._first_try(pid))
+                if not rec.is_anchor:
+                    self.trust.strike(pid)  # it announced an anchor it does not hold
+                    continue
+                if not self.trust.check(rec, sender=pid):
+                    continue
+                holders = self.standing.providers([p for p in live if anchor in p.anchors], quota=FETCH_UNKNOWN)
+                state = load_anchor(self.transport, self.trust, rec, by_id[pid], holders, self._tmp,
+                                    timeout=self.net.fetch_timeout_s * 4)
+                self.store.put_anchor(rec, state)
+                self._adopt(rec, state)
+                self.standing.delivered(pid)
+                self.counters["anchor_loads"] += 1
+                return
+            except PulseError as exc:
+                self.standing.failed(pid)
+                log.info("anchor %d from %s failed: %s", anchor, pid[:12], exc)
