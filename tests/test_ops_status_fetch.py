@@ -180,7 +180,7 @@ def test_the_status_server_serves_with_a_bounded_pool() -> None:
 
     import time
 
-    server = StatusServer(NodeStatus(role="trainer", peer_id=PID, run_id="r"), idle_timeout=5.0)
+    server = StatusServer(NodeStatus(role="trainer", peer_id=PID, run_id="r"), idle_timeout=120.0)  # the test closes them
     idle = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(MAX_STATUS_THREADS)]
     try:
         deadline = time.monotonic() + 10
@@ -192,7 +192,7 @@ def test_the_status_server_serves_with_a_bounded_pool() -> None:
             s.settimeout(5)
             assert s.recv(1) == b""
             s.close()
-        assert server.busy() == MAX_STATUS_THREADS and threading.active_count() == threads
+        assert server.busy() == MAX_STATUS_THREADS and threading.active_count() <= threads  # no thread per refused one
         for s in idle:
             s.close()
         while server.busy() and time.monotonic() < deadline:
