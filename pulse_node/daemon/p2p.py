@@ -19,7 +19,7 @@ from typing import Any
 
 from pulse_node import __version__
 from pulse_node.chain.identity import Identity
-from pulse_node.config import NodeConfig
+from pulse_node.config import RoleConfig, TrainerConfig
 from pulse_node.daemon.transport import PeerInfo
 from pulse_node.errors import PulseError, WireError
 from pulse_node.net import spool
@@ -39,7 +39,7 @@ log = logging.getLogger("pulse.p2p")
 class P2PTransport:
     """``Transport`` over a DhtClient and a WireClient (both separate processes)."""
 
-    def __init__(self, cfg: NodeConfig, dht: DhtClient, wire: WireClient) -> None:
+    def __init__(self, cfg: RoleConfig, dht: DhtClient, wire: WireClient) -> None:
         self.cfg = cfg
         self.dht = dht
         self.wire = wire
@@ -54,10 +54,10 @@ class P2PTransport:
         self._prefer = [peer_id_of_key(k) for k in sorted(trainers.configured)]
 
     @classmethod
-    def create(cls, cfg: NodeConfig, identity: Identity, store_root: Path) -> "P2PTransport":
+    def create(cls, cfg: RoleConfig, identity: Identity, store_root: Path) -> "P2PTransport":
         """Start both workers (wire first: it is local-only and fails fast)."""
         data = Path(cfg.data_dir)
-        trainer = getattr(cfg, "role", "") == "trainer"
+        trainer = cfg.role == "trainer"
         cap = _spool_cap(cfg)
         wire = WireClient.start(WireConfig(store=store_root, listen=cfg.net.wire_listen, announce=cfg.net.wire_announce,
                                            identity=data / "identity.key", budget=cfg.net.budget),
@@ -203,10 +203,10 @@ def _merged(*counts: dict[str, int]) -> dict[str, int]:
     return out
 
 
-def _spool_cap(cfg: NodeConfig) -> int:
+def _spool_cap(cfg: RoleConfig) -> int:
     """Largest push through a trainer's spool: the payload size its agreement accepts (1 GiB by default)."""
-    loco = getattr(cfg, "loco", None)
-    return max(spool.THRESHOLD + 1, int(getattr(loco, "max_payload_bytes", spool.DEFAULT_MAX_PUSH)))
+    cap = cfg.loco.max_payload_bytes if isinstance(cfg, TrainerConfig) else spool.DEFAULT_MAX_PUSH
+    return max(spool.THRESHOLD + 1, cap)
 
 
 def _full(maddrs: list[str], peer_id: str, announce: list[str]) -> list[str]:

@@ -32,9 +32,9 @@ from pulse_node.rl.tasks import make_task_source
 class InferenceRole:
     """Runs until stopped (or until ``max_versions`` is held, then keeps serving)."""
 
-    def __init__(self, ctx: RoleContext) -> None:
+    def __init__(self, ctx: RoleContext[InferenceConfig]) -> None:
         self.ctx = ctx
-        self.cfg: InferenceConfig = ctx.cfg  # type: ignore[assignment]
+        self.cfg = ctx.cfg
         cfg = self.cfg
         self.trust = TrustPolicy(TrainerSet.from_config(cfg.chain, run_id=cfg.run_id), min_signers=cfg.chain.min_signers)
         self.trust.listen_members(ctx.share_members)  # the data plane serves members first
