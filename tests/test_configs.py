@@ -64,6 +64,19 @@ def test_a_node_config_is_the_variant_its_role_names(tmp_path):
         load_node_config(f, ["grpo.lrr=1"])  # the variant tag does not lead the error's key
 
 
+def test_a_setting_is_declared_once():
+    """``SwarmConfig`` and the role configs share settings by inheritance, never by re-declaring
+    them: no class declares a field that one of its bases already declares."""
+    from pulse_node.config import NodeConfig, SharedSettings, TrainingSettings
+
+    for cls in (SharedSettings, TrainingSettings, NodeConfig, TrainerConfig, InferenceConfig, SwarmConfig):
+        own = set(cls.__annotations__) - {"model_config"}
+        inherited = {f for base in cls.__mro__[1:] for f in getattr(base, "model_fields", {})}
+        assert not own & inherited, f"{cls.__name__} re-declares {sorted(own & inherited)}"
+    assert set(SharedSettings.model_fields) <= set(SwarmConfig.model_fields) & set(InferenceConfig.model_fields)
+    assert set(TrainingSettings.model_fields) <= set(SwarmConfig.model_fields) & set(TrainerConfig.model_fields)
+
+
 def test_cli_help_is_fast_and_does_not_import_torch():
     code = "import sys; from pulse_node.cli import main\n" \
            "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n" \
