@@ -23,9 +23,10 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from pulse_node.daemon.status_model import StatusReport, StatusSchemaError, parse_status, read_status
 from pulse_node.errors import PulseError

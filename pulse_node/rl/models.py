@@ -9,7 +9,8 @@ boolean ``mask`` (True = real token); position ids are derived from it, so left 
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 import torch.nn as nn
