@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
+from pulse_node.net import wire_protocol as wp
 from pulse_node.net.rpc_api import Request
-from pulse_node.net.wire_protocol import StreamKind
 from pulse_node.vocab import Event, FetchKind, PushKind
 
 R = TypeVar("R")
@@ -101,6 +101,6 @@ class Stats(WireRequest[dict[str, Any]]):
 
 class Probe(WireRequest[bytes]):
     peer: str
-    kind: StreamKind
+    kind: wp.StreamKind
     raw: bytes
     timeout: float
