@@ -25,7 +25,7 @@ import os
 import sys
 import time
 from collections import deque
-from collections.abc import Callable
+from typing import Callable
 
 import numpy as np
 

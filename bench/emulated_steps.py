@@ -24,7 +24,7 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Iterator
+from typing import Iterator
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import os
 import secrets
-from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Iterator
 
 #: write buffer of the temp file (large bodies are streamed through it)
 _BUFFER = 1 << 20

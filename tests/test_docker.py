@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from helpers import wait_for
 
 pytestmark = pytest.mark.slow

@@ -11,10 +11,9 @@ import socket
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Generic, Literal, TypeVar
+from typing import Any, Generic, Iterator, Literal, TypeVar
 
 import anyio
 import msgpack

@@ -13,7 +13,6 @@ import dataclasses
 from pathlib import Path
 
 import pytest
-from helpers import tiny_overrides
 
 from pulse_node.chain.identity import Identity
 from pulse_node.chain.record import encode_record, make_record
@@ -29,6 +28,7 @@ from pulse_node.testing.faults import ForgedChain
 from pulse_node.testing.memory import MemoryHub
 from pulse_node.torchbits import module_state
 from pulse_node.trainer.state import export_trainer_state
+from helpers import tiny_overrides
 from pulse_node.vocab import DEFAULT_RUN_ID
 
 RUN = DEFAULT_RUN_ID

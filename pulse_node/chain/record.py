@@ -35,9 +35,8 @@ import hashlib
 import math
 import re
 import time
-from collections.abc import Collection
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, Collection
 
 import msgpack
 

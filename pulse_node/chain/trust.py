@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable
+from typing import Callable, Iterable
 
 from pulse_node.chain.identity import peer_id_of_key
 from pulse_node.chain.record import VersionRecord, verify_record

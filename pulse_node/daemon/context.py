@@ -15,9 +15,10 @@ from pulse_node.chain.identity import Identity
 from pulse_node.chain.store import VersionStore
 from pulse_node.config import InferenceConfig, TrainerConfig
 from pulse_node.daemon.status import NodeStatus
-from pulse_node.daemon.transport import PeerInfo, Transport
 from pulse_node.errors import PulseError
+from pulse_node.daemon.transport import PeerInfo, Transport
 from pulse_node.net.dht_records import PeerStatus, Serves
+
 
 C = TypeVar("C", bound=TrainerConfig | InferenceConfig)
 D = TypeVar("D", bound=TrainerConfig | InferenceConfig)

@@ -18,11 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from pulse_node import __version__
-from pulse_node.chain.anchor import Piece
-from pulse_node.chain.identity import Identity, peer_id_of_key
-from pulse_node.chain.trainerset import TrainerSet
+from pulse_node.chain.identity import Identity
 from pulse_node.config import RoleConfig, TrainerConfig
-from pulse_node.daemon.transport import AnchorFetch, DataPlane, FetchParams, PeerInfo
+from pulse_node.daemon.transport import DataPlane, FetchParams, PeerInfo
 from pulse_node.errors import PulseError, WireError
 from pulse_node.net import spool
 from pulse_node.net.dht_client import DhtClient, DhtConfig
@@ -30,6 +28,10 @@ from pulse_node.net.dht_records import PeerCounters, PeerStatus
 from pulse_node.net.wire_client import WireClient, WireConfig
 from pulse_node.net.wire_protocol import PUSH_CAPS
 from pulse_node.vocab import Event, FetchKind, PushKind, check_fetch_kind, check_push_kind
+from pulse_node.chain.anchor import Piece
+from pulse_node.chain.identity import peer_id_of_key
+from pulse_node.chain.trainerset import TrainerSet
+from pulse_node.daemon.transport import AnchorFetch
 
 log = logging.getLogger("pulse.p2p")
 
@@ -52,7 +54,7 @@ class P2PTransport:
         self._prefer = [peer_id_of_key(k) for k in sorted(trainers.configured)]
 
     @classmethod
-    def create(cls, cfg: RoleConfig, identity: Identity, store_root: Path) -> P2PTransport:
+    def create(cls, cfg: RoleConfig, identity: Identity, store_root: Path) -> "P2PTransport":
         """Start both workers (wire first: it is local-only and fails fast)."""
         data = Path(cfg.data_dir)
         trainer = cfg.role == "trainer"

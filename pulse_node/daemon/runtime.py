@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol
+from typing import Callable, Protocol
 
 from pulse_node.chain.identity import Identity
 from pulse_node.chain.store import VersionStore

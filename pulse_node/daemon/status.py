@@ -15,28 +15,16 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
 from pulse_node.daemon.status_model import (
-    ERROR_CHARS,
-    ERRORS_KEPT,
-    HISTORY_LEN,
-    SECTIONS,
-    DataPlane,
-    ErrorEntry,
-    EvalPoint,
-    StatusFieldError,
-    StatusReport,
-    VersionEntry,
-    gauge_fields,
-    new_report,
-)
+    ERROR_CHARS, ERRORS_KEPT, HISTORY_LEN, SECTIONS, DataPlane, ErrorEntry, EvalPoint, StatusFieldError, StatusReport,
+    VersionEntry, gauge_fields, new_report)
 from pulse_node.fsutil import write_atomic
 
 
@@ -177,7 +165,7 @@ class StatusServer:
     """``/metrics``, ``/health`` and ``/status`` on a local port, in a daemon thread."""
 
     def __init__(self, status: NodeStatus, *, host: str = "127.0.0.1", port: int = 0,
-                 healthy: callable | None = None) -> None:
+                 healthy: "callable | None" = None) -> None:
         handler = _make_handler(status, healthy or (lambda: True))
         self.httpd = ThreadingHTTPServer((host, port), handler)
         self.httpd.daemon_threads = True

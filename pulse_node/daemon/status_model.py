@@ -17,9 +17,8 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Iterator, Literal, Mapping
 
 import pydantic
 from pydantic import Field

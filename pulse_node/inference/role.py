@@ -12,14 +12,14 @@ whose signed record declares the rollout settings of our config (``rl/settings.p
 from __future__ import annotations
 
 from pulse_node.chain.record import encode_record
-from pulse_node.chain.trainerset import TrainerSet
-from pulse_node.chain.trust import TrustPolicy
 from pulse_node.config import InferenceConfig
+from pulse_node.errors import PulseError
 from pulse_node.daemon.context import RoleContext
 from pulse_node.daemon.status_model import VersionEntry
-from pulse_node.daemon.transport import push_to_all
-from pulse_node.errors import PulseError
 from pulse_node.inference.syncer import VersionSync
+from pulse_node.daemon.transport import push_to_all
+from pulse_node.chain.trainerset import TrainerSet
+from pulse_node.chain.trust import TrustPolicy
 from pulse_node.rl.assign import BatchKey
 from pulse_node.rl.config import GRPOConfig
 from pulse_node.rl.policy import build_policy

@@ -32,7 +32,7 @@ weights and momentum.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from typing import Mapping, Sequence
 
 import torch
 

@@ -33,9 +33,8 @@ and raises ``pulse_node.errors.WireError`` on anything else.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable, Mapping
 
 import msgpack
 import numpy as np

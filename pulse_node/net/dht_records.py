@@ -22,8 +22,7 @@ This module is pure (pydantic + msgpack): the node imports it without hivemind.
 
 from __future__ import annotations
 
-from collections.abc import Collection
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Collection, Literal, TypeVar
 
 import msgpack
 import pydantic
@@ -111,7 +110,7 @@ class PeerRecord(PeerStatus):
     leaving: bool = False
 
     @pydantic.model_validator(mode="after")
-    def _claims_bound_to_peer_id(self) -> PeerRecord:
+    def _claims_bound_to_peer_id(self) -> "PeerRecord":
         """The announced key is the one the peer id encodes; every address names this peer."""
         try:
             key = key_of_peer_id(self.peer_id)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import io
 import time
-from collections.abc import Sequence
+from typing import Sequence
 
 from rich import box
 from rich.console import Console, Group, RenderableType

@@ -14,9 +14,8 @@ identities, lagging, stale or dead nodes, statuses of an unknown schema). ``puls
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Mapping, Sequence
 
 import pydantic
 

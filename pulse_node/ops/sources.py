@@ -23,10 +23,9 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from pulse_node.daemon.status_model import StatusReport, StatusSchemaError, parse_status, read_status
 from pulse_node.errors import PulseError

@@ -9,8 +9,7 @@ boolean ``mask`` (True = real token); position ids are derived from it, so left 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from typing import Any
+from typing import Any, Mapping
 
 import torch
 import torch.nn as nn

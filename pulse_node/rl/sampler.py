@@ -13,7 +13,7 @@ distribution) and the weights' version.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Sequence
+from typing import Callable, Sequence
 
 import torch
 

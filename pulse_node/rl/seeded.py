@@ -17,7 +17,7 @@ float64 up to ``1 - U``, then in float32 (``log1p`` keeps it accurate near U = 1
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from typing import Sequence
 
 import blake3
 import numpy as np

@@ -22,9 +22,8 @@ All replicas end every round bit-identical (``RoundRecord.hashes``); nothing re-
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Callable, Collection, Mapping, Protocol
 
 import torch
 

@@ -14,9 +14,8 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import blake3
 
@@ -26,6 +25,7 @@ from pulse_node.errors import BusyError, IntegrityError, NotFound, PeerBusy, Pee
 from pulse_node.fsutil import write_atomic
 from pulse_node.net.dht_records import PeerStatus
 from pulse_node.vocab import Event, FetchKind, PushKind, check_fetch_kind, check_push_kind
+
 
 Resolver = Callable[[str, dict[str, Any]], "Path | None"]
 
@@ -40,7 +40,7 @@ class MemoryHub:
         self.inboxes: dict[str, deque[Event]] = {}
         self.down: set[str] = set()
 
-    def join(self, peer_id: str, resolver: Resolver) -> MemoryTransport:
+    def join(self, peer_id: str, resolver: Resolver) -> "MemoryTransport":
         with self.lock:
             self.resolvers[peer_id] = resolver
             self.inboxes[peer_id] = deque(maxlen=4096)

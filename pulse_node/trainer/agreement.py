@@ -52,23 +52,22 @@ import enum
 import shutil
 import threading
 import time
-from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Mapping
 
 from pulse_node.chain.serving import LOCO_DIR, loco_decision_path, loco_payload_path
 from pulse_node.chain.trainerset import TrainerSet
 from pulse_node.chain.trust import TrustPolicy
+from pulse_node.errors import BaseMismatchError, IntegrityError, PulseError, WireError
+from pulse_node.fsutil import write_atomic
+from pulse_node.loco.decision import (MAX_DECISION_BYTES, RoundDecision, decode_decision, encode_decision,
+                                      make_decision, payload_digest, verify_decision)
+from pulse_node.loco.bound import PayloadBound, PayloadBoundError, max_payload_bytes
+from pulse_node.loco.payload import LocoPayload, decode_payload, read_header
 from pulse_node.config import TrainerConfig
 from pulse_node.daemon.context import RoleContext
 from pulse_node.daemon.transport import PeerInfo, push_to_all
-from pulse_node.errors import BaseMismatchError, IntegrityError, PulseError, WireError
-from pulse_node.fsutil import write_atomic
-from pulse_node.loco import decision as dec
-from pulse_node.loco.bound import PayloadBound, PayloadBoundError, max_payload_bytes
-from pulse_node.loco.decision import MAX_DECISION_BYTES, RoundDecision, payload_digest
-from pulse_node.loco.payload import LocoPayload, decode_payload, read_header
 from pulse_node.trainer.round_trust import RoundTrust
 
 KEEP_ROUNDS = 4  # rounds whose payloads and decisions a trainer keeps on disk and serves
@@ -247,7 +246,7 @@ class RoundAgreement:
             self.gate.refuse("decision", sender, "not_member", "not a trainer-set member", strike=True)
             raise IntegrityError(f"decision pushed by {sender[:12]}, not a trusted trainer-set member")
         try:
-            d = dec.decode_decision(data)
+            d = decode_decision(data)
             self._verify(d)
         except PayloadBoundError as exc:
             self.gate.refuse("decision", sender, "out_of_bound", str(exc), strike=False)
@@ -264,7 +263,7 @@ class RoundAgreement:
             raise IntegrityError(f"round {d.round} decision is for run {d.run_id!r}")
         if not self.gate.is_member(d.coordinator):
             raise IntegrityError(f"round {d.round} decision of {d.coordinator[:12]}: not a trusted trainer-set member")
-        dec.verify_decision(d, signer_key=self.gate.key_of(d.coordinator))
+        verify_decision(d, signer_key=self.gate.key_of(d.coordinator))
         if not all(map(self.gate.is_member, d.trainer_ids)):
             raise IntegrityError(f"round {d.round} decision names a contributor outside the trainer set")
         refused = set(self.refused.get(d.round, {}).values())
@@ -385,9 +384,9 @@ class RoundAgreement:
             if self._closed_elsewhere(r, live):
                 return None
         held = {tid: digest for tid, (digest, p) in self.inbox.get(r, {}).items() if p.base_hash == base}
-        d = dec.make_decision(self.ctx.identity, run_id=self.ctx.cfg.run_id, round=r, base=base,
+        d = make_decision(self.ctx.identity, run_id=self.ctx.cfg.run_id, round=r, base=base,
                           coordinator=self.me, contributors=held)
-        data = dec.encode_decision(d)
+        data = encode_decision(d)
         self._accept(d, data)
         self._push(list(live.values()), data, kind="loco_decision")
         self.ctx.status.add("decisions_made")
