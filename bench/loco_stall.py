@@ -69,7 +69,7 @@ class Hanging:
     def events(self, *, max_items: int = 256, wait_s: float = 0.0) -> list[Event]:
         return self.inner.events(max_items=max_items, wait_s=wait_s)
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self):
         return self.inner.stats()
 
     def close(self) -> None:

@@ -2,18 +2,21 @@
 
 Importable without torch, hivemind or libp2p. Sections (``model``, ``task``, ``sampling``,
 ``grpo``, ``loco``) are defined next to the code that uses them; this module composes them
-into ``TrainerConfig``, ``InferenceConfig`` and ``SwarmConfig``.
+into ``TrainerConfig`` and ``InferenceConfig`` (one ``RoleConfig``, told apart by ``role``) and
+``SwarmConfig``; settings both a node and a swarm have are declared once (``SharedSettings``,
+``TrainingSettings``).
 """
 
 from __future__ import annotations
 
+import functools
 import re
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, TypeAdapter, field_validator, model_validator
 
-from pulse_node.configload import StrictModel
+from pulse_node.configload import StrictModel, load_tree, validate_tree
 from pulse_node.loco.config import LocoConfig
 from pulse_node.net.budget import BudgetConfig
 from pulse_node.net.worker_config import ANY_PORT, RECORD_TTL_S, USE_RELAY, RunId
@@ -138,18 +141,13 @@ class ChainConfig(StrictModel):
         return self
 
 
-class NodeConfig(StrictModel):
-    """Settings every daemon role shares."""
+class SharedSettings(StrictModel):
+    """Settings a swarm gives every node, declared once: ``NodeConfig`` and ``SwarmConfig`` both
+    inherit them (``swarm/launcher.py`` copies them into each node's config)."""
 
     run_id: RunId = Field(DEFAULT_RUN_ID, description="the swarm this node joins (DHT keys, signed records)")
-    data_dir: Path = Path("./pulse-data")
     seed: int = 0
-    max_versions: int | None = Field(None, ge=1, description="stop after this version (default: run forever)")
-    metrics_host: str = "127.0.0.1"
-    metrics_port: int = Field(0, ge=0, le=65535, description="0 = any free port (written to data_dir/status.json)")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
-    torch_threads: int = Field(1, ge=0, description="torch intra-op threads (0 = torch default); 1 avoids "
-                               "oversubscription when several nodes share a machine")
     model: ModelConfig = Field(default_factory=ModelConfig)
     task: TaskConfig = Field(default_factory=TaskConfig)
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
@@ -158,6 +156,27 @@ class NodeConfig(StrictModel):
     verify: VerifyConfig = Field(default_factory=VerifyConfig)
     net: NetConfig = Field(default_factory=NetConfig)
     chain: ChainConfig = Field(default_factory=ChainConfig)
+
+
+class TrainingSettings(StrictModel):
+    """How trainers train, declared once: ``TrainerConfig`` and ``SwarmConfig`` both inherit them."""
+
+    grpo: GRPOConfig = Field(default_factory=GRPOConfig)
+    loco: LocoConfig = Field(default_factory=LocoConfig)
+    rollout_wait_s: float = Field(1.0, ge=0, description="wait this long for peers' rollouts, then make our own")
+    eval_every: int = Field(1, ge=0, description="held-out eval every N versions (0 = never)")
+
+
+class NodeConfig(SharedSettings):
+    """Settings of one daemon process, whatever its role (the base of ``TrainerConfig`` and
+    ``InferenceConfig``; a node's config is one of those, ``RoleConfig``)."""
+
+    data_dir: Path = Path("./pulse-data")
+    max_versions: int | None = Field(None, ge=1, description="stop after this version (default: run forever)")
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int = Field(0, ge=0, le=65535, description="0 = any free port (written to data_dir/status.json)")
+    torch_threads: int = Field(1, ge=0, description="torch intra-op threads (0 = torch default); 1 avoids "
+                               "oversubscription when several nodes share a machine")
 
 
 class DistConfig(StrictModel):
@@ -170,14 +189,10 @@ class DistConfig(StrictModel):
                               "(a GPU too small for its shard; slower; nothing to do on a CPU-only trainer)")
 
 
-class TrainerConfig(NodeConfig):
+class TrainerConfig(TrainingSettings, NodeConfig):
     """A trainer: GRPO inner steps, PULSELoCo rounds, version publication."""
 
     role: Literal["trainer"] = "trainer"
-    grpo: GRPOConfig = Field(default_factory=GRPOConfig)
-    loco: LocoConfig = Field(default_factory=LocoConfig)
-    rollout_wait_s: float = Field(1.0, ge=0, description="wait this long for peers' rollouts, then make our own")
-    eval_every: int = Field(1, ge=0, description="held-out eval every N versions (0 = never)")
     genesis_wait_s: float = Field(5.0, ge=0, description="wait this long to meet the other trainers before publishing genesis")
     dist: DistConfig = Field(default_factory=DistConfig, description="a trainer on several processes (torchrun)")
 
@@ -188,11 +203,32 @@ class InferenceConfig(NodeConfig):
     role: Literal["inference"] = "inference"
 
 
-class SwarmConfig(StrictModel):
+RoleConfig = Annotated[TrainerConfig | InferenceConfig, Field(discriminator="role")]
+"""A node's config: the variant is picked by its ``role`` key."""
+DEFAULT_ROLE = "inference"
+
+
+def load_node_config(path: str | Path | None, overrides: list[str] | None = None, *,
+                     role: str | None = None) -> TrainerConfig | InferenceConfig:
+    """A node's validated config: defaults < file < ``overrides`` < ``role`` (else the file's
+    ``role``, else inference), as the ``RoleConfig`` variant of that role."""
+    tree = load_tree(path, overrides)
+    if role is not None:
+        tree["role"] = role
+    tree.setdefault("role", DEFAULT_ROLE)
+    return validate_tree(_role_adapter(), tree, path=path)
+
+
+@functools.cache
+def _role_adapter() -> TypeAdapter[TrainerConfig | InferenceConfig]:
+    return TypeAdapter(RoleConfig)
+
+
+class SwarmConfig(TrainingSettings, SharedSettings):
     """``pulse-node swarm``: a bootstrap plus T trainers and I inference nodes as local processes.
 
-    The shared sections (``model``, ``task``, ``sampling``, ``chain``, ``net``) go to every node;
-    ``grpo``/``loco`` to trainers. Each node gets its own data dir under ``run_dir``.
+    The shared settings (``SharedSettings``) go to every node, the training settings
+    (``TrainingSettings``) to trainers. Each node gets its own data dir under ``run_dir``.
     """
 
     trainers: int = Field(2, ge=1, le=16)
@@ -203,21 +239,5 @@ class SwarmConfig(StrictModel):
     run_dir: Path = Path("./pulse-swarm")
     fresh: bool = Field(True, description="start a new run (wipe node stores in run_dir)")
     host: str = "127.0.0.1"
-    run_id: RunId = DEFAULT_RUN_ID
-    seed: int = 0
-    log_level: Literal["debug", "info", "warning", "error"] = "info"
     stop_timeout_s: float = Field(10.0, gt=0)
     start_timeout_s: float = Field(600.0, gt=0)
-    rollout_wait_s: float = Field(1.0, ge=0)
-    eval_every: int = Field(1, ge=0)
-    rollout_batches_per_version: int = Field(16, ge=0, le=4096)
-    model: ModelConfig = Field(default_factory=ModelConfig)
-    task: TaskConfig = Field(default_factory=TaskConfig)
-    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
-    chain: ChainConfig = Field(default_factory=ChainConfig)
-    net: NetConfig = Field(default_factory=NetConfig)
-    grpo: GRPOConfig = Field(default_factory=GRPOConfig)
-    loco: LocoConfig = Field(default_factory=LocoConfig)
-
-
-ROLE_CONFIGS: dict[str, type[NodeConfig]] = {"trainer": TrainerConfig, "inference": InferenceConfig}

@@ -17,6 +17,7 @@ import pydantic
 from pulse_node.errors import ConfigError
 
 C = TypeVar("C", bound=pydantic.BaseModel)
+T = TypeVar("T")
 
 
 class StrictModel(pydantic.BaseModel):
@@ -56,19 +57,33 @@ def read_toml(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"{p}: invalid TOML: {exc}") from None
 
 
-def load_config(cls: type[C], path: str | Path | None = None, overrides: list[str] | None = None) -> C:
-    """Build a validated config of ``cls`` from defaults, an optional TOML file and overrides."""
+def load_tree(path: str | Path | None, overrides: list[str] | None = None) -> dict[str, Any]:
+    """The raw tree of an optional TOML file with ``overrides`` merged in (not yet validated)."""
     tree: dict[str, Any] = read_toml(path) if path else {}
     for item in overrides or []:
         keys, value = parse_override(item)
         merge_override(tree, keys, value)
+    return tree
+
+
+def validate_tree(schema: pydantic.TypeAdapter[T], tree: dict[str, Any], *, path: str | Path | None = None) -> T:
+    """``tree`` validated as ``schema`` (a model, or a union of models told apart by ``role``);
+    otherwise a ``ConfigError`` naming the first bad key."""
     try:
-        return cls.model_validate(tree)
+        return schema.validate_python(tree)
     except pydantic.ValidationError as exc:
         where = f"{path}: " if path else ""
         first = exc.errors()[0]
-        loc = ".".join(str(x) for x in first["loc"])
-        raise ConfigError(f"{where}{loc}: {first['msg']} ({exc.error_count()} error(s))") from None
+        loc = first["loc"]
+        if len(loc) > 1 and loc[0] == tree.get("role"):
+            loc = loc[1:]  # a union's variant tag (the role) leads the location
+        key = ".".join(str(x) for x in loc)
+        raise ConfigError(f"{where}{key}: {first['msg']} ({exc.error_count()} error(s))") from None
+
+
+def load_config(cls: type[C], path: str | Path | None = None, overrides: list[str] | None = None) -> C:
+    """Build a validated config of ``cls`` from defaults, an optional TOML file and overrides."""
+    return validate_tree(pydantic.TypeAdapter(cls), load_tree(path, overrides), path=path)
 
 
 def dump_toml(config: pydantic.BaseModel) -> str:

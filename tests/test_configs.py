@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pulse_node.config import ROLE_CONFIGS, SwarmConfig, TrainerConfig
+from pulse_node.config import InferenceConfig, SwarmConfig, TrainerConfig, load_node_config
 from pulse_node.configload import dump_toml, load_config, read_toml
 from pulse_node.errors import ConfigError
 from pulse_node.rl.config import SoloConfig
@@ -17,16 +17,17 @@ ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = sorted((ROOT / "configs").glob("*.toml"))
 
 
-def config_class(path: Path):
+def load_any(path: Path):
     tree = read_toml(path)
     if "role" in tree:
-        return ROLE_CONFIGS[tree["role"]]
-    return SwarmConfig if "trainers" in tree or path.stem == "swarm" else SoloConfig
+        return load_node_config(path)
+    return load_config(SwarmConfig if "trainers" in tree or path.stem == "swarm" else SoloConfig, path)
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=[p.name for p in CONFIGS])
 def test_every_config_file_loads(path):
-    cfg = load_config(config_class(path), path)
+    cfg, tree = load_any(path), read_toml(path)
+    assert "role" not in tree or cfg.role == tree["role"]
     again = load_config(type(cfg), None, [])  # defaults also valid
     assert again is not None
     assert dump_toml(cfg)
@@ -46,6 +47,34 @@ def test_overrides_win_over_file_and_unknown_keys_fail(tmp_path):
         load_config(TrainerConfig, f, ["grpo.lrr=1"])
     with pytest.raises(ConfigError, match="not found"):
         load_config(TrainerConfig, tmp_path / "missing.toml")
+
+
+def test_a_node_config_is_the_variant_its_role_names(tmp_path):
+    """One ``RoleConfig`` union: ``role`` picks the class; a trainer's keys on an inference node fail."""
+    f = tmp_path / "n.toml"
+    f.write_text('role = "trainer"\n[loco]\nmax_payload_bytes = 4096\n')
+    assert type(load_node_config(f)) is TrainerConfig and load_node_config(f).loco.max_payload_bytes == 4096
+    assert type(load_node_config(None)) is InferenceConfig  # no role anywhere: inference
+    assert type(load_node_config(None, ["role=\"trainer\""])) is TrainerConfig
+    with pytest.raises(ConfigError, match="loco"):
+        load_node_config(f, role="inference")
+    with pytest.raises(ConfigError, match="role"):
+        load_node_config(None, ["role=\"oracle\""])
+    with pytest.raises(ConfigError, match=r"n\.toml: grpo\.lrr"):
+        load_node_config(f, ["grpo.lrr=1"])  # the variant tag does not lead the error's key
+
+
+def test_a_setting_is_declared_once():
+    """``SwarmConfig`` and the role configs share settings by inheritance, never by re-declaring
+    them: no class declares a field that one of its bases already declares."""
+    from pulse_node.config import NodeConfig, SharedSettings, TrainingSettings
+
+    for cls in (SharedSettings, TrainingSettings, NodeConfig, TrainerConfig, InferenceConfig, SwarmConfig):
+        own = set(cls.__annotations__) - {"model_config"}
+        inherited = {f for base in cls.__mro__[1:] for f in getattr(base, "model_fields", {})}
+        assert not own & inherited, f"{cls.__name__} re-declares {sorted(own & inherited)}"
+    assert set(SharedSettings.model_fields) <= set(SwarmConfig.model_fields) & set(InferenceConfig.model_fields)
+    assert set(TrainingSettings.model_fields) <= set(SwarmConfig.model_fields) & set(TrainerConfig.model_fields)
 
 
 def test_cli_help_is_fast_and_does_not_import_torch():

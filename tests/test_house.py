@@ -27,14 +27,14 @@ ALLOWED: dict[str, set[str]] = {
     "trainer": ABOVE_NET | {"daemon"},
     "inference": ABOVE_NET | {"daemon"},
     "ops": SHARED | {"chain", "net", "daemon"},
+    "roles": ABOVE_NET | {"daemon", "trainer", "inference"},
     "swarm": SHARED | {"chain", "config", "daemon", "ops"},
-    "commands": ABOVE_NET | {"daemon", "trainer", "inference", "ops", "swarm", "commands"},
+    "commands": ABOVE_NET | {"daemon", "trainer", "inference", "roles", "ops", "swarm", "commands"},
     "cli": SHARED | {"commands"},
     "__main__": {"cli"},
 }
 #: edges the table names as exceptions: (importing module, imported folder)
 EXCEPTIONS = {
-    ("daemon/runtime.py", "trainer"), ("daemon/runtime.py", "inference"),  # the one place that picks a role
     ("commands/join.py", "testing"),  # fault injection, only with net.faults.enabled (chaos runs)
 }
 MAX_LINES = 500
@@ -79,6 +79,17 @@ def test_folders_import_only_what_the_house_table_allows() -> None:
             if target not in ALLOWED.get(unit, set()):
                 bad.append(f"{rel} imports {imported}")
     assert not bad, "imports the house table (docs/ARCHITECTURE.md) does not allow:\n" + "\n".join(sorted(bad))
+
+
+def test_daemon_sits_below_the_roles() -> None:
+    """daemon/ runs a role it is handed (``roles.py`` picks it): nothing in it imports trainer/ or
+    inference/, not even lazily, and no exception may say otherwise."""
+    up = sorted(f"{path.relative_to(PKG).as_posix()} imports {imported}"
+                for module, path in _modules().items() if module.startswith("pulse_node.daemon.")
+                for imported in _imports(path) if _unit(imported) in ("trainer", "inference"))
+    assert not up, "daemon/ imports a role:\n" + "\n".join(up)
+    assert not {target for rel, target in EXCEPTIONS if rel.startswith("daemon/")} & {"trainer", "inference"}
+    assert not ALLOWED["daemon"] & {"trainer", "inference", "roles"}
 
 
 def test_no_import_cycle_between_modules() -> None:

@@ -13,7 +13,7 @@ import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Iterator, Literal
+from typing import Any, Generic, Iterator, Literal, TypeVar
 
 import anyio
 import msgpack
@@ -23,9 +23,11 @@ from pulse_node.errors import IntegrityError, NotFound, PeerBusy, WireError
 from pulse_node.net import ipc
 from pulse_node.net.dht_records import PeerStatus
 from pulse_node.net.process import ConnectionPool, WorkerClient
+from pulse_node.net.rpc_api import Request
 from pulse_node.net.rpc_server import Service, handlers_of, rpc, serve
 
 pytestmark = pytest.mark.timeout(60)
+R = TypeVar("R")
 
 
 class Toy(Service):
@@ -54,13 +56,28 @@ class Toy(Service):
         return "late"
 
 
+class ToyRequest(Request[R], Generic[R]):
+    """The toy service's requests."""
+
+
+class Echo(ToyRequest[dict[str, Any]]):
+    data: bytes
+
+
+class Fail(Request[None]):
+    """A request of no toy client: the toy service has the handler, the client may not send it."""
+
+    error: str
+
+
 class ToyClient(WorkerClient):
-    """A client whose method names are the toy service's."""
+    """A client whose requests are the toy service's."""
 
     name = "toy"
+    api = ToyRequest
 
-    def echo(self, data: bytes) -> dict:
-        return self.call("echo", {"data": data}, timeout=5)
+    def echo(self, data: bytes) -> dict[str, Any]:
+        return self.request(Echo(data=data), timeout=5)
 
 
 @pytest.fixture(params=["asyncio", "trio"])
@@ -177,8 +194,8 @@ def test_the_stop_method_ends_the_server_after_replying(served: SimpleNamespace)
         time.sleep(0.01)
 
 
-def test_a_client_calls_only_names_of_its_own_methods(served: SimpleNamespace) -> None:
+def test_a_client_sends_only_its_own_workers_requests(served: SimpleNamespace) -> None:
     client = ToyClient(SimpleNamespace(socket_path=served.path), config=None)  # type: ignore[arg-type]
     assert client.echo(b"hi")["data"] == b"hi" and "echo" in client.ping()
-    with pytest.raises(ipc.RpcError, match="'fail' is not a method of ToyClient"):
-        client.call("fail", {"error": "NotFound"}, timeout=5)
+    with pytest.raises(ipc.RpcError, match="Fail is not a request of the toy worker"):
+        client.request(Fail(error="NotFound"), timeout=5)

@@ -41,13 +41,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def model_check(config: str):
     """The doctor's ``model`` check for the node config ``config`` (hub id, revision, local path)."""
-    from pulse_node.config import ROLE_CONFIGS
-    from pulse_node.configload import load_config, read_toml
+    from pulse_node.config import load_node_config
     from pulse_node.ops.checks import Check
 
     def check() -> Check:
-        role = read_toml(config).get("role") or "inference"
-        cfg = load_config(ROLE_CONFIGS[role], config, [])
+        cfg = load_node_config(config)
         if cfg.model.kind != "hf":
             return Check(name="model", status="PASS", detail="the embedded tiny model (built from the config)")
         from pulse_node.rl.model_source import model_report

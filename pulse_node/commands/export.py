@@ -36,15 +36,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def resolve_config(args: argparse.Namespace):
     """The node's config: ``--config``, else ``<data-dir>/node.toml`` if present, else defaults."""
-    from pulse_node.config import ROLE_CONFIGS
-    from pulse_node.configload import load_config, read_toml
+    from pulse_node.config import load_node_config
 
     path = args.config or (str(Path(args.data_dir) / "node.toml") if (Path(args.data_dir) / "node.toml").is_file()
                            else None)
-    role = (read_toml(path).get("role") if path else None) or "inference"
-    if role not in ROLE_CONFIGS:
-        raise ConfigError(f"{path}: unknown role {role!r}")
-    return load_config(ROLE_CONFIGS[role], path, list(args.overrides) + flag_overrides({"data_dir": args.data_dir}))
+    return load_node_config(path, list(args.overrides) + flag_overrides({"data_dir": args.data_dir}))
 
 
 def _check_out(out: Path) -> None:

@@ -56,17 +56,15 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def resolve_config(args: argparse.Namespace):
     """The validated role config: defaults < file < --set < explicit flags."""
-    from pulse_node.config import ROLE_CONFIGS
-    from pulse_node.configload import load_config, read_toml
+    from pulse_node.config import load_node_config
 
-    role = args.role or (read_toml(args.config).get("role") if args.config else None) or "inference"
     overrides = list(args.overrides) + flag_overrides({
-        "role": role, "data_dir": args.data_dir, "metrics_port": args.metrics_port,
+        "data_dir": args.data_dir, "metrics_port": args.metrics_port,
         "max_versions": args.max_versions, "net.bootstrap": args.bootstrap or None,
         "net.announce": args.announce or None, "net.wire_announce": args.wire_announce or None,
         "chain.open_swarm": True if args.open_swarm else None,
     })
-    return load_config(ROLE_CONFIGS[role], args.config, overrides)
+    return load_node_config(args.config, overrides, role=args.role)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -93,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
     if banner:
         print(banner, file=sys.stderr, flush=True)
     from pulse_node.daemon.p2p import P2PTransport
-    from pulse_node.daemon.runtime import run_node
+    from pulse_node.roles import run_node
 
     factory = P2PTransport.create
     if cfg.net.faults.enabled:  # testing only: chaos runs fault this node's own data plane
@@ -129,7 +127,7 @@ def trust_gate(cfg) -> str | None:
         return OPEN_SWARM_BANNER if cfg.chain.open_swarm else (
             "pulse-node join: note: no trainer keys configured; trusting any peer announcing the trainer role "
             "(a local swarm)")
-    if getattr(cfg, "role", "") != "trainer":
+    if cfg.role != "trainer":
         return None
     key = Identity.load_or_create(Path(cfg.data_dir) / "identity.key").public_key_hex
     if key not in trainers.configured and cfg.chain.admission_file is None:

@@ -47,11 +47,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def load_node_config(path: str | None, overrides: list[str], data_dir: Path):
     """The role config of ``path`` (its ``role``, default inference) with ``data_dir`` set."""
-    from pulse_node.config import ROLE_CONFIGS
-    from pulse_node.configload import load_config, read_toml
+    from pulse_node import config
 
-    role = (read_toml(path).get("role") if path else None) or "inference"
-    return load_config(ROLE_CONFIGS[role], path, list(overrides) + flag_overrides({"data_dir": str(data_dir)}))
+    return config.load_node_config(path, list(overrides) + flag_overrides({"data_dir": str(data_dir)}))
 
 
 class VersionSource:
@@ -120,6 +118,7 @@ def make_batch(cfg, *, identity: Path, version: int | None, batch: int) -> tuple
 
 def check_batch(cfg, *, sender: str, data: bytes):
     """The trainers' verdict (``rl/verify.BatchVerdict``) on a batch from ``sender``."""
+    from pulse_node.config import TrainerConfig
     from pulse_node.errors import WireError
     from pulse_node.rl.config import GRPOConfig
     from pulse_node.rl.rollout import decode_rollouts
@@ -134,7 +133,7 @@ def check_batch(cfg, *, sender: str, data: bytes):
     held = set(source.store.versions())
     verifier = RolloutVerifier(source.worker(), make_task_source(cfg.task), run_id=cfg.run_id, cfg=cfg.verify,
                                batches_per_version=cfg.rollout_batches_per_version,
-                               max_staleness=getattr(cfg, "grpo", GRPOConfig()).max_staleness)
+                               max_staleness=(cfg.grpo if isinstance(cfg, TrainerConfig) else GRPOConfig()).max_staleness)
     return verifier.check(rollouts, sender=sender, current_version=source.newest(), full=True,
                           state_of=lambda v: source.state(v) if v in held else None)
 

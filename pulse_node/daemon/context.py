@@ -9,10 +9,11 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
 from pulse_node.chain.identity import Identity
 from pulse_node.chain.store import VersionStore
-from pulse_node.config import NodeConfig
+from pulse_node.config import InferenceConfig, TrainerConfig
 from pulse_node.daemon.status import NodeStatus
 from pulse_node.daemon.status_model import StandingReport
 from pulse_node.errors import PulseError
@@ -25,11 +26,15 @@ from pulse_node.net.standing import PUSH_UNKNOWN, VIEW_UNKNOWN, Standing
 MAX_ADMISSION_CLAIMS = 8
 
 
-@dataclass
-class RoleContext:
-    """Everything a trainer or inference role runs on."""
+C = TypeVar("C", bound=TrainerConfig | InferenceConfig)
+D = TypeVar("D", bound=TrainerConfig | InferenceConfig)
 
-    cfg: NodeConfig
+
+@dataclass
+class RoleContext(Generic[C]):
+    """Everything a trainer or inference role runs on; ``C``: the role's config type."""
+
+    cfg: C
     identity: Identity
     store: VersionStore
     transport: Transport
@@ -94,7 +99,7 @@ class RoleContext:
         lowest = self.store.lowest_served()  # patches from there to the head, without a hole
         held = version if version >= 0 else None
         self.transport.publish(PeerStatus(
-            role=self.cfg_role, version=held, chain_hash=chain_hash or None, state_hash=state_hash or None,
+            role=self.cfg.role, version=held, chain_hash=chain_hash or None, state_hash=state_hash or None,
             serves=Serves(lowest=lowest, highest=held, anchors=anchors[-64:]),
             node_key=self.identity.public_key_hex, metrics_url=self.status.metrics_url, admission=self.admission))
         self.status.update(version=version, chain_hash=chain_hash, state_hash=state_hash,
@@ -114,9 +119,11 @@ class RoleContext:
         except PulseError as exc:  # budgets fall back to treating everyone as a non-member
             self.log.warning("telling the data plane the trainer set failed: %s", exc)
 
-    @property
-    def cfg_role(self) -> str:
-        return getattr(self.cfg, "role", "node")
+    def with_cfg(self, cfg: D) -> RoleContext[D]:
+        """This context with ``cfg`` narrowed to one role's config (same identity, store, transport,
+        status and stop flag)."""
+        return RoleContext(cfg=cfg, identity=self.identity, store=self.store, transport=self.transport,
+                           status=self.status, stop=self.stop, log=self.log, admission=self.admission)
 
     def wait(self, seconds: float) -> bool:
         """Sleep up to ``seconds`` unless asked to stop; True if stopping."""

@@ -19,8 +19,8 @@ from typing import Any
 
 from pulse_node import __version__
 from pulse_node.chain.identity import Identity
-from pulse_node.config import NodeConfig
-from pulse_node.daemon.transport import PeerInfo
+from pulse_node.config import RoleConfig, TrainerConfig
+from pulse_node.daemon.transport import DataPlane, FetchParams, PeerInfo
 from pulse_node.errors import PulseError, WireError
 from pulse_node.net import spool
 from pulse_node.net.dht_client import DhtClient, DhtConfig
@@ -39,7 +39,7 @@ log = logging.getLogger("pulse.p2p")
 class P2PTransport:
     """``Transport`` over a DhtClient and a WireClient (both separate processes)."""
 
-    def __init__(self, cfg: NodeConfig, dht: DhtClient, wire: WireClient) -> None:
+    def __init__(self, cfg: RoleConfig, dht: DhtClient, wire: WireClient) -> None:
         self.cfg = cfg
         self.dht = dht
         self.wire = wire
@@ -57,10 +57,10 @@ class P2PTransport:
         self._told_standing: set[str] | None = None
 
     @classmethod
-    def create(cls, cfg: NodeConfig, identity: Identity, store_root: Path) -> "P2PTransport":
+    def create(cls, cfg: RoleConfig, identity: Identity, store_root: Path) -> "P2PTransport":
         """Start both workers (wire first: it is local-only and fails fast)."""
         data = Path(cfg.data_dir)
-        trainer = getattr(cfg, "role", "") == "trainer"
+        trainer = cfg.role == "trainer"
         cap = _spool_cap(cfg)
         wire = WireClient.start(WireConfig(store=store_root, listen=cfg.net.wire_listen, announce=cfg.net.wire_announce,
                                            identity=data / "identity.key", budget=cfg.net.budget),
@@ -84,7 +84,7 @@ class P2PTransport:
         stats = self.stats()
         self.dht.publish_peer(status.model_copy(update={
             "wire_maddrs": self.wire_maddrs[:8], "software": f"pulse-node {__version__}",
-            "counters": PeerCounters(bytes_in=int(stats.get("bytes_in", 0)), bytes_out=int(stats.get("bytes_out", 0)))}))
+            "counters": PeerCounters(bytes_in=stats.bytes_in, bytes_out=stats.bytes_out)}))
 
     def peers(self) -> list[PeerInfo]:
         """Live peers, from a DHT lookup at most every ``net.head_poll_s`` (pushes carry the fast path)."""
@@ -98,7 +98,7 @@ class P2PTransport:
         self._last_peers, self._peers_at = out, time.monotonic()
         return out
 
-    def fetch(self, peer: PeerInfo, kind: FetchKind, params: dict[str, Any], dest: Path, *, timeout: float,
+    def fetch(self, peer: PeerInfo, kind: FetchKind, params: FetchParams, dest: Path, *, timeout: float,
               max_bytes: int | None = None) -> int:
         check_fetch_kind(kind)
         return self.wire.fetch(peer.address, kind, params, dest, timeout=timeout, max_bytes=max_bytes).bytes
@@ -182,19 +182,19 @@ class P2PTransport:
             log.warning("reading p2pd pushes failed: %s", exc)
             return []
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> DataPlane:
         """Data-plane byte counters: totals of both planes, per-kind (wire) and per-plane breakdowns."""
         raw = self.wire.stats()
         hm = self._push_stats()
         by_plane_in = {"wire": sum(raw.get("bytes_in", {}).values()), "hivemind": sum(hm.get("bytes_in", {}).values())}
         by_plane_out = {"wire": sum(raw.get("bytes_out", {}).values()),
                         "hivemind": sum(hm.get("bytes_out", {}).values())}
-        return {"bytes_in": sum(by_plane_in.values()), "bytes_out": sum(by_plane_out.values()),
-                "bytes_in_by_kind": raw.get("bytes_in", {}), "bytes_out_by_kind": raw.get("bytes_out", {}),
-                "bytes_in_by_plane": by_plane_in, "bytes_out_by_plane": by_plane_out,
-                "hivemind_push_errors": sum(hm.get("errors", {}).values()), "loco_fallbacks": self._loco_fallbacks,
-                "wire_errors": sum(raw.get("errors", {}).values()), "duplicate": self._duplicate(),
-                "refused": _merged(raw.get("refused", {}), hm.get("refused", {}))}
+        return DataPlane(bytes_in=sum(by_plane_in.values()), bytes_out=sum(by_plane_out.values()),
+                         bytes_in_by_kind=raw.get("bytes_in", {}), bytes_out_by_kind=raw.get("bytes_out", {}),
+                         bytes_in_by_plane=by_plane_in, bytes_out_by_plane=by_plane_out,
+                         hivemind_push_errors=sum(hm.get("errors", {}).values()), loco_fallbacks=self._loco_fallbacks,
+                         wire_errors=sum(raw.get("errors", {}).values()), duplicate=self._duplicate(),
+                         refused=_merged(raw.get("refused", {}), hm.get("refused", {})))
 
     def _push_stats(self) -> dict[str, Any]:
         try:
@@ -230,10 +230,10 @@ def _merged(*counts: dict[str, int]) -> dict[str, int]:
     return out
 
 
-def _spool_cap(cfg: NodeConfig) -> int:
+def _spool_cap(cfg: RoleConfig) -> int:
     """Largest push through a trainer's spool: the payload size its agreement accepts (1 GiB by default)."""
-    loco = getattr(cfg, "loco", None)
-    return max(spool.THRESHOLD + 1, int(getattr(loco, "max_payload_bytes", spool.DEFAULT_MAX_PUSH)))
+    cap = cfg.loco.max_payload_bytes if isinstance(cfg, TrainerConfig) else spool.DEFAULT_MAX_PUSH
+    return max(spool.THRESHOLD + 1, cap)
 
 
 def _full(maddrs: list[str], peer_id: str, announce: list[str]) -> list[str]:

@@ -1,6 +1,7 @@
 """The daemon: build a role's context, run the role, keep status fresh, stop within a bound.
 
-``run_node`` is what ``pulse-node join`` calls. It owns every resource it starts (store lock,
+``run_node`` is what ``pulse_node/roles.py`` calls with the role it picked (daemon/ knows no role:
+it runs whatever ``RoleFactory`` builds). It owns every resource it starts (store lock,
 worker processes, status server) and releases them in reverse order on return, on an error in
 the role, and on SIGINT/SIGTERM (the role sees ``ctx.stop`` and returns within a round). A node
 whose DHT or wire worker process died stops the same way and exits with code 1.
@@ -11,18 +12,29 @@ from __future__ import annotations
 import logging
 import threading
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Protocol
 
 from pulse_node.chain.identity import Identity
 from pulse_node.chain.store import VersionStore
 from pulse_node.chain.trainerset import TrainerSet, read_admission
-from pulse_node.config import NodeConfig
+from pulse_node.config import RoleConfig
 from pulse_node.daemon.context import RoleContext
 from pulse_node.daemon.status import NodeStatus, StatusServer
 from pulse_node.daemon.transport import Transport
 from pulse_node.signals import stop_on_signals
 
-TransportFactory = Callable[[NodeConfig, Identity, Path], Transport]
+TransportFactory = Callable[[RoleConfig, Identity, Path], Transport]
+
+
+class Role(Protocol):
+    """What the daemon runs: a role returns from ``run`` once ``ctx.stop`` is set; ``close`` frees it."""
+
+    def run(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+RoleFactory = Callable[[RoleContext[RoleConfig]], Role]
 
 
 class RoleLogFilter(logging.Filter):
@@ -46,21 +58,6 @@ def setup_logging(status: NodeStatus, level: str) -> None:
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
     root.propagate = False
-
-
-def make_role(ctx: RoleContext):
-    """The role object for ``ctx.cfg.role`` (imports torch lazily)."""
-    if ctx.cfg.torch_threads:
-        import torch
-
-        torch.set_num_threads(ctx.cfg.torch_threads)
-    if ctx.cfg_role == "trainer":
-        from pulse_node.trainer.role import TrainerRole
-
-        return TrainerRole(ctx)
-    from pulse_node.inference.role import InferenceRole
-
-    return InferenceRole(ctx)
 
 
 def _status_writer(ctx: RoleContext, path: Path, every_s: float, worker_died: threading.Event) -> threading.Thread:
@@ -98,14 +95,14 @@ def _warm_codec() -> threading.Thread:
     return t
 
 
-def _admission(cfg: NodeConfig, identity: Identity) -> bytes | None:
+def _admission(cfg: RoleConfig, identity: Identity) -> bytes | None:
     path = cfg.chain.admission_file
     return None if path is None else read_admission(path, run_id=cfg.run_id, key=identity.public_key_hex)
 
 
-def run_node(cfg: NodeConfig, make_transport: TransportFactory, *, stop: threading.Event | None = None,
-             install_signals: bool = True) -> int:
-    """Run one daemon until stopped; returns a process exit code."""
+def run_node(cfg: RoleConfig, make_transport: TransportFactory, *, make_role: RoleFactory,
+             stop: threading.Event | None = None, install_signals: bool = True) -> int:
+    """Run one daemon with the role ``make_role`` builds until stopped; returns a process exit code."""
     data = Path(cfg.data_dir)
     data.mkdir(parents=True, exist_ok=True)
     identity = Identity.load_or_create(data / "identity.key")
@@ -116,13 +113,13 @@ def run_node(cfg: NodeConfig, make_transport: TransportFactory, *, stop: threadi
     worker_died = threading.Event()
     try:
         transport = make_transport(cfg, identity, store.root)
-        status = NodeStatus(role=getattr(cfg, "role", "node"), peer_id=transport.peer_id, run_id=cfg.run_id)
+        status = NodeStatus(role=cfg.role, peer_id=transport.peer_id, run_id=cfg.run_id)
         setup_logging(status, cfg.log_level)
         server = StatusServer(status, host=cfg.metrics_host, port=cfg.metrics_port, healthy=lambda: not stop.is_set())
         trainers = TrainerSet.from_config(cfg.chain, run_id=cfg.run_id)
         status.update(metrics_url=server.url, node_key=identity.public_key_hex,
                       trust_mode="open" if trainers.open else "keys", trainer_set=trainers.describe())
-        ctx = RoleContext(cfg=cfg, identity=identity, store=store, transport=transport, status=status, stop=stop,
+        ctx: RoleContext[RoleConfig] = RoleContext(cfg=cfg, identity=identity, store=store, transport=transport, status=status, stop=stop,
                           admission=_admission(cfg, identity))
         if install_signals:
             stop_on_signals(stop)
@@ -133,8 +130,7 @@ def run_node(cfg: NodeConfig, make_transport: TransportFactory, *, stop: threadi
         try:
             role.run()
         finally:
-            if hasattr(role, "close"):
-                role.close()
+            role.close()
             status.update(stopped=True)
             status.write(data / "status.json")
         return 1 if worker_died.is_set() else 0

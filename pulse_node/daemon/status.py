@@ -73,9 +73,9 @@ class NodeStatus:
                 setattr(self._section_of(name), name, value)
             self._report.updated_at = time.time()
 
-    def set_data_plane(self, stats: Mapping[str, Any]) -> None:
-        """What the transport reports (``Transport.stats()``), checked against ``DataPlane``."""
-        plane = DataPlane.model_validate(dict(stats))
+    def set_data_plane(self, stats: DataPlane | Mapping[str, Any]) -> None:
+        """What the transport reports (``Transport.stats()``; a map is checked against ``DataPlane``)."""
+        plane = stats if isinstance(stats, DataPlane) else DataPlane.model_validate(dict(stats))
         with self._lock:
             self._report.data_plane = plane
             self._report.updated_at = time.time()

@@ -13,6 +13,7 @@ one contract, checked on both by ``tests/test_net_transport_contract.py``:
 - ``push(peer, kind, data)`` delivers a ``PushKind``; the receiver's ``events()`` returns it as an
   ``Event`` whose ``sender`` is the pushing transport's ``peer_id`` (authenticated by the
   transport, never claimed by the peer);
+- ``stats()`` is the status model's ``DataPlane`` (byte counters, refusals), not a free map;
 - a kind outside the vocabulary (``vocab.py``) is refused with ``WireError`` before anything is sent;
 - every call is bounded by its ``timeout``.
 """
@@ -22,14 +23,18 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Callable, Protocol
 
 from pulse_node.chain.anchor import Piece
+from pulse_node.daemon.status_model import DataPlane
 from pulse_node.errors import PulseError
 from pulse_node.net.dht_records import PeerRecord, PeerStatus
 from pulse_node.vocab import Event, FetchKind, PushKind
 
-__all__ = ["AnchorFetch", "Event", "PeerInfo", "Transport", "push_to_all"]
+__all__ = ["AnchorFetch", "DataPlane", "Event", "FetchParams", "PeerInfo", "Transport", "push_to_all"]
+
+#: a fetch's arguments besides its kind (``{"version": 7}``), checked by ``wire_protocol.build_request``
+FetchParams = dict[str, int | str | None]
 
 #: a peer's ``version``/``lowest`` when it holds / serves no version
 NO_VERSION = -1
@@ -141,11 +146,11 @@ class Transport(Protocol):
 
     def publish(self, status: PeerStatus) -> None: ...
     def peers(self) -> list[PeerInfo]: ...
-    def fetch(self, peer: PeerInfo, kind: FetchKind, params: dict[str, Any], dest: Path, *, timeout: float,
+    def fetch(self, peer: PeerInfo, kind: FetchKind, params: FetchParams, dest: Path, *, timeout: float,
               max_bytes: int | None = None) -> int: ...
     def fetch_anchor(self, providers: list[PeerInfo], *, version: int, pieces: list[Piece], dest: Path,
                      timeout: float) -> AnchorFetch: ...
     def push(self, peer: PeerInfo, kind: PushKind, data: bytes, *, timeout: float) -> None: ...
     def events(self, *, max_items: int = 256, wait_s: float = 0.0) -> list[Event]: ...
-    def stats(self) -> dict[str, Any]: ...
+    def stats(self) -> DataPlane: ...
     def close(self) -> None: ...

@@ -31,9 +31,9 @@ from pulse_node.rl.tasks import make_task_source
 class InferenceRole:
     """Runs until stopped (or until ``max_versions`` is held, then keeps serving)."""
 
-    def __init__(self, ctx: RoleContext) -> None:
+    def __init__(self, ctx: RoleContext[InferenceConfig]) -> None:
         self.ctx = ctx
-        self.cfg: InferenceConfig = ctx.cfg  # type: ignore[assignment]
+        self.cfg = ctx.cfg
         cfg = self.cfg
         self.trust = node_trust(cfg, min_signers=cfg.chain.min_signers)  # convicted members refused for good
         self.evidence = EvidencePlane(ctx, self.trust)

@@ -22,15 +22,16 @@ from __future__ import annotations
 import dataclasses
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pulse_node.errors import WireError
+from pulse_node.net import dht_rpc
 from pulse_node.net.dht_records import DhtInfo, PeerRecord, PeerStatus, validate_tree
 from pulse_node.net.ipc import StartFailure
 from pulse_node.net.process import WorkerClient, WorkerStartError
 from pulse_node.net.spool import THRESHOLD, Spool
 from pulse_node.net.worker_config import DhtConfig
-from pulse_node.vocab import Event
+from pulse_node.vocab import Event, PushKind
 
 __all__ = ["DhtClient", "DhtConfig", "DhtStartError", "DuplicateIdentityError"]
 
@@ -57,6 +58,7 @@ class DhtClient(WorkerClient[DhtConfig]):
 
     module = "pulse_node.net.dht_worker"
     name = "dht"
+    api = dht_rpc.DhtRequest  # dht_rpc.py: one typed request per worker handler
 
     def __init__(self, process: Any, config: DhtConfig) -> None:
         super().__init__(process, config)
@@ -75,38 +77,37 @@ class DhtClient(WorkerClient[DhtConfig]):
         return (DuplicateIdentityError if failure.kind == "duplicate" else DhtStartError)(failure.message, failure.kind)
 
     def info(self) -> DhtInfo:
-        return validate_tree(DhtInfo, self.call("info", timeout=10.0))
+        return self.request(dht_rpc.Info(), timeout=10.0)
 
     def publish_peer(self, status: PeerStatus, *, ttl_s: float | None = None) -> bool:
         """Publish (and keep refreshing every ttl/3) this node's peer record; True if stored."""
-        params = {"status": status.model_dump(), "ttl_s": ttl_s or self.config.ttl_s}
-        return bool(self.call("publish_peer", params, timeout=READ_TIMEOUT_S))
+        req = dht_rpc.PublishPeer(status=status, ttl_s=ttl_s or self.config.ttl_s)
+        return self.request(req, timeout=READ_TIMEOUT_S)
 
     def peers(self, *, prefer: list[str] | tuple[str, ...] = (), limit: int | None = None) -> list[PeerRecord]:
         """Live peer records (at most ``limit``, by default ``dht_records.MAX_PEERS_READ``: those of
         ``prefer``, peer ids, first, then others in the worker's draw), each checked again here."""
         out = []
-        params: dict = {"prefer": list(prefer)} | ({"limit": int(limit)} if limit is not None else {})
-        for r in self.call("peers", params, timeout=READ_TIMEOUT_S):
+        for r in self.request(dht_rpc.Peers(prefer=list(prefer), limit=limit), timeout=READ_TIMEOUT_S):
             try:
                 out.append(validate_tree(PeerRecord, r))
             except WireError as exc:
                 log.warning("dropped a peer record the DHT worker returned: %s", exc)
         return out
 
-    def get(self, kind: str) -> list[dict]:
+    def get(self, kind: Literal["peers"]) -> list[dict[str, Any]]:
         """Raw live entries of ``peers`` (subkey, value, expires_at) for dashboards."""
-        return list(self.call("get", {"kind": kind}, timeout=READ_TIMEOUT_S))
+        return self.request(dht_rpc.Get(kind=kind), timeout=READ_TIMEOUT_S)
 
     # ---- p2pd push plane (dht_push.py) -------------------------------------------------------
-    def push(self, peer_id: str, maddrs: list[str], kind: str, data: bytes, *, timeout: float = 30.0) -> None:
+    def push(self, peer_id: str, maddrs: list[str], kind: PushKind, data: bytes, *, timeout: float = 30.0) -> None:
         """Deliver ``data`` into ``peer_id``'s push queue over p2pd (dialing ``maddrs``, its DHT addresses).
 
         With a spool, a body above ``spool.THRESHOLD`` goes to the worker as a file (removed when
         the call returns, whatever happened); otherwise as bytes in the RPC frame."""
         if self.spool is None or len(data) <= THRESHOLD:
-            self.call("push", {"peer_id": peer_id, "maddrs": list(maddrs), "kind": kind, "data": data,
-                               "timeout": timeout}, timeout=timeout + PUSH_SLACK_S)
+            self.request(dht_rpc.Push(peer_id=peer_id, maddrs=list(maddrs), kind=kind, data=data, timeout=timeout),
+                         timeout=timeout + PUSH_SLACK_S)
             return
         if len(data) > self.spool.max_push:  # refuse before writing a file the worker would refuse
             raise WireError(f"{kind} push of {len(data)} bytes exceeds cap {self.spool.max_push}")
@@ -119,11 +120,11 @@ class DhtClient(WorkerClient[DhtConfig]):
         finally:
             path.unlink(missing_ok=True)
 
-    def push_file(self, peer_id: str, maddrs: list[str], kind: str, path: Path, size: int, *,
+    def push_file(self, peer_id: str, maddrs: list[str], kind: PushKind, path: Path, size: int, *,
                   timeout: float = 30.0) -> None:
         """Push the ``size`` bytes of ``path``, a file in this node's spool (the worker checks both)."""
-        self.call("push_file", {"peer_id": peer_id, "maddrs": list(maddrs), "kind": kind, "path": str(path),
-                                "size": size, "timeout": timeout}, timeout=timeout + PUSH_SLACK_S)
+        self.request(dht_rpc.PushFile(peer_id=peer_id, maddrs=list(maddrs), kind=kind, path=str(path), size=size,
+                                  timeout=timeout), timeout=timeout + PUSH_SLACK_S)
 
     def events(self, *, max_events: int = 64, wait_s: float = 0.0) -> list[Event]:
         """Pushes received over p2pd, waiting up to ``wait_s`` for the first; ``sender`` is the
@@ -132,13 +133,13 @@ class DhtClient(WorkerClient[DhtConfig]):
         A body the worker spooled is read here (its path checked: in our spool, of the announced
         size, at most our cap) and its file deleted; an event that fails the checks is dropped."""
         out = []
-        for e in self.call("events", {"max_events": max_events, "wait_s": wait_s}, timeout=wait_s + 10.0):
-            data = e.get("data", b"")
-            if e.get("path") is not None:
-                data = self._take_spooled(e.get("path"), e.get("size"))
+        for e in self.request(dht_rpc.Events(max_events=max_events, wait_s=wait_s), timeout=wait_s + 10.0):
+            data: bytes | None = e.data
+            if e.path is not None:
+                data = self._take_spooled(e.path, e.size)
                 if data is None:
                     continue
-            out.append(Event(kind=e["kind"], sender=e["sender"], data=data, received_at=e["received_at"]))
+            out.append(Event(kind=e.kind, sender=e.sender, data=data, received_at=e.received_at))
         return out
 
     def _take_spooled(self, path: object, size: object) -> bytes | None:
@@ -155,24 +156,24 @@ class DhtClient(WorkerClient[DhtConfig]):
 
     def set_members(self, peer_ids: list[str]) -> None:
         """Tell the push plane which peers are trainer-set members (served first)."""
-        self.call("set_members", {"peer_ids": sorted(peer_ids)}, timeout=10.0)
+        self.request(dht_rpc.SetMembers(peer_ids=sorted(peer_ids)), timeout=10.0)
 
     def set_push_cap(self, kind: str, cap: int) -> int:
         """Lower the cap of ``kind`` pushes on this plane, in the worker (refused before the body is
         read) and here (a spooled body above it is deleted unread); returns the cap now in force."""
-        now = int(self.call("set_push_cap", {"kind": kind, "cap": int(cap)}, timeout=10.0))
+        now = int(self.request(dht_rpc.SetPushCap(kind=kind, cap=int(cap)), timeout=10.0))
         if self.spool is not None and now < self.spool.max_push:
             self.spool = dataclasses.replace(self.spool, max_push=now)
         return now
 
-    def push_stats(self) -> dict:
+    def push_stats(self) -> dict[str, Any]:
         """Push-plane counters: bytes in/out per kind, errors, queued and rejected events."""
-        return dict(self.call("push_stats", timeout=10.0))
+        return self.request(dht_rpc.PushStats(), timeout=10.0)
 
     def probe(self, peer_id: str, raw: bytes, *, maddrs: tuple[str, ...] = (), timeout: float = 5.0) -> bytes:
         """Diagnostics: raw bytes on a push stream to ``peer_id``; returns the raw answer."""
-        return self.call("probe", {"peer_id": peer_id, "raw": raw, "maddrs": list(maddrs), "timeout": timeout},
-                         timeout=timeout + PUSH_SLACK_S)
+        return self.request(dht_rpc.Probe(peer_id=peer_id, raw=raw, maddrs=list(maddrs), timeout=timeout),
+                            timeout=timeout + PUSH_SLACK_S)
 
     def stop(self, timeout: float = 8.0) -> None:
         """Mark this peer as leaving, stop the DHT; bounded by ~``timeout`` seconds."""

@@ -184,13 +184,13 @@ class DhtWorker(Service):
         return await self._refresh(item)
 
     @rpc
-    async def peers(self, *, prefer: list[str] | None = None, limit: int = MAX_PEERS_READ) -> list[PeerRecord]:
-        """At most ``limit`` live records, ``prefer`` first (``select_peer_records``), chosen from
-        the raw entries before any is validated: a flood costs a validation per record returned,
-        not per record stored."""
+    async def peers(self, *, prefer: list[str] | None = None, limit: int | None = None) -> list[PeerRecord]:
+        """At most ``limit`` (default ``MAX_PEERS_READ``) live records, ``prefer`` first
+        (``select_peer_records``), chosen from the raw entries before any is validated: a flood
+        costs a validation per record returned, not per record stored."""
         epoch = int(time.time() // 30).to_bytes(8, "big")  # the draw changes every 30 s: newcomers take turns
         entries = await self.read("peers")
-        chosen = select_peer_records(entries, prefer=prefer or (), limit=max(1, min(limit, MAX_PEERS_READ)),
+        chosen = select_peer_records(entries, prefer=prefer or (), limit=max(1, min(limit or MAX_PEERS_READ, MAX_PEERS_READ)),
                                      salt=self.salt + epoch, id_of=lambda e: e[0],
                                      range_of=lambda e: address_range(e[1].get("wire_maddrs")))
         found = []

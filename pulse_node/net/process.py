@@ -7,11 +7,12 @@ interpreter, never fork; ``rpc_server.run_worker`` on the other side), then wait
 ``ping`` within a deadline. A worker that exits during its start raises the client's
 ``start_error`` with the worker's own one-line explanation.
 
-``call`` borrows a connection from a pool (one per call in flight: a long ``events`` poll never
+``request(req)`` sends one typed request (``rpc_api.Request``: a model per worker handler, the
+reply validated as its declared type). It borrows a connection from a pool (one per call in flight: a long ``events`` poll never
 holds up a ``fetch``; a connection whose call timed out is closed, not reused, so no late reply
 can pair with the next call) and raises the worker's typed errors (``ipc.raised_error``). Every
-call has a timeout. RPC method names are the client's method names: ``call`` refuses any name
-that is not a method of the client class. ``stop`` asks the worker to stop, then SIGTERM, then
+call has a timeout. A client sends only its worker's requests (``api``, plus ``Ping`` and
+``Stop``): anything else is refused before it is sent. ``stop`` asks the worker to stop, then SIGTERM, then
 SIGKILL, each step bounded. A worker whose parent is gone stops by itself within ~1 s.
 """
 
@@ -31,9 +32,11 @@ import pydantic
 
 from pulse_node.errors import PulseError
 from pulse_node.net.ipc import RpcClient, RpcError, StartFailure
+from pulse_node.net.rpc_api import Ping, Request, Stop
 
 C = TypeVar("C", bound=pydantic.BaseModel)
-W = TypeVar("W", bound="WorkerClient")
+W = TypeVar("W", bound="WorkerClient[Any]")
+R = TypeVar("R")
 
 
 class WorkerStartError(PulseError):
@@ -127,6 +130,7 @@ class WorkerClient(Generic[C]):
 
     module: ClassVar[str]
     name: ClassVar[str]
+    api: ClassVar[type[Request[Any]]] = Request  # the base class of this worker's requests
 
     def __init__(self, process: WorkerProcess, config: C) -> None:
         self.config = config
@@ -163,15 +167,15 @@ class WorkerClient(Generic[C]):
     def start_error(cls, failure: StartFailure) -> PulseError:
         return WorkerStartError(failure.message, failure.kind)
 
-    def call(self, method: str, params: dict[str, Any] | None = None, *, timeout: float) -> Any:
-        """Call the worker's ``method`` (a method name of this client class) within ``timeout`` s."""
-        if not callable(getattr(type(self), method, None)):
-            raise RpcError(f"{method!r} is not a method of {type(self).__name__}")
-        return self._pool.call(method, params, timeout=timeout)
+    def request(self, req: Request[R], *, timeout: float) -> R:
+        """Send ``req`` to the worker's handler of that name; its reply within ``timeout`` s."""
+        if not isinstance(req, (self.api, Ping, Stop)):
+            raise RpcError(f"{type(req).__name__} is not a request of the {self.name} worker")
+        return req.rpc_reply(self._pool.call(req.rpc_method, req.rpc_params(), timeout=timeout))
 
     def ping(self, *, timeout: float = 10.0) -> list[str]:
         """The names of the worker's RPC methods (answered once it serves)."""
-        return list(self.call("ping", timeout=timeout))
+        return self.request(Ping(), timeout=timeout)
 
     @property
     def process(self) -> WorkerProcess:
@@ -184,7 +188,7 @@ class WorkerClient(Generic[C]):
         """Ask the worker to stop, then SIGTERM, then SIGKILL; never waits much longer than ``timeout``."""
         if self._process.alive():
             try:
-                self.call("stop", timeout=1.0)
+                self.request(Stop(), timeout=1.0)
             except PulseError:
                 pass
         self._pool.close()

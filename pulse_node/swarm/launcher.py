@@ -24,15 +24,12 @@ from typing import Any, Callable
 import tomli_w
 
 from pulse_node.chain.identity import Identity
-from pulse_node.config import SwarmConfig
+from pulse_node.config import SharedSettings, SwarmConfig, TrainingSettings
 from pulse_node.daemon.status_model import StatusReport, read_status
 from pulse_node.errors import PulseError
 from pulse_node.ops.snapshot import NodeInput, SwarmSnapshot, build_snapshot
 from pulse_node.ops.sources import read_node_dir
 from pulse_node.swarm.summary import swarm_summary
-
-_SHARED = ("run_id", "seed", "log_level", "model", "task", "sampling", "chain", "net")
-
 
 @dataclass
 class Child:
@@ -53,16 +50,15 @@ class Child:
 
 def node_config(cfg: SwarmConfig, *, role: str, data_dir: Path, trusted: list[str]) -> dict[str, Any]:
     """The TOML tree of one node's config (what its ``--config`` file holds)."""
-    tree = cfg.model_dump(mode="json", include=set(_SHARED), exclude_none=True)
-    tree.update(role=role, data_dir=str(data_dir), rollout_batches_per_version=cfg.rollout_batches_per_version)
+    tree = cfg.model_dump(mode="json", include=set(SharedSettings.model_fields), exclude_none=True)
+    tree.update(role=role, data_dir=str(data_dir))
     tree["net"]["dht_listen"] = [f"/ip4/{cfg.host}/tcp/0"]
     tree["net"]["wire_listen"] = [f"/ip4/{cfg.host}/tcp/0"]
     tree["chain"]["trusted_trainers"] = trusted
     if cfg.versions is not None:
         tree["max_versions"] = cfg.versions
     if role == "trainer":
-        tree.update(grpo=cfg.grpo.model_dump(mode="json"), loco=cfg.loco.model_dump(mode="json"),
-                    rollout_wait_s=cfg.rollout_wait_s, eval_every=cfg.eval_every)
+        tree.update(cfg.model_dump(mode="json", include=set(TrainingSettings.model_fields)))
     return tree
 
 

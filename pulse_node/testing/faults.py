@@ -18,12 +18,12 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Callable
 
-from pulse_node.daemon.transport import AnchorFetch, PeerInfo, Transport
+from pulse_node.daemon.transport import AnchorFetch, DataPlane, FetchParams, PeerInfo, Transport
 from pulse_node.errors import PulseError, WireError
 from pulse_node.net.dht_records import PeerStatus, Serves
-from pulse_node.vocab import Event
+from pulse_node.vocab import Event, FetchKind
 
 if TYPE_CHECKING:
     from pulse_node.config import FaultConfig
@@ -111,7 +111,7 @@ class FaultyTransport:
     def peers(self) -> list[PeerInfo]:
         return self.inner.peers()
 
-    def fetch(self, peer: PeerInfo, kind: str, params: dict[str, Any], dest: Path, *, timeout: float,
+    def fetch(self, peer: PeerInfo, kind: FetchKind, params: FetchParams, dest: Path, *, timeout: float,
               max_bytes: int | None = None) -> int:
         if not self._targeted(peer, kind):
             return self.inner.fetch(peer, kind, params, dest, timeout=timeout, max_bytes=max_bytes)
@@ -172,10 +172,10 @@ class FaultyTransport:
     def events(self, *, max_items: int = 256, wait_s: float = 0.0) -> list[Event]:
         return self.inner.events(max_items=max_items, wait_s=wait_s)
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> DataPlane:
         with self._lock:
-            return {**self.inner.stats(), "fault_injection": True, "faults": dict(self.faults),
-                    "faulted": dict(self.faulted)}
+            return self.inner.stats().model_copy(update={"fault_injection": True, "faults": dict(self.faults),
+                                                         "faulted": dict(self.faulted)})
 
     def alive(self) -> bool:
         """Whether the wrapped transport's worker processes still run (True if it has none)."""
@@ -230,7 +230,7 @@ class CrashingTransport:
     def peers(self) -> list[PeerInfo]:
         return [] if self.crashed_at is not None else self.inner.peers()
 
-    def fetch(self, peer: PeerInfo, kind: str, params: dict[str, Any], dest: Path, *, timeout: float,
+    def fetch(self, peer: PeerInfo, kind: FetchKind, params: FetchParams, dest: Path, *, timeout: float,
               max_bytes: int | None = None) -> int:
         self._check_alive()
         return self.inner.fetch(peer, kind, params, dest, timeout=timeout, max_bytes=max_bytes)
@@ -261,7 +261,7 @@ class CrashingTransport:
             return []
         return self.inner.events(max_items=max_items, wait_s=wait_s)
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> DataPlane:
         return self.inner.stats()
 
     def close(self) -> None:

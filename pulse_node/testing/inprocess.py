@@ -15,7 +15,7 @@ from typing import Callable
 
 from pulse_node.chain.catchup_producer import CatchupProducer
 from pulse_node.chain.serving import store_resolver
-from pulse_node.daemon.runtime import run_node
+from pulse_node.roles import run_node
 from pulse_node.daemon.status_model import StatusReport, read_status
 from pulse_node.daemon.transport import Transport
 from pulse_node.testing.memory import MemoryHub

@@ -20,7 +20,7 @@ from typing import Any, Callable
 import blake3
 
 from pulse_node.chain.anchor import Piece
-from pulse_node.daemon.transport import AnchorFetch, PeerInfo
+from pulse_node.daemon.transport import AnchorFetch, DataPlane, FetchParams, PeerInfo
 from pulse_node.errors import BusyError, IntegrityError, NotFound, PeerBusy, PeerUnavailable, PulseError, WireError
 from pulse_node.fsutil import write_atomic
 from pulse_node.net.dht_records import PeerStatus
@@ -65,7 +65,7 @@ class MemoryTransport:
         with self.hub.lock:
             return [p for pid, p in self.hub.records.items() if pid not in self.hub.down]
 
-    def fetch(self, peer: PeerInfo, kind: FetchKind, params: dict[str, Any], dest: Path, *, timeout: float,
+    def fetch(self, peer: PeerInfo, kind: FetchKind, params: FetchParams, dest: Path, *, timeout: float,
               max_bytes: int | None = None) -> int:
         check_fetch_kind(kind)
         src = self._source(peer, kind, params)
@@ -111,7 +111,7 @@ class MemoryTransport:
             fh.seek(piece.offset)
             return fh.read(piece.length)
 
-    def _source(self, peer: PeerInfo, kind: str, params: dict[str, Any]) -> Path:
+    def _source(self, peer: PeerInfo, kind: str, params: FetchParams) -> Path:
         """The serving peer's file for ``kind``/``params``; ``NotFound``, ``PeerUnavailable`` or ``PeerBusy`` otherwise."""
         with self.hub.lock:
             resolver = None if peer.peer_id in self.hub.down else self.hub.resolvers.get(peer.peer_id)
@@ -148,8 +148,8 @@ class MemoryTransport:
             out.append(inbox.popleft())
         return out
 
-    def stats(self) -> dict[str, Any]:
-        return {"bytes_in": self.bytes_in, "bytes_out": self.bytes_out}
+    def stats(self) -> DataPlane:
+        return DataPlane(bytes_in=self.bytes_in, bytes_out=self.bytes_out)
 
     def close(self) -> None:
         with self.hub.lock:

@@ -64,6 +64,7 @@ from pulse_node.loco.decision import (MAX_DECISION_BYTES, RoundDecision, encode_
                                       payload_digest)
 from pulse_node.loco.bound import PayloadBound, PayloadBoundError, max_payload_bytes
 from pulse_node.loco.payload import LocoPayload, decode_payload, read_header
+from pulse_node.config import TrainerConfig
 from pulse_node.daemon.context import RoleContext
 from pulse_node.daemon.evidence_plane import node_trust
 from pulse_node.daemon.transport import PeerInfo, push_to_all
@@ -115,7 +116,7 @@ class RoundResult:
 class RoundAgreement(DecisionIntake):
     """One trainer's side of the contributor agreement (inputs, decisions, payload files)."""
 
-    def __init__(self, ctx: RoleContext, *, shapes: Mapping[str, tuple[int, ...]],
+    def __init__(self, ctx: RoleContext[TrainerConfig], *, shapes: Mapping[str, tuple[int, ...]],
                  current_round: Callable[[], int], base: BaseFn | None = None,
                  trust: TrustPolicy | None = None, bound: PayloadBound | None = None) -> None:
         """``base``: our current round's base (``BaseFn``); without it only base-free payloads
@@ -123,7 +124,7 @@ class RoundAgreement(DecisionIntake):
         ``trust``: the node's trust policy (default: one from ``ctx.cfg.chain``); ``bound``: the
         payload value bound (default: the one ``ctx.cfg`` implies)."""
         self.ctx = ctx
-        self.cfg = ctx.cfg.loco  # type: ignore[attr-defined]
+        self.cfg = ctx.cfg.loco
         self.shapes = dict(shapes)
         self.current_round = current_round
         self._open: OpenRound | None = None

@@ -49,9 +49,9 @@ from pulse_node.trainer.state import export_trainer_state, read_trainer_state, t
 class TrainerRole:
     """Runs rounds until stopped or ``max_versions`` is reached."""
 
-    def __init__(self, ctx: RoleContext) -> None:
+    def __init__(self, ctx: RoleContext[TrainerConfig]) -> None:
         self.ctx = ctx
-        self.cfg: TrainerConfig = ctx.cfg  # type: ignore[assignment]
+        self.cfg = ctx.cfg
         cfg = self.cfg
         # the model seed is the run's (every trainer starts bit-identical); sampling differs per peer
         # model, optimizers, error feedback and outer step: in this process, or on the ranks of a

@@ -26,6 +26,7 @@ from typing import Literal
 from pulse_node.chain.serving import LOCO_DIR
 from pulse_node.chain.trainerset import sender_key
 from pulse_node.chain.trust import TrustPolicy
+from pulse_node.config import TrainerConfig
 from pulse_node.daemon.context import RoleContext
 from pulse_node.daemon.transport import PeerInfo
 from pulse_node.errors import PulseError, WireError
@@ -37,7 +38,7 @@ KNOWN_CAP = 4096  # member peer ids whose key is remembered after they leave dis
 class RoundTrust:
     """Membership and refusals of one trainer's contributor agreement."""
 
-    def __init__(self, ctx: RoleContext, trust: TrustPolicy) -> None:
+    def __init__(self, ctx: RoleContext[TrainerConfig], trust: TrustPolicy) -> None:
         self.ctx, self.trust = ctx, trust
         self.me = ctx.transport.peer_id
         self._peers: list[PeerInfo] = []

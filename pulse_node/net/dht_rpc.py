@@ -1,0 +1,98 @@
+"""The DHT worker's RPC as types: one request per ``@rpc`` handler of ``dht_worker.DhtWorker``.
+
+Each request's fields are that handler's keyword arguments and its ``Request[R]`` the reply
+(``rpc_api.py``; ``tests/test_net_rpc_api.py`` checks them against the handlers). ``DhtClient``
+sends these; nothing here imports hivemind.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Generic, Literal, TypeVar
+
+import pydantic
+
+from pulse_node.net.dht_records import DhtInfo, PeerStatus
+from pulse_node.net.rpc_api import Request
+from pulse_node.vocab import PushKind
+
+R = TypeVar("R")
+
+class DhtRequest(Request[R], Generic[R]):
+    """Base of the DHT worker's requests (what ``DhtClient`` may send)."""
+
+
+class QueuedPush(pydantic.BaseModel):
+    """One received push as the ``events`` reply carries it: the body, or (spooled) its file."""
+
+    model_config = pydantic.ConfigDict(frozen=True, extra="forbid")
+
+    kind: PushKind
+    sender: str
+    received_at: float
+    data: bytes = b""
+    path: str | None = None  # a spooled body: this file in the node's spool, of ``size`` bytes
+    size: int | None = None
+
+
+class Info(DhtRequest[DhtInfo]):
+    """This DHT node: peer id, visible addresses, session, run."""
+
+
+class PublishPeer(DhtRequest[bool]):
+    status: PeerStatus
+    ttl_s: float
+
+
+class Peers(DhtRequest[list[dict[str, Any]]]):
+    """Live peer records, each checked again by the client (a bad one is dropped, not fatal)."""
+
+    prefer: list[str] | None = None
+    limit: int | None = None
+
+
+class Get(DhtRequest[list[dict[str, Any]]]):
+    kind: Literal["peers"]
+
+
+class Push(DhtRequest[dict[str, Any]]):
+    peer_id: str
+    maddrs: list[str]
+    kind: PushKind
+    data: bytes
+    timeout: float
+
+
+class PushFile(DhtRequest[dict[str, Any]]):
+    peer_id: str
+    maddrs: list[str]
+    kind: PushKind
+    path: str
+    size: int
+    timeout: float
+
+
+class Events(DhtRequest[list[QueuedPush]]):
+    max_events: int = 64
+    wait_s: float = 0.0
+
+
+class SetMembers(DhtRequest[int]):
+    peer_ids: list[str]
+
+
+class SetPushCap(DhtRequest[int]):
+    """Lower the push plane's cap for ``kind``; the reply is the cap now in force."""
+
+    kind: str
+    cap: int
+
+
+class PushStats(DhtRequest[dict[str, Any]]):
+    pass
+
+
+class Probe(DhtRequest[bytes]):
+    peer_id: str
+    raw: bytes
+    maddrs: list[str]
+    timeout: float
