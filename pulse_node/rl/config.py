@@ -84,8 +84,8 @@ class VerifyConfig(StrictModel):
     """
 
     score_tolerance: float = pydantic.Field(
-        0.02, gt=0, le=10, description="largest gap (seeded score of the best token minus that of the sampled "
-        "token, logits/temperature + Gumbel noise) still taken as the seeded draw")
+        1e-4, gt=0, le=0.5, description="largest gap (how far a token's keyed uniform lies outside the token's "
+        "recomputed CDF interval, in units of probability) still taken as the seeded draw")
     logprob_tolerance: float = pydantic.Field(
         0.02, gt=0, le=10, description="largest |claimed - recomputed| behaviour log-prob of a token (claims are "
         "only compared, never used)")

@@ -1,7 +1,8 @@
 """Policy networks behind one adapter: the embedded tiny transformer and local HF causal LMs.
 
 ``LM`` is what samplers and learners use: ``logits`` over whole (padded) sequences for
-training, ``prefill``/``decode`` with a KV cache for generation. Padding is described by a
+training, ``prefill``/``decode`` with a KV cache for generation, and ``keep_rows`` to drop
+finished rows from that cache (HF models: a ``transformers`` ``DynamicCache``). Padding is described by a
 boolean ``mask`` (True = real token); position ids are derived from it, so left padding
 (generation) and right padding (training) give the same numbers.
 """
@@ -31,6 +32,11 @@ class KVCache:
         self.k = [like.new_zeros(shape) for _ in range(n_layers)]
         self.v = [like.new_zeros(shape) for _ in range(n_layers)]
         self.length = 0
+
+    def keep(self, rows: torch.Tensor) -> None:
+        """Keep only batch rows ``rows`` (finished rows leave the batch)."""
+        self.k = [k.index_select(0, rows) for k in self.k]
+        self.v = [v.index_select(0, rows) for v in self.v]
 
 
 class Block(nn.Module):
@@ -117,6 +123,12 @@ class TinyLM:
         out = self.module(tok[:, None], pos, mask[:, None, :], cache)
         return out[:, -1], cache
 
+    @staticmethod
+    def keep_rows(cache: KVCache, rows: torch.Tensor) -> KVCache:
+        """The cache of batch rows ``rows`` only."""
+        cache.keep(rows)
+        return cache
+
 
 class HFLM:
     """``LM`` adapter of a ``transformers`` causal LM (its own KV cache)."""
@@ -134,11 +146,20 @@ class HFLM:
         return out.logits.float()
 
     def prefill(self, ids: torch.Tensor, mask: torch.Tensor, max_new: int) -> tuple[torch.Tensor, Any]:
+        from transformers import DynamicCache
+
         out = self.module(input_ids=ids, attention_mask=mask.long(), position_ids=positions(mask),
-                          use_cache=True)
+                          past_key_values=DynamicCache(config=self.module.config), use_cache=True,
+                          logits_to_keep=1)
         return out.logits[:, -1].float(), out.past_key_values
 
     def decode(self, tok: torch.Tensor, mask: torch.Tensor, cache: Any) -> tuple[torch.Tensor, Any]:
         out = self.module(input_ids=tok[:, None], attention_mask=mask.long(),
                           position_ids=positions(mask)[:, -1:], past_key_values=cache, use_cache=True)
         return out.logits[:, -1].float(), out.past_key_values
+
+    @staticmethod
+    def keep_rows(cache: Any, rows: torch.Tensor) -> Any:
+        """The ``DynamicCache`` of batch rows ``rows`` only (finished rows leave the batch)."""
+        cache.batch_select_indices(rows)
+        return cache

@@ -1,66 +1,55 @@
-"""The seeded sampler: every token of a rollout is a Gumbel-max draw a verifier can recompute.
+"""The seeded sampler: every token of a rollout is an inverse-CDF draw a verifier can recompute.
 
-Token ``k`` of sample ``i`` of the batch with key digest ``K`` (``rl/assign.py``) is
+Token ``k`` of sample ``i`` of the batch with key digest ``K`` (``rl/assign.py``) is the first
+id ``j`` (in id order, ``j < V``) whose cumulative probability exceeds one keyed uniform:
 
-    argmax_j  z_j / T + G_j,   G_j = -log(-log U_j),   j < V
+    token = min { j : C_j > u },   C_j = (e_0 + ... + e_j) / (e_0 + ... + e_{V-1}),
+    e_j = exp((z_j - max z) / T)  (float32),   u = (floor(x / 2^11) + 1/2) / 2^53
 
 with ``V`` the smaller of the logits' width and the tokenizer's vocabulary (padding rows of an
-embedding are never drawn), ``z`` the logits of the version's BF16 weights, ``T`` the declared temperature, and
-``U_j = (x_j + 1/2) / 2^32`` for the uint32 ``x_j`` at offset ``4 (k V + j)`` of the BLAKE3 XOF
-output keyed by ``K`` over ``i`` (8 bytes, little endian). Gumbel-max draws exactly from
-softmax(z / T), so learning is unchanged; but the draw is a function of (weights, key, sample,
-step) alone: independent of the batch shape, the machine and the device. A verifier that
-recomputes ``z`` teacher-forced checks that each token is the draw: its ``gap`` (best score minus
-the token's) is 0 up to honest numeric differences. The noise is computed on the CPU in
-float64 up to ``1 - U``, then in float32 (``log1p`` keeps it accurate near U = 1).
+embedding are never drawn), ``z`` the logits of the version's BF16 weights, ``T`` the declared
+temperature, and ``x`` the uint64 at offset ``8 k`` of the BLAKE3 XOF output keyed by ``K`` over
+``i`` (8 bytes, little endian). Inverse-CDF sampling draws exactly from softmax(z / T), so
+learning is unchanged; the draw is a function of (weights, key, sample, step) alone:
+independent of the batch shape, the rows decoded together, the machine and the device.
+
+Cost: 8 bytes of keyed hash per token (made once per row for all steps, moved to the device
+once) and three passes over the logits on the model's device (max, exp, sums by blocks of about
+sqrt(V) ids); the cumulative sums are taken by block (float32 sums of ``BLOCK`` ids, float64
+across blocks), then inside the one block that holds ``u``. Their rounding (~1e-7) is far below
+the tolerance, so no order of summation is part of the rule.
+
+Verifying: a verifier recomputes ``z`` teacher-forced (FP32) and the token's interval
+``[C_{t-1}, C_t)``; the token is the draw when ``u`` lies inside it widened by the tolerance
+``tol`` (``VerifyConfig.score_tolerance``, in units of probability). ``gap`` is how far ``u``
+lies outside the interval (0 inside), ``closest`` how near ``u`` is to a boundary.
+
+Forgery margin: a producer can emit token ``j`` instead of the draw only if ``u`` lies in
+``[C_{j-1} - tol, C_j + tol)``, i.e. within ``tol`` of the boundary of an interval next to it
+in id order. So whatever it does, each token has probability at most ``p_j + 2 tol`` of being
+``j`` (an absolute shift of at most ``2 tol`` per token, where the Gumbel rule's tolerance
+bounded a shift in score); and it has any choice at all only on tokens whose ``u`` falls
+within ``tol`` of a boundary (chance ~``2 tol`` per token).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import blake3
 import numpy as np
 import torch
 
-_TWO32 = 4294967296.0
+_TWO53 = float(1 << 53)
 
 
-def _gumbel(raw: bytes, rows: int, vocab: int) -> torch.Tensor:
-    x = np.frombuffer(raw, dtype="<u4").reshape(rows, vocab)
-    tail = ((_TWO32 - x.astype(np.float64)) - 0.5) / _TWO32  # 1 - U, exact
-    t = torch.from_numpy(tail.astype(np.float32))
-    return -torch.log(-torch.log1p(-t))
-
-
-class SampleNoise:
-    """The Gumbel noise of one sample: ``steps(k0, n, vocab)`` -> [n, vocab] float32 (CPU)."""
-
-    def __init__(self, batch_digest: bytes, sample: int) -> None:
-        self._xof = blake3.blake3(int(sample).to_bytes(8, "little"), key=batch_digest)
-
-    def raw(self, first: int, count: int, vocab: int) -> bytes:
-        width = 4 * vocab
-        return self._xof.digest(length=width * count, seek=width * first)
-
-    def steps(self, first: int, count: int, vocab: int) -> torch.Tensor:
-        return _gumbel(self.raw(first, count, vocab), count, vocab)
-
-
-def noise_block(batch_digest: bytes, lengths: Sequence[tuple[int, int]], vocab: int) -> torch.Tensor:
-    """[sum of counts, vocab] noise of steps ``0..count-1`` of each ``(sample, count)``, stacked."""
-    raw = b"".join(SampleNoise(batch_digest, s).raw(0, n, vocab) for s, n in lengths)
-    return _gumbel(raw, sum(n for _, n in lengths), vocab)
-
-
-def noise_rows(noises: Sequence[SampleNoise], step: int, vocab: int) -> torch.Tensor:
-    """[len(noises), vocab] noise of one decoding step for several samples."""
-    return _gumbel(b"".join(n.raw(step, 1, vocab) for n in noises), len(noises), vocab)
-
-
-def seeded_scores(logits: torch.Tensor, noise: torch.Tensor, temperature: float) -> torch.Tensor:
-    """The scores the draw maximises: logits / T + G (float32), over the ``V`` ids the noise covers."""
-    return logits[..., : noise.shape[-1]].float() / temperature + noise.to(logits.device)
+def uniforms(batch_digest: bytes, samples: Sequence[int], steps: int) -> torch.Tensor:
+    """[len(samples), steps] float64 keyed uniforms in (0, 1): ``u`` of each sample's first ``steps`` tokens."""
+    raw = b"".join(blake3.blake3(int(s).to_bytes(8, "little"), key=batch_digest).digest(length=8 * steps)
+                   for s in samples)
+    x = np.frombuffer(raw, dtype="<u8").reshape(len(samples), steps) >> np.uint64(11)
+    return torch.from_numpy((x.astype(np.float64) + 0.5) / _TWO53)
 
 
 def drawable(logits: torch.Tensor, vocab_size: int) -> int:
@@ -68,11 +57,83 @@ def drawable(logits: torch.Tensor, vocab_size: int) -> int:
     return min(int(logits.shape[-1]), vocab_size)
 
 
-def draw(logits: torch.Tensor, noise: torch.Tensor, temperature: float) -> torch.Tensor:
-    """The seeded token of each row."""
-    return seeded_scores(logits, noise, temperature).argmax(-1)
+def block_size(vocab: int) -> int:
+    """Ids per block of the cumulative sums: the power of two at or above sqrt(V)."""
+    return 1 << max(0, math.ceil(math.log2(max(vocab, 1)) / 2))
 
 
-def gaps(scores: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-    """Best score minus the score of ``tokens`` (0 where the token is the draw)."""
-    return scores.max(-1).values - scores.gather(-1, tokens[..., None]).squeeze(-1)
+def weights(logits: torch.Tensor, vocab: int, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``e`` ([N, V] float32, unnormalised probabilities) and ``log(sum e) + max`` per row
+    (the log-normaliser of softmax(z / T), to get log-probs as ``z_t / T - lse``)."""
+    z = logits[..., :vocab].float()
+    scaled = z / temperature if temperature != 1.0 else z
+    top = scaled.max(-1, keepdim=True).values
+    e = torch.exp(scaled - top)
+    return e, top.squeeze(-1)
+
+
+def block_sums(e: torch.Tensor, block: int) -> torch.Tensor:
+    """[N, ceil(V / block)] float64 sums of ``e`` by block (float32 inside a block)."""
+    n, vocab = e.shape
+    full = vocab // block
+    parts = [e[:, : full * block].unflatten(-1, (full, block)).sum(-1)] if full else []
+    if vocab % block:
+        parts.append(e[:, full * block:].sum(-1, keepdim=True))
+    return torch.cat(parts, -1).double()
+
+
+def draw(logits: torch.Tensor, u: torch.Tensor, *, vocab: int, temperature: float
+         ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The seeded token of each row of ``logits`` ([N, width]) for its uniform ``u`` ([N] float64),
+    and its log-prob under softmax(z / T) (float32)."""
+    e, top = weights(logits, vocab, temperature)
+    block = block_size(vocab)
+    sums = block_sums(e, block)
+    cum = sums.cumsum(-1)
+    target = u.to(cum.device) * cum[:, -1]
+    b = torch.searchsorted(cum, target[:, None], right=True).clamp_max(cum.shape[1] - 1)
+    before = torch.where(b > 0, cum.gather(-1, (b - 1).clamp_min(0)), torch.zeros_like(target[:, None]))
+    cols = b * block + torch.arange(block, device=e.device)
+    inside = e.gather(-1, cols.clamp_max(vocab - 1)) * (cols < vocab)
+    within = inside.double().cumsum(-1) + before
+    off = torch.searchsorted(within, target[:, None], right=True).clamp_max(block - 1)
+    token = (b * block + off).clamp_max(vocab - 1).squeeze(-1)
+    lse = top + torch.log(cum[:, -1]).float()
+    z = logits[..., :vocab].float()
+    logp = z.gather(-1, token[:, None]).squeeze(-1) / temperature - lse
+    return token, logp
+
+
+def greedy(logits: torch.Tensor, *, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The most likely token of each row and its log-prob (the reference decode of the benches)."""
+    z = logits[..., :vocab].float()
+    token = z.argmax(-1)
+    return token, z.gather(-1, token[:, None]).squeeze(-1) - torch.logsumexp(z, -1)
+
+
+def intervals(logits: torch.Tensor, tokens: torch.Tensor, *, vocab: int, temperature: float
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """For rows of ``logits`` ([N, width]) and their tokens ([N]): the token's CDF interval
+    ``[lo, hi)`` (float64, normalised) and its log-prob under softmax(z / T) (float32)."""
+    e, top = weights(logits, vocab, temperature)
+    block = block_size(vocab)
+    sums = block_sums(e, block)
+    total = sums.sum(-1)
+    t = tokens.clamp(0, vocab - 1)
+    b = t // block
+    full_before = torch.where(b > 0, sums.cumsum(-1).gather(-1, (b - 1).clamp_min(0)[:, None]).squeeze(-1),
+                              torch.zeros_like(total))
+    cols = b[:, None] * block + torch.arange(block, device=e.device)
+    row = e.gather(-1, cols.clamp_max(vocab - 1)) * (cols < t[:, None])
+    lo = full_before + row.double().sum(-1)
+    hi = lo + e.gather(-1, t[:, None]).squeeze(-1).double()
+    z = logits[..., :vocab].float()
+    logp = z.gather(-1, t[:, None]).squeeze(-1) / temperature - (top + torch.log(total).float())
+    return lo / total, hi / total, logp
+
+
+def outside(u: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``gap``: how far ``u`` lies outside ``[lo, hi)`` (0 inside); ``closest``: its distance to the
+    nearer boundary (how near a choice between two tokens the draw was)."""
+    u = u.to(lo.device)
+    return torch.clamp(torch.maximum(lo - u, u - hi), min=0.0), torch.minimum((u - lo).abs(), (hi - u).abs())
