@@ -48,6 +48,20 @@ def test_same_key_same_rollouts_whatever_the_batch_shape(setup) -> None:
         assert all(lp <= 0 for lp in r.logprobs) and r.reward in (0.0, 1.0)
 
 
+def test_finished_rows_leaving_the_batch_change_nothing(setup) -> None:
+    """Rows that finished leave the batch and its KV cache: the same tokens as decoding them on."""
+    cfg, _, worker, task = setup
+    key = BatchKey("run", 5, "peer-a", 4)
+    prompts = [p for p in worker._encode(assigned_problems(task, key, 4)) for _ in range(4)]
+    u = uniforms(key.digest(), range(len(prompts)), cfg.sampling.max_new_tokens)
+    kept = worker._sample(prompts, u=u, compact=True)
+    ref = worker._sample(prompts, u=u, compact=False)
+    assert any(f and len(t) < cfg.sampling.max_new_tokens - 1 for t, f in zip(kept[0], kept[2]))  # some left early
+    assert kept[0] == ref[0] and kept[2] == ref[2]
+    for a, b in zip(kept[1], ref[1]):
+        assert a == pytest.approx(b, abs=1e-5)
+
+
 def test_logprobs_match_trainer_on_bf16_weights(setup) -> None:
     _, policy, worker, task = setup
     key = BatchKey("run", 5, "peer-a", 0)
