@@ -9,6 +9,7 @@ boolean ``mask`` (True = real token); position ids are derived from it, so left 
 
 from __future__ import annotations
 
+import inspect
 import math
 from typing import Any, Mapping
 
@@ -136,6 +137,16 @@ class HFLM:
     def __init__(self, module: nn.Module, context: int) -> None:
         self.module = module
         self.context = context
+        names = inspect.signature(module.forward).parameters
+        # transformers 5.2x names the cache argument ``cache`` (``past_key_values`` is deprecated)
+        self._cache_kw = "cache" if "cache" in names else "past_key_values"
+        self._keep_kw = next((k for k in ("logits_to_keep", "num_logits_to_keep") if k in names), None)
+
+    def _new_cache(self) -> Any:
+        from transformers import DynamicCache
+
+        takes_config = "config" in inspect.signature(DynamicCache.__init__).parameters
+        return DynamicCache(config=self.module.config) if takes_config else DynamicCache()
 
     def _call(self, params: Params | None, **kw: Any) -> Any:
         return functional_call(self.module, dict(params), (), kw) if params else self.module(**kw)
@@ -146,17 +157,16 @@ class HFLM:
         return out.logits.float()
 
     def prefill(self, ids: torch.Tensor, mask: torch.Tensor, max_new: int) -> tuple[torch.Tensor, Any]:
-        from transformers import DynamicCache
-
+        cache = self._new_cache()
+        keep = {self._keep_kw: 1} if self._keep_kw else {}
         out = self.module(input_ids=ids, attention_mask=mask.long(), position_ids=positions(mask),
-                          past_key_values=DynamicCache(config=self.module.config), use_cache=True,
-                          logits_to_keep=1)
-        return out.logits[:, -1].float(), out.past_key_values
+                          use_cache=True, **{self._cache_kw: cache}, **keep)
+        return out.logits[:, -1].float(), cache
 
     def decode(self, tok: torch.Tensor, mask: torch.Tensor, cache: Any) -> tuple[torch.Tensor, Any]:
         out = self.module(input_ids=tok[:, None], attention_mask=mask.long(),
-                          position_ids=positions(mask)[:, -1:], past_key_values=cache, use_cache=True)
-        return out.logits[:, -1].float(), out.past_key_values
+                          position_ids=positions(mask)[:, -1:], use_cache=True, **{self._cache_kw: cache})
+        return out.logits[:, -1].float(), cache
 
     @staticmethod
     def keep_rows(cache: Any, rows: torch.Tensor) -> Any:
