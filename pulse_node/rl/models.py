@@ -107,9 +107,12 @@ class TinyLM:
         self.module = module
         self.context = module.max_len
 
-    def logits(self, ids: torch.Tensor, mask: torch.Tensor, params: Params | None = None) -> torch.Tensor:
+    def logits(self, ids: torch.Tensor, mask: torch.Tensor, params: Params | None = None, *,
+               last: int = 0) -> torch.Tensor:
+        """[B, T, V] logits (``last``: only those of the last ``last`` positions)."""
         args = (ids, positions(mask), _full_allowed(mask))
-        return functional_call(self.module, dict(params), args) if params else self.module(*args)
+        out = functional_call(self.module, dict(params), args) if params else self.module(*args)
+        return out[:, -last:] if last else out
 
     def prefill(self, ids: torch.Tensor, mask: torch.Tensor, max_new: int) -> tuple[torch.Tensor, Any]:
         m = self.module
@@ -151,10 +154,15 @@ class HFLM:
     def _call(self, params: Params | None, **kw: Any) -> Any:
         return functional_call(self.module, dict(params), (), kw) if params else self.module(**kw)
 
-    def logits(self, ids: torch.Tensor, mask: torch.Tensor, params: Params | None = None) -> torch.Tensor:
+    def logits(self, ids: torch.Tensor, mask: torch.Tensor, params: Params | None = None, *,
+               last: int = 0) -> torch.Tensor:
+        """[B, T, V] FP32 logits (``last``: only those of the last ``last`` positions, the others'
+        vocabulary projection skipped where the model supports ``logits_to_keep``)."""
+        keep = {self._keep_kw: last} if last and self._keep_kw else {}
         out = self._call(params, input_ids=ids, attention_mask=mask.long(), position_ids=positions(mask),
-                         use_cache=False)
-        return out.logits.float()
+                         use_cache=False, **keep)
+        logits = out.logits.float()
+        return logits[:, -last:] if last else logits
 
     def prefill(self, ids: torch.Tensor, mask: torch.Tensor, max_new: int) -> tuple[torch.Tensor, Any]:
         cache = self._new_cache()

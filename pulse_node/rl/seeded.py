@@ -68,8 +68,7 @@ def weights(logits: torch.Tensor, vocab: int, temperature: float) -> tuple[torch
     z = logits[..., :vocab].float()
     scaled = z / temperature if temperature != 1.0 else z
     top = scaled.max(-1, keepdim=True).values
-    e = torch.exp(scaled - top)
-    return e, top.squeeze(-1)
+    return torch.sub(scaled, top).exp_(), top.squeeze(-1)
 
 
 def block_sums(e: torch.Tensor, block: int) -> torch.Tensor:

@@ -271,11 +271,12 @@ class RolloutVerifier:
         which = [distinct.setdefault((tuple(r.prompt_ids), tuple(r.completion_ids)), len(distinct)) for r in rollouts]
         packed = pack(list(distinct), pad_id=w.tokenizer.pad_id, device=w.device)
         self.forwarded_rows += len(distinct)
-        logits = w.lm.logits(packed.ids, packed.mask)
+        first = min(len(r.prompt_ids) for r in rollouts) - 1  # no logits before the first completion token
+        logits = w.lm.logits(packed.ids, packed.mask, last=packed.ids.shape[1] - first)
         sizes = np.array([len(r.completion_ids) for r in rollouts])
         starts = np.cumsum(sizes) - sizes
         cols = (np.arange(sizes.sum()) - np.repeat(starts, sizes)
-                + np.repeat(np.array([len(r.prompt_ids) - 1 for r in rollouts]), sizes))
+                + np.repeat(np.array([len(r.prompt_ids) - 1 - first for r in rollouts]), sizes))
         z = logits[torch.from_numpy(np.repeat(which, sizes)).to(w.device), torch.from_numpy(cols).to(w.device)]
         del logits
         tokens = torch.tensor([t for r in rollouts for t in r.completion_ids], device=w.device)
