@@ -36,8 +36,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+if str(ROOT) not in sys.path:  # for ``bench.grpo_scale``; PYTHONPATH decides which pulse_node is measured
+    sys.path.append(str(ROOT))
 
 FULL = dict(hidden=896, layers=24, heads=14, kv_heads=2, mlp=4864)
 CPU = dict(hidden=256, layers=4, heads=4, kv_heads=2, mlp=688)

@@ -114,7 +114,7 @@ def test_seeded_draws_follow_the_softmax() -> None:
     logits = torch.tensor([2.0, 1.0, 0.0, -1.0, 0.5, -3.0, 1.5])
     n, temperature = 6000, 0.7
     u = uniforms(BatchKey("stats", 0, "p", 0).digest(), range(n), 1)[:, 0]
-    tokens, logp = draw(logits.expand(n, -1), u, vocab=6, temperature=temperature)  # id 6: padding, never drawn
+    tokens, logp = draw(logits.expand(n, -1).clone(), u, vocab=6, temperature=temperature)  # id 6: padding, never drawn
     p = torch.softmax(logits[:6] / temperature, -1)
     counts = torch.bincount(tokens, minlength=7).double()
     assert counts[6] == 0
@@ -129,15 +129,24 @@ def test_draw_is_the_same_for_any_rows_and_block_split() -> None:
     torch.manual_seed(0)
     logits = torch.randn(64, 1000) * 3
     u = uniforms(BatchKey("rows", 1, "p", 0).digest(), range(64), 1)[:, 0]
-    tokens, _ = draw(logits, u, vocab=1000, temperature=1.3)
+    tokens, _ = draw(logits.clone(), u, vocab=1000, temperature=1.3)
     ref = torch.softmax(logits.double() / 1.3, -1).cumsum(-1)
     assert torch.equal(tokens, torch.searchsorted(ref, u[:, None], right=True).squeeze(-1))
-    alone = torch.cat([draw(logits[i:i + 1], u[i:i + 1], vocab=1000, temperature=1.3)[0] for i in range(0, 64, 9)])
+    alone = torch.cat([draw(logits[i:i + 1].clone(), u[i:i + 1], vocab=1000, temperature=1.3)[0]
+                       for i in range(0, 64, 9)])
     assert torch.equal(alone, tokens[::9])
-    lo, hi, _ = intervals(logits, tokens, vocab=1000, temperature=1.3)
+    rows = torch.arange(64)
+    lo, hi, _ = intervals(logits.clone(), rows, tokens, vocab=1000, temperature=1.3)
     gap, closest = outside(u, lo, hi)
     assert float(gap.max()) == 0.0 and bool((closest >= 0).all())
-    lo2, hi2, _ = intervals(logits, (tokens + 1) % 1000, vocab=1000, temperature=1.3)
+    lo2, hi2, _ = intervals(logits.clone(), rows, (tokens + 1) % 1000, vocab=1000, temperature=1.3)
+    big = logits * 60  # rows past +-SAFE: exp(z / T - max), the same draws up to rounding
+    ref_big = torch.softmax(big.double() / 1.3, -1).cumsum(-1)
+    big_tokens = draw(big.clone(), u, vocab=1000, temperature=1.3)[0]
+    assert torch.equal(big_tokens, torch.searchsorted(ref_big, u[:, None], right=True).squeeze(-1))
+    lo3, hi3, logp3 = intervals(big.clone(), rows, big_tokens, vocab=1000, temperature=1.3)
+    assert float(outside(u, lo3, hi3)[0].max()) == 0.0
+    assert torch.allclose(logp3.double(), torch.log_softmax(big.double() / 1.3, -1)[rows, big_tokens], atol=1e-4)
     assert bool((outside(u, lo2, hi2)[0] > 0).all())  # any other id is outside
 
 

@@ -14,10 +14,11 @@ learning is unchanged; the draw is a function of (weights, key, sample, step) al
 independent of the batch shape, the rows decoded together, the machine and the device.
 
 Cost: 8 bytes of keyed hash per token (made once per row for all steps, moved to the device
-once) and three passes over the logits on the model's device (max, exp, sums by blocks of about
-sqrt(V) ids); the cumulative sums are taken by block (float32 sums of ``BLOCK`` ids, float64
-across blocks), then inside the one block that holds ``u``. Their rounding (~1e-7) is far below
-the tolerance, so no order of summation is part of the rule.
+once) and three passes over the logits on the model's device, in place (max, exp, sums by
+blocks of about sqrt(V) ids); the cumulative sums are taken by block (float32 sums inside a
+block, float64 across blocks), then inside the one block that holds ``u``. Their rounding
+(~1e-7) is far below the tolerance, so no order of summation is part of the rule, nor whether
+``e`` is computed as exp(z / T) or exp(z / T - max) (the same up to rounding).
 
 Verifying: a verifier recomputes ``z`` teacher-forced (FP32) and the token's interval
 ``[C_{t-1}, C_t)``; the token is the draw when ``u`` lies inside it widened by the tolerance
@@ -42,6 +43,8 @@ import numpy as np
 import torch
 
 _TWO53 = float(1 << 53)
+#: largest |z / T| exponentiated without subtracting the row's maximum (exp(88) overflows float32)
+SAFE = 80.0
 
 
 def uniforms(batch_digest: bytes, samples: Sequence[int], steps: int) -> torch.Tensor:
@@ -62,13 +65,20 @@ def block_size(vocab: int) -> int:
     return 1 << max(0, math.ceil(math.log2(max(vocab, 1)) / 2))
 
 
-def weights(logits: torch.Tensor, vocab: int, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """``e`` ([N, V] float32, unnormalised probabilities) and ``log(sum e) + max`` per row
-    (the log-normaliser of softmax(z / T), to get log-probs as ``z_t / T - lse``)."""
+def exp_weights_(logits: torch.Tensor, vocab: int, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``e`` ([N, V] float32: exp(z / T - shift), unnormalised probabilities) made IN PLACE of
+    ``logits`` (of its FP32 copy if it is not FP32), and the ``shift`` of each row ([N]): 0 unless
+    some row's largest z / T is beyond +-``SAFE`` (then every row's own maximum). The
+    log-normaliser of softmax(z / T) is ``shift + log(sum e)``. Two passes over the logits when
+    no shift is needed (max, exp), three otherwise: no [N, V] tensor is allocated."""
     z = logits[..., :vocab].float()
-    scaled = z / temperature if temperature != 1.0 else z
-    top = scaled.max(-1, keepdim=True).values
-    return torch.sub(scaled, top).exp_(), top.squeeze(-1)
+    if temperature != 1.0:
+        z.div_(temperature)
+    top = z.amax(-1)
+    if bool((top.abs() > SAFE).any()):
+        z.sub_(top[:, None])
+        return z.exp_(), top
+    return z.exp_(), torch.zeros_like(top)
 
 
 def block_sums(e: torch.Tensor, block: int) -> torch.Tensor:
@@ -81,54 +91,58 @@ def block_sums(e: torch.Tensor, block: int) -> torch.Tensor:
     return torch.cat(parts, -1).double()
 
 
+def _block_of(e: torch.Tensor, b: torch.Tensor, block: int, vocab: int, rows: torch.Tensor | None = None
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ids ([M, block]) of block ``b`` ([M, 1]) of each row (or of rows ``rows`` of ``e``) and
+    their ``e`` (0 past ``V``)."""
+    cols = b * block + torch.arange(block, device=e.device)
+    vals = e.gather(-1, cols.clamp_max(vocab - 1)) if rows is None else e[rows[:, None], cols.clamp_max(vocab - 1)]
+    return cols, vals * (cols < vocab)
+
+
 def draw(logits: torch.Tensor, u: torch.Tensor, *, vocab: int, temperature: float
          ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The seeded token of each row of ``logits`` ([N, width]) for its uniform ``u`` ([N] float64),
-    and its log-prob under softmax(z / T) (float32)."""
-    e, top = weights(logits, vocab, temperature)
+    """The seeded token of each row of ``logits`` ([N, width], overwritten: ``exp_weights_``) for
+    its uniform ``u`` ([N] float64), and its log-prob under softmax(z / T) (float32)."""
+    e, _ = exp_weights_(logits, vocab, temperature)
     block = block_size(vocab)
-    sums = block_sums(e, block)
-    cum = sums.cumsum(-1)
-    target = u.to(cum.device) * cum[:, -1]
-    b = torch.searchsorted(cum, target[:, None], right=True).clamp_max(cum.shape[1] - 1)
-    before = torch.where(b > 0, cum.gather(-1, (b - 1).clamp_min(0)), torch.zeros_like(target[:, None]))
-    cols = b * block + torch.arange(block, device=e.device)
-    inside = e.gather(-1, cols.clamp_max(vocab - 1)) * (cols < vocab)
-    within = inside.double().cumsum(-1) + before
-    off = torch.searchsorted(within, target[:, None], right=True).clamp_max(block - 1)
-    token = (b * block + off).clamp_max(vocab - 1).squeeze(-1)
-    lse = top + torch.log(cum[:, -1]).float()
-    z = logits[..., :vocab].float()
-    logp = z.gather(-1, token[:, None]).squeeze(-1) / temperature - lse
-    return token, logp
+    cum = block_sums(e, block).cumsum(-1)
+    target = u.to(cum.device)[:, None] * cum[:, -1:]
+    b = torch.searchsorted(cum, target, right=True).clamp_max(cum.shape[1] - 1)
+    before = torch.where(b > 0, cum.gather(-1, (b - 1).clamp_min(0)), torch.zeros_like(target))
+    cols, inside = _block_of(e, b, block, vocab)
+    off = torch.searchsorted(inside.double().cumsum(-1) + before, target, right=True).clamp_max(block - 1)
+    token = (b * block + off).clamp_max(vocab - 1)
+    logp = torch.log(e.gather(-1, token)).squeeze(-1) - torch.log(cum[:, -1]).float()
+    return token.squeeze(-1), logp
 
 
 def greedy(logits: torch.Tensor, *, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The most likely token of each row and its log-prob (the reference decode of the benches)."""
-    z = logits[..., :vocab].float()
-    token = z.argmax(-1)
-    return token, z.gather(-1, token[:, None]).squeeze(-1) - torch.logsumexp(z, -1)
+    """The most likely token of each row and its log-prob (the reference decode of the benches;
+    ``logits`` overwritten like ``draw``'s)."""
+    token = logits[..., :vocab].argmax(-1, keepdim=True)
+    e, _ = exp_weights_(logits, vocab, 1.0)
+    return token.squeeze(-1), (torch.log(e.gather(-1, token)).squeeze(-1) - torch.log(e.sum(-1)))
 
 
-def intervals(logits: torch.Tensor, tokens: torch.Tensor, *, vocab: int, temperature: float
+def intervals(logits: torch.Tensor, rows: torch.Tensor, tokens: torch.Tensor, *, vocab: int, temperature: float
               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """For rows of ``logits`` ([N, width]) and their tokens ([N]): the token's CDF interval
-    ``[lo, hi)`` (float64, normalised) and its log-prob under softmax(z / T) (float32)."""
-    e, top = weights(logits, vocab, temperature)
+    """For completion tokens ``tokens`` ([M]) read at rows ``rows`` ([M]) of ``logits`` ([N, width],
+    overwritten like ``draw``'s): each token's CDF interval ``[lo, hi)`` (float64, normalised) and
+    its log-prob under softmax(z / T) (float32). Per token only these are kept."""
+    t = tokens.clamp(0, vocab - 1)[:, None]
+    z_t = logits[rows[:, None], t].float().squeeze(-1) / temperature
+    e, shift = exp_weights_(logits, vocab, temperature)
     block = block_size(vocab)
     sums = block_sums(e, block)
     total = sums.sum(-1)
-    t = tokens.clamp(0, vocab - 1)
     b = t // block
-    full_before = torch.where(b > 0, sums.cumsum(-1).gather(-1, (b - 1).clamp_min(0)[:, None]).squeeze(-1),
-                              torch.zeros_like(total))
-    cols = b[:, None] * block + torch.arange(block, device=e.device)
-    row = e.gather(-1, cols.clamp_max(vocab - 1)) * (cols < t[:, None])
-    lo = full_before + row.double().sum(-1)
-    hi = lo + e.gather(-1, t[:, None]).squeeze(-1).double()
-    z = logits[..., :vocab].float()
-    logp = z.gather(-1, t[:, None]).squeeze(-1) / temperature - (top + torch.log(total).float())
-    return lo / total, hi / total, logp
+    before = torch.where(b > 0, sums.cumsum(-1)[rows].gather(-1, (b - 1).clamp_min(0)), 0.0).squeeze(-1)
+    cols, inside = _block_of(e, b, block, vocab, rows)
+    lo = before + (inside * (cols < t)).double().sum(-1)
+    hi = lo + e[rows[:, None], t].squeeze(-1).double()
+    logp = z_t - (shift[rows] + torch.log(total[rows]).float())
+    return lo / total[rows], hi / total[rows], logp
 
 
 def outside(u: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

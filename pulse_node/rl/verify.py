@@ -277,11 +277,12 @@ class RolloutVerifier:
         starts = np.cumsum(sizes) - sizes
         cols = (np.arange(sizes.sum()) - np.repeat(starts, sizes)
                 + np.repeat(np.array([len(r.prompt_ids) - 1 - first for r in rollouts]), sizes))
-        z = logits[torch.from_numpy(np.repeat(which, sizes)).to(w.device), torch.from_numpy(cols).to(w.device)]
-        del logits
+        span = logits.shape[1]
+        rows = torch.from_numpy(np.repeat(which, sizes) * span + cols).to(w.device)
         tokens = torch.tensor([t for r in rollouts for t in r.completion_ids], device=w.device)
         u = torch.cat([uniforms(digest, [r.sample], len(r.completion_ids))[0] for r in rollouts])
-        lo, hi, logp = intervals(z, tokens, vocab=drawable(z, w.tokenizer.vocab_size), temperature=temp)
+        lo, hi, logp = intervals(logits.flatten(0, 1), rows, tokens, temperature=temp,
+                                 vocab=drawable(logits, w.tokenizer.vocab_size))
         gap, closest = outside(u, lo, hi)
         return Recomputed.of(gap=gap.cpu().numpy(), closest=closest.cpu().numpy(), logp=logp.cpu().numpy(),
                              sizes=sizes, claimed=np.array([x for r in rollouts for x in r.logprobs]))
