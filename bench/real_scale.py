@@ -39,8 +39,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # for ``bench.grpo_scale``; PYTHONPATH decides which pulse_node is measured
     sys.path.append(str(ROOT))
 
-FULL = dict(hidden=896, layers=24, heads=14, kv_heads=2, mlp=4864)
-CPU = dict(hidden=256, layers=4, heads=4, kv_heads=2, mlp=688)
+FULL = {"hidden": 896, "layers": 24, "heads": 14, "kv_heads": 2, "mlp": 4864}
+CPU = {"hidden": 256, "layers": 4, "heads": 4, "kv_heads": 2, "mlp": 688}
 
 
 def build(vocab: int, shape: dict, *, context: int, device: str, seed: int = 0):
@@ -48,7 +48,6 @@ def build(vocab: int, shape: dict, *, context: int, device: str, seed: int = 0):
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from pulse_node.rl.config import SamplingConfig
     from pulse_node.rl.models import HFLM
     from pulse_node.rl.sampler import RolloutWorker
     from pulse_node.torchbits import module_state
@@ -123,7 +122,7 @@ def draw_share(worker, rows: int, steps: int, vocab: int, digest: bytes, device:
     return {"keyed_s": t_key, "draw_s": t_draw}
 
 
-def verify_vs_forward(worker, rollouts, key, device: str) -> dict:
+def verify_vs_forward(worker, rollouts, key, device: str, repeats: int = 2) -> dict:
     """``RolloutVerifier.recompute`` of the batch vs a plain FP32 forward in the same row chunks."""
     import torch
 
@@ -134,10 +133,8 @@ def verify_vs_forward(worker, rollouts, key, device: str) -> dict:
 
     verifier = RolloutVerifier(worker, make_task_source(TaskConfig(eval_size=10)), run_id=key.run_id,
                                batches_per_version=1, max_staleness=0, cfg=VerifyConfig())
-    rec, t_verify = timed(lambda: verifier.recompute(rollouts, key), device)
     width = max(len(r.prompt_ids) + len(r.completion_ids) for r in rollouts)
     per = max(1, verifier.logit_budget // (width * verifier._vocab()))
-
     new = _new_api()
 
     def plain() -> None:
@@ -148,12 +145,14 @@ def verify_vs_forward(worker, rollouts, key, device: str) -> dict:
                 first = min(len(r.prompt_ids) for r in chunk) - 1
                 worker.lm.logits(packed.ids, packed.mask, **({"last": packed.ids.shape[1] - first} if new else {}))
 
-    _, t_plain = timed(plain, device)
-    _, t_verify2 = timed(lambda: verifier.recompute(rollouts, key), device)  # again, after the plain run
+    t_verify = t_plain = float("inf")
+    for _ in range(repeats):  # interleaved, best of each
+        t_plain = min(t_plain, timed(plain, device)[1])
+        rec, dt = timed(lambda: verifier.recompute(rollouts, key), device)
+        t_verify = min(t_verify, dt)
     tol = verifier.cfg.score_tolerance
     off = max(abs(a - b) for r, ours in zip(rollouts, rec.logprobs) for a, b in zip(r.logprobs, ours))
-    return {"verify_s": min(t_verify, t_verify2), "forward_s": t_plain,
-            "ratio": min(t_verify, t_verify2) / t_plain, "refused": int(sum(g > tol for g in rec.gap)),
+    return {"verify_s": t_verify, "forward_s": t_plain, "ratio": t_verify / t_plain, "refused": int(sum(g > tol for g in rec.gap)),
             "max_gap": float(max(rec.gap)), "max_logprob_diff": off}
 
 
@@ -186,18 +185,22 @@ def measure_vocab(vocab: int, args, device: str) -> dict:
     from pulse_node.rl.config import SamplingConfig
 
     shape = FULL if args.full else CPU
-    module, policy, make = build(vocab, shape, context=args.prompt + args.new + 8, device=device)
+    _, _, make = build(vocab, shape, context=args.prompt + args.new + 8, device=device)
     sampling = SamplingConfig(max_new_tokens=args.new, group_size=2, prompts_per_batch=1, temperature=1.0)
     worker = make(sampling)
     gen = torch.Generator().manual_seed(vocab)
     prompts = torch.randint(1, vocab - 1, (args.rows, args.prompt), generator=gen).tolist()
     key = BatchKey("real-scale", 0, "peer", 0)
     seeded_sample(worker, prompts[:2], key.digest())  # warm up
-    out, t_seeded = timed(lambda: seeded_sample(worker, prompts, key.digest()), device)
+    t_seeded = t_greedy = t_hf = float("inf")
+    for _ in range(args.repeats):  # interleaved, best of each: a shared machine's load spikes drop out
+        out, dt = timed(lambda: seeded_sample(worker, prompts, key.digest()), device)
+        t_seeded = min(t_seeded, dt)
+        greedy, dt = timed(lambda: greedy_sample(worker, prompts), device)
+        t_greedy = min(t_greedy, dt)
+        t_hf = min(t_hf, hf_generate(worker.lm.module, prompts, args.new, device))
     tokens = sum(len(t) for t in out[0])
-    greedy, t_greedy = timed(lambda: greedy_sample(worker, prompts), device)
     g_tokens = sum(len(t) for t in greedy[0])
-    t_hf = hf_generate(worker.lm.module, prompts, args.new, device)
     share = draw_share(worker, args.rows, args.new, vocab, key.digest(), device)
     row = {"vocab": vocab, "tokens": tokens, "seeded_tok_s": tokens / t_seeded, "greedy_tok_s": g_tokens / t_greedy,
            "hf_generate_tok_s": args.rows * args.new / t_hf}
@@ -205,10 +208,9 @@ def measure_vocab(vocab: int, args, device: str) -> dict:
     row["seeded_vs_hf"] = row["seeded_tok_s"] / row["hf_generate_tok_s"]
     row["keyed_share"] = share["keyed_s"] / t_seeded
     row["draw_share"] = share["draw_s"] / t_seeded
-    row["verify"] = verify_vs_forward(worker, as_rollouts(prompts, out, key), key, device)
+    row["verify"] = verify_vs_forward(worker, as_rollouts(prompts, out, key), key, device, args.repeats)
     if device.startswith("cuda"):
         row["compute"] = other_compute(make, sampling, prompts, key, device, t_seeded / tokens)
-    del module, worker
     return row
 
 
@@ -249,7 +251,8 @@ def main() -> None:
     ap.add_argument("--device", default="auto")
     ap.add_argument("--full", action="store_true", help="Qwen2.5-0.5B shapes (hidden 896, 24 layers): for a GPU")
     ap.add_argument("--vocabs", type=lambda s: [int(x) for x in s.split(",")], default=[32000, 151936])
-    ap.add_argument("--rows", type=int, default=8)
+    ap.add_argument("--rows", type=int, default=4)
+    ap.add_argument("--repeats", type=int, default=2, help="interleaved repetitions (the best of each is kept)")
     ap.add_argument("--new", type=int, default=256)
     ap.add_argument("--long", action="store_true", help="1,024 new tokens")
     ap.add_argument("--prompt", type=int, default=16)

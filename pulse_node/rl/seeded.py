@@ -83,7 +83,7 @@ def exp_weights_(logits: torch.Tensor, vocab: int, temperature: float) -> tuple[
 
 def block_sums(e: torch.Tensor, block: int) -> torch.Tensor:
     """[N, ceil(V / block)] float64 sums of ``e`` by block (float32 inside a block)."""
-    n, vocab = e.shape
+    vocab = e.shape[1]
     full = vocab // block
     parts = [e[:, : full * block].unflatten(-1, (full, block)).sum(-1)] if full else []
     if vocab % block:
@@ -110,7 +110,7 @@ def draw(logits: torch.Tensor, u: torch.Tensor, *, vocab: int, temperature: floa
     target = u.to(cum.device)[:, None] * cum[:, -1:]
     b = torch.searchsorted(cum, target, right=True).clamp_max(cum.shape[1] - 1)
     before = torch.where(b > 0, cum.gather(-1, (b - 1).clamp_min(0)), torch.zeros_like(target))
-    cols, inside = _block_of(e, b, block, vocab)
+    _, inside = _block_of(e, b, block, vocab)
     off = torch.searchsorted(inside.double().cumsum(-1) + before, target, right=True).clamp_max(block - 1)
     token = (b * block + off).clamp_max(vocab - 1)
     logp = torch.log(e.gather(-1, token)).squeeze(-1) - torch.log(cum[:, -1]).float()
