@@ -26,11 +26,14 @@ Verifying: a verifier recomputes ``z`` teacher-forced (FP32) and the token's int
 lies outside the interval (0 inside), ``closest`` how near ``u`` is to a boundary.
 
 Forgery margin: a producer can emit token ``j`` instead of the draw only if ``u`` lies in
-``[C_{j-1} - tol, C_j + tol)``, i.e. within ``tol`` of the boundary of an interval next to it
-in id order. So whatever it does, each token has probability at most ``p_j + 2 tol`` of being
-``j`` (an absolute shift of at most ``2 tol`` per token, where the Gumbel rule's tolerance
-bounded a shift in score); and it has any choice at all only on tokens whose ``u`` falls
-within ``tol`` of a boundary (chance ~``2 tol`` per token).
+``[C_{j-1} - tol, C_j + tol)``, i.e. within ``tol`` of the boundary of an interval next to the
+draw's in id order. So whatever it does, each token is ``j`` with probability at most
+``p_j + 2 tol`` (an absolute shift, where the Gumbel rule's tolerance bounded a shift in score),
+and a set of ids forming ``r`` runs of consecutive ids gains at most ``2 tol r``. It has a
+choice at all only when ``u`` falls within ``tol`` of a boundary: chance ``2 tol`` per boundary
+near ``u``, so about ``2 tol`` per token where the probability sits on a few tokens, more in a
+flat tail (a near-uniform random-init model over V ids: ~``2 tol V``, capped at 1).
+bench/rollout_honest.py counts the honest rollouts that had such a choice.
 """
 
 from __future__ import annotations
