@@ -99,6 +99,8 @@ def run_config(policy, cfg: SoloConfig, state, version: int, *, p_threads: int, 
 
 
 def honest_grid(args) -> dict[str, Tally]:
+    if "solo" not in args.parts:
+        return hf_grid(args, solo_versions(0)[0]) if "hf" in args.parts else {}
     cfg, policy, states = solo_versions(args.grpo_steps)
     out: dict[str, Tally] = {}
     shapes = [(1, None), (2, 64), (1, 7), (2, 1)]
@@ -118,7 +120,7 @@ def honest_grid(args) -> dict[str, Tally]:
         out[name] = Tally()
         run_config(policy, cold, states[1], 1, p_threads=p_threads, rows=rows, v_threads=3 - p_threads,
                    per_sequence=False, batches=args.batches, tally=out[name])
-    return out | hf_grid(args, cfg)
+    return out | (hf_grid(args, cfg) if "hf" in args.parts else {})
 
 
 def hf_grid(args, cfg: SoloConfig) -> dict[str, Tally]:
@@ -161,10 +163,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--batches", type=int, default=2, help="batches of 256 rollouts per configuration")
     ap.add_argument("--grpo-steps", type=int, default=20)
+    ap.add_argument("--parts", default="solo,hf,bf16", help="which parts of the grid (comma-separated)")
     ap.add_argument("--long", type=int, default=256, help="new tokens per completion of the long HF configuration")
     args = ap.parse_args()
     t0 = time.monotonic()
-    honest, extra = honest_grid(args), bf16_rows(args)
+    honest, extra = honest_grid(args), (bf16_rows(args) if "bf16" in args.parts else {})
     tol = VerifyConfig().score_tolerance
     print("\n| configuration | rollouts | tokens | refused | largest gap | rollouts with a draw within tol of a "
           "boundary | closest | largest logprob diff |\n|---|---|---|---|---|---|---|---|")
