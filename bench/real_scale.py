@@ -206,6 +206,8 @@ def measure_vocab(vocab: int, args, device: str) -> dict:
            "hf_generate_tok_s": args.rows * args.new / t_hf}
     row["seeded_vs_greedy"] = row["seeded_tok_s"] / row["greedy_tok_s"]
     row["seeded_vs_hf"] = row["seeded_tok_s"] / row["hf_generate_tok_s"]
+    print(f"vocab {vocab}: seeded {row['seeded_tok_s']:.1f} tok/s, greedy {row['greedy_tok_s']:.1f}, "
+          f"HF generate {row['hf_generate_tok_s']:.1f}", file=sys.stderr, flush=True)
     row["keyed_share"] = share["keyed_s"] / t_seeded
     row["draw_share"] = share["draw_s"] / t_seeded
     row["verify"] = verify_vs_forward(worker, as_rollouts(prompts, out, key), key, device, args.repeats)
