@@ -144,6 +144,9 @@ def test_draw_is_the_same_for_any_rows_and_block_split() -> None:
     ref_big = torch.softmax(big.double() / 1.3, -1).cumsum(-1)
     big_tokens = draw(big.clone(), u, vocab=1000, temperature=1.3)[0]
     assert torch.equal(big_tokens, torch.searchsorted(ref_big, u[:, None], right=True).squeeze(-1))
+    assert intervals(big.clone(), rows, big_tokens, vocab=1000, temperature=1.3, unshifted=True) is None
+    lo4, hi4, _ = intervals(logits.clone(), rows, tokens, vocab=1000, temperature=1.3, unshifted=True)
+    assert torch.allclose(lo4, lo, atol=1e-9) and torch.allclose(hi4, hi, atol=1e-9)
     lo3, hi3, logp3 = intervals(big.clone(), rows, big_tokens, vocab=1000, temperature=1.3)
     assert float(outside(u, lo3, hi3)[0].max()) == 0.0
     assert torch.allclose(logp3.double(), torch.log_softmax(big.double() / 1.3, -1)[rows, big_tokens], atol=1e-4)

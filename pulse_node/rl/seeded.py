@@ -68,15 +68,19 @@ def block_size(vocab: int) -> int:
     return 1 << max(0, math.ceil(math.log2(max(vocab, 1)) / 2))
 
 
-def exp_weights_(logits: torch.Tensor, vocab: int, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+def exp_weights_(logits: torch.Tensor, vocab: int, temperature: float, *, unshifted: bool = False
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``e`` ([N, V] float32: exp(z / T - shift), unnormalised probabilities) made IN PLACE of
     ``logits`` (of its FP32 copy if it is not FP32), and the ``shift`` of each row ([N]): 0 unless
     some row's largest z / T is beyond +-``SAFE`` (then every row's own maximum). The
     log-normaliser of softmax(z / T) is ``shift + log(sum e)``. Two passes over the logits when
-    no shift is needed (max, exp), three otherwise: no [N, V] tensor is allocated."""
+    no shift is needed (max, exp), three otherwise: no [N, V] tensor is allocated. ``unshifted``:
+    one pass (exp), never shifted; the sums overflow or vanish when some z / T is past ~+-80.)"""
     z = logits[..., :vocab].float()
     if temperature != 1.0:
         z.div_(temperature)
+    if unshifted:  # no max pass: the caller checks that the sums are finite and positive
+        return z.exp_(), z.new_zeros(z.shape[0])
     top = z.amax(-1)
     if bool((top.abs() > SAFE).any()):
         z.sub_(top[:, None])
@@ -128,17 +132,21 @@ def greedy(logits: torch.Tensor, *, vocab: int) -> tuple[torch.Tensor, torch.Ten
     return token.squeeze(-1), (torch.log(e.gather(-1, token)).squeeze(-1) - torch.log(e.sum(-1)))
 
 
-def intervals(logits: torch.Tensor, rows: torch.Tensor, tokens: torch.Tensor, *, vocab: int, temperature: float
-              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def intervals(logits: torch.Tensor, rows: torch.Tensor, tokens: torch.Tensor, *, vocab: int, temperature: float,
+              unshifted: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
     """For completion tokens ``tokens`` ([M]) read at rows ``rows`` ([M]) of ``logits`` ([N, width],
     overwritten like ``draw``'s): each token's CDF interval ``[lo, hi)`` (float64, normalised) and
-    its log-prob under softmax(z / T) (float32). Per token only these are kept."""
+    its log-prob under softmax(z / T) (float32). Per token only these are kept. ``unshifted``
+    saves the max pass (``exp_weights_``) and returns None when a row's sum is not finite and
+    positive (then call again on fresh logits without it)."""
     t = tokens.clamp(0, vocab - 1)[:, None]
     z_t = logits[rows[:, None], t].float().squeeze(-1) / temperature
-    e, shift = exp_weights_(logits, vocab, temperature)
+    e, shift = exp_weights_(logits, vocab, temperature, unshifted=unshifted)
     block = block_size(vocab)
     sums = block_sums(e, block)
     total = sums.sum(-1)
+    if unshifted and not bool((torch.isfinite(total) & (total > 0)).all()):
+        return None
     b = t // block
     before = torch.where(b > 0, sums.cumsum(-1)[rows].gather(-1, (b - 1).clamp_min(0)), 0.0).squeeze(-1)
     cols, inside = _block_of(e, b, block, vocab, rows)

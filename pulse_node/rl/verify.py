@@ -281,8 +281,12 @@ class RolloutVerifier:
         rows = torch.from_numpy(np.repeat(which, sizes) * span + cols).to(w.device)
         tokens = torch.tensor([t for r in rollouts for t in r.completion_ids], device=w.device)
         u = torch.cat([uniforms(digest, [r.sample], len(r.completion_ids))[0] for r in rollouts])
-        lo, hi, logp = intervals(logits.flatten(0, 1), rows, tokens, temperature=temp,
-                                 vocab=drawable(logits, w.tokenizer.vocab_size))
+        vocab = drawable(logits, w.tokenizer.vocab_size)
+        got = intervals(logits.flatten(0, 1), rows, tokens, temperature=temp, vocab=vocab, unshifted=True)
+        if got is None:  # logits past +-80: again, with each row's maximum subtracted
+            logits = w.lm.logits(packed.ids, packed.mask, last=packed.ids.shape[1] - first)
+            got = intervals(logits.flatten(0, 1), rows, tokens, temperature=temp, vocab=vocab)
+        lo, hi, logp = got
         gap, closest = outside(u, lo, hi)
         return Recomputed.of(gap=gap.cpu().numpy(), closest=closest.cpu().numpy(), logp=logp.cpu().numpy(),
                              sizes=sizes, claimed=np.array([x for r in rollouts for x in r.logprobs]))
