@@ -177,10 +177,10 @@ def main() -> None:
               f"{t.closest:.3g} | {lp} |")
     total = sum(t.rollouts for t in honest.values())
     refused = sum(t.refused for t in honest.values())
-    worst = max(t.max_gap for t in honest.values())
+    worst = max((t.max_gap for t in honest.values()), default=0.0)
     print(f"\nhonest: {total} rollouts, {refused} refused; largest gap {worst:.3g} vs tolerance {tol:g} "
           f"(smallest margin {tol - worst:.4g}); largest logprob diff "
-          f"{max(t.max_logprob_diff for t in honest.values()):.3g} vs {VerifyConfig().logprob_tolerance:g}; "
+          f"{max((t.max_logprob_diff for t in honest.values()), default=0.0):.3g} vs {VerifyConfig().logprob_tolerance:g}; "
           f"{time.monotonic() - t0:.0f} s")
     print(json.dumps({"bench": "rollout_honest", "rollouts": total, "refused": refused, "max_gap": worst,
                       "score_tolerance": tol, "configs": {k: vars(v) for k, v in {**honest, **extra}.items()}},
