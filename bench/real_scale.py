@@ -19,7 +19,7 @@ MLP 4864) for a GPU; the default is a CPU-sized one (4 layers, hidden 256). Each
   verifier (largest gap and log-prob difference);
 - ``grpo``: ``bench.grpo_scale.measure(...)`` when that module exists.
 
-    python bench/real_scale.py [--json] [--device auto] [--full] [--new 256 | --long] [--rows 8]
+    python bench/real_scale.py [--json] [--device auto] [--full] [--new 256 | --long] [--rows 4] [--repeats 2]
 
 Runs on the old sampler too (``rl/seeded.py`` with ``SampleNoise``), to measure a baseline on an
 older commit. Prints one table and a final JSON line.
