@@ -5,15 +5,18 @@ Producers use the seeded sampler with the KV cache (``RolloutWorker.generate_bat
 trainer's (``rl/verify.py``): one teacher-forced forward per batch, or one per sequence
 (``logit_budget`` lowered), on the other thread count. Models: the default solo model (warm
 started) at its warm start and after ``--grpo-steps`` GRPO steps (temperature 1.0 and 0.7), and a
-tiny Hugging Face Llama (random init, HF's own KV cache and attention). CPU only: no CUDA here.
+tiny Hugging Face Llama (random init, HF's own KV cache and attention), and a wider one (vocabulary
+300) with long completions (``--long`` new tokens, 32 rollouts per batch). Runs on the CPU.
 
-Per configuration: rollouts, refused, the largest token gap seen (0 = the verifier's draw is the
+Per configuration: rollouts, refused, the largest token gap seen (how far a token's keyed uniform
+lay outside its recomputed CDF interval, in probability; 0 = the verifier's draw is the
 producer's token exactly), the margin (tolerance - largest gap), the rollouts that had a draw
-within the tolerance of a tie (the only places a forger could swap a token unnoticed), and the
-largest |claimed - recomputed| behaviour log-prob. Extra rows (not in the honest total): a
+within the tolerance of an interval boundary (the only places a forger could pick the adjacent
+token unnoticed), the closest such distance seen, and the largest |claimed - recomputed|
+behaviour log-prob. Extra rows (not in the honest total): a
 producer computing in BF16 (what the sampler did on CUDA before) against the FP32 verifier.
 
-    python bench/rollout_honest.py [--batches 2] [--grpo-steps 20]
+    python bench/rollout_honest.py [--batches 2] [--grpo-steps 20] [--long 256]
 
 Ends with one JSON line.
 """
@@ -39,6 +42,7 @@ from pulse_node.rl.rollout import decode_rollouts, encode_rollouts
 from pulse_node.rl.sampler import RolloutWorker
 from pulse_node.rl.tasks import make_task_source
 from pulse_node.rl.verify import RolloutVerifier
+from pulse_node.testing.hf_models import build_hf_model
 
 sys.path.insert(0, str(ROOT / "tests"))
 from test_rl_hf import save_tiny_hf  # noqa: E402  (the tests' tiny Llama, one definition)
@@ -95,6 +99,8 @@ def run_config(policy, cfg: SoloConfig, state, version: int, *, p_threads: int, 
 
 
 def honest_grid(args) -> dict[str, Tally]:
+    if "solo" not in args.parts:
+        return hf_grid(args, solo_versions(0)[0]) if "hf" in args.parts else {}
     cfg, policy, states = solo_versions(args.grpo_steps)
     out: dict[str, Tally] = {}
     shapes = [(1, None), (2, 64), (1, 7), (2, 1)]
@@ -114,7 +120,7 @@ def honest_grid(args) -> dict[str, Tally]:
         out[name] = Tally()
         run_config(policy, cold, states[1], 1, p_threads=p_threads, rows=rows, v_threads=3 - p_threads,
                    per_sequence=False, batches=args.batches, tally=out[name])
-    return out | hf_grid(args, cfg)
+    return out | (hf_grid(args, cfg) if "hf" in args.parts else {})
 
 
 def hf_grid(args, cfg: SoloConfig) -> dict[str, Tally]:
@@ -129,6 +135,19 @@ def hf_grid(args, cfg: SoloConfig) -> dict[str, Tally]:
             out[name] = Tally()
             run_config(policy, hf, state, 0, p_threads=p_threads, rows=rows, v_threads=3 - p_threads,
                        per_sequence=False, batches=args.batches, tally=out[name])
+        long_dir = f"{tmp}/long"
+        build_hf_model(long_dir, arch="llama", hidden=64, layers=2, context=args.long + 64, vocab_size=300, seed=1)
+        sampling = cfg.sampling.model_copy(update={"max_new_tokens": args.long, "prompts_per_batch": 4})
+        long = cfg.model_copy(update={"model": ModelConfig(kind="hf", path=long_dir, device="cpu"), "sampling": sampling})
+        policy = build_policy(long.model, long.task, seed=0, grpo_cfg=GRPOConfig(warmstart_steps=0))
+        state = policy.bf16_state()
+        for p_threads, rows in ((1, None), (2, 5)):
+            name = f"hf-llama long ({args.long} new tokens) gen {p_threads}t rows={rows or 32} | verify {3 - p_threads}t"
+            out[name] = Tally()
+            run_config(policy, long, state, 0, p_threads=p_threads, rows=rows, v_threads=3 - p_threads,
+                       per_sequence=False, batches=args.batches, tally=out[name])
+            print(f"{name}: {out[name].rollouts} rollouts, {out[name].tokens} tokens, refused {out[name].refused}, "
+                  f"max gap {out[name].max_gap:.3g}", flush=True)
     return out
 
 
@@ -144,21 +163,24 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--batches", type=int, default=2, help="batches of 256 rollouts per configuration")
     ap.add_argument("--grpo-steps", type=int, default=20)
+    ap.add_argument("--parts", default="solo,hf,bf16", help="which parts of the grid (comma-separated)")
+    ap.add_argument("--long", type=int, default=256, help="new tokens per completion of the long HF configuration")
     args = ap.parse_args()
     t0 = time.monotonic()
-    honest, extra = honest_grid(args), bf16_rows(args)
+    honest, extra = honest_grid(args), (bf16_rows(args) if "bf16" in args.parts else {})
     tol = VerifyConfig().score_tolerance
-    print("\n| configuration | rollouts | refused | largest gap | rollouts with a draw within tol of a tie | "
-          "largest logprob diff |\n|---|---|---|---|---|---|")
+    print("\n| configuration | rollouts | tokens | refused | largest gap | rollouts with a draw within tol of a "
+          "boundary | closest | largest logprob diff |\n|---|---|---|---|---|---|---|---|")
     for name, t in {**honest, **extra}.items():
         lp = f"{t.max_logprob_diff:.3g}" if t.refused < t.rollouts else "- (all refused)"
-        print(f"| {name} | {t.rollouts} | {t.refused} {t.reasons or ''} | {t.max_gap:.3g} | {t.near_tie} | {lp} |")
+        print(f"| {name} | {t.rollouts} | {t.tokens} | {t.refused} {t.reasons or ''} | {t.max_gap:.3g} | {t.near_tie} | "
+              f"{t.closest:.3g} | {lp} |")
     total = sum(t.rollouts for t in honest.values())
     refused = sum(t.refused for t in honest.values())
-    worst = max(t.max_gap for t in honest.values())
+    worst = max((t.max_gap for t in honest.values()), default=0.0)
     print(f"\nhonest: {total} rollouts, {refused} refused; largest gap {worst:.3g} vs tolerance {tol:g} "
           f"(smallest margin {tol - worst:.4g}); largest logprob diff "
-          f"{max(t.max_logprob_diff for t in honest.values()):.3g} vs {VerifyConfig().logprob_tolerance:g}; "
+          f"{max((t.max_logprob_diff for t in honest.values()), default=0.0):.3g} vs {VerifyConfig().logprob_tolerance:g}; "
           f"{time.monotonic() - t0:.0f} s")
     print(json.dumps({"bench": "rollout_honest", "rollouts": total, "refused": refused, "max_gap": worst,
                       "score_tolerance": tol, "configs": {k: vars(v) for k, v in {**honest, **extra}.items()}},

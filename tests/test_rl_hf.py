@@ -86,3 +86,29 @@ def test_corrupt_weights_are_a_data_error(tmp_path, hf_dir) -> None:
         (bad / f.name).write_bytes(b"garbage" if f.name.endswith(".safetensors") else f.read_bytes())
     with pytest.raises(DataError, match=str(bad)):
         build_policy(ModelConfig(kind="hf", path=str(bad), device="cpu"), TaskConfig(), seed=0)
+
+
+def test_hf_sampler_compacts_its_cache_without_deprecated_calls(hf_dir) -> None:
+    """The sampler uses the cache API transformers recommends (no FutureWarning or
+    DeprecationWarning from our calls), and rows that finished leave the ``DynamicCache``
+    without changing any rollout."""
+    import warnings
+
+    from pulse_node.rl.seeded import uniforms
+
+    policy = build_policy(ModelConfig(kind="hf", path=str(hf_dir), device="cpu"), TaskConfig(digits=2, eval_size=10), seed=0)
+    worker = RolloutWorker(policy, SamplingConfig(max_new_tokens=12, group_size=4, prompts_per_batch=4))
+    worker.set_weights(policy.bf16_state(), version=0)
+    key = BatchKey("hf", 0, "peer", 1)
+    prompts = [p for p in worker._encode(assigned_problems(make_task_source(TaskConfig(digits=2, eval_size=10)), key, 4))
+               for _ in range(4)]
+    u = uniforms(key.digest(), range(16), 12)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        warnings.simplefilter("error", DeprecationWarning)
+        kept = worker._sample(prompts, u=u, compact=True)
+        ref = worker._sample(prompts, u=u, compact=False)
+        worker.greedy(assigned_problems(make_task_source(TaskConfig(digits=2, eval_size=10)), key, 2))
+    assert any(f and len(t) < 11 for t, f in zip(kept[0], kept[2]))  # some rows left early
+    assert kept[0] == ref[0] and kept[2] == ref[2]
+    assert [x for lp in kept[1] for x in lp] == pytest.approx([x for lp in ref[1] for x in lp], abs=1e-5)

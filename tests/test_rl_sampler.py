@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import blake3
 import pytest
 import torch
 from helpers import tiny_solo
@@ -12,7 +13,7 @@ from pulse_node.rl.batch import pack, token_logprobs
 from pulse_node.rl.evaluate import evaluate
 from pulse_node.rl.policy import build_policy
 from pulse_node.rl.sampler import RolloutWorker
-from pulse_node.rl.seeded import SampleNoise, draw
+from pulse_node.rl.seeded import draw, intervals, outside, uniforms
 from pulse_node.rl.tasks import Problem, make_task_source
 
 
@@ -45,6 +46,20 @@ def test_same_key_same_rollouts_whatever_the_batch_shape(setup) -> None:
     for r in a:
         assert len(r.logprobs) == len(r.completion_ids) <= cfg.sampling.max_new_tokens
         assert all(lp <= 0 for lp in r.logprobs) and r.reward in (0.0, 1.0)
+
+
+def test_finished_rows_leaving_the_batch_change_nothing(setup) -> None:
+    """Rows that finished leave the batch and its KV cache: the same tokens as decoding them on."""
+    cfg, _, worker, task = setup
+    key = BatchKey("run", 5, "peer-a", 4)
+    prompts = [p for p in worker._encode(assigned_problems(task, key, 4)) for _ in range(4)]
+    u = uniforms(key.digest(), range(len(prompts)), cfg.sampling.max_new_tokens)
+    kept = worker._sample(prompts, u=u, compact=True)
+    ref = worker._sample(prompts, u=u, compact=False)
+    assert any(f and len(t) < cfg.sampling.max_new_tokens - 1 for t, f in zip(kept[0], kept[2]))  # some left early
+    assert kept[0] == ref[0] and kept[2] == ref[2]
+    for a, b in zip(kept[1], ref[1]):
+        assert a == pytest.approx(b, abs=1e-5)
 
 
 def test_logprobs_match_trainer_on_bf16_weights(setup) -> None:
@@ -94,22 +109,57 @@ def test_prompts_are_assigned_by_key_from_the_train_split(setup) -> None:
 
 
 def test_seeded_draws_follow_the_softmax() -> None:
-    """Gumbel-max with the keyed noise draws token j with probability softmax(z / T)_j."""
-    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0, 0.5]])
+    """Inverse-CDF with the keyed uniforms draws token j with probability softmax(z / T)_j
+    (a chi-square test with fixed keys: it fails if the draw is biased)."""
+    logits = torch.tensor([2.0, 1.0, 0.0, -1.0, 0.5, -3.0, 1.5])
     n, temperature = 6000, 0.7
-    digest = BatchKey("stats", 0, "p", 0).digest()
-    counts = torch.zeros(5)
-    for i in range(n):
-        counts[int(draw(logits, SampleNoise(digest, i).steps(0, 1, 5), temperature))] += 1
-    p = torch.softmax(logits[0] / temperature, -1)
-    assert torch.allclose(counts / n, p, atol=4 * float(torch.sqrt(p.max() / n)))
+    u = uniforms(BatchKey("stats", 0, "p", 0).digest(), range(n), 1)[:, 0]
+    tokens, logp = draw(logits.expand(n, -1).clone(), u, vocab=6, temperature=temperature)  # id 6: padding, never drawn
+    p = torch.softmax(logits[:6] / temperature, -1)
+    counts = torch.bincount(tokens, minlength=7).double()
+    assert counts[6] == 0
+    chi2 = float(((counts[:6] - n * p) ** 2 / (n * p)).sum())
+    assert chi2 < 20.5  # 5 degrees of freedom: p = 0.001
+    assert torch.allclose(logp, torch.log(p)[tokens].float(), atol=1e-5)
 
 
-def test_noise_is_fixed_by_key_sample_and_step() -> None:
+def test_draw_is_the_same_for_any_rows_and_block_split() -> None:
+    """A row's draw depends on its logits and uniform only (not on the other rows), and is the
+    first id whose cumulative probability exceeds u (checked against a float64 reference)."""
+    torch.manual_seed(0)
+    logits = torch.randn(64, 1000) * 3
+    u = uniforms(BatchKey("rows", 1, "p", 0).digest(), range(64), 1)[:, 0]
+    tokens, _ = draw(logits.clone(), u, vocab=1000, temperature=1.3)
+    ref = torch.softmax(logits.double() / 1.3, -1).cumsum(-1)
+    assert torch.equal(tokens, torch.searchsorted(ref, u[:, None], right=True).squeeze(-1))
+    alone = torch.cat([draw(logits[i:i + 1].clone(), u[i:i + 1], vocab=1000, temperature=1.3)[0]
+                       for i in range(0, 64, 9)])
+    assert torch.equal(alone, tokens[::9])
+    rows = torch.arange(64)
+    lo, hi, _ = intervals(logits.clone(), rows, tokens, vocab=1000, temperature=1.3)
+    gap, closest = outside(u, lo, hi)
+    assert float(gap.max()) == 0.0 and bool((closest >= 0).all())
+    lo2, hi2, _ = intervals(logits.clone(), rows, (tokens + 1) % 1000, vocab=1000, temperature=1.3)
+    big = logits * 60  # rows past +-SAFE: exp(z / T - max), the same draws up to rounding
+    ref_big = torch.softmax(big.double() / 1.3, -1).cumsum(-1)
+    big_tokens = draw(big.clone(), u, vocab=1000, temperature=1.3)[0]
+    assert torch.equal(big_tokens, torch.searchsorted(ref_big, u[:, None], right=True).squeeze(-1))
+    assert intervals(big.clone(), rows, big_tokens, vocab=1000, temperature=1.3, unshifted=True) is None
+    lo4, hi4, _ = intervals(logits.clone(), rows, tokens, vocab=1000, temperature=1.3, unshifted=True)
+    assert torch.allclose(lo4, lo, atol=1e-9) and torch.allclose(hi4, hi, atol=1e-9)
+    lo3, hi3, logp3 = intervals(big.clone(), rows, big_tokens, vocab=1000, temperature=1.3)
+    assert float(outside(u, lo3, hi3)[0].max()) == 0.0
+    assert torch.allclose(logp3.double(), torch.log_softmax(big.double() / 1.3, -1)[rows, big_tokens], atol=1e-4)
+    assert bool((outside(u, lo2, hi2)[0] > 0).all())  # any other id is outside
+
+
+def test_uniforms_are_fixed_by_key_sample_and_step() -> None:
     """Test vector of the draw rule (changing it must change ``rl/settings.SAMPLER``)."""
     digest = BatchKey("run", 7, "peer", 1).digest()
-    a = SampleNoise(digest, 3).steps(0, 4, 11)
-    assert torch.equal(a[2:3], SampleNoise(digest, 3).steps(2, 1, 11))
-    assert not torch.equal(a[:1], SampleNoise(digest, 4).steps(0, 1, 11))
+    a = uniforms(digest, [3, 4], 4)
+    assert torch.equal(a[0, :2], uniforms(digest, [3], 2)[0])  # step k's uniform does not depend on the steps made
+    assert a.dtype == torch.float64 and not torch.equal(a[0], a[1])
+    x = int.from_bytes(blake3.blake3((3).to_bytes(8, "little"), key=digest).digest(length=16)[8:], "little")
+    assert float(a[0, 1]) == ((x >> 11) + 0.5) / 2**53
     assert digest.hex()[:16] == "41b732157a7845f9"
-    assert [round(float(x), 5) for x in a[1, :3]] == [-0.5741, -0.34755, 0.23431]
+    assert [round(float(x), 6) for x in a[0, :3]] == [0.296297, 0.704674, 0.758535]

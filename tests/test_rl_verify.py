@@ -117,3 +117,26 @@ def test_a_fork_with_the_same_version_number_is_not_mistaken_for_the_held_state(
     verifier.worker.set_weights(lab.states[0], 1)  # "version 1" of a fork
     rs = lab.honest(HONEST, 3, 1)
     assert verifier.check(rs, sender=HONEST, current_version=1, state_of=lab.states.get).ok
+
+
+def test_junk_completions_cost_only_the_spot_rows_forward(lab) -> None:
+    """Random completions under the right prompts pass every cheap check; the spot rows (picked by
+    the verifier's secret) refuse the batch before the forward over the whole batch."""
+    rs = lab.honest(FORGER, 2)
+    rng, tok = torch.Generator().manual_seed(5), lab.policy.tokenizer
+    for r in rs:
+        n = len(r.completion_ids)
+        ids = torch.randint(0, tok.vocab_size, (n,), generator=rng).tolist()
+        r.completion_ids = [t if t != tok.eos_id else (t + 1) % tok.vocab_size for t in ids[:-1]] + \
+            [tok.eos_id if r.finished else (ids[-1] if ids[-1] != tok.eos_id else (ids[-1] + 1) % tok.vocab_size)]
+    verifier = lab.new_verifier()
+    verdict = verifier.check(rs, sender=FORGER, current_version=1, state_of=lab.states.get)
+    assert verdict.reason == "not_sampled" and verdict.strike, verdict.detail
+    assert 1 <= verifier.forwarded_rows <= 2  # the spot rows only, not the batch's 16
+    honest = lab.new_verifier()
+    assert honest.check(lab.honest(HONEST, 2), sender=HONEST, current_version=1, state_of=lab.states.get).ok
+    assert honest.forwarded_rows <= len(rs) + 2
+    # which rows are spot-checked depends on the verifier's secret, not only on the batch
+    key = BatchKey(lab.run_id, 1, FORGER, 2)
+    picks = {tuple(lab.new_verifier().spot_rows(list(range(len(rs))), key)) for _ in range(8)}
+    assert len(picks) > 1

@@ -1,13 +1,15 @@
 """Policy networks behind one adapter: the embedded tiny transformer and local HF causal LMs.
 
 ``LM`` is what samplers and learners use: ``logits`` over whole (padded) sequences for
-training, ``prefill``/``decode`` with a KV cache for generation. Padding is described by a
+training, ``prefill``/``decode`` with a KV cache for generation, and ``keep_rows`` to drop
+finished rows from that cache (HF models: a ``transformers`` ``DynamicCache``). Padding is described by a
 boolean ``mask`` (True = real token); position ids are derived from it, so left padding
 (generation) and right padding (training) give the same numbers.
 """
 
 from __future__ import annotations
 
+import inspect
 import math
 from typing import Any, Mapping
 
@@ -31,6 +33,11 @@ class KVCache:
         self.k = [like.new_zeros(shape) for _ in range(n_layers)]
         self.v = [like.new_zeros(shape) for _ in range(n_layers)]
         self.length = 0
+
+    def keep(self, rows: torch.Tensor) -> None:
+        """Keep only batch rows ``rows`` (finished rows leave the batch)."""
+        self.k = [k.index_select(0, rows) for k in self.k]
+        self.v = [v.index_select(0, rows) for v in self.v]
 
 
 class Block(nn.Module):
@@ -100,9 +107,12 @@ class TinyLM:
         self.module = module
         self.context = module.max_len
 
-    def logits(self, ids: torch.Tensor, mask: torch.Tensor, params: Params | None = None) -> torch.Tensor:
+    def logits(self, ids: torch.Tensor, mask: torch.Tensor, params: Params | None = None, *,
+               last: int = 0) -> torch.Tensor:
+        """[B, T, V] logits (``last``: only those of the last ``last`` positions)."""
         args = (ids, positions(mask), _full_allowed(mask))
-        return functional_call(self.module, dict(params), args) if params else self.module(*args)
+        out = functional_call(self.module, dict(params), args) if params else self.module(*args)
+        return out[:, -last:] if last else out
 
     def prefill(self, ids: torch.Tensor, mask: torch.Tensor, max_new: int) -> tuple[torch.Tensor, Any]:
         m = self.module
@@ -117,6 +127,12 @@ class TinyLM:
         out = self.module(tok[:, None], pos, mask[:, None, :], cache)
         return out[:, -1], cache
 
+    @staticmethod
+    def keep_rows(cache: KVCache, rows: torch.Tensor) -> KVCache:
+        """The cache of batch rows ``rows`` only."""
+        cache.keep(rows)
+        return cache
+
 
 class HFLM:
     """``LM`` adapter of a ``transformers`` causal LM (its own KV cache)."""
@@ -124,21 +140,44 @@ class HFLM:
     def __init__(self, module: nn.Module, context: int) -> None:
         self.module = module
         self.context = context
+        names = inspect.signature(module.forward).parameters
+        # transformers 5.2x names the cache argument ``cache`` (``past_key_values`` is deprecated)
+        self._cache_kw = "cache" if "cache" in names else "past_key_values"
+        self._keep_kw = next((k for k in ("logits_to_keep", "num_logits_to_keep") if k in names), None)
+
+    def _new_cache(self) -> Any:
+        from transformers import DynamicCache
+
+        takes_config = "config" in inspect.signature(DynamicCache.__init__).parameters
+        return DynamicCache(config=self.module.config) if takes_config else DynamicCache()
 
     def _call(self, params: Params | None, **kw: Any) -> Any:
         return functional_call(self.module, dict(params), (), kw) if params else self.module(**kw)
 
-    def logits(self, ids: torch.Tensor, mask: torch.Tensor, params: Params | None = None) -> torch.Tensor:
+    def logits(self, ids: torch.Tensor, mask: torch.Tensor, params: Params | None = None, *,
+               last: int = 0) -> torch.Tensor:
+        """[B, T, V] FP32 logits (``last``: only those of the last ``last`` positions, the others'
+        vocabulary projection skipped where the model supports ``logits_to_keep``)."""
+        keep = {self._keep_kw: last} if last and self._keep_kw else {}
         out = self._call(params, input_ids=ids, attention_mask=mask.long(), position_ids=positions(mask),
-                         use_cache=False)
-        return out.logits.float()
+                         use_cache=False, **keep)
+        logits = out.logits.float()
+        return logits[:, -last:] if last else logits
 
     def prefill(self, ids: torch.Tensor, mask: torch.Tensor, max_new: int) -> tuple[torch.Tensor, Any]:
+        cache = self._new_cache()
+        keep = {self._keep_kw: 1} if self._keep_kw else {}
         out = self.module(input_ids=ids, attention_mask=mask.long(), position_ids=positions(mask),
-                          use_cache=True)
-        return out.logits[:, -1].float(), out.past_key_values
+                          use_cache=True, **{self._cache_kw: cache}, **keep)
+        return out.logits[:, -1].float(), cache
 
     def decode(self, tok: torch.Tensor, mask: torch.Tensor, cache: Any) -> tuple[torch.Tensor, Any]:
         out = self.module(input_ids=tok[:, None], attention_mask=mask.long(),
-                          position_ids=positions(mask)[:, -1:], past_key_values=cache, use_cache=True)
-        return out.logits[:, -1].float(), out.past_key_values
+                          position_ids=positions(mask)[:, -1:], use_cache=True, **{self._cache_kw: cache})
+        return out.logits[:, -1].float(), cache
+
+    @staticmethod
+    def keep_rows(cache: Any, rows: torch.Tensor) -> Any:
+        """The ``DynamicCache`` of batch rows ``rows`` only (finished rows leave the batch)."""
+        cache.batch_select_indices(rows)
+        return cache

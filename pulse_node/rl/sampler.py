@@ -4,10 +4,12 @@ The worker owns its own copy of the network. ``set_weights`` loads a BF16 State,
 FP32 on every device (BF16 -> FP32 is exact). FP32 compute also on CUDA, because trainers
 recompute every token draw in FP32 (``rl/verify.py``): BF16 activations would move the logits by
 far more than the measured tolerance (bench/RESULTS.md "Verified rollouts"). Generation is
-batched (left padding, optionally ``rows_per_pass`` rows at a time), uses the KV cache, draws
-each token with the seeded sampler (``rl/seeded.py``, keyed by the batch's ``BatchKey``), and
-records the behaviour log-prob of every sampled token (under the temperature-scaled
-distribution) and the weights' version.
+batched (left padding, optionally ``rows_per_pass`` rows at a time), uses the KV cache (rows
+that finished leave the batch and its cache), draws each token with the seeded sampler
+(``rl/seeded.py``: one keyed uniform per token, made for all steps of a row up front, the draw on
+the model's device), and records the behaviour log-prob of every sampled token (under the
+temperature-scaled distribution, gathered on the device and moved to the host once) and the
+weights' version.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from pulse_node.rl.liveweights import LiveWeights
 from pulse_node.rl.models import HFLM, TinyLM
 from pulse_node.rl.policy import check_prompts
 from pulse_node.rl.rollout import Rollout
-from pulse_node.rl.seeded import SampleNoise, draw, drawable, noise_rows
+from pulse_node.rl.seeded import draw, drawable, greedy, uniforms
 from pulse_node.rl.tasks import Problem, TaskSource, reward_for
 from pulse_node.rl.tokenizer import Tokenizer
 
@@ -67,31 +69,43 @@ class RolloutWorker:
         return ids.to(self.device), mask.to(self.device)
 
     @torch.no_grad()
-    def _sample(self, prompts: list[list[int]], *, noise: list[SampleNoise] | None
+    def _sample(self, prompts: list[list[int]], *, u: torch.Tensor | None, compact: bool = True
                 ) -> tuple[list[list[int]], list[list[float]], list[bool]]:
-        """Token ids, log-probs and finished flags: seeded draws (one noise source per row), or
-        greedy when ``noise`` is None."""
+        """Token ids, log-probs and finished flags: seeded draws (``u``: [rows, max_new] keyed
+        uniforms, ``rl/seeded.py``), or greedy when ``u`` is None. Rows that finished leave the
+        batch (``compact``); tokens and log-probs stay on the device until the end."""
         ids, mask = self._prompt_batch(prompts)
-        b, max_new = len(prompts), self.cfg.max_new_tokens
-        temperature = self.cfg.temperature if noise is not None else 1.0
+        b, max_new, eos = len(prompts), self.cfg.max_new_tokens, self.tokenizer.eos_id
         logits, cache = self.lm.prefill(ids, mask, max_new)
+        vocab = drawable(logits, self.tokenizer.vocab_size)
+        u = u.to(self.device) if u is not None else None
+        toks = torch.full((b, max_new), self.tokenizer.pad_id, dtype=torch.long, device=self.device)
+        lps = torch.zeros((b, max_new), dtype=torch.float32, device=self.device)
+        live = torch.arange(b, device=self.device)  # the batch row of each row still decoding
         done = torch.zeros(b, dtype=torch.bool, device=self.device)
-        toks, lps = [], []
         for step in range(max_new):
-            logp = torch.log_softmax(logits.float() / temperature, dim=-1)
-            if noise is None:
-                tok = logp.argmax(-1)
+            if u is None:
+                tok, lp = greedy(logits, vocab=vocab)
             else:
-                tok = draw(logits, noise_rows(noise, step, drawable(logits, self.tokenizer.vocab_size)), temperature)
-            tok = torch.where(done, torch.full_like(tok, self.tokenizer.pad_id), tok)
-            toks.append(tok)
-            lps.append(logp.gather(-1, tok[:, None]).squeeze(-1))
-            done = done | (tok == self.tokenizer.eos_id)
-            if bool(done.all()) or step == max_new - 1:
+                tok, lp = draw(logits, u[live, step], vocab=vocab, temperature=self.cfg.temperature)
+            toks[live, step], lps[live, step] = tok, lp
+            if step == max_new - 1:
                 break
+            going = tok != eos
+            if not compact:  # the reference: finished rows stay, fed padding
+                done = done | ~going
+                if bool(done.all()):
+                    break
+                tok = torch.where(done, self.tokenizer.pad_id, tok)
+            elif not bool(going.all()):
+                keep = going.nonzero().squeeze(-1)
+                if keep.numel() == 0:
+                    break
+                live, tok, mask = live[keep], tok[keep], mask[keep]
+                cache = self.lm.keep_rows(cache, keep)
             mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
             logits, cache = self.lm.decode(tok, mask, cache)
-        return self._trim(torch.stack(toks, 1).tolist(), torch.stack(lps, 1).tolist())
+        return self._trim(toks.tolist(), lps.tolist())
 
     def _trim(self, toks: list[list[int]], lps: list[list[float]]) -> tuple[list, list, list]:
         out_t, out_l, fin = [], [], []
@@ -125,7 +139,7 @@ class RolloutWorker:
         toks, lps, fin = [], [], []
         for start in range(0, len(prompts), step_rows):
             rows = range(start, min(start + step_rows, len(prompts)))
-            t, lp, f = self._sample([prompts[i] for i in rows], noise=[SampleNoise(digest, i) for i in rows])
+            t, lp, f = self._sample([prompts[i] for i in rows], u=uniforms(digest, rows, self.cfg.max_new_tokens))
             toks += t
             lps += lp
             fin += f
@@ -150,6 +164,6 @@ class RolloutWorker:
         encoded = self._encode(problems)
         texts: list[str] = []
         for start in range(0, len(encoded), EVAL_CHUNK):
-            toks, _, _ = self._sample(encoded[start:start + EVAL_CHUNK], noise=None)
+            toks, _, _ = self._sample(encoded[start:start + EVAL_CHUNK], u=None)
             texts.extend(self.tokenizer.decode(t) for t in toks)
         return texts

@@ -25,7 +25,7 @@ from pulse_node.errors import ConfigError, DataError
 from pulse_node.rl.config import ModelConfig, SamplingConfig, TaskConfig
 
 #: names the draw rule of ``rl/seeded.py``; a new rule must change it
-SAMPLER = "gumbel-max/blake3/1"
+SAMPLER = "inverse-cdf/blake3/2"
 MAX_SETTINGS_CHARS = 1024
 
 

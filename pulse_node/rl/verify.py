@@ -16,10 +16,16 @@ batch):
    (a finished completion ends in its only EOS; an unfinished one is exactly ``max_new_tokens``
    long and has none: ``termination``), token ids inside the vocabulary and context
    (``token_range``);
-4. one teacher-forced forward of the version's weights over the batch: every completion token
-   must be the seeded draw (``rl/seeded.py``) up to ``verify.score_tolerance`` (``not_sampled``:
-   edited, swapped, written, truncated-then-EOS or other-model completions);
-5. the reward, recomputed with the task's reward function, must equal the claim
+4. a spot check: ``SPOT_ROWS`` rollouts picked by a secret of ours and the batch key (the
+   sender cannot know which) get checks 5-6 first, with a forward of those rows alone; if one
+   fails the batch is refused without the full forward (a batch of junk completions under the
+   right prompts costs two rows' forward, not the batch's);
+5. one teacher-forced forward of the version's weights over the rest of the batch: every
+   completion token must be the seeded draw (``rl/seeded.py``): its keyed uniform must lie in
+   the token's recomputed CDF interval widened by ``verify.score_tolerance`` (``not_sampled``:
+   edited, swapped, written, truncated-then-EOS or other-model completions); per token only the
+   interval bounds and the log-prob are kept, never a [tokens, vocabulary] noise tensor;
+6. the reward, recomputed with the task's reward function, must equal the claim
    (``wrong_reward``); the claimed log-probs must match ours within ``verify.logprob_tolerance``
    (``forged_logprobs``).
 
@@ -30,9 +36,12 @@ log-probs of that version: no number from the producer enters the loss.
 from __future__ import annotations
 
 import copy
+import os
+import random
 from dataclasses import dataclass, field
 from typing import Callable
 
+import blake3
 import numpy as np
 import torch
 
@@ -42,7 +51,7 @@ from pulse_node.rl.batch import pack
 from pulse_node.rl.config import VerifyConfig
 from pulse_node.rl.rollout import Rollout
 from pulse_node.rl.sampler import RolloutWorker
-from pulse_node.rl.seeded import drawable, gaps, noise_block, seeded_scores
+from pulse_node.rl.seeded import drawable, intervals, outside, uniforms
 from pulse_node.rl.tasks import Problem, TaskSource
 
 #: refusals that strike the sender (it sent something false); the others are nobody's fault
@@ -52,16 +61,19 @@ STRIKES = frozenset({"malformed", "batch_shape", "batch_index", "eval_prompt", "
 REWARD_TOLERANCE = 1e-6
 #: logits held at once by the teacher-forced forward (rows are chunked to stay under it)
 LOGIT_BUDGET = 1 << 26
+#: rollouts checked first, alone, before the forward over the whole batch
+SPOT_ROWS = 2
 
 
 @dataclass
 class RolloutCheck:
     """The verdict on one rollout: ``reason`` "" when it passes.
 
-    ``gap``: its largest token gap (0 when every token is exactly the recomputed draw);
-    ``closest``: the smallest difference between the best and second-best seeded score over its
-    tokens, i.e. how near a tie its closest draw was (only there could a token be swapped within
-    the tolerance). Both NaN when the tokens were not recomputed.
+    ``gap``: its largest token gap, how far a token's keyed uniform lies outside the token's
+    recomputed CDF interval (0 when every token is exactly the recomputed draw);
+    ``closest``: the smallest distance of a token's uniform to a boundary of its interval, i.e.
+    how near a choice between two adjacent tokens its closest draw was (only there could a token
+    be swapped within the tolerance). Both NaN when the tokens were not recomputed.
     """
 
     sample: int
@@ -110,6 +122,9 @@ class RolloutVerifier:
         self._accepted: set[BatchKey] = set()
         self._logit_width: int | None = None
         self.logit_budget = LOGIT_BUDGET  # logits per forward (benches lower it to vary the shape)
+        self._secret = os.urandom(32)  # picks the spot rows: the sender cannot know which
+        self._rewards: dict[tuple, float] = {}
+        self.forwarded_rows = 0  # sequences run through the teacher-forced forward (benches, tests)
 
     # ---- the checks --------------------------------------------------------------------
     def check(self, rollouts: list[Rollout], *, sender: str, current_version: int,
@@ -135,22 +150,41 @@ class RolloutVerifier:
         if self.worker.loaded is not state or self.worker.version != key.version:
             self.worker.set_weights(state, key.version)  # sparse: undo/redo between nearby versions
         todo = [i for i, c in enumerate(checks) if c.ok]
-        rec = self.recompute([rollouts[i] for i in todo], key)
-        rewards: dict[tuple, float] = {}
-        out = []
-        for j, i in enumerate(todo):
-            r, problem = rollouts[i], problems[i // self.sampling.group_size]
-            seen = (tuple(r.completion_ids), problem.answer)
-            reward = rewards[seen] if seen in rewards else rewards.setdefault(seen, self._reward(r, problem))
-            checks[i] = self._dynamic(r, rec, j, reward=reward)
-            scored = copy.copy(r)
-            scored.reward, scored.logprobs, scored.local = reward, rec.logprobs[j], True
-            out.append(scored)
+        scored: dict[int, Rollout] = {}
+        spot = [] if full else self.spot_rows(todo, key)
+        self._rewards: dict[tuple, float] = {}
+        self._score(rollouts, spot, problems=problems, key=key, checks=checks, scored=scored)
+        if not all(checks[i].ok for i in spot):  # a cheap refusal: the spot rows' forward only
+            return self._verdict(checks, [])
+        rest = [i for i in todo if i not in set(spot)]
+        self._score(rollouts, rest, problems=problems, key=key, checks=checks, scored=scored)
+        out = [scored[i] for i in todo]
         verdict = self._verdict(checks, out)
         if verdict.ok:
             self._accepted.add(key)
             self._accepted = {k for k in self._accepted if k.version >= current_version - self.max_staleness}
         return verdict
+
+    def spot_rows(self, todo: list[int], key: BatchKey) -> list[int]:
+        """``SPOT_ROWS`` of ``todo`` picked by our secret and the batch key (unpredictable to the sender)."""
+        pick = blake3.blake3(key.digest(), key=self._secret).digest(length=8)
+        return sorted(random.Random(pick).sample(todo, min(SPOT_ROWS, len(todo))))
+
+    def _score(self, rollouts: list[Rollout], idx: list[int], *, problems: list[Problem], key: BatchKey,
+               checks: list[RolloutCheck], scored: dict[int, Rollout]) -> None:
+        """Recompute rollouts ``idx`` (one forward) and check their draws, rewards and log-probs."""
+        if not idx:
+            return
+        rec = self.recompute([rollouts[i] for i in idx], key)
+        for j, i in enumerate(idx):
+            r, problem = rollouts[i], problems[i // self.sampling.group_size]
+            seen = (tuple(r.completion_ids), problem.answer)
+            if seen not in self._rewards:
+                self._rewards[seen] = self._reward(r, problem)
+            reward = self._rewards[seen]
+            checks[i] = self._dynamic(r, rec, j, reward=reward)
+            scored[i] = copy.copy(r)
+            scored[i].reward, scored[i].logprobs, scored[i].local = reward, rec.logprobs[j], True
 
     def _verdict(self, checks: list[RolloutCheck], scored: list[Rollout]) -> BatchVerdict:
         bad = next((c for c in checks if not c.ok), None)
@@ -230,32 +264,38 @@ class RolloutVerifier:
         return self._logit_width
 
     def _recompute_rows(self, rollouts: list[Rollout], digest: bytes) -> Recomputed:
-        """One forward over the distinct sequences (samples of a group often repeat), then per token."""
+        """One forward over the distinct sequences (samples of a group often repeat), then per
+        completion token only its CDF interval and log-prob (``rl/seeded.py``)."""
         w, temp = self.worker, self.sampling.temperature
         distinct: dict[tuple[tuple[int, ...], tuple[int, ...]], int] = {}
         which = [distinct.setdefault((tuple(r.prompt_ids), tuple(r.completion_ids)), len(distinct)) for r in rollouts]
         packed = pack(list(distinct), pad_id=w.tokenizer.pad_id, device=w.device)
-        logits = w.lm.logits(packed.ids, packed.mask)[:, :-1].float()
+        self.forwarded_rows += len(distinct)
+        first = min(len(r.prompt_ids) for r in rollouts) - 1  # no logits before the first completion token
+        logits = w.lm.logits(packed.ids, packed.mask, last=packed.ids.shape[1] - first)
         sizes = np.array([len(r.completion_ids) for r in rollouts])
         starts = np.cumsum(sizes) - sizes
         cols = (np.arange(sizes.sum()) - np.repeat(starts, sizes)
-                + np.repeat(np.array([len(r.prompt_ids) - 1 for r in rollouts]), sizes))
-        z = logits[torch.from_numpy(np.repeat(which, sizes)).to(w.device), torch.from_numpy(cols).to(w.device)]
+                + np.repeat(np.array([len(r.prompt_ids) - 1 - first for r in rollouts]), sizes))
+        span = logits.shape[1]
+        rows = torch.from_numpy(np.repeat(which, sizes) * span + cols).to(w.device)
         tokens = torch.tensor([t for r in rollouts for t in r.completion_ids], device=w.device)
-        noise = noise_block(digest, [(r.sample, len(r.completion_ids)) for r in rollouts],
-                            drawable(z, w.tokenizer.vocab_size))
-        scores = seeded_scores(z, noise, temp)
-        top2 = scores.topk(2, dim=-1).values
-        logp = torch.log_softmax(z / temp, dim=-1).gather(-1, tokens[:, None]).squeeze(-1)
-        return Recomputed.of(gap=gaps(scores, tokens).cpu().numpy(), closest=(top2[:, 0] - top2[:, 1]).cpu().numpy(),
-                             logp=logp.cpu().numpy(), sizes=sizes,
-                             claimed=np.array([x for r in rollouts for x in r.logprobs]))
+        u = torch.cat([uniforms(digest, [r.sample], len(r.completion_ids))[0] for r in rollouts])
+        vocab = drawable(logits, w.tokenizer.vocab_size)
+        got = intervals(logits.flatten(0, 1), rows, tokens, temperature=temp, vocab=vocab, unshifted=True)
+        if got is None:  # logits past +-80: again, with each row's maximum subtracted
+            logits = w.lm.logits(packed.ids, packed.mask, last=packed.ids.shape[1] - first)
+            got = intervals(logits.flatten(0, 1), rows, tokens, temperature=temp, vocab=vocab)
+        lo, hi, logp = got
+        gap, closest = outside(u, lo, hi)
+        return Recomputed.of(gap=gap.cpu().numpy(), closest=closest.cpu().numpy(), logp=logp.cpu().numpy(),
+                             sizes=sizes, claimed=np.array([x for r in rollouts for x in r.logprobs]))
 
 
 @dataclass
 class Recomputed:
-    """Per rollout: its largest token gap, its closest draw (smallest best-minus-second-best
-    seeded score), the largest |claimed - recomputed| log-prob, our log-probs, and per token
+    """Per rollout: its largest token gap, its closest draw (smallest distance of a uniform to
+    its token's interval boundary), the largest |claimed - recomputed| log-prob, our log-probs, and per token
     the gaps (to say which token failed)."""
 
     gap: np.ndarray
