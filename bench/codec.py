@@ -25,7 +25,7 @@ import os
 import sys
 import time
 from collections import deque
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 

@@ -46,10 +46,10 @@ SINK = "/pulse-bench/sink/1.0.0"
 # ------------------------------------------------------------------ py-libp2p (trio) sides
 
 def _libp2p_host():  # noqa: ANN202 - libp2p types stay inside the functions that use them
+    import multiaddr
     from libp2p.crypto.ed25519 import create_new_key_pair
 
     from pulse_node.net.wire_worker import make_host
-    import multiaddr
 
     listen = [multiaddr.Multiaddr("/ip4/127.0.0.1/tcp/0")]
     return make_host(create_new_key_pair(), listen, []), listen

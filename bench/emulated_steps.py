@@ -24,7 +24,7 @@ import argparse
 import json
 import os
 import sys
-from typing import Iterator
+from collections.abc import Iterator
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

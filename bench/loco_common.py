@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Callable, Mapping
 
 import msgpack
 import numpy as np
@@ -22,9 +22,9 @@ import zstandard
 from pulse_node.codec import positions as codec_positions
 from pulse_node.loco.basecoder import encode_values_ctx, position_labels
 from pulse_node.loco.config import LocoConfig
-from pulse_node.testing.loco_harness import InnerTrainer, run_inprocess
 from pulse_node.loco.payload import LocoPayload, encode_payload, encode_values
 from pulse_node.loco.sparsify import ErrorFeedback
+from pulse_node.testing.loco_harness import InnerTrainer, run_inprocess
 
 N_TRAINERS = 4
 Evaluate = Callable[[Mapping[str, torch.Tensor]], tuple[float, float]]

@@ -25,14 +25,26 @@ import json
 import random
 import statistics
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping
 
 import torch
+from loco_common import (
+    N_TRAINERS,
+    BF16Changes,
+    CodecTally,
+    Curve,
+    codec_report,
+    print_table,
+    ratio,
+    ratio_to_target,
+    rss_run,
+    run_loco,
+    summarize,
+    sweep,
+)
 
-from loco_common import (N_TRAINERS, BF16Changes, CodecTally, Curve, codec_report, print_table, ratio, ratio_to_target, rss_run,
-                         run_loco, summarize, sweep)
 from pulse_node.configload import load_config
 from pulse_node.loco.config import LocoConfig
 from pulse_node.rl.assign import BatchKey

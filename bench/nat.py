@@ -48,15 +48,15 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from pulse_node.daemon.status_model import (  # noqa: E402 (torch-free)
-    InferenceCounters, StatusReport, VersionEntry, new_report, read_status)
+from pulse_node.daemon.status_model import InferenceCounters, StatusReport, VersionEntry, new_report, read_status  # noqa: E402 (torch-free)
 
 NS_PUB, NS_RTR, NS_HOME = "pnat-pub", "pnat-rtr", "pnat-home"
 NAMESPACES = (NS_PUB, NS_RTR, NS_HOME)

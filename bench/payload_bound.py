@@ -42,7 +42,10 @@ def run(args, placement: str, left_out: int) -> dict:
             return p
 
     start = 10
-    drop = (lambda r: {0} if start <= r < start + left_out else set())
+
+    def drop(r: int) -> set[int]:
+        return {0} if start <= r < start + left_out else set()
+
     torch.set_num_threads(1)
     run_inprocess(args.trainers, lambda rank: ToyTrainer(rank, lr=args.lr), rounds=args.rounds, cfg=cfg,
                   drop=drop, make_feedback=Measured)

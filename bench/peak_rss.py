@@ -44,7 +44,7 @@ def rss_mb() -> float:
 class Sampler:
     """Max RSS while the ``with`` block runs (a thread polling /proc/self/statm)."""
 
-    def __enter__(self) -> "Sampler":
+    def __enter__(self) -> Sampler:
         self.peak, self._stop = rss_mb(), threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()

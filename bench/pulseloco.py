@@ -50,8 +50,20 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from loco_common import (N_TRAINERS, Curve, codec_report, print_table, ratio, ratio_to_target,  # noqa: E402
-                         rss_run, run_loco, summarize, sweep, CodecTally)
+from loco_common import (  # noqa: E402
+    N_TRAINERS,
+    CodecTally,
+    Curve,
+    codec_report,
+    print_table,
+    ratio,
+    ratio_to_target,
+    rss_run,
+    run_loco,
+    summarize,
+    sweep,
+)
+
 from pulse_node.loco.payload import POSITION_CODER  # noqa: E402
 from pulse_node.rl.batch import bf16_params, pack  # noqa: E402
 from pulse_node.rl.config import TaskConfig  # noqa: E402

@@ -116,8 +116,8 @@ def draw_share(worker, rows: int, steps: int, vocab: int, digest: bytes, device:
     noises = [seeded.SampleNoise(digest, i) for i in range(rows)]
     t_key = t_draw = 0.0
     for k in range(steps):
-        g, dt = timed(lambda: seeded.noise_rows(noises, k, vocab), device)
-        _, dd = timed(lambda: seeded.draw(logits, g, 1.0), device)
+        g, dt = timed(lambda k=k: seeded.noise_rows(noises, k, vocab), device)
+        _, dd = timed(lambda g=g: seeded.draw(logits, g, 1.0), device)
         t_key, t_draw = t_key + dt, t_draw + dd
     return {"keyed_s": t_key, "draw_s": t_draw}
 
@@ -194,7 +194,7 @@ def measure_vocab(vocab: int, args, device: str) -> dict:
     seeded_sample(worker, prompts[:2], key.digest())  # warm up
     t_seeded = t_greedy = t_hf = float("inf")
     for _ in range(args.repeats):  # interleaved, best of each: a shared machine's load spikes drop out
-        out, dt = timed(lambda: seeded_sample(worker, prompts, key.digest()), device)
+        out, dt = timed(lambda worker=worker: seeded_sample(worker, prompts, key.digest()), device)
         t_seeded = min(t_seeded, dt)
         greedy, dt = timed(lambda: greedy_sample(worker, prompts), device)
         t_greedy = min(t_greedy, dt)
@@ -226,7 +226,7 @@ def other_compute(make, sampling, prompts, key, device: str, fp32_s_per_token: f
         if name == "bf16":
             worker.lm.module.to(torch.bfloat16)
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = name == "tf32"
-        out, dt = timed(lambda: seeded_sample(worker, prompts, key.digest()), device)
+        out, dt = timed(lambda worker=worker: seeded_sample(worker, prompts, key.digest()), device)
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
         tokens = sum(len(t) for t in out[0])
         checker = make(sampling)

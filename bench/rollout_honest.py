@@ -32,7 +32,6 @@ import time
 from dataclasses import dataclass, field
 
 import torch
-
 from rollout_common import ROOT, solo_versions
 
 from pulse_node.rl.assign import BatchKey
@@ -105,7 +104,7 @@ def honest_grid(args) -> dict[str, Tally]:
     out: dict[str, Tally] = {}
     shapes = [(1, None), (2, 64), (1, 7), (2, 1)]
     for version in (0, 1):
-        for i, (p_threads, rows) in enumerate(shapes):
+        for p_threads, rows in shapes:
             for per_sequence in (False, True):
                 name = f"solo v{version} gen {p_threads}t rows={rows or 256} | verify {3 - p_threads}t " \
                        f"{'per-sequence' if per_sequence else 'one forward'}"

@@ -61,7 +61,10 @@ def per_version(steps: list[dict], evals: dict[int, float]) -> list[dict]:
     for v in sorted(set(evals) | {k + 1 for k in by}):
         st = by.get(v - 1, [])
         stepped = [s for s in st if s["stepped"]]
-        mean = (lambda key, xs=stepped: sum(s[key] for s in xs) / len(xs) if xs else None)
+
+        def mean(key: str, xs: list = stepped) -> float | None:
+            return sum(s[key] for s in xs) / len(xs) if xs else None
+
         rows.append({"version": v, "eval": evals.get(v), "steps": len(st), "stepped": len(stepped),
                      "reward": sum(s["reward_mean"] for s in st) / len(st) if st else None,
                      "staleness": sum(s["staleness_mean"] for s in st) / len(st) if st else None,
@@ -96,9 +99,8 @@ def patch_stats(hist: dict[int, dict]) -> dict:
 
 
 def run(cfg: SwarmConfig, root: Path, *, versions: int, timeout_s: float) -> tuple[dict[int, float], list[dict], dict]:
-    from pulse_node.testing.inprocess import InProcessSwarm, node_status, node_version
-
     from pulse_node.rl.policy import build_policy
+    from pulse_node.testing.inprocess import InProcessSwarm, node_status, node_version
 
     # warm start once here: trainer threads warming up together race on torch's global seed
     build_policy(cfg.model, cfg.task, seed=cfg.seed, grpo_cfg=cfg.grpo)
@@ -157,7 +159,10 @@ def main() -> int:
     rows = per_version(steps, evals)
     print(f"{'ver':>4} {'eval':>6} {'reward':>6} {'stale':>5} {'own':>4} {'ratio':>6} {'clip':>5} {'steps':>5}",
           file=sys.stderr)
-    fmt = (lambda x, f: format(x, f) if x is not None else "-")
+
+    def fmt(x: float | None, f: str) -> str:
+        return format(x, f) if x is not None else "-"
+
     for r in rows:
         print(f"{r['version']:>4} {fmt(r['eval'], '6.3f')} {fmt(r['reward'], '6.3f')} {fmt(r['staleness'], '5.2f')} "
               f"{fmt(r['own'], '4.2f')} {fmt(r['ratio'], '6.3f')} {fmt(r['clip'], '5.3f')} {r['stepped']:>2}/{r['steps']:<2}",

@@ -31,6 +31,7 @@ numbers: a loaded machine makes fewer versions (and solo steps) in the same minu
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -184,7 +185,10 @@ def print_table(rows: list[dict], file=sys.stdout) -> None:
     head = f"{'run':<6} {'seed':>4} {'versions/steps':>14} {'rollouts':>9} {'start':>6} {'peak':>6} {'end':>6} " \
            f"{'gain':>6} {'drop':>6} {'peak raw':>8} {'end raw':>7}  pass"
     print(head, file=file)
-    fmt = (lambda x: f"{x:.3f}" if isinstance(x, float) else "-")
+
+    def fmt(x: object) -> str:
+        return f"{x:.3f}" if isinstance(x, float) else "-"
+
     for r in rows:
         n = r.get("versions", r.get("steps", "-"))
         rollouts = r.get("rollouts_used", r.get("rollouts", "-"))
@@ -212,13 +216,13 @@ def main() -> int:
         cfg = load_config(SwarmConfig, args.config,
                           args.overrides + [f"seed={seed}", f"run_dir={json.dumps(str(root / f'seed{seed}'))}"])
         warm_start(cfg)
-        swarm = attempt("swarm", seed, lambda: run_swarm(cfg, args.minutes))
+        swarm = attempt("swarm", seed, functools.partial(run_swarm, cfg, args.minutes))
         loads.append(load())
         rows.append(row("swarm", seed, swarm, args.window))
         curves[f"swarm-{seed}"] = swarm["evals"]
         if not args.no_solo and swarm.get("rollouts_used"):
-            solo = attempt("solo", seed, lambda: run_solo(cfg, rollouts=swarm["rollouts_used"],
-                                                          minutes_cap=6 * args.minutes, workdir=root))
+            solo = attempt("solo", seed, functools.partial(run_solo, cfg, rollouts=swarm["rollouts_used"],
+                                                                 minutes_cap=6 * args.minutes, workdir=root))
             loads.append(load())
             rows.append(row("solo", seed, solo, args.window))
             curves[f"solo-{seed}"] = solo["evals"]

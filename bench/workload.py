@@ -19,8 +19,8 @@ Run directly to print the per-step BF16 change density:
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 import torch
 import torch.nn as nn

@@ -64,7 +64,7 @@ class NetConfig(StrictModel):
     faults: FaultConfig = Field(default_factory=FaultConfig, description="TESTING ONLY: chaos fault injection")
 
     @model_validator(mode="after")
-    def _announce_needs_a_fixed_port(self) -> "NetConfig":
+    def _announce_needs_a_fixed_port(self) -> NetConfig:
         """An announced address names the port peers dial (the one you forwarded); a listener on
         port 0 gets a random port, so such an announcement is wrong however it is written."""
         for announce, listen, key, example in ((self.announce, self.dht_listen, "dht_listen", 31338),
@@ -135,7 +135,7 @@ class ChainConfig(StrictModel):
         return out
 
     @model_validator(mode="after")
-    def _open_means_no_keys(self) -> "ChainConfig":
+    def _open_means_no_keys(self) -> ChainConfig:
         if self.open_swarm and (self.trusted_trainers or self.trusted_trainers_path is not None):
             raise ValueError("chain.open_swarm trusts any announced trainer; it cannot be combined with trainer keys")
         return self

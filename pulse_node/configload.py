@@ -8,11 +8,11 @@ Nothing here runs at import time.
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
 from typing import Any, TypeVar
 
 import pydantic
+import tomllib
 
 from pulse_node.errors import ConfigError
 

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import os
 import secrets
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import BinaryIO, Iterator
+from typing import BinaryIO
 
 #: write buffer of the temp file (large bodies are streamed through it)
 _BUFFER = 1 << 20

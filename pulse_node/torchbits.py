@@ -6,7 +6,7 @@ stay torch-free so the data-plane process and the CLI ``patch`` commands start f
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 import numpy as np
 import torch

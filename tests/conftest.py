@@ -8,12 +8,12 @@ nodes, anything over ~5 s) run in CI's full ``python -m pytest``.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pytest
-
 from helpers import node_config
+
 from pulse_node.testing.inprocess import InProcessSwarm
 from tests.hf_fixtures import hf_model_dir  # noqa: F401 (session fixture: one local HF model for every test)
 

@@ -6,13 +6,14 @@ Imported as ``from helpers import ...`` (pytest puts ``tests/`` on ``sys.path``)
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Callable, Iterable, TypeVar
+from typing import TypeVar
 
 import pytest
 
-from pulse_node.rl.config import GRPOConfig, ModelConfig, SamplingConfig, SoloConfig, TaskConfig
 from pulse_node.daemon.status_model import StatusReport
+from pulse_node.rl.config import GRPOConfig, ModelConfig, SamplingConfig, SoloConfig, TaskConfig
 from pulse_node.testing.inprocess import node_status, node_version
 
 T = TypeVar("T")

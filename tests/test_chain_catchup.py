@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from test_chain_synth import adam_like_chain, build_chain, states_equal
 
 from pulse_node.chain.catchup import apply_catchup, check_catchup, make_catchup
 from pulse_node.codec.patch import apply_patch, make_patch
 from pulse_node.errors import IntegrityError
-
-from test_chain_synth import adam_like_chain, build_chain, states_equal
 
 STATES = adam_like_chain(31, 24)
 CHAIN = build_chain(STATES, anchor_every=10)

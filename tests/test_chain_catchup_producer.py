@@ -9,24 +9,23 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import wait_for
+from test_chain_synth import TRAINER, adam_like_chain, build_chain, states_equal
 
 from pulse_node.chain.catchup import check_catchup
 from pulse_node.chain.catchup_producer import CatchupProducer
 from pulse_node.chain.layout import catchup_path, prune_catchups
 from pulse_node.chain.serving import resolve, store_resolver
 from pulse_node.chain.store import VersionStore
-from pulse_node.codec.patch import apply_patch, make_patch
-from pulse_node.config import NetConfig
-from pulse_node.errors import BusyError, GapError, WireError
-from pulse_node.inference.syncer import VersionSync
-from pulse_node.daemon.transport import PeerInfo
-from pulse_node.net.dht_records import PeerStatus, Serves
-from pulse_node.testing.memory import MemoryHub
 from pulse_node.chain.trainerset import TrainerSet
 from pulse_node.chain.trust import TrustPolicy
-
-from helpers import wait_for
-from test_chain_synth import TRAINER, adam_like_chain, build_chain, states_equal
+from pulse_node.codec.patch import apply_patch, make_patch
+from pulse_node.config import NetConfig
+from pulse_node.daemon.transport import PeerInfo
+from pulse_node.errors import BusyError, GapError, WireError
+from pulse_node.inference.syncer import VersionSync
+from pulse_node.net.dht_records import PeerStatus, Serves
+from pulse_node.testing.memory import MemoryHub
 
 STATES = adam_like_chain(5, 24)
 CHAIN = build_chain(STATES, anchor_every=10)
@@ -225,8 +224,8 @@ def test_syncer_keeps_its_version_rather_than_reload_an_older_anchor(served: Pat
     quick gap recovery must not move the node back to an older anchor (a full download for
     nothing); only a long stall may (the way off a fork)."""
     from pulse_node.chain.record import encode_record
-    from pulse_node.testing.faults import FaultRates, FaultyTransport
     from pulse_node.daemon.transport import Event
+    from pulse_node.testing.faults import FaultRates, FaultyTransport
 
     hub = MemoryHub()
     peers = [_serve(hub, served, None, 14), _trainer(14)]  # the DHT still says 14 ...

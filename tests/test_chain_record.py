@@ -5,19 +5,28 @@ from __future__ import annotations
 import dataclasses
 
 import msgpack
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import numpy as np
-
 from pulse_node.chain.anchor import AnchorManifest, anchor_manifest
 from pulse_node.chain.identity import Identity
+from pulse_node.chain.record import (
+    MAX_RECORD_BYTES,
+    RECORD_FORMAT,
+    RECORD_MAGIC,
+    VersionRecord,
+    chain_hash,
+    check_link,
+    check_patch,
+    decode_record,
+    encode_record,
+    genesis_parent_hash,
+    make_record,
+    verify_record,
+)
 from pulse_node.codec.state import TensorBits
-from pulse_node.chain.record import (MAX_RECORD_BYTES, RECORD_FORMAT, RECORD_MAGIC, VersionRecord,
-                                     chain_hash, check_link, check_patch, decode_record,
-                                     encode_record, genesis_parent_hash, make_record,
-                                     verify_record)
 from pulse_node.errors import IntegrityError, WireError
 
 TRAINER = Identity.generate()

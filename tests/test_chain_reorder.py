@@ -7,11 +7,10 @@ from collections import deque
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_chain_synth import adam_like_chain, states_equal
 
 from pulse_node.chain.reorder import ReorderBuffer
 from pulse_node.codec.patch import apply_patch, make_patch
-
-from test_chain_synth import adam_like_chain, states_equal
 
 N = 100
 STATES = adam_like_chain(21, N, shapes={"w": (64, 64)})  # one tensor: keeps 100s of applies fast

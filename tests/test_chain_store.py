@@ -12,8 +12,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import wait_for
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_chain_synth import CODEC, TRAINER, adam_like_chain, build_chain, states_equal
 
 from pulse_node.chain.identity import Identity
 from pulse_node.chain.layout import read_safetensors_header, store_path
@@ -22,9 +24,6 @@ from pulse_node.chain.store import VersionStore
 from pulse_node.codec.patch import make_patch
 from pulse_node.codec.statehash import state_hash
 from pulse_node.errors import GapError, IntegrityError, StoreError
-
-from helpers import wait_for
-from test_chain_synth import CODEC, TRAINER, adam_like_chain, build_chain, states_equal
 
 TRUSTED = {TRAINER.public_key_hex}
 STATES = adam_like_chain(11, 30)

@@ -11,7 +11,12 @@ import pytest
 
 from pulse_node.chain.identity import Identity, peer_id_of_key
 from pulse_node.chain.trainerset import (
-    MAX_ENDORSEMENTS, Admission, TrainerSet, bound_key, read_key_file, sender_key,
+    MAX_ENDORSEMENTS,
+    Admission,
+    TrainerSet,
+    bound_key,
+    read_key_file,
+    sender_key,
 )
 from pulse_node.cli import main
 from pulse_node.errors import ConfigError, IntegrityError, WireError
@@ -30,7 +35,7 @@ class Peer:
     admission: bytes | None = None
 
     @property
-    def record(self) -> "Peer":
+    def record(self) -> Peer:
         return self  # the record's fields: its admission
 
 

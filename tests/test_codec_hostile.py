@@ -6,10 +6,10 @@ import dataclasses
 
 import numpy as np
 import pytest
+from codec_strategies import copy_state, realistic_pair, states_equal
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from codec_strategies import copy_state, realistic_pair, states_equal
 from pulse_node.codec.header import MAX_NUMEL, pack_header, unpack_header
 from pulse_node.codec.patch import apply_patch, changed_positions, make_patch, read_header
 from pulse_node.codec.state import TensorBits

@@ -8,10 +8,10 @@ import dataclasses
 
 import numpy as np
 import pytest
+from codec_strategies import mutate, realistic_bits, state_pairs
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from codec_strategies import mutate, realistic_bits, state_pairs
 from pulse_node.codec.header import pack_header, unpack_header
 from pulse_node.codec.inplace import apply_patch_inplace
 from pulse_node.codec.patch import apply_patch, make_patch

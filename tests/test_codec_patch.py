@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from codec_strategies import copy_state, realistic_pair, state_pairs, states_equal
 from hypothesis import HealthCheck, given, settings
 
-from codec_strategies import copy_state, realistic_pair, state_pairs, states_equal
 from pulse_node.codec.patch import apply_patch, changed_positions, make_patch, patch_stats, read_header
 from pulse_node.codec.state import TensorBits
 from pulse_node.codec.statehash import state_hash

@@ -20,7 +20,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from helpers import wait_for
 
 pytestmark = pytest.mark.slow

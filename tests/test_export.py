@@ -11,8 +11,8 @@ import json
 import shutil
 
 import pytest
-import torch
 import tomli_w
+import torch
 
 from pulse_node.chain.identity import Identity
 from pulse_node.chain.store import VersionStore

@@ -16,11 +16,11 @@ from __future__ import annotations
 import json
 
 import pytest
+from helpers import wait_for
 
 from pulse_node.cli import main
 from pulse_node.config import SwarmConfig
 from pulse_node.swarm.launcher import LocalSwarm
-from helpers import wait_for
 from tests.hf_fixtures import HF_SAMPLING, HF_TASK
 
 pytestmark = pytest.mark.slow

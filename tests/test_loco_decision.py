@@ -11,9 +11,18 @@ from hypothesis import strategies as st
 
 from pulse_node.chain.identity import Identity
 from pulse_node.errors import IntegrityError, WireError
-from pulse_node.loco.decision import (DECISION_FORMAT, DECISION_MAGIC, MAX_CONTRIBUTORS, MAX_DECISION_BYTES,
-                                      RoundDecision, decode_decision, encode_decision, make_decision,
-                                      payload_digest, verify_decision)
+from pulse_node.loco.decision import (
+    DECISION_FORMAT,
+    DECISION_MAGIC,
+    MAX_CONTRIBUTORS,
+    MAX_DECISION_BYTES,
+    RoundDecision,
+    decode_decision,
+    encode_decision,
+    make_decision,
+    payload_digest,
+    verify_decision,
+)
 
 COORD = Identity.generate()
 OTHER = Identity.generate()

@@ -6,8 +6,8 @@ import numpy as np
 import torch
 
 from pulse_node.loco.config import LocoConfig
-from pulse_node.testing.loco_harness import run_inprocess
 from pulse_node.loco.sparsify import ErrorFeedback
+from pulse_node.testing.loco_harness import run_inprocess
 from pulse_node.testing.toy import ToyTrainer
 
 CFG = LocoConfig(inner_steps=4)

@@ -8,13 +8,21 @@ import msgpack
 import numpy as np
 import pytest
 import zstandard
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from pulse_node.errors import WireError
 from pulse_node.loco import basecoder
 from pulse_node.loco.bounded_zstd import bounded_decompress
-from pulse_node.loco.payload import (POS_CODER_BASE, POSITION_CODERS, VAL_CODER_BASE, VALUE_CODERS, LocoPayload,
-                                     decode_payload, encode_payload)
+from pulse_node.loco.payload import (
+    POS_CODER_BASE,
+    POSITION_CODERS,
+    VAL_CODER_BASE,
+    VALUE_CODERS,
+    LocoPayload,
+    decode_payload,
+    encode_payload,
+)
 
 SHAPES = {"emb": (50, 16), "head.bias": (7,), "head.weight": (7, 16)}
 CAP = 1 << 20

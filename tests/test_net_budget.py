@@ -4,8 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from pulse_node.net.budget import (BudgetConfig, CatchupBudget, Members, PushShares, Refusals, Refused,
-                                   StreamPools, TokenBucket)
+from pulse_node.net.budget import (
+    BudgetConfig,
+    CatchupBudget,
+    Members,
+    PushShares,
+    Refusals,
+    Refused,
+    StreamPools,
+    TokenBucket,
+)
 from pulse_node.net.inbox import Inbox
 from pulse_node.vocab import Event
 

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pydantic
 import pytest
-
 from helpers import wait_for
+
 from pulse_node.chain.identity import Identity
 from pulse_node.net.dht_client import DhtClient, DhtConfig, DuplicateIdentityError
 from pulse_node.net.dht_records import PeerStatus
@@ -100,7 +100,7 @@ def test_peers_find_each_others_records(swarm) -> None:
     trainer, inference, _ = swarm
     ids = {trainer.info().peer_id: "trainer", inference.info().peer_id: "inference"}
     for client in swarm:
-        roles = wait_for(lambda: {p.peer_id: p.role for p in client.peers()}.items() >= ids.items()
+        roles = wait_for(lambda client=client: {p.peer_id: p.role for p in client.peers()}.items() >= ids.items()
                          and {p.role for p in client.peers()}, timeout=20, interval=0.1,
                          what="both workers see both records")
         assert {"bootstrap", "trainer", "inference"} <= roles
@@ -135,7 +135,7 @@ def crash(pid: int) -> None:
     for p in [pid, *map(int, children)]:
         os.kill(p, signal.SIGKILL)
     for p in map(int, children):
-        wait_for(lambda: not Path(f"/proc/{p}").exists() or "Z" in Path(f"/proc/{p}/stat").read_text().split()[2],
+        wait_for(lambda p=p: not Path(f"/proc/{p}").exists() or "Z" in Path(f"/proc/{p}/stat").read_text().split()[2],
                  timeout=5, interval=0.1, what=f"p2pd {p} gone")
 
 

@@ -16,12 +16,12 @@ from pathlib import Path
 
 import base58
 import pytest
+from helpers import gather
 
+from pulse_node.errors import PeerUnavailable, WireError
 from pulse_node.net import wire_protocol as wp
 from pulse_node.net.dht_client import DhtClient, DhtConfig
 from pulse_node.net.dht_push import CAPS, PushHeader
-from pulse_node.errors import PeerUnavailable, WireError
-from helpers import gather
 
 pytestmark = pytest.mark.slow  # DHT worker processes (hivemind, p2pd)
 

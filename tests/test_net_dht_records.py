@@ -12,8 +12,16 @@ import pytest
 from pulse_node.chain.identity import Identity
 from pulse_node.errors import WireError
 from pulse_node.net.dht_records import (
-    MAX_PEERS_READ, MAX_TTL_S, PeerRecord, PeerStatus, decode_dht_record, dht_key, encode_dht_record,
-    address_range, select_peer_records, validate_tree,
+    MAX_PEERS_READ,
+    MAX_TTL_S,
+    PeerRecord,
+    PeerStatus,
+    address_range,
+    decode_dht_record,
+    dht_key,
+    encode_dht_record,
+    select_peer_records,
+    validate_tree,
 )
 
 hivemind_dht = pytest.importorskip("hivemind.dht.routing")
@@ -22,7 +30,11 @@ from hivemind.dht.routing import DHTID  # noqa: E402
 from hivemind.dht.validation import DHTRecord  # noqa: E402
 
 from pulse_node.net.dht_validator import (  # noqa: E402
-    PulseRecordValidator, libp2p_private_key, peer_id_of, public_key_of, sign_envelope,
+    PulseRecordValidator,
+    libp2p_private_key,
+    peer_id_of,
+    public_key_of,
+    sign_envelope,
 )
 
 RUN = "unit"

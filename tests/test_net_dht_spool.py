@@ -21,15 +21,15 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from helpers import gather, wait_for
 
 from pulse_node.errors import PeerUnavailable, WireError
 from pulse_node.net import wire_protocol as wp
 from pulse_node.net.dht_client import DhtClient, DhtConfig
 from pulse_node.net.dht_push import CAPS, PushHeader, PushPlane
 from pulse_node.net.inbox import EVENTS_BYTES_PER_CALL, Inbox
-from pulse_node.vocab import Event
 from pulse_node.net.spool import THRESHOLD, Spool
-from helpers import gather, wait_for
+from pulse_node.vocab import Event
 
 LOCAL = ["/ip4/127.0.0.1/tcp/0"]
 SMALL_DISK = 3 * THRESHOLD  # the third worker's disk budget: one 2-MiB push fits, a second does not

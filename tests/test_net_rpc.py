@@ -11,9 +11,10 @@ import socket
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Generic, Iterator, Literal, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
 import anyio
 import msgpack

@@ -10,12 +10,14 @@ last test closes one side.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pytest
+from helpers import wait_for
 
 from pulse_node.chain.identity import Identity
 from pulse_node.chain.serving import resolve, store_resolver
@@ -23,7 +25,6 @@ from pulse_node.daemon.transport import PeerInfo, Transport
 from pulse_node.errors import NotFound, PeerUnavailable, WireError
 from pulse_node.net.dht_records import PeerStatus, Serves
 from pulse_node.vocab import FETCH_KINDS, PUSH_KINDS
-from helpers import wait_for
 
 pytestmark = pytest.mark.timeout(300)
 MiB = 1 << 20

@@ -12,14 +12,14 @@ import socket
 import struct
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Iterator
 
 import msgpack
 import pytest
-
 from helpers import gather, wait_for
+
 from pulse_node.errors import IntegrityError, NotFound, PeerUnavailable, WireError
 from pulse_node.net import dht_rpc, ipc
 from pulse_node.net import wire_protocol as wp
@@ -324,10 +324,11 @@ def test_identity_file_raw_seed_and_pem_give_one_peer_id(tmp_path: Path) -> None
 
 def test_catchup_is_made_on_demand_from_verified_states(swarm: dict, tmp_path: Path) -> None:
     """A real store: the worker makes 3 -> 17 on a thread; a base it cannot rebuild fails fast."""
+    from test_chain_synth import adam_like_chain, build_chain, states_equal
+
     from pulse_node.chain.catchup import check_catchup
     from pulse_node.chain.store import VersionStore
     from pulse_node.codec.patch import apply_patch
-    from test_chain_synth import adam_like_chain, build_chain, states_equal
 
     states = adam_like_chain(5, 18)
     chain = build_chain(states, anchor_every=10)

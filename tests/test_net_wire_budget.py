@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 import pytest
-
 from helpers import wait_for
 
 from pulse_node.errors import NotFound, PeerBusy, PeerUnavailable
@@ -131,8 +130,9 @@ def test_a_request_flood_is_refused_by_the_token_bucket_and_counted(tmp_path: Pa
 
 
 def _chain_store(root: Path) -> list:
-    from pulse_node.chain.store import VersionStore
     from test_chain_synth import adam_like_chain, build_chain
+
+    from pulse_node.chain.store import VersionStore
 
     states = adam_like_chain(5, 18)
     chain = build_chain(states, anchor_every=10)

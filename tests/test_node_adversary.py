@@ -14,9 +14,9 @@ import threading
 import time
 
 import pytest
+from helpers import wait_for
 
 from pulse_node.config import SwarmConfig
-from helpers import wait_for
 
 pytestmark = pytest.mark.slow  # a process swarm
 

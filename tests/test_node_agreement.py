@@ -10,24 +10,24 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers import all_at_version, assert_trainers_identical, read_status, wait_for
 
 from pulse_node.chain.identity import Identity
 from pulse_node.chain.serving import resolve, store_resolver
 from pulse_node.chain.store import VersionStore
 from pulse_node.config import TrainerConfig
-from pulse_node.errors import PulseError
-from pulse_node.loco.decision import decode_decision, encode_decision, make_decision
-from pulse_node.trainer.agreement import RoundAgreement
-from pulse_node.trainer.decisions import coordinator_order
 from pulse_node.daemon.context import RoleContext
-from pulse_node.testing.faults import CrashingTransport, FaultRates, FaultyTransport
-from pulse_node.testing.inprocess import InProcessSwarm
 from pulse_node.daemon.status import NodeStatus
 from pulse_node.daemon.transport import PeerInfo
+from pulse_node.errors import PulseError
+from pulse_node.loco.decision import decode_decision, encode_decision, make_decision
 from pulse_node.net.dht_records import PeerStatus
+from pulse_node.testing.faults import CrashingTransport, FaultRates, FaultyTransport
+from pulse_node.testing.inprocess import InProcessSwarm
 from pulse_node.testing.memory import MemoryHub
+from pulse_node.trainer.agreement import RoundAgreement
+from pulse_node.trainer.decisions import coordinator_order
 from pulse_node.vocab import DEFAULT_RUN_ID
-from helpers import all_at_version, assert_trainers_identical, read_status, wait_for
 
 LOCO = {"inner_steps": 2, "deadline_s": 2.0, "decision_wait_s": 2.0}
 

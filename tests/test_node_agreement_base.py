@@ -13,21 +13,28 @@ from pathlib import Path
 import msgpack
 import numpy as np
 import pytest
+from helpers import all_at_version, assert_trainers_identical, read_status, wait_for
 
 from pulse_node.chain.identity import Identity
 from pulse_node.chain.store import VersionStore
 from pulse_node.config import TrainerConfig
+from pulse_node.daemon.context import RoleContext
+from pulse_node.daemon.status import NodeStatus
 from pulse_node.errors import BaseMismatchError
 from pulse_node.loco import payload as payload_mod
-from pulse_node.loco.payload import (POS_CODER_BASE, VAL_CODER, VAL_CODER_BASE, LocoPayload,
-                                     decode_payload, encode_payload, read_header)
-from pulse_node.trainer.agreement import RoundAgreement
-from pulse_node.daemon.context import RoleContext
-from pulse_node.testing.inprocess import InProcessSwarm
-from pulse_node.daemon.status import NodeStatus
+from pulse_node.loco.payload import (
+    POS_CODER_BASE,
+    VAL_CODER,
+    VAL_CODER_BASE,
+    LocoPayload,
+    decode_payload,
+    encode_payload,
+    read_header,
+)
 from pulse_node.net.dht_records import PeerStatus
+from pulse_node.testing.inprocess import InProcessSwarm
 from pulse_node.testing.memory import MemoryHub
-from helpers import all_at_version, assert_trainers_identical, read_status, wait_for
+from pulse_node.trainer.agreement import RoundAgreement
 
 SHAPES = {"w": (256,), "z.bias": (8,)}
 CAP = 1 << 20

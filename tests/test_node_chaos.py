@@ -12,12 +12,11 @@ forging peer (its own DHT and wire workers) serving a self-signed chain and push
 from __future__ import annotations
 
 import pytest
+from helpers import read_status, wait_for
 
 from pulse_node.config import InferenceConfig, SwarmConfig, TrainerConfig
 from pulse_node.testing.faults import FaultRates, FaultyTransport
-from helpers import read_status, wait_for
-from pulse_node.testing.inprocess import InProcessSwarm
-from pulse_node.testing.inprocess import node_version
+from pulse_node.testing.inprocess import InProcessSwarm, node_version
 
 pytestmark = pytest.mark.slow  # swarms of training nodes (in-process and separate processes)
 

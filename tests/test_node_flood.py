@@ -8,6 +8,9 @@ import threading
 from pathlib import Path
 
 import pytest
+from test_chain_catchup_producer import fill
+from test_chain_synth import TRAINER
+from test_node_sync_bounds import _syncer
 
 from pulse_node.chain.serving import store_resolver
 from pulse_node.errors import PeerUnavailable
@@ -15,10 +18,6 @@ from pulse_node.net.dht_records import PeerStatus, Serves
 from pulse_node.net.standing import FETCH_UNKNOWN
 from pulse_node.testing.adversaries import announce, peer_id
 from pulse_node.testing.memory import MemoryHub
-
-from test_chain_catchup_producer import fill
-from test_chain_synth import TRAINER
-from test_node_sync_bounds import _syncer
 
 
 class Silent:

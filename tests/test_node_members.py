@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from test_node_round_trust import BASE, ROUND, _agreement, _payload
 
 from pulse_node.chain.anchor import anchor_manifest
 from pulse_node.chain.evidence import EvidenceBook, decode_evidence
@@ -27,7 +28,6 @@ from pulse_node.testing.adversaries import peer_id
 from pulse_node.testing.memory import MemoryHub
 from pulse_node.trainer.decisions import coordinator_order, turn_at
 from pulse_node.vocab import DEFAULT_RUN_ID
-from test_node_round_trust import BASE, ROUND, _agreement, _payload
 
 RUN = DEFAULT_RUN_ID
 CODEC = "pulsesync/compact/1"
@@ -138,7 +138,7 @@ def _trust(*idents: Identity, step: int = 8) -> TrustPolicy:
 def test_a_record_far_past_what_the_other_members_signed_is_refused():
     a, b = Identity.generate(), Identity.generate()
     trust = _trust(a, b)
-    for v, rec in _records(a, [5, 6]).items():
+    for rec in _records(a, [5, 6]).values():
         trust.verify(rec, sender="a")
     with pytest.raises(IntegrityError, match="past what the trainer set signed"):
         trust.verify(_records(b, [40])[40], sender="b")
@@ -177,10 +177,11 @@ def test_two_records_of_one_key_for_one_version_convict_it_and_the_evidence_trav
 
 
 def test_pulse_node_status_names_banned_members_and_open_trust_mode():
+    from test_ops_snapshot import NOW, _swarm
+
     from pulse_node.daemon.status_model import EvidenceEntry
     from pulse_node.ops.render import render_text
     from pulse_node.ops.snapshot import NodeInput, build_snapshot
-    from test_ops_snapshot import NOW, _swarm
 
     nodes = _swarm(i1_version=5)
     entry = EvidenceEntry(key="ab" * 32, kind="decision", at=12, found_at=NOW - 5)
@@ -199,13 +200,14 @@ def test_a_member_serving_another_record_for_an_anchor_gets_no_honest_provider_s
     for pieces and never struck; the download fails on the liar alone."""
     import dataclasses
 
+    from test_chain_catchup_producer import CHAIN, fill
+    from test_chain_synth import TRAINER
+
     from pulse_node.chain.anchor import AnchorManifest
     from pulse_node.chain.record import signing_bytes
     from pulse_node.chain.serving import store_resolver
     from pulse_node.inference.anchor_load import load_anchor
     from pulse_node.testing.adversaries import announce
-    from test_chain_catchup_producer import CHAIN, fill
-    from test_chain_synth import TRAINER
 
     served = fill(tmp_path / "served" / "store", 24)
     served.close()
@@ -233,13 +235,14 @@ def test_a_member_serving_another_record_for_an_anchor_gets_no_honest_provider_s
 def test_the_evidence_plane_verifies_reports_spreads_and_keeps_evidence(tmp_path):
     """A received evidence is verified here (garbage strikes its sender), the key is named in the
     status, the evidence is pushed on to every peer, and a node built on the same data dir keeps it."""
+    from helpers import wait_for
+
     from pulse_node.chain.serving import store_resolver
     from pulse_node.chain.store import VersionStore
     from pulse_node.config import InferenceConfig
     from pulse_node.daemon.context import RoleContext
     from pulse_node.daemon.evidence_plane import EvidencePlane, node_trust
     from pulse_node.daemon.status import NodeStatus
-    from helpers import wait_for
 
     bad = Identity.generate()
     cfg = InferenceConfig.model_validate({"data_dir": str(tmp_path / "me"), "chain": {"trusted_trainers": [bad.public_key_hex]}})

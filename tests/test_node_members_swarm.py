@@ -10,16 +10,15 @@ from __future__ import annotations
 import threading
 
 import pytest
+from helpers import all_at_version, assert_trainers_identical, read_status, wait_for
 
 from pulse_node.chain.identity import Identity
 from pulse_node.config import InferenceConfig, TrainerConfig
 from pulse_node.daemon.transport import PeerInfo
 from pulse_node.net.dht_records import PeerStatus
 from pulse_node.testing.inprocess import InProcessSwarm, node_version
-from pulse_node.testing.member_attackers import (conflicting_heads, equivocating_decisions, far_head,
-                                                 presigned_decisions)
+from pulse_node.testing.member_attackers import conflicting_heads, equivocating_decisions, far_head, presigned_decisions
 from pulse_node.vocab import DEFAULT_RUN_ID
-from helpers import all_at_version, assert_trainers_identical, read_status, wait_for
 
 LOCO = {"inner_steps": 2, "deadline_s": 10.0, "decision_wait_s": 2.0}
 TRAINERS = ("trainer-a", "trainer-b")

@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from helpers import tiny_overrides, wait_for
+
 from pulse_node.chain.store import VersionStore
 from pulse_node.config import InferenceConfig, TrainerConfig
 from pulse_node.daemon.status_model import VersionEntry

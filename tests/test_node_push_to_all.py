@@ -7,8 +7,8 @@ import threading
 
 import pytest
 
-from pulse_node.errors import WireError
 from pulse_node.daemon.transport import PeerInfo, push_to_all
+from pulse_node.errors import WireError
 from pulse_node.net.dht_records import PeerStatus
 
 

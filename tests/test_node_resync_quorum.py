@@ -10,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from helpers import tiny_overrides
+from test_node_resync_trust import RUN, _server
 
 from pulse_node.chain.identity import Identity
 from pulse_node.chain.record import encode_record
@@ -21,8 +23,6 @@ from pulse_node.daemon.status import NodeStatus
 from pulse_node.testing.adversaries import announce, peer_id
 from pulse_node.testing.memory import MemoryHub
 from pulse_node.trainer.resync_quorum import majority
-from helpers import tiny_overrides
-from test_node_resync_trust import RUN, _server
 
 HONEST, LIAR = Identity.generate(), Identity.generate()
 

@@ -13,10 +13,11 @@ import dataclasses
 from pathlib import Path
 
 import pytest
+from helpers import tiny_overrides
 
 from pulse_node.chain.identity import Identity
-from pulse_node.chain.record import encode_record, make_record
 from pulse_node.chain.layout import store_path
+from pulse_node.chain.record import encode_record, make_record
 from pulse_node.chain.serving import store_resolver
 from pulse_node.chain.store import VersionStore
 from pulse_node.codec.statehash import state_hash
@@ -29,7 +30,6 @@ from pulse_node.testing.faults import ForgedChain
 from pulse_node.testing.memory import MemoryHub
 from pulse_node.torchbits import module_state
 from pulse_node.trainer.state import export_trainer_state
-from helpers import tiny_overrides
 from pulse_node.vocab import DEFAULT_RUN_ID
 
 RUN = DEFAULT_RUN_ID

@@ -13,16 +13,16 @@ import threading
 
 import msgpack
 import pytest
+from helpers import all_at_version, assert_trainers_identical, read_status, wait_for
 
 from pulse_node.chain.identity import Identity
 from pulse_node.config import TrainerConfig
+from pulse_node.daemon.transport import PeerInfo
 from pulse_node.loco.decision import encode_decision, make_decision
 from pulse_node.loco.payload import LocoPayload, decode_values, encode_payload, encode_values
-from pulse_node.daemon.transport import PeerInfo
 from pulse_node.net.dht_records import PeerStatus
 from pulse_node.testing.inprocess import InProcessSwarm, node_version
 from pulse_node.vocab import DEFAULT_RUN_ID
-from helpers import all_at_version, assert_trainers_identical, read_status, wait_for
 
 LOCO = {"inner_steps": 2, "deadline_s": 20.0, "decision_wait_s": 2.0}
 NAMES = ("trainer-a", "trainer-b")

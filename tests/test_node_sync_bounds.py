@@ -12,6 +12,8 @@ import dataclasses
 from pathlib import Path
 
 import pytest
+from test_chain_catchup_producer import CHAIN, STATES, fill
+from test_chain_synth import TRAINER, states_equal
 
 from pulse_node.chain.identity import Identity
 from pulse_node.chain.record import encode_record, make_record
@@ -19,16 +21,13 @@ from pulse_node.chain.serving import store_resolver
 from pulse_node.chain.trainerset import TrainerSet
 from pulse_node.chain.trust import TrustPolicy
 from pulse_node.config import NetConfig
+from pulse_node.daemon.transport import Event
 from pulse_node.errors import IntegrityError
 from pulse_node.inference.anchor_load import load_anchor
 from pulse_node.inference.syncer import VersionSync
-from pulse_node.daemon.transport import Event
 from pulse_node.testing.adversaries import OVERSIZE_BYTES, LyingServer, announce, peer_id
 from pulse_node.testing.faults import ForgedChain
 from pulse_node.testing.memory import MemoryHub
-
-from test_chain_catchup_producer import CHAIN, STATES, fill
-from test_chain_synth import TRAINER, states_equal
 
 EVE = Identity.generate()  # a peer with a fresh key: no member of the trainer set
 

@@ -12,8 +12,8 @@ from pulse_node.chain.identity import Identity
 from pulse_node.chain.record import make_record
 from pulse_node.codec.statehash import state_hash
 from pulse_node.errors import PulseError
-from pulse_node.trainer.state import export_trainer_state, read_trainer_state
 from pulse_node.torchbits import module_state
+from pulse_node.trainer.state import export_trainer_state, read_trainer_state
 
 
 def _written(tmp_path):

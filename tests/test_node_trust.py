@@ -9,8 +9,8 @@ only, count the rejections, and stop asking the rogue.
 from __future__ import annotations
 
 import pytest
-
 from helpers import node_version, read_status, wait_for
+
 from pulse_node.chain.identity import Identity
 from pulse_node.config import InferenceConfig, TrainerConfig
 from pulse_node.testing.faults import start_forging_peer
@@ -37,13 +37,13 @@ def test_forged_versions_are_rejected_and_rogue_ignored(inprocess_swarm, node_cf
 def test_forged_head_announcement_is_no_hint_and_strikes_its_sender(tmp_path):
     from pulse_node.chain.record import encode_record
     from pulse_node.chain.store import VersionStore
-    from pulse_node.config import NetConfig
-    from pulse_node.testing.faults import ForgedChain
-    from pulse_node.inference.syncer import VersionSync
-    from pulse_node.daemon.transport import Event
-    from pulse_node.testing.memory import MemoryHub
     from pulse_node.chain.trainerset import TrainerSet
     from pulse_node.chain.trust import TrustPolicy
+    from pulse_node.config import NetConfig
+    from pulse_node.daemon.transport import Event
+    from pulse_node.inference.syncer import VersionSync
+    from pulse_node.testing.faults import ForgedChain
+    from pulse_node.testing.memory import MemoryHub
 
     trainer = Identity.generate()
     honest, forged = ForgedChain("run", trainer), ForgedChain("run")  # signed by the trainer / by nobody trusted

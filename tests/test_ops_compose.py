@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from helpers import wait_for
+
 from pulse_node.daemon.status_model import StatusReport, read_status
 
 REPO = Path(__file__).resolve().parents[1]
@@ -56,8 +56,8 @@ def interpolate(text: str, env: dict[str, str] | None = None) -> str:
 def test_compose_nodes_announce_a_dialable_data_plane_address() -> None:
     """Each node's data plane listens on a fixed port and announces it by service name (the
     default /ip4/0.0.0.0 port 0 would announce 0.0.0.0, which no other container can dial)."""
-    from pulse_node.configload import load_config
     from pulse_node.config import NodeConfig
+    from pulse_node.configload import load_config
 
     for name, svc in _compose()["services"].items():
         script = svc["command"][2]

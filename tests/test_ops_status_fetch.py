@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Iterator
 
 import pytest
 
@@ -174,11 +174,10 @@ def test_remote_text_is_drawn_as_text_not_markup() -> None:
 def test_the_status_server_serves_with_a_bounded_pool() -> None:
     """Many idle connections hold at most the pool; the status still answers once they go."""
     import socket
+    import time
     import urllib.request
 
     from pulse_node.daemon.status import MAX_STATUS_THREADS, NodeStatus, StatusServer
-
-    import time
 
     server = StatusServer(NodeStatus(role="trainer", peer_id=PID, run_id="r"), idle_timeout=120.0)  # the test closes them
     idle = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(MAX_STATUS_THREADS)]

@@ -16,8 +16,15 @@ from prometheus_client import generate_latest
 from pulse_node.config import SwarmConfig
 from pulse_node.daemon.status import NodeStatus
 from pulse_node.daemon.status_model import (
-    STATUS_SCHEMA, StatusFieldError, StatusReport, StatusSchemaError, VersionEntry, gauge_fields, new_report,
-    parse_status)
+    STATUS_SCHEMA,
+    StatusFieldError,
+    StatusReport,
+    StatusSchemaError,
+    VersionEntry,
+    gauge_fields,
+    new_report,
+    parse_status,
+)
 from pulse_node.ops.render import render_text
 from pulse_node.ops.snapshot import NodeInput, build_snapshot
 from pulse_node.ops.sources import read_run_dir

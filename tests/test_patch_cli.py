@@ -7,8 +7,8 @@ import subprocess
 import sys
 
 import pytest
-
 from codec_strategies import realistic_pair
+
 from pulse_node.codec.state import save_safetensors_atomic
 
 pytestmark = pytest.mark.slow  # a pulse-node process per call

@@ -181,6 +181,7 @@ def test_system_prompt_and_explicit_chat_template_switch(hf_home) -> None:
 
 def test_a_trainer_on_another_revision_refuses_to_join(hf_home, tmp_path) -> None:
     from helpers import wait_for
+
     from pulse_node.config import TrainerConfig
     from pulse_node.testing.inprocess import InProcessSwarm, node_version
 

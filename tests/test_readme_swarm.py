@@ -18,8 +18,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from helpers import wait_for
+
 from tests.test_net_dht import read_maddr_line
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]

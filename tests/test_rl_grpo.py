@@ -6,6 +6,7 @@ import copy
 
 import pytest
 import torch
+from helpers import tiny_solo
 
 from pulse_node.errors import WireError
 from pulse_node.rl.assign import BatchKey, assigned_problems
@@ -14,7 +15,6 @@ from pulse_node.rl.policy import build_policy
 from pulse_node.rl.rollout import Rollout
 from pulse_node.rl.sampler import RolloutWorker
 from pulse_node.rl.tasks import make_task_source
-from helpers import tiny_solo
 
 
 def make(cache_dir, **grpo):

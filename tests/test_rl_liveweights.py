@@ -9,10 +9,10 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
+from codec_strategies import mutate, realistic_bits
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from codec_strategies import mutate, realistic_bits
 from pulse_node.codec.header import pack_header, unpack_header
 from pulse_node.codec.inplace import Changes, apply_patch_inplace
 from pulse_node.codec.patch import make_patch

@@ -10,7 +10,10 @@ import pytest
 from pulse_node.errors import DataError
 from pulse_node.rl.config import ModelConfig, SamplingConfig, TaskConfig
 from pulse_node.rl.model_source import (
-    model_identity, model_report, resolve_model, use_chat_template,
+    model_identity,
+    model_report,
+    resolve_model,
+    use_chat_template,
 )
 from pulse_node.rl.settings import ModelMismatch, check_declared_model, check_settings, rollout_settings
 from pulse_node.testing.hf_cache import put_in_hub_cache

@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from helpers import tiny_solo
+
 from pulse_node.cli import main
 from pulse_node.configload import load_config
 from pulse_node.rl.config import SoloConfig
 from pulse_node.rl.solo import run_solo
-from helpers import tiny_solo
 
 ROOT = Path(__file__).resolve().parents[1]
 

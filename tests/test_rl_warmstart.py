@@ -7,10 +7,10 @@ session's ``warm_cache``).
 from __future__ import annotations
 
 import torch
+from helpers import tiny_solo
 
 from pulse_node.rl.policy import build_policy
 from pulse_node.rl.warmstart import cache_path
-from helpers import tiny_solo
 
 
 def params(policy) -> dict[str, torch.Tensor]:

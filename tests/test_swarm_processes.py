@@ -12,11 +12,11 @@ from __future__ import annotations
 import io
 
 import pytest
+from helpers import wait_for
 
 from pulse_node.config import SwarmConfig
 from pulse_node.daemon.status_model import StatusReport
 from pulse_node.swarm.launcher import LocalSwarm
-from helpers import wait_for
 from pulse_node.swarm.view import SwarmView
 
 pytestmark = pytest.mark.slow

@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import json
 import struct
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 import blake3
 import msgpack
@@ -55,7 +55,7 @@ class AnchorManifest:
         return msgpack.packb([self.layout, self.data_bytes, self.chunk_bytes, self.chunks], use_bin_type=True)
 
     @classmethod
-    def decode(cls, data: bytes) -> "AnchorManifest":
+    def decode(cls, data: bytes) -> AnchorManifest:
         """Parse hostile bytes; ``WireError`` unless well formed and self-consistent."""
         if len(data) > MAX_MANIFEST_BYTES:
             raise WireError(f"anchor manifest of {len(data)} bytes exceeds {MAX_MANIFEST_BYTES}")

@@ -11,8 +11,8 @@ them on demand from a node's store.
 
 from __future__ import annotations
 
-from pulse_node.chain.record import VersionRecord
 from pulse_node.chain.patchinfo import patch_hashes
+from pulse_node.chain.record import VersionRecord
 from pulse_node.codec.patch import apply_patch, make_patch
 from pulse_node.codec.state import State
 from pulse_node.errors import IntegrityError

@@ -21,9 +21,9 @@ from __future__ import annotations
 import logging
 import re
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping
 
 import msgpack
 

@@ -12,7 +12,6 @@ an identity multihash of the protobuf-encoded public key, so it *is* the key).
 from __future__ import annotations
 
 import functools
-
 import hashlib
 import logging
 import stat
@@ -49,17 +48,17 @@ class Identity:
         return f"Identity(key_id={self.key_id})"
 
     @classmethod
-    def generate(cls) -> "Identity":
+    def generate(cls) -> Identity:
         return cls(Ed25519PrivateKey.generate())
 
     @classmethod
-    def from_private_bytes(cls, raw: bytes) -> "Identity":
+    def from_private_bytes(cls, raw: bytes) -> Identity:
         if len(raw) != 32:
             raise ConfigError(f"an Ed25519 private key is 32 bytes, got {len(raw)}")
         return cls(Ed25519PrivateKey.from_private_bytes(raw))
 
     @classmethod
-    def load(cls, path: Path) -> "Identity":
+    def load(cls, path: Path) -> Identity:
         """Read a key file; ``ConfigError`` naming the file if it is missing or corrupt."""
         path = Path(path)
         try:
@@ -80,7 +79,7 @@ class Identity:
         return cls(key)
 
     @classmethod
-    def load_or_create(cls, path: Path) -> "Identity":
+    def load_or_create(cls, path: Path) -> Identity:
         """Load the key at ``path``, creating it (0600, atomically) if it does not exist."""
         path = Path(path)
         if path.exists():

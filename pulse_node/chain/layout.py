@@ -20,8 +20,8 @@ from __future__ import annotations
 import json
 import os
 import struct
+from collections.abc import Collection
 from pathlib import Path
-from typing import Collection
 
 from pulse_node.chain.record import VersionRecord, decode_record, encode_record
 from pulse_node.errors import StoreError, WireError

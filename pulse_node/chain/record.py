@@ -35,8 +35,9 @@ import hashlib
 import math
 import re
 import time
+from collections.abc import Collection
 from dataclasses import dataclass, fields
-from typing import Any, Collection
+from typing import Any
 
 import msgpack
 

@@ -65,7 +65,7 @@ def resolve(root: Path, kind: str, params: dict[str, Any]) -> Path | None:
     return None
 
 
-def store_resolver(root: Path, producer: "CatchupProducer | None" = None):
+def store_resolver(root: Path, producer: CatchupProducer | None = None):
     """A resolver bound to one store root; with ``producer``, missing catch-ups are made on demand.
 
     (The wire worker calls ``producer.request`` itself, on a thread, to keep its event loop

@@ -35,11 +35,20 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+from collections.abc import Collection
 from pathlib import Path
-from typing import Collection
 
-from pulse_node.chain.layout import (CATCHUP_DIR, CATCHUP_KEEP_BYTES, CATCHUP_KEEP_FILES, KINDS, is_temp,
-                                     prune_catchups, remove_quietly, state_metadata, store_path)
+from pulse_node.chain.layout import (
+    CATCHUP_DIR,
+    CATCHUP_KEEP_BYTES,
+    CATCHUP_KEEP_FILES,
+    KINDS,
+    is_temp,
+    prune_catchups,
+    remove_quietly,
+    state_metadata,
+    store_path,
+)
 from pulse_node.chain.patchinfo import patch_hashes
 from pulse_node.chain.record import VersionRecord, check_link, check_patch, encode_record, verify_record
 from pulse_node.chain.store_scan import DATA_KINDS, listdir, scan_store
@@ -90,7 +99,7 @@ class VersionStore:
             os.close(self._lock_fd)  # closing releases the flock
             self._lock_fd = None
 
-    def __enter__(self) -> "VersionStore":
+    def __enter__(self) -> VersionStore:
         return self
 
     def __exit__(self, *exc: object) -> None:

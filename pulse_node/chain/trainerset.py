@@ -32,13 +32,14 @@ import hashlib
 import logging
 import re
 from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import msgpack
 
-from pulse_node.chain.identity import Identity, key_of_peer_id, key_id_of, verify_signature
+from pulse_node.chain.identity import Identity, key_id_of, key_of_peer_id, verify_signature
 from pulse_node.errors import ConfigError, IntegrityError, WireError
 
 log = logging.getLogger("pulse.trust")
@@ -75,7 +76,7 @@ class Admission:
         return _SIGN_DOMAIN + msgpack.packb([ADMISSION_MAGIC, ADMISSION_FORMAT, self.run_id, self.key],
                                             use_bin_type=True)
 
-    def endorse(self, identity: Identity) -> "Admission":
+    def endorse(self, identity: Identity) -> Admission:
         """This admission with ``identity``'s endorsement added (replacing an earlier one of it)."""
         others = tuple(e for e in self.endorsements if e[0] != identity.public_key_hex)
         return replace(self, endorsements=(*others, (identity.public_key_hex, identity.sign(self.signing_bytes()))))
@@ -85,7 +86,7 @@ class Admission:
                               [[k, s] for k, s in self.endorsements]], use_bin_type=True)
 
     @classmethod
-    def decode(cls, data: bytes) -> "Admission":
+    def decode(cls, data: bytes) -> Admission:
         """Parse hostile bytes (size and shape caps); ``WireError`` if malformed. No signature check."""
         if not isinstance(data, (bytes, bytearray)) or len(data) > MAX_ADMISSION_BYTES:
             raise WireError(f"an admission is bytes of at most {MAX_ADMISSION_BYTES}")
@@ -184,7 +185,7 @@ class TrainerSet:
         self._rejected: OrderedDict[bytes, int] = OrderedDict()  # admission digest -> set size then
 
     @classmethod
-    def from_config(cls, chain: Any, *, run_id: str) -> "TrainerSet":
+    def from_config(cls, chain: Any, *, run_id: str) -> TrainerSet:
         """The set a node's ``[chain]`` config describes (reads ``trusted_trainers_path``)."""
         keys = list(chain.trusted_trainers)
         if chain.trusted_trainers_path is not None:

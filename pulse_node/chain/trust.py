@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter, OrderedDict, defaultdict
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 from pulse_node.chain.evidence import EvidenceBook, head_evidence
 from pulse_node.chain.identity import key_id_of, key_of_peer_id, peer_id_of_key

@@ -71,7 +71,7 @@ def bin_bounds(n_bins: int) -> tuple[np.ndarray, np.ndarray]:
     return low, nextra
 
 
-def gap_unbins_np(sym: np.ndarray, extra_reader: "BitReader") -> np.ndarray:
+def gap_unbins_np(sym: np.ndarray, extra_reader: BitReader) -> np.ndarray:
     """Inverse of ``gap_bins``: bin symbols plus extra bits (numpy reference of the fused decoders)."""
     n_bins = int(sym.max()) + 1 if sym.size else EXACT_BINS
     low, nextra = bin_bounds(max(n_bins, EXACT_BINS))

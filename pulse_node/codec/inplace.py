@@ -19,16 +19,23 @@ takes the same ``Changes`` as FP32 upcasts of the new bits.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 import numpy as np
 
 from pulse_node.codec import values as V
 from pulse_node.codec.header import PatchHeader, TensorEntry, unpack_header
 from pulse_node.codec.models import PatchModels
-from pulse_node.codec.patch import (_check_base, _decode_deltas, _decode_planes, _decode_positions, _map,
-                                    _payload, _split_stream)
+from pulse_node.codec.patch import (
+    _check_base,
+    _decode_deltas,
+    _decode_planes,
+    _decode_positions,
+    _map,
+    _payload,
+    _split_stream,
+)
 from pulse_node.codec.state import State, TensorBits
 from pulse_node.codec.statehash import state_hash
 from pulse_node.errors import BaseMismatchError, IntegrityError, PatchError
@@ -63,7 +70,7 @@ class Changes:
     def nbytes(self) -> int:
         return sum(c.nbytes for c in self.tensors.values())
 
-    def then(self, later: "Changes") -> "Changes":
+    def then(self, later: Changes) -> Changes:
         """One ``Changes`` for this step followed by ``later`` (whose base is this result): the
         union of positions, old bits from the first step that touched each, new bits from the last."""
         tensors = dict(self.tensors)

@@ -10,7 +10,7 @@ each element's model from its base exponent (``fused.decode_deltas_into``).
 from __future__ import annotations
 
 import threading
-from typing import Mapping
+from collections.abc import Mapping
 
 import numpy as np
 

@@ -28,20 +28,28 @@ but one that decodes cleanly yields a wrong state, so only skip verification for
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Mapping
 
 import msgpack
 import numpy as np
 
 from pulse_node.codec import values as V
-from pulse_node.codec.context import position_classes, choose_threshold, supports_context
+from pulse_node.codec.context import choose_threshold, position_classes, supports_context
 from pulse_node.codec.entropy import MAX_BINS, AnsDecoder, BitWriter, ans_encode, bin_bounds
 from pulse_node.codec.fused import RawBits, decode_deltas_into, decode_planes_into
+from pulse_node.codec.header import (
+    FORMAT_VERSION,
+    MODES,
+    Mode,
+    PatchHeader,
+    TensorEntry,
+    ValueTable,
+    pack_header,
+    unpack_header,
+)
 from pulse_node.codec.models import Key, PatchModels, delta_counts
-from pulse_node.codec.header import (FORMAT_VERSION, MODES, Mode, PatchHeader, TensorEntry, ValueTable,
-                                     pack_header, unpack_header)
 from pulse_node.codec.positions import decode_positions, encode_positions
 from pulse_node.codec.rans import encode_rows
 from pulse_node.codec.state import State, TensorBits

@@ -33,8 +33,18 @@ import msgpack
 import numpy as np
 
 from pulse_node.codec import kernels as K
-from pulse_node.codec.entropy import MAX_BINS, AnsDecoder, BitWriter, ans_encode, bin_bounds, categorical, \
-    gap_bins, geometric_freqs, group_by_label, n_gap_bins
+from pulse_node.codec.entropy import (
+    MAX_BINS,
+    AnsDecoder,
+    BitWriter,
+    ans_encode,
+    bin_bounds,
+    categorical,
+    gap_bins,
+    geometric_freqs,
+    group_by_label,
+    n_gap_bins,
+)
 from pulse_node.codec.fused import RawBits, decode_ranks
 from pulse_node.errors import PatchError
 
@@ -57,11 +67,11 @@ class Classes:
     background: int
 
     @classmethod
-    def single(cls, numel: int) -> "Classes":
+    def single(cls, numel: int) -> Classes:
         return cls(numel, np.zeros(0, np.int64), np.zeros(0, np.uint8), 0)
 
     @classmethod
-    def from_context(cls, context: np.ndarray, numel: int, background: int | None = None) -> "Classes":
+    def from_context(cls, context: np.ndarray, numel: int, background: int | None = None) -> Classes:
         """Partition by a per-element label array; the background defaults to a sampled mode."""
         ctx = np.asarray(context).reshape(-1)
         if ctx.size != numel:

@@ -11,9 +11,9 @@ Safetensors files are read and written with the ``safetensors`` library's framew
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
 
 import numpy as np
 
@@ -60,7 +60,7 @@ class TensorBits:
     def nbytes(self) -> int:
         return int(self.bits.nbytes)
 
-    def copy(self) -> "TensorBits":
+    def copy(self) -> TensorBits:
         return TensorBits(self.dtype, self.shape, self.bits.copy())
 
 

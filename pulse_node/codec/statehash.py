@@ -18,7 +18,7 @@ disk, so the state hash itself can be signed and trusted.
 from __future__ import annotations
 
 import struct
-from typing import Mapping
+from collections.abc import Mapping
 
 import blake3
 import numpy as np

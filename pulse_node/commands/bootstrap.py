@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
             signal.signal(sig, handler)
 
 
-def build_config(args: argparse.Namespace) -> "DhtConfig":
+def build_config(args: argparse.Namespace) -> DhtConfig:
     import pydantic
 
     from pulse_node.errors import ConfigError

@@ -14,11 +14,11 @@ from typing import Generic, TypeVar
 from pulse_node.chain.identity import Identity
 from pulse_node.chain.store import VersionStore
 from pulse_node.config import InferenceConfig, TrainerConfig
+from pulse_node.daemon.fanout import Fanout
 from pulse_node.daemon.status import NodeStatus
 from pulse_node.daemon.status_model import StandingReport
-from pulse_node.errors import PulseError
-from pulse_node.daemon.fanout import Fanout
 from pulse_node.daemon.transport import PeerInfo, Transport
+from pulse_node.errors import PulseError
 from pulse_node.net.dht_records import PeerStatus, Serves
 from pulse_node.net.standing import PUSH_UNKNOWN, VIEW_UNKNOWN, Standing
 

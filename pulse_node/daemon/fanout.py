@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import Counter
-from typing import Callable
+from collections.abc import Callable
 
 from pulse_node.daemon.transport import PeerInfo, Transport, push_to_all
 from pulse_node.errors import PulseError

@@ -18,9 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from pulse_node import __version__
-from pulse_node.chain.identity import Identity
+from pulse_node.chain.anchor import Piece
+from pulse_node.chain.identity import Identity, peer_id_of_key
+from pulse_node.chain.trainerset import TrainerSet
 from pulse_node.config import RoleConfig, TrainerConfig
-from pulse_node.daemon.transport import DataPlane, FetchParams, PeerInfo
+from pulse_node.daemon.transport import AnchorFetch, DataPlane, FetchParams, PeerInfo
 from pulse_node.errors import PulseError, WireError
 from pulse_node.net import spool
 from pulse_node.net.dht_client import DhtClient, DhtConfig
@@ -28,10 +30,6 @@ from pulse_node.net.dht_records import NEWCOMERS_READ, PeerCounters, PeerStatus
 from pulse_node.net.wire_client import WireClient, WireConfig
 from pulse_node.net.wire_protocol import PUSH_CAPS
 from pulse_node.vocab import Event, FetchKind, PushKind, check_fetch_kind, check_push_kind
-from pulse_node.chain.anchor import Piece
-from pulse_node.chain.identity import peer_id_of_key
-from pulse_node.chain.trainerset import TrainerSet
-from pulse_node.daemon.transport import AnchorFetch
 
 log = logging.getLogger("pulse.p2p")
 
@@ -57,7 +55,7 @@ class P2PTransport:
         self._told_standing: set[str] | None = None
 
     @classmethod
-    def create(cls, cfg: RoleConfig, identity: Identity, store_root: Path) -> "P2PTransport":
+    def create(cls, cfg: RoleConfig, identity: Identity, store_root: Path) -> P2PTransport:
         """Start both workers (wire first: it is local-only and fails fast)."""
         data = Path(cfg.data_dir)
         trainer = cfg.role == "trainer"

@@ -20,10 +20,11 @@ one contract, checked on both by ``tests/test_net_transport_contract.py``:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import Protocol
 
 from pulse_node.chain.anchor import Piece
 from pulse_node.daemon.status_model import DataPlane
@@ -110,7 +111,7 @@ class AnchorFetch:
 MAX_PARALLEL_PUSHES = 8
 
 
-def push_to_all(transport: "Transport", peers: list[PeerInfo], kind: PushKind, data: bytes, *, timeout: float,
+def push_to_all(transport: Transport, peers: list[PeerInfo], kind: PushKind, data: bytes, *, timeout: float,
                 on_error: Callable[[PeerInfo, PulseError], None] | None = None) -> int:
     """Push ``data`` to every peer at once, best effort; returns how many pushes failed.
 

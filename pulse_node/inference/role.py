@@ -13,15 +13,15 @@ from __future__ import annotations
 
 from pulse_node.chain.record import encode_record
 from pulse_node.config import InferenceConfig
-from pulse_node.errors import PulseError
 from pulse_node.daemon.context import RoleContext
-from pulse_node.daemon.status_model import VersionEntry
-from pulse_node.inference.syncer import VersionSync
 from pulse_node.daemon.evidence_plane import EvidencePlane, node_trust
+from pulse_node.daemon.status_model import VersionEntry
+from pulse_node.errors import PulseError
+from pulse_node.inference.syncer import VersionSync
 from pulse_node.rl.assign import BatchKey
 from pulse_node.rl.config import GRPOConfig
-from pulse_node.rl.policy import build_policy
 from pulse_node.rl.liveweights import LiveWeights
+from pulse_node.rl.policy import build_policy
 from pulse_node.rl.rollout import encode_rollouts
 from pulse_node.rl.sampler import RolloutWorker
 from pulse_node.rl.settings import SettingsMismatch, check_settings, settings_of

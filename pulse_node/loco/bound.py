@@ -28,8 +28,9 @@ swarm must use the same ``grpo.lr``, ``grpo.betas``, ``grpo.weight_decay`` and `
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -69,7 +70,7 @@ class PayloadBound:
     relative: float
 
     @classmethod
-    def of(cls, loco: LocoConfig, *, lr: float, betas: tuple[float, float], weight_decay: float) -> "PayloadBound":
+    def of(cls, loco: LocoConfig, *, lr: float, betas: tuple[float, float], weight_decay: float) -> PayloadBound:
         h, a, wd = loco.inner_steps, adam_factor(*betas), weight_decay
         placement = loco.outer_lr / (1.0 - loco.outer_momentum) if loco.outer_placement == "trainer" else 1.0
         outer_move = loco.outer_lr * (1.0 + loco.outer_momentum) / (1.0 - loco.outer_momentum)
@@ -80,7 +81,7 @@ class PayloadBound:
                    relative=m * (placement * h * lr * wd + carry))
 
     @classmethod
-    def of_trainer(cls, cfg: Any) -> "PayloadBound":
+    def of_trainer(cls, cfg: Any) -> PayloadBound:
         """The bound of a trainer config (``cfg.loco``, ``cfg.grpo``)."""
         g = cfg.grpo
         return cls.of(cfg.loco, lr=g.lr, betas=tuple(g.betas), weight_decay=g.weight_decay)

@@ -18,16 +18,17 @@ before parsing, msgpack limits bound every allocation, and anything undeclared r
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, fields
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 import blake3
 import msgpack
 
 from pulse_node.chain.identity import Identity, verify_signature
 from pulse_node.errors import IntegrityError, WireError
-from pulse_node.vocab import RUN_ID_RULE, is_run_id
 from pulse_node.loco.payload import MAX_TRAINER_ID
+from pulse_node.vocab import RUN_ID_RULE, is_run_id
 
 DECISION_MAGIC = "pulseloco/decision"
 DECISION_FORMAT = 1

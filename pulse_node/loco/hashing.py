@@ -8,7 +8,7 @@ canonical encoding of a ``State``) on zero-copy ``TensorBits`` views of the tens
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 import numpy as np
 import torch

@@ -33,8 +33,9 @@ and raises ``pulse_node.errors.WireError`` on anything else.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import msgpack
 import numpy as np

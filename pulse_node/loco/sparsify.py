@@ -30,7 +30,7 @@ rounding of ``excess + sent`` per clipped entry.
 from __future__ import annotations
 
 import math
-from typing import Mapping
+from collections.abc import Mapping
 
 import numpy as np
 import torch
@@ -91,9 +91,9 @@ class ErrorFeedback:
             d.copy_(v)
         d.mul_(cfg.outer_lr)
 
-    def _split(self, name: str, g: torch.Tensor, l: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+    def _split(self, name: str, g: torch.Tensor, local: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
         s, e = self._scratch("s", name), self.e[name]
-        torch.sub(g, l, out=s)  # d
+        torch.sub(g, local, out=s)  # d
         if self.v:
             self._outer_step(name, s)  # u
         torch.add(e, s, out=s)  # s = e + d (or e + u)
@@ -144,10 +144,10 @@ class ErrorFeedback:
         tensors, numel = {}, {}
         self.clipped = 0
         for name in self.shapes:
-            g, l = global_params[name].detach(), local_params[name].detach()
-            if g.dtype != torch.float32 or l.dtype != torch.float32:
+            g, local = global_params[name].detach(), local_params[name].detach()
+            if g.dtype != torch.float32 or local.dtype != torch.float32:
                 raise TypeError(f"{name}: PULSELoCo needs FP32 global and local weights")
-            tensors[name] = self._split(name, g, l)
+            tensors[name] = self._split(name, g, local)
             numel[name] = int(g.numel())
         self._pending = (round, trainer_id)
         return LocoPayload(round=round, trainer_id=trainer_id, base_hash=base_hash,

@@ -67,7 +67,7 @@ class DhtClient(WorkerClient[DhtConfig]):
 
     @classmethod
     def start(cls, config: DhtConfig, *, log_path: Path | None = None,
-              start_timeout: float | None = None) -> "DhtClient":
+              start_timeout: float | None = None) -> DhtClient:
         """Start the worker and wait until it has joined; ``DhtStartError`` explains a failure."""
         timeout = start_timeout if start_timeout is not None else config.bootstrap_timeout_s + START_SLACK_S
         return super().start(config, log_path=log_path, start_timeout=timeout)

@@ -35,10 +35,11 @@ import asyncio
 import logging
 import time
 from collections import defaultdict
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Awaitable, Callable, ClassVar
+from typing import Any, ClassVar
 
 from pulse_node.errors import PeerUnavailable, UnsupportedVersion, WireError
 from pulse_node.net import wire_protocol as wp

@@ -24,7 +24,8 @@ This module is pure (pydantic + msgpack): the node imports it without hivemind.
 from __future__ import annotations
 
 import hashlib
-from typing import Annotated, Any, Callable, Literal, Sequence, TypeVar
+from collections.abc import Callable, Sequence
+from typing import Annotated, Any, Literal, TypeVar
 
 import msgpack
 import pydantic
@@ -112,7 +113,7 @@ class PeerRecord(PeerStatus):
     leaving: bool = False
 
     @pydantic.model_validator(mode="after")
-    def _claims_bound_to_peer_id(self) -> "PeerRecord":
+    def _claims_bound_to_peer_id(self) -> PeerRecord:
         """The announced key is the one the peer id encodes; every address names this peer."""
         try:
             key = key_of_peer_id(self.peer_id)

@@ -30,15 +30,24 @@ import secrets
 import sys
 import tempfile
 import time
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable, Literal
+from typing import Any, Literal
 
 from pulse_node.errors import WireError
 from pulse_node.net.dht_push import PushPlane
 from pulse_node.net.dht_records import (
-    MAX_PEERS_READ, MAX_TTL_S, MIN_TTL_S, DhtInfo, PeerRecord, PeerStatus, address_range, dht_key,
-    select_peer_records, validate_tree,
+    MAX_PEERS_READ,
+    MAX_TTL_S,
+    MIN_TTL_S,
+    DhtInfo,
+    PeerRecord,
+    PeerStatus,
+    address_range,
+    dht_key,
+    select_peer_records,
+    validate_tree,
 )
 from pulse_node.net.rpc_server import Service, StartFailed, rpc, run_worker
 from pulse_node.net.spool import Spool

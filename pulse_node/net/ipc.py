@@ -147,7 +147,7 @@ class RpcClient:
         except WireError as exc:
             self.broken = True
             raise RpcError(f"{method}: unreadable reply ({exc})") from None
-        except (TimeoutError, socket.timeout):
+        except TimeoutError:
             self.broken = True
             raise RpcError(f"{method}: no answer within {timeout:.1f}s") from None
         except (ConnectionError, OSError) as exc:

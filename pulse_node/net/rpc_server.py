@@ -29,10 +29,11 @@ import os
 import signal
 import sys
 import typing
-from contextlib import AsyncExitStack
+from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from functools import partial
 from pathlib import Path
-from typing import Any, AsyncContextManager, Awaitable, Callable, TypeVar
+from typing import Any, TypeVar
 
 import anyio
 import anyio.abc
@@ -259,7 +260,7 @@ async def _serve_until_stopped(args: argparse.Namespace, service: Service, paren
 
 
 async def _amain(name: str, args: argparse.Namespace, config: Any,
-                 open_service: Callable[[Any], AsyncContextManager[Service]]) -> int:
+                 open_service: Callable[[Any], AbstractAsyncContextManager[Service]]) -> int:
     parent = os.getppid()
     try:
         async with AsyncExitStack() as stack:
@@ -298,7 +299,7 @@ def setup_logging(name: str, level: str) -> None:
     logging.getLogger("hivemind").setLevel(logging.DEBUG if level.upper() == "DEBUG" else logging.WARNING)
 
 
-def run_worker(name: str, config_type: type[C], open_service: Callable[[C], AsyncContextManager[Service]], *,
+def run_worker(name: str, config_type: type[C], open_service: Callable[[C], AbstractAsyncContextManager[Service]], *,
                backend: str, argv: list[str] | None = None) -> int:
     """Parse the CLI, load and validate the config, serve ``open_service(config)`` on ``backend``."""
     args = parse_args(name, argv)

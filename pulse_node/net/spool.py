@@ -47,7 +47,7 @@ class Spool:
     def __post_init__(self) -> None:
         object.__setattr__(self, "directory", Path(self.directory).resolve())
 
-    def prepare(self) -> "Spool":
+    def prepare(self) -> Spool:
         """Create the directory (mode 0700) or tighten an existing one; remove files of an earlier run."""
         self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         os.chmod(self.directory, 0o700)

@@ -92,8 +92,8 @@ class WireStruct:
     def __post_init__(self) -> None:
         for f in fields(self):
             _check(f.name, getattr(self, f.name), self.SPEC[f.name])
-        if getattr(self, "v") != WIRE_VERSION:
-            raise UnsupportedVersion(f"unsupported wire version {getattr(self, 'v')} (this peer speaks {WIRE_VERSION})")
+        if self.v != WIRE_VERSION:
+            raise UnsupportedVersion(f"unsupported wire version {self.v} (this peer speaks {WIRE_VERSION})")
 
     def encode(self) -> bytes:
         """The framed struct: length prefix + msgpack map."""
@@ -103,7 +103,7 @@ class WireStruct:
         return _LEN.pack(len(body)) + body
 
     @classmethod
-    def decode(cls, body: bytes) -> "WireStruct":
+    def decode(cls, body: bytes) -> WireStruct:
         """Parse and validate a frame body; ``WireError`` on anything undeclared."""
         if len(body) > cls.CAP:
             raise WireError(f"{cls.__name__} of {len(body)} bytes exceeds {cls.CAP}")

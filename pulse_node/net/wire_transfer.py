@@ -289,7 +289,7 @@ class PartialMap:
         write_atomic(path, msgpack.packb(asdict(self), use_bin_type=True), durable=False)
 
     @classmethod
-    def load(cls, path: Path, *, size: int, chunk: int, digest: str, n: int) -> "PartialMap | None":
+    def load(cls, path: Path, *, size: int, chunk: int, digest: str, n: int) -> PartialMap | None:
         """The saved map if it describes the same download (``n`` chunks), else None (start fresh)."""
         try:
             msg = msgpack.unpackb(path.read_bytes(), raw=False)

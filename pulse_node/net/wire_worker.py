@@ -32,10 +32,11 @@ import logging
 import os
 import sys
 import time
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable
+from typing import Any
 
 import multiaddr
 import trio
@@ -53,8 +54,17 @@ from pulse_node.chain.catchup_producer import CatchupProducer
 from pulse_node.errors import BusyError, ConfigError, PulseError, UnsupportedVersion, WireError
 from pulse_node.net import wire_protocol as wp
 from pulse_node.net import wire_transfer as wt
-from pulse_node.net.budget import (BULK_KINDS, BulkBudget, CatchupBudget, Members, Refusals, Refused, SlowPeer,
-                                   StreamPools, PushShares)
+from pulse_node.net.budget import (
+    BULK_KINDS,
+    BulkBudget,
+    CatchupBudget,
+    Members,
+    PushShares,
+    Refusals,
+    Refused,
+    SlowPeer,
+    StreamPools,
+)
 from pulse_node.net.inbox import Inbox
 from pulse_node.net.rpc_server import Service, rpc, run_worker
 from pulse_node.net.worker_config import WireConfig

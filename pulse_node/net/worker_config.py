@@ -69,7 +69,7 @@ class DhtConfig(StrictModel):
         return peers
 
     @model_validator(mode="after")
-    def _spool_budget(self) -> "DhtConfig":
+    def _spool_budget(self) -> DhtConfig:
         if self.spool_disk_bytes < self.spool_max_push_bytes:
             raise ValueError(f"spool_disk_bytes ({self.spool_disk_bytes}) must hold one push of "
                              f"spool_max_push_bytes ({self.spool_max_push_bytes})")

@@ -16,8 +16,8 @@ from typing import Any
 from rich.console import Console
 from rich.live import Live
 
-from pulse_node.ops.render import render
 from pulse_node.errors import PulseError
+from pulse_node.ops.render import render
 from pulse_node.ops.snapshot import Alert, NodeInput, SwarmSnapshot, build_snapshot
 from pulse_node.ops.sources import DhtSource, bootstrap_address, read_run_dir
 

@@ -18,15 +18,23 @@ from __future__ import annotations
 
 import tempfile
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from pulse_node.errors import PulseError
 from pulse_node.ops.checks import (
-    Check, address_scope, check_accelerator, check_dependencies, check_disk, check_import, check_python,
-    run_probes, timed,
+    Check,
+    address_scope,
+    check_accelerator,
+    check_dependencies,
+    check_disk,
+    check_import,
+    check_python,
+    run_probes,
+    timed,
 )
 from pulse_node.vocab import DEFAULT_RUN_ID
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import io
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 from rich import box
 from rich.console import Console, Group, RenderableType

@@ -7,7 +7,7 @@ sender is named as the dashboard names the node when one of its statuses has tha
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import pydantic
 

@@ -14,8 +14,9 @@ identities, lagging, stale or dead nodes, statuses of an unknown schema). ``puls
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Mapping, Sequence
+from typing import Any, Literal
 
 import pydantic
 

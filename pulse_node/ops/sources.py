@@ -26,9 +26,10 @@ import socket
 import tempfile
 import time
 import urllib.parse
+from collections.abc import Callable, Collection, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable, Collection, Mapping
+from typing import Any
 
 from pulse_node.daemon.status_model import StatusReport, StatusSchemaError, parse_status, read_status
 from pulse_node.errors import PulseError

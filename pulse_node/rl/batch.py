@@ -6,9 +6,9 @@ log-probs the same way the sampler does (same positions, same temperature scalin
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterator, Mapping, Sequence
 
 import numpy as np
 import torch

@@ -33,7 +33,7 @@ class ModelConfig(StrictModel):
     cache_dir: str = pydantic.Field(default_factory=default_cache_dir)  # warm-start cache
 
     @pydantic.model_validator(mode="after")
-    def _check(self) -> "ModelConfig":
+    def _check(self) -> ModelConfig:
         if self.kind == "hf" and not self.path:
             raise ValueError("model.kind='hf' needs model.path (a local directory or a hub id like Org/Name)")
         if self.d_model % self.n_heads:
@@ -61,7 +61,7 @@ class TaskConfig(StrictModel):
     seed: int = 1234  # fixes the held-out split; independent of the run seed
 
     @pydantic.model_validator(mode="after")
-    def _check(self) -> "TaskConfig":
+    def _check(self) -> TaskConfig:
         if self.kind == "jsonl" and not self.path:
             raise ValueError("task.kind='jsonl' needs task.path")
         if not self.ops or set(self.ops) - set("+-*"):
@@ -151,7 +151,7 @@ class SoloConfig(StrictModel):
     threads: int | None = pydantic.Field(None, ge=1)  # torch intra-op threads (None = default)
 
     @pydantic.model_validator(mode="after")
-    def _check(self) -> "SoloConfig":
+    def _check(self) -> SoloConfig:
         if self.sync_every - 1 > self.grpo.max_staleness:
             raise ValueError(f"sync_every={self.sync_every} makes rollouts up to {self.sync_every - 1} versions old, "
                              f"but grpo.max_staleness={self.grpo.max_staleness} drops them: raise grpo.max_staleness")

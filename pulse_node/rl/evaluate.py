@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from pulse_node.rl.config import SamplingConfig
 from pulse_node.rl.tasks import Problem

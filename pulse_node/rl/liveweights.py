@@ -24,8 +24,8 @@ from __future__ import annotations
 import os
 import weakref
 from collections import deque
+from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import Iterable, Mapping
 
 import numpy as np
 import torch

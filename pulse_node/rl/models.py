@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import inspect
 import math
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 import torch.nn as nn

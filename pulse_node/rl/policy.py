@@ -20,8 +20,8 @@ not trained) is refused, because nodes could silently hold different values of i
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 import torch
 

@@ -15,14 +15,14 @@ weights' version.
 from __future__ import annotations
 
 import copy
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
+from pulse_node.codec.inplace import Move
 from pulse_node.codec.state import State
 from pulse_node.rl.assign import BatchKey, assigned_problems
 from pulse_node.rl.config import SamplingConfig
-from pulse_node.codec.inplace import Move
 from pulse_node.rl.liveweights import LiveWeights
 from pulse_node.rl.models import HFLM, TinyLM
 from pulse_node.rl.policy import check_prompts

@@ -39,7 +39,7 @@ bench/rollout_honest.py counts the honest rollouts that had such a choice.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import blake3
 import numpy as np

@@ -23,9 +23,10 @@ from __future__ import annotations
 import json
 import random
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Literal, Protocol
+from typing import Literal, Protocol
 
 from pulse_node.errors import ConfigError, DataError
 from pulse_node.rl.answers import answers_equal, boxed_contents, extract_answer, format_ok, numbers_equal

@@ -38,8 +38,8 @@ from __future__ import annotations
 import copy
 import os
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import blake3
 import numpy as np
@@ -306,7 +306,7 @@ class Recomputed:
 
     @classmethod
     def of(cls, *, gap: np.ndarray, closest: np.ndarray, logp: np.ndarray, claimed: np.ndarray,
-           sizes: np.ndarray) -> "Recomputed":
+           sizes: np.ndarray) -> Recomputed:
         starts = np.cumsum(sizes) - sizes
         flat = logp.astype(np.float64).tolist()
         return cls(gap=np.maximum.reduceat(gap, starts), closest=np.minimum.reduceat(closest, starts),
@@ -314,11 +314,11 @@ class Recomputed:
                    logprobs=[flat[a:a + n] for a, n in zip(starts, sizes)], token_gaps=np.split(gap, starts[1:]))
 
     @classmethod
-    def empty(cls) -> "Recomputed":
+    def empty(cls) -> Recomputed:
         return cls(np.zeros(0), np.zeros(0), np.zeros(0), [], [])
 
     @classmethod
-    def join(cls, parts: list["Recomputed"]) -> "Recomputed":
+    def join(cls, parts: list[Recomputed]) -> Recomputed:
         return cls(*(np.concatenate([getattr(p, f) for p in parts]) for f in ("gap", "closest", "claim_off")),
                    [x for p in parts for x in p.logprobs], [x for p in parts for x in p.token_gaps])
 

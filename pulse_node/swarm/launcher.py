@@ -17,9 +17,10 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import tomli_w
 
@@ -30,6 +31,7 @@ from pulse_node.errors import PulseError
 from pulse_node.ops.snapshot import NodeInput, SwarmSnapshot, build_snapshot
 from pulse_node.ops.sources import read_node_dir
 from pulse_node.swarm.summary import swarm_summary
+
 
 @dataclass
 class Child:

@@ -10,7 +10,7 @@ it writes where every node is instead, so a silent log always means a stuck swar
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from pulse_node.ops.render import human_bytes
 from pulse_node.ops.snapshot import FIRST_PATCH_VERSION, SwarmSnapshot, VersionView

@@ -18,8 +18,8 @@ from typing import Any
 from pulse_node.chain.anchor import header_length
 from pulse_node.chain.identity import Identity, peer_id_of_key
 from pulse_node.chain.serving import resolve
-from pulse_node.fsutil import write_atomic
 from pulse_node.daemon.transport import PeerInfo
+from pulse_node.fsutil import write_atomic
 from pulse_node.net.dht_records import PeerStatus, Serves
 
 LIES = ("oversize", "bad_chunk", "bad_header")

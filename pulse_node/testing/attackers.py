@@ -15,10 +15,11 @@ import os
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from pulse_node.errors import PulseError
 from pulse_node.net.dht_records import PeerRecord, PeerStatus, Serves

@@ -16,8 +16,9 @@ import random
 import sys
 import time
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from pulse_node.config import SwarmConfig
 from pulse_node.daemon.status_model import StatusReport

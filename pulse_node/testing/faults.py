@@ -16,9 +16,10 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from pulse_node.daemon.transport import AnchorFetch, DataPlane, FetchParams, PeerInfo, Transport
 from pulse_node.errors import PulseError, WireError
@@ -49,7 +50,7 @@ class FaultRates:
     only_peers: tuple[str, ...] = ()
 
     @classmethod
-    def from_config(cls, cfg: "FaultConfig") -> "FaultRates":
+    def from_config(cls, cfg: FaultConfig) -> FaultRates:
         return cls(drop=cfg.drop, duplicate=cfg.duplicate, reorder=cfg.reorder, delay=cfg.delay,
                    corrupt=cfg.corrupt, max_delay_s=cfg.max_delay_s, spare_kinds=tuple(cfg.spare_kinds))
 
@@ -186,7 +187,7 @@ class FaultyTransport:
         self.inner.close()
 
 
-def faulty_factory(make: Callable[..., Transport], cfg: "FaultConfig") -> Callable[..., Transport]:
+def faulty_factory(make: Callable[..., Transport], cfg: FaultConfig) -> Callable[..., Transport]:
     """``make`` (a ``run_node`` transport factory) whose transport faults its own data plane at
     ``cfg``'s rates, seeded per peer; warns loudly on stderr (the node's log) when it starts."""
     rates = FaultRates.from_config(cfg)

@@ -15,8 +15,8 @@ import asyncio
 import os
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from pulse_node.chain.identity import Identity
 from pulse_node.net.dht_records import CLOCK_SLACK_S, PeerRecord, Serves, dht_key

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import copy
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from pulse_node.chain.trainerset import TrainerSet
 from pulse_node.chain.trust import TrustPolicy

@@ -18,8 +18,9 @@ from __future__ import annotations
 import os
 import socket
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from pulse_node.testing.attackers import ATTACKS, SYBILS, Hostile, _loop
 

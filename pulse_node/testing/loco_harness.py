@@ -22,8 +22,9 @@ All replicas end every round bit-identical (``RoundRecord.hashes``); nothing re-
 
 from __future__ import annotations
 
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
-from typing import Callable, Collection, Mapping, Protocol
+from typing import Protocol
 
 import torch
 

@@ -19,8 +19,9 @@ import dataclasses
 import os
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 FAR_VERSION = 10**12 - 1
 

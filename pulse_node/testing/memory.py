@@ -14,8 +14,9 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import blake3
 
@@ -25,7 +26,6 @@ from pulse_node.errors import BusyError, IntegrityError, NotFound, PeerBusy, Pee
 from pulse_node.fsutil import write_atomic
 from pulse_node.net.dht_records import PeerStatus
 from pulse_node.vocab import Event, FetchKind, PushKind, check_fetch_kind, check_push_kind
-
 
 Resolver = Callable[[str, dict[str, Any]], "Path | None"]
 
@@ -40,7 +40,7 @@ class MemoryHub:
         self.inboxes: dict[str, deque[Event]] = {}
         self.down: set[str] = set()
 
-    def join(self, peer_id: str, resolver: Resolver) -> "MemoryTransport":
+    def join(self, peer_id: str, resolver: Resolver) -> MemoryTransport:
         with self.lock:
             self.resolvers[peer_id] = resolver
             self.inboxes[peer_id] = deque(maxlen=4096)

@@ -52,22 +52,22 @@ import enum
 import shutil
 import threading
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
-from pulse_node.chain.serving import LOCO_DIR, loco_decision_path, loco_payload_path
+from pulse_node.chain.serving import LOCO_DIR, loco_payload_path
 from pulse_node.chain.trust import TrustPolicy
-from pulse_node.errors import BaseMismatchError, IntegrityError, PulseError, WireError
-from pulse_node.fsutil import write_atomic
-from pulse_node.loco.decision import (MAX_DECISION_BYTES, RoundDecision, encode_decision, make_decision,
-                                      payload_digest)
-from pulse_node.loco.bound import PayloadBound, PayloadBoundError, max_payload_bytes
-from pulse_node.loco.payload import LocoPayload, decode_payload, read_header
 from pulse_node.config import TrainerConfig
 from pulse_node.daemon.context import RoleContext
 from pulse_node.daemon.evidence_plane import node_trust
 from pulse_node.daemon.transport import PeerInfo, push_to_all
+from pulse_node.errors import BaseMismatchError, IntegrityError, PulseError, WireError
+from pulse_node.fsutil import write_atomic
+from pulse_node.loco.bound import PayloadBound, PayloadBoundError, max_payload_bytes
+from pulse_node.loco.decision import MAX_DECISION_BYTES, RoundDecision, encode_decision, make_decision, payload_digest
+from pulse_node.loco.payload import LocoPayload, decode_payload, read_header
 from pulse_node.trainer.decisions import DecisionIntake, coordinator_order
 from pulse_node.trainer.round_trust import RoundTrust
 

@@ -35,15 +35,16 @@ ones from other coordinators are counted as ``decision_conflicts`` and ignored) 
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import blake3
 
 from pulse_node.chain.identity import key_id_of
+from pulse_node.chain.serving import loco_decision_path
 from pulse_node.errors import IntegrityError, PulseError
 from pulse_node.fsutil import write_atomic
-from pulse_node.chain.serving import loco_decision_path
 from pulse_node.loco.bound import PayloadBoundError
 from pulse_node.loco.decision import MAX_DECISION_BYTES, RoundDecision, decode_decision, verify_decision
 
@@ -170,7 +171,7 @@ class DecisionIntake:
 
     def _replay_parked(self, r: int) -> None:
         """Look again at the parked decisions of round ``r`` (their turn may have come)."""
-        for coordinator, (d, data) in sorted(self.parked.get(r, {}).items(), key=lambda kv: kv[0].encode()):
+        for _coordinator, (d, data) in sorted(self.parked.get(r, {}).items(), key=lambda kv: kv[0].encode()):
             if r in self.decisions:
                 return
             if self._standing(d) is None and self._accept(d, data):

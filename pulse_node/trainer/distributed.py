@@ -43,8 +43,8 @@ from torch import nn
 
 from pulse_node.codec.state import State
 from pulse_node.config import TrainerConfig
-from pulse_node.loco.config import LocoConfig
 from pulse_node.loco.bound import PayloadBound
+from pulse_node.loco.config import LocoConfig
 from pulse_node.loco.outer import OuterOptimizer
 from pulse_node.loco.payload import LocoPayload
 from pulse_node.loco.sparsify import ErrorFeedback
@@ -55,8 +55,14 @@ from pulse_node.rl.rollout import Rollout
 from pulse_node.rl.sampler import RolloutWorker
 from pulse_node.torchbits import load_state
 from pulse_node.trainer.ranks import Ranks
-from pulse_node.trainer.shards import (ShardLayout, combine_payloads, gather_rows, offset_tensors, scatter_rows,
-                                       slice_payload)
+from pulse_node.trainer.shards import (
+    ShardLayout,
+    combine_payloads,
+    gather_rows,
+    offset_tensors,
+    scatter_rows,
+    slice_payload,
+)
 
 log = logging.getLogger("pulse.ranks")
 
@@ -230,7 +236,7 @@ def combine_stats(parts: list[dict]) -> dict[str, float]:
 class ShardedOuter(OuterOptimizer):
     """Rank 0's whole FP32 global weights and momentum; ``apply`` runs the step on the shards."""
 
-    def __init__(self, params: dict[str, torch.Tensor], cfg: LocoConfig, *, engine: "DistributedEngine") -> None:
+    def __init__(self, params: dict[str, torch.Tensor], cfg: LocoConfig, *, engine: DistributedEngine) -> None:
         super().__init__(params, cfg)
         self._engine = engine
 

@@ -17,8 +17,9 @@ it, so one member announcing (and serving) a far version is never adopted.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from pulse_node.chain.identity import peer_id_of_key
 from pulse_node.chain.record import MAX_RECORD_BYTES, decode_record

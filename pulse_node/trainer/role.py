@@ -187,7 +187,7 @@ class TrainerRole:
             self.ctx.store.discard_from(0)
         self.ctx.store.put_current(record, state)
 
-    def _fetch_trainer_state(self, peer) -> tuple[dict, "VersionRecord"]:
+    def _fetch_trainer_state(self, peer) -> tuple[dict, VersionRecord]:
         if not any(p.peer_id == peer.peer_id for p in self._member_trainers()):
             raise IntegrityError(f"{peer.peer_id[:12]} is not a member of the trainer set")
         dest = self.ctx.store.root / f".trainer-state-{peer.peer_id[:16]}.part"

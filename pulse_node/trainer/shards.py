@@ -17,7 +17,7 @@ entry maps between a shard and the whole tensor by adding or subtracting ``start
 from __future__ import annotations
 
 import math
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import torch
