@@ -35,32 +35,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-NS_A, NS_B = "pulse-shA", "pulse-shB"
-IP_A, IP_B = "10.231.77.1", "10.231.77.2"
-RATES = {"100mbit": 100e6 / 8, "1gbit": 1e9 / 8}
+from bench.netns_link import RATES, VethPair  # noqa: E402
 
-
-def sh(*cmd: str, check: bool = True) -> None:
-    subprocess.run(cmd, check=check, capture_output=True)
-
-
-def netns_up(rate: str) -> None:
-    netns_down()
-    sh("ip", "netns", "add", NS_A)
-    sh("ip", "netns", "add", NS_B)
-    sh("ip", "link", "add", "pshA0", "type", "veth", "peer", "name", "pshB0")
-    for ns, dev, ip in ((NS_A, "pshA0", IP_A), (NS_B, "pshB0", IP_B)):
-        sh("ip", "link", "set", dev, "netns", ns)
-        sh("ip", "netns", "exec", ns, "ip", "addr", "add", f"{ip}/30", "dev", dev)
-        sh("ip", "netns", "exec", ns, "ip", "link", "set", dev, "up")
-        sh("ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up")
-        sh("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", rate,
-           "burst", "1mb" if rate == "1gbit" else "256kb", "latency", "50ms")
-
-
-def netns_down() -> None:
-    for ns in (NS_A, NS_B):
-        sh("ip", "netns", "del", ns, check=False)
+LINK = VethPair("pulse-shA", "pulse-shB", "pshA0", "pshB0", "10.231.77.1", "10.231.77.2")
+NS_A, NS_B, IP_A, IP_B = LINK.ns_a, LINK.ns_b, LINK.ip_a, LINK.ip_b
+netns_up, netns_down = LINK.up, LINK.down
 
 
 def _copy_seconds(state) -> float:

@@ -42,33 +42,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-NS_A, NS_B = "pulse-syA", "pulse-syB"
-IP_A, IP_B = "10.231.78.1", "10.231.78.2"
-RATES = {"100mbit": 100e6 / 8, "1gbit": 1e9 / 8, "10gbit": 10e9 / 8}
+from bench.netns_link import RATES, VethPair  # noqa: E402
 
-
-def sh(*cmd: str, check: bool = True) -> None:
-    subprocess.run(cmd, check=check, capture_output=True)
-
-
-def netns_up(rate: str) -> None:
-    netns_down()
-    sh("ip", "netns", "add", NS_A)
-    sh("ip", "netns", "add", NS_B)
-    sh("ip", "link", "add", "psyA0", "type", "veth", "peer", "name", "psyB0")
-    for ns, dev, ip in ((NS_A, "psyA0", IP_A), (NS_B, "psyB0", IP_B)):
-        sh("ip", "link", "set", dev, "netns", ns)
-        sh("ip", "netns", "exec", ns, "ip", "addr", "add", f"{ip}/30", "dev", dev)
-        sh("ip", "netns", "exec", ns, "ip", "link", "set", dev, "up")
-        sh("ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up")
-        if rate != "10gbit":  # 10gbit: the bare veth
-            sh("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", rate,
-               "burst", "1mb" if rate == "1gbit" else "256kb", "latency", "50ms")
-
-
-def netns_down() -> None:
-    for ns in (NS_A, NS_B):
-        sh("ip", "netns", "del", ns, check=False)
+LINK = VethPair("pulse-syA", "pulse-syB", "psyA0", "psyB0", "10.231.78.1", "10.231.78.2")
+NS_A, NS_B, IP_A, IP_B = LINK.ns_a, LINK.ns_b, LINK.ip_a, LINK.ip_b
+netns_up, netns_down = LINK.up, LINK.down
 
 
 def rss_kb(field: str = "VmRSS") -> int:
