@@ -9,7 +9,9 @@ veth pair). Only addresses inside these namespaces are used.
 from __future__ import annotations
 
 import subprocess
+import time
 from dataclasses import dataclass
+from pathlib import Path
 
 #: link rates the benches know, in bytes per second ("10gbit": the bare veth, unshaped)
 RATES = {"100mbit": 100e6 / 8, "1gbit": 1e9 / 8, "10gbit": 10e9 / 8}
@@ -48,3 +50,14 @@ class VethPair:
     def down(self) -> None:
         for ns in (self.ns_a, self.ns_b):
             sh("ip", "netns", "del", ns, check=False)
+
+    def serve(self, store: Path, ready: Path, stop: Path) -> None:
+        """Run in namespace ``ns_a``: serve ``store`` on a wire worker at ``ip_a``, write its
+        address to ``ready``, until ``stop`` exists."""
+        from pulse_node.net.wire_client import WireClient, WireConfig
+
+        with WireClient.start(WireConfig(store=store, listen=[f"/ip4/{self.ip_a}/tcp/0"])) as wire:
+            me = wire.info()
+            ready.write_text(next(m for m in me.listen_maddrs if self.ip_a in m) + f"/p2p/{me.peer_id}")
+            while not stop.exists():
+                time.sleep(0.1)

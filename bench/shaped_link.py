@@ -121,16 +121,6 @@ def build_store(store: Path, *, d_model: int, layers: int, steps: int, size: str
     return info
 
 
-def serve(store: Path, ready: Path, stop: Path) -> None:
-    from pulse_node.net.wire_client import WireClient, WireConfig
-
-    with WireClient.start(WireConfig(store=store, listen=[f"/ip4/{IP_A}/tcp/0"])) as wire:
-        me = wire.info()
-        ready.write_text(next(m for m in me.listen_maddrs if IP_A in m) + f"/p2p/{me.peer_id}")
-        while not stop.exists():
-            time.sleep(0.1)
-
-
 def client(peer: str, store: Path, work: Path, signer: str, versions: int) -> dict:
     """Inference side: per version fetch+apply+verify; then the dense anchor of the last version."""
     from pulse_node.chain.record import check_patch, decode_record, verify_record
@@ -231,7 +221,7 @@ def main() -> None:
     ap.add_argument("--client", nargs=5, metavar=("PEER", "STORE", "WORK", "SIGNER", "VERSIONS"))
     args = ap.parse_args()
     if args.serve:
-        serve(Path(args.serve[0]), Path(args.serve[1]), Path(args.serve[2]))
+        LINK.serve(Path(args.serve[0]), Path(args.serve[1]), Path(args.serve[2]))
         return
     if args.client:
         peer, store, work, signer, versions = args.client

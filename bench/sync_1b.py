@@ -178,16 +178,6 @@ def local(store: Path, versions: int, *, rounds: int = 3) -> dict:
             "old_vs_new_total": mean["old_total_s"] / mean["new_total_s"]}
 
 
-def serve(store: Path, ready: Path, stop: Path) -> None:
-    from pulse_node.net.wire_client import WireClient, WireConfig
-
-    with WireClient.start(WireConfig(store=store, listen=[f"/ip4/{IP_A}/tcp/0"])) as wire:
-        me = wire.info()
-        ready.write_text(next(m for m in me.listen_maddrs if IP_A in m) + f"/p2p/{me.peer_id}")
-        while not stop.exists():
-            time.sleep(0.1)
-
-
 def client(peer: str, store: Path, work: Path, signer: str, versions: int) -> dict:
     """Inference side: the new path per version, every phase timed, peak RSS above the live model."""
     import torch  # noqa: F401  (part of the process before the model: the baseline)
@@ -292,7 +282,7 @@ def main() -> None:
     ap.add_argument("--client", nargs=5, metavar=("PEER", "STORE", "WORK", "SIGNER", "VERSIONS"))
     args = ap.parse_args()
     if args.serve:
-        serve(Path(args.serve[0]), Path(args.serve[1]), Path(args.serve[2]))
+        LINK.serve(Path(args.serve[0]), Path(args.serve[1]), Path(args.serve[2]))
         return
     if args.client:
         peer, store, work, signer, versions = args.client
