@@ -6,6 +6,8 @@ from __future__ import annotations
 import threading
 import time
 
+from helpers import wait_for
+
 from pulse_node.daemon.fanout import Fanout
 from pulse_node.daemon.transport import PeerInfo
 from pulse_node.errors import PeerUnavailable
@@ -128,16 +130,12 @@ def test_background_pushes_never_block_and_newer_heads_replace_waiting_ones() ->
     try:
         t0 = time.monotonic()
         fan.submit("head", b"v1", [peer("dead-1"), peer("ok")])
-        deadline = time.monotonic() + 10
-        while ("ok", b"v1") not in t.got and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_for(lambda: ("ok", b"v1") in t.got, timeout=10, what="v1 pushed to ok")
         fan.submit("head", b"v2", [peer("dead-1"), peer("ok")])  # v1's push to dead-1 still hangs
         fan.submit("head", b"v3", [peer("ok")])
         assert time.monotonic() - t0 < 5.0 and not fan.idle()  # submitting never waits on a peer
         t.release.set()
-        while not fan.idle() and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert fan.idle()
+        wait_for(fan.idle, timeout=10, what="the fan-out idle")
         assert [d for p, d in t.got if p == "ok"] == [b"v1", b"v3"]  # v2 was superseded while v1 was out
         assert fan.counts["superseded"] == 1 and failed == ["dead-1"]
     finally:

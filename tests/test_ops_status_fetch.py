@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from helpers import wait_for
 
 from pulse_node.ops.sources import MAX_STATUS_BYTES, fetch_status, statuses_of_peers
 
@@ -174,7 +175,6 @@ def test_remote_text_is_drawn_as_text_not_markup() -> None:
 def test_the_status_server_serves_with_a_bounded_pool() -> None:
     """Many idle connections hold at most the pool; the status still answers once they go."""
     import socket
-    import time
     import urllib.request
 
     from pulse_node.daemon.status import MAX_STATUS_THREADS, NodeStatus, StatusServer
@@ -182,9 +182,7 @@ def test_the_status_server_serves_with_a_bounded_pool() -> None:
     server = StatusServer(NodeStatus(role="trainer", peer_id=PID, run_id="r"), idle_timeout=120.0)  # the test closes them
     idle = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(MAX_STATUS_THREADS)]
     try:
-        deadline = time.monotonic() + 10
-        while server.busy() < MAX_STATUS_THREADS and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_for(lambda: server.busy() >= MAX_STATUS_THREADS, timeout=10, what="the pool full")
         threads = threading.active_count()
         extra = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(20)]
         for s in extra:  # refused at once: closed without an answer
@@ -194,8 +192,7 @@ def test_the_status_server_serves_with_a_bounded_pool() -> None:
         assert server.busy() == MAX_STATUS_THREADS and threading.active_count() <= threads  # no thread per refused one
         for s in idle:
             s.close()
-        while server.busy() and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_for(lambda: not server.busy(), timeout=10, what="the pool free")
         with urllib.request.urlopen(server.url + "/status", timeout=10) as resp:
             assert json.loads(resp.read())["peer_id"] == PID
     finally:
