@@ -18,7 +18,7 @@ Measured side by side in one run (the machine is shared and noisy; each figure i
 (``--params-m`` million FP32 weights, ``--density`` of them fired) pushed node to node, from
 ``push()`` in the sending node to the payload in the receiving node's hands (its ``events()``),
 on both planes side by side (the wire worker's ``push`` and the DHT worker's p2pd push plane,
-``net/dht_push.py``), alternating planes each round. The receiving node runs in its own
+``net/dht/push.py``), alternating planes each round. The receiving node runs in its own
 process; with ``--shaped RATE`` (root) both run in the network namespaces of
 ``bench/shaped_link.py`` joined by a ``tc tbf``-shaped veth, removed at the end.
 
@@ -49,7 +49,7 @@ def _libp2p_host():  # noqa: ANN202 - libp2p types stay inside the functions tha
     import multiaddr
     from libp2p.crypto.ed25519 import create_new_key_pair
 
-    from pulse_node.net.wire_worker import make_host
+    from pulse_node.net.wire.worker import make_host
 
     listen = [multiaddr.Multiaddr("/ip4/127.0.0.1/tcp/0")]
     return make_host(create_new_key_pair(), listen, []), listen
@@ -180,7 +180,7 @@ def bench_hivemind_stream(total: int) -> dict[int, float]:
 def bench_fetch(size: int, rounds: int, tmp: Path) -> dict[str, float]:
     from concurrent.futures import ThreadPoolExecutor
 
-    from pulse_node.net.wire_client import WireClient, WireConfig
+    from pulse_node.net.wire.client import WireClient, WireConfig
 
     data = os.urandom(size)
     digest = hashlib.sha256(data).hexdigest()
@@ -234,8 +234,8 @@ def _push_workers(host: str, work: Path):  # noqa: ANN202 - (WireClient, DhtClie
     """One node's two workers, listening on ``host``; both accept pushes."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from pulse_node.net.dht_client import DhtClient, DhtConfig
-    from pulse_node.net.wire_client import WireClient, WireConfig
+    from pulse_node.net.dht.client import DhtClient, DhtConfig
+    from pulse_node.net.wire.client import WireClient, WireConfig
 
     (work / "store").mkdir(parents=True, exist_ok=True)
     with ThreadPoolExecutor(2) as pool:

@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from pulse_node.config import TrainerConfig  # noqa: E402
 from pulse_node.daemon.transport import Event, PeerInfo, Transport  # noqa: E402
 from pulse_node.errors import WireError  # noqa: E402
-from pulse_node.net.dht_records import PeerStatus  # noqa: E402
+from pulse_node.net.dht.records import PeerStatus  # noqa: E402
 from pulse_node.testing.inprocess import InProcessSwarm, node_status, node_version  # noqa: E402
 
 VANISHED = "trainer-zz"

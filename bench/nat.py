@@ -313,7 +313,7 @@ def _run_self_in(ns: str, args: list[str], *, timeout: float) -> list[dict]:
 
 
 def _read_peers_main(boot: str, work: Path) -> None:
-    from pulse_node.net.dht_client import DhtClient, DhtConfig
+    from pulse_node.net.dht.client import DhtClient, DhtConfig
 
     work.mkdir(parents=True, exist_ok=True)
     client = DhtClient.start(DhtConfig(run_id=RUN_ID, initial_peers=[boot], client_mode=True,
@@ -336,7 +336,7 @@ def probe_wire(ns: str, listen_ip: str, records: list[dict], work: Path) -> list
 
 def _probe_wire_main(listen_ip: str, work: Path) -> None:
     from pulse_node.errors import PulseError
-    from pulse_node.net.wire_client import WireClient, WireConfig
+    from pulse_node.net.wire.client import WireClient, WireConfig
 
     out = []
     with WireClient.start(WireConfig(store=work / "store", listen=[f"/ip4/{listen_ip}/tcp/0"])) as wire:

@@ -54,7 +54,7 @@ class VethPair:
     def serve(self, store: Path, ready: Path, stop: Path) -> None:
         """Run in namespace ``ns_a``: serve ``store`` on a wire worker at ``ip_a``, write its
         address to ``ready``, until ``stop`` exists."""
-        from pulse_node.net.wire_client import WireClient, WireConfig
+        from pulse_node.net.wire.client import WireClient, WireConfig
 
         with WireClient.start(WireConfig(store=store, listen=[f"/ip4/{self.ip_a}/tcp/0"])) as wire:
             me = wire.info()

@@ -36,7 +36,7 @@ LOCAL = ["/ip4/127.0.0.1/tcp/0"]
 
 
 def _wire(store: Path):  # noqa: ANN202 - the two trees' clients differ only in how they start
-    from pulse_node.net import wire_client
+    from pulse_node.net.wire import client as wire_client
 
     if hasattr(wire_client, "WireConfig"):
         return wire_client.WireClient.start(wire_client.WireConfig(store=store, listen=LOCAL))
@@ -66,7 +66,7 @@ def _seconds(fn, n: int) -> list[float]:  # noqa: ANN001
 def child(polls: int) -> dict:
     from concurrent.futures import ThreadPoolExecutor
 
-    from pulse_node.net.dht_client import DhtClient, DhtConfig
+    from pulse_node.net.dht.client import DhtClient, DhtConfig
 
     rollouts = "rollouts" if Path(__import__("pulse_node").__file__).with_name("vocab.py").exists() else "rollout"
     with tempfile.TemporaryDirectory(prefix="pulse-bench-rpc-") as d:

@@ -187,7 +187,7 @@ def client(peer: str, store: Path, work: Path, signer: str, versions: int) -> di
     from pulse_node.codec.state import load_safetensors
     from pulse_node.codec.statehash import state_hash
     from pulse_node.codec.warmup import warm_up
-    from pulse_node.net.wire_client import WireClient, WireConfig
+    from pulse_node.net.wire.client import WireClient, WireConfig
     from pulse_node.rl.liveweights import LiveWeights
 
     warm_up()

@@ -18,8 +18,9 @@ from pydantic import Field, TypeAdapter, field_validator, model_validator
 
 from pulse_node.configload import StrictModel, load_tree, validate_tree
 from pulse_node.loco.config import LocoConfig
-from pulse_node.net.budget import BudgetConfig
-from pulse_node.net.worker_config import ANY_PORT, RECORD_TTL_S, USE_RELAY, RunId
+from pulse_node.net.dht.config import ANY_PORT, RECORD_TTL_S, USE_RELAY
+from pulse_node.net.local.worker_config import RunId
+from pulse_node.net.peers.budget import BudgetConfig
 from pulse_node.rl.config import GRPOConfig, ModelConfig, SamplingConfig, TaskConfig, VerifyConfig
 from pulse_node.vocab import DEFAULT_RUN_ID, Kind
 
@@ -51,7 +52,7 @@ class NetConfig(StrictModel):
     wire_listen: list[str] = Field(default_factory=lambda: [ANY_PORT])
     announce: list[str] = Field(default_factory=list, description="publicly reachable DHT multiaddrs")
     wire_announce: list[str] = Field(default_factory=list, description="publicly reachable data-plane multiaddrs")
-    use_relay: bool = Field(USE_RELAY, description="p2pd's circuit-relay transport (net/worker_config.py says why on)")
+    use_relay: bool = Field(USE_RELAY, description="p2pd's circuit-relay transport (net/dht/config.py says why on)")
     use_auto_relay: bool = False
     client_mode: bool = False
     record_ttl_s: float = Field(RECORD_TTL_S, gt=1)
@@ -60,7 +61,7 @@ class NetConfig(StrictModel):
     max_parallel_fetches: int = Field(4, ge=1, le=64)
     worker_start_timeout_s: float = Field(60.0, gt=0)
     budget: BudgetConfig = Field(default_factory=BudgetConfig,
-                                 description="per-peer budgets of streams, requests, pushes and catch-ups (net/budget.py)")
+                                 description="per-peer budgets of streams, requests, pushes and catch-ups (net/peers/budget.py)")
     faults: FaultConfig = Field(default_factory=FaultConfig, description="TESTING ONLY: chaos fault injection")
 
     @model_validator(mode="after")

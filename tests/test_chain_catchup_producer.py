@@ -24,7 +24,7 @@ from pulse_node.config import NetConfig
 from pulse_node.daemon.transport import PeerInfo
 from pulse_node.errors import BusyError, GapError, WireError
 from pulse_node.inference.syncer import VersionSync
-from pulse_node.net.dht_records import PeerStatus, Serves
+from pulse_node.net.dht.records import PeerStatus, Serves
 from pulse_node.testing.memory import MemoryHub
 
 STATES = adam_like_chain(5, 24)

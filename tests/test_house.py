@@ -92,6 +92,35 @@ def test_daemon_sits_below_the_roles() -> None:
     assert not ALLOWED["daemon"] & {"trainer", "inference", "roles"}
 
 
+#: net/ by what it is: sub-folder -> the net/ sub-folders it may import (docs/ARCHITECTURE.md)
+NET_ALLOWED: dict[str, set[str]] = {
+    "peers": set(),
+    "local": {"peers"},
+    "wire": {"local", "peers"},
+    "dht": {"local", "peers", "wire"},
+}
+
+
+def test_net_is_split_by_what_it_is() -> None:
+    """net/ holds its three things apart (the local RPC, the DHT worker, the wire worker) plus
+    what a peer may do; no module sits loose in net/, and the sub-folders import one way."""
+    net = PKG / "net"
+    loose = sorted(p.name for p in net.glob("*.py") if p.name != "__init__.py")
+    assert not loose, f"modules loose in net/ (put each in the folder it belongs to): {loose}"
+    assert {p.name for p in net.iterdir() if p.is_dir() and p.name != "__pycache__"} == set(NET_ALLOWED)
+    bad = []
+    for module, path in _modules().items():
+        if not module.startswith("pulse_node.net.") or module.count(".") < 3:
+            continue
+        sub = module.split(".")[2]
+        for imported in _imports(path):
+            parts = imported.split(".")
+            if imported.startswith("pulse_node.net.") and len(parts) > 2:
+                if parts[2] != sub and parts[2] not in NET_ALLOWED[sub]:
+                    bad.append(f"{path.relative_to(PKG).as_posix()} imports {imported}")
+    assert not bad, "net/ sub-folders importing against the table:\n" + "\n".join(sorted(bad))
+
+
 def test_no_import_cycle_between_modules() -> None:
     modules = _modules()
     graph: dict[str, set[str]] = defaultdict(set)

@@ -1,10 +1,11 @@
-"""Per-peer budgets (``net/budget.py``): pure bookkeeping with a fake clock."""
+"""Per-peer budgets (``net/peers/budget.py``): pure bookkeeping with a fake clock."""
 
 from __future__ import annotations
 
 import pytest
 
-from pulse_node.net.budget import (
+from pulse_node.net.local.inbox import Inbox
+from pulse_node.net.peers.budget import (
     BudgetConfig,
     CatchupBudget,
     Members,
@@ -14,7 +15,6 @@ from pulse_node.net.budget import (
     StreamPools,
     TokenBucket,
 )
-from pulse_node.net.inbox import Inbox
 from pulse_node.vocab import Event
 
 
@@ -158,7 +158,7 @@ def test_refusals_are_logged_once_per_peer_and_interval(caplog: pytest.LogCaptur
 
 
 def test_p2pd_push_plane_serves_members_first_and_one_stream_per_non_member() -> None:
-    from pulse_node.net import dht_push
+    from pulse_node.net.dht import push as dht_push
 
     plane = dht_push.PushPlane(p2p=None)
     plane.members.set(["m"])
@@ -231,7 +231,7 @@ def test_a_peer_with_standing_evicts_a_newcomers_stream_past_grace() -> None:
 
 
 def test_newcomers_share_one_catchup_budget_and_bulk_reads_are_budgeted() -> None:
-    from pulse_node.net.budget import BulkBudget
+    from pulse_node.net.peers.budget import BulkBudget
 
     clock = Clock()
     members = Members(["m"], standing=["worker"])

@@ -24,8 +24,8 @@ import pytest
 from helpers import wait_for
 
 from pulse_node.chain.identity import Identity
-from pulse_node.net.dht_client import DhtClient, DhtConfig, DuplicateIdentityError
-from pulse_node.net.dht_records import PeerStatus
+from pulse_node.net.dht.client import DhtClient, DhtConfig, DuplicateIdentityError
+from pulse_node.net.dht.records import PeerStatus
 
 pytestmark = pytest.mark.slow  # DHT worker processes (hivemind, p2pd)
 
@@ -89,7 +89,7 @@ def swarm(bootstrap, tmp_dir):
 
 def test_bootstrap_prints_parsable_maddrs_with_its_persistent_peer_id(bootstrap, tmp_dir) -> None:
     _, maddr, ident = bootstrap
-    from pulse_node.net.dht_validator import peer_id_of
+    from pulse_node.net.dht.validator import peer_id_of
 
     assert maddr.startswith("/ip4/127.0.0.1/tcp/") and "/p2p/" in maddr
     assert maddr.rsplit("/p2p/", 1)[1] == peer_id_of(Identity.load(ident))
@@ -156,8 +156,8 @@ async def attack(maddr: str, victim_id: str) -> dict[str, list[bool] | None]:
     from hivemind.dht.validation import DHTRecord
     from hivemind.p2p import PeerID
 
-    from pulse_node.net.dht_records import PeerRecord, dht_key
-    from pulse_node.net.dht_validator import PulseRecordValidator, peer_id_of, sign_envelope
+    from pulse_node.net.dht.records import PeerRecord, dht_key
+    from pulse_node.net.dht.validator import PulseRecordValidator, peer_id_of, sign_envelope
 
     me = Identity.generate()
     mine = peer_id_of(me)
@@ -213,7 +213,7 @@ def test_unreachable_bootstrap_fails_with_a_clear_message_within_its_bound(tmp_d
     started = time.monotonic()
     try:  # the worker as a user would run it by hand: its whole config is one JSON file
         proc = subprocess.run(
-            [sys.executable, "-m", "pulse_node.net.dht_worker", "--ipc", str(tmp_dir / "never.sock"),
+            [sys.executable, "-m", "pulse_node.net.dht.worker", "--ipc", str(tmp_dir / "never.sock"),
              "--config", str(config), "--error-file", str(err)],
             capture_output=True, text=True, timeout=60)
     finally:
@@ -243,14 +243,14 @@ def test_bootstrap_command_stops_on_sigterm_within_10s(bootstrap) -> None:
 
 
 def _peer_id() -> str:
-    from pulse_node.net.dht_validator import peer_id_of
+    from pulse_node.net.dht.validator import peer_id_of
 
     return peer_id_of(Identity.generate())
 
 
 def test_daemon_start_failure_names_the_cause_and_the_next_step(tmp_dir) -> None:
-    from pulse_node.net.dht_join import JoinError, start_daemon
-    from pulse_node.net.dht_validator import libp2p_private_key
+    from pulse_node.net.dht.join import JoinError, start_daemon
+    from pulse_node.net.dht.validator import libp2p_private_key
 
     key = tmp_dir / "daemon.key"
     key.write_bytes(libp2p_private_key(Identity.generate()))

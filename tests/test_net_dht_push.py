@@ -1,4 +1,4 @@
-"""The p2pd push plane (``net/dht_push.py``) between two real DHT workers on 127.0.0.1.
+"""The p2pd push plane (``net/dht/push.py``) between two real DHT workers on 127.0.0.1.
 
 Run: ``/work/venv/bin/python -m pytest -q tests/test_net_dht_push.py``. Two workers start in
 parallel without knowing each other; pushes dial the receiver's advertised DHT addresses. One
@@ -19,9 +19,9 @@ import pytest
 from helpers import gather
 
 from pulse_node.errors import PeerUnavailable, WireError
-from pulse_node.net import wire_protocol as wp
-from pulse_node.net.dht_client import DhtClient, DhtConfig
-from pulse_node.net.dht_push import CAPS, PushHeader
+from pulse_node.net.dht.client import DhtClient, DhtConfig
+from pulse_node.net.dht.push import CAPS, PushHeader
+from pulse_node.net.wire import protocol as wp
 
 pytestmark = pytest.mark.slow  # DHT worker processes (hivemind, p2pd)
 

@@ -11,7 +11,7 @@ import pytest
 
 from pulse_node.chain.identity import Identity
 from pulse_node.errors import WireError
-from pulse_node.net.dht_records import (
+from pulse_node.net.dht.records import (
     MAX_PEERS_READ,
     MAX_TTL_S,
     PeerRecord,
@@ -29,7 +29,7 @@ from hivemind.dht.protocol import DHTProtocol  # noqa: E402
 from hivemind.dht.routing import DHTID  # noqa: E402
 from hivemind.dht.validation import DHTRecord  # noqa: E402
 
-from pulse_node.net.dht_validator import (  # noqa: E402
+from pulse_node.net.dht.validator import (  # noqa: E402
     PulseRecordValidator,
     libp2p_private_key,
     peer_id_of,
@@ -207,9 +207,9 @@ def test_a_flood_of_records_cannot_blind_the_worker() -> None:
     import os
 
     from pulse_node.chain.identity import peer_id_of_key
-    from pulse_node.net import ipc
-    from pulse_node.net.dht_worker import DhtWorker
-    from pulse_node.net.worker_config import DhtConfig
+    from pulse_node.net.dht.config import DhtConfig
+    from pulse_node.net.dht.worker import DhtWorker
+    from pulse_node.net.local import ipc
 
     def record(pid: str, updated_at: float) -> dict:
         m = f"/ip4/198.51.100.1/tcp/1/{'x' * 170}/p2p/{pid}"
@@ -220,7 +220,7 @@ def test_a_flood_of_records_cannot_blind_the_worker() -> None:
     trainer = peer_id_of_key(Identity.generate().public_key_hex)
     entries = [(p, record(p, 2000.0 + i), 1e12) for i, p in enumerate(sybils)] + [(trainer, record(trainer, 1.0), 1e12)]
 
-    from pulse_node.net import dht_worker as dht_worker_mod
+    from pulse_node.net.dht import worker as dht_worker_mod
 
     class Flooded(DhtWorker):
         async def read(self, kind: str) -> list:

@@ -1,4 +1,4 @@
-"""The p2pd push plane's file spool (``net/spool.py``): payloads above the old 48 MiB cap.
+"""The p2pd push plane's file spool (``net/local/spool.py``): payloads above the old 48 MiB cap.
 
 Run: ``/work/venv/bin/python -m pytest -q tests/test_net_dht_spool.py``. Fast unit tests of the
 spool, the inbox budgets and the inbound handler (a real asyncio stream, no p2pd), then three
@@ -24,11 +24,11 @@ import pytest
 from helpers import gather, wait_for
 
 from pulse_node.errors import PeerUnavailable, WireError
-from pulse_node.net import wire_protocol as wp
-from pulse_node.net.dht_client import DhtClient, DhtConfig
-from pulse_node.net.dht_push import CAPS, PushHeader, PushPlane
-from pulse_node.net.inbox import EVENTS_BYTES_PER_CALL, Inbox
-from pulse_node.net.spool import THRESHOLD, Spool
+from pulse_node.net.dht.client import DhtClient, DhtConfig
+from pulse_node.net.dht.push import CAPS, PushHeader, PushPlane
+from pulse_node.net.local.inbox import EVENTS_BYTES_PER_CALL, Inbox
+from pulse_node.net.local.spool import THRESHOLD, Spool
+from pulse_node.net.wire import protocol as wp
 from pulse_node.vocab import Event
 
 LOCAL = ["/ip4/127.0.0.1/tcp/0"]
@@ -293,8 +293,8 @@ def test_the_wire_fallback_refuses_a_payload_above_its_cap_with_a_clear_error() 
     from pulse_node.config import TrainerConfig
     from pulse_node.daemon.p2p import P2PTransport
     from pulse_node.daemon.transport import PeerInfo
-    from pulse_node.net.dht_records import PeerRecord
-    from pulse_node.net.wire_client import WireInfo
+    from pulse_node.net.dht.records import PeerRecord
+    from pulse_node.net.wire.client import WireInfo
 
     class NoWorkerWire:  # only ``info``: anything reaching the wire worker would fail loudly
         def info(self) -> WireInfo:

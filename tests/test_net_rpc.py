@@ -1,4 +1,4 @@
-"""The local RPC layer itself (``net/ipc.py``, ``net/rpc_server.py``, ``net/process.py``), on both backends.
+"""The local RPC layer itself (``net/local/ipc.py``, ``net/local/rpc_server.py``, ``net/local/process.py``), on both backends.
 
 A small ``Service`` is served in a thread of this process by the same server the workers run,
 once on asyncio and once on trio; the node's blocking client talks to it. No worker process, no
@@ -21,11 +21,11 @@ import msgpack
 import pytest
 
 from pulse_node.errors import IntegrityError, NotFound, PeerBusy, WireError
-from pulse_node.net import ipc
-from pulse_node.net.dht_records import PeerStatus
-from pulse_node.net.process import ConnectionPool, WorkerClient
-from pulse_node.net.rpc_api import Request
-from pulse_node.net.rpc_server import Service, handlers_of, rpc, serve
+from pulse_node.net.dht.records import PeerStatus
+from pulse_node.net.local import ipc
+from pulse_node.net.local.process import ConnectionPool, WorkerClient
+from pulse_node.net.local.rpc_api import Request
+from pulse_node.net.local.rpc_server import Service, handlers_of, rpc, serve
 
 pytestmark = pytest.mark.timeout(60)
 R = TypeVar("R")

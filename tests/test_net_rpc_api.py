@@ -1,5 +1,5 @@
 """The node's typed requests are the workers' handlers: one request per ``@rpc`` handler, the
-same names, types and defaults (``net/rpc_api.py``), so no call is named by a string and no
+same names, types and defaults (``net/local/rpc_api.py``), so no call is named by a string and no
 argument is unchecked until the worker sees it."""
 
 from __future__ import annotations
@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from pulse_node.errors import WireError
-from pulse_node.net import dht_rpc, wire_rpc
-from pulse_node.net.rpc_api import Request
+from pulse_node.net.dht import rpc as dht_rpc
+from pulse_node.net.local.rpc_api import Request
+from pulse_node.net.wire import rpc as wire_rpc
 
 PKG = Path(__file__).resolve().parents[1] / "pulse_node"
 
@@ -37,8 +38,8 @@ def _requests(module, base: type) -> dict[str, type[Request]]:
 
 
 @pytest.mark.parametrize(("module", "base", "path", "service"), [
-    (dht_rpc, dht_rpc.DhtRequest, "net/dht_worker.py", "DhtWorker"),
-    (wire_rpc, wire_rpc.WireRequest, "net/wire_worker.py", "WireService")])
+    (dht_rpc, dht_rpc.DhtRequest, "net/dht/worker.py", "DhtWorker"),
+    (wire_rpc, wire_rpc.WireRequest, "net/wire/worker.py", "WireService")])
 def test_every_handler_has_one_request_with_its_exact_arguments(module, base, path, service) -> None:
     handlers, requests = _handlers(PKG / path, service), _requests(module, base)
     assert handlers and set(requests) == set(handlers), "a handler without a request, or a request without one"

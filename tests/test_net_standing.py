@@ -11,8 +11,8 @@ from helpers import wait_for
 from pulse_node.daemon.fanout import Fanout
 from pulse_node.daemon.transport import PeerInfo
 from pulse_node.errors import PeerUnavailable
-from pulse_node.net.dht_records import PeerStatus
-from pulse_node.net.standing import FETCH_UNKNOWN, PUSH_UNKNOWN, VIEW_UNKNOWN, Standing
+from pulse_node.net.dht.records import PeerStatus
+from pulse_node.net.peers.standing import FETCH_UNKNOWN, PUSH_UNKNOWN, VIEW_UNKNOWN, Standing
 
 
 def peer(pid: str, *, role: str = "inference", version: int | None = 5) -> PeerInfo:

@@ -23,7 +23,7 @@ from pulse_node.chain.identity import Identity
 from pulse_node.chain.serving import resolve, store_resolver
 from pulse_node.daemon.transport import PeerInfo, Transport
 from pulse_node.errors import NotFound, PeerUnavailable, WireError
-from pulse_node.net.dht_records import PeerStatus, Serves
+from pulse_node.net.dht.records import PeerStatus, Serves
 from pulse_node.vocab import FETCH_KINDS, PUSH_KINDS
 
 pytestmark = pytest.mark.timeout(300)

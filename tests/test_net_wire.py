@@ -21,9 +21,10 @@ import pytest
 from helpers import gather, wait_for
 
 from pulse_node.errors import IntegrityError, NotFound, PeerUnavailable, WireError
-from pulse_node.net import dht_rpc, ipc
-from pulse_node.net import wire_protocol as wp
-from pulse_node.net.wire_client import WireClient, WireConfig
+from pulse_node.net.dht import rpc as dht_rpc
+from pulse_node.net.local import ipc
+from pulse_node.net.wire import protocol as wp
+from pulse_node.net.wire.client import WireClient, WireConfig
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]  # worker processes
 MiB = 1 << 20

@@ -1,4 +1,4 @@
-"""Per-peer budgets on the real wire worker (``net/budget.py``): three worker processes on
+"""Per-peer budgets on the real wire worker (``net/peers/budget.py``): three worker processes on
 127.0.0.1 port 0 per test: a ``victim`` with small budgets, an ``attacker`` and an ``honest`` peer.
 Waits are predicates with deadlines; every worker is stopped.
 """
@@ -16,9 +16,9 @@ import pytest
 from helpers import wait_for
 
 from pulse_node.errors import NotFound, PeerBusy, PeerUnavailable
-from pulse_node.net import wire_protocol as wp
-from pulse_node.net.budget import BudgetConfig
-from pulse_node.net.wire_client import WireClient, WireConfig
+from pulse_node.net.peers.budget import BudgetConfig
+from pulse_node.net.wire import protocol as wp
+from pulse_node.net.wire.client import WireClient, WireConfig
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]  # worker processes
 

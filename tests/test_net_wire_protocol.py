@@ -6,7 +6,7 @@ import msgpack
 import pytest
 
 from pulse_node.errors import UnsupportedVersion, WireError
-from pulse_node.net import wire_protocol as wp
+from pulse_node.net.wire import protocol as wp
 
 V = wp.WIRE_VERSION
 

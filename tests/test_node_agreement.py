@@ -21,7 +21,7 @@ from pulse_node.daemon.status import NodeStatus
 from pulse_node.daemon.transport import PeerInfo
 from pulse_node.errors import PulseError
 from pulse_node.loco.decision import decode_decision, encode_decision, make_decision
-from pulse_node.net.dht_records import PeerStatus
+from pulse_node.net.dht.records import PeerStatus
 from pulse_node.testing.faults import CrashingTransport, FaultRates, FaultyTransport
 from pulse_node.testing.inprocess import InProcessSwarm
 from pulse_node.testing.memory import MemoryHub

@@ -31,7 +31,7 @@ from pulse_node.loco.payload import (
     encode_payload,
     read_header,
 )
-from pulse_node.net.dht_records import PeerStatus
+from pulse_node.net.dht.records import PeerStatus
 from pulse_node.testing.inprocess import InProcessSwarm
 from pulse_node.testing.memory import MemoryHub
 from pulse_node.trainer.agreement import RoundAgreement

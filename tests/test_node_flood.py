@@ -14,8 +14,8 @@ from test_node_sync_bounds import _syncer
 
 from pulse_node.chain.serving import store_resolver
 from pulse_node.errors import PeerUnavailable
-from pulse_node.net.dht_records import PeerStatus, Serves
-from pulse_node.net.standing import FETCH_UNKNOWN
+from pulse_node.net.dht.records import PeerStatus, Serves
+from pulse_node.net.peers.standing import FETCH_UNKNOWN
 from pulse_node.testing.adversaries import announce, peer_id
 from pulse_node.testing.memory import MemoryHub
 
@@ -115,7 +115,7 @@ def test_a_nodes_view_holds_the_same_honest_peers_with_one_or_a_thousand_fresh_k
     from pulse_node.config import InferenceConfig
     from pulse_node.daemon.context import RoleContext
     from pulse_node.daemon.status import NodeStatus
-    from pulse_node.net.standing import VIEW_UNKNOWN
+    from pulse_node.net.peers.standing import VIEW_UNKNOWN
 
     hub, me = MemoryHub(), Identity.generate()
     for pid, role in (("trainer-a", "trainer"), ("worker", "inference")):

@@ -23,7 +23,7 @@ from pulse_node.codec.state import TensorBits
 from pulse_node.errors import IntegrityError, PulseError
 from pulse_node.loco.decision import encode_decision, make_decision
 from pulse_node.loco.equivocation import evidence_checkers
-from pulse_node.net.dht_records import PeerStatus
+from pulse_node.net.dht.records import PeerStatus
 from pulse_node.testing.adversaries import peer_id
 from pulse_node.testing.memory import MemoryHub
 from pulse_node.trainer.decisions import coordinator_order, turn_at

@@ -15,7 +15,7 @@ from helpers import all_at_version, assert_trainers_identical, read_status, wait
 from pulse_node.chain.identity import Identity
 from pulse_node.config import InferenceConfig, TrainerConfig
 from pulse_node.daemon.transport import PeerInfo
-from pulse_node.net.dht_records import PeerStatus
+from pulse_node.net.dht.records import PeerStatus
 from pulse_node.testing.inprocess import InProcessSwarm, node_version
 from pulse_node.testing.member_attackers import conflicting_heads, equivocating_decisions, far_head, presigned_decisions
 from pulse_node.vocab import DEFAULT_RUN_ID

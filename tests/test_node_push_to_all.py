@@ -9,7 +9,7 @@ import pytest
 
 from pulse_node.daemon.transport import PeerInfo, push_to_all
 from pulse_node.errors import WireError
-from pulse_node.net.dht_records import PeerStatus
+from pulse_node.net.dht.records import PeerStatus
 
 
 class BarrierTransport:

@@ -20,7 +20,7 @@ from pulse_node.config import TrainerConfig
 from pulse_node.daemon.transport import PeerInfo
 from pulse_node.loco.decision import encode_decision, make_decision
 from pulse_node.loco.payload import LocoPayload, decode_values, encode_payload, encode_values
-from pulse_node.net.dht_records import PeerStatus
+from pulse_node.net.dht.records import PeerStatus
 from pulse_node.testing.inprocess import InProcessSwarm, node_version
 from pulse_node.vocab import DEFAULT_RUN_ID
 

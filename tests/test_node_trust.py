@@ -32,7 +32,7 @@ def test_forged_versions_are_rejected_and_rogue_ignored(inprocess_swarm, node_cf
     assert applied and all(trainer[h.version] == h.state_hash for h in applied)
     assert max(h.version for h in applied) < 1000
     # The rogue is a peer without standing: it is asked only where members cannot serve
-    # (net/standing.py) and nothing it claims sets a target, so whether it is asked at all depends
+    # (net/peers/standing.py) and nothing it claims sets a target, so whether it is asked at all depends
     # on timing; what must hold is above: every version applied is the trainer's.
 
 

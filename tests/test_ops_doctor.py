@@ -82,7 +82,7 @@ def test_dependency_and_disk_checks(tmp_path) -> None:
 
 def test_keygen_creates_once_and_shows_the_peer_id(tmp_path, capsys) -> None:
     from pulse_node.cli import main
-    from pulse_node.net.dht_validator import peer_id_of
+    from pulse_node.net.dht.validator import peer_id_of
 
     key = tmp_path / "node.key"
     assert main(["keygen", str(key), "--show"]) == 1 and not key.exists()

@@ -13,7 +13,7 @@ from pulse_node.chain.store import VersionStore
 from pulse_node.cli import main
 from pulse_node.config import InferenceConfig
 from pulse_node.configload import load_config
-from pulse_node.net.dht_validator import peer_id_of
+from pulse_node.net.dht.validator import peer_id_of
 from pulse_node.rl.config import GRPOConfig, TaskConfig
 from pulse_node.rl.policy import build_policy
 from pulse_node.rl.rollout import decode_rollouts

@@ -66,7 +66,7 @@ def stop(proc: subprocess.Popen) -> None:
 
 def test_readme_bootstrap_and_join_form_one_swarm(tmp_path: Path) -> None:
     from pulse_node.chain.identity import Identity
-    from pulse_node.net.dht_client import DhtClient, DhtConfig
+    from pulse_node.net.dht.client import DhtClient, DhtConfig
 
     boot_cmd, join_cmd = readme_commands()
     port = free_port()

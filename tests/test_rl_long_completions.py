@@ -19,7 +19,7 @@ from pulse_node.chain.identity import Identity
 from pulse_node.chain.store import VersionStore
 from pulse_node.cli import main
 from pulse_node.commands.rollouts import check_batch, load_node_config
-from pulse_node.net.dht_validator import peer_id_of
+from pulse_node.net.dht.validator import peer_id_of
 from pulse_node.rl.config import GRPOConfig, ModelConfig, TaskConfig
 from pulse_node.rl.grpo import GRPOLearner, micro_batches
 from pulse_node.rl.policy import build_policy

@@ -28,7 +28,7 @@ from pulse_node.signals import stop_on_signals
 from pulse_node.vocab import DEFAULT_RUN_ID
 
 if TYPE_CHECKING:
-    from pulse_node.net.dht_client import DhtClient, DhtConfig
+    from pulse_node.net.dht.client import DhtClient, DhtConfig
 
 STOP_TIMEOUT_S = 6.0
 
@@ -53,8 +53,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from pulse_node import __version__
-    from pulse_node.net.dht_client import DhtClient
-    from pulse_node.net.dht_records import PeerStatus
+    from pulse_node.net.dht.client import DhtClient
+    from pulse_node.net.dht.records import PeerStatus
 
     config = build_config(args)
     stop = threading.Event()
@@ -80,7 +80,7 @@ def build_config(args: argparse.Namespace) -> DhtConfig:
     import pydantic
 
     from pulse_node.errors import ConfigError
-    from pulse_node.net.dht_client import DhtConfig
+    from pulse_node.net.dht.client import DhtConfig
 
     try:
         return DhtConfig(run_id=args.run_id, host_maddrs=args.host_maddrs, announce_maddrs=args.announce_maddrs,

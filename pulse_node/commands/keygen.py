@@ -40,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _peer_id(identity) -> str:
     try:
-        from pulse_node.net.dht_validator import peer_id_of
+        from pulse_node.net.dht.validator import peer_id_of
     except ImportError:  # hivemind missing: the key is still usable, only the id cannot be shown
         return "unavailable (hivemind is not importable: see pulse-node doctor)"
     return peer_id_of(identity)

@@ -99,7 +99,7 @@ def make_batch(cfg, *, identity: Path, version: int | None, batch: int) -> tuple
     """Wire bytes and rollouts of ``batch`` of ``version`` by the node holding ``identity``."""
     from pulse_node.chain.identity import Identity
     from pulse_node.errors import ConfigError
-    from pulse_node.net.dht_validator import peer_id_of
+    from pulse_node.net.dht.validator import peer_id_of
     from pulse_node.rl.assign import BatchKey
     from pulse_node.rl.rollout import encode_rollouts
     from pulse_node.rl.tasks import make_task_source

@@ -19,8 +19,8 @@ from pulse_node.daemon.status import NodeStatus
 from pulse_node.daemon.status_model import StandingReport
 from pulse_node.daemon.transport import PeerInfo, Transport
 from pulse_node.errors import PulseError
-from pulse_node.net.dht_records import PeerStatus, Serves
-from pulse_node.net.standing import PUSH_UNKNOWN, VIEW_UNKNOWN, Standing
+from pulse_node.net.dht.records import PeerStatus, Serves
+from pulse_node.net.peers.standing import PUSH_UNKNOWN, VIEW_UNKNOWN, Standing
 
 #: records of trainers carrying an admission read beyond the view's newcomers, at most
 MAX_ADMISSION_CLAIMS = 8
@@ -42,7 +42,7 @@ class RoleContext(Generic[C]):
     stop: threading.Event = field(default_factory=threading.Event)
     log: logging.Logger = field(default_factory=lambda: logging.getLogger("pulse.node"))
     admission: bytes | None = None  # this trainer's admission to the trainer set, published in its record
-    #: what this node saw each peer do (``net/standing.py``): orders views, pushes and fetches
+    #: what this node saw each peer do (``net/peers/standing.py``): orders views, pushes and fetches
     standing: Standing = field(default_factory=Standing)
     _fanout: Fanout | None = field(default=None, repr=False)
     _last_view: tuple[int, int, int] = (0, 0, 0)
@@ -108,7 +108,7 @@ class RoleContext(Generic[C]):
         self.status.set_data_plane(self.transport.stats())
 
     def share_members(self, peer_ids: frozenset[str]) -> None:
-        """Tell the transport's workers the trainer-set members' peer ids (``net/budget.py``: their
+        """Tell the transport's workers the trainer-set members' peer ids (``net/peers/budget.py``: their
         own stream pool, larger shares); a transport without per-peer budgets ignores it."""
         self.standing.set_members(peer_ids)
         tell = getattr(self.transport, "set_members", None)

@@ -4,7 +4,7 @@ A trainer pushes each new head to every peer it knows, an inference node to the 
 nodes. Done inline, one peer that never answers held the version back for the whole push
 timeout, and a flood of records announcing dead addresses for minutes (issue 21). ``Fanout``
 takes a job (kind, data, peers) and returns at once; one thread works through the jobs, the
-peers of each in the one order of ``net/standing.py`` (members, then peers with standing, then
+peers of each in the one order of ``net/peers/standing.py`` (members, then peers with standing, then
 a few without), with short per-push timeouts. At most one job per kind waits: a newer head
 replaces an older one not yet sent (``superseded``). A failed push is reported (``on_error``),
 which demotes the peer.

@@ -3,7 +3,7 @@
 Both workers run in their own processes under the node's persistent Ed25519 identity, so the
 node's DHT peer id and data-plane peer id are the same. Peers are addressed by their
 data-plane multiaddr (taken from their signed DHT record). PULSELoCo payloads (``loco``) go
-over the DHT worker's p2pd instead (``net/dht_push.py``, measured several times faster), to the
+over the DHT worker's p2pd instead (``net/dht/push.py``, measured several times faster), to the
 DHT addresses in the peer's record, and fall back to the wire push on any error (counted).
 Trainers give the DHT worker a spool (``<data_dir>/spool``) so payloads up to
 ``loco.max_payload_bytes`` cross the node <-> worker RPC as files; the wire fallback stays capped
@@ -24,11 +24,11 @@ from pulse_node.chain.trainerset import TrainerSet
 from pulse_node.config import RoleConfig, TrainerConfig
 from pulse_node.daemon.transport import AnchorFetch, DataPlane, FetchParams, PeerInfo
 from pulse_node.errors import PulseError, WireError
-from pulse_node.net import spool
-from pulse_node.net.dht_client import DhtClient, DhtConfig
-from pulse_node.net.dht_records import NEWCOMERS_READ, PeerCounters, PeerStatus
-from pulse_node.net.wire_client import WireClient, WireConfig
-from pulse_node.net.wire_protocol import PUSH_CAPS
+from pulse_node.net.dht.client import DhtClient, DhtConfig
+from pulse_node.net.dht.records import NEWCOMERS_READ, PeerCounters, PeerStatus
+from pulse_node.net.local import spool
+from pulse_node.net.wire.client import WireClient, WireConfig
+from pulse_node.net.wire.protocol import PUSH_CAPS
 from pulse_node.vocab import Event, FetchKind, PushKind, check_fetch_kind, check_push_kind
 
 log = logging.getLogger("pulse.p2p")
@@ -89,7 +89,7 @@ class P2PTransport:
         if time.monotonic() - self._peers_at < self.cfg.net.head_poll_s:
             return list(self._last_peers)
         prefer = list(dict.fromkeys(self._configured + self._members + self._standing))
-        # the view keeps a few newcomers only (net/standing.py): reading more would cost CPU for nothing
+        # the view keeps a few newcomers only (net/peers/standing.py): reading more would cost CPU for nothing
         found = self.dht.peers(prefer=prefer, limit=len(prefer) + NEWCOMERS_READ)
         out = [PeerInfo(r.peer_id, r) for r in found
                if not r.leaving and r.role != "bootstrap" and r.wire_maddrs]
@@ -137,7 +137,7 @@ class P2PTransport:
         return max(1.0, timeout - (time.monotonic() - t0))
 
     def prefer(self, peer_ids: list[str]) -> None:
-        """Peers with standing, best first (``net/standing.py``): their records are read right
+        """Peers with standing, best first (``net/peers/standing.py``): their records are read right
         after the trainer set's, however many records fresh keys publish, and the wire worker
         gives them their own shares (everyone else without membership shares the newcomers')."""
         ids = list(peer_ids)[:256]

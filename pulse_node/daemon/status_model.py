@@ -118,7 +118,7 @@ class DataPlane(_Section):
     wire_errors: int = Field(0, ge=0, description="failed wire requests")
     duplicate: bool = Field(False, description="another live node publishes under this node's identity")
     refused: dict[str, int] = Field(default_factory=dict, description="peer requests refused by their per-peer "
-                                    "budget, by reason (net/budget.py)")
+                                    "budget, by reason (net/peers/budget.py)")
     fault_injection: bool = Field(False, description="testing: this node faults its own fetches and pushes")
     faults: dict[str, int] = Field(default_factory=dict, description="testing: faults injected per fault kind")
     faulted: dict[str, int] = Field(default_factory=dict, description="testing: faults per message kind:fault")
@@ -161,7 +161,7 @@ class EvalPoint(_Section):
 
 
 class StandingReport(_Section):
-    """How this node ranks peers (``net/standing.py``): by what it saw them do, never by what
+    """How this node ranks peers (``net/peers/standing.py``): by what it saw them do, never by what
     their records claim; peers without standing share a fixed allotment together."""
 
     found: int = Field(0, ge=0, description="peers discovery returned (fresh keys included)")

@@ -29,7 +29,7 @@ from typing import Protocol
 from pulse_node.chain.anchor import Piece
 from pulse_node.daemon.status_model import DataPlane
 from pulse_node.errors import PulseError
-from pulse_node.net.dht_records import PeerRecord, PeerStatus
+from pulse_node.net.dht.records import PeerRecord, PeerStatus
 from pulse_node.vocab import Event, FetchKind, PushKind
 
 __all__ = ["AnchorFetch", "DataPlane", "Event", "FetchParams", "PeerInfo", "Transport", "push_to_all"]

@@ -4,7 +4,7 @@
 versions behind (one catch-up patch ``base -> head`` instead of the patches, made on demand by a
 peer, ``chain/catchup_producer.py``), when nobody serves the next patch any more (a catch-up
 patch, else an anchor), and when it holds no state yet (the newest anchor, ``anchor_load.py``).
-Offers are tried in standing order (``net/standing.py``): peers that delivered before, members,
+Offers are tried in standing order (``net/peers/standing.py``): peers that delivered before, members,
 then at most ``FETCH_UNKNOWN`` peers without standing, so fresh keys announcing versions or
 anchors cost a few tries, not one per key. Every download is capped before a byte is read: a
 catch-up patch by twice the dense size of our own state, an anchor by its signed manifest.
@@ -37,7 +37,7 @@ from pulse_node.errors import (
     PulseError,
 )
 from pulse_node.inference.anchor_load import load_anchor
-from pulse_node.net.standing import FETCH_UNKNOWN, Standing
+from pulse_node.net.peers.standing import FETCH_UNKNOWN, Standing
 
 log = logging.getLogger("pulse.sync")
 

@@ -56,7 +56,7 @@ from pulse_node.errors import (
     PulseError,
 )
 from pulse_node.inference.recovery import CatchupApplied, Recovery, catchup_cap  # noqa: F401 (re-exported)
-from pulse_node.net.standing import FETCH_UNKNOWN, Standing
+from pulse_node.net.peers.standing import FETCH_UNKNOWN, Standing
 
 log = logging.getLogger("pulse.sync")
 
@@ -181,7 +181,7 @@ class VersionSync(Recovery):
         return max(ours, self.head.version if self.head is not None else -1)
 
     def providers(self, version: int, peers: list[PeerInfo], *, rank: int) -> list[PeerInfo]:
-        """Peers that hold ``version``, in standing order (``net/standing.py``): peers that
+        """Peers that hold ``version``, in standing order (``net/peers/standing.py``): peers that
         delivered to us before, then trainer-set members, then at most ``FETCH_UNKNOWN`` others.
         What a peer announces (role, version) orders nothing.
 
@@ -241,7 +241,7 @@ class VersionSync(Recovery):
         return applied
 
     def _tell_standing_members(self) -> None:
-        """The trainer set's members come first in every order (``net/standing.py``)."""
+        """The trainer set's members come first in every order (``net/peers/standing.py``)."""
         keys = self.trust.trainers.members
         if keys != self._members_told:
             self._members_told = keys

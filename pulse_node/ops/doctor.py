@@ -94,7 +94,7 @@ def environment_checks(opts: DoctorOptions) -> list[Check]:
 
 # ---- network ---------------------------------------------------------------------------------
 def _start_client(opts: DoctorOptions, log_dir: str, *, peers: list[str]):
-    from pulse_node.net.dht_client import DhtClient, DhtConfig
+    from pulse_node.net.dht.client import DhtClient, DhtConfig
 
     cfg = DhtConfig(run_id=opts.run_id, initial_peers=peers, host_maddrs=opts.listen,
                     bootstrap_timeout_s=opts.timeout)
@@ -144,7 +144,7 @@ def _fail(detail: str, kind: str, *, attempted: bool = True) -> Joined:
 
 def check_bootstrap(opts: DoctorOptions, log_dir: str) -> Joined:
     """Join through the bootstrap; the caller stops ``Joined.client``."""
-    from pulse_node.net.dht_client import DhtStartError
+    from pulse_node.net.dht.client import DhtStartError
 
     malformed = [b for b in opts.bootstrap if "/p2p/" not in b]
     if malformed:
@@ -219,7 +219,7 @@ def check_identity(opts: DoctorOptions, peers: list[Any] | None) -> Check:
     if not Path(path).exists():
         return Check(name="identity", status="PASS", detail=f"no identity at {path} yet: one is created at first start")
     from pulse_node.chain.identity import Identity
-    from pulse_node.net.dht_validator import peer_id_of
+    from pulse_node.net.dht.validator import peer_id_of
 
     try:
         peer_id = peer_id_of(Identity.load(path))

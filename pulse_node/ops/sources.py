@@ -322,7 +322,7 @@ class DhtSource:
     """Reads the swarm's peer records through a client-mode DHT node; ``close`` stops it."""
 
     def __init__(self, bootstrap: list[str], *, run_id: str, timeout: float = 15.0) -> None:
-        from pulse_node.net.dht_client import DhtClient, DhtConfig
+        from pulse_node.net.dht.client import DhtClient, DhtConfig
 
         self._logdir = tempfile.TemporaryDirectory(prefix="pulse-status-")
         self.log_path = Path(self._logdir.name) / "dht.log"

@@ -20,7 +20,7 @@ from pulse_node.chain.identity import Identity, peer_id_of_key
 from pulse_node.chain.serving import resolve
 from pulse_node.daemon.transport import PeerInfo
 from pulse_node.fsutil import write_atomic
-from pulse_node.net.dht_records import PeerStatus, Serves
+from pulse_node.net.dht.records import PeerStatus, Serves
 
 LIES = ("oversize", "bad_chunk", "bad_header")
 OVERSIZE_BYTES = 8 << 20

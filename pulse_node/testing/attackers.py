@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from pulse_node.errors import PulseError
-from pulse_node.net.dht_records import PeerRecord, PeerStatus, Serves
+from pulse_node.net.dht.records import PeerRecord, PeerStatus, Serves
 from pulse_node.testing.faults import ForgedChain
 
 HUGE_VERSION = 10**15
@@ -40,8 +40,8 @@ class Hostile:
 
     def __post_init__(self) -> None:
         from pulse_node.chain.identity import Identity
-        from pulse_node.net.dht_client import DhtClient, DhtConfig
-        from pulse_node.net.wire_client import WireClient, WireConfig
+        from pulse_node.net.dht.client import DhtClient, DhtConfig
+        from pulse_node.net.wire.client import WireClient, WireConfig
 
         self.root.mkdir(parents=True, exist_ok=True)
         self.identity = Identity.load_or_create(self.root / "identity.key")

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from pulse_node.daemon.transport import AnchorFetch, DataPlane, FetchParams, PeerInfo, Transport
 from pulse_node.errors import PulseError, WireError
-from pulse_node.net.dht_records import PeerStatus, Serves
+from pulse_node.net.dht.records import PeerStatus, Serves
 from pulse_node.vocab import Event, FetchKind
 
 if TYPE_CHECKING:
@@ -334,8 +334,8 @@ class ForgingPeer:
     def __init__(self, root: Path, *, run_id: str, bootstrap: list[str], versions: int = 1000,
                  claimed_version: int = 10**6, host: str = "127.0.0.1", push_every_s: float = 5.0) -> None:
         from pulse_node.chain.identity import Identity
-        from pulse_node.net.dht_client import DhtClient, DhtConfig
-        from pulse_node.net.wire_client import WireClient, WireConfig
+        from pulse_node.net.dht.client import DhtClient, DhtConfig
+        from pulse_node.net.wire.client import WireClient, WireConfig
 
         self.root = Path(root)
         identity = Identity.load_or_create(self.root / "identity.key")

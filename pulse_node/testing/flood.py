@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from pulse_node.chain.identity import Identity
-from pulse_node.net.dht_records import CLOCK_SLACK_S, PeerRecord, Serves, dht_key
+from pulse_node.net.dht.records import CLOCK_SLACK_S, PeerRecord, Serves, dht_key
 
 #: attack name -> fresh keys it floods with
 FLOODS = {"record_flood": 500, "sybil_flood": 1000}
@@ -54,7 +54,7 @@ class _Blackhole:
 def _flood_validator(run_id: str, own: Identity, keys: list[Identity]):
     from hivemind.dht.protocol import DHTProtocol
 
-    from pulse_node.net.dht_validator import PulseRecordValidator, peer_id_of, sign_envelope
+    from pulse_node.net.dht.validator import PulseRecordValidator, peer_id_of, sign_envelope
 
     by_subkey = {DHTProtocol.serializer.dumps(peer_id_of(k)): k for k in keys}
 
@@ -69,7 +69,7 @@ def _flood_validator(run_id: str, own: Identity, keys: list[Identity]):
 
 
 def _record(ident: Identity, *, port: int, host: str, now: float) -> PeerRecord:
-    from pulse_node.net.dht_validator import peer_id_of
+    from pulse_node.net.dht.validator import peer_id_of
 
     pid = peer_id_of(ident)
     return PeerRecord(role="inference", peer_id=pid, session=os.urandom(16).hex(), updated_at=now + CLOCK_SLACK_S - 5,
@@ -81,9 +81,9 @@ def _record(ident: Identity, *, port: int, host: str, now: float) -> PeerRecord:
 async def flood(run_id: str, bootstrap: list[str], *, keys: int, seconds: float, host: str = "127.0.0.1",
                 on_start: Callable[[], None] | None = None) -> dict:
     """Store and keep refreshing ``keys`` hostile records for ``seconds``; what it did."""
-    from pulse_node.net.dht_join import connect_bootstrap, create_dht_node, start_daemon
-    from pulse_node.net.dht_validator import libp2p_private_key
-    from pulse_node.net.worker_config import DhtConfig
+    from pulse_node.net.dht.config import DhtConfig
+    from pulse_node.net.dht.join import connect_bootstrap, create_dht_node, start_daemon
+    from pulse_node.net.dht.validator import libp2p_private_key
 
     t0 = time.monotonic()
     own = Identity.generate()

@@ -152,7 +152,7 @@ def anchor_swap(h: Any, deadline: float) -> dict:
     from pulse_node.chain.layout import store_path
     from pulse_node.chain.record import decode_record, encode_record
     from pulse_node.fsutil import write_atomic
-    from pulse_node.net.dht_records import Serves
+    from pulse_node.net.dht.records import Serves
 
     done: set[int] = set()
 
@@ -176,8 +176,8 @@ def anchor_swap(h: Any, deadline: float) -> dict:
 
 def oversize(h: Any, deadline: float) -> dict:
     """Declare 1 GiB loco pushes on the p2pd plane to every trainer (refused before any body)."""
-    from pulse_node.net import wire_protocol as wp
-    from pulse_node.net.dht_push import PushHeader
+    from pulse_node.net.dht.push import PushHeader
+    from pulse_node.net.wire import protocol as wp
 
     h.announce("inference", None)
     answers: dict[str, int] = {}

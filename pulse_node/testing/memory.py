@@ -24,7 +24,7 @@ from pulse_node.chain.anchor import Piece
 from pulse_node.daemon.transport import AnchorFetch, DataPlane, FetchParams, PeerInfo
 from pulse_node.errors import BusyError, IntegrityError, NotFound, PeerBusy, PeerUnavailable, PulseError, WireError
 from pulse_node.fsutil import write_atomic
-from pulse_node.net.dht_records import PeerStatus
+from pulse_node.net.dht.records import PeerStatus
 from pulse_node.vocab import Event, FetchKind, PushKind, check_fetch_kind, check_push_kind
 
 Resolver = Callable[[str, dict[str, Any]], "Path | None"]

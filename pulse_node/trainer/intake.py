@@ -12,7 +12,7 @@ every 3 strikes ban it for 60 s, doubling per further ban up to 1 h), and a bann
 batches are refused on arrival, and those it had queued before the ban are dropped unverified
 when their turn comes (a ban must not still cost a forward per queued batch).
 
-Keys are free, so turns are not one per key: senders with standing (``net/standing.py``: a batch
+Keys are free, so turns are not one per key: senders with standing (``net/peers/standing.py``: a batch
 of theirs was accepted before) take their turns round robin, and senders without standing share
 one turn in every ``NEWCOMER_EVERY`` together, so 1 or 1,000 fresh keys cost the trainer the same
 verification work while honest batches wait. ``tallies()`` is a plain dict for the node status.
@@ -28,7 +28,7 @@ from pulse_node.chain.trust import TrustPolicy
 from pulse_node.codec.state import State
 from pulse_node.daemon.status import NodeStatus
 from pulse_node.errors import WireError
-from pulse_node.net.standing import Standing
+from pulse_node.net.peers.standing import Standing
 from pulse_node.rl.config import VerifyConfig
 from pulse_node.rl.rollout import Rollout, decode_rollouts
 from pulse_node.rl.verify import BatchVerdict, RolloutCheck, RolloutVerifier

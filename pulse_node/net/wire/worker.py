@@ -1,7 +1,7 @@
 """The libp2p data-plane worker: serves the node's store to peers and fetches from them.
 
 Run by ``WireClient.start`` (never import it from the node process) as ``python -m
-pulse_node.net.wire_worker --ipc SOCK --config FILE [--error-file FILE]``, FILE being a
+pulse_node.net.wire.worker --ipc SOCK --config FILE [--error-file FILE]``, FILE being a
 ``WireConfig`` as JSON (``rpc_server.run_worker``).
 
 One trio program: a py-libp2p host (TCP, Noise only, yamux) serving the ``/pulse/<kind>/2.0.0``
@@ -10,11 +10,11 @@ the node), and the local RPC of ``rpc_server.py`` (the ``@rpc`` methods of ``Wir
 named like ``WireClient``'s). A catch-up patch that is not cached yet is made on demand from the
 store's verified states (``chain.catchup_producer``: one at a time, on a thread, a bounded wait,
 then ``busy``). Inbound pushes (``vocab.PushKind``: rollouts, PULSELoCo payloads, head
-announcements, round decisions) go to a bounded queue (``net/inbox.py``) that the node drains
+announcements, round decisions) go to a bounded queue (``net/local/inbox.py``) that the node drains
 with ``events``. A peer that sends garbage gets an error response and its stream closed; nothing
 a peer sends can stop the worker.
 
-Per-peer budgets (``net/budget.py``, ``WireConfig.budget``): inbound streams come from two
+Per-peer budgets (``net/peers/budget.py``, ``WireConfig.budget``): inbound streams come from two
 pools (members' and everyone's, a non-member holding at most a few), each with a request
 token bucket, an overall deadline and a minimum rate (a slower stream is cut, ``SlowPeer``; when
 the shared pool is full the slowest non-member stream is evicted); a push is queued only
@@ -52,9 +52,9 @@ from libp2p.security.noise.transport import Transport as NoiseTransport
 from pulse_node.chain import serving
 from pulse_node.chain.catchup_producer import CatchupProducer
 from pulse_node.errors import BusyError, ConfigError, PulseError, UnsupportedVersion, WireError
-from pulse_node.net import wire_protocol as wp
-from pulse_node.net import wire_transfer as wt
-from pulse_node.net.budget import (
+from pulse_node.net.local.inbox import Inbox
+from pulse_node.net.local.rpc_server import Service, rpc, run_worker
+from pulse_node.net.peers.budget import (
     BULK_KINDS,
     BulkBudget,
     CatchupBudget,
@@ -65,9 +65,9 @@ from pulse_node.net.budget import (
     SlowPeer,
     StreamPools,
 )
-from pulse_node.net.inbox import Inbox
-from pulse_node.net.rpc_server import Service, rpc, run_worker
-from pulse_node.net.worker_config import WireConfig
+from pulse_node.net.wire import protocol as wp
+from pulse_node.net.wire import transfer as wt
+from pulse_node.net.wire.config import WireConfig
 from pulse_node.vocab import Event, FetchKind, PushKind
 
 log = logging.getLogger("pulse.wire")
@@ -329,8 +329,8 @@ class WireService(Service):
 
     @rpc
     async def set_standing(self, *, peer_ids: list[str]) -> int:
-        """Peers with standing (``net/standing.py``): their own shares; everyone else who is no
-        member shares the newcomers' allotments together (``net/budget.py``)."""
+        """Peers with standing (``net/peers/standing.py``): their own shares; everyone else who is no
+        member shares the newcomers' allotments together (``net/peers/budget.py``)."""
         if len(peer_ids) > 4096 or not all(isinstance(p, str) and len(p) <= 128 for p in peer_ids):
             raise WireError("set_standing takes at most 4096 peer ids")
         self.members.set_standing(peer_ids)

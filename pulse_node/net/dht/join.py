@@ -26,8 +26,8 @@ from hivemind.p2p import P2P, PeerID
 from hivemind.p2p.p2p_daemon_bindings.utils import P2PDaemonError
 from hivemind.utils.multiaddr import Multiaddr
 
-from pulse_node.net.rpc_server import StartFailed
-from pulse_node.net.worker_config import DhtConfig
+from pulse_node.net.dht.config import DhtConfig
+from pulse_node.net.local.rpc_server import StartFailed
 
 DAEMON_START_TIMEOUT_S = 15.0
 DHT_WAIT_TIMEOUT_S = 3.0

@@ -8,7 +8,7 @@
     client.stop()
 
 With ``DhtConfig.spool_dir`` set (trainers: ``<data_dir>/spool``), bodies above
-``spool.THRESHOLD`` pass between node and worker as spool files (``net/spool.py``), not bytes,
+``spool.THRESHOLD`` pass between node and worker as spool files (``net/local/spool.py``), not bytes,
 so a push may reach ``spool_max_push_bytes`` (1 GiB) instead of the RPC-bound 48 MiB.
 
 Start failures raise ``DhtStartError`` (``DuplicateIdentityError`` for a copied identity) with
@@ -25,12 +25,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pulse_node.errors import WireError
-from pulse_node.net import dht_rpc
-from pulse_node.net.dht_records import DhtInfo, PeerRecord, PeerStatus, validate_tree
-from pulse_node.net.ipc import StartFailure
-from pulse_node.net.process import WorkerClient, WorkerStartError
-from pulse_node.net.spool import THRESHOLD, Spool
-from pulse_node.net.worker_config import DhtConfig
+from pulse_node.net.dht import rpc as dht_rpc
+from pulse_node.net.dht.config import DhtConfig
+from pulse_node.net.dht.records import DhtInfo, PeerRecord, PeerStatus, validate_tree
+from pulse_node.net.local.ipc import StartFailure
+from pulse_node.net.local.process import WorkerClient, WorkerStartError
+from pulse_node.net.local.spool import THRESHOLD, Spool
 from pulse_node.vocab import Event, PushKind
 
 __all__ = ["DhtClient", "DhtConfig", "DhtStartError", "DuplicateIdentityError"]
@@ -56,7 +56,7 @@ class DuplicateIdentityError(DhtStartError):
 class DhtClient(WorkerClient[DhtConfig]):
     """Typed methods over the DHT worker's RPC; one instance per node, safe to share between threads."""
 
-    module = "pulse_node.net.dht_worker"
+    module = "pulse_node.net.dht.worker"
     name = "dht"
     api = dht_rpc.DhtRequest  # dht_rpc.py: one typed request per worker handler
 

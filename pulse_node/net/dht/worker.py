@@ -1,6 +1,6 @@
 """The DHT worker: one hivemind DHT node in its own process, served over the local RPC.
 
-Run by ``DhtClient.start`` as ``python -m pulse_node.net.dht_worker --ipc SOCK --config FILE
+Run by ``DhtClient.start`` as ``python -m pulse_node.net.dht.worker --ipc SOCK --config FILE
 [--error-file FILE]``, FILE being a ``DhtConfig`` as JSON (``rpc_server.run_worker``).
 
 Design: one asyncio loop in this process runs hivemind's ``DHTNode`` directly (not
@@ -16,7 +16,7 @@ ids first, then the newest), ``get``, and the p2pd push plane of ``dht_push.py``
 payloads between trainers): ``push``, ``push_file`` (a body the node wrote to a spool file),
 ``events`` (a large received body as a spool ``path`` + ``size`` instead of ``data``),
 ``push_stats``, ``probe``; inbound pushes are served only with ``accept_pushes``.
-The spool directory (``net/spool.py``) is created mode 0700 and emptied at start and at stop.
+The spool directory (``net/local/spool.py``) is created mode 0700 and emptied at start and at stop.
 Published records are re-signed and refreshed every ttl/3 until replaced or stopped, so dead
 peers disappear within one TTL.
 """
@@ -36,8 +36,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pulse_node.errors import WireError
-from pulse_node.net.dht_push import PushPlane
-from pulse_node.net.dht_records import (
+from pulse_node.net.dht.config import DhtConfig
+from pulse_node.net.dht.push import PushPlane
+from pulse_node.net.dht.records import (
     MAX_PEERS_READ,
     MAX_TTL_S,
     MIN_TTL_S,
@@ -49,9 +50,8 @@ from pulse_node.net.dht_records import (
     select_peer_records,
     validate_tree,
 )
-from pulse_node.net.rpc_server import Service, StartFailed, rpc, run_worker
-from pulse_node.net.spool import Spool
-from pulse_node.net.worker_config import DhtConfig
+from pulse_node.net.local.rpc_server import Service, StartFailed, rpc, run_worker
+from pulse_node.net.local.spool import Spool
 from pulse_node.vocab import PushKind
 
 log = logging.getLogger("pulse_node.dht")
@@ -300,8 +300,8 @@ def load_identity(path: Path | None) -> Any:
 async def start_worker(config: DhtConfig) -> DhtWorker:
     """Identity -> p2pd -> bootstrap dial -> DHT node -> duplicate check; each step bounded."""
     began = time.monotonic()
-    from pulse_node.net.dht_join import connect_bootstrap, create_dht_node, start_daemon  # hivemind (and torch)
-    from pulse_node.net.dht_validator import PulseRecordValidator, libp2p_private_key, peer_id_of
+    from pulse_node.net.dht.join import connect_bootstrap, create_dht_node, start_daemon  # hivemind (and torch)
+    from pulse_node.net.dht.validator import PulseRecordValidator, libp2p_private_key, peer_id_of
 
     imported = time.monotonic()
     spool = open_spool(config)

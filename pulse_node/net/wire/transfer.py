@@ -30,9 +30,9 @@ from libp2p.peer.peerinfo import info_from_p2p_addr
 
 from pulse_node.errors import IntegrityError, NotFound, PeerBusy, PeerUnavailable, WireError
 from pulse_node.fsutil import atomic_writer, commit, write_atomic
-from pulse_node.net import wire_protocol as wp
-from pulse_node.net.budget import Flow
-from pulse_node.net.worker_config import DIAL_TIMEOUT_S
+from pulse_node.net.peers.budget import Flow
+from pulse_node.net.wire import protocol as wp
+from pulse_node.net.wire.config import DIAL_TIMEOUT_S
 from pulse_node.vocab import check_push_kind
 
 
@@ -69,7 +69,7 @@ class StreamIO:
                  flow: Flow | None = None) -> None:
         self.stream, self.idle, self.counters = stream, idle, counters
         self.kind, self.peer = kind, peer
-        self.flow = flow  # an inbound stream's budget (deadline, minimum rate): ``net/budget.py``
+        self.flow = flow  # an inbound stream's budget (deadline, minimum rate): ``net/peers/budget.py``
         self._buf = bytearray()
 
     def _limit(self) -> float:

@@ -31,8 +31,8 @@ from typing import IO, Any, ClassVar, Generic, TypeVar
 import pydantic
 
 from pulse_node.errors import PulseError
-from pulse_node.net.ipc import RpcClient, RpcError, StartFailure
-from pulse_node.net.rpc_api import Ping, Request, Stop
+from pulse_node.net.local.ipc import RpcClient, RpcError, StartFailure
+from pulse_node.net.local.rpc_api import Ping, Request, Stop
 
 C = TypeVar("C", bound=pydantic.BaseModel)
 W = TypeVar("W", bound="WorkerClient[Any]")

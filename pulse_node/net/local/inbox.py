@@ -4,10 +4,10 @@ plane on asyncio; anyio wakes a waiting ``events`` call on either).
 Space (one slot and the body's bytes) is reserved before a body is read, so a flood of pushes is
 refused with ``busy`` instead of growing memory; ``take`` hands out events up to a byte budget
 per call so one RPC answer stays under ``ipc.MAX_FRAME``. A body written to a spool file instead
-of memory (the p2pd plane's large pushes, ``net/spool.py``) reserves room in a separate disk
+of memory (the p2pd plane's large pushes, ``net/local/spool.py``) reserves room in a separate disk
 budget and costs nothing against the per-call budget: only its path crosses the RPC.
 
-With ``shares`` (``net/budget.py``) a push is admitted against its sender's own share first: a
+With ``shares`` (``net/peers/budget.py``) a push is admitted against its sender's own share first: a
 non-member peer cannot fill the queue for everyone by declaring large sizes it never sends.
 """
 
@@ -19,7 +19,7 @@ from typing import Any
 
 import anyio
 
-from pulse_node.net.budget import PushShares
+from pulse_node.net.peers.budget import PushShares
 from pulse_node.vocab import Event
 
 #: bytes of in-memory event bodies returned by one ``take`` (stays under ipc.MAX_FRAME)

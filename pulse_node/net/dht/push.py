@@ -13,14 +13,14 @@ Limits, all checked before anything is allocated: the header frame is capped at
 ``wire_protocol.REQUEST_CAP``, the declared size at the kind's cap (``CAPS``), at most
 ``MAX_INBOUND`` streams are read at once (trainer-set members may use all of them; all
 non-members together at most ``OTHER_INBOUND``, one each: ``set_members``), a non-member's queued
-pushes stay within its own share (``net/budget.py``), and every stream has a deadline (``HEADER_TIMEOUT_S``
+pushes stay within its own share (``net/peers/budget.py``), and every stream has a deadline (``HEADER_TIMEOUT_S``
 for the header, then at least ``MIN_RATE`` bytes/s for the body). Received pushes wait in a
 bounded queue (count and bytes); a push that does not fit is refused with ``busy`` and counted.
 The sender of an event is the peer id p2pd authenticated for the stream (libp2p security
 handshake), never anything the peer wrote: with one Ed25519 identity per node it equals the
 sender's wire peer id, which is what the trainer checks a payload's trainer id against.
 
-With a spool (``net/spool.py``, a trainer's ``<data_dir>/spool``) payloads above
+With a spool (``net/local/spool.py``, a trainer's ``<data_dir>/spool``) payloads above
 ``spool.THRESHOLD`` never cross the local RPC as bytes: outbound the worker streams a file the
 node wrote (``push_file``), inbound a body is written to a spool file while it is read (chunk by
 chunk, off the event loop, under the same deadlines; removed on any failure) and the event
@@ -42,10 +42,10 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from pulse_node.errors import PeerUnavailable, UnsupportedVersion, WireError
-from pulse_node.net import wire_protocol as wp
-from pulse_node.net.budget import BudgetConfig, Members, PushShares, Refusals
-from pulse_node.net.inbox import Inbox
-from pulse_node.net.spool import THRESHOLD, AsyncFile, Spool
+from pulse_node.net.local.inbox import Inbox
+from pulse_node.net.local.spool import THRESHOLD, AsyncFile, Spool
+from pulse_node.net.peers.budget import BudgetConfig, Members, PushShares, Refusals
+from pulse_node.net.wire import protocol as wp
 from pulse_node.vocab import Event
 
 log = logging.getLogger("pulse_node.dht.push")

@@ -41,7 +41,7 @@ import anyio.lowlevel
 import pydantic
 
 from pulse_node.errors import PulseError, WireError
-from pulse_node.net import ipc
+from pulse_node.net.local import ipc
 
 log = logging.getLogger("pulse_node.rpc")
 
@@ -286,7 +286,7 @@ def report_start_failure(name: str, error_file: Path | None, kind: str, message:
 
 def parse_args(name: str, argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog=f"python -m pulse_node.net.{name}_worker",
-                                description=f"The {name} worker process (started by the node; see net/rpc_server.py).")
+                                description=f"The {name} worker process (started by the node; see net/local/rpc_server.py).")
     p.add_argument("--ipc", required=True, help="Unix socket to serve the local RPC on")
     p.add_argument("--config", required=True, type=Path, help="the worker's config model as JSON")
     p.add_argument("--error-file", type=Path, help="where to write why a start failed (StartFailure JSON)")

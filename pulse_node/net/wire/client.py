@@ -1,6 +1,6 @@
 """Typed blocking API of the libp2p data plane, used by the node process.
 
-``WireClient.start(WireConfig(store=...))`` launches ``python -m pulse_node.net.wire_worker`` (its
+``WireClient.start(WireConfig(store=...))`` launches ``python -m pulse_node.net.wire.worker`` (its
 own interpreter: py-libp2p and hivemind cannot share a process) and talks to it over the local
 RPC (``process.WorkerClient``). Bulk data moves as files: ``fetch`` and ``fetch_anchor`` write
 the destination atomically and return byte counts; only pushes and events carry bytes. Calls are
@@ -20,11 +20,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pulse_node.net import wire_rpc
-from pulse_node.net.process import WorkerClient
-from pulse_node.net.wire_protocol import StreamKind
-from pulse_node.net.wire_rpc import AnchorResult, FetchResult, WireInfo
-from pulse_node.net.worker_config import WireConfig
+from pulse_node.net.local.process import WorkerClient
+from pulse_node.net.wire import rpc as wire_rpc
+from pulse_node.net.wire.config import WireConfig
+from pulse_node.net.wire.protocol import StreamKind
+from pulse_node.net.wire.rpc import AnchorResult, FetchResult, WireInfo
 from pulse_node.vocab import Event, FetchKind, PushKind
 
 __all__ = ["AnchorResult", "FetchResult", "WireClient", "WireConfig", "WireInfo"]
@@ -35,7 +35,7 @@ _RPC_SLACK = 10.0  # the worker enforces each operation's timeout; the socket wa
 class WireClient(WorkerClient[WireConfig]):
     """One running wire worker and typed calls into it (``wire_rpc.py``: a request per handler)."""
 
-    module = "pulse_node.net.wire_worker"
+    module = "pulse_node.net.wire.worker"
     name = "wire"
     api = wire_rpc.WireRequest
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from pulse_node.net import wire_protocol as wp
-from pulse_node.net.rpc_api import Request
+from pulse_node.net.local.rpc_api import Request
+from pulse_node.net.wire import protocol as wp
 from pulse_node.vocab import Event, FetchKind, PushKind
 
 R = TypeVar("R")
@@ -62,7 +62,7 @@ class SetMembers(WireRequest[int]):
 
 
 class SetStanding(WireRequest[int]):
-    """Non-members with standing (``net/standing.py``); the others share the newcomers' budgets."""
+    """Non-members with standing (``net/peers/standing.py``); the others share the newcomers' budgets."""
 
     peer_ids: list[str]
 

@@ -171,7 +171,7 @@ def select_peer_records(records: list[E], *, prefer: Sequence[str] = (), limit: 
                         salt: bytes = b"", id_of: Callable[[E], str] = lambda r: r.peer_id,  # type: ignore
                         range_of: Callable[[E], str] | None = None) -> list[E]:
     """At most ``limit`` records: those of ``prefer`` first, in its order (the node's ranking:
-    trainer-set members, then peers with standing, ``net/standing.py``), then the others one per
+    trainer-set members, then peers with standing, ``net/peers/standing.py``), then the others one per
     address range in turn, each range in an order drawn from ``salt`` (a secret of this node).
 
     Anyone can publish records under fresh keys, and a record's ``updated_at`` and version are
