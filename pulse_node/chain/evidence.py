@@ -28,7 +28,7 @@ from pathlib import Path
 import msgpack
 
 from pulse_node.chain.identity import key_id_of
-from pulse_node.chain.record import MAX_RECORD_BYTES, decode_record, encode_record, verify_record
+from pulse_node.chain.record import MAX_RECORD_BYTES, VersionRecord, decode_record, encode_record, verify_record
 from pulse_node.errors import IntegrityError, WireError
 from pulse_node.fsutil import write_atomic
 
@@ -92,7 +92,7 @@ def heads_conflict(first: bytes, second: bytes, run_id: str) -> tuple[str, int]:
     return a.signer, a.version
 
 
-def head_evidence(a, b) -> Evidence:
+def head_evidence(a: VersionRecord, b: VersionRecord) -> Evidence:
     """The evidence two verified conflicting records make (``VersionRecord``s, one signer)."""
     return Evidence("head", a.signer, a.version, encode_record(a), encode_record(b), found_at=time.time())
 

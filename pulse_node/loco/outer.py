@@ -33,6 +33,7 @@ weights and momentum.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import TypedDict
 
 import torch
 
@@ -41,6 +42,13 @@ from pulse_node.loco.config import LocoConfig
 from pulse_node.loco.hashing import tensors_hash
 from pulse_node.loco.payload import LocoPayload
 
+
+class OuterState(TypedDict):
+    """What a lagging or diverged trainer pulls: the round, global FP32 weights and momentum."""
+
+    round: int
+    params: dict[str, torch.Tensor]
+    momentum: dict[str, torch.Tensor]
 
 class OuterOptimizer:
     """Owns the outer momentum; updates the given FP32 global weights in place."""
@@ -146,14 +154,14 @@ class OuterOptimizer:
         self.round = round
         self._hash = None
 
-    def state_dict(self) -> dict[str, object]:
+    def state_dict(self) -> OuterState:
         """Round, global FP32 weights and momentum: what a lagging or diverged trainer pulls."""
         return {"round": self.round,
                 "params": {n: t.clone() for n, t in self.params.items()},
                 "momentum": {n: t.clone() for n, t in self.momentum.items()}}
 
     @torch.no_grad()
-    def load_state_dict(self, state: Mapping[str, object]) -> None:
+    def load_state_dict(self, state: OuterState) -> None:
         """Adopt a peer's state (in place; its hashes were checked by ``trainer/state.py``)."""
         params, momentum = state["params"], state["momentum"]
         if set(params) != set(self.params) or set(momentum) != set(self.params):
