@@ -24,6 +24,7 @@ import stat
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from pulse_node.errors import WireError
 
@@ -162,19 +163,21 @@ class AsyncFile:
     def __init__(self, fd: int, executor: Executor) -> None:
         self.fd = fd
         self._executor = executor
-        self._last: Future | None = None
+        self._last: Future[Any] | None = None
 
     async def write(self, data: bytes) -> None:
         self._last = self._executor.submit(write_all, self.fd, data)
         await asyncio.wrap_future(self._last)
 
     async def pread(self, n: int, offset: int) -> bytes:
-        self._last = self._executor.submit(os.pread, self.fd, n, offset)
-        return await asyncio.wrap_future(self._last)
+        read = self._executor.submit(os.pread, self.fd, n, offset)
+        self._last = read
+        return await asyncio.wrap_future(read)
 
     def close(self) -> None:
         last, self._last = self._last, None
         if last is not None and not last.done():
-            last.add_done_callback(lambda _f, fd=self.fd: os.close(fd))
+            fd = self.fd
+            last.add_done_callback(lambda _f: os.close(fd))
         else:
             os.close(self.fd)
