@@ -21,6 +21,9 @@ FetchKind = Literal["record", "patch", "anchor", "catchup", "trainer_state", "lo
 #: any message kind (fault injection faults pushes and fetches alike)
 Kind = Literal[PushKind, FetchKind]
 
+#: what a node is (its DHT record says it)
+NodeRole = Literal["bootstrap", "trainer", "inference"]
+
 PUSH_KINDS: tuple[PushKind, ...] = get_args(PushKind)
 FETCH_KINDS: tuple[FetchKind, ...] = get_args(FetchKind)
 
