@@ -153,7 +153,9 @@ def read_safetensors_header(path: Path) -> dict[str, Any]:
 
 def _tensor_end(path: Path, name: str, info: object) -> int:
     try:
-        begin, end = info["data_offsets"]  # type: ignore[index]
+        if not isinstance(info, dict):
+            raise TypeError
+        begin, end = info["data_offsets"]
         if not (isinstance(begin, int) and isinstance(end, int) and 0 <= begin <= end):
             raise TypeError
     except (TypeError, KeyError, ValueError):

@@ -100,7 +100,8 @@ class OuterOptimizer:
             largest = max((t.numel() for t in self.params.values()), default=0)
             self._flat = (torch.zeros(largest), torch.zeros(largest))
         t = self.params[name]
-        return tuple(f[:t.numel()].view(t.shape) for f in self._flat)  # type: ignore[return-value]
+        a, b = self._flat
+        return a[:t.numel()].view(t.shape), b[:t.numel()].view(t.shape)
 
     def _mean_into_acc(self, name: str, ordered: Sequence[LocoPayload]) -> torch.Tensor:
         acc = self._scratch(name)[0]
