@@ -8,11 +8,16 @@ Nothing here runs at import time.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any, TypeVar
 
 import pydantic
-import tomllib
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10: the same parser, before it joined the standard library
+    import tomli as tomllib
 
 from pulse_node.errors import ConfigError
 

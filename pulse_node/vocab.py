@@ -21,21 +21,26 @@ FetchKind = Literal["record", "patch", "anchor", "catchup", "trainer_state", "lo
 #: any message kind (fault injection faults pushes and fetches alike)
 Kind = Literal[PushKind, FetchKind]
 
-PUSH_KINDS: tuple[str, ...] = get_args(PushKind)
-FETCH_KINDS: tuple[str, ...] = get_args(FetchKind)
+#: what a node is (its DHT record says it)
+NodeRole = Literal["bootstrap", "trainer", "inference"]
+
+PUSH_KINDS: tuple[PushKind, ...] = get_args(PushKind)
+FETCH_KINDS: tuple[FetchKind, ...] = get_args(FetchKind)
 
 def check_push_kind(kind: object) -> PushKind:
     """``kind`` if it is a push kind; ``WireError`` naming the known ones otherwise."""
-    if kind not in PUSH_KINDS:
-        raise WireError(f"unknown push kind {kind!r}; expected one of {', '.join(PUSH_KINDS)}")
-    return kind  # type: ignore[return-value]
+    for known in PUSH_KINDS:
+        if kind == known:
+            return known
+    raise WireError(f"unknown push kind {kind!r}; expected one of {', '.join(PUSH_KINDS)}")
 
 
 def check_fetch_kind(kind: object) -> FetchKind:
     """``kind`` if it is a fetch kind; ``WireError`` naming the known ones otherwise."""
-    if kind not in FETCH_KINDS:
-        raise WireError(f"unknown fetch kind {kind!r}; expected one of {', '.join(FETCH_KINDS)}")
-    return kind  # type: ignore[return-value]
+    for known in FETCH_KINDS:
+        if kind == known:
+            return known
+    raise WireError(f"unknown fetch kind {kind!r}; expected one of {', '.join(FETCH_KINDS)}")
 
 
 #: a run id names one swarm: its DHT keys (``pulse/<run>/...``), signed records and decisions

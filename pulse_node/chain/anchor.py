@@ -25,6 +25,7 @@ import json
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import blake3
 import msgpack
@@ -112,7 +113,7 @@ def anchor_manifest(state: Mapping[str, TensorBits]) -> bytes:
     chunk = chunk_size_for(pos)
     digests, hasher, filled = bytearray(), blake3.blake3(), 0
     for name in order:
-        view = memoryview(np.ascontiguousarray(state[name].bits).view(np.uint8))
+        view = np.ascontiguousarray(state[name].bits).view(np.uint8).data
         while len(view):
             take = min(len(view), chunk - filled)
             hasher.update(view[:take])
@@ -129,13 +130,13 @@ def header_length(first8: bytes) -> int:
     """The header length a file's first 8 bytes declare; ``IntegrityError`` past ``MAX_HEADER_BYTES``."""
     if len(first8) < 8:
         raise IntegrityError("anchor is shorter than a safetensors header")
-    n = struct.unpack("<Q", first8[:8])[0]
+    n: int = struct.unpack("<Q", first8[:8])[0]
     if not 2 <= n <= MAX_HEADER_BYTES:
         raise IntegrityError(f"anchor header of {n} bytes is outside [2, {MAX_HEADER_BYTES}]")
     return n
 
 
-def split_header(data: bytes) -> tuple[int, dict]:
+def split_header(data: bytes) -> tuple[int, dict[str, Any]]:
     """(header length, parsed header) of safetensors bytes; ``IntegrityError`` if malformed."""
     n = header_length(data[:8])
     if len(data) < 8 + n:

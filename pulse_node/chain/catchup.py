@@ -13,13 +13,14 @@ from __future__ import annotations
 
 from pulse_node.chain.patchinfo import patch_hashes
 from pulse_node.chain.record import VersionRecord
+from pulse_node.codec.header import Mode
 from pulse_node.codec.patch import apply_patch, make_patch
 from pulse_node.codec.state import State
 from pulse_node.errors import IntegrityError
 
 
 def make_catchup(state_a: State, state_b: State, *, from_version: int, to_version: int,
-                 mode: str = "compact", hashes: tuple[str, str] | None = None) -> bytes:
+                 mode: Mode = "compact", hashes: tuple[str, str] | None = None) -> bytes:
     """A single codec patch turning ``state_a`` (version a) into ``state_b`` (version b).
 
     ``hashes``: the two states' known (verified) state hashes, so they are not computed again.

@@ -30,6 +30,7 @@ from pathlib import Path
 from pulse_node.chain.catchup import make_catchup
 from pulse_node.chain.layout import CATCHUP_KEEP_BYTES, CATCHUP_KEEP_FILES, catchup_path, prune_catchups
 from pulse_node.chain.store import VersionStore
+from pulse_node.codec.header import Mode
 from pulse_node.codec.state import State
 from pulse_node.errors import BusyError, GapError, PulseError, StoreError
 from pulse_node.fsutil import write_atomic
@@ -52,7 +53,7 @@ class CatchupProducer:
     """On-demand catch-up patches for one store root (read-only use of the store)."""
 
     def __init__(self, root: Path, *, max_gap: int = CATCHUP_MAX_GAP, wait_s: float = CATCHUP_WAIT_S,
-                 mode: str = "compact") -> None:
+                 mode: Mode = "compact") -> None:
         self.root, self.max_gap, self.wait_s, self.mode = Path(root), max_gap, wait_s, mode
         self._lock = threading.Lock()
         self._job: _Job | None = None

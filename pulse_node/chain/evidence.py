@@ -24,11 +24,12 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal, get_args
 
 import msgpack
 
 from pulse_node.chain.identity import key_id_of
-from pulse_node.chain.record import MAX_RECORD_BYTES, decode_record, encode_record, verify_record
+from pulse_node.chain.record import MAX_RECORD_BYTES, VersionRecord, decode_record, encode_record, verify_record
 from pulse_node.errors import IntegrityError, WireError
 from pulse_node.fsutil import write_atomic
 
@@ -42,6 +43,10 @@ MAX_EVIDENCE_BYTES = 2 * (64 << 10) + 1024
 MAX_CONVICTED = 256
 _KEY = re.compile(r"[0-9a-f]{64}")
 
+#: "head": two records for one version; "decision": two round decisions for one round
+EvidenceKind = Literal["head", "decision"]
+EVIDENCE_KINDS: tuple[EvidenceKind, ...] = get_args(EvidenceKind)
+
 #: checks two messages of one kind conflict: returns (signer key, version or round), else raises
 Checker = Callable[[bytes, bytes, str], tuple[str, int]]
 
@@ -50,7 +55,7 @@ Checker = Callable[[bytes, bytes, str], tuple[str, int]]
 class Evidence:
     """Two conflicting messages signed by ``key`` about version / round ``at``."""
 
-    kind: str  # "head" (two records for one version) or "decision" (two decisions for one round)
+    kind: EvidenceKind
     key: str
     at: int
     first: bytes
@@ -60,6 +65,14 @@ class Evidence:
     def encode(self) -> bytes:
         return msgpack.packb([EVIDENCE_MAGIC, EVIDENCE_FORMAT, self.kind, self.first, self.second],
                              use_bin_type=True)
+
+
+def evidence_kind(kind: object) -> EvidenceKind:
+    """``kind`` if it names a kind of evidence; ``WireError`` otherwise."""
+    for known in EVIDENCE_KINDS:
+        if kind == known:
+            return known
+    raise WireError(f"evidence of unknown kind {str(kind)[:32]!r}")
 
 
 def decode_evidence(data: bytes) -> tuple[str, bytes, bytes]:
@@ -92,7 +105,7 @@ def heads_conflict(first: bytes, second: bytes, run_id: str) -> tuple[str, int]:
     return a.signer, a.version
 
 
-def head_evidence(a, b) -> Evidence:
+def head_evidence(a: VersionRecord, b: VersionRecord) -> Evidence:
     """The evidence two verified conflicting records make (``VersionRecord``s, one signer)."""
     return Evidence("head", a.signer, a.version, encode_record(a), encode_record(b), found_at=time.time())
 
@@ -133,7 +146,7 @@ class EvidenceBook:
         key, at = checker(first, second, self.run_id)
         if not self.admit(key):
             raise IntegrityError(f"evidence against {key_id_of(key)}, not a trainer-set member")
-        return self._convict(Evidence(kind, key, at, first, second, found_at=time.time()))
+        return self._convict(Evidence(evidence_kind(kind), key, at, first, second, found_at=time.time()))
 
     def _convict(self, ev: Evidence, *, persist: bool = True) -> Evidence | None:
         if ev.key in self.convicted or len(self.convicted) >= MAX_CONVICTED:
@@ -159,9 +172,10 @@ class EvidenceBook:
             try:
                 kind, first, second = decode_evidence(path.read_bytes()[:MAX_EVIDENCE_BYTES + 1])
                 key, at = self.checkers[kind](first, second, self.run_id)
+                typed = evidence_kind(kind)
                 when = path.stat().st_mtime
             except (KeyError, OSError, WireError, IntegrityError) as exc:
                 log.warning("ignoring evidence file %s: %s", path, exc)
                 continue
             if _KEY.fullmatch(key):
-                self.convicted.setdefault(key, Evidence(kind, key, at, first, second, found_at=when))
+                self.convicted.setdefault(key, Evidence(typed, key, at, first, second, found_at=when))

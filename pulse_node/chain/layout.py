@@ -22,6 +22,7 @@ import os
 import struct
 from collections.abc import Collection
 from pathlib import Path
+from typing import Any
 
 from pulse_node.chain.record import VersionRecord, decode_record, encode_record
 from pulse_node.errors import StoreError, WireError
@@ -123,7 +124,7 @@ def state_metadata(record: VersionRecord) -> dict[str, str]:
     }
 
 
-def read_safetensors_header(path: Path) -> dict:
+def read_safetensors_header(path: Path) -> dict[str, Any]:
     """Parse a safetensors header and check the file is exactly as long as it declares.
 
     Cheap (reads the header only); catches truncated and over-long files. ``StoreError``.
@@ -152,7 +153,9 @@ def read_safetensors_header(path: Path) -> dict:
 
 def _tensor_end(path: Path, name: str, info: object) -> int:
     try:
-        begin, end = info["data_offsets"]  # type: ignore[index]
+        if not isinstance(info, dict):
+            raise TypeError
+        begin, end = info["data_offsets"]
         if not (isinstance(begin, int) and isinstance(end, int) and 0 <= begin <= end):
             raise TypeError
     except (TypeError, KeyError, ValueError):

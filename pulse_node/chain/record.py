@@ -35,7 +35,7 @@ import hashlib
 import math
 import re
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -198,7 +198,7 @@ def _check_fields(r: VersionRecord, *, unsigned_ok: bool, error: type[Exception]
         raise error(f"invalid version record v{r.version}: {problems[0]}")
 
 
-def _field_problems(r: VersionRecord, *, unsigned_ok: bool):
+def _field_problems(r: VersionRecord, *, unsigned_ok: bool) -> Iterator[str]:
     if not is_run_id(r.run_id):
         yield f"run_id must be {RUN_ID_RULE}"
     if not 0 <= r.version <= _MAX_INT or not 0 <= r.patch_bytes <= _MAX_INT:

@@ -9,6 +9,7 @@ Trainers also serve the PULSELoCo payloads and round decisions of their last few
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -65,7 +66,7 @@ def resolve(root: Path, kind: str, params: dict[str, Any]) -> Path | None:
     return None
 
 
-def store_resolver(root: Path, producer: CatchupProducer | None = None):
+def store_resolver(root: Path, producer: CatchupProducer | None = None) -> Callable[[str, dict[str, Any]], Path | None]:
     """A resolver bound to one store root; with ``producer``, missing catch-ups are made on demand.
 
     (The wire worker calls ``producer.request`` itself, on a thread, to keep its event loop

@@ -32,7 +32,8 @@ def _entropy_bits(n: np.ndarray, m: np.ndarray) -> np.ndarray:
     with np.errstate(divide="ignore", invalid="ignore"):
         p = np.where(n > 0, m / np.maximum(n, 1), 0.0)
         h = -(p * np.log2(np.where(p > 0, p, 1)) + (1 - p) * np.log2(np.where(p < 1, 1 - p, 1)))
-    return n * h
+    bits: np.ndarray = n * h
+    return bits
 
 
 def choose_threshold(dtype: str, base_bits: np.ndarray, changed_labels: np.ndarray) -> int:

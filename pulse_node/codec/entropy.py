@@ -15,6 +15,7 @@ Per-element work is vectorized numpy or a compiled kernel (``kernels``); no Pyth
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -76,10 +77,11 @@ def gap_unbins_np(sym: np.ndarray, extra_reader: BitReader) -> np.ndarray:
     n_bins = int(sym.max()) + 1 if sym.size else EXACT_BINS
     low, nextra = bin_bounds(max(n_bins, EXACT_BINS))
     s = sym.astype(np.int64)
-    return low[s] + extra_reader.read(nextra[s])
+    gaps: np.ndarray = low[s] + extra_reader.read(nextra[s])
+    return gaps
 
 
-def _geometric(count, universe, out):
+def _geometric(count: int, universe: int, out: np.ndarray) -> None:
     q = (universe - count) / universe
     n_bins = out.size
     surv = np.empty(n_bins + EXACT_BINS + 5, np.float64)
@@ -151,7 +153,8 @@ _U64 = np.uint64
 
 
 def _masks(widths: np.ndarray) -> np.ndarray:
-    return (_U64(1) << widths.astype(_U64)) - _U64(1)
+    masks: np.ndarray = (_U64(1) << widths.astype(_U64)) - _U64(1)
+    return masks
 
 
 def _split_at_32(values: np.ndarray, widths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -276,7 +279,11 @@ def categorical(freqs: np.ndarray, *, leaky: bool = True) -> rans.Model:
     return rans.model(freqs, leaky=leaky)
 
 
-def ans_encode(segments: list[tuple[np.ndarray, object]]) -> bytes:
+#: rANS segments: ``(symbols, frequencies or a built model)``, coded in order
+Segments = list[tuple[np.ndarray, "np.ndarray | rans.Model"]]
+
+
+def ans_encode(segments: Sequence[tuple[np.ndarray, np.ndarray | rans.Model]]) -> bytes:
     """Encode ``[(symbols, freqs or model), ...]`` into one rANS stream, decodable in order."""
     return rans.encode([(s, categorical(f) if isinstance(f, np.ndarray) else f) for s, f in segments])
 
@@ -284,5 +291,5 @@ def ans_encode(segments: list[tuple[np.ndarray, object]]) -> bytes:
 class AnsDecoder(rans.Decoder):
     """Decodes segments written by ``ans_encode``, one ``(count, freqs or model)`` at a time."""
 
-    def decode(self, count: int, freqs: object) -> np.ndarray:  # type: ignore[override]
+    def decode(self, count: int, freqs: np.ndarray | rans.Model) -> np.ndarray:
         return super().decode(count, categorical(freqs) if isinstance(freqs, np.ndarray) else freqs)

@@ -26,21 +26,25 @@ from pulse_node.errors import PatchError
 TRUNCATED, BAD_SYMBOL, OUT_OF_RANGE = K.TRUNCATED, K.BAD_SYMBOL, -3
 
 
-def _load(buf, pos, w):
+def _load(buf: np.ndarray, pos: int, w: int) -> np.int64:
     """The ``w``-bit (<= 32) LSB-first field at bit ``pos`` of little-endian uint32 words."""
     i = pos >> 5
     pair = (np.uint64(buf[i + 1]) << np.uint64(32)) | np.uint64(buf[i])
-    return np.int64((pair >> np.uint64(pos & 31)) & ((np.uint64(1) << np.uint64(w)) - np.uint64(1)))
+    field: np.int64 = np.int64((pair >> np.uint64(pos & 31)) & ((np.uint64(1) << np.uint64(w)) - np.uint64(1)))
+    return field
 
 
-def _peek(buf, pos, w):
+def _peek(buf: np.ndarray, pos: int, w: int) -> np.int64:
     """The ``w``-bit (<= 62) field at bit ``pos`` of a word buffer padded by two words."""
     if w > 32:
-        return load(buf, pos, 32) | (load(buf, pos + 32, w - 32) << np.int64(32))
+        wide: np.int64 = load(buf, pos, 32) | (load(buf, pos + 32, w - 32) << np.int64(32))
+        return wide
     return load(buf, pos, w)
 
 
-def _ranks(words, p, x0, x1, t, count, slots, freq, cum, raw, rpos, rbits, low, nextra, size, out):
+def _ranks(words: np.ndarray, p: int, x0: np.uint64, x1: np.uint64, t: int, count: int, slots: np.ndarray,
+           freq: np.ndarray, cum: np.ndarray, raw: np.ndarray, rpos: int, rbits: int, low: np.ndarray,
+           nextra: np.ndarray, size: int, out: np.ndarray) -> tuple[int, np.uint64, np.uint64, int]:
     """``count`` gap symbols + extra bits -> ranks in ``[0, size)``; ``(p, x0, x1, rpos)``, a status in p."""
     r = np.int64(-1)
     xa, xb = (x1, x0) if t else (x0, x1)
@@ -63,8 +67,10 @@ def _ranks(words, p, x0, x1, t, count, slots, freq, cum, raw, rpos, rbits, low, 
     return p, x0, x1, rpos
 
 
-def _deltas(words, p, x0, x1, t, label_row, slots, freq, cum, raw, rpos, rbits, low, nextra, idx, bits,
-            kind, width, mant, emask):
+def _deltas(words: np.ndarray, p: int, x0: np.uint64, x1: np.uint64, t: int, label_row: np.ndarray,
+            slots: np.ndarray, freq: np.ndarray, cum: np.ndarray, raw: np.ndarray, rpos: int, rbits: int,
+            low: np.ndarray, nextra: np.ndarray, idx: np.ndarray, bits: np.ndarray, kind: int, width: int,
+            mant: int, emask: int) -> tuple[int, np.uint64, np.uint64, int]:
     """Move ``bits[idx[i]]`` by its decoded key delta, the model picked by the base exponent."""
     mask = (np.int64(1) << width) - 1
     sign = np.int64(1) << (width - 1)
@@ -92,7 +98,8 @@ def _deltas(words, p, x0, x1, t, label_row, slots, freq, cum, raw, rpos, rbits, 
     return p, x0, x1, rpos
 
 
-def _planes(words, p, x0, x1, t, slots, freq, cum, n_planes, idx, bits):
+def _planes(words: np.ndarray, p: int, x0: np.uint64, x1: np.uint64, t: int, slots: np.ndarray, freq: np.ndarray,
+            cum: np.ndarray, n_planes: int, idx: np.ndarray, bits: np.ndarray) -> tuple[int, np.uint64, np.uint64]:
     """Overwrite coding: byte plane ``j`` of every element with model row ``j``, then scatter."""
     n = idx.size
     acc = np.zeros(n, np.uint64)

@@ -77,7 +77,7 @@ class PatchHeader:
     tensors: tuple[TensorEntry, ...]
     tables: tuple[ValueTable, ...]
 
-    def to_wire(self) -> dict:
+    def to_wire(self) -> dict[str, object]:
         return {
             "format": "pulse-patch", "version": self.version, "mode": self.mode,
             "hash_algo": self.hash_algo, "base_state_hash": self.base_state_hash,

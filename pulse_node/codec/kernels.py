@@ -15,31 +15,37 @@ Kernels never raise: they return a negative status that the caller turns into a 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any, TypeVar, cast
+
 import numpy as np
 
 try:  # numba is a declared dependency; the numpy twins keep the codec working without it
     from numba import njit
-except ImportError:  # pragma: no cover - exercised only on platforms without numba wheels
-    njit = None
 
-AVAILABLE = njit is not None
+    AVAILABLE = True
+except ImportError:  # pragma: no cover - exercised only on platforms without numba wheels
+    AVAILABLE = False
+
 FLOAT, SIGNED, UNSIGNED = 0, 1, 2
 #: kernel status codes
 TRUNCATED, BAD_SYMBOL = -1, -2
 
-
-def _jit(fn):
-    return njit(cache=True, nogil=True)(fn) if AVAILABLE else None
+F = TypeVar("F", bound=Callable[..., Any])
 
 
-def jit_or_python(fn, *, inline: bool = False):
+def jit_or_python(fn: F, *, inline: bool = False) -> F:
     """``fn`` compiled, or ``fn`` itself without numba (for kernels with no vectorized twin)."""
     if not AVAILABLE:
         return fn
-    return njit(cache=True, nogil=True, inline="always" if inline else "never")(fn)
+    # a numba dispatcher is called with the arguments of the function it compiled
+    return cast(F, njit(cache=True, nogil=True, inline="always" if inline else "never")(fn))
 
 
-def _take_bits(buf, pos, w):
+_jit = jit_or_python  # the kernels below: without numba, callers take their numpy twins (``AVAILABLE``)
+
+
+def _take_bits(buf: np.ndarray, pos: int, w: int) -> int:
     """The ``w``-bit LSB-first field at bit ``pos`` (the caller checked the bounds)."""
     v = 0
     got = 0
@@ -51,7 +57,7 @@ def _take_bits(buf, pos, w):
     return v
 
 
-def _read_fields(buf, pos, nbits, widths, out):
+def _read_fields(buf: np.ndarray, pos: int, nbits: int, widths: np.ndarray, out: np.ndarray) -> int:
     """Read ``widths[i]``-bit LSB-first fields from bit ``pos``; new position or TRUNCATED."""
     for i in range(widths.size):
         w = widths[i]
@@ -62,7 +68,7 @@ def _read_fields(buf, pos, nbits, widths, out):
     return pos
 
 
-def _write_fields(values, widths, out):
+def _write_fields(values: np.ndarray, widths: np.ndarray, out: np.ndarray) -> int:
     """OR the fields into the zeroed byte buffer ``out`` back to back; bits written."""
     pos = 0
     for i in range(values.size):
@@ -78,7 +84,7 @@ def _write_fields(values, widths, out):
     return pos
 
 
-def _bin_values(values, sym, nextra, extra):
+def _bin_values(values: np.ndarray, sym: np.ndarray, nextra: np.ndarray, extra: np.ndarray) -> None:
     """Gap bins of non-negative values: exact below 16, then 4 bins per octave."""
     for i in range(values.size):
         x = values[i]
@@ -98,7 +104,7 @@ def _bin_values(values, sym, nextra, extra):
         extra[i] = x & ((1 << ne) - 1)
 
 
-def _label_order(labels, order, counts):
+def _label_order(labels: np.ndarray, order: np.ndarray, counts: np.ndarray) -> None:
     """Stable counting sort of uint8 labels: ``order`` and per-label ``counts`` (256)."""
     for i in range(labels.size):
         counts[labels[i]] += 1
@@ -113,7 +119,7 @@ def _label_order(labels, order, counts):
         starts[label] += 1
 
 
-def _key(b, kind, sign, mask):
+def _key(b: int, kind: int, sign: int, mask: int) -> int:
     """Order-preserving key of raw bits ``b`` (branch-free: weight signs are random)."""
     if kind == 0:  # negative: all bits flipped; positive: sign bit set
         return b ^ (sign | (-((b & sign) != 0) & mask))
@@ -122,7 +128,7 @@ def _key(b, kind, sign, mask):
     return b
 
 
-def _unkey(k, kind, sign, mask):
+def _unkey(k: int, kind: int, sign: int, mask: int) -> int:
     """Inverse of ``_key`` (branch-free)."""
     if kind == 0:
         return k ^ (sign | (-((k & sign) == 0) & mask))
@@ -131,7 +137,7 @@ def _unkey(k, kind, sign, mask):
     return k
 
 
-def _delta_zig(old, new, kind, width, out):
+def _delta_zig(old: np.ndarray, new: np.ndarray, kind: int, width: int, out: np.ndarray) -> None:
     """``zigzag(key(new) - key(old) mod 2**width) - 1`` of changed elements (all >= 0)."""
     mask = (1 << width) - 1
     sign = 1 << (width - 1)
@@ -144,7 +150,7 @@ def _delta_zig(old, new, kind, width, out):
         out[i] = 2 * d - 1 if d >= 0 else -2 * d - 2
 
 
-def _count_below(bits, limit, magnitude_mask):
+def _count_below(bits: np.ndarray, limit: int, magnitude_mask: int) -> int:
     """How many elements have magnitude (bits without the sign) below ``limit``."""
     n = 0
     for i in range(bits.size):
@@ -153,7 +159,8 @@ def _count_below(bits, limit, magnitude_mask):
     return n
 
 
-def _members_below(bits, limit, magnitude_mask, mant, members, labels):
+def _members_below(bits: np.ndarray, limit: int, magnitude_mask: int, mant: int, members: np.ndarray,
+                   labels: np.ndarray) -> int:
     """Indices and exponent fields of the elements with magnitude below ``limit``.
 
     Branch-free compaction (members are sparse and scattered, a branch mispredicts): every
@@ -169,7 +176,7 @@ def _members_below(bits, limit, magnitude_mask, mant, members, labels):
     return k
 
 
-def _background_positions(ranks, members, out):
+def _background_positions(ranks: np.ndarray, members: np.ndarray, out: np.ndarray) -> None:
     """Absolute positions of background ranks (both sorted): skip the members before each."""
     j = 0
     for i in range(ranks.size):
@@ -179,7 +186,7 @@ def _background_positions(ranks, members, out):
         out[i] = r + j
 
 
-def _locate(members, idx, hit, before):
+def _locate(members: np.ndarray, idx: np.ndarray, hit: np.ndarray, before: np.ndarray) -> None:
     """For sorted ``idx``: members strictly before each index, and whether it is a member."""
     j = 0
     for i in range(idx.size):
@@ -190,7 +197,7 @@ def _locate(members, idx, hit, before):
         hit[i] = j < members.size and members[j] == x
 
 
-def _differ(have, want, shift, lo, out):
+def _differ(have: np.ndarray, want: np.ndarray, shift: int, lo: int, out: np.ndarray) -> int:
     """Positions ``lo + i`` where ``have[i] >> shift != want[i]``, written to ``out``; how many.
 
     A branch, unlike ``_members_below``: differences are rare (a few %), so it predicts well and
@@ -203,10 +210,9 @@ def _differ(have, want, shift, lo, out):
     return k
 
 
-if AVAILABLE:
-    _take_bits = njit(cache=True, nogil=True, inline="always")(_take_bits)  # type: ignore[assignment]
-    _key = njit(cache=True, nogil=True, inline="always")(_key)  # type: ignore[assignment]
-    _unkey = njit(cache=True, nogil=True, inline="always")(_unkey)  # type: ignore[assignment]
+_take_bits = jit_or_python(_take_bits, inline=True)
+_key = jit_or_python(_key, inline=True)
+_unkey = jit_or_python(_unkey, inline=True)
 key, unkey = _key, _unkey
 read_fields = _jit(_read_fields)
 write_fields = _jit(_write_fields)

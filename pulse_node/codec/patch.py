@@ -28,9 +28,10 @@ but one that decodes cleanly yields a wrong state, so only skip verification for
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TypeVar
 
 import msgpack
 import numpy as np
@@ -119,6 +120,8 @@ def _build_tables(pending: list[_Pending]) -> dict[Key, np.ndarray]:
             for j, sym in enumerate(p.symbols):
                 parts.setdefault((V.PLANES, p.tb.dtype, j), []).append(np.bincount(sym, minlength=256))
         else:
+            if p.labels is None:
+                raise PatchError(f"{p.name}: delta coding without exponent labels")
             present, counts = delta_counts(p.symbols[0], p.labels)
             for label, row in zip(present.tolist(), counts):
                 parts.setdefault((V.DELTA, p.tb.dtype, label), []).append(row)
@@ -154,7 +157,7 @@ def make_patch(base: State, new: State, *, mode: Mode = "compact", base_hash: st
     if mode not in MODES:
         raise PatchError(f"unknown patch mode {mode!r} (expected one of {', '.join(MODES)})")
     _check_same_layout(base, new)
-    def prepare(name: str):
+    def prepare(name: str) -> _Pending | None:
         idx = np.flatnonzero(base[name].bits != new[name].bits)
         return _prepare(name, base[name], new[name], idx, mode, position_context) if idx.size else None
 
@@ -268,13 +271,15 @@ def _payload(patch: bytes, header: PatchHeader, start: int, verify: bool) -> mem
 
 #: tensors decoded in parallel (bounded so a node sharing the machine is not starved)
 _WORKERS = min(8, os.cpu_count() or 1)
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 def _patched_bits(entry: TensorEntry, b: TensorBits, payload: memoryview, models: PatchModels) -> np.ndarray:
     """A copy of the base tensor with the entry's changes applied."""
     pos_blob, words, raw = _split_stream(payload[entry.offset:entry.offset + entry.length], entry.name)
     idx = _decode_positions(entry, b.bits, pos_blob)
-    bits = b.bits.copy()
+    bits: np.ndarray = b.bits.copy()
     if entry.value_coding == V.PLANES:
         _decode_planes(entry, idx, words, models, bits)
     else:
@@ -282,7 +287,7 @@ def _patched_bits(entry: TensorEntry, b: TensorBits, payload: memoryview, models
     return bits
 
 
-def _map(fn, items: list) -> list:
+def _map(fn: Callable[[T], R], items: list[T]) -> list[R]:
     """``map`` over tensors on a thread pool (numpy releases the GIL in the heavy passes)."""
     if len(items) < 2 or _WORKERS < 2:
         return [fn(x) for x in items]

@@ -37,6 +37,7 @@ from pulse_node.codec.entropy import (
     MAX_BINS,
     AnsDecoder,
     BitWriter,
+    Segments,
     ans_encode,
     bin_bounds,
     categorical,
@@ -124,7 +125,7 @@ def _check_idx(idx: np.ndarray, numel: int) -> np.ndarray:
     return idx
 
 
-def _encode_class(ranks: np.ndarray, size: int, segments: list, raw: BitWriter) -> None:
+def _encode_class(ranks: np.ndarray, size: int, segments: Segments, raw: BitWriter) -> None:
     """Append one class's rank gaps (ranks sorted, within [0, size)) to the streams."""
     if ranks.size == 0 or ranks.size == size:
         return
@@ -152,7 +153,7 @@ def encode_positions(idx: np.ndarray, numel: int, *, context: np.ndarray | None 
     idx = _check_idx(idx, numel)
     if classes is None:
         classes = Classes.single(numel) if context is None else Classes.from_context(context, numel)
-    segments: list = []
+    segments: Segments = []
     raw = BitWriter()
     labels: list[int] = []
     counts: list[int] = []

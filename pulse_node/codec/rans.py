@@ -54,7 +54,7 @@ class Model:
     slots: np.ndarray
 
 
-def _build(f, leaky, freq, cum, slots):
+def _build(f: np.ndarray, leaky: float, freq: np.ndarray, cum: np.ndarray, slots: np.ndarray) -> int:
     """Quantise ``f`` to frequencies summing to ``M`` and fill the tables; 0 or -1 (bad table).
 
     Deterministic everywhere: one left-to-right float64 sum, one correctly rounded division
@@ -119,7 +119,8 @@ def model(freqs: np.ndarray, *, leaky: bool = True) -> Model:
     return Model(int(f.size), freq, cum, slots)
 
 
-def _encode(syms, rows, freq, cum, n_sym, out):
+def _encode(syms: np.ndarray, rows: np.ndarray, freq: np.ndarray, cum: np.ndarray, n_sym: np.ndarray,
+            out: np.ndarray) -> int:
     """Encode ``syms[i]`` with model ``rows[i]`` and state ``i % 2``, last symbol first.
 
     Returns the number of words written, or BAD_SYMBOL. Both states share one word stack,
@@ -148,7 +149,7 @@ def _encode(syms, rows, freq, cum, n_sym, out):
     return k
 
 
-def _renorm(words, p, x):
+def _renorm(words: np.ndarray, p: int, x: np.uint64) -> tuple[int, np.uint64]:
     """Pull the next word into a state below ``L`` (a rarely taken, well predicted branch:
     a branch-free select measured slower, it lengthens the state's dependency chain).
 
@@ -163,7 +164,8 @@ def _renorm(words, p, x):
     return p, x
 
 
-def _step(words, p, x, slots, freq, cum):
+def _step(words: np.ndarray, p: int, x: np.uint64, slots: np.ndarray, freq: np.ndarray,
+          cum: np.ndarray) -> tuple[int, int, np.uint64]:
     """One decoded symbol: ``(symbol, p, x)``; ``p`` is TRUNCATED when words ran out."""
     slot = x & _MASK
     s = slots[slot]
@@ -171,7 +173,8 @@ def _step(words, p, x, slots, freq, cum):
     return s, p, x
 
 
-def _decode(words, p, x0, x1, t, count, slots, freq, cum, out):
+def _decode(words: np.ndarray, p: int, x0: np.uint64, x1: np.uint64, t: int, count: int, slots: np.ndarray,
+            freq: np.ndarray, cum: np.ndarray, out: np.ndarray) -> tuple[int, np.uint64, np.uint64]:
     """Decode ``count`` symbols; the next one uses state ``t``. ``(p, x0, x1)``, a status in ``p``."""
     xa, xb = (x1, x0) if t else (x0, x1)
     for i in range(count):
@@ -183,14 +186,15 @@ def _decode(words, p, x0, x1, t, count, slots, freq, cum, out):
     return unswap(t, count, xa, xb, p)
 
 
-def _unswap(t, count, xa, xb, p):
+def _unswap(t: int, count: int, xa: np.uint64, xb: np.uint64, p: int) -> tuple[int, np.uint64, np.uint64]:
     """``(p, x0, x1)`` from the loop's (next, other) states after ``count`` symbols from parity ``t``."""
     if (t + count) & 1:
         return p, xb, xa
     return p, xa, xb
 
 
-def _step_row(words, p, x, m, slots, freq, cum):
+def _step_row(words: np.ndarray, p: int, x: np.uint64, m: int, slots: np.ndarray, freq: np.ndarray,
+              cum: np.ndarray) -> tuple[int, int, np.uint64]:
     """``step`` with model row ``m`` of stacked tables (no per-symbol array views)."""
     slot = x & _MASK
     s = slots[m, slot]
@@ -304,7 +308,7 @@ class Decoder:
         """Word position and both states, for kernels that decode in place (see ``advance``)."""
         return self._p, self._x0, self._x1
 
-    def advance(self, count: int, p: int, x0: object, x1: object) -> None:
+    def advance(self, count: int, p: int, x0: np.uint64 | int, x1: np.uint64 | int) -> None:
         """Take the cursor a kernel returned after ``count`` symbols (negative ``p``: words ran out)."""
         if p < 0:
             raise PatchError("entropy-coded stream is truncated")

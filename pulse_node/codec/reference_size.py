@@ -58,14 +58,17 @@ def _tensor_arrays(old_bits: np.ndarray, new_bits: np.ndarray, ncols: int) -> li
 
 def encode_reference(base: State, new: State) -> bytes:
     """The reference codec's patch ``base -> new`` (both states with the same tensors)."""
-    meta, blobs, offset = [], [], 0
+    meta: list[dict[str, object]] = []
+    blobs: list[bytes] = []
+    offset = 0
     for name in sorted(base):
         arrays = _tensor_arrays(base[name].bits, new[name].bits, _ncols(base[name].shape))
         if arrays is None:
             continue
-        entry = {"name": name, "n": int(arrays[2].size), "ncols": _ncols(base[name].shape), "arrays": []}
+        spans: list[list[str | int]] = []
+        entry = {"name": name, "n": int(arrays[2].size), "ncols": _ncols(base[name].shape), "arrays": spans}
         for arr in arrays:
-            entry["arrays"].append([arr.dtype.str, offset, arr.nbytes])
+            spans.append([arr.dtype.str, offset, arr.nbytes])
             blobs.append(arr.tobytes())
             offset += arr.nbytes
         meta.append(entry)

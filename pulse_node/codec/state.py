@@ -114,7 +114,8 @@ def to_safetensors_bytes(state: Mapping[str, TensorBits], metadata: dict[str, st
             name: {"dtype": t.dtype, "shape": list(t.shape), "data": t.bits.tobytes()}
             for name, t in state.items()
         }
-        return bytes(serialize(tensors, metadata=metadata))
+        # safetensors < 0.7 takes plain dicts; the stubs describe >= 0.7
+        return bytes(serialize(tensors, metadata=metadata))  # type: ignore[arg-type]
     arrays = {name: np.ascontiguousarray(t.bits) for name, t in state.items()}  # kept alive
     specs = {
         name: TensorSpec(dtype=_SPEC_DTYPES[t.dtype], shape=list(t.shape),

@@ -48,7 +48,7 @@ def state_hash(state: Mapping[str, TensorBits]) -> str:
         t = state[name]
         hasher.update(_tensor_prefix(name, t))
         bits = np.ascontiguousarray(t.bits, dtype=t.bits.dtype.newbyteorder("<"))
-        hasher.update(memoryview(bits.view(np.uint8)) if bits.size else b"")
+        hasher.update(bits.view(np.uint8).data if bits.size else b"")
     return hasher.hexdigest()
 
 

@@ -53,7 +53,8 @@ def ordered_key(dtype: str, bits: np.ndarray) -> np.ndarray:
         negative = (bits & sign) != 0
         return np.where(negative, ~bits, bits | sign)
     if dtype in SIGNED_INTS:
-        return bits ^ sign
+        flipped: np.ndarray = bits ^ sign
+        return flipped
     return bits
 
 
@@ -64,7 +65,8 @@ def key_to_bits(dtype: str, key: np.ndarray) -> np.ndarray:
         positive = (key & sign) != 0
         return np.where(positive, key ^ sign, ~key)
     if dtype in SIGNED_INTS:
-        return key ^ sign
+        flipped: np.ndarray = key ^ sign
+        return flipped
     return key
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from pulse_node.codec import kernels as K
+from pulse_node.codec.header import Mode
 from pulse_node.codec.patch import apply_patch, make_patch
 from pulse_node.codec.state import TensorBits
 from pulse_node.fsutil import write_atomic
@@ -85,5 +86,6 @@ def _warm_codec_round_trips() -> None:
         new = old.copy()
         new[::7] += np_dtype(1)
         base, moved = {"w": TensorBits(dtype, (4096,), old)}, {"w": TensorBits(dtype, (4096,), new)}
-        for mode, context in (("compact", False), ("compact", True), ("overwrite", False)):
+        runs: tuple[tuple[Mode, bool], ...] = (("compact", False), ("compact", True), ("overwrite", False))
+        for mode, context in runs:
             apply_patch(base, make_patch(base, moved, mode=mode, position_context=context))

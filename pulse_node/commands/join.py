@@ -91,9 +91,10 @@ def run(args: argparse.Namespace) -> int:
     if banner:
         print(banner, file=sys.stderr, flush=True)
     from pulse_node.daemon.p2p import P2PTransport
+    from pulse_node.daemon.runtime import TransportFactory
     from pulse_node.roles import run_node
 
-    factory = P2PTransport.create
+    factory: TransportFactory = P2PTransport.create
     if cfg.net.faults.enabled:  # testing only: chaos runs fault this node's own data plane
         from pulse_node.testing.faults import faulty_factory
 

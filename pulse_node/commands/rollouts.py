@@ -139,7 +139,7 @@ def check_batch(cfg, *, sender: str, data: bytes):
 
 
 def _make(args: argparse.Namespace) -> int:
-    from pulse_node.codec.state import write_atomic
+    from pulse_node.fsutil import write_atomic
 
     cfg = load_node_config(args.config, args.overrides, args.data_dir)
     data, rollouts = make_batch(cfg, identity=args.identity, version=args.version, batch=args.batch)

@@ -21,6 +21,7 @@ from pulse_node.daemon.transport import PeerInfo, Transport
 from pulse_node.errors import PulseError
 from pulse_node.net.dht.records import PeerStatus, Serves
 from pulse_node.net.peers.standing import PUSH_UNKNOWN, VIEW_UNKNOWN, Standing
+from pulse_node.vocab import PushKind
 
 #: records of trainers carrying an admission read beyond the view's newcomers, at most
 MAX_ADMISSION_CLAIMS = 8
@@ -72,14 +73,14 @@ class RoleContext(Generic[C]):
             self._view, self._view_key = view, (found, self.standing.changes, self.standing.epoch())
         return [p for p in self._view if role is None or p.role == role]
 
-    def push_in_background(self, kind: str, data: bytes, peers: list[PeerInfo]) -> None:
+    def push_in_background(self, kind: PushKind, data: bytes, peers: list[PeerInfo]) -> None:
         """Push to ``peers`` without waiting (``daemon/fanout.py``): members and peers with
         standing first, at most ``PUSH_UNKNOWN`` others; a newer push of ``kind`` replaces a
         waiting one; a peer whose push fails is demoted."""
         if self._fanout is None:
             self._fanout = Fanout(self.transport, order=lambda ps: self.standing.order(ps, quota=PUSH_UNKNOWN),
                                   on_error=lambda peer, _exc: self.standing.failed(peer.peer_id))
-        self._fanout.submit(kind, data, peers)  # type: ignore[arg-type]
+        self._fanout.submit(kind, data, peers)
 
     def standing_report(self) -> StandingReport:
         found, view, newcomers = self._last_view

@@ -36,7 +36,7 @@ class Fanout:
                  on_error: Callable[[PeerInfo, PulseError], None] | None = None) -> None:
         self.transport, self.order, self.timeout, self.on_error = transport, order, timeout, on_error
         self.counts: Counter[str] = Counter()
-        self._pending: dict[str, tuple[bytes, list[PeerInfo]]] = {}
+        self._pending: dict[PushKind, tuple[bytes, list[PeerInfo]]] = {}
         self._busy = False
         self._closed = False
         self._cv = threading.Condition()
@@ -71,7 +71,7 @@ class Fanout:
             try:
                 targets = self.order(peers)
                 self.counts["skipped"] += len(peers) - len(targets)
-                failed = push_to_all(self.transport, targets, kind, data,  # type: ignore[arg-type]
+                failed = push_to_all(self.transport, targets, kind, data,
                                      timeout=self.timeout, on_error=self.on_error)
                 self.counts["pushed"] += len(targets) - failed
                 self.counts["failed"] += failed

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 from typing import Any
@@ -217,7 +217,7 @@ class StatusServer:
     """``/metrics``, ``/health`` and ``/status`` on a local port, in a daemon thread."""
 
     def __init__(self, status: NodeStatus, *, host: str = "127.0.0.1", port: int = 0,
-                 healthy: callable | None = None, idle_timeout: float = IDLE_TIMEOUT_S) -> None:
+                 healthy: Callable[[], bool] | None = None, idle_timeout: float = IDLE_TIMEOUT_S) -> None:
         handler = _make_handler(status, healthy or (lambda: True), idle_timeout=idle_timeout)
         self.httpd = _BoundedServer((host, port), handler)
         self.port = self.httpd.server_address[1]

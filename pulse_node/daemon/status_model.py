@@ -254,8 +254,9 @@ ROLE_SECTIONS: dict[str, type[_Section]] = {"trainer": TrainerCounters, "inferen
 
 def new_report(*, role: str, peer_id: str, run_id: str) -> StatusReport:
     """An empty report of a node that just started (its role's counter section present)."""
-    sections = {name: cls() for name, cls in ROLE_SECTIONS.items() if name == role}
-    return StatusReport(role=role, peer_id=peer_id, run_id=run_id, **sections)
+    return StatusReport(role=role, peer_id=peer_id, run_id=run_id,
+                        trainer=TrainerCounters() if role == "trainer" else None,
+                        inference=InferenceCounters() if role == "inference" else None)
 
 
 def gauge_fields(report: StatusReport) -> Iterator[tuple[str, float, str]]:

@@ -73,7 +73,8 @@ def load_anchor(transport: Transport, trust: TrustPolicy, record: VersionRecord,
 
     ``primary`` serves the header; it and ``holders`` (peers announcing the anchor) serve pieces.
     ``IntegrityError`` (after striking the liar) or another ``PulseError`` if it cannot be had."""
-    if record.manifest() is None:
+    manifest = record.manifest()
+    if manifest is None:
         raise IntegrityError(f"anchor {record.short()} carries no manifest; its size is not bound by a signature")
     try:
         header = fetch_header(transport, primary, record, scratch, timeout=min(timeout, 30.0))
@@ -84,7 +85,7 @@ def load_anchor(transport: Transport, trust: TrustPolicy, record: VersionRecord,
     providers = [primary, *[p for p in others if _serves(transport, p, record, scratch, timeout=min(timeout, 10.0))]]
     dest = scratch / f"anchor-{record.version}.safetensors"
     try:
-        result = transport.fetch_anchor(providers, version=record.version, pieces=pieces(header, record.manifest()),
+        result = transport.fetch_anchor(providers, version=record.version, pieces=pieces(header, manifest),
                                         dest=dest, timeout=timeout)
         for liar in result.bad_peers:
             trust.strike(liar)

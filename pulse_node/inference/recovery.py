@@ -28,7 +28,7 @@ from pulse_node.chain.trust import TrustPolicy
 from pulse_node.codec.inplace import Changes, apply_patch_inplace
 from pulse_node.codec.state import State, state_nbytes
 from pulse_node.config import NetConfig
-from pulse_node.daemon.transport import PeerInfo, Transport
+from pulse_node.daemon.transport import FetchParams, PeerInfo, Transport
 from pulse_node.errors import (
     BusyError,
     GapError,
@@ -38,6 +38,7 @@ from pulse_node.errors import (
 )
 from pulse_node.inference.anchor_load import load_anchor
 from pulse_node.net.peers.standing import FETCH_UNKNOWN, Standing
+from pulse_node.vocab import FetchKind
 
 log = logging.getLogger("pulse.sync")
 
@@ -88,7 +89,7 @@ class Recovery(abc.ABC):
         """``peer``'s record of ``version``, bounded and decoded."""
 
     @abc.abstractmethod
-    def _fetch(self, peer: PeerInfo, kind: str, params: dict, *, max_bytes: int,
+    def _fetch(self, peer: PeerInfo, kind: FetchKind, params: FetchParams, *, max_bytes: int,
                timeout: float | None = None) -> bytes:
         """One bounded download of ``kind`` from ``peer``."""
 

@@ -87,9 +87,11 @@ class InferenceRole:
         return ids.index(self.ctx.transport.peer_id)
 
     def _on_applied(self, applied) -> None:
-        rec = self.sync.record
+        rec, state = self.sync.record, self.sync.state
+        if rec is None or state is None:
+            return  # nothing held: an apply always leaves a version, so this does not happen
         # the steps just applied in place, scattered into the live model (a reload only after an anchor)
-        self.worker.set_weights(self.sync.state, rec.version, changes=self.sync.take_changes())
+        self.worker.set_weights(state, rec.version, changes=self.sync.take_changes())
         self.ctx.store.retain(keep_versions=self.cfg.chain.keep_versions, keep_anchors=self.cfg.chain.keep_anchors)
         self.ctx.announce(version=rec.version, chain_hash=rec.chain_hash, state_hash=rec.state_hash)
         n = self.sync.counters
@@ -101,11 +103,11 @@ class InferenceRole:
                                    catchup_bytes_total=n["catchup_bytes_in"])
         caught = self.sync.last_catchup
         for r in applied:
-            by_catchup = caught is not None and caught.target == r.version
+            by_catchup = caught if caught is not None and caught.target == r.version else None
             self.ctx.status.record_version(VersionEntry(
                 version=r.version, state_hash=r.state_hash,
-                patch_bytes=caught.patch_bytes if by_catchup else r.patch_bytes,
-                catchup_from=caught.base if by_catchup else None))
+                patch_bytes=by_catchup.patch_bytes if by_catchup else r.patch_bytes,
+                catchup_from=by_catchup.base if by_catchup else None))
         # in the background: applying never waits on a peer that does not answer
         self.ctx.push_in_background("head", encode_record(rec), self.ctx.peers("inference"))
         self.ctx.log.info("holding version %d (%s)", rec.version, rec.state_hash[:12])

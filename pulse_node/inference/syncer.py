@@ -49,7 +49,7 @@ from pulse_node.codec.inplace import Changes, Move, apply_patch_inplace
 from pulse_node.codec.patch import read_header
 from pulse_node.codec.state import State
 from pulse_node.config import NetConfig
-from pulse_node.daemon.transport import Event, PeerInfo, Transport
+from pulse_node.daemon.transport import Event, FetchParams, PeerInfo, Transport
 from pulse_node.errors import (
     ConfigError,
     IntegrityError,
@@ -57,6 +57,7 @@ from pulse_node.errors import (
 )
 from pulse_node.inference.recovery import CatchupApplied, Recovery, catchup_cap  # noqa: F401 (re-exported)
 from pulse_node.net.peers.standing import FETCH_UNKNOWN, Standing
+from pulse_node.vocab import FetchKind
 
 log = logging.getLogger("pulse.sync")
 
@@ -95,7 +96,7 @@ class VersionSync(Recovery):
         if self.record is not None and self.record.run_id != trust.trainers.run_id:
             raise ConfigError(f"{store.root} holds versions of run {self.record.run_id!r}, not "
                               f"{trust.trainers.run_id!r}; use another data_dir for another run")
-        self.reorder = ReorderBuffer(next_version=self.record.version + 1 if self.record else 0)
+        self.reorder: ReorderBuffer[Fetched] = ReorderBuffer(next_version=self.record.version + 1 if self.record else 0)
         self.counters: Counter[str] = Counter()
         self.last_catchup: CatchupApplied | None = None
         self.last_error = ""
@@ -289,7 +290,7 @@ class VersionSync(Recovery):
             raise IntegrityError(f"asked for version {version}, got record of {rec.version}")
         return rec
 
-    def _fetch(self, peer: PeerInfo, kind: str, params: dict, *, max_bytes: int, timeout: float | None = None) -> bytes:
+    def _fetch(self, peer: PeerInfo, kind: FetchKind, params: FetchParams, *, max_bytes: int, timeout: float | None = None) -> bytes:
         """One file, refused (and the peer struck) if it declares more than ``max_bytes``."""
         dest = self._tmp / f"{kind}-{threading.get_ident()}-{random.getrandbits(32):08x}"
         limit = self.net.fetch_timeout_s if timeout is None else min(timeout, self.net.fetch_timeout_s)

@@ -33,6 +33,7 @@ weights and momentum.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import TypedDict
 
 import torch
 
@@ -41,6 +42,13 @@ from pulse_node.loco.config import LocoConfig
 from pulse_node.loco.hashing import tensors_hash
 from pulse_node.loco.payload import LocoPayload
 
+
+class OuterState(TypedDict):
+    """What a lagging or diverged trainer pulls: the round, global FP32 weights and momentum."""
+
+    round: int
+    params: dict[str, torch.Tensor]
+    momentum: dict[str, torch.Tensor]
 
 class OuterOptimizer:
     """Owns the outer momentum; updates the given FP32 global weights in place."""
@@ -92,7 +100,8 @@ class OuterOptimizer:
             largest = max((t.numel() for t in self.params.values()), default=0)
             self._flat = (torch.zeros(largest), torch.zeros(largest))
         t = self.params[name]
-        return tuple(f[:t.numel()].view(t.shape) for f in self._flat)  # type: ignore[return-value]
+        a, b = self._flat
+        return a[:t.numel()].view(t.shape), b[:t.numel()].view(t.shape)
 
     def _mean_into_acc(self, name: str, ordered: Sequence[LocoPayload]) -> torch.Tensor:
         acc = self._scratch(name)[0]
@@ -146,14 +155,14 @@ class OuterOptimizer:
         self.round = round
         self._hash = None
 
-    def state_dict(self) -> dict[str, object]:
+    def state_dict(self) -> OuterState:
         """Round, global FP32 weights and momentum: what a lagging or diverged trainer pulls."""
         return {"round": self.round,
                 "params": {n: t.clone() for n, t in self.params.items()},
                 "momentum": {n: t.clone() for n, t in self.momentum.items()}}
 
     @torch.no_grad()
-    def load_state_dict(self, state: Mapping[str, object]) -> None:
+    def load_state_dict(self, state: OuterState) -> None:
         """Adopt a peer's state (in place; its hashes were checked by ``trainer/state.py``)."""
         params, momentum = state["params"], state["momentum"]
         if set(params) != set(self.params) or set(momentum) != set(self.params):

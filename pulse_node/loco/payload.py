@@ -143,6 +143,13 @@ def _needs_base(pos_coder: str, val_coder: str) -> bool:
     return pos_coder == POS_CODER_BASE or val_coder == VAL_CODER_BASE
 
 
+def _held(w: np.ndarray | None) -> np.ndarray:
+    """The base bits of a base-context coder (the callers check first that a base was given)."""
+    if w is None:
+        raise WireError("a base-context coder without the base weights")
+    return w
+
+
 def _encode_body(flat_pos: np.ndarray, vals: np.ndarray, total: int, w: np.ndarray | None, *,
                  pos_coder: str, val_coder: str, level: int) -> tuple[bytes, bytes]:
     if flat_pos.size == 0:
@@ -150,12 +157,12 @@ def _encode_body(flat_pos: np.ndarray, vals: np.ndarray, total: int, w: np.ndarr
     enc = POSITION_CODERS[pos_coder][0]
     if pos_coder == POS_CODER_BASE:
         from pulse_node.loco.basecoder import position_labels
-        positions = enc(flat_pos, total, context=position_labels(w))
+        positions = enc(flat_pos, total, context=position_labels(_held(w)))
     else:
         positions = enc(flat_pos, total)
     if val_coder == VAL_CODER_BASE:
         from pulse_node.loco.basecoder import encode_values_ctx
-        return positions, encode_values_ctx(vals, w[flat_pos], level=level)
+        return positions, encode_values_ctx(vals, _held(w)[flat_pos], level=level)
     return positions, encode_values(vals, level=level)
 
 
@@ -189,7 +196,7 @@ def encode_payload(p: LocoPayload, *, level: int = 3, pos_coder: str | None = No
         numel.append(int(p.numel[name]))
         offset += numel[-1]
         values.append(np.asarray(val, dtype=np.float32))
-    w = _flat_base(base, names, numel) if _needs_base(pos_coder, val_coder) else None
+    w = _flat_base(base, names, numel) if base is not None and _needs_base(pos_coder, val_coder) else None
     flat_pos = np.concatenate(flat) if flat else np.zeros(0, np.int64)
     vals = np.concatenate(values) if values else np.zeros(0, np.float32)
     positions, vblob = _encode_body(flat_pos, vals, sum(numel), w, pos_coder=pos_coder,
@@ -240,7 +247,9 @@ def _check_header(msg: dict) -> None:
 
 def _records(msg: dict, shapes: Mapping[str, tuple[int, ...]]) -> tuple[list[str], list[int], list[int]]:
     """Names, counts and element counts of the listed tensors (validated; nothing allocated)."""
-    names, counts, numel = [], [], []
+    names: list[str] = []
+    counts: list[int] = []
+    numel: list[int] = []
     for rec in msg["tensors"]:
         if not (isinstance(rec, list) and len(rec) == 2 and isinstance(rec[0], str)
                 and isinstance(rec[1], int) and not isinstance(rec[1], bool)):
@@ -265,7 +274,7 @@ def _decode_positions(msg: dict, counts: list[int], numel: list[int], w: np.ndar
     kw = {}
     if msg["pos_coder"] == POS_CODER_BASE:
         from pulse_node.loco.basecoder import position_labels
-        kw["context"] = position_labels(w)
+        kw["context"] = position_labels(_held(w))
     try:
         pos = decode_pos(msg["positions"], total, max_count=count, **kw)
     except WireError:
@@ -289,7 +298,7 @@ def _decode_vals(msg: dict, flat_pos: np.ndarray, w: np.ndarray | None) -> np.nd
     else:
         from pulse_node.loco.basecoder import decode_values_ctx
         try:
-            vals = decode_values_ctx(msg["values"], w[flat_pos])
+            vals = decode_values_ctx(msg["values"], _held(w)[flat_pos])
         except WireError:
             raise
         except (PulseError, ValueError, IndexError, OverflowError, TypeError, KeyError) as exc:

@@ -49,12 +49,12 @@ class ErrorFeedback:
         self.bound = bound
         self.clipped = 0  # entries of the last payload clipped to the bound
         self.shapes = {n: tuple(int(d) for d in shapes[n]) for n in sorted(shapes)}
-        f32 = dict(dtype=torch.float32)
-        self.e = {n: torch.zeros(s, **f32) for n, s in self.shapes.items()}
-        self.v = ({n: torch.zeros(s, **f32) for n, s in self.shapes.items()}
+        f32 = torch.float32
+        self.e = {n: torch.zeros(s, dtype=f32) for n, s in self.shapes.items()}
+        self.v = ({n: torch.zeros(s, dtype=f32) for n, s in self.shapes.items()}
                   if cfg.outer_placement == "trainer" else {})  # this trainer's own outer momentum
         largest = max((math.prod(s) for s in self.shapes.values()), default=0)
-        self._flat = {"s": torch.zeros(largest, **f32), "tmp": torch.zeros(largest, **f32),
+        self._flat = {"s": torch.zeros(largest, dtype=f32), "tmp": torch.zeros(largest, dtype=f32),
                       "a": torch.zeros(largest, dtype=torch.bfloat16), "b": torch.zeros(largest, dtype=torch.bfloat16),
                       "mask": torch.zeros(largest, dtype=torch.bool)}
         self._pending: tuple[int, str] | None = None
@@ -103,15 +103,16 @@ class ErrorFeedback:
         # s becomes the new e with the fired entries cleared
         e.copy_(s).masked_fill_(mask, 0.0)
         if self.bound is not None:
-            vals = self._clip(g.view(-1).index_select(0, idx), vals, e.view(-1), idx)
+            vals = self._clip(self.bound, g.view(-1).index_select(0, idx), vals, e.view(-1), idx)
         if self.v:
             vals = self._on_weight_grid(g.view(-1).index_select(0, idx), vals, e.view(-1), idx)
         return idx.numpy(), vals.numpy()
 
-    def _clip(self, w: torch.Tensor, vals: torch.Tensor, e: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    def _clip(self, bound: PayloadBound, w: torch.Tensor, vals: torch.Tensor, e: torch.Tensor,
+              idx: torch.Tensor) -> torch.Tensor:
         """Fired values clipped to ``SENDER_SHARE`` of the bound at their base weights ``w``; the
         excess is added to ``e`` (0 there: the entries fired)."""
-        lim = torch.from_numpy(self.bound.limit(w.numpy()) * SENDER_SHARE).to(torch.float32)
+        lim = torch.from_numpy(bound.limit(w.numpy()) * SENDER_SHARE).to(torch.float32)
         sent = torch.clamp(vals, min=-lim, max=lim)
         over = sent != vals
         if bool(over.any()):

@@ -249,8 +249,8 @@ def network_checks(opts: DoctorOptions) -> list[Check]:
             joined = check_bootstrap(opts, log_dir)
             joined.check = joined.check.model_copy(update={"seconds": round(time.monotonic() - t0, 2)})
         if opts.wants("daemon"):
-            attempted = joined is not None and joined.attempted
-            checks.append(daemon_from_join(joined) if attempted else timed("daemon", check_daemon, opts, log_dir))
+            attempted = joined if joined is not None and joined.attempted else None
+            checks.append(daemon_from_join(attempted) if attempted else timed("daemon", check_daemon, opts, log_dir))
         if opts.wants("bootstrap"):
             checks.append(joined.check if joined else Check(
                 name="bootstrap", status="SKIP", detail="no --bootstrap given",
@@ -281,9 +281,11 @@ def run_doctor(opts: DoctorOptions, *, on_check: Callable[[Check], None] | None 
     with ThreadPoolExecutor(1) as pool:
         net = pool.submit(network_checks, opts)  # network waits overlap the import probes
         checks = environment_checks(opts)
-        for c in checks if on_check else ():
-            on_check(c)
+        if on_check is not None:
+            for c in checks:
+                on_check(c)
         more = net.result()
-    for c in more if on_check else ():
-        on_check(c)
+    if on_check is not None:
+        for c in more:
+            on_check(c)
     return checks + more

@@ -15,7 +15,7 @@ import time
 from collections.abc import Sequence
 
 from rich import box
-from rich.console import Console, Group, RenderableType
+from rich.console import Console, Group, JustifyMethod, RenderableType
 from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
@@ -93,9 +93,11 @@ def _agree_mark(n: NodeView) -> Text:
 def _nodes_table(s: SwarmSnapshot) -> Table:
     t = Table(title="nodes", title_justify="left", expand=False, pad_edge=False, box=box.SIMPLE_HEAD,
               padding=(0, 1, 0, 0), show_edge=False)
-    for col, just in (("node", "left"), ("role", "left"), ("state", "left"), ("ver", "right"), ("lag", "right"),
-                      ("state hash", "left"), ("agree", "left"), ("in", "right"), ("out", "right"),
-                      ("saved", "right"), ("reward", "right"), ("eval", "right"), ("err", "right")):
+    columns: tuple[tuple[str, JustifyMethod], ...] = (
+        ("node", "left"), ("role", "left"), ("state", "left"), ("ver", "right"), ("lag", "right"),
+        ("state hash", "left"), ("agree", "left"), ("in", "right"), ("out", "right"),
+        ("saved", "right"), ("reward", "right"), ("eval", "right"), ("err", "right"))
+    for col, just in columns:
         t.add_column(col, justify=just, no_wrap=True)
     for n in sorted(s.nodes, key=lambda n: (n.role, n.name)):
         t.add_row(escape(n.name), escape(n.role), Text(n.state, style=_STATE_STYLE.get(n.state, "")),
@@ -133,8 +135,10 @@ def _versions_table(rows: Sequence[VersionView]) -> Table:
 def _senders_table(s: SwarmSnapshot) -> Table:
     t = Table(title="rollout senders", title_justify="left", pad_edge=False, padding=(0, 1, 0, 0),
               box=box.SIMPLE_HEAD, show_edge=False)
-    for col, just in (("trainer", "left"), ("sender", "left"), ("accepted", "right"), ("rollouts", "right"),
-                      ("refused", "right"), ("why", "left"), ("strikes", "right"), ("queued", "right")):
+    columns: tuple[tuple[str, JustifyMethod], ...] = (
+        ("trainer", "left"), ("sender", "left"), ("accepted", "right"), ("rollouts", "right"),
+        ("refused", "right"), ("why", "left"), ("strikes", "right"), ("queued", "right"))
+    for col, just in columns:
         t.add_column(col, justify=just, no_wrap=True)
     for r in s.senders:
         why = ", ".join(f"{k} {n}" for k, n in sorted(r.reasons.items(), key=lambda kv: -kv[1])[:3]) or "-"

@@ -16,14 +16,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict
 
 import pydantic
 
 from pulse_node.daemon.status_model import StatusReport
 from pulse_node.ops.senders import SenderView, sender_views
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION: Literal[3] = 3
 #: a status not refreshed for this long is stale (nodes write it every 0.5 s)
 STALE_AFTER_S = 15.0
 #: a live node this many versions behind the head is reported as lagging
@@ -207,13 +207,13 @@ def _merge(nodes: Sequence[NodeInput], peers: Sequence[Mapping[str, Any]]) -> li
             by_peer[pid] = m
     for rec in peers:
         pid = str(rec.get("peer_id", ""))
-        m = by_peer.get(pid)
-        if m is None:
-            m = _Merged(f"{rec.get('role', 'peer')}-{pid[-6:]}", None, rec, [], None, rec.get("node_key"))
-            merged.append(m)
-            by_peer[pid] = m
-        m.record = rec
-        m.sources.append("dht")
+        known = by_peer.get(pid)
+        if known is None:
+            known = _Merged(f"{rec.get('role', 'peer')}-{pid[-6:]}", None, rec, [], None, rec.get("node_key"))
+            merged.append(known)
+            by_peer[pid] = known
+        known.record = rec
+        known.sources.append("dht")
     return merged
 
 
@@ -234,8 +234,8 @@ def _state(m: _Merged, now: float) -> tuple[NodeState, float | None]:
 
 def _version(m: _Merged) -> int | None:
     """The version the node holds: its own status says, else its DHT record; None if none yet."""
-    v = m.status.version if m.status is not None else m.record.get("version")
-    return int(v) if _num(v) is not None and v >= 0 else None
+    v = _num(m.status.version if m.status is not None else m.record.get("version"))
+    return int(v) if v is not None and v >= 0 else None
 
 
 def _num(value: Any) -> float | None:
@@ -359,6 +359,21 @@ def _node_alerts(views: Sequence[NodeView], head: int | None) -> list[Alert]:
 
 
 # ---- the snapshot ---------------------------------------------------------------------------
+class _Common(TypedDict):
+    """The ``NodeView`` fields of a node whether its status or only its DHT record is known."""
+
+    name: str
+    state: NodeState
+    sources: list[str]
+    version: int | None
+    age_s: float | None
+    node_key: str | None
+    lag: int | None
+    hash_agrees: bool | None
+    problem: str | None
+    log_error: str | None
+
+
 def _node_view(m: _Merged, *, now: float, head: int | None, groups: dict[int, dict[str, set[str]]],
                table: Mapping[int, VersionView]) -> NodeView:
     state, age = _state(m, now)
@@ -366,10 +381,10 @@ def _node_view(m: _Merged, *, now: float, head: int | None, groups: dict[int, di
     s, rec = m.status, m.record
     at_v = groups.get(version, {}) if version is not None else {}
     holders = sum(len(names) for names in at_v.values())
-    common = dict(name=m.name, state=state, sources=m.sources, version=version, age_s=age, node_key=m.node_key,
-                  lag=(head - version) if head is not None and version is not None else None,
-                  hash_agrees=(len(at_v) == 1) if holders >= 2 else None,
-                  problem=m.problem or m.unreadable, log_error=m.log_error)
+    common: _Common = dict(name=m.name, state=state, sources=m.sources, version=version, age_s=age,
+                           node_key=m.node_key, lag=(head - version) if head is not None and version is not None else None,
+                           hash_agrees=(len(at_v) == 1) if holders >= 2 else None,
+                           problem=m.problem or m.unreadable, log_error=m.log_error)
     if s is None:
         return NodeView(**common, role=str(rec.get("role") or "?"), peer_id=str(rec.get("peer_id") or ""),
                         state_hash=str(rec.get("state_hash") or ""), chain_hash=str(rec.get("chain_hash") or ""),
@@ -403,8 +418,9 @@ def _catchups(merged: Sequence[_Merged], table: Mapping[int, VersionView]) -> tu
         for h in _history(m):
             if h.catchup_from is None:
                 continue
-            sizes = [table[v].patch_bytes if v in table else None for v in range(h.catchup_from + 1, h.version + 1)]
-            if sizes and all(size is not None for size in sizes):
+            wanted = range(h.catchup_from + 1, h.version + 1)
+            sizes = [size for v in wanted if v in table and (size := table[v].patch_bytes) is not None]
+            if wanted and len(sizes) == len(wanted):
                 count, got, replaced = count + 1, got + h.patch_bytes, replaced + sum(sizes)
     return count, got, replaced
 

@@ -26,7 +26,7 @@ import socket
 import tempfile
 import time
 import urllib.parse
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -284,7 +284,7 @@ def _is_ip(host: str) -> bool:
     return True
 
 
-def statuses_of_peers(peers: list[Mapping[str, Any]], *, timeout: float = HTTP_TIMEOUT_S,
+def statuses_of_peers(peers: Sequence[Mapping[str, Any]], *, timeout: float = HTTP_TIMEOUT_S,
                       allow_private: bool = False, named: Collection[str] = ()) -> list[NodeInput]:
     """Ask every peer whose record announces an acceptable metrics URL (``status_target``) for
     its /status, in parallel (``named``: addresses the operator gave, e.g. the bootstrap's)."""

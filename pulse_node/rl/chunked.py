@@ -15,12 +15,17 @@ temperature scaling, FP32 log-softmax) up to float rounding of the matmul order.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from pulse_node.rl.batch import Packed
 from pulse_node.rl.models import HFLM, TinyLM, _full_allowed, positions
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 Head = tuple[torch.Tensor, torch.Tensor | None]  # the output projection's weight and bias
 
@@ -50,7 +55,7 @@ def _tiny_hidden(lm: TinyLM, packed: Packed, *, recompute: bool) -> tuple[torch.
     return m.ln_f(x), (m.tok_emb.weight, None)
 
 
-def _hf_head(module: torch.nn.Module) -> Head:
+def _hf_head(module: PreTrainedModel) -> Head:
     head = module.get_output_embeddings()
     if not isinstance(head, torch.nn.Linear):
         raise TypeError(f"chunked log-probs need a linear output head, not {type(head).__name__}")

@@ -89,7 +89,7 @@ class GRPOLearner:
     def __init__(self, policy, grpo_cfg: GRPOConfig, *, temperature: float = 1.0, chunked: bool = True) -> None:
         self.policy, self.cfg, self.temperature, self.chunked = policy, grpo_cfg, temperature, chunked
         self.opt = torch.optim.AdamW(policy.model.parameters(), lr=grpo_cfg.lr,
-                                     betas=tuple(grpo_cfg.betas), weight_decay=grpo_cfg.weight_decay)
+                                     betas=grpo_cfg.betas, weight_decay=grpo_cfg.weight_decay)
         if grpo_cfg.activation_checkpointing:
             enable_hf_checkpointing(policy.lm)
 

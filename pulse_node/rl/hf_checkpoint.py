@@ -30,8 +30,9 @@ from typing import Any
 
 import numpy as np
 
-from pulse_node.codec.state import State, TensorBits, to_safetensors_bytes, write_atomic
+from pulse_node.codec.state import State, TensorBits, to_safetensors_bytes
 from pulse_node.errors import DataError
+from pulse_node.fsutil import write_atomic
 from pulse_node.rl.config import ModelConfig
 
 DEFAULT_MAX_SHARD = "5GB"

@@ -159,7 +159,8 @@ class LiveWeights:
         """Steps (and whether each is taken forward) from the held version to ``version``."""
         if version == self.version:
             return []
-        seen, frontier = {self.version: []}, [self.version]
+        seen: dict[int, list[tuple[_Step, bool]]] = {self.version: []}
+        frontier = [self.version]
         while frontier:
             nxt = []
             for v in frontier:

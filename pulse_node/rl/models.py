@@ -12,12 +12,15 @@ from __future__ import annotations
 import inspect
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.func import functional_call
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 Params = Mapping[str, torch.Tensor]
 
@@ -138,7 +141,7 @@ class TinyLM:
 class HFLM:
     """``LM`` adapter of a ``transformers`` causal LM (its own KV cache)."""
 
-    def __init__(self, module: nn.Module, context: int) -> None:
+    def __init__(self, module: PreTrainedModel, context: int) -> None:
         self.module = module
         self.context = context
         names = inspect.signature(module.forward).parameters

@@ -90,7 +90,9 @@ def load_hf(model_cfg: ModelConfig, task_cfg: TaskConfig, *, device: torch.devic
         raise DataError(f"{root}: {exc}") from None
     check_versionable(module, where=str(root))
     context = int(getattr(module.config, "max_position_embeddings", 2048) or 2048)
-    return HFLM(module.to(device), context), tokenizer
+    # in place; transformers wraps ``to`` with functools.wraps, whose stub does not bind ``self``
+    module.to(device)  # type: ignore[arg-type]
+    return HFLM(module, context), tokenizer
 
 
 def check_versionable(module: torch.nn.Module, *, where: str) -> None:

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Literal, overload
 
 import blake3
 import numpy as np
@@ -132,8 +133,17 @@ def greedy(logits: torch.Tensor, *, vocab: int) -> tuple[torch.Tensor, torch.Ten
     return token.squeeze(-1), (torch.log(e.gather(-1, token)).squeeze(-1) - torch.log(e.sum(-1)))
 
 
+Intervals = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # lo, hi, logp
+
+
+@overload
 def intervals(logits: torch.Tensor, rows: torch.Tensor, tokens: torch.Tensor, *, vocab: int, temperature: float,
-              unshifted: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+              unshifted: Literal[False] = False) -> Intervals: ...
+@overload
+def intervals(logits: torch.Tensor, rows: torch.Tensor, tokens: torch.Tensor, *, vocab: int, temperature: float,
+              unshifted: bool) -> Intervals | None: ...
+def intervals(logits: torch.Tensor, rows: torch.Tensor, tokens: torch.Tensor, *, vocab: int, temperature: float,
+              unshifted: bool = False) -> Intervals | None:
     """For completion tokens ``tokens`` ([M]) read at rows ``rows`` ([M]) of ``logits`` ([N, width],
     overwritten like ``draw``'s): each token's CDF interval ``[lo, hi)`` (float64, normalised) and
     its log-prob under softmax(z / T) (float32). Per token only these are kept. ``unshifted``

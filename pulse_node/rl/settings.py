@@ -94,7 +94,7 @@ def settings_of(cfg) -> str:
                             batches_per_version=cfg.rollout_batches_per_version)
 
 
-def describe_model(m: dict | None) -> str:
+def describe_model(m: object) -> str:
     if not isinstance(m, dict):
         return "no model identity (the embedded tiny model, or a trainer from before model identities)"
     return (f"{m.get('id') or 'a local directory'} revision {m.get('revision') or '(unknown)'} "

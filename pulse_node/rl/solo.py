@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import sys
 import time
+from dataclasses import dataclass, field
 
 import torch
 
@@ -35,35 +36,49 @@ def _check_task(policy, task, cfg: SoloConfig) -> None:
                   max_new_tokens=cfg.sampling.max_new_tokens)
 
 
-def _train(cfg: SoloConfig, policy, worker: RolloutWorker, task, evals, *, progress: bool) -> dict:
+@dataclass
+class _Totals:
+    """What the GRPO phase adds up over its steps."""
+
+    steps: int = 0
+    rollouts: int = 0
+    changed: float = 0.0
+    reward: float = 0.0
+    dropped: int = 0
+    tokens: float = 0.0
+    seconds: float = 0.0
+    history: list[dict[str, float]] = field(default_factory=list)
+
+
+def _train(cfg: SoloConfig, policy, worker: RolloutWorker, task, evals, *, progress: bool) -> _Totals:
     """The GRPO phase: generate -> one inner step -> (every sync_every) push the BF16 cast."""
     learner = GRPOLearner(policy, cfg.grpo, temperature=cfg.sampling.temperature)
     t0 = time.monotonic()
     deadline = t0 + cfg.minutes * 60
-    tot = {"steps": 0, "rollouts": 0, "changed": 0.0, "reward": 0.0, "dropped": 0, "tokens": 0.0, "history": []}
-    while time.monotonic() < deadline and (cfg.max_steps is None or tot["steps"] < cfg.max_steps):
-        key = BatchKey(f"solo-{cfg.seed}", worker.version, "solo", tot["steps"])
+    tot = _Totals()
+    while time.monotonic() < deadline and (cfg.max_steps is None or tot.steps < cfg.max_steps):
+        key = BatchKey(f"solo-{cfg.seed}", worker.version, "solo", tot.steps)
         rollouts = worker.generate_batch(task, key)
-        stats = learner.step(rollouts, current_version=tot["steps"])
-        tot["steps"] += 1
-        version = tot["steps"]
-        tot["rollouts"] += len(rollouts)
-        tot["changed"] += stats["bf16_changed"]
-        tot["reward"] += stats["reward_mean"]
-        tot["dropped"] += int(stats["dropped_stale"])
-        tot["tokens"] += stats["tokens"]
+        stats = learner.step(rollouts, current_version=tot.steps)
+        tot.steps += 1
+        version = tot.steps
+        tot.rollouts += len(rollouts)
+        tot.changed += stats["bf16_changed"]
+        tot.reward += stats["reward_mean"]
+        tot.dropped += int(stats["dropped_stale"])
+        tot.tokens += stats["tokens"]
         if version % cfg.sync_every == 0:
             worker.set_weights(policy.bf16_state(), version)
         note = ""
         if cfg.eval_every and version % cfg.eval_every == 0:
-            tot["history"].append({"step": version, "seconds": round(time.monotonic() - t0, 1),
-                                   "eval": evaluate(worker, evals)})
-            note = f" eval {tot['history'][-1]['eval']:.3f}"
+            score = evaluate(worker, evals)
+            tot.history.append({"step": version, "seconds": round(time.monotonic() - t0, 1), "eval": score})
+            note = f" eval {score:.3f}"
         if version % 20 == 0 or note:
             _log(progress, f"[solo] step {version} reward {stats['reward_mean']:.3f} loss "
                  f"{stats['loss']:+.4f} bf16_changed {stats['bf16_changed']:.4f} "
                  f"({time.monotonic() - t0:.0f}s){note}")
-    tot["seconds"] = time.monotonic() - t0
+    tot.seconds = time.monotonic() - t0
     return tot
 
 
@@ -81,13 +96,13 @@ def run_solo(cfg: SoloConfig, *, progress: bool = True) -> dict:
     eval_before = evaluate(worker, evals)
     _log(progress, f"[solo] held-out accuracy before GRPO: {eval_before:.3f} ({len(evals)} problems)")
     tot = _train(cfg, policy, worker, task, evals, progress=progress)
-    worker.set_weights(policy.bf16_state(), tot["steps"])
+    worker.set_weights(policy.bf16_state(), tot.steps)
     eval_after = evaluate(worker, evals)
-    _log(progress, f"[solo] held-out accuracy after {tot['steps']} GRPO steps: {eval_after:.3f}")
-    steps = max(1, tot["steps"])
+    _log(progress, f"[solo] held-out accuracy after {tot.steps} GRPO steps: {eval_after:.3f}")
+    steps = max(1, tot.steps)
     return {"eval_before": eval_before, "eval_after": eval_after, "eval_problems": len(evals),
-            "steps": tot["steps"], "rollouts": tot["rollouts"],
-            "bf16_change_density": tot["changed"] / steps, "train_reward_mean": tot["reward"] / steps,
-            "dropped_stale": tot["dropped"], "trainer_tokens": int(tot["tokens"]),
-            "grpo_seconds": round(tot["seconds"], 3), "seconds": round(time.monotonic() - t_start, 3),
-            "seed": cfg.seed, "history": tot["history"]}
+            "steps": tot.steps, "rollouts": tot.rollouts,
+            "bf16_change_density": tot.changed / steps, "train_reward_mean": tot.reward / steps,
+            "dropped_stale": tot.dropped, "trainer_tokens": int(tot.tokens),
+            "grpo_seconds": round(tot.seconds, 3), "seconds": round(time.monotonic() - t_start, 3),
+            "seed": cfg.seed, "history": tot.history}

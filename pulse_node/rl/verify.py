@@ -123,7 +123,7 @@ class RolloutVerifier:
         self._logit_width: int | None = None
         self.logit_budget = LOGIT_BUDGET  # logits per forward (benches lower it to vary the shape)
         self._secret = os.urandom(32)  # picks the spot rows: the sender cannot know which
-        self._rewards: dict[tuple, float] = {}
+        self._rewards: dict[tuple[tuple[int, ...], str], float] = {}
         self.forwarded_rows = 0  # sequences run through the teacher-forced forward (benches, tests)
 
     # ---- the checks --------------------------------------------------------------------
@@ -152,7 +152,7 @@ class RolloutVerifier:
         todo = [i for i, c in enumerate(checks) if c.ok]
         scored: dict[int, Rollout] = {}
         spot = [] if full else self.spot_rows(todo, key)
-        self._rewards: dict[tuple, float] = {}
+        self._rewards = {}
         self._score(rollouts, spot, problems=problems, key=key, checks=checks, scored=scored)
         if not all(checks[i].ok for i in spot):  # a cheap refusal: the spot rows' forward only
             return self._verdict(checks, [])
@@ -319,8 +319,9 @@ class Recomputed:
 
     @classmethod
     def join(cls, parts: list[Recomputed]) -> Recomputed:
-        return cls(*(np.concatenate([getattr(p, f) for p in parts]) for f in ("gap", "closest", "claim_off")),
-                   [x for p in parts for x in p.logprobs], [x for p in parts for x in p.token_gaps])
+        return cls(gap=np.concatenate([p.gap for p in parts]), closest=np.concatenate([p.closest for p in parts]),
+                   claim_off=np.concatenate([p.claim_off for p in parts]),
+                   logprobs=[x for p in parts for x in p.logprobs], token_gaps=[x for p in parts for x in p.token_gaps])
 
 
 def _termination(r: Rollout, *, eos: int, max_new: int) -> str:

@@ -21,6 +21,7 @@ from pulse_node.chain.serving import resolve
 from pulse_node.daemon.transport import PeerInfo
 from pulse_node.fsutil import write_atomic
 from pulse_node.net.dht.records import PeerStatus, Serves
+from pulse_node.vocab import NodeRole
 
 LIES = ("oversize", "bad_chunk", "bad_header")
 OVERSIZE_BYTES = 8 << 20
@@ -57,7 +58,7 @@ def peer_id(identity: Identity) -> str:
     return peer_id_of_key(identity.public_key_hex)
 
 
-def announce(hub: Any, identity: Identity, resolver: Any, *, role: str, version: int = -1, lowest: int = -1,
+def announce(hub: Any, identity: Identity, resolver: Any, *, role: NodeRole, version: int = -1, lowest: int = -1,
              anchors: tuple[int, ...] = (), node_key: str | None = None) -> PeerInfo:
     """Join ``hub`` under ``identity``'s real peer id and publish a record claiming these things
     (``node_key``: the key it announces, its own by default); returns the record."""

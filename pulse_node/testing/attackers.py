@@ -23,7 +23,9 @@ from typing import Any
 
 from pulse_node.errors import PulseError
 from pulse_node.net.dht.records import PeerRecord, PeerStatus, Serves
+from pulse_node.net.wire.protocol import StreamKind
 from pulse_node.testing.faults import ForgedChain
+from pulse_node.vocab import FetchKind, NodeRole, PushKind
 
 HUGE_VERSION = 10**15
 
@@ -60,7 +62,7 @@ class Hostile:
         self.peer_id = info.peer_id
         self.maddrs = [m if "/p2p/" in m else f"{m}/p2p/{info.peer_id}" for m in info.listen_maddrs][:8]
 
-    def announce(self, role: str = "inference", version: int | None = None, **extra: Any) -> bool:
+    def announce(self, role: NodeRole = "inference", version: int | None = None, **extra: Any) -> bool:
         serves = extra.pop("serves", Serves(lowest=0 if version is not None else None, highest=version))
         return self.dht.publish_peer(PeerStatus(role=role, wire_maddrs=extra.pop("wire_maddrs", self.maddrs),
                                                 version=version, serves=serves,
@@ -70,7 +72,7 @@ class Hostile:
         return [r for r in self.dht.peers() if r.peer_id != self.peer_id and r.wire_maddrs and not r.leaving
                 and r.role != "bootstrap" and (role is None or r.role == role)]
 
-    def push(self, rec: PeerRecord, kind: str, data: bytes, timeout: float = 5.0) -> bool:
+    def push(self, rec: PeerRecord, kind: PushKind, data: bytes, timeout: float = 5.0) -> bool:
         try:
             self.wire.push(rec.wire_maddrs[0], kind, data, timeout=timeout)
             self.tally[f"{kind}_pushed"] += 1
@@ -79,7 +81,7 @@ class Hostile:
             self.tally[f"{kind}_push_failed"] += 1
             return False
 
-    def fetch(self, rec: PeerRecord, kind: str, params: dict, *, max_bytes: int | None = 1 << 30,
+    def fetch(self, rec: PeerRecord, kind: FetchKind, params: dict[str, int | str | None], *, max_bytes: int | None = 1 << 30,
               timeout: float = 20.0) -> bytes | None:
         dest = self.root / "fetched" / f"{kind}-{os.urandom(4).hex()}"
         dest.parent.mkdir(parents=True, exist_ok=True)
@@ -200,7 +202,7 @@ def trainer_role(h: Hostile, deadline: float) -> dict:
 def huge_version(h: Hostile, deadline: float) -> dict:
     """A record announcing version 1e15 under its own key, and (refused by the schema before it
     leaves?) one carrying a trusted trainer's key and another peer's address."""
-    refused = Counter()
+    refused = Counter[str]()
     h.announce("inference", HUGE_VERSION, serves=Serves(lowest=0, highest=HUGE_VERSION, anchors=[HUGE_VERSION]))
     trainers = h.others("trainer")
     if trainers:
@@ -250,7 +252,7 @@ def slow_drip(h: Hostile, deadline: float, *, streams: int = 48) -> dict:
 
     bait = struct.pack(">I", 200) + b"\x80"  # declares a 200-byte frame (under every cap), sends one byte
 
-    def hold(rec: PeerRecord, kind: str) -> None:
+    def hold(rec: PeerRecord, kind: StreamKind) -> None:
         while time.monotonic() < deadline:
             try:
                 h.wire.probe(rec.wire_maddrs[0], kind, bait, timeout=min(30.0, max(1.0, deadline - time.monotonic())))

@@ -18,11 +18,14 @@ import time
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pulse_node.config import SwarmConfig
 from pulse_node.daemon.status_model import StatusReport
 from pulse_node.swarm.launcher import Child, LocalSwarm
+
+if TYPE_CHECKING:
+    from pulse_node.testing.faults import ForgingPeer
 
 KILL_MODES = ("role", "node", "dht", "wire")
 #: counters summed over every life of every node of a role (names declared in daemon/status_model.py)
@@ -117,7 +120,7 @@ class ChaosLedger:
         """Held and stored states against the trainers' published state hashes, per version."""
         truth = {v: set(by.values()) for v, by in self.published.items()}
         forks = sorted(v for v, hashes in truth.items() if len(hashes) > 1)
-        out = Counter()
+        out = Counter[str]()
         wrong: list[str] = []
         for name, versions in self.held.items():
             for v, hashes in versions.items():
@@ -166,7 +169,7 @@ class ProcessChaos:
         self.swarm = LocalSwarm(cfg, log=log)
         self.ledger = ChaosLedger()
         self.rng = random.Random(plan.seed)
-        self.forger = None
+        self.forger: ForgingPeer | None = None
         self.down: dict[str, _Down] = {}
         self.kills: Counter[str] = Counter()  # "role:mode"
         self.restarts = 0

@@ -21,13 +21,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from pulse_node.chain.anchor import Piece
 from pulse_node.daemon.transport import AnchorFetch, DataPlane, FetchParams, PeerInfo, Transport
 from pulse_node.errors import PulseError, WireError
 from pulse_node.net.dht.records import PeerStatus, Serves
-from pulse_node.vocab import Event, FetchKind
+from pulse_node.vocab import Event, FetchKind, PushKind
 
 if TYPE_CHECKING:
-    from pulse_node.config import FaultConfig
+    from pulse_node.chain.identity import Identity
+    from pulse_node.config import FaultConfig, RoleConfig
+    from pulse_node.daemon.runtime import TransportFactory
 
 FAULTS = ("drop", "duplicate", "reorder", "delay", "corrupt")
 
@@ -73,12 +76,9 @@ class FaultyTransport:
         self.rng = random.Random(seed)
         self.faults: Counter[str] = Counter()
         self.faulted: Counter[str] = Counter()
-        self._held: list[tuple[PeerInfo, str, bytes, float]] = []
+        self._held: list[tuple[PeerInfo, PushKind, bytes, float]] = []
         self._lock = threading.Lock()
-
-    @property
-    def peer_id(self) -> str:
-        return self.inner.peer_id
+        self.peer_id = inner.peer_id
 
     def _roll(self, fault: str, kind: str) -> bool:
         with self._lock:
@@ -125,7 +125,7 @@ class FaultyTransport:
             dest.write_bytes(self._flip(dest.read_bytes()))
         return n
 
-    def fetch_anchor(self, providers: list[PeerInfo], *, version: int, pieces: list, dest: Path,
+    def fetch_anchor(self, providers: list[PeerInfo], *, version: int, pieces: list[Piece], dest: Path,
                      timeout: float) -> AnchorFetch:
         """Dropped or delayed as a whole (its pieces are checked against signed digests anyway)."""
         if providers and self._targeted(providers[0], "anchor"):
@@ -135,7 +135,7 @@ class FaultyTransport:
                 self._sleep()
         return self.inner.fetch_anchor(providers, version=version, pieces=pieces, dest=dest, timeout=timeout)
 
-    def push(self, peer: PeerInfo, kind: str, data: bytes, *, timeout: float) -> None:
+    def push(self, peer: PeerInfo, kind: PushKind, data: bytes, *, timeout: float) -> None:
         if not self._targeted(peer, kind):
             self.inner.push(peer, kind, data, timeout=timeout)
             return
@@ -157,7 +157,7 @@ class FaultyTransport:
         for p, k, d, t in held:
             self._push_quietly(p, k, d, t)
 
-    def _push_quietly(self, peer: PeerInfo, kind: str, data: bytes, timeout: float) -> None:
+    def _push_quietly(self, peer: PeerInfo, kind: PushKind, data: bytes, timeout: float) -> None:
         """A duplicate or late copy: its failure is not the current push's failure."""
         try:
             self.inner.push(peer, kind, data, timeout=timeout)
@@ -187,12 +187,12 @@ class FaultyTransport:
         self.inner.close()
 
 
-def faulty_factory(make: Callable[..., Transport], cfg: FaultConfig) -> Callable[..., Transport]:
+def faulty_factory(make: TransportFactory, cfg: FaultConfig) -> TransportFactory:
     """``make`` (a ``run_node`` transport factory) whose transport faults its own data plane at
     ``cfg``'s rates, seeded per peer; warns loudly on stderr (the node's log) when it starts."""
     rates = FaultRates.from_config(cfg)
 
-    def make_faulty(node_cfg, identity, store_root) -> Transport:
+    def make_faulty(node_cfg: RoleConfig, identity: Identity, store_root: Path) -> Transport:
         inner = make(node_cfg, identity, store_root)
         seed = int.from_bytes(hashlib.blake2b(f"{cfg.seed}:{inner.peer_id}".encode(), digest_size=8).digest(), "big")
         bar = "!" * 78
@@ -236,12 +236,12 @@ class CrashingTransport:
         self._check_alive()
         return self.inner.fetch(peer, kind, params, dest, timeout=timeout, max_bytes=max_bytes)
 
-    def fetch_anchor(self, providers: list[PeerInfo], *, version: int, pieces: list, dest: Path,
+    def fetch_anchor(self, providers: list[PeerInfo], *, version: int, pieces: list[Piece], dest: Path,
                      timeout: float) -> AnchorFetch:
         self._check_alive()
         return self.inner.fetch_anchor(providers, version=version, pieces=pieces, dest=dest, timeout=timeout)
 
-    def push(self, peer: PeerInfo, kind: str, data: bytes, *, timeout: float) -> None:
+    def push(self, peer: PeerInfo, kind: PushKind, data: bytes, *, timeout: float) -> None:
         with self._lock:
             self._check_alive()
             if self.when(kind, data):
@@ -305,7 +305,7 @@ def start_forging_peer(hub, files: Path, *, run_id: str, claimed_version: int = 
     from pulse_node.chain.record import encode_record
     from pulse_node.fsutil import write_atomic
 
-    chain, served = ForgedChain(run_id), Counter()
+    chain, served = ForgedChain(run_id), Counter[str]()
 
     def resolve(kind: str, params: dict):
         v = min(int(params.get("version", 0)), 10_000)

@@ -53,6 +53,7 @@ class _Blackhole:
 
 def _flood_validator(run_id: str, own: Identity, keys: list[Identity]):
     from hivemind.dht.protocol import DHTProtocol
+    from hivemind.dht.validation import DHTRecord
 
     from pulse_node.net.dht.validator import PulseRecordValidator, peer_id_of, sign_envelope
 
@@ -61,7 +62,7 @@ def _flood_validator(run_id: str, own: Identity, keys: list[Identity]):
     class FloodValidator(PulseRecordValidator):
         """Signs each fresh key's record with that key (what any holder of those keys can do)."""
 
-        def sign_value(self, record):  # type: ignore[override]
+        def sign_value(self, record: DHTRecord) -> bytes:
             key = by_subkey.get(record.subkey)
             return sign_envelope(record, key) if key is not None else super().sign_value(record)
 

@@ -21,6 +21,7 @@ from pulse_node.codec.state import State
 from pulse_node.daemon.status import NodeStatus
 from pulse_node.rl.assign import BatchKey, assigned_problems
 from pulse_node.rl.config import SamplingConfig, VerifyConfig
+from pulse_node.rl.policy import Policy
 from pulse_node.rl.rollout import Rollout, decode_rollouts, encode_rollouts
 from pulse_node.rl.sampler import RolloutWorker
 from pulse_node.rl.tasks import TaskSource
@@ -34,7 +35,7 @@ HONEST, FORGER = "honest-peer", "forging-peer"
 class ForgeryLab:
     """A producer and a trainer's verifier on the same versions; ``current`` is the trainer's."""
 
-    policy: object  # rl.policy.Policy (architecture, tokenizer, task settings)
+    policy: Policy  # architecture, tokenizer, task settings
     states: dict[int, State]  # the versions the trainer holds
     foreign: State  # weights of another model of the same shape
     task: TaskSource

@@ -55,7 +55,8 @@ def train_tokenizer(texts: list[str], *, vocab_size: int, arch: str = "qwen2"):
     tok.train_from_iterator(texts, trainer=trainer)
     if arch == "qwen2":
         bpe = json.loads(tok.to_str())["model"]
-        return Qwen2Tokenizer(vocab=bpe["vocab"], merges=[tuple(m) for m in bpe["merges"]])
+        # the merges go to tokenizers' BPE, which takes pairs; transformers annotates them list[str]
+        return Qwen2Tokenizer(vocab=bpe["vocab"], merges=[tuple(m) for m in bpe["merges"]])  # type: ignore[misc]
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, pad_token=EOS)
 
 
@@ -96,13 +97,16 @@ def build_hf_model(out: str | Path, *, arch: str = "qwen2", task: TaskConfig | N
 
 def _pretrain(out: Path, task: TaskConfig, *, steps: int, lr: float, seed: int, progress: bool) -> None:
     """Teacher forcing on the task (``rl/warmstart.train_sft``), saved back into ``out``."""
+    from pulse_node.rl.models import HFLM
     from pulse_node.rl.policy import build_policy
     from pulse_node.rl.warmstart import train_sft
 
     policy = build_policy(ModelConfig(kind="hf", path=str(out), device="cpu"), task, seed=seed)
     policy.model.train()
     train_sft(policy, GRPOConfig(warmstart_steps=steps, warmstart_lr=lr), seed=seed, progress=progress)
-    policy.model.save_pretrained(out)
+    if not isinstance(policy.lm, HFLM):
+        raise TypeError(f"{out}: expected an HF model, got {type(policy.lm).__name__}")
+    policy.lm.module.save_pretrained(out)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -69,9 +69,11 @@ class MemoryTransport:
               max_bytes: int | None = None) -> int:
         check_fetch_kind(kind)
         src = self._source(peer, kind, params)
-        offset, length = int(params.get("offset", 0)), params.get("length")  # an anchor byte range
+        offset, length = params.get("offset", 0), params.get("length")  # an anchor byte range
+        if not isinstance(offset, int) or not (length is None or isinstance(length, int)):
+            raise WireError(f"{kind} params {params}: offset and length must be integers")
         size = max(0, src.stat().st_size - offset)
-        size = size if length is None else min(int(length), size)
+        size = size if length is None else min(length, size)
         if max_bytes is not None and size > max_bytes:  # as the wire worker: refused before reading
             raise IntegrityError(f"{kind} {params} from {peer.peer_id} is {size} bytes, more than the {max_bytes} "
                                  "its signed record allows")
@@ -85,7 +87,9 @@ class MemoryTransport:
     def fetch_anchor(self, providers: list[PeerInfo], *, version: int, pieces: list[Piece], dest: Path,
                      timeout: float) -> AnchorFetch:
         """Each signed piece from the providers in turn (a bad or missing one: the next provider)."""
-        bad, failed, out = set(), set(), bytearray()
+        bad: set[str] = set()
+        failed: set[str] = set()
+        out = bytearray()
         for i, piece in enumerate(pieces):
             for peer in [providers[(i + k) % len(providers)] for k in range(len(providers))]:
                 if peer.peer_id in bad | failed:

@@ -35,7 +35,7 @@ ones from other coordinators are counted as ``decision_conflicts`` and ignored) 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -43,9 +43,13 @@ import blake3
 
 from pulse_node.chain.identity import key_id_of
 from pulse_node.chain.serving import loco_decision_path
+from pulse_node.config import TrainerConfig
+from pulse_node.daemon.context import RoleContext
+from pulse_node.daemon.transport import PeerInfo
 from pulse_node.errors import IntegrityError, PulseError
 from pulse_node.fsutil import write_atomic
 from pulse_node.loco.bound import PayloadBoundError
+from pulse_node.loco.config import LocoConfig
 from pulse_node.loco.decision import MAX_DECISION_BYTES, RoundDecision, decode_decision, verify_decision
 
 _ORDER_DOMAIN = b"pulse/coordinator-order/1\0"
@@ -73,10 +77,18 @@ class DecisionIntake:
     """``RoundAgreement``'s decision side (see the module docstring); mixed into it."""
 
     # provided by RoundAgreement
+    ctx: RoleContext[TrainerConfig]
+    cfg: LocoConfig
+    me: str
+    root: Path
+    current_round: Callable[[], int]
     decisions: dict[int, RoundDecision]
     _open: Any  # agreement.OpenRound | None
     gate: Any
     refused: dict[int, dict[str, bytes]]
+    _in_window: Callable[[int], bool]
+    _live: Callable[[], dict[str, PeerInfo]]
+    _push: Callable[..., None]  # (peers, data, *, kind, timeout=...)
 
     def _init_intake(self) -> None:
         self.parked: dict[int, dict[str, tuple[RoundDecision, bytes]]] = {}  # round -> coordinator -> decision

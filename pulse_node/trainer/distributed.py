@@ -35,7 +35,8 @@ import os
 import resource
 import signal
 import threading
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import psutil
 import torch
@@ -45,7 +46,7 @@ from pulse_node.codec.state import State
 from pulse_node.config import TrainerConfig
 from pulse_node.loco.bound import PayloadBound
 from pulse_node.loco.config import LocoConfig
-from pulse_node.loco.outer import OuterOptimizer
+from pulse_node.loco.outer import OuterOptimizer, OuterState
 from pulse_node.loco.payload import LocoPayload
 from pulse_node.loco.sparsify import ErrorFeedback
 from pulse_node.rl.config import GRPOConfig
@@ -63,6 +64,9 @@ from pulse_node.trainer.shards import (
     scatter_rows,
     slice_payload,
 )
+
+if TYPE_CHECKING:
+    from torch.distributed.tensor import DTensor
 
 log = logging.getLogger("pulse.ranks")
 
@@ -84,14 +88,23 @@ def shard_model(model: nn.Module, *, bf16_compute: bool, cpu_offload: bool) -> N
 
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16_compute \
         else MixedPrecisionPolicy()
-    kw = {"mp_policy": mp, "offload_policy": CPUOffloadPolicy() if cpu_offload else OffloadPolicy()}
+    offload = CPUOffloadPolicy() if cpu_offload else OffloadPolicy()
     taken: list[str] = []
     for name, module in model.named_modules():
         if isinstance(module, nn.ModuleList) and not any(name.startswith(t + ".") for t in taken):
             taken.append(name)
             for block in module:
-                fully_shard(block, **kw)
-    fully_shard(model, **kw)
+                fully_shard(block, mp_policy=mp, offload_policy=offload)
+    fully_shard(model, mp_policy=mp, offload_policy=offload)
+
+
+def _sharded(name: str, p: torch.nn.Parameter) -> DTensor:
+    """A parameter ``fully_shard`` replaced by its shard (a ``DTensor``)."""
+    from torch.distributed.tensor import DTensor
+
+    if not isinstance(p, DTensor):
+        raise RuntimeError(f"{name}: FSDP left the parameter unsharded ({type(p).__name__})")
+    return p
 
 
 def memory_mb() -> dict[str, float]:
@@ -118,7 +131,7 @@ class ShardWork:
         # offloading to the host only means something when the model runs on an accelerator
         shard_model(self.policy.model, bf16_compute=cfg.grpo.bf16_compute,
                     cpu_offload=cfg.dist.cpu_offload and device.type != "cpu")
-        self.local = {n: p for n, p in self.policy.model.named_parameters()}
+        self.local = {n: _sharded(n, p) for n, p in self.policy.model.named_parameters()}
         for n, p in self.local.items():
             if tuple(p.to_local().shape) != self.layout.local_shape(n, rank):
                 raise RuntimeError(f"{n}: FSDP shard {tuple(p.to_local().shape)} is not rows "
@@ -240,12 +253,12 @@ class ShardedOuter(OuterOptimizer):
         super().__init__(params, cfg)
         self._engine = engine
 
-    def apply(self, payloads) -> None:
+    def apply(self, payloads: Sequence[LocoPayload]) -> None:
         self.check(payloads)  # the whole round, against the whole model, before any rank moves
         self._engine.apply_on_shards(payloads)
         self.set_round(self.round + 1)
 
-    def load_state_dict(self, state) -> None:
+    def load_state_dict(self, state: OuterState) -> None:
         super().load_state_dict(state)
         self._engine.push_global()
 
@@ -259,6 +272,8 @@ class DistributedEngine:
         self.work = ShardWork(cfg, self.ranks)
         self.policy = self.work.policy  # rank 0's shard of the model, its tokenizer and task
         self.shapes = dict(self.work.layout.shapes)
+        if self.work.initial is None:
+            raise RuntimeError("the engine runs on rank 0, which holds the initial weights")
         self.outer = ShardedOuter(self.work.initial, cfg.loco, engine=self)
         self.work.initial = None
         self.work.replica = (self.outer.params, self.outer.momentum)
@@ -303,7 +318,7 @@ class DistributedEngine:
     def reset_local(self) -> None:
         self._call("reset_local")
 
-    def apply_on_shards(self, payloads: list[LocoPayload]) -> None:
+    def apply_on_shards(self, payloads: Sequence[LocoPayload]) -> None:
         slices = [[slice_payload(p, self.work.layout.spans(r)) for p in payloads] for r in range(self.ranks.world)]
         self._call("apply", slices)
 

@@ -39,7 +39,9 @@ from pulse_node.trainer import world_size
 
 class Engine(Protocol):
     shapes: dict[str, tuple[int, ...]]
-    outer: OuterOptimizer
+
+    @property
+    def outer(self) -> OuterOptimizer: ...
 
     @property
     def worker(self) -> RolloutWorker: ...

@@ -96,7 +96,7 @@ class RolloutIntake:
         while self.total_bytes > self.cfg.max_total_bytes:
             self._drop_oldest(max(self._queues, key=lambda s: self._tally[s].queued_bytes))
         kept = self._queues.get(sender)
-        return bool(kept) and kept[-1] is item
+        return kept is not None and len(kept) > 0 and kept[-1] is item
 
     def take(self) -> tuple[str, bytes] | None:
         """The next batch (None when every queue is empty): senders with standing round robin,

@@ -28,8 +28,10 @@ from pulse_node.config import TrainerConfig
 from pulse_node.daemon.context import RoleContext
 from pulse_node.daemon.evidence_plane import EvidencePlane, node_trust
 from pulse_node.daemon.status_model import VersionEntry
+from pulse_node.daemon.transport import PeerInfo
 from pulse_node.errors import IntegrityError, PulseError
 from pulse_node.loco.bound import PayloadBound
+from pulse_node.loco.outer import OuterState
 from pulse_node.loco.payload import LocoPayload, encode_payload
 from pulse_node.rl.assign import BatchKey
 from pulse_node.rl.evaluate import evaluate
@@ -94,13 +96,13 @@ class TrainerRole:
         """Join the run: adopt a peer trainer's state, else resume our store, else publish genesis."""
         if any(self._resync(source, joining=True) for source in self._sync_sources()):
             return
-        head = self.publisher.head
-        if head is None:
+        head, state = self.publisher.head, self.publisher.state
+        if head is None or state is None:
             self._publish()
             return
         # alone with our own store: continue from it (BF16 -> FP32 is exact; FP32 residue is lost)
-        self.engine.load_global(self.publisher.state, round=head.version)
-        self.feed.keep_state(head.version, self.publisher.state)
+        self.engine.load_global(state, round=head.version)
+        self.feed.keep_state(head.version, state)
         self._reset_local()
         self.ctx.log.info("resumed alone at version %d", head.version)
         self._announce()
@@ -187,7 +189,7 @@ class TrainerRole:
             self.ctx.store.discard_from(0)
         self.ctx.store.put_current(record, state)
 
-    def _fetch_trainer_state(self, peer) -> tuple[dict, VersionRecord]:
+    def _fetch_trainer_state(self, peer: PeerInfo) -> tuple[OuterState, VersionRecord]:
         if not any(p.peer_id == peer.peer_id for p in self._member_trainers()):
             raise IntegrityError(f"{peer.peer_id[:12]} is not a member of the trainer set")
         dest = self.ctx.store.root / f".trainer-state-{peer.peer_id[:16]}.part"

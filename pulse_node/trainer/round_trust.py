@@ -28,8 +28,9 @@ from pulse_node.chain.trainerset import sender_key
 from pulse_node.chain.trust import TrustPolicy
 from pulse_node.config import TrainerConfig
 from pulse_node.daemon.context import RoleContext
-from pulse_node.daemon.transport import PeerInfo
+from pulse_node.daemon.transport import FetchParams, PeerInfo
 from pulse_node.errors import PulseError, WireError
+from pulse_node.vocab import FetchKind
 
 What = Literal["loco", "decision"]
 KNOWN_CAP = 4096  # member peer ids whose key is remembered after they leave discovery
@@ -73,7 +74,7 @@ class RoundTrust:
             return True
         return self.trust.is_member(self.key_of(peer_id))
 
-    def fetch(self, peer: PeerInfo, kind: str, params: dict, *, cap: int, timeout: float) -> bytes | None:
+    def fetch(self, peer: PeerInfo, kind: FetchKind, params: FetchParams, *, cap: int, timeout: float) -> bytes | None:
         """Bytes of a small fetch (``loco_payload``, ``loco_decision``) from a member, at most
         ``cap`` (the download itself is capped), or None on any failure or a non-member."""
         if not self.is_member(peer.peer_id):

@@ -25,6 +25,7 @@ from pulse_node.codec.state import State, load_safetensors, save_safetensors_ato
 from pulse_node.codec.statehash import state_hash
 from pulse_node.errors import IntegrityError, WireError
 from pulse_node.loco.hashing import tensors_hash
+from pulse_node.loco.outer import OuterState
 from pulse_node.torchbits import bits_to_tensor, module_state, tensor_to_bits
 
 RELATIVE_PATH = Path("trainer") / "state.safetensors"
@@ -51,7 +52,7 @@ def export_trainer_state(root: Path, *, params: Mapping[str, torch.Tensor],
     return path
 
 
-def read_trainer_state(path: Path, *, names: set[str]) -> tuple[dict[str, object], VersionRecord]:
+def read_trainer_state(path: Path, *, names: set[str]) -> tuple[OuterState, VersionRecord]:
     """Parse a fetched trainer state (hostile input); checks tensor names, that bf16(params)
     matches the record and, when the file names one, the outer hash of weights and momentum."""
     from safetensors import safe_open  # metadata only; tensors come through codec.state

@@ -134,11 +134,12 @@ class DhtClient(WorkerClient[DhtConfig]):
         size, at most our cap) and its file deleted; an event that fails the checks is dropped."""
         out = []
         for e in self.request(dht_rpc.Events(max_events=max_events, wait_s=wait_s), timeout=wait_s + 10.0):
-            data: bytes | None = e.data
+            data = e.data
             if e.path is not None:
-                data = self._take_spooled(e.path, e.size)
-                if data is None:
+                spooled = self._take_spooled(e.path, e.size)
+                if spooled is None:
                     continue
+                data = spooled
             out.append(Event(kind=e.kind, sender=e.sender, data=data, received_at=e.received_at))
         return out
 

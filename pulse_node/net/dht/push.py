@@ -41,18 +41,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
+import anyio
+
 from pulse_node.errors import PeerUnavailable, UnsupportedVersion, WireError
 from pulse_node.net.local.inbox import Inbox
 from pulse_node.net.local.spool import THRESHOLD, AsyncFile, Spool
 from pulse_node.net.peers.budget import BudgetConfig, Members, PushShares, Refusals
 from pulse_node.net.wire import protocol as wp
-from pulse_node.vocab import Event
+from pulse_node.vocab import Event, PushKind
 
 log = logging.getLogger("pulse_node.dht.push")
 
 PROTOCOL = wp.protocol_id("p2pd-push")
 #: kinds this plane accepts and their caps without a spool (bounded by the local RPC frame, like the wire's)
-CAPS: dict[str, int] = {"loco": wp.PUSH_CAPS["loco"]}
+CAPS: dict[PushKind, int] = {"loco": wp.PUSH_CAPS["loco"]}
 WRITE_CHUNK = 1 << 20  # 1 MiB writes were the fastest on p2pd streams (bench/dataplane.py)
 HEADER_TIMEOUT_S = 10.0
 MIN_RATE = 1e6  # bytes/s a stream must sustain, or it is cut
@@ -122,7 +124,7 @@ class PushPlane:
         if not member:
             self._others[sender] = self._others.get(sender, 0) + 1
         try:
-            async with asyncio.timeout(HEADER_TIMEOUT_S):
+            with anyio.fail_after(HEADER_TIMEOUT_S):
                 head = PushHeader.decode(await read_frame(reader, wp.REQUEST_CAP))
             status, message = await self._receive(sender, head, reader)
         except UnsupportedVersion as exc:
@@ -157,9 +159,10 @@ class PushPlane:
         return ""
 
     async def _receive(self, sender: str, head: PushHeader, reader: asyncio.StreamReader) -> tuple[str, str]:
-        cap = self.caps.get(head.kind)
-        if cap is None:
+        kind = next((k for k in self.caps if k == head.kind), None)
+        if kind is None:
             return "unsupported", f"push kind {head.kind!r} is not carried on this plane ({sorted(CAPS)})"
+        cap = self.caps[kind]
         if head.size > cap:
             return "too_large", f"{head.kind} push of {head.size} bytes exceeds {cap}"
         spooled = self.spool is not None and head.size > THRESHOLD
@@ -170,15 +173,15 @@ class PushPlane:
             return "busy", f"{why}: " + ("spool is full" if spooled else "event queue is full")
         done, message = False, ""
         try:
-            async with asyncio.timeout(HEADER_TIMEOUT_S + head.size / MIN_RATE):
+            with anyio.fail_after(HEADER_TIMEOUT_S + head.size / MIN_RATE):
                 if spooled:
                     path, message = await self._read_to_spool(head, reader)
                     if path is not None:
-                        self.inbox.put(Event(head.kind, sender, b"", time.time()), path=str(path), size=head.size)
+                        self.inbox.put(Event(kind, sender, b"", time.time()), path=str(path), size=head.size)
                         done = True
                 else:
                     data = await reader.readexactly(head.size)
-                    self.inbox.put(Event(head.kind, sender, data, time.time()))
+                    self.inbox.put(Event(kind, sender, data, time.time()))
                     done = True
         finally:
             if not done:
@@ -229,7 +232,7 @@ class PushPlane:
             writer.close()
 
     # ---- outbound -----------------------------------------------------------------------
-    async def push(self, peer_id: str, maddrs: list[str], kind: str, data: bytes, *, timeout: float) -> dict:
+    async def push(self, peer_id: str, maddrs: list[str], kind: str, data: bytes, *, timeout: float) -> dict[str, float]:
         """Send one push; returns once the peer has queued it. ``PeerUnavailable``/``WireError``."""
         self._check_size(kind, len(data))
 
@@ -242,7 +245,7 @@ class PushPlane:
         return await self._send(peer_id, maddrs, kind, len(data), body, timeout=timeout)
 
     async def push_file(self, peer_id: str, maddrs: list[str], kind: str, path: object, size: object, *,
-                        timeout: float) -> dict:
+                        timeout: float) -> dict[str, float]:
         """``push`` of a body the node wrote to spool file ``path`` (checked: in the spool, ``size`` bytes)."""
         if self.spool is None or self._io is None:
             raise WireError("push_file: this DHT worker has no spool (DhtConfig.spool_dir)")
@@ -271,11 +274,11 @@ class PushPlane:
             raise WireError(f"{kind} push of {size} bytes exceeds cap {self.caps[kind]}")
 
     async def _send(self, peer_id: str, maddrs: list[str], kind: str, size: int,
-                    body: Callable[[asyncio.StreamWriter], Awaitable[None]], *, timeout: float) -> dict:
+                    body: Callable[[asyncio.StreamWriter], Awaitable[None]], *, timeout: float) -> dict[str, float]:
         """Header, ``body(writer)``, the peer's answer; every failure mapped to a typed error and counted."""
         t0 = time.monotonic()
         try:
-            async with asyncio.timeout(timeout):
+            with anyio.fail_after(timeout):
                 reader, writer = await self._open(peer_id, maddrs)
                 try:
                     writer.write(PushHeader(v=wp.WIRE_VERSION, kind=kind, size=size).encode())
@@ -323,7 +326,7 @@ class PushPlane:
         """Diagnostics and tests: send raw bytes on a push stream, return what the peer answers."""
         reply = bytearray()
         try:
-            async with asyncio.timeout(timeout):
+            with anyio.fail_after(timeout):
                 reader, writer = await self._open(peer_id, maddrs)
                 try:
                     writer.write(raw)

@@ -35,7 +35,7 @@ from pulse_node.chain.identity import key_of_peer_id
 from pulse_node.errors import WireError
 from pulse_node.vocab import RUN_ID_RULE, is_run_id
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION: Literal[1] = 1
 #: encoded size cap of a peer record (bytes, before the signature envelope)
 MAX_PEER_RECORD_BYTES = 8192
 #: a trainer's admission to the trainer set (``chain/trainerset.py``), as carried in its record

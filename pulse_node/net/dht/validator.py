@@ -44,6 +44,7 @@ from pulse_node.net.dht.records import (
     KEY_KINDS,
     MAX_PEER_RECORD_BYTES,
     MAX_TTL_S,
+    PeerRecord,
     decode_dht_record,
     dht_key,
 )
@@ -97,7 +98,7 @@ def open_envelope(value: bytes) -> tuple[bytes, bytes]:
     return inner, sig
 
 
-class PulseRecordValidator(RecordValidatorBase):
+class PulseRecordValidator(RecordValidatorBase):  # type: ignore[misc]  # hivemind ships no types
     """Signs this node's records and admits only signed, schema-valid records of one run."""
 
     def __init__(self, run_id: str, identity: Identity) -> None:
@@ -139,6 +140,8 @@ class PulseRecordValidator(RecordValidatorBase):
             body = decode_dht_record(kind, self._check_signature(record, peer_id))
         except WireError as exc:
             return str(exc)
+        if not isinstance(body, PeerRecord):
+            return f"{kind} records carry no peer id"
         if body.peer_id != peer_id:
             return f"record names peer {body.peer_id} but is stored under {peer_id}"
         if body.updated_at > now + CLOCK_SLACK_S or body.updated_at > record.expiration_time:
@@ -158,14 +161,16 @@ class PulseRecordValidator(RecordValidatorBase):
 
     def sign_value(self, record: DHTRecord) -> bytes:
         if record.subkey != self._own_subkey:
-            return record.value  # not ours to sign: it will fail validation everywhere
+            value: bytes = record.value  # not ours to sign: it will fail validation everywhere
+            return value
         return sign_envelope(record, self._identity)
 
     def strip_value(self, record: DHTRecord) -> bytes:
+        value: bytes = record.value
         try:
-            return open_envelope(record.value)[0]
+            return open_envelope(value)[0]
         except WireError:
-            return record.value
+            return value
 
     @property
     def priority(self) -> int:

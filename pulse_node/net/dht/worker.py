@@ -133,7 +133,7 @@ class DhtWorker(Service):
             await asyncio.sleep(max(0.05, min(1.0, wake - now)))
 
     # ---- reading ----------------------------------------------------------------------------
-    async def read(self, kind: str) -> list[tuple[str, dict, float]]:
+    async def read(self, kind: str) -> list[tuple[str, dict[str, Any], float]]:
         """Live (subkey, value, expiration) entries of one kind, freshest view of the swarm."""
         found = await self.node.get(dht_key(self.config.run_id, kind), latest=True)
         if found is None or not isinstance(found.value, dict):
@@ -213,20 +213,20 @@ class DhtWorker(Service):
         return found
 
     @rpc
-    async def get(self, *, kind: Literal["peers"]) -> list[dict]:
+    async def get(self, *, kind: Literal["peers"]) -> list[dict[str, Any]]:
         return [{"subkey": sub, "value": value, "expires_at": exp} for sub, value, exp in await self.read(kind)]
 
     @rpc
-    async def push(self, *, peer_id: str, maddrs: list[str], kind: PushKind, data: bytes, timeout: float) -> dict:
+    async def push(self, *, peer_id: str, maddrs: list[str], kind: PushKind, data: bytes, timeout: float) -> dict[str, float]:
         return await self.pushes.push(peer_id, maddrs, kind, data, timeout=timeout)
 
     @rpc
     async def push_file(self, *, peer_id: str, maddrs: list[str], kind: PushKind, path: str, size: int,
-                        timeout: float) -> dict:
+                        timeout: float) -> dict[str, float]:
         return await self.pushes.push_file(peer_id, maddrs, kind, path, size, timeout=timeout)
 
     @rpc
-    async def events(self, *, max_events: int = 64, wait_s: float = 0.0) -> list[dict]:
+    async def events(self, *, max_events: int = 64, wait_s: float = 0.0) -> list[dict[str, Any]]:
         """Received pushes; a spooled one carries ``path`` and ``size`` (the node reads and deletes it)."""
         return [q.as_rpc() for q in await self.pushes.inbox.take(max_events, wait_s)]
 
@@ -242,13 +242,14 @@ class DhtWorker(Service):
     async def set_push_cap(self, *, kind: str, cap: int) -> int:
         """Lower the push plane's cap for ``kind`` (a trainer: the largest payload its model's shapes
         allow, ``loco/bound.max_payload_bytes``); a larger push is refused before its body is read."""
-        if kind not in self.pushes.caps or type(cap) is not int or cap < 1:
+        known = next((k for k in self.pushes.caps if k == kind), None)
+        if known is None or type(cap) is not int or cap < 1:
             raise WireError(f"set_push_cap: no cap {kind!r} to set to {cap!r}")
-        self.pushes.caps[kind] = min(self.pushes.caps[kind], cap)
-        return self.pushes.caps[kind]
+        self.pushes.caps[known] = min(self.pushes.caps[known], cap)
+        return self.pushes.caps[known]
 
     @rpc
-    async def push_stats(self) -> dict:
+    async def push_stats(self) -> dict[str, Any]:
         return self.pushes.stats()
 
     @rpc

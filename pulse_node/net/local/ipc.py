@@ -35,10 +35,14 @@ class RpcError(PulseError):
     """The worker did not answer in time, the connection broke, or a handler failed unexpectedly."""
 
 
+#: what failed when a worker could not start
+StartKind = Literal["config", "daemon", "bootstrap", "duplicate", "internal"]
+
+
 class StartFailure(StrictModel):
     """Why a worker could not start; it writes this to its ``--error-file`` and exits 2."""
 
-    kind: Literal["config", "daemon", "bootstrap", "duplicate", "internal"]
+    kind: StartKind
     message: str
 
 
@@ -50,7 +54,7 @@ def encode_frame(message: dict[str, Any]) -> bytes:
 
 
 def frame_length(header: bytes) -> int:
-    (n,) = _LEN.unpack(header)
+    n: int = _LEN.unpack(header)[0]
     if n > MAX_FRAME:
         raise WireError(f"declared frame of {n} bytes exceeds {MAX_FRAME}")
     return n

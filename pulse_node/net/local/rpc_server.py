@@ -53,15 +53,17 @@ _RPC_MARK = "__pulse_rpc__"
 _PARAMS = pydantic.ConfigDict(strict=True, extra="forbid", arbitrary_types_allowed=True)
 
 Handler = Callable[..., Awaitable[Any]]
+#: method name -> (its coroutine, its params model)
+Handlers = dict[str, tuple[Handler, type[pydantic.BaseModel]]]
 C = TypeVar("C", bound=pydantic.BaseModel)
 
 
 class StartFailed(Exception):
     """A worker could not start; ``kind`` is one of ``ipc.StartFailure.kind``."""
 
-    def __init__(self, kind: str, message: str) -> None:
+    def __init__(self, kind: ipc.StartKind, message: str) -> None:
         super().__init__(message)
-        self.kind = kind
+        self.kind: ipc.StartKind = kind
 
 
 def rpc(fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
@@ -109,7 +111,7 @@ def _plain(value: Any) -> Any:
     return value
 
 
-async def dispatch(handlers: dict[str, tuple[Handler, type[pydantic.BaseModel]]], msg: dict[str, Any]) -> dict:
+async def dispatch(handlers: Handlers, msg: dict[str, Any]) -> dict[str, Any]:
     """One request map -> one reply map; every failure is an error reply, never an exception."""
     call_id, method, params = msg.get("id"), msg.get("method"), msg.get("params", {})
     try:
@@ -190,7 +192,7 @@ def _encoded(reply: dict[str, Any]) -> bytes:
         return ipc.encode_frame(ipc.error_reply(reply.get("id"), WireError(f"reply not sendable: {exc}")))
 
 
-async def _connection(handlers: dict, stop: anyio.Event, stream: anyio.abc.SocketStream) -> None:
+async def _connection(handlers: Handlers, stop: anyio.Event, stream: anyio.abc.SocketStream) -> None:
     """One client connection: frames in, replies out, one call at a time."""
     conn = _Connection(stream)
     async with stream:
@@ -211,7 +213,7 @@ async def _connection(handlers: dict, stop: anyio.Event, stream: anyio.abc.Socke
             pass  # the client went away
 
 
-def _builtins(handlers: dict, stop: anyio.Event) -> dict:
+def _builtins(handlers: Handlers, stop: anyio.Event) -> Handlers:
     async def ping() -> list[str]:
         return sorted(handlers)
 
@@ -222,7 +224,7 @@ def _builtins(handlers: dict, stop: anyio.Event) -> dict:
     return {**handlers, "ping": (ping, empty), "stop": (stop_, empty)}
 
 
-async def serve(path: str, handlers: dict, stop: anyio.Event, *,
+async def serve(path: str, handlers: Handlers, stop: anyio.Event, *,
                 task_status: anyio.abc.TaskStatus = anyio.TASK_STATUS_IGNORED) -> None:
     """Serve ``handlers`` (plus ``ping`` and ``stop``) on the Unix socket ``path`` until cancelled."""
     Path(path).unlink(missing_ok=True)
@@ -277,7 +279,7 @@ async def _amain(name: str, args: argparse.Namespace, config: Any,
     return 0
 
 
-def report_start_failure(name: str, error_file: Path | None, kind: str, message: str) -> int:
+def report_start_failure(name: str, error_file: Path | None, kind: ipc.StartKind, message: str) -> int:
     print(f"pulse-node {name}: error: {message}", file=sys.stderr, flush=True)
     if error_file is not None:
         error_file.write_text(ipc.StartFailure(kind=kind, message=message).model_dump_json())

@@ -24,6 +24,7 @@ import stat
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, BinaryIO
 
 from pulse_node.errors import WireError
 
@@ -107,8 +108,7 @@ class Spool:
     def open_checked(self, path: object, size: object) -> int:
         """A read-only descriptor on spool file ``path`` if it is a regular file of ``size`` bytes."""
         real = self.check(path)
-        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
-            raise WireError(f"spool file size must be a non-negative int, got {size!r}")
+        size = checked_size(size)
         try:
             fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except OSError as exc:
@@ -125,12 +125,19 @@ class Spool:
         try:
             fd = self.open_checked(path, size)
             with open(fd, "rb", buffering=0) as fh:
-                data = read_exact(fh, int(size))  # type: ignore[call-overload]
+                data = read_exact(fh, checked_size(size))
                 if fh.read(1):
                     raise WireError(f"spool file {real.name} grew while it was read")
             return data
         finally:
             real.unlink(missing_ok=True)
+
+
+def checked_size(size: object) -> int:
+    """``size`` if it is a non-negative int (a spool file's size from the other process); ``WireError``."""
+    if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+        raise WireError(f"spool file size must be a non-negative int, got {size!r}")
+    return size
 
 
 def write_all(fd: int, data: bytes | memoryview) -> None:
@@ -140,11 +147,11 @@ def write_all(fd: int, data: bytes | memoryview) -> None:
         view = view[os.write(fd, view):]
 
 
-def read_exact(fh: object, size: int) -> bytes:
+def read_exact(fh: BinaryIO, size: int) -> bytes:
     """``size`` bytes of an unbuffered file, one allocation in the usual case; ``WireError`` if short."""
     parts, got = [], 0
     while got < size:
-        chunk = fh.read(size - got)  # type: ignore[attr-defined]
+        chunk = fh.read(size - got)
         if not chunk:
             raise WireError(f"spool file ended after {got} of {size} bytes")
         parts.append(chunk)
@@ -162,19 +169,21 @@ class AsyncFile:
     def __init__(self, fd: int, executor: Executor) -> None:
         self.fd = fd
         self._executor = executor
-        self._last: Future | None = None
+        self._last: Future[Any] | None = None
 
     async def write(self, data: bytes) -> None:
         self._last = self._executor.submit(write_all, self.fd, data)
         await asyncio.wrap_future(self._last)
 
     async def pread(self, n: int, offset: int) -> bytes:
-        self._last = self._executor.submit(os.pread, self.fd, n, offset)
-        return await asyncio.wrap_future(self._last)
+        read = self._executor.submit(os.pread, self.fd, n, offset)
+        self._last = read
+        return await asyncio.wrap_future(read)
 
     def close(self) -> None:
         last, self._last = self._last, None
         if last is not None and not last.done():
-            last.add_done_callback(lambda _f, fd=self.fd: os.close(fd))
+            fd = self.fd
+            last.add_done_callback(lambda _f: os.close(fd))
         else:
             os.close(self.fd)

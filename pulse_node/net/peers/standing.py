@@ -30,9 +30,23 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, Protocol, TypeVar, overload
 
 T = TypeVar("T")
+
+
+class HasPeerId(Protocol):
+    """Anything that names a peer (a DHT record, a transport's peer)."""
+
+    @property
+    def peer_id(self) -> str: ...
+
+
+P = TypeVar("P", bound=HasPeerId)
+
+
+def _peer_id(p: HasPeerId) -> str:
+    return p.peer_id
 
 #: per-peer observations kept, at most (the least valuable are forgotten first)
 MAX_PEERS = 8192
@@ -155,8 +169,13 @@ class Standing:
         return hashlib.blake2b(peer_id.encode(), key=self.salt, digest_size=8,
                                person=self.epoch().to_bytes(8, "big")).digest()
 
-    def order(self, items: Iterable[T], *, quota: int, key: Callable[[T], str] = lambda p: p.peer_id,
-              members_first: bool = True) -> list[T]:
+    @overload
+    def order(self, items: Iterable[P], *, quota: int, members_first: bool = True) -> list[P]: ...
+    @overload
+    def order(self, items: Iterable[T], *, quota: int, key: Callable[[T], str],
+              members_first: bool = True) -> list[T]: ...
+    def order(self, items: Iterable[Any], *, quota: int, key: Callable[[Any], str] = _peer_id,
+              members_first: bool = True) -> list[Any]:
         """Members (if ``members_first``), then peers with standing by score, then at most
         ``quota`` others: those not yet demoted by a failure first, each group in this node's draw."""
         items = list(items)
@@ -167,8 +186,12 @@ class Standing:
         unknown.sort(key=lambda x: (self.score(key(x)) < 0, self._draw(key(x))))
         return members + known + unknown[:max(0, quota)]
 
-    def providers(self, items: Iterable[T], *, quota: int = FETCH_UNKNOWN,
-                  key: Callable[[T], str] = lambda p: p.peer_id) -> list[T]:
+    @overload
+    def providers(self, items: Iterable[P], *, quota: int = FETCH_UNKNOWN) -> list[P]: ...
+    @overload
+    def providers(self, items: Iterable[T], *, quota: int = FETCH_UNKNOWN, key: Callable[[T], str]) -> list[T]: ...
+    def providers(self, items: Iterable[Any], *, quota: int = FETCH_UNKNOWN,
+                  key: Callable[[Any], str] = _peer_id) -> list[Any]:
         """Who to fetch from: peers that delivered before (so members upload each version about
         once), then members, then at most ``quota`` peers without standing."""
         items = list(items)
@@ -187,7 +210,7 @@ class Standing:
     def _forget(self) -> None:
         """Drop an eighth of what is remembered (never members): peers seen but never observed
         doing anything first, oldest first; strikes and earnings are kept longest."""
-        def value(p: str) -> tuple:
+        def value(p: str) -> tuple[bool, float, float]:
             m = self.marks[p]
             marked = m.earned or m.heads or m.fail_streak or m.strikes
             return (bool(marked), abs(self.score(p)), m.first_seen)

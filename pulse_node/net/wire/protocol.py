@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import asdict, dataclass, fields
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, TypeVar
 
 import msgpack
 
@@ -82,10 +82,14 @@ def _check(name: str, value: Any, spec: tuple[str, int]) -> None:
         raise WireError(f"field {name!r} must be a boolean")
 
 
+W = TypeVar("W", bound="WireStruct")
+
+
 @dataclass(frozen=True)
 class WireStruct:
     """Base: a frozen dataclass whose ``SPEC`` declares each field's type and bound."""
 
+    v: int
     SPEC: ClassVar[dict[str, tuple[str, int]]] = {}
     CAP: ClassVar[int] = REQUEST_CAP
 
@@ -103,7 +107,7 @@ class WireStruct:
         return _LEN.pack(len(body)) + body
 
     @classmethod
-    def decode(cls, body: bytes) -> WireStruct:
+    def decode(cls: type[W], body: bytes) -> W:
         """Parse and validate a frame body; ``WireError`` on anything undeclared."""
         if len(body) > cls.CAP:
             raise WireError(f"{cls.__name__} of {len(body)} bytes exceeds {cls.CAP}")
@@ -129,7 +133,6 @@ class WireStruct:
 class RecordRequest(WireStruct):
     """The signed record of ``version``, or of the head when ``version`` is null."""
 
-    v: int
     version: int | None
     SPEC: ClassVar = {"v": ("int", 255), "version": ("opt_int", MAX_U64)}
 
@@ -138,7 +141,6 @@ class RecordRequest(WireStruct):
 class PatchRequest(WireStruct):
     """The patch that produces ``version`` from its parent."""
 
-    v: int
     version: int
     SPEC: ClassVar = {"v": ("int", 255), "version": ("int", MAX_U64)}
 
@@ -147,7 +149,6 @@ class PatchRequest(WireStruct):
 class AnchorRequest(WireStruct):
     """``length`` bytes at ``offset`` of the anchor (full state) of ``version``."""
 
-    v: int
     version: int
     offset: int
     length: int
@@ -159,7 +160,6 @@ class AnchorRequest(WireStruct):
 class CatchupRequest(WireStruct):
     """One patch from version ``base`` straight to version ``target`` (made on demand if needed)."""
 
-    v: int
     base: int
     target: int
     SPEC: ClassVar = {"v": ("int", 255), "base": ("int", MAX_U64), "target": ("int", MAX_U64)}
@@ -169,7 +169,6 @@ class CatchupRequest(WireStruct):
 class TrainerStateRequest(WireStruct):
     """A trainer's FP32 global weights + outer momentum (how trainers join and re-sync)."""
 
-    v: int
     SPEC: ClassVar = {"v": ("int", 255)}
 
 
@@ -177,7 +176,6 @@ class TrainerStateRequest(WireStruct):
 class LocoPayloadRequest(WireStruct):
     """The PULSELoCo payload of ``round`` whose BLAKE3 digest is ``digest`` (64 hex chars)."""
 
-    v: int
     round: int
     digest: str
     SPEC: ClassVar = {"v": ("int", 255), "round": ("int", MAX_U64), "digest": ("str", 64)}
@@ -187,7 +185,6 @@ class LocoPayloadRequest(WireStruct):
 class LocoDecisionRequest(WireStruct):
     """The signed decision of PULSELoCo round ``round`` that the peer applied."""
 
-    v: int
     round: int
     SPEC: ClassVar = {"v": ("int", 255), "round": ("int", MAX_U64)}
 
@@ -196,7 +193,6 @@ class LocoDecisionRequest(WireStruct):
 class PushRequest(WireStruct):
     """``size`` bytes of a push of ``kind`` (a ``vocab.PushKind``) follow this frame."""
 
-    v: int
     kind: str
     size: int
     SPEC: ClassVar = {"v": ("int", 255), "kind": ("str", 16), "size": ("int", max(PUSH_CAPS.values()))}
@@ -208,7 +204,6 @@ class Response(WireStruct):
 
     ``total`` is the whole file's size (an anchor's size for a chunk request)."""
 
-    v: int
     status: str
     size: int
     total: int
@@ -236,7 +231,7 @@ REQUESTS: dict[str, type[WireStruct]] = {
 
 def frame_length(header: bytes, cap: int) -> int:
     """The body length declared by a 4-byte frame header; ``WireError`` above ``cap``."""
-    (n,) = _LEN.unpack(header)
+    n: int = _LEN.unpack(header)[0]
     if n > cap:
         raise WireError(f"declared frame of {n} bytes exceeds {cap}")
     return n

@@ -85,7 +85,7 @@ class StreamIO:
         if not self._buf:
             try:
                 with trio.fail_after(self._limit()):
-                    data = await self.stream.read(max(n, wp.CHUNK))
+                    data: bytes = await self.stream.read(max(n, wp.CHUNK))
             except trio.TooSlowError:
                 self._timed_out("sent nothing")
             except Exception as exc:
@@ -432,7 +432,8 @@ def _spans(size: int, chunk: int, pieces: list[Any] | None) -> list[tuple[int, i
     ``chunk``-byte pieces without digests."""
     if pieces is None:
         return [(off, min(chunk, size - off), None) for off in range(0, max(size, 1), chunk)]
-    spans, pos = [], 0
+    spans: list[tuple[int, int, str | None]] = []
+    pos = 0
     for piece in pieces:
         if len(piece) != 3:
             raise WireError("anchor pieces must be (offset, length, BLAKE3 hex) tiling the file from 0")

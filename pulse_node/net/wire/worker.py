@@ -51,7 +51,7 @@ from libp2p.security.noise.transport import Transport as NoiseTransport
 
 from pulse_node.chain import serving
 from pulse_node.chain.catchup_producer import CatchupProducer
-from pulse_node.errors import BusyError, ConfigError, PulseError, UnsupportedVersion, WireError
+from pulse_node.errors import BusyError, ConfigError, PeerUnavailable, PulseError, UnsupportedVersion, WireError
 from pulse_node.net.local.inbox import Inbox
 from pulse_node.net.local.rpc_server import Service, rpc, run_worker
 from pulse_node.net.peers.budget import (
@@ -151,7 +151,7 @@ class Server:
         except SlowPeer as exc:
             self.refusals.add(io.peer, io.flow.why() if io.flow else "slow", str(exc))
             reset = True
-        except wt.PeerUnavailable as exc:
+        except PeerUnavailable as exc:
             self.counters.errors[f"serve_{kind}_stream"] += 1
             log.debug("serving %s to %s: %s", kind, io.peer, exc)
             reset = True
@@ -169,7 +169,7 @@ class Server:
         with trio.move_on_after(self.idle if limit is None else limit):
             try:
                 await io.write(wp.error_response(status, message).encode())
-            except wt.PeerUnavailable:
+            except PeerUnavailable:
                 pass
 
     async def _serve_file(self, io: wt.StreamIO, kind: str, req: Any) -> None:
@@ -253,7 +253,7 @@ class Server:
         while pos < end:
             block = os.pread(fd, min(1 << 20, end - pos), pos)
             if not block:
-                raise wt.PeerUnavailable("file shrank while serving")  # resets the stream
+                raise PeerUnavailable("file shrank while serving")  # resets the stream
             for i in range(0, len(block), wp.CHUNK):
                 piece = block[i:i + wp.CHUNK]
                 await self._throttle(io, len(piece))
@@ -296,7 +296,8 @@ class Server:
 
 def _peer_of(stream: Any) -> str:
     try:
-        return stream.muxed_conn.peer_id.to_string()
+        peer: str = stream.muxed_conn.peer_id.to_string()
+        return peer
     except Exception:
         return "unknown"
 
