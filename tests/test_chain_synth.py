@@ -16,6 +16,7 @@ import numpy as np
 
 from pulse_node.chain.identity import Identity
 from pulse_node.chain.record import VersionRecord, make_record
+from pulse_node.chain.verified import VerifiedVersion, verify_version
 from pulse_node.codec.state import State, TensorBits
 
 CODEC = "pulsesync/compact/1"
@@ -107,6 +108,12 @@ def build_chain(states: list[State], *, anchor_every: int, ident: Identity = TRA
                              anchor_manifest=anchor_manifest(state) if anchor == v else b"")
         out.append((parent, patch))
     return out
+
+
+def verified(record: VersionRecord, patch: bytes | None = None, *, state: State | None = None) -> VerifiedVersion:
+    """The gate's checks of one version without a trust policy (any run and signer: the store
+    checks its own signers and links), for tests that fill a store."""
+    return verify_version(record, run_id=None, trusted_signers=None, patch=patch, state=state)
 
 
 def changed(a: State, b: State) -> dict[str, np.ndarray]:
