@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from pulse_node.chain.identity import Identity
 from pulse_node.chain.record import VersionRecord, make_record
-from pulse_node.chain.verified import VerifiedVersion, verify_version
 from pulse_node.codec.state import State, TensorBits
+
+if TYPE_CHECKING:
+    from pulse_node.chain.verified import VerifiedVersion
 
 CODEC = "pulsesync/compact/1"
 #: a fixed trainer key, so subprocesses sign with the same key as the test process
@@ -113,6 +116,8 @@ def build_chain(states: list[State], *, anchor_every: int, ident: Identity = TRA
 def verified(record: VersionRecord, patch: bytes | None = None, *, state: State | None = None) -> VerifiedVersion:
     """The gate's checks of one version without a trust policy (any run and signer: the store
     checks its own signers and links), for tests that fill a store."""
+    from pulse_node.chain.verified import verify_version  # here: bench/verify_once.py imports this module
+
     return verify_version(record, run_id=None, trusted_signers=None, patch=patch, state=state)
 
 
