@@ -13,9 +13,8 @@ node, and the proof travels with the version instead of being redone downstream:
 - ``verify_version`` here: the same checks without a trust policy (tools, tests, benchmarks);
 - ``sign_version`` here, the trainer's publisher: a record it signs itself, over the patch header
   it wrote and the state hash it computed (its fresh signature is verified once);
-- ``apply_version`` / ``apply_catchup_version`` / ``with_state`` here: a state whose hash was just checked
-  (by the codec after an in-place apply, or hashed here) comes back sealed with its version, so
-  the store never hashes it again.
+- ``apply_version`` / ``apply_catchup_version`` here: a state whose hash the codec just checked
+  after an in-place apply comes back sealed with its version, so the store never hashes it again.
 
 Misuse is made hard: the constructor needs a key private to this module (``VerifiedVersion(...)``
 anywhere else raises ``TypeError``), and the two functions that take the caller's word for part of
@@ -115,12 +114,6 @@ def sign_version(identity: Identity, *, run_id: str, parent: VersionRecord | Non
                          rollout_settings=rollout_settings)
     verify_record(record, run_id=run_id, trusted_signers=None, parent=parent)
     return VerifiedVersion(record, None if patch is None else _bind(record, patch), state, _KEY)
-
-
-def with_state(version: VerifiedVersion, state: State) -> VerifiedVersion:
-    """``version`` with a full state of it (hashed here, once; ``IntegrityError`` if another)."""
-    _check_state(version.record, state)
-    return VerifiedVersion(version.record, version.patch, state, _KEY)
 
 
 def apply_version(state: State, version: VerifiedVersion, *, base: VersionRecord) -> tuple[Changes, VerifiedVersion]:
