@@ -78,7 +78,7 @@ def _timed(fn, *args):
 
 def measure_production(states: list[State], label: str) -> dict:
     """Seconds a serving node spends making catch-ups on demand from its store (anchor every 10)."""
-    from test_chain_synth import build_chain
+    from test_chain_synth import build_chain, verified
 
     from pulse_node.chain.catchup_producer import CatchupProducer
     from pulse_node.chain.store import VersionStore
@@ -89,9 +89,9 @@ def measure_production(states: list[State], label: str) -> dict:
         with VersionStore(Path(tmp), trusted_signers=None) as store:
             for v, (record, patch) in enumerate(chain):
                 if record.is_anchor:
-                    store.put_anchor(record, states[v])
+                    store.put_anchor(verified(record, state=states[v]))
                 if patch is not None:
-                    store.put_patch(record, patch)
+                    store.put_patch(verified(record, patch))
             _, anchor_s = _timed(store.load_state, 20)
             _, replay9_s = _timed(store.load_state, 29)
             _, make_s = _timed(lambda: make_catchup(states[top - 24], states[top], from_version=top - 24,

@@ -90,6 +90,11 @@ def build_store(store: Path, *, d_model: int, layers: int, steps: int, size: str
                           batch=2)
         gen = adamw_bf16_states(lr=lr, steps=steps, size=shape, warmup_steps=3)
     info = {"signer": ident.public_key_hex, "patch_bytes": [], "publish": [], "changed": []}
+    from pulse_node.chain.verified import verify_version
+
+    def verified(rec, patch=None, *, state=None):  # the gate's checks, as a node receiving it runs them
+        return verify_version(rec, run_id=rec.run_id, trusted_signers=None, patch=patch, state=state)
+
     with VersionStore(store) as vs:
         prev_state = prev_rec = prev_hash = None
         for step, state in gen:
@@ -103,13 +108,13 @@ def build_store(store: Path, *, d_model: int, layers: int, steps: int, size: str
                               codec="pulsesync/compact/1" if patch else "anchor/safetensors")
             t3 = time.perf_counter()
             if patch is not None:
-                vs.put_patch(rec, patch)
+                vs.put_patch(verified(rec, patch))
                 info["patch_bytes"].append(len(patch))
                 info["publish"].append({"hash_s": t1 - t0, "diff_encode_s": t2 - t1, "sign_s": t3 - t2,
                                         "copy_s": _copy_seconds(state), "copy_warm_s": _copy_warm_seconds(state)})
                 info["changed"].append(sum(int((state[k].bits != prev_state[k].bits).sum()) for k in state))
             t4 = time.perf_counter()
-            vs.put_anchor(rec, state)  # the dense comparison's file; not part of publishing a patch
+            vs.put_anchor(verified(rec, state=state))  # the dense comparison's file; not part of publishing a patch
             if patch is not None:
                 info["publish"][-1]["anchor_write_s"] = time.perf_counter() - t4
             print(f"  built v{step}" + (f": patch {len(patch) / 1e6:.2f} MB, publish {info['publish'][-1]}"

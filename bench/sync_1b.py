@@ -73,6 +73,11 @@ def build_store(store: Path, *, size: str, versions: int) -> dict:
     warm_up()
     ident = Identity.generate()
     info: dict = {"signer": ident.public_key_hex, "patch_bytes": [], "changed": []}
+    from pulse_node.chain.verified import verify_version
+
+    def verified(rec, patch=None, *, state=None):  # the gate's checks, as a node receiving it runs them
+        return verify_version(rec, run_id=rec.run_id, trusted_signers=None, patch=patch, state=state)
+
     with VersionStore(store) as vs:
         prev = prev_rec = prev_hash = None
         for step, state in states(size=size, lr=3e-6, steps=versions, emulate=True):
@@ -82,10 +87,10 @@ def build_store(store: Path, *, size: str, versions: int) -> dict:
                               anchor_version=0, is_anchor=step == 0,
                               codec="pulsesync/compact/1" if patch else "anchor/safetensors")
             if patch is None:
-                vs.put_anchor(rec, state)
+                vs.put_anchor(verified(rec, state=state))
                 info["params"] = sum(t.numel for t in state.values())
             else:
-                vs.put_patch(rec, patch)
+                vs.put_patch(verified(rec, patch))
                 info["patch_bytes"].append(len(patch))
                 info["changed"].append(sum(int((state[k].bits != prev[k].bits).sum()) for k in state))
             print(f"  built v{step}" + (f": patch {len(patch) / 1e6:.2f} MB" if patch else ""), flush=True)

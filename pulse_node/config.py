@@ -92,6 +92,10 @@ class ChainConfig(StrictModel):
     anchor_every: int = Field(10, ge=1, description="a full anchor every N versions")
     keep_versions: int = Field(64, ge=1, description="patches kept (and re-served) behind the head")
     keep_anchors: int = Field(2, ge=1)
+    reference_size: bool = Field(
+        False, description="trainer: also compute, per published version, the size the reference codec (grail "
+        "v3.1) would take for the same change (a metric for the status and the swarm summary; costs "
+        "0.2-0.5x the publisher's CPU work, so off by default)")
     trusted_trainers: list[str] = Field(
         default_factory=list,
         description="the trainer set: Ed25519 public keys (hex) of the trainers that may train, sign versions, "

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from helpers import wait_for
-from test_chain_synth import TRAINER, adam_like_chain, build_chain, states_equal
+from test_chain_synth import TRAINER, adam_like_chain, build_chain, states_equal, verified
 
 from pulse_node.chain.catchup import check_catchup
 from pulse_node.chain.catchup_producer import CatchupProducer
@@ -37,11 +37,11 @@ def fill(root: Path, upto: int, start: int = 0) -> VersionStore:
     for v in range(start, upto + 1):
         record, patch = CHAIN[v]
         if v == start and not record.is_anchor:
-            store.put_current(record, STATES[v])
+            store.put_current(verified(record, state=STATES[v]))
         if record.is_anchor:
-            store.put_anchor(record, STATES[v])
+            store.put_anchor(verified(record, state=STATES[v]))
         if patch is not None and v > start:
-            store.put_patch(record, patch)
+            store.put_patch(verified(record, patch))
     return store
 
 

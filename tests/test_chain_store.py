@@ -15,7 +15,7 @@ import pytest
 from helpers import wait_for
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_chain_synth import CODEC, TRAINER, adam_like_chain, build_chain, states_equal
+from test_chain_synth import CODEC, TRAINER, adam_like_chain, build_chain, states_equal, verified
 
 from pulse_node.chain.identity import Identity
 from pulse_node.chain.layout import read_safetensors_header, store_path
@@ -34,9 +34,9 @@ def fill(store: VersionStore, upto: int, chain=CHAIN, states=STATES) -> None:
     for v in range(upto + 1):
         record, patch = chain[v]
         if record.is_anchor:
-            store.put_anchor(record, states[v])
+            store.put_anchor(verified(record, state=states[v]))
         if patch is not None:
-            store.put_patch(record, patch)
+            store.put_patch(verified(record, patch))
 
 
 def snapshot(root: Path) -> dict[str, str]:
@@ -72,13 +72,13 @@ def test_anchor_file_is_plain_safetensors_with_record_metadata(tmp_path: Path) -
 
 def test_patches_out_of_order_link_up_later(tmp_path: Path) -> None:
     with VersionStore(tmp_path, trusted_signers=TRUSTED) as store:
-        store.put_anchor(CHAIN[0][0], STATES[0])
+        store.put_anchor(verified(CHAIN[0][0], state=STATES[0]))
         for v in (5, 3, 4, 1):
-            store.put_patch(*CHAIN[v])
+            store.put_patch(verified(*CHAIN[v]))
         assert store.head().version == 1
         with pytest.raises(GapError):
             store.load_state(4)
-        store.put_patch(*CHAIN[2])
+        store.put_patch(verified(*CHAIN[2]))
         assert store.head().version == 5
         assert states_equal(store.load_state(5), STATES[5])
 
@@ -91,22 +91,22 @@ def test_bad_input_raises_and_leaves_store_unchanged(tmp_path: Path) -> None:
     forger = Identity.generate()
     fork = build_chain(STATES[:4] + [STATES[6], STATES[7]], anchor_every=10)
     bad_inputs = [
-        lambda: store.put_patch(rec5, patch5[:-1] + bytes([patch5[-1] ^ 1])),  # digest
-        lambda: store.put_patch(rec5, CHAIN[6][1]),  # another version's patch
-        lambda: store.put_patch(build_chain(STATES[:6], anchor_every=10, ident=forger)[5][0],
-                                patch5),  # untrusted signer
-        lambda: store.put_patch(dataclasses.replace(rec5, state_hash=CHAIN[6][0].state_hash),
-                                patch5),  # tampered record
-        lambda: store.put_patch(*fork[4]),  # conflicts with stored v4 (fork)
-        lambda: store.put_patch(*build_chain(STATES[:6], anchor_every=10, run_id="x")[5]),
-        lambda: store.put_anchor(CHAIN[10][0], STATES[9]),  # state does not match record
+        lambda: store.put_patch(verified(rec5, patch5[:-1] + bytes([patch5[-1] ^ 1]))),  # digest
+        lambda: store.put_patch(verified(rec5, CHAIN[6][1])),  # another version's patch
+        lambda: store.put_patch(verified(build_chain(STATES[:6], anchor_every=10, ident=forger)[5][0],
+                                         patch5)),  # untrusted signer
+        lambda: store.put_patch(verified(dataclasses.replace(rec5, state_hash=CHAIN[6][0].state_hash),
+                                         patch5)),  # tampered record
+        lambda: store.put_patch(verified(*fork[4])),  # conflicts with stored v4 (fork)
+        lambda: store.put_patch(verified(*build_chain(STATES[:6], anchor_every=10, run_id="x")[5])),
+        lambda: store.put_anchor(verified(CHAIN[10][0], state=STATES[9])),  # state does not match record
     ]
     for attempt in bad_inputs:
         with pytest.raises(IntegrityError):
             attempt()
         assert snapshot(tmp_path) == before
     with pytest.raises(StoreError):
-        store.put_anchor(CHAIN[5][0], STATES[5])  # not an anchor version
+        store.put_anchor(verified(CHAIN[5][0], state=STATES[5]))  # not an anchor version
     assert store.head().version == 4
     store.close()
 
@@ -122,7 +122,7 @@ def test_patch_whose_base_is_not_the_parent_is_refused(tmp_path: Path) -> None:
         fill(store, 1, states=states)
         before = snapshot(tmp_path)
         with pytest.raises(IntegrityError, match="base"):
-            store.put_patch(rec2, wrong_patch)
+            store.put_patch(verified(rec2, wrong_patch))
         assert snapshot(tmp_path) == before
 
 
@@ -136,7 +136,7 @@ def test_single_writer_and_readonly_reader(tmp_path: Path) -> None:
         assert reader.path_of("patch", 2) == store_path(tmp_path, "patch", 2)
         assert reader.path_of("patch", 2).read_bytes() == CHAIN[2][1]
         with pytest.raises(StoreError):
-            reader.put_patch(*CHAIN[4])
+            reader.put_patch(verified(*CHAIN[4]))
     with pytest.raises(StoreError, match="does not exist"):
         VersionStore(tmp_path / "nope", readonly=True)
 
@@ -168,7 +168,7 @@ def test_truncated_record_restarts_at_previous_version(tmp_path: Path) -> None:
         assert store.head().version == 13
         assert not path.exists() and not store_path(root, "patch", 14).exists()
         assert states_equal(store.load_state(13), STATES[13])
-        store.put_patch(*CHAIN[14])  # the version can simply be received again
+        store.put_patch(verified(*CHAIN[14]))  # the version can simply be received again
         assert store.head().version == 14
 
 
@@ -198,8 +198,8 @@ def test_bit_flip_in_anchor_is_caught_on_load_and_routed_around(tmp_path: Path) 
         assert states_equal(store.load_state(12), STATES[12])  # via anchor 0
         assert store.anchors() == [0] and not anchor.exists()
         with pytest.raises(IntegrityError):
-            store.put_anchor(CHAIN[10][0], STATES[11])  # wrong state for the record
-        store.put_anchor(CHAIN[10][0], STATES[10])
+            store.put_anchor(verified(CHAIN[10][0], state=STATES[11]))  # wrong state for the record
+        store.put_anchor(verified(CHAIN[10][0], state=STATES[10]))
         assert store.anchors() == [0, 10]
 
 
@@ -221,7 +221,7 @@ def test_load_head_falls_back_below_a_file_that_fails_verification(tmp_path: Pat
 _WRITER = """
 import sys
 sys.path.insert(0, {tests!r})
-from test_chain_synth import adam_like_chain, build_chain
+from test_chain_synth import adam_like_chain, build_chain, verified
 from pulse_node.chain.store import VersionStore
 STATES = adam_like_chain(11, 30)
 CHAIN = build_chain(STATES, anchor_every=10)
@@ -229,11 +229,11 @@ store = VersionStore({root!r})
 for v in range(len(CHAIN)):
     record, patch = CHAIN[v]
     if record.is_anchor:
-        store.put_anchor(record, STATES[v])
+        store.put_anchor(verified(record, state=STATES[v]))
     if patch is not None:
-        store.put_patch(record, patch)
+        store.put_patch(verified(record, patch))
     if v % 4 == 3:
-        store.put_current(record, STATES[v])
+        store.put_current(verified(record, state=STATES[v]))
 print("done", flush=True)
 """
 
@@ -321,13 +321,13 @@ def test_retention_keeps_every_needed_link(full_stores, tmp_path_factory, upto: 
 def test_retention_with_pending_versions_above_head(tmp_path: Path) -> None:
     with VersionStore(tmp_path) as store:
         fill(store, 22)
-        store.put_patch(*CHAIN[25])  # waiting on a gap (23, 24)
+        store.put_patch(verified(*CHAIN[25]))  # waiting on a gap (23, 24)
         store.retain(2, 0)
         assert store.head().version == 22
         assert store.anchors() == [20] and store.has_patch(25)
         assert store.versions() == [20, 21, 22, 25]
-        store.put_patch(*CHAIN[23])
-        store.put_patch(*CHAIN[24])
+        store.put_patch(verified(*CHAIN[23]))
+        store.put_patch(verified(*CHAIN[24]))
         assert store.head().version == 25
         assert states_equal(store.load_state(25), STATES[25])
 
@@ -335,12 +335,12 @@ def test_retention_with_pending_versions_above_head(tmp_path: Path) -> None:
 def test_current_state_is_a_fast_restart_point(tmp_path: Path) -> None:
     with VersionStore(tmp_path) as store:
         fill(store, 17)
-        store.put_current(CHAIN[15][0], STATES[15])
-        store.put_current(CHAIN[17][0], STATES[17])
+        store.put_current(verified(CHAIN[15][0], state=STATES[15]))
+        store.put_current(verified(CHAIN[17][0], state=STATES[17]))
         assert store.current_version() == 17
         assert sorted(p.name for p in (tmp_path / "current").iterdir()) == ["17.safetensors"]
         with pytest.raises(IntegrityError):
-            store.put_current(CHAIN[16][0], STATES[15])
+            store.put_current(verified(CHAIN[16][0], state=STATES[15]))
     os.unlink(store_path(tmp_path, "patch", 12))  # the anchor chain is now broken at 12
     with VersionStore(tmp_path) as store:
         assert store.head().version == 17  # still reachable from current
@@ -351,21 +351,21 @@ def test_current_state_is_a_fast_restart_point(tmp_path: Path) -> None:
 
 def test_join_by_catchup_stores_a_non_anchor_version_as_current(tmp_path: Path) -> None:
     with VersionStore(tmp_path, trusted_signers=TRUSTED) as store:
-        store.put_anchor(CHAIN[10][0], STATES[10])
-        store.put_current(CHAIN[17][0], STATES[17])  # reached via a catch-up patch 10 -> 17
+        store.put_anchor(verified(CHAIN[10][0], state=STATES[10]))
+        store.put_current(verified(CHAIN[17][0], state=STATES[17]))  # reached via a catch-up patch 10 -> 17
         assert store.head().version == 17 and store.versions() == [10, 17]
-        store.put_patch(*CHAIN[18])
+        store.put_patch(verified(*CHAIN[18]))
         assert store.head().version == 18
         assert states_equal(store.load_state(18), STATES[18])
         with pytest.raises(IntegrityError):  # a record that does not match the stored child
-            store.put_current(build_chain(STATES[:18], anchor_every=10, run_id="x")[17][0],
-                              STATES[17])
+            store.put_current(verified(build_chain(STATES[:18], anchor_every=10, run_id="x")[17][0],
+                                       state=STATES[17]))
 
 
 def test_retention_when_only_current_reaches_the_head(tmp_path: Path) -> None:
     with VersionStore(tmp_path) as store:
         fill(store, 17)
-        store.put_current(CHAIN[17][0], STATES[17])
+        store.put_current(verified(CHAIN[17][0], state=STATES[17]))
     os.unlink(store_path(tmp_path, "patch", 12))
     with VersionStore(tmp_path) as store:
         store.retain(3, 1)

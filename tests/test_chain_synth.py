@@ -11,12 +11,16 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from pulse_node.chain.identity import Identity
 from pulse_node.chain.record import VersionRecord, make_record
 from pulse_node.codec.state import State, TensorBits
+
+if TYPE_CHECKING:
+    from pulse_node.chain.verified import VerifiedVersion
 
 CODEC = "pulsesync/compact/1"
 #: a fixed trainer key, so subprocesses sign with the same key as the test process
@@ -107,6 +111,14 @@ def build_chain(states: list[State], *, anchor_every: int, ident: Identity = TRA
                              anchor_manifest=anchor_manifest(state) if anchor == v else b"")
         out.append((parent, patch))
     return out
+
+
+def verified(record: VersionRecord, patch: bytes | None = None, *, state: State | None = None) -> VerifiedVersion:
+    """The gate's checks of one version without a trust policy (any run and signer: the store
+    checks its own signers and links), for tests that fill a store."""
+    from pulse_node.chain.verified import verify_version  # here: bench/verify_once.py imports this module
+
+    return verify_version(record, run_id=None, trusted_signers=None, patch=patch, state=state)
 
 
 def changed(a: State, b: State) -> dict[str, np.ndarray]:

@@ -325,7 +325,7 @@ def test_identity_file_raw_seed_and_pem_give_one_peer_id(tmp_path: Path) -> None
 
 def test_catchup_is_made_on_demand_from_verified_states(swarm: dict, tmp_path: Path) -> None:
     """A real store: the worker makes 3 -> 17 on a thread; a base it cannot rebuild fails fast."""
-    from test_chain_synth import adam_like_chain, build_chain, states_equal
+    from test_chain_synth import adam_like_chain, build_chain, states_equal, verified
 
     from pulse_node.chain.catchup import check_catchup
     from pulse_node.chain.store import VersionStore
@@ -336,9 +336,9 @@ def test_catchup_is_made_on_demand_from_verified_states(swarm: dict, tmp_path: P
     with VersionStore(tmp_path / "store", trusted_signers=None) as store:
         for v, (record, patch) in enumerate(chain):
             if record.is_anchor:
-                store.put_anchor(record, states[v])
+                store.put_anchor(verified(record, state=states[v]))
             if patch is not None:
-                store.put_patch(record, patch)
+                store.put_patch(verified(record, patch))
     (server,) = _start([tmp_path / "store"])
     try:
         addr, client = server.info().listen_maddrs[0], swarm["client"]

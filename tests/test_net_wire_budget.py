@@ -135,7 +135,7 @@ def test_a_request_flood_is_refused_by_the_token_bucket_and_counted(tmp_path: Pa
 
 
 def _chain_store(root: Path) -> list:
-    from test_chain_synth import adam_like_chain, build_chain
+    from test_chain_synth import adam_like_chain, build_chain, verified
 
     from pulse_node.chain.store import VersionStore
 
@@ -144,9 +144,9 @@ def _chain_store(root: Path) -> list:
     with VersionStore(root, trusted_signers=None) as store:
         for v, (record, patch) in enumerate(chain):
             if record.is_anchor:
-                store.put_anchor(record, states[v])
+                store.put_anchor(verified(record, state=states[v]))
             if patch is not None:
-                store.put_patch(record, patch)
+                store.put_patch(verified(record, patch))
     return chain
 
 

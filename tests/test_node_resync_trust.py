@@ -64,9 +64,11 @@ def trainer(tmp_path):
     store.close()
 
 
-def _state_file(role, root: Path, signer: Identity, *, version: int, run_id: str = RUN) -> None:
-    """A trainer-state file of ``version`` with our own weights, its record signed by ``signer``."""
-    digest = state_hash(module_state(role.global_params.items()))
+def _state_file(role, root: Path, signer: Identity, *, version: int, run_id: str = RUN,
+                digest: str | None = None) -> None:
+    """A trainer-state file of ``version`` with our own weights, its record signed by ``signer``
+    (naming ``digest`` as its state hash, by default the weights' own)."""
+    digest = digest or state_hash(module_state(role.global_params.items()))
     parent = dataclasses.replace(ForgedChain(run_id, signer).record(1), version=version - 1)
     record = make_record(signer, run_id=run_id, version=version, parent=parent, state_hash=digest, patch=b"p",
                          anchor_version=0, is_anchor=False, codec="pulsesync/compact/1")
@@ -77,9 +79,9 @@ def _state_file(role, root: Path, signer: Identity, *, version: int, run_id: str
 
 
 def _server(tmp_path: Path, hub, ident: Identity, role, signer: Identity, *, version: int, run_id: str = RUN,
-            node_key: str | None = None):
+            node_key: str | None = None, digest: str | None = None):
     root = tmp_path / f"srv-{peer_id(ident)[-6:]}-{version}-{run_id}"
-    _state_file(role, root, signer, version=version, run_id=run_id)
+    _state_file(role, root, signer, version=version, run_id=run_id, digest=digest)
     return announce(hub, ident, store_resolver(root), role="trainer", version=version, node_key=node_key)
 
 
@@ -113,6 +115,16 @@ def test_resync_refuses_any_state_not_newer_signed_by_a_member_of_this_run(train
     errors = " ".join(e.message for e in role.ctx.status.snapshot().recent_errors)
     assert {"older": "older than ours", "other_run": "run 'elsewhere'", "signed_by_stranger": "not a trusted",
             "stolen_key": "not a member"}[case] in errors
+
+
+def test_resync_refuses_weights_that_are_not_the_signed_state(trainer, tmp_path) -> None:
+    """A member signed version 5 as another state than the file's weights: the trust gate's one
+    hash of the state (``TrustPolicy.admit``) refuses it before anything of ours is touched."""
+    role, hub, _ = trainer
+    peer = _server(tmp_path, hub, HONEST, role, HONEST, version=5, digest="ab" * 32)
+    assert not role._resync(peer)
+    assert role.version == 3 and role.ctx.store.versions() == [0, 1, 2, 3]
+    assert "record says" in " ".join(e.message for e in role.ctx.status.snapshot().recent_errors)
 
 
 def test_a_member_state_newer_than_ours_is_adopted(trainer, tmp_path) -> None:

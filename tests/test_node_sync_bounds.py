@@ -122,8 +122,8 @@ def test_a_bad_anchor_piece_blames_exactly_the_peer_that_sent_it(served, tmp_pat
     me = hub.join("me", lambda kind, params: None)
     trust = _trust()
     # the honest peer serves the header; the data piece is asked of the chunk liar first
-    state = load_anchor(me, trust, rec, honest, [honest, chunk_liar], tmp_path, timeout=30)
-    assert states_equal(state, STATES[20])
+    loaded = load_anchor(me, trust, rec, honest, [honest, chunk_liar], tmp_path, timeout=30)
+    assert loaded.record == rec and loaded.state is not None and states_equal(loaded.state, STATES[20])
     assert dict(trust.strikes) == {chunk_liar.peer_id: 1}
     with pytest.raises(IntegrityError, match="header"):
         load_anchor(me, trust, rec, header_liar, [header_liar, honest], tmp_path, timeout=30)

@@ -27,7 +27,7 @@ def _swarm_config(tmp_path, cache_dir) -> SwarmConfig:
     return SwarmConfig.model_validate({
         "trainers": 2, "inference": 2, "run_dir": str(tmp_path / "swarm"), "run_id": "test-swarm",
         "model": {"cache_dir": str(cache_dir)}, "loco": {"inner_steps": 5, "deadline_s": 30},
-        "eval_every": 1, "chain": {"anchor_every": 1000}})  # only genesis is an anchor: the late joiner
+        "eval_every": 1, "chain": {"anchor_every": 1000, "reference_size": True}})  # only genesis is an anchor: the late joiner
     # starts from anchor 0 however far the swarm got while it started, so it needs a catch-up patch
 
 

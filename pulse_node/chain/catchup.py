@@ -14,7 +14,7 @@ from __future__ import annotations
 from pulse_node.chain.patchinfo import patch_hashes
 from pulse_node.chain.record import VersionRecord
 from pulse_node.codec.header import Mode
-from pulse_node.codec.patch import apply_patch, make_patch
+from pulse_node.codec.patch import ParsedPatch, apply_patch, make_patch, parse_patch
 from pulse_node.codec.state import State
 from pulse_node.errors import IntegrityError
 
@@ -31,7 +31,7 @@ def make_catchup(state_a: State, state_b: State, *, from_version: int, to_versio
     return make_patch(state_a, state_b, mode=mode, base_hash=base_hash, new_hash=new_hash)
 
 
-def check_catchup(patch: bytes, *, from_record: VersionRecord, to_record: VersionRecord) -> None:
+def check_catchup(patch: bytes | ParsedPatch, *, from_record: VersionRecord, to_record: VersionRecord) -> None:
     """``IntegrityError`` unless the patch goes from ``from_record``'s state to ``to_record``'s.
 
     Both records must already be verified (signature, chain); this only binds the patch to them.
@@ -49,5 +49,6 @@ def check_catchup(patch: bytes, *, from_record: VersionRecord, to_record: Versio
 def apply_catchup(state_a: State, patch: bytes, *, from_record: VersionRecord,
                   to_record: VersionRecord) -> State:
     """Check the catch-up patch against both records, apply it, verify the result."""
-    check_catchup(patch, from_record=from_record, to_record=to_record)
-    return apply_patch(state_a, patch, verify=True)
+    parsed = parse_patch(patch)
+    check_catchup(parsed, from_record=from_record, to_record=to_record)
+    return apply_patch(state_a, parsed, verify=True)

@@ -239,6 +239,18 @@ def verify_record(r: VersionRecord, *, run_id: str | None, trusted_signers: Coll
     re-reads its own files); ``trusted_signers=None`` accepts any signer whose signature is valid
     (the same); otherwise the signer's public key hex must be in the collection.
     """
+    _check_record(r, run_id=run_id, trusted_signers=trusted_signers, parent=parent, signature=True)
+
+
+def recheck_record(r: VersionRecord, *, run_id: str | None, trusted_signers: Collection[str] | None,
+                   parent: VersionRecord | None = None) -> None:
+    """``verify_record`` without the signature: only for a record EQUAL to one whose signature was
+    verified (``TrustPolicy`` keeps them), whose run, signer and parent may be asked about anew."""
+    _check_record(r, run_id=run_id, trusted_signers=trusted_signers, parent=parent, signature=False)
+
+
+def _check_record(r: VersionRecord, *, run_id: str | None, trusted_signers: Collection[str] | None,
+                  parent: VersionRecord | None, signature: bool) -> None:
     tag = f"record {r.short()} from {key_id_of(r.signer)}"
     try:
         _check_fields(r, unsigned_ok=False, error=IntegrityError)
@@ -248,7 +260,7 @@ def verify_record(r: VersionRecord, *, run_id: str | None, trusted_signers: Coll
         raise IntegrityError(f"{tag}: record of run {r.run_id!r}, this is run {run_id!r}")
     if trusted_signers is not None and r.signer not in trusted_signers:
         raise IntegrityError(f"{tag}: signer is not a trusted trainer key")
-    if not verify_signature(r.signer, signing_bytes(r), r.signature):
+    if signature and not verify_signature(r.signer, signing_bytes(r), r.signature):
         raise IntegrityError(f"{tag}: bad signature")
     want = chain_hash(parent_chain_hash=r.parent_chain_hash, version=r.version,
                       patch_digest=r.patch_digest, state_hash=r.state_hash)

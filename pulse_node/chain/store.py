@@ -16,9 +16,12 @@ Rules:
 - Every file is written atomically (temp file, fsync, rename), data first and the record
   LAST, so a version exists only once all its data is complete. Deleting goes the other way:
   record first, then data.
-- Everything is checked before anything is written (signature, trusted signer, chain hash,
-  parent/child links, patch digest, the patch header's base and result state hashes, the
-  anchor's state hash); bad input raises a typed error and leaves the store unchanged.
+- Writes take only a ``VerifiedVersion`` (``chain/verified.py``): signature, chain hash, patch
+  digest, the header's result hash and a full state's hash were checked once, at the trust gate
+  or by the publisher, and are not redone here. What only the store knows is checked before
+  anything is written: its trusted signers, the links to the stored parent and child, a fork
+  against a stored version, the header's base against the stored parent's state hash; bad input
+  raises a typed error and leaves the store unchanged.
 - Opening a writer runs ``recover()``: temp files, data without a record, records that do
   not decode or verify, and files whose size does not match what they declare are removed
   (``store_scan.py`` says which), so after a kill -9 at any point the store reopens at the
@@ -49,11 +52,12 @@ from pulse_node.chain.layout import (
     state_metadata,
     store_path,
 )
-from pulse_node.chain.patchinfo import patch_hashes
-from pulse_node.chain.record import VersionRecord, check_link, check_patch, encode_record, verify_record
+from pulse_node.chain.record import VersionRecord, check_link, check_patch, encode_record
 from pulse_node.chain.store_scan import DATA_KINDS, listdir, scan_store
+from pulse_node.chain.verified import VerifiedVersion
+from pulse_node.codec.header import PatchHeader
 from pulse_node.codec.inplace import apply_patch_inplace
-from pulse_node.codec.patch import apply_patch
+from pulse_node.codec.patch import apply_patch, parse_patch
 from pulse_node.codec.state import State, load_safetensors, save_safetensors_atomic
 from pulse_node.codec.statehash import state_hash
 from pulse_node.errors import GapError, IntegrityError, PatchError, StoreError
@@ -290,10 +294,11 @@ class VersionStore:
         ``state`` is left as it was.
         """
         for v in range(start + 1, version + 1):
-            patch = self.patch_bytes(v)
+            data = self.patch_bytes(v)
             parent = self._records.get(v - 1)
             try:
-                self._check_header(patch, self._records[v], parent)
+                patch = parse_patch(data)  # once: the apply takes it parsed
+                self._check_header(patch.header, self._records[v], parent)
                 base_hash = parent.state_hash if parent else None
                 if inplace:
                     apply_patch_inplace(state, patch, verify=True, base_hash=base_hash)
@@ -318,9 +323,9 @@ class VersionStore:
             raise StoreError(f"{path}: cannot read ({exc.strerror})") from None
 
     @staticmethod
-    def _check_header(patch: bytes, r: VersionRecord, parent: VersionRecord | None) -> None:
+    def _check_header(header: PatchHeader, r: VersionRecord, parent: VersionRecord | None) -> None:
         """The codec header must name the record's state and (if known) the parent's."""
-        base_hash, result_hash = patch_hashes(patch)
+        base_hash, result_hash = header.base_state_hash, header.result_state_hash
         if result_hash != r.state_hash:
             raise IntegrityError(f"patch for {r.short()} produces a different state than the "
                                  "record says")
@@ -399,52 +404,58 @@ class VersionStore:
         return [path] if remove_quietly(path) else []
 
     # ----------------------------------------------------------------- writes
-    def put_patch(self, record: VersionRecord, patch: bytes) -> None:
-        """Store the patch of ``record.version`` (and its record). Idempotent."""
+    def put_patch(self, version: VerifiedVersion) -> None:
+        """Store the patch of ``version`` (and its record). Idempotent."""
         self._require_writer()
+        if version.patch is None:
+            raise StoreError(f"{version.short()} carries no patch")
+        record = version.record
         self._admit(record)
-        check_patch(record, patch)
-        self._check_header(patch, record, self._records.get(record.version - 1))
+        self._check_header(version.patch.header, record, self._records.get(record.version - 1))
         v = record.version
         if v not in self._files["patch"]:
-            write_atomic(self.path_of("patch", v), patch)
+            write_atomic(self.path_of("patch", v), version.patch.data)
         self._commit(record, "patch")
 
-    def put_anchor(self, record: VersionRecord, state: State) -> None:
-        """Store the full state of anchor ``record.version`` (and its record). Idempotent."""
+    def put_anchor(self, version: VerifiedVersion) -> None:
+        """Store the full state of anchor ``version`` (and its record). Idempotent."""
         self._require_writer()
-        if not record.is_anchor:
-            raise StoreError(f"{record.short()} is not an anchor version")
-        self._admit(record)
-        self._write_full_state("anchor", record, state)
+        if not version.record.is_anchor:
+            raise StoreError(f"{version.short()} is not an anchor version")
+        self._admit(version.record)
+        self._write_full_state("anchor", version)
 
-    def put_current(self, record: VersionRecord, state: State) -> None:
-        """Save ``state`` as the latest verified state, replacing the previous one.
+    def put_current(self, version: VerifiedVersion) -> None:
+        """Save ``version``'s state as the latest verified state, replacing the previous one.
 
         The record may be new (a node that caught up to a non-anchor version with a catch-up
         patch has no patch of it); it is checked like any other record.
         """
         self._require_writer()
-        self._admit(record)
-        self._write_full_state("current", record, state)
-        for old in sorted(self._files["current"] - {record.version}):
+        self._admit(version.record)
+        self._write_full_state("current", version)
+        for old in sorted(self._files["current"] - {version.version}):
             self._files["current"].discard(old)
             remove_quietly(self.path_of("current", old))
 
-    def _write_full_state(self, kind: str, record: VersionRecord, state: State) -> None:
-        got = state_hash(state)
-        if got != record.state_hash:
-            raise IntegrityError(f"state for {record.short()} hashes to {got[:16]}, record says "
-                                 f"{record.state_hash[:16]}")
-        v = record.version
+    def _write_full_state(self, kind: str, version: VerifiedVersion) -> None:
+        """Write a state whose hash the ``VerifiedVersion`` vouches for (not hashed again)."""
+        if version.state is None:
+            raise StoreError(f"{version.short()} carries no state to store as {kind}")
+        v = version.version
         if v not in self._files[kind]:
-            save_safetensors_atomic(state, self.path_of(kind, v), state_metadata(record))
-        self._commit(record, kind)
+            save_safetensors_atomic(version.state, self.path_of(kind, v), state_metadata(version.record))
+        self._commit(version.record, kind)
 
     def _admit(self, record: VersionRecord) -> None:
-        """All checks a new record must pass against what is stored; raises, writes nothing."""
-        verify_record(record, run_id=None, trusted_signers=self.trusted,  # run: the caller's trust check
-                      parent=self._records.get(record.version - 1))
+        """The checks a verified record must pass against what is stored; raises, writes nothing.
+
+        Signature, chain hash and run were checked where the ``VerifiedVersion`` was made."""
+        if self.trusted is not None and record.signer not in self.trusted:
+            raise IntegrityError(f"record {record.short()}: signer is not a trusted trainer key")
+        parent = self._records.get(record.version - 1)
+        if parent is not None:
+            check_link(parent, record)
         v = record.version
         existing, child = self._records.get(v), self._records.get(v + 1)
         if existing is not None and (existing.chain_hash, existing.anchor_version) != (

@@ -33,8 +33,11 @@ from typing import Any
 
 from pulse_node.chain.evidence import EvidenceBook, head_evidence
 from pulse_node.chain.identity import key_id_of, key_of_peer_id, peer_id_of_key
-from pulse_node.chain.record import VersionRecord, verify_record
+from pulse_node.chain.record import VersionRecord, check_patch, recheck_record, verify_record
 from pulse_node.chain.trainerset import TrainerSet, bound_key
+from pulse_node.chain.verified import VerifiedVersion, seal_checked
+from pulse_node.codec.patch import ParsedPatch
+from pulse_node.codec.state import State
 from pulse_node.errors import IntegrityError, WireError
 
 #: verified records remembered per (signer, version), to catch a second, conflicting one
@@ -136,13 +139,16 @@ class TrustPolicy:
             self._banned_until[peer_id] = time.monotonic() + ban
 
     def verify(self, record: VersionRecord, *, sender: str, parent: VersionRecord | None = None) -> None:
-        """``IntegrityError`` (and a strike for ``sender``) unless a member signed ``record`` for this run."""
+        """``IntegrityError`` (and a strike for ``sender``) unless a member signed ``record`` for this run.
+
+        The signature of a record equal to one verified before (kept per signer and version) is
+        not verified again; every other check is (``recheck_record``)."""
         if record.signer in self.evidence:
             raise IntegrityError(f"record {record.short()}: signer {key_id_of(record.signer)} is convicted of "
                                  "equivocation")
+        check = recheck_record if self._signed.get((record.signer, record.version)) == record else verify_record
         try:
-            verify_record(record, run_id=self.trainers.run_id, trusted_signers=self.trainers.members,
-                          parent=parent)
+            check(record, run_id=self.trainers.run_id, trusted_signers=self.trainers.members, parent=parent)
             self._check_step(record)
         except IntegrityError:
             self.strike(sender)
@@ -182,6 +188,20 @@ class TrustPolicy:
         self.evidence.add(ev.kind, ev.first, ev.second)
         raise IntegrityError(f"{key_id_of(record.signer)} signed two records for version {record.version}: "
                              "convicted of equivocation")
+
+    def admit(self, record: VersionRecord, *, sender: str, patch: bytes | ParsedPatch | None = None,
+              state: State | None = None, parent: VersionRecord | None = None) -> VerifiedVersion:
+        """The trust gate: ``record`` verified (``verify``), ``patch`` checked against it (size and
+        digest: a mismatch strikes ``sender``; the header, parsed once, must name the record's
+        state), ``state`` hashed once; the result is what the store and the apply take."""
+        self.verify(record, sender=sender, parent=parent)
+        if patch is not None:
+            try:
+                check_patch(record, patch.data if isinstance(patch, ParsedPatch) else patch)
+            except IntegrityError:
+                self.strike(sender)
+                raise
+        return seal_checked(record, patch=patch, state=state)
 
     def check(self, record: VersionRecord, *, sender: str, parent: VersionRecord | None = None) -> bool:
         """Verify one record; True once its version has a quorum of agreeing trusted signers."""

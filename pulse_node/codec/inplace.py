@@ -25,9 +25,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from pulse_node.codec import values as V
-from pulse_node.codec.header import PatchHeader, TensorEntry, unpack_header
+from pulse_node.codec.header import PatchHeader, TensorEntry
 from pulse_node.codec.models import PatchModels
 from pulse_node.codec.patch import (
+    ParsedPatch,
     _check_base,
     _decode_deltas,
     _decode_planes,
@@ -35,6 +36,7 @@ from pulse_node.codec.patch import (
     _map,
     _payload,
     _split_stream,
+    parse_patch,
 )
 from pulse_node.codec.state import State, TensorBits
 from pulse_node.codec.statehash import state_hash
@@ -128,16 +130,18 @@ def _owned(state: Mapping[str, TensorBits], header: PatchHeader) -> None:
             raise PatchError(f"tensor {e.name!r} is read-only: an in-place apply needs arrays it may write")
 
 
-def apply_patch_inplace(state: State, patch: bytes, *, verify: bool = True,
+def apply_patch_inplace(state: State, patch: bytes | ParsedPatch, *, verify: bool = True,
                         base_hash: str | None = None) -> Changes:
     """Turn ``state`` into the patch's result in place and return what changed.
 
     ``verify`` checks the base hash (``base_hash`` if given, else hashed), the payload digest
     and the result hash; with ``verify=False`` a given ``base_hash`` is still compared with the
     header's. Any failure raises (``BaseMismatchError``, ``PatchError``, ``IntegrityError``)
-    with ``state`` exactly as it was.
+    with ``state`` exactly as it was. ``patch``: the bytes, or a ``ParsedPatch`` whose header is
+    used as parsed (not parsed again).
     """
-    header, start = unpack_header(memoryview(patch))
+    parsed = parse_patch(patch)
+    header, start = parsed.header, parsed.start
     _check_base(header, state)
     _owned(state, header)
     if verify or base_hash is not None:
@@ -145,7 +149,7 @@ def apply_patch_inplace(state: State, patch: bytes, *, verify: bool = True,
         if actual != header.base_state_hash:
             raise BaseMismatchError(f"base state hash {actual[:16]}... does not match the patch's base "
                                     f"{header.base_state_hash[:16]}...")
-    payload = _payload(patch, header, start, verify)
+    payload = _payload(parsed.data, header, start, verify)
     models = PatchModels({(t.coding, t.dtype, t.label): t.counts for t in header.tables})
     entries = [e for e in header.tensors if e.changed]
 

@@ -57,8 +57,28 @@ from pulse_node.codec.state import State, TensorBits
 from pulse_node.codec.statehash import HASH_ALGO, bytes_digest, state_hash
 from pulse_node.errors import BaseMismatchError, IntegrityError, PatchError
 
-__all__ = ["Mode", "PatchHeader", "PatchStats", "make_patch", "apply_patch", "read_header", "patch_stats",
-           "changed_positions"]
+__all__ = ["Mode", "PatchHeader", "ParsedPatch", "PatchStats", "make_patch", "encode_patch", "apply_patch",
+           "parse_patch", "read_header", "patch_stats", "changed_positions"]
+
+
+@dataclass(frozen=True)
+class ParsedPatch:
+    """A whole patch with its header parsed and checked once (``parse_patch`` or ``encode_patch``).
+
+    Every function that reads a patch takes one of these or the raw bytes (parsed on the spot), so
+    a caller that keeps it (``chain/verified.py``'s ``VerifiedVersion``) never parses a header twice.
+    """
+
+    data: bytes
+    header: PatchHeader
+    start: int  # where the payload begins
+
+    @property
+    def payload(self) -> memoryview:
+        return memoryview(self.data)[self.start:]
+
+    def __len__(self) -> int:
+        return len(self.data)
 
 
 @dataclass(frozen=True)
@@ -154,6 +174,13 @@ def make_patch(base: State, new: State, *, mode: Mode = "compact", base_hash: st
     context. About 20% smaller patches, but encoder and every receiver pay an extra pass over
     each changed tensor's base (see bench/RESULTS.md), so it is for slow links.
     """
+    return encode_patch(base, new, mode=mode, base_hash=base_hash, new_hash=new_hash,
+                        position_context=position_context).data
+
+
+def encode_patch(base: State, new: State, *, mode: Mode = "compact", base_hash: str | None = None,
+                 new_hash: str | None = None, position_context: bool = False) -> ParsedPatch:
+    """``make_patch`` with the header it wrote (the publisher keeps it: nothing parses it again)."""
     if mode not in MODES:
         raise PatchError(f"unknown patch mode {mode!r} (expected one of {', '.join(MODES)})")
     _check_same_layout(base, new)
@@ -177,20 +204,30 @@ def make_patch(base: State, new: State, *, mode: Mode = "compact", base_hash: st
                          new_hash or state_hash(new), bytes_digest(payload), len(payload), tuple(entries),
                          tuple(ValueTable(k[0], k[1], k[2], tuple(int(x) for x in c))
                                for k, c in sorted(tables.items())))
-    return pack_header(header) + payload
+    packed = pack_header(header)
+    return ParsedPatch(packed + payload, header, len(packed))
 
 
-def read_header(patch: bytes) -> PatchHeader:
-    """The validated header of a whole patch (``PatchError`` if malformed or truncated).
+def parse_patch(patch: bytes | ParsedPatch) -> ParsedPatch:
+    """Parse and validate a whole patch's header once (``PatchError`` if malformed or truncated).
 
     Checks structure, caps and the payload length; not the payload digest (``apply_patch``).
+    An already parsed patch is returned as it is.
     """
-    header, start = unpack_header(memoryview(patch))
-    _payload(patch, header, start, verify=False)
-    return header
+    if isinstance(patch, ParsedPatch):
+        return patch
+    data = bytes(patch)
+    header, start = unpack_header(memoryview(data))
+    _payload(data, header, start, verify=False)
+    return ParsedPatch(data, header, start)
 
 
-def patch_stats(patch: bytes) -> PatchStats:
+def read_header(patch: bytes | ParsedPatch) -> PatchHeader:
+    """The validated header of a whole patch (``parse_patch``)."""
+    return parse_patch(patch).header
+
+
+def patch_stats(patch: bytes | ParsedPatch) -> PatchStats:
     """Tensors, changed elements, density and size figures of a patch."""
     header = read_header(patch)
     changed = sum(t.changed for t in header.tensors)
@@ -259,7 +296,7 @@ def _decode_deltas(entry: TensorEntry, idx: np.ndarray, words: bytes, raw_bytes:
         raise PatchError(f"tensor {entry.name!r}: value stream has trailing data")
 
 
-def _payload(patch: bytes, header: PatchHeader, start: int, verify: bool) -> memoryview:
+def _payload(patch: bytes | memoryview, header: PatchHeader, start: int, verify: bool) -> memoryview:
     payload = memoryview(patch)[start:]
     if len(payload) != header.payload_len:
         raise PatchError(f"patch is truncated or padded: payload is {len(payload)} bytes, header says "
@@ -295,7 +332,7 @@ def _map(fn: Callable[[T], R], items: list[T]) -> list[R]:
         return list(pool.map(fn, items))
 
 
-def apply_patch(base: State, patch: bytes, *, verify: bool = True, allow_any_base: bool = False,
+def apply_patch(base: State, patch: bytes | ParsedPatch, *, verify: bool = True, allow_any_base: bool = False,
                 base_hash: str | None = None) -> State:
     """Apply ``patch`` to ``base`` and return the new state (``base`` is left untouched).
 
@@ -304,7 +341,8 @@ def apply_patch(base: State, patch: bytes, *, verify: bool = True, allow_any_bas
     instead of hashing it (and checked even with ``verify=False``). ``allow_any_base`` is
     refused for compact patches.
     """
-    header, start = unpack_header(memoryview(patch))
+    parsed = parse_patch(patch)
+    header = parsed.header
     if allow_any_base and header.mode != "overwrite":
         raise BaseMismatchError("a compact patch only applies to its exact base (allow_any_base needs overwrite)")
     _check_base(header, base)
@@ -313,7 +351,7 @@ def apply_patch(base: State, patch: bytes, *, verify: bool = True, allow_any_bas
         if actual != header.base_state_hash:
             raise BaseMismatchError(f"base state hash {actual[:16]}... does not match the patch's base "
                                     f"{header.base_state_hash[:16]}...")
-    payload = _payload(patch, header, start, verify)
+    payload = _payload(parsed.data, header, parsed.start, verify)
     models = PatchModels({(t.coding, t.dtype, t.label): t.counts for t in header.tables})
     out: State = dict(base)
     changed = [e for e in header.tensors if e.changed]
@@ -324,15 +362,16 @@ def apply_patch(base: State, patch: bytes, *, verify: bool = True, allow_any_bas
     return out
 
 
-def changed_positions(patch: bytes, base: State) -> dict[str, np.ndarray]:
+def changed_positions(patch: bytes | ParsedPatch, base: State) -> dict[str, np.ndarray]:
     """Changed flat indices per tensor (only tensors with changes); for merging and stats.
 
     Compact patches need their exact base (the position model is conditioned on it); the
     base's tensor set is always checked, its hash is not.
     """
-    header, start = unpack_header(memoryview(patch))
+    parsed = parse_patch(patch)
+    header = parsed.header
     _check_base(header, base)
-    payload = _payload(patch, header, start, verify=False)
+    payload = parsed.payload
     out = {}
     for entry in header.tensors:
         if entry.changed:

@@ -20,8 +20,8 @@ from pulse_node.chain.anchor import MAX_HEADER_BYTES, check_header, header_lengt
 from pulse_node.chain.layout import state_metadata
 from pulse_node.chain.record import MAX_RECORD_BYTES, VersionRecord, decode_record
 from pulse_node.chain.trust import TrustPolicy
-from pulse_node.codec.state import State, load_safetensors
-from pulse_node.codec.statehash import state_hash
+from pulse_node.chain.verified import VerifiedVersion
+from pulse_node.codec.state import load_safetensors
 from pulse_node.daemon.transport import PeerInfo, Transport
 from pulse_node.errors import IntegrityError, PulseError, WireError
 
@@ -68,8 +68,9 @@ def _serves(transport: Transport, peer: PeerInfo, record: VersionRecord, scratch
 
 
 def load_anchor(transport: Transport, trust: TrustPolicy, record: VersionRecord, primary: PeerInfo,
-                holders: list[PeerInfo], scratch: Path, *, timeout: float) -> State:
-    """The state of anchor ``record`` (already verified: a member signed it for this run).
+                holders: list[PeerInfo], scratch: Path, *, timeout: float) -> VerifiedVersion:
+    """Anchor ``record`` (already verified: a member signed it for this run) with its state, hashed
+    once by the trust gate (``TrustPolicy.admit``): what ``VersionStore.put_anchor`` takes.
 
     ``primary`` serves the header; it and ``holders`` (peers announcing the anchor) serve pieces.
     ``IntegrityError`` (after striking the liar) or another ``PulseError`` if it cannot be had."""
@@ -94,6 +95,7 @@ def load_anchor(transport: Transport, trust: TrustPolicy, record: VersionRecord,
         state = load_safetensors(dest)
     finally:
         dest.unlink(missing_ok=True)
-    if state_hash(state) != record.state_hash:  # every piece matched: the signer's manifest is wrong
-        raise IntegrityError(f"anchor {record.short()} matches its manifest but not its state hash")
-    return state
+    try:  # the record was verified by ``check``: no signature again, one hash of the state
+        return trust.admit(record, sender=primary.peer_id, state=state)
+    except IntegrityError as exc:  # every piece matched: the signer's manifest is wrong, no provider
+        raise IntegrityError(f"anchor {record.short()} matches its manifest but not its state hash ({exc})") from None

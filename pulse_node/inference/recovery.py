@@ -20,18 +20,16 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from pulse_node.chain.catchup import check_catchup
-from pulse_node.chain.patchinfo import patch_hashes
 from pulse_node.chain.record import VersionRecord
 from pulse_node.chain.store import VersionStore
 from pulse_node.chain.trust import TrustPolicy
-from pulse_node.codec.inplace import Changes, apply_patch_inplace
+from pulse_node.chain.verified import apply_catchup_version
+from pulse_node.codec.inplace import Changes
 from pulse_node.codec.state import State, state_nbytes
 from pulse_node.config import NetConfig
 from pulse_node.daemon.transport import FetchParams, PeerInfo, Transport
 from pulse_node.errors import (
     BusyError,
-    GapError,
     IntegrityError,
     PatchError,
     PulseError,
@@ -176,20 +174,19 @@ class Recovery(abc.ABC):
         return None, busy
 
     def _apply_catchup(self, peer: PeerInfo, rec: VersionRecord, patch: bytes) -> None:
+        """Apply a catch-up patch to ``rec`` (checked by ``trust.check``): its header, parsed once,
+        names our state (else ``GapError``: another history, no lie) and ``rec``'s; the result is
+        hashed once; in place, and a failure leaves our version intact."""
         assert self.record is not None and self.state is not None
+        target = self.trust.admit(rec, sender=peer.peer_id)  # verified by check: no signature again
         try:
-            if patch_hashes(patch)[0] != self.record.state_hash:  # the peer's history differs: no lie
-                raise GapError(f"catch-up starts from another state of version {self.record.version}")
-            check_catchup(patch, from_record=self.record, to_record=rec)  # header names both signed hashes
-            # apply checks the result against that hash, so it is not computed twice; in place,
-            # and a failure leaves our version intact
-            changes = apply_patch_inplace(self.state, patch, verify=True, base_hash=self.record.state_hash)
+            changes, reached = apply_catchup_version(self.state, patch, base=self.record, target=target)
         except (IntegrityError, PatchError):
             self.trust.strike(peer.peer_id)
             self.standing.struck(peer.peer_id)
             raise
         try:
-            self.store.put_current(rec, self.state)  # a restart resumes from here
+            self.store.put_current(reached)  # a restart resumes from here
         except BaseException:
             changes.undo(self.state)  # refused by the store: we stay at our version
             raise
@@ -223,10 +220,11 @@ class Recovery(abc.ABC):
                 if not self.trust.check(rec, sender=pid):
                     continue
                 holders = self.standing.providers([p for p in live if anchor in p.anchors], quota=FETCH_UNKNOWN)
-                state = load_anchor(self.transport, self.trust, rec, by_id[pid], holders, self._tmp,
-                                    timeout=self.net.fetch_timeout_s * 4)
-                self.store.put_anchor(rec, state)
-                self._adopt(rec, state)
+                anchor_version = load_anchor(self.transport, self.trust, rec, by_id[pid], holders, self._tmp,
+                                             timeout=self.net.fetch_timeout_s * 4)
+                self.store.put_anchor(anchor_version)
+                assert anchor_version.state is not None
+                self._adopt(rec, anchor_version.state)
                 self.standing.delivered(pid)
                 self.counters["anchor_loads"] += 1
                 return

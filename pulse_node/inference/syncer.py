@@ -2,9 +2,11 @@
 
 One ``step()``: learn the head, fetch the missing versions' records and patches from any peers
 that hold them (bounded concurrency, per-peer timeouts, failover, inference peers preferred so
-trainers upload each patch about once), verify each record (run, signature, trainer-set signer,
-parent link) and patch digest, hand them to the reorder buffer, and apply exactly the next
-version, checking base and result state hashes.
+trainers upload each patch about once), pass each record and patch through the trust gate
+(``TrustPolicy.admit``: run, signature, trainer-set signer, patch digest, header; the
+``VerifiedVersion`` it returns is all the apply and the store take), hand them to the reorder
+buffer, and apply exactly the next version (``chain.verified.apply_version``: base hash against
+the signed parent, one state hash of the result).
 
 Nothing a peer merely claims sets a number this node acts on. A version becomes the target only
 once its signed record is in hand and verified: a pushed head record, or the record of a version
@@ -31,22 +33,20 @@ import threading
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 
 from pulse_node.chain.identity import peer_id_of_key
 from pulse_node.chain.record import (
     MAX_RECORD_BYTES,
     VersionRecord,
-    check_patch,
     decode_record,
     encode_record,
 )
 from pulse_node.chain.reorder import ReorderBuffer
 from pulse_node.chain.store import VersionStore
 from pulse_node.chain.trust import TrustPolicy
-from pulse_node.codec.inplace import Changes, Move, apply_patch_inplace
-from pulse_node.codec.patch import read_header
+from pulse_node.chain.verified import VerifiedVersion, apply_version
+from pulse_node.codec.inplace import Changes, Move
 from pulse_node.codec.state import State
 from pulse_node.config import NetConfig
 from pulse_node.daemon.transport import Event, FetchParams, PeerInfo, Transport
@@ -70,12 +70,6 @@ MAX_PROBES = 3
 FIRST_TRY_S = 3.0
 
 
-@dataclass
-class Fetched:
-    record: VersionRecord
-    patch: bytes
-
-
 class VersionSync(Recovery):
     """Pull, verify, reorder and apply versions; serve them afterwards through the store."""
 
@@ -96,7 +90,7 @@ class VersionSync(Recovery):
         if self.record is not None and self.record.run_id != trust.trainers.run_id:
             raise ConfigError(f"{store.root} holds versions of run {self.record.run_id!r}, not "
                               f"{trust.trainers.run_id!r}; use another data_dir for another run")
-        self.reorder: ReorderBuffer[Fetched] = ReorderBuffer(next_version=self.record.version + 1 if self.record else 0)
+        self.reorder: ReorderBuffer[VerifiedVersion] = ReorderBuffer(next_version=self.record.version + 1 if self.record else 0)
         self.counters: Counter[str] = Counter()
         self.last_catchup: CatchupApplied | None = None
         self.last_error = ""
@@ -252,22 +246,18 @@ class VersionSync(Recovery):
         return not any(p.lowest <= version <= p.version for p in peers
                        if p.peer_id != self.transport.peer_id and not self.trust.ignored(p.peer_id))
 
-    def _fetch_version(self, version: int, providers: list[PeerInfo]) -> Fetched | None:
+    def _fetch_version(self, version: int, providers: list[PeerInfo]) -> VerifiedVersion | None:
         for peer in providers:
             try:
                 rec = self._fetch_record(peer, version, timeout=self._first_try(peer.peer_id))
                 if not self.trust.check(rec, sender=peer.peer_id):
                     continue
                 patch = self._fetch(peer, "patch", {"version": version}, max_bytes=rec.patch_bytes)
-                try:
-                    check_patch(rec, patch)
-                except IntegrityError:
-                    self.trust.strike(peer.peer_id)
-                    raise
+                got = self.trust.admit(rec, sender=peer.peer_id, patch=patch)  # a wrong digest strikes it
                 self.counters["patch_bytes_in"] += len(patch)
                 self.trust.served(peer.peer_id)
                 self.standing.delivered(peer.peer_id)
-                return Fetched(rec, patch)
+                return got
             except PulseError as exc:
                 self.counters["fetch_errors"] += 1
                 self.trust.failed(peer.peer_id)
@@ -318,24 +308,19 @@ class VersionSync(Recovery):
             applied.append(got.record)
         return applied
 
-    def _apply(self, got: Fetched) -> None:
+    def _apply(self, got: VerifiedVersion) -> None:
+        """Apply the next version in place (a failure leaves our version intact) and store it."""
         assert self.state is not None and self.record is not None
         rec = got.record
-        if rec.parent_chain_hash != self.record.chain_hash:
-            raise IntegrityError(f"version {rec.version} does not extend our chain at {self.record.version}")
-        header = read_header(got.patch)
-        if header.result_state_hash != rec.state_hash:
-            raise IntegrityError(f"patch {rec.version} result hash differs from its signed record")
-        # in place into the state allocated once; a failure leaves our version intact
-        changes = apply_patch_inplace(self.state, got.patch, verify=True, base_hash=self.record.state_hash)
+        changes, applied = apply_version(self.state, got, base=self.record)  # the one state hash
         try:
-            self.store.put_patch(rec, got.patch)
+            self.store.put_patch(applied)
         except BaseException:
             changes.undo(self.state)
             raise
         self._moved(self.record.version, rec.version, changes)
         if rec.is_anchor:
-            self.store.put_anchor(rec, self.state)
+            self.store.put_anchor(applied)
         self.record = rec
         self.counters["applied"] += 1
 

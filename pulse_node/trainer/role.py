@@ -24,6 +24,7 @@ import torch
 
 from pulse_node.chain.record import VersionRecord, decode_record, encode_record
 from pulse_node.chain.trainerset import bound_key, sender_key
+from pulse_node.chain.verified import VerifiedVersion
 from pulse_node.config import TrainerConfig
 from pulse_node.daemon.context import RoleContext
 from pulse_node.daemon.evidence_plane import EvidencePlane, node_trust
@@ -160,7 +161,7 @@ class TrainerRole:
                                      f"not the state a majority holds at {peer.version}")
             check_declared_model(record.rollout_settings, self.publisher.rollout_settings, version=record.version)
             state = module_state(outer_state["params"].items())
-            self._adopt_into_store(record, state)
+            self._adopt_into_store(self.trust.admit(record, sender=peer.peer_id, state=state))
         except ModelMismatch as exc:
             if joining:
                 raise  # the swarm runs another model: refuse to join rather than train on it
@@ -179,15 +180,16 @@ class TrainerRole:
         self._announce()
         return True
 
-    def _adopt_into_store(self, record: VersionRecord, state) -> None:
-        """Make ``record`` our store's current version, dropping our own fork if we had one."""
+    def _adopt_into_store(self, adopted: VerifiedVersion) -> None:
+        """Make ``adopted`` our store's current version, dropping our own fork if we had one."""
+        record = adopted.record
         ours = self.ctx.store.record(record.version - 1)
         same = self.ctx.store.record(record.version)
         newer = any(v > record.version for v in self.ctx.store.versions())
         if newer or (ours is not None and ours.chain_hash != record.parent_chain_hash) or \
                 (same is not None and same.chain_hash != record.chain_hash):
             self.ctx.store.discard_from(0)
-        self.ctx.store.put_current(record, state)
+        self.ctx.store.put_current(adopted)
 
     def _fetch_trainer_state(self, peer: PeerInfo) -> tuple[OuterState, VersionRecord]:
         if not any(p.peer_id == peer.peer_id for p in self._member_trainers()):

@@ -22,11 +22,10 @@ import torch
 from pulse_node.chain.anchor import MAX_HEADER_BYTES
 from pulse_node.chain.record import VersionRecord, decode_record, encode_record
 from pulse_node.codec.state import State, load_safetensors, save_safetensors_atomic
-from pulse_node.codec.statehash import state_hash
 from pulse_node.errors import IntegrityError, WireError
 from pulse_node.loco.hashing import tensors_hash
 from pulse_node.loco.outer import OuterState
-from pulse_node.torchbits import bits_to_tensor, module_state, tensor_to_bits
+from pulse_node.torchbits import bits_to_tensor, tensor_to_bits
 
 RELATIVE_PATH = Path("trainer") / "state.safetensors"
 
@@ -53,8 +52,9 @@ def export_trainer_state(root: Path, *, params: Mapping[str, torch.Tensor],
 
 
 def read_trainer_state(path: Path, *, names: set[str]) -> tuple[OuterState, VersionRecord]:
-    """Parse a fetched trainer state (hostile input); checks tensor names, that bf16(params)
-    matches the record and, when the file names one, the outer hash of weights and momentum."""
+    """Parse a fetched trainer state (hostile input); checks tensor names and, when the file names
+    one, the outer hash of weights and momentum. That bf16(params) is the record's state is the
+    trust gate's check, made once where the re-sync admits the version (``TrustPolicy.admit``)."""
     from safetensors import safe_open  # metadata only; tensors come through codec.state
 
     try:
@@ -71,8 +71,6 @@ def read_trainer_state(path: Path, *, names: set[str]) -> tuple[OuterState, Vers
     momentum = {k.split("/", 1)[1]: bits_to_tensor(v) for k, v in state.items() if k.startswith("momentum/")}
     if set(params) != names or set(momentum) != names:
         raise WireError(f"{path}: trainer state does not match this model's tensors")
-    if state_hash(module_state(params.items())) != record.state_hash:
-        raise IntegrityError(f"{path}: weights do not match the signed record of version {record.version}")
     if outer_hash is not None and tensors_hash(("param", params), ("momentum", momentum),
                                                round=record.version) != outer_hash:
         raise IntegrityError(f"{path}: FP32 weights or momentum do not match the outer hash of version "
