@@ -56,6 +56,7 @@ from pulse_node.errors import (
     PulseError,
 )
 from pulse_node.inference.recovery import CatchupApplied, Recovery, catchup_cap  # noqa: F401 (re-exported)
+from pulse_node.inference.streaming import Pipeline, Streamed, stream_next
 from pulse_node.net.peers.standing import FETCH_UNKNOWN, Standing
 
 log = logging.getLogger("pulse.sync")
@@ -73,6 +74,7 @@ FIRST_TRY_S = 3.0
 class Fetched:
     record: VersionRecord
     patch: bytes
+    streamed: Streamed | None = None  # applied while it arrived (``inference/streaming.py``)
 
 
 class VersionSync(Recovery):
@@ -92,6 +94,7 @@ class VersionSync(Recovery):
         self.state: State | None = None
         self.record, self.state = store.load_head() or (None, None)  # our own arrays: patched in place
         self.changes: list[Move] = []  # what was applied in place, until the live model takes it
+        self.pipeline: Pipeline | None = None  # set by the role: the next version applied while it arrives
         if self.record is not None and self.record.run_id != trust.trainers.run_id:
             raise ConfigError(f"{store.root} holds versions of run {self.record.run_id!r}, not "
                               f"{trust.trainers.run_id!r}; use another data_dir for another run")
@@ -228,11 +231,15 @@ class VersionSync(Recovery):
         wanted = [v for v in range(self.reorder.next_version, min(head, self.reorder.next_version + self.window - 1) + 1)
                   if v not in self.reorder]
         jobs = {v: self._pool.submit(self._fetch_version, v, self.providers(v, peers, rank=rank)) for v in wanted}
-        for v, job in jobs.items():
-            got = job.result()
+        fetched = {v: job.result() for v, job in jobs.items()}
+        for v, got in fetched.items():
             if got is not None:
                 self.reorder.offer(v, got)
         applied = caught + self._apply_ready()
+        for got in fetched.values():
+            if got is not None and got.streamed is not None and not got.streamed.settled:
+                got.streamed.rollback()  # not applied after all: the state back at our version
+                self.reorder.reset(got.record.version)
         self._stalled = 0 if applied or self.reorder.next_version > head else self._stalled + 1
         stuck = self._stalled >= self.stall_passes
         if self._stalled and (stuck or self._nobody_has(self.reorder.next_version, peers)):
@@ -257,16 +264,22 @@ class VersionSync(Recovery):
                 rec = self._fetch_record(peer, version, timeout=self._first_try(peer.peer_id))
                 if not self.trust.check(rec, sender=peer.peer_id):
                     continue
-                patch = self._fetch(peer, "patch", {"version": version}, max_bytes=rec.patch_bytes)
+                streamed = None
+                if self.pipeline is not None and stream_next(self.record, rec) and self.state is not None:
+                    patch, streamed = self._fetch_streamed(peer, rec)
+                else:
+                    patch = self._fetch(peer, "patch", {"version": version}, max_bytes=rec.patch_bytes)
                 try:
                     check_patch(rec, patch)
                 except IntegrityError:
+                    if streamed is not None:
+                        streamed.rollback()
                     self.trust.strike(peer.peer_id)
                     raise
                 self.counters["patch_bytes_in"] += len(patch)
                 self.trust.served(peer.peer_id)
                 self.standing.delivered(peer.peer_id)
-                return Fetched(rec, patch)
+                return Fetched(rec, patch, streamed)
             except PulseError as exc:
                 self.counters["fetch_errors"] += 1
                 self.trust.failed(peer.peer_id)
@@ -288,6 +301,27 @@ class VersionSync(Recovery):
             self.standing.struck(peer.peer_id)
             raise IntegrityError(f"asked for version {version}, got record of {rec.version}")
         return rec
+
+    def _fetch_streamed(self, peer: PeerInfo, rec: VersionRecord) -> tuple[bytes, Streamed | None]:
+        """The next version's patch, applied while it arrives (``inference/streaming.py``)."""
+        assert self.pipeline is not None and self.state is not None and self.record is not None
+        dest = self._tmp / f"patch-{threading.get_ident()}-{random.getrandbits(32):08x}"
+        limit = self.net.fetch_timeout_s
+
+        def fetch(path: Path) -> None:
+            self.transport.fetch(peer, "patch", {"version": rec.version}, path, timeout=limit,
+                                 max_bytes=rec.patch_bytes)
+
+        try:
+            return self.pipeline.fetch_apply(fetch, dest, state=self.state, base=self.record.version,
+                                             target=rec.version, expected=self.pipeline.expect(self.record, rec),
+                                             size=rec.patch_bytes, timeout=limit)
+        except IntegrityError:
+            self.trust.strike(peer.peer_id)
+            self.standing.struck(peer.peer_id)
+            raise
+        finally:
+            dest.unlink(missing_ok=True)
 
     def _fetch(self, peer: PeerInfo, kind: str, params: dict, *, max_bytes: int, timeout: float | None = None) -> bytes:
         """One file, refused (and the peer struck) if it declares more than ``max_bytes``."""
@@ -318,6 +352,13 @@ class VersionSync(Recovery):
         return applied
 
     def _apply(self, got: Fetched) -> None:
+        try:
+            self._apply_fetched(got)
+        finally:
+            if got.streamed is not None and not got.streamed.settled:
+                got.streamed.rollback()  # refused here: the state and live model back at our version
+
+    def _apply_fetched(self, got: Fetched) -> None:
         assert self.state is not None and self.record is not None
         rec = got.record
         if rec.parent_chain_hash != self.record.chain_hash:
@@ -325,14 +366,22 @@ class VersionSync(Recovery):
         header = read_header(got.patch)
         if header.result_state_hash != rec.state_hash:
             raise IntegrityError(f"patch {rec.version} result hash differs from its signed record")
-        # in place into the state allocated once; a failure leaves our version intact
-        changes = apply_patch_inplace(self.state, got.patch, verify=True, base_hash=self.record.state_hash)
+        if got.streamed is not None:  # applied while it arrived, digest and result hash checked
+            changes = got.streamed.changes
+        else:  # in place into the state allocated once; a failure leaves our version intact
+            changes = apply_patch_inplace(self.state, got.patch, verify=True, base_hash=self.record.state_hash)
         try:
             self.store.put_patch(rec, got.patch)
         except BaseException:
-            changes.undo(self.state)
+            if got.streamed is None:
+                changes.undo(self.state)
             raise
-        self._moved(self.record.version, rec.version, changes)
+        if got.streamed is not None:
+            got.streamed.commit()
+        if got.streamed is not None and got.streamed.live_written:
+            self.changes = []  # the live model holds this version already: later steps start here
+        else:
+            self._moved(self.record.version, rec.version, changes)
         if rec.is_anchor:
             self.store.put_anchor(rec, self.state)
         self.record = rec
