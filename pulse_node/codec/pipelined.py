@@ -254,6 +254,7 @@ class GrowingBuffer:
         self._cond = threading.Condition()
         self.stall_s = stall_s
         self._deadline = time.monotonic() + deadline_s
+        self.completed_at: float | None = None  # monotonic time the last byte came in
 
     @property
     def have(self) -> int:
@@ -269,6 +270,8 @@ class GrowingBuffer:
         self._hash.update(data)
         with self._cond:
             self._have += n
+            if self._have == self.size:
+                self.completed_at = time.monotonic()
             self._cond.notify_all()
 
     def fail(self, exc: BaseException) -> None:

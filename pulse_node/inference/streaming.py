@@ -75,6 +75,7 @@ class Streamed:
     changes: Changes
     live: LiveWeights | None
     settled: bool = field(default=False)
+    last_byte_at: float | None = None  # monotonic time the follower read the patch's last byte
 
     @property
     def live_written(self) -> bool:
@@ -195,7 +196,7 @@ class Pipeline:
         job.join(timeout + self.stall_s)
         self.counters["streamed"] += 1
         self.counters["live_written"] += live is not None
-        return buf.bytes(), Streamed(state, base, target, changes, live)
+        return buf.bytes(), Streamed(state, base, target, changes, live, last_byte_at=buf.completed_at)
 
     def _after_refusal(self, job: _Fetch, buf: GrowingBuffer, expected: Expected, timeout: float,
                        exc: PulseError) -> tuple[bytes, None]:
