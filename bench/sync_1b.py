@@ -220,15 +220,24 @@ def _pipelined(wire, peer: str, work: Path, v: int, rec, state, live, base_hash:
         done["t"] = time.monotonic()
 
     dest = work / f"{v}.p.patch"
+    trace: list[tuple[str, str, float]] = []
     t1 = time.monotonic()
-    _, streamed = Pipeline(live).fetch_apply(fetch, dest, state=state, base=v - 1, target=v,
+    _, streamed = Pipeline(live, trace=trace).fetch_apply(fetch, dest, state=state, base=v - 1, target=v,
                                              expected=Expected(base_hash, rec.state_hash, rec.patch_digest),
                                              size=rec.patch_bytes, timeout=600)
     t_ready = time.monotonic()
     dest.unlink(missing_ok=True)
     assert streamed is not None and streamed.live_written, "the pipelined path fell back"
-    return streamed, {"transfer_s": done["t"] - t1, "last_byte_to_ready_s": t_ready - done["t"],
-                      "follower_last_byte_to_ready_s": t_ready - (streamed.last_byte_at or t_ready)}
+    last = done["t"]
+    ends = {ev: max((t for e, _, t in trace if e == ev), default=last) for ev in ("arrived", "decoded", "hashed")}
+    left = [name for e, name, t in trace if e == "decoded" and t > last]
+    changed = {name: c.idx.size for name, c in streamed.changes.tensors.items()}
+    return streamed, {"transfer_s": last - t1, "last_byte_to_ready_s": t_ready - last,
+                      "follower_last_byte_to_ready_s": t_ready - (streamed.last_byte_at or t_ready),
+                      # after the last byte: when the last section was complete, decoded, hashed
+                      "arrived_after_s": ends["arrived"] - last, "decoded_after_s": ends["decoded"] - last,
+                      "hashed_after_s": ends["hashed"] - last,
+                      "changes_left_at_last_byte": sum(changed.get(n, 0) for n in left) / max(1, sum(changed.values()))}
 
 
 def client(peer: str, store: Path, work: Path, signer: str, versions: int) -> dict:

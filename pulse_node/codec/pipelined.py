@@ -129,10 +129,14 @@ def read_header(source: Source, expected: Expected) -> tuple[PatchHeader, int]:
 class _Run:
     """One streaming apply: decode jobs in flight, the hasher thread, and what to undo."""
 
-    def __init__(self, state: State, header: PatchHeader, sink: TensorSink | None, workers: int) -> None:
-        self.state, self.header, self.sink = state, header, sink
+    def __init__(self, state: State, header: PatchHeader, sink: TensorSink | None, workers: int,
+                 trace: list[tuple[str, str, float]] | None) -> None:
+        self.state, self.header, self.sink, self.trace = state, header, sink, trace
         self.models = PatchModels({(t.coding, t.dtype, t.label): t.counts for t in header.tables})
         self.pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="pipelined")
+        # the sink's writes beside the hash of the same tensor (both only read the decoded bits)
+        self.sink_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pipelined-sink")
+        self.sink_jobs: list[Future[None]] = []
         self.done: dict[str, TensorChange] = {}
         self.sunk: list[str] = []
         self.lock = threading.Lock()
@@ -148,10 +152,12 @@ class _Run:
         change = _patch_tensor(entry, tb, payload, self.models)
         with self.lock:
             self.done[entry.name] = change
+            if self.trace is not None:
+                self.trace.append(("decoded", entry.name, time.monotonic()))
         if self.sink is not None:
             with self.lock:
                 self.sunk.append(entry.name)  # before the write: a failing write is undone too
-            self.sink.write(entry.name, change, tb.dtype)
+                self.sink_jobs.append(self.sink_pool.submit(self.sink.write, entry.name, change, tb.dtype))
         return change
 
     def submit(self, entry: TensorEntry, payload: memoryview) -> None:
@@ -172,6 +178,8 @@ class _Run:
             try:
                 fut.result()
                 self.hasher.add(entry.name, self.state[entry.name])
+                if self.trace is not None:
+                    self.trace.append(("hashed", entry.name, time.monotonic()))
             except BaseException as exc:  # the decode's error, kept for the caller
                 self.hash_error = exc
                 return
@@ -181,8 +189,11 @@ class _Run:
         self.order.put(None)
         self.hash_thread.join()
         self.pool.shutdown(wait=True)
+        self.sink_pool.shutdown(wait=True)
         if self.hash_error is not None:
             raise self.hash_error
+        for job in self.sink_jobs:
+            job.result()  # a failed write raises here (and is undone by ``abort``)
         return self.hasher.hexdigest()
 
     def abort(self) -> None:
@@ -191,6 +202,7 @@ class _Run:
         self.order.put(None)
         self.pool.shutdown(wait=True, cancel_futures=True)
         self.hash_thread.join()
+        self.sink_pool.shutdown(wait=True)
         changes = self.changes()
         changes.undo(self.state)
         if self.sink is not None:
@@ -204,26 +216,27 @@ class _Run:
 
 
 def apply_streaming(state: State, source: Source, expected: Expected, *, sink: TensorSink | None = None,
-                    workers: int = WORKERS, on_header: Callable[[PatchHeader], None] | None = None) -> Changes:
+                    workers: int = WORKERS, trace: list[tuple[str, str, float]] | None = None) -> Changes:
     """Turn ``state`` into the patch's result in place while ``source`` fills; returns the changes.
 
     Every tensor's section is decoded as soon as it is complete and written into ``sink`` too;
     the result is kept only if the whole file's digest and the result's state hash equal
     ``expected``. Any failure (a bad header, a corrupt section, a stalled source, a digest or
-    hash mismatch) leaves ``state`` and ``sink`` as they were and raises.
+    hash mismatch) leaves ``state`` and ``sink`` as they were and raises. ``trace`` (benches):
+    gets ``(event, tensor, monotonic time)`` for each section complete, decoded and hashed.
     """
     header, start = read_header(source, expected)
     _check_base(header, state)
     _owned(state, header)
-    if on_header is not None:
-        on_header(header)
-    run = _Run(state, header, sink, workers)
+    run = _Run(state, header, sink, workers, trace)
     try:
         for entry in header.tensors:
             if run.hash_error is not None:
                 break
             end = start + entry.offset + entry.length
             view = source.wait(end) if entry.length else memoryview(b"")
+            if trace is not None and entry.length:
+                trace.append(("arrived", entry.name, time.monotonic()))
             run.submit(entry, view[start:end] if entry.length else view)
         result = run.finish()
         source.wait(source.size)

@@ -121,6 +121,8 @@ class _Fetch:
             self.error = exc
         finally:
             self.finished.set()
+            if self.stop.is_set():  # abandoned (stalled): its file is nobody's
+                self.dest.unlink(missing_ok=True)
 
     def _open(self) -> int | None:
         for path in [self.dest, *self.dest.parent.glob(f".{self.dest.name}.*.tmp")]:
@@ -164,8 +166,9 @@ class _Fetch:
 class Pipeline:
     """Fetches the next version's patch and applies it while it arrives (see the module doc)."""
 
-    def __init__(self, live: LiveWeights | None = None, *, stall_s: float = 10.0, workers: int = 2) -> None:
-        self.live, self.stall_s, self.workers = live, stall_s, workers
+    def __init__(self, live: LiveWeights | None = None, *, stall_s: float = 10.0, workers: int = 2,
+                 trace: list[tuple[str, str, float]] | None = None) -> None:
+        self.live, self.stall_s, self.workers, self.trace = live, stall_s, workers, trace
         self.counters = {"streamed": 0, "live_written": 0, "fallback": 0}
 
     @staticmethod
@@ -184,7 +187,7 @@ class Pipeline:
         job = _Fetch(fetch, dest, buf)
         try:
             sink = LiveSink(live) if live is not None else None
-            changes = apply_streaming(state, buf, expected, sink=sink, workers=self.workers)
+            changes = apply_streaming(state, buf, expected, sink=sink, workers=self.workers, trace=self.trace)
         except PeerUnavailable:
             job.stop.set()
             raise

@@ -270,10 +270,9 @@ class VersionSync(Recovery):
                 else:
                     patch = self._fetch(peer, "patch", {"version": version}, max_bytes=rec.patch_bytes)
                 try:
-                    check_patch(rec, patch)
+                    if streamed is None:  # a streamed patch was checked as it came (signed size and digest)
+                        check_patch(rec, patch)
                 except IntegrityError:
-                    if streamed is not None:
-                        streamed.rollback()
                     self.trust.strike(peer.peer_id)
                     raise
                 self.counters["patch_bytes_in"] += len(patch)
