@@ -13,8 +13,9 @@ import torch
 from codec_strategies import copy_state, states_equal
 from test_codec_pipelined import _pair
 from test_inference_inplace import _live
-from test_node_sync_bounds import _syncer, served  # noqa: F401  (fixture)
+from test_node_sync_bounds import EVE, _syncer, served  # noqa: F401  (fixture)
 
+from pulse_node.chain.store import VersionStore
 from pulse_node.codec.patch import make_patch
 from pulse_node.codec.pipelined import Expected
 from pulse_node.codec.statehash import state_hash
@@ -140,5 +141,42 @@ def test_the_syncer_streams_the_next_version_and_the_live_model_follows(served, 
         assert states_equal(sync.state, STATES[18]) and sync.store.has_patch(15)
         applied = sync.step(list(hub.records.values()))  # nothing new: nothing streamed
         assert applied == [] and sync.pipeline.counters["streamed"] == 1
+    finally:
+        sync.close()
+
+
+def test_a_peer_serving_a_corrupt_patch_moves_nothing_and_is_struck(served, tmp_path) -> None:  # noqa: F811
+    """The record is the trainer's (verified), the patch bytes are a peer's (one flipped byte
+    mid-file): streamed, refused on the signed digest, state and live model back at 14, the peer
+    struck; the next pass takes version 15 from the honest trainer."""
+    hub = MemoryHub()
+    honest = store_resolver(served)
+
+    def corrupt_patches(kind: str, params: dict) -> Path | None:
+        path = honest(kind, params)
+        if kind != "patch" or path is None:
+            return path
+        data = bytearray(path.read_bytes())
+        data[len(data) // 2] ^= 0x10
+        out = tmp_path / f"lie-{params['version']}"
+        out.write_bytes(bytes(data))
+        return out
+
+    liar = announce(hub, EVE, corrupt_patches, role="inference", version=15, lowest=1)
+    sync = _syncer(tmp_path, hub, at=14, catchup_min_gap=0)
+    try:
+        live = _live(sync.state)
+        live.set(sync.state, 14)
+        sync.pipeline = Pipeline(live)
+        assert sync.step([liar]) == []  # the head: a trainer-signed record pushed by the liar
+        rec = VersionStore(served, readonly=True).record(15)
+        assert rec is not None
+        sync._verified(rec, holder=liar.peer_id)
+        assert sync.step([liar]) == []
+        assert states_equal(sync.state, STATES[14]) and _holds(live, STATES[14]) and live.version == 14
+        assert sync.trust.strikes.get(liar.peer_id, 0) >= 1 and not sync.store.has_patch(15)
+        trainer = announce(hub, TRAINER, store_resolver(served), role="trainer", version=15, lowest=1)
+        assert [r.version for r in sync.step([trainer])] == [15]
+        assert sync.pipeline.counters["streamed"] == 1 and live.version == 15 and _holds(live, STATES[15])
     finally:
         sync.close()
