@@ -306,7 +306,6 @@ def link(rate: str, store: Path, info: dict, versions: int) -> dict:
         deadline = time.monotonic() + 600  # a loaded box starts the wire worker slowly
         while "/p2p/" not in (ready.read_text() if ready.exists() else "") and time.monotonic() < deadline:
             time.sleep(0.1)  # (the server's write_text makes the file before it fills it)
-        time.sleep(0.2)
         (tmp / "work").mkdir()
         res = subprocess.run(["ip", "netns", "exec", NS_B, *py, "--client", ready.read_text(), str(store),
                               str(tmp / "work"), info["signer"], str(versions)],
