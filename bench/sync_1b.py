@@ -273,19 +273,28 @@ def client(peer: str, store: Path, work: Path, signer: str, versions: int) -> di
             rec = decode_record((work / f"{v}.rec").read_bytes())
             verify_record(rec, run_id="sync1b", trusted_signers=[signer])
             t1 = time.monotonic()
+            # the first path's undo log is dropped before the second runs, so the peak RSS is one path's
             if v % 2:  # today's path first, undone, then the pipelined one (kept)
                 changes, row = _today(wire, peer, work, v, rec, state, live, base_hash)
                 changes.undo(state)
                 assert live.move_to(v - 1, state)
+                live.steps.clear()  # as the role (keep=0) holds no step
+                del changes
+                gc.collect()
                 streamed, pipe = _pipelined(wire, peer, work, v, rec, state, live, base_hash)
                 streamed.commit()
+                live.steps.clear()
+                del streamed
             else:  # the pipelined path first, undone, then today's (kept)
                 streamed, pipe = _pipelined(wire, peer, work, v, rec, state, live, base_hash)
                 streamed.rollback()
+                del streamed
+                gc.collect()
                 changes, row = _today(wire, peer, work, v, rec, state, live, base_hash)
+                live.steps.clear()
+                del changes
             assert state_hash(state) == rec.state_hash and live.version == v
             base_hash = rec.state_hash
-            del changes, streamed
             out["phases"].append({"record_s": t1 - t0, **row, "total_s": row["transfer_s"] + row[
                 "last_byte_to_ready_s"], "patch_bytes": rec.patch_bytes, "first": "today" if v % 2 else "pipelined",
                 **{f"pipelined_{k}": x for k, x in pipe.items()}})
