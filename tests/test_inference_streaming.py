@@ -11,10 +11,13 @@ from pathlib import Path
 import pytest
 import torch
 from codec_strategies import copy_state, states_equal
+from test_chain_catchup_producer import STATES
+from test_chain_synth import TRAINER
 from test_codec_pipelined import _pair
 from test_inference_inplace import _live
 from test_node_sync_bounds import EVE, _syncer, served  # noqa: F401  (fixture)
 
+from pulse_node.chain.serving import store_resolver
 from pulse_node.chain.store import VersionStore
 from pulse_node.codec.patch import make_patch
 from pulse_node.codec.pipelined import Expected
@@ -24,9 +27,6 @@ from pulse_node.fsutil import atomic_writer
 from pulse_node.inference.streaming import Pipeline
 from pulse_node.testing.adversaries import announce
 from pulse_node.testing.memory import MemoryHub
-from pulse_node.chain.serving import store_resolver
-from test_chain_catchup_producer import STATES
-from test_chain_synth import TRAINER
 
 
 def _writer(data: bytes, *, chunk: int = 997, hold: threading.Event | None = None, stop_at: int | None = None):
