@@ -18,10 +18,15 @@ lr 3e-6, ``bench/emulated_steps.py``), then two parts.
   record digest check, decode + in-place apply, state hash of the result, live-model update;
   and the peak RSS of the inference side during the versions (``VmHWM`` reset after start-up)
   minus its live model and minus the process before the model existed (interpreter + torch).
+  Each version goes over the link twice, side by side on the same load: today's path (the whole
+  patch, then digest, apply, hash, live update) and the pipelined one (``inference/streaming.py``:
+  each tensor decoded, written into the live model and hashed as its section arrives), alternating
+  which goes first (the first is undone in state and live model). ``--no-local`` skips ``local``.
 
 Namespaces and veths (``pulse-syA``/``pulse-syB``, 10.231.78.0/30) are removed at the end, also
 on error. Last line JSON: ``overhead_s`` (size -> rate -> mean seconds from the last byte of a
-patch to the live model ready), ``peak_rss_per_param`` (size -> rate -> bytes per parameter
+patch to the live model ready, today's path), ``overhead_pipelined_s`` (the same, pipelined),
+``pipelined_vs_today`` (their ratio), ``load_avg``, ``peak_rss_per_param`` (size -> rate -> bytes per parameter
 above the live model), ``switch_vs_apply`` (size -> moving the verifier back 4 versions / one
 verified in-place apply), plus every phase.
 """
@@ -183,12 +188,70 @@ def local(store: Path, versions: int, *, rounds: int = 3) -> dict:
             "old_vs_new_total": mean["old_total_s"] / mean["new_total_s"]}
 
 
+def _today(wire, peer: str, work: Path, v: int, rec, state, live, base_hash: str):
+    """Today's path: the whole patch, its digest, the in-place apply, the hash, the live scatter."""
+    from pulse_node.chain.record import check_patch
+    from pulse_node.codec.inplace import apply_patch_inplace
+    from pulse_node.codec.statehash import state_hash
+
+    t1 = time.monotonic()
+    wire.fetch(peer, "patch", {"version": v}, work / f"{v}.patch", timeout=600)
+    t2 = time.monotonic()  # the last byte is in
+    patch = (work / f"{v}.patch").read_bytes()
+    (work / f"{v}.patch").unlink()
+    check_patch(rec, patch)  # the signed digest covers the payload
+    t3 = time.monotonic()
+    changes = apply_patch_inplace(state, patch, verify=False, base_hash=base_hash)
+    t4 = time.monotonic()
+    if state_hash(state) != rec.state_hash:  # what verify=True does, timed apart
+        changes.undo(state)
+        raise RuntimeError(f"v{v}: result hash differs from the signed one")
+    t5 = time.monotonic()
+    live.set(state, v, changes=[(v - 1, v, changes)])
+    t6 = time.monotonic()
+    return changes, {"transfer_s": t2 - t1, "digest_s": t3 - t2, "decode_apply_s": t4 - t3, "hash_s": t5 - t4,
+                     "live_update_s": t6 - t5, "last_byte_to_ready_s": t6 - t2}
+
+
+def _pipelined(wire, peer: str, work: Path, v: int, rec, state, live, base_hash: str):
+    """The pipelined path (``inference/streaming.py``): applied while the file grows; not committed."""
+    from pulse_node.codec.pipelined import Expected
+    from pulse_node.inference.streaming import Pipeline
+
+    done: dict[str, float] = {}
+
+    def fetch(dest: Path) -> None:
+        wire.fetch(peer, "patch", {"version": v}, dest, timeout=600)
+        done["t"] = time.monotonic()
+
+    dest = work / f"{v}.p.patch"
+    trace: list[tuple[str, str, float]] = []
+    t1 = time.monotonic()
+    _, streamed = Pipeline(live, trace=trace).fetch_apply(fetch, dest, state=state, base=v - 1, target=v,
+                                             expected=Expected(base_hash, rec.state_hash, rec.patch_digest),
+                                             size=rec.patch_bytes, timeout=600)
+    t_ready = time.monotonic()
+    dest.unlink(missing_ok=True)
+    assert streamed is not None and streamed.live_written, "the pipelined path fell back"
+    last = done["t"]
+    ends = {ev: max((t for e, _, t in trace if e == ev), default=last) for ev in ("arrived", "decoded", "hashed")}
+    left = [name for e, name, t in trace if e == "decoded" and t > last]
+    changed = {name: c.idx.size for name, c in streamed.changes.tensors.items()}
+    return streamed, {"transfer_s": last - t1, "last_byte_to_ready_s": t_ready - last,
+                      "follower_last_byte_to_ready_s": t_ready - (streamed.last_byte_at or t_ready),
+                      # after the last byte: when the last section was complete, decoded, hashed
+                      "arrived_after_s": ends["arrived"] - last, "decoded_after_s": ends["decoded"] - last,
+                      "hashed_after_s": ends["hashed"] - last,
+                      "changes_left_at_last_byte": sum(changed.get(n, 0) for n in left) / max(1, sum(changed.values()))}
+
+
 def client(peer: str, store: Path, work: Path, signer: str, versions: int) -> dict:
-    """Inference side: the new path per version, every phase timed, peak RSS above the live model."""
+    """Inference side, per version: today's path and the pipelined one side by side (alternating
+    which goes first; the first is undone in state and live model), every phase timed; peak RSS
+    above the live model."""
     import torch  # noqa: F401  (part of the process before the model: the baseline)
 
-    from pulse_node.chain.record import check_patch, decode_record, verify_record
-    from pulse_node.codec.inplace import apply_patch_inplace
+    from pulse_node.chain.record import decode_record, verify_record
     from pulse_node.codec.state import load_safetensors
     from pulse_node.codec.statehash import state_hash
     from pulse_node.codec.warmup import warm_up
@@ -202,7 +265,7 @@ def client(peer: str, store: Path, work: Path, signer: str, versions: int) -> di
         gc.collect()
         out["baseline_rss_kb"] = rss_kb()
         state = load_safetensors(store / "anchors" / "0.safetensors")  # we hold version 0
-        live = LiveWeights(_live_params(state), keep=0)  # as inference/role.py sets it
+        live = LiveWeights(_live_params(state), keep=1)  # 1 (role: 0): the first path is undone by a step back
         live.load(state, 0)
         base_hash = state_hash(state)
         gc.collect()
@@ -215,27 +278,34 @@ def client(peer: str, store: Path, work: Path, signer: str, versions: int) -> di
             rec = decode_record((work / f"{v}.rec").read_bytes())
             verify_record(rec, run_id="sync1b", trusted_signers=[signer])
             t1 = time.monotonic()
-            wire.fetch(peer, "patch", {"version": v}, work / f"{v}.patch", timeout=600)
-            t2 = time.monotonic()  # the last byte is in
-            patch = (work / f"{v}.patch").read_bytes()
-            (work / f"{v}.patch").unlink()
-            check_patch(rec, patch)  # the signed digest covers the payload
-            t3 = time.monotonic()
-            changes = apply_patch_inplace(state, patch, verify=False, base_hash=base_hash)
-            t4 = time.monotonic()
-            if state_hash(state) != rec.state_hash:  # what verify=True does, timed apart
+            # the first path's undo log is dropped before the second runs, so the peak RSS is one path's
+            if v % 2:  # today's path first, undone, then the pipelined one (kept)
+                changes, row = _today(wire, peer, work, v, rec, state, live, base_hash)
                 changes.undo(state)
-                raise RuntimeError(f"v{v}: result hash differs from the signed one")
-            t5 = time.monotonic()
-            live.set(state, v, changes=[(v - 1, v, changes)])
-            t6 = time.monotonic()
+                assert live.move_to(v - 1, state)
+                live.steps.clear()  # as the role (keep=0) holds no step
+                del changes
+                gc.collect()
+                streamed, pipe = _pipelined(wire, peer, work, v, rec, state, live, base_hash)
+                streamed.commit()
+                live.steps.clear()
+                del streamed
+            else:  # the pipelined path first, undone, then today's (kept)
+                streamed, pipe = _pipelined(wire, peer, work, v, rec, state, live, base_hash)
+                streamed.rollback()
+                del streamed
+                gc.collect()
+                changes, row = _today(wire, peer, work, v, rec, state, live, base_hash)
+                live.steps.clear()
+                del changes
+            assert state_hash(state) == rec.state_hash and live.version == v
             base_hash = rec.state_hash
-            del changes, patch
-            out["phases"].append({"record_s": t1 - t0, "transfer_s": t2 - t1, "digest_s": t3 - t2,
-                                  "decode_apply_s": t4 - t3, "hash_s": t5 - t4, "live_update_s": t6 - t5,
-                                  "last_byte_to_ready_s": t6 - t2, "total_s": t6 - t0,
-                                  "patch_bytes": rec.patch_bytes})
+            out["phases"].append({"record_s": t1 - t0, **row, "total_s": row["transfer_s"] + row[
+                "last_byte_to_ready_s"], "patch_bytes": rec.patch_bytes, "first": "today" if v % 2 else "pipelined",
+                **{f"pipelined_{k}": x for k, x in pipe.items()}})
+            print(f"v{v}: {out['phases'][-1]}", file=sys.stderr, flush=True)
         out["peak_rss_kb"] = rss_kb("VmHWM")
+        out["load_avg"] = os.getloadavg()
         out["params"] = sum(t.numel for t in state.values())
     return out
 
@@ -247,9 +317,9 @@ def link(rate: str, store: Path, info: dict, versions: int) -> dict:
     py = [sys.executable, str(Path(__file__).resolve())]
     server = subprocess.Popen(["ip", "netns", "exec", NS_A, *py, "--serve", str(store), str(ready), str(stop)])
     try:
-        deadline = time.monotonic() + 120
-        while not ready.exists() and time.monotonic() < deadline:
-            time.sleep(0.1)
+        deadline = time.monotonic() + 600  # a loaded box starts the wire worker slowly
+        while "/p2p/" not in (ready.read_text() if ready.exists() else "") and time.monotonic() < deadline:
+            time.sleep(0.1)  # (the server's write_text makes the file before it fills it)
         (tmp / "work").mkdir()
         res = subprocess.run(["ip", "netns", "exec", NS_B, *py, "--client", ready.read_text(), str(store),
                               str(tmp / "work"), info["signer"], str(versions)],
@@ -263,9 +333,11 @@ def link(rate: str, store: Path, info: dict, versions: int) -> dict:
         netns_down()
         shutil.rmtree(tmp, ignore_errors=True)
     phases = out["phases"]
-    mean = {k: sum(p[k] for p in phases) / len(phases) for k in phases[0]}
+    mean = {k: sum(p[k] for p in phases) / len(phases) for k in phases[0] if isinstance(phases[0][k], (int, float))}
     above = out["peak_rss_kb"] * 1024 - out["live_bytes"] - out["baseline_rss_kb"] * 1024
     return {"rate": rate, "mean": mean, "phases": phases, "ideal_transfer_s": mean["patch_bytes"] / RATES[rate],
+            "load_avg": out["load_avg"],
+            "pipelined_vs_today": mean["pipelined_last_byte_to_ready_s"] / mean["last_byte_to_ready_s"],
             "peak_rss_per_param": above / out["params"],
             "peak_rss_per_param_with_runtime": (out["peak_rss_kb"] * 1024 - out["live_bytes"]) / out["params"],
             "held_rss_per_param": (out["loaded_rss_kb"] - out["baseline_rss_kb"]) * 1024 / out["params"]
@@ -281,6 +353,7 @@ def main() -> None:
     ap.add_argument("--rates", nargs="+", default=list(RATES), choices=list(RATES))
     ap.add_argument("--versions", type=int, default=4)
     ap.add_argument("--no-link", action="store_true", help="only the local part (no root needed)")
+    ap.add_argument("--no-local", action="store_true", help="only the links (no old-vs-new reload comparison)")
     ap.add_argument("--store-dir", type=Path, help="keep the built stores here and reuse them (per size)")
     ap.add_argument("--rounds", type=int, default=3, help="rounds of the side-by-side switch / apply timing")
     ap.add_argument("--serve", nargs=3, metavar=("STORE", "READY", "STOP"))
@@ -295,21 +368,26 @@ def main() -> None:
         return
     if not args.no_link and os.geteuid() != 0:
         sys.exit("sync_1b needs root for its links (ip netns, tc); --no-link runs the local part only")
-    report: dict = {"overhead_s": {}, "peak_rss_per_param": {}, "switch_vs_apply": {}, "sizes": {}}
+    report: dict = {"overhead_s": {}, "overhead_pipelined_s": {}, "pipelined_vs_today": {}, "peak_rss_per_param": {},
+                    "switch_vs_apply": {}, "load_avg": [], "sizes": {}}
     try:
         for size in args.sizes:
             with tempfile.TemporaryDirectory(prefix="pulse-sync1b-store-") as tmp:
                 store = (args.store_dir / size) if args.store_dir else Path(tmp) / "store"
                 info = _built(store, size=size, versions=args.versions)
                 gc.collect()
-                loc = local(store, args.versions, rounds=args.rounds)
+                report["load_avg"].append(os.getloadavg())
+                loc = {} if args.no_local else local(store, args.versions, rounds=args.rounds)
                 gc.collect()
-                print(f"{size} local: old {loc['mean']['old_total_s']:.3f} s, new {loc['mean']['new_total_s']:.3f} s "
-                      f"per version; back {loc['steps_moved']} versions {loc['switch_back_s']:.3f} s = "
-                      f"{loc['switch_vs_apply']:.2f}x a verified apply ({loc['apply_verified_s']:.3f} s)", flush=True)
+                if loc:
+                    print(f"{size} local: old {loc['mean']['old_total_s']:.3f} s, new {loc['mean']['new_total_s']:.3f} s "
+                          f"per version; back {loc['steps_moved']} versions {loc['switch_back_s']:.3f} s = "
+                          f"{loc['switch_vs_apply']:.2f}x a verified apply ({loc['apply_verified_s']:.3f} s)", flush=True)
                 links = {} if args.no_link else {rate: link(rate, store, info, args.versions) for rate in args.rates}
                 for rate, r in links.items():
-                    print(f"{size} {rate}: last byte -> live model {r['mean']['last_byte_to_ready_s']:.3f} s "
+                    print(f"{size} {rate}: last byte -> live model {r['mean']['last_byte_to_ready_s']:.3f} s today, "
+                          f"{r['mean']['pipelined_last_byte_to_ready_s']:.3f} s pipelined "
+                          f"({r['pipelined_vs_today']:.3f}x, load {r['load_avg'][0]:.1f}); "
                           f"(transfer {r['mean']['transfer_s']:.3f} s, ideal {r['ideal_transfer_s']:.3f} s); "
                           f"peak RSS above live model {r['peak_rss_per_param']:.2f} B/param "
                           f"({r['peak_rss_per_param_with_runtime']:.2f} with the runtime); {r['mean']}", flush=True)
@@ -319,7 +397,11 @@ def main() -> None:
                                      "local": loc, "links": links}
             report["overhead_s"][size] = {r: v["mean"]["last_byte_to_ready_s"] for r, v in links.items()}
             report["peak_rss_per_param"][size] = {r: v["peak_rss_per_param"] for r, v in links.items()}
-            report["switch_vs_apply"][size] = loc["switch_vs_apply"]
+            report["overhead_pipelined_s"][size] = {r: v["mean"]["pipelined_last_byte_to_ready_s"]
+                                                    for r, v in links.items()}
+            report["pipelined_vs_today"][size] = {r: v["pipelined_vs_today"] for r, v in links.items()}
+            if loc:
+                report["switch_vs_apply"][size] = loc["switch_vs_apply"]
     finally:
         if not args.no_link:
             netns_down()

@@ -18,6 +18,7 @@ from pulse_node.codec.header import pack_header, unpack_header
 from pulse_node.codec.patch import make_patch
 from pulse_node.codec.statehash import state_hash
 from pulse_node.errors import IntegrityError
+from pulse_node.inference.syncer import Fetched
 from pulse_node.rl.liveweights import LiveWeights
 from pulse_node.testing.adversaries import announce
 from pulse_node.testing.memory import MemoryHub
@@ -69,7 +70,7 @@ def test_a_bad_patch_leaves_state_and_live_model_at_the_previous_version(served,
                           patch=forged, anchor_version=sync.record.anchor_version, is_anchor=False,
                           codec="pulsesync/compact/1")
         with pytest.raises(IntegrityError):
-            sync._apply(verified(rec, forged))
+            sync._apply(Fetched(verified(rec, forged)))
         assert state_hash(sync.state) == before and sync.record.version == 14 and sync.take_changes() == []
         assert not sync.store.has_patch(15)
         live.set(sync.state, 14, changes=sync.take_changes())

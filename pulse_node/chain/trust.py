@@ -190,12 +190,15 @@ class TrustPolicy:
                              "convicted of equivocation")
 
     def admit(self, record: VersionRecord, *, sender: str, patch: bytes | ParsedPatch | None = None,
-              state: State | None = None, parent: VersionRecord | None = None) -> VerifiedVersion:
+              state: State | None = None, parent: VersionRecord | None = None,
+              digest_seen: bool = False) -> VerifiedVersion:
         """The trust gate: ``record`` verified (``verify``), ``patch`` checked against it (size and
         digest: a mismatch strikes ``sender``; the header, parsed once, must name the record's
-        state), ``state`` hashed once; the result is what the store and the apply take."""
+        state), ``state`` hashed once; the result is what the store and the apply take.
+        ``digest_seen``: the patch's size and digest were compared with this record's while it
+        streamed in (``inference/streaming.py``, which strikes a mismatch), not again here."""
         self.verify(record, sender=sender, parent=parent)
-        if patch is not None:
+        if patch is not None and not digest_seen:
             try:
                 check_patch(record, patch.data if isinstance(patch, ParsedPatch) else patch)
             except IntegrityError:

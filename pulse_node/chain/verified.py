@@ -14,7 +14,8 @@ node, and the proof travels with the version instead of being redone downstream:
 - ``sign_version`` here, the trainer's publisher: a record it signs itself, over the patch header
   it wrote and the state hash it computed (its fresh signature is verified once);
 - ``apply_version`` / ``apply_catchup_version`` here: a state whose hash the codec just checked
-  after an in-place apply comes back sealed with its version, so the store never hashes it again.
+  after an in-place apply comes back sealed with its version, so the store never hashes it again;
+  ``seal_streamed`` the same for a patch applied while it arrived (its hash fed as it was applied).
 
 Misuse is made hard: the constructor needs a key private to this module (``VerifiedVersion(...)``
 anywhere else raises ``TypeError``), and the two functions that take the caller's word for part of
@@ -129,6 +130,18 @@ def apply_version(state: State, version: VerifiedVersion, *, base: VersionRecord
         raise IntegrityError(f"version {version.version} does not extend our chain at {base.version}")
     changes = apply_patch_inplace(state, version.patch, verify=True, base_hash=base.state_hash)
     return changes, VerifiedVersion(version.record, version.patch, state, _KEY)
+
+
+def seal_streamed(version: VerifiedVersion, state: State, *, base: VersionRecord) -> VerifiedVersion:
+    """``version`` sealed with ``state``: its patch was applied to ``state`` (``base``'s verified
+    state) while the bytes arrived (``codec/pipelined.py``), and that apply fed the result's state
+    hash tensor by tensor and compared it with the signed one, so it is not hashed again here.
+    Only ``inference/syncer.py`` calls this, with the ``Streamed`` apply it committed."""
+    if version.patch is None:
+        raise IntegrityError(f"{version.short()} carries no patch to apply")
+    if version.record.parent_chain_hash != base.chain_hash:
+        raise IntegrityError(f"version {version.version} does not extend our chain at {base.version}")
+    return VerifiedVersion(version.record, version.patch, state, _KEY)
 
 
 def apply_catchup_version(state: State, patch: bytes, *, base: VersionRecord,

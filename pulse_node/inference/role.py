@@ -17,6 +17,7 @@ from pulse_node.daemon.context import RoleContext
 from pulse_node.daemon.evidence_plane import EvidencePlane, node_trust
 from pulse_node.daemon.status_model import VersionEntry
 from pulse_node.errors import PulseError
+from pulse_node.inference.streaming import Pipeline
 from pulse_node.inference.syncer import VersionSync
 from pulse_node.rl.assign import BatchKey
 from pulse_node.rl.config import GRPOConfig
@@ -47,6 +48,8 @@ class InferenceRole:
         del policy  # the worker holds its own copy; a second network would cost 4 B/param for nothing
         # it only moves forward: no undo steps kept beside the live model (bytes per parameter)
         self.worker.live = LiveWeights(dict(self.worker.lm.module.named_parameters()), keep=0)
+        # the next version decoded, hashed and written into the live model while its bytes arrive
+        self.sync.pipeline = Pipeline(self.worker.live)
         self.tasks = make_task_source(cfg.task)
         self.sent_for: dict[int, int] = {}
         self.settings = settings_of(cfg)

@@ -33,6 +33,7 @@ import threading
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 from pulse_node.chain.identity import peer_id_of_key
@@ -45,7 +46,7 @@ from pulse_node.chain.record import (
 from pulse_node.chain.reorder import ReorderBuffer
 from pulse_node.chain.store import VersionStore
 from pulse_node.chain.trust import TrustPolicy
-from pulse_node.chain.verified import VerifiedVersion, apply_version
+from pulse_node.chain.verified import VerifiedVersion, apply_version, seal_streamed
 from pulse_node.codec.inplace import Changes, Move
 from pulse_node.codec.state import State
 from pulse_node.config import NetConfig
@@ -56,6 +57,7 @@ from pulse_node.errors import (
     PulseError,
 )
 from pulse_node.inference.recovery import CatchupApplied, Recovery, catchup_cap  # noqa: F401 (re-exported)
+from pulse_node.inference.streaming import Pipeline, Streamed, stream_next
 from pulse_node.net.peers.standing import FETCH_UNKNOWN, Standing
 from pulse_node.vocab import FetchKind
 
@@ -68,6 +70,18 @@ MAX_HINTS = 1024
 MAX_PROBES = 3
 #: seconds a peer without standing gets to send a record, when tried before the trainers
 FIRST_TRY_S = 3.0
+
+
+@dataclass
+class Fetched:
+    """A verified version waiting in the reorder buffer, and what was applied while it arrived."""
+
+    verified: VerifiedVersion
+    streamed: Streamed | None = None  # applied while it arrived (``inference/streaming.py``)
+
+    @property
+    def record(self) -> VersionRecord:
+        return self.verified.record
 
 
 class VersionSync(Recovery):
@@ -87,10 +101,11 @@ class VersionSync(Recovery):
         self.state: State | None = None
         self.record, self.state = store.load_head() or (None, None)  # our own arrays: patched in place
         self.changes: list[Move] = []  # what was applied in place, until the live model takes it
+        self.pipeline: Pipeline | None = None  # set by the role: the next version applied while it arrives
         if self.record is not None and self.record.run_id != trust.trainers.run_id:
             raise ConfigError(f"{store.root} holds versions of run {self.record.run_id!r}, not "
                               f"{trust.trainers.run_id!r}; use another data_dir for another run")
-        self.reorder: ReorderBuffer[VerifiedVersion] = ReorderBuffer(next_version=self.record.version + 1 if self.record else 0)
+        self.reorder: ReorderBuffer[Fetched] = ReorderBuffer(next_version=self.record.version + 1 if self.record else 0)
         self.counters: Counter[str] = Counter()
         self.last_catchup: CatchupApplied | None = None
         self.last_error = ""
@@ -223,11 +238,15 @@ class VersionSync(Recovery):
         wanted = [v for v in range(self.reorder.next_version, min(head, self.reorder.next_version + self.window - 1) + 1)
                   if v not in self.reorder]
         jobs = {v: self._pool.submit(self._fetch_version, v, self.providers(v, peers, rank=rank)) for v in wanted}
-        for v, job in jobs.items():
-            got = job.result()
+        fetched = {v: job.result() for v, job in jobs.items()}
+        for v, got in fetched.items():
             if got is not None:
                 self.reorder.offer(v, got)
         applied = caught + self._apply_ready()
+        for got in fetched.values():
+            if got is not None and got.streamed is not None and not got.streamed.settled:
+                got.streamed.rollback()  # not applied after all: the state back at our version
+                self.reorder.reset(got.record.version)
         self._stalled = 0 if applied or self.reorder.next_version > head else self._stalled + 1
         stuck = self._stalled >= self.stall_passes
         if self._stalled and (stuck or self._nobody_has(self.reorder.next_version, peers)):
@@ -246,18 +265,27 @@ class VersionSync(Recovery):
         return not any(p.lowest <= version <= p.version for p in peers
                        if p.peer_id != self.transport.peer_id and not self.trust.ignored(p.peer_id))
 
-    def _fetch_version(self, version: int, providers: list[PeerInfo]) -> VerifiedVersion | None:
+    def _fetch_version(self, version: int, providers: list[PeerInfo]) -> Fetched | None:
         for peer in providers:
             try:
                 rec = self._fetch_record(peer, version, timeout=self._first_try(peer.peer_id))
                 if not self.trust.check(rec, sender=peer.peer_id):
                     continue
-                patch = self._fetch(peer, "patch", {"version": version}, max_bytes=rec.patch_bytes)
-                got = self.trust.admit(rec, sender=peer.peer_id, patch=patch)  # a wrong digest strikes it
+                streamed = None
+                if self.pipeline is not None and stream_next(self.record, rec) and self.state is not None:
+                    patch, streamed = self._fetch_streamed(peer, rec)
+                else:
+                    patch = self._fetch(peer, "patch", {"version": version}, max_bytes=rec.patch_bytes)
+                try:  # a wrong digest strikes it; a streamed patch's digest was compared as it came
+                    got = self.trust.admit(rec, sender=peer.peer_id, patch=patch, digest_seen=streamed is not None)
+                except BaseException:
+                    if streamed is not None:
+                        streamed.rollback()
+                    raise
                 self.counters["patch_bytes_in"] += len(patch)
                 self.trust.served(peer.peer_id)
                 self.standing.delivered(peer.peer_id)
-                return got
+                return Fetched(got, streamed)
             except PulseError as exc:
                 self.counters["fetch_errors"] += 1
                 self.trust.failed(peer.peer_id)
@@ -279,6 +307,27 @@ class VersionSync(Recovery):
             self.standing.struck(peer.peer_id)
             raise IntegrityError(f"asked for version {version}, got record of {rec.version}")
         return rec
+
+    def _fetch_streamed(self, peer: PeerInfo, rec: VersionRecord) -> tuple[bytes, Streamed | None]:
+        """The next version's patch, applied while it arrives (``inference/streaming.py``)."""
+        assert self.pipeline is not None and self.state is not None and self.record is not None
+        dest = self._tmp / f"patch-{threading.get_ident()}-{random.getrandbits(32):08x}"
+        limit = self.net.fetch_timeout_s
+
+        def fetch(path: Path) -> None:
+            self.transport.fetch(peer, "patch", {"version": rec.version}, path, timeout=limit,
+                                 max_bytes=rec.patch_bytes)
+
+        try:
+            return self.pipeline.fetch_apply(fetch, dest, state=self.state, base=self.record.version,
+                                             target=rec.version, expected=self.pipeline.expect(self.record, rec),
+                                             size=rec.patch_bytes, timeout=limit)
+        except IntegrityError:
+            self.trust.strike(peer.peer_id)
+            self.standing.struck(peer.peer_id)
+            raise
+        finally:
+            dest.unlink(missing_ok=True)
 
     def _fetch(self, peer: PeerInfo, kind: FetchKind, params: FetchParams, *, max_bytes: int, timeout: float | None = None) -> bytes:
         """One file, refused (and the peer struck) if it declares more than ``max_bytes``."""
@@ -308,17 +357,34 @@ class VersionSync(Recovery):
             applied.append(got.record)
         return applied
 
-    def _apply(self, got: VerifiedVersion) -> None:
+    def _apply(self, got: Fetched) -> None:
         """Apply the next version in place (a failure leaves our version intact) and store it."""
+        try:
+            self._apply_fetched(got)
+        finally:
+            if got.streamed is not None and not got.streamed.settled:
+                got.streamed.rollback()  # refused here: the state and live model back at our version
+
+    def _apply_fetched(self, got: Fetched) -> None:
         assert self.state is not None and self.record is not None
         rec = got.record
-        changes, applied = apply_version(self.state, got, base=self.record)  # the one state hash
+        if got.streamed is not None:  # applied while it arrived: digest and result hash checked then
+            changes = got.streamed.changes
+            applied = seal_streamed(got.verified, self.state, base=self.record)
+        else:
+            changes, applied = apply_version(self.state, got.verified, base=self.record)  # the one state hash
         try:
             self.store.put_patch(applied)
         except BaseException:
-            changes.undo(self.state)
+            if got.streamed is None:
+                changes.undo(self.state)
             raise
-        self._moved(self.record.version, rec.version, changes)
+        if got.streamed is not None:
+            got.streamed.commit()
+        if got.streamed is not None and got.streamed.live_written:
+            self.changes = []  # the live model holds this version already: later steps start here
+        else:
+            self._moved(self.record.version, rec.version, changes)
         if rec.is_anchor:
             self.store.put_anchor(applied)
         self.record = rec

@@ -179,16 +179,31 @@ class LiveWeights:
                 self.version = step.b if forward else step.a
         self.counts["moves"] += 1
 
-    def advance(self, state: State, changes: Iterable[Move]) -> None:
+    def advance(self, state: State, changes: Iterable[Move], *, written: bool = False) -> None:
         """Forward by ``(from, to, changes)`` steps, the first from the held version; ``state`` is
-        their result (its tensors' dtypes name the bits)."""
+        their result (its tensors' dtypes name the bits). ``written``: the parameters already hold
+        the new bits (``write`` did it, tensor by tensor): only the version and the steps move."""
         for a, b, ch in changes:
             if a != self.version:
                 raise ValueError(f"a step from version {a} cannot move weights holding {self.version}")
             step = _Step(a, int(b), ch, {n: state[n].dtype for n in ch.tensors})
-            self._walk([(step, True)])
+            if written:
+                self.version = step.b
+            else:
+                self._walk([(step, True)])
             self._add(step)
         self._tag(self.version, state)
+
+    def holds(self, version: int, state: State) -> bool:
+        """Whether the parameters hold ``version`` of this very ``state`` object."""
+        return version == self.version and self._same(version, state)
+
+    def write(self, name: str, change: TensorChange, dtype: str, *, forward: bool = True) -> None:
+        """Write one tensor's new bits (``forward``) or old bits into its parameter, the held
+        version unchanged: a caller writing a step tensor by tensor (``inference/streaming.py``)
+        ends with ``advance(..., written=True)`` or writes the old bits back."""
+        with torch.no_grad():
+            _scatter(self.params[name], change.idx, change.new if forward else change.old, dtype)
 
     def move_to(self, version: int, state: State | None = None) -> bool:
         """Move along kept steps to ``version`` (of ``state``, if named); False if no path."""
