@@ -175,11 +175,11 @@ def test_syncer_k_behind_recovers_with_one_catchup_patch(served: Path, tmp_path:
     peers = [_serve(hub, served, CatchupProducer(served, wait_s=60), 24), _trainer(24)]
     sync = _syncer(tmp_path, hub, at=14)
     applied = sync.step(peers)
-    assert [r.version for r in applied] == [24] and sync.counters["catchups"] == 1
+    assert [r.version for r in applied] == [24] and sync.counters.catchups == 1
     assert states_equal(sync.state, STATES[24]) and sync.store.head().version == 24
     summed = sum(r.patch_bytes for r, _ in CHAIN[15:25])
-    assert sync.counters["catchup_bytes_in"] < 0.6 * summed, (sync.counters["catchup_bytes_in"], summed)
-    assert sync.counters["patch_bytes_in"] == 0
+    assert sync.counters.catchup_bytes_total < 0.6 * summed, (sync.counters.catchup_bytes_total, summed)
+    assert sync.counters.patch_bytes_total == 0
     sync.close()
 
 
@@ -188,10 +188,10 @@ def test_syncer_waits_for_a_busy_producer_then_uses_its_catchup(served: Path, tm
     producer = GatedProducer(served, wait_s=0.01)
     peers = [_serve(hub, served, producer, 24), _trainer(24)]
     sync = _syncer(tmp_path, hub, at=14)
-    assert sync.step(peers) == [] and sync.counters["patch_bytes_in"] == 0  # busy: no patches fetched
+    assert sync.step(peers) == [] and sync.counters.patch_bytes_total == 0  # busy: no patches fetched
     producer.gate.set()
     wait_for(lambda: catchup_path(served, 14, 24).exists(), timeout=30, what="the catch-up file")
-    assert [r.version for r in sync.step(peers)] == [24] and sync.counters["catchups"] == 1
+    assert [r.version for r in sync.step(peers)] == [24] and sync.counters.catchups == 1
     sync.close()
 
 
@@ -200,7 +200,7 @@ def test_syncer_falls_back_to_patches_when_nobody_makes_catchups(served: Path, t
     peers = [_serve(hub, served, None, 24), _trainer(24)]  # an old peer: serves files, makes none
     sync = _syncer(tmp_path, hub, at=14)
     applied = sync.step(peers)
-    assert [r.version for r in applied] == list(range(15, 25)) and sync.counters["catchups"] == 0
+    assert [r.version for r in applied] == list(range(15, 25)) and sync.counters.catchups == 0
     assert states_equal(sync.state, STATES[24])
     sync.close()
 
@@ -214,7 +214,7 @@ def test_syncer_rejects_a_lying_catchup_and_recovers_with_patches(served: Path, 
     peers = [_serve(hub, served, CatchupProducer(served, wait_s=60), 24), _trainer(24)]
     sync = _syncer(tmp_path, hub, at=14)
     applied = sync.step(peers)
-    assert sync.counters["catchups"] == 0 and sync.trust.strikes["holder"] == 1
+    assert sync.counters.catchups == 0 and sync.trust.strikes["holder"] == 1
     assert [r.version for r in applied] == list(range(15, 25)) and states_equal(sync.state, STATES[24])
     sync.close()
 
@@ -234,6 +234,6 @@ def test_syncer_keeps_its_version_rather_than_reload_an_older_anchor(served: Pat
     sync = VersionSync(fill(tmp_path / "lagging", 14, start=14), patches_lost,
                        _trust(), net=NetConfig())
     sync.take_events([Event("head", "holder", encode_record(CHAIN[15][0]), 0.0)])  # ... a push says 15
-    assert sync.step(peers) == [] and sync.counters["gaps"] == 1
-    assert sync.record.version == 14 and sync.counters["anchor_loads"] == 0
+    assert sync.step(peers) == [] and sync.counters.gaps == 1
+    assert sync.record.version == 14 and sync.counters.anchor_loads == 0
     sync.close()

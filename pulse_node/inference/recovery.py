@@ -16,7 +16,6 @@ import abc
 import logging
 import random
 import time
-from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +27,7 @@ from pulse_node.chain.trust import TrustPolicy
 from pulse_node.codec.inplace import Changes, apply_patch_inplace
 from pulse_node.codec.state import State, state_nbytes
 from pulse_node.config import NetConfig
+from pulse_node.daemon.status_model import InferenceCounters
 from pulse_node.daemon.transport import PeerInfo, Transport
 from pulse_node.errors import (
     BusyError,
@@ -71,7 +71,7 @@ class Recovery(abc.ABC):
     standing: Standing
     record: VersionRecord | None
     state: State | None
-    counters: Counter[str]
+    counters: InferenceCounters
     catchup_min_gap: int
     catchup_wait_s: float
     last_catchup: CatchupApplied | None
@@ -108,7 +108,7 @@ class Recovery(abc.ABC):
         be in the DHT yet, and an older anchor would cost a full download to end where we are.
         """
         assert self.record is not None
-        self.counters["gaps"] += 1
+        self.counters.gaps += 1
         if self.state is not None and self._catch_up(self._catchup_offers(peers, head, min_gap=1))[0]:
             return
         self._recover_from_anchor(peers, head, above=-1 if older_anchors else self.record.version)
@@ -169,7 +169,7 @@ class Recovery(abc.ABC):
                 busy = busy or (peer, target)
                 log.info("catch-up from %s: %s", peer.peer_id[:12], exc)
             except PulseError as exc:
-                self.counters["catchup_misses"] += 1
+                self.counters.catchup_misses += 1
                 self.standing.failed(peer.peer_id)
                 log.info("catch-up from %s failed: %s", peer.peer_id[:12], exc)
         return None, busy
@@ -196,8 +196,8 @@ class Recovery(abc.ABC):
         base = self.record.version
         self._adopt(rec, self.state)
         self._moved(base, rec.version, changes)
-        self.counters["catchups"] += 1
-        self.counters["catchup_bytes_in"] += len(patch)
+        self.counters.catchups += 1
+        self.counters.catchup_bytes_total += len(patch)
         log.info("caught up to version %d with one %d-byte patch from %s", rec.version, len(patch), peer.peer_id[:12])
 
     def _recover_from_anchor(self, peers: list[PeerInfo], head: int, *, above: int = -1) -> None:
@@ -227,7 +227,7 @@ class Recovery(abc.ABC):
                 self.store.put_anchor(rec, state)
                 self._adopt(rec, state)
                 self.standing.delivered(pid)
-                self.counters["anchor_loads"] += 1
+                self.counters.anchor_loads += 1
                 return
             except PulseError as exc:
                 self.standing.failed(pid)

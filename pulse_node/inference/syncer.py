@@ -29,7 +29,6 @@ import random
 import shutil
 import threading
 import time
-from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,6 +48,7 @@ from pulse_node.codec.inplace import Changes, Move, apply_patch_inplace
 from pulse_node.codec.patch import read_header
 from pulse_node.codec.state import State
 from pulse_node.config import NetConfig
+from pulse_node.daemon.status_model import InferenceCounters
 from pulse_node.daemon.transport import Event, PeerInfo, Transport
 from pulse_node.errors import (
     ConfigError,
@@ -96,7 +96,7 @@ class VersionSync(Recovery):
             raise ConfigError(f"{store.root} holds versions of run {self.record.run_id!r}, not "
                               f"{trust.trainers.run_id!r}; use another data_dir for another run")
         self.reorder = ReorderBuffer(next_version=self.record.version + 1 if self.record else 0)
-        self.counters: Counter[str] = Counter()
+        self.counters = InferenceCounters()  # the status model's own counters, by the same names
         self.last_catchup: CatchupApplied | None = None
         self.last_error = ""
         self.stall_passes = 10  # passes without progress before trying a catch-up or an anchor
@@ -263,12 +263,12 @@ class VersionSync(Recovery):
                 except IntegrityError:
                     self.trust.strike(peer.peer_id)
                     raise
-                self.counters["patch_bytes_in"] += len(patch)
+                self.counters.patch_bytes_total += len(patch)
                 self.trust.served(peer.peer_id)
                 self.standing.delivered(peer.peer_id)
                 return Fetched(rec, patch)
             except PulseError as exc:
-                self.counters["fetch_errors"] += 1
+                self.counters.fetch_errors += 1
                 self.trust.failed(peer.peer_id)
                 self.standing.failed(peer.peer_id)
                 log.info("fetch of version %d from %s failed: %s", version, peer.peer_id[:12], exc)
@@ -309,7 +309,7 @@ class VersionSync(Recovery):
             try:
                 self._apply(got)
             except PulseError as exc:
-                self.counters["apply_errors"] += 1
+                self.counters.apply_errors += 1
                 self.last_error = f"version {version} rejected: {exc}"
                 log.warning("%s", self.last_error)
                 self.reorder.reset(version)  # refetch it (from another provider) next pass
@@ -336,7 +336,7 @@ class VersionSync(Recovery):
         if rec.is_anchor:
             self.store.put_anchor(rec, self.state)
         self.record = rec
-        self.counters["applied"] += 1
+        self.counters.patches_applied += 1
 
     def _moved(self, base: int, target: int, changes: Changes) -> None:
         """Keep what an in-place apply changed, for the live model (``take_changes``): one step

@@ -6,6 +6,10 @@ in-process (``start_forging_peer``) or on the real network (``ForgingPeer``).
 Used by ``tests/test_node_chaos.py``, ``bench/chaos.py`` and, only when a node's config has
 ``[net.faults] enabled = true`` (a testing option, off by default), by ``pulse-node join``
 (``faulty_factory``). Faults are drawn from a seeded RNG so a failing run can be replayed.
+
+What was injected is reported apart from the production status: such a node writes a
+``FaultReport`` to ``<data_dir>/faults.json`` (``FAULTS_FILE``) whenever its status is refreshed,
+and the chaos ledger (``testing/chaos.py``) sums those over every life of every node.
 """
 
 from __future__ import annotations
@@ -21,8 +25,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import pydantic
+
 from pulse_node.daemon.transport import AnchorFetch, DataPlane, FetchParams, PeerInfo, Transport
 from pulse_node.errors import PulseError, WireError
+from pulse_node.fsutil import write_atomic
 from pulse_node.net.dht.records import PeerStatus, Serves
 from pulse_node.vocab import Event, FetchKind
 
@@ -30,6 +37,26 @@ if TYPE_CHECKING:
     from pulse_node.config import FaultConfig
 
 FAULTS = ("drop", "duplicate", "reorder", "delay", "corrupt")
+#: where a node with ``[net.faults]`` reports what it injected (in its data dir)
+FAULTS_FILE = "faults.json"
+
+
+class FaultReport(pydantic.BaseModel):
+    """What one life of a fault-injecting node injected (testing only; not in ``status.json``)."""
+
+    model_config = pydantic.ConfigDict(extra="forbid")
+
+    started_at: float = pydantic.Field(description="when this life's transport started (unix time)")
+    faults: dict[str, int] = pydantic.Field(default_factory=dict, description="faults injected per fault kind")
+    faulted: dict[str, int] = pydantic.Field(default_factory=dict, description="faults per message kind:fault")
+
+
+def read_fault_report(data_dir: Path) -> FaultReport | None:
+    """The report a node wrote in ``data_dir`` (None if it wrote none, or it is half-read)."""
+    try:
+        return FaultReport.model_validate_json((data_dir / FAULTS_FILE).read_bytes())
+    except (OSError, pydantic.ValidationError):
+        return None
 
 
 @dataclass(frozen=True)
@@ -64,11 +91,15 @@ class FaultyTransport:
     """Wraps a transport; every fetch and push may be faulted according to ``rates``.
 
     ``faults`` counts injected faults by fault kind, ``faulted`` by message kind and fault
-    (``"loco:drop"``). A push held back to reorder it goes out after the next push.
+    (``"loco:drop"``); with ``report_to`` they are written there as a ``FaultReport`` whenever
+    the node reads its transport's ``stats()``. A push held back to reorder it goes out after the
+    next push.
     """
 
-    def __init__(self, inner: Transport, rates: FaultRates, *, seed: int) -> None:
+    def __init__(self, inner: Transport, rates: FaultRates, *, seed: int, report_to: Path | None = None) -> None:
         self.inner = inner
+        self.report_to = report_to
+        self.started_at = time.time()
         self.rates = rates
         self.rng = random.Random(seed)
         self.faults: Counter[str] = Counter()
@@ -174,9 +205,14 @@ class FaultyTransport:
         return self.inner.events(max_items=max_items, wait_s=wait_s)
 
     def stats(self) -> DataPlane:
+        if self.report_to is not None:
+            write_atomic(self.report_to, self.report().model_dump_json().encode(), durable=False)
+        return self.inner.stats()
+
+    def report(self) -> FaultReport:
+        """What this transport injected so far."""
         with self._lock:
-            return self.inner.stats().model_copy(update={"fault_injection": True, "faults": dict(self.faults),
-                                                         "faulted": dict(self.faulted)})
+            return FaultReport(started_at=self.started_at, faults=dict(self.faults), faulted=dict(self.faulted))
 
     def alive(self) -> bool:
         """Whether the wrapped transport's worker processes still run (True if it has none)."""
@@ -199,7 +235,7 @@ def faulty_factory(make: Callable[..., Transport], cfg: FaultConfig) -> Callable
         print(f"{bar}\n!!! CHAOS TESTING: [net.faults] is enabled. This node deliberately faults its own\n"
               f"!!! fetches and pushes ({rates.describe()}).\n!!! Never enable this outside tests.\n{bar}",
               file=sys.stderr, flush=True)
-        return FaultyTransport(inner, rates, seed=seed)
+        return FaultyTransport(inner, rates, seed=seed, report_to=Path(node_cfg.data_dir) / FAULTS_FILE)
 
     return make_faulty
 

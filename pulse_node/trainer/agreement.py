@@ -70,6 +70,7 @@ from pulse_node.loco.decision import MAX_DECISION_BYTES, RoundDecision, encode_d
 from pulse_node.loco.payload import LocoPayload, decode_payload, read_header
 from pulse_node.trainer.decisions import DecisionIntake, coordinator_order
 from pulse_node.trainer.round_trust import RoundTrust
+from pulse_node.vocab import DecisionRefusal, LocoRefusal
 
 KEEP_ROUNDS = 4  # rounds whose payloads and decisions a trainer keeps on disk and serves
 WINDOW = 4  # decisions are taken for the current round and the next WINDOW - 1
@@ -155,31 +156,31 @@ class RoundAgreement(DecisionIntake):
         if self.gate.dropped("loco", sender):
             return
         if not self.gate.is_member(sender):
-            self._refuse(sender, "not_member", IntegrityError(f"{sender[:12]} is not a trusted trainer-set member"))
+            self._refuse(sender, LocoRefusal.NOT_MEMBER, IntegrityError(f"{sender[:12]} is not a trusted trainer-set member"))
         if len(data) > self.cap:
-            self._refuse(sender, "too_large", WireError(f"payload of {len(data)} bytes exceeds this model's cap {self.cap}"))
+            self._refuse(sender, LocoRefusal.TOO_LARGE, WireError(f"payload of {len(data)} bytes exceeds this model's cap {self.cap}"))
         try:
             h = read_header(data, max_bytes=self.cap, max_tensors=len(self.shapes))
         except WireError as exc:
-            self._refuse(sender, "malformed", exc)
+            self._refuse(sender, LocoRefusal.MALFORMED, exc)
         if h.trainer_id != sender:
-            self._refuse(sender, "malformed", WireError(f"payload claims trainer {h.trainer_id[:12]} but came from {sender[:12]}"))
+            self._refuse(sender, LocoRefusal.MALFORMED, WireError(f"payload claims trainer {h.trainer_id[:12]} but came from {sender[:12]}"))
         r, now = h.round, self.current_round()
         if not 0 <= r - now <= PARK_ROUNDS:
             if r > now:
-                self.gate.refuse("loco", sender, "too_far_ahead", f"round {r} while at {now}", strike=False)
+                self.gate.refuse(sender, LocoRefusal.TOO_FAR_AHEAD, f"round {r} while at {now}", strike=False)
             return
         if self.gate.banned(sender):  # heard from: it cannot contribute this round
             self.refused.setdefault(r, {}).setdefault(sender, b"")
-            return self.gate.refuse("loco", sender, "banned", "sender is banned", strike=False)
+            return self.gate.refuse(sender, LocoRefusal.BANNED, "sender is banned", strike=False)
         if r > now:  # its base is the state we do not hold yet: parked, one per member and round
             self.pending.setdefault(r, {})[sender] = data
             return
         self._admit(sender, r, data)
 
-    def _refuse(self, sender: str, reason: str, exc: PulseError) -> None:
+    def _refuse(self, sender: str, reason: LocoRefusal, exc: PulseError) -> None:
         """Count and strike a refused payload, then raise ``exc``."""
-        self.gate.refuse("loco", sender, reason, str(exc), strike=True)
+        self.gate.refuse(sender, reason, str(exc), strike=True)
         raise exc
 
     def _admit(self, sender: str, r: int, data: bytes) -> None:
@@ -191,7 +192,7 @@ class RoundAgreement(DecisionIntake):
         have = self.inbox.get(r, {}).get(sender)
         if have is not None:  # one payload per member and round: the first
             if have[0] != payload_digest(data):
-                self.gate.refuse("loco", sender, "duplicate", f"a second payload for round {r}", strike=False)
+                self.gate.refuse(sender, LocoRefusal.DUPLICATE, f"a second payload for round {r}", strike=False)
             return
         try:
             p = self._decode(data)
@@ -200,9 +201,9 @@ class RoundAgreement(DecisionIntake):
             return
         except PayloadBoundError as exc:
             self.refused.setdefault(r, {})[sender] = payload_digest(data)
-            self._refuse(sender, "out_of_bound", exc)
+            self._refuse(sender, LocoRefusal.OUT_OF_BOUND, exc)
         except PulseError as exc:
-            self._refuse(sender, "malformed", exc)
+            self._refuse(sender, LocoRefusal.MALFORMED, exc)
         self._keep_payload(p, data)
 
     def _decode(self, data: bytes) -> LocoPayload:
@@ -217,7 +218,8 @@ class RoundAgreement(DecisionIntake):
         """Report the largest value / bound ratio seen (how close honest payloads come to it)."""
         if ratio > self.ratio_max:
             self.ratio_max = ratio
-            self.ctx.status.set_counts(loco_bound_ratio_max=ratio)
+            with self.ctx.status.trainer() as counters:
+                counters.loco_bound_ratio_max = ratio
 
     def _flush_pending(self) -> None:
         """Admit held payloads of the round that is now current; drop those of past rounds."""
@@ -228,7 +230,8 @@ class RoundAgreement(DecisionIntake):
                 try:
                     self._admit(sender, k, data)
                 except PulseError as exc:
-                    self.ctx.status.add("rejected")
+                    with self.ctx.status.node() as counters:
+                        counters.rejected += 1
                     self.ctx.status.error(f"bad loco from {sender[:12]}: {exc}")
 
     def _base_mismatch(self, r: int, trainer: str, exc: BaseMismatchError) -> None:
@@ -237,7 +240,8 @@ class RoundAgreement(DecisionIntake):
         if trainer in seen:
             return
         seen.add(trainer)
-        self.ctx.status.add("loco_base_mismatch")
+        with self.ctx.status.trainer() as counters:
+            counters.loco_base_mismatch += 1
         self.ctx.log.warning("round %d: %s; not decoded, %s misses this round (a trainer on another "
                              "state re-syncs)", r, exc, trainer[:12])
 
@@ -260,7 +264,8 @@ class RoundAgreement(DecisionIntake):
             self._ratio(self.bound.ratio(mine.tensors, self.base()[1]))
         live = self._live()
         self._push(list(live.values()), data, kind="loco", timeout=self.cfg.deadline_s)
-        self.ctx.status.add("loco_bytes_out", len(data) * len(live))
+        with self.ctx.status.trainer() as counters:
+            counters.loco_bytes_out += len(data) * len(live)
         order = coordinator_order(self.ctx.cfg.run_id, r, [self.me, *live])
         self._open = OpenRound(r, mine.base_hash, order, t0=time.monotonic())
         self._replay_parked(r)
@@ -358,7 +363,8 @@ class RoundAgreement(DecisionIntake):
             self._keep_own(r, data)
         self._accept(d, data)
         self._push(list(live.values()), data, kind="loco_decision")
-        self.ctx.status.add("decisions_made")
+        with self.ctx.status.trainer() as counters:
+            counters.decisions_made += 1
         self.ctx.log.info("round %d: decided %d contributors", r, len(d.contributors))
         return d
 
@@ -372,10 +378,12 @@ class RoundAgreement(DecisionIntake):
             try:
                 self.offer_decision(peer.peer_id, data)
             except PulseError as exc:
-                self.ctx.status.add("rejected")
+                with self.ctx.status.node() as counters:
+                    counters.rejected += 1
                 self.ctx.status.error(f"bad decision from {peer.peer_id[:12]}: {exc}")
             if r in self.decisions:
-                self.ctx.status.add("decisions_pulled")
+                with self.ctx.status.trainer() as counters:
+                    counters.decisions_pulled += 1
                 return self.decisions[r]
         return None
 
@@ -428,14 +436,16 @@ class RoundAgreement(DecisionIntake):
         except PayloadBoundError as exc:  # a decision naming it is refused: never applied
             self.refused.setdefault(r, {})[tid] = digest
             coordinator = self.decisions[r].coordinator if r in self.decisions else peer.peer_id
-            self.gate.refuse("decision", coordinator, "out_of_bound", str(exc), strike=True)
+            self.gate.refuse(coordinator, DecisionRefusal.OUT_OF_BOUND, str(exc), strike=True)
             return None
         except PulseError as exc:
-            self.ctx.status.add("rejected")
+            with self.ctx.status.node() as counters:
+                counters.rejected += 1
             self.ctx.status.error(f"round {r}: {exc}")
             return None
         self._keep_payload(p, data)
-        self.ctx.status.add("loco_fetched")
+        with self.ctx.status.trainer() as counters:
+            counters.loco_fetched += 1
         return p
 
     # ---- plumbing ------------------------------------------------------------------------

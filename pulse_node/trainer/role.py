@@ -172,7 +172,8 @@ class TrainerRole:
         self.publisher.adopt(record, state)
         self.feed.forget_states()  # earlier states we hold may be another fork's
         self.feed.keep_state(record.version, state)
-        self.ctx.status.add("resyncs")
+        with self.ctx.status.trainer() as counters:
+            counters.resyncs += 1
         self.ctx.log.info("adopted state of %s at version %d", peer.peer_id[:12], record.version)
         self._announce()
         return True
@@ -266,10 +267,12 @@ class TrainerRole:
             try:
                 metrics = self.engine.step(self._next_batch(), current_version=self.version)
             except PulseError as exc:  # a malformed batch from a peer: drop it, keep training
-                self.ctx.status.add("rejected")
+                with self.ctx.status.node() as counters:
+                    counters.rejected += 1
                 self.ctx.status.error(f"rollout batch rejected: {exc}")
                 continue
-            self.ctx.status.add("rollouts_used", int(metrics.get("kept", 0)))
+            with self.ctx.status.trainer() as counters:
+                counters.rollouts_used += int(metrics.get("kept", 0))
         contributors = self._loco_round()
         if contributors is None:  # re-synced (or stopping): the adopted version is already ours
             return
@@ -277,7 +280,8 @@ class TrainerRole:
         pub = self._publish(reward=float(metrics.get("reward_mean", 0.0)) if metrics else None)
         self._check_agreement()
         self.ctx.status.update(reward_mean=float(metrics.get("reward_mean", 0.0)), contributors=contributors)
-        self.ctx.status.set_counts(rounds=self.outer.round)
+        with self.ctx.status.trainer() as counters:
+            counters.rounds = self.outer.round
         self.ctx.log.info("version %d: %d contributors, patch %d B (%.4f changed), reward %.3f",
                           self.version, contributors, pub.patch_bytes, pub.changed_fraction,
                           metrics.get("reward_mean", 0.0))
@@ -290,21 +294,24 @@ class TrainerRole:
         round_no = self.outer.round
         base_hash, base = self._base()
         mine = self.engine.make_payload(round=round_no, trainer_id=self.ctx.transport.peer_id, base_hash=base_hash)
-        self.ctx.status.add("loco_clipped", getattr(getattr(self.engine, "ef", None), "clipped", 0))
+        with self.ctx.status.trainer() as counters:
+            counters.loco_clipped += getattr(getattr(self.engine, "ef", None), "clipped", 0)
         data = encode_payload(mine, level=self.cfg.loco.zstd_level,
                               base=base if self.cfg.loco.base_coding else None)
         result = self._agree(mine, data)
         if result.payloads is not None and self._apply(round_no, result.payloads):
             if not result.mine_included:
                 self.engine.restore(mine)
-                self.ctx.status.add("rounds_left_out")
+                with self.ctx.status.trainer() as counters:
+                    counters.rounds_left_out += 1
             return len(result.payloads)
         if self.ctx.stop.is_set():
             return None
         self.engine.restore(mine)  # our work was not applied: it stays in the error feedback
         if self._resync_after(round_no):
             return None
-        self.ctx.status.add("forks")
+        with self.ctx.status.trainer() as counters:
+            counters.forks += 1
         self.ctx.status.error(f"round {round_no}: cannot reproduce the decided payloads nor re-sync; "
                               "closing it without an update until the agreement check repairs the fork")
         self.outer.apply([])
@@ -342,9 +349,10 @@ class TrainerRole:
         state = module_state(self.global_params.items())
         pub = self.publisher.publish(state)
         self.feed.keep_state(pub.record.version, state)
-        self.ctx.status.add("patch_bytes_total", pub.patch_bytes)
-        self.ctx.status.add("dense_bytes_total", pub.dense_bytes if pub.record.version > 0 else 0)
-        self.ctx.status.add("reference_bytes_total", pub.reference_bytes or 0)
+        with self.ctx.status.trainer() as counters:
+            counters.patch_bytes_total += pub.patch_bytes
+            counters.dense_bytes_total += pub.dense_bytes if pub.record.version > 0 else 0
+            counters.reference_bytes_total += pub.reference_bytes or 0
         accuracy = None
         if self.cfg.eval_every and pub.record.version % self.cfg.eval_every == 0:
             accuracy = self._evaluate(state, pub.record.version)
@@ -391,7 +399,8 @@ class TrainerRole:
                 elif ev.kind == "evidence":
                     self.evidence.take(ev.sender, ev.data)
             except PulseError as exc:
-                self.ctx.status.add("rejected")
+                with self.ctx.status.node() as counters:
+                    counters.rejected += 1
                 self.ctx.status.error(f"bad {ev.kind} from {ev.sender[:12]}: {exc}")
 
     def _next_batch(self) -> list[Rollout]:
@@ -414,7 +423,8 @@ class TrainerRole:
         self.own_batches += 1
         key = BatchKey(self.cfg.run_id, worker.version, self.ctx.transport.peer_id, self.own_batches)
         rollouts = worker.generate_batch(self.tasks, key)
-        self.ctx.status.add("rollouts_own", len(rollouts))
+        with self.ctx.status.trainer() as counters:
+            counters.rollouts_own += len(rollouts)
         return rollouts
 
     def close(self) -> None:

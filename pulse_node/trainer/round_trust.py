@@ -28,8 +28,10 @@ from pulse_node.chain.trainerset import sender_key
 from pulse_node.chain.trust import TrustPolicy
 from pulse_node.config import TrainerConfig
 from pulse_node.daemon.context import RoleContext
+from pulse_node.daemon.status_model import count
 from pulse_node.daemon.transport import PeerInfo
 from pulse_node.errors import PulseError, WireError
+from pulse_node.vocab import DecisionRefusal, LocoRefusal
 
 What = Literal["loco", "decision"]
 KNOWN_CAP = 4096  # member peer ids whose key is remembered after they leave discovery
@@ -98,14 +100,23 @@ class RoundTrust:
         """A banned peer never seen as a member: drop its input unread (counted, not logged)."""
         if peer_id in self._known or not self.banned(peer_id):
             return False
-        self.ctx.status.add_reason("loco_refused" if what == "loco" else "decisions_refused", "banned")
+        with self.ctx.status.trainer() as c:
+            if what == "loco":
+                count(c.loco_refused, LocoRefusal.BANNED)
+            else:
+                count(c.decisions_refused, DecisionRefusal.BANNED)
         return True
 
-    def refuse(self, what: What, sender: str, reason: str, message: str, *, strike: bool) -> None:
-        """Count a refusal by reason, strike ``sender`` if asked; logged once per sender and reason."""
-        self.ctx.status.add_reason("loco_refused" if what == "loco" else "decisions_refused", reason)
-        if what == "decision":
-            self.ctx.status.add("decisions_rejected")
+    def refuse(self, sender: str, reason: LocoRefusal | DecisionRefusal, message: str, *, strike: bool) -> None:
+        """Count a refusal of a payload (a ``LocoRefusal``) or a decision (a ``DecisionRefusal``) by
+        reason, strike ``sender`` if asked; logged once per sender and reason."""
+        what = "loco" if isinstance(reason, LocoRefusal) else "decision"
+        with self.ctx.status.trainer() as c:
+            if isinstance(reason, LocoRefusal):
+                count(c.loco_refused, reason)
+            else:
+                count(c.decisions_refused, reason)
+                c.decisions_rejected += 1
         if strike and sender != self.me:
             self.trust.strike(sender)
         if (sender, reason) not in self._logged and len(self._logged) < 4096:
