@@ -15,17 +15,16 @@ from test_chain_synth import TRAINER, adam_like_chain, build_chain, states_equal
 from pulse_node.chain.catchup import check_catchup
 from pulse_node.chain.catchup_producer import CatchupProducer
 from pulse_node.chain.layout import catchup_path, prune_catchups
+from pulse_node.chain.peer import PeerRecord, PeerStatus, Serves
 from pulse_node.chain.serving import resolve, store_resolver
 from pulse_node.chain.store import VersionStore
 from pulse_node.chain.trainerset import TrainerSet
 from pulse_node.chain.trust import TrustPolicy
 from pulse_node.codec.patch import apply_patch, make_patch
 from pulse_node.config import NetConfig
-from pulse_node.daemon.transport import PeerInfo
 from pulse_node.errors import BusyError, GapError, WireError
 from pulse_node.inference.syncer import VersionSync
-from pulse_node.net.dht.records import PeerStatus, Serves
-from pulse_node.testing.memory import MemoryHub
+from pulse_node.testing.memory import MemoryHub, announced
 
 STATES = adam_like_chain(5, 24)
 CHAIN = build_chain(STATES, anchor_every=10)
@@ -140,7 +139,7 @@ def test_memory_transport_serves_made_catchups_and_says_why_not(served: Path, tm
     hub = MemoryHub()
     hub.join("server", store_resolver(served, producer=CatchupProducer(served, wait_s=60)))
     client = hub.join("client", lambda kind, params: None)
-    server = PeerInfo("server", PeerStatus(role="inference"))
+    server = announced("server", PeerStatus(role="inference"))
     size = client.fetch(server, "catchup", {"base": 3, "target": 17}, tmp_path / "got", timeout=5)
     assert size == catchup_path(served, 3, 17).stat().st_size
     with pytest.raises(WireError, match="cannot rebuild base|does not hold v30"):
@@ -159,15 +158,15 @@ def _trust() -> TrustPolicy:
     return TrustPolicy(TrainerSet(run_id="run-s", keys=[TRAINER.public_key_hex]))
 
 
-def _serve(hub: MemoryHub, root: Path, producer: CatchupProducer | None, version: int) -> PeerInfo:
+def _serve(hub: MemoryHub, root: Path, producer: CatchupProducer | None, version: int) -> PeerRecord:
     hub.join("holder", store_resolver(root, producer=producer))
-    return PeerInfo("holder", PeerStatus(role="inference", version=version,
+    return announced("holder", PeerStatus(role="inference", version=version,
                                          serves=Serves(lowest=1, highest=version, anchors=[0, 10, 20]),
                                          node_key=TRAINER.public_key_hex))
 
 
-def _trainer(version: int) -> PeerInfo:
-    return PeerInfo("trainer", PeerStatus(role="trainer", version=version, node_key=TRAINER.public_key_hex))
+def _trainer(version: int) -> PeerRecord:
+    return announced("trainer", PeerStatus(role="trainer", version=version, node_key=TRAINER.public_key_hex))
 
 
 def test_syncer_k_behind_recovers_with_one_catchup_patch(served: Path, tmp_path: Path) -> None:

@@ -290,10 +290,9 @@ def test_a_full_spool_answers_busy_and_a_stopped_worker_leaves_it_empty(swarm) -
 def test_the_wire_fallback_refuses_a_payload_above_its_cap_with_a_clear_error() -> None:
     import base58
 
+    from pulse_node.chain.peer import PeerRecord
     from pulse_node.config import TrainerConfig
     from pulse_node.daemon.p2p import P2PTransport
-    from pulse_node.daemon.transport import PeerInfo
-    from pulse_node.net.dht.records import PeerRecord
     from pulse_node.net.wire.client import WireInfo
 
     class NoWorkerWire:  # only ``info``: anything reaching the wire worker would fail loudly
@@ -308,9 +307,8 @@ def test_the_wire_fallback_refuses_a_payload_above_its_cap_with_a_clear_error() 
 
     transport = P2PTransport(TrainerConfig(), SimpleNamespace(push=p2pd_down), NoWorkerWire())  # type: ignore[arg-type]
     peer_id = base58.b58encode(b"\x00\x24\x08\x01\x12\x20" + os.urandom(32)).decode()
-    peer = PeerInfo(peer_id, PeerRecord(role="trainer", peer_id=peer_id, session="ab" * 16, updated_at=1.0,
-                                        wire_maddrs=[f"/ip4/127.0.0.1/tcp/9/p2p/{peer_id}"],
-                                        dht_maddrs=[f"/ip4/127.0.0.1/tcp/9/p2p/{peer_id}"]))
+    peer = PeerRecord(role="trainer", peer_id=peer_id, session="ab" * 16, updated_at=1.0,
+                      wire_maddrs=[f"/ip4/127.0.0.1/tcp/9/p2p/{peer_id}"], dht_maddrs=[f"/ip4/127.0.0.1/tcp/9/p2p/{peer_id}"])
     with pytest.raises(WireError, match="exceeds the wire plane's cap of 50331648 bytes"):
         transport.push(peer, "loco", b"\0" * (wp.PUSH_CAPS["loco"] + 1), timeout=5)
     assert tried == [wp.PUSH_CAPS["loco"] + 1]  # p2pd was tried first; the wire then refused without trying

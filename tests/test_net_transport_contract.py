@@ -20,10 +20,10 @@ import pytest
 from helpers import wait_for
 
 from pulse_node.chain.identity import Identity
+from pulse_node.chain.peer import PeerRecord, PeerStatus, Serves
 from pulse_node.chain.serving import resolve, store_resolver
-from pulse_node.daemon.transport import PeerInfo, Transport
+from pulse_node.daemon.transport import Transport
 from pulse_node.errors import NotFound, PeerUnavailable, WireError
-from pulse_node.net.dht.records import PeerStatus, Serves
 from pulse_node.vocab import FETCH_KINDS, PUSH_KINDS
 
 pytestmark = pytest.mark.timeout(300)
@@ -103,8 +103,8 @@ def pair(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
             list(pool.map(lambda t: t.close(), (a, b)))
 
 
-def _seen(by: Transport, peer_id: str, ok: Callable[[PeerInfo], bool] = lambda p: True) -> PeerInfo:
-    found: list[PeerInfo] = []
+def _seen(by: Transport, peer_id: str, ok: Callable[[PeerRecord], bool] = lambda p: True) -> PeerRecord:
+    found: list[PeerRecord] = []
     wait_for(lambda: bool(found.extend(p for p in by.peers() if p.peer_id == peer_id and ok(p)) or found),
              timeout=30, interval=0.1, what=f"{peer_id[:16]} in peers()")
     return found[0]
@@ -117,12 +117,12 @@ def _events(of: Transport, want: int) -> list:
 
 
 def test_publish_makes_a_view_of_the_record_visible_to_peers(pair: Pair) -> None:
-    seen = _seen(pair.b, pair.a.peer_id, lambda p: p.version == 3)
-    assert (seen.role, seen.version, seen.lowest, seen.anchors, seen.chain_hash, seen.node_key) == \
+    seen = _seen(pair.b, pair.a.peer_id, lambda p: p.head == 3)
+    assert (seen.role, seen.head, seen.lowest, seen.anchors, seen.chain_hash, seen.node_key) == \
         ("trainer", 3, 1, [0], "ab" * 32, pair.key)
-    assert seen.record.version == 3 and seen.record.serves.highest == 3  # the record itself, not a copy
+    assert seen.version == 3 and seen.serves.highest == 3  # the record itself: one peer type
     other = _seen(pair.a, pair.b.peer_id)
-    assert (other.version, other.lowest, other.state_hash, other.node_key) == (-1, -1, "", "")
+    assert (other.head, other.lowest, other.version, other.state_hash, other.node_key) == (-1, -1, None, None, None)
 
 
 def test_every_fetch_kind_arrives_whole_and_a_missing_file_is_not_found(pair: Pair, tmp_path: Path) -> None:

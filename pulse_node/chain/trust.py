@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterable
 
 from pulse_node.chain.evidence import EvidenceBook, head_evidence
 from pulse_node.chain.identity import key_id_of, key_of_peer_id, peer_id_of_key
+from pulse_node.chain.peer import PeerRecord
 from pulse_node.chain.record import VersionRecord, verify_record
 from pulse_node.chain.trainerset import TrainerSet, bound_key
 from pulse_node.errors import IntegrityError, WireError
@@ -72,7 +73,7 @@ class TrustPolicy:
         self.on_members: Callable[[frozenset[str]], None] | None = None
         self._told: frozenset[str] | None = None
 
-    def observe(self, peers: Iterable) -> None:
+    def observe(self, peers: Iterable[PeerRecord]) -> None:
         """Let the trainer set learn from discovery (admissions; an open set's announced trainers)."""
         self.trainers.observe(peers)
         self._tell_members()
@@ -88,7 +89,7 @@ class TrustPolicy:
             self._told = members
             self.on_members(frozenset(peer_id_of_key(k) for k in members))
 
-    def vouches_for(self, peer) -> bool:
+    def vouches_for(self, peer: PeerRecord) -> bool:
         """Whether ``peer`` is a trainer-set member (by the key its peer id encodes), not convicted."""
         key = bound_key(peer)
         return self.trainers.is_member(key) and key not in self.evidence

@@ -20,12 +20,13 @@ from typing import Any
 from pulse_node import __version__
 from pulse_node.chain.anchor import Piece
 from pulse_node.chain.identity import Identity, peer_id_of_key
+from pulse_node.chain.peer import PeerCounters, PeerRecord, PeerStatus
 from pulse_node.chain.trainerset import TrainerSet
 from pulse_node.config import RoleConfig, TrainerConfig
-from pulse_node.daemon.transport import AnchorFetch, DataPlane, FetchParams, PeerInfo
+from pulse_node.daemon.transport import AnchorFetch, DataPlane, FetchParams
 from pulse_node.errors import PulseError, WireError
 from pulse_node.net.dht.client import DhtClient, DhtConfig
-from pulse_node.net.dht.records import NEWCOMERS_READ, PeerCounters, PeerStatus
+from pulse_node.net.dht.records import NEWCOMERS_READ
 from pulse_node.net.local import spool
 from pulse_node.net.wire.client import WireClient, WireConfig
 from pulse_node.net.wire.protocol import PUSH_CAPS
@@ -44,7 +45,7 @@ class P2PTransport:
         info = wire.info()
         self.peer_id = info.peer_id
         self.wire_maddrs = _full(info.listen_maddrs, info.peer_id, cfg.net.wire_announce)
-        self._last_peers: list[PeerInfo] = []
+        self._last_peers: list[PeerRecord] = []
         self._peers_at = float("-inf")
         self._loco_fallbacks = 0
         # the configured trainers' records are read first, however many others the DHT holds
@@ -84,24 +85,23 @@ class P2PTransport:
             "wire_maddrs": self.wire_maddrs[:8], "software": f"pulse-node {__version__}",
             "counters": PeerCounters(bytes_in=stats.bytes_in, bytes_out=stats.bytes_out)}))
 
-    def peers(self) -> list[PeerInfo]:
+    def peers(self) -> list[PeerRecord]:
         """Live peers, from a DHT lookup at most every ``net.head_poll_s`` (pushes carry the fast path)."""
         if time.monotonic() - self._peers_at < self.cfg.net.head_poll_s:
             return list(self._last_peers)
         prefer = list(dict.fromkeys(self._configured + self._members + self._standing))
         # the view keeps a few newcomers only (net/peers/standing.py): reading more would cost CPU for nothing
         found = self.dht.peers(prefer=prefer, limit=len(prefer) + NEWCOMERS_READ)
-        out = [PeerInfo(r.peer_id, r) for r in found
-               if not r.leaving and r.role != "bootstrap" and r.wire_maddrs]
+        out = [r for r in found if not r.leaving and r.role != "bootstrap" and r.wire_maddrs]
         self._last_peers, self._peers_at = out, time.monotonic()
         return out
 
-    def fetch(self, peer: PeerInfo, kind: FetchKind, params: FetchParams, dest: Path, *, timeout: float,
+    def fetch(self, peer: PeerRecord, kind: FetchKind, params: FetchParams, dest: Path, *, timeout: float,
               max_bytes: int | None = None) -> int:
         check_fetch_kind(kind)
         return self.wire.fetch(peer.address, kind, params, dest, timeout=timeout, max_bytes=max_bytes).bytes
 
-    def fetch_anchor(self, providers: list[PeerInfo], *, version: int, pieces: list[Piece], dest: Path,
+    def fetch_anchor(self, providers: list[PeerRecord], *, version: int, pieces: list[Piece], dest: Path,
                      timeout: float) -> AnchorFetch:
         """Download anchor ``version`` from ``providers`` (the caller chose them), piece by signed piece."""
         by_address = {p.address: p.peer_id for p in providers}
@@ -112,7 +112,7 @@ class P2PTransport:
                            bad_peers=[by_address[a] for a in r.bad_providers if a in by_address],
                            failed_peers=[by_address[a] for a in r.failed_providers if a in by_address])
 
-    def push(self, peer: PeerInfo, kind: PushKind, data: bytes, *, timeout: float) -> None:
+    def push(self, peer: PeerRecord, kind: PushKind, data: bytes, *, timeout: float) -> None:
         check_push_kind(kind)
         if kind == "loco" and peer.dht_maddrs:
             left = self._push_loco(peer, data, timeout=timeout)
@@ -125,7 +125,7 @@ class P2PTransport:
                             f"of {cap} bytes; larger PULSELoCo payloads travel only on the p2pd plane")
         self.wire.push(peer.address, kind, data, timeout=timeout)
 
-    def _push_loco(self, peer: PeerInfo, data: bytes, *, timeout: float) -> float | None:
+    def _push_loco(self, peer: PeerRecord, data: bytes, *, timeout: float) -> float | None:
         """Try the p2pd plane; None when delivered, else the time left for the wire fallback."""
         t0 = time.monotonic()
         try:

@@ -21,6 +21,7 @@ from typing import Any
 
 from pulse_node.chain.catchup import check_catchup
 from pulse_node.chain.patchinfo import patch_hashes
+from pulse_node.chain.peer import PeerRecord
 from pulse_node.chain.record import VersionRecord
 from pulse_node.chain.store import VersionStore
 from pulse_node.chain.trust import TrustPolicy
@@ -28,7 +29,7 @@ from pulse_node.codec.inplace import Changes, apply_patch_inplace
 from pulse_node.codec.state import State, state_nbytes
 from pulse_node.config import NetConfig
 from pulse_node.daemon.status_model import InferenceCounters
-from pulse_node.daemon.transport import PeerInfo, Transport
+from pulse_node.daemon.transport import Transport
 from pulse_node.errors import (
     BusyError,
     GapError,
@@ -41,7 +42,7 @@ from pulse_node.net.peers.standing import FETCH_UNKNOWN, Standing
 
 log = logging.getLogger("pulse.sync")
 
-Offer = tuple[PeerInfo, int]  # a peer to ask for a catch-up patch, and the target version to ask for
+Offer = tuple[PeerRecord, int]  # a peer to ask for a catch-up patch, and the target version to ask for
 #: anchors offered by peers tried per recovery, at most (each costs a record fetch)
 MAX_ANCHOR_TRIES = 8
 
@@ -84,11 +85,11 @@ class Recovery(abc.ABC):
         """Seconds a first record fetch from ``peer_id`` may take (None: the default)."""
 
     @abc.abstractmethod
-    def _fetch_record(self, peer: PeerInfo, version: int, *, timeout: float | None = None) -> VersionRecord:
+    def _fetch_record(self, peer: PeerRecord, version: int, *, timeout: float | None = None) -> VersionRecord:
         """``peer``'s record of ``version``, bounded and decoded."""
 
     @abc.abstractmethod
-    def _fetch(self, peer: PeerInfo, kind: str, params: dict, *, max_bytes: int,
+    def _fetch(self, peer: PeerRecord, kind: str, params: dict, *, max_bytes: int,
                timeout: float | None = None) -> bytes:
         """One bounded download of ``kind`` from ``peer``."""
 
@@ -100,7 +101,7 @@ class Recovery(abc.ABC):
     def _moved(self, base: int, target: int, changes: Changes) -> None:
         """Remember the in-place step ``base -> target`` for the live model."""
 
-    def _recover_gap(self, peers: list[PeerInfo], head: int, *, older_anchors: bool) -> None:
+    def _recover_gap(self, peers: list[PeerRecord], head: int, *, older_anchors: bool) -> None:
         """Nobody serves the next patch any more: try a catch-up patch, else an anchor.
 
         Only ``older_anchors`` (after ``stall_passes`` passes without progress: the way off a
@@ -113,7 +114,7 @@ class Recovery(abc.ABC):
             return
         self._recover_from_anchor(peers, head, above=-1 if older_anchors else self.record.version)
 
-    def _catch_up_if_behind(self, peers: list[PeerInfo], head: int) -> list[VersionRecord] | None:
+    def _catch_up_if_behind(self, peers: list[PeerRecord], head: int) -> list[VersionRecord] | None:
         """``catchup_min_gap`` or more versions behind: one catch-up patch instead of the patches.
 
         Returns ``[record caught up to]`` or ``[]`` (fetch patches), or None while the peer that
@@ -138,14 +139,14 @@ class Recovery(abc.ABC):
             self._pending = (base, busy[0].peer_id, busy[1], time.monotonic() + self.catchup_wait_s)
         return None
 
-    def _catchup_offers(self, peers: list[PeerInfo], head: int, *, min_gap: int) -> list[Offer]:
+    def _catchup_offers(self, peers: list[PeerRecord], head: int, *, min_gap: int) -> list[Offer]:
         """(peer, target = its version) pairs at least ``min_gap`` ahead of us, in standing order:
         peers that delivered before, members, at most ``FETCH_UNKNOWN`` others (a flood of fresh
         keys announcing versions costs a few tries, not one per key); nearest the head first
         within each."""
         assert self.record is not None
-        offers = [(p, min(p.version, head)) for p in peers if p.peer_id != self.transport.peer_id
-                  and not self.trust.ignored(p.peer_id) and min(p.version, head) - self.record.version >= min_gap]
+        offers = [(p, min(p.head, head)) for p in peers if p.peer_id != self.transport.peer_id
+                  and not self.trust.ignored(p.peer_id) and min(p.head, head) - self.record.version >= min_gap]
         random.shuffle(offers)
         offers.sort(key=lambda o: -o[1])
         return self.standing.providers(offers, quota=FETCH_UNKNOWN, key=lambda o: o[0].peer_id)
@@ -174,7 +175,7 @@ class Recovery(abc.ABC):
                 log.info("catch-up from %s failed: %s", peer.peer_id[:12], exc)
         return None, busy
 
-    def _apply_catchup(self, peer: PeerInfo, rec: VersionRecord, patch: bytes) -> None:
+    def _apply_catchup(self, peer: PeerRecord, rec: VersionRecord, patch: bytes) -> None:
         assert self.record is not None and self.state is not None
         try:
             if patch_hashes(patch)[0] != self.record.state_hash:  # the peer's history differs: no lie
@@ -200,7 +201,7 @@ class Recovery(abc.ABC):
         self.counters.catchup_bytes_total += len(patch)
         log.info("caught up to version %d with one %d-byte patch from %s", rec.version, len(patch), peer.peer_id[:12])
 
-    def _recover_from_anchor(self, peers: list[PeerInfo], head: int, *, above: int = -1) -> None:
+    def _recover_from_anchor(self, peers: list[PeerRecord], head: int, *, above: int = -1) -> None:
         """Load the newest anchor above ``above`` that peers serve, bounded and checked by its signed
         record (``anchor_load.py``); at most ``MAX_ANCHOR_TRIES`` offers per call."""
         live = [p for p in peers if not self.trust.ignored(p.peer_id) and p.peer_id != self.transport.peer_id]

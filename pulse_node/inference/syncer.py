@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pulse_node.chain.identity import peer_id_of_key
+from pulse_node.chain.peer import PeerRecord
 from pulse_node.chain.record import (
     MAX_RECORD_BYTES,
     VersionRecord,
@@ -49,7 +50,7 @@ from pulse_node.codec.patch import read_header
 from pulse_node.codec.state import State
 from pulse_node.config import NetConfig
 from pulse_node.daemon.status_model import InferenceCounters
-from pulse_node.daemon.transport import Event, PeerInfo, Transport
+from pulse_node.daemon.transport import Event, Transport
 from pulse_node.errors import (
     ConfigError,
     IntegrityError,
@@ -150,26 +151,26 @@ class VersionSync(Recovery):
         if rec.version > self.target():
             self.head = rec
 
-    def _probe_announced(self, peers: list[PeerInfo]) -> None:
+    def _probe_announced(self, peers: list[PeerRecord]) -> None:
         """A member trainer announces a version beyond our target in its DHT record: fetch that
         version's record (from it, else from peers announcing it) and verify it before it counts.
         Each (peer, announced version) is asked about once."""
-        claims = [p for p in peers if p.role == "trainer" and p.version > self.target()
-                  and self._probed.get(p.peer_id) != p.version and not self.trust.ignored(p.peer_id)
+        claims = [p for p in peers if p.role == "trainer" and p.head > self.target()
+                  and self._probed.get(p.peer_id) != p.head and not self.trust.ignored(p.peer_id)
                   and self.trust.vouches_for(p)]
         if not claims:
             return
-        claim = max(claims, key=lambda p: p.version)
+        claim = max(claims, key=lambda p: p.head)
         self._probed = {p.peer_id: v for p in peers if (v := self._probed.get(p.peer_id)) is not None}
-        self._probed[claim.peer_id] = claim.version
-        others = self.standing.providers([p for p in peers if p.version >= claim.version and not self.trust.ignored(
+        self._probed[claim.peer_id] = claim.head
+        others = self.standing.providers([p for p in peers if p.head >= claim.head and not self.trust.ignored(
             p.peer_id) and p.peer_id not in (claim.peer_id, self.transport.peer_id)])
         for peer in [claim, *others][:MAX_PROBES]:
             try:
-                rec = self._fetch_record(peer, claim.version, timeout=self._first_try(peer.peer_id))
+                rec = self._fetch_record(peer, claim.head, timeout=self._first_try(peer.peer_id))
                 self.trust.verify(rec, sender=peer.peer_id)
             except PulseError as exc:
-                log.info("announced version %d of %s not confirmed by %s: %s", claim.version, claim.peer_id[:12],
+                log.info("announced version %d of %s not confirmed by %s: %s", claim.head, claim.peer_id[:12],
                          peer.peer_id[:12], exc)
                 continue
             self._verified(rec, holder=peer.peer_id)
@@ -180,7 +181,7 @@ class VersionSync(Recovery):
         ours = self.record.version if self.record is not None else -1
         return max(ours, self.head.version if self.head is not None else -1)
 
-    def providers(self, version: int, peers: list[PeerInfo], *, rank: int) -> list[PeerInfo]:
+    def providers(self, version: int, peers: list[PeerRecord], *, rank: int) -> list[PeerRecord]:
         """Peers that hold ``version``, in standing order (``net/peers/standing.py``): peers that
         delivered to us before, then trainer-set members, then at most ``FETCH_UNKNOWN`` others.
         What a peer announces (role, version) orders nothing.
@@ -191,7 +192,7 @@ class VersionSync(Recovery):
         ``seed_wait_s`` for one, so a trainer's upload does not grow with the inference nodes.
         """
         holders = [p for p in peers if p.peer_id != self.transport.peer_id and not self.trust.ignored(p.peer_id)
-                   and max(p.version, self.hints.get(p.peer_id, -1)) >= version and p.lowest <= version]
+                   and max(p.head, self.hints.get(p.peer_id, -1)) >= version and p.lowest <= version]
         random.shuffle(holders)
         ordered = self.standing.providers(holders, quota=FETCH_UNKNOWN)
         if rank < self.seeds or (ordered and self.standing.delivered_before(ordered[0].peer_id)):
@@ -205,7 +206,7 @@ class VersionSync(Recovery):
         return [first] + [p for p in ordered if p.peer_id != first.peer_id]
 
     # ---- one pass -------------------------------------------------------------------
-    def step(self, peers: list[PeerInfo], *, rank: int = 0) -> list[VersionRecord]:
+    def step(self, peers: list[PeerRecord], *, rank: int = 0) -> list[VersionRecord]:
         """Fetch and apply what is missing; returns the records applied in this pass."""
         self.trust.observe(peers)
         self._tell_standing_members()
@@ -247,11 +248,11 @@ class VersionSync(Recovery):
             self._members_told = keys
             self.standing.set_members(self.standing.members | {peer_id_of_key(k) for k in keys})
 
-    def _nobody_has(self, version: int, peers: list[PeerInfo]) -> bool:
-        return not any(p.lowest <= version <= p.version for p in peers
+    def _nobody_has(self, version: int, peers: list[PeerRecord]) -> bool:
+        return not any(p.lowest <= version <= p.head for p in peers
                        if p.peer_id != self.transport.peer_id and not self.trust.ignored(p.peer_id))
 
-    def _fetch_version(self, version: int, providers: list[PeerInfo]) -> Fetched | None:
+    def _fetch_version(self, version: int, providers: list[PeerRecord]) -> Fetched | None:
         for peer in providers:
             try:
                 rec = self._fetch_record(peer, version, timeout=self._first_try(peer.peer_id))
@@ -279,7 +280,7 @@ class VersionSync(Recovery):
         newcomer costs ``FIRST_TRY_S``, once), the configured one otherwise."""
         return None if self.standing.known(peer_id) else FIRST_TRY_S
 
-    def _fetch_record(self, peer: PeerInfo, version: int, *, timeout: float | None = None) -> VersionRecord:
+    def _fetch_record(self, peer: PeerRecord, version: int, *, timeout: float | None = None) -> VersionRecord:
         """The record of ``version`` from ``peer``, decoded (not verified); a wrong one strikes it."""
         rec = decode_record(self._fetch(peer, "record", {"version": version}, max_bytes=MAX_RECORD_BYTES,
                                         timeout=timeout))
@@ -289,7 +290,7 @@ class VersionSync(Recovery):
             raise IntegrityError(f"asked for version {version}, got record of {rec.version}")
         return rec
 
-    def _fetch(self, peer: PeerInfo, kind: str, params: dict, *, max_bytes: int, timeout: float | None = None) -> bytes:
+    def _fetch(self, peer: PeerRecord, kind: str, params: dict, *, max_bytes: int, timeout: float | None = None) -> bytes:
         """One file, refused (and the peer struck) if it declares more than ``max_bytes``."""
         dest = self._tmp / f"{kind}-{threading.get_ident()}-{random.getrandbits(32):08x}"
         limit = self.net.fetch_timeout_s if timeout is None else min(timeout, self.net.fetch_timeout_s)

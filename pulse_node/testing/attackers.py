@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pulse_node.chain.peer import PeerRecord, PeerStatus, Serves
 from pulse_node.errors import PulseError
-from pulse_node.net.dht.records import PeerRecord, PeerStatus, Serves
 from pulse_node.testing.faults import ForgedChain
 
 HUGE_VERSION = 10**15

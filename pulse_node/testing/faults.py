@@ -27,10 +27,10 @@ from typing import TYPE_CHECKING
 
 import pydantic
 
-from pulse_node.daemon.transport import AnchorFetch, DataPlane, FetchParams, PeerInfo, Transport
+from pulse_node.chain.peer import PeerRecord, PeerStatus, Serves
+from pulse_node.daemon.transport import AnchorFetch, DataPlane, FetchParams, Transport
 from pulse_node.errors import PulseError, WireError
 from pulse_node.fsutil import write_atomic
-from pulse_node.net.dht.records import PeerStatus, Serves
 from pulse_node.vocab import Event, FetchKind
 
 if TYPE_CHECKING:
@@ -104,7 +104,7 @@ class FaultyTransport:
         self.rng = random.Random(seed)
         self.faults: Counter[str] = Counter()
         self.faulted: Counter[str] = Counter()
-        self._held: list[tuple[PeerInfo, str, bytes, float]] = []
+        self._held: list[tuple[PeerRecord, str, bytes, float]] = []
         self._lock = threading.Lock()
 
     @property
@@ -132,7 +132,7 @@ class FaultyTransport:
             pause = self.rng.random() * self.rates.max_delay_s
         time.sleep(pause)
 
-    def _targeted(self, peer: PeerInfo, kind: str) -> bool:
+    def _targeted(self, peer: PeerRecord, kind: str) -> bool:
         r = self.rates
         return (kind not in r.spare_kinds and (not r.only_kinds or kind in r.only_kinds)
                 and (not r.only_peers or peer.peer_id in r.only_peers))
@@ -140,10 +140,10 @@ class FaultyTransport:
     def publish(self, status: PeerStatus) -> None:
         self.inner.publish(status)
 
-    def peers(self) -> list[PeerInfo]:
+    def peers(self) -> list[PeerRecord]:
         return self.inner.peers()
 
-    def fetch(self, peer: PeerInfo, kind: FetchKind, params: FetchParams, dest: Path, *, timeout: float,
+    def fetch(self, peer: PeerRecord, kind: FetchKind, params: FetchParams, dest: Path, *, timeout: float,
               max_bytes: int | None = None) -> int:
         if not self._targeted(peer, kind):
             return self.inner.fetch(peer, kind, params, dest, timeout=timeout, max_bytes=max_bytes)
@@ -156,7 +156,7 @@ class FaultyTransport:
             dest.write_bytes(self._flip(dest.read_bytes()))
         return n
 
-    def fetch_anchor(self, providers: list[PeerInfo], *, version: int, pieces: list, dest: Path,
+    def fetch_anchor(self, providers: list[PeerRecord], *, version: int, pieces: list, dest: Path,
                      timeout: float) -> AnchorFetch:
         """Dropped or delayed as a whole (its pieces are checked against signed digests anyway)."""
         if providers and self._targeted(providers[0], "anchor"):
@@ -166,7 +166,7 @@ class FaultyTransport:
                 self._sleep()
         return self.inner.fetch_anchor(providers, version=version, pieces=pieces, dest=dest, timeout=timeout)
 
-    def push(self, peer: PeerInfo, kind: str, data: bytes, *, timeout: float) -> None:
+    def push(self, peer: PeerRecord, kind: str, data: bytes, *, timeout: float) -> None:
         if not self._targeted(peer, kind):
             self.inner.push(peer, kind, data, timeout=timeout)
             return
@@ -188,7 +188,7 @@ class FaultyTransport:
         for p, k, d, t in held:
             self._push_quietly(p, k, d, t)
 
-    def _push_quietly(self, peer: PeerInfo, kind: str, data: bytes, timeout: float) -> None:
+    def _push_quietly(self, peer: PeerRecord, kind: str, data: bytes, timeout: float) -> None:
         """A duplicate or late copy: its failure is not the current push's failure."""
         try:
             self.inner.push(peer, kind, data, timeout=timeout)
@@ -264,20 +264,20 @@ class CrashingTransport:
         if self.crashed_at is None:
             self.inner.publish(status)
 
-    def peers(self) -> list[PeerInfo]:
+    def peers(self) -> list[PeerRecord]:
         return [] if self.crashed_at is not None else self.inner.peers()
 
-    def fetch(self, peer: PeerInfo, kind: FetchKind, params: FetchParams, dest: Path, *, timeout: float,
+    def fetch(self, peer: PeerRecord, kind: FetchKind, params: FetchParams, dest: Path, *, timeout: float,
               max_bytes: int | None = None) -> int:
         self._check_alive()
         return self.inner.fetch(peer, kind, params, dest, timeout=timeout, max_bytes=max_bytes)
 
-    def fetch_anchor(self, providers: list[PeerInfo], *, version: int, pieces: list, dest: Path,
+    def fetch_anchor(self, providers: list[PeerRecord], *, version: int, pieces: list, dest: Path,
                      timeout: float) -> AnchorFetch:
         self._check_alive()
         return self.inner.fetch_anchor(providers, version=version, pieces=pieces, dest=dest, timeout=timeout)
 
-    def push(self, peer: PeerInfo, kind: str, data: bytes, *, timeout: float) -> None:
+    def push(self, peer: PeerRecord, kind: str, data: bytes, *, timeout: float) -> None:
         with self._lock:
             self._check_alive()
             if self.when(kind, data):

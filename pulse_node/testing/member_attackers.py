@@ -150,9 +150,9 @@ def far(h: Any, deadline: float) -> dict:
 def anchor_swap(h: Any, deadline: float) -> dict:
     """Serve its own record for the newest real anchor (other chunk digests) and announce holding it."""
     from pulse_node.chain.layout import store_path
+    from pulse_node.chain.peer import Serves
     from pulse_node.chain.record import decode_record, encode_record
     from pulse_node.fsutil import write_atomic
-    from pulse_node.net.dht.records import Serves
 
     done: set[int] = set()
 

@@ -57,12 +57,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pulse_node.chain.peer import PeerRecord
 from pulse_node.chain.serving import LOCO_DIR, loco_payload_path
 from pulse_node.chain.trust import TrustPolicy
 from pulse_node.config import TrainerConfig
 from pulse_node.daemon.context import RoleContext
 from pulse_node.daemon.evidence_plane import node_trust
-from pulse_node.daemon.transport import PeerInfo, push_to_all
+from pulse_node.daemon.transport import push_to_all
 from pulse_node.errors import BaseMismatchError, IntegrityError, PulseError, WireError
 from pulse_node.fsutil import write_atomic
 from pulse_node.loco.bound import PayloadBound, PayloadBoundError, max_payload_bytes
@@ -317,7 +318,7 @@ class RoundAgreement(DecisionIntake):
             return _WAIT
         return None
 
-    def _my_turn(self, r: int, order: list[str], live: Mapping[str, PeerInfo], t0: float, now: float) -> bool:
+    def _my_turn(self, r: int, order: list[str], live: Mapping[str, PeerRecord], t0: float, now: float) -> bool:
         """Whether we decide round ``r`` now (module docstring, steps 2 and 3)."""
         deadline = t0 + self.cfg.deadline_s
         if order[0] == self.me:
@@ -333,17 +334,17 @@ class RoundAgreement(DecisionIntake):
             due += self.cfg.decision_wait_s
         return True
 
-    def _all_in(self, r: int, order: list[str], live: Mapping[str, PeerInfo]) -> bool:
+    def _all_in(self, r: int, order: list[str], live: Mapping[str, PeerRecord]) -> bool:
         held, other_base, refused = self.inbox.get(r, {}), self.mismatched.get(r, set()), self.refused.get(r, {})
         return all(pid in held or pid in other_base or pid in refused for pid in order if pid == self.me or pid in live)
 
-    def _closed_elsewhere(self, r: int, live: Mapping[str, PeerInfo]) -> bool:
+    def _closed_elsewhere(self, r: int, live: Mapping[str, PeerRecord]) -> bool:
         """A live member announces a version past round ``r`` (it published ``r + 1``); a claim more
         than ``max_version_step`` ahead is no member's honest progress and is ignored."""
         step = self.gate.trust.max_version_step
-        return any(r < p.version <= r + step for p in live.values())
+        return any(r < p.head <= r + step for p in live.values())
 
-    def _decide(self, r: int, base: bytes, live: Mapping[str, PeerInfo], *, pull: bool) -> RoundDecision | None:
+    def _decide(self, r: int, base: bytes, live: Mapping[str, PeerRecord], *, pull: bool) -> RoundDecision | None:
         """Sign and push the decision of round ``r``: the payloads we hold that were made on ``base``."""
         if pull:
             if self._pull(r, live) is not None:
@@ -368,7 +369,7 @@ class RoundAgreement(DecisionIntake):
         self.ctx.log.info("round %d: decided %d contributors", r, len(d.contributors))
         return d
 
-    def _pull(self, r: int, live: Mapping[str, PeerInfo]) -> RoundDecision | None:
+    def _pull(self, r: int, live: Mapping[str, PeerRecord]) -> RoundDecision | None:
         """Fetch an existing decision of round ``r`` from the live trainers (the first valid one)."""
         timeout = min(self.ctx.cfg.net.fetch_timeout_s, self.cfg.decision_wait_s)
         for peer in sorted(live.values(), key=lambda p: p.peer_id.encode()):
@@ -417,7 +418,7 @@ class RoundAgreement(DecisionIntake):
                 return p
         return _WAIT
 
-    def _fetch_payload(self, peer: PeerInfo, r: int, tid: str, digest: bytes, until: float) -> LocoPayload | None:
+    def _fetch_payload(self, peer: PeerRecord, r: int, tid: str, digest: bytes, until: float) -> LocoPayload | None:
         timeout = max(0.5, min(self.ctx.cfg.net.fetch_timeout_s, until - time.monotonic()))
         data = self.gate.fetch(peer, "loco_payload", {"round": r, "digest": digest.hex()},
                            cap=self.cap, timeout=timeout)
@@ -458,16 +459,16 @@ class RoundAgreement(DecisionIntake):
         except PulseError as exc:
             self.ctx.log.warning("cannot lower the push plane's payload cap: %s", exc)
 
-    def _live(self) -> dict[str, PeerInfo]:
+    def _live(self) -> dict[str, PeerRecord]:
         """Live trainer-set members but us (``RoundTrust.live``)."""
         return self.gate.live()
 
-    def _push(self, peers: list[PeerInfo], data: bytes, *, kind: str, timeout: float = _PUSH_TIMEOUT_S) -> None:
+    def _push(self, peers: list[PeerRecord], data: bytes, *, kind: str, timeout: float = _PUSH_TIMEOUT_S) -> None:
         """Push to every peer at once, in the background (each bounded by ``timeout``)."""
         if not peers:
             return
 
-        def failed(peer: PeerInfo, exc: PulseError) -> None:
+        def failed(peer: PeerRecord, exc: PulseError) -> None:
             self.ctx.status.error(f"{kind} push to {peer.peer_id[:12]} failed: {exc}")
 
         threading.Thread(target=push_to_all, args=(self.ctx.transport, peers, kind, data),

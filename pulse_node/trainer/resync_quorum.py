@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from pulse_node.chain.identity import peer_id_of_key
+from pulse_node.chain.peer import PeerRecord
 from pulse_node.chain.record import MAX_RECORD_BYTES, decode_record
 from pulse_node.chain.trainerset import bound_key
 from pulse_node.chain.trust import TrustPolicy
@@ -44,7 +45,7 @@ def majority(ballots: Mapping[str, str], *, me: str = "") -> str | None:
     return None
 
 
-def gather_ballots(*, version: int, heads: Mapping[str, str], trainers: list[Any], trust: TrustPolicy,
+def gather_ballots(*, version: int, heads: Mapping[str, str], trainers: list[PeerRecord], trust: TrustPolicy,
                    fetch: Any, scratch: Path, timeout: float, source: str = "") -> dict[str, str]:
     """Ballots for ``version`` of the live member ``trainers`` (key -> state hash; "" for one that
     does not hold the version): a pushed head (``heads``: key -> state hash) counts as its
@@ -61,9 +62,9 @@ def gather_ballots(*, version: int, heads: Mapping[str, str], trainers: list[Any
             continue
         if not trust.is_member(key) or key in ballots:
             continue
-        if peer.version < 0:  # starting itself: no state to vote with (genesis, a fresh trainer)
+        if peer.head < 0:  # starting itself: no state to vote with (genesis, a fresh trainer)
             continue
-        if peer.version < version or asked >= MAX_ASKED:
+        if peer.head < version or asked >= MAX_ASKED:
             ballots[key] = ""
             continue
         asked += 1
@@ -71,7 +72,7 @@ def gather_ballots(*, version: int, heads: Mapping[str, str], trainers: list[Any
     return ballots
 
 
-def _served_state(peer: Any, version: int, *, trust: TrustPolicy, fetch: Any, scratch: Path, timeout: float,
+def _served_state(peer: PeerRecord, version: int, *, trust: TrustPolicy, fetch: Any, scratch: Path, timeout: float,
                   strict: bool = False) -> str:
     """The state hash of the verified record ``peer`` serves for ``version`` ("" if none; with
     ``strict`` the ``PulseError`` saying why)."""

@@ -118,9 +118,9 @@ class TrainerRole:
         give_up = start + self.cfg.genesis_wait_s + self.cfg.net.fetch_timeout_s
         while not self.ctx.stop.is_set():
             trainers = self._member_trainers()  # a peer merely announcing the role leads nothing
-            ahead = [p for p in trainers if p.version >= max(self.version, 0)]
+            ahead = [p for p in trainers if p.head >= max(self.version, 0)]
             if ahead:
-                return sorted(ahead, key=lambda p: (-p.version, p.peer_id))
+                return sorted(ahead, key=lambda p: (-p.head, p.peer_id))
             leader = min([me] + [p.peer_id for p in trainers])
             now = time.monotonic()
             if (leader == me and now > start + self.cfg.genesis_wait_s) or now > give_up:
@@ -145,17 +145,17 @@ class TrainerRole:
         try:
             if not any(p.peer_id == peer.peer_id for p in self._member_trainers()):
                 raise IntegrityError(f"{peer.peer_id[:12]} is not a member of the trainer set")
-            if peer.version < self.version:
-                raise IntegrityError(f"{peer.peer_id[:12]} holds version {peer.version}, older than ours ({self.version})")
-            agreed = self._quorum_state(peer.version, source=peer.peer_id)
+            if peer.head < self.version:
+                raise IntegrityError(f"{peer.peer_id[:12]} holds version {peer.head}, older than ours ({self.version})")
+            agreed = self._quorum_state(peer.head, source=peer.peer_id)
             if agreed is None:
-                raise IntegrityError(f"no majority of the trainer set holds a state at version {peer.version}")
+                raise IntegrityError(f"no majority of the trainer set holds a state at version {peer.head}")
             outer_state, record = self._fetch_trainer_state(peer)
-            if record.version != peer.version:  # it moved on since it announced: ask again for that version
+            if record.version != peer.head:  # it moved on since it announced: ask again for that version
                 agreed = self._quorum_state(record.version, source=peer.peer_id)
             if record.state_hash != agreed:
                 raise IntegrityError(f"{peer.peer_id[:12]} serves version {record.version} ({record.state_hash[:12]}), "
-                                     f"not the state a majority holds at {peer.version}")
+                                     f"not the state a majority holds at {peer.head}")
             check_declared_model(record.rollout_settings, self.publisher.rollout_settings, version=record.version)
             state = module_state(outer_state["params"].items())
             self._adopt_into_store(record, state)
@@ -336,8 +336,8 @@ class TrainerRole:
         """Adopt the state of a trainer that finished ``round_no``, waiting a bounded time for one."""
         give_up = time.monotonic() + self.cfg.loco.decision_wait_s + self.cfg.net.fetch_timeout_s
         while not self.ctx.stop.is_set() and time.monotonic() < give_up:
-            done = [p for p in self._member_trainers() if p.version > round_no]
-            if any(self._resync(p) for p in sorted(done, key=lambda p: (-p.version, p.peer_id))):
+            done = [p for p in self._member_trainers() if p.head > round_no]
+            if any(self._resync(p) for p in sorted(done, key=lambda p: (-p.head, p.peer_id))):
                 return True
             self._drain_events(wait_s=0.2)
         return False

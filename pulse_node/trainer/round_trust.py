@@ -23,13 +23,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
+from pulse_node.chain.peer import PeerRecord
 from pulse_node.chain.serving import LOCO_DIR
 from pulse_node.chain.trainerset import sender_key
 from pulse_node.chain.trust import TrustPolicy
 from pulse_node.config import TrainerConfig
 from pulse_node.daemon.context import RoleContext
 from pulse_node.daemon.status_model import count
-from pulse_node.daemon.transport import PeerInfo
 from pulse_node.errors import PulseError, WireError
 from pulse_node.vocab import DecisionRefusal, LocoRefusal
 
@@ -43,11 +43,11 @@ class RoundTrust:
     def __init__(self, ctx: RoleContext[TrainerConfig], trust: TrustPolicy) -> None:
         self.ctx, self.trust = ctx, trust
         self.me = ctx.transport.peer_id
-        self._peers: list[PeerInfo] = []
+        self._peers: list[PeerRecord] = []
         self._logged: set[tuple[str, str]] = set()
         self._known: dict[str, str] = {}  # member peer id -> its key, as seen in discovery
 
-    def live(self) -> dict[str, PeerInfo]:
+    def live(self) -> dict[str, PeerRecord]:
         """Live trainer-set members but us (learning admissions from discovery first)."""
         self._peers = self.ctx.peers()
         self.trust.observe(self._peers)
@@ -75,7 +75,7 @@ class RoundTrust:
             return True
         return self.trust.is_member(self.key_of(peer_id))
 
-    def fetch(self, peer: PeerInfo, kind: str, params: dict, *, cap: int, timeout: float) -> bytes | None:
+    def fetch(self, peer: PeerRecord, kind: str, params: dict, *, cap: int, timeout: float) -> bytes | None:
         """Bytes of a small fetch (``loco_payload``, ``loco_decision``) from a member, at most
         ``cap`` (the download itself is capped), or None on any failure or a non-member."""
         if not self.is_member(peer.peer_id):

@@ -11,7 +11,8 @@ from typing import Any, Generic, Literal, TypeVar
 
 import pydantic
 
-from pulse_node.net.dht.records import DhtInfo, PeerStatus
+from pulse_node.chain.peer import PeerStatus
+from pulse_node.net.dht.records import DhtInfo
 from pulse_node.net.local.rpc_api import Request
 from pulse_node.vocab import PushKind
 
