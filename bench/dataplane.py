@@ -180,6 +180,7 @@ def bench_hivemind_stream(total: int) -> dict[int, float]:
 def bench_fetch(size: int, rounds: int, tmp: Path) -> dict[str, float]:
     from concurrent.futures import ThreadPoolExecutor
 
+    from pulse_node.net.wire import protocol as wp
     from pulse_node.net.wire.client import WireClient, WireConfig
 
     data = os.urandom(size)
@@ -196,7 +197,7 @@ def bench_fetch(size: int, rounds: int, tmp: Path) -> dict[str, float]:
     try:
         pa, pc = a.info().listen_maddrs[0], c.info().listen_maddrs[0]
         for _ in range(rounds):
-            r = b.fetch(pa, "patch", {"version": 1}, tmp / "b" / "f.bin", timeout=300, expected_digest=digest)
+            r = b.fetch(pa, wp.PatchRequest(version=1), tmp / "b" / "f.bin", timeout=300, expected_digest=digest)
             best["fetch"] = max(best["fetch"], size / r.seconds / 1e6)
             for key, peers in (("anchor_1", [pa]), ("anchor_2", [pa, pc])):
                 dest = tmp / "b" / f"{key}.bin"

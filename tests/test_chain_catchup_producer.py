@@ -24,6 +24,7 @@ from pulse_node.codec.patch import apply_patch, make_patch
 from pulse_node.config import NetConfig
 from pulse_node.errors import BusyError, GapError, WireError
 from pulse_node.inference.syncer import VersionSync
+from pulse_node.net.wire import protocol as wp
 from pulse_node.testing.memory import MemoryHub, announced
 
 STATES = adam_like_chain(5, 24)
@@ -140,10 +141,10 @@ def test_memory_transport_serves_made_catchups_and_says_why_not(served: Path, tm
     hub.join("server", store_resolver(served, producer=CatchupProducer(served, wait_s=60)))
     client = hub.join("client", lambda kind, params: None)
     server = announced("server", PeerStatus(role="inference"))
-    size = client.fetch(server, "catchup", {"base": 3, "target": 17}, tmp_path / "got", timeout=5)
+    size = client.fetch(server, wp.CatchupRequest(base=3, target=17), tmp_path / "got", timeout=5)
     assert size == catchup_path(served, 3, 17).stat().st_size
     with pytest.raises(WireError, match="cannot rebuild base|does not hold v30"):
-        client.fetch(server, "catchup", {"base": 3, "target": 30}, tmp_path / "got", timeout=5)
+        client.fetch(server, wp.CatchupRequest(base=3, target=30), tmp_path / "got", timeout=5)
 
 
 # ---- the requesting side -------------------------------------------------------------------

@@ -118,12 +118,12 @@ def test_a_request_flood_is_refused_by_the_token_bucket_and_counted(tmp_path: Pa
         outcomes = {"ok": 0, "busy": 0}
         for i in range(60):
             try:
-                attacker.fetch(addr, "record", {"version": None}, tmp_path / f"a{i}", timeout=5.0)
+                attacker.fetch(addr, wp.RecordRequest(version=None), tmp_path / f"a{i}", timeout=5.0)
                 outcomes["ok"] += 1
             except PeerBusy:
                 outcomes["busy"] += 1
         for i in range(5):  # the member is served while the attacker is refused
-            assert honest.fetch(addr, "record", {"version": None}, tmp_path / f"h{i}", timeout=5.0).bytes == 20
+            assert honest.fetch(addr, wp.RecordRequest(version=None), tmp_path / f"h{i}", timeout=5.0).bytes == 20
         stats = victim.stats()
     assert outcomes["busy"] >= 30 and outcomes["ok"] >= 10, outcomes
     assert stats["refused"]["rate"] == outcomes["busy"] and stats["members"] == 1
@@ -156,15 +156,15 @@ def test_catchups_for_many_pairs_are_refused_beyond_the_peers_budget_a_member_is
         made, refused = [], []
         for base in range(10, 17):
             try:
-                attacker.fetch(addr, "catchup", {"base": base, "target": 17}, tmp_path / f"a{base}", timeout=20.0)
+                attacker.fetch(addr, wp.CatchupRequest(base=base, target=17), tmp_path / f"a{base}", timeout=20.0)
                 made.append(base)
             except NotFound as exc:  # not "busy": asking again would not help
                 assert "catchup_budget" in str(exc), exc
                 refused.append(base)
             except PeerBusy as exc:  # the one production at a time is still busy with another pair
                 assert "making" in str(exc), exc
-        attacker.fetch(addr, "catchup", {"base": made[0], "target": 17}, tmp_path / "again", timeout=20.0)  # cached: free
-        honest.fetch(addr, "catchup", {"base": 3, "target": 17}, tmp_path / "h.patch", timeout=20.0)
+        attacker.fetch(addr, wp.CatchupRequest(base=made[0], target=17), tmp_path / "again", timeout=20.0)  # cached: free
+        honest.fetch(addr, wp.CatchupRequest(base=3, target=17), tmp_path / "h.patch", timeout=20.0)
         check_catchup((tmp_path / "h.patch").read_bytes(), from_record=chain[3][0], to_record=chain[17][0])
         stats = victim.stats()
     assert len(made) <= 2 and len(refused) >= 5, (made, refused)
@@ -176,6 +176,6 @@ def test_a_refused_stream_gets_a_typed_busy_answer(tmp_path: Path) -> None:
     with _trio(tmp_path, budget) as (victim, attacker, _):
         addr = victim.info().listen_maddrs[0]
         with pytest.raises(NotFound):
-            attacker.fetch(addr, "patch", {"version": 1}, tmp_path / "p", timeout=5.0)
+            attacker.fetch(addr, wp.PatchRequest(version=1), tmp_path / "p", timeout=5.0)
         with pytest.raises(PeerUnavailable, match="rate"):
-            attacker.fetch(addr, "patch", {"version": 1}, tmp_path / "p", timeout=5.0)
+            attacker.fetch(addr, wp.PatchRequest(version=1), tmp_path / "p", timeout=5.0)

@@ -23,14 +23,14 @@ from pulse_node.chain.identity import Identity, peer_id_of_key
 from pulse_node.chain.peer import PeerCounters, PeerRecord, PeerStatus
 from pulse_node.chain.trainerset import TrainerSet
 from pulse_node.config import RoleConfig, TrainerConfig
-from pulse_node.daemon.transport import AnchorFetch, DataPlane, FetchParams
+from pulse_node.daemon.transport import AnchorFetch, DataPlane
 from pulse_node.errors import PulseError, WireError
 from pulse_node.net.dht.client import DhtClient, DhtConfig
 from pulse_node.net.dht.records import NEWCOMERS_READ
 from pulse_node.net.local import spool
 from pulse_node.net.wire.client import WireClient, WireConfig
-from pulse_node.net.wire.protocol import PUSH_CAPS
-from pulse_node.vocab import Event, FetchKind, PushKind, check_fetch_kind, check_push_kind
+from pulse_node.net.wire.protocol import PUSH_CAPS, FetchRequest
+from pulse_node.vocab import Event, PushKind, check_push_kind
 
 log = logging.getLogger("pulse.p2p")
 
@@ -96,10 +96,9 @@ class P2PTransport:
         self._last_peers, self._peers_at = out, time.monotonic()
         return out
 
-    def fetch(self, peer: PeerRecord, kind: FetchKind, params: FetchParams, dest: Path, *, timeout: float,
+    def fetch(self, peer: PeerRecord, request: FetchRequest, dest: Path, *, timeout: float,
               max_bytes: int | None = None) -> int:
-        check_fetch_kind(kind)
-        return self.wire.fetch(peer.address, kind, params, dest, timeout=timeout, max_bytes=max_bytes).bytes
+        return self.wire.fetch(peer.address, request, dest, timeout=timeout, max_bytes=max_bytes).bytes
 
     def fetch_anchor(self, providers: list[PeerRecord], *, version: int, pieces: list[Piece], dest: Path,
                      timeout: float) -> AnchorFetch:

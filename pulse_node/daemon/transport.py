@@ -8,14 +8,17 @@ one contract, checked on both by ``tests/test_net_transport_contract.py``:
 - ``publish(status)`` makes this node's ``PeerStatus`` visible to every peer's ``peers()`` as a
   ``PeerRecord`` (the one peer type, ``chain/peer.py``) under this transport's ``peer_id`` (until
   ``close``);
-- ``fetch(peer, kind, params, dest)`` writes the file of a ``FetchKind`` the peer serves
-  (``chain/serving.py``) to ``dest`` and returns its size; a file the peer lacks raises
-  ``NotFound``, an unreachable peer ``PeerUnavailable`` (``PeerBusy``: ask again shortly);
+- ``fetch(peer, request, dest)`` writes the file the peer serves (``chain/serving.py``) for a
+  ``FetchRequest`` (``net/wire/protocol.py``: ``PatchRequest(version=7)``, one struct per
+  ``FetchKind``; the same struct travels to the wire worker and to the peer) to ``dest`` and
+  returns its size; a file the peer lacks raises ``NotFound``, an unreachable peer
+  ``PeerUnavailable`` (``PeerBusy``: ask again shortly);
 - ``push(peer, kind, data)`` delivers a ``PushKind``; the receiver's ``events()`` returns it as an
   ``Event`` whose ``sender`` is the pushing transport's ``peer_id`` (authenticated by the
   transport, never claimed by the peer);
 - ``stats()`` is the status model's ``DataPlane`` (byte counters, refusals), not a free map;
-- a kind outside the vocabulary (``vocab.py``) is refused with ``WireError`` before anything is sent;
+- a push kind outside the vocabulary (``vocab.py``), or a fetch request that is none of the
+  ``FetchRequest`` structs, is refused with ``WireError`` before anything is sent;
 - every call is bounded by its ``timeout``.
 """
 
@@ -31,12 +34,10 @@ from pulse_node.chain.anchor import Piece
 from pulse_node.chain.peer import PeerRecord, PeerStatus
 from pulse_node.daemon.status_model import DataPlane
 from pulse_node.errors import PulseError
-from pulse_node.vocab import Event, FetchKind, PushKind
+from pulse_node.net.wire.protocol import FetchRequest
+from pulse_node.vocab import Event, PushKind
 
-__all__ = ["AnchorFetch", "DataPlane", "Event", "FetchParams", "Transport", "push_to_all"]
-
-#: a fetch's arguments besides its kind (``{"version": 7}``), checked by ``wire_protocol.build_request``
-FetchParams = dict[str, int | str | None]
+__all__ = ["AnchorFetch", "DataPlane", "Event", "Fetch", "FetchRequest", "Transport", "push_to_all"]
 
 @dataclass(frozen=True)
 class AnchorFetch:
@@ -78,19 +79,26 @@ def push_to_all(transport: Transport, peers: list[PeerRecord], kind: PushKind, d
         return sum(not ok for ok in pool.map(one, peers))
 
 
+class Fetch(Protocol):
+    """``Transport.fetch`` as a value (what a helper that only fetches is handed)."""
+
+    def __call__(self, peer: PeerRecord, request: FetchRequest, dest: Path, *, timeout: float,
+                 max_bytes: int | None = None) -> int: ...
+
+
 class Transport(Protocol):
     """Network operations a role needs; every call is bounded by ``timeout``.
 
-    ``fetch`` writes one file the peer serves to ``dest`` and refuses a body larger than
-    ``max_bytes`` (what a signed record allows) before reading it; ``{"version", "offset",
-    "length"}`` of an ``anchor`` is one byte range. ``fetch_anchor`` downloads a whole anchor from
+    ``fetch`` writes the one file the peer serves for ``request`` to ``dest`` and refuses a body
+    larger than ``max_bytes`` (what a signed record allows) before reading it; an
+    ``AnchorRequest`` asks for one byte range of an anchor. ``fetch_anchor`` downloads a whole anchor from
     several ``providers`` at once, checking each of the signed ``pieces`` as it arrives."""
 
     peer_id: str
 
     def publish(self, status: PeerStatus) -> None: ...
     def peers(self) -> list[PeerRecord]: ...
-    def fetch(self, peer: PeerRecord, kind: FetchKind, params: FetchParams, dest: Path, *, timeout: float,
+    def fetch(self, peer: PeerRecord, request: FetchRequest, dest: Path, *, timeout: float,
               max_bytes: int | None = None) -> int: ...
     def fetch_anchor(self, providers: list[PeerRecord], *, version: int, pieces: list[Piece], dest: Path,
                      timeout: float) -> AnchorFetch: ...

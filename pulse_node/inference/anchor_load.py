@@ -25,6 +25,7 @@ from pulse_node.codec.state import State, load_safetensors
 from pulse_node.codec.statehash import state_hash
 from pulse_node.daemon.transport import Transport
 from pulse_node.errors import IntegrityError, PulseError, WireError
+from pulse_node.net.wire.protocol import AnchorRequest, RecordRequest
 
 #: first read of an anchor: the header of any model up to a few thousand tensors
 HEADER_PROBE_BYTES = 64 << 10
@@ -48,7 +49,7 @@ def _range(transport: Transport, peer: PeerRecord, version: int, length: int, sc
            timeout: float) -> bytes:
     dest = scratch / f"anchor-{version}.head"
     try:
-        transport.fetch(peer, "anchor", {"version": version, "offset": 0, "length": length}, dest,
+        transport.fetch(peer, AnchorRequest(version=version, offset=0, length=length), dest,
                         timeout=timeout, max_bytes=length)
         return dest.read_bytes()
     finally:
@@ -59,7 +60,7 @@ def _serves(transport: Transport, peer: PeerRecord, record: VersionRecord, scrat
     """Whether ``peer`` serves exactly ``record`` for its version (same chain hash and manifest)."""
     dest = scratch / f"anchor-{record.version}-{peer.peer_id[-16:]}.record"
     try:
-        transport.fetch(peer, "record", {"version": record.version}, dest, timeout=timeout, max_bytes=MAX_RECORD_BYTES)
+        transport.fetch(peer, RecordRequest(version=record.version), dest, timeout=timeout, max_bytes=MAX_RECORD_BYTES)
         theirs = decode_record(dest.read_bytes()[:MAX_RECORD_BYTES + 1])
     except (PulseError, OSError):
         return False

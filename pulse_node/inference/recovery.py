@@ -39,6 +39,7 @@ from pulse_node.errors import (
 )
 from pulse_node.inference.anchor_load import load_anchor
 from pulse_node.net.peers.standing import FETCH_UNKNOWN, Standing
+from pulse_node.net.wire.protocol import CatchupRequest, FetchRequest
 
 log = logging.getLogger("pulse.sync")
 
@@ -89,9 +90,9 @@ class Recovery(abc.ABC):
         """``peer``'s record of ``version``, bounded and decoded."""
 
     @abc.abstractmethod
-    def _fetch(self, peer: PeerRecord, kind: str, params: dict, *, max_bytes: int,
+    def _fetch(self, peer: PeerRecord, request: FetchRequest, *, max_bytes: int,
                timeout: float | None = None) -> bytes:
-        """One bounded download of ``kind`` from ``peer``."""
+        """One bounded download of what ``request`` asks ``peer`` for."""
 
     @abc.abstractmethod
     def _adopt(self, record: VersionRecord, state: State) -> None:
@@ -161,7 +162,7 @@ class Recovery(abc.ABC):
                 rec = self._fetch_record(peer, target, timeout=self._first_try(peer.peer_id))
                 if not self.trust.check(rec, sender=peer.peer_id):
                     continue
-                patch = self._fetch(peer, "catchup", {"base": self.record.version, "target": target},
+                patch = self._fetch(peer, CatchupRequest(base=self.record.version, target=target),
                                     max_bytes=catchup_cap(self.state))
                 self._apply_catchup(peer, rec, patch)
                 self.standing.delivered(peer.peer_id)

@@ -58,6 +58,7 @@ from pulse_node.errors import (
 )
 from pulse_node.inference.recovery import CatchupApplied, Recovery, catchup_cap  # noqa: F401 (re-exported)
 from pulse_node.net.peers.standing import FETCH_UNKNOWN, Standing
+from pulse_node.net.wire.protocol import FetchRequest, PatchRequest, RecordRequest, kind_of
 
 log = logging.getLogger("pulse.sync")
 
@@ -258,7 +259,7 @@ class VersionSync(Recovery):
                 rec = self._fetch_record(peer, version, timeout=self._first_try(peer.peer_id))
                 if not self.trust.check(rec, sender=peer.peer_id):
                     continue
-                patch = self._fetch(peer, "patch", {"version": version}, max_bytes=rec.patch_bytes)
+                patch = self._fetch(peer, PatchRequest(version=version), max_bytes=rec.patch_bytes)
                 try:
                     check_patch(rec, patch)
                 except IntegrityError:
@@ -282,7 +283,7 @@ class VersionSync(Recovery):
 
     def _fetch_record(self, peer: PeerRecord, version: int, *, timeout: float | None = None) -> VersionRecord:
         """The record of ``version`` from ``peer``, decoded (not verified); a wrong one strikes it."""
-        rec = decode_record(self._fetch(peer, "record", {"version": version}, max_bytes=MAX_RECORD_BYTES,
+        rec = decode_record(self._fetch(peer, RecordRequest(version=version), max_bytes=MAX_RECORD_BYTES,
                                         timeout=timeout))
         if rec.version != version:
             self.trust.strike(peer.peer_id)
@@ -290,12 +291,13 @@ class VersionSync(Recovery):
             raise IntegrityError(f"asked for version {version}, got record of {rec.version}")
         return rec
 
-    def _fetch(self, peer: PeerRecord, kind: str, params: dict, *, max_bytes: int, timeout: float | None = None) -> bytes:
+    def _fetch(self, peer: PeerRecord, request: FetchRequest, *, max_bytes: int,
+               timeout: float | None = None) -> bytes:
         """One file, refused (and the peer struck) if it declares more than ``max_bytes``."""
-        dest = self._tmp / f"{kind}-{threading.get_ident()}-{random.getrandbits(32):08x}"
+        dest = self._tmp / f"{kind_of(request)}-{threading.get_ident()}-{random.getrandbits(32):08x}"
         limit = self.net.fetch_timeout_s if timeout is None else min(timeout, self.net.fetch_timeout_s)
         try:
-            self.transport.fetch(peer, kind, params, dest, timeout=limit, max_bytes=max_bytes)
+            self.transport.fetch(peer, request, dest, timeout=limit, max_bytes=max_bytes)
             return dest.read_bytes()
         except IntegrityError:
             self.trust.strike(peer.peer_id)

@@ -28,10 +28,11 @@ from typing import TYPE_CHECKING
 import pydantic
 
 from pulse_node.chain.peer import PeerRecord, PeerStatus, Serves
-from pulse_node.daemon.transport import AnchorFetch, DataPlane, FetchParams, Transport
+from pulse_node.daemon.transport import AnchorFetch, DataPlane, Transport
 from pulse_node.errors import PulseError, WireError
 from pulse_node.fsutil import write_atomic
-from pulse_node.vocab import Event, FetchKind
+from pulse_node.net.wire.protocol import FetchRequest, kind_of
+from pulse_node.vocab import Event
 
 if TYPE_CHECKING:
     from pulse_node.config import FaultConfig
@@ -143,15 +144,16 @@ class FaultyTransport:
     def peers(self) -> list[PeerRecord]:
         return self.inner.peers()
 
-    def fetch(self, peer: PeerRecord, kind: FetchKind, params: FetchParams, dest: Path, *, timeout: float,
+    def fetch(self, peer: PeerRecord, request: FetchRequest, dest: Path, *, timeout: float,
               max_bytes: int | None = None) -> int:
+        kind = kind_of(request)
         if not self._targeted(peer, kind):
-            return self.inner.fetch(peer, kind, params, dest, timeout=timeout, max_bytes=max_bytes)
+            return self.inner.fetch(peer, request, dest, timeout=timeout, max_bytes=max_bytes)
         if self._roll("drop", kind):
             raise WireError(f"injected: {kind} fetch from {peer.peer_id} dropped")
         if self._roll("delay", kind):
             self._sleep()
-        n = self.inner.fetch(peer, kind, params, dest, timeout=timeout, max_bytes=max_bytes)
+        n = self.inner.fetch(peer, request, dest, timeout=timeout, max_bytes=max_bytes)
         if n and self._roll("corrupt", kind):
             dest.write_bytes(self._flip(dest.read_bytes()))
         return n
@@ -267,10 +269,10 @@ class CrashingTransport:
     def peers(self) -> list[PeerRecord]:
         return [] if self.crashed_at is not None else self.inner.peers()
 
-    def fetch(self, peer: PeerRecord, kind: FetchKind, params: FetchParams, dest: Path, *, timeout: float,
+    def fetch(self, peer: PeerRecord, request: FetchRequest, dest: Path, *, timeout: float,
               max_bytes: int | None = None) -> int:
         self._check_alive()
-        return self.inner.fetch(peer, kind, params, dest, timeout=timeout, max_bytes=max_bytes)
+        return self.inner.fetch(peer, request, dest, timeout=timeout, max_bytes=max_bytes)
 
     def fetch_anchor(self, providers: list[PeerRecord], *, version: int, pieces: list, dest: Path,
                      timeout: float) -> AnchorFetch:

@@ -22,10 +22,11 @@ import blake3
 
 from pulse_node.chain.anchor import Piece
 from pulse_node.chain.peer import PeerRecord, PeerStatus
-from pulse_node.daemon.transport import AnchorFetch, DataPlane, FetchParams
+from pulse_node.daemon.transport import AnchorFetch, DataPlane
 from pulse_node.errors import BusyError, IntegrityError, NotFound, PeerBusy, PeerUnavailable, PulseError, WireError
 from pulse_node.fsutil import write_atomic
-from pulse_node.vocab import Event, FetchKind, PushKind, check_fetch_kind, check_push_kind
+from pulse_node.net.wire.protocol import AnchorRequest, FetchRequest, kind_of, params_of
+from pulse_node.vocab import Event, PushKind, check_push_kind
 
 Resolver = Callable[[str, dict[str, Any]], "Path | None"]
 
@@ -73,16 +74,16 @@ class MemoryTransport:
         with self.hub.lock:
             return [p for pid, p in self.hub.records.items() if pid not in self.hub.down]
 
-    def fetch(self, peer: PeerRecord, kind: FetchKind, params: FetchParams, dest: Path, *, timeout: float,
+    def fetch(self, peer: PeerRecord, request: FetchRequest, dest: Path, *, timeout: float,
               max_bytes: int | None = None) -> int:
-        check_fetch_kind(kind)
-        src = self._source(peer, kind, params)
-        offset, length = int(params.get("offset", 0)), params.get("length")  # an anchor byte range
+        kind = kind_of(request)
+        src = self._source(peer, request)
+        offset = request.offset if isinstance(request, AnchorRequest) else 0  # an anchor byte range
         size = max(0, src.stat().st_size - offset)
-        size = size if length is None else min(int(length), size)
+        size = min(request.length, size) if isinstance(request, AnchorRequest) else size
         if max_bytes is not None and size > max_bytes:  # as the wire worker: refused before reading
-            raise IntegrityError(f"{kind} {params} from {peer.peer_id} is {size} bytes, more than the {max_bytes} "
-                                 "its signed record allows")
+            raise IntegrityError(f"{kind} {params_of(request)} from {peer.peer_id} is {size} bytes, more than the "
+                                 f"{max_bytes} its signed record allows")
         with open(src, "rb") as fh:
             fh.seek(offset)
             data = fh.read(size)
@@ -115,12 +116,15 @@ class MemoryTransport:
         return AnchorFetch(len(out), bad_peers=sorted(bad), failed_peers=sorted(failed))
 
     def _range(self, peer: PeerRecord, version: int, piece: Piece) -> bytes:
-        with open(self._source(peer, "anchor", {"version": version}), "rb") as fh:
+        with open(self._source(peer, AnchorRequest(version=version, offset=piece.offset, length=piece.length)),
+                  "rb") as fh:
             fh.seek(piece.offset)
             return fh.read(piece.length)
 
-    def _source(self, peer: PeerRecord, kind: str, params: FetchParams) -> Path:
-        """The serving peer's file for ``kind``/``params``; ``NotFound``, ``PeerUnavailable`` or ``PeerBusy`` otherwise."""
+    def _source(self, peer: PeerRecord, request: FetchRequest) -> Path:
+        """The serving peer's file for ``request`` (its resolver reads the request's kind and fields, as
+        ``chain/serving.py`` does); ``NotFound``, ``PeerUnavailable`` or ``PeerBusy`` otherwise."""
+        kind, params = kind_of(request), params_of(request)
         with self.hub.lock:
             resolver = None if peer.peer_id in self.hub.down else self.hub.resolvers.get(peer.peer_id)
         if resolver is None:

@@ -69,6 +69,7 @@ from pulse_node.fsutil import write_atomic
 from pulse_node.loco.bound import PayloadBound, PayloadBoundError, max_payload_bytes
 from pulse_node.loco.decision import MAX_DECISION_BYTES, RoundDecision, encode_decision, make_decision, payload_digest
 from pulse_node.loco.payload import LocoPayload, decode_payload, read_header
+from pulse_node.net.wire.protocol import LocoDecisionRequest, LocoPayloadRequest
 from pulse_node.trainer.decisions import DecisionIntake, coordinator_order
 from pulse_node.trainer.round_trust import RoundTrust
 from pulse_node.vocab import DecisionRefusal, LocoRefusal
@@ -373,7 +374,7 @@ class RoundAgreement(DecisionIntake):
         """Fetch an existing decision of round ``r`` from the live trainers (the first valid one)."""
         timeout = min(self.ctx.cfg.net.fetch_timeout_s, self.cfg.decision_wait_s)
         for peer in sorted(live.values(), key=lambda p: p.peer_id.encode()):
-            data = self.gate.fetch(peer, "loco_decision", {"round": r}, cap=MAX_DECISION_BYTES, timeout=timeout)
+            data = self.gate.fetch(peer, LocoDecisionRequest(round=r), cap=MAX_DECISION_BYTES, timeout=timeout)
             if data is None:
                 continue
             try:
@@ -420,8 +421,7 @@ class RoundAgreement(DecisionIntake):
 
     def _fetch_payload(self, peer: PeerRecord, r: int, tid: str, digest: bytes, until: float) -> LocoPayload | None:
         timeout = max(0.5, min(self.ctx.cfg.net.fetch_timeout_s, until - time.monotonic()))
-        data = self.gate.fetch(peer, "loco_payload", {"round": r, "digest": digest.hex()},
-                           cap=self.cap, timeout=timeout)
+        data = self.gate.fetch(peer, LocoPayloadRequest(round=r, digest=digest.hex()), cap=self.cap, timeout=timeout)
         if data is None:
             return None
         try:

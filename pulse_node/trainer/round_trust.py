@@ -31,6 +31,7 @@ from pulse_node.config import TrainerConfig
 from pulse_node.daemon.context import RoleContext
 from pulse_node.daemon.status_model import count
 from pulse_node.errors import PulseError, WireError
+from pulse_node.net.wire.protocol import LocoDecisionRequest, LocoPayloadRequest, kind_of
 from pulse_node.vocab import DecisionRefusal, LocoRefusal
 
 What = Literal["loco", "decision"]
@@ -75,20 +76,22 @@ class RoundTrust:
             return True
         return self.trust.is_member(self.key_of(peer_id))
 
-    def fetch(self, peer: PeerRecord, kind: str, params: dict, *, cap: int, timeout: float) -> bytes | None:
+    def fetch(self, peer: PeerRecord, request: LocoPayloadRequest | LocoDecisionRequest, *, cap: int,
+              timeout: float) -> bytes | None:
         """Bytes of a small fetch (``loco_payload``, ``loco_decision``) from a member, at most
         ``cap`` (the download itself is capped), or None on any failure or a non-member."""
         if not self.is_member(peer.peer_id):
             return None
+        kind = kind_of(request)
         dest = Path(self.ctx.store.root) / LOCO_DIR / f".fetch-{kind}"
         try:
             dest.parent.mkdir(parents=True, exist_ok=True)
-            self.ctx.transport.fetch(peer, kind, params, dest, timeout=timeout, max_bytes=cap)
+            self.ctx.transport.fetch(peer, request, dest, timeout=timeout, max_bytes=cap)
             if dest.stat().st_size > cap:
                 raise WireError(f"{kind} from {peer.peer_id[:12]} exceeds {cap} bytes")
             return dest.read_bytes()
         except (PulseError, OSError) as exc:
-            self.ctx.log.debug("%s %s from %s: %s", kind, params, peer.peer_id[:12], exc)
+            self.ctx.log.debug("%s from %s: %s", request, peer.peer_id[:12], exc)
             return None
         finally:
             dest.unlink(missing_ok=True)

@@ -68,9 +68,12 @@ class SetStanding(WireRequest[int]):
 
 
 class Fetch(WireRequest[FetchResult]):
+    """One file from ``peer``: ``request`` is the body of the request frame to send (a
+    ``protocol.FetchRequest`` of ``kind``, ``body()``), decoded and checked again by the worker."""
+
     peer: str
     kind: FetchKind
-    params: dict[str, int | str | None]
+    request: bytes
     dest: str
     timeout: float
     expected_digest: str | None = None

@@ -337,10 +337,10 @@ class WireService(Service):
         return len(peer_ids)
 
     @rpc
-    async def fetch(self, *, peer: str, kind: FetchKind, params: dict[str, int | str | None], dest: str,
+    async def fetch(self, *, peer: str, kind: FetchKind, request: bytes, dest: str,
                     timeout: float, expected_digest: str | None = None,
                     max_bytes: int | None = None) -> dict[str, Any]:
-        return await wt.fetch_to_file(self.dialer, peer, kind, params, Path(dest), timeout=timeout,
+        return await wt.fetch_to_file(self.dialer, peer, wp.decode_fetch(kind, request), Path(dest), timeout=timeout,
                                       digest=expected_digest, max_bytes=max_bytes)
 
     @rpc
