@@ -296,7 +296,7 @@ def _push_sender_main(host: str, work: Path, payload: Path, peer: dict, rounds: 
         for push in planes.values():  # connection set-up is not what we time
             _push_once(push, work, b"warm-up")
         out = [_push_once(planes[name], work, data) for _ in range(rounds) for name in ("wire", "hivemind")]
-        out.append({"stats": {"wire": wire.stats().get("errors", {}), "hivemind": dht.push_stats()["errors"]}})
+        out.append({"stats": {"wire": wire.stats().errors, "hivemind": dht.push_stats().errors}})
         print(json.dumps(out), flush=True)
     finally:
         wire.stop()

@@ -81,7 +81,7 @@ def test_fetch_patch_record_catchup_and_head(swarm: dict, tmp_path: Path) -> Non
     swarm["server"].set_head(b"head record 7")
     client.fetch(addr, wp.RecordRequest(version=None), tmp_path / "head.rec")
     assert (tmp_path / "head.rec").read_bytes() == b"head record 7"
-    assert client.stats()["bytes_in"]["patch"] >= len(files["patch"])
+    assert client.stats().bytes_in["patch"] >= len(files["patch"])
 
 
 def test_missing_file_and_wrong_digest_leave_no_file(swarm: dict, tmp_path: Path) -> None:
@@ -206,7 +206,7 @@ def test_dial_to_an_address_that_drops_syns_fails_within_the_dial_timeout(swarm:
         with pytest.raises(PeerUnavailable, match="no connection within 1 s"):
             client.fetch(addr, wp.RecordRequest(version=7), tmp_path / "x", timeout=30.0)
         assert time.monotonic() - t0 < 1.0 + 4.0
-        assert client.stats()["errors"]["dial_timeout"] == 1
+        assert client.stats().errors["dial_timeout"] == 1
         client.fetch(swarm["addr"], wp.RecordRequest(version=7), tmp_path / "7.rec", timeout=10)  # live peers: fine
     finally:
         filler.close()
@@ -227,7 +227,7 @@ def test_anchor_from_several_providers_survives_missing_and_dying_provider(swarm
             peers, version=3, size=len(anchor), dest=tmp_path / "a.st", digest=_sha(anchor),
             timeout=40, chunk=MiB)))
         job.start()
-        wait_for(lambda: slow.stats()["bytes_out"].get("anchor", 0) >= 128 * 1024, timeout=20, interval=0.02,
+        wait_for(lambda: slow.stats().bytes_out.get("anchor", 0) >= 128 * 1024, timeout=20, interval=0.02,
              what="slow provider sending")
         slow.process.proc.kill()  # dies mid-transfer: its chunks must move to another provider
         job.join(timeout=45)
@@ -302,10 +302,10 @@ def test_a_bad_anchor_piece_blames_only_the_provider_that_sent_it(swarm: dict, t
 
 def test_a_body_larger_than_the_signed_size_is_refused_before_reading(swarm: dict, tmp_path: Path) -> None:
     client, addr, files = swarm["client"], swarm["addr"], swarm["files"]
-    before = client.stats()["bytes_in"].get("patch", 0)
+    before = client.stats().bytes_in.get("patch", 0)
     with pytest.raises(IntegrityError, match="signed record allows"):
         client.fetch(addr, wp.PatchRequest(version=7), tmp_path / "7.patch", max_bytes=len(files["patch"]) - 1)
-    assert client.stats()["bytes_in"].get("patch", 0) - before < 64 * 1024 and not list(tmp_path.iterdir())
+    assert client.stats().bytes_in.get("patch", 0) - before < 64 * 1024 and not list(tmp_path.iterdir())
     client.fetch(addr, wp.PatchRequest(version=7), tmp_path / "7.patch", max_bytes=len(files["patch"]))
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import Any
 
 from pulse_node import __version__
 from pulse_node.chain.anchor import Piece
@@ -27,10 +26,11 @@ from pulse_node.daemon.transport import AnchorFetch, DataPlane
 from pulse_node.errors import PulseError, WireError
 from pulse_node.net.dht.client import DhtClient, DhtConfig
 from pulse_node.net.dht.records import NEWCOMERS_READ
+from pulse_node.net.dht.rpc import PushPlaneStats
 from pulse_node.net.local import spool
 from pulse_node.net.wire.client import WireClient, WireConfig
 from pulse_node.net.wire.protocol import PUSH_CAPS, FetchRequest
-from pulse_node.vocab import Event, PushKind, check_push_kind
+from pulse_node.vocab import BudgetRefusal, Event, PushKind, check_push_kind
 
 log = logging.getLogger("pulse.p2p")
 
@@ -183,21 +183,22 @@ class P2PTransport:
         """Data-plane byte counters: totals of both planes, per-kind (wire) and per-plane breakdowns."""
         raw = self.wire.stats()
         hm = self._push_stats()
-        by_plane_in = {"wire": sum(raw.get("bytes_in", {}).values()), "hivemind": sum(hm.get("bytes_in", {}).values())}
-        by_plane_out = {"wire": sum(raw.get("bytes_out", {}).values()),
-                        "hivemind": sum(hm.get("bytes_out", {}).values())}
+        hm_in, hm_out = (hm.bytes_in, hm.bytes_out) if hm is not None else ({}, {})
+        by_plane_in = {"wire": sum(raw.bytes_in.values()), "hivemind": sum(hm_in.values())}
+        by_plane_out = {"wire": sum(raw.bytes_out.values()), "hivemind": sum(hm_out.values())}
         return DataPlane(bytes_in=sum(by_plane_in.values()), bytes_out=sum(by_plane_out.values()),
-                         bytes_in_by_kind=raw.get("bytes_in", {}), bytes_out_by_kind=raw.get("bytes_out", {}),
+                         bytes_in_by_kind=raw.bytes_in, bytes_out_by_kind=raw.bytes_out,
                          bytes_in_by_plane=by_plane_in, bytes_out_by_plane=by_plane_out,
-                         hivemind_push_errors=sum(hm.get("errors", {}).values()), loco_fallbacks=self._loco_fallbacks,
-                         wire_errors=sum(raw.get("errors", {}).values()), duplicate=self._duplicate(),
-                         refused=_merged(raw.get("refused", {}), hm.get("refused", {})))
+                         hivemind_push_errors=sum(hm.errors.values()) if hm is not None else 0,
+                         loco_fallbacks=self._loco_fallbacks, wire_errors=sum(raw.errors.values()),
+                         duplicate=self._duplicate(),
+                         refused=_merged(raw.refused, hm.refused if hm is not None else {}))
 
-    def _push_stats(self) -> dict[str, Any]:
+    def _push_stats(self) -> PushPlaneStats | None:
         try:
             return self.dht.push_stats()
         except PulseError:
-            return {}
+            return None
 
     def _duplicate(self) -> bool:
         """True while another live node publishes under our identity (a copied key file)."""
@@ -218,9 +219,9 @@ class P2PTransport:
                 log.warning("stopping a worker failed: %s", exc)
 
 
-def _merged(*counts: dict[str, int]) -> dict[str, int]:
+def _merged(*counts: dict[BudgetRefusal, int]) -> dict[BudgetRefusal, int]:
     """Refusal counts of both planes, by reason."""
-    out: dict[str, int] = {}
+    out: dict[BudgetRefusal, int] = {}
     for c in counts:
         for k, v in c.items():
             out[k] = out.get(k, 0) + int(v)

@@ -430,7 +430,7 @@ class ForgingPeer:
                     pass
 
     def served(self) -> dict[str, int]:
-        return dict(self.wire.stats().get("requests", {}))
+        return dict(self.wire.stats().requests)
 
     def close(self) -> None:
         for stop in (self.dht.stop, self.wire.stop):

@@ -22,6 +22,7 @@ import time
 
 import torch
 
+from pulse_node.chain.peer import PeerRecord
 from pulse_node.chain.record import VersionRecord, decode_record, encode_record
 from pulse_node.chain.trainerset import bound_key, sender_key
 from pulse_node.config import TrainerConfig
@@ -31,6 +32,7 @@ from pulse_node.daemon.status_model import VersionEntry
 from pulse_node.errors import IntegrityError, PulseError
 from pulse_node.loco.bound import PayloadBound
 from pulse_node.loco.payload import LocoPayload, encode_payload
+from pulse_node.net.wire.protocol import TrainerStateRequest
 from pulse_node.rl.assign import BatchKey
 from pulse_node.rl.evaluate import evaluate
 from pulse_node.rl.rollout import Rollout
@@ -188,12 +190,12 @@ class TrainerRole:
             self.ctx.store.discard_from(0)
         self.ctx.store.put_current(record, state)
 
-    def _fetch_trainer_state(self, peer) -> tuple[dict, VersionRecord]:
+    def _fetch_trainer_state(self, peer: PeerRecord) -> tuple[dict, VersionRecord]:
         if not any(p.peer_id == peer.peer_id for p in self._member_trainers()):
             raise IntegrityError(f"{peer.peer_id[:12]} is not a member of the trainer set")
         dest = self.ctx.store.root / f".trainer-state-{peer.peer_id[:16]}.part"
         try:
-            self.ctx.transport.fetch(peer, "trainer_state", {}, dest, timeout=self.cfg.net.fetch_timeout_s,
+            self.ctx.transport.fetch(peer, TrainerStateRequest(), dest, timeout=self.cfg.net.fetch_timeout_s,
                                      max_bytes=trainer_state_cap(self.global_params))
             outer_state, record = read_trainer_state(dest, names=set(self.global_params))
         finally:

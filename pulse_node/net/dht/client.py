@@ -167,7 +167,7 @@ class DhtClient(WorkerClient[DhtConfig]):
             self.spool = dataclasses.replace(self.spool, max_push=now)
         return now
 
-    def push_stats(self) -> dict[str, Any]:
+    def push_stats(self) -> dht_rpc.PushPlaneStats:
         """Push-plane counters: bytes in/out per kind, errors, queued and rejected events."""
         return self.request(dht_rpc.PushStats(), timeout=10.0)
 

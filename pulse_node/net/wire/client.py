@@ -18,7 +18,6 @@ file), ``WireError`` (protocol, bad arguments), ``IntegrityError`` (digest misma
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from pulse_node.net.local.process import WorkerClient
 from pulse_node.net.wire import protocol as wp
@@ -71,7 +70,7 @@ class WireClient(WorkerClient[WireConfig]):
         """Drain inbound pushes, waiting up to ``wait_s`` for the first one."""
         return self.request(wire_rpc.Events(max_events=max_events, wait_s=wait_s), timeout=wait_s + _RPC_SLACK)
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> wire_rpc.WireStats:
         return self.request(wire_rpc.Stats(), timeout=10.0)
 
     def set_members(self, peer_ids: list[str]) -> None:

@@ -257,12 +257,16 @@ FetchRequest = (RecordRequest | PatchRequest | AnchorRequest | CatchupRequest | 
                 | LocoPayloadRequest | LocoDecisionRequest)
 _FETCH_TYPES = (RecordRequest, PatchRequest, AnchorRequest, CatchupRequest, TrainerStateRequest,
                 LocoPayloadRequest, LocoDecisionRequest)
-_KIND_OF: dict[type[WireStruct], FetchKind] = {cls: kind for kind, cls in REQUESTS.items() if kind in FETCH_KINDS}
+_KIND_OF: dict[type[WireStruct], FetchKind] = {
+    RecordRequest: "record", PatchRequest: "patch", AnchorRequest: "anchor", CatchupRequest: "catchup",
+    TrainerStateRequest: "trainer_state", LocoPayloadRequest: "loco_payload", LocoDecisionRequest: "loco_decision",
+}
+assert all(REQUESTS[kind] is cls for cls, kind in _KIND_OF.items()) and set(_KIND_OF.values()) == set(FETCH_KINDS)
 
 
 def kind_of(request: object) -> FetchKind:
     """The fetch kind a request struct asks for; ``WireError`` for anything else."""
-    kind = _KIND_OF.get(type(request))
+    kind = _KIND_OF.get(type(request)) if isinstance(request, WireStruct) else None
     if kind is None:
         raise WireError(f"{type(request).__name__} is not a fetch request (one of {', '.join(FETCH_KINDS)})")
     return kind
