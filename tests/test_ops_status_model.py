@@ -44,11 +44,11 @@ def test_undeclared_names_and_wrong_types_fail_loudly() -> None:
         with trainer.trainer() as c:
             c.rounds = -1  # declared ge=0: checked on assignment
     with pytest.raises(StatusFieldError, match="verison"):
-        trainer.update(verison=2)
+        trainer.update(verison=2)  # type: ignore[call-arg]  # the type checker refuses it first
     with pytest.raises(StatusFieldError):
-        trainer.update(history=[])  # sections change only through their typed methods
+        trainer.update(history=[])  # type: ignore[call-arg]  # sections change only through their typed methods
     with pytest.raises(ValueError):
-        trainer.update(version="two")
+        trainer.update(version="two")  # type: ignore[arg-type]
     with pytest.raises(ValueError):
         trainer.set_data_plane({"bytes_in": 1, "byts_out": 2})
     with pytest.raises(StatusFieldError):
@@ -64,6 +64,13 @@ def test_undeclared_names_and_wrong_types_fail_loudly() -> None:
     snap = inference.snapshot()
     assert (snap.inference.catchups, snap.counters.rejected, snap.inference.strikes) == (2, 1, {"p": 1})
     assert snap.trainer is None and trainer.snapshot().trainer.rollouts_used == 3
+
+
+def test_the_typed_keywords_of_update_are_the_settable_fields() -> None:
+    from pulse_node.daemon.status import _settable
+    from pulse_node.daemon.status_model import StatusFields
+
+    assert set(StatusFields.__annotations__) == set(_settable())
 
 
 def test_metrics_are_every_declared_numeric_field() -> None:

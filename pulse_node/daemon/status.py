@@ -9,7 +9,8 @@ so a misspelt counter fails the type checker, not a run::
         count(c.loco_refused, LocoRefusal.BANNED)
 
 ``node()`` holds the counters of every node, ``inference()`` an inference node's;
-``update(version=...)`` sets top-level fields (undeclared names refused: ``StatusFieldError``),
+``update(version=...)`` sets top-level fields (keywords typed by ``StatusFields``; undeclared
+names refused at run time too: ``StatusFieldError``),
 ``set_data_plane(transport.stats())``, ``record_version(VersionEntry(...))`` and ``error(message)``
 the rest. ``StatusServer`` serves it on a
 local port (0 = any free port); the node also writes it atomically to ``data_dir/status.json``
@@ -29,7 +30,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
@@ -45,6 +46,7 @@ from pulse_node.daemon.status_model import (
     InferenceCounters,
     NodeCounters,
     StatusFieldError,
+    StatusFields,
     StatusReport,
     TrainerCounters,
     VersionEntry,
@@ -52,6 +54,9 @@ from pulse_node.daemon.status_model import (
     new_report,
 )
 from pulse_node.fsutil import write_atomic
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 
 class NodeStatus:
@@ -63,8 +68,9 @@ class NodeStatus:
         self.registry = CollectorRegistry()
         self.registry.register(_Collector(self))
 
-    def update(self, **fields: Any) -> None:
-        """Set declared top-level fields (e.g. ``version``, ``reward_mean``), each type-checked."""
+    def update(self, **fields: Unpack[StatusFields]) -> None:
+        """Set declared top-level fields (e.g. ``version``, ``reward_mean``): their names and types
+        are ``StatusFields``'s (checked by the type checker), checked again on assignment."""
         with self._lock:
             for name, value in fields.items():
                 if name not in _settable():

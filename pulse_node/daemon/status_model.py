@@ -23,7 +23,7 @@ import json
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypedDict, TypeVar
 
 import pydantic
 from pydantic import Field
@@ -258,6 +258,36 @@ class StatusReport(_Section):
 
     def to_json(self) -> str:
         return self.model_dump_json(by_alias=True)
+
+
+class StatusFields(TypedDict, total=False):
+    """The top-level fields a node sets with ``NodeStatus.update(**fields)``, by keyword: the type
+    checker refuses a misspelt or mistyped one (``tests/test_ops_status_model.py`` keeps this
+    equal to ``StatusReport``'s settable fields)."""
+
+    updated_at: float
+    version: int
+    state_hash: str
+    chain_hash: str
+    lowest: int
+    anchors: list[int]
+    peers: int
+    reward_mean: float | None
+    eval_accuracy: float | None
+    first_eval: EvalPoint | None
+    contributors: int | None
+    ranks: int | None
+    rank_rss_mb: list[int]
+    rank_peak_rss_mb: list[int]
+    rollout_senders: dict[str, SenderReport]
+    rollout_settings_error: str
+    metrics_url: str | None
+    node_key: str | None
+    trust_mode: Literal["keys", "open"] | None
+    trainer_set: str | None
+    evidence: list[EvidenceEntry]
+    stopped: bool
+    standing: StandingReport
 
 
 #: sections a node writes only through NodeStatus's typed methods (not ``update``)
