@@ -45,14 +45,13 @@ MAX_TTL_S = 600.0
 CLOCK_SLACK_S = 30.0
 
 KEY_KINDS = ("peers",)
-_Record = Strict
 
 
-R = TypeVar("R", bound=_Record)
+R = TypeVar("R", bound=Strict)
 E = TypeVar("E")  # a record, or a raw DHT entry the worker has not validated yet
 #: records of peers without standing a node asks its DHT worker for, beyond its preferred ones
 NEWCOMERS_READ = 64
-MODEL_OF_KIND: dict[str, type[_Record]] = {"peers": PeerRecord}
+MODEL_OF_KIND: dict[str, type[Strict]] = {"peers": PeerRecord}
 MAX_BYTES_OF_KIND = {"peers": MAX_PEER_RECORD_BYTES}
 
 
@@ -70,12 +69,12 @@ def check_run_id(run_id: str) -> str:
     return run_id
 
 
-def encode_dht_record(record: _Record) -> bytes:
+def encode_dht_record(record: Strict) -> bytes:
     """The msgpack bytes of a record (what is signed and stored)."""
     return msgpack.packb(record.model_dump(mode="python"), use_bin_type=True)
 
 
-def decode_dht_record(kind: str, data: bytes) -> _Record:
+def decode_dht_record(kind: str, data: bytes) -> Strict:
     """Bytes -> validated record of ``kind``; ``WireError`` naming the first problem."""
     cap = MAX_BYTES_OF_KIND[kind]
     if len(data) > cap:
@@ -144,7 +143,7 @@ def validate_tree(model: type[R], tree: Any) -> R:
         raise WireError(f"{model.__name__}.{loc}: {first['msg']}") from None
 
 
-class DhtInfo(_Record):
+class DhtInfo(Strict):
     """What the worker reports about itself (``info`` RPC)."""
 
     peer_id: PeerId
