@@ -180,6 +180,7 @@ def bench_hivemind_stream(total: int) -> dict[int, float]:
 def bench_fetch(size: int, rounds: int, tmp: Path) -> dict[str, float]:
     from concurrent.futures import ThreadPoolExecutor
 
+    from pulse_node.net.wire import protocol as wp
     from pulse_node.net.wire.client import WireClient, WireConfig
 
     data = os.urandom(size)
@@ -196,7 +197,7 @@ def bench_fetch(size: int, rounds: int, tmp: Path) -> dict[str, float]:
     try:
         pa, pc = a.info().listen_maddrs[0], c.info().listen_maddrs[0]
         for _ in range(rounds):
-            r = b.fetch(pa, "patch", {"version": 1}, tmp / "b" / "f.bin", timeout=300, expected_digest=digest)
+            r = b.fetch(pa, wp.PatchRequest(version=1), tmp / "b" / "f.bin", timeout=300, expected_digest=digest)
             best["fetch"] = max(best["fetch"], size / r.seconds / 1e6)
             for key, peers in (("anchor_1", [pa]), ("anchor_2", [pa, pc])):
                 dest = tmp / "b" / f"{key}.bin"
@@ -295,7 +296,7 @@ def _push_sender_main(host: str, work: Path, payload: Path, peer: dict, rounds: 
         for push in planes.values():  # connection set-up is not what we time
             _push_once(push, work, b"warm-up")
         out = [_push_once(planes[name], work, data) for _ in range(rounds) for name in ("wire", "hivemind")]
-        out.append({"stats": {"wire": wire.stats().get("errors", {}), "hivemind": dht.push_stats()["errors"]}})
+        out.append({"stats": {"wire": wire.stats().errors, "hivemind": dht.push_stats().errors}})
         print(json.dumps(out), flush=True)
     finally:
         wire.stop()

@@ -22,8 +22,8 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+from pulse_node.chain.peer import PeerStatus
 from pulse_node.net.dht.client import DhtClient, DhtConfig
-from pulse_node.net.dht.records import PeerStatus
 
 LOCAL = ["/ip4/127.0.0.1/tcp/0"]
 

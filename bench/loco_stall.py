@@ -26,10 +26,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from pulse_node.chain.peer import PeerRecord, PeerStatus  # noqa: E402
 from pulse_node.config import TrainerConfig  # noqa: E402
-from pulse_node.daemon.transport import Event, PeerInfo, Transport  # noqa: E402
+from pulse_node.daemon.transport import Event, Transport  # noqa: E402
 from pulse_node.errors import WireError  # noqa: E402
-from pulse_node.net.dht.records import PeerStatus  # noqa: E402
+from pulse_node.net.wire.protocol import FetchRequest, kind_of  # noqa: E402
 from pulse_node.testing.inprocess import InProcessSwarm, node_status, node_version  # noqa: E402
 
 VANISHED = "trainer-zz"
@@ -47,20 +48,20 @@ class Hanging:
     def publish(self, status: PeerStatus) -> None:
         self.inner.publish(status)
 
-    def peers(self) -> list[PeerInfo]:
+    def peers(self) -> list[PeerRecord]:
         return self.inner.peers()
 
-    def fetch(self, peer: PeerInfo, kind: str, params: dict[str, Any], dest: Path, *, timeout: float,
+    def fetch(self, peer: PeerRecord, request: FetchRequest, dest: Path, *, timeout: float,
               max_bytes: int | None = None) -> int:
         if peer.peer_id == VANISHED:
             time.sleep(timeout)
-            raise WireError(f"{kind} fetch from {VANISHED}: no answer within {timeout:.1f}s")
-        return self.inner.fetch(peer, kind, params, dest, timeout=timeout, max_bytes=max_bytes)
+            raise WireError(f"{kind_of(request)} fetch from {VANISHED}: no answer within {timeout:.1f}s")
+        return self.inner.fetch(peer, request, dest, timeout=timeout, max_bytes=max_bytes)
 
-    def fetch_anchor(self, providers: list[PeerInfo], **kw: Any) -> Any:
+    def fetch_anchor(self, providers: list[PeerRecord], **kw: Any) -> Any:
         return self.inner.fetch_anchor([p for p in providers if p.peer_id != VANISHED], **kw)
 
-    def push(self, peer: PeerInfo, kind: str, data: bytes, *, timeout: float) -> None:
+    def push(self, peer: PeerRecord, kind: str, data: bytes, *, timeout: float) -> None:
         if peer.peer_id == VANISHED:
             time.sleep(timeout)
             raise WireError(f"{kind} push to {VANISHED}: no answer within {timeout:.1f}s")

@@ -336,6 +336,7 @@ def probe_wire(ns: str, listen_ip: str, records: list[dict], work: Path) -> list
 
 def _probe_wire_main(listen_ip: str, work: Path) -> None:
     from pulse_node.errors import PulseError
+    from pulse_node.net.wire import protocol as wp
     from pulse_node.net.wire.client import WireClient, WireConfig
 
     out = []
@@ -344,7 +345,7 @@ def _probe_wire_main(listen_ip: str, work: Path) -> None:
             addr = (rec.get("wire_maddrs") or [""])[0]
             t0 = time.monotonic()
             try:
-                wire.fetch(addr, "record", {"version": None}, work / "probe.rec", timeout=PROBE_TIMEOUT_S)
+                wire.fetch(addr, wp.RecordRequest(version=None), work / "probe.rec", timeout=PROBE_TIMEOUT_S)
                 err = ""
             except PulseError as exc:
                 err = str(exc)[:160]

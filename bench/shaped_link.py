@@ -133,21 +133,22 @@ def client(peer: str, store: Path, work: Path, signer: str, versions: int) -> di
     from pulse_node.codec.state import load_safetensors
     from pulse_node.codec.statehash import state_hash
     from pulse_node.codec.warmup import warm_up
+    from pulse_node.net.wire import protocol as wp
     from pulse_node.net.wire.client import WireClient, WireConfig
 
     warm_up()  # a node does this at start
     state = load_safetensors(store / "anchors" / "0.safetensors")  # we hold version 0
     out = {"patch_seconds": [], "patch_bytes": []}
     with WireClient.start(WireConfig(store=work, listen=[f"/ip4/{IP_B}/tcp/0"])) as wire:
-        wire.fetch(peer, "record", {"version": 0}, work / "warm.rec", timeout=60)  # connection set-up
+        wire.fetch(peer, wp.RecordRequest(version=0), work / "warm.rec", timeout=60)  # connection set-up
         base_hash = state_hash(state)
         for v in range(1, versions + 1):
             t0 = time.monotonic()
-            wire.fetch(peer, "record", {"version": v}, work / f"{v}.rec", timeout=120)
+            wire.fetch(peer, wp.RecordRequest(version=v), work / f"{v}.rec", timeout=120)
             rec = decode_record((work / f"{v}.rec").read_bytes())
             verify_record(rec, run_id="shaped", trusted_signers=[signer])
             t1 = time.monotonic()
-            wire.fetch(peer, "patch", {"version": v}, work / f"{v}.patch", timeout=600)
+            wire.fetch(peer, wp.PatchRequest(version=v), work / f"{v}.patch", timeout=600)
             patch = (work / f"{v}.patch").read_bytes()
             check_patch(rec, patch)
             t2 = time.monotonic()

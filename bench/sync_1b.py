@@ -193,9 +193,10 @@ def _today(wire, peer: str, work: Path, v: int, rec, state, live, base_hash: str
     from pulse_node.chain.record import check_patch
     from pulse_node.codec.inplace import apply_patch_inplace
     from pulse_node.codec.statehash import state_hash
+    from pulse_node.net.wire.protocol import PatchRequest
 
     t1 = time.monotonic()
-    wire.fetch(peer, "patch", {"version": v}, work / f"{v}.patch", timeout=600)
+    wire.fetch(peer, PatchRequest(version=v), work / f"{v}.patch", timeout=600)
     t2 = time.monotonic()  # the last byte is in
     patch = (work / f"{v}.patch").read_bytes()
     (work / f"{v}.patch").unlink()
@@ -217,11 +218,12 @@ def _pipelined(wire, peer: str, work: Path, v: int, rec, state, live, base_hash:
     """The pipelined path (``inference/streaming.py``): applied while the file grows; not committed."""
     from pulse_node.codec.pipelined import Expected
     from pulse_node.inference.streaming import Pipeline
+    from pulse_node.net.wire.protocol import PatchRequest
 
     done: dict[str, float] = {}
 
     def fetch(dest: Path) -> None:
-        wire.fetch(peer, "patch", {"version": v}, dest, timeout=600)
+        wire.fetch(peer, PatchRequest(version=v), dest, timeout=600)
         done["t"] = time.monotonic()
 
     dest = work / f"{v}.p.patch"
@@ -255,13 +257,14 @@ def client(peer: str, store: Path, work: Path, signer: str, versions: int) -> di
     from pulse_node.codec.state import load_safetensors
     from pulse_node.codec.statehash import state_hash
     from pulse_node.codec.warmup import warm_up
+    from pulse_node.net.wire import protocol as wp
     from pulse_node.net.wire.client import WireClient, WireConfig
     from pulse_node.rl.liveweights import LiveWeights
 
     warm_up()
     out: dict = {"phases": []}
     with WireClient.start(WireConfig(store=work, listen=[f"/ip4/{IP_B}/tcp/0"])) as wire:
-        wire.fetch(peer, "record", {"version": 0}, work / "warm.rec", timeout=60)  # connection set-up
+        wire.fetch(peer, wp.RecordRequest(version=0), work / "warm.rec", timeout=60)  # connection set-up
         gc.collect()
         out["baseline_rss_kb"] = rss_kb()
         state = load_safetensors(store / "anchors" / "0.safetensors")  # we hold version 0
@@ -274,7 +277,7 @@ def client(peer: str, store: Path, work: Path, signer: str, versions: int) -> di
         reset_peak()
         for v in range(1, versions + 1):
             t0 = time.monotonic()
-            wire.fetch(peer, "record", {"version": v}, work / f"{v}.rec", timeout=120)
+            wire.fetch(peer, wp.RecordRequest(version=v), work / f"{v}.rec", timeout=120)
             rec = decode_record((work / f"{v}.rec").read_bytes())
             verify_record(rec, run_id="sync1b", trusted_signers=[signer])
             t1 = time.monotonic()

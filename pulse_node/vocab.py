@@ -1,15 +1,21 @@
-"""The swarm's shared vocabulary, defined once: message kinds, the inbound event, the run id.
+"""The swarm's shared vocabulary, defined once: message kinds, the inbound event, the run id,
+and why a peer's input is refused.
 
 Every layer speaks these names: roles, the ``Transport`` implementations (P2P and in-memory),
 both worker processes, the wire protocol (push kinds travel as these strings; fetch kinds name
 the ``/pulse/<kind>/<version>`` protocols), fault injection and configs. Nothing translates one
 spelling into another. Pure: no I/O, importable from every layer.
+
+Refusal reasons are string enums (``Reason``, a ``StrEnum`` Python 3.10 lacks): a member *is* its string, so the counters keyed by them in
+``status.json`` read as before (``{"too_large": 1}``), while code names a reason by attribute and
+the type checker refuses one that does not exist.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from enum import Enum
 from typing import Literal, get_args
 
 from pulse_node.errors import WireError
@@ -73,3 +79,86 @@ class Event:
     sender: str
     data: bytes
     received_at: float
+
+
+class Reason(str, Enum):
+    """A string enum: a member equals, hashes, prints, formats and JSON-encodes as its value."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self.value), spec)
+
+
+class BudgetRefusal(Reason):
+    """Why a peer's request was refused by its per-peer budget (``net/peers/budget.py``;
+    counted in ``data_plane.refused``)."""
+
+    STREAMS_PEER = "streams_peer"
+    STREAMS_POOL = "streams_pool"
+    STREAMS_NEWCOMERS = "streams_newcomers"
+    RATE = "rate"
+    PUSH_SHARE = "push_share"
+    PUSH_POOL = "push_pool"
+    SLOW = "slow"
+    DEADLINE = "deadline"
+    EVICTED = "evicted"
+    CATCHUP_BUDGET = "catchup_budget"
+    BULK_BUDGET = "bulk_budget"
+
+
+class BatchRefusal(Reason):
+    """Why a trainer refused a rollout batch (``rl/verify.py``, ``trainer/intake.py``; counted per
+    sender in ``rollout_senders[...].rejected``). ``BATCH_STRIKES`` mean the sender lied."""
+
+    MALFORMED = "malformed"
+    BATCH_SHAPE = "batch_shape"
+    BATCH_INDEX = "batch_index"
+    FUTURE_VERSION = "future_version"
+    STALE = "stale"
+    REPLAYED = "replayed"
+    UNKNOWN_VERSION = "unknown_version"
+    EVAL_PROMPT = "eval_prompt"
+    PROMPT_NOT_ASSIGNED = "prompt_not_assigned"
+    GROUP_ID = "group_id"
+    TERMINATION = "termination"
+    TOKEN_RANGE = "token_range"
+    NOT_SAMPLED = "not_sampled"
+    WRONG_REWARD = "wrong_reward"
+    FORGED_LOGPROBS = "forged_logprobs"
+    BANNED = "banned"
+    TOO_LARGE = "too_large"
+    QUEUE_FULL = "queue_full"
+
+
+#: batch refusals that strike the sender (it sent something false); the others are nobody's fault
+BATCH_STRIKES = frozenset({
+    BatchRefusal.MALFORMED, BatchRefusal.BATCH_SHAPE, BatchRefusal.BATCH_INDEX, BatchRefusal.EVAL_PROMPT,
+    BatchRefusal.PROMPT_NOT_ASSIGNED, BatchRefusal.GROUP_ID, BatchRefusal.TERMINATION, BatchRefusal.TOKEN_RANGE,
+    BatchRefusal.NOT_SAMPLED, BatchRefusal.WRONG_REWARD, BatchRefusal.FORGED_LOGPROBS,
+})
+
+
+class LocoRefusal(Reason):
+    """Why a trainer refused a PULSELoCo payload (``trainer/agreement.py``; ``trainer.loco_refused``)."""
+
+    NOT_MEMBER = "not_member"
+    OUT_OF_BOUND = "out_of_bound"
+    TOO_LARGE = "too_large"
+    MALFORMED = "malformed"
+    TOO_FAR_AHEAD = "too_far_ahead"
+    DUPLICATE = "duplicate"
+    BANNED = "banned"
+
+
+class DecisionRefusal(Reason):
+    """Why a trainer refused a round decision (``trainer/decisions.py``; ``trainer.decisions_refused``)."""
+
+    NOT_MEMBER = "not_member"
+    BAD_DECISION = "bad_decision"
+    OUT_OF_BOUND = "out_of_bound"
+    EQUIVOCATION = "equivocation"
+    BANNED = "banned"
+    OTHER_BASE = "other_base"
+    NOT_DESIGNATED = "not_designated"

@@ -15,17 +15,17 @@ from test_chain_synth import TRAINER, adam_like_chain, build_chain, states_equal
 from pulse_node.chain.catchup import check_catchup
 from pulse_node.chain.catchup_producer import CatchupProducer
 from pulse_node.chain.layout import catchup_path, prune_catchups
+from pulse_node.chain.peer import PeerRecord, PeerStatus, Serves
 from pulse_node.chain.serving import resolve, store_resolver
 from pulse_node.chain.store import VersionStore
 from pulse_node.chain.trainerset import TrainerSet
 from pulse_node.chain.trust import TrustPolicy
 from pulse_node.codec.patch import apply_patch, make_patch
 from pulse_node.config import NetConfig
-from pulse_node.daemon.transport import PeerInfo
 from pulse_node.errors import BusyError, GapError, WireError
 from pulse_node.inference.syncer import VersionSync
-from pulse_node.net.dht.records import PeerStatus, Serves
-from pulse_node.testing.memory import MemoryHub
+from pulse_node.net.wire import protocol as wp
+from pulse_node.testing.memory import MemoryHub, announced
 
 STATES = adam_like_chain(5, 24)
 CHAIN = build_chain(STATES, anchor_every=10)
@@ -140,11 +140,11 @@ def test_memory_transport_serves_made_catchups_and_says_why_not(served: Path, tm
     hub = MemoryHub()
     hub.join("server", store_resolver(served, producer=CatchupProducer(served, wait_s=60)))
     client = hub.join("client", lambda kind, params: None)
-    server = PeerInfo("server", PeerStatus(role="inference"))
-    size = client.fetch(server, "catchup", {"base": 3, "target": 17}, tmp_path / "got", timeout=5)
+    server = announced("server", PeerStatus(role="inference"))
+    size = client.fetch(server, wp.CatchupRequest(base=3, target=17), tmp_path / "got", timeout=5)
     assert size == catchup_path(served, 3, 17).stat().st_size
     with pytest.raises(WireError, match="cannot rebuild base|does not hold v30"):
-        client.fetch(server, "catchup", {"base": 3, "target": 30}, tmp_path / "got", timeout=5)
+        client.fetch(server, wp.CatchupRequest(base=3, target=30), tmp_path / "got", timeout=5)
 
 
 # ---- the requesting side -------------------------------------------------------------------
@@ -159,15 +159,15 @@ def _trust() -> TrustPolicy:
     return TrustPolicy(TrainerSet(run_id="run-s", keys=[TRAINER.public_key_hex]))
 
 
-def _serve(hub: MemoryHub, root: Path, producer: CatchupProducer | None, version: int) -> PeerInfo:
+def _serve(hub: MemoryHub, root: Path, producer: CatchupProducer | None, version: int) -> PeerRecord:
     hub.join("holder", store_resolver(root, producer=producer))
-    return PeerInfo("holder", PeerStatus(role="inference", version=version,
+    return announced("holder", PeerStatus(role="inference", version=version,
                                          serves=Serves(lowest=1, highest=version, anchors=[0, 10, 20]),
                                          node_key=TRAINER.public_key_hex))
 
 
-def _trainer(version: int) -> PeerInfo:
-    return PeerInfo("trainer", PeerStatus(role="trainer", version=version, node_key=TRAINER.public_key_hex))
+def _trainer(version: int) -> PeerRecord:
+    return announced("trainer", PeerStatus(role="trainer", version=version, node_key=TRAINER.public_key_hex))
 
 
 def test_syncer_k_behind_recovers_with_one_catchup_patch(served: Path, tmp_path: Path) -> None:
@@ -175,11 +175,11 @@ def test_syncer_k_behind_recovers_with_one_catchup_patch(served: Path, tmp_path:
     peers = [_serve(hub, served, CatchupProducer(served, wait_s=60), 24), _trainer(24)]
     sync = _syncer(tmp_path, hub, at=14)
     applied = sync.step(peers)
-    assert [r.version for r in applied] == [24] and sync.counters["catchups"] == 1
+    assert [r.version for r in applied] == [24] and sync.counters.catchups == 1
     assert states_equal(sync.state, STATES[24]) and sync.store.head().version == 24
     summed = sum(r.patch_bytes for r, _ in CHAIN[15:25])
-    assert sync.counters["catchup_bytes_in"] < 0.6 * summed, (sync.counters["catchup_bytes_in"], summed)
-    assert sync.counters["patch_bytes_in"] == 0
+    assert sync.counters.catchup_bytes_total < 0.6 * summed, (sync.counters.catchup_bytes_total, summed)
+    assert sync.counters.patch_bytes_total == 0
     sync.close()
 
 
@@ -188,10 +188,10 @@ def test_syncer_waits_for_a_busy_producer_then_uses_its_catchup(served: Path, tm
     producer = GatedProducer(served, wait_s=0.01)
     peers = [_serve(hub, served, producer, 24), _trainer(24)]
     sync = _syncer(tmp_path, hub, at=14)
-    assert sync.step(peers) == [] and sync.counters["patch_bytes_in"] == 0  # busy: no patches fetched
+    assert sync.step(peers) == [] and sync.counters.patch_bytes_total == 0  # busy: no patches fetched
     producer.gate.set()
     wait_for(lambda: catchup_path(served, 14, 24).exists(), timeout=30, what="the catch-up file")
-    assert [r.version for r in sync.step(peers)] == [24] and sync.counters["catchups"] == 1
+    assert [r.version for r in sync.step(peers)] == [24] and sync.counters.catchups == 1
     sync.close()
 
 
@@ -200,7 +200,7 @@ def test_syncer_falls_back_to_patches_when_nobody_makes_catchups(served: Path, t
     peers = [_serve(hub, served, None, 24), _trainer(24)]  # an old peer: serves files, makes none
     sync = _syncer(tmp_path, hub, at=14)
     applied = sync.step(peers)
-    assert [r.version for r in applied] == list(range(15, 25)) and sync.counters["catchups"] == 0
+    assert [r.version for r in applied] == list(range(15, 25)) and sync.counters.catchups == 0
     assert states_equal(sync.state, STATES[24])
     sync.close()
 
@@ -214,7 +214,7 @@ def test_syncer_rejects_a_lying_catchup_and_recovers_with_patches(served: Path, 
     peers = [_serve(hub, served, CatchupProducer(served, wait_s=60), 24), _trainer(24)]
     sync = _syncer(tmp_path, hub, at=14)
     applied = sync.step(peers)
-    assert sync.counters["catchups"] == 0 and sync.trust.strikes["holder"] == 1
+    assert sync.counters.catchups == 0 and sync.trust.strikes["holder"] == 1
     assert [r.version for r in applied] == list(range(15, 25)) and states_equal(sync.state, STATES[24])
     sync.close()
 
@@ -234,6 +234,6 @@ def test_syncer_keeps_its_version_rather_than_reload_an_older_anchor(served: Pat
     sync = VersionSync(fill(tmp_path / "lagging", 14, start=14), patches_lost,
                        _trust(), net=NetConfig())
     sync.take_events([Event("head", "holder", encode_record(CHAIN[15][0]), 0.0)])  # ... a push says 15
-    assert sync.step(peers) == [] and sync.counters["gaps"] == 1
-    assert sync.record.version == 14 and sync.counters["anchor_loads"] == 0
+    assert sync.step(peers) == [] and sync.counters.gaps == 1
+    assert sync.record.version == 14 and sync.counters.anchor_loads == 0
     sync.close()

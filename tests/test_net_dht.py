@@ -24,8 +24,8 @@ import pytest
 from helpers import wait_for
 
 from pulse_node.chain.identity import Identity
+from pulse_node.chain.peer import PeerStatus
 from pulse_node.net.dht.client import DhtClient, DhtConfig, DuplicateIdentityError
-from pulse_node.net.dht.records import PeerStatus
 
 pytestmark = pytest.mark.slow  # DHT worker processes (hivemind, p2pd)
 
@@ -156,7 +156,8 @@ async def attack(maddr: str, victim_id: str) -> dict[str, list[bool] | None]:
     from hivemind.dht.validation import DHTRecord
     from hivemind.p2p import PeerID
 
-    from pulse_node.net.dht.records import PeerRecord, dht_key
+    from pulse_node.chain.peer import PeerRecord
+    from pulse_node.net.dht.records import dht_key
     from pulse_node.net.dht.validator import PulseRecordValidator, peer_id_of, sign_envelope
 
     me = Identity.generate()

@@ -58,8 +58,8 @@ def test_multi_mb_payload_arrives_byte_exact_from_the_authenticated_sender(pair)
     (ev,) = gather(receiver.events, count=1, timeout=30, what="the push event")
     assert ev.kind == "loco" and ev.sender == sender.info().peer_id
     assert len(ev.data) == len(data) and hashlib.sha256(ev.data).digest() == hashlib.sha256(data).digest()
-    assert sender.push_stats()["bytes_out"]["loco"] >= len(data)
-    assert receiver.push_stats()["bytes_in"]["loco"] >= len(data)
+    assert sender.push_stats().bytes_out["loco"] >= len(data)
+    assert receiver.push_stats().bytes_in["loco"] >= len(data)
     print(f"24 MiB over p2pd incl. local RPC: {seconds:.2f} s")
     served = receiver.ping()  # the worker's RPC methods, each a DhtClient method of the same name
     assert {"push", "push_file", "events", "peers"} <= set(served)
@@ -74,7 +74,7 @@ def test_oversized_or_malformed_requests_are_refused_before_any_body(pair) -> No
     assert _answer(sender.probe(rid, huge_frame, maddrs=maddrs)).status == "bad_request"
     other_kind = PushHeader(v=wp.WIRE_VERSION, kind="rollouts", size=10).encode() + b"x" * 10
     assert _answer(sender.probe(rid, other_kind, maddrs=maddrs)).status == "unsupported"
-    errors = receiver.push_stats()["errors"]
+    errors = receiver.push_stats().errors
     assert errors.get("refused_too_large") and errors.get("refused_bad_request") and errors.get("refused_unsupported")
     assert receiver.events() == []
     with pytest.raises(WireError, match="exceeds cap"):  # the sender refuses to send one at all
@@ -90,4 +90,4 @@ def test_push_to_an_unreachable_peer_fails_within_its_timeout(pair) -> None:
     with pytest.raises(PeerUnavailable):
         sender.push(ghost, ["/ip4/127.0.0.1/tcp/9/p2p/" + ghost], "loco", b"x", timeout=5)
     assert time.monotonic() - t0 < 5 + 3
-    assert sender.push_stats()["errors"].get("unreachable", 0) + sender.push_stats()["errors"].get("timeout", 0) >= 1
+    assert sender.push_stats().errors.get("unreachable", 0) + sender.push_stats().errors.get("timeout", 0) >= 1

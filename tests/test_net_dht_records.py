@@ -10,12 +10,11 @@ import msgpack
 import pytest
 
 from pulse_node.chain.identity import Identity
+from pulse_node.chain.peer import PeerRecord, PeerStatus
 from pulse_node.errors import WireError
 from pulse_node.net.dht.records import (
     MAX_PEERS_READ,
     MAX_TTL_S,
-    PeerRecord,
-    PeerStatus,
     address_range,
     decode_dht_record,
     dht_key,

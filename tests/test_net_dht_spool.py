@@ -197,7 +197,7 @@ def test_a_payload_above_the_old_cap_arrives_byte_identical_and_leaves_no_files(
     assert len(ev.data) == len(data) and hashlib.sha256(ev.data).digest() == hashlib.sha256(data).digest()
     assert swarm.sender.spool.files() == [] and swarm.receiver.spool.files() == []
     stats = swarm.receiver.push_stats()
-    assert stats["caps"]["loco"] == 1 << 30 and stats["bytes_in"]["loco"] >= len(data)
+    assert stats.caps["loco"] == 1 << 30 and stats.bytes_in["loco"] >= len(data)
 
 
 @pytest.mark.slow
@@ -226,7 +226,7 @@ def test_an_oversized_declared_size_is_refused_before_anything_is_written(swarm)
 @pytest.mark.slow
 def test_a_sender_cut_mid_body_leaves_no_partial_file(swarm) -> None:
     rid, maddrs = _target(swarm.receiver)
-    cuts = swarm.receiver.push_stats()["errors"].get("inbound_cut", 0)
+    cuts = swarm.receiver.push_stats().errors.get("inbound_cut", 0)
     raw = _header(8 * THRESHOLD) + os.urandom(3 * THRESHOLD)  # declares 8 MiB, sends 3, then closes
     probe = threading.Thread(target=swarm.sender.probe, args=(rid, raw), kwargs={"maddrs": maddrs, "timeout": 3})
     probe.start()
@@ -234,7 +234,7 @@ def test_a_sender_cut_mid_body_leaves_no_partial_file(swarm) -> None:
         wait_for(lambda: swarm.receiver.spool.files() != [], timeout=10, what="the partial spool file")
     finally:
         probe.join(20)
-    wait_for(lambda: swarm.receiver.push_stats()["errors"].get("inbound_cut", 0) > cuts, timeout=20,
+    wait_for(lambda: swarm.receiver.push_stats().errors.get("inbound_cut", 0) > cuts, timeout=20,
              what="the receiver to notice the cut")
     assert swarm.receiver.spool.files() == [] and swarm.receiver.events() == []
 
@@ -271,7 +271,7 @@ def test_a_trainer_lowers_the_cap_to_its_models_payload_bound(swarm) -> None:
     body = os.urandom(cap)
     swarm.sender.push(rid, maddrs, "loco", body, timeout=30)
     assert [e.data for e in gather(swarm.receiver.events, count=1, timeout=30, what="the push event")] == [body]
-    assert swarm.receiver.spool.files() == [] and swarm.receiver.push_stats()["caps"]["loco"] == cap
+    assert swarm.receiver.spool.files() == [] and swarm.receiver.push_stats().caps["loco"] == cap
 
 
 @pytest.mark.slow
@@ -281,7 +281,7 @@ def test_a_full_spool_answers_busy_and_a_stopped_worker_leaves_it_empty(swarm) -
     swarm.sender.push(sid, maddrs, "loco", body, timeout=30)  # queued, never collected
     with pytest.raises(PeerUnavailable):  # refused before the body: the sender sees its stream closed
         swarm.sender.push(sid, maddrs, "loco", body, timeout=30)
-    assert swarm.small.push_stats()["errors"].get("refused_busy") == 1
+    assert swarm.small.push_stats().errors.get("refused_busy") == 1
     assert len(swarm.small.spool.files()) == 1 and swarm.sender.spool.files() == []
     swarm.small.stop(timeout=4)
     assert swarm.small.spool.files() == []
@@ -290,10 +290,9 @@ def test_a_full_spool_answers_busy_and_a_stopped_worker_leaves_it_empty(swarm) -
 def test_the_wire_fallback_refuses_a_payload_above_its_cap_with_a_clear_error() -> None:
     import base58
 
+    from pulse_node.chain.peer import PeerRecord
     from pulse_node.config import TrainerConfig
     from pulse_node.daemon.p2p import P2PTransport
-    from pulse_node.daemon.transport import PeerInfo
-    from pulse_node.net.dht.records import PeerRecord
     from pulse_node.net.wire.client import WireInfo
 
     class NoWorkerWire:  # only ``info``: anything reaching the wire worker would fail loudly
@@ -308,9 +307,8 @@ def test_the_wire_fallback_refuses_a_payload_above_its_cap_with_a_clear_error() 
 
     transport = P2PTransport(TrainerConfig(), SimpleNamespace(push=p2pd_down), NoWorkerWire())  # type: ignore[arg-type]
     peer_id = base58.b58encode(b"\x00\x24\x08\x01\x12\x20" + os.urandom(32)).decode()
-    peer = PeerInfo(peer_id, PeerRecord(role="trainer", peer_id=peer_id, session="ab" * 16, updated_at=1.0,
-                                        wire_maddrs=[f"/ip4/127.0.0.1/tcp/9/p2p/{peer_id}"],
-                                        dht_maddrs=[f"/ip4/127.0.0.1/tcp/9/p2p/{peer_id}"]))
+    peer = PeerRecord(role="trainer", peer_id=peer_id, session="ab" * 16, updated_at=1.0,
+                      wire_maddrs=[f"/ip4/127.0.0.1/tcp/9/p2p/{peer_id}"], dht_maddrs=[f"/ip4/127.0.0.1/tcp/9/p2p/{peer_id}"])
     with pytest.raises(WireError, match="exceeds the wire plane's cap of 50331648 bytes"):
         transport.push(peer, "loco", b"\0" * (wp.PUSH_CAPS["loco"] + 1), timeout=5)
     assert tried == [wp.PUSH_CAPS["loco"] + 1]  # p2pd was tried first; the wire then refused without trying

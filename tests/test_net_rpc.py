@@ -20,8 +20,8 @@ import anyio
 import msgpack
 import pytest
 
+from pulse_node.chain.peer import PeerStatus
 from pulse_node.errors import IntegrityError, NotFound, PeerBusy, WireError
-from pulse_node.net.dht.records import PeerStatus
 from pulse_node.net.local import ipc
 from pulse_node.net.local.process import ConnectionPool, WorkerClient
 from pulse_node.net.local.rpc_api import Request

@@ -14,6 +14,7 @@ from pulse_node.errors import WireError
 from pulse_node.net.dht import rpc as dht_rpc
 from pulse_node.net.local.rpc_api import Request
 from pulse_node.net.wire import rpc as wire_rpc
+from pulse_node.net.wire.protocol import PatchRequest
 
 PKG = Path(__file__).resolve().parents[1] / "pulse_node"
 
@@ -55,8 +56,8 @@ def test_every_handler_has_one_request_with_its_exact_arguments(module, base, pa
 
 def test_a_request_is_checked_before_it_is_sent_and_its_reply_on_arrival() -> None:
     with pytest.raises(WireError, match="fetch: bad params: kind"):
-        wire_rpc.Fetch(peer="x", kind="rollout", params={}, dest="/tmp/x", timeout=1)  # type: ignore[arg-type]
-    req = wire_rpc.Fetch(peer="x", kind="patch", params={"version": 3}, dest="/tmp/x", timeout=1)
+        wire_rpc.Fetch(peer="x", kind="rollout", request=b"", dest="/tmp/x", timeout=1)  # type: ignore[arg-type]
+    req = wire_rpc.Fetch(peer="x", kind="patch", request=PatchRequest(version=3).body(), dest="/tmp/x", timeout=1)
     assert req.rpc_params()["timeout"] == 1.0 and req.rpc_method == "fetch"
     assert req.rpc_reply({"bytes": 5, "seconds": 0.1, "peer": "p", "total": 5}) == wire_rpc.FetchResult(5, 0.1, "p", 5)
     with pytest.raises(WireError, match="fetch: bad reply: bytes"):

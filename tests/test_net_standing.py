@@ -8,15 +8,15 @@ import time
 
 from helpers import wait_for
 
+from pulse_node.chain.peer import PeerRecord, PeerStatus
 from pulse_node.daemon.fanout import Fanout
-from pulse_node.daemon.transport import PeerInfo
 from pulse_node.errors import PeerUnavailable
-from pulse_node.net.dht.records import PeerStatus
 from pulse_node.net.peers.standing import FETCH_UNKNOWN, PUSH_UNKNOWN, VIEW_UNKNOWN, Standing
+from pulse_node.testing.memory import announced
 
 
-def peer(pid: str, *, role: str = "inference", version: int | None = 5) -> PeerInfo:
-    return PeerInfo(pid, PeerStatus(role=role, version=version, wire_maddrs=[f"/ip4/127.0.0.1/tcp/1/p2p/{pid}"]))
+def peer(pid: str, *, role: str = "inference", version: int | None = 5) -> PeerRecord:
+    return announced(pid, PeerStatus(role=role, version=version, wire_maddrs=[f"/ip4/127.0.0.1/tcp/1/p2p/{pid}"]))
 
 
 class Clock:
@@ -116,7 +116,7 @@ class SlowTransport:
         self.release = threading.Event()
         self.got: list[tuple[str, bytes]] = []
 
-    def push(self, peer: PeerInfo, kind: str, data: bytes, *, timeout: float) -> None:
+    def push(self, peer: PeerRecord, kind: str, data: bytes, *, timeout: float) -> None:
         if peer.peer_id.startswith("dead"):
             self.release.wait(timeout)
             raise PeerUnavailable(f"{peer.peer_id} never answered")

@@ -20,20 +20,21 @@ import pytest
 from helpers import wait_for
 
 from pulse_node.chain.identity import Identity
+from pulse_node.chain.peer import PeerRecord, PeerStatus, Serves
 from pulse_node.chain.serving import resolve, store_resolver
-from pulse_node.daemon.transport import PeerInfo, Transport
+from pulse_node.daemon.transport import Transport
 from pulse_node.errors import NotFound, PeerUnavailable, WireError
-from pulse_node.net.dht.records import PeerStatus, Serves
+from pulse_node.net.wire import protocol as wp
 from pulse_node.vocab import FETCH_KINDS, PUSH_KINDS
 
 pytestmark = pytest.mark.timeout(300)
 MiB = 1 << 20
 #: one file of every fetch kind, at the path ``chain/serving.py`` maps its params to
-PARAMS: dict[str, dict[str, Any]] = {
-    "record": {"version": 2}, "patch": {"version": 2}, "anchor": {"version": 0, "offset": 0, "length": 3 * MiB},
-    "catchup": {"base": 0, "target": 2}, "trainer_state": {}, "loco_payload": {"round": 1, "digest": "cd" * 32},
-    "loco_decision": {"round": 1},
-}
+REQUESTS: list[wp.FetchRequest] = [
+    wp.RecordRequest(version=2), wp.PatchRequest(version=2), wp.AnchorRequest(version=0, offset=0, length=3 * MiB),
+    wp.CatchupRequest(base=0, target=2), wp.TrainerStateRequest(), wp.LocoPayloadRequest(round=1, digest="cd" * 32),
+    wp.LocoDecisionRequest(round=1),
+]
 
 
 @dataclass
@@ -45,10 +46,11 @@ class Pair:
 
 
 def _store(root: Path) -> dict[str, bytes]:
-    assert set(PARAMS) == set(FETCH_KINDS)
+    assert {wp.kind_of(r) for r in REQUESTS} == set(FETCH_KINDS)
     files = {}
-    for kind, params in PARAMS.items():
-        path = resolve(root, kind, params)
+    for req in REQUESTS:
+        kind = wp.kind_of(req)
+        path = resolve(root, kind, wp.params_of(req))
         path.parent.mkdir(parents=True, exist_ok=True)
         files[kind] = os.urandom(3 * MiB if kind == "anchor" else 5000)
         path.write_bytes(files[kind])
@@ -103,8 +105,8 @@ def pair(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
             list(pool.map(lambda t: t.close(), (a, b)))
 
 
-def _seen(by: Transport, peer_id: str, ok: Callable[[PeerInfo], bool] = lambda p: True) -> PeerInfo:
-    found: list[PeerInfo] = []
+def _seen(by: Transport, peer_id: str, ok: Callable[[PeerRecord], bool] = lambda p: True) -> PeerRecord:
+    found: list[PeerRecord] = []
     wait_for(lambda: bool(found.extend(p for p in by.peers() if p.peer_id == peer_id and ok(p)) or found),
              timeout=30, interval=0.1, what=f"{peer_id[:16]} in peers()")
     return found[0]
@@ -117,22 +119,23 @@ def _events(of: Transport, want: int) -> list:
 
 
 def test_publish_makes_a_view_of_the_record_visible_to_peers(pair: Pair) -> None:
-    seen = _seen(pair.b, pair.a.peer_id, lambda p: p.version == 3)
-    assert (seen.role, seen.version, seen.lowest, seen.anchors, seen.chain_hash, seen.node_key) == \
+    seen = _seen(pair.b, pair.a.peer_id, lambda p: p.head == 3)
+    assert (seen.role, seen.head, seen.lowest, seen.anchors, seen.chain_hash, seen.node_key) == \
         ("trainer", 3, 1, [0], "ab" * 32, pair.key)
-    assert seen.record.version == 3 and seen.record.serves.highest == 3  # the record itself, not a copy
+    assert seen.version == 3 and seen.serves.highest == 3  # the record itself: one peer type
     other = _seen(pair.a, pair.b.peer_id)
-    assert (other.version, other.lowest, other.state_hash, other.node_key) == (-1, -1, "", "")
+    assert (other.head, other.lowest, other.version, other.state_hash, other.node_key) == (-1, -1, None, None, None)
 
 
 def test_every_fetch_kind_arrives_whole_and_a_missing_file_is_not_found(pair: Pair, tmp_path: Path) -> None:
     peer = _seen(pair.b, pair.a.peer_id)
-    for kind, params in PARAMS.items():
-        n = pair.b.fetch(peer, kind, params, tmp_path / kind, timeout=30)
+    for req in REQUESTS:
+        kind = wp.kind_of(req)
+        n = pair.b.fetch(peer, req, tmp_path / kind, timeout=30)
         assert n == len(pair.files[kind]) and (tmp_path / kind).read_bytes() == pair.files[kind], kind
-    for kind, params in (("patch", {"version": 99}), ("loco_decision", {"round": 7})):
+    for missing in (wp.PatchRequest(version=99), wp.LocoDecisionRequest(round=7)):
         with pytest.raises(NotFound):
-            pair.b.fetch(peer, kind, params, tmp_path / "missing", timeout=10)
+            pair.b.fetch(peer, missing, tmp_path / "missing", timeout=10)
     assert not (tmp_path / "missing").exists()
 
 
@@ -152,8 +155,9 @@ def test_a_kind_outside_the_vocabulary_is_refused_before_anything_is_sent(pair: 
     for old_name in ("rollout", "decision"):  # the wire's spellings before one vocabulary
         with pytest.raises(WireError, match="unknown push kind"):
             pair.a.push(peer, old_name, b"x", timeout=5)  # type: ignore[arg-type]
-    with pytest.raises(WireError, match="unknown fetch kind"):
-        pair.a.fetch(peer, "push", {}, tmp_path / "x", timeout=5)  # type: ignore[arg-type]
+    with pytest.raises(WireError, match="not a fetch request"):  # a push frame is no fetch request
+        pair.a.fetch(peer, wp.PushRequest(v=wp.WIRE_VERSION, kind="loco", size=1), tmp_path / "x",  # type: ignore[arg-type]
+                     timeout=5)
     assert pair.b.events(wait_s=0.3) == []
 
 

@@ -70,28 +70,28 @@ def swarm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
 
 def test_fetch_patch_record_catchup_and_head(swarm: dict, tmp_path: Path) -> None:
     client, addr, files = swarm["client"], swarm["addr"], swarm["files"]
-    r = client.fetch(addr, "patch", {"version": 7}, tmp_path / "7.patch",
+    r = client.fetch(addr, wp.PatchRequest(version=7), tmp_path / "7.patch",
                      expected_digest="sha256:" + _sha(files["patch"]))
     assert (tmp_path / "7.patch").read_bytes() == files["patch"] and r.bytes == len(files["patch"])
     assert r.peer == swarm["server"].info().peer_id
-    client.fetch(addr, "record", {"version": 7}, tmp_path / "7.rec")
+    client.fetch(addr, wp.RecordRequest(version=7), tmp_path / "7.rec")
     assert (tmp_path / "7.rec").read_bytes() == files["record"]
-    client.fetch(addr, "catchup", {"base": 5, "target": 7}, tmp_path / "c.patch")
+    client.fetch(addr, wp.CatchupRequest(base=5, target=7), tmp_path / "c.patch")
     assert (tmp_path / "c.patch").read_bytes() == files["catchup"]
     swarm["server"].set_head(b"head record 7")
-    client.fetch(addr, "record", {"version": None}, tmp_path / "head.rec")
+    client.fetch(addr, wp.RecordRequest(version=None), tmp_path / "head.rec")
     assert (tmp_path / "head.rec").read_bytes() == b"head record 7"
-    assert client.stats()["bytes_in"]["patch"] >= len(files["patch"])
+    assert client.stats().bytes_in["patch"] >= len(files["patch"])
 
 
 def test_missing_file_and_wrong_digest_leave_no_file(swarm: dict, tmp_path: Path) -> None:
     client, addr = swarm["client"], swarm["addr"]
     with pytest.raises(NotFound):
-        client.fetch(addr, "patch", {"version": 8}, tmp_path / "8.patch")
+        client.fetch(addr, wp.PatchRequest(version=8), tmp_path / "8.patch")
     with pytest.raises(IntegrityError):
-        client.fetch(addr, "patch", {"version": 7}, tmp_path / "7.patch", expected_digest="0" * 64)
-    with pytest.raises(WireError, match="params"):
-        client.fetch(addr, "patch", {"version": 7, "offset": 1}, tmp_path / "7.patch")
+        client.fetch(addr, wp.PatchRequest(version=7), tmp_path / "7.patch", expected_digest="0" * 64)
+    with pytest.raises(WireError, match="not a fetch request"):  # a push frame is no fetch: refused before sending
+        client.fetch(addr, wp.PushRequest(v=wp.WIRE_VERSION, kind="loco", size=1), tmp_path / "7.patch")  # type: ignore[arg-type]
     assert list(tmp_path.iterdir()) == []
 
 
@@ -137,7 +137,7 @@ def test_hostile_stream_frames_get_an_error_and_server_stays_up(swarm: dict, tmp
                                                                 raw: bytes, status: str) -> None:
     client, addr = swarm["client"], swarm["addr"]
     assert _reply(client.probe(addr, kind, raw)).status == status
-    client.fetch(addr, "record", {"version": 7}, tmp_path / "7.rec", timeout=10)
+    client.fetch(addr, wp.RecordRequest(version=7), tmp_path / "7.rec", timeout=10)
     assert swarm["server"].process.alive()
 
 
@@ -157,9 +157,12 @@ def test_hostile_rpc_frames_get_an_error_and_worker_stays_up(swarm: dict) -> Non
     with pytest.raises(WireError, match="unknown method"):
         pool.call("no_such_method", None, timeout=5)
     with pytest.raises(WireError, match="fetch: bad params: kind"):
-        pool.call("fetch", {"peer": "x", "kind": "rollout", "params": {}, "dest": "/tmp/x", "timeout": 1}, timeout=5)
+        pool.call("fetch", {"peer": "x", "kind": "rollout", "request": b"", "dest": "/tmp/x", "timeout": 1}, timeout=5)
     with pytest.raises(WireError, match="fetch: bad params: dest: Field required"):
-        pool.call("fetch", {"peer": "x", "kind": "patch", "params": {}, "timeout": 1}, timeout=5)
+        pool.call("fetch", {"peer": "x", "kind": "patch", "request": b"", "timeout": 1}, timeout=5)
+    with pytest.raises(WireError, match="PatchRequest fields"):  # the request body is checked as a peer's is
+        pool.call("fetch", {"peer": "x", "kind": "patch", "request": wp.CatchupRequest(base=1, target=2).body(),
+                            "dest": "/tmp/x", "timeout": 1}, timeout=5)
     with pytest.raises(WireError, match="push: bad params: timeout: Input should be a valid number"):
         pool.call("push", {"peer": "x", "kind": "loco", "data": b"", "timeout": "1"}, timeout=5)
     assert server.info().peer_id
@@ -181,11 +184,11 @@ def test_fetch_from_dead_or_silent_peer_times_out(swarm: dict, tmp_path: Path) -
         for addr in (gone_addr, silent_addr):
             t0 = time.monotonic()
             with pytest.raises(PeerUnavailable):
-                client.fetch(addr, "patch", {"version": 7}, tmp_path / "x", timeout=2.0)
+                client.fetch(addr, wp.PatchRequest(version=7), tmp_path / "x", timeout=2.0)
             assert time.monotonic() - t0 < 2.0 + 1.5, addr
     finally:
         silent.close()
-    client.fetch(swarm["addr"], "record", {"version": 7}, tmp_path / "7.rec", timeout=10)
+    client.fetch(swarm["addr"], wp.RecordRequest(version=7), tmp_path / "7.rec", timeout=10)
 
 
 def test_dial_to_an_address_that_drops_syns_fails_within_the_dial_timeout(swarm: dict, tmp_path: Path) -> None:
@@ -201,10 +204,10 @@ def test_dial_to_an_address_that_drops_syns_fails_within_the_dial_timeout(swarm:
         addr = f"/ip4/127.0.0.1/tcp/{blackhole.getsockname()[1]}/p2p/{peer_id}"
         t0 = time.monotonic()
         with pytest.raises(PeerUnavailable, match="no connection within 1 s"):
-            client.fetch(addr, "record", {"version": 7}, tmp_path / "x", timeout=30.0)
+            client.fetch(addr, wp.RecordRequest(version=7), tmp_path / "x", timeout=30.0)
         assert time.monotonic() - t0 < 1.0 + 4.0
-        assert client.stats()["errors"]["dial_timeout"] == 1
-        client.fetch(swarm["addr"], "record", {"version": 7}, tmp_path / "7.rec", timeout=10)  # live peers: fine
+        assert client.stats().errors["dial_timeout"] == 1
+        client.fetch(swarm["addr"], wp.RecordRequest(version=7), tmp_path / "7.rec", timeout=10)  # live peers: fine
     finally:
         filler.close()
         blackhole.close()
@@ -224,7 +227,7 @@ def test_anchor_from_several_providers_survives_missing_and_dying_provider(swarm
             peers, version=3, size=len(anchor), dest=tmp_path / "a.st", digest=_sha(anchor),
             timeout=40, chunk=MiB)))
         job.start()
-        wait_for(lambda: slow.stats()["bytes_out"].get("anchor", 0) >= 128 * 1024, timeout=20, interval=0.02,
+        wait_for(lambda: slow.stats().bytes_out.get("anchor", 0) >= 128 * 1024, timeout=20, interval=0.02,
              what="slow provider sending")
         slow.process.proc.kill()  # dies mid-transfer: its chunks must move to another provider
         job.join(timeout=45)
@@ -299,11 +302,11 @@ def test_a_bad_anchor_piece_blames_only_the_provider_that_sent_it(swarm: dict, t
 
 def test_a_body_larger_than_the_signed_size_is_refused_before_reading(swarm: dict, tmp_path: Path) -> None:
     client, addr, files = swarm["client"], swarm["addr"], swarm["files"]
-    before = client.stats()["bytes_in"].get("patch", 0)
+    before = client.stats().bytes_in.get("patch", 0)
     with pytest.raises(IntegrityError, match="signed record allows"):
-        client.fetch(addr, "patch", {"version": 7}, tmp_path / "7.patch", max_bytes=len(files["patch"]) - 1)
-    assert client.stats()["bytes_in"].get("patch", 0) - before < 64 * 1024 and not list(tmp_path.iterdir())
-    client.fetch(addr, "patch", {"version": 7}, tmp_path / "7.patch", max_bytes=len(files["patch"]))
+        client.fetch(addr, wp.PatchRequest(version=7), tmp_path / "7.patch", max_bytes=len(files["patch"]) - 1)
+    assert client.stats().bytes_in.get("patch", 0) - before < 64 * 1024 and not list(tmp_path.iterdir())
+    client.fetch(addr, wp.PatchRequest(version=7), tmp_path / "7.patch", max_bytes=len(files["patch"]))
 
 
 def test_identity_file_raw_seed_and_pem_give_one_peer_id(tmp_path: Path) -> None:
@@ -342,13 +345,13 @@ def test_catchup_is_made_on_demand_from_verified_states(swarm: dict, tmp_path: P
     (server,) = _start([tmp_path / "store"])
     try:
         addr, client = server.info().listen_maddrs[0], swarm["client"]
-        client.fetch(addr, "catchup", {"base": 3, "target": 17}, tmp_path / "c.patch")
+        client.fetch(addr, wp.CatchupRequest(base=3, target=17), tmp_path / "c.patch")
         patch = (tmp_path / "c.patch").read_bytes()
         check_catchup(patch, from_record=chain[3][0], to_record=chain[17][0])
         assert states_equal(apply_patch(states[3], patch, verify=True), states[17])
         t0 = time.monotonic()
         with pytest.raises(NotFound, match="does not hold v30"):
-            client.fetch(addr, "catchup", {"base": 3, "target": 30}, tmp_path / "x.patch")
+            client.fetch(addr, wp.CatchupRequest(base=3, target=30), tmp_path / "x.patch")
         assert time.monotonic() - t0 < 5
     finally:
         server.stop()
@@ -360,11 +363,11 @@ def test_loco_payload_and_decision_are_served_and_decisions_pushed(swarm: dict, 
     digest = "cd" * 32
     payload = _write(src, f"loco/4/{digest}.payload", os.urandom(5000))
     decision = _write(src, "loco/4/decision", b"signed decision")
-    client.fetch(addr, "loco_payload", {"round": 4, "digest": digest}, tmp_path / "p")
-    client.fetch(addr, "loco_decision", {"round": 4}, tmp_path / "d")
+    client.fetch(addr, wp.LocoPayloadRequest(round=4, digest=digest), tmp_path / "p")
+    client.fetch(addr, wp.LocoDecisionRequest(round=4), tmp_path / "d")
     assert (tmp_path / "p").read_bytes() == payload and (tmp_path / "d").read_bytes() == decision
     with pytest.raises(NotFound):
-        client.fetch(addr, "loco_payload", {"round": 4, "digest": "../" + digest[3:]}, tmp_path / "x")
+        client.fetch(addr, wp.LocoPayloadRequest(round=4, digest="../" + digest[3:]), tmp_path / "x")
     server.events(max_events=64)  # whatever earlier tests left
     client.push(addr, "loco_decision", b"d" * 100)
     got = gather(lambda: server.events(max_events=8), count=1, timeout=10, what="the decision push")
@@ -377,5 +380,5 @@ def test_fetch_over_a_dns4_address(swarm: dict, tmp_path: Path) -> None:
     assert addr.startswith("/ip4/127.0.0.1/tcp/")
     named = addr.replace("/ip4/127.0.0.1/", "/dns4/localhost/", 1)
     swarm["server"].set_head(b"head record 9")
-    swarm["client"].fetch(named, "record", {"version": None}, tmp_path / "head.rec")
+    swarm["client"].fetch(named, wp.RecordRequest(version=None), tmp_path / "head.rec")
     assert (tmp_path / "head.rec").read_bytes() == b"head record 9"

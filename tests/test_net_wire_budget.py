@@ -54,7 +54,7 @@ def test_slow_drip_streams_hold_only_their_share_and_honest_pushes_go_through(tm
 
         def watch() -> None:
             while not stop.is_set():
-                most_open[0] = max(most_open[0], victim.stats()["streams_open"]["other"])
+                most_open[0] = max(most_open[0], victim.stats().streams_open["other"])
                 time.sleep(0.05)
 
         with ThreadPoolExecutor(13) as pool:
@@ -62,19 +62,19 @@ def test_slow_drip_streams_hold_only_their_share_and_honest_pushes_go_through(tm
                 pool.submit(attack)
             pool.submit(watch)
             try:
-                wait_for(lambda: victim.stats()["refused"].get("streams_peer", 0) >= 8, timeout=10,
+                wait_for(lambda: victim.stats().refused.get("streams_peer", 0) >= 8, timeout=10,
                          what="the attacker's streams beyond its 4 refused")
                 took = {}
                 for kind, body in (("head", b"h" * 300), ("loco_decision", b"d" * 500), ("rollouts", b"r" * (1 << 20))):
                     t0 = time.monotonic()
                     honest.push(addr, kind, body, timeout=5.0)
                     took[kind] = time.monotonic() - t0
-                wait_for(lambda: victim.stats()["refused"].get("slow", 0) >= 4, timeout=10,
+                wait_for(lambda: victim.stats().refused.get("slow", 0) >= 4, timeout=10,
                          what="the drips cut past their grace")
             finally:
                 stop.set()
         got = [e.kind for e in victim.events(max_events=16, wait_s=1.0) if e.sender == honest.info().peer_id]
-        refused = victim.stats()["refused"]
+        refused = victim.stats().refused
     assert sorted(got) == ["head", "loco_decision", "rollouts"]
     assert max(took.values()) < 5.0, took
     assert most_open[0] <= 4 + 1, most_open  # the attacker's share, plus the honest push
@@ -93,7 +93,7 @@ def test_a_full_shared_pool_evicts_the_slowest_drip_for_an_honest_push(tmp_path:
             with ThreadPoolExecutor(4) as pool:
                 for w in (attacker, attacker, second, second):
                     pool.submit(w.probe, addr, "push", drip, timeout=5.0)
-                wait_for(lambda: victim.stats()["streams_open"]["other"] == 4, timeout=10, what="the pool full of drips")
+                wait_for(lambda: victim.stats().streams_open["other"] == 4, timeout=10, what="the pool full of drips")
 
                 def pushed() -> bool:
                     try:
@@ -103,7 +103,7 @@ def test_a_full_shared_pool_evicts_the_slowest_drip_for_an_honest_push(tmp_path:
                         return False
 
                 wait_for(pushed, timeout=10, what="the honest push, evicting a drip")
-                refused = victim.stats()["refused"]
+                refused = victim.stats().refused
         finally:
             second.stop()
     assert refused.get("evicted", 0) >= 1 and refused.get("streams_pool", 0) >= 0, refused
@@ -120,18 +120,18 @@ def test_a_request_flood_is_refused_by_the_token_bucket_and_counted(tmp_path: Pa
         start = time.monotonic()
         for i in range(60):
             try:
-                attacker.fetch(addr, "record", {"version": None}, tmp_path / f"a{i}", timeout=5.0)
+                attacker.fetch(addr, wp.RecordRequest(version=None), tmp_path / f"a{i}", timeout=5.0)
                 outcomes["ok"] += 1
             except PeerBusy:
                 outcomes["busy"] += 1
         elapsed = time.monotonic() - start
         for i in range(5):  # the member is served while the attacker is refused
-            assert honest.fetch(addr, "record", {"version": None}, tmp_path / f"h{i}", timeout=5.0).bytes == 20
+            assert honest.fetch(addr, wp.RecordRequest(version=None), tmp_path / f"h{i}", timeout=5.0).bytes == 20
         stats = victim.stats()
     # the bucket's bound, however slow the machine made the flood: the burst, then `rate` per second
     assert burst <= outcomes["ok"] <= burst + rate * elapsed + 1, (outcomes, elapsed)
     assert outcomes["busy"] >= 60 - (burst + rate * elapsed + 1) and outcomes["busy"] >= 1, (outcomes, elapsed)
-    assert stats["refused"]["rate"] == outcomes["busy"] and stats["members"] == 1
+    assert stats.refused["rate"] == outcomes["busy"] and stats.members == 1
 
 
 def _chain_store(root: Path) -> list:
@@ -161,19 +161,19 @@ def test_catchups_for_many_pairs_are_refused_beyond_the_peers_budget_a_member_is
         made, refused = [], []
         for base in range(10, 17):
             try:
-                attacker.fetch(addr, "catchup", {"base": base, "target": 17}, tmp_path / f"a{base}", timeout=20.0)
+                attacker.fetch(addr, wp.CatchupRequest(base=base, target=17), tmp_path / f"a{base}", timeout=20.0)
                 made.append(base)
             except NotFound as exc:  # not "busy": asking again would not help
                 assert "catchup_budget" in str(exc), exc
                 refused.append(base)
             except PeerBusy as exc:  # the one production at a time is still busy with another pair
                 assert "making" in str(exc), exc
-        attacker.fetch(addr, "catchup", {"base": made[0], "target": 17}, tmp_path / "again", timeout=20.0)  # cached: free
-        honest.fetch(addr, "catchup", {"base": 3, "target": 17}, tmp_path / "h.patch", timeout=20.0)
+        attacker.fetch(addr, wp.CatchupRequest(base=made[0], target=17), tmp_path / "again", timeout=20.0)  # cached: free
+        honest.fetch(addr, wp.CatchupRequest(base=3, target=17), tmp_path / "h.patch", timeout=20.0)
         check_catchup((tmp_path / "h.patch").read_bytes(), from_record=chain[3][0], to_record=chain[17][0])
         stats = victim.stats()
     assert len(made) <= 2 and len(refused) >= 5, (made, refused)
-    assert stats["refused"]["catchup_budget"] >= 5
+    assert stats.refused["catchup_budget"] >= 5
 
 
 def test_a_refused_stream_gets_a_typed_busy_answer(tmp_path: Path) -> None:
@@ -181,6 +181,6 @@ def test_a_refused_stream_gets_a_typed_busy_answer(tmp_path: Path) -> None:
     with _trio(tmp_path, budget) as (victim, attacker, _):
         addr = victim.info().listen_maddrs[0]
         with pytest.raises(NotFound):
-            attacker.fetch(addr, "patch", {"version": 1}, tmp_path / "p", timeout=5.0)
+            attacker.fetch(addr, wp.PatchRequest(version=1), tmp_path / "p", timeout=5.0)
         with pytest.raises(PeerUnavailable, match="rate"):
-            attacker.fetch(addr, "patch", {"version": 1}, tmp_path / "p", timeout=5.0)
+            attacker.fetch(addr, wp.PatchRequest(version=1), tmp_path / "p", timeout=5.0)

@@ -76,15 +76,20 @@ def test_protocol_ids_and_caps_speak_the_one_vocabulary() -> None:
     assert wp.PROTOCOLS["trainer_state"] == "/pulse/trainer_state/2.0.0" and wp.PROTOCOLS["push"] == "/pulse/push/2.0.0"
 
 
-def test_build_request_checks_kind_and_params() -> None:
-    assert wp.build_request("catchup", {"base": 1, "target": 4}) == wp.CatchupRequest(v=V, base=1, target=4)
-    assert wp.build_request("loco_decision", {"round": 2}) == wp.LocoDecisionRequest(v=V, round=2)
+def test_fetch_requests_are_typed_from_the_start_and_checked_again_when_decoded() -> None:
+    req = wp.CatchupRequest(base=1, target=4)  # the wire version is filled in
+    assert req == wp.CatchupRequest(v=V, base=1, target=4) and wp.kind_of(req) == "catchup"
+    assert wp.params_of(req) == {"base": 1, "target": 4}
+    assert wp.decode_fetch("catchup", req.body()) == req
+    assert wp.decode_fetch("loco_decision", wp.LocoDecisionRequest(round=2).body()).round == 2
     with pytest.raises(WireError):
-        wp.build_request("loco_payload", {"round": 2, "digest": "ab" * 33})
+        wp.LocoPayloadRequest(round=2, digest="ab" * 33)  # out of its declared bound: never built
+    with pytest.raises(WireError, match="not a fetch request"):
+        wp.kind_of(wp.PushRequest(v=V, kind="loco", size=1))
     with pytest.raises(WireError, match="unknown fetch kind"):
-        wp.build_request("push", {"kind": "loco", "size": 1})
-    with pytest.raises(WireError, match="params"):
-        wp.build_request("patch", {"version": 1, "offset": 0})
+        wp.decode_fetch("push", wp.PushRequest(v=V, kind="loco", size=1).body())
+    with pytest.raises(WireError):  # a body of another kind's fields
+        wp.decode_fetch("catchup", wp.PatchRequest(version=3).body())
 
 
 def test_parse_digest() -> None:

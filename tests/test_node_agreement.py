@@ -13,18 +13,17 @@ import pytest
 from helpers import all_at_version, assert_trainers_identical, read_status, wait_for
 
 from pulse_node.chain.identity import Identity
+from pulse_node.chain.peer import PeerStatus
 from pulse_node.chain.serving import resolve, store_resolver
 from pulse_node.chain.store import VersionStore
 from pulse_node.config import TrainerConfig
 from pulse_node.daemon.context import RoleContext
 from pulse_node.daemon.status import NodeStatus
-from pulse_node.daemon.transport import PeerInfo
 from pulse_node.errors import PulseError
 from pulse_node.loco.decision import decode_decision, encode_decision, make_decision
-from pulse_node.net.dht.records import PeerStatus
 from pulse_node.testing.faults import CrashingTransport, FaultRates, FaultyTransport
 from pulse_node.testing.inprocess import InProcessSwarm
-from pulse_node.testing.memory import MemoryHub
+from pulse_node.testing.memory import MemoryHub, announced
 from pulse_node.trainer.agreement import RoundAgreement
 from pulse_node.trainer.decisions import coordinator_order
 from pulse_node.vocab import DEFAULT_RUN_ID
@@ -39,7 +38,7 @@ def _push_forged_decisions(hub: MemoryHub, trainers) -> None:
                                            coordinator="trainer-a", contributors={"trainer-a": b"\0" * 32}))
     for name in trainers:
         for data in (forged, b"\x99junk"):
-            rogue.push(PeerInfo(name, PeerStatus(role="trainer")), "loco_decision", data, timeout=1.0)
+            rogue.push(announced(name, PeerStatus(role="trainer")), "loco_decision", data, timeout=1.0)
 
 
 @pytest.mark.slow

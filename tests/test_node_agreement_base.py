@@ -16,6 +16,7 @@ import pytest
 from helpers import all_at_version, assert_trainers_identical, read_status, wait_for
 
 from pulse_node.chain.identity import Identity
+from pulse_node.chain.peer import PeerStatus
 from pulse_node.chain.store import VersionStore
 from pulse_node.config import TrainerConfig
 from pulse_node.daemon.context import RoleContext
@@ -31,7 +32,6 @@ from pulse_node.loco.payload import (
     encode_payload,
     read_header,
 )
-from pulse_node.net.dht.records import PeerStatus
 from pulse_node.testing.inprocess import InProcessSwarm
 from pulse_node.testing.memory import MemoryHub
 from pulse_node.trainer.agreement import RoundAgreement

@@ -12,9 +12,9 @@ from test_chain_catchup_producer import fill
 from test_chain_synth import TRAINER
 from test_node_sync_bounds import _syncer
 
+from pulse_node.chain.peer import PeerStatus, Serves
 from pulse_node.chain.serving import store_resolver
 from pulse_node.errors import PeerUnavailable
-from pulse_node.net.dht.records import PeerStatus, Serves
 from pulse_node.net.peers.standing import FETCH_UNKNOWN
 from pulse_node.testing.adversaries import announce, peer_id
 from pulse_node.testing.memory import MemoryHub

@@ -16,6 +16,7 @@ from test_node_round_trust import BASE, ROUND, _agreement, _payload
 from pulse_node.chain.anchor import anchor_manifest
 from pulse_node.chain.evidence import EvidenceBook, decode_evidence
 from pulse_node.chain.identity import Identity
+from pulse_node.chain.peer import PeerStatus
 from pulse_node.chain.record import encode_record, make_record
 from pulse_node.chain.trainerset import TrainerSet
 from pulse_node.chain.trust import TrustPolicy
@@ -23,7 +24,6 @@ from pulse_node.codec.state import TensorBits
 from pulse_node.errors import IntegrityError, PulseError
 from pulse_node.loco.decision import encode_decision, make_decision
 from pulse_node.loco.equivocation import evidence_checkers
-from pulse_node.net.dht.records import PeerStatus
 from pulse_node.testing.adversaries import peer_id
 from pulse_node.testing.memory import MemoryHub
 from pulse_node.trainer.decisions import coordinator_order, turn_at

@@ -13,11 +13,11 @@ import pytest
 from helpers import all_at_version, assert_trainers_identical, read_status, wait_for
 
 from pulse_node.chain.identity import Identity
+from pulse_node.chain.peer import PeerStatus
 from pulse_node.config import InferenceConfig, TrainerConfig
-from pulse_node.daemon.transport import PeerInfo
-from pulse_node.net.dht.records import PeerStatus
 from pulse_node.testing.inprocess import InProcessSwarm, node_version
 from pulse_node.testing.member_attackers import conflicting_heads, equivocating_decisions, far_head, presigned_decisions
+from pulse_node.testing.memory import announced
 from pulse_node.vocab import DEFAULT_RUN_ID
 
 LOCO = {"inner_steps": 2, "deadline_s": 10.0, "decision_wait_s": 2.0}
@@ -40,7 +40,7 @@ def _member(swarm: InProcessSwarm, ident: Identity, dirs: dict, stop: threading.
                 if kind == "loco_decision" and name not in TRAINERS:
                     continue
                 try:
-                    t.push(PeerInfo(name, PeerStatus(role="trainer")), kind, data, timeout=1.0)
+                    t.push(announced(name, PeerStatus(role="trainer")), kind, data, timeout=1.0)
                 except Exception:  # a node not up yet
                     pass
 

@@ -7,9 +7,10 @@ import threading
 
 import pytest
 
-from pulse_node.daemon.transport import PeerInfo, push_to_all
+from pulse_node.chain.peer import PeerRecord, PeerStatus
+from pulse_node.daemon.transport import push_to_all
 from pulse_node.errors import WireError
-from pulse_node.net.dht.records import PeerStatus
+from pulse_node.testing.memory import announced
 
 
 class BarrierTransport:
@@ -23,7 +24,7 @@ class BarrierTransport:
         self.got: list[str] = []
         self.lock = threading.Lock()
 
-    def push(self, peer: PeerInfo, kind: str, data: bytes, *, timeout: float) -> None:
+    def push(self, peer: PeerRecord, kind: str, data: bytes, *, timeout: float) -> None:
         self.barrier.wait()  # BrokenBarrierError (a test failure) if pushes ran one after another
         if peer.peer_id in self.failing:
             raise WireError(f"{peer.peer_id} unreachable")
@@ -31,8 +32,8 @@ class BarrierTransport:
             self.got.append(peer.peer_id)
 
 
-def _peers(n: int) -> list[PeerInfo]:
-    return [PeerInfo(f"p{i}", PeerStatus(role="inference", wire_maddrs=[f"/ip4/127.0.0.1/tcp/{4000 + i}"]))
+def _peers(n: int) -> list[PeerRecord]:
+    return [announced(f"p{i}", PeerStatus(role="inference", wire_maddrs=[f"/ip4/127.0.0.1/tcp/{4000 + i}"]))
             for i in range(n)]
 
 

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from pulse_node.chain.identity import Identity
+from pulse_node.chain.peer import PeerStatus
 from pulse_node.chain.serving import store_resolver
 from pulse_node.chain.store import VersionStore
 from pulse_node.chain.trainerset import Admission
@@ -26,7 +27,6 @@ from pulse_node.errors import IntegrityError, PulseError
 from pulse_node.loco.bound import PayloadBoundError, max_payload_bytes
 from pulse_node.loco.decision import encode_decision, make_decision, payload_digest
 from pulse_node.loco.payload import LocoPayload, encode_payload
-from pulse_node.net.dht.records import PeerStatus
 from pulse_node.testing.adversaries import peer_id
 from pulse_node.testing.memory import MemoryHub
 from pulse_node.trainer.agreement import RoundAgreement

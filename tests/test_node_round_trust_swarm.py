@@ -16,12 +16,12 @@ import pytest
 from helpers import all_at_version, assert_trainers_identical, read_status, wait_for
 
 from pulse_node.chain.identity import Identity
+from pulse_node.chain.peer import PeerStatus
 from pulse_node.config import TrainerConfig
-from pulse_node.daemon.transport import PeerInfo
 from pulse_node.loco.decision import encode_decision, make_decision
 from pulse_node.loco.payload import LocoPayload, decode_values, encode_payload, encode_values
-from pulse_node.net.dht.records import PeerStatus
 from pulse_node.testing.inprocess import InProcessSwarm, node_version
+from pulse_node.testing.memory import announced
 from pulse_node.vocab import DEFAULT_RUN_ID
 
 LOCO = {"inner_steps": 2, "deadline_s": 20.0, "decision_wait_s": 2.0}
@@ -39,7 +39,7 @@ def _fake_trainer(swarm: InProcessSwarm, dirs, stop: threading.Event) -> None:
     me, key = "fake-trainer", Identity.generate()
     t = swarm.hub.join(me, lambda kind, params: None)
     t.publish(PeerStatus(role="trainer", version=1000, node_key=key.public_key_hex))
-    peers = [PeerInfo(n, PeerStatus(role="trainer")) for n in NAMES]
+    peers = [announced(n, PeerStatus(role="trainer")) for n in NAMES]
     while not stop.wait(0.1):
         r = max(node_version(d) for d in dirs.values()) if dirs else 0
         for rnd in (r, r + 1, r + 2):

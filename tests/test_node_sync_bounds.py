@@ -152,7 +152,7 @@ def test_banned_peers_provide_no_anchor_pieces(served, tmp_path) -> None:
             sync.trust.strike(rogue.peer_id)
         assert sync.trust.ignored(rogue.peer_id)
         sync.step(list(hub.records.values()))
-        assert sync.counters["anchor_loads"] == 1 and sync.record.version == 24
+        assert sync.counters.anchor_loads == 1 and sync.record.version == 24
         assert liar.served == {}, "a banned peer was asked for anchor pieces"
     finally:
         sync.close()

@@ -19,8 +19,8 @@ RUN = "ops-test"
 
 @pytest.fixture(scope="module")
 def live_peer(tmp_path_factory):
+    from pulse_node.chain.peer import PeerStatus
     from pulse_node.net.dht.client import DhtClient, DhtConfig
-    from pulse_node.net.dht.records import PeerStatus
 
     key = tmp_path_factory.mktemp("peer") / "identity.key"
     client = DhtClient.start(DhtConfig(run_id=RUN, host_maddrs=["/ip4/127.0.0.1/tcp/0"], identity=key))

@@ -24,7 +24,12 @@ def _status(name: str, role: str, version: int, *, hashes: dict[int, str], rewar
         st.record_version(VersionEntry(version=v, state_hash=hashes[v], patch_bytes=10 * v,
                                        **(published if role == "trainer" else {})))
     st.update(version=version, state_hash=hashes[version], reward_mean=reward)
-    st.set_counts(patch_bytes_total=10 * version)
+    if role == "trainer":
+        with st.trainer() as tc:
+            tc.patch_bytes_total = 10 * version
+    else:
+        with st.inference() as ic:
+            ic.patch_bytes_total = 10 * version
     st.set_data_plane({"bytes_in": 100, "bytes_out": 200 if role == "trainer" else 0})
     for e in errors:
         st.error(e)

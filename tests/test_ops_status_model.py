@@ -35,31 +35,48 @@ from pulse_node.swarm.view import SwarmView
 
 def test_undeclared_names_and_wrong_types_fail_loudly() -> None:
     trainer = NodeStatus(role="trainer", peer_id="t", run_id="r")
-    trainer.add("rollouts_used", 3)
-    with pytest.raises(StatusFieldError, match="rollouts_usd"):
-        trainer.add("rollouts_usd")
-    with pytest.raises(StatusFieldError, match="verison"):
-        trainer.update(verison=2)
-    with pytest.raises(StatusFieldError):
-        trainer.update(history=[])  # sections change only through their typed methods
+    with trainer.trainer() as c:
+        c.rollouts_used += 3
+    with pytest.raises(ValueError, match="rollouts_usd"):  # a wrong name fails the type checker first, the run too
+        with trainer.trainer() as c:
+            c.rollouts_usd = 1  # type: ignore[attr-defined]
     with pytest.raises(ValueError):
-        trainer.update(version="two")
+        with trainer.trainer() as c:
+            c.rounds = -1  # declared ge=0: checked on assignment
+    with pytest.raises(StatusFieldError, match="verison"):
+        trainer.update(verison=2)  # type: ignore[call-arg]  # the type checker refuses it first
+    with pytest.raises(StatusFieldError):
+        trainer.update(history=[])  # type: ignore[call-arg]  # sections change only through their typed methods
+    with pytest.raises(ValueError):
+        trainer.update(version="two")  # type: ignore[arg-type]
     with pytest.raises(ValueError):
         trainer.set_data_plane({"bytes_in": 1, "byts_out": 2})
     with pytest.raises(StatusFieldError):
         trainer.record_version({"version": 1, "state_hash": "ab"})  # type: ignore[arg-type]
     inference = NodeStatus(role="inference", peer_id="i", run_id="r")
-    with pytest.raises(StatusFieldError, match="inference status has no counter 'rollouts_used'"):
-        inference.add("rollouts_used")  # a trainer's counter
-    inference.set_counts(catchups=2, rejected=1, strikes={"p": 1})
+    with pytest.raises(StatusFieldError, match="inference node has no trainer counters"):
+        with inference.trainer():  # a trainer's counters
+            pass
+    with inference.inference() as ic:
+        ic.catchups, ic.strikes = 2, {"p": 1}
+    with inference.node() as nc:
+        nc.rejected = 1
     snap = inference.snapshot()
     assert (snap.inference.catchups, snap.counters.rejected, snap.inference.strikes) == (2, 1, {"p": 1})
     assert snap.trainer is None and trainer.snapshot().trainer.rollouts_used == 3
 
 
+def test_the_typed_keywords_of_update_are_the_settable_fields() -> None:
+    from pulse_node.daemon.status import _settable
+    from pulse_node.daemon.status_model import StatusFields
+
+    assert set(StatusFields.__annotations__) == set(_settable())
+
+
 def test_metrics_are_every_declared_numeric_field() -> None:
     st = NodeStatus(role="trainer", peer_id="t", run_id="r")
-    st.add("reference_bytes_total", 1234)
+    with st.trainer() as c:
+        c.reference_bytes_total += 1234
     st.set_data_plane({"bytes_in": 7, "duplicate": True})
     body = generate_latest(st.registry).decode()
     metrics = {ln.split()[0]: float(ln.split()[1]) for ln in body.splitlines() if ln and not ln.startswith("#")}
@@ -98,9 +115,10 @@ def _trainer(peer: str, versions: range, *, patch: int = 100) -> StatusReport:
         st.record_version(VersionEntry(version=v, state_hash=f"h{v}", patch_bytes=patch if v else 0, dense_bytes=5000,
                                        reference_bytes=3 * patch if v else None, changed=0.01 if v else 1.0,
                                        eval=0.5 + v / 100, reward=0.1 * v))
-        st.add("patch_bytes_total", patch if v else 0)
-        st.add("dense_bytes_total", 5000 if v else 0)
-        st.add("reference_bytes_total", 3 * patch if v else 0)
+        with st.trainer() as c:
+            c.patch_bytes_total += patch if v else 0
+            c.dense_bytes_total += 5000 if v else 0
+            c.reference_bytes_total += 3 * patch if v else 0
     st.update(version=versions[-1], state_hash=f"h{versions[-1]}")
     return st.snapshot()
 

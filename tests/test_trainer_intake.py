@@ -40,9 +40,9 @@ def test_per_sender_caps_drop_that_senders_oldest() -> None:
     assert all(kept) and len(q) == 3
     assert [d for _, d in drain(q)] == [b"007", b"008", b"009"]
     t = q.tallies()["flooder"]
-    assert t["rejected"] == {"queue_full": 7} and t["queued"] == 0 and t["strikes"] == 0
+    assert t.rejected == {"queue_full": 7} and t.queued == 0 and t.strikes == 0
     assert not q.offer("big", b"x" * (64 * KIB + 1))  # larger than a sender may queue
-    assert q.tallies()["big"]["rejected"] == {"too_large": 1}
+    assert q.tallies()["big"].rejected == {"too_large": 1}
     q.offer("s", b"x" * (40 * KIB))
     q.offer("s", b"y" * (40 * KIB))  # over the sender's byte cap: the first goes
     assert [d[:1] for _, d in drain(q)] == [b"y"]
@@ -55,8 +55,8 @@ def test_total_cap_evicts_from_the_largest_queue() -> None:
     q.offer("small", b"s" * (10 * KIB))
     q.offer("small2", b"t" * (15 * KIB))  # 4*20 + 10 + 15 > 100: "big" loses its oldest
     t = q.tallies()
-    assert t["big"]["queued"] == 3 and t["big"]["rejected"] == {"queue_full": 1}
-    assert t["small"]["queued"] == 1 and t["small2"]["queued"] == 1 and q.total_bytes <= 100 * KIB
+    assert t["big"].queued == 3 and t["big"].rejected == {"queue_full": 1}
+    assert t["small"].queued == 1 and t["small2"].queued == 1 and q.total_bytes <= 100 * KIB
 
 
 def test_strikes_ban_a_sender_and_are_tallied() -> None:
@@ -69,10 +69,11 @@ def test_strikes_ban_a_sender_and_are_tallied() -> None:
     assert not q.offer("liar", b"batch2")  # third strike: banned, refused on arrival
     q.accepted("honest", 256)
     t = q.tallies()
-    assert t["liar"]["banned"] and t["liar"]["strikes"] == 3
-    assert t["liar"]["rejected"] == {"not_sampled": 1, "wrong_reward": 1, "stale": 1, "forged_logprobs": 1,
+    assert t["liar"].banned and t["liar"].strikes == 3
+    assert t["liar"].rejected == {"not_sampled": 1, "wrong_reward": 1, "stale": 1, "forged_logprobs": 1,
                                      "banned": 1}
-    assert t["honest"] == t["honest"] | {"accepted": 1, "accepted_rollouts": 256, "banned": False, "strikes": 0}
+    h = t["honest"]
+    assert (h.accepted, h.accepted_rollouts, h.banned, h.strikes) == (1, 256, False, 0)
 
 
 def test_batches_queued_before_a_ban_are_dropped_unverified() -> None:
@@ -85,7 +86,7 @@ def test_batches_queued_before_a_ban_are_dropped_unverified() -> None:
         q.trust.strike("liar")
     assert drain(q) == [("honest", b"h0")]
     t = q.tallies()["liar"]
-    assert t["rejected"] == {"banned": 5} and t["queued"] == 0 and q.total_bytes == 0
+    assert t.rejected == {"banned": 5} and t.queued == 0 and q.total_bytes == 0
 
 
 def test_fresh_keys_share_one_turn_together() -> None:

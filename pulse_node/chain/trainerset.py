@@ -32,14 +32,15 @@ import hashlib
 import logging
 import re
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Protocol
 
 import msgpack
 
 from pulse_node.chain.identity import Identity, key_id_of, key_of_peer_id, verify_signature
+from pulse_node.chain.peer import PeerRecord
 from pulse_node.errors import ConfigError, IntegrityError, WireError
 
 log = logging.getLogger("pulse.trust")
@@ -110,10 +111,10 @@ class Admission:
         return cls(run_id, key, tuple(out))
 
 
-def bound_key(peer: Any) -> str:
+def bound_key(peer: PeerRecord) -> str:
     """The Ed25519 key (hex) a peer speaks for: the one its peer id encodes ("" if it announces
     another). Non-libp2p ids (the in-memory test hub only): the key it announces."""
-    announced = (getattr(peer, "node_key", "") or "").lower()
+    announced = (peer.node_key or "").lower()
     try:
         key = key_of_peer_id(peer.peer_id)
     except WireError:
@@ -121,7 +122,7 @@ def bound_key(peer: Any) -> str:
     return key if announced in ("", key) else ""
 
 
-def sender_key(sender: str, peers: Iterable[Any]) -> str:
+def sender_key(sender: str, peers: Iterable[PeerRecord]) -> str:
     """The key of an authenticated sender (a push's peer id): encoded in its id, else (test hub)
     the key its discovery record announces."""
     try:
@@ -130,10 +131,15 @@ def sender_key(sender: str, peers: Iterable[Any]) -> str:
         return next((bound_key(p) for p in peers if p.peer_id == sender), "")
 
 
-def admission_of(peer: Any) -> bytes | None:
-    """The admission a peer's discovery record carries, if any."""
-    record = getattr(peer, "record", None)
-    return getattr(record, "admission", None)
+class TrainerSetSettings(Protocol):
+    """What a node's ``[chain]`` config (``config.ChainConfig``) says about the trainer set."""
+
+    @property
+    def trusted_trainers(self) -> Sequence[str]: ...
+    @property
+    def trusted_trainers_path(self) -> Path | None: ...
+    @property
+    def admission_quorum(self) -> int: ...
 
 
 def read_key_file(path: Path) -> list[str]:
@@ -185,7 +191,7 @@ class TrainerSet:
         self._rejected: OrderedDict[bytes, int] = OrderedDict()  # admission digest -> set size then
 
     @classmethod
-    def from_config(cls, chain: Any, *, run_id: str) -> TrainerSet:
+    def from_config(cls, chain: TrainerSetSettings, *, run_id: str) -> TrainerSet:
         """The set a node's ``[chain]`` config describes (reads ``trusted_trainers_path``)."""
         keys = list(chain.trusted_trainers)
         if chain.trusted_trainers_path is not None:
@@ -204,13 +210,13 @@ class TrainerSet:
             return f"OPEN: any peer announcing the trainer role ({len(self._announced)} now)"
         return f"{len(self.configured)} configured key(s), {len(self.admitted)} admitted (quorum {self.quorum})"
 
-    def observe(self, peers: Iterable[Any]) -> None:
+    def observe(self, peers: Iterable[PeerRecord]) -> None:
         """Learn from discovery: open, the announced trainers; keyed, admissions their records carry."""
-        trainers = [p for p in peers if getattr(p, "role", "") == "trainer"]
+        trainers = [p for p in peers if p.role == "trainer"]
         if self.open:
             self._announced = frozenset(k for k in map(bound_key, trainers) if k)
             return
-        pending = [(bound_key(p), a) for p in trainers if (a := admission_of(p))]
+        pending = [(bound_key(p), a) for p in trainers if (a := p.admission)]
         while pending:  # an admitted member may endorse the next: repeat until nothing changes
             before = len(self.admitted)
             pending = [(k, a) for k, a in pending if k and not self.is_member(k) and not self._learn(k, a)]

@@ -29,10 +29,10 @@ from __future__ import annotations
 import time
 from collections import Counter, OrderedDict, defaultdict
 from collections.abc import Callable, Iterable
-from typing import Any
 
 from pulse_node.chain.evidence import EvidenceBook, head_evidence
 from pulse_node.chain.identity import key_id_of, key_of_peer_id, peer_id_of_key
+from pulse_node.chain.peer import PeerRecord
 from pulse_node.chain.record import VersionRecord, check_patch, recheck_record, verify_record
 from pulse_node.chain.trainerset import TrainerSet, bound_key
 from pulse_node.chain.verified import VerifiedVersion, seal_checked
@@ -76,7 +76,7 @@ class TrustPolicy:
         self.on_members: Callable[[frozenset[str]], None] | None = None
         self._told: frozenset[str] | None = None
 
-    def observe(self, peers: Iterable[Any]) -> None:
+    def observe(self, peers: Iterable[PeerRecord]) -> None:
         """Let the trainer set learn from discovery (admissions; an open set's announced trainers)."""
         self.trainers.observe(peers)
         self._tell_members()
@@ -92,7 +92,7 @@ class TrustPolicy:
             self._told = members
             self.on_members(frozenset(peer_id_of_key(k) for k in members))
 
-    def vouches_for(self, peer: Any) -> bool:
+    def vouches_for(self, peer: PeerRecord) -> bool:
         """Whether ``peer`` is a trainer-set member (by the key its peer id encodes), not convicted."""
         key = bound_key(peer)
         return self.trainers.is_member(key) and key not in self.evidence

@@ -53,8 +53,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from pulse_node import __version__
+    from pulse_node.chain.peer import PeerStatus
     from pulse_node.net.dht.client import DhtClient
-    from pulse_node.net.dht.records import PeerStatus
 
     config = build_config(args)
     stop = threading.Event()

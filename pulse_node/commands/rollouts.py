@@ -124,11 +124,12 @@ def check_batch(cfg, *, sender: str, data: bytes):
     from pulse_node.rl.rollout import decode_rollouts
     from pulse_node.rl.tasks import make_task_source
     from pulse_node.rl.verify import BatchVerdict, RolloutCheck, RolloutVerifier
+    from pulse_node.vocab import BatchRefusal
 
     try:
         rollouts = decode_rollouts(data)
     except WireError as exc:
-        return BatchVerdict("malformed", str(exc), [RolloutCheck(0, "malformed", str(exc))])
+        return BatchVerdict(BatchRefusal.MALFORMED, str(exc), [RolloutCheck(0, BatchRefusal.MALFORMED, str(exc))])
     source = VersionSource(cfg)
     held = set(source.store.versions())
     verifier = RolloutVerifier(source.worker(), make_task_source(cfg.task), run_id=cfg.run_id, cfg=cfg.verify,

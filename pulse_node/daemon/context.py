@@ -12,14 +12,14 @@ from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 from pulse_node.chain.identity import Identity
+from pulse_node.chain.peer import PeerRecord, PeerStatus, Serves
 from pulse_node.chain.store import VersionStore
 from pulse_node.config import InferenceConfig, TrainerConfig
 from pulse_node.daemon.fanout import Fanout
 from pulse_node.daemon.status import NodeStatus
 from pulse_node.daemon.status_model import StandingReport
-from pulse_node.daemon.transport import PeerInfo, Transport
+from pulse_node.daemon.transport import Transport
 from pulse_node.errors import PulseError
-from pulse_node.net.dht.records import PeerStatus, Serves
 from pulse_node.net.peers.standing import PUSH_UNKNOWN, VIEW_UNKNOWN, Standing
 from pulse_node.vocab import PushKind
 
@@ -47,10 +47,10 @@ class RoleContext(Generic[C]):
     standing: Standing = field(default_factory=Standing)
     _fanout: Fanout | None = field(default=None, repr=False)
     _last_view: tuple[int, int, int] = (0, 0, 0)
-    _view: list[PeerInfo] = field(default_factory=list, repr=False)
+    _view: list[PeerRecord] = field(default_factory=list, repr=False)
     _view_key: tuple | None = field(default=None, repr=False)
 
-    def peers(self, role: str | None = None) -> list[PeerInfo]:
+    def peers(self, role: str | None = None) -> list[PeerRecord]:
         """Live peers from discovery (never ourselves), optionally of one role: the view.
 
         Trainer-set members and peers with standing, then at most ``VIEW_UNKNOWN`` peers without
@@ -67,13 +67,13 @@ class RoleContext(Generic[C]):
                 prefer(self.standing.known_ids())
             view = self.standing.order(found, quota=VIEW_UNKNOWN)
             taken = {p.peer_id for p in view}
-            claims = [p for p in found if p.role == "trainer" and p.record.admission and p.peer_id not in taken]
+            claims = [p for p in found if p.role == "trainer" and p.admission and p.peer_id not in taken]
             view += self.standing.order(claims, quota=MAX_ADMISSION_CLAIMS)
             self._last_view = (len(found), len(view), sum(not self.standing.known(p.peer_id) for p in view))
             self._view, self._view_key = view, (found, self.standing.changes, self.standing.epoch())
         return [p for p in self._view if role is None or p.role == role]
 
-    def push_in_background(self, kind: PushKind, data: bytes, peers: list[PeerInfo]) -> None:
+    def push_in_background(self, kind: PushKind, data: bytes, peers: list[PeerRecord]) -> None:
         """Push to ``peers`` without waiting (``daemon/fanout.py``): members and peers with
         standing first, at most ``PUSH_UNKNOWN`` others; a newer push of ``kind`` replaces a
         waiting one; a peer whose push fails is demoted."""

@@ -55,7 +55,8 @@ class EvidencePlane:
         try:
             self.book.add_bytes(data)
         except (WireError, IntegrityError) as exc:
-            self.ctx.status.add("rejected")
+            with self.ctx.status.node() as counters:
+                counters.rejected += 1
             self.trust.strike(sender)
             self.ctx.log.warning("refused evidence from %s: %s", sender[:12], exc)
 

@@ -17,7 +17,8 @@ import threading
 from collections import Counter
 from collections.abc import Callable
 
-from pulse_node.daemon.transport import PeerInfo, Transport, push_to_all
+from pulse_node.chain.peer import PeerRecord
+from pulse_node.daemon.transport import Transport, push_to_all
 from pulse_node.errors import PulseError
 from pulse_node.vocab import PushKind
 
@@ -26,24 +27,24 @@ log = logging.getLogger("pulse.fanout")
 #: per-push timeout of background pushes (heads are a few hundred bytes)
 PUSH_TIMEOUT_S = 3.0
 
-Order = Callable[[list[PeerInfo]], list[PeerInfo]]
+Order = Callable[[list[PeerRecord]], list[PeerRecord]]
 
 
 class Fanout:
     """A bounded background pusher: one worker thread, at most one waiting job per kind."""
 
     def __init__(self, transport: Transport, *, order: Order = list, timeout: float = PUSH_TIMEOUT_S,
-                 on_error: Callable[[PeerInfo, PulseError], None] | None = None) -> None:
+                 on_error: Callable[[PeerRecord, PulseError], None] | None = None) -> None:
         self.transport, self.order, self.timeout, self.on_error = transport, order, timeout, on_error
         self.counts: Counter[str] = Counter()
-        self._pending: dict[PushKind, tuple[bytes, list[PeerInfo]]] = {}
+        self._pending: dict[PushKind, tuple[bytes, list[PeerRecord]]] = {}
         self._busy = False
         self._closed = False
         self._cv = threading.Condition()
         self._thread = threading.Thread(target=self._run, name="fanout", daemon=True)
         self._thread.start()
 
-    def submit(self, kind: PushKind, data: bytes, peers: list[PeerInfo]) -> None:
+    def submit(self, kind: PushKind, data: bytes, peers: list[PeerRecord]) -> None:
         """Push ``data`` to ``peers`` soon; returns at once. Replaces a waiting job of ``kind``."""
         with self._cv:
             if self._closed:

@@ -15,21 +15,22 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import Any
 
 from pulse_node import __version__
 from pulse_node.chain.anchor import Piece
 from pulse_node.chain.identity import Identity, peer_id_of_key
+from pulse_node.chain.peer import PeerCounters, PeerRecord, PeerStatus
 from pulse_node.chain.trainerset import TrainerSet
 from pulse_node.config import RoleConfig, TrainerConfig
-from pulse_node.daemon.transport import AnchorFetch, DataPlane, FetchParams, PeerInfo
+from pulse_node.daemon.transport import AnchorFetch, DataPlane
 from pulse_node.errors import PulseError, WireError
 from pulse_node.net.dht.client import DhtClient, DhtConfig
-from pulse_node.net.dht.records import NEWCOMERS_READ, PeerCounters, PeerStatus
+from pulse_node.net.dht.records import NEWCOMERS_READ
+from pulse_node.net.dht.rpc import PushPlaneStats
 from pulse_node.net.local import spool
 from pulse_node.net.wire.client import WireClient, WireConfig
-from pulse_node.net.wire.protocol import PUSH_CAPS
-from pulse_node.vocab import Event, FetchKind, PushKind, check_fetch_kind, check_push_kind
+from pulse_node.net.wire.protocol import PUSH_CAPS, FetchRequest
+from pulse_node.vocab import BudgetRefusal, Event, PushKind, check_push_kind
 
 log = logging.getLogger("pulse.p2p")
 
@@ -44,7 +45,7 @@ class P2PTransport:
         info = wire.info()
         self.peer_id = info.peer_id
         self.wire_maddrs = _full(info.listen_maddrs, info.peer_id, cfg.net.wire_announce)
-        self._last_peers: list[PeerInfo] = []
+        self._last_peers: list[PeerRecord] = []
         self._peers_at = float("-inf")
         self._loco_fallbacks = 0
         # the configured trainers' records are read first, however many others the DHT holds
@@ -84,24 +85,22 @@ class P2PTransport:
             "wire_maddrs": self.wire_maddrs[:8], "software": f"pulse-node {__version__}",
             "counters": PeerCounters(bytes_in=stats.bytes_in, bytes_out=stats.bytes_out)}))
 
-    def peers(self) -> list[PeerInfo]:
+    def peers(self) -> list[PeerRecord]:
         """Live peers, from a DHT lookup at most every ``net.head_poll_s`` (pushes carry the fast path)."""
         if time.monotonic() - self._peers_at < self.cfg.net.head_poll_s:
             return list(self._last_peers)
         prefer = list(dict.fromkeys(self._configured + self._members + self._standing))
         # the view keeps a few newcomers only (net/peers/standing.py): reading more would cost CPU for nothing
         found = self.dht.peers(prefer=prefer, limit=len(prefer) + NEWCOMERS_READ)
-        out = [PeerInfo(r.peer_id, r) for r in found
-               if not r.leaving and r.role != "bootstrap" and r.wire_maddrs]
+        out = [r for r in found if not r.leaving and r.role != "bootstrap" and r.wire_maddrs]
         self._last_peers, self._peers_at = out, time.monotonic()
         return out
 
-    def fetch(self, peer: PeerInfo, kind: FetchKind, params: FetchParams, dest: Path, *, timeout: float,
+    def fetch(self, peer: PeerRecord, request: FetchRequest, dest: Path, *, timeout: float,
               max_bytes: int | None = None) -> int:
-        check_fetch_kind(kind)
-        return self.wire.fetch(peer.address, kind, params, dest, timeout=timeout, max_bytes=max_bytes).bytes
+        return self.wire.fetch(peer.address, request, dest, timeout=timeout, max_bytes=max_bytes).bytes
 
-    def fetch_anchor(self, providers: list[PeerInfo], *, version: int, pieces: list[Piece], dest: Path,
+    def fetch_anchor(self, providers: list[PeerRecord], *, version: int, pieces: list[Piece], dest: Path,
                      timeout: float) -> AnchorFetch:
         """Download anchor ``version`` from ``providers`` (the caller chose them), piece by signed piece."""
         by_address = {p.address: p.peer_id for p in providers}
@@ -112,7 +111,7 @@ class P2PTransport:
                            bad_peers=[by_address[a] for a in r.bad_providers if a in by_address],
                            failed_peers=[by_address[a] for a in r.failed_providers if a in by_address])
 
-    def push(self, peer: PeerInfo, kind: PushKind, data: bytes, *, timeout: float) -> None:
+    def push(self, peer: PeerRecord, kind: PushKind, data: bytes, *, timeout: float) -> None:
         check_push_kind(kind)
         if kind == "loco" and peer.dht_maddrs:
             left = self._push_loco(peer, data, timeout=timeout)
@@ -125,7 +124,7 @@ class P2PTransport:
                             f"of {cap} bytes; larger PULSELoCo payloads travel only on the p2pd plane")
         self.wire.push(peer.address, kind, data, timeout=timeout)
 
-    def _push_loco(self, peer: PeerInfo, data: bytes, *, timeout: float) -> float | None:
+    def _push_loco(self, peer: PeerRecord, data: bytes, *, timeout: float) -> float | None:
         """Try the p2pd plane; None when delivered, else the time left for the wire fallback."""
         t0 = time.monotonic()
         try:
@@ -184,21 +183,22 @@ class P2PTransport:
         """Data-plane byte counters: totals of both planes, per-kind (wire) and per-plane breakdowns."""
         raw = self.wire.stats()
         hm = self._push_stats()
-        by_plane_in = {"wire": sum(raw.get("bytes_in", {}).values()), "hivemind": sum(hm.get("bytes_in", {}).values())}
-        by_plane_out = {"wire": sum(raw.get("bytes_out", {}).values()),
-                        "hivemind": sum(hm.get("bytes_out", {}).values())}
+        hm_in, hm_out = (hm.bytes_in, hm.bytes_out) if hm is not None else ({}, {})
+        by_plane_in = {"wire": sum(raw.bytes_in.values()), "hivemind": sum(hm_in.values())}
+        by_plane_out = {"wire": sum(raw.bytes_out.values()), "hivemind": sum(hm_out.values())}
         return DataPlane(bytes_in=sum(by_plane_in.values()), bytes_out=sum(by_plane_out.values()),
-                         bytes_in_by_kind=raw.get("bytes_in", {}), bytes_out_by_kind=raw.get("bytes_out", {}),
+                         bytes_in_by_kind=raw.bytes_in, bytes_out_by_kind=raw.bytes_out,
                          bytes_in_by_plane=by_plane_in, bytes_out_by_plane=by_plane_out,
-                         hivemind_push_errors=sum(hm.get("errors", {}).values()), loco_fallbacks=self._loco_fallbacks,
-                         wire_errors=sum(raw.get("errors", {}).values()), duplicate=self._duplicate(),
-                         refused=_merged(raw.get("refused", {}), hm.get("refused", {})))
+                         hivemind_push_errors=sum(hm.errors.values()) if hm is not None else 0,
+                         loco_fallbacks=self._loco_fallbacks, wire_errors=sum(raw.errors.values()),
+                         duplicate=self._duplicate(),
+                         refused=_merged(raw.refused, hm.refused if hm is not None else {}))
 
-    def _push_stats(self) -> dict[str, Any]:
+    def _push_stats(self) -> PushPlaneStats | None:
         try:
             return self.dht.push_stats()
         except PulseError:
-            return {}
+            return None
 
     def _duplicate(self) -> bool:
         """True while another live node publishes under our identity (a copied key file)."""
@@ -219,9 +219,9 @@ class P2PTransport:
                 log.warning("stopping a worker failed: %s", exc)
 
 
-def _merged(*counts: dict[str, int]) -> dict[str, int]:
+def _merged(*counts: dict[BudgetRefusal, int]) -> dict[BudgetRefusal, int]:
     """Refusal counts of both planes, by reason."""
-    out: dict[str, int] = {}
+    out: dict[BudgetRefusal, int] = {}
     for c in counts:
         for k, v in c.items():
             out[k] = out.get(k, 0) + int(v)

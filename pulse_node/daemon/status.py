@@ -1,10 +1,18 @@
 """A node's observable state: ``/metrics`` (Prometheus), ``/health``, ``/status`` and status.json.
 
 ``NodeStatus`` holds the node's ``StatusReport`` (declared in ``daemon/status_model.py``) and
-is the only way a role changes it, through typed methods that refuse undeclared names
-(``StatusFieldError``): ``update(version=...)`` for top-level fields, ``add("rollouts_used", n)``
-and ``set_counts(...)`` for declared counters, ``set_data_plane(transport.stats())``,
-``record_version(VersionEntry(...))`` and ``error(message)``. ``StatusServer`` serves it on a
+is the only way a role changes it. Counters are written by attribute, under the holder's lock,
+so a misspelt counter fails the type checker, not a run::
+
+    with status.trainer() as c:          # TrainerCounters (StatusFieldError on an inference node)
+        c.decisions_made += 1
+        count(c.loco_refused, LocoRefusal.BANNED)
+
+``node()`` holds the counters of every node, ``inference()`` an inference node's;
+``update(version=...)`` sets top-level fields (keywords typed by ``StatusFields``; undeclared
+names refused at run time too: ``StatusFieldError``),
+``set_data_plane(transport.stats())``, ``record_version(VersionEntry(...))`` and ``error(message)``
+the rest. ``StatusServer`` serves it on a
 local port (0 = any free port); the node also writes it atomically to ``data_dir/status.json``
 so local tools (the swarm launcher, ``status``) can read it without the network. ``/metrics``
 exports every numeric field the model declares (``gauge_fields``), read at scrape time. The
@@ -19,9 +27,10 @@ import json
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
@@ -34,13 +43,20 @@ from pulse_node.daemon.status_model import (
     DataPlane,
     ErrorEntry,
     EvalPoint,
+    InferenceCounters,
+    NodeCounters,
     StatusFieldError,
+    StatusFields,
     StatusReport,
+    TrainerCounters,
     VersionEntry,
     gauge_fields,
     new_report,
 )
 from pulse_node.fsutil import write_atomic
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 
 class NodeStatus:
@@ -52,8 +68,9 @@ class NodeStatus:
         self.registry = CollectorRegistry()
         self.registry.register(_Collector(self))
 
-    def update(self, **fields: Any) -> None:
-        """Set declared top-level fields (e.g. ``version``, ``reward_mean``), each type-checked."""
+    def update(self, **fields: Unpack[StatusFields]) -> None:
+        """Set declared top-level fields (e.g. ``version``, ``reward_mean``): their names and types
+        are ``StatusFields``'s (checked by the type checker), checked again on assignment."""
         with self._lock:
             for name, value in fields.items():
                 if name not in _settable():
@@ -62,27 +79,29 @@ class NodeStatus:
                 setattr(self._report, name, value)
             self._report.updated_at = time.time()
 
-    def add(self, counter: str, amount: int = 1) -> None:
-        """Add ``amount`` to a declared counter of every node or of this node's role."""
+    @contextmanager
+    def node(self) -> Iterator[NodeCounters]:
+        """The counters of every node, to change by attribute while the lock is held."""
         with self._lock:
-            section = self._section_of(counter)
-            setattr(section, counter, getattr(section, counter) + amount)
+            yield self._report.counters
             self._report.updated_at = time.time()
 
-    def add_reason(self, counter: str, reason: str, amount: int = 1) -> None:
-        """Add ``amount`` to ``reason`` of a declared by-reason counter (a ``dict[str, int]``)."""
+    @contextmanager
+    def trainer(self) -> Iterator[TrainerCounters]:
+        """A trainer's counters, to change by attribute; ``StatusFieldError`` on another role."""
         with self._lock:
-            table = getattr(self._section_of(counter), counter)
-            if not isinstance(table, dict):
-                raise StatusFieldError(f"counter {counter!r} is not counted by reason")
-            table[reason] = table.get(reason, 0) + amount
+            if self._report.trainer is None:
+                raise StatusFieldError(f"a {self._report.role} node has no trainer counters")
+            yield self._report.trainer
             self._report.updated_at = time.time()
 
-    def set_counts(self, **counts: Any) -> None:
-        """Set declared counters to absolute values (e.g. a syncer's running totals)."""
+    @contextmanager
+    def inference(self) -> Iterator[InferenceCounters]:
+        """An inference node's counters, to change by attribute; ``StatusFieldError`` on another role."""
         with self._lock:
-            for name, value in counts.items():
-                setattr(self._section_of(name), name, value)
+            if self._report.inference is None:
+                raise StatusFieldError(f"a {self._report.role} node has no inference counters")
+            yield self._report.inference
             self._report.updated_at = time.time()
 
     def set_data_plane(self, stats: DataPlane | Mapping[str, Any]) -> None:
@@ -111,17 +130,6 @@ class NodeStatus:
             if entry.eval is not None and self._report.first_eval is None:
                 self._report.first_eval = EvalPoint(version=entry.version, accuracy=entry.eval)
             self._report.updated_at = time.time()
-
-    def _section_of(self, counter: str):
-        for section in (self._report.counters, self._report.trainer, self._report.inference):
-            if section is not None and counter in type(section).model_fields:
-                return section
-        raise StatusFieldError(f"{self._report.role} status has no counter {counter!r}; declared: "
-                               f"{', '.join(self._counter_names())}")
-
-    def _counter_names(self) -> list[str]:
-        return [n for s in (self._report.counters, self._report.trainer, self._report.inference) if s is not None
-                for n in type(s).model_fields]
 
     @property
     def version(self) -> int:

@@ -1,7 +1,9 @@
 """The declared, versioned content of a node's ``status.json`` and ``/status``: ``StatusReport``.
 
 Every field a node reports is declared here, with a type and a description; the node fills it
-through ``NodeStatus`` (``daemon/status.py``), which refuses undeclared names, and every reader
+through ``NodeStatus`` (``daemon/status.py``), counters by attribute (``with status.trainer() as c:
+c.rounds += 1``, checked by the type checker), counts by reason keyed by the refusal enums of
+``vocab.py`` (their JSON text is the reason's name), and every reader
 (the dashboard, the swarm launcher and its summary, the chaos ledger, tests, benchmarks) parses
 it back with ``parse_status`` / ``read_status`` and reads attributes. ``/metrics`` gauges are
 derived from the numeric fields declared here (``gauge_fields``). Torch-free: ``ops`` imports it.
@@ -11,6 +13,8 @@ Sections: common node fields at the top level; ``counters`` (every node), ``trai
 (one ``VersionEntry`` per version published or applied, the last ``HISTORY_LEN``) and
 ``recent_errors``. Any change to a declared field bumps ``STATUS_SCHEMA``; a reader given
 another schema gets a ``StatusSchemaError`` naming both versions, never a half-read status.
+Nothing here is for tests only: fault injection reports its counts in its own file
+(``testing/faults.py``).
 """
 
 from __future__ import annotations
@@ -19,15 +23,16 @@ import json
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict, TypeVar
 
 import pydantic
 from pydantic import Field
 
 from pulse_node.errors import PulseError
+from pulse_node.vocab import BatchRefusal, BudgetRefusal, DecisionRefusal, LocoRefusal
 
 #: version of the status schema; bump it on any change to a declared field
-STATUS_SCHEMA = 6
+STATUS_SCHEMA = 7
 HISTORY_LEN = 200
 ERRORS_KEPT = 20
 ERROR_CHARS = 300
@@ -43,6 +48,14 @@ class StatusFieldError(ValueError):
 
 class _Section(pydantic.BaseModel):
     model_config = pydantic.ConfigDict(extra="forbid", validate_assignment=True)
+
+
+K = TypeVar("K")
+
+
+def count(table: dict[K, int], key: K, amount: int = 1) -> None:
+    """Add ``amount`` to ``key`` of a by-reason (or by-peer) counter: ``count(c.loco_refused, LocoRefusal.BANNED)``."""
+    table[key] = table.get(key, 0) + amount
 
 
 class NodeCounters(_Section):
@@ -73,11 +86,13 @@ class TrainerCounters(_Section):
     decisions_pulled: int = Field(0, ge=0, description="round decisions pulled from live trainers")
     decisions_rejected: int = Field(0, ge=0, description="round decisions rejected (signature, signer, round)")
     decision_conflicts: int = Field(0, ge=0, description="second, differing decisions for a round")
-    loco_refused: dict[str, int] = Field(default_factory=dict, description="PULSELoCo payloads refused, by reason "
+    loco_refused: dict[LocoRefusal, int] = Field(default_factory=dict, description="PULSELoCo payloads refused, by reason "
                                          "(not_member, out_of_bound, too_large, malformed, too_far_ahead, "
                                          "duplicate, banned)")
-    decisions_refused: dict[str, int] = Field(default_factory=dict, description="round decisions refused, by reason "
-                                              "(not_member, bad_decision, out_of_bound)")
+    decisions_refused: dict[DecisionRefusal, int] = Field(default_factory=dict, description="round decisions "
+                                                          "refused, by reason (not_member, bad_decision, "
+                                                          "out_of_bound, equivocation, banned, other_base, "
+                                                          "not_designated)")
     loco_bound_ratio_max: float = Field(0.0, ge=0, description="largest |value| / payload value bound among the "
                                         "payloads this trainer made or admitted (refused ones not counted)")
     loco_clipped: int = Field(0, ge=0, description="entries of our own payloads clipped to half the payload value "
@@ -117,19 +132,17 @@ class DataPlane(_Section):
     loco_fallbacks: int = Field(0, ge=0, description="PULSELoCo pushes that fell back to the wire")
     wire_errors: int = Field(0, ge=0, description="failed wire requests")
     duplicate: bool = Field(False, description="another live node publishes under this node's identity")
-    refused: dict[str, int] = Field(default_factory=dict, description="peer requests refused by their per-peer "
-                                    "budget, by reason (net/peers/budget.py)")
-    fault_injection: bool = Field(False, description="testing: this node faults its own fetches and pushes")
-    faults: dict[str, int] = Field(default_factory=dict, description="testing: faults injected per fault kind")
-    faulted: dict[str, int] = Field(default_factory=dict, description="testing: faults per message kind:fault")
+    refused: dict[BudgetRefusal, int] = Field(default_factory=dict, description="peer requests refused by their "
+                                              "per-peer budget, by reason (net/peers/budget.py)")
 
 
 class SenderReport(_Section):
-    """What one rollout sender contributed to a trainer and why batches were refused (``trainer/intake.py``)."""
+    """What one rollout sender contributed to a trainer and why batches were refused: the tally
+    ``trainer/intake.py`` keeps per sender, reported as is."""
 
     accepted: int = Field(0, ge=0, description="batches trained on")
     accepted_rollouts: int = Field(0, ge=0, description="rollouts in those batches")
-    rejected: dict[str, int] = Field(default_factory=dict, description="batches refused, by reason")
+    rejected: dict[BatchRefusal, int] = Field(default_factory=dict, description="batches refused, by reason")
     queued: int = Field(0, ge=0, description="batches waiting")
     queued_bytes: int = Field(0, ge=0, description="bytes of the batches waiting")
     strikes: int = Field(0, ge=0, description="refusals that count against the sender")
@@ -245,6 +258,36 @@ class StatusReport(_Section):
 
     def to_json(self) -> str:
         return self.model_dump_json(by_alias=True)
+
+
+class StatusFields(TypedDict, total=False):
+    """The top-level fields a node sets with ``NodeStatus.update(**fields)``, by keyword: the type
+    checker refuses a misspelt or mistyped one (``tests/test_ops_status_model.py`` keeps this
+    equal to ``StatusReport``'s settable fields)."""
+
+    updated_at: float
+    version: int
+    state_hash: str
+    chain_hash: str
+    lowest: int
+    anchors: list[int]
+    peers: int
+    reward_mean: float | None
+    eval_accuracy: float | None
+    first_eval: EvalPoint | None
+    contributors: int | None
+    ranks: int | None
+    rank_rss_mb: list[int]
+    rank_peak_rss_mb: list[int]
+    rollout_senders: dict[str, SenderReport]
+    rollout_settings_error: str
+    metrics_url: str | None
+    node_key: str | None
+    trust_mode: Literal["keys", "open"] | None
+    trainer_set: str | None
+    evidence: list[EvidenceEntry]
+    stopped: bool
+    standing: StandingReport
 
 
 #: sections a node writes only through NodeStatus's typed methods (not ``update``)

@@ -6,15 +6,19 @@ with the hivemind DHT worker and the py-libp2p wire worker; ``MemoryTransport``
 one contract, checked on both by ``tests/test_net_transport_contract.py``:
 
 - ``publish(status)`` makes this node's ``PeerStatus`` visible to every peer's ``peers()`` as a
-  ``PeerInfo`` under this transport's ``peer_id`` (until ``close``);
-- ``fetch(peer, kind, params, dest)`` writes the file of a ``FetchKind`` the peer serves
-  (``chain/serving.py``) to ``dest`` and returns its size; a file the peer lacks raises
-  ``NotFound``, an unreachable peer ``PeerUnavailable`` (``PeerBusy``: ask again shortly);
+  ``PeerRecord`` (the one peer type, ``chain/peer.py``) under this transport's ``peer_id`` (until
+  ``close``);
+- ``fetch(peer, request, dest)`` writes the file the peer serves (``chain/serving.py``) for a
+  ``FetchRequest`` (``net/wire/protocol.py``: ``PatchRequest(version=7)``, one struct per
+  ``FetchKind``; the same struct travels to the wire worker and to the peer) to ``dest`` and
+  returns its size; a file the peer lacks raises ``NotFound``, an unreachable peer
+  ``PeerUnavailable`` (``PeerBusy``: ask again shortly);
 - ``push(peer, kind, data)`` delivers a ``PushKind``; the receiver's ``events()`` returns it as an
   ``Event`` whose ``sender`` is the pushing transport's ``peer_id`` (authenticated by the
   transport, never claimed by the peer);
 - ``stats()`` is the status model's ``DataPlane`` (byte counters, refusals), not a free map;
-- a kind outside the vocabulary (``vocab.py``) is refused with ``WireError`` before anything is sent;
+- a push kind outside the vocabulary (``vocab.py``), or a fetch request that is none of the
+  ``FetchRequest`` structs, is refused with ``WireError`` before anything is sent;
 - every call is bounded by its ``timeout``.
 """
 
@@ -27,73 +31,13 @@ from pathlib import Path
 from typing import Protocol
 
 from pulse_node.chain.anchor import Piece
+from pulse_node.chain.peer import PeerRecord, PeerStatus
 from pulse_node.daemon.status_model import DataPlane
 from pulse_node.errors import PulseError
-from pulse_node.net.dht.records import PeerRecord, PeerStatus
-from pulse_node.vocab import Event, FetchKind, PushKind
+from pulse_node.net.wire.protocol import FetchRequest
+from pulse_node.vocab import Event, PushKind
 
-__all__ = ["AnchorFetch", "DataPlane", "Event", "FetchParams", "PeerInfo", "Transport", "push_to_all"]
-
-#: a fetch's arguments besides its kind (``{"version": 7}``), checked by ``wire_protocol.build_request``
-FetchParams = dict[str, int | str | None]
-
-#: a peer's ``version``/``lowest`` when it holds / serves no version
-NO_VERSION = -1
-
-
-@dataclass(frozen=True)
-class PeerInfo:
-    """A live peer as discovery reports it: a read-only view of its signed DHT record.
-
-    ``record`` is the peer's ``PeerRecord`` (signed by its key, checked by every DHT node) on the
-    P2P transport, the ``PeerStatus`` it published on the in-memory one. The properties are the
-    fields roles read, with role-layer conventions: versions are ints (``NO_VERSION`` for none),
-    hashes and keys strings ("" for none)."""
-
-    peer_id: str
-    record: PeerStatus
-
-    @property
-    def role(self) -> str:
-        return self.record.role
-
-    @property
-    def address(self) -> str:
-        """The data-plane multiaddr to fetch from and push to ("" when it announces none)."""
-        return self.record.wire_maddrs[0] if self.record.wire_maddrs else ""
-
-    @property
-    def version(self) -> int:
-        """The newest version it holds."""
-        return NO_VERSION if self.record.version is None else self.record.version
-
-    @property
-    def lowest(self) -> int:
-        """The lowest version whose patch it serves (patches from there to ``version``)."""
-        return NO_VERSION if self.record.serves.lowest is None else self.record.serves.lowest
-
-    @property
-    def anchors(self) -> list[int]:
-        return list(self.record.serves.anchors)
-
-    @property
-    def chain_hash(self) -> str:
-        return self.record.chain_hash or ""
-
-    @property
-    def state_hash(self) -> str:
-        return self.record.state_hash or ""
-
-    @property
-    def node_key(self) -> str:
-        """Its Ed25519 public key (hex), which signs its version records and decisions."""
-        return self.record.node_key or ""
-
-    @property
-    def dht_maddrs(self) -> list[str]:
-        """Its DHT (p2pd) addresses: where PULSELoCo payloads go (empty on the in-memory transport)."""
-        return list(self.record.dht_maddrs) if isinstance(self.record, PeerRecord) else []
-
+__all__ = ["AnchorFetch", "DataPlane", "Event", "Fetch", "FetchRequest", "Transport", "push_to_all"]
 
 @dataclass(frozen=True)
 class AnchorFetch:
@@ -111,8 +55,8 @@ class AnchorFetch:
 MAX_PARALLEL_PUSHES = 8
 
 
-def push_to_all(transport: Transport, peers: list[PeerInfo], kind: PushKind, data: bytes, *, timeout: float,
-                on_error: Callable[[PeerInfo, PulseError], None] | None = None) -> int:
+def push_to_all(transport: Transport, peers: list[PeerRecord], kind: PushKind, data: bytes, *, timeout: float,
+                on_error: Callable[[PeerRecord, PulseError], None] | None = None) -> int:
     """Push ``data`` to every peer at once, best effort; returns how many pushes failed.
 
     One peer that has vanished (or whose NAT mapping just died) costs at most ``timeout`` for all
@@ -120,7 +64,7 @@ def push_to_all(transport: Transport, peers: list[PeerInfo], kind: PushKind, dat
     NAT: sequential head pushes stalled trainer rounds by 7-10 s, bench/RESULTS.md "NAT").
     ``on_error(peer, exc)`` is told of each failed push (from the pushing thread).
     """
-    def one(peer: PeerInfo) -> bool:
+    def one(peer: PeerRecord) -> bool:
         try:
             transport.push(peer, kind, data, timeout=timeout)
             return True
@@ -135,23 +79,30 @@ def push_to_all(transport: Transport, peers: list[PeerInfo], kind: PushKind, dat
         return sum(not ok for ok in pool.map(one, peers))
 
 
+class Fetch(Protocol):
+    """``Transport.fetch`` as a value (what a helper that only fetches is handed)."""
+
+    def __call__(self, peer: PeerRecord, request: FetchRequest, dest: Path, *, timeout: float,
+                 max_bytes: int | None = None) -> int: ...
+
+
 class Transport(Protocol):
     """Network operations a role needs; every call is bounded by ``timeout``.
 
-    ``fetch`` writes one file the peer serves to ``dest`` and refuses a body larger than
-    ``max_bytes`` (what a signed record allows) before reading it; ``{"version", "offset",
-    "length"}`` of an ``anchor`` is one byte range. ``fetch_anchor`` downloads a whole anchor from
+    ``fetch`` writes the one file the peer serves for ``request`` to ``dest`` and refuses a body
+    larger than ``max_bytes`` (what a signed record allows) before reading it; an
+    ``AnchorRequest`` asks for one byte range of an anchor. ``fetch_anchor`` downloads a whole anchor from
     several ``providers`` at once, checking each of the signed ``pieces`` as it arrives."""
 
     peer_id: str
 
     def publish(self, status: PeerStatus) -> None: ...
-    def peers(self) -> list[PeerInfo]: ...
-    def fetch(self, peer: PeerInfo, kind: FetchKind, params: FetchParams, dest: Path, *, timeout: float,
+    def peers(self) -> list[PeerRecord]: ...
+    def fetch(self, peer: PeerRecord, request: FetchRequest, dest: Path, *, timeout: float,
               max_bytes: int | None = None) -> int: ...
-    def fetch_anchor(self, providers: list[PeerInfo], *, version: int, pieces: list[Piece], dest: Path,
+    def fetch_anchor(self, providers: list[PeerRecord], *, version: int, pieces: list[Piece], dest: Path,
                      timeout: float) -> AnchorFetch: ...
-    def push(self, peer: PeerInfo, kind: PushKind, data: bytes, *, timeout: float) -> None: ...
+    def push(self, peer: PeerRecord, kind: PushKind, data: bytes, *, timeout: float) -> None: ...
     def events(self, *, max_items: int = 256, wait_s: float = 0.0) -> list[Event]: ...
     def stats(self) -> DataPlane: ...
     def close(self) -> None: ...

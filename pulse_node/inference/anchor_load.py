@@ -18,19 +18,21 @@ from pathlib import Path
 
 from pulse_node.chain.anchor import MAX_HEADER_BYTES, check_header, header_length, pieces
 from pulse_node.chain.layout import state_metadata
+from pulse_node.chain.peer import PeerRecord
 from pulse_node.chain.record import MAX_RECORD_BYTES, VersionRecord, decode_record
 from pulse_node.chain.trust import TrustPolicy
 from pulse_node.chain.verified import VerifiedVersion
 from pulse_node.codec.state import load_safetensors
-from pulse_node.daemon.transport import PeerInfo, Transport
+from pulse_node.daemon.transport import Transport
 from pulse_node.errors import IntegrityError, PulseError, WireError
+from pulse_node.net.wire.protocol import AnchorRequest, RecordRequest
 
 #: first read of an anchor: the header of any model up to a few thousand tensors
 HEADER_PROBE_BYTES = 64 << 10
 MAX_PROVIDERS = 8
 
 
-def fetch_header(transport: Transport, peer: PeerInfo, record: VersionRecord, scratch: Path, *,
+def fetch_header(transport: Transport, peer: PeerRecord, record: VersionRecord, scratch: Path, *,
                  timeout: float) -> bytes:
     """The anchor file's first ``8 + header`` bytes from ``peer``, checked against ``record``."""
     manifest = record.manifest()
@@ -43,22 +45,22 @@ def fetch_header(transport: Transport, peer: PeerInfo, record: VersionRecord, sc
     return data[:n]
 
 
-def _range(transport: Transport, peer: PeerInfo, version: int, length: int, scratch: Path, *,
+def _range(transport: Transport, peer: PeerRecord, version: int, length: int, scratch: Path, *,
            timeout: float) -> bytes:
     dest = scratch / f"anchor-{version}.head"
     try:
-        transport.fetch(peer, "anchor", {"version": version, "offset": 0, "length": length}, dest,
+        transport.fetch(peer, AnchorRequest(version=version, offset=0, length=length), dest,
                         timeout=timeout, max_bytes=length)
         return dest.read_bytes()
     finally:
         dest.unlink(missing_ok=True)
 
 
-def _serves(transport: Transport, peer: PeerInfo, record: VersionRecord, scratch: Path, *, timeout: float) -> bool:
+def _serves(transport: Transport, peer: PeerRecord, record: VersionRecord, scratch: Path, *, timeout: float) -> bool:
     """Whether ``peer`` serves exactly ``record`` for its version (same chain hash and manifest)."""
     dest = scratch / f"anchor-{record.version}-{peer.peer_id[-16:]}.record"
     try:
-        transport.fetch(peer, "record", {"version": record.version}, dest, timeout=timeout, max_bytes=MAX_RECORD_BYTES)
+        transport.fetch(peer, RecordRequest(version=record.version), dest, timeout=timeout, max_bytes=MAX_RECORD_BYTES)
         theirs = decode_record(dest.read_bytes()[:MAX_RECORD_BYTES + 1])
     except (PulseError, OSError):
         return False
@@ -67,8 +69,8 @@ def _serves(transport: Transport, peer: PeerInfo, record: VersionRecord, scratch
     return (theirs.chain_hash, theirs.anchor_manifest) == (record.chain_hash, record.anchor_manifest)
 
 
-def load_anchor(transport: Transport, trust: TrustPolicy, record: VersionRecord, primary: PeerInfo,
-                holders: list[PeerInfo], scratch: Path, *, timeout: float) -> VerifiedVersion:
+def load_anchor(transport: Transport, trust: TrustPolicy, record: VersionRecord, primary: PeerRecord,
+                holders: list[PeerRecord], scratch: Path, *, timeout: float) -> VerifiedVersion:
     """Anchor ``record`` (already verified: a member signed it for this run) with its state, hashed
     once by the trust gate (``TrustPolicy.admit``): what ``VersionStore.put_anchor`` takes.
 

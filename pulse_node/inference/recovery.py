@@ -16,10 +16,10 @@ import abc
 import logging
 import random
 import time
-from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
+from pulse_node.chain.peer import PeerRecord
 from pulse_node.chain.record import VersionRecord
 from pulse_node.chain.store import VersionStore
 from pulse_node.chain.trust import TrustPolicy
@@ -27,7 +27,8 @@ from pulse_node.chain.verified import apply_catchup_version
 from pulse_node.codec.inplace import Changes
 from pulse_node.codec.state import State, state_nbytes
 from pulse_node.config import NetConfig
-from pulse_node.daemon.transport import FetchParams, PeerInfo, Transport
+from pulse_node.daemon.status_model import InferenceCounters
+from pulse_node.daemon.transport import Transport
 from pulse_node.errors import (
     BusyError,
     IntegrityError,
@@ -36,11 +37,11 @@ from pulse_node.errors import (
 )
 from pulse_node.inference.anchor_load import load_anchor
 from pulse_node.net.peers.standing import FETCH_UNKNOWN, Standing
-from pulse_node.vocab import FetchKind
+from pulse_node.net.wire.protocol import CatchupRequest, FetchRequest
 
 log = logging.getLogger("pulse.sync")
 
-Offer = tuple[PeerInfo, int]  # a peer to ask for a catch-up patch, and the target version to ask for
+Offer = tuple[PeerRecord, int]  # a peer to ask for a catch-up patch, and the target version to ask for
 #: anchors offered by peers tried per recovery, at most (each costs a record fetch)
 MAX_ANCHOR_TRIES = 8
 
@@ -70,7 +71,7 @@ class Recovery(abc.ABC):
     standing: Standing
     record: VersionRecord | None
     state: State | None
-    counters: Counter[str]
+    counters: InferenceCounters
     catchup_min_gap: int
     catchup_wait_s: float
     last_catchup: CatchupApplied | None
@@ -83,13 +84,13 @@ class Recovery(abc.ABC):
         """Seconds a first record fetch from ``peer_id`` may take (None: the default)."""
 
     @abc.abstractmethod
-    def _fetch_record(self, peer: PeerInfo, version: int, *, timeout: float | None = None) -> VersionRecord:
+    def _fetch_record(self, peer: PeerRecord, version: int, *, timeout: float | None = None) -> VersionRecord:
         """``peer``'s record of ``version``, bounded and decoded."""
 
     @abc.abstractmethod
-    def _fetch(self, peer: PeerInfo, kind: FetchKind, params: FetchParams, *, max_bytes: int,
+    def _fetch(self, peer: PeerRecord, request: FetchRequest, *, max_bytes: int,
                timeout: float | None = None) -> bytes:
-        """One bounded download of ``kind`` from ``peer``."""
+        """One bounded download of what ``request`` asks ``peer`` for."""
 
     @abc.abstractmethod
     def _adopt(self, record: VersionRecord, state: State) -> None:
@@ -99,7 +100,7 @@ class Recovery(abc.ABC):
     def _moved(self, base: int, target: int, changes: Changes) -> None:
         """Remember the in-place step ``base -> target`` for the live model."""
 
-    def _recover_gap(self, peers: list[PeerInfo], head: int, *, older_anchors: bool) -> None:
+    def _recover_gap(self, peers: list[PeerRecord], head: int, *, older_anchors: bool) -> None:
         """Nobody serves the next patch any more: try a catch-up patch, else an anchor.
 
         Only ``older_anchors`` (after ``stall_passes`` passes without progress: the way off a
@@ -107,12 +108,12 @@ class Recovery(abc.ABC):
         be in the DHT yet, and an older anchor would cost a full download to end where we are.
         """
         assert self.record is not None
-        self.counters["gaps"] += 1
+        self.counters.gaps += 1
         if self.state is not None and self._catch_up(self._catchup_offers(peers, head, min_gap=1))[0]:
             return
         self._recover_from_anchor(peers, head, above=-1 if older_anchors else self.record.version)
 
-    def _catch_up_if_behind(self, peers: list[PeerInfo], head: int) -> list[VersionRecord] | None:
+    def _catch_up_if_behind(self, peers: list[PeerRecord], head: int) -> list[VersionRecord] | None:
         """``catchup_min_gap`` or more versions behind: one catch-up patch instead of the patches.
 
         Returns ``[record caught up to]`` or ``[]`` (fetch patches), or None while the peer that
@@ -137,14 +138,14 @@ class Recovery(abc.ABC):
             self._pending = (base, busy[0].peer_id, busy[1], time.monotonic() + self.catchup_wait_s)
         return None
 
-    def _catchup_offers(self, peers: list[PeerInfo], head: int, *, min_gap: int) -> list[Offer]:
+    def _catchup_offers(self, peers: list[PeerRecord], head: int, *, min_gap: int) -> list[Offer]:
         """(peer, target = its version) pairs at least ``min_gap`` ahead of us, in standing order:
         peers that delivered before, members, at most ``FETCH_UNKNOWN`` others (a flood of fresh
         keys announcing versions costs a few tries, not one per key); nearest the head first
         within each."""
         assert self.record is not None
-        offers = [(p, min(p.version, head)) for p in peers if p.peer_id != self.transport.peer_id
-                  and not self.trust.ignored(p.peer_id) and min(p.version, head) - self.record.version >= min_gap]
+        offers = [(p, min(p.head, head)) for p in peers if p.peer_id != self.transport.peer_id
+                  and not self.trust.ignored(p.peer_id) and min(p.head, head) - self.record.version >= min_gap]
         random.shuffle(offers)
         offers.sort(key=lambda o: -o[1])
         return self.standing.providers(offers, quota=FETCH_UNKNOWN, key=lambda o: o[0].peer_id)
@@ -159,7 +160,7 @@ class Recovery(abc.ABC):
                 rec = self._fetch_record(peer, target, timeout=self._first_try(peer.peer_id))
                 if not self.trust.check(rec, sender=peer.peer_id):
                     continue
-                patch = self._fetch(peer, "catchup", {"base": self.record.version, "target": target},
+                patch = self._fetch(peer, CatchupRequest(base=self.record.version, target=target),
                                     max_bytes=catchup_cap(self.state))
                 self._apply_catchup(peer, rec, patch)
                 self.standing.delivered(peer.peer_id)
@@ -168,12 +169,12 @@ class Recovery(abc.ABC):
                 busy = busy or (peer, target)
                 log.info("catch-up from %s: %s", peer.peer_id[:12], exc)
             except PulseError as exc:
-                self.counters["catchup_misses"] += 1
+                self.counters.catchup_misses += 1
                 self.standing.failed(peer.peer_id)
                 log.info("catch-up from %s failed: %s", peer.peer_id[:12], exc)
         return None, busy
 
-    def _apply_catchup(self, peer: PeerInfo, rec: VersionRecord, patch: bytes) -> None:
+    def _apply_catchup(self, peer: PeerRecord, rec: VersionRecord, patch: bytes) -> None:
         """Apply a catch-up patch to ``rec`` (checked by ``trust.check``): its header, parsed once,
         names our state (else ``GapError``: another history, no lie) and ``rec``'s; the result is
         hashed once; in place, and a failure leaves our version intact."""
@@ -194,11 +195,11 @@ class Recovery(abc.ABC):
         base = self.record.version
         self._adopt(rec, self.state)
         self._moved(base, rec.version, changes)
-        self.counters["catchups"] += 1
-        self.counters["catchup_bytes_in"] += len(patch)
+        self.counters.catchups += 1
+        self.counters.catchup_bytes_total += len(patch)
         log.info("caught up to version %d with one %d-byte patch from %s", rec.version, len(patch), peer.peer_id[:12])
 
-    def _recover_from_anchor(self, peers: list[PeerInfo], head: int, *, above: int = -1) -> None:
+    def _recover_from_anchor(self, peers: list[PeerRecord], head: int, *, above: int = -1) -> None:
         """Load the newest anchor above ``above`` that peers serve, bounded and checked by its signed
         record (``anchor_load.py``); at most ``MAX_ANCHOR_TRIES`` offers per call."""
         live = [p for p in peers if not self.trust.ignored(p.peer_id) and p.peer_id != self.transport.peer_id]
@@ -226,7 +227,7 @@ class Recovery(abc.ABC):
                 assert anchor_version.state is not None
                 self._adopt(rec, anchor_version.state)
                 self.standing.delivered(pid)
-                self.counters["anchor_loads"] += 1
+                self.counters.anchor_loads += 1
                 return
             except PulseError as exc:
                 self.standing.failed(pid)

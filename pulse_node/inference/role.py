@@ -98,12 +98,13 @@ class InferenceRole:
         self.ctx.store.retain(keep_versions=self.cfg.chain.keep_versions, keep_anchors=self.cfg.chain.keep_anchors)
         self.ctx.announce(version=rec.version, chain_hash=rec.chain_hash, state_hash=rec.state_hash)
         n = self.sync.counters
-        self.ctx.status.set_counts(patches_applied=n["applied"], fetch_errors=n["fetch_errors"],
-                                   apply_errors=n["apply_errors"], patch_bytes_total=n["patch_bytes_in"],
-                                   rejected=self.trust.rejected, strikes=dict(self.trust.strikes),
-                                   bans=dict(self.trust.bans), gaps=n["gaps"], anchor_loads=n["anchor_loads"],
-                                   catchups=n["catchups"], catchup_misses=n["catchup_misses"],
-                                   catchup_bytes_total=n["catchup_bytes_in"])
+        with self.ctx.status.inference() as c:
+            c.patches_applied, c.patch_bytes_total, c.gaps = n.patches_applied, n.patch_bytes_total, n.gaps
+            c.fetch_errors, c.apply_errors, c.anchor_loads = n.fetch_errors, n.apply_errors, n.anchor_loads
+            c.catchups, c.catchup_misses, c.catchup_bytes_total = n.catchups, n.catchup_misses, n.catchup_bytes_total
+            c.strikes, c.bans = dict(self.trust.strikes), dict(self.trust.bans)
+        with self.ctx.status.node() as counters:
+            counters.rejected = self.trust.rejected
         caught = self.sync.last_catchup
         for r in applied:
             by_catchup = caught if caught is not None and caught.target == r.version else None
@@ -130,7 +131,8 @@ class InferenceRole:
         self._next_trainer += 1
         try:
             self.ctx.transport.push(trainer, "rollouts", encode_rollouts(rollouts), timeout=30.0)
-            self.ctx.status.add("rollouts_sent", len(rollouts))
+            with self.ctx.status.inference() as counters:
+                counters.rollouts_sent += len(rollouts)
             reward = sum(r.reward for r in rollouts) / max(len(rollouts), 1)
             self.ctx.status.update(reward_mean=reward)
         except PulseError as exc:

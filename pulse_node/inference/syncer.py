@@ -31,12 +31,12 @@ import random
 import shutil
 import threading
 import time
-from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 from pulse_node.chain.identity import peer_id_of_key
+from pulse_node.chain.peer import PeerRecord
 from pulse_node.chain.record import (
     MAX_RECORD_BYTES,
     VersionRecord,
@@ -50,7 +50,8 @@ from pulse_node.chain.verified import VerifiedVersion, apply_version, seal_strea
 from pulse_node.codec.inplace import Changes, Move
 from pulse_node.codec.state import State
 from pulse_node.config import NetConfig
-from pulse_node.daemon.transport import Event, FetchParams, PeerInfo, Transport
+from pulse_node.daemon.status_model import InferenceCounters
+from pulse_node.daemon.transport import Event, Transport
 from pulse_node.errors import (
     ConfigError,
     IntegrityError,
@@ -59,7 +60,7 @@ from pulse_node.errors import (
 from pulse_node.inference.recovery import CatchupApplied, Recovery, catchup_cap  # noqa: F401 (re-exported)
 from pulse_node.inference.streaming import Pipeline, Streamed, stream_next
 from pulse_node.net.peers.standing import FETCH_UNKNOWN, Standing
-from pulse_node.vocab import FetchKind
+from pulse_node.net.wire.protocol import FetchRequest, PatchRequest, RecordRequest, kind_of
 
 log = logging.getLogger("pulse.sync")
 
@@ -106,7 +107,7 @@ class VersionSync(Recovery):
             raise ConfigError(f"{store.root} holds versions of run {self.record.run_id!r}, not "
                               f"{trust.trainers.run_id!r}; use another data_dir for another run")
         self.reorder: ReorderBuffer[Fetched] = ReorderBuffer(next_version=self.record.version + 1 if self.record else 0)
-        self.counters: Counter[str] = Counter()
+        self.counters = InferenceCounters()  # the status model's own counters, by the same names
         self.last_catchup: CatchupApplied | None = None
         self.last_error = ""
         self.stall_passes = 10  # passes without progress before trying a catch-up or an anchor
@@ -160,26 +161,26 @@ class VersionSync(Recovery):
         if rec.version > self.target():
             self.head = rec
 
-    def _probe_announced(self, peers: list[PeerInfo]) -> None:
+    def _probe_announced(self, peers: list[PeerRecord]) -> None:
         """A member trainer announces a version beyond our target in its DHT record: fetch that
         version's record (from it, else from peers announcing it) and verify it before it counts.
         Each (peer, announced version) is asked about once."""
-        claims = [p for p in peers if p.role == "trainer" and p.version > self.target()
-                  and self._probed.get(p.peer_id) != p.version and not self.trust.ignored(p.peer_id)
+        claims = [p for p in peers if p.role == "trainer" and p.head > self.target()
+                  and self._probed.get(p.peer_id) != p.head and not self.trust.ignored(p.peer_id)
                   and self.trust.vouches_for(p)]
         if not claims:
             return
-        claim = max(claims, key=lambda p: p.version)
+        claim = max(claims, key=lambda p: p.head)
         self._probed = {p.peer_id: v for p in peers if (v := self._probed.get(p.peer_id)) is not None}
-        self._probed[claim.peer_id] = claim.version
-        others = self.standing.providers([p for p in peers if p.version >= claim.version and not self.trust.ignored(
+        self._probed[claim.peer_id] = claim.head
+        others = self.standing.providers([p for p in peers if p.head >= claim.head and not self.trust.ignored(
             p.peer_id) and p.peer_id not in (claim.peer_id, self.transport.peer_id)])
         for peer in [claim, *others][:MAX_PROBES]:
             try:
-                rec = self._fetch_record(peer, claim.version, timeout=self._first_try(peer.peer_id))
+                rec = self._fetch_record(peer, claim.head, timeout=self._first_try(peer.peer_id))
                 self.trust.verify(rec, sender=peer.peer_id)
             except PulseError as exc:
-                log.info("announced version %d of %s not confirmed by %s: %s", claim.version, claim.peer_id[:12],
+                log.info("announced version %d of %s not confirmed by %s: %s", claim.head, claim.peer_id[:12],
                          peer.peer_id[:12], exc)
                 continue
             self._verified(rec, holder=peer.peer_id)
@@ -190,7 +191,7 @@ class VersionSync(Recovery):
         ours = self.record.version if self.record is not None else -1
         return max(ours, self.head.version if self.head is not None else -1)
 
-    def providers(self, version: int, peers: list[PeerInfo], *, rank: int) -> list[PeerInfo]:
+    def providers(self, version: int, peers: list[PeerRecord], *, rank: int) -> list[PeerRecord]:
         """Peers that hold ``version``, in standing order (``net/peers/standing.py``): peers that
         delivered to us before, then trainer-set members, then at most ``FETCH_UNKNOWN`` others.
         What a peer announces (role, version) orders nothing.
@@ -201,7 +202,7 @@ class VersionSync(Recovery):
         ``seed_wait_s`` for one, so a trainer's upload does not grow with the inference nodes.
         """
         holders = [p for p in peers if p.peer_id != self.transport.peer_id and not self.trust.ignored(p.peer_id)
-                   and max(p.version, self.hints.get(p.peer_id, -1)) >= version and p.lowest <= version]
+                   and max(p.head, self.hints.get(p.peer_id, -1)) >= version and p.lowest <= version]
         random.shuffle(holders)
         ordered = self.standing.providers(holders, quota=FETCH_UNKNOWN)
         if rank < self.seeds or (ordered and self.standing.delivered_before(ordered[0].peer_id)):
@@ -215,7 +216,7 @@ class VersionSync(Recovery):
         return [first] + [p for p in ordered if p.peer_id != first.peer_id]
 
     # ---- one pass -------------------------------------------------------------------
-    def step(self, peers: list[PeerInfo], *, rank: int = 0) -> list[VersionRecord]:
+    def step(self, peers: list[PeerRecord], *, rank: int = 0) -> list[VersionRecord]:
         """Fetch and apply what is missing; returns the records applied in this pass."""
         self.trust.observe(peers)
         self._tell_standing_members()
@@ -261,11 +262,11 @@ class VersionSync(Recovery):
             self._members_told = keys
             self.standing.set_members(self.standing.members | {peer_id_of_key(k) for k in keys})
 
-    def _nobody_has(self, version: int, peers: list[PeerInfo]) -> bool:
-        return not any(p.lowest <= version <= p.version for p in peers
+    def _nobody_has(self, version: int, peers: list[PeerRecord]) -> bool:
+        return not any(p.lowest <= version <= p.head for p in peers
                        if p.peer_id != self.transport.peer_id and not self.trust.ignored(p.peer_id))
 
-    def _fetch_version(self, version: int, providers: list[PeerInfo]) -> Fetched | None:
+    def _fetch_version(self, version: int, providers: list[PeerRecord]) -> Fetched | None:
         for peer in providers:
             try:
                 rec = self._fetch_record(peer, version, timeout=self._first_try(peer.peer_id))
@@ -275,19 +276,19 @@ class VersionSync(Recovery):
                 if self.pipeline is not None and stream_next(self.record, rec) and self.state is not None:
                     patch, streamed = self._fetch_streamed(peer, rec)
                 else:
-                    patch = self._fetch(peer, "patch", {"version": version}, max_bytes=rec.patch_bytes)
+                    patch = self._fetch(peer, PatchRequest(version=version), max_bytes=rec.patch_bytes)
                 try:  # a wrong digest strikes it; a streamed patch's digest was compared as it came
                     got = self.trust.admit(rec, sender=peer.peer_id, patch=patch, digest_seen=streamed is not None)
                 except BaseException:
                     if streamed is not None:
                         streamed.rollback()
                     raise
-                self.counters["patch_bytes_in"] += len(patch)
+                self.counters.patch_bytes_total += len(patch)
                 self.trust.served(peer.peer_id)
                 self.standing.delivered(peer.peer_id)
                 return Fetched(got, streamed)
             except PulseError as exc:
-                self.counters["fetch_errors"] += 1
+                self.counters.fetch_errors += 1
                 self.trust.failed(peer.peer_id)
                 self.standing.failed(peer.peer_id)
                 log.info("fetch of version %d from %s failed: %s", version, peer.peer_id[:12], exc)
@@ -298,9 +299,9 @@ class VersionSync(Recovery):
         newcomer costs ``FIRST_TRY_S``, once), the configured one otherwise."""
         return None if self.standing.known(peer_id) else FIRST_TRY_S
 
-    def _fetch_record(self, peer: PeerInfo, version: int, *, timeout: float | None = None) -> VersionRecord:
+    def _fetch_record(self, peer: PeerRecord, version: int, *, timeout: float | None = None) -> VersionRecord:
         """The record of ``version`` from ``peer``, decoded (not verified); a wrong one strikes it."""
-        rec = decode_record(self._fetch(peer, "record", {"version": version}, max_bytes=MAX_RECORD_BYTES,
+        rec = decode_record(self._fetch(peer, RecordRequest(version=version), max_bytes=MAX_RECORD_BYTES,
                                         timeout=timeout))
         if rec.version != version:
             self.trust.strike(peer.peer_id)
@@ -308,14 +309,14 @@ class VersionSync(Recovery):
             raise IntegrityError(f"asked for version {version}, got record of {rec.version}")
         return rec
 
-    def _fetch_streamed(self, peer: PeerInfo, rec: VersionRecord) -> tuple[bytes, Streamed | None]:
+    def _fetch_streamed(self, peer: PeerRecord, rec: VersionRecord) -> tuple[bytes, Streamed | None]:
         """The next version's patch, applied while it arrives (``inference/streaming.py``)."""
         assert self.pipeline is not None and self.state is not None and self.record is not None
         dest = self._tmp / f"patch-{threading.get_ident()}-{random.getrandbits(32):08x}"
         limit = self.net.fetch_timeout_s
 
         def fetch(path: Path) -> None:
-            self.transport.fetch(peer, "patch", {"version": rec.version}, path, timeout=limit,
+            self.transport.fetch(peer, PatchRequest(version=rec.version), path, timeout=limit,
                                  max_bytes=rec.patch_bytes)
 
         try:
@@ -329,12 +330,13 @@ class VersionSync(Recovery):
         finally:
             dest.unlink(missing_ok=True)
 
-    def _fetch(self, peer: PeerInfo, kind: FetchKind, params: FetchParams, *, max_bytes: int, timeout: float | None = None) -> bytes:
+    def _fetch(self, peer: PeerRecord, request: FetchRequest, *, max_bytes: int,
+               timeout: float | None = None) -> bytes:
         """One file, refused (and the peer struck) if it declares more than ``max_bytes``."""
-        dest = self._tmp / f"{kind}-{threading.get_ident()}-{random.getrandbits(32):08x}"
+        dest = self._tmp / f"{kind_of(request)}-{threading.get_ident()}-{random.getrandbits(32):08x}"
         limit = self.net.fetch_timeout_s if timeout is None else min(timeout, self.net.fetch_timeout_s)
         try:
-            self.transport.fetch(peer, kind, params, dest, timeout=limit, max_bytes=max_bytes)
+            self.transport.fetch(peer, request, dest, timeout=limit, max_bytes=max_bytes)
             return dest.read_bytes()
         except IntegrityError:
             self.trust.strike(peer.peer_id)
@@ -349,7 +351,7 @@ class VersionSync(Recovery):
             try:
                 self._apply(got)
             except PulseError as exc:
-                self.counters["apply_errors"] += 1
+                self.counters.apply_errors += 1
                 self.last_error = f"version {version} rejected: {exc}"
                 log.warning("%s", self.last_error)
                 self.reorder.reset(version)  # refetch it (from another provider) next pass
@@ -388,7 +390,7 @@ class VersionSync(Recovery):
         if rec.is_anchor:
             self.store.put_anchor(applied)
         self.record = rec
-        self.counters["applied"] += 1
+        self.counters.patches_applied += 1
 
     def _moved(self, base: int, target: int, changes: Changes) -> None:
         """Keep what an in-place apply changed, for the live model (``take_changes``): one step

@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 import pydantic
 
 from pulse_node.daemon.status_model import StatusReport
+from pulse_node.vocab import BatchRefusal
 
 #: rows shown at most (senders with refusals and the most batches first)
 MAX_SENDERS_SHOWN = 40
@@ -26,7 +27,7 @@ class SenderView(pydantic.BaseModel):
     accepted: int
     accepted_rollouts: int
     refused: int
-    reasons: dict[str, int]
+    reasons: dict[BatchRefusal, int]
     strikes: int
     banned: bool
     queued: int

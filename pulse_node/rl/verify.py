@@ -40,6 +40,7 @@ import os
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Literal
 
 import blake3
 import numpy as np
@@ -53,11 +54,10 @@ from pulse_node.rl.rollout import Rollout
 from pulse_node.rl.sampler import RolloutWorker
 from pulse_node.rl.seeded import drawable, intervals, outside, uniforms
 from pulse_node.rl.tasks import Problem, TaskSource
+from pulse_node.vocab import BATCH_STRIKES, BatchRefusal
 
 #: refusals that strike the sender (it sent something false); the others are nobody's fault
-STRIKES = frozenset({"malformed", "batch_shape", "batch_index", "eval_prompt", "prompt_not_assigned",
-                     "group_id", "termination", "token_range", "not_sampled", "wrong_reward",
-                     "forged_logprobs"})
+STRIKES = BATCH_STRIKES
 REWARD_TOLERANCE = 1e-6
 #: logits held at once by the teacher-forced forward (rows are chunked to stay under it)
 LOGIT_BUDGET = 1 << 26
@@ -77,7 +77,7 @@ class RolloutCheck:
     """
 
     sample: int
-    reason: str = ""
+    reason: BatchRefusal | Literal[""] = ""
     detail: str = ""
     gap: float = float("nan")
     closest: float = float("nan")
@@ -91,7 +91,7 @@ class RolloutCheck:
 class BatchVerdict:
     """The verdict on a batch: accepted (with trainer-scored rollouts) or refused with a reason."""
 
-    reason: str = ""
+    reason: BatchRefusal | Literal[""] = ""
     detail: str = ""
     checks: list[RolloutCheck] = field(default_factory=list)
     rollouts: list[Rollout] = field(default_factory=list)
@@ -105,7 +105,7 @@ class BatchVerdict:
         return self.reason in STRIKES
 
 
-def _refuse(reason: str, detail: str, n: int) -> BatchVerdict:
+def _refuse(reason: BatchRefusal, detail: str, n: int) -> BatchVerdict:
     return BatchVerdict(reason, detail, [RolloutCheck(i, reason, detail) for i in range(n)])
 
 
@@ -137,10 +137,10 @@ class RolloutVerifier:
             return _refuse(*refused, n)
         key = BatchKey(self.run_id, rollouts[0].version, sender, rollouts[0].batch)
         if key in self._accepted:
-            return _refuse("replayed", f"batch {key.batch} of version {key.version} was accepted before", n)
+            return _refuse(BatchRefusal.REPLAYED, f"batch {key.batch} of version {key.version} was accepted before", n)
         state = state_of(key.version)
         if state is None:
-            return _refuse("unknown_version", f"weights of version {key.version} are not held here", n)
+            return _refuse(BatchRefusal.UNKNOWN_VERSION, f"weights of version {key.version} are not held here", n)
         problems = assigned_problems(self.task, key, self.sampling.prompts_per_batch)
         wants = [self.worker.tokenizer.encode(p.prompt) for p in problems]
         g = self.sampling.group_size
@@ -192,24 +192,24 @@ class RolloutVerifier:
             return BatchVerdict("", "", checks, scored)
         return BatchVerdict(bad.reason, f"sample {bad.sample}: {bad.detail}", checks)
 
-    def _shape(self, rollouts: list[Rollout]) -> tuple[str, str] | None:
+    def _shape(self, rollouts: list[Rollout]) -> tuple[BatchRefusal, str] | None:
         want = self.sampling.prompts_per_batch * self.sampling.group_size
         if len(rollouts) != want:
-            return "batch_shape", f"{len(rollouts)} rollouts, a batch has {want}"
+            return BatchRefusal.BATCH_SHAPE, f"{len(rollouts)} rollouts, a batch has {want}"
         first = rollouts[0]
         for i, r in enumerate(rollouts):
             if (r.version, r.batch, r.sample) != (first.version, first.batch, i):
-                return "batch_shape", (f"rollout {i} is (version {r.version}, batch {r.batch}, sample {r.sample}), "
+                return BatchRefusal.BATCH_SHAPE, (f"rollout {i} is (version {r.version}, batch {r.batch}, sample {r.sample}), "
                                        f"expected ({first.version}, {first.batch}, {i})")
         if first.batch >= self.batches_per_version:
-            return "batch_index", f"batch index {first.batch} >= {self.batches_per_version} per version"
+            return BatchRefusal.BATCH_INDEX, f"batch index {first.batch} >= {self.batches_per_version} per version"
         return None
 
-    def _freshness(self, r: Rollout, current: int) -> tuple[str, str] | None:
+    def _freshness(self, r: Rollout, current: int) -> tuple[BatchRefusal, str] | None:
         if r.version > current:
-            return "future_version", f"version {r.version} is ahead of ours ({current})"
+            return BatchRefusal.FUTURE_VERSION, f"version {r.version} is ahead of ours ({current})"
         if current - r.version > self.max_staleness:
-            return "stale", f"version {r.version} is more than {self.max_staleness} behind {current}"
+            return BatchRefusal.STALE, f"version {r.version} is more than {self.max_staleness} behind {current}"
         return None
 
     def _static(self, r: Rollout, key: BatchKey, problem: Problem, want: list[int]) -> RolloutCheck:
@@ -217,28 +217,28 @@ class RolloutVerifier:
         tok, cfg = self.worker.tokenizer, self.sampling
         c = RolloutCheck(r.sample)
         if tuple(r.prompt_ids) in self._eval_prompts and r.prompt_ids != want:
-            c.reason, c.detail = "eval_prompt", "the prompt is one of the eval split"
+            c.reason, c.detail = BatchRefusal.EVAL_PROMPT, "the prompt is one of the eval split"
         elif r.prompt_ids != want or r.problem_id != problem.id[:256]:
-            c.reason, c.detail = "prompt_not_assigned", f"the assigned problem is {problem.id[:40]!r}"
+            c.reason, c.detail = BatchRefusal.PROMPT_NOT_ASSIGNED, f"the assigned problem is {problem.id[:40]!r}"
         elif r.group_id != key.group_id(r.sample // cfg.group_size):
-            c.reason, c.detail = "group_id", f"group id {r.group_id[:40]!r} is not the batch's"
+            c.reason, c.detail = BatchRefusal.GROUP_ID, f"group id {r.group_id[:40]!r} is not the batch's"
         elif why := _termination(r, eos=tok.eos_id, max_new=cfg.max_new_tokens):
-            c.reason, c.detail = "termination", why
+            c.reason, c.detail = BatchRefusal.TERMINATION, why
         elif max(r.completion_ids) >= tok.vocab_size or len(r.prompt_ids) + len(r.completion_ids) > self.worker.lm.context:
-            c.reason, c.detail = "token_range", "token ids outside the vocabulary or longer than the context"
+            c.reason, c.detail = BatchRefusal.TOKEN_RANGE, "token ids outside the vocabulary or longer than the context"
         return c
 
     def _dynamic(self, r: Rollout, rec: Recomputed, j: int, *, reward: float) -> RolloutCheck:
         """Seeded draws, reward and log-prob claims of ``r`` (``rec``'s ``j``-th), against the recomputation."""
         c = RolloutCheck(r.sample, gap=float(rec.gap[j]), closest=float(rec.closest[j]))
         if c.gap > self.cfg.score_tolerance:
-            c.reason = "not_sampled"
+            c.reason = BatchRefusal.NOT_SAMPLED
             c.detail = (f"token {int(rec.token_gaps[j].argmax())} is not the seeded draw "
                         f"(gap {c.gap:.4g} > tolerance {self.cfg.score_tolerance:g})")
         elif abs(r.reward - reward) > REWARD_TOLERANCE:
-            c.reason, c.detail = "wrong_reward", f"reward {r.reward:g} claimed, {reward:g} recomputed"
+            c.reason, c.detail = BatchRefusal.WRONG_REWARD, f"reward {r.reward:g} claimed, {reward:g} recomputed"
         elif (off := float(rec.claim_off[j])) > self.cfg.logprob_tolerance:
-            c.reason = "forged_logprobs"
+            c.reason = BatchRefusal.FORGED_LOGPROBS
             c.detail = f"log-probs differ by {off:.4g} > tolerance {self.cfg.logprob_tolerance:g}"
         return c
 

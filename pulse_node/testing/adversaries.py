@@ -17,10 +17,10 @@ from typing import Any
 
 from pulse_node.chain.anchor import header_length
 from pulse_node.chain.identity import Identity, peer_id_of_key
+from pulse_node.chain.peer import PeerRecord, PeerStatus, Serves
 from pulse_node.chain.serving import resolve
-from pulse_node.daemon.transport import PeerInfo
 from pulse_node.fsutil import write_atomic
-from pulse_node.net.dht.records import PeerStatus, Serves
+from pulse_node.testing.memory import announced
 from pulse_node.vocab import NodeRole
 
 LIES = ("oversize", "bad_chunk", "bad_header")
@@ -59,13 +59,13 @@ def peer_id(identity: Identity) -> str:
 
 
 def announce(hub: Any, identity: Identity, resolver: Any, *, role: NodeRole, version: int = -1, lowest: int = -1,
-             anchors: tuple[int, ...] = (), node_key: str | None = None) -> PeerInfo:
+             anchors: tuple[int, ...] = (), node_key: str | None = None) -> PeerRecord:
     """Join ``hub`` under ``identity``'s real peer id and publish a record claiming these things
     (``node_key``: the key it announces, its own by default); returns the record."""
     status = PeerStatus(role=role, version=None if version < 0 else version,
                         serves=Serves(lowest=None if lowest < 0 else lowest, highest=None if version < 0 else version,
                                       anchors=list(anchors)),
                         node_key=identity.public_key_hex if node_key is None else node_key)
-    info = PeerInfo(peer_id(identity), status)
+    info = announced(peer_id(identity), status)
     hub.join(info.peer_id, resolver).publish(status)
     return info

@@ -21,11 +21,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pulse_node.chain.peer import PeerRecord, PeerStatus, Serves
 from pulse_node.errors import PulseError
-from pulse_node.net.dht.records import PeerRecord, PeerStatus, Serves
+from pulse_node.net.wire import protocol as wp
 from pulse_node.net.wire.protocol import StreamKind
 from pulse_node.testing.faults import ForgedChain
-from pulse_node.vocab import FetchKind, NodeRole, PushKind
+from pulse_node.vocab import NodeRole, PushKind
 
 HUGE_VERSION = 10**15
 
@@ -81,12 +82,13 @@ class Hostile:
             self.tally[f"{kind}_push_failed"] += 1
             return False
 
-    def fetch(self, rec: PeerRecord, kind: FetchKind, params: dict[str, int | str | None], *, max_bytes: int | None = 1 << 30,
+    def fetch(self, rec: PeerRecord, request: wp.FetchRequest, *, max_bytes: int | None = 1 << 30,
               timeout: float = 20.0) -> bytes | None:
+        kind = wp.kind_of(request)
         dest = self.root / "fetched" / f"{kind}-{os.urandom(4).hex()}"
         dest.parent.mkdir(parents=True, exist_ok=True)
         try:
-            self.wire.fetch(rec.wire_maddrs[0], kind, params, dest, timeout=timeout, max_bytes=max_bytes)
+            self.wire.fetch(rec.wire_maddrs[0], request, dest, timeout=timeout, max_bytes=max_bytes)
             self.tally[f"{kind}_fetched"] += 1
             data = dest.read_bytes()
             dest.unlink(missing_ok=True)
@@ -125,7 +127,7 @@ def _trainer_view(h: Hostile) -> tuple[dict, Any] | None:
     from safetensors import safe_open
 
     for rec in h.others("trainer"):
-        data = h.fetch(rec, "trainer_state", {}, timeout=30.0)
+        data = h.fetch(rec, wp.TrainerStateRequest(), timeout=30.0)
         if not data:
             continue
         path = h.root / "trainer_state.safetensors"
@@ -172,7 +174,7 @@ def inject_payload(h: Hostile, deadline: float, *, scale: float = 1e4) -> dict:
                 h.push(rec, "loco_decision", dec)
         for rec in h.others("trainer"):  # did any decision name us?
             for r in range(max(0, st["round"] - 3), st["round"] + 1):
-                raw = h.fetch(rec, "loco_decision", {"round": r}, max_bytes=1 << 20, timeout=5.0)
+                raw = h.fetch(rec, wp.LocoDecisionRequest(round=r), max_bytes=1 << 20, timeout=5.0)
                 if raw and h.peer_id.encode() in raw:
                     named.add(r)
 
@@ -229,7 +231,7 @@ def rollback(h: Hostile, deadline: float) -> dict:
     for rec in h.others("trainer"):
         top = rec.version or 0
         for v in range(max(0, top - 6), max(0, top - 2)):  # still kept (keep_versions), older than the head
-            data = h.fetch(rec, "record", {"version": v}, max_bytes=8 << 10, timeout=5.0)
+            data = h.fetch(rec, wp.RecordRequest(version=v), max_bytes=8 << 10, timeout=5.0)
             if data:
                 olds.append(data)
         break
@@ -277,7 +279,7 @@ def bad_anchor(h: Hostile, deadline: float) -> dict:
             top = rec.version or 0
             anchors = list(rec.serves.anchors)
             for v in range(max(0, top - 20), top + 1):
-                data = h.fetch(rec, "record", {"version": v}, max_bytes=8 << 10, timeout=5.0)
+                data = h.fetch(rec, wp.RecordRequest(version=v), max_bytes=8 << 10, timeout=5.0)
                 if data:
                     _write(h, "record", v, data)
                     _write(h, "patch", v, os.urandom(256))
@@ -298,7 +300,7 @@ def oversize(h: Hostile, deadline: float) -> dict:
         for rec in h.others("trainer")[:1]:
             top = rec.version or 0
             for v in range(max(0, top - 5), top + 3):
-                data = h.fetch(rec, "record", {"version": v}, max_bytes=8 << 10, timeout=5.0)
+                data = h.fetch(rec, wp.RecordRequest(version=v), max_bytes=8 << 10, timeout=5.0)
                 if data:
                     _write(h, "record", v, data)
                     _write(h, "patch", v, blob)
@@ -318,7 +320,7 @@ def catchup_flood(h: Hostile, deadline: float, *, workers: int = 8) -> dict:
                 i = next(pairs)
                 top = rec.version or 0
                 base = i % max(1, top)
-                h.fetch(rec, "catchup", {"base": base, "target": top}, max_bytes=64 << 20, timeout=10.0)
+                h.fetch(rec, wp.CatchupRequest(base=base, target=top), max_bytes=64 << 20, timeout=10.0)
 
     with ThreadPoolExecutor(max_workers=workers) as pool:
         for _ in range(workers):

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from pulse_node.config import SwarmConfig
 from pulse_node.daemon.status_model import StatusReport
 from pulse_node.swarm.launcher import Child, LocalSwarm
+from pulse_node.testing.faults import FaultReport, read_fault_report
 
 if TYPE_CHECKING:
     from pulse_node.testing.faults import ForgingPeer
@@ -44,12 +45,16 @@ class ChaosLedger:
         self.held: dict[str, dict[int, set[str]]] = defaultdict(lambda: defaultdict(set))  # node -> version -> hashes
         self.stored: dict[str, dict[int, str]] = defaultdict(dict)  # node -> version -> hash of its store record
         self.lives: dict[tuple[str, float], StatusReport] = {}  # (node, started_at) -> its last status
+        self.fault_lives: dict[tuple[str, float], FaultReport] = {}  # (node, started_at) -> faults it injected
         self.head = -1
         self.max_lag = 0
         self.last_lag: dict[str, int] = {}
 
     def poll(self, children: list[Child]) -> None:
         polled = [(c, s) for c in children if (s := c.status()) is not None]
+        for c in children:
+            if (f := read_fault_report(c.data_dir)) is not None:
+                self.fault_lives[(c.name, f.started_at)] = f
         for c, s in polled:
             self.lives[(c.name, s.started_at)] = s
             if c.role == "trainer":
@@ -98,9 +103,9 @@ class ChaosLedger:
         """Faults injected, by fault kind and by ``message kind:fault``, over all lives."""
         by_fault: Counter[str] = Counter()
         by_message: Counter[str] = Counter()
-        for s in self.lives.values():
-            by_fault.update(s.data_plane.faults)
-            by_message.update(s.data_plane.faulted)
+        for f in self.fault_lives.values():
+            by_fault.update(f.faults)
+            by_message.update(f.faulted)
         return dict(by_fault), dict(sorted(by_message.items()))
 
     def strikes_of(self, peer_id: str) -> int:

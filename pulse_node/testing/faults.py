@@ -6,6 +6,10 @@ in-process (``start_forging_peer``) or on the real network (``ForgingPeer``).
 Used by ``tests/test_node_chaos.py``, ``bench/chaos.py`` and, only when a node's config has
 ``[net.faults] enabled = true`` (a testing option, off by default), by ``pulse-node join``
 (``faulty_factory``). Faults are drawn from a seeded RNG so a failing run can be replayed.
+
+What was injected is reported apart from the production status: such a node writes a
+``FaultReport`` to ``<data_dir>/faults.json`` (``FAULTS_FILE``) whenever its status is refreshed,
+and the chaos ledger (``testing/chaos.py``) sums those over every life of every node.
 """
 
 from __future__ import annotations
@@ -21,11 +25,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pulse_node.chain.anchor import Piece
-from pulse_node.daemon.transport import AnchorFetch, DataPlane, FetchParams, PeerInfo, Transport
+import pydantic
+
+from pulse_node.chain.peer import PeerRecord, PeerStatus, Serves
+from pulse_node.daemon.transport import AnchorFetch, DataPlane, Transport
 from pulse_node.errors import PulseError, WireError
-from pulse_node.net.dht.records import PeerStatus, Serves
-from pulse_node.vocab import Event, FetchKind, PushKind
+from pulse_node.fsutil import write_atomic
+from pulse_node.net.wire.protocol import FetchRequest, kind_of
+from pulse_node.vocab import Event, PushKind
 
 if TYPE_CHECKING:
     from pulse_node.chain.identity import Identity
@@ -33,6 +40,26 @@ if TYPE_CHECKING:
     from pulse_node.daemon.runtime import TransportFactory
 
 FAULTS = ("drop", "duplicate", "reorder", "delay", "corrupt")
+#: where a node with ``[net.faults]`` reports what it injected (in its data dir)
+FAULTS_FILE = "faults.json"
+
+
+class FaultReport(pydantic.BaseModel):
+    """What one life of a fault-injecting node injected (testing only; not in ``status.json``)."""
+
+    model_config = pydantic.ConfigDict(extra="forbid")
+
+    started_at: float = pydantic.Field(description="when this life's transport started (unix time)")
+    faults: dict[str, int] = pydantic.Field(default_factory=dict, description="faults injected per fault kind")
+    faulted: dict[str, int] = pydantic.Field(default_factory=dict, description="faults per message kind:fault")
+
+
+def read_fault_report(data_dir: Path) -> FaultReport | None:
+    """The report a node wrote in ``data_dir`` (None if it wrote none, or it is half-read)."""
+    try:
+        return FaultReport.model_validate_json((data_dir / FAULTS_FILE).read_bytes())
+    except (OSError, pydantic.ValidationError):
+        return None
 
 
 @dataclass(frozen=True)
@@ -67,16 +94,20 @@ class FaultyTransport:
     """Wraps a transport; every fetch and push may be faulted according to ``rates``.
 
     ``faults`` counts injected faults by fault kind, ``faulted`` by message kind and fault
-    (``"loco:drop"``). A push held back to reorder it goes out after the next push.
+    (``"loco:drop"``); with ``report_to`` they are written there as a ``FaultReport`` whenever
+    the node reads its transport's ``stats()``. A push held back to reorder it goes out after the
+    next push.
     """
 
-    def __init__(self, inner: Transport, rates: FaultRates, *, seed: int) -> None:
+    def __init__(self, inner: Transport, rates: FaultRates, *, seed: int, report_to: Path | None = None) -> None:
         self.inner = inner
+        self.report_to = report_to
+        self.started_at = time.time()
         self.rates = rates
         self.rng = random.Random(seed)
         self.faults: Counter[str] = Counter()
         self.faulted: Counter[str] = Counter()
-        self._held: list[tuple[PeerInfo, PushKind, bytes, float]] = []
+        self._held: list[tuple[PeerRecord, PushKind, bytes, float]] = []
         self._lock = threading.Lock()
         self.peer_id = inner.peer_id
 
@@ -101,7 +132,7 @@ class FaultyTransport:
             pause = self.rng.random() * self.rates.max_delay_s
         time.sleep(pause)
 
-    def _targeted(self, peer: PeerInfo, kind: str) -> bool:
+    def _targeted(self, peer: PeerRecord, kind: str) -> bool:
         r = self.rates
         return (kind not in r.spare_kinds and (not r.only_kinds or kind in r.only_kinds)
                 and (not r.only_peers or peer.peer_id in r.only_peers))
@@ -109,23 +140,24 @@ class FaultyTransport:
     def publish(self, status: PeerStatus) -> None:
         self.inner.publish(status)
 
-    def peers(self) -> list[PeerInfo]:
+    def peers(self) -> list[PeerRecord]:
         return self.inner.peers()
 
-    def fetch(self, peer: PeerInfo, kind: FetchKind, params: FetchParams, dest: Path, *, timeout: float,
+    def fetch(self, peer: PeerRecord, request: FetchRequest, dest: Path, *, timeout: float,
               max_bytes: int | None = None) -> int:
+        kind = kind_of(request)
         if not self._targeted(peer, kind):
-            return self.inner.fetch(peer, kind, params, dest, timeout=timeout, max_bytes=max_bytes)
+            return self.inner.fetch(peer, request, dest, timeout=timeout, max_bytes=max_bytes)
         if self._roll("drop", kind):
             raise WireError(f"injected: {kind} fetch from {peer.peer_id} dropped")
         if self._roll("delay", kind):
             self._sleep()
-        n = self.inner.fetch(peer, kind, params, dest, timeout=timeout, max_bytes=max_bytes)
+        n = self.inner.fetch(peer, request, dest, timeout=timeout, max_bytes=max_bytes)
         if n and self._roll("corrupt", kind):
             dest.write_bytes(self._flip(dest.read_bytes()))
         return n
 
-    def fetch_anchor(self, providers: list[PeerInfo], *, version: int, pieces: list[Piece], dest: Path,
+    def fetch_anchor(self, providers: list[PeerRecord], *, version: int, pieces: list, dest: Path,
                      timeout: float) -> AnchorFetch:
         """Dropped or delayed as a whole (its pieces are checked against signed digests anyway)."""
         if providers and self._targeted(providers[0], "anchor"):
@@ -135,7 +167,7 @@ class FaultyTransport:
                 self._sleep()
         return self.inner.fetch_anchor(providers, version=version, pieces=pieces, dest=dest, timeout=timeout)
 
-    def push(self, peer: PeerInfo, kind: PushKind, data: bytes, *, timeout: float) -> None:
+    def push(self, peer: PeerRecord, kind: PushKind, data: bytes, *, timeout: float) -> None:
         if not self._targeted(peer, kind):
             self.inner.push(peer, kind, data, timeout=timeout)
             return
@@ -157,7 +189,7 @@ class FaultyTransport:
         for p, k, d, t in held:
             self._push_quietly(p, k, d, t)
 
-    def _push_quietly(self, peer: PeerInfo, kind: PushKind, data: bytes, timeout: float) -> None:
+    def _push_quietly(self, peer: PeerRecord, kind: PushKind, data: bytes, timeout: float) -> None:
         """A duplicate or late copy: its failure is not the current push's failure."""
         try:
             self.inner.push(peer, kind, data, timeout=timeout)
@@ -174,9 +206,14 @@ class FaultyTransport:
         return self.inner.events(max_items=max_items, wait_s=wait_s)
 
     def stats(self) -> DataPlane:
+        if self.report_to is not None:
+            write_atomic(self.report_to, self.report().model_dump_json().encode(), durable=False)
+        return self.inner.stats()
+
+    def report(self) -> FaultReport:
+        """What this transport injected so far."""
         with self._lock:
-            return self.inner.stats().model_copy(update={"fault_injection": True, "faults": dict(self.faults),
-                                                         "faulted": dict(self.faulted)})
+            return FaultReport(started_at=self.started_at, faults=dict(self.faults), faulted=dict(self.faulted))
 
     def alive(self) -> bool:
         """Whether the wrapped transport's worker processes still run (True if it has none)."""
@@ -199,7 +236,7 @@ def faulty_factory(make: TransportFactory, cfg: FaultConfig) -> TransportFactory
         print(f"{bar}\n!!! CHAOS TESTING: [net.faults] is enabled. This node deliberately faults its own\n"
               f"!!! fetches and pushes ({rates.describe()}).\n!!! Never enable this outside tests.\n{bar}",
               file=sys.stderr, flush=True)
-        return FaultyTransport(inner, rates, seed=seed)
+        return FaultyTransport(inner, rates, seed=seed, report_to=Path(node_cfg.data_dir) / FAULTS_FILE)
 
     return make_faulty
 
@@ -228,20 +265,20 @@ class CrashingTransport:
         if self.crashed_at is None:
             self.inner.publish(status)
 
-    def peers(self) -> list[PeerInfo]:
+    def peers(self) -> list[PeerRecord]:
         return [] if self.crashed_at is not None else self.inner.peers()
 
-    def fetch(self, peer: PeerInfo, kind: FetchKind, params: FetchParams, dest: Path, *, timeout: float,
+    def fetch(self, peer: PeerRecord, request: FetchRequest, dest: Path, *, timeout: float,
               max_bytes: int | None = None) -> int:
         self._check_alive()
-        return self.inner.fetch(peer, kind, params, dest, timeout=timeout, max_bytes=max_bytes)
+        return self.inner.fetch(peer, request, dest, timeout=timeout, max_bytes=max_bytes)
 
-    def fetch_anchor(self, providers: list[PeerInfo], *, version: int, pieces: list[Piece], dest: Path,
+    def fetch_anchor(self, providers: list[PeerRecord], *, version: int, pieces: list, dest: Path,
                      timeout: float) -> AnchorFetch:
         self._check_alive()
         return self.inner.fetch_anchor(providers, version=version, pieces=pieces, dest=dest, timeout=timeout)
 
-    def push(self, peer: PeerInfo, kind: PushKind, data: bytes, *, timeout: float) -> None:
+    def push(self, peer: PeerRecord, kind: PushKind, data: bytes, *, timeout: float) -> None:
         with self._lock:
             self._check_alive()
             if self.when(kind, data):
@@ -392,7 +429,7 @@ class ForgingPeer:
                     pass
 
     def served(self) -> dict[str, int]:
-        return dict(self.wire.stats().get("requests", {}))
+        return dict(self.wire.stats().requests)
 
     def close(self) -> None:
         for stop in (self.dht.stop, self.wire.stop):

@@ -19,7 +19,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from pulse_node.chain.identity import Identity
-from pulse_node.net.dht.records import CLOCK_SLACK_S, PeerRecord, Serves, dht_key
+from pulse_node.chain.peer import PeerRecord, Serves
+from pulse_node.net.dht.records import CLOCK_SLACK_S, dht_key
 
 #: attack name -> fresh keys it floods with
 FLOODS = {"record_flood": 500, "sybil_flood": 1000}

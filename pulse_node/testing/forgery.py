@@ -235,10 +235,10 @@ def flood(lab: ForgeryLab, *, flood_batches: int, honest_batches: int, takes: in
         if feed.next_batch(lab.current) is None:
             break
         tally = feed.intake.tallies()
-        now = {s: tally.get(s, {}).get("accepted", 0) for s in before}
+        now = {s: t.accepted if (t := tally.get(s)) is not None else 0 for s in before}
         order += [s for s in before if now[s] > before[s]]
         before = now
     tally = feed.intake.tallies()
-    return {"honest_used": tally[HONEST]["accepted"], "flood_used": tally[FORGER]["accepted"],
-            "honest_refused": dict(tally[HONEST]["rejected"]), "flood_refused": dict(tally[FORGER]["rejected"]),
+    return {"honest_used": tally[HONEST].accepted, "flood_used": tally[FORGER].accepted,
+            "honest_refused": dict(tally[HONEST].rejected), "flood_refused": dict(tally[FORGER].rejected),
             "order": order}

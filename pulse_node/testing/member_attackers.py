@@ -23,6 +23,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from pulse_node.net.wire import protocol as wp
+
 FAR_VERSION = 10**12 - 1
 
 
@@ -150,16 +152,16 @@ def far(h: Any, deadline: float) -> dict:
 def anchor_swap(h: Any, deadline: float) -> dict:
     """Serve its own record for the newest real anchor (other chunk digests) and announce holding it."""
     from pulse_node.chain.layout import store_path
+    from pulse_node.chain.peer import Serves
     from pulse_node.chain.record import decode_record, encode_record
     from pulse_node.fsutil import write_atomic
-    from pulse_node.net.dht.records import Serves
 
     done: set[int] = set()
 
     def step() -> None:
         for rec in h.others():
             for a in sorted(set(rec.serves.anchors) - done, reverse=True)[:1]:
-                raw = h.fetch(rec, "record", {"version": a}, max_bytes=1 << 16, timeout=5.0)
+                raw = h.fetch(rec, wp.RecordRequest(version=a), max_bytes=1 << 16, timeout=5.0)
                 if not raw:
                     continue
                 real = decode_record(raw)
@@ -177,7 +179,6 @@ def anchor_swap(h: Any, deadline: float) -> dict:
 def oversize(h: Any, deadline: float) -> dict:
     """Declare 1 GiB loco pushes on the p2pd plane to every trainer (refused before any body)."""
     from pulse_node.net.dht.push import PushHeader
-    from pulse_node.net.wire import protocol as wp
 
     h.announce("inference", None)
     answers: dict[str, int] = {}

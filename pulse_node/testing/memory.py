@@ -21,13 +21,22 @@ from typing import Any
 import blake3
 
 from pulse_node.chain.anchor import Piece
-from pulse_node.daemon.transport import AnchorFetch, DataPlane, FetchParams, PeerInfo
+from pulse_node.chain.peer import PeerRecord, PeerStatus
+from pulse_node.daemon.transport import AnchorFetch, DataPlane
 from pulse_node.errors import BusyError, IntegrityError, NotFound, PeerBusy, PeerUnavailable, PulseError, WireError
 from pulse_node.fsutil import write_atomic
-from pulse_node.net.dht.records import PeerStatus
-from pulse_node.vocab import Event, FetchKind, PushKind, check_fetch_kind, check_push_kind
+from pulse_node.net.wire.protocol import AnchorRequest, FetchRequest, kind_of, params_of
+from pulse_node.vocab import Event, PushKind, check_push_kind
 
 Resolver = Callable[[str, dict[str, Any]], "Path | None"]
+
+
+def announced(peer_id: str, status: PeerStatus, *, at: float | None = None) -> PeerRecord:
+    """The ``PeerRecord`` the in-memory hub shows for ``status`` published under ``peer_id``: built,
+    not validated (hub ids such as ``"holder"`` are no libp2p peer ids, and nothing on the hub is
+    signed), so tests may also claim keys and addresses a real record could not."""
+    return PeerRecord.model_construct(**dict(status), peer_id=peer_id, session="00" * 16,
+                                      updated_at=time.time() if at is None else at)
 
 
 class MemoryHub:
@@ -35,7 +44,7 @@ class MemoryHub:
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.records: dict[str, PeerInfo] = {}
+        self.records: dict[str, PeerRecord] = {}
         self.resolvers: dict[str, Resolver] = {}
         self.inboxes: dict[str, deque[Event]] = {}
         self.down: set[str] = set()
@@ -59,24 +68,22 @@ class MemoryTransport:
 
     def publish(self, status: PeerStatus) -> None:
         with self.hub.lock:
-            self.hub.records[self.peer_id] = PeerInfo(self.peer_id, status)
+            self.hub.records[self.peer_id] = announced(self.peer_id, status)
 
-    def peers(self) -> list[PeerInfo]:
+    def peers(self) -> list[PeerRecord]:
         with self.hub.lock:
             return [p for pid, p in self.hub.records.items() if pid not in self.hub.down]
 
-    def fetch(self, peer: PeerInfo, kind: FetchKind, params: FetchParams, dest: Path, *, timeout: float,
+    def fetch(self, peer: PeerRecord, request: FetchRequest, dest: Path, *, timeout: float,
               max_bytes: int | None = None) -> int:
-        check_fetch_kind(kind)
-        src = self._source(peer, kind, params)
-        offset, length = params.get("offset", 0), params.get("length")  # an anchor byte range
-        if not isinstance(offset, int) or not (length is None or isinstance(length, int)):
-            raise WireError(f"{kind} params {params}: offset and length must be integers")
+        kind = kind_of(request)
+        src = self._source(peer, request)
+        offset = request.offset if isinstance(request, AnchorRequest) else 0  # an anchor byte range
         size = max(0, src.stat().st_size - offset)
-        size = size if length is None else min(length, size)
+        size = min(request.length, size) if isinstance(request, AnchorRequest) else size
         if max_bytes is not None and size > max_bytes:  # as the wire worker: refused before reading
-            raise IntegrityError(f"{kind} {params} from {peer.peer_id} is {size} bytes, more than the {max_bytes} "
-                                 "its signed record allows")
+            raise IntegrityError(f"{kind} {params_of(request)} from {peer.peer_id} is {size} bytes, more than the "
+                                 f"{max_bytes} its signed record allows")
         with open(src, "rb") as fh:
             fh.seek(offset)
             data = fh.read(size)
@@ -84,7 +91,7 @@ class MemoryTransport:
         self.bytes_in += size
         return size
 
-    def fetch_anchor(self, providers: list[PeerInfo], *, version: int, pieces: list[Piece], dest: Path,
+    def fetch_anchor(self, providers: list[PeerRecord], *, version: int, pieces: list[Piece], dest: Path,
                      timeout: float) -> AnchorFetch:
         """Each signed piece from the providers in turn (a bad or missing one: the next provider)."""
         bad: set[str] = set()
@@ -110,13 +117,16 @@ class MemoryTransport:
         self.bytes_in += len(out)
         return AnchorFetch(len(out), bad_peers=sorted(bad), failed_peers=sorted(failed))
 
-    def _range(self, peer: PeerInfo, version: int, piece: Piece) -> bytes:
-        with open(self._source(peer, "anchor", {"version": version}), "rb") as fh:
+    def _range(self, peer: PeerRecord, version: int, piece: Piece) -> bytes:
+        with open(self._source(peer, AnchorRequest(version=version, offset=piece.offset, length=piece.length)),
+                  "rb") as fh:
             fh.seek(piece.offset)
             return fh.read(piece.length)
 
-    def _source(self, peer: PeerInfo, kind: str, params: FetchParams) -> Path:
-        """The serving peer's file for ``kind``/``params``; ``NotFound``, ``PeerUnavailable`` or ``PeerBusy`` otherwise."""
+    def _source(self, peer: PeerRecord, request: FetchRequest) -> Path:
+        """The serving peer's file for ``request`` (its resolver reads the request's kind and fields, as
+        ``chain/serving.py`` does); ``NotFound``, ``PeerUnavailable`` or ``PeerBusy`` otherwise."""
+        kind, params = kind_of(request), params_of(request)
         with self.hub.lock:
             resolver = None if peer.peer_id in self.hub.down else self.hub.resolvers.get(peer.peer_id)
         if resolver is None:
@@ -133,7 +143,7 @@ class MemoryTransport:
             raise NotFound(f"{peer.peer_id} has no {kind} {params}")
         return Path(src)
 
-    def push(self, peer: PeerInfo, kind: PushKind, data: bytes, *, timeout: float) -> None:
+    def push(self, peer: PeerRecord, kind: PushKind, data: bytes, *, timeout: float) -> None:
         check_push_kind(kind)
         with self.hub.lock:
             inbox = None if peer.peer_id in self.hub.down else self.hub.inboxes.get(peer.peer_id)

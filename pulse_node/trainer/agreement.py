@@ -57,19 +57,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pulse_node.chain.peer import PeerRecord
 from pulse_node.chain.serving import LOCO_DIR, loco_payload_path
 from pulse_node.chain.trust import TrustPolicy
 from pulse_node.config import TrainerConfig
 from pulse_node.daemon.context import RoleContext
 from pulse_node.daemon.evidence_plane import node_trust
-from pulse_node.daemon.transport import PeerInfo, push_to_all
+from pulse_node.daemon.transport import push_to_all
 from pulse_node.errors import BaseMismatchError, IntegrityError, PulseError, WireError
 from pulse_node.fsutil import write_atomic
 from pulse_node.loco.bound import PayloadBound, PayloadBoundError, max_payload_bytes
 from pulse_node.loco.decision import MAX_DECISION_BYTES, RoundDecision, encode_decision, make_decision, payload_digest
 from pulse_node.loco.payload import LocoPayload, decode_payload, read_header
+from pulse_node.net.wire.protocol import LocoDecisionRequest, LocoPayloadRequest
 from pulse_node.trainer.decisions import DecisionIntake, coordinator_order
 from pulse_node.trainer.round_trust import RoundTrust
+from pulse_node.vocab import DecisionRefusal, LocoRefusal
 
 KEEP_ROUNDS = 4  # rounds whose payloads and decisions a trainer keeps on disk and serves
 WINDOW = 4  # decisions are taken for the current round and the next WINDOW - 1
@@ -155,31 +158,31 @@ class RoundAgreement(DecisionIntake):
         if self.gate.dropped("loco", sender):
             return
         if not self.gate.is_member(sender):
-            self._refuse(sender, "not_member", IntegrityError(f"{sender[:12]} is not a trusted trainer-set member"))
+            self._refuse(sender, LocoRefusal.NOT_MEMBER, IntegrityError(f"{sender[:12]} is not a trusted trainer-set member"))
         if len(data) > self.cap:
-            self._refuse(sender, "too_large", WireError(f"payload of {len(data)} bytes exceeds this model's cap {self.cap}"))
+            self._refuse(sender, LocoRefusal.TOO_LARGE, WireError(f"payload of {len(data)} bytes exceeds this model's cap {self.cap}"))
         try:
             h = read_header(data, max_bytes=self.cap, max_tensors=len(self.shapes))
         except WireError as exc:
-            self._refuse(sender, "malformed", exc)
+            self._refuse(sender, LocoRefusal.MALFORMED, exc)
         if h.trainer_id != sender:
-            self._refuse(sender, "malformed", WireError(f"payload claims trainer {h.trainer_id[:12]} but came from {sender[:12]}"))
+            self._refuse(sender, LocoRefusal.MALFORMED, WireError(f"payload claims trainer {h.trainer_id[:12]} but came from {sender[:12]}"))
         r, now = h.round, self.current_round()
         if not 0 <= r - now <= PARK_ROUNDS:
             if r > now:
-                self.gate.refuse("loco", sender, "too_far_ahead", f"round {r} while at {now}", strike=False)
+                self.gate.refuse(sender, LocoRefusal.TOO_FAR_AHEAD, f"round {r} while at {now}", strike=False)
             return
         if self.gate.banned(sender):  # heard from: it cannot contribute this round
             self.refused.setdefault(r, {}).setdefault(sender, b"")
-            return self.gate.refuse("loco", sender, "banned", "sender is banned", strike=False)
+            return self.gate.refuse(sender, LocoRefusal.BANNED, "sender is banned", strike=False)
         if r > now:  # its base is the state we do not hold yet: parked, one per member and round
             self.pending.setdefault(r, {})[sender] = data
             return
         self._admit(sender, r, data)
 
-    def _refuse(self, sender: str, reason: str, exc: PulseError) -> None:
+    def _refuse(self, sender: str, reason: LocoRefusal, exc: PulseError) -> None:
         """Count and strike a refused payload, then raise ``exc``."""
-        self.gate.refuse("loco", sender, reason, str(exc), strike=True)
+        self.gate.refuse(sender, reason, str(exc), strike=True)
         raise exc
 
     def _admit(self, sender: str, r: int, data: bytes) -> None:
@@ -191,7 +194,7 @@ class RoundAgreement(DecisionIntake):
         have = self.inbox.get(r, {}).get(sender)
         if have is not None:  # one payload per member and round: the first
             if have[0] != payload_digest(data):
-                self.gate.refuse("loco", sender, "duplicate", f"a second payload for round {r}", strike=False)
+                self.gate.refuse(sender, LocoRefusal.DUPLICATE, f"a second payload for round {r}", strike=False)
             return
         try:
             p = self._decode(data)
@@ -200,9 +203,9 @@ class RoundAgreement(DecisionIntake):
             return
         except PayloadBoundError as exc:
             self.refused.setdefault(r, {})[sender] = payload_digest(data)
-            self._refuse(sender, "out_of_bound", exc)
+            self._refuse(sender, LocoRefusal.OUT_OF_BOUND, exc)
         except PulseError as exc:
-            self._refuse(sender, "malformed", exc)
+            self._refuse(sender, LocoRefusal.MALFORMED, exc)
         self._keep_payload(p, data)
 
     def _decode(self, data: bytes) -> LocoPayload:
@@ -217,7 +220,8 @@ class RoundAgreement(DecisionIntake):
         """Report the largest value / bound ratio seen (how close honest payloads come to it)."""
         if ratio > self.ratio_max:
             self.ratio_max = ratio
-            self.ctx.status.set_counts(loco_bound_ratio_max=ratio)
+            with self.ctx.status.trainer() as counters:
+                counters.loco_bound_ratio_max = ratio
 
     def _flush_pending(self) -> None:
         """Admit held payloads of the round that is now current; drop those of past rounds."""
@@ -228,7 +232,8 @@ class RoundAgreement(DecisionIntake):
                 try:
                     self._admit(sender, k, data)
                 except PulseError as exc:
-                    self.ctx.status.add("rejected")
+                    with self.ctx.status.node() as counters:
+                        counters.rejected += 1
                     self.ctx.status.error(f"bad loco from {sender[:12]}: {exc}")
 
     def _base_mismatch(self, r: int, trainer: str, exc: BaseMismatchError) -> None:
@@ -237,7 +242,8 @@ class RoundAgreement(DecisionIntake):
         if trainer in seen:
             return
         seen.add(trainer)
-        self.ctx.status.add("loco_base_mismatch")
+        with self.ctx.status.trainer() as counters:
+            counters.loco_base_mismatch += 1
         self.ctx.log.warning("round %d: %s; not decoded, %s misses this round (a trainer on another "
                              "state re-syncs)", r, exc, trainer[:12])
 
@@ -260,7 +266,8 @@ class RoundAgreement(DecisionIntake):
             self._ratio(self.bound.ratio(mine.tensors, self.base()[1]))
         live = self._live()
         self._push(list(live.values()), data, kind="loco", timeout=self.cfg.deadline_s)
-        self.ctx.status.add("loco_bytes_out", len(data) * len(live))
+        with self.ctx.status.trainer() as counters:
+            counters.loco_bytes_out += len(data) * len(live)
         order = coordinator_order(self.ctx.cfg.run_id, r, [self.me, *live])
         self._open = OpenRound(r, mine.base_hash, order, t0=time.monotonic())
         self._replay_parked(r)
@@ -312,7 +319,7 @@ class RoundAgreement(DecisionIntake):
             return _WAIT
         return None
 
-    def _my_turn(self, r: int, order: list[str], live: Mapping[str, PeerInfo], t0: float, now: float) -> bool:
+    def _my_turn(self, r: int, order: list[str], live: Mapping[str, PeerRecord], t0: float, now: float) -> bool:
         """Whether we decide round ``r`` now (module docstring, steps 2 and 3)."""
         deadline = t0 + self.cfg.deadline_s
         if order[0] == self.me:
@@ -328,17 +335,17 @@ class RoundAgreement(DecisionIntake):
             due += self.cfg.decision_wait_s
         return True
 
-    def _all_in(self, r: int, order: list[str], live: Mapping[str, PeerInfo]) -> bool:
+    def _all_in(self, r: int, order: list[str], live: Mapping[str, PeerRecord]) -> bool:
         held, other_base, refused = self.inbox.get(r, {}), self.mismatched.get(r, set()), self.refused.get(r, {})
         return all(pid in held or pid in other_base or pid in refused for pid in order if pid == self.me or pid in live)
 
-    def _closed_elsewhere(self, r: int, live: Mapping[str, PeerInfo]) -> bool:
+    def _closed_elsewhere(self, r: int, live: Mapping[str, PeerRecord]) -> bool:
         """A live member announces a version past round ``r`` (it published ``r + 1``); a claim more
         than ``max_version_step`` ahead is no member's honest progress and is ignored."""
         step = self.gate.trust.max_version_step
-        return any(r < p.version <= r + step for p in live.values())
+        return any(r < p.head <= r + step for p in live.values())
 
-    def _decide(self, r: int, base: bytes, live: Mapping[str, PeerInfo], *, pull: bool) -> RoundDecision | None:
+    def _decide(self, r: int, base: bytes, live: Mapping[str, PeerRecord], *, pull: bool) -> RoundDecision | None:
         """Sign and push the decision of round ``r``: the payloads we hold that were made on ``base``."""
         if pull:
             if self._pull(r, live) is not None:
@@ -358,24 +365,27 @@ class RoundAgreement(DecisionIntake):
             self._keep_own(r, data)
         self._accept(d, data)
         self._push(list(live.values()), data, kind="loco_decision")
-        self.ctx.status.add("decisions_made")
+        with self.ctx.status.trainer() as counters:
+            counters.decisions_made += 1
         self.ctx.log.info("round %d: decided %d contributors", r, len(d.contributors))
         return d
 
-    def _pull(self, r: int, live: Mapping[str, PeerInfo]) -> RoundDecision | None:
+    def _pull(self, r: int, live: Mapping[str, PeerRecord]) -> RoundDecision | None:
         """Fetch an existing decision of round ``r`` from the live trainers (the first valid one)."""
         timeout = min(self.ctx.cfg.net.fetch_timeout_s, self.cfg.decision_wait_s)
         for peer in sorted(live.values(), key=lambda p: p.peer_id.encode()):
-            data = self.gate.fetch(peer, "loco_decision", {"round": r}, cap=MAX_DECISION_BYTES, timeout=timeout)
+            data = self.gate.fetch(peer, LocoDecisionRequest(round=r), cap=MAX_DECISION_BYTES, timeout=timeout)
             if data is None:
                 continue
             try:
                 self.offer_decision(peer.peer_id, data)
             except PulseError as exc:
-                self.ctx.status.add("rejected")
+                with self.ctx.status.node() as counters:
+                    counters.rejected += 1
                 self.ctx.status.error(f"bad decision from {peer.peer_id[:12]}: {exc}")
             if r in self.decisions:
-                self.ctx.status.add("decisions_pulled")
+                with self.ctx.status.trainer() as counters:
+                    counters.decisions_pulled += 1
                 return self.decisions[r]
         return None
 
@@ -409,10 +419,9 @@ class RoundAgreement(DecisionIntake):
                 return p
         return _WAIT
 
-    def _fetch_payload(self, peer: PeerInfo, r: int, tid: str, digest: bytes, until: float) -> LocoPayload | None:
+    def _fetch_payload(self, peer: PeerRecord, r: int, tid: str, digest: bytes, until: float) -> LocoPayload | None:
         timeout = max(0.5, min(self.ctx.cfg.net.fetch_timeout_s, until - time.monotonic()))
-        data = self.gate.fetch(peer, "loco_payload", {"round": r, "digest": digest.hex()},
-                           cap=self.cap, timeout=timeout)
+        data = self.gate.fetch(peer, LocoPayloadRequest(round=r, digest=digest.hex()), cap=self.cap, timeout=timeout)
         if data is None:
             return None
         try:
@@ -428,14 +437,16 @@ class RoundAgreement(DecisionIntake):
         except PayloadBoundError as exc:  # a decision naming it is refused: never applied
             self.refused.setdefault(r, {})[tid] = digest
             coordinator = self.decisions[r].coordinator if r in self.decisions else peer.peer_id
-            self.gate.refuse("decision", coordinator, "out_of_bound", str(exc), strike=True)
+            self.gate.refuse(coordinator, DecisionRefusal.OUT_OF_BOUND, str(exc), strike=True)
             return None
         except PulseError as exc:
-            self.ctx.status.add("rejected")
+            with self.ctx.status.node() as counters:
+                counters.rejected += 1
             self.ctx.status.error(f"round {r}: {exc}")
             return None
         self._keep_payload(p, data)
-        self.ctx.status.add("loco_fetched")
+        with self.ctx.status.trainer() as counters:
+            counters.loco_fetched += 1
         return p
 
     # ---- plumbing ------------------------------------------------------------------------
@@ -448,16 +459,16 @@ class RoundAgreement(DecisionIntake):
         except PulseError as exc:
             self.ctx.log.warning("cannot lower the push plane's payload cap: %s", exc)
 
-    def _live(self) -> dict[str, PeerInfo]:
+    def _live(self) -> dict[str, PeerRecord]:
         """Live trainer-set members but us (``RoundTrust.live``)."""
         return self.gate.live()
 
-    def _push(self, peers: list[PeerInfo], data: bytes, *, kind: str, timeout: float = _PUSH_TIMEOUT_S) -> None:
+    def _push(self, peers: list[PeerRecord], data: bytes, *, kind: str, timeout: float = _PUSH_TIMEOUT_S) -> None:
         """Push to every peer at once, in the background (each bounded by ``timeout``)."""
         if not peers:
             return
 
-        def failed(peer: PeerInfo, exc: PulseError) -> None:
+        def failed(peer: PeerRecord, exc: PulseError) -> None:
             self.ctx.status.error(f"{kind} push to {peer.peer_id[:12]} failed: {exc}")
 
         threading.Thread(target=push_to_all, args=(self.ctx.transport, peers, kind, data),

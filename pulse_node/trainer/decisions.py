@@ -37,20 +37,22 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import blake3
 
 from pulse_node.chain.identity import key_id_of
+from pulse_node.chain.peer import PeerRecord
 from pulse_node.chain.serving import loco_decision_path
 from pulse_node.config import TrainerConfig
 from pulse_node.daemon.context import RoleContext
-from pulse_node.daemon.transport import PeerInfo
+from pulse_node.daemon.status_model import count
 from pulse_node.errors import IntegrityError, PulseError
 from pulse_node.fsutil import write_atomic
 from pulse_node.loco.bound import PayloadBoundError
 from pulse_node.loco.config import LocoConfig
 from pulse_node.loco.decision import MAX_DECISION_BYTES, RoundDecision, decode_decision, verify_decision
+from pulse_node.vocab import DecisionRefusal
 
 _ORDER_DOMAIN = b"pulse/coordinator-order/1\0"
 PARK_PER_ROUND = 8  # decisions parked per coming round, at most
@@ -87,7 +89,7 @@ class DecisionIntake:
     gate: Any
     refused: dict[int, dict[str, bytes]]
     _in_window: Callable[[int], bool]
-    _live: Callable[[], dict[str, PeerInfo]]
+    _live: Callable[[], dict[str, PeerRecord]]
     _push: Callable[..., None]  # (peers, data, *, kind, timeout=...)
 
     def _init_intake(self) -> None:
@@ -99,17 +101,17 @@ class DecisionIntake:
         if self.gate.dropped("decision", sender):
             return
         if not self.gate.is_member(sender):
-            self.gate.refuse("decision", sender, "not_member", "not a trainer-set member", strike=True)
+            self.gate.refuse(sender, DecisionRefusal.NOT_MEMBER, "not a trainer-set member", strike=True)
             raise IntegrityError(f"decision pushed by {sender[:12]}, not a trusted trainer-set member")
         try:
             d = decode_decision(data)
             self._verify(d)
             self._witness(d, data)
         except PayloadBoundError as exc:
-            self.gate.refuse("decision", sender, "out_of_bound", str(exc), strike=False)
+            self.gate.refuse(sender, DecisionRefusal.OUT_OF_BOUND, str(exc), strike=False)
             raise
         except PulseError as exc:
-            self.gate.refuse("decision", sender, "bad_decision", str(exc), strike=False)
+            self.gate.refuse(sender, DecisionRefusal.BAD_DECISION, str(exc), strike=False)
             raise
         if self._in_window(d.round):
             self._consider(d, data, sender=sender)
@@ -138,7 +140,8 @@ class DecisionIntake:
         if (have.base, have.contributors) == (d.base, d.contributors):
             return
         self.gate.trust.evidence.add("decision", first, data)  # verifies both again; convicts the key
-        self.ctx.status.add_reason("decisions_refused", "equivocation")
+        with self.ctx.status.trainer() as c:
+            count(c.decisions_refused, DecisionRefusal.EQUIVOCATION)
         accepted = self.decisions.get(d.round)
         if accepted is not None and accepted.signer == d.signer:
             del self.decisions[d.round]  # not applied yet: the next coordinator in turn decides
@@ -151,32 +154,32 @@ class DecisionIntake:
         """Accept ``d`` if its round is open here, it is its coordinator's turn and on our base;
         park it if it is early."""
         why = self._standing(d)
-        if why in ("early", "not_open"):
+        if isinstance(why, DecisionRefusal):
+            self.gate.refuse(sender, why, f"round {d.round} decision of {d.coordinator[:12]}", strike=False)
+            return
+        if why is not None:  # early, or its round is not open here yet: parked
             held = self.parked.setdefault(d.round, {})
             if d.coordinator in held or len(held) < PARK_PER_ROUND:
                 held[d.coordinator] = (d, data)
-            return
-        if why is not None:
-            self.gate.refuse("decision", sender, why, f"round {d.round} decision of {d.coordinator[:12]}", strike=False)
             return
         if self._accept(d, data):
             self.parked.pop(d.round, None)
             relay_to = [p for pid, p in self._live().items() if pid not in (sender, d.coordinator)]
             self._push(relay_to, data, kind="loco_decision")
 
-    def _standing(self, d: RoundDecision) -> str | None:
+    def _standing(self, d: RoundDecision) -> DecisionRefusal | Literal["early", "not_open"] | None:
         """None if ``d`` may be accepted now, else why not (``not_open``, ``early``, ``other_base``,
         ``not_designated``)."""
         o = self._open
         if o is None or o.round != d.round:
             return "not_open"
         if d.base != o.base:
-            return "other_base"
+            return DecisionRefusal.OTHER_BASE
         live = self._live()
         order = coordinator_order(self.ctx.cfg.run_id, d.round,
                                   [pid for pid in {*o.order, *live} if pid == self.me or self.gate.is_member(pid)])
         if d.coordinator not in order:
-            return "not_designated"
+            return DecisionRefusal.NOT_DESIGNATED
         due = turn_at(order, d.coordinator, live, me=self.me, deadline=o.t0 + self.cfg.deadline_s,
                       wait=self.cfg.decision_wait_s)
         return None if time.monotonic() >= due - self.cfg.decision_wait_s / 2 else "early"
@@ -197,7 +200,8 @@ class DecisionIntake:
         have = self.decisions.get(d.round)
         if have is not None:
             if (have.base, have.contributors) != (d.base, d.contributors):
-                self.ctx.status.add("decision_conflicts")
+                with self.ctx.status.trainer() as c:
+                    c.decision_conflicts += 1
                 self.ctx.log.warning("round %d: ignoring a second, different decision from %s",
                                      d.round, d.coordinator[:12])
             return False

@@ -15,42 +15,30 @@ when their turn comes (a ban must not still cost a forward per queued batch).
 Keys are free, so turns are not one per key: senders with standing (``net/peers/standing.py``: a batch
 of theirs was accepted before) take their turns round robin, and senders without standing share
 one turn in every ``NEWCOMER_EVERY`` together, so 1 or 1,000 fresh keys cost the trainer the same
-verification work while honest batches wait. ``tallies()`` is a plain dict for the node status.
+verification work while honest batches wait. Each sender's tally is the status model's
+``SenderReport``; ``tallies()`` copies them for the node status.
 """
 
 from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import asdict, dataclass, field
 
 from pulse_node.chain.trust import TrustPolicy
 from pulse_node.codec.state import State
 from pulse_node.daemon.status import NodeStatus
+from pulse_node.daemon.status_model import SenderReport, count
 from pulse_node.errors import WireError
 from pulse_node.net.peers.standing import Standing
 from pulse_node.rl.config import VerifyConfig
 from pulse_node.rl.rollout import Rollout, decode_rollouts
 from pulse_node.rl.verify import BatchVerdict, RolloutCheck, RolloutVerifier
+from pulse_node.vocab import BatchRefusal
 
 #: senders whose tallies are kept (the least recently seen idle sender is forgotten first)
 MAX_TRACKED_SENDERS = 1024
 #: while senders with standing have batches queued, one take in this many goes to a newcomer
 NEWCOMER_EVERY = 4
-
-
-@dataclass
-class SenderTally:
-    """What one sender contributed and why it was refused."""
-
-    accepted: int = 0  # batches trained on
-    accepted_rollouts: int = 0
-    rejected: dict[str, int] = field(default_factory=dict)  # batches refused, by reason
-    queued: int = 0
-    queued_bytes: int = 0
-    strikes: int = 0
-    banned: bool = False
-    last_seen: float = 0.0
 
 
 class RolloutIntake:
@@ -63,27 +51,27 @@ class RolloutIntake:
         self._known_in_a_row = 0
         self._queues: dict[str, deque[bytes]] = {}
         self._turns: deque[str] = deque()  # senders with queued batches, next turn first
-        self._tally: dict[str, SenderTally] = {}
+        self._tally: dict[str, SenderReport] = {}
         self.total_bytes = 0
 
     def __len__(self) -> int:
         return sum(len(q) for q in self._queues.values())
 
-    def tally(self, sender: str) -> SenderTally:
+    def tally(self, sender: str) -> SenderReport:
         t = self._tally.get(sender)
         if t is None:
             self._forget_idle()
-            t = self._tally[sender] = SenderTally()
+            t = self._tally[sender] = SenderReport()
         t.last_seen = time.time()
         return t
 
     def offer(self, sender: str, data: bytes) -> bool:
         """Queue a batch from ``sender``; False (tallied) if refused on arrival."""
         if self.trust.ignored(sender):
-            self.refused(sender, "banned", strike=False)
+            self.refused(sender, BatchRefusal.BANNED, strike=False)
             return False
         if len(data) > self.cfg.max_queued_bytes:
-            self.refused(sender, "too_large", strike=False)
+            self.refused(sender, BatchRefusal.TOO_LARGE, strike=False)
             return False
         item = bytes(data)
         queue = self._queues.setdefault(sender, deque())
@@ -108,7 +96,7 @@ class RolloutIntake:
                 continue
             if self.trust.ignored(sender):  # banned after these were queued: never verified
                 while queue:
-                    self._drop_oldest(sender, reason="banned")
+                    self._drop_oldest(sender, reason=BatchRefusal.BANNED)
                 continue
             data = queue.popleft()
             self._account(sender, -1, -len(data))
@@ -138,21 +126,21 @@ class RolloutIntake:
         t.accepted += 1
         t.accepted_rollouts += rollouts
 
-    def refused(self, sender: str, reason: str, *, strike: bool) -> None:
+    def refused(self, sender: str, reason: BatchRefusal, *, strike: bool) -> None:
         """Tally a refused batch; ``strike`` when the refusal means the sender lied."""
         t = self.tally(sender)
-        t.rejected[reason] = t.rejected.get(reason, 0) + 1
+        count(t.rejected, reason)
         if strike:
             self.trust.strike(sender)
             self.standing.struck(sender)
             t.strikes = self.trust.strikes[sender]
 
-    def tallies(self) -> dict[str, dict]:
-        """Per-sender tallies as plain JSON-ready dicts (for status.json)."""
+    def tallies(self) -> dict[str, SenderReport]:
+        """A copy of every sender's tally (for status.json)."""
         out = {}
         for sender, t in self._tally.items():
             t.banned = self.trust.ignored(sender)
-            out[sender] = asdict(t) | {"rejected": dict(t.rejected)}
+            out[sender] = t.model_copy(deep=True)
         return out
 
     def _account(self, sender: str, batches: int, nbytes: int) -> None:
@@ -161,7 +149,7 @@ class RolloutIntake:
         t.queued_bytes += nbytes
         self.total_bytes += nbytes
 
-    def _drop_oldest(self, sender: str, *, reason: str = "queue_full") -> None:
+    def _drop_oldest(self, sender: str, *, reason: BatchRefusal = BatchRefusal.QUEUE_FULL) -> None:
         queue = self._queues[sender]
         data = queue.popleft()
         self._account(sender, -1, -len(data))
@@ -209,14 +197,17 @@ class RolloutFeed:
         while (item := self.intake.take()) is not None:
             sender, data = item
             verdict = self._check(sender, data, current_version)
-            self.status.add("rollouts_in", len(verdict.checks))
+            with self.status.trainer() as c:
+                c.rollouts_in += len(verdict.checks)
+                if not verdict.ok:
+                    c.rollouts_refused += len(verdict.checks)
             if verdict.ok:
                 self.intake.accepted(sender, len(verdict.rollouts))
-            else:
+            elif verdict.reason:
                 self.intake.refused(sender, verdict.reason, strike=verdict.strike)
-                self.status.add("rollouts_refused", len(verdict.checks))
                 if verdict.strike:
-                    self.status.add("rejected")
+                    with self.status.node() as n:
+                        n.rejected += 1
                     self.status.error(f"rollout batch from {sender[:12]} refused: {verdict.reason} ({verdict.detail})")
             self.status.update(rollout_senders=self.intake.tallies())
             if verdict.ok:
@@ -227,6 +218,6 @@ class RolloutFeed:
         try:
             rollouts = decode_rollouts(data)
         except WireError as exc:
-            return BatchVerdict("malformed", str(exc), [RolloutCheck(0, "malformed", str(exc))])
+            return BatchVerdict(BatchRefusal.MALFORMED, str(exc), [RolloutCheck(0, BatchRefusal.MALFORMED, str(exc))])
         return self.verifier.check(rollouts, sender=sender, current_version=current_version,
                                    state_of=self.states.get)

@@ -19,13 +19,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from pulse_node.chain.identity import peer_id_of_key
+from pulse_node.chain.peer import PeerRecord
 from pulse_node.chain.record import MAX_RECORD_BYTES, decode_record
 from pulse_node.chain.trainerset import bound_key
 from pulse_node.chain.trust import TrustPolicy
+from pulse_node.daemon.transport import Fetch
 from pulse_node.errors import PulseError
+from pulse_node.net.wire.protocol import RecordRequest
 
 MAX_ASKED = 16  # member trainers asked for their record of a version, at most
 
@@ -44,12 +46,12 @@ def majority(ballots: Mapping[str, str], *, me: str = "") -> str | None:
     return None
 
 
-def gather_ballots(*, version: int, heads: Mapping[str, str], trainers: list[Any], trust: TrustPolicy,
-                   fetch: Any, scratch: Path, timeout: float, source: str = "") -> dict[str, str]:
+def gather_ballots(*, version: int, heads: Mapping[str, str], trainers: list[PeerRecord], trust: TrustPolicy,
+                   fetch: Fetch, scratch: Path, timeout: float, source: str = "") -> dict[str, str]:
     """Ballots for ``version`` of the live member ``trainers`` (key -> state hash; "" for one that
     does not hold the version): a pushed head (``heads``: key -> state hash) counts as its
     signer's ballot; a member without one is asked for its record of the version
-    (``fetch(peer, kind, params, dest, ...)``, verified by ``trust``). The record of ``source``
+    (``fetch(peer, RecordRequest(version=...), dest, ...)``, verified by ``trust``). The record of ``source``
     (a peer id: the state we would adopt) is always asked for, and a failure there raises."""
     ballots = {k: h for k, h in heads.items() if trust.is_member(k)}
     asked = 0
@@ -61,9 +63,9 @@ def gather_ballots(*, version: int, heads: Mapping[str, str], trainers: list[Any
             continue
         if not trust.is_member(key) or key in ballots:
             continue
-        if peer.version < 0:  # starting itself: no state to vote with (genesis, a fresh trainer)
+        if peer.head < 0:  # starting itself: no state to vote with (genesis, a fresh trainer)
             continue
-        if peer.version < version or asked >= MAX_ASKED:
+        if peer.head < version or asked >= MAX_ASKED:
             ballots[key] = ""
             continue
         asked += 1
@@ -71,13 +73,13 @@ def gather_ballots(*, version: int, heads: Mapping[str, str], trainers: list[Any
     return ballots
 
 
-def _served_state(peer: Any, version: int, *, trust: TrustPolicy, fetch: Any, scratch: Path, timeout: float,
+def _served_state(peer: PeerRecord, version: int, *, trust: TrustPolicy, fetch: Fetch, scratch: Path, timeout: float,
                   strict: bool = False) -> str:
     """The state hash of the verified record ``peer`` serves for ``version`` ("" if none; with
     ``strict`` the ``PulseError`` saying why)."""
     dest = scratch / f".ballot-{peer.peer_id[-16:]}"
     try:
-        fetch(peer, "record", {"version": version}, dest, timeout=timeout, max_bytes=MAX_RECORD_BYTES)
+        fetch(peer, RecordRequest(version=version), dest, timeout=timeout, max_bytes=MAX_RECORD_BYTES)
         rec = decode_record(dest.read_bytes()[:MAX_RECORD_BYTES + 1])
         trust.verify(rec, sender=peer.peer_id)
     except (PulseError, OSError):

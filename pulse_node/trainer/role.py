@@ -22,6 +22,7 @@ import time
 
 import torch
 
+from pulse_node.chain.peer import PeerRecord
 from pulse_node.chain.record import VersionRecord, decode_record, encode_record
 from pulse_node.chain.trainerset import bound_key, sender_key
 from pulse_node.chain.verified import VerifiedVersion
@@ -29,11 +30,11 @@ from pulse_node.config import TrainerConfig
 from pulse_node.daemon.context import RoleContext
 from pulse_node.daemon.evidence_plane import EvidencePlane, node_trust
 from pulse_node.daemon.status_model import VersionEntry
-from pulse_node.daemon.transport import PeerInfo
 from pulse_node.errors import IntegrityError, PulseError
 from pulse_node.loco.bound import PayloadBound
 from pulse_node.loco.outer import OuterState
 from pulse_node.loco.payload import LocoPayload, encode_payload
+from pulse_node.net.wire.protocol import TrainerStateRequest
 from pulse_node.rl.assign import BatchKey
 from pulse_node.rl.evaluate import evaluate
 from pulse_node.rl.rollout import Rollout
@@ -121,9 +122,9 @@ class TrainerRole:
         give_up = start + self.cfg.genesis_wait_s + self.cfg.net.fetch_timeout_s
         while not self.ctx.stop.is_set():
             trainers = self._member_trainers()  # a peer merely announcing the role leads nothing
-            ahead = [p for p in trainers if p.version >= max(self.version, 0)]
+            ahead = [p for p in trainers if p.head >= max(self.version, 0)]
             if ahead:
-                return sorted(ahead, key=lambda p: (-p.version, p.peer_id))
+                return sorted(ahead, key=lambda p: (-p.head, p.peer_id))
             leader = min([me] + [p.peer_id for p in trainers])
             now = time.monotonic()
             if (leader == me and now > start + self.cfg.genesis_wait_s) or now > give_up:
@@ -148,17 +149,17 @@ class TrainerRole:
         try:
             if not any(p.peer_id == peer.peer_id for p in self._member_trainers()):
                 raise IntegrityError(f"{peer.peer_id[:12]} is not a member of the trainer set")
-            if peer.version < self.version:
-                raise IntegrityError(f"{peer.peer_id[:12]} holds version {peer.version}, older than ours ({self.version})")
-            agreed = self._quorum_state(peer.version, source=peer.peer_id)
+            if peer.head < self.version:
+                raise IntegrityError(f"{peer.peer_id[:12]} holds version {peer.head}, older than ours ({self.version})")
+            agreed = self._quorum_state(peer.head, source=peer.peer_id)
             if agreed is None:
-                raise IntegrityError(f"no majority of the trainer set holds a state at version {peer.version}")
+                raise IntegrityError(f"no majority of the trainer set holds a state at version {peer.head}")
             outer_state, record = self._fetch_trainer_state(peer)
-            if record.version != peer.version:  # it moved on since it announced: ask again for that version
+            if record.version != peer.head:  # it moved on since it announced: ask again for that version
                 agreed = self._quorum_state(record.version, source=peer.peer_id)
             if record.state_hash != agreed:
                 raise IntegrityError(f"{peer.peer_id[:12]} serves version {record.version} ({record.state_hash[:12]}), "
-                                     f"not the state a majority holds at {peer.version}")
+                                     f"not the state a majority holds at {peer.head}")
             check_declared_model(record.rollout_settings, self.publisher.rollout_settings, version=record.version)
             state = module_state(outer_state["params"].items())
             self._adopt_into_store(self.trust.admit(record, sender=peer.peer_id, state=state))
@@ -175,7 +176,8 @@ class TrainerRole:
         self.publisher.adopt(record, state)
         self.feed.forget_states()  # earlier states we hold may be another fork's
         self.feed.keep_state(record.version, state)
-        self.ctx.status.add("resyncs")
+        with self.ctx.status.trainer() as counters:
+            counters.resyncs += 1
         self.ctx.log.info("adopted state of %s at version %d", peer.peer_id[:12], record.version)
         self._announce()
         return True
@@ -191,12 +193,12 @@ class TrainerRole:
             self.ctx.store.discard_from(0)
         self.ctx.store.put_current(adopted)
 
-    def _fetch_trainer_state(self, peer: PeerInfo) -> tuple[OuterState, VersionRecord]:
+    def _fetch_trainer_state(self, peer: PeerRecord) -> tuple[OuterState, VersionRecord]:
         if not any(p.peer_id == peer.peer_id for p in self._member_trainers()):
             raise IntegrityError(f"{peer.peer_id[:12]} is not a member of the trainer set")
         dest = self.ctx.store.root / f".trainer-state-{peer.peer_id[:16]}.part"
         try:
-            self.ctx.transport.fetch(peer, "trainer_state", {}, dest, timeout=self.cfg.net.fetch_timeout_s,
+            self.ctx.transport.fetch(peer, TrainerStateRequest(), dest, timeout=self.cfg.net.fetch_timeout_s,
                                      max_bytes=trainer_state_cap(self.global_params))
             outer_state, record = read_trainer_state(dest, names=set(self.global_params))
         finally:
@@ -270,10 +272,12 @@ class TrainerRole:
             try:
                 metrics = self.engine.step(self._next_batch(), current_version=self.version)
             except PulseError as exc:  # a malformed batch from a peer: drop it, keep training
-                self.ctx.status.add("rejected")
+                with self.ctx.status.node() as counters:
+                    counters.rejected += 1
                 self.ctx.status.error(f"rollout batch rejected: {exc}")
                 continue
-            self.ctx.status.add("rollouts_used", int(metrics.get("kept", 0)))
+            with self.ctx.status.trainer() as counters:
+                counters.rollouts_used += int(metrics.get("kept", 0))
         contributors = self._loco_round()
         if contributors is None:  # re-synced (or stopping): the adopted version is already ours
             return
@@ -281,7 +285,8 @@ class TrainerRole:
         pub = self._publish(reward=float(metrics.get("reward_mean", 0.0)) if metrics else None)
         self._check_agreement()
         self.ctx.status.update(reward_mean=float(metrics.get("reward_mean", 0.0)), contributors=contributors)
-        self.ctx.status.set_counts(rounds=self.outer.round)
+        with self.ctx.status.trainer() as counters:
+            counters.rounds = self.outer.round
         self.ctx.log.info("version %d: %d contributors, patch %d B (%.4f changed), reward %.3f",
                           self.version, contributors, pub.patch_bytes, pub.changed_fraction,
                           metrics.get("reward_mean", 0.0))
@@ -294,21 +299,24 @@ class TrainerRole:
         round_no = self.outer.round
         base_hash, base = self._base()
         mine = self.engine.make_payload(round=round_no, trainer_id=self.ctx.transport.peer_id, base_hash=base_hash)
-        self.ctx.status.add("loco_clipped", getattr(getattr(self.engine, "ef", None), "clipped", 0))
+        with self.ctx.status.trainer() as counters:
+            counters.loco_clipped += getattr(getattr(self.engine, "ef", None), "clipped", 0)
         data = encode_payload(mine, level=self.cfg.loco.zstd_level,
                               base=base if self.cfg.loco.base_coding else None)
         result = self._agree(mine, data)
         if result.payloads is not None and self._apply(round_no, result.payloads):
             if not result.mine_included:
                 self.engine.restore(mine)
-                self.ctx.status.add("rounds_left_out")
+                with self.ctx.status.trainer() as counters:
+                    counters.rounds_left_out += 1
             return len(result.payloads)
         if self.ctx.stop.is_set():
             return None
         self.engine.restore(mine)  # our work was not applied: it stays in the error feedback
         if self._resync_after(round_no):
             return None
-        self.ctx.status.add("forks")
+        with self.ctx.status.trainer() as counters:
+            counters.forks += 1
         self.ctx.status.error(f"round {round_no}: cannot reproduce the decided payloads nor re-sync; "
                               "closing it without an update until the agreement check repairs the fork")
         self.outer.apply([])
@@ -333,8 +341,8 @@ class TrainerRole:
         """Adopt the state of a trainer that finished ``round_no``, waiting a bounded time for one."""
         give_up = time.monotonic() + self.cfg.loco.decision_wait_s + self.cfg.net.fetch_timeout_s
         while not self.ctx.stop.is_set() and time.monotonic() < give_up:
-            done = [p for p in self._member_trainers() if p.version > round_no]
-            if any(self._resync(p) for p in sorted(done, key=lambda p: (-p.version, p.peer_id))):
+            done = [p for p in self._member_trainers() if p.head > round_no]
+            if any(self._resync(p) for p in sorted(done, key=lambda p: (-p.head, p.peer_id))):
                 return True
             self._drain_events(wait_s=0.2)
         return False
@@ -346,9 +354,10 @@ class TrainerRole:
         state = module_state(self.global_params.items())
         pub = self.publisher.publish(state)
         self.feed.keep_state(pub.record.version, state)
-        self.ctx.status.add("patch_bytes_total", pub.patch_bytes)
-        self.ctx.status.add("dense_bytes_total", pub.dense_bytes if pub.record.version > 0 else 0)
-        self.ctx.status.add("reference_bytes_total", pub.reference_bytes or 0)
+        with self.ctx.status.trainer() as counters:
+            counters.patch_bytes_total += pub.patch_bytes
+            counters.dense_bytes_total += pub.dense_bytes if pub.record.version > 0 else 0
+            counters.reference_bytes_total += pub.reference_bytes or 0
         accuracy = None
         if self.cfg.eval_every and pub.record.version % self.cfg.eval_every == 0:
             accuracy = self._evaluate(state, pub.record.version)
@@ -395,7 +404,8 @@ class TrainerRole:
                 elif ev.kind == "evidence":
                     self.evidence.take(ev.sender, ev.data)
             except PulseError as exc:
-                self.ctx.status.add("rejected")
+                with self.ctx.status.node() as counters:
+                    counters.rejected += 1
                 self.ctx.status.error(f"bad {ev.kind} from {ev.sender[:12]}: {exc}")
 
     def _next_batch(self) -> list[Rollout]:
@@ -418,7 +428,8 @@ class TrainerRole:
         self.own_batches += 1
         key = BatchKey(self.cfg.run_id, worker.version, self.ctx.transport.peer_id, self.own_batches)
         rollouts = worker.generate_batch(self.tasks, key)
-        self.ctx.status.add("rollouts_own", len(rollouts))
+        with self.ctx.status.trainer() as counters:
+            counters.rollouts_own += len(rollouts)
         return rollouts
 
     def close(self) -> None:

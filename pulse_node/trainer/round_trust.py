@@ -23,14 +23,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
+from pulse_node.chain.peer import PeerRecord
 from pulse_node.chain.serving import LOCO_DIR
 from pulse_node.chain.trainerset import sender_key
 from pulse_node.chain.trust import TrustPolicy
 from pulse_node.config import TrainerConfig
 from pulse_node.daemon.context import RoleContext
-from pulse_node.daemon.transport import FetchParams, PeerInfo
+from pulse_node.daemon.status_model import count
 from pulse_node.errors import PulseError, WireError
-from pulse_node.vocab import FetchKind
+from pulse_node.net.wire.protocol import LocoDecisionRequest, LocoPayloadRequest, kind_of
+from pulse_node.vocab import DecisionRefusal, LocoRefusal
 
 What = Literal["loco", "decision"]
 KNOWN_CAP = 4096  # member peer ids whose key is remembered after they leave discovery
@@ -42,11 +44,11 @@ class RoundTrust:
     def __init__(self, ctx: RoleContext[TrainerConfig], trust: TrustPolicy) -> None:
         self.ctx, self.trust = ctx, trust
         self.me = ctx.transport.peer_id
-        self._peers: list[PeerInfo] = []
+        self._peers: list[PeerRecord] = []
         self._logged: set[tuple[str, str]] = set()
         self._known: dict[str, str] = {}  # member peer id -> its key, as seen in discovery
 
-    def live(self) -> dict[str, PeerInfo]:
+    def live(self) -> dict[str, PeerRecord]:
         """Live trainer-set members but us (learning admissions from discovery first)."""
         self._peers = self.ctx.peers()
         self.trust.observe(self._peers)
@@ -74,20 +76,22 @@ class RoundTrust:
             return True
         return self.trust.is_member(self.key_of(peer_id))
 
-    def fetch(self, peer: PeerInfo, kind: FetchKind, params: FetchParams, *, cap: int, timeout: float) -> bytes | None:
+    def fetch(self, peer: PeerRecord, request: LocoPayloadRequest | LocoDecisionRequest, *, cap: int,
+              timeout: float) -> bytes | None:
         """Bytes of a small fetch (``loco_payload``, ``loco_decision``) from a member, at most
         ``cap`` (the download itself is capped), or None on any failure or a non-member."""
         if not self.is_member(peer.peer_id):
             return None
+        kind = kind_of(request)
         dest = Path(self.ctx.store.root) / LOCO_DIR / f".fetch-{kind}"
         try:
             dest.parent.mkdir(parents=True, exist_ok=True)
-            self.ctx.transport.fetch(peer, kind, params, dest, timeout=timeout, max_bytes=cap)
+            self.ctx.transport.fetch(peer, request, dest, timeout=timeout, max_bytes=cap)
             if dest.stat().st_size > cap:
                 raise WireError(f"{kind} from {peer.peer_id[:12]} exceeds {cap} bytes")
             return dest.read_bytes()
         except (PulseError, OSError) as exc:
-            self.ctx.log.debug("%s %s from %s: %s", kind, params, peer.peer_id[:12], exc)
+            self.ctx.log.debug("%s from %s: %s", request, peer.peer_id[:12], exc)
             return None
         finally:
             dest.unlink(missing_ok=True)
@@ -99,14 +103,23 @@ class RoundTrust:
         """A banned peer never seen as a member: drop its input unread (counted, not logged)."""
         if peer_id in self._known or not self.banned(peer_id):
             return False
-        self.ctx.status.add_reason("loco_refused" if what == "loco" else "decisions_refused", "banned")
+        with self.ctx.status.trainer() as c:
+            if what == "loco":
+                count(c.loco_refused, LocoRefusal.BANNED)
+            else:
+                count(c.decisions_refused, DecisionRefusal.BANNED)
         return True
 
-    def refuse(self, what: What, sender: str, reason: str, message: str, *, strike: bool) -> None:
-        """Count a refusal by reason, strike ``sender`` if asked; logged once per sender and reason."""
-        self.ctx.status.add_reason("loco_refused" if what == "loco" else "decisions_refused", reason)
-        if what == "decision":
-            self.ctx.status.add("decisions_rejected")
+    def refuse(self, sender: str, reason: LocoRefusal | DecisionRefusal, message: str, *, strike: bool) -> None:
+        """Count a refusal of a payload (a ``LocoRefusal``) or a decision (a ``DecisionRefusal``) by
+        reason, strike ``sender`` if asked; logged once per sender and reason."""
+        what = "loco" if isinstance(reason, LocoRefusal) else "decision"
+        with self.ctx.status.trainer() as c:
+            if isinstance(reason, LocoRefusal):
+                count(c.loco_refused, reason)
+            else:
+                count(c.decisions_refused, reason)
+                c.decisions_rejected += 1
         if strike and sender != self.me:
             self.trust.strike(sender)
         if (sender, reason) not in self._logged and len(self._logged) < 4096:

@@ -24,10 +24,11 @@ import logging
 from pathlib import Path
 from typing import Any, Literal
 
+from pulse_node.chain.peer import PeerRecord, PeerStatus
 from pulse_node.errors import WireError
 from pulse_node.net.dht import rpc as dht_rpc
 from pulse_node.net.dht.config import DhtConfig
-from pulse_node.net.dht.records import DhtInfo, PeerRecord, PeerStatus, validate_tree
+from pulse_node.net.dht.records import DhtInfo, validate_tree
 from pulse_node.net.local.ipc import StartFailure
 from pulse_node.net.local.process import WorkerClient, WorkerStartError
 from pulse_node.net.local.spool import THRESHOLD, Spool
@@ -167,7 +168,7 @@ class DhtClient(WorkerClient[DhtConfig]):
             self.spool = dataclasses.replace(self.spool, max_push=now)
         return now
 
-    def push_stats(self) -> dict[str, Any]:
+    def push_stats(self) -> dht_rpc.PushPlaneStats:
         """Push-plane counters: bytes in/out per kind, errors, queued and rejected events."""
         return self.request(dht_rpc.PushStats(), timeout=10.0)
 

@@ -39,7 +39,7 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import anyio
 
@@ -48,7 +48,7 @@ from pulse_node.net.local.inbox import Inbox
 from pulse_node.net.local.spool import THRESHOLD, AsyncFile, Spool
 from pulse_node.net.peers.budget import BudgetConfig, Members, PushShares, Refusals
 from pulse_node.net.wire import protocol as wp
-from pulse_node.vocab import Event, PushKind
+from pulse_node.vocab import BudgetRefusal, Event, PushKind
 
 log = logging.getLogger("pulse_node.dht.push")
 
@@ -146,16 +146,16 @@ class PushPlane:
             log.info("push from %s refused: %s: %s", sender[-8:], status, message)
         await self._answer(writer, status, message)
 
-    def _slot(self, sender: str) -> str:
+    def _slot(self, sender: str) -> BudgetRefusal | Literal["", "busy"]:
         """"" if ``sender`` may open one more inbound stream, else the reason (members first)."""
         if self._active >= MAX_INBOUND:
             return "busy"
         if sender in self.members:
             return ""
         if sender in self._others:
-            return "streams_peer"
+            return BudgetRefusal.STREAMS_PEER
         if len(self._others) >= OTHER_INBOUND:
-            return "streams_pool"
+            return BudgetRefusal.STREAMS_POOL
         return ""
 
     async def _receive(self, sender: str, head: PushHeader, reader: asyncio.StreamReader) -> tuple[str, str]:

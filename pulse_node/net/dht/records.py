@@ -1,14 +1,14 @@
-"""Records that peers publish in the swarm's DHT: declared, versioned, size-capped schemas.
+"""Records that peers publish in the swarm's DHT: where they live, how they are encoded, how many are read.
 
 One DHT key per run, ``pulse/<run>/peers``, a dictionary whose subkeys are the publishers' peer
-ids, holding one ``PeerRecord`` per live peer (role, addresses, head version, what it serves,
-counters, and a trainer's admission to the trainer set). The node supplies a ``PeerStatus``;
-the DHT worker adds the fields it owns (peer id, DHT addresses, session nonce, time) and keeps
-the record alive. (A second key, ``heads``, was written but never read, and is gone: head
+ids, holding one ``PeerRecord`` per live peer (the one peer type, declared in ``chain/peer.py``:
+role, addresses, head version, what it serves, counters, and a trainer's admission to the
+trainer set). The node supplies a ``PeerStatus``; the DHT worker adds the fields it owns (peer
+id, DHT addresses, session nonce, time) and keeps the record alive. (A second key, ``heads``, was written but never read, and is gone: head
 versions travel in the peer record, and signed head records in ``head`` pushes.)
 
 Every claim in a record is bound to its publisher: the record is signed by the key its peer id
-encodes (``dht_validator``), its ``node_key`` must be that same key, and every address it
+encodes (``net/dht/validator.py``), its ``node_key`` must be that same key, and every address it
 announces must end in ``/p2p/<its peer id>`` (``PeerRecord`` checks both wherever a record is
 validated: in every DHT node, in the worker that reads records, in the node). What a record
 says beyond that (versions, roles) is a hint, never trusted by itself.
@@ -25,21 +25,17 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Sequence
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Any, TypeVar
 
 import msgpack
 import pydantic
-from pydantic import Field, StringConstraints
 
-from pulse_node.chain.identity import key_of_peer_id
+from pulse_node.chain.peer import Count, PeerId, PeerRecord, Strict
 from pulse_node.errors import WireError
 from pulse_node.vocab import RUN_ID_RULE, is_run_id
 
-SCHEMA_VERSION: Literal[1] = 1
 #: encoded size cap of a peer record (bytes, before the signature envelope)
 MAX_PEER_RECORD_BYTES = 8192
-#: a trainer's admission to the trainer set (``chain/trainerset.py``), as carried in its record
-MAX_ADMISSION_BYTES = 4096
 #: peer records a node reads per lookup, at most (x MAX_PEER_RECORD_BYTES: 4 MiB, under the RPC frame)
 MAX_PEERS_READ = 512
 #: records live between these bounds; nodes refresh every ttl/3
@@ -49,90 +45,13 @@ MAX_TTL_S = 600.0
 CLOCK_SLACK_S = 30.0
 
 KEY_KINDS = ("peers",)
-ROLES = ("bootstrap", "trainer", "inference")
-
-_PEER_ID_RE = r"^[1-9A-HJ-NP-Za-km-z]{40,64}$"
-_MAX_INT = 2**63 - 1
-
-PeerId = Annotated[str, StringConstraints(pattern=_PEER_ID_RE)]
-Maddr = Annotated[str, StringConstraints(min_length=4, max_length=256, pattern=r"^/")]
-HexHash = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{16,128}$")]
-Count = Annotated[int, Field(ge=0, le=_MAX_INT)]
-Version = Annotated[int, Field(ge=0, le=_MAX_INT)]
-Time = Annotated[float, Field(ge=0.0, le=1e11)]
 
 
-class _Record(pydantic.BaseModel):
-    """Strict, frozen, closed: what a peer sent is exactly what validated."""
-
-    model_config = pydantic.ConfigDict(strict=True, extra="forbid", frozen=True)
-
-
-class Serves(_Record):
-    """Versions a peer can serve: a contiguous range of patches plus full checkpoints."""
-
-    lowest: Version | None = None
-    highest: Version | None = None
-    anchors: list[Version] = Field(default_factory=list, max_length=64)
-
-
-class PeerCounters(_Record):
-    """Traffic counters a peer advertises in its record (for dashboards; never trusted)."""
-
-    bytes_in: Count = 0
-    bytes_out: Count = 0
-    patches_applied: Count = 0
-    rollouts_sent: Count = 0
-    errors: Count = 0
-
-
-class PeerStatus(_Record):
-    """The part of a peer record the node decides (everything but identity and liveness)."""
-
-    role: Literal["bootstrap", "trainer", "inference"]
-    wire_maddrs: list[Maddr] = Field(default_factory=list, max_length=8)
-    version: Version | None = None
-    chain_hash: HexHash | None = None
-    state_hash: HexHash | None = None
-    serves: Serves = Field(default_factory=Serves)
-    counters: PeerCounters = Field(default_factory=PeerCounters)
-    metrics_url: Annotated[str, StringConstraints(max_length=256)] | None = None
-    node_key: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")] | None = None
-    software: Annotated[str, StringConstraints(max_length=64)] = ""
-    admission: Annotated[bytes, Field(max_length=MAX_ADMISSION_BYTES)] | None = None
-
-
-class PeerRecord(PeerStatus):
-    """What the DHT holds under ``pulse/<run>/peers`` for one peer (subkey = ``peer_id``)."""
-
-    v: Literal[1] = SCHEMA_VERSION
-    peer_id: PeerId
-    dht_maddrs: list[Maddr] = Field(default_factory=list, max_length=8)
-    session: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{32}$")]
-    updated_at: Time
-    leaving: bool = False
-
-    @pydantic.model_validator(mode="after")
-    def _claims_bound_to_peer_id(self) -> PeerRecord:
-        """The announced key is the one the peer id encodes; every address names this peer."""
-        try:
-            key = key_of_peer_id(self.peer_id)
-        except WireError as exc:
-            raise ValueError(str(exc)) from None
-        if self.node_key is not None and self.node_key != key:
-            raise ValueError("node_key is not the key its peer id encodes")
-        suffix = f"/p2p/{self.peer_id}"
-        for m in (*self.wire_maddrs, *self.dht_maddrs):
-            if not m.endswith(suffix):
-                raise ValueError(f"address {m[:80]!r} does not end in /p2p/<its own peer id>")
-        return self
-
-
-R = TypeVar("R", bound=_Record)
+R = TypeVar("R", bound=Strict)
 E = TypeVar("E")  # a record, or a raw DHT entry the worker has not validated yet
 #: records of peers without standing a node asks its DHT worker for, beyond its preferred ones
 NEWCOMERS_READ = 64
-MODEL_OF_KIND: dict[str, type[_Record]] = {"peers": PeerRecord}
+MODEL_OF_KIND: dict[str, type[Strict]] = {"peers": PeerRecord}
 MAX_BYTES_OF_KIND = {"peers": MAX_PEER_RECORD_BYTES}
 
 
@@ -150,12 +69,12 @@ def check_run_id(run_id: str) -> str:
     return run_id
 
 
-def encode_dht_record(record: _Record) -> bytes:
+def encode_dht_record(record: Strict) -> bytes:
     """The msgpack bytes of a record (what is signed and stored)."""
     return msgpack.packb(record.model_dump(mode="python"), use_bin_type=True)
 
 
-def decode_dht_record(kind: str, data: bytes) -> _Record:
+def decode_dht_record(kind: str, data: bytes) -> Strict:
     """Bytes -> validated record of ``kind``; ``WireError`` naming the first problem."""
     cap = MAX_BYTES_OF_KIND[kind]
     if len(data) > cap:
@@ -224,7 +143,7 @@ def validate_tree(model: type[R], tree: Any) -> R:
         raise WireError(f"{model.__name__}.{loc}: {first['msg']}") from None
 
 
-class DhtInfo(_Record):
+class DhtInfo(Strict):
     """What the worker reports about itself (``info`` RPC)."""
 
     peer_id: PeerId

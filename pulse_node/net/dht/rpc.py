@@ -11,9 +11,10 @@ from typing import Any, Generic, Literal, TypeVar
 
 import pydantic
 
-from pulse_node.net.dht.records import DhtInfo, PeerStatus
+from pulse_node.chain.peer import PeerStatus
+from pulse_node.net.dht.records import DhtInfo
 from pulse_node.net.local.rpc_api import Request
-from pulse_node.vocab import PushKind
+from pulse_node.vocab import BudgetRefusal, PushKind
 
 R = TypeVar("R")
 
@@ -87,7 +88,21 @@ class SetPushCap(DhtRequest[int]):
     cap: int
 
 
-class PushStats(DhtRequest[dict[str, Any]]):
+class PushPlaneStats(pydantic.BaseModel):
+    """The p2pd push plane's counters (``push_stats``): bytes per kind, errors, the inbound queue,
+    refusals by reason, the caps in force, the spool directory."""
+
+    bytes_in: dict[str, int]
+    bytes_out: dict[str, int]
+    errors: dict[str, int]
+    events_queued: int
+    events_rejected: int
+    refused: dict[BudgetRefusal, int]
+    caps: dict[str, int]
+    spool: str | None
+
+
+class PushStats(DhtRequest[PushPlaneStats]):
     pass
 
 

@@ -38,13 +38,13 @@ from hivemind.dht.routing import DHTID
 from hivemind.dht.validation import DHTRecord, RecordValidatorBase
 
 from pulse_node.chain.identity import Identity, key_of_peer_id, peer_id_of_key
+from pulse_node.chain.peer import PeerRecord
 from pulse_node.errors import WireError
 from pulse_node.net.dht.records import (
     CLOCK_SLACK_S,
     KEY_KINDS,
     MAX_PEER_RECORD_BYTES,
     MAX_TTL_S,
-    PeerRecord,
     decode_dht_record,
     dht_key,
 )

@@ -35,6 +35,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, Literal
 
+from pulse_node.chain.peer import PeerRecord, PeerStatus
 from pulse_node.errors import WireError
 from pulse_node.net.dht.config import DhtConfig
 from pulse_node.net.dht.push import PushPlane
@@ -43,8 +44,6 @@ from pulse_node.net.dht.records import (
     MAX_TTL_S,
     MIN_TTL_S,
     DhtInfo,
-    PeerRecord,
-    PeerStatus,
     address_range,
     dht_key,
     select_peer_records,

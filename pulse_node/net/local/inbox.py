@@ -15,12 +15,12 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import anyio
 
 from pulse_node.net.peers.budget import PushShares
-from pulse_node.vocab import Event
+from pulse_node.vocab import BudgetRefusal, Event
 
 #: bytes of in-memory event bodies returned by one ``take`` (stays under ipc.MAX_FRAME)
 EVENTS_BYTES_PER_CALL = 48 << 20
@@ -66,7 +66,7 @@ class Inbox:
         """Claim room for one event of ``n`` bytes (on disk if ``spooled``); False (and counted) when full."""
         return not self.admit(n, spooled=spooled, peer=peer)
 
-    def admit(self, n: int, *, spooled: bool = False, peer: str = "") -> str:
+    def admit(self, n: int, *, spooled: bool = False, peer: str = "") -> BudgetRefusal | Literal["", "queue_full"]:
         """Like ``reserve``: "" when room for the push of ``peer`` was claimed, else why not
         (``push_share``, ``push_pool``: the sender's budget; ``queue_full``)."""
         used, cap = (self._disk, self.max_disk_bytes) if spooled else (self._bytes, self.max_bytes)

@@ -42,19 +42,20 @@ import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Literal
 
 from pydantic import Field
 
 from pulse_node.configload import StrictModel
 from pulse_node.errors import PeerUnavailable
+from pulse_node.vocab import BudgetRefusal
 
 log = logging.getLogger("pulse.budget")
 
 Clock = Callable[[], float]
 
 #: refusal reasons, as counted in ``data_plane.refused``
-REASONS = ("streams_peer", "streams_pool", "rate", "push_share", "push_pool", "slow", "deadline", "evicted",
-           "catchup_budget", "streams_newcomers", "bulk_budget")
+REASONS: tuple[BudgetRefusal, ...] = tuple(BudgetRefusal)
 #: the one budget key all newcomers (no membership, no standing) share
 NEWCOMERS = "<newcomers>"
 #: kinds whose reads are charged to the bulk budget of a non-member
@@ -95,11 +96,11 @@ class Refusals:
     """Refusals counted by reason; logged at most once per (peer, reason) per interval."""
 
     def __init__(self, *, interval: float = 60.0, clock: Clock = time.monotonic) -> None:
-        self.by_reason: Counter[str] = Counter()
+        self.by_reason: Counter[BudgetRefusal] = Counter()
         self.interval, self.clock = interval, clock
-        self._logged: OrderedDict[tuple[str, str], float] = OrderedDict()
+        self._logged: OrderedDict[tuple[str, BudgetRefusal], float] = OrderedDict()
 
-    def add(self, peer: str, reason: str, detail: str = "") -> None:
+    def add(self, peer: str, reason: BudgetRefusal, detail: str = "") -> None:
         self.by_reason[reason] += 1
         now, key = self.clock(), (peer, reason)
         if now - self._logged.get(key, float("-inf")) >= self.interval:
@@ -169,7 +170,7 @@ class Flow:
     clock: Clock
     moved: int = 0
     own_s: float = 0.0  # time this node spent making the answer (not the peer's fault)
-    cut: str = ""  # why it was evicted, once it was
+    cut: BudgetRefusal | Literal[""] = ""  # why it was evicted, once it was
     newcomer: bool = False  # neither member nor with standing: holds one of the newcomers' slots
     on_cut: Callable[[], None] | None = field(default=None, repr=False)
 
@@ -188,20 +189,20 @@ class Flow:
         """``idle`` or the time left if shorter; ``SlowPeer`` when no more than ``slack`` is left."""
         left = self.time_left()
         if left <= slack:
-            where = "past its deadline" if self.why() == "deadline" else "below the minimum rate"
+            where = "past its deadline" if self.why() is BudgetRefusal.DEADLINE else "below the minimum rate"
             raise SlowPeer(f"peer {peer}: stream {where} ({self.moved} bytes moved)")
         return min(idle, left)
 
-    def why(self) -> str:
-        """``deadline`` or ``slow``: which limit ``time_left`` ran into."""
-        return "deadline" if self.clock() >= self.deadline - 1e-3 else "slow"
+    def why(self) -> BudgetRefusal:
+        """``DEADLINE`` or ``SLOW``: which limit ``time_left`` ran into."""
+        return BudgetRefusal.DEADLINE if self.clock() >= self.deadline - 1e-3 else BudgetRefusal.SLOW
 
     def rate(self) -> float:
         """Bytes per second of peer I/O so far (infinite within the grace period)."""
         spent = self.clock() - self.started - self.own_s
         return float("inf") if spent <= self.grace else self.moved / spent
 
-    def evict(self, reason: str = "evicted") -> None:
+    def evict(self, reason: BudgetRefusal = BudgetRefusal.EVICTED) -> None:
         self.cut = reason
         if self.on_cut is not None:
             self.on_cut()
@@ -210,7 +211,7 @@ class Flow:
 class Refused(PeerUnavailable):
     """A peer asked for more than its budget; ``reason`` is one of ``REASONS``."""
 
-    def __init__(self, reason: str, message: str) -> None:
+    def __init__(self, reason: BudgetRefusal, message: str) -> None:
         super().__init__(message)
         self.reason = reason
 
@@ -236,19 +237,19 @@ class StreamPools:
 
     def _open(self, peer: str, member: bool) -> Flow:
         if not self._bucket(peer, member).take(self.clock()):
-            raise Refused("rate", f"more than {self._rate(member):g} requests/s")
+            raise Refused(BudgetRefusal.RATE, f"more than {self._rate(member):g} requests/s")
         if not member and self.by_peer[peer] >= self.cfg.streams_per_peer:
-            raise Refused("streams_peer", f"{self.by_peer[peer]} streams open already")
+            raise Refused(BudgetRefusal.STREAMS_PEER, f"{self.by_peer[peer]} streams open already")
         newcomer = self.members.newcomer(peer)
         if newcomer and sum(f.newcomer for f in self.other_pool) >= self.cfg.newcomer_streams:
-            raise Refused("streams_newcomers", f"all {self.cfg.newcomer_streams} streams of peers without standing "
+            raise Refused(BudgetRefusal.STREAMS_NEWCOMERS, f"all {self.cfg.newcomer_streams} streams of peers without standing "
                                                "busy")
         if member and len(self.member_pool) < self.cfg.member_streams:
             pool = self.member_pool
         elif len(self.other_pool) < self.cfg.other_streams or self._evict_slowest(peer, newcomer=newcomer):
             pool = self.other_pool
         else:
-            raise Refused("streams_pool", f"all {self.cfg.other_streams} shared streams busy")
+            raise Refused(BudgetRefusal.STREAMS_POOL, f"all {self.cfg.other_streams} shared streams busy")
         now = self.clock()
         flow = Flow(peer, member, now, now + self.cfg.stream_deadline_s, self.cfg.min_rate, self.cfg.grace_s,
                     self.clock, newcomer=newcomer)
@@ -275,7 +276,7 @@ class StreamPools:
         if not victims:
             return False
         victim = min(victims, key=Flow.rate)
-        self.refusals.add(victim.peer, "evicted", f"slowest stream ({victim.rate():.0f} B/s)")
+        self.refusals.add(victim.peer, BudgetRefusal.EVICTED, f"slowest stream ({victim.rate():.0f} B/s)")
         self.close(victim)  # its slot is free now
         victim.evict()
         return True
@@ -314,15 +315,15 @@ class PushShares:
         self.nbytes: Counter[str] = Counter()
         self._others = [0, 0]  # events, bytes of all non-members
 
-    def admit(self, peer: str, n: int) -> str:
+    def admit(self, peer: str, n: int) -> BudgetRefusal | Literal[""]:
         """"" if ``peer`` may queue one more push of ``n`` bytes (then it is counted), else the reason."""
         member = peer in self.members
         if not member:
             if self.count[peer] + 1 > self.cfg.push_tickets_per_peer or \
                     self.nbytes[peer] + n > self.cfg.push_bytes_per_peer:
-                return "push_share"
+                return BudgetRefusal.PUSH_SHARE
             if self._others[0] + 1 > self.other_events or self._others[1] + n > self.other_bytes:
-                return "push_pool"
+                return BudgetRefusal.PUSH_POOL
             self._others[0] += 1
             self._others[1] += n
         self.count[peer] += 1

@@ -12,20 +12,20 @@ file), ``WireError`` (protocol, bad arguments), ``IntegrityError`` (digest misma
 
     with WireClient.start(WireConfig(store=Path("store"))) as wire:
         me = wire.info()
-        wire.fetch(peer_maddr, "patch", {"version": 7}, dest=Path("in/7.patch"), timeout=30)
+        wire.fetch(peer_maddr, PatchRequest(version=7), dest=Path("in/7.patch"), timeout=30)
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from pulse_node.net.local.process import WorkerClient
+from pulse_node.net.wire import protocol as wp
 from pulse_node.net.wire import rpc as wire_rpc
 from pulse_node.net.wire.config import WireConfig
 from pulse_node.net.wire.protocol import StreamKind
 from pulse_node.net.wire.rpc import AnchorResult, FetchResult, WireInfo
-from pulse_node.vocab import Event, FetchKind, PushKind
+from pulse_node.vocab import Event, PushKind
 
 __all__ = ["AnchorResult", "FetchResult", "WireClient", "WireConfig", "WireInfo"]
 
@@ -42,13 +42,13 @@ class WireClient(WorkerClient[WireConfig]):
     def info(self) -> WireInfo:
         return self.request(wire_rpc.Info(), timeout=10.0)
 
-    def fetch(self, peer: str, kind: FetchKind, params: dict[str, int | str | None], dest: Path, *,
+    def fetch(self, peer: str, request: wp.FetchRequest, dest: Path, *,
               timeout: float = 30.0, expected_digest: str | None = None,
               max_bytes: int | None = None) -> FetchResult:
-        """Fetch a file of ``kind`` (a ``vocab.FetchKind``) from ``peer`` into ``dest`` (atomic); a body
-        declared larger than ``max_bytes`` is refused before it is read."""
-        req = wire_rpc.Fetch(peer=peer, kind=kind, params=params, dest=str(dest), timeout=timeout,
-                        expected_digest=expected_digest, max_bytes=max_bytes)
+        """Fetch the file ``request`` asks for from ``peer`` into ``dest`` (atomic); a body declared
+        larger than ``max_bytes`` is refused before it is read."""
+        req = wire_rpc.Fetch(peer=peer, kind=wp.kind_of(request), request=request.body(), dest=str(dest),
+                             timeout=timeout, expected_digest=expected_digest, max_bytes=max_bytes)
         return self.request(req, timeout=timeout + _RPC_SLACK)
 
     def fetch_anchor(self, peers: list[str], *, version: int, size: int, dest: Path,
@@ -70,7 +70,7 @@ class WireClient(WorkerClient[WireConfig]):
         """Drain inbound pushes, waiting up to ``wait_s`` for the first one."""
         return self.request(wire_rpc.Events(max_events=max_events, wait_s=wait_s), timeout=wait_s + _RPC_SLACK)
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> wire_rpc.WireStats:
         return self.request(wire_rpc.Stats(), timeout=10.0)
 
     def set_members(self, peer_ids: list[str]) -> None:

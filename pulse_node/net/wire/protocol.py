@@ -13,6 +13,11 @@ Each struct carries ``v`` (the wire version, ``WIRE_VERSION``); the libp2p proto
 versioned as well (``/pulse/<kind>/2.0.0``, ``kind`` a ``vocab.FetchKind`` or ``push``; push
 kinds travel as ``vocab.PushKind`` strings). This module is pure (msgpack only) so the node
 process can import it without trio or libp2p.
+
+A fetch is asked for with its request struct from the start (``FetchRequest``: ``PatchRequest(
+version=7)``, the wire version filled in): ``Transport.fetch`` takes it, the wire client hands
+it to its worker as the frame body it will send (``body``), the worker decodes it with the same
+checks as a peer's request. Its kind is its type (``kind_of``).
 """
 
 from __future__ import annotations
@@ -99,11 +104,16 @@ class WireStruct:
         if self.v != WIRE_VERSION:
             raise UnsupportedVersion(f"unsupported wire version {self.v} (this peer speaks {WIRE_VERSION})")
 
-    def encode(self) -> bytes:
-        """The framed struct: length prefix + msgpack map."""
+    def body(self) -> bytes:
+        """The msgpack map of the struct (a frame without its length prefix)."""
         body = msgpack.packb(asdict(self), use_bin_type=True)
         if len(body) > self.CAP:
             raise WireError(f"{type(self).__name__} of {len(body)} bytes exceeds {self.CAP}")
+        return body
+
+    def encode(self) -> bytes:
+        """The framed struct: length prefix + msgpack map."""
+        body = self.body()
         return _LEN.pack(len(body)) + body
 
     @classmethod
@@ -129,26 +139,29 @@ class WireStruct:
             raise WireError(f"malformed {cls.__name__}: {exc}") from None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RecordRequest(WireStruct):
     """The signed record of ``version``, or of the head when ``version`` is null."""
 
+    v: int = WIRE_VERSION
     version: int | None
     SPEC: ClassVar = {"v": ("int", 255), "version": ("opt_int", MAX_U64)}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PatchRequest(WireStruct):
     """The patch that produces ``version`` from its parent."""
 
+    v: int = WIRE_VERSION
     version: int
     SPEC: ClassVar = {"v": ("int", 255), "version": ("int", MAX_U64)}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class AnchorRequest(WireStruct):
     """``length`` bytes at ``offset`` of the anchor (full state) of ``version``."""
 
+    v: int = WIRE_VERSION
     version: int
     offset: int
     length: int
@@ -156,35 +169,39 @@ class AnchorRequest(WireStruct):
                       "offset": ("int", MAX_U64), "length": ("int", BODY_CAPS["anchor"])}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class CatchupRequest(WireStruct):
     """One patch from version ``base`` straight to version ``target`` (made on demand if needed)."""
 
+    v: int = WIRE_VERSION
     base: int
     target: int
     SPEC: ClassVar = {"v": ("int", 255), "base": ("int", MAX_U64), "target": ("int", MAX_U64)}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TrainerStateRequest(WireStruct):
     """A trainer's FP32 global weights + outer momentum (how trainers join and re-sync)."""
 
+    v: int = WIRE_VERSION
     SPEC: ClassVar = {"v": ("int", 255)}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class LocoPayloadRequest(WireStruct):
     """The PULSELoCo payload of ``round`` whose BLAKE3 digest is ``digest`` (64 hex chars)."""
 
+    v: int = WIRE_VERSION
     round: int
     digest: str
     SPEC: ClassVar = {"v": ("int", 255), "round": ("int", MAX_U64), "digest": ("str", 64)}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class LocoDecisionRequest(WireStruct):
     """The signed decision of PULSELoCo round ``round`` that the peer applied."""
 
+    v: int = WIRE_VERSION
     round: int
     SPEC: ClassVar = {"v": ("int", 255), "round": ("int", MAX_U64)}
 
@@ -237,13 +254,37 @@ def frame_length(header: bytes, cap: int) -> int:
     return n
 
 
-def build_request(kind: str, params: dict[str, Any]) -> WireStruct:
-    """A validated request struct for a fetch ``kind`` from the caller's ``params``."""
-    cls = REQUESTS[check_fetch_kind(kind)]
-    want = set(cls.SPEC) - {"v"}
-    if set(params) != want:
-        raise WireError(f"{kind} params {sorted(params)} != {sorted(want)}")
-    return cls(v=WIRE_VERSION, **params)
+#: what one peer may ask another for: one request struct per ``vocab.FetchKind``
+FetchRequest = (RecordRequest | PatchRequest | AnchorRequest | CatchupRequest | TrainerStateRequest
+                | LocoPayloadRequest | LocoDecisionRequest)
+_FETCH_TYPES = (RecordRequest, PatchRequest, AnchorRequest, CatchupRequest, TrainerStateRequest,
+                LocoPayloadRequest, LocoDecisionRequest)
+_KIND_OF: dict[type[WireStruct], FetchKind] = {
+    RecordRequest: "record", PatchRequest: "patch", AnchorRequest: "anchor", CatchupRequest: "catchup",
+    TrainerStateRequest: "trainer_state", LocoPayloadRequest: "loco_payload", LocoDecisionRequest: "loco_decision",
+}
+assert all(REQUESTS[kind] is cls for cls, kind in _KIND_OF.items()) and set(_KIND_OF.values()) == set(FETCH_KINDS)
+
+
+def kind_of(request: object) -> FetchKind:
+    """The fetch kind a request struct asks for; ``WireError`` for anything else."""
+    kind = _KIND_OF.get(type(request)) if isinstance(request, WireStruct) else None
+    if kind is None:
+        raise WireError(f"{type(request).__name__} is not a fetch request (one of {', '.join(FETCH_KINDS)})")
+    return kind
+
+
+def params_of(request: FetchRequest) -> dict[str, int | str | None]:
+    """A request's fields but the wire version: what a store's resolver (``chain/serving.py``) reads."""
+    return {k: v for k, v in asdict(request).items() if k != "v"}
+
+
+def decode_fetch(kind: str, body: bytes) -> FetchRequest:
+    """The fetch request of ``kind`` in ``body`` (a frame body), checked as a peer's request is."""
+    req = REQUESTS[check_fetch_kind(kind)].decode(body)
+    if not isinstance(req, _FETCH_TYPES):  # unreachable: REQUESTS maps each fetch kind to its struct
+        raise WireError(f"{type(req).__name__} is not a {kind} request")
+    return req
 
 
 def parse_digest(digest: str | None) -> str | None:

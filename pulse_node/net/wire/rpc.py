@@ -1,5 +1,6 @@
 """The wire worker's RPC as types: one request per ``@rpc`` handler of ``wire_worker.WireService``,
-and the replies the node reads (``WireInfo``, ``FetchResult``, ``AnchorResult``, ``vocab.Event``).
+and the replies the node reads (``WireInfo``, ``FetchResult``, ``AnchorResult``, ``WireStats``,
+``vocab.Event``).
 
 Each request's fields are that handler's keyword arguments and its ``Request[R]`` the reply
 (``rpc_api.py``; ``tests/test_net_rpc_api.py`` checks them against the handlers). ``WireClient``
@@ -13,7 +14,7 @@ from typing import Any, Generic, TypeVar
 
 from pulse_node.net.local.rpc_api import Request
 from pulse_node.net.wire import protocol as wp
-from pulse_node.vocab import Event, FetchKind, PushKind
+from pulse_node.vocab import BudgetRefusal, Event, FetchKind, PushKind
 
 R = TypeVar("R")
 
@@ -45,6 +46,24 @@ class AnchorResult:
     error: str = ""
 
 
+@dataclass(frozen=True)
+class WireStats:
+    """The wire worker's counters: bytes per stream kind and per peer, errors and requests by
+    kind, the inbound push queue, refusals by reason, open streams by pool."""
+
+    bytes_in: dict[str, int]
+    bytes_out: dict[str, int]
+    peers: dict[str, dict[str, int]]
+    errors: dict[str, int]
+    requests: dict[str, int]
+    events_queued: int
+    events_rejected: int
+    refused: dict[BudgetRefusal, int]
+    streams_open: dict[str, int]
+    members: int
+    connected_peers: list[str]
+
+
 class WireRequest(Request[R], Generic[R]):
     """Base of the wire worker's requests (what ``WireClient`` may send)."""
 
@@ -68,9 +87,12 @@ class SetStanding(WireRequest[int]):
 
 
 class Fetch(WireRequest[FetchResult]):
+    """One file from ``peer``: ``request`` is the body of the request frame to send (a
+    ``protocol.FetchRequest`` of ``kind``, ``body()``), decoded and checked again by the worker."""
+
     peer: str
     kind: FetchKind
-    params: dict[str, int | str | None]
+    request: bytes
     dest: str
     timeout: float
     expected_digest: str | None = None
@@ -101,7 +123,7 @@ class Events(WireRequest[list[Event]]):
     wait_s: float = 0.0
 
 
-class Stats(WireRequest[dict[str, Any]]):
+class Stats(WireRequest[WireStats]):
     pass
 
 

@@ -198,13 +198,13 @@ async def _body_to(io: StreamIO, size: int, sink: Any, hasher: Any) -> None:
         left -= len(data)
 
 
-async def fetch_to_file(dialer: Dialer, peer: str, kind: str, params: dict[str, Any], dest: Path, *,
+async def fetch_to_file(dialer: Dialer, peer: str, req: wp.FetchRequest, dest: Path, *,
                         timeout: float, digest: str | None = None, max_bytes: int | None = None) -> dict[str, Any]:
-    """Fetch one file from ``peer`` into ``dest`` atomically; returns {bytes, seconds}.
+    """Fetch the file ``req`` asks ``peer`` for into ``dest`` atomically; returns {bytes, seconds}.
 
     ``max_bytes`` (what a signed record allows): a body declared larger is a lie, refused with
     ``IntegrityError`` before a byte of it is read."""
-    req = wp.build_request(kind, params)
+    kind, params = wp.kind_of(req), wp.params_of(req)
     want = wp.parse_digest(digest)
     t0 = time.monotonic()
     try:

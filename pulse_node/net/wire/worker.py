@@ -68,7 +68,7 @@ from pulse_node.net.peers.budget import (
 from pulse_node.net.wire import protocol as wp
 from pulse_node.net.wire import transfer as wt
 from pulse_node.net.wire.config import WireConfig
-from pulse_node.vocab import Event, FetchKind, PushKind
+from pulse_node.vocab import BudgetRefusal, Event, FetchKind, PushKind
 
 log = logging.getLogger("pulse.wire")
 
@@ -149,7 +149,7 @@ class Server:
         except UnsupportedVersion as exc:
             await self._reply_error(io, "unsupported", str(exc))
         except SlowPeer as exc:
-            self.refusals.add(io.peer, io.flow.why() if io.flow else "slow", str(exc))
+            self.refusals.add(io.peer, io.flow.why() if io.flow else BudgetRefusal.SLOW, str(exc))
             reset = True
         except PeerUnavailable as exc:
             self.counters.errors[f"serve_{kind}_stream"] += 1
@@ -201,7 +201,7 @@ class Server:
             total = os.fstat(fh.fileno()).st_size
             off, length = self._range(kind, req, total)
             if kind in BULK_KINDS and self.bulk is not None and not self.bulk.allow(io.peer, length):
-                self.refusals.add(io.peer, "bulk_budget", f"{kind} {length} bytes")
+                self.refusals.add(io.peer, BudgetRefusal.BULK_BUDGET, f"{kind} {length} bytes")
                 await self._reply_error(io, "busy", f"bulk_budget: {kind} bytes served to this peer are over "
                                                     "its budget; ask a member or later")
                 return
@@ -214,7 +214,7 @@ class Server:
         assert self.producer is not None
         if self.catchups is None or self.producer.making(base, target) or self.catchups.allow(peer):
             return True
-        self.refusals.add(peer, "catchup_budget", f"v{base} -> v{target}")
+        self.refusals.add(peer, BudgetRefusal.CATCHUP_BUDGET, f"v{base} -> v{target}")
         return False
 
     async def _make_catchup(self, io: wt.StreamIO, base: int, target: int) -> Path | None:
@@ -338,10 +338,10 @@ class WireService(Service):
         return len(peer_ids)
 
     @rpc
-    async def fetch(self, *, peer: str, kind: FetchKind, params: dict[str, int | str | None], dest: str,
+    async def fetch(self, *, peer: str, kind: FetchKind, request: bytes, dest: str,
                     timeout: float, expected_digest: str | None = None,
                     max_bytes: int | None = None) -> dict[str, Any]:
-        return await wt.fetch_to_file(self.dialer, peer, kind, params, Path(dest), timeout=timeout,
+        return await wt.fetch_to_file(self.dialer, peer, wp.decode_fetch(kind, request), Path(dest), timeout=timeout,
                                       digest=expected_digest, max_bytes=max_bytes)
 
     @rpc
