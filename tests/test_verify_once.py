@@ -23,6 +23,7 @@ import torch
 
 from pulse_node.chain.catchup_producer import CatchupProducer
 from pulse_node.chain.identity import Identity, verify_signature
+from pulse_node.chain.peer import PeerStatus, Serves
 from pulse_node.chain.record import VersionRecord
 from pulse_node.chain.serving import store_resolver
 from pulse_node.chain.store import VersionStore
@@ -34,7 +35,6 @@ from pulse_node.codec.state import State
 from pulse_node.codec.statehash import state_hash
 from pulse_node.config import ChainConfig, NetConfig
 from pulse_node.inference.syncer import VersionSync
-from pulse_node.net.dht.records import PeerStatus, Serves
 from pulse_node.rl.config import ModelConfig
 from pulse_node.rl.policy import build_tiny
 from pulse_node.testing.adversaries import peer_id
@@ -150,7 +150,7 @@ def test_each_version_is_verified_once_from_publish_to_apply(chain, monkeypatch:
     counts.take()
     sync.catchup_min_gap = 4
     applied = sync.step(hub_peers())
-    assert [r.version for r in applied] == [11] and sync.counters["catchups"] == 1
+    assert [r.version for r in applied] == [11] and sync.counters.catchups == 1
     assert counts.take() == {"signature": 1, "state_hash": 1, "header": 1}, "one catch-up patch 7 -> 11"
     assert sync.state is not None and state_hash(sync.state) == trainer.store.head().state_hash
 
