@@ -133,14 +133,14 @@ def test_the_syncer_streams_the_next_version_and_the_live_model_follows(served, 
         sync.pipeline = Pipeline(live)
         applied = sync.step(list(hub.records.values()))
         assert [r.version for r in applied] == [15, 16, 17, 18]
-        assert sync.pipeline.counters["streamed"] == 1 and sync.pipeline.counters["live_written"] == 1
+        assert sync.pipeline.counters.streamed == 1 and sync.pipeline.counters.live_written == 1
         assert live.version == 15  # 15 written while it arrived; 16..18 by the usual composed step
         moves = sync.take_changes()
         assert [(a, b) for a, b, _ in moves] == [(15, 18)]
         assert live.set(sync.state, 18, changes=moves) == "advanced" and _holds(live, STATES[18])
         assert states_equal(sync.state, STATES[18]) and sync.store.has_patch(15)
         applied = sync.step(list(hub.records.values()))  # nothing new: nothing streamed
-        assert applied == [] and sync.pipeline.counters["streamed"] == 1
+        assert applied == [] and sync.pipeline.counters.streamed == 1
     finally:
         sync.close()
 
@@ -177,6 +177,6 @@ def test_a_peer_serving_a_corrupt_patch_moves_nothing_and_is_struck(served, tmp_
         assert sync.trust.strikes.get(liar.peer_id, 0) >= 1 and not sync.store.has_patch(15)
         trainer = announce(hub, TRAINER, store_resolver(served), role="trainer", version=15, lowest=1)
         assert [r.version for r in sync.step([trainer])] == [15]
-        assert sync.pipeline.counters["streamed"] == 1 and live.version == 15 and _holds(live, STATES[15])
+        assert sync.pipeline.counters.streamed == 1 and live.version == 15 and _holds(live, STATES[15])
     finally:
         sync.close()

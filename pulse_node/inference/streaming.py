@@ -163,13 +163,23 @@ class _Fetch:
             raise self.error
 
 
+@dataclass
+class StreamCounts:
+    """What the pipeline did: versions applied while they arrived, of them with the live model
+    written as they came, and streams handed back to the whole-patch path."""
+
+    streamed: int = 0
+    live_written: int = 0
+    fallback: int = 0
+
+
 class Pipeline:
     """Fetches the next version's patch and applies it while it arrives (see the module doc)."""
 
     def __init__(self, live: LiveWeights | None = None, *, stall_s: float = 10.0, workers: int = 2,
                  trace: list[tuple[str, str, float]] | None = None) -> None:
         self.live, self.stall_s, self.workers, self.trace = live, stall_s, workers, trace
-        self.counters = {"streamed": 0, "live_written": 0, "fallback": 0}
+        self.counters = StreamCounts()
 
     @staticmethod
     def expect(held: VersionRecord, rec: VersionRecord) -> Expected:
@@ -197,8 +207,8 @@ class Pipeline:
             job.stop.set()
             raise
         job.join(timeout + self.stall_s)
-        self.counters["streamed"] += 1
-        self.counters["live_written"] += live is not None
+        self.counters.streamed += 1
+        self.counters.live_written += live is not None
         return buf.bytes(), Streamed(state, base, target, changes, live, last_byte_at=buf.completed_at)
 
     def _after_refusal(self, job: _Fetch, buf: GrowingBuffer, expected: Expected, timeout: float,
@@ -208,6 +218,6 @@ class Pipeline:
         job.join(timeout + self.stall_s)
         if buf.digest() != expected.digest:
             raise IntegrityError("patch does not match its signed digest") from None
-        self.counters["fallback"] += 1
+        self.counters.fallback += 1
         log.info("signed patch refused while streaming (%s); left to the normal apply", exc)
         return buf.bytes(), None
