@@ -65,6 +65,7 @@ from pulse_node.net.peers.budget import (
     SlowPeer,
     StreamPools,
 )
+from pulse_node.net.wire import anchor_fetch
 from pulse_node.net.wire import protocol as wp
 from pulse_node.net.wire import transfer as wt
 from pulse_node.net.wire.config import WireConfig
@@ -348,7 +349,7 @@ class WireService(Service):
     async def fetch_anchor(self, *, peers: list[str], version: int, size: int, dest: str, timeout: float,
                            digest: str | None = None, chunk: int = 4 << 20, per_peer: int = 2,
                            pieces: list[list[int | str]] | None = None) -> dict[str, Any]:  # (offset, length, hex)
-        return await wt.fetch_anchor(self.dialer, peers, version=version, size=size, dest=Path(dest),
+        return await anchor_fetch.fetch_anchor(self.dialer, peers, version=version, size=size, dest=Path(dest),
                                      digest=digest, timeout=timeout, chunk=chunk, per_peer=per_peer,
                                      pieces=pieces)
 
