@@ -26,6 +26,11 @@ def temp_path(path: Path) -> Path:
     return path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
 
 
+def temp_paths_of(path: Path) -> list[Path]:
+    """The temp files ``temp_path`` made for ``path`` that exist now (a writer still at work)."""
+    return sorted(path.parent.glob(f".{path.name}.*.tmp"))
+
+
 def fsync_dir(path: Path) -> None:
     """Make a rename or link inside directory ``path`` durable."""
     fd = os.open(path, os.O_RDONLY)

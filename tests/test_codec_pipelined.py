@@ -89,7 +89,7 @@ def test_streamed_apply_equals_the_whole_apply_bit_for_bit(pair, chunks, workers
     ref = apply_patch_inplace(whole, patch)
     state, sink = copy_state(base), DictSink(base)
     arrays = {k: t.bits for k, t in state.items()}
-    changes = apply_streaming(state, _feed(patch, chunks), _expected(base, new, patch), sink=sink, workers=workers)
+    changes, _, _ = apply_streaming(state, _feed(patch, chunks), _expected(base, new, patch), sink=sink, workers=workers)
     assert states_equal(state, whole) and states_equal(state, new) and sink.holds(new)
     assert all(state[k].bits is arrays[k] for k in state)  # in place
     assert set(changes.tensors) == set(ref.tensors) and all(

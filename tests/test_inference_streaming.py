@@ -19,7 +19,7 @@ from test_node_sync_bounds import EVE, _syncer, served  # noqa: F401  (fixture)
 
 from pulse_node.chain.serving import store_resolver
 from pulse_node.chain.store import VersionStore
-from pulse_node.codec.patch import make_patch
+from pulse_node.codec.patch import ParsedPatch, make_patch
 from pulse_node.codec.pipelined import Expected
 from pulse_node.codec.statehash import state_hash
 from pulse_node.errors import IntegrityError, PeerUnavailable
@@ -71,7 +71,7 @@ def test_a_version_lands_in_state_and_live_model_while_the_file_grows(tmp_path) 
     pipe = Pipeline(live)
     got, streamed = pipe.fetch_apply(_writer(patch), tmp_path / "p", state=state, base=3, target=4,
                                      expected=_expect(base, new, patch), size=len(patch), timeout=30)
-    assert got == patch and streamed is not None and streamed.live_written
+    assert isinstance(got, ParsedPatch) and got.data == patch and streamed is not None and streamed.live_written
     assert states_equal(state, new) and _holds(live, new) and live.version == 3  # written, not yet kept
     streamed.commit()
     assert live.version == 4 and live.set(state, 4) == "kept"

@@ -155,6 +155,37 @@ def test_each_version_is_verified_once_from_publish_to_apply(chain, monkeypatch:
     assert sync.state is not None and state_hash(sync.state) == trainer.store.head().state_hash
 
 
+def test_a_version_applied_while_it_arrives_is_verified_once_too(chain, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The inference node's default path streams the next version (``inference/streaming.py``):
+    its header is parsed once as it comes and its state hash fed as it is applied."""
+    from pulse_node.codec.pipelined import StateHasher
+    from pulse_node.inference.streaming import Pipeline
+
+    trainer, sync, states = chain
+    sync.pipeline = Pipeline()
+    for v in range(5):
+        trainer.publish(states[v])
+    sync.step(sync.transport.peers())
+    assert sync.record is not None and sync.record.version == 4
+    counts = Counts(monkeypatch)
+    monkeypatch.setattr(StateHasher, "hexdigest", _counted(StateHasher.hexdigest, counts, "state_hash"))
+    for v in range(5, 8):
+        trainer.publish(states[v])
+    counts.take()
+    streamed_before = sync.pipeline.counters.streamed
+    applied = sync.step(sync.transport.peers())
+    assert [r.version for r in applied] == [5, 6, 7]
+    assert sync.pipeline.counters.streamed > streamed_before, "no version was streamed"
+    assert counts.take() == {"signature": 3, "state_hash": 3, "header": 3}, "patches 5, 6 (an anchor), 7"
+
+
+def _counted(fn: Callable[..., Any], counts: Counts, label: str) -> Callable[..., Any]:
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        counts.n[label] += 1
+        return fn(*args, **kwargs)
+    return counted
+
+
 def test_the_reference_codec_size_is_opt_in(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import pulse_node.trainer.publisher as publisher
 

@@ -216,8 +216,10 @@ class _Run:
 
 
 def apply_streaming(state: State, source: Source, expected: Expected, *, sink: TensorSink | None = None,
-                    workers: int = WORKERS, trace: list[tuple[str, str, float]] | None = None) -> Changes:
-    """Turn ``state`` into the patch's result in place while ``source`` fills; returns the changes.
+                    workers: int = WORKERS, trace: list[tuple[str, str, float]] | None = None
+                    ) -> tuple[Changes, PatchHeader, int]:
+    """Turn ``state`` into the patch's result in place while ``source`` fills; returns the changes
+    and the header it parsed (once), with where the payload starts.
 
     Every tensor's section is decoded as soon as it is complete and written into ``sink`` too;
     the result is kept only if the whole file's digest and the result's state hash equal
@@ -247,7 +249,7 @@ def apply_streaming(state: State, source: Source, expected: Expected, *, sink: T
     except BaseException:
         run.abort()
         raise
-    return run.changes()
+    return run.changes(), header, start
 
 
 class GrowingBuffer:

@@ -31,9 +31,11 @@ from typing import TYPE_CHECKING
 
 from pulse_node.chain.record import VersionRecord
 from pulse_node.codec.inplace import Changes, TensorChange
+from pulse_node.codec.patch import ParsedPatch
 from pulse_node.codec.pipelined import Expected, GrowingBuffer, apply_streaming
 from pulse_node.codec.state import State
 from pulse_node.errors import IntegrityError, PatchError, PeerUnavailable, PulseError
+from pulse_node.fsutil import temp_paths_of
 
 if TYPE_CHECKING:  # torch: imported by the role, not by the syncer
     from pulse_node.rl.liveweights import LiveWeights
@@ -125,7 +127,7 @@ class _Fetch:
                 self.dest.unlink(missing_ok=True)
 
     def _open(self) -> int | None:
-        for path in [self.dest, *self.dest.parent.glob(f".{self.dest.name}.*.tmp")]:
+        for path in [self.dest, *temp_paths_of(self.dest)]:
             try:
                 return os.open(path, os.O_RDONLY)
             except FileNotFoundError:
@@ -186,7 +188,7 @@ class Pipeline:
         """What ``rec``'s patch must be: from the state we hold to its signed result, its signed digest."""
         return Expected(base_hash=held.state_hash, result_hash=rec.state_hash, digest=rec.patch_digest)
 
-    def fetch_apply(self, fetch: Callable[[Path], None], dest: Path, *, state: State, base: int, target: int, expected: Expected, size: int, timeout: float) -> tuple[bytes, Streamed | None]:
+    def fetch_apply(self, fetch: Callable[[Path], None], dest: Path, *, state: State, base: int, target: int, expected: Expected, size: int, timeout: float) -> tuple[bytes | ParsedPatch, Streamed | None]:
         """Fetch (``fetch(dest)`` blocks until ``dest`` holds the file) and apply into ``state``
         (version ``base``, hashing to ``expected.base_hash``) as the bytes come. Returns the patch and the
         ``Streamed`` apply, or the patch and None when the signed patch itself does not apply
@@ -197,7 +199,8 @@ class Pipeline:
         job = _Fetch(fetch, dest, buf)
         try:
             sink = LiveSink(live) if live is not None else None
-            changes = apply_streaming(state, buf, expected, sink=sink, workers=self.workers, trace=self.trace)
+            changes, header, start = apply_streaming(state, buf, expected, sink=sink, workers=self.workers,
+                                                     trace=self.trace)
         except PeerUnavailable:
             job.stop.set()
             raise
@@ -209,7 +212,8 @@ class Pipeline:
         job.join(timeout + self.stall_s)
         self.counters.streamed += 1
         self.counters.live_written += live is not None
-        return buf.bytes(), Streamed(state, base, target, changes, live, last_byte_at=buf.completed_at)
+        patch = ParsedPatch(buf.bytes(), header, start)  # the header parsed once, while it came
+        return patch, Streamed(state, base, target, changes, live, last_byte_at=buf.completed_at)
 
     def _after_refusal(self, job: _Fetch, buf: GrowingBuffer, expected: Expected, timeout: float,
                        exc: PulseError) -> tuple[bytes, None]:

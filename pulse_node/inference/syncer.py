@@ -48,6 +48,7 @@ from pulse_node.chain.store import VersionStore
 from pulse_node.chain.trust import TrustPolicy
 from pulse_node.chain.verified import VerifiedVersion, apply_version, seal_streamed
 from pulse_node.codec.inplace import Changes, Move
+from pulse_node.codec.patch import ParsedPatch
 from pulse_node.codec.state import State
 from pulse_node.config import NetConfig
 from pulse_node.daemon.status_model import InferenceCounters
@@ -272,7 +273,8 @@ class VersionSync(Recovery):
                 rec = self._fetch_record(peer, version, timeout=self._first_try(peer.peer_id))
                 if not self.trust.check(rec, sender=peer.peer_id):
                     continue
-                streamed = None
+                streamed: Streamed | None = None
+                patch: bytes | ParsedPatch
                 if self.pipeline is not None and stream_next(self.record, rec) and self.state is not None:
                     patch, streamed = self._fetch_streamed(peer, rec)
                 else:
@@ -309,7 +311,7 @@ class VersionSync(Recovery):
             raise IntegrityError(f"asked for version {version}, got record of {rec.version}")
         return rec
 
-    def _fetch_streamed(self, peer: PeerRecord, rec: VersionRecord) -> tuple[bytes, Streamed | None]:
+    def _fetch_streamed(self, peer: PeerRecord, rec: VersionRecord) -> tuple[bytes | ParsedPatch, Streamed | None]:
         """The next version's patch, applied while it arrives (``inference/streaming.py``)."""
         assert self.pipeline is not None and self.state is not None and self.record is not None
         dest = self._tmp / f"patch-{threading.get_ident()}-{random.getrandbits(32):08x}"
