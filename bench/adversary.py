@@ -34,6 +34,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.cpu_share import snapshot, used  # noqa: E402
 from pulse_node.testing.free_keys import NODE_CONFIG_ENV, node_config_path  # noqa: E402
 
 DEFAULT_ATTACKS = ("inject_payload", "trainer_role", "huge_version", "rollback", "slow_drip", "bad_anchor",
@@ -132,6 +133,10 @@ class Bench:
     def window(self, seconds: float, proc: subprocess.Popen | None = None) -> dict[str, Any]:
         """Versions/s over ``seconds`` and the counters that moved."""
         self.poll()
+        trees = {c.name: c.proc.pid for c in self.swarm.children}
+        trees |= {"bootstrap": self.swarm.bootstrap.pid} if self.swarm.bootstrap is not None else {}
+        trees |= {"attacker": proc.pid} if proc is not None else {}
+        cpu0 = cpu1 = snapshot(trees)
         v0, c0, t0 = self.head(), counters(self.statuses()), time.monotonic()
         contributors: Counter = Counter()
         lag = 0
@@ -142,10 +147,15 @@ class Bench:
                 if s.contributors is not None:
                     contributors[s.contributors] += 1
             lag = max(lag, self.inference_lag())
+            cpu1 = snapshot(trees)  # taken while the attacker still runs (it may exit at the window's end)
         v1, dt = self.head(), time.monotonic() - t0
+        cpu = used(cpu0, cpu1)
+        honest = round(sum(sum(v.values()) for k, v in cpu.items() if k != "attacker"), 1)
         moved = {k: v - c0.get(k, 0) for k, v in counters(self.statuses()).items() if v != c0.get(k, 0)}
         return {"versions": v1 - v0, "seconds": round(dt, 1), "rate": (v1 - v0) / dt, "moved": moved,
-                "contributors_seen": dict(contributors), "inference_max_lag": lag}
+                "contributors_seen": dict(contributors), "inference_max_lag": lag,
+                "cpu_s": {"honest": honest, "attacker": round(sum(cpu.get("attacker", {}).values()), 1),
+                          "per_node": cpu}, "load": [round(x, 2) for x in os.getloadavg()]}
 
     def inference_lag(self) -> int:
         """How many versions the furthest-behind inference node is behind the trainers' head."""
@@ -161,7 +171,9 @@ class Bench:
         cmd += ["--identity", str(self.members[name])] if name in self.members else []
         log = open(self.root / "attacks" / f"{name}.log", "w")
         env = {**os.environ, NODE_CONFIG_ENV: str(node_config_path(self.root))}
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+        nice = self.args.attacker_nice
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env,
+                                preexec_fn=(lambda: os.nice(nice)) if nice else None)
         operator: dict[str, Any] = {}
         delay = min(10.0, self.args.window / 3)
         probe = threading.Thread(target=lambda: operator.update(self.operator_status(delay=delay)), daemon=True)
@@ -270,7 +282,8 @@ def row(name: str, base: dict, res: dict, wrong: int, crashed: list[str]) -> dic
             "inference_max_lag": res["inference_max_lag"], "baseline_inference_max_lag": base["inference_max_lag"],
             "attacker_sent": a.get("sent", {}), "attacker_error": a.get("attacker_error"),
             "attacker": {k: v for k, v in a.items() if k not in ("tried", "sent", "peer_ids")},
-            "operator": res.get("operator") or None}
+            "operator": res.get("operator") or None, "cpu_s": res["cpu_s"], "baseline_cpu_s": base["cpu_s"],
+            "load": res["load"]}
 
 
 REPORT_KEYS = ("rejected", "decisions_rejected", "strikes", "bans", "loco_base_mismatch", "rollouts_refused",
@@ -285,7 +298,9 @@ def fmt(r: dict) -> str:
             f" poisoned={'YES' if r['poisoned'] else 'no':<3} ratio={r['rate_ratio']:<5} "
             f"({r['attack_rate']:.3f}/{r['baseline_rate']:.3f} v/s) recovery={r.get('recovery_s')}s "
             f"max_contributors={max(map(int, r['contributors_seen']), default='-')} "
-            f"inference_lag={r['inference_max_lag']} reported: {rep or '-'}")
+            f"inference_lag={r['inference_max_lag']} cpu_s honest={r['cpu_s']['honest']} "
+            f"(baseline {r['baseline_cpu_s']['honest']}) attacker={r['cpu_s']['attacker']} load={r['load']} "
+            f"reported: {rep or '-'}")
 
 
 def summary(rows: list[dict], baselines: list[float], final: dict, crashed: list[str], root: Path) -> dict[str, Any]:
@@ -320,6 +335,9 @@ def main() -> None:
                     help="comma-separated subset to run (e.g. --attacks member_presigned,record_flood)")
     ap.add_argument("--only", help="run only these attacks (comma separated; same as --attacks)")
     ap.add_argument("--run-dir")
+    ap.add_argument("--attacker-nice", type=int, default=0,
+                    help="run each attacker process at this niceness (e.g. 19): on one shared machine the attacker "
+                         "takes CPU from the honest nodes, which an attacker on its own machine cannot")
     args = ap.parse_args()
     names = [a for a in (args.only or args.attacks).split(",") if a]
     for sig in (signal.SIGINT, signal.SIGTERM):  # stop the swarm and attacker on either (background jobs ignore INT)
