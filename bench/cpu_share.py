@@ -6,8 +6,6 @@ makes the honest nodes do."""
 
 from __future__ import annotations
 
-from collections import Counter
-
 import psutil
 
 
@@ -44,8 +42,9 @@ def used(before: dict[tuple[str, int], tuple[str, float]],
          after: dict[tuple[str, int], tuple[str, float]]) -> dict[str, dict[str, float]]:
     """CPU seconds used between two snapshots, ``{tree: {part: s}}`` (processes that ended between
     them are not counted; new ones count from zero)."""
-    out: dict[str, Counter] = {}
+    out: dict[str, dict[str, float]] = {}
     for key, (part, cpu) in after.items():
         d = cpu - before.get(key, (part, 0.0))[1]
-        out.setdefault(key[0], Counter())[part] += max(0.0, d)
+        tree = out.setdefault(key[0], {})
+        tree[part] = tree.get(part, 0.0) + max(0.0, d)
     return {name: {k: round(v, 1) for k, v in sorted(c.items())} for name, c in sorted(out.items())}

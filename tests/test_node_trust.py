@@ -12,8 +12,8 @@ import pytest
 from helpers import node_version, read_status, wait_for
 
 from pulse_node.chain.identity import Identity
-from pulse_node.config import InferenceConfig, TrainerConfig
 from pulse_node.chain.record import encode_record
+from pulse_node.config import InferenceConfig, TrainerConfig
 from pulse_node.testing.faults import ForgedChain, start_forging_peer
 from pulse_node.vocab import DEFAULT_RUN_ID
 
