@@ -176,7 +176,7 @@ class Bench:
         env = {**os.environ, NODE_CONFIG_ENV: str(node_config_path(self.root))}
         nice = self.args.attacker_nice
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env,
-                                preexec_fn=(lambda: os.nice(nice)) if nice else None)
+                                preexec_fn=(lambda: _lower_priority(nice)) if nice else None)
         operator: dict[str, Any] = {}
         delay = min(10.0, self.args.window / 3)
         probe = threading.Thread(target=lambda: operator.update(self.operator_status(delay=delay)), daemon=True)
@@ -332,6 +332,17 @@ def summary(rows: list[dict], baselines: list[float], final: dict, crashed: list
 def per_attack(rows: list[dict]) -> dict[str, dict[str, Any]]:
     """``{name: {"rate_ratio": float, "held": bool}}`` for every attack run (the JSON line's ``per_attack``)."""
     return {r["attack"]: {"rate_ratio": r["rate_ratio"], "held": r["held"] and not r["poisoned"]} for r in rows}
+
+
+def _lower_priority(nice: int) -> None:
+    """In the attacker's child process, after its ``setsid``: nice it, and its session's autogroup
+    too (with autogroups, a process's nice value weighs only against its own session's processes)."""
+    os.nice(nice)
+    try:
+        with open("/proc/self/autogroup", "w") as fh:
+            fh.write(str(nice))
+    except OSError:
+        pass
 
 
 def _interrupt(*_: object) -> None:
