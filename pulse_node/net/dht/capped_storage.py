@@ -28,9 +28,11 @@ from hivemind.dht.storage import DHTLocalStorage, DictionaryDHTValue
 from hivemind.utils.timed_storage import DHTExpiration
 
 #: records of peers neither preferred nor members a node stores per dictionary, at most
-STORED_NEWCOMERS = 64
+STORED_NEWCOMERS = 32
 #: preferred peer ids (peers with standing) a node remembers, at most
 MAX_PREFERRED = 1024
+#: draws remembered per epoch, at most
+MAX_DRAWS = 16384
 
 
 class NewcomerGate:
@@ -45,6 +47,8 @@ class NewcomerGate:
         self.standing: frozenset[str] = frozenset()
         self.refused = 0
         self.evicted = 0
+        self._draws: dict[Subkey, bytes] = {}  # this epoch's draws (a refusal costs no hash over the stored ones)
+        self._epoch = -1
 
     def prefer(self, peer_ids: Iterable[str]) -> None:
         """The peers with standing the node named (kept whatever the newcomers do)."""
@@ -54,9 +58,17 @@ class NewcomerGate:
         return subkey in self.own or subkey in self.members or subkey in self.standing
 
     def draw(self, subkey: Subkey) -> bytes:
+        """This node's draw of ``subkey`` in the current epoch (remembered for the epoch, at most
+        ``MAX_DRAWS`` of them)."""
         epoch = int(self.clock() // self.rotate_s) if self.rotate_s > 0 else 0
-        return hashlib.blake2b(repr(subkey).encode(), key=self.salt, digest_size=8,
-                               person=epoch.to_bytes(8, "big")).digest()
+        if epoch != self._epoch or len(self._draws) >= MAX_DRAWS:
+            self._draws.clear()
+            self._epoch = epoch
+        found = self._draws.get(subkey)
+        if found is None:
+            found = self._draws[subkey] = hashlib.blake2b(repr(subkey).encode(), key=self.salt, digest_size=8,
+                                                          person=epoch.to_bytes(8, "big")).digest()
+        return found
 
     def admit(self, stored: DictionaryDHTValue, subkey: Subkey) -> bool:
         """Whether ``subkey`` may be stored in ``stored`` now (a refresh of a stored subkey always
