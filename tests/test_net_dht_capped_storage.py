@@ -84,3 +84,22 @@ def test_storing_a_flood_costs_bounded_time() -> None:
     _flood(storage, sybils, exp)
     assert len(_stored(storage)) == 64
     assert time.process_time() - t0 < 5.0
+
+
+def test_a_refused_newcomer_costs_one_hash_not_one_per_stored_record(monkeypatch) -> None:
+    from pulse_node.net.dht import capped_storage
+
+    calls = [0]
+    real = capped_storage.hashlib.blake2b
+
+    def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
+        calls[0] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(capped_storage.hashlib, "blake2b", counted)
+    gate = NewcomerGate(cap=32, clock=lambda: 100.0)
+    storage = CappedStorage(gate)
+    sybils = _ids(532)
+    _flood(storage, sybils, time.time() + 600)
+    assert len(_stored(storage)) == 32
+    assert calls[0] <= len(sybils)  # each key drawn once in the epoch, however often it is compared
