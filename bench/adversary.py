@@ -34,6 +34,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.cpu_share import snapshot, used  # noqa: E402
 from pulse_node.testing.free_keys import NODE_CONFIG_ENV, node_config_path  # noqa: E402
 
 DEFAULT_ATTACKS = ("inject_payload", "trainer_role", "huge_version", "rollback", "slow_drip", "bad_anchor",
@@ -45,6 +46,9 @@ MEMBER_ATTACKS = ("member_presigned", "member_equivocate", "member_heads", "memb
 #: floods of free identities (issue 21): inference nodes must stay within ``MAX_LAG`` versions of the head
 FLOOD_ATTACKS = {"record_flood", "sybil_flood", "junk_rollouts", "pool_hog", "catchup_sybils"}
 MAX_LAG = 2
+#: attacks whose records stay in the DHT after the attacker exits (``testing/flood.py``), and how long
+RECORD_FLOODS = {"record_flood", "sybil_flood"}
+RECORD_TTL_S = 60.0
 SMALL = {"model": {"d_model": 32, "n_layers": 2, "n_heads": 2}, "task": {"digits": 2},
          "sampling": {"prompts_per_batch": 8, "group_size": 4}}
 
@@ -132,6 +136,10 @@ class Bench:
     def window(self, seconds: float, proc: subprocess.Popen | None = None) -> dict[str, Any]:
         """Versions/s over ``seconds`` and the counters that moved."""
         self.poll()
+        trees = {c.name: c.proc.pid for c in self.swarm.children}
+        trees |= {"bootstrap": self.swarm.bootstrap.pid} if self.swarm.bootstrap is not None else {}
+        trees |= {"attacker": proc.pid} if proc is not None else {}
+        cpu0 = cpu1 = snapshot(trees)
         v0, c0, t0 = self.head(), counters(self.statuses()), time.monotonic()
         contributors: Counter = Counter()
         lag = 0
@@ -142,10 +150,15 @@ class Bench:
                 if s.contributors is not None:
                     contributors[s.contributors] += 1
             lag = max(lag, self.inference_lag())
+            cpu1 = snapshot(trees)  # taken while the attacker still runs (it may exit at the window's end)
         v1, dt = self.head(), time.monotonic() - t0
+        cpu = used(cpu0, cpu1)
+        honest = round(sum(sum(v.values()) for k, v in cpu.items() if k != "attacker"), 1)
         moved = {k: v - c0.get(k, 0) for k, v in counters(self.statuses()).items() if v != c0.get(k, 0)}
         return {"versions": v1 - v0, "seconds": round(dt, 1), "rate": (v1 - v0) / dt, "moved": moved,
-                "contributors_seen": dict(contributors), "inference_max_lag": lag}
+                "contributors_seen": dict(contributors), "inference_max_lag": lag,
+                "cpu_s": {"honest": honest, "attacker": round(sum(cpu.get("attacker", {}).values()), 1),
+                          "per_node": cpu}, "load": [round(x, 2) for x in os.getloadavg()]}
 
     def inference_lag(self) -> int:
         """How many versions the furthest-behind inference node is behind the trainers' head."""
@@ -161,7 +174,9 @@ class Bench:
         cmd += ["--identity", str(self.members[name])] if name in self.members else []
         log = open(self.root / "attacks" / f"{name}.log", "w")
         env = {**os.environ, NODE_CONFIG_ENV: str(node_config_path(self.root))}
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+        nice = self.args.attacker_nice
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env,
+                                preexec_fn=(lambda: _lower_priority(nice)) if nice else None)
         operator: dict[str, Any] = {}
         delay = min(10.0, self.args.window / 3)
         probe = threading.Thread(target=lambda: operator.update(self.operator_status(delay=delay)), daemon=True)
@@ -223,6 +238,11 @@ class Bench:
                 return round(now - t0 - 10.0, 1) if now - t0 > 10.0 else 0.0
         return None
 
+    def idle_until(self, t: float) -> None:
+        while time.monotonic() < t:
+            time.sleep(1.0)
+            self.poll()
+
     def wait_started(self, versions: int = 2, timeout: float = 600) -> None:
         end = time.monotonic() + timeout
         while time.monotonic() < end:
@@ -245,10 +265,13 @@ class Bench:
                 baselines.append(base["rate"])
                 before = self.ledger.check()["corrupted_states_used"]
                 res = self.attack(name)
+                ended = time.monotonic()
                 self.poll()
                 wrong = self.ledger.check()["corrupted_states_used"] - before
                 rows.append(row(name, base, res, wrong, self.crashed()))
                 rows[-1]["recovery_s"] = self.settle(base["rate"])
+                if name in RECORD_FLOODS:  # its records outlive it by their TTL: not in the next baseline
+                    self.idle_until(ended + RECORD_TTL_S)
                 print(fmt(rows[-1]), file=sys.stderr, flush=True)
             baselines.append(self.window(self.args.baseline)["rate"])
             self.poll()
@@ -270,7 +293,8 @@ def row(name: str, base: dict, res: dict, wrong: int, crashed: list[str]) -> dic
             "inference_max_lag": res["inference_max_lag"], "baseline_inference_max_lag": base["inference_max_lag"],
             "attacker_sent": a.get("sent", {}), "attacker_error": a.get("attacker_error"),
             "attacker": {k: v for k, v in a.items() if k not in ("tried", "sent", "peer_ids")},
-            "operator": res.get("operator") or None}
+            "operator": res.get("operator") or None, "cpu_s": res["cpu_s"], "baseline_cpu_s": base["cpu_s"],
+            "load": res["load"]}
 
 
 REPORT_KEYS = ("rejected", "decisions_rejected", "strikes", "bans", "loco_base_mismatch", "rollouts_refused",
@@ -285,7 +309,9 @@ def fmt(r: dict) -> str:
             f" poisoned={'YES' if r['poisoned'] else 'no':<3} ratio={r['rate_ratio']:<5} "
             f"({r['attack_rate']:.3f}/{r['baseline_rate']:.3f} v/s) recovery={r.get('recovery_s')}s "
             f"max_contributors={max(map(int, r['contributors_seen']), default='-')} "
-            f"inference_lag={r['inference_max_lag']} reported: {rep or '-'}")
+            f"inference_lag={r['inference_max_lag']} cpu_s honest={r['cpu_s']['honest']} "
+            f"(baseline {r['baseline_cpu_s']['honest']}) attacker={r['cpu_s']['attacker']} load={r['load']} "
+            f"reported: {rep or '-'}")
 
 
 def summary(rows: list[dict], baselines: list[float], final: dict, crashed: list[str], root: Path) -> dict[str, Any]:
@@ -308,6 +334,17 @@ def per_attack(rows: list[dict]) -> dict[str, dict[str, Any]]:
     return {r["attack"]: {"rate_ratio": r["rate_ratio"], "held": r["held"] and not r["poisoned"]} for r in rows}
 
 
+def _lower_priority(nice: int) -> None:
+    """In the attacker's child process, after its ``setsid``: nice it, and its session's autogroup
+    too (with autogroups, a process's nice value weighs only against its own session's processes)."""
+    os.nice(nice)
+    try:
+        with open("/proc/self/autogroup", "w") as fh:
+            fh.write(str(nice))
+    except OSError:
+        pass
+
+
 def _interrupt(*_: object) -> None:
     raise KeyboardInterrupt
 
@@ -320,6 +357,9 @@ def main() -> None:
                     help="comma-separated subset to run (e.g. --attacks member_presigned,record_flood)")
     ap.add_argument("--only", help="run only these attacks (comma separated; same as --attacks)")
     ap.add_argument("--run-dir")
+    ap.add_argument("--attacker-nice", type=int, default=0,
+                    help="run each attacker process at this niceness (e.g. 19): on one shared machine the attacker "
+                         "takes CPU from the honest nodes, which an attacker on its own machine cannot")
     args = ap.parse_args()
     names = [a for a in (args.only or args.attacks).split(",") if a]
     for sig in (signal.SIGINT, signal.SIGTERM):  # stop the swarm and attacker on either (background jobs ignore INT)

@@ -106,6 +106,7 @@ class BudgetRefusal(Reason):
     EVICTED = "evicted"
     CATCHUP_BUDGET = "catchup_budget"
     BULK_BUDGET = "bulk_budget"
+    DHT_NEWCOMERS = "dht_newcomers"  # a newcomer's DHT record this node declined to store (net/dht/capped_storage.py)
 
 
 class BatchRefusal(Reason):

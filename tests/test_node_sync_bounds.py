@@ -135,6 +135,43 @@ def test_a_bad_anchor_piece_blames_exactly_the_peer_that_sent_it(served, tmp_pat
     assert me.bytes_in == before, "an anchor without a signed size was downloaded"
 
 
+def test_a_holder_answering_with_a_forged_or_no_record_is_struck_a_silent_one_is_not(served, tmp_path) -> None:
+    """Every holder of an anchor is asked for its record of the version before it serves pieces:
+    a record no member signed, or bytes that are no record, strike it (it announced the anchor
+    and lied); a holder that does not have it is only not asked."""
+    hub = MemoryHub()
+    rec = CHAIN[20][0]
+    honest = announce(hub, TRAINER, store_resolver(served), role="trainer", version=24, anchors=(20,))
+    forged_file, junk_file = tmp_path / "forged.record", tmp_path / "junk.record"
+    forged_file.write_bytes(encode_record(ForgedChain("run-s", EVE).record(20)))
+    junk_file.write_bytes(b"\x93junk")
+    honest_store = store_resolver(served)
+    forger = announce(hub, EVE, lambda kind, params: forged_file if kind == "record" else honest_store(kind, params),
+                      role="inference", version=24, anchors=(20,))
+    junker = announce(hub, Identity.generate(), lambda kind, params: junk_file if kind == "record" else None,
+                      role="inference", version=24, anchors=(20,))
+    silent = announce(hub, Identity.generate(), lambda kind, params: None, role="inference", version=24, anchors=(20,))
+    me = hub.join("me", lambda kind, params: None)
+    trust = _trust()
+    state = load_anchor(me, trust, rec, honest, [honest, forger, junker, silent], tmp_path, timeout=30)
+    assert states_equal(state, STATES[20])
+    assert dict(trust.strikes) == {forger.peer_id: 1, junker.peer_id: 1}
+
+
+def test_a_provider_answering_with_bytes_that_are_no_record_is_struck(served, tmp_path) -> None:
+    hub = MemoryHub()
+    junk_file = tmp_path / "junk.record"
+    junk_file.write_bytes(b"\x93junk")
+    junker = announce(hub, EVE, lambda kind, params: junk_file, role="inference", version=24, lowest=0)
+    sync = _syncer(tmp_path, hub, at=5)
+    try:
+        with pytest.raises(IntegrityError, match="version 6"):
+            sync._fetch_record(junker, 6)
+        assert dict(sync.trust.strikes) == {junker.peer_id: 1}
+    finally:
+        sync.close()
+
+
 def test_banned_peers_provide_no_anchor_pieces(served, tmp_path) -> None:
     hub = MemoryHub()
     announce(hub, TRAINER, store_resolver(served), role="trainer", version=24, lowest=21, anchors=(20,))

@@ -12,8 +12,9 @@ import pytest
 from helpers import node_version, read_status, wait_for
 
 from pulse_node.chain.identity import Identity
+from pulse_node.chain.record import encode_record
 from pulse_node.config import InferenceConfig, TrainerConfig
-from pulse_node.testing.faults import start_forging_peer
+from pulse_node.testing.faults import ForgedChain, start_forging_peer
 from pulse_node.vocab import DEFAULT_RUN_ID
 
 
@@ -32,8 +33,15 @@ def test_forged_versions_are_rejected_and_rogue_ignored(inprocess_swarm, node_cf
     assert applied and all(trainer[h.version] == h.state_hash for h in applied)
     assert max(h.version for h in applied) < 1000
     # The rogue is a peer without standing: it is asked only where members cannot serve
-    # (net/peers/standing.py) and nothing it claims sets a target, so whether it is asked at all depends
-    # on timing; what must hold is above: every version applied is the trainer's.
+    # (net/peers/standing.py), so whether it is asked for a file depends on timing. What it pushes
+    # is always looked at: each forged head it pushes is rejected and strikes it, the third bans it.
+    rogue, forged = inprocess_swarm.hub.join("rogue", lambda kind, params: None), ForgedChain(DEFAULT_RUN_ID)
+    me = next(p for p in inprocess_swarm.hub.records.values() if p.role == "inference" and p.peer_id != "rogue")
+    for n in range(1, 4):
+        rogue.push(me, "head", encode_record(forged.record(5000 + n)), timeout=5)
+        wait_for(lambda n=n: read_status(i1).inference.strikes.get("rogue", 0) >= n, timeout=60, what=f"strike {n} of the rogue")
+    status = read_status(i1)
+    assert status.inference.bans.get("rogue", 0) >= 1 and status.counters.rejected >= 3 and node_version(i1) < 1000
 
 
 def test_forged_head_announcement_is_no_hint_and_strikes_its_sender(tmp_path):

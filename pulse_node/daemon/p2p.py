@@ -22,6 +22,7 @@ from pulse_node.chain.identity import Identity, peer_id_of_key
 from pulse_node.chain.peer import PeerCounters, PeerRecord, PeerStatus
 from pulse_node.chain.trainerset import TrainerSet
 from pulse_node.config import RoleConfig, TrainerConfig
+from pulse_node.daemon.background import Background
 from pulse_node.daemon.transport import AnchorFetch, DataPlane
 from pulse_node.errors import PulseError, WireError
 from pulse_node.net.dht.client import DhtClient, DhtConfig
@@ -54,6 +55,7 @@ class P2PTransport:
         self._members: list[str] = []
         self._standing: list[str] = []
         self._told_standing: set[str] | None = None
+        self._dht_calls = Background("dht-calls")  # publish and read without the role's loop waiting
 
     @classmethod
     def create(cls, cfg: RoleConfig, identity: Identity, store_root: Path) -> P2PTransport:
@@ -79,22 +81,34 @@ class P2PTransport:
         return cls(cfg, dht, wire)
 
     def publish(self, status: PeerStatus) -> None:
-        """Publish ``status`` with what this transport knows: data-plane addresses, byte counters, software."""
+        """Publish ``status`` with what this transport knows (data-plane addresses, byte counters,
+        software) from a background thread: a DHT store waits on other DHT nodes, which anyone can
+        run (``daemon/background.py``); a newer status replaces one not yet published."""
+        self._dht_calls.submit("publish", lambda: self._publish_now(status))
+
+    def _publish_now(self, status: PeerStatus) -> None:
         stats = self.stats()
         self.dht.publish_peer(status.model_copy(update={
             "wire_maddrs": self.wire_maddrs[:8], "software": f"pulse-node {__version__}",
             "counters": PeerCounters(bytes_in=stats.bytes_in, bytes_out=stats.bytes_out)}))
 
     def peers(self) -> list[PeerRecord]:
-        """Live peers, from a DHT lookup at most every ``net.head_poll_s`` (pushes carry the fast path)."""
-        if time.monotonic() - self._peers_at < self.cfg.net.head_poll_s:
-            return list(self._last_peers)
+        """Live peers, from a DHT lookup at most every ``net.head_poll_s`` (pushes carry the fast
+        path). Only the first lookup is waited for; later ones run in the background and this
+        returns the last view meanwhile."""
+        if self._peers_at == float("-inf"):
+            self._read_peers()
+        elif (time.monotonic() - self._peers_at >= self.cfg.net.head_poll_s
+              and not self._dht_calls.waiting_or_running("peers")):
+            self._dht_calls.submit("peers", self._read_peers)
+        return list(self._last_peers)
+
+    def _read_peers(self) -> None:
         prefer = list(dict.fromkeys(self._configured + self._members + self._standing))
         # the view keeps a few newcomers only (net/peers/standing.py): reading more would cost CPU for nothing
         found = self.dht.peers(prefer=prefer, limit=len(prefer) + NEWCOMERS_READ)
         out = [r for r in found if not r.leaving and r.role != "bootstrap" and r.wire_maddrs]
         self._last_peers, self._peers_at = out, time.monotonic()
-        return out
 
     def fetch(self, peer: PeerRecord, request: FetchRequest, dest: Path, *, timeout: float,
               max_bytes: int | None = None) -> int:
@@ -212,6 +226,7 @@ class P2PTransport:
         return self.dht.alive() and self.wire.alive()
 
     def close(self) -> None:
+        self._dht_calls.close()
         for stop in (self.dht.stop, self.wire.stop):
             try:
                 stop()

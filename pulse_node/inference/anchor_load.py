@@ -8,7 +8,8 @@ bad header or a bad piece is struck (and dropped from the download), honest ones
 are bound to the record: the primary served it; every other provider is asked for its own record
 of the version first and downloads from it only if that is the same record (chain hash and
 manifest), so a member signing a second record for an anchor cannot get the pieces of providers
-holding the real one struck. Nothing larger than the signed size is ever written. An anchor whose record carries no manifest is not
+holding the real one struck; a provider answering with no record of the version, or one no member
+signed, is struck. Nothing larger than the signed size is ever written. An anchor whose record carries no manifest is not
 downloaded at all (its size would be whatever a provider says).
 """
 
@@ -56,17 +57,37 @@ def _range(transport: Transport, peer: PeerRecord, version: int, length: int, sc
         dest.unlink(missing_ok=True)
 
 
-def _serves(transport: Transport, peer: PeerRecord, record: VersionRecord, scratch: Path, *, timeout: float) -> bool:
-    """Whether ``peer`` serves exactly ``record`` for its version (same chain hash and manifest)."""
+def _serves(transport: Transport, trust: TrustPolicy, peer: PeerRecord, record: VersionRecord, scratch: Path, *,
+            timeout: float) -> bool:
+    """Whether ``peer`` serves exactly ``record`` for its version (same chain hash and manifest).
+
+    A peer that does not answer is only not asked; one that answers with something that is no
+    record of that version, or with a record no member signed, is struck (it announced the anchor
+    and lied about it); one relaying a member's other signed record for the version is not (the
+    trust policy convicts that member of equivocation instead)."""
     dest = scratch / f"anchor-{record.version}-{peer.peer_id[-16:]}.record"
     try:
         transport.fetch(peer, RecordRequest(version=record.version), dest, timeout=timeout, max_bytes=MAX_RECORD_BYTES)
-        theirs = decode_record(dest.read_bytes()[:MAX_RECORD_BYTES + 1])
+        data = dest.read_bytes()[:MAX_RECORD_BYTES + 1]
     except (PulseError, OSError):
         return False
     finally:
         dest.unlink(missing_ok=True)
-    return (theirs.chain_hash, theirs.anchor_manifest) == (record.chain_hash, record.anchor_manifest)
+    try:
+        theirs = decode_record(data)
+    except WireError:
+        trust.strike(peer.peer_id)
+        return False
+    if theirs.version != record.version:
+        trust.strike(peer.peer_id)
+        return False
+    if (theirs.chain_hash, theirs.anchor_manifest) == (record.chain_hash, record.anchor_manifest):
+        return True
+    try:
+        trust.verify(theirs, sender=peer.peer_id)  # strikes the sender of a record no member signed
+    except IntegrityError:
+        pass
+    return False
 
 
 def load_anchor(transport: Transport, trust: TrustPolicy, record: VersionRecord, primary: PeerRecord,
@@ -85,7 +106,8 @@ def load_anchor(transport: Transport, trust: TrustPolicy, record: VersionRecord,
         trust.strike(primary.peer_id)
         raise
     others = [p for p in holders if p.peer_id != primary.peer_id][:MAX_PROVIDERS - 1]
-    providers = [primary, *[p for p in others if _serves(transport, p, record, scratch, timeout=min(timeout, 10.0))]]
+    providers = [primary, *[p for p in others if _serves(transport, trust, p, record, scratch,
+                                                          timeout=min(timeout, 10.0))]]
     dest = scratch / f"anchor-{record.version}.safetensors"
     try:
         result = transport.fetch_anchor(providers, version=record.version, pieces=pieces(header, manifest),

@@ -57,6 +57,7 @@ from pulse_node.errors import (
     ConfigError,
     IntegrityError,
     PulseError,
+    WireError,
 )
 from pulse_node.inference.recovery import CatchupApplied, Recovery, catchup_cap  # noqa: F401 (re-exported)
 from pulse_node.inference.streaming import Pipeline, Streamed, stream_next
@@ -303,8 +304,13 @@ class VersionSync(Recovery):
 
     def _fetch_record(self, peer: PeerRecord, version: int, *, timeout: float | None = None) -> VersionRecord:
         """The record of ``version`` from ``peer``, decoded (not verified); a wrong one strikes it."""
-        rec = decode_record(self._fetch(peer, RecordRequest(version=version), max_bytes=MAX_RECORD_BYTES,
-                                        timeout=timeout))
+        data = self._fetch(peer, RecordRequest(version=version), max_bytes=MAX_RECORD_BYTES, timeout=timeout)
+        try:
+            rec = decode_record(data)
+        except WireError as exc:  # it answered, with something that is no record: a lie, not a failure
+            self.trust.strike(peer.peer_id)
+            self.standing.struck(peer.peer_id)
+            raise IntegrityError(f"version {version} from {peer.peer_id[:12]}: {exc}") from None
         if rec.version != version:
             self.trust.strike(peer.peer_id)
             self.standing.struck(peer.peer_id)

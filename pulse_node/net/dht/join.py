@@ -165,7 +165,8 @@ async def create_dht_node(p2p: P2P, validator: RecordValidatorBase, *, initial_p
         return await DHTNode.create(
             p2p=p2p, initial_peers=initial_peers or None, record_validator=CompositeValidator([validator]),
             client_mode=client_mode, wait_timeout=DHT_WAIT_TIMEOUT_S,
-            bootstrap_timeout=max(1.0, timeout), cache_locally=True)
+            bootstrap_timeout=max(1.0, timeout), cache_locally=True,
+            cache_nearest=0)  # a read does not push the whole merged dictionary into another node's cache
     except ValidationError as exc:
         if "can't access this node" in str(exc):
             raise JoinError("bootstrap", "the bootstrap cannot connect back to this node (NAT or firewall): "

@@ -37,6 +37,7 @@ from typing import Any, Literal
 
 from pulse_node.chain.peer import PeerRecord, PeerStatus
 from pulse_node.errors import WireError
+from pulse_node.net.dht.capped_storage import NewcomerGate, cap_node_storage
 from pulse_node.net.dht.config import DhtConfig
 from pulse_node.net.dht.push import PushPlane
 from pulse_node.net.dht.records import (
@@ -51,7 +52,7 @@ from pulse_node.net.dht.records import (
 )
 from pulse_node.net.local.rpc_server import Service, StartFailed, rpc, run_worker
 from pulse_node.net.local.spool import Spool
-from pulse_node.vocab import PushKind
+from pulse_node.vocab import BudgetRefusal, PushKind
 
 log = logging.getLogger("pulse_node.dht")
 
@@ -80,6 +81,8 @@ class DhtWorker(Service):
     def __init__(self, config: DhtConfig, node: Any, p2p: Any, peer_id: str, *,
                  spool: Spool | None = None) -> None:
         self.config, self.node, self.p2p, self.peer_id = config, node, p2p, peer_id
+        self.gate = NewcomerGate()  # what this node stores of the peers dictionary (capped_storage.py)
+        self.gate.own = frozenset({peer_id})
         self.pushes = PushPlane(p2p, spool=spool, budget=config.budget)
         self.session = secrets.token_hex(16)
         self.salt = secrets.token_bytes(16)  # this worker's draw of which newcomers' records it reads
@@ -197,6 +200,8 @@ class DhtWorker(Service):
         (``select_peer_records``), chosen from the raw entries before any is validated: a flood
         costs a validation per record returned, not per record stored."""
         epoch = int(time.time() // 30).to_bytes(8, "big")  # the draw changes every 30 s: newcomers take turns
+        if prefer:
+            self.gate.prefer(prefer)  # configured, members, standing: always stored here
         entries = await self.read("peers")
         chosen = select_peer_records(entries, prefer=prefer or (), limit=max(1, min(limit or MAX_PEERS_READ, MAX_PEERS_READ)),
                                      salt=self.salt + epoch, id_of=lambda e: e[0],
@@ -235,6 +240,7 @@ class DhtWorker(Service):
         if len(peer_ids) > 4096 or not all(isinstance(p, str) and len(p) <= 128 for p in peer_ids):
             raise WireError("set_members takes at most 4096 peer ids")
         self.pushes.members.set(peer_ids)
+        self.gate.members = frozenset(peer_ids)
         return len(self.pushes.members.ids)
 
     @rpc
@@ -249,7 +255,9 @@ class DhtWorker(Service):
 
     @rpc
     async def push_stats(self) -> dict[str, Any]:
-        return self.pushes.stats()
+        stats = self.pushes.stats()  # + newcomers' records this node declined to store (capped_storage.py)
+        stats["refused"] = {**stats["refused"], BudgetRefusal.DHT_NEWCOMERS: self.gate.refused}
+        return stats
 
     @rpc
     async def probe(self, *, peer_id: str, raw: bytes, maddrs: list[str], timeout: float) -> bytes:
@@ -325,6 +333,7 @@ async def start_worker(config: DhtConfig) -> DhtWorker:
         await p2p.shutdown()
         raise
     worker = DhtWorker(config, node, p2p, peer_id, spool=spool)
+    cap_node_storage(node, worker.gate)
     try:
         if config.accept_pushes:
             await worker.pushes.start()

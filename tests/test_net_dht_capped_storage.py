@@ -1,0 +1,105 @@
+"""What a DHT node stores of the peers dictionary (``net/dht/capped_storage.py``): preferred peers
+always, at most ``cap`` others by a secret draw, so 1 or 1,000 fresh keys cost it the same."""
+
+from __future__ import annotations
+
+import time
+
+from hivemind.dht.routing import DHTID
+from hivemind.dht.storage import DictionaryDHTValue
+
+from pulse_node.chain.identity import Identity, peer_id_of_key
+from pulse_node.net.dht.capped_storage import CappedStorage, NewcomerGate
+
+KEY = DHTID.generate(source="pulse/test/peers")
+
+
+def _ids(n: int) -> list[str]:
+    return [peer_id_of_key(Identity.generate().public_key_hex) for _ in range(n)]
+
+
+def _flood(storage: CappedStorage, ids: list[str], exp: float) -> list[bool]:
+    return [storage.store_subkey(KEY, pid, b"record", exp) for pid in ids]
+
+
+def _stored(storage: CappedStorage) -> set[str]:
+    found = storage.get(KEY)
+    return set() if found is None else {k for k, _ in found.value.items()}
+
+
+def test_a_thousand_fresh_keys_are_stored_like_a_handful_and_preferred_peers_stay() -> None:
+    gate = NewcomerGate(cap=8, salt=b"s" * 16, clock=lambda: 1000.0)
+    members, standing, own = _ids(2), _ids(3), _ids(1)
+    gate.members, gate.own = frozenset(members), frozenset(own)
+    gate.prefer(standing)
+    storage = CappedStorage(gate)
+    exp = time.time() + 600
+    assert all(_flood(storage, members + own, exp))
+    sybils = _ids(1000)
+    _flood(storage, sybils[:500], exp)
+    assert all(_flood(storage, standing, exp))  # preferred ones are stored however full the share is
+    _flood(storage, sybils[500:], exp)
+    kept = _stored(storage)
+    assert set(members + standing + own) <= kept
+    newcomers = kept - set(members + standing + own)
+    assert len(newcomers) == 8
+    assert newcomers == set(sorted(sybils, key=gate.draw)[:8])  # the draw picks, not who came first
+    assert gate.refused + gate.evicted >= 992
+    assert all(_flood(storage, sorted(newcomers), exp + 1))  # a stored newcomer's refresh is accepted
+    assert all(_flood(storage, members, exp + 1))
+
+
+def test_the_draw_is_secret_and_turns_over() -> None:
+    ids = _ids(200)
+    now = [1000.0]
+    a = NewcomerGate(cap=8, salt=b"a" * 16, clock=lambda: now[0], rotate_s=60)
+    b = NewcomerGate(cap=8, salt=b"b" * 16, clock=lambda: now[0], rotate_s=60)
+    first = sorted(ids, key=a.draw)[:8]
+    assert first != sorted(ids, key=b.draw)[:8]  # another node keeps other newcomers
+    now[0] += 60
+    assert sorted(ids, key=a.draw)[:8] != first  # and every newcomer gets its turn
+
+
+def test_a_whole_dictionary_cached_from_a_read_is_trimmed_to_the_share() -> None:
+    gate = NewcomerGate(cap=4, salt=b"t" * 16, clock=lambda: 5.0)
+    member = _ids(1)
+    gate.members = frozenset(member)
+    big = DictionaryDHTValue()
+    exp = time.time() + 600
+    sybils = _ids(300)
+    for pid in sybils + member:
+        big.store(pid, b"record", exp)
+    storage = CappedStorage(gate)
+    storage.store(KEY, big, exp)
+    assert _stored(storage) == set(member) | set(sorted(sybils, key=gate.draw)[:4])
+
+
+def test_storing_a_flood_costs_bounded_time() -> None:
+    """Refusing a newcomer is a few hashes over the stored share, not work per stored record."""
+    gate = NewcomerGate(cap=64)
+    storage = CappedStorage(gate)
+    sybils = _ids(2000)
+    exp = time.time() + 600
+    t0 = time.process_time()
+    _flood(storage, sybils, exp)
+    assert len(_stored(storage)) == 64
+    assert time.process_time() - t0 < 5.0
+
+
+def test_a_refused_newcomer_costs_one_hash_not_one_per_stored_record(monkeypatch) -> None:
+    from pulse_node.net.dht import capped_storage
+
+    calls = [0]
+    real = capped_storage.hashlib.blake2b
+
+    def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
+        calls[0] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(capped_storage.hashlib, "blake2b", counted)
+    gate = NewcomerGate(cap=32, clock=lambda: 100.0)
+    storage = CappedStorage(gate)
+    sybils = _ids(532)
+    _flood(storage, sybils, time.time() + 600)
+    assert len(_stored(storage)) == 32
+    assert calls[0] <= len(sybils)  # each key drawn once in the epoch, however often it is compared
