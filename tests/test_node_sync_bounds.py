@@ -153,8 +153,8 @@ def test_a_holder_answering_with_a_forged_or_no_record_is_struck_a_silent_one_is
     silent = announce(hub, Identity.generate(), lambda kind, params: None, role="inference", version=24, anchors=(20,))
     me = hub.join("me", lambda kind, params: None)
     trust = _trust()
-    state = load_anchor(me, trust, rec, honest, [honest, forger, junker, silent], tmp_path, timeout=30)
-    assert states_equal(state, STATES[20])
+    got = load_anchor(me, trust, rec, honest, [honest, forger, junker, silent], tmp_path, timeout=30)
+    assert got.state is not None and states_equal(got.state, STATES[20])
     assert dict(trust.strikes) == {forger.peer_id: 1, junker.peer_id: 1}
 
 

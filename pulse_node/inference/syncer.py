@@ -31,7 +31,9 @@ import random
 import shutil
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -327,25 +329,26 @@ class VersionSync(Recovery):
             self.transport.fetch(peer, PatchRequest(version=rec.version), path, timeout=limit,
                                  max_bytes=rec.patch_bytes)
 
-        try:
+        with self._blamed(peer, dest):
             return self.pipeline.fetch_apply(fetch, dest, state=self.state, base=self.record.version,
                                              target=rec.version, expected=self.pipeline.expect(self.record, rec),
                                              size=rec.patch_bytes, timeout=limit)
-        except IntegrityError:
-            self.trust.strike(peer.peer_id)
-            self.standing.struck(peer.peer_id)
-            raise
-        finally:
-            dest.unlink(missing_ok=True)
 
     def _fetch(self, peer: PeerRecord, request: FetchRequest, *, max_bytes: int,
                timeout: float | None = None) -> bytes:
         """One file, refused (and the peer struck) if it declares more than ``max_bytes``."""
         dest = self._tmp / f"{kind_of(request)}-{threading.get_ident()}-{random.getrandbits(32):08x}"
         limit = self.net.fetch_timeout_s if timeout is None else min(timeout, self.net.fetch_timeout_s)
-        try:
+        with self._blamed(peer, dest):
             self.transport.fetch(peer, request, dest, timeout=limit, max_bytes=max_bytes)
             return dest.read_bytes()
+
+    @contextmanager
+    def _blamed(self, peer: PeerRecord, dest: Path) -> Iterator[None]:
+        """A fetch into ``dest``: bytes that are not what the signed record says strike ``peer``;
+        the file is gone afterwards either way."""
+        try:
+            yield
         except IntegrityError:
             self.trust.strike(peer.peer_id)
             self.standing.struck(peer.peer_id)
