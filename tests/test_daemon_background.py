@@ -11,11 +11,11 @@ from types import SimpleNamespace
 import base58
 from helpers import wait_for
 
+from pulse_node.chain.peer import PeerRecord, PeerStatus
 from pulse_node.config import TrainerConfig
 from pulse_node.daemon.background import Background
 from pulse_node.daemon.p2p import P2PTransport
 from pulse_node.daemon.transport import DataPlane
-from pulse_node.chain.peer import PeerRecord, PeerStatus
 from pulse_node.net.wire.client import WireInfo
 
 

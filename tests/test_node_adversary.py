@@ -66,6 +66,9 @@ def test_hostile_peers_move_nothing(tmp_path, warm_cache):
         wait_for(attacks_over, timeout=ATTACK_S + 120, interval=0.5, what="the attacks to end")
         target = ledger.head + 1
         wait_for(lambda: inference_version() >= target, timeout=120, interval=0.5, what=f"version {target}")
+        # a trainer's status file is written on its own loop: the version it published may show later
+        wait_for(lambda: max(c.version() for c in swarm.children if c.role == "trainer") >= target,
+                 timeout=30, interval=0.5, what=f"a trainer's status at version {target}")
         exited = [c.name for c in swarm.children if c.proc.poll() is not None]
         restarted = [c.name for c in swarm.children if (s := c.status()) and s.started_at != started[c.name]]
         statuses = [c.status() for c in swarm.children]
