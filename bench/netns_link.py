@@ -8,7 +8,11 @@ veth pair). Only addresses inside these namespaces are used.
 
 from __future__ import annotations
 
+import json
+import shutil
 import subprocess
+import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,3 +65,30 @@ class VethPair:
             ready.write_text(next(m for m in me.listen_maddrs if self.ip_a in m) + f"/p2p/{me.peer_id}")
             while not stop.exists():
                 time.sleep(0.1)
+
+    def run_pair(self, script: Path, rate: str, store: Path, client_args: list[str], *,
+                 start_timeout: float, timeout: float) -> dict:
+        """Shape the pair to ``rate``; run ``script --serve store`` in ``ns_a`` (it calls ``serve``)
+        and, once its address is written, ``script --client <addr> store <work> *client_args`` in
+        ``ns_b``; the client's last stdout line, as JSON. Everything is torn down afterwards."""
+        self.up(rate)
+        tmp = Path(tempfile.mkdtemp(prefix="pulse-link-"))
+        ready, stop = tmp / "ready", tmp / "stop"
+        py = [sys.executable, str(script)]
+        server = subprocess.Popen(["ip", "netns", "exec", self.ns_a, *py, "--serve", str(store), str(ready), str(stop)])
+        try:
+            deadline = time.monotonic() + start_timeout  # a loaded box starts the wire worker slowly
+            while "/p2p/" not in (ready.read_text() if ready.exists() else "") and time.monotonic() < deadline:
+                time.sleep(0.1)  # (the server's write_text makes the file before it fills it)
+            (tmp / "work").mkdir()
+            res = subprocess.run(["ip", "netns", "exec", self.ns_b, *py, "--client", ready.read_text(), str(store),
+                                  str(tmp / "work"), *client_args], capture_output=True, text=True, timeout=timeout)
+            if res.returncode != 0:
+                raise RuntimeError(res.stderr[-3000:])
+            out: dict = json.loads(res.stdout.strip().splitlines()[-1])
+            return out
+        finally:
+            stop.write_text("1")
+            server.wait(timeout=30)
+            self.down()
+            shutil.rmtree(tmp, ignore_errors=True)  # the client's copy of a dense anchor is the model's size

@@ -25,8 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -38,8 +36,6 @@ sys.path.insert(0, str(ROOT))
 from bench.netns_link import RATES, VethPair  # noqa: E402
 
 LINK = VethPair("pulse-shA", "pulse-shB", "pshA0", "pshB0", "10.231.77.1", "10.231.77.2")
-NS_A, NS_B, IP_A, IP_B = LINK.ns_a, LINK.ns_b, LINK.ip_a, LINK.ip_b
-netns_up, netns_down = LINK.up, LINK.down
 
 
 def _copy_seconds(state) -> float:
@@ -139,7 +135,7 @@ def client(peer: str, store: Path, work: Path, signer: str, versions: int) -> di
     warm_up()  # a node does this at start
     state = load_safetensors(store / "anchors" / "0.safetensors")  # we hold version 0
     out = {"patch_seconds": [], "patch_bytes": []}
-    with WireClient.start(WireConfig(store=work, listen=[f"/ip4/{IP_B}/tcp/0"])) as wire:
+    with WireClient.start(WireConfig(store=work, listen=[f"/ip4/{LINK.ip_b}/tcp/0"])) as wire:
         wire.fetch(peer, wp.RecordRequest(version=0), work / "warm.rec", timeout=60)  # connection set-up
         base_hash = state_hash(state)
         for v in range(1, versions + 1):
@@ -179,26 +175,8 @@ def client(peer: str, store: Path, work: Path, signer: str, versions: int) -> di
 
 
 def measure(rate: str, store: Path, info: dict) -> dict:
-    netns_up(rate)
-    tmp = Path(tempfile.mkdtemp(prefix="pulse-shaped-"))
-    ready, stop = tmp / "ready", tmp / "stop"
-    py = [sys.executable, str(Path(__file__).resolve())]
-    server = subprocess.Popen(["ip", "netns", "exec", NS_A, *py, "--serve", str(store), str(ready), str(stop)])
-    try:
-        deadline = time.monotonic() + 120
-        while not ready.exists() and time.monotonic() < deadline:
-            time.sleep(0.1)
-        res = subprocess.run(["ip", "netns", "exec", NS_B, *py, "--client", ready.read_text(), str(store),
-                              str(tmp / "work"), info["signer"], str(info["versions"])],
-                             capture_output=True, text=True, timeout=7200)
-        if res.returncode != 0:
-            raise RuntimeError(res.stderr[-2000:])
-        out = json.loads(res.stdout.strip().splitlines()[-1])
-    finally:
-        stop.write_text("1")
-        server.wait(timeout=30)
-        netns_down()
-        shutil.rmtree(tmp, ignore_errors=True)  # the client's copy of the dense anchor is the model's size
+    out = LINK.run_pair(Path(__file__).resolve(), rate, store, [info["signer"], str(info["versions"])],
+                        start_timeout=120, timeout=7200)
     bw = RATES[rate]
     p_bytes, p_secs = sum(out["patch_bytes"]) / len(out["patch_bytes"]), sum(out["patch_seconds"]) / len(out["patch_seconds"])
     return {"rate": rate, "patch_bytes": p_bytes, "patch_seconds": p_secs, "dense_bytes": out["dense_bytes"],
@@ -262,7 +240,7 @@ def main() -> None:
                       f"byte ratio {r['byte_ratio']:.1f}x; apply+verify {r['apply_verify_x_copy']:.1f}x a copy; "
                       f"patch phases {r['patch_phases_mean_s']}", flush=True)
         finally:
-            netns_down()
+            LINK.down()
     print(json.dumps({"params": info["params"], "size": args.size, "emulate": args.emulate, "lr": args.lr,
                       "changed_fraction": sum(info["changed"]) / len(info["changed"]) / info["params"],
                       "bytes_per_change": sum(info["patch_bytes"]) / sum(info["changed"]),

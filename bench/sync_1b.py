@@ -38,7 +38,6 @@ import gc
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -50,8 +49,6 @@ sys.path.insert(0, str(ROOT))
 from bench.netns_link import RATES, VethPair  # noqa: E402
 
 LINK = VethPair("pulse-syA", "pulse-syB", "psyA0", "psyB0", "10.231.78.1", "10.231.78.2")
-NS_A, NS_B, IP_A, IP_B = LINK.ns_a, LINK.ns_b, LINK.ip_a, LINK.ip_b
-netns_up, netns_down = LINK.up, LINK.down
 
 
 def rss_kb(field: str = "VmRSS") -> int:
@@ -263,7 +260,7 @@ def client(peer: str, store: Path, work: Path, signer: str, versions: int) -> di
 
     warm_up()
     out: dict = {"phases": []}
-    with WireClient.start(WireConfig(store=work, listen=[f"/ip4/{IP_B}/tcp/0"])) as wire:
+    with WireClient.start(WireConfig(store=work, listen=[f"/ip4/{LINK.ip_b}/tcp/0"])) as wire:
         wire.fetch(peer, wp.RecordRequest(version=0), work / "warm.rec", timeout=60)  # connection set-up
         gc.collect()
         out["baseline_rss_kb"] = rss_kb()
@@ -314,27 +311,8 @@ def client(peer: str, store: Path, work: Path, signer: str, versions: int) -> di
 
 
 def link(rate: str, store: Path, info: dict, versions: int) -> dict:
-    netns_up(rate)
-    tmp = Path(tempfile.mkdtemp(prefix="pulse-sync1b-"))
-    ready, stop = tmp / "ready", tmp / "stop"
-    py = [sys.executable, str(Path(__file__).resolve())]
-    server = subprocess.Popen(["ip", "netns", "exec", NS_A, *py, "--serve", str(store), str(ready), str(stop)])
-    try:
-        deadline = time.monotonic() + 600  # a loaded box starts the wire worker slowly
-        while "/p2p/" not in (ready.read_text() if ready.exists() else "") and time.monotonic() < deadline:
-            time.sleep(0.1)  # (the server's write_text makes the file before it fills it)
-        (tmp / "work").mkdir()
-        res = subprocess.run(["ip", "netns", "exec", NS_B, *py, "--client", ready.read_text(), str(store),
-                              str(tmp / "work"), info["signer"], str(versions)],
-                             capture_output=True, text=True, timeout=3600)
-        if res.returncode != 0:
-            raise RuntimeError(res.stderr[-3000:])
-        out = json.loads(res.stdout.strip().splitlines()[-1])
-    finally:
-        stop.write_text("1")
-        server.wait(timeout=30)
-        netns_down()
-        shutil.rmtree(tmp, ignore_errors=True)
+    out = LINK.run_pair(Path(__file__).resolve(), rate, store, [info["signer"], str(versions)],
+                        start_timeout=600, timeout=3600)
     phases = out["phases"]
     mean = {k: sum(p[k] for p in phases) / len(phases) for k in phases[0] if isinstance(phases[0][k], (int, float))}
     above = out["peak_rss_kb"] * 1024 - out["live_bytes"] - out["baseline_rss_kb"] * 1024
@@ -407,7 +385,7 @@ def main() -> None:
                 report["switch_vs_apply"][size] = loc["switch_vs_apply"]
     finally:
         if not args.no_link:
-            netns_down()
+            LINK.down()
     print(json.dumps(report))
 
 
