@@ -86,9 +86,15 @@ def decode_dht_record(kind: str, data: bytes) -> Strict:
     return validate_tree(MODEL_OF_KIND[kind], tree)
 
 
-def select_peer_records(records: list[E], *, prefer: Sequence[str] = (), limit: int = MAX_PEERS_READ,
-                        salt: bytes = b"", id_of: Callable[[E], str] = lambda r: r.peer_id,  # type: ignore
-                        range_of: Callable[[E], str] | None = None) -> list[E]:
+def select_peer_records(records: list[PeerRecord], *, prefer: Sequence[str] = (), limit: int = MAX_PEERS_READ,
+                        salt: bytes = b"") -> list[PeerRecord]:
+    """``select_entries`` of validated records (their peer id and first data-plane address)."""
+    return select_entries(records, prefer=prefer, limit=limit, salt=salt, id_of=lambda r: r.peer_id,
+                          range_of=lambda r: address_range(r.wire_maddrs))
+
+
+def select_entries(records: list[E], *, prefer: Sequence[str] = (), limit: int = MAX_PEERS_READ,
+                   salt: bytes = b"", id_of: Callable[[E], str], range_of: Callable[[E], str]) -> list[E]:
     """At most ``limit`` records: those of ``prefer`` first, in its order (the node's ranking:
     trainer-set members, then peers with standing, ``net/peers/standing.py``), then the others one per
     address range in turn, each range in an order drawn from ``salt`` (a secret of this node).
@@ -99,7 +105,6 @@ def select_peer_records(records: list[E], *, prefer: Sequence[str] = (), limit: 
     is this node's draw, not the flooder's choice. ``id_of`` and ``range_of`` read a record's
     peer id and address range (the DHT worker selects raw entries before it validates them)."""
     rank = {pid: i for i, pid in enumerate(prefer)}
-    range_of = range_of or (lambda r: address_range(r.wire_maddrs))  # type: ignore[attr-defined]
     chosen = sorted((r for r in records if id_of(r) in rank), key=lambda r: rank[id_of(r)])
     ranges: dict[str, list[E]] = {}
     for r in sorted((r for r in records if id_of(r) not in rank), key=lambda r: _draw(id_of(r), salt)):

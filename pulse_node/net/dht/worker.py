@@ -47,7 +47,7 @@ from pulse_node.net.dht.records import (
     DhtInfo,
     address_range,
     dht_key,
-    select_peer_records,
+    select_entries,
     validate_tree,
 )
 from pulse_node.net.local.rpc_server import Service, StartFailed, rpc, run_worker
@@ -197,15 +197,15 @@ class DhtWorker(Service):
     @rpc
     async def peers(self, *, prefer: list[str] | None = None, limit: int | None = None) -> list[PeerRecord]:
         """At most ``limit`` (default ``MAX_PEERS_READ``) live records, ``prefer`` first
-        (``select_peer_records``), chosen from the raw entries before any is validated: a flood
+        (``records.select_entries``), chosen from the raw entries before any is validated: a flood
         costs a validation per record returned, not per record stored."""
         epoch = int(time.time() // 30).to_bytes(8, "big")  # the draw changes every 30 s: newcomers take turns
         if prefer:
             self.gate.prefer(prefer)  # configured, members, standing: always stored here
         entries = await self.read("peers")
-        chosen = select_peer_records(entries, prefer=prefer or (), limit=max(1, min(limit or MAX_PEERS_READ, MAX_PEERS_READ)),
-                                     salt=self.salt + epoch, id_of=lambda e: e[0],
-                                     range_of=lambda e: address_range(e[1].get("wire_maddrs")))
+        chosen = select_entries(entries, prefer=prefer or (), limit=max(1, min(limit or MAX_PEERS_READ, MAX_PEERS_READ)),
+                                salt=self.salt + epoch, id_of=lambda e: e[0],
+                                range_of=lambda e: address_range(e[1].get("wire_maddrs")))
         found = []
         for sub, value, _exp in chosen:
             try:
