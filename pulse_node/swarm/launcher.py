@@ -193,7 +193,7 @@ class LocalSwarm:
             tree = [root, *root.children(recursive=True)]
         except psutil.NoSuchProcess:
             return []
-        targets = [root] if what == "role" else tree if what == "node" else _worker_tree(tree, f"{what}_worker")
+        targets = [root] if what == "role" else tree if what == "node" else _worker_tree(tree, worker_module(what))
         if not targets:
             raise PulseError(f"{child.name}: no {what} process to kill")
         for p in targets:
@@ -263,8 +263,13 @@ class LocalSwarm:
         return swarm_summary(self.snapshot(), nodes, run_dir=self.root, bootstrap=self.bootstrap_addr)
 
 
+def worker_module(what: str) -> str:
+    """The ``-m`` module a node's ``dht`` or ``wire`` worker process runs (what ``kill`` looks for)."""
+    return f"pulse_node.net.{what}.worker"
+
+
 def _worker_tree(tree: list, module: str) -> list:
-    """The process of worker ``module`` (e.g. ``dht_worker``) in ``tree`` and its children."""
+    """The process of worker ``module`` (its ``-m`` name, e.g. ``pulse_node.net.dht.worker``) in ``tree`` and its children."""
     import psutil
 
     for p in tree:
