@@ -1,4 +1,4 @@
-"""The node's typed, blocking view of the swarm DHT (a ``dht_worker`` process behind it).
+"""The node's typed, blocking view of the swarm DHT (a ``net/dht/worker.py`` process behind it).
 
     client = DhtClient.start(DhtConfig(run_id="run1", initial_peers=[...]))
     client.publish_peer(PeerStatus(role="trainer", version=12, ...), ttl_s=30)
@@ -86,7 +86,7 @@ class DhtClient(WorkerClient[DhtConfig]):
         return self.request(req, timeout=READ_TIMEOUT_S)
 
     def peers(self, *, prefer: list[str] | tuple[str, ...] = (), limit: int | None = None) -> list[PeerRecord]:
-        """Live peer records (at most ``limit``, by default ``dht_records.MAX_PEERS_READ``: those of
+        """Live peer records (at most ``limit``, by default ``dht.records.MAX_PEERS_READ``: those of
         ``prefer``, peer ids, first, then others in the worker's draw), each checked again here."""
         out = []
         for r in self.request(dht_rpc.Peers(prefer=list(prefer), limit=limit), timeout=READ_TIMEOUT_S):

@@ -10,7 +10,7 @@ push, protocol ``PROTOCOL``::
     frame(s)  = 4-byte big-endian length + msgpack map with exactly the struct's fields
 
 Limits, all checked before anything is allocated: the header frame is capped at
-``wire_protocol.REQUEST_CAP``, the declared size at the kind's cap (``CAPS``), at most
+``wire.protocol.REQUEST_CAP``, the declared size at the kind's cap (``CAPS``), at most
 ``MAX_INBOUND`` streams are read at once (trainer-set members may use all of them; all
 non-members together at most ``OTHER_INBOUND``, one each: ``set_members``), a non-member's queued
 pushes stay within its own share (``net/peers/budget.py``), and every stream has a deadline (``HEADER_TIMEOUT_S``

@@ -1,4 +1,4 @@
-"""The DHT worker's RPC as types: one request per ``@rpc`` handler of ``dht_worker.DhtWorker``.
+"""The DHT worker's RPC as types: one request per ``@rpc`` handler of ``dht.worker.DhtWorker``.
 
 Each request's fields are that handler's keyword arguments and its ``Request[R]`` the reply
 (``rpc_api.py``; ``tests/test_net_rpc_api.py`` checks them against the handlers). ``DhtClient``

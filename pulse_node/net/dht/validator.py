@@ -18,7 +18,7 @@ and expiration): a flood of records costs each node one check per record version
 read. Only acceptance is remembered: the time-dependent checks can only turn a refusal into an
 acceptance later, never the reverse.
 We do not use hivemind's ``SchemaValidator`` (it needs pydantic.v1 models and detects coercion by
-re-comparing values); strict pydantic v2 models in ``dht_records`` do the same job.
+re-comparing values); strict pydantic v2 models in ``net/dht/records.py`` do the same job.
 """
 
 from __future__ import annotations

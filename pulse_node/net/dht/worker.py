@@ -7,12 +7,12 @@ Design: one asyncio loop in this process runs hivemind's ``DHTNode`` directly (n
 ``hivemind.DHT``, which forks a second process and talks to it over a pipe) next to the RPC
 server of ``rpc_server.py``. Stopping is one path: the ``stop`` RPC, SIGTERM, SIGINT or the parent
 process going away; the worker then marks its record as leaving (bounded), stops the DHT node and
-p2pd, and exits 0. A start failure (``dht_join.JoinError``, a live duplicate of our identity, a
+p2pd, and exits 0. A start failure (``dht.join.JoinError``, a live duplicate of our identity, a
 bad spool) is reported as a ``StartFailure`` and the process exits 2.
 
 RPC methods (the ``@rpc`` methods of ``DhtWorker``, named like ``DhtClient``'s): ``info``,
 ``publish_peer``, ``peers`` (at most ``MAX_PEERS_READ`` valid records, those of the ``prefer`` peer
-ids first, then the newest), ``get``, and the p2pd push plane of ``dht_push.py`` (PULSELoCo
+ids first, then the newest), ``get``, and the p2pd push plane of ``net/dht/push.py`` (PULSELoCo
 payloads between trainers): ``push``, ``push_file`` (a body the node wrote to a spool file),
 ``events`` (a large received body as a spool ``path`` + ``size`` instead of ``data``),
 ``push_stats``, ``probe``; inbound pushes are served only with ``accept_pushes``.

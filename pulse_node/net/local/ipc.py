@@ -2,7 +2,7 @@
 
 Frame: 4-byte big-endian length, then a msgpack map of at most ``MAX_FRAME`` bytes. A request is
 ``{"id": int, "method": str, "params": map}``, where ``method`` is the handler's name and
-``params`` its keyword arguments (a typed ``rpc_api.Request``: ``wire_rpc.FetchAnchor`` calls
+``params`` its keyword arguments (a typed ``rpc_api.Request``: ``wire.rpc.FetchAnchor`` calls
 ``fetch_anchor``). A reply is ``{"id": int, "ok": true, "result": any}`` or, when the handler
 raised, ``{"id": int, "ok": false, "error": "<TypeName>", "message": str}``: the client raises
 the same exception type (any ``PulseError`` subclass the node process has loaded, e.g.

@@ -2,8 +2,8 @@
 queued pushes and catch-up production, trainer-set members first.
 
 Pure bookkeeping (no I/O, no trio or asyncio; a ``clock`` is injected), used by the wire worker
-(``wire_worker.py``), the inbox of both push planes (``inbox.py``) and the p2pd push plane
-(``dht_push.py``). Peers are the ids the transport authenticated; the member ids come from the
+(``net/wire/worker.py``), the inbox of both push planes (``inbox.py``) and the p2pd push plane
+(``net/dht/push.py``). Peers are the ids the transport authenticated; the member ids come from the
 node's trust policy over the local RPC (``set_members``).
 
 - **Streams** (``StreamPools``): two pools, one only members use (``member_streams``) and one for

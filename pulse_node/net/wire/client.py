@@ -33,7 +33,7 @@ _RPC_SLACK = 10.0  # the worker enforces each operation's timeout; the socket wa
 
 
 class WireClient(WorkerClient[WireConfig]):
-    """One running wire worker and typed calls into it (``wire_rpc.py``: a request per handler)."""
+    """One running wire worker and typed calls into it (``net/wire/rpc.py``: a request per handler)."""
 
     module = "pulse_node.net.wire.worker"
     name = "wire"

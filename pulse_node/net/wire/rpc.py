@@ -1,4 +1,4 @@
-"""The wire worker's RPC as types: one request per ``@rpc`` handler of ``wire_worker.WireService``,
+"""The wire worker's RPC as types: one request per ``@rpc`` handler of ``wire.worker.WireService``,
 and the replies the node reads (``WireInfo``, ``FetchResult``, ``AnchorResult``, ``WireStats``,
 ``vocab.Event``).
 

@@ -1,4 +1,4 @@
-"""Outbound side of the libp2p data plane (runs inside ``wire_worker``, trio only).
+"""Outbound side of the libp2p data plane (runs inside ``net/wire/worker.py``, trio only).
 
 ``StreamIO`` frames one libp2p stream with a timeout on every read and write and 64 KiB body
 writes. ``Dialer`` reuses connections and bounds concurrent outbound streams. ``fetch_to_file``

@@ -5,7 +5,7 @@ pulse_node.net.wire.worker --ipc SOCK --config FILE [--error-file FILE]``, FILE 
 ``WireConfig`` as JSON (``rpc_server.run_worker``).
 
 One trio program: a py-libp2p host (TCP, Noise only, yamux) serving the ``/pulse/<kind>/2.0.0``
-protocols of ``wire_protocol`` read-only from the store (files there are written atomically by
+protocols of ``net/wire/protocol.py`` read-only from the store (files there are written atomically by
 the node), and the local RPC of ``rpc_server.py`` (the ``@rpc`` methods of ``WireService``,
 named like ``WireClient``'s). A catch-up patch that is not cached yet is made on demand from the
 store's verified states (``chain.catchup_producer``: one at a time, on a thread, a bounded wait,
