@@ -287,7 +287,7 @@ def report_start_failure(name: str, error_file: Path | None, kind: ipc.StartKind
 
 
 def parse_args(name: str, argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog=f"python -m pulse_node.net.{name}_worker",
+    p = argparse.ArgumentParser(prog=f"python -m pulse_node.net.{name}.worker",
                                 description=f"The {name} worker process (started by the node; see net/local/rpc_server.py).")
     p.add_argument("--ipc", required=True, help="Unix socket to serve the local RPC on")
     p.add_argument("--config", required=True, type=Path, help="the worker's config model as JSON")
