@@ -65,6 +65,12 @@ def _hf_head(module: PreTrainedModel) -> Head:
     return head.weight, head.bias
 
 
+def output_head(lm: TinyLM | HFLM) -> Head:
+    """The weight and bias that project ``lm``'s last hidden states to its logits (TypeError for an
+    HF head these functions cannot reproduce: not linear, soft-capped or scaled)."""
+    return (lm.module.tok_emb.weight, None) if isinstance(lm, TinyLM) else _hf_head(lm.module)
+
+
 def hidden_states(lm: TinyLM | HFLM, packed: Packed, *, recompute: bool = False) -> tuple[torch.Tensor, Head]:
     """[B, T, d] last hidden states (what the head projects) and the head's weight and bias.
 

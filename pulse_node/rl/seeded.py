@@ -59,9 +59,10 @@ def uniforms(batch_digest: bytes, samples: Sequence[int], steps: int) -> torch.T
     return torch.from_numpy((x.astype(np.float64) + 0.5) / _TWO53)
 
 
-def drawable(logits: torch.Tensor, vocab_size: int) -> int:
-    """``V``: how many ids a draw ranges over (never the padding rows past the tokenizer's vocabulary)."""
-    return min(int(logits.shape[-1]), vocab_size)
+def drawable(logits: torch.Tensor | int, vocab_size: int) -> int:
+    """``V``: how many ids a draw ranges over (never the padding rows past the tokenizer's
+    vocabulary) for ``logits`` or a logits width."""
+    return min(logits if isinstance(logits, int) else int(logits.shape[-1]), vocab_size)
 
 
 def block_size(vocab: int) -> int:

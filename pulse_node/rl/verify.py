@@ -20,7 +20,8 @@ batch):
    sender cannot know which) get checks 5-6 first, with a forward of those rows alone; if one
    fails the batch is refused without the full forward (a batch of junk completions under the
    right prompts costs two rows' forward, not the batch's);
-5. one teacher-forced forward of the version's weights over the rest of the batch: every
+5. one teacher-forced forward of the version's weights over the rest of the batch (the head
+   only where a completion token is predicted, tile by tile: ``rl/tiled_head.py``): every
    completion token must be the seeded draw (``rl/seeded.py``): its keyed uniform must lie in
    the token's recomputed CDF interval widened by ``verify.score_tolerance`` (``not_sampled``:
    edited, swapped, written, truncated-then-EOS or other-model completions); per token only the
@@ -48,12 +49,14 @@ import torch
 
 from pulse_node.codec.state import State
 from pulse_node.rl.assign import BatchKey, assigned_problems
-from pulse_node.rl.batch import pack
+from pulse_node.rl.batch import Packed, pack
+from pulse_node.rl.chunked import hidden_states, output_head
 from pulse_node.rl.config import VerifyConfig
 from pulse_node.rl.rollout import Rollout
 from pulse_node.rl.sampler import RolloutWorker
-from pulse_node.rl.seeded import drawable, intervals, outside, uniforms
+from pulse_node.rl.seeded import Intervals, drawable, intervals, outside, uniforms
 from pulse_node.rl.tasks import Problem, TaskSource
+from pulse_node.rl.tiled_head import chosen_intervals
 from pulse_node.vocab import BATCH_STRIKES, BatchRefusal
 
 #: refusals that strike the sender (it sent something false); the others are nobody's fault
@@ -265,31 +268,46 @@ class RolloutVerifier:
 
     def _recompute_rows(self, rollouts: list[Rollout], digest: bytes) -> Recomputed:
         """One forward over the distinct sequences (samples of a group often repeat), then per
-        completion token only its CDF interval and log-prob (``rl/seeded.py``)."""
-        w, temp = self.worker, self.sampling.temperature
+        completion token only its CDF interval and log-prob (``rl/seeded.py``): by the tiled head
+        (``rl/tiled_head.py``) where the model's head allows, else from the positions' logits."""
+        w = self.worker
         distinct: dict[tuple[tuple[int, ...], tuple[int, ...]], int] = {}
         which = [distinct.setdefault((tuple(r.prompt_ids), tuple(r.completion_ids)), len(distinct)) for r in rollouts]
         packed = pack(list(distinct), pad_id=w.tokenizer.pad_id, device=w.device)
         self.forwarded_rows += len(distinct)
-        first = min(len(r.prompt_ids) for r in rollouts) - 1  # no logits before the first completion token
-        logits = w.lm.logits(packed.ids, packed.mask, last=packed.ids.shape[1] - first)
         sizes = np.array([len(r.completion_ids) for r in rollouts])
         starts = np.cumsum(sizes) - sizes
-        cols = (np.arange(sizes.sum()) - np.repeat(starts, sizes)
-                + np.repeat(np.array([len(r.prompt_ids) - 1 - first for r in rollouts]), sizes))
-        span = logits.shape[1]
-        rows = torch.from_numpy(np.repeat(which, sizes) * span + cols).to(w.device)
+        # the position that predicts each completion token, in its packed row
+        pos = np.arange(sizes.sum()) - np.repeat(starts, sizes) + np.repeat([len(r.prompt_ids) - 1 for r in rollouts], sizes)
+        row = np.repeat(which, sizes)
         tokens = torch.tensor([t for r in rollouts for t in r.completion_ids], device=w.device)
+        try:
+            head = output_head(w.lm)
+        except TypeError:
+            lo, hi, logp = self._from_logits(packed, row, pos, tokens)
+        else:
+            hidden, _ = hidden_states(w.lm, packed)
+            h = hidden[torch.from_numpy(row).to(w.device), torch.from_numpy(pos).to(w.device)]
+            lo, hi, logp = chosen_intervals(h, head, tokens, vocab=drawable(head[0].shape[0], w.tokenizer.vocab_size),
+                                            temperature=self.sampling.temperature)
         u = torch.cat([uniforms(digest, [r.sample], len(r.completion_ids))[0] for r in rollouts])
+        gap, closest = outside(u, lo, hi)
+        return Recomputed.of(gap=gap.cpu().numpy(), closest=closest.cpu().numpy(), logp=logp.cpu().numpy(),
+                             sizes=sizes, claimed=np.array([x for r in rollouts for x in r.logprobs]))
+
+    def _from_logits(self, packed: Packed, row: np.ndarray, pos: np.ndarray, tokens: torch.Tensor) -> Intervals:
+        """The intervals from the logits of every position from the first predicting one on (for
+        heads ``chosen_intervals`` cannot reproduce)."""
+        w, temp = self.worker, self.sampling.temperature
+        first = int(pos.min())  # no logits before the first completion token
+        logits = w.lm.logits(packed.ids, packed.mask, last=packed.ids.shape[1] - first)
+        rows = torch.from_numpy(row * logits.shape[1] + pos - first).to(w.device)
         vocab = drawable(logits, w.tokenizer.vocab_size)
         got = intervals(logits.flatten(0, 1), rows, tokens, temperature=temp, vocab=vocab, unshifted=True)
         if got is None:  # logits past +-80: again, with each row's maximum subtracted
             logits = w.lm.logits(packed.ids, packed.mask, last=packed.ids.shape[1] - first)
             got = intervals(logits.flatten(0, 1), rows, tokens, temperature=temp, vocab=vocab)
-        lo, hi, logp = got
-        gap, closest = outside(u, lo, hi)
-        return Recomputed.of(gap=gap.cpu().numpy(), closest=closest.cpu().numpy(), logp=logp.cpu().numpy(),
-                             sizes=sizes, claimed=np.array([x for r in rollouts for x in r.logprobs]))
+        return got
 
 
 @dataclass
