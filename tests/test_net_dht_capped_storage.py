@@ -103,3 +103,53 @@ def test_a_refused_newcomer_costs_one_hash_not_one_per_stored_record(monkeypatch
     _flood(storage, sybils, time.time() + 600)
     assert len(_stored(storage)) == 32
     assert calls[0] <= len(sybils)  # each key drawn once in the epoch, however often it is compared
+
+
+def test_a_newcomer_the_gate_would_refuse_is_refused_before_its_signature_is_checked(monkeypatch) -> None:
+    """With the newcomers' share full, a record whose draw loses is refused by the validator for
+    the price of a hash: no Ed25519 verification (a 1,000-key flood cost every DHT worker one per
+    record). A winner, a member and a stored newcomer's refresh are still checked in full."""
+    import dataclasses
+    from types import SimpleNamespace
+
+    from hivemind.dht.protocol import DHTProtocol
+    from hivemind.dht.validation import DHTRecord
+
+    from pulse_node.chain.peer import PeerRecord
+    from pulse_node.net.dht.capped_storage import refuse_before_signature
+    from pulse_node.net.dht.records import dht_key
+    from pulse_node.net.dht.validator import PulseRecordValidator, peer_id_of
+
+    run = "unit"
+    key = DHTID.generate(source=dht_key(run, "peers"))
+    gate = NewcomerGate(cap=4, salt=b"k" * 16, clock=lambda: 500.0)
+    storage, cache = CappedStorage(gate), CappedStorage(gate)
+    idents = [Identity.generate() for _ in range(40)]
+    member = Identity.generate()
+    gate.members = frozenset({peer_id_of(member)})
+    me = PulseRecordValidator(run, Identity.generate())
+    me.precheck = refuse_before_signature(SimpleNamespace(protocol=SimpleNamespace(storage=storage, cache=cache)), gate)
+    checked: list[str] = []
+    real = PulseRecordValidator._check_signature
+    monkeypatch.setattr(PulseRecordValidator, "_check_signature",
+                        staticmethod(lambda rec, pid: checked.append(pid) or real(rec, pid)))
+
+    def record(ident: Identity) -> DHTRecord:
+        pid = peer_id_of(ident)
+        body = PeerRecord(role="inference", peer_id=pid, session="ab" * 16, updated_at=time.time(), version=1,
+                          wire_maddrs=[f"/ip4/127.0.0.1/tcp/5000/p2p/{pid}"], node_key=ident.public_key_hex)
+        raw = DHTRecord(key.to_bytes(), DHTProtocol.serializer.dumps(pid),
+                        DHTProtocol.serializer.dumps(body.model_dump()), time.time() + 30)
+        return dataclasses.replace(raw, value=PulseRecordValidator(run, ident).sign_value(raw))
+
+    by_draw = sorted(idents, key=lambda i: gate.draw(peer_id_of(i)))
+    stored, winner, losers = by_draw[:3] + [by_draw[4]], by_draw[3], by_draw[5:]
+    for ident in stored:  # the share fills
+        assert me.validate(record(ident))
+        assert storage.store_subkey(key, peer_id_of(ident), b"v", time.time() + 30)
+    checked.clear()
+    assert not any(me.validate(record(i)) for i in losers)  # worse than every stored newcomer
+    assert checked == [] and gate.refused == len(losers)
+    assert me.validate(record(winner)) and me.validate(record(member))  # these are checked in full
+    assert me.validate(record(stored[0]))  # and a stored newcomer's refresh
+    assert checked == [peer_id_of(winner), peer_id_of(member), peer_id_of(stored[0])]

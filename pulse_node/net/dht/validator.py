@@ -29,6 +29,7 @@ import logging
 import struct
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 
 import msgpack
 from cryptography.exceptions import InvalidSignature
@@ -106,6 +107,8 @@ class PulseRecordValidator(RecordValidatorBase):  # type: ignore[misc]  # hivemi
         self._own_subkey = DHTProtocol.serializer.dumps(peer_id_of(identity))
         self._kinds = {DHTID.generate(source=dht_key(run_id, k)).to_bytes(): k for k in KEY_KINDS}
         self._accepted: OrderedDict[bytes, None] = OrderedDict()
+        #: a cheap refusal asked before any other check (the DHT worker's storage cap)
+        self.precheck: Callable[[DHTRecord], bool] | None = None
 
     def validate(self, record: DHTRecord) -> bool:
         digest = hashlib.blake2b(b"".join((struct.pack(">dII", record.expiration_time, len(record.key),
@@ -114,6 +117,8 @@ class PulseRecordValidator(RecordValidatorBase):  # type: ignore[misc]  # hivemi
         if digest in self._accepted:
             self._accepted.move_to_end(digest)
             return True
+        if self.precheck is not None and self.precheck(record):
+            return False
         reason = self.reject_reason(record)
         if reason is not None:
             log.debug("rejected DHT record: %s", reason)

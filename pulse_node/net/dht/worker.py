@@ -37,7 +37,7 @@ from typing import Any, Literal
 
 from pulse_node.chain.peer import PeerRecord, PeerStatus
 from pulse_node.errors import WireError
-from pulse_node.net.dht.capped_storage import NewcomerGate, cap_node_storage
+from pulse_node.net.dht.capped_storage import NewcomerGate, cap_node_storage, refuse_before_signature
 from pulse_node.net.dht.config import DhtConfig
 from pulse_node.net.dht.push import PushPlane
 from pulse_node.net.dht.records import (
@@ -326,14 +326,15 @@ async def start_worker(config: DhtConfig) -> DhtWorker:
             raise StartFailed("internal", f"p2pd runs as {p2p.peer_id} but the identity is {peer_id}")
         if config.initial_peers:
             await connect_bootstrap(p2p, config.initial_peers, timeout=config.bootstrap_timeout_s)
-        node = await create_dht_node(p2p, PulseRecordValidator(config.run_id, identity),
-                                     initial_peers=config.initial_peers, client_mode=config.client_mode,
+        validator = PulseRecordValidator(config.run_id, identity)
+        node = await create_dht_node(p2p, validator, initial_peers=config.initial_peers, client_mode=config.client_mode,
                                      timeout=config.bootstrap_timeout_s)
     except BaseException:
         await p2p.shutdown()
         raise
     worker = DhtWorker(config, node, p2p, peer_id, spool=spool)
     cap_node_storage(node, worker.gate)
+    validator.precheck = refuse_before_signature(node, worker.gate)
     try:
         if config.accept_pushes:
             await worker.pushes.start()
