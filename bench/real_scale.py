@@ -134,7 +134,7 @@ def verify_vs_forward(worker, rollouts, key, device: str, repeats: int = 2) -> d
     verifier = RolloutVerifier(worker, make_task_source(TaskConfig(eval_size=10)), run_id=key.run_id,
                                batches_per_version=1, max_staleness=0, cfg=VerifyConfig())
     width = max(len(r.prompt_ids) + len(r.completion_ids) for r in rollouts)
-    per = max(1, verifier.logit_budget // (width * verifier._vocab()))
+    per = verifier.rows_per_forward(width)  # the verifier's chunks: the trunk's work is the same
     new = _new_api()
 
     def plain() -> None:

@@ -107,6 +107,25 @@ def test_remembered_peers_are_bounded_and_earnings_kept() -> None:
     assert len(s.marks) <= 100 and s.known("worker")
 
 
+def test_a_silent_newcomer_never_delays_the_next_head_to_known_peers() -> None:
+    """Pushes to newcomers run on their own lane: while a fresh key's silent address holds its
+    push for the whole timeout, each new head still reaches the known peers at once (with one
+    lane every head waited for it, and inference nodes fell 2-3 versions behind in a flood)."""
+    t = SlowTransport()
+    fan = Fanout(t, timeout=30.0, known=lambda pid: not pid.startswith("dead"))
+    try:
+        for v in (b"v1", b"v2", b"v3"):
+            fan.submit("head", v, [peer("dead-1"), peer("ok"), peer("ok-2")])
+            wait_for(lambda v=v: ("ok", v) in t.got and ("ok-2", v) in t.got, timeout=10, what=f"{v!r} to the known peers")
+        assert not fan.idle()  # the newcomer's first push still hangs
+        t.release.set()
+        wait_for(fan.idle, timeout=10, what="the fan-out idle")
+        assert fan.counts["pushed"] == 6 and fan.counts["failed"] >= 1
+    finally:
+        t.release.set()
+        fan.close()
+
+
 class SlowTransport:
     """Pushes to ``dead`` peers hang until released; the rest are recorded."""
 

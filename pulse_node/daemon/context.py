@@ -75,10 +75,12 @@ class RoleContext(Generic[C]):
 
     def push_in_background(self, kind: PushKind, data: bytes, peers: list[PeerRecord]) -> None:
         """Push to ``peers`` without waiting (``daemon/fanout.py``): members and peers with
-        standing first, at most ``PUSH_UNKNOWN`` others; a newer push of ``kind`` replaces a
-        waiting one; a peer whose push fails is demoted."""
+        standing on one lane, at most ``PUSH_UNKNOWN`` others on their own (a silent newcomer
+        never delays the next head to the others); a newer push of ``kind`` replaces a waiting
+        one; a peer whose push fails is demoted."""
         if self._fanout is None:
             self._fanout = Fanout(self.transport, order=lambda ps: self.standing.order(ps, quota=PUSH_UNKNOWN),
+                                  known=self.standing.known,
                                   on_error=lambda peer, _exc: self.standing.failed(peer.peer_id))
         self._fanout.submit(kind, data, peers)
 

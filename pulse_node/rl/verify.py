@@ -62,8 +62,12 @@ from pulse_node.vocab import BATCH_STRIKES, BatchRefusal
 #: refusals that strike the sender (it sent something false); the others are nobody's fault
 STRIKES = BATCH_STRIKES
 REWARD_TOLERANCE = 1e-6
-#: logits held at once by the teacher-forced forward (rows are chunked to stay under it)
+#: floats held at once by the teacher-forced forward: its logits, or with the tiled head its trunk's
+#: activations (rows are chunked to stay under it)
 LOGIT_BUDGET = 1 << 26
+#: activations per token of a forward without logits, in units of the hidden size (a Llama block's
+#: MLP holds ~11 x hidden at once; attention and residual stream the rest)
+TRUNK_FLOATS_PER_HIDDEN = 16
 #: rollouts checked first, alone, before the forward over the whole batch
 SPOT_ROWS = 2
 
@@ -255,9 +259,19 @@ class RolloutVerifier:
         if not rollouts:
             return Recomputed.empty()
         width = max(len(r.prompt_ids) + len(r.completion_ids) for r in rollouts)
-        rows = max(1, self.logit_budget // (width * self._vocab()))
+        rows = self.rows_per_forward(width)
         return Recomputed.join([self._recompute_rows(rollouts[start:start + rows], key.digest())
                                 for start in range(0, len(rollouts), rows)])
+
+    def rows_per_forward(self, width: int) -> int:
+        """Sequences of ``width`` tokens per teacher-forced forward, within ``logit_budget`` floats:
+        the logits they make, or with the tiled head (which makes none) their trunk's activations,
+        about ``TRUNK_FLOATS_PER_HIDDEN`` x the hidden size per token."""
+        try:
+            per_token = TRUNK_FLOATS_PER_HIDDEN * int(output_head(self.worker.lm)[0].shape[1])
+        except TypeError:
+            per_token = self._vocab()
+        return max(1, self.logit_budget // (width * per_token))
 
     def _vocab(self) -> int:
         """Width of the logits (may exceed the tokenizer's vocabulary), from a one-token forward."""
