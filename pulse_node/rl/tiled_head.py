@@ -18,6 +18,7 @@ or without numba, torch does the same tile by tile.
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
@@ -47,14 +48,14 @@ if AVAILABLE:
     _FAST = {"contract", "arcp", "nsz", "reassoc"}
 
     @intrinsic
-    def _as_float32(typingctx, bits):  # type: ignore[no-untyped-def]
+    def _as_float32(typingctx, bits):
         """The float32 whose bit pattern is the int32 ``bits`` (LLVM bitcast: vectorises)."""
-        def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        def codegen(context, builder, signature, args):
             return builder.bitcast(args[0], context.get_value_type(nbt.float32))
         return nbt.float32(nbt.int32), codegen
 
     @njit(inline="always", fastmath=_FAST, cache=True)
-    def _exp(x):  # type: ignore[no-untyped-def]
+    def _exp(x):
         """exp(x) of a float32 (0 below ~-87, inf above ~88): Cody-Waite reduction, degree-6 polynomial."""
         n = np.floor(x * np.float32(1.4426950408889634) + np.float32(0.5))
         n = min(max(n, np.float32(-127.0)), np.float32(128.0))
@@ -67,10 +68,10 @@ if AVAILABLE:
         p = p * r + np.float32(1.6666665459e-1)
         p = p * r + np.float32(5.0000001201e-1)
         p = p * r * r + r + np.float32(1.0)
-        return p * _as_float32((np.int32(n) + np.int32(127)) << np.int32(23))
+        return p * _as_float32((np.int32(n) + np.int32(127)) << np.int32(23))  # type: ignore[call-arg]  # an intrinsic is called without its typing context
 
     @njit(inline="always", fastmath=_FAST, cache=True)
-    def _sum(row, a, b, scale, shift):  # type: ignore[no-untyped-def]
+    def _sum(row, a, b, scale, shift):
         """sum of exp(row[j] * scale - shift) for j in [a, b) (float32 lanes; a tile holds few ids)."""
         s = np.float32(0.0)
         for j in range(a, b):
@@ -78,7 +79,7 @@ if AVAILABLE:
         return s
 
     @njit(nogil=True, fastmath=_FAST, cache=True)
-    def _tile_kernel(tile, tokens, shift, off, scale, acc, first, last):  # type: ignore[no-untyped-def]
+    def _tile_kernel(tile, tokens, shift, off, scale, acc, first, last):
         """Add tile ``tile`` ([rows, W] float32 logits of ids ``off..off+W``) into ``acc`` rows
         ``first..last`` ([rows, 3] float64: ``BEFORE``, ``AT``, ``AFTER``) for chosen ids
         ``tokens``, each row's exponentials shifted by ``shift`` (float32)."""
@@ -95,21 +96,37 @@ if AVAILABLE:
                 acc[m, 2] += _sum(row, t + 1, width, scale, s)
 
 
-_pool: ThreadPoolExecutor | None = None
+class _Threads:
+    """The threads the kernel's rows are split over: one pool, made once and remade larger when
+    torch's thread count grows (the old one is shut down)."""
+
+    def __init__(self) -> None:
+        self.pool: ThreadPoolExecutor | None = None
+        self.size = 0
+        self.lock = threading.Lock()
+
+    def get(self, threads: int) -> ThreadPoolExecutor:
+        with self.lock:
+            if self.pool is None or self.size < threads:
+                if self.pool is not None:
+                    self.pool.shutdown(wait=False)
+                self.pool, self.size = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="tiled-head"), threads
+            return self.pool
+
+
+_THREADS = _Threads()
 
 
 def _split(tile: np.ndarray, tokens: np.ndarray, shift: np.ndarray, off: int, scale: float, acc: np.ndarray) -> None:
     """The CPU kernel over ``tile``, its rows split over torch's thread count (the GIL released)."""
-    global _pool
     threads = max(1, min(torch.get_num_threads(), tile.shape[0] // 16))
     args = (tile, tokens, shift, off, np.float32(scale), acc)
     if threads == 1:
         _tile_kernel(*args, 0, tile.shape[0])
         return
-    if _pool is None or _pool._max_workers < threads:
-        _pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="tiled-head")
+    pool = _THREADS.get(threads)
     bounds = np.linspace(0, tile.shape[0], threads + 1).astype(int)
-    for job in [_pool.submit(_tile_kernel, *args, int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]:
+    for job in [pool.submit(_tile_kernel, *args, int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]:
         job.result()
 
 
