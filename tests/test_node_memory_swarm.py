@@ -82,7 +82,11 @@ def test_trainer_leaving_does_not_stall_and_returning_trainer_stays_identical(in
     assert sorted(back) == list(range(min(back), min(back) + len(back))), "the returning trainer skipped versions"
     assert all(stayed[v] == h for v, h in back.items()), "trainers differ after the re-sync"
     back_counters = _status(t2).trainer
-    assert back_counters.resyncs == 1 and not back_counters.forks, "the returning trainer forked again"
+    assert not back_counters.forks, "the returning trainer forked again"
+    # the state it adopted may be overtaken once: the remaining trainer decides a round alone
+    # while the adoption runs (rounds here are ~0.5 s), and the returner catches up by a second
+    # re-sync; it must then take part (no re-sync per round)
+    assert 1 <= back_counters.resyncs <= 2 < back_counters.rounds, back_counters
 
 
 def test_node_k_versions_behind_recovers_with_one_catchup_patch(inprocess_swarm, node_cfg):

@@ -17,6 +17,7 @@ A failed push is reported (``on_error``), which demotes the peer.
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable
 
@@ -80,6 +81,7 @@ class Fanout:
             self._counts["failed"] += failed
 
     def close(self, timeout: float = 5.0) -> None:
-        """Stop taking jobs; waits up to ``timeout`` for the ones in flight."""
-        self._worker.close(timeout)
-        self._newcomers.close(timeout)
+        """Stop taking jobs; waits up to ``timeout`` in all for the ones in flight."""
+        deadline = time.monotonic() + timeout
+        for lane in (self._worker, self._newcomers):
+            lane.close(max(0.0, deadline - time.monotonic()))

@@ -96,7 +96,8 @@ class InferenceRole:
         # the steps just applied in place, scattered into the live model (a reload only after an anchor)
         self.worker.set_weights(state, rec.version, changes=self.sync.take_changes())
         self.ctx.store.retain(keep_versions=self.cfg.chain.keep_versions, keep_anchors=self.cfg.chain.keep_anchors)
-        # the history first: a status that says version v holds v's entry (readers wait on the version)
+        # the history and counters first: a status that says version v holds v's entry and counts
+        # v's apply (readers wait on the version)
         caught = self.sync.last_catchup
         for r in applied:
             by_catchup = caught if caught is not None and caught.target == r.version else None
@@ -104,7 +105,6 @@ class InferenceRole:
                 version=r.version, state_hash=r.state_hash,
                 patch_bytes=by_catchup.patch_bytes if by_catchup else r.patch_bytes,
                 catchup_from=by_catchup.base if by_catchup else None))
-        self.ctx.announce(version=rec.version, chain_hash=rec.chain_hash, state_hash=rec.state_hash)
         n = self.sync.counters
         with self.ctx.status.inference() as c:
             c.patches_applied, c.patch_bytes_total, c.gaps = n.patches_applied, n.patch_bytes_total, n.gaps
@@ -113,6 +113,7 @@ class InferenceRole:
             c.strikes, c.bans = dict(self.trust.strikes), dict(self.trust.bans)
         with self.ctx.status.node() as counters:
             counters.rejected = self.trust.rejected
+        self.ctx.announce(version=rec.version, chain_hash=rec.chain_hash, state_hash=rec.state_hash)
         # in the background: applying never waits on a peer that does not answer
         self.ctx.push_in_background("head", encode_record(rec), self.ctx.peers("inference"))
         self.ctx.log.info("holding version %d (%s)", rec.version, rec.state_hash[:12])
