@@ -62,6 +62,15 @@ def state_pairs(draw, max_tensors: int = 4) -> tuple[State, State]:
     return base, new
 
 
+def mixed_pair(seed: int = 0, density: float = 0.05, *, tensors: int = 4) -> tuple[State, State]:
+    """``tensors`` BF16 [64, 50] tensors and one F32 [300], realistic bits, ``density`` of them changed."""
+    rng = np.random.default_rng(seed)
+    base = {f"w{i}": TensorBits("BF16", (64, 50), realistic_bits("BF16", 3200, rng)) for i in range(tensors)}
+    base["f"] = TensorBits("F32", (300,), realistic_bits("F32", 300, rng))
+    new = {k: TensorBits(t.dtype, t.shape, mutate(t.dtype, t.bits, density, rng)) for k, t in base.items()}
+    return base, new
+
+
 def copy_state(state: State) -> State:
     return {k: t.copy() for k, t in state.items()}
 

@@ -8,7 +8,7 @@ import dataclasses
 
 import numpy as np
 import pytest
-from codec_strategies import mutate, realistic_bits, state_pairs
+from codec_strategies import copy_state, mixed_pair, mutate, state_pairs
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -22,20 +22,8 @@ from pulse_node.errors import BaseMismatchError, IntegrityError, PatchError
 FAST = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
-def _copy(state: State) -> State:
-    return {k: t.copy() for k, t in state.items()}
-
-
 def _same(a: State, b: State) -> bool:
     return set(a) == set(b) and all(np.array_equal(a[k].bits, b[k].bits) for k in a)
-
-
-def _pair(seed: int = 0, density: float = 0.05) -> tuple[State, State]:
-    rng = np.random.default_rng(seed)
-    base = {f"w{i}": TensorBits("BF16", (64, 50), realistic_bits("BF16", 3200, rng)) for i in range(4)}
-    base["f"] = TensorBits("F32", (300,), realistic_bits("F32", 300, rng))
-    new = {k: TensorBits(t.dtype, t.shape, mutate(t.dtype, t.bits, density, rng)) for k, t in base.items()}
-    return base, new
 
 
 @FAST
@@ -44,7 +32,7 @@ def test_inplace_equals_copying_apply_and_undo_restores(pair) -> None:
     base, new = pair
     for mode, context in (("compact", False), ("compact", True), ("overwrite", False)):
         patch = make_patch(base, new, mode=mode, position_context=context)
-        state = _copy(base)
+        state = copy_state(base)
         arrays = {k: t.bits for k, t in state.items()}
         changes = apply_patch_inplace(state, patch)
         assert _same(state, apply_patch(base, patch)) and _same(state, new)
@@ -57,20 +45,20 @@ def test_inplace_equals_copying_apply_and_undo_restores(pair) -> None:
 
 
 def test_corrupt_value_stream_leaves_the_base_intact() -> None:
-    base, new = _pair()
+    base, new = mixed_pair(tensors=4)
     patch = bytearray(make_patch(base, new))
     header, start = unpack_header(memoryview(bytes(patch)))
     victim = max((e for e in header.tensors if e.changed), key=lambda e: e.offset)  # the last one decoded
     at = start + victim.offset
     patch[at:at + victim.length] = b"\xc1" * victim.length  # never valid msgpack: the stream is refused
-    state = _copy(base)
+    state = copy_state(base)
     with pytest.raises(PatchError):
         apply_patch_inplace(state, bytes(patch), verify=False, base_hash=header.base_state_hash)
     assert _same(state, base)
 
 
 def test_wrong_result_hash_rolls_every_tensor_back() -> None:
-    base, new = _pair(1)
+    base, new = mixed_pair(1, tensors=4)
     other = {k: TensorBits(t.dtype, t.shape, t.bits.copy()) for k, t in new.items()}
     other["w0"].bits[0] ^= 1  # a payload that decodes cleanly but not to the signed result
     forged = make_patch(base, other)
@@ -78,7 +66,7 @@ def test_wrong_result_hash_rolls_every_tensor_back() -> None:
     relabelled = dataclasses.replace(header, result_state_hash=state_hash(new))
     patch = pack_header(relabelled) + forged[start:]
     assert bytes_digest(forged[start:]) == header.payload_digest
-    state = _copy(base)
+    state = copy_state(base)
     before = state_hash(state)
     with pytest.raises(IntegrityError):
         apply_patch_inplace(state, patch)
@@ -86,13 +74,13 @@ def test_wrong_result_hash_rolls_every_tensor_back() -> None:
 
 
 def test_wrong_base_and_read_only_arrays_are_refused_untouched() -> None:
-    base, new = _pair(2)
+    base, new = mixed_pair(2, tensors=4)
     patch = make_patch(base, new)
-    state = _copy(new)
+    state = copy_state(new)
     with pytest.raises(BaseMismatchError):
         apply_patch_inplace(state, patch)
     assert _same(state, new)
-    frozen = _copy(base)
+    frozen = copy_state(base)
     for t in frozen.values():
         t.bits.flags.writeable = False
     with pytest.raises(PatchError, match="read-only"):
@@ -103,7 +91,7 @@ def test_wrong_base_and_read_only_arrays_are_refused_untouched() -> None:
 def test_a_kernel_failing_midway_restores_its_tensor(monkeypatch) -> None:
     import pulse_node.codec.inplace as inplace
 
-    base, new = _pair(3)
+    base, new = mixed_pair(3, tensors=4)
     patch = make_patch(base, new)
 
     def half_then_fail(entry, idx, words, raw, models, bits):  # writes garbage, then reports corruption
@@ -111,7 +99,7 @@ def test_a_kernel_failing_midway_restores_its_tensor(monkeypatch) -> None:
         raise PatchError("value stream: symbol outside its model")
 
     monkeypatch.setattr(inplace, "_decode_deltas", half_then_fail)
-    state = _copy(base)
+    state = copy_state(base)
     with pytest.raises(PatchError, match="outside its model"):
         apply_patch_inplace(state, patch)
     assert _same(state, base)
@@ -124,7 +112,7 @@ def test_composed_changes_equal_the_two_steps(p1, seed: int) -> None:
     rng = np.random.default_rng(seed)
     end = {k: TensorBits(t.dtype, t.shape, mutate(t.dtype, t.bits, 0.3, rng) if t.numel else t.bits.copy())
            for k, t in mid.items()}
-    state = _copy(base)
+    state = copy_state(base)
     first = apply_patch_inplace(state, make_patch(base, mid))
     both = first.then(apply_patch_inplace(state, make_patch(mid, end)))
     assert _same(state, end) and both.base_hash == state_hash(base) and both.result_hash == state_hash(end)

@@ -8,7 +8,7 @@ import threading
 
 import numpy as np
 import pytest
-from codec_strategies import copy_state, mutate, realistic_bits, state_pairs, states_equal
+from codec_strategies import copy_state, mixed_pair, state_pairs, states_equal
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -16,7 +16,7 @@ from pulse_node.codec.header import unpack_header
 from pulse_node.codec.inplace import TensorChange, apply_patch_inplace
 from pulse_node.codec.patch import make_patch
 from pulse_node.codec.pipelined import Expected, GrowingBuffer, StateHasher, apply_streaming
-from pulse_node.codec.state import State, TensorBits
+from pulse_node.codec.state import State
 from pulse_node.codec.statehash import state_hash
 from pulse_node.errors import BaseMismatchError, IntegrityError, PatchError, PeerUnavailable, PulseError
 
@@ -61,14 +61,6 @@ def _expected(base: State, new: State, patch: bytes) -> Expected:
     return Expected(state_hash(base), state_hash(new), hashlib.sha256(patch).hexdigest())
 
 
-def _pair(seed: int = 0, density: float = 0.05) -> tuple[State, State]:
-    rng = np.random.default_rng(seed)
-    base = {f"w{i}": TensorBits("BF16", (64, 50), realistic_bits("BF16", 3200, rng)) for i in range(5)}
-    base["f"] = TensorBits("F32", (300,), realistic_bits("F32", 300, rng))
-    new = {k: TensorBits(t.dtype, t.shape, mutate(t.dtype, t.bits, density, rng)) for k, t in base.items()}
-    return base, new
-
-
 @FAST
 @given(state_pairs())
 def test_the_state_hash_fed_tensor_by_tensor_is_the_state_hash(pair) -> None:
@@ -111,7 +103,7 @@ def test_hostile_sections_leave_state_and_sink_at_the_base(seed, how) -> None:
     """Bytes a peer changed in any section: refused (a decode error, or the digest), state and sink
     exactly the base; nothing but a PulseError comes out."""
     rng = np.random.default_rng(seed)
-    base, new = _pair(seed % 7)
+    base, new = mixed_pair(seed % 7, tensors=5)
     patch = make_patch(base, new)
     forged = bytearray(patch)
     sections = _sections(patch)
@@ -135,7 +127,7 @@ def test_hostile_sections_leave_state_and_sink_at_the_base(seed, how) -> None:
 
 
 def test_a_forged_patch_whose_digest_is_signed_but_result_differs_is_undone() -> None:
-    base, new = _pair(1)
+    base, new = mixed_pair(1, tensors=5)
     other = copy_state(new)
     other["w3"].bits[5] ^= 1
     forged = make_patch(base, other, new_hash=state_hash(new))  # names the signed result, decodes to another
@@ -147,7 +139,7 @@ def test_a_forged_patch_whose_digest_is_signed_but_result_differs_is_undone() ->
 
 
 def test_a_wrong_final_digest_undoes_everything() -> None:
-    base, new = _pair(2)
+    base, new = mixed_pair(2, tensors=5)
     patch = make_patch(base, new)
     state, sink = copy_state(base), DictSink(base)
     wrong = Expected(state_hash(base), state_hash(new), "00" * 32)
@@ -157,7 +149,7 @@ def test_a_wrong_final_digest_undoes_everything() -> None:
 
 
 def test_header_checks_refuse_before_any_write() -> None:
-    base, new = _pair(3)
+    base, new = mixed_pair(3, tensors=5)
     patch = make_patch(base, new)
     state = copy_state(base)
     for expected, error in ((Expected("11" * 32, state_hash(new), "00" * 32), BaseMismatchError),
@@ -175,7 +167,7 @@ def test_header_checks_refuse_before_any_write() -> None:
 
 
 def test_a_patch_that_stops_growing_times_out_and_leaves_the_base() -> None:
-    base, new = _pair(4)
+    base, new = mixed_pair(4, tensors=5)
     patch = make_patch(base, new)
     at, length = _sections(patch)[-1]
     state, sink = copy_state(base), DictSink(base)
