@@ -42,7 +42,7 @@ def enable_hf_checkpointing(lm: TinyLM | HFLM) -> None:
         module.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kw)
 
 
-def _tiny_hidden(lm: TinyLM, packed: Packed, *, recompute: bool) -> tuple[torch.Tensor, Head]:
+def _tiny_hidden(lm: TinyLM, packed: Packed, *, recompute: bool) -> torch.Tensor:
     """``TinyGPT.forward`` up to (and including) the final LayerNorm, blocks optionally checkpointed."""
     m, mask = lm.module, packed.mask
     pos, allowed = positions(mask), _full_allowed(mask)
@@ -52,7 +52,7 @@ def _tiny_hidden(lm: TinyLM, packed: Packed, *, recompute: bool) -> tuple[torch.
             x = checkpoint(block, x, allowed, None, i, use_reentrant=False)
         else:
             x = block(x, allowed, None, i)
-    return m.ln_f(x), (m.tok_emb.weight, None)
+    return m.ln_f(x)
 
 
 def _hf_head(module: PreTrainedModel) -> Head:
@@ -77,11 +77,12 @@ def hidden_states(lm: TinyLM | HFLM, packed: Packed, *, recompute: bool = False)
     ``recompute``: checkpoint the tiny model's blocks (HF models use their own
     ``gradient_checkpointing_enable``, see ``enable_hf_checkpointing``).
     """
+    head = output_head(lm)
     if isinstance(lm, TinyLM):
-        return _tiny_hidden(lm, packed, recompute=recompute)
+        return _tiny_hidden(lm, packed, recompute=recompute), head
     out = lm.module.base_model(input_ids=packed.ids, attention_mask=packed.mask.long(),
                                position_ids=positions(packed.mask), use_cache=False)
-    return out.last_hidden_state, _hf_head(lm.module)
+    return out.last_hidden_state, head
 
 
 def _logits(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, temperature: float) -> torch.Tensor:

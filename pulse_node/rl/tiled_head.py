@@ -26,17 +26,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-try:  # numba is a declared dependency; torch's tile path keeps the verifier working without it
-    from numba import njit
-    from numba.core import types as nbt
-    from numba.extending import intrinsic
-
-    AVAILABLE = True
-except ImportError:  # pragma: no cover - only on platforms without numba wheels
-    AVAILABLE = False
-
-Head = tuple[torch.Tensor, torch.Tensor | None]  # the output projection's weight and bias
-Intervals = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # lo, hi (float64, normalised), logp (float32)
+from pulse_node.codec.kernels import AVAILABLE  # numba importable; else torch's tile path
+from pulse_node.rl.chunked import Head
+from pulse_node.rl.seeded import Intervals
 
 #: token rows per head call, and ids per call: a CPU tile of rows x ids (~4 MB) stays in cache
 CPU_ROWS, CPU_TILE, CPU_TILE_MAX, CPU_TILE_ELEMS = 1024, 1024, 8192, 1 << 20
@@ -45,6 +37,10 @@ GPU_ROWS, GPU_TILE = 4096, 16384
 BEFORE, AT, AFTER, MAX = range(4)
 
 if AVAILABLE:
+    from numba import njit
+    from numba.core import types as nbt
+    from numba.extending import intrinsic
+
     _FAST = {"contract", "arcp", "nsz", "reassoc"}
 
     @intrinsic
