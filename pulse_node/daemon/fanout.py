@@ -68,8 +68,10 @@ class Fanout:
         targets = self.order(peers)
         with self._lock:
             self._counts["skipped"] += len(peers) - len(targets)
-        known = [p for p in targets if self.known(p.peer_id)]
-        others = [p for p in targets if not self.known(p.peer_id)]
+        known: list[PeerRecord] = []
+        others: list[PeerRecord] = []
+        for p in targets:
+            (known if self.known(p.peer_id) else others).append(p)
         if others:
             self._newcomers.submit(kind, lambda: self._send(kind, data, others))
         self._send(kind, data, known)
