@@ -10,10 +10,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from codec_strategies import copy_state, states_equal
+from codec_strategies import copy_state, mixed_pair, states_equal
 from test_chain_catchup_producer import STATES
 from test_chain_synth import TRAINER
-from test_codec_pipelined import _pair
 from test_inference_inplace import _live
 from test_node_sync_bounds import EVE, _syncer, served  # noqa: F401  (fixture)
 
@@ -54,7 +53,7 @@ def _holds(live, state) -> bool:
 
 
 def _setup(seed: int):
-    base, new = _pair(seed)
+    base, new = mixed_pair(seed, tensors=5)
     patch = make_patch(base, new)
     state = copy_state(base)
     live = _live(state)
