@@ -17,6 +17,7 @@ behaviour log-prob. Extra rows (not in the honest total): a
 producer computing in BF16 (what the sampler did on CUDA before) against the FP32 verifier.
 
     python bench/rollout_honest.py [--batches 2] [--grpo-steps 20] [--long 256]
+    python bench/rollout_honest.py --parts cuda      # on a GPU machine: CUDA-made, CPU-checked and back
 
 Ends with one JSON line.
 """
@@ -47,6 +48,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 from test_rl_hf import save_tiny_hf  # noqa: E402  (the tests' tiny Llama, one definition)
 
 RUN = "bench-honest"
+GPU = "cuda"  # the device the cross-device part pairs with the CPU
 
 
 @dataclass
@@ -77,13 +79,16 @@ class Tally:
 
 
 def run_config(policy, cfg: SoloConfig, state, version: int, *, p_threads: int, rows: int | None,
-               v_threads: int, per_sequence: bool, batches: int, tally: Tally, bf16: bool = False) -> None:
+               v_threads: int, per_sequence: bool, batches: int, tally: Tally, bf16: bool = False,
+               verifier_policy=None) -> None:
+    """``batches`` batches made by ``policy`` and checked by ``verifier_policy`` (default: the same
+    policy object, so the same device)."""
     task = make_task_source(cfg.task)
     producer = RolloutWorker(policy, cfg.sampling)
     if bf16:
         producer.lm.module.to(torch.bfloat16)
     producer.set_weights(state, version)
-    verifier = RolloutVerifier(RolloutWorker(policy, cfg.sampling), task, run_id=RUN, batches_per_version=1 << 20,
+    verifier = RolloutVerifier(RolloutWorker(verifier_policy or policy, cfg.sampling), task, run_id=RUN, batches_per_version=1 << 20,
                                max_staleness=4, cfg=VerifyConfig())
     if per_sequence:
         verifier.logit_budget = 1
@@ -158,15 +163,54 @@ def bf16_rows(args) -> dict[str, Tally]:
     return {"solo v0 gen BF16 compute (not FP32) | verify FP32": tally}
 
 
+def cross_device_rows(args) -> dict[str, Tally]:
+    """Made on CUDA and verified on the CPU, and the other way round (FP32 compute on both sides,
+    TF32 off, as the sampler sets it): the solo model at both versions and the two HF Llamas."""
+    if GPU == "cuda" and not torch.cuda.is_available():
+        print("cross-device: no CUDA device here, skipped", flush=True)
+        return {}
+    cfg, _, states = solo_versions(args.grpo_steps)
+    out: dict[str, Tally] = {}
+
+    def both_ways(label: str, run: SoloConfig, state, version: int) -> None:
+        on = {d: build_policy(run.model.model_copy(update={"device": d}), run.task, seed=run.seed,
+                              grpo_cfg=GRPOConfig(warmstart_steps=0)) for d in ("cpu", GPU)}
+        for made, checked in ((GPU, "cpu"), ("cpu", GPU)):
+            name = f"{label} gen {made} | verify {checked}"
+            out[name] = Tally()
+            run_config(on[made], run, state, version, p_threads=2, rows=None, v_threads=2, per_sequence=False,
+                       batches=args.batches, tally=out[name], verifier_policy=on[checked])
+            print(f"{name}: {out[name].rollouts} rollouts, refused {out[name].refused}, "
+                  f"max gap {out[name].max_gap:.3g}", flush=True)
+
+    for version in (0, 1):
+        both_ways(f"solo v{version}", cfg, states[version], version)
+    with tempfile.TemporaryDirectory() as tmp:
+        save_tiny_hf(tmp)
+        hf = cfg.model_copy(update={"model": ModelConfig(kind="hf", path=tmp, device="cpu")})
+        both_ways("hf-llama", hf, build_policy(hf.model, hf.task, seed=0, grpo_cfg=GRPOConfig(warmstart_steps=0))
+                  .bf16_state(), 0)
+        long_dir = f"{tmp}/long"
+        build_hf_model(long_dir, arch="llama", hidden=64, layers=2, context=args.long + 64, vocab_size=300, seed=1)
+        sampling = cfg.sampling.model_copy(update={"max_new_tokens": args.long, "prompts_per_batch": 4})
+        long = cfg.model_copy(update={"model": ModelConfig(kind="hf", path=long_dir, device="cpu"), "sampling": sampling})
+        both_ways(f"hf-llama long ({args.long} new tokens)", long,
+                  build_policy(long.model, long.task, seed=0, grpo_cfg=GRPOConfig(warmstart_steps=0)).bf16_state(), 0)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--batches", type=int, default=2, help="batches of 256 rollouts per configuration")
     ap.add_argument("--grpo-steps", type=int, default=20)
-    ap.add_argument("--parts", default="solo,hf,bf16", help="which parts of the grid (comma-separated)")
+    ap.add_argument("--parts", default="solo,hf,bf16", help="which parts of the grid (comma-separated; "
+                    "'cuda': made on CUDA and checked on the CPU and the other way round, counted as honest)")
     ap.add_argument("--long", type=int, default=256, help="new tokens per completion of the long HF configuration")
     args = ap.parse_args()
     t0 = time.monotonic()
     honest, extra = honest_grid(args), (bf16_rows(args) if "bf16" in args.parts else {})
+    if "cuda" in args.parts:
+        honest |= cross_device_rows(args)
     tol = VerifyConfig().score_tolerance
     print("\n| configuration | rollouts | tokens | refused | largest gap | rollouts with a draw within tol of a "
           "boundary | closest | largest logprob diff |\n|---|---|---|---|---|---|---|---|")

@@ -23,6 +23,9 @@ lr 3e-6, ``bench/emulated_steps.py``), then two parts.
   each tensor decoded, written into the live model and hashed as its section arrives), alternating
   which goes first (the first is undone in state and live model). ``--no-local`` skips ``local``.
 
+``--device cuda`` puts the live model (FP32 parameters) on the GPU in both parts; the state, the
+decode and the hash stay on the CPU, as in an inference node sampling on a GPU.
+
 Namespaces and veths (``pulse-syA``/``pulse-syB``, 10.231.78.0/30) are removed at the end, also
 on error. Last line JSON: ``overhead_s`` (size -> rate -> mean seconds from the last byte of a
 patch to the live model ready, today's path), ``overhead_pipelined_s`` (the same, pipelined),
@@ -114,13 +117,21 @@ def _built(store: Path, *, size: str, versions: int) -> dict:
     return info
 
 
-def _live_params(state) -> dict:
+def _live_params(state, device: str) -> dict:
     import torch
 
-    return {name: torch.empty(t.shape, dtype=torch.float32) for name, t in state.items()}
+    return {name: torch.empty(t.shape, dtype=torch.float32, device=device) for name, t in state.items()}
 
 
-def local(store: Path, versions: int, *, rounds: int = 3) -> dict:
+def _sync(device: str) -> None:
+    """Wait for the live model's writes (CUDA copies and scatters are asynchronous)."""
+    if device.startswith("cuda"):
+        import torch
+
+        torch.cuda.synchronize()
+
+
+def local(store: Path, versions: int, *, rounds: int = 3, device: str = "cpu") -> dict:
     """Old vs new path on the same patches, then the verifier's switch back 4 versions."""
     from pulse_node.chain.store import VersionStore
     from pulse_node.codec.inplace import apply_patch_inplace
@@ -133,8 +144,9 @@ def local(store: Path, versions: int, *, rounds: int = 3) -> dict:
     warm_up()
     vs = VersionStore(store, readonly=True)
     state = vs.anchor_state(0)
-    live = LiveWeights(_live_params(state), keep=4)
+    live = LiveWeights(_live_params(state, device), keep=4)
     live.load(state, 0)
+    _sync(device)
     rows = []
     for v in range(1, versions + 1):
         patch, base_hash = vs.patch_bytes(v), vs.record(v - 1).state_hash
@@ -142,6 +154,7 @@ def local(store: Path, versions: int, *, rounds: int = 3) -> dict:
         new = apply_patch(state, patch, verify=True, base_hash=base_hash)
         t1 = time.perf_counter()
         load_state(live.params, new)
+        _sync(device)
         t2 = time.perf_counter()
         del new
         gc.collect()
@@ -151,6 +164,7 @@ def local(store: Path, versions: int, *, rounds: int = 3) -> dict:
         assert state_hash(state) == vs.record(v).state_hash
         t5 = time.perf_counter()
         live.set(state, v, changes=[(v - 1, v, changes)])
+        _sync(device)
         t6 = time.perf_counter()
         rows.append({"old_apply_verify_s": t1 - t0, "old_reload_s": t2 - t1, "old_total_s": t2 - t0,
                      "new_decode_apply_s": t4 - t3, "new_hash_s": t5 - t4, "new_live_update_s": t6 - t5,
@@ -165,8 +179,10 @@ def local(store: Path, versions: int, *, rounds: int = 3) -> dict:
     for _ in range(rounds):
         t0 = time.perf_counter()
         assert live.move_to(back)
+        _sync(device)
         t1 = time.perf_counter()
         assert live.move_to(versions)
+        _sync(device)
         t2 = time.perf_counter()
         changes.undo(state)  # the state back at versions - 1, then the patch again, verified
         t3 = time.perf_counter()
@@ -177,6 +193,7 @@ def local(store: Path, versions: int, *, rounds: int = 3) -> dict:
     foreign = {k: t.copy() for k, t in state.items()}  # the same version, another object: compared
     t0 = time.perf_counter()
     how = live.set(foreign, versions)
+    _sync(device)
     diff = time.perf_counter() - t0
     best = {k: min(v) for k, v in times.items()}
     return {"versions": rows, "mean": mean, "switch_back_s": best["back"], "switch_forward_s": best["forward"],
@@ -206,6 +223,7 @@ def _today(wire, peer: str, work: Path, v: int, rec, state, live, base_hash: str
         raise RuntimeError(f"v{v}: result hash differs from the signed one")
     t5 = time.monotonic()
     live.set(state, v, changes=[(v - 1, v, changes)])
+    _sync(str(next(iter(live.params.values())).device))
     t6 = time.monotonic()
     return changes, {"transfer_s": t2 - t1, "digest_s": t3 - t2, "decode_apply_s": t4 - t3, "hash_s": t5 - t4,
                      "live_update_s": t6 - t5, "last_byte_to_ready_s": t6 - t2}
@@ -229,6 +247,7 @@ def _pipelined(wire, peer: str, work: Path, v: int, rec, state, live, base_hash:
     _, streamed = Pipeline(live, trace=trace).fetch_apply(fetch, dest, state=state, base=v - 1, target=v,
                                              expected=Expected(base_hash, rec.state_hash, rec.patch_digest),
                                              size=rec.patch_bytes, timeout=600)
+    _sync(str(next(iter(live.params.values())).device))
     t_ready = time.monotonic()
     dest.unlink(missing_ok=True)
     assert streamed is not None and streamed.live_written, "the pipelined path fell back"
@@ -244,7 +263,7 @@ def _pipelined(wire, peer: str, work: Path, v: int, rec, state, live, base_hash:
                       "changes_left_at_last_byte": sum(changed.get(n, 0) for n in left) / max(1, sum(changed.values()))}
 
 
-def client(peer: str, store: Path, work: Path, signer: str, versions: int) -> dict:
+def client(peer: str, store: Path, work: Path, signer: str, versions: int, device: str = "cpu") -> dict:
     """Inference side, per version: today's path and the pipelined one side by side (alternating
     which goes first; the first is undone in state and live model), every phase timed; peak RSS
     above the live model."""
@@ -265,12 +284,14 @@ def client(peer: str, store: Path, work: Path, signer: str, versions: int) -> di
         gc.collect()
         out["baseline_rss_kb"] = rss_kb()
         state = load_safetensors(store / "anchors" / "0.safetensors")  # we hold version 0
-        live = LiveWeights(_live_params(state), keep=1)  # 1 (role: 0): the first path is undone by a step back
+        live = LiveWeights(_live_params(state, device), keep=1)  # 1 (role: 0): the first path is undone by a step back
         live.load(state, 0)
         base_hash = state_hash(state)
         gc.collect()
         out["loaded_rss_kb"] = rss_kb()
-        out["live_bytes"] = sum(p.numel() * p.element_size() for p in live.params.values())
+        live_bytes = sum(p.numel() * p.element_size() for p in live.params.values())
+        out["live_bytes"] = live_bytes if device == "cpu" else 0  # a CUDA live model is not in the RSS
+        out["live_device_bytes"] = live_bytes if device != "cpu" else 0
         reset_peak()
         for v in range(1, versions + 1):
             t0 = time.monotonic()
@@ -310,8 +331,8 @@ def client(peer: str, store: Path, work: Path, signer: str, versions: int) -> di
     return out
 
 
-def link(rate: str, store: Path, info: dict, versions: int) -> dict:
-    out = LINK.run_pair(Path(__file__).resolve(), rate, store, [info["signer"], str(versions)],
+def link(rate: str, store: Path, info: dict, versions: int, device: str = "cpu") -> dict:
+    out = LINK.run_pair(Path(__file__).resolve(), rate, store, [info["signer"], str(versions), device],
                         start_timeout=600, timeout=3600)
     phases = out["phases"]
     mean = {k: sum(p[k] for p in phases) / len(phases) for k in phases[0] if isinstance(phases[0][k], (int, float))}
@@ -338,18 +359,19 @@ def main() -> None:
     ap.add_argument("--store-dir", type=Path, help="keep the built stores here and reuse them (per size)")
     ap.add_argument("--rounds", type=int, default=3, help="rounds of the side-by-side switch / apply timing")
     ap.add_argument("--serve", nargs=3, metavar=("STORE", "READY", "STOP"))
-    ap.add_argument("--client", nargs=5, metavar=("PEER", "STORE", "WORK", "SIGNER", "VERSIONS"))
+    ap.add_argument("--device", default="cpu", help="where the live model lives (cpu, cuda)")
+    ap.add_argument("--client", nargs=6, metavar=("PEER", "STORE", "WORK", "SIGNER", "VERSIONS", "DEVICE"))
     args = ap.parse_args()
     if args.serve:
         LINK.serve(Path(args.serve[0]), Path(args.serve[1]), Path(args.serve[2]))
         return
     if args.client:
-        peer, store, work, signer, versions = args.client
-        print(json.dumps(client(peer, Path(store), Path(work), signer, int(versions))))
+        peer, store, work, signer, versions, device = args.client
+        print(json.dumps(client(peer, Path(store), Path(work), signer, int(versions), device)))
         return
     if not args.no_link and os.geteuid() != 0:
         sys.exit("sync_1b needs root for its links (ip netns, tc); --no-link runs the local part only")
-    report: dict = {"overhead_s": {}, "overhead_pipelined_s": {}, "pipelined_vs_today": {}, "peak_rss_per_param": {},
+    report: dict = {"device": args.device, "overhead_s": {}, "overhead_pipelined_s": {}, "pipelined_vs_today": {}, "peak_rss_per_param": {},
                     "switch_vs_apply": {}, "load_avg": [], "sizes": {}}
     try:
         for size in args.sizes:
@@ -358,13 +380,14 @@ def main() -> None:
                 info = _built(store, size=size, versions=args.versions)
                 gc.collect()
                 report["load_avg"].append(os.getloadavg())
-                loc = {} if args.no_local else local(store, args.versions, rounds=args.rounds)
+                loc = {} if args.no_local else local(store, args.versions, rounds=args.rounds, device=args.device)
                 gc.collect()
                 if loc:
                     print(f"{size} local: old {loc['mean']['old_total_s']:.3f} s, new {loc['mean']['new_total_s']:.3f} s "
                           f"per version; back {loc['steps_moved']} versions {loc['switch_back_s']:.3f} s = "
                           f"{loc['switch_vs_apply']:.2f}x a verified apply ({loc['apply_verified_s']:.3f} s)", flush=True)
-                links = {} if args.no_link else {rate: link(rate, store, info, args.versions) for rate in args.rates}
+                links = {} if args.no_link else {rate: link(rate, store, info, args.versions, args.device)
+                                                 for rate in args.rates}
                 for rate, r in links.items():
                     print(f"{size} {rate}: last byte -> live model {r['mean']['last_byte_to_ready_s']:.3f} s today, "
                           f"{r['mean']['pipelined_last_byte_to_ready_s']:.3f} s pipelined "
