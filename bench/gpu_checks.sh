@@ -3,7 +3,8 @@
 # .whl, see below). Each part has its own time limit inside one overall deadline, writes its log to
 # $OUT/<part>.log and ends with the bench's JSON line; a part that fails does not stop the others.
 #
-#   bash bench/gpu_checks.sh [seconds]          # default 570: fits one 600 s device call
+#   bash bench/gpu_checks.sh [seconds [part ...]]   # default 570 s (one 600 s device call), parts
+#                                                   # smoke sync_local real_scale cross
 #
 # Parts, most wanted first:
 #   sync_local  bench/sync_1b.py --no-link --device cuda at ~1 B: old vs in-place path, the live
@@ -11,6 +12,8 @@
 #   real_scale  bench/real_scale.py --full --device cuda: the sampler vs HF generate, verify vs a
 #               plain forward, TF32/BF16 compute against the FP32 verifier, GRPO memory (#20)
 #   cross       bench/rollout_honest.py --parts cuda: made on CUDA and checked on the CPU and back
+#   paced       (asked for by name) sync_1b --paced with the live model on the GPU, on 2 cores and on all
+#   real_scale_wide  (by name) real_scale at 32 rows: the GPU busier than at 4
 #
 # Not here: sync_1b's links. Their wire worker needs libp2p, whose pinned fastecdsa 2.3.2 has no
 # wheel for that machine's Python 3.12 and cannot be compiled there without a network.
@@ -44,8 +47,20 @@ part() {  # part NAME LIMIT_S COMMAND...: run within min(LIMIT_S, time left befo
     tail -n 2 "$OUT/$name.log" | cut -c1-2500
 }
 
-part smoke 60 python3 -c "import pulse_node.rl.sampler, pulse_node.rl.verify, pulse_node.codec.inplace, \
+want() { [[ " ${PARTS} " == *" $1 "* ]]; }
+PARTS=${*:2}
+PARTS=${PARTS:-smoke sync_local real_scale cross}
+want smoke && part smoke 60 python3 -c "import pulse_node.rl.sampler, pulse_node.rl.verify, pulse_node.codec.inplace, \
 pulse_node.rl.liveweights, pulse_node.chain.record, pulse_node.codec.warmup as w; w.warm_up(); print('imports ok')"
-part sync_local 170 python3 bench/sync_1b.py --sizes 1b --versions 4 --no-link --device cuda --store-dir /tmp/stores
-part real_scale 240 python3 bench/real_scale.py --full --device cuda
-part cross 100 python3 bench/rollout_honest.py --parts cuda --batches 1 --grpo-steps 20 --long 256
+want sync_local && part sync_local 170 python3 bench/sync_1b.py --sizes 1b --versions 4 --no-link --device cuda \
+    --store-dir /tmp/stores
+# the pipelined path fed at 1 Gbit / 100 Mbit in-process, live model on the GPU: on 2 cores (as the
+# 2-core dev box) and on all of them with 4 decode threads
+want paced && part store 120 python3 bench/sync_1b.py --sizes 1b --versions 4 --no-link --no-local --store-dir /tmp/stores
+want paced && part paced_2cores 150 taskset -c 0,1 python3 bench/sync_1b.py --sizes 1b --versions 4 --no-link \
+    --no-local --paced --rates 1gbit 100mbit --device cuda --store-dir /tmp/stores
+want paced && part paced_all 90 python3 bench/sync_1b.py --sizes 1b --versions 4 --no-link --no-local --paced \
+    --rates 1gbit --device cuda --workers 4 --store-dir /tmp/stores
+want real_scale && part real_scale 240 python3 bench/real_scale.py --full --device cuda
+want real_scale_wide && part real_scale_wide 240 python3 bench/real_scale.py --full --device cuda --rows 32 --repeats 1
+want cross && part cross 100 python3 bench/rollout_honest.py --parts cuda --batches 1 --grpo-steps 20 --long 256

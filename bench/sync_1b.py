@@ -23,6 +23,10 @@ lr 3e-6, ``bench/emulated_steps.py``), then two parts.
   each tensor decoded, written into the live model and hashed as its section arrives), alternating
   which goes first (the first is undone in state and live model). ``--no-local`` skips ``local``.
 
+Both the link client and ``--paced`` set the node's memory policy (``pulse_node/sysmem.py``);
+``SYNC1B_HEAP=1`` leaves glibc's default, for the comparison.
+``--paced`` adds, per rate, the pipelined path fed by a file this process writes at the rate:
+what the pipeline alone leaves after the last byte, with no wire worker sharing the cores.
 ``--device cuda`` puts the live model (FP32 parameters) on the GPU in both parts; the state, the
 decode and the hash stay on the CPU, as in an inference node sampling on a GPU.
 
@@ -229,22 +233,45 @@ def _today(wire, peer: str, work: Path, v: int, rec, state, live, base_hash: str
                      "live_update_s": t6 - t5, "last_byte_to_ready_s": t6 - t2}
 
 
-def _pipelined(wire, peer: str, work: Path, v: int, rec, state, live, base_hash: str):
+def _over_wire(wire, peer: str, v: int):
+    """``fetch(dest)``: version ``v``'s patch from ``peer`` over the wire worker."""
+    from pulse_node.net.wire.protocol import PatchRequest
+
+    return lambda dest: wire.fetch(peer, PatchRequest(version=v), dest, timeout=600)
+
+
+def _paced_writer(patch: bytes, rate: float, chunk: int = 1 << 16):
+    """``fetch(dest)``: ``patch`` written into ``dest`` at ``rate`` bytes/s (a link without a wire worker)."""
+
+    def fetch(dest: Path) -> None:
+        t0 = time.monotonic()
+        with open(dest, "wb") as f:
+            for off in range(0, len(patch), chunk):
+                f.write(patch[off:off + chunk])
+                f.flush()
+                ahead = t0 + min(len(patch), off + chunk) / rate - time.monotonic()
+                if ahead > 0:
+                    time.sleep(ahead)
+
+    return fetch
+
+
+def _pipelined(fetch_to, work: Path, v: int, rec, state, live, base_hash: str, *, workers: int = 2):
     """The pipelined path (``inference/streaming.py``): applied while the file grows; not committed."""
     from pulse_node.codec.pipelined import Expected
     from pulse_node.inference.streaming import Pipeline
-    from pulse_node.net.wire.protocol import PatchRequest
 
     done: dict[str, float] = {}
 
     def fetch(dest: Path) -> None:
-        wire.fetch(peer, PatchRequest(version=v), dest, timeout=600)
+        fetch_to(dest)
         done["t"] = time.monotonic()
 
     dest = work / f"{v}.p.patch"
     trace: list[tuple[str, str, float]] = []
     t1 = time.monotonic()
-    _, streamed = Pipeline(live, trace=trace).fetch_apply(fetch, dest, state=state, base=v - 1, target=v,
+    _, streamed = Pipeline(live, trace=trace, workers=workers).fetch_apply(fetch, dest, state=state, base=v - 1,
+                                                                            target=v,
                                              expected=Expected(base_hash, rec.state_hash, rec.patch_digest),
                                              size=rec.patch_bytes, timeout=600)
     _sync(str(next(iter(live.params.values())).device))
@@ -276,8 +303,11 @@ def client(peer: str, store: Path, work: Path, signer: str, versions: int, devic
     from pulse_node.net.wire import protocol as wp
     from pulse_node.net.wire.client import WireClient, WireConfig
     from pulse_node.rl.liveweights import LiveWeights
+    from pulse_node.sysmem import return_large_frees
 
     warm_up()
+    if os.environ.get("SYNC1B_HEAP") != "1":  # as a node sets it (daemon/runtime.py)
+        return_large_frees()
     out: dict = {"phases": []}
     with WireClient.start(WireConfig(store=work, listen=[f"/ip4/{LINK.ip_b}/tcp/0"])) as wire:
         wire.fetch(peer, wp.RecordRequest(version=0), work / "warm.rec", timeout=60)  # connection set-up
@@ -307,12 +337,12 @@ def client(peer: str, store: Path, work: Path, signer: str, versions: int, devic
                 live.steps.clear()  # as the role (keep=0) holds no step
                 del changes
                 gc.collect()
-                streamed, pipe = _pipelined(wire, peer, work, v, rec, state, live, base_hash)
+                streamed, pipe = _pipelined(_over_wire(wire, peer, v), work, v, rec, state, live, base_hash)
                 streamed.commit()
                 live.steps.clear()
                 del streamed
             else:  # the pipelined path first, undone, then today's (kept)
-                streamed, pipe = _pipelined(wire, peer, work, v, rec, state, live, base_hash)
+                streamed, pipe = _pipelined(_over_wire(wire, peer, v), work, v, rec, state, live, base_hash)
                 streamed.rollback()
                 del streamed
                 gc.collect()
@@ -329,6 +359,40 @@ def client(peer: str, store: Path, work: Path, signer: str, versions: int, devic
         out["load_avg"] = os.getloadavg()
         out["params"] = sum(t.numel for t in state.values())
     return out
+
+
+def paced(store: Path, versions: int, rates: list[str], *, device: str = "cpu", workers: int = 2) -> dict:
+    """The pipelined path fed by a file written at each rate in this process: what the pipeline
+    alone leaves after the last byte, without a wire worker beside it (no root needed). Each
+    version is streamed once per rate on the same state (undone between rates)."""
+    from pulse_node.chain.store import VersionStore
+    from pulse_node.codec.warmup import warm_up
+    from pulse_node.rl.liveweights import LiveWeights
+    from pulse_node.sysmem import return_large_frees
+
+    warm_up()
+    if os.environ.get("SYNC1B_HEAP") != "1":  # as a node sets it (daemon/runtime.py)
+        return_large_frees()
+    vs = VersionStore(store, readonly=True)
+    state = vs.anchor_state(0)
+    live = LiveWeights(_live_params(state, device), keep=1)
+    live.load(state, 0)
+    rows: dict[str, list[dict]] = {r: [] for r in rates}
+    with tempfile.TemporaryDirectory(prefix="pulse-sync1b-paced-") as tmp:
+        for v in range(1, versions + 1):
+            rec, patch, base_hash = vs.record(v), vs.patch_bytes(v), vs.record(v - 1).state_hash
+            for i, rate in enumerate(rates):
+                gc.collect()
+                streamed, row = _pipelined(_paced_writer(patch, RATES[rate]), Path(tmp), v, rec, state, live,
+                                           base_hash, workers=workers)
+                (Path(tmp) / f"{v}.p.patch").unlink(missing_ok=True)
+                streamed.commit() if i == len(rates) - 1 else streamed.rollback()
+                live.steps.clear()
+                del streamed
+                rows[rate].append(row)
+                print(f"  paced v{v} {rate}: {row}", flush=True)
+    return {rate: {"mean": {k: sum(r[k] for r in rs) / len(rs) for k in rs[0]}, "versions": rs,
+                   "ideal_transfer_s": vs.record(1).patch_bytes / RATES[rate]} for rate, rs in rows.items()}
 
 
 def link(rate: str, store: Path, info: dict, versions: int, device: str = "cpu") -> dict:
@@ -360,6 +424,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="rounds of the side-by-side switch / apply timing")
     ap.add_argument("--serve", nargs=3, metavar=("STORE", "READY", "STOP"))
     ap.add_argument("--device", default="cpu", help="where the live model lives (cpu, cuda)")
+    ap.add_argument("--paced", action="store_true",
+                    help="also the pipelined path fed at each rate in-process (no wire worker, no root)")
+    ap.add_argument("--workers", type=int, default=2, help="decode threads of the paced pipeline")
     ap.add_argument("--client", nargs=6, metavar=("PEER", "STORE", "WORK", "SIGNER", "VERSIONS", "DEVICE"))
     args = ap.parse_args()
     if args.serve:
@@ -386,6 +453,12 @@ def main() -> None:
                     print(f"{size} local: old {loc['mean']['old_total_s']:.3f} s, new {loc['mean']['new_total_s']:.3f} s "
                           f"per version; back {loc['steps_moved']} versions {loc['switch_back_s']:.3f} s = "
                           f"{loc['switch_vs_apply']:.2f}x a verified apply ({loc['apply_verified_s']:.3f} s)", flush=True)
+                pace = paced(store, args.versions, args.rates, device=args.device, workers=args.workers) \
+                    if args.paced else {}
+                for rate, r in pace.items():
+                    print(f"{size} paced {rate}: last byte -> live model {r['mean']['last_byte_to_ready_s']:.3f} s "
+                          f"(transfer {r['mean']['transfer_s']:.3f} s, ideal {r['ideal_transfer_s']:.3f} s; changes "
+                          f"left at the last byte {r['mean']['changes_left_at_last_byte']:.0%})", flush=True)
                 links = {} if args.no_link else {rate: link(rate, store, info, args.versions, args.device)
                                                  for rate in args.rates}
                 for rate, r in links.items():
@@ -398,8 +471,11 @@ def main() -> None:
             report["sizes"][size] = {"params": info["params"], "patch_bytes": info["patch_bytes"],
                                      "bytes_per_change": sum(info["patch_bytes"]) / sum(info["changed"]),
                                      "changed_fraction": sum(info["changed"]) / len(info["changed"]) / info["params"],
-                                     "local": loc, "links": links}
+                                     "local": loc, "links": links, "paced": pace}
             report["overhead_s"][size] = {r: v["mean"]["last_byte_to_ready_s"] for r, v in links.items()}
+            if pace:
+                report.setdefault("overhead_paced_s", {})[size] = {r: v["mean"]["last_byte_to_ready_s"]
+                                                                   for r, v in pace.items()}
             report["peak_rss_per_param"][size] = {r: v["peak_rss_per_param"] for r, v in links.items()}
             report["overhead_pipelined_s"][size] = {r: v["mean"]["pipelined_last_byte_to_ready_s"]
                                                     for r, v in links.items()}

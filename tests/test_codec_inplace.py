@@ -88,20 +88,48 @@ def test_wrong_base_and_read_only_arrays_are_refused_untouched() -> None:
     assert _same(frozen, base)
 
 
-def test_a_kernel_failing_midway_restores_its_tensor(monkeypatch) -> None:
-    import pulse_node.codec.inplace as inplace
+def test_a_kernel_failing_midway_restores_its_tensor() -> None:
+    """The value kernel writes as it decodes; a stream that ends halfway (``TRUNCATED`` after
+    thousands of writes) leaves the tensor's bits exactly as they were, and the old and new
+    bits it kept are those of the elements it reached."""
+    from pulse_node.codec.models import PatchModels
+    from pulse_node.codec.patch import _decode_deltas, _decode_positions, _split_stream, parse_patch
 
+    rng = np.random.default_rng(7)
+    bits = rng.integers(0, 1 << 16, 1 << 16, dtype=np.uint16)
+    base = {"w": TensorBits("BF16", (1 << 16,), bits)}
+    new = {"w": TensorBits("BF16", (1 << 16,), mutate("BF16", bits, 0.3, rng))}
+    parsed = parse_patch(make_patch(base, new))
+    entry = parsed.header.tensors[0]
+    models = PatchModels({(t.coding, t.dtype, t.label): t.counts for t in parsed.header.tables})
+    payload = memoryview(parsed.data)[parsed.start:]
+    pos_blob, words, raw = _split_stream(payload[entry.offset:entry.offset + entry.length], "w")
+    idx = _decode_positions(entry, base["w"].bits, pos_blob)
+    assert len(raw) > 64
+    cut = raw[: len(raw) // 2]
+    part_written = base["w"].bits.copy()  # without the undo arrays (a copy being decoded): part-written
+    with pytest.raises(PatchError, match="truncated"):
+        _decode_deltas(entry, idx, words, cut, models, part_written)
+    assert (part_written != base["w"].bits).sum() > 1000  # it failed midway, after many writes
+    target = base["w"].bits.copy()
+    old, got = np.zeros(idx.size, np.uint16), np.zeros(idx.size, np.uint16)
+    with pytest.raises(PatchError, match="truncated"):
+        _decode_deltas(entry, idx, words, cut, models, target, old=old, new=got)
+    assert np.array_equal(target, base["w"].bits)
+    reached = got != 0
+    assert np.array_equal(old[reached], bits[idx[reached]]) and np.array_equal(got[reached], new["w"].bits[idx[reached]])
+    with pytest.raises(PatchError, match="trailing"):  # a stream with bytes left over is undone too
+        _decode_deltas(entry, idx, words, raw + b"\x00" * 8, models, target, old=old, new=got)
+    assert np.array_equal(target, base["w"].bits)
+
+
+def test_a_corrupt_value_stream_leaves_the_state_as_it_was() -> None:
     base, new = mixed_pair(3, tensors=4)
-    patch = make_patch(base, new)
-
-    def half_then_fail(entry, idx, words, raw, models, bits):  # writes garbage, then reports corruption
-        bits[idx[: idx.size // 2]] ^= 0x1234
-        raise PatchError("value stream: symbol outside its model")
-
-    monkeypatch.setattr(inplace, "_decode_deltas", half_then_fail)
+    raw = bytearray(make_patch(base, new))
+    raw[len(raw) // 2: len(raw) // 2 + 64] = bytes(64)  # the middle of some tensor's streams
     state = copy_state(base)
-    with pytest.raises(PatchError, match="outside its model"):
-        apply_patch_inplace(state, patch)
+    with pytest.raises((PatchError, IntegrityError)):
+        apply_patch_inplace(state, bytes(raw), verify=False)
     assert _same(state, base)
 
 

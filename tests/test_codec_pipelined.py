@@ -16,7 +16,7 @@ from pulse_node.codec.header import unpack_header
 from pulse_node.codec.inplace import TensorChange, apply_patch_inplace
 from pulse_node.codec.patch import make_patch
 from pulse_node.codec.pipelined import Expected, GrowingBuffer, StateHasher, apply_streaming
-from pulse_node.codec.state import State
+from pulse_node.codec.state import State, TensorBits
 from pulse_node.codec.statehash import state_hash
 from pulse_node.errors import BaseMismatchError, IntegrityError, PatchError, PeerUnavailable, PulseError
 
@@ -24,11 +24,13 @@ FAST = settings(max_examples=40, deadline=None, suppress_health_check=[HealthChe
 
 
 class DictSink:
-    """A stand-in live model: arrays written tensor by tensor (and back)."""
+    """A stand-in live model: arrays written tensor by tensor (and back); ``direct``: the decoder
+    writes them itself, in its own pass (``words``), as it does a CPU live model's parameters."""
 
-    def __init__(self, state: State) -> None:
+    def __init__(self, state: State, *, direct: bool = False) -> None:
         self.arrays = {k: t.bits.copy() for k, t in state.items()}
         self.writes = 0
+        self.direct = direct
 
     def write(self, name: str, change: TensorChange, dtype: str) -> None:
         self.arrays[name][change.idx] = change.new
@@ -36,6 +38,12 @@ class DictSink:
 
     def undo(self, name: str, change: TensorChange, dtype: str) -> None:
         self.arrays[name][change.idx] = change.old
+
+    def words(self, name: str, tb: TensorBits) -> tuple[np.ndarray, int] | None:
+        if not self.direct:
+            return None
+        self.writes += 1
+        return self.arrays[name], 0
 
     def holds(self, state: State) -> bool:
         return all(np.array_equal(self.arrays[k], t.bits) for k, t in state.items())
@@ -73,13 +81,13 @@ def test_the_state_hash_fed_tensor_by_tensor_is_the_state_hash(pair) -> None:
 
 @FAST
 @given(state_pairs(), st.lists(st.integers(1, 700), min_size=1, max_size=5), st.sampled_from([1, 2, 3]),
-       st.sampled_from(["compact", "overwrite"]))
-def test_streamed_apply_equals_the_whole_apply_bit_for_bit(pair, chunks, workers, mode) -> None:
+       st.sampled_from(["compact", "overwrite"]), st.booleans())
+def test_streamed_apply_equals_the_whole_apply_bit_for_bit(pair, chunks, workers, mode, direct) -> None:
     base, new = pair
     patch = make_patch(base, new, mode=mode)
     whole = copy_state(base)
     ref = apply_patch_inplace(whole, patch)
-    state, sink = copy_state(base), DictSink(base)
+    state, sink = copy_state(base), DictSink(base, direct=direct)
     arrays = {k: t.bits for k, t in state.items()}
     changes, _, _ = apply_streaming(state, _feed(patch, chunks), _expected(base, new, patch), sink=sink, workers=workers)
     assert states_equal(state, whole) and states_equal(state, new) and sink.holds(new)
@@ -98,8 +106,8 @@ def _sections(patch: bytes) -> list[tuple[int, int]]:
 
 
 @FAST
-@given(st.integers(0, 2**32 - 1), st.sampled_from(["flip", "garbage", "zeros", "swap"]))
-def test_hostile_sections_leave_state_and_sink_at_the_base(seed, how) -> None:
+@given(st.integers(0, 2**32 - 1), st.sampled_from(["flip", "garbage", "zeros", "swap"]), st.booleans())
+def test_hostile_sections_leave_state_and_sink_at_the_base(seed, how, direct) -> None:
     """Bytes a peer changed in any section: refused (a decode error, or the digest), state and sink
     exactly the base; nothing but a PulseError comes out."""
     rng = np.random.default_rng(seed)
@@ -120,28 +128,30 @@ def test_hostile_sections_leave_state_and_sink_at_the_base(seed, how) -> None:
         forged[a:a + n], forged[b:b + n] = patch[b:b + n], patch[a:a + n]
     if bytes(forged) == patch:
         return
-    state, sink = copy_state(base), DictSink(base)
+    state, sink = copy_state(base), DictSink(base, direct=direct)
     with pytest.raises(PulseError):
         apply_streaming(state, _feed(bytes(forged), [97, 4096]), _expected(base, new, patch), sink=sink)
     assert states_equal(state, base) and sink.holds(base)
 
 
-def test_a_forged_patch_whose_digest_is_signed_but_result_differs_is_undone() -> None:
+@pytest.mark.parametrize("direct", [False, True])
+def test_a_forged_patch_whose_digest_is_signed_but_result_differs_is_undone(direct: bool) -> None:
     base, new = mixed_pair(1, tensors=5)
     other = copy_state(new)
     other["w3"].bits[5] ^= 1
     forged = make_patch(base, other, new_hash=state_hash(new))  # names the signed result, decodes to another
-    state, sink = copy_state(base), DictSink(base)
+    state, sink = copy_state(base), DictSink(base, direct=direct)
     expected = Expected(state_hash(base), state_hash(new), hashlib.sha256(forged).hexdigest())
     with pytest.raises(IntegrityError, match="result hash"):
         apply_streaming(state, _feed(forged, [333]), expected, sink=sink)
     assert states_equal(state, base) and sink.holds(base) and sink.writes > 0  # written, then undone
 
 
-def test_a_wrong_final_digest_undoes_everything() -> None:
+@pytest.mark.parametrize("direct", [False, True])
+def test_a_wrong_final_digest_undoes_everything(direct: bool) -> None:
     base, new = mixed_pair(2, tensors=5)
     patch = make_patch(base, new)
-    state, sink = copy_state(base), DictSink(base)
+    state, sink = copy_state(base), DictSink(base, direct=direct)
     wrong = Expected(state_hash(base), state_hash(new), "00" * 32)
     with pytest.raises(IntegrityError, match="signed digest"):
         apply_streaming(state, _feed(patch, [1000]), wrong, sink=sink)
@@ -166,11 +176,12 @@ def test_header_checks_refuse_before_any_write() -> None:
     assert states_equal(state, base)
 
 
-def test_a_patch_that_stops_growing_times_out_and_leaves_the_base() -> None:
+@pytest.mark.parametrize("direct", [False, True])
+def test_a_patch_that_stops_growing_times_out_and_leaves_the_base(direct: bool) -> None:
     base, new = mixed_pair(4, tensors=5)
     patch = make_patch(base, new)
     at, length = _sections(patch)[-1]
-    state, sink = copy_state(base), DictSink(base)
+    state, sink = copy_state(base), DictSink(base, direct=direct)
     buf = _feed(patch, [512], stop_at=at + length // 2, stall_s=0.3)
     with pytest.raises(PeerUnavailable, match="stopped"):
         apply_streaming(state, buf, _expected(base, new, patch), sink=sink)

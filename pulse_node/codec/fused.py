@@ -24,6 +24,8 @@ from pulse_node.codec import rans
 from pulse_node.errors import PatchError
 
 TRUNCATED, BAD_SYMBOL, OUT_OF_RANGE = K.TRUNCATED, K.BAD_SYMBOL, -3
+#: a live parameter's words (flat, unsigned, writable) and the left shift of the stored bits in them
+LiveWords = tuple[np.ndarray, int]
 
 
 def _load(buf: np.ndarray, pos: int, w: int) -> np.int64:
@@ -70,30 +72,58 @@ def _ranks(words: np.ndarray, p: int, x0: np.uint64, x1: np.uint64, t: int, coun
 def _deltas(words: np.ndarray, p: int, x0: np.uint64, x1: np.uint64, t: int, label_row: np.ndarray,
             slots: np.ndarray, freq: np.ndarray, cum: np.ndarray, raw: np.ndarray, rpos: int, rbits: int,
             low: np.ndarray, nextra: np.ndarray, idx: np.ndarray, bits: np.ndarray, kind: int, width: int,
-            mant: int, emask: int) -> tuple[int, np.uint64, np.uint64, int]:
-    """Move ``bits[idx[i]]`` by its decoded key delta, the model picked by the base exponent."""
+            mant: int, emask: int, old: np.ndarray, new: np.ndarray, live: np.ndarray,
+            shift: int) -> tuple[int, np.uint64, np.uint64, int]:
+    """Move ``bits[idx[i]]`` by its decoded key delta, the model picked by the base exponent.
+
+    With ``old`` and ``new`` as long as ``idx``, each element's bits before and after are kept
+    there as it is written (the undo log, without gathering twice), ``live`` (when not empty:
+    the words of a parameter holding the same tensor) gets ``new << shift`` at the same
+    position, and a failing stream puts back what it had written before returning its status."""
     mask = (np.int64(1) << width) - 1
     sign = np.int64(1) << (width - 1)
+    keep = old.size == idx.size and new.size == idx.size
+    to_live = keep and live.size > 0
+    status = 0
+    done = 0
     xa, xb = (x1, x0) if t else (x0, x1)
     for i in range(idx.size):
         j = idx[i]
         b = np.int64(bits[j])
         m = label_row[(b >> mant) & emask]
         if m < 0:
-            return BAD_SYMBOL, x0, x1, rpos
+            status = BAD_SYMBOL
+            break
         s, p, xa = step_row(words, p, xa, m, slots, freq, cum)
         if p < 0:
-            return p, x0, x1, rpos
+            status = p
+            break
         if s >= low.size:  # the bin lookup of _ranks, inline on purpose (a helper measured 5-7x slower)
-            return BAD_SYMBOL, x0, x1, rpos
+            status = BAD_SYMBOL
+            break
         w = nextra[s]
         if rpos + w > rbits:
-            return TRUNCATED, x0, x1, rpos
+            status = TRUNCATED
+            break
         zig = low[s] + peek(raw, rpos, w) + 1
         rpos += w
         d = (zig >> 1) ^ -(zig & 1)  # un-zigzag, branch-free
-        bits[j] = unkey((key(b, kind, sign, mask) + d) & mask, kind, sign, mask)
+        after = unkey((key(b, kind, sign, mask) + d) & mask, kind, sign, mask)
+        bits[j] = after
+        if keep:
+            old[i] = b
+            new[i] = after
+            if to_live:
+                live[j] = after << shift
+        done = i + 1
         xa, xb = xb, xa
+    if status < 0:
+        if keep:
+            for i in range(done):
+                bits[idx[i]] = old[i]
+                if to_live:
+                    live[idx[i]] = np.int64(old[i]) << shift
+        return status, x0, x1, rpos
     p, x0, x1 = unswap(t, idx.size, xa, xb, p)
     return p, x0, x1, rpos
 
@@ -164,16 +194,33 @@ def decode_ranks(dec: rans.Decoder, raw: RawBits, count: int, model: rans.Model,
 
 def decode_deltas_into(dec: rans.Decoder, raw: RawBits, label_row: np.ndarray, models: rans.ModelStack,
                        idx: np.ndarray, bits: np.ndarray, kind: int, mant: int, emask: int,
-                       low: np.ndarray, nextra: np.ndarray) -> None:
-    """Apply the value stream to ``bits`` (the caller's copy) at the sorted unique ``idx``."""
+                       low: np.ndarray, nextra: np.ndarray, *, old: np.ndarray | None = None,
+                       new: np.ndarray | None = None, live: LiveWords | None = None) -> None:
+    """Apply the value stream to ``bits`` at the sorted unique ``idx``. ``old`` / ``new`` (arrays
+    of ``bits``' dtype, as long as ``idx``): filled with each element's bits before and after,
+    and on a corrupt stream ``bits`` is left as it was (without them it is left part-written,
+    for callers that decode into a copy). ``live`` (with ``old`` / ``new``): a parameter's words
+    written with the new bits in the same pass, and restored with ``bits``."""
+    none = np.empty(0, bits.dtype)
+    old, new = (none, none) if old is None or new is None else (old, new)
+    words, shift = live if live is not None else (np.empty(0, np.uint32), 0)
     p, x0, x1 = dec.cursor
     p, x0, x1, rpos = deltas_kernel(dec.words, p, x0, x1, dec.parity, label_row, models.slots, models.freq,
                                     models.cum, raw.buf, raw.pos, raw.nbits, low, nextra, idx, bits, kind,
-                                    8 * bits.itemsize, mant, emask)
+                                    8 * bits.itemsize, mant, emask, old, new, words, shift)
     _check(int(p), "value stream")
     dec.advance(idx.size, p, x0, x1)
     raw.pos = int(rpos)
 
+
+
+def write_live(live: LiveWords, idx: np.ndarray, bits: np.ndarray) -> None:
+    """``words[idx] = bits << shift``: stored bits into a live parameter's words."""
+    words, shift = live
+    if K.AVAILABLE:
+        K.scatter_shifted(words, idx, bits, shift)
+    else:
+        words[idx] = (bits.astype(words.dtype) << shift) if shift else bits
 
 
 def decode_planes_into(dec: rans.Decoder, models: rans.ModelStack, idx: np.ndarray, bits: np.ndarray) -> None:

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pulse_node.codec import values as V
+from pulse_node.codec.fused import LiveWords, write_live
 from pulse_node.codec.header import PatchHeader, TensorEntry
 from pulse_node.codec.models import PatchModels
 from pulse_node.codec.patch import (
@@ -108,20 +109,26 @@ def _index_dtype(numel: int) -> np.dtype:
     return np.dtype(np.uint32) if numel <= 1 << 32 else np.dtype(np.int64)
 
 
-def _patch_tensor(entry: TensorEntry, tb: TensorBits, payload: memoryview, models: PatchModels) -> TensorChange:
-    """Decode one tensor's changes into ``tb.bits``; on failure its old bits are restored."""
+def _patch_tensor(entry: TensorEntry, tb: TensorBits, payload: memoryview, models: PatchModels,
+                  live: LiveWords | None = None) -> TensorChange:
+    """Decode one tensor's changes into ``tb.bits`` (and into ``live``, a parameter's words
+    holding the same bits, when given); on failure both are as they were."""
     pos_blob, words, raw = _split_stream(payload[entry.offset:entry.offset + entry.length], entry.name)
     idx = _decode_positions(entry, tb.bits, pos_blob)  # the context is the base: before any write
+    if entry.value_coding != V.PLANES:  # the kernel keeps the old and new bits as it writes (and undoes)
+        old, new = np.empty(idx.size, tb.bits.dtype), np.empty(idx.size, tb.bits.dtype)
+        _decode_deltas(entry, idx, words, raw, models, tb.bits, old=old, new=new, live=live)
+        return TensorChange(idx.astype(_index_dtype(tb.numel)), old, new)
     old = tb.bits[idx]
     try:
-        if entry.value_coding == V.PLANES:
-            _decode_planes(entry, idx, words, models, tb.bits)
-        else:
-            _decode_deltas(entry, idx, words, raw, models, tb.bits)
+        _decode_planes(entry, idx, words, models, tb.bits)
     except BaseException:
         tb.bits[idx] = old
         raise
-    return TensorChange(idx.astype(_index_dtype(tb.numel)), old, tb.bits[idx])
+    change = TensorChange(idx.astype(_index_dtype(tb.numel)), old, tb.bits[idx])
+    if live is not None:
+        write_live(live, change.idx, change.new)
+    return change
 
 
 def _owned(state: Mapping[str, TensorBits], header: PatchHeader) -> None:

@@ -210,6 +210,13 @@ def _differ(have: np.ndarray, want: np.ndarray, shift: int, lo: int, out: np.nda
     return k
 
 
+def _scatter_shifted(dst: np.ndarray, idx: np.ndarray, bits: np.ndarray, shift: int) -> None:
+    """``dst[idx[i]] = bits[i] << shift``: stored bits into a (wider) parameter's words in one
+    pass, without the upcast temporary and the int64 positions numpy's fancy assignment makes."""
+    for i in range(idx.size):
+        dst[idx[i]] = np.int64(bits[i]) << shift
+
+
 _take_bits = jit_or_python(_take_bits, inline=True)
 _key = jit_or_python(_key, inline=True)
 _unkey = jit_or_python(_unkey, inline=True)
@@ -224,3 +231,4 @@ members_below = _jit(_members_below)
 background_positions = _jit(_background_positions)
 locate = _jit(_locate)
 differ = _jit(_differ)
+scatter_shifted = _jit(_scatter_shifted)

@@ -39,7 +39,7 @@ import numpy as np
 from pulse_node.codec import values as V
 from pulse_node.codec.context import choose_threshold, position_classes, supports_context
 from pulse_node.codec.entropy import MAX_BINS, AnsDecoder, BitWriter, ans_encode, bin_bounds
-from pulse_node.codec.fused import RawBits, decode_deltas_into, decode_planes_into
+from pulse_node.codec.fused import LiveWords, RawBits, decode_deltas_into, decode_planes_into, write_live
 from pulse_node.codec.header import (
     FORMAT_VERSION,
     MODES,
@@ -284,15 +284,22 @@ def _decode_planes(entry: TensorEntry, idx: np.ndarray, words: bytes, models: Pa
 
 
 def _decode_deltas(entry: TensorEntry, idx: np.ndarray, words: bytes, raw_bytes: bytes, models: PatchModels,
-                   bits: np.ndarray) -> None:
+                   bits: np.ndarray, *, old: np.ndarray | None = None, new: np.ndarray | None = None,
+                   live: LiveWords | None = None) -> None:
+    """The value stream into ``bits`` at ``idx`` (``old`` / ``new`` / ``live``: see ``decode_deltas_into``)."""
     if bits.itemsize == 8:
         raise PatchError(f"tensor {entry.name!r}: delta coding is not defined for 8-byte dtypes")
     label_row, stack = models.delta_stack(entry.dtype, entry.name)
     dec, raw = AnsDecoder(words), RawBits(raw_bytes)
     low, nextra = bin_bounds(MAX_BINS)
     kind, mant, emask = V.label_layout(entry.dtype)
-    decode_deltas_into(dec, raw, label_row, stack, idx, bits, V.kind_of(entry.dtype), mant, emask, low, nextra)
+    decode_deltas_into(dec, raw, label_row, stack, idx, bits, V.kind_of(entry.dtype), mant, emask, low, nextra,
+                       old=old, new=new, live=live)
     if not dec.is_empty() or raw.remaining_bytes() > 0:
+        if old is not None:
+            bits[idx] = old
+            if live is not None and new is not None:
+                write_live(live, idx, old)
         raise PatchError(f"tensor {entry.name!r}: value stream has trailing data")
 
 

@@ -37,6 +37,7 @@ from typing import Protocol
 import blake3
 import numpy as np
 
+from pulse_node.codec.fused import LiveWords
 from pulse_node.codec.header import MAGIC, MAX_HEADER_BYTES, PatchHeader, TensorEntry, unpack_header
 from pulse_node.codec.inplace import Changes, TensorChange, _owned, _patch_tensor
 from pulse_node.codec.models import PatchModels
@@ -77,6 +78,11 @@ class TensorSink(Protocol):
     def write(self, name: str, change: TensorChange, dtype: str) -> None: ...
 
     def undo(self, name: str, change: TensorChange, dtype: str) -> None: ...
+
+    def words(self, name: str, tb: TensorBits) -> LiveWords | None:
+        """Words the decoder may write ``tb``'s new bits into itself, in its own pass (then
+        ``write`` is not called for that tensor; ``undo`` still is); None: ``write`` after."""
+        ...
 
 
 class StateHasher:
@@ -149,14 +155,16 @@ class _Run:
 
     def decode(self, entry: TensorEntry, payload: memoryview) -> TensorChange:
         tb = self.state[entry.name]
-        change = _patch_tensor(entry, tb, payload, self.models)
+        direct = self.sink.words(entry.name, tb) if self.sink is not None else None
+        change = _patch_tensor(entry, tb, payload, self.models, live=direct)  # a failure undoes both
         with self.lock:
             self.done[entry.name] = change
+            if self.sink is not None:
+                self.sunk.append(entry.name)  # before a write: a failing write is undone too
             if self.trace is not None:
                 self.trace.append(("decoded", entry.name, time.monotonic()))
-        if self.sink is not None:
+        if self.sink is not None and direct is None:
             with self.lock:
-                self.sunk.append(entry.name)  # before the write: a failing write is undone too
                 self.sink_jobs.append(self.sink_pool.submit(self.sink.write, entry.name, change, tb.dtype))
         return change
 

@@ -76,6 +76,8 @@ def _warm_kernels() -> None:
         K.members_below(bits, 1, 127, 2, np.empty(5, np.int64), np.empty(5, np.uint8))
     for have, want in ((np.uint32, np.uint16), (np.uint16, np.uint16), (np.uint32, np.uint32)):
         K.differ(np.arange(4, dtype=have), np.arange(4, dtype=want), 0, 0, np.empty(5, np.int64))
+        for at in (np.uint32, np.int64):  # live-model writes: positions as changes keep them
+            K.scatter_shifted(np.zeros(4, have), np.arange(4, dtype=at), np.arange(4, dtype=want), 0)
 
 
 def _warm_codec_round_trips() -> None:

@@ -84,12 +84,15 @@ def _status_writer(ctx: RoleContext, path: Path, every_s: float, worker_died: th
 
 
 def _warm_codec() -> threading.Thread:
-    """Load the codec's compiled kernels in the background while the role starts up.
+    """Load the codec's compiled kernels in the background while the role starts up, and set
+    the process's memory policy for the per-version arrays (``sysmem``).
 
     A stale on-disk cache is cleared here, before the role can load any kernel from it.
     """
     from pulse_node.codec.warmup import clear_stale_cache, warm_up
+    from pulse_node.sysmem import return_large_frees
 
+    return_large_frees()
     clear_stale_cache()
     t = threading.Thread(target=warm_up, name="codec-warm-up", daemon=True)
     t.start()

@@ -30,10 +30,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pulse_node.chain.record import VersionRecord
+from pulse_node.codec.fused import LiveWords
 from pulse_node.codec.inplace import Changes, TensorChange
 from pulse_node.codec.patch import ParsedPatch
 from pulse_node.codec.pipelined import Expected, GrowingBuffer, apply_streaming
-from pulse_node.codec.state import State
+from pulse_node.codec.state import State, TensorBits
 from pulse_node.errors import IntegrityError, PatchError, PeerUnavailable, PulseError
 from pulse_node.fsutil import temp_paths_of
 
@@ -65,6 +66,9 @@ class LiveSink:
 
     def undo(self, name: str, change: TensorChange, dtype: str) -> None:
         self.live.write(name, change, dtype, forward=False)
+
+    def words(self, name: str, tb: TensorBits) -> LiveWords | None:
+        return self.live.words(name, tb)
 
 
 @dataclass

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from pulse_node.codec import kernels as K
+from pulse_node.codec.fused import LiveWords, write_live
 from pulse_node.codec.inplace import Changes, Move, TensorChange
 from pulse_node.codec.state import State, TensorBits
 from pulse_node.torchbits import load_state
@@ -76,13 +77,18 @@ def _cpu_bits(param: torch.Tensor) -> np.ndarray:
         np.dtype(f"<u{param.element_size()}"))
 
 
+def _cpu_words(param: torch.Tensor, itemsize: int) -> LiveWords:
+    """A CPU parameter's words and the shift that puts stored bits of ``itemsize`` bytes in them."""
+    dst = _cpu_bits(param)
+    return dst, 16 if dst.itemsize == 4 and itemsize == 2 else 0  # the BF16 -> FP32 upcast
+
+
 def _scatter(param: torch.Tensor, idx: np.ndarray, bits: np.ndarray, dtype: str) -> None:
     """``param[idx] = bits`` (as values of ``dtype``, upcast where the parameter is wider)."""
     if not idx.size:
         return
-    if param.device.type == "cpu" and NUMPY_ON_CPU:  # numpy: no int64 copy of the positions
-        dst = _cpu_bits(param)
-        dst[idx] = (bits.astype(np.uint32) << 16) if dst.itemsize == 4 and bits.itemsize == 2 else bits
+    if param.device.type == "cpu" and NUMPY_ON_CPU:  # in place through numpy: no int64 copy of the positions
+        write_live(_cpu_words(param, bits.itemsize), idx, bits)
         return
     where = torch.from_numpy(idx.astype(np.int64, copy=False)).to(param.device)
     param.view(-1).index_copy_(0, where, _to_param(bits, dtype, param))
@@ -204,6 +210,14 @@ class LiveWeights:
         ends with ``advance(..., written=True)`` or writes the old bits back."""
         with torch.no_grad():
             _scatter(self.params[name], change.idx, change.new if forward else change.old, dtype)
+
+    def words(self, name: str, tb: TensorBits) -> LiveWords | None:
+        """Where a decoder may write ``tb``'s bits into this parameter itself, as it decodes
+        (a CPU parameter holding that dtype exactly); None: use ``write``."""
+        param = self.params.get(name)
+        if param is None or param.device.type != "cpu" or not NUMPY_ON_CPU or not _exact(param, tb):
+            return None
+        return _cpu_words(param, tb.bits.itemsize)
 
     def move_to(self, version: int, state: State | None = None) -> bool:
         """Move along kept steps to ``version`` (of ``state``, if named); False if no path."""
