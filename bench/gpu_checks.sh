@@ -64,3 +64,4 @@ want paced && part paced_all 90 python3 bench/sync_1b.py --sizes 1b --versions 4
 want real_scale && part real_scale 240 python3 bench/real_scale.py --full --device cuda
 want real_scale_wide && part real_scale_wide 240 python3 bench/real_scale.py --full --device cuda --rows 32 --repeats 1
 want cross && part cross 100 python3 bench/rollout_honest.py --parts cuda --batches 1 --grpo-steps 20 --long 256
+true  # a part left out is not a failure
