@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 PKG = Path(__file__).resolve().parents[1] / "pulse_node"
-SHARED = {"errors", "vocab", "fsutil", "signals", "configload", "__version__"}
+SHARED = {"errors", "vocab", "fsutil", "signals", "sysmem", "configload", "__version__"}
 ABOVE_NET = SHARED | {"codec", "chain", "torchbits", "rl", "loco", "net", "config"}
 #: folder (or top-level module) -> what it may import; mirrors the house table of docs/ARCHITECTURE.md
 ALLOWED: dict[str, set[str]] = {
