@@ -260,3 +260,19 @@ def test_newcomers_draw_requests_from_one_bucket() -> None:
         except Refused as exc:
             assert exc.reason == "rate"
     assert opened == 5 and all(pools.open("worker").peer == "worker" for _ in range(4))
+
+
+def test_newcomers_are_admitted_before_negotiation_from_their_one_bucket() -> None:
+    """The wire's gate (``StreamGate``) asks ``admit`` before py-libp2p negotiates a stream: a
+    thousand fresh keys get the newcomers' burst together, each refusal counted; members and peers
+    with standing always pass; a newcomer stream admitted there is not charged again in ``open``."""
+    pools, members, refusals, clock = _pools(requests_per_s=1.0, request_burst=5, newcomer_streams=2048,
+                                             other_streams=2048, streams_per_peer=2048)
+    pools.gated = True
+    members.set_standing(["worker"])
+    admitted = [f"sybil-{i}" for i in range(1000) if pools.admit(f"sybil-{i}")]
+    assert admitted == [f"sybil-{i}" for i in range(5)] and refusals.by_reason["rate"] == 995
+    assert all(pools.admit("worker") and pools.admit("m1") for _ in range(50))
+    assert all(pools.open(peer).newcomer for peer in admitted)  # the bucket is empty: charged once, before
+    clock.t += 1.0
+    assert pools.admit("sybil-1000") and not pools.admit("sybil-1001")  # one token a second, for all of them

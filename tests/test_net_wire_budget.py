@@ -134,6 +134,35 @@ def test_a_request_flood_is_refused_by_the_token_bucket_and_counted(tmp_path: Pa
     assert stats.refused["rate"] == outcomes["busy"] and stats.members == 1
 
 
+def test_newcomers_over_their_rate_are_reset_before_negotiation(tmp_path: Path) -> None:
+    """A fresh key's streams beyond the newcomers' bucket are reset by the muxer (no protocol
+    negotiated, no ``busy`` written) and counted; a peer with standing is served meanwhile."""
+    rate, burst = 1.0, 4
+    budget = BudgetConfig(requests_per_s=rate, request_burst=burst)
+    with _trio(tmp_path, budget) as (victim, attacker, honest):
+        addr = victim.info().listen_maddrs[0]
+        victim.set_head(b"a signed head record")
+        victim.set_standing([honest.info().peer_id])  # the attacker is now a newcomer
+        outcomes = {"ok": 0, "busy": 0, "reset": 0}
+        start = time.monotonic()
+        for i in range(40):
+            try:
+                attacker.fetch(addr, wp.RecordRequest(version=None), tmp_path / f"a{i}", timeout=5.0)
+                outcomes["ok"] += 1
+            except PeerBusy:
+                outcomes["busy"] += 1
+            except PeerUnavailable:
+                outcomes["reset"] += 1
+        elapsed = time.monotonic() - start
+        for i in range(burst):  # its own bucket, untouched by the newcomers' flood
+            assert honest.fetch(addr, wp.RecordRequest(version=None), tmp_path / f"h{i}", timeout=5.0).bytes == 20
+        stats = victim.stats()
+    # the bucket's bound; py-libp2p's identify stream on the new connection may take one token
+    assert burst - 1 <= outcomes["ok"] <= burst + rate * elapsed + 1, (outcomes, elapsed)
+    assert outcomes["busy"] == 0 and outcomes["reset"] == 40 - outcomes["ok"], outcomes
+    assert stats.refused["rate"] == outcomes["reset"], (stats.refused, outcomes)
+
+
 def _chain_store(root: Path) -> list:
     from test_chain_synth import adam_like_chain, build_chain, verified
 

@@ -225,6 +225,20 @@ class StreamPools:
         self.other_pool: set[Flow] = set()
         self.by_peer: Counter[str] = Counter()
         self._buckets: OrderedDict[str, TokenBucket] = OrderedDict()
+        #: newcomers' streams were admitted before negotiation (``admit``, the wire's ``StreamGate``)
+        self.gated = False
+
+    def admit(self, peer: str) -> bool:
+        """Before protocol negotiation: a newcomer's stream takes its token from the newcomers'
+        bucket now (refused, and counted, when it is empty); anyone else passes (its bucket is
+        taken in ``open``)."""
+        if not self.members.newcomer(peer):
+            return True
+        if self._bucket(peer, False).take(self.clock()):
+            return True
+        self.refusals.add(peer, BudgetRefusal.RATE, f"newcomers over {self._rate(False):g} streams/s, "
+                                                    "reset before negotiation")
+        return False
 
     def open(self, peer: str) -> Flow:
         """A flow for a new stream from ``peer``, or ``Refused`` (counted) when over its budget."""
@@ -236,11 +250,12 @@ class StreamPools:
             raise
 
     def _open(self, peer: str, member: bool) -> Flow:
-        if not self._bucket(peer, member).take(self.clock()):
+        newcomer = self.members.newcomer(peer)
+        charged = self.gated and newcomer  # its token was taken before negotiation
+        if not charged and not self._bucket(peer, member).take(self.clock()):
             raise Refused(BudgetRefusal.RATE, f"more than {self._rate(member):g} requests/s")
         if not member and self.by_peer[peer] >= self.cfg.streams_per_peer:
             raise Refused(BudgetRefusal.STREAMS_PEER, f"{self.by_peer[peer]} streams open already")
-        newcomer = self.members.newcomer(peer)
         if newcomer and sum(f.newcomer for f in self.other_pool) >= self.cfg.newcomer_streams:
             raise Refused(BudgetRefusal.STREAMS_NEWCOMERS, f"all {self.cfg.newcomer_streams} streams of peers without standing "
                                                "busy")

@@ -69,6 +69,7 @@ from pulse_node.net.wire import anchor_fetch
 from pulse_node.net.wire import protocol as wp
 from pulse_node.net.wire import transfer as wt
 from pulse_node.net.wire.config import WireConfig
+from pulse_node.net.wire.gate import StreamGate
 from pulse_node.vocab import BudgetRefusal, Event, FetchKind, PushKind
 
 log = logging.getLogger("pulse.wire")
@@ -378,11 +379,14 @@ class WireService(Service):
         return await wt.probe(self.dialer, peer, kind, raw, timeout=timeout)
 
 
-def make_host(key_pair: Any, listen: list[multiaddr.Multiaddr], announce: list[multiaddr.Multiaddr]) -> Any:
-    """py-libp2p host: TCP, Noise only (no plaintext/secio fallbacks), yamux."""
+def make_host(key_pair: Any, listen: list[multiaddr.Multiaddr], announce: list[multiaddr.Multiaddr], *,
+              gate: StreamGate | None = None) -> Any:
+    """py-libp2p host: TCP, Noise only (no plaintext/secio fallbacks), yamux; ``gate``: its
+    resource manager (None: py-libp2p's default)."""
     noise = NoiseTransport(key_pair, noise_privkey=create_new_x25519_key_pair().private_key)
     return new_host(key_pair=key_pair, sec_opt={TProtocol(NOISE_PROTOCOL_ID): noise},
-                    muxer_preference="YAMUX", listen_addrs=listen, announce_addrs=announce or None)
+                    muxer_preference="YAMUX", listen_addrs=listen, announce_addrs=announce or None,
+                    resource_manager=gate)
 
 
 @asynccontextmanager
@@ -390,14 +394,15 @@ async def open_service(config: WireConfig) -> AsyncIterator[WireService]:
     """The host listening and serving the store while the process serves the RPC; closed (bounded) after."""
     listen = [multiaddr.Multiaddr(a) for a in config.listen]
     announce = [multiaddr.Multiaddr(a) for a in config.announce]
-    host = make_host(load_key_pair(config.identity), listen, announce)
     counters = wt.Traffic()
     budget, members = config.budget, Members()
     refusals = Refusals(interval=budget.log_interval_s)
+    pools = StreamPools(budget, members, refusals)
+    host = make_host(load_key_pair(config.identity), listen, announce, gate=StreamGate(pools))
     shares = PushShares(budget, members, max_events=config.max_events, max_bytes=config.max_event_bytes)
     events = Inbox(max_events=config.max_events, max_bytes=config.max_event_bytes, shares=shares)
     root = Path(config.store)
-    server = Server(partial(resolve, root), counters=counters, events=events, pools=StreamPools(budget, members, refusals),
+    server = Server(partial(resolve, root), counters=counters, events=events, pools=pools,
                     idle=config.idle_timeout_s, upload_rate=config.max_upload_rate, producer=CatchupProducer(root),
                     catchups=CatchupBudget(budget, members), bulk=BulkBudget(budget, members))
     server.register(host)
