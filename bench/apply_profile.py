@@ -78,14 +78,16 @@ def live_writes(state, entries, payload, models) -> dict:
     from pulse_node.codec.inplace import _patch_tensor
 
     changes = {e.name: _patch_tensor(e, state[e.name], payload, models) for e in entries}
-    words = {n: np.zeros(state[n].numel, np.uint32) for n in changes}
-    out = {}
-    for name, fn in (("numpy", lambda w, c: w.__setitem__(c.idx, c.new.astype(np.uint32) << 16)),
-                     ("compiled", lambda w, c: K.scatter_shifted(w, c.idx, c.new, 16))):
-        t0 = time.perf_counter()
-        for n, c in changes.items():
-            fn(words[n], c)
-        out[name] = time.perf_counter() - t0
+    words = {n: np.ones(state[n].numel, np.uint32) for n in changes}  # pages touched before timing
+    out: dict[str, float] = {}
+    ways = (("numpy", lambda w, c: w.__setitem__(c.idx, c.new.astype(np.uint32) << 16)),
+            ("compiled", lambda w, c: K.scatter_shifted(w, c.idx, c.new, 16)))
+    for _ in range(2):  # alternating, the best of two each
+        for name, fn in ways:
+            t0 = time.perf_counter()
+            for n, c in changes.items():
+                fn(words[n], c)
+            out[name] = min(out.get(name, float("inf")), time.perf_counter() - t0)
     for n, c in changes.items():
         state[n].bits[c.idx] = c.old
     return out
