@@ -109,6 +109,22 @@ def test_a_full_shared_pool_evicts_the_slowest_drip_for_an_honest_push(tmp_path:
     assert refused.get("evicted", 0) >= 1 and refused.get("streams_pool", 0) >= 0, refused
 
 
+def _head_flood(attacker: WireClient, addr: str, tmp: Path, n: int) -> tuple[dict[str, int], float]:
+    """``n`` head-record requests one after another: how many were served, refused with ``busy``
+    (after negotiation) and reset (before it); and the seconds they took."""
+    outcomes = {"ok": 0, "busy": 0, "reset": 0}
+    start = time.monotonic()
+    for i in range(n):
+        try:
+            attacker.fetch(addr, wp.RecordRequest(version=None), tmp / f"a{i}", timeout=5.0)
+            outcomes["ok"] += 1
+        except PeerBusy:
+            outcomes["busy"] += 1
+        except PeerUnavailable:
+            outcomes["reset"] += 1
+    return outcomes, time.monotonic() - start
+
+
 def test_a_request_flood_is_refused_by_the_token_bucket_and_counted(tmp_path: Path) -> None:
     rate, burst = 1.0, 10
     budget = BudgetConfig(requests_per_s=rate, request_burst=burst)
@@ -116,21 +132,14 @@ def test_a_request_flood_is_refused_by_the_token_bucket_and_counted(tmp_path: Pa
         addr = victim.info().listen_maddrs[0]
         victim.set_head(b"a signed head record")
         victim.set_members([honest.info().peer_id])
-        outcomes = {"ok": 0, "busy": 0}
-        start = time.monotonic()
-        for i in range(60):
-            try:
-                attacker.fetch(addr, wp.RecordRequest(version=None), tmp_path / f"a{i}", timeout=5.0)
-                outcomes["ok"] += 1
-            except PeerBusy:
-                outcomes["busy"] += 1
-        elapsed = time.monotonic() - start
+        outcomes, elapsed = _head_flood(attacker, addr, tmp_path, 60)
         for i in range(5):  # the member is served while the attacker is refused
             assert honest.fetch(addr, wp.RecordRequest(version=None), tmp_path / f"h{i}", timeout=5.0).bytes == 20
         stats = victim.stats()
     # the bucket's bound, however slow the machine made the flood: the burst, then `rate` per second
     assert burst <= outcomes["ok"] <= burst + rate * elapsed + 1, (outcomes, elapsed)
     assert outcomes["busy"] >= 60 - (burst + rate * elapsed + 1) and outcomes["busy"] >= 1, (outcomes, elapsed)
+    assert outcomes["reset"] == 0  # not a newcomer (no standing named): refused after negotiation
     assert stats.refused["rate"] == outcomes["busy"] and stats.members == 1
 
 
@@ -143,17 +152,7 @@ def test_newcomers_over_their_rate_are_reset_before_negotiation(tmp_path: Path) 
         addr = victim.info().listen_maddrs[0]
         victim.set_head(b"a signed head record")
         victim.set_standing([honest.info().peer_id])  # the attacker is now a newcomer
-        outcomes = {"ok": 0, "busy": 0, "reset": 0}
-        start = time.monotonic()
-        for i in range(40):
-            try:
-                attacker.fetch(addr, wp.RecordRequest(version=None), tmp_path / f"a{i}", timeout=5.0)
-                outcomes["ok"] += 1
-            except PeerBusy:
-                outcomes["busy"] += 1
-            except PeerUnavailable:
-                outcomes["reset"] += 1
-        elapsed = time.monotonic() - start
+        outcomes, elapsed = _head_flood(attacker, addr, tmp_path, 40)
         for i in range(burst):  # its own bucket, untouched by the newcomers' flood
             assert honest.fetch(addr, wp.RecordRequest(version=None), tmp_path / f"h{i}", timeout=5.0).bytes == 20
         stats = victim.stats()
