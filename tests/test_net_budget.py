@@ -276,3 +276,22 @@ def test_newcomers_are_admitted_before_negotiation_from_their_one_bucket() -> No
     assert all(pools.open(peer).newcomer for peer in admitted)  # the bucket is empty: charged once, before
     clock.t += 1.0
     assert pools.admit("sybil-1000") and not pools.admit("sybil-1001")  # one token a second, for all of them
+
+
+def test_a_newcomer_is_refused_before_negotiation_when_its_streams_or_the_newcomers_slots_are_full() -> None:
+    """What ``open`` would refuse on the streams already open is refused in ``admit`` already
+    (a bare reset instead of a negotiated ``busy``), without taking a token; a peer with standing
+    is still answered by ``open``."""
+    pools, members, refusals, _ = _pools(requests_per_s=1000.0, request_burst=1000, newcomer_streams=3,
+                                         streams_per_peer=2, other_streams=64)
+    pools.gated = True
+    members.set_standing(["worker"])
+    held = [pools.open("sybil-a") for _ in range(2) if pools.admit("sybil-a")]
+    assert len(held) == 2 and not pools.admit("sybil-a")  # its own two streams
+    assert refusals.by_reason["streams_peer"] == 1
+    held.append(pools.open("sybil-b") if pools.admit("sybil-b") else None)
+    assert all(held) and not pools.admit("sybil-c")  # all three newcomers' slots busy
+    assert refusals.by_reason["streams_newcomers"] == 1
+    assert pools.admit("worker") and pools.open("worker").peer == "worker"
+    pools.close(held[0])
+    assert pools.admit("sybil-c")  # a slot freed

@@ -229,16 +229,27 @@ class StreamPools:
         self.gated = False
 
     def admit(self, peer: str) -> bool:
-        """Before protocol negotiation: a newcomer's stream takes its token from the newcomers'
-        bucket now (refused, and counted, when it is empty); anyone else passes (its bucket is
-        taken in ``open``)."""
+        """Before protocol negotiation: a newcomer's stream is refused (and counted) when ``open``
+        would refuse it on the streams already open (its own, or all newcomers' slots busy), else
+        takes its token from the newcomers' bucket (refused when it is empty); anyone else
+        passes (its bucket is taken in ``open``, which answers it with a typed ``busy``)."""
         if not self.members.newcomer(peer):
             return True
-        if self._bucket(peer, False).take(self.clock()):
+        refusal = self._streams_refusal(peer, newcomer=True)
+        if refusal is None and self._bucket(peer, False).take(self.clock()):
             return True
-        self.refusals.add(peer, BudgetRefusal.RATE, f"newcomers over {self._rate(False):g} streams/s, "
-                                                    "reset before negotiation")
+        reason, detail = refusal or (BudgetRefusal.RATE, f"newcomers over {self._rate(False):g} streams/s")
+        self.refusals.add(peer, reason, f"{detail}, reset before negotiation")
         return False
+
+    def _streams_refusal(self, peer: str, *, newcomer: bool) -> tuple[BudgetRefusal, str] | None:
+        """Why a new stream of non-member ``peer`` is refused on the streams already open, if it is."""
+        if self.by_peer[peer] >= self.cfg.streams_per_peer:
+            return BudgetRefusal.STREAMS_PEER, f"{self.by_peer[peer]} streams open already"
+        if newcomer and sum(f.newcomer for f in self.other_pool) >= self.cfg.newcomer_streams:
+            return BudgetRefusal.STREAMS_NEWCOMERS, (f"all {self.cfg.newcomer_streams} streams of peers without "
+                                                     "standing busy")
+        return None
 
     def open(self, peer: str) -> Flow:
         """A flow for a new stream from ``peer``, or ``Refused`` (counted) when over its budget."""
@@ -254,11 +265,9 @@ class StreamPools:
         charged = self.gated and newcomer  # its token was taken before negotiation
         if not charged and not self._bucket(peer, member).take(self.clock()):
             raise Refused(BudgetRefusal.RATE, f"more than {self._rate(member):g} requests/s")
-        if not member and self.by_peer[peer] >= self.cfg.streams_per_peer:
-            raise Refused(BudgetRefusal.STREAMS_PEER, f"{self.by_peer[peer]} streams open already")
-        if newcomer and sum(f.newcomer for f in self.other_pool) >= self.cfg.newcomer_streams:
-            raise Refused(BudgetRefusal.STREAMS_NEWCOMERS, f"all {self.cfg.newcomer_streams} streams of peers without standing "
-                                               "busy")
+        refusal = None if member else self._streams_refusal(peer, newcomer=newcomer)
+        if refusal is not None:
+            raise Refused(*refusal)
         if member and len(self.member_pool) < self.cfg.member_streams:
             pool = self.member_pool
         elif len(self.other_pool) < self.cfg.other_streams or self._evict_slowest(peer, newcomer=newcomer):

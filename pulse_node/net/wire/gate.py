@@ -7,10 +7,12 @@ did ``StreamPools.open`` find the newcomers' request bucket empty and write a ``
 resource manager about every inbound stream before negotiating (``acquire_stream``); a refusal
 there is a bare muxer reset. ``StreamGate`` is py-libp2p's own default resource manager (what
 ``new_host`` makes when given none: same limits, same connection guards) with one rule added:
-an inbound stream of a newcomer (no membership, no standing) must first take a token from the
-newcomers' shared request bucket (``StreamPools.admit``), so 1 or 1,000 fresh keys together get
-at most the newcomers' rate of negotiated streams. Members and peers with standing pass
-untouched (their own buckets are taken after negotiation, as before).
+an inbound stream of a newcomer (no membership, no standing) is refused there when the streams
+already open would get it refused after negotiation anyway (its own 4, or the newcomers' shared
+slots), and otherwise must take a token from the newcomers' shared request bucket
+(``StreamPools.admit``), so 1 or 1,000 fresh keys together get at most the newcomers' rate of
+negotiated streams. Members and peers with standing pass untouched (their own buckets are taken
+after negotiation, as before, and a refusal still reaches them as a typed ``busy``).
 """
 
 from __future__ import annotations
