@@ -116,14 +116,13 @@ def hash_order(state, entries, payload, models, chunk: int) -> dict:
             low, nextra = bin_bounds(P.MAX_BINS)
             kind, mant, emask = V.label_layout(e.dtype)
             flat = tb.bits.reshape(-1)
-            args = (label_row, stack)
             t0 = time.perf_counter()
             h = blake3.blake3(max_threads=1)
             cuts = list(np.searchsorted(idx, np.arange(chunk, tb.numel, chunk))) + [idx.size] \
                 if mode == "chunked" else [idx.size]
             s = a = 0
             for k, c in enumerate(cuts):
-                decode_deltas_into(dec, raw, *args, idx[s:c], flat, V.kind_of(e.dtype), mant, emask, low, nextra,
+                decode_deltas_into(dec, raw, label_row, stack, idx[s:c], flat, V.kind_of(e.dtype), mant, emask, low, nextra,
                                    old=old[s:c], new=new[s:c])
                 b = tb.numel if c == idx.size else min(tb.numel, (k + 1) * chunk)
                 h.update(flat[a:b].view(np.uint8).data)

@@ -127,6 +127,19 @@ def _live_params(state, device: str) -> dict:
     return {name: torch.empty(t.shape, dtype=torch.float32, device=device) for name, t in state.items()}
 
 
+def _node_memory() -> None:
+    """The memory policy a node sets at start (``daemon/runtime.py``), unless ``SYNC1B_HEAP=1``."""
+    from pulse_node.sysmem import return_large_frees
+
+    if os.environ.get("SYNC1B_HEAP") != "1":
+        return_large_frees()
+
+
+def _sync_live(live) -> None:
+    """Wait for the writes into ``live``'s parameters (see ``_sync``)."""
+    _sync(str(next(iter(live.params.values())).device))
+
+
 def _sync(device: str) -> None:
     """Wait for the live model's writes (CUDA copies and scatters are asynchronous)."""
     if device.startswith("cuda"):
@@ -227,7 +240,7 @@ def _today(wire, peer: str, work: Path, v: int, rec, state, live, base_hash: str
         raise RuntimeError(f"v{v}: result hash differs from the signed one")
     t5 = time.monotonic()
     live.set(state, v, changes=[(v - 1, v, changes)])
-    _sync(str(next(iter(live.params.values())).device))
+    _sync_live(live)
     t6 = time.monotonic()
     return changes, {"transfer_s": t2 - t1, "digest_s": t3 - t2, "decode_apply_s": t4 - t3, "hash_s": t5 - t4,
                      "live_update_s": t6 - t5, "last_byte_to_ready_s": t6 - t2}
@@ -274,7 +287,7 @@ def _pipelined(fetch_to, work: Path, v: int, rec, state, live, base_hash: str, *
                                                                             target=v,
                                              expected=Expected(base_hash, rec.state_hash, rec.patch_digest),
                                              size=rec.patch_bytes, timeout=600)
-    _sync(str(next(iter(live.params.values())).device))
+    _sync_live(live)
     t_ready = time.monotonic()
     dest.unlink(missing_ok=True)
     assert streamed is not None and streamed.live_written, "the pipelined path fell back"
@@ -303,11 +316,9 @@ def client(peer: str, store: Path, work: Path, signer: str, versions: int, devic
     from pulse_node.net.wire import protocol as wp
     from pulse_node.net.wire.client import WireClient, WireConfig
     from pulse_node.rl.liveweights import LiveWeights
-    from pulse_node.sysmem import return_large_frees
 
     warm_up()
-    if os.environ.get("SYNC1B_HEAP") != "1":  # as a node sets it (daemon/runtime.py)
-        return_large_frees()
+    _node_memory()
     out: dict = {"phases": []}
     with WireClient.start(WireConfig(store=work, listen=[f"/ip4/{LINK.ip_b}/tcp/0"])) as wire:
         wire.fetch(peer, wp.RecordRequest(version=0), work / "warm.rec", timeout=60)  # connection set-up
@@ -368,11 +379,9 @@ def paced(store: Path, versions: int, rates: list[str], *, device: str = "cpu", 
     from pulse_node.chain.store import VersionStore
     from pulse_node.codec.warmup import warm_up
     from pulse_node.rl.liveweights import LiveWeights
-    from pulse_node.sysmem import return_large_frees
 
     warm_up()
-    if os.environ.get("SYNC1B_HEAP") != "1":  # as a node sets it (daemon/runtime.py)
-        return_large_frees()
+    _node_memory()
     vs = VersionStore(store, readonly=True)
     state = vs.anchor_state(0)
     live = LiveWeights(_live_params(state, device), keep=1)

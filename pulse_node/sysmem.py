@@ -14,7 +14,6 @@ mapping: freed at once, for the price of faulting its pages in again on the next
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import logging
 
 log = logging.getLogger(__name__)
@@ -27,10 +26,8 @@ MMAP_THRESHOLD = 1 << 20
 
 def return_large_frees(threshold: int = MMAP_THRESHOLD) -> bool:
     """Make allocations of ``threshold`` bytes or more mapped on their own (glibc only); True if set."""
-    name = ctypes.util.find_library("c")
-    try:
-        libc = ctypes.CDLL(name or "libc.so.6")
-        ok = bool(libc.mallopt(_M_MMAP_THRESHOLD, int(threshold)))
+    try:  # the process's own symbols: libc is loaded already (no library search at start-up)
+        ok = bool(ctypes.CDLL(None).mallopt(_M_MMAP_THRESHOLD, int(threshold)))
     except (OSError, AttributeError):  # not glibc (musl, macOS): their allocators keep their own policy
         return False
     if not ok:

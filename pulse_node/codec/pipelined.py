@@ -161,11 +161,10 @@ class _Run:
             self.done[entry.name] = change
             if self.sink is not None:
                 self.sunk.append(entry.name)  # before a write: a failing write is undone too
+                if direct is None:
+                    self.sink_jobs.append(self.sink_pool.submit(self.sink.write, entry.name, change, tb.dtype))
             if self.trace is not None:
                 self.trace.append(("decoded", entry.name, time.monotonic()))
-        if self.sink is not None and direct is None:
-            with self.lock:
-                self.sink_jobs.append(self.sink_pool.submit(self.sink.write, entry.name, change, tb.dtype))
         return change
 
     def submit(self, entry: TensorEntry, payload: memoryview) -> None:

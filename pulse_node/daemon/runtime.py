@@ -23,6 +23,7 @@ from pulse_node.daemon.context import RoleContext
 from pulse_node.daemon.status import NodeStatus, StatusServer
 from pulse_node.daemon.transport import Transport
 from pulse_node.signals import stop_on_signals
+from pulse_node.sysmem import return_large_frees
 
 TransportFactory = Callable[[RoleConfig, Identity, Path], Transport]
 
@@ -84,15 +85,12 @@ def _status_writer(ctx: RoleContext, path: Path, every_s: float, worker_died: th
 
 
 def _warm_codec() -> threading.Thread:
-    """Load the codec's compiled kernels in the background while the role starts up, and set
-    the process's memory policy for the per-version arrays (``sysmem``).
+    """Load the codec's compiled kernels in the background while the role starts up.
 
     A stale on-disk cache is cleared here, before the role can load any kernel from it.
     """
     from pulse_node.codec.warmup import clear_stale_cache, warm_up
-    from pulse_node.sysmem import return_large_frees
 
-    return_large_frees()
     clear_stale_cache()
     t = threading.Thread(target=warm_up, name="codec-warm-up", daemon=True)
     t.start()
@@ -129,6 +127,7 @@ def run_node(cfg: RoleConfig, make_transport: TransportFactory, *, make_role: Ro
             stop_on_signals(stop)
         status.write(data / "status.json")
         _status_writer(ctx, data / "status.json", 0.5, worker_died)
+        return_large_frees()  # the per-version arrays go back to the OS when freed (``sysmem``)
         _warm_codec()
         role = make_role(ctx)
         try:

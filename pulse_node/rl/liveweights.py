@@ -77,6 +77,11 @@ def _cpu_bits(param: torch.Tensor) -> np.ndarray:
         np.dtype(f"<u{param.element_size()}"))
 
 
+def _numpy_writable(param: torch.Tensor) -> bool:
+    """Whether ``param`` is written in place through numpy (a CPU parameter)."""
+    return param.device.type == "cpu" and NUMPY_ON_CPU
+
+
 def _cpu_words(param: torch.Tensor, itemsize: int) -> LiveWords:
     """A CPU parameter's words and the shift that puts stored bits of ``itemsize`` bytes in them."""
     dst = _cpu_bits(param)
@@ -87,7 +92,7 @@ def _scatter(param: torch.Tensor, idx: np.ndarray, bits: np.ndarray, dtype: str)
     """``param[idx] = bits`` (as values of ``dtype``, upcast where the parameter is wider)."""
     if not idx.size:
         return
-    if param.device.type == "cpu" and NUMPY_ON_CPU:  # in place through numpy: no int64 copy of the positions
+    if _numpy_writable(param):  # in place: no int64 copy of the positions
         write_live(_cpu_words(param, bits.itemsize), idx, bits)
         return
     where = torch.from_numpy(idx.astype(np.int64, copy=False)).to(param.device)
@@ -215,7 +220,7 @@ class LiveWeights:
         """Where a decoder may write ``tb``'s bits into this parameter itself, as it decodes
         (a CPU parameter holding that dtype exactly); None: use ``write``."""
         param = self.params.get(name)
-        if param is None or param.device.type != "cpu" or not NUMPY_ON_CPU or not _exact(param, tb):
+        if param is None or not _numpy_writable(param) or not _exact(param, tb):
             return None
         return _cpu_words(param, tb.bits.itemsize)
 

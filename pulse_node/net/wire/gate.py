@@ -17,14 +17,10 @@ after negotiation, as before, and a refusal still reaches them as a typed ``busy
 
 from __future__ import annotations
 
-import logging
-
 from libp2p.rcmgr import ResourceManager
 from libp2p.rcmgr.manager import Direction
 
 from pulse_node.net.peers.budget import StreamPools
-
-log = logging.getLogger("pulse.wire")
 
 
 class StreamGate(ResourceManager):
@@ -34,11 +30,9 @@ class StreamGate(ResourceManager):
         # the arguments ``libp2p.rcmgr.new_resource_manager`` (what new_host uses by default) passes
         super().__init__(enable_connection_pooling=False, enable_memory_pooling=True)
         self.pools = pools
-        self.denied = 0
         pools.gated = True
 
     def acquire_stream(self, peer_id: str, direction: Direction) -> bool:
         if direction == Direction.INBOUND and not self.pools.admit(str(peer_id)):
-            self.denied += 1
-            return False  # the muxer resets the stream: no negotiation, no reply
+            return False  # the muxer resets the stream: no negotiation, no reply (counted by ``admit``)
         return super().acquire_stream(peer_id, direction)
