@@ -4,9 +4,9 @@
 
 Reads a store that ``bench/sync_1b.py --store-dir`` built (anchor 0 and its patches), decodes
 every changed tensor of ``--version`` into the anchor's arrays step by step, and prints ns per
-changed entry for each step of ``codec/inplace.py``'s apply (split, position classes, positions,
-the value kernel with its undo/redo arrays, the index narrowing), then the compiled live-model
-write (``kernels.scatter_shifted`` into FP32 words) against numpy's fancy assignment, and last,
+changed entry for each step of ``codec/inplace.py``'s apply (split, position classes, positions
+decoded straight into 4-byte indices, the value kernel with its undo/redo arrays), then the
+compiled live-model write (``kernels.scatter_shifted`` into FP32 words) against numpy's fancy assignment, and last,
 side by side, decode-then-hash each whole tensor against hashing each chunk right behind its
 decode (what a state hash over per-tensor digests would allow). Every step is undone before the
 next. Last line: JSON.
@@ -46,10 +46,9 @@ def steps(state, entries, payload, models) -> dict:
 
     from pulse_node.codec import patch as P
     from pulse_node.codec.context import position_classes
-    from pulse_node.codec.inplace import _index_dtype
-    from pulse_node.codec.positions import decode_positions
+    from pulse_node.codec.positions import decode_positions, index_dtype
 
-    t = dict.fromkeys(("split", "classes", "positions", "values", "narrow"), 0.0)
+    t = dict.fromkeys(("split", "classes", "positions", "values"), 0.0)
     for e in entries:
         tb = state[e.name]
         t0 = time.perf_counter()
@@ -57,15 +56,14 @@ def steps(state, entries, payload, models) -> dict:
         t1 = time.perf_counter()
         classes = position_classes(e.dtype, tb.bits, e.threshold)
         t2 = time.perf_counter()
-        idx = decode_positions(pos_blob, e.numel, max_count=e.changed, classes=classes)
+        idx = decode_positions(pos_blob, e.numel, max_count=e.changed, classes=classes,
+                               dtype=index_dtype(e.numel))
         t3 = time.perf_counter()
         old, new = np.empty(idx.size, tb.bits.dtype), np.empty(idx.size, tb.bits.dtype)
         P._decode_deltas(e, idx, words, raw, models, tb.bits, old=old, new=new)
         t4 = time.perf_counter()
-        idx.astype(_index_dtype(tb.numel))
-        t5 = time.perf_counter()
         tb.bits[idx] = old
-        for k, dt in zip(t, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4)):
+        for k, dt in zip(t, (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
             t[k] += dt
     return t
 

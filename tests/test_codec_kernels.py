@@ -124,6 +124,34 @@ def test_deltas_match_numpy(dtype, seed, n):
     assert np.array_equal(bits, new) and dec.is_empty() and raw.remaining_bytes() == 0
 
 
+@pytest.mark.parametrize("n", [0, 1, K.PREFETCH_AHEAD - 1, K.PREFETCH_AHEAD, K.PREFETCH_AHEAD + 1, 700])
+@pytest.mark.parametrize("at", [np.uint32, np.int64])
+def test_sparse_writes_asking_ahead_for_their_lines_write_exactly_the_changes(n, at):
+    """The prefetch ahead of each write changes no result, up to the last change and past it."""
+    rng = np.random.default_rng(n)
+    numel = 40 * n + 3
+    idx = np.sort(rng.choice(numel, n, replace=False)).astype(at)
+    old = rng.integers(0, 1 << 16, numel, dtype=np.uint16)
+    new = old[idx] + rng.integers(1, 3, n).astype(np.uint16)
+    words = np.full(numel, 7, np.uint32)
+    K.scatter_shifted(words, idx, new, 16)
+    want = np.full(numel, 7, np.uint32)
+    want[idx] = new.astype(np.uint32) << 16
+    assert np.array_equal(words, want)
+    # the value kernel, writing the state, the undo arrays and a live parameter in one pass
+    sym, nextra, extra = V.delta_symbols("BF16", old[idx], new)
+    dec, raw = _streams(sym, nextra, extra)
+    bits, live = old.copy(), np.full(numel, 7, np.uint32)
+    before, after = np.empty(n, np.uint16), np.empty(n, np.uint16)
+    kind, mant, emask = V.label_layout("BF16")
+    F.decode_deltas_into(dec, raw, np.zeros(256, np.int64), rans.stack([_uniform_model()]), idx, bits, kind,
+                         mant, emask, *E.bin_bounds(E.MAX_BINS), old=before, new=after, live=(live, 16))
+    moved = old.copy()
+    moved[idx] = new
+    assert np.array_equal(bits, moved) and np.array_equal(live, want)
+    assert np.array_equal(before, old[idx]) and np.array_equal(after, new)
+
+
 def test_whole_codec_is_identical_without_numba(monkeypatch):
     """The numpy fallback writes byte-identical patches and applies the kernels' patches."""
     rng = np.random.default_rng(7)

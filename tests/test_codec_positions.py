@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pulse_node.codec.entropy import BitReader, BitWriter, gap_bins, gap_unbins_np
-from pulse_node.codec.positions import Classes, decode_positions, encode_positions
+from pulse_node.codec.positions import Classes, decode_positions, encode_positions, index_dtype
 from pulse_node.errors import PatchError
 
 
@@ -18,6 +18,26 @@ def _round_trip(idx, numel, context=None):
     assert out.dtype == np.int64
     assert np.array_equal(out, idx)
     return data
+
+
+@settings(max_examples=40, deadline=None)
+@given(numel=st.integers(1, 5000), density=st.floats(0, 1), seed=st.integers(0, 2**32 - 1),
+       use_context=st.booleans())
+def test_positions_decode_straight_into_the_index_dtype(numel, density, seed, use_context):
+    """What a patch keeps (4 bytes per change below 2**32 elements) equals the int64 decode."""
+    rng = np.random.default_rng(seed)
+    idx = np.flatnonzero(rng.random(numel) < density)
+    context = rng.integers(0, 3, numel).astype(np.uint8) if use_context else None
+    data = encode_positions(idx, numel, context=context)
+    out = decode_positions(data, numel, context=context, max_count=numel, dtype=index_dtype(numel))
+    assert out.dtype == np.uint32 and np.array_equal(out, idx)
+
+
+def test_index_dtype_holds_every_position():
+    assert index_dtype(1 << 32) == np.uint32 and index_dtype((1 << 32) + 1) == np.int64
+    data = encode_positions(np.array([3, 999]), 1000)
+    with pytest.raises(ValueError, match="cannot hold"):
+        decode_positions(data, 1000, max_count=2, dtype=np.dtype(np.uint8))
 
 
 @settings(max_examples=120, deadline=None)

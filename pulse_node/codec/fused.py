@@ -26,6 +26,8 @@ from pulse_node.errors import PatchError
 TRUNCATED, BAD_SYMBOL, OUT_OF_RANGE = K.TRUNCATED, K.BAD_SYMBOL, -3
 #: a live parameter's words (flat, unsigned, writable) and the left shift of the stored bits in them
 LiveWords = tuple[np.ndarray, int]
+#: the index type positions are decoded into unless a caller names a narrower one
+INT64 = np.dtype(np.int64)
 
 
 def _load(buf: np.ndarray, pos: int, w: int) -> np.int64:
@@ -87,7 +89,12 @@ def _deltas(words: np.ndarray, p: int, x0: np.uint64, x1: np.uint64, t: int, lab
     status = 0
     done = 0
     xa, xb = (x1, x0) if t else (x0, x1)
-    for i in range(idx.size):
+    n = idx.size
+    for i in range(n):
+        if i + K.PREFETCH_AHEAD < n:
+            K.prefetch_write(bits, idx[i + K.PREFETCH_AHEAD])
+            if to_live:
+                K.prefetch_write(live, idx[i + K.PREFETCH_AHEAD])
         j = idx[i]
         b = np.int64(bits[j])
         m = label_row[(b >> mant) & emask]
@@ -180,9 +187,10 @@ def _check(status: int, what: str) -> None:
 
 
 def decode_ranks(dec: rans.Decoder, raw: RawBits, count: int, model: rans.Model, size: int,
-                 low: np.ndarray, nextra: np.ndarray) -> np.ndarray:
-    """``count`` sorted ranks in ``[0, size)`` coded as binned gaps (``positions``)."""
-    out = np.empty(count, np.int64)
+                 low: np.ndarray, nextra: np.ndarray, dtype: np.dtype = INT64) -> np.ndarray:
+    """``count`` sorted ranks in ``[0, size)`` coded as binned gaps (``positions``), as ``dtype``
+    (an integer type that holds ``size - 1``)."""
+    out = np.empty(count, dtype)
     p, x0, x1 = dec.cursor
     p, x0, x1, rpos = ranks_kernel(dec.words, p, x0, x1, dec.parity, count, model.slots, model.freq, model.cum,
                                    raw.buf, raw.pos, raw.nbits, low, nextra, size, out)

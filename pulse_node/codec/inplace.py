@@ -105,27 +105,23 @@ class Changes:
 Move = tuple[int, int, Changes]
 
 
-def _index_dtype(numel: int) -> np.dtype:
-    return np.dtype(np.uint32) if numel <= 1 << 32 else np.dtype(np.int64)
-
-
 def _patch_tensor(entry: TensorEntry, tb: TensorBits, payload: memoryview, models: PatchModels,
                   live: LiveWords | None = None) -> TensorChange:
     """Decode one tensor's changes into ``tb.bits`` (and into ``live``, a parameter's words
     holding the same bits, when given); on failure both are as they were."""
     pos_blob, words, raw = _split_stream(payload[entry.offset:entry.offset + entry.length], entry.name)
-    idx = _decode_positions(entry, tb.bits, pos_blob)  # the context is the base: before any write
+    idx = _decode_positions(entry, tb.bits, pos_blob)  # the base's context, before any write; 4 B each
     if entry.value_coding != V.PLANES:  # the kernel keeps the old and new bits as it writes (and undoes)
         old, new = np.empty(idx.size, tb.bits.dtype), np.empty(idx.size, tb.bits.dtype)
         _decode_deltas(entry, idx, words, raw, models, tb.bits, old=old, new=new, live=live)
-        return TensorChange(idx.astype(_index_dtype(tb.numel)), old, new)
+        return TensorChange(idx, old, new)
     old = tb.bits[idx]
     try:
         _decode_planes(entry, idx, words, models, tb.bits)
     except BaseException:
         tb.bits[idx] = old
         raise
-    change = TensorChange(idx.astype(_index_dtype(tb.numel)), old, tb.bits[idx])
+    change = TensorChange(idx, old, tb.bits[idx])
     if live is not None:
         write_live(live, change.idx, change.new)
     return change

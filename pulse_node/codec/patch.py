@@ -51,7 +51,7 @@ from pulse_node.codec.header import (
     unpack_header,
 )
 from pulse_node.codec.models import Key, PatchModels, delta_counts
-from pulse_node.codec.positions import decode_positions, encode_positions
+from pulse_node.codec.positions import decode_positions, encode_positions, index_dtype
 from pulse_node.codec.rans import encode_rows
 from pulse_node.codec.state import State, TensorBits
 from pulse_node.codec.statehash import HASH_ALGO, bytes_digest, state_hash
@@ -269,7 +269,8 @@ def _decode_positions(entry: TensorEntry, base_bits: np.ndarray, pos_blob: bytes
                                                        - V.FLOAT_LAYOUT[entry.dtype][1])):
         raise PatchError(f"tensor {entry.name!r}: invalid position context threshold {entry.threshold}")
     classes = position_classes(entry.dtype, base_bits, entry.threshold)
-    idx = decode_positions(pos_blob, entry.numel, max_count=entry.changed, classes=classes)
+    idx = decode_positions(pos_blob, entry.numel, max_count=entry.changed, classes=classes,
+                           dtype=index_dtype(entry.numel))
     if idx.size != entry.changed:
         raise PatchError(f"tensor {entry.name!r}: header declares {entry.changed} changes, stream has {idx.size}")
     return idx

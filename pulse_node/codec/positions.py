@@ -46,7 +46,7 @@ from pulse_node.codec.entropy import (
     group_by_label,
     n_gap_bins,
 )
-from pulse_node.codec.fused import RawBits, decode_ranks
+from pulse_node.codec.fused import INT64, RawBits, decode_ranks
 from pulse_node.errors import PatchError
 
 POSITIONS_VERSION = 3
@@ -104,15 +104,16 @@ class Classes:
         return hit, self.labels[pos[hit]], before
 
     def background_positions(self, ranks: np.ndarray) -> np.ndarray:
-        """Flat indices of the background elements with the given sorted ranks."""
+        """Flat indices of the background elements with the given sorted ranks (``ranks``' dtype,
+        which holds ``numel - 1``)."""
         if not self.members.size:  # the background is the whole tensor
             return ranks
         if K.AVAILABLE:
-            out = np.empty(ranks.size, np.int64)
+            out = np.empty(ranks.size, ranks.dtype)
             K.background_positions(ranks, self.members, out)
             return out
         shifted = self.members - np.arange(self.members.size)
-        return ranks + np.searchsorted(shifted, ranks, side="right")
+        return (ranks + np.searchsorted(shifted, ranks, side="right")).astype(ranks.dtype, copy=False)
 
 
 def _check_idx(idx: np.ndarray, numel: int) -> np.ndarray:
@@ -135,12 +136,18 @@ def _encode_class(ranks: np.ndarray, size: int, segments: Segments, raw: BitWrit
     raw.write(extra, nextra)
 
 
-def _decode_class(count: int, size: int, dec: AnsDecoder, raw: RawBits) -> np.ndarray:
+def index_dtype(numel: int) -> np.dtype:
+    """The narrowest index type kept for positions in a tensor of ``numel`` elements: 4 bytes
+    per changed entry up to 2**32 elements (every tensor of a 7 B model), else 8."""
+    return np.dtype(np.uint32) if numel <= 1 << 32 else np.dtype(np.int64)
+
+
+def _decode_class(count: int, size: int, dec: AnsDecoder, raw: RawBits, dtype: np.dtype) -> np.ndarray:
     if count == size:
-        return np.arange(size, dtype=np.int64)
+        return np.arange(size, dtype=dtype)
     low, nextra = bin_bounds(MAX_BINS)
     model = categorical(geometric_freqs(count, size, n_gap_bins(size - 1)))
-    return decode_ranks(dec, raw, count, model, size, low, nextra)
+    return decode_ranks(dec, raw, count, model, size, low, nextra, dtype)
 
 
 def encode_positions(idx: np.ndarray, numel: int, *, context: np.ndarray | None = None,
@@ -204,11 +211,14 @@ def _parse(data: bytes, numel: int, max_count: int) -> tuple[int, int, list[int]
 
 
 def decode_positions(data: bytes, numel: int, *, context: np.ndarray | None = None, max_count: int,
-                     classes: Classes | None = None) -> np.ndarray:
-    """Inverse of ``encode_positions``: sorted unique int64 flat indices.
+                     classes: Classes | None = None, dtype: np.dtype = INT64) -> np.ndarray:
+    """Inverse of ``encode_positions``: sorted unique flat indices, as ``dtype`` (int64, or
+    ``index_dtype(numel)`` for positions decoded straight into the width a patch keeps them in).
 
     Raises ``PatchError`` for anything malformed; ``max_count`` bounds the allocation.
     """
+    if np.iinfo(dtype).max < numel - 1:
+        raise ValueError(f"{dtype} cannot hold positions of {numel} elements")
     count, bg, labels, counts, words, raw_bytes = _parse(data, numel, max_count)
     if classes is None:
         classes = Classes.single(numel) if context is None else Classes.from_context(context, numel, bg)
@@ -223,14 +233,14 @@ def decode_positions(data: bytes, numel: int, *, context: np.ndarray | None = No
             size = numel - classes.members.size
             if cnt > size:
                 raise PatchError("position stream declares more positions than its class holds")
-            parts.append(classes.background_positions(_decode_class(cnt, size, dec, raw)))
+            parts.append(classes.background_positions(_decode_class(cnt, size, dec, raw, dtype)))
         else:
             uni = universes.get(label)
             if uni is None or cnt > uni.size:
                 raise PatchError(f"position stream class {label} does not fit the context")
-            parts.append(uni[_decode_class(cnt, uni.size, dec, raw)])
+            parts.append(uni[_decode_class(cnt, uni.size, dec, raw, dtype)].astype(dtype, copy=False))
     if not dec.is_empty() or raw.remaining_bytes() > 0:
         raise PatchError("position stream has trailing data")
     if not parts:
-        return np.zeros(0, np.int64)
+        return np.zeros(0, dtype)
     return np.sort(np.concatenate(parts)) if len(parts) > 1 else parts[0]

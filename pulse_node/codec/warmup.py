@@ -67,7 +67,8 @@ def _warm_kernels() -> None:
     K.write_fields(i64, i64, np.zeros(8, np.uint8))
     K.bin_values(i64, np.empty(4, np.int32), np.empty(4, np.int64), np.empty(4, np.int64))
     K.label_order(np.zeros(4, np.uint8), np.empty(4, np.int64), np.zeros(256, np.int64))
-    K.background_positions(i64, i64, np.empty(4, np.int64))
+    for at in (np.int64, np.uint32):  # positions decode into 4-byte indices below 2**32 elements
+        K.background_positions(i64.astype(at), i64, np.empty(4, at))
     K.locate(i64, i64, np.empty(4, bool), np.empty(4, np.int64))
     for dt in (np.uint8, np.uint16, np.uint32):
         bits = np.arange(4, dtype=dt)
