@@ -192,3 +192,17 @@ def test_a_patch_that_stops_growing_times_out_and_leaves_the_base(direct: bool) 
     with pytest.raises(PeerUnavailable, match="reset"):
         apply_streaming(state, failing, _expected(base, new, patch))
     assert states_equal(state, base)
+
+
+def test_bytes_read_straight_into_the_buffer_stop_at_the_signed_size(tmp_path) -> None:
+    """``read_from`` fills the buffer from a file without a copy, never past the signed size,
+    and the digest covers exactly those bytes."""
+    signed = bytes(range(256)) * 40
+    path = tmp_path / "patch"
+    path.write_bytes(signed + b"and more than the record signs")
+    buf = GrowingBuffer(len(signed), stall_s=5.0)
+    with open(path, "rb") as f:
+        got = [buf.read_from(f.fileno(), 3000) for _ in range(6)]
+    assert got == [3000, 3000, 3000, 1240, 0, 0] and buf.have == len(signed)
+    assert bytes(buf.wait(len(signed))) == signed
+    assert buf.digest() == hashlib.sha256(signed).hexdigest() and buf.completed_at is not None

@@ -289,7 +289,20 @@ class GrowingBuffer:
             self.fail(PatchError(f"patch is longer than the {self.size} bytes its record signs"))
             raise PatchError("patch overruns its signed size")
         self._view[self._have:self._have + n] = data
-        self._hash.update(data)
+        self._grown(n)
+
+    def read_from(self, fd: int, limit: int) -> int:
+        """Read at most ``limit`` of the next bytes from ``fd`` straight into the buffer (never past
+        the signed size, no intermediate copy); how many came (0: none yet, or the end)."""
+        k = min(limit, self.size - self._have)
+        n = os.readv(fd, [self._view[self._have:self._have + k]]) if k > 0 else 0
+        if n:
+            self._grown(n)
+        return n
+
+    def _grown(self, n: int) -> None:
+        """The ``n`` bytes after ``have`` are in (one producer): hash them, then let waiters see them."""
+        self._hash.update(self._view[self._have:self._have + n])
         with self._cond:
             self._have += n
             if self._have == self.size:

@@ -147,14 +147,12 @@ class _Fetch:
                     self.buf.fail(self.error)
                     return
                 fd = fd if fd is not None else self._open()
-                data = os.read(fd, min(READ_BYTES, self.buf.size - self.buf.have)) if fd is not None else b""
-                if data:
-                    self.buf.append(data)
-                elif done:
+                if fd is not None and self.buf.read_from(fd, READ_BYTES):
+                    continue
+                if done:
                     self.buf.fail(PatchError(f"patch ended at {self.buf.have} of {self.buf.size} signed bytes"))
                     return
-                else:
-                    time.sleep(POLL_S)
+                time.sleep(POLL_S)
         except BaseException as exc:
             self.buf.fail(exc)
         finally:
