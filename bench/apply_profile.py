@@ -6,7 +6,9 @@ Reads a store that ``bench/sync_1b.py --store-dir`` built (anchor 0 and its patc
 every changed tensor of ``--version`` into the anchor's arrays step by step, and prints ns per
 changed entry for each step of ``codec/inplace.py``'s apply (split, position classes, positions
 decoded straight into 4-byte indices, the value kernel with its undo/redo arrays), then the
-compiled live-model write (``kernels.scatter_shifted`` into FP32 words) against numpy's fancy assignment, and last,
+compiled live-model write (``kernels.scatter_shifted`` into FP32 words) against numpy's fancy
+assignment, a tensor's whole apply with and without the live words written in the kernel's own
+pass (``_patch_tensor(..., live=)``, the pipeline's CPU path), and last,
 side by side, decode-then-hash each whole tensor against hashing each chunk right behind its
 decode (what a state hash over per-tensor digests would allow). Every step is undone before the
 next. Last line: JSON.
@@ -88,6 +90,15 @@ def live_writes(state, entries, payload, models) -> dict:
             out[name] = min(out.get(name, float("inf")), time.perf_counter() - t0)
     for n, c in changes.items():
         state[n].bits[c.idx] = c.old
+    for _ in range(2):  # the whole tensor apply, with the live words written in the kernel's pass or not
+        for name, live in (("apply", False), ("apply_with_live", True)):
+            t = 0.0
+            for e in entries:
+                t0 = time.perf_counter()
+                c = _patch_tensor(e, state[e.name], payload, models, live=(words[e.name], 16) if live else None)
+                t += time.perf_counter() - t0
+                state[e.name].bits[c.idx] = c.old
+            out[name] = min(out.get(name, float("inf")), t)
     return out
 
 
@@ -148,7 +159,9 @@ def main() -> None:
     hashed = hash_order(state, entries, payload, models, args.chunk)
     print(f"{n / 1e6:.1f} M changes in {len(entries)} tensors; ns per change: "
           + ", ".join(f"{k} {v:.1f}" for k, v in per.items()) + f" (total {sum(per.values()):.1f})")
-    print(f"live-model write: numpy {live['numpy']:.1f} ns, compiled {live['compiled']:.1f} ns per change")
+    print(f"live-model write: numpy {live['numpy']:.1f} ns, compiled {live['compiled']:.1f} ns per change; a "
+          f"tensor's whole apply {live['apply']:.1f} ns, {live['apply_with_live']:.1f} with the live words "
+          "written in the kernel's pass")
     print(f"decode + BLAKE3, one thread: whole tensors {hashed['whole']:.3f} s, chunks of {args.chunk} behind the "
           f"decode {hashed['chunked']:.3f} s ({hashed['chunked'] / hashed['whole']:.2f}x)")
     print(json.dumps({"bench": "apply_profile", "changes": n, "ns_per_change": per, "live_ns_per_change": live,
