@@ -3,6 +3,11 @@ separate processes) and one attacker process per attack (``python -m pulse_node.
 its own DHT and wire workers and fresh keys, ``pulse_node/testing/attackers.py``).
 
     python bench/adversary.py [--baseline 20] [--window 20] [--attacks a,b,c | --only a,b] [--run-dir DIR]
+                              [--attacker-cpus 1 | --attacker-nice 19]
+
+By default the attacker shares this machine's CPUs with the swarm, so on a small box what it
+spends on itself is taken from the honest nodes too. ``--attacker-cpus`` gives it CPUs of its
+own (the swarm keeps the rest in every window): the model of an attacker on its own machine.
 
 For every attack: a baseline window without attack, then the attack window. Per attack: what it
 tried; ``held`` (every state an inference node held or stored is one the trainers signed, checked
@@ -174,9 +179,9 @@ class Bench:
         cmd += ["--identity", str(self.members[name])] if name in self.members else []
         log = open(self.root / "attacks" / f"{name}.log", "w")
         env = {**os.environ, NODE_CONFIG_ENV: str(node_config_path(self.root))}
-        nice = self.args.attacker_nice
+        nice, cpus = self.args.attacker_nice, self.args.attacker_cpus
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env,
-                                preexec_fn=(lambda: _lower_priority(nice)) if nice else None)
+                                preexec_fn=(lambda: _attacker_process(nice, cpus)) if nice or cpus else None)
         operator: dict[str, Any] = {}
         delay = min(10.0, self.args.window / 3)
         probe = threading.Thread(target=lambda: operator.update(self.operator_status(delay=delay)), daemon=True)
@@ -334,15 +339,33 @@ def per_attack(rows: list[dict]) -> dict[str, dict[str, Any]]:
     return {r["attack"]: {"rate_ratio": r["rate_ratio"], "held": r["held"] and not r["poisoned"]} for r in rows}
 
 
-def _lower_priority(nice: int) -> None:
-    """In the attacker's child process, after its ``setsid``: nice it, and its session's autogroup
-    too (with autogroups, a process's nice value weighs only against its own session's processes)."""
+def _attacker_process(nice: int, cpus: set[int] | None) -> None:
+    """In the attacker's child process, after its ``setsid``: on its own CPUs (its workers inherit
+    them), and/or niced, with its session's autogroup too (with autogroups, a process's nice value
+    weighs only against its own session's processes)."""
+    if cpus:
+        os.sched_setaffinity(0, cpus)
+    if not nice:
+        return
     os.nice(nice)
     try:
         with open("/proc/self/autogroup", "w") as fh:
             fh.write(str(nice))
     except OSError:
         pass
+
+
+def split_cpus(spec: str | None) -> set[int] | None:
+    """``--attacker-cpus``: the attacker's CPUs; this process (and so the swarm it starts) keeps
+    the others. None: everyone shares every CPU."""
+    if not spec:
+        return None
+    mine = os.sched_getaffinity(0)
+    theirs = {int(c) for c in spec.split(",") if c.strip()}
+    if not theirs or not theirs < mine:
+        raise SystemExit(f"--attacker-cpus {spec}: name some, not all, of this machine's CPUs {sorted(mine)}")
+    os.sched_setaffinity(0, mine - theirs)
+    return theirs
 
 
 def _interrupt(*_: object) -> None:
@@ -360,11 +383,18 @@ def main() -> None:
     ap.add_argument("--attacker-nice", type=int, default=0,
                     help="run each attacker process at this niceness (e.g. 19): on one shared machine the attacker "
                          "takes CPU from the honest nodes, which an attacker on its own machine cannot")
+    ap.add_argument("--attacker-cpus", type=str, default=None,
+                    help="comma-separated CPUs the attacker runs on; the swarm keeps the others in every window, "
+                         "attack and no-attack alike (e.g. 1 on a 2-core box): an attacker with its own machine, "
+                         "going at full speed, against a swarm with a fixed share of this one")
     args = ap.parse_args()
+    args.attacker_cpus = split_cpus(args.attacker_cpus)
     names = [a for a in (args.only or args.attacks).split(",") if a]
     for sig in (signal.SIGINT, signal.SIGTERM):  # stop the swarm and attacker on either (background jobs ignore INT)
         signal.signal(sig, _interrupt)
     res = Bench(args).run(names)
+    res["cpus"] = {"swarm": sorted(os.sched_getaffinity(0)), "attacker": sorted(args.attacker_cpus or []) or "shared",
+                   "attacker_nice": args.attacker_nice}
     print(f"{'attack':<15} {'held':<5} {'crashed':<8} {'poisoned':<9} {'ratio':<6} reported")
     for r in res["rows"]:
         print(fmt(r))

@@ -70,10 +70,11 @@ def _prefetch_write_intrinsic() -> Any:
     @intrinsic
     def prefetch_write(typingctx: Any, arr: Any, i: Any) -> Any:
         def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-            aryty = signature.args[0]
+            aryty, indty = signature.args
             ary = context.make_array(aryty)(context, builder, args[0])
+            at = context.cast(builder, args[1], indty, types.intp)  # uint32 positions past 2**31 stay positive
             ptr = cgutils.get_item_pointer(  # type: ignore[no-untyped-call]
-                context, builder, aryty, ary, [args[1]], wraparound=False, boundscheck=False)
+                context, builder, aryty, ary, [at], wraparound=False, boundscheck=False)
             i8p, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
             signature_ir = ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32])  # address, write, locality, data
             fn = cgutils.get_or_insert_function(  # type: ignore[no-untyped-call]
