@@ -107,6 +107,7 @@ class BudgetRefusal(Reason):
     CATCHUP_BUDGET = "catchup_budget"
     BULK_BUDGET = "bulk_budget"
     DHT_NEWCOMERS = "dht_newcomers"  # a newcomer's DHT record this node declined to store (net/dht/capped_storage.py)
+    MUZZLED = "muzzled"  # a newcomer refused too fast: its connection is not read for a while (net/wire/gate.py)
 
 
 class BatchRefusal(Reason):

@@ -9,13 +9,14 @@ from pulse_node.net.peers.budget import (
     BudgetConfig,
     CatchupBudget,
     Members,
+    Muzzle,
     PushShares,
     Refusals,
     Refused,
     StreamPools,
     TokenBucket,
 )
-from pulse_node.vocab import Event
+from pulse_node.vocab import BudgetRefusal, Event
 
 
 class Clock:
@@ -295,3 +296,94 @@ def test_a_newcomer_is_refused_before_negotiation_when_its_streams_or_the_newcom
     assert pools.admit("worker") and pools.open("worker").peer == "worker"
     pools.close(held[0])
     assert pools.admit("sybil-c")  # a slot freed
+
+
+def _muzzled(**kw: object) -> tuple[Refusals, Muzzle, Members, Clock]:
+    clock, members = Clock(), Members(["m1"])
+    members.set_standing(["worker"])
+    refusals = Refusals(clock=clock)
+    refusals.muzzle = Muzzle(BudgetConfig(**kw), members, clock=clock)
+    return refusals, refusals.muzzle, members, clock
+
+
+def test_a_newcomer_refused_too_fast_is_muzzled_once_for_muzzle_s() -> None:
+    """``muzzle_after`` refusals within a second muzzle a newcomer (counted once); its streams
+    wait ``muzzle_s``; afterwards it starts from zero."""
+    refusals, muzzle, _, clock = _muzzled(muzzle_after=20, muzzle_s=5.0)
+    for _ in range(19):
+        refusals.add("sybil", BudgetRefusal.RATE)
+    assert muzzle.wait_s("sybil") == 0.0 and refusals.by_reason[BudgetRefusal.MUZZLED] == 0
+    refusals.add("sybil", BudgetRefusal.STREAMS_NEWCOMERS)
+    assert muzzle.wait_s("sybil") == 5.0 and refusals.by_reason[BudgetRefusal.MUZZLED] == 1
+    for _ in range(30):  # refusals of streams already accepted: no second muzzle while held
+        refusals.add("sybil", BudgetRefusal.CATCHUP_BUDGET)
+    assert refusals.by_reason[BudgetRefusal.MUZZLED] == 1
+    clock.t += 2.0
+    assert muzzle.wait_s("sybil") == 3.0 and muzzle.wait_s("other-sybil") == 0.0
+    clock.t += 3.0
+    assert muzzle.wait_s("sybil") == 0.0
+    refusals.add("sybil", BudgetRefusal.RATE)
+    assert muzzle.wait_s("sybil") == 0.0
+
+
+def test_refusals_spread_out_members_standing_and_evictions_never_muzzle() -> None:
+    refusals, muzzle, _, clock = _muzzled(muzzle_after=5, muzzle_s=5.0)
+    for _ in range(20):  # four a second
+        refusals.add("slow-sybil", BudgetRefusal.RATE)
+        clock.t += 0.25
+    for peer in ("m1", "worker"):
+        for _ in range(50):
+            refusals.add(peer, BudgetRefusal.RATE)
+    for _ in range(50):
+        refusals.add("evicted-newcomer", BudgetRefusal.EVICTED)
+    assert all(muzzle.wait_s(p) == 0.0 for p in ("slow-sybil", "m1", "worker", "evicted-newcomer"))
+    off, off_muzzle, _, _ = _muzzled(muzzle_after=1, muzzle_s=0.0)
+    for _ in range(10):
+        off.add("sybil", BudgetRefusal.RATE)
+    assert off_muzzle.wait_s("sybil") == 0.0 and off.by_reason[BudgetRefusal.MUZZLED] == 0
+
+
+def test_a_muzzled_connection_accepts_no_stream_until_the_muzzle_ends_or_it_closes() -> None:
+    """``hold_accepts``: the wrapped accept waits out the muzzle (trio's clock jumps), and a
+    connection closed meanwhile is handed to the accept at once."""
+    trio = pytest.importorskip("trio")
+    from trio.testing import MockClock
+
+    from pulse_node.net.wire.gate import hold_accepts
+
+    class Muxed:
+        peer_id = "sybil"
+
+        def __init__(self) -> None:
+            self.event_closed = trio.Event()
+            self.accepted: list[float] = []
+
+        async def accept_stream(self) -> str:
+            self.accepted.append(trio.current_time())
+            return "stream"
+
+    async def main() -> None:
+        _, muzzle, _, _ = _muzzled(muzzle_after=1, muzzle_s=5.0)
+        muzzle.clock = trio.current_time  # the muzzle reads trio's (mock) clock
+        muzzle.refused("sybil")
+        held, other = Muxed(), Muxed()
+        other.peer_id = "honest"
+        hold_accepts(held, muzzle)
+        hold_accepts(other, muzzle)
+        assert await other.accept_stream() == "stream" and other.accepted == [0.0]
+        assert await held.accept_stream() == "stream" and held.accepted == [5.0]
+        muzzle.refused("sybil")  # held again from t = 5 to 10; its connection closes at 7
+        closed = Muxed()
+        closed.event_closed = held.event_closed
+        hold_accepts(closed, muzzle)
+
+        async def close_at_7() -> None:
+            await trio.sleep(2.0)
+            held.event_closed.set()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(close_at_7)
+            assert await closed.accept_stream() == "stream"
+        assert closed.accepted == [7.0]
+
+    trio.run(main, clock=MockClock(autojump_threshold=0))

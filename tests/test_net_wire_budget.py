@@ -147,7 +147,7 @@ def test_newcomers_over_their_rate_are_reset_before_negotiation(tmp_path: Path) 
     """A fresh key's streams beyond the newcomers' bucket are reset by the muxer (no protocol
     negotiated, no ``busy`` written) and counted; a peer with standing is served meanwhile."""
     rate, burst = 1.0, 4
-    budget = BudgetConfig(requests_per_s=rate, request_burst=burst)
+    budget = BudgetConfig(requests_per_s=rate, request_burst=burst, muzzle_s=0)  # the gate alone (no muzzle)
     with _trio(tmp_path, budget) as (victim, attacker, honest):
         addr = victim.info().listen_maddrs[0]
         victim.set_head(b"a signed head record")
@@ -160,6 +160,33 @@ def test_newcomers_over_their_rate_are_reset_before_negotiation(tmp_path: Path) 
     assert burst - 1 <= outcomes["ok"] <= burst + rate * elapsed + 1, (outcomes, elapsed)
     assert outcomes["busy"] == 0 and outcomes["reset"] == 40 - outcomes["ok"], outcomes
     assert stats.refused["rate"] == outcomes["reset"], (stats.refused, outcomes)
+
+
+def test_a_newcomer_refused_too_fast_waits_instead_of_retrying_at_once(tmp_path: Path) -> None:
+    """Past ``muzzle_after`` refusals within a second, the newcomer's next stream is neither
+    served nor reset: it waits (its connection is not read) until its own timeout, and the
+    muzzle is counted once; a peer with standing is served meanwhile."""
+    budget = BudgetConfig(requests_per_s=0.5, request_burst=2, muzzle_after=6, muzzle_s=20.0)
+    with _trio(tmp_path, budget) as (victim, attacker, honest):
+        addr = victim.info().listen_maddrs[0]
+        victim.set_head(b"a signed head record")
+        victim.set_standing([honest.info().peer_id])
+        for i in range(30):  # resets come back at once, until the muzzle
+            if victim.stats().refused.get("muzzled"):
+                break
+            try:
+                attacker.fetch(addr, wp.RecordRequest(version=None), tmp_path / f"a{i}", timeout=5.0)
+            except PeerUnavailable:
+                pass
+        assert victim.stats().refused.get("muzzled") == 1
+        start = time.monotonic()
+        with pytest.raises(PeerUnavailable):
+            attacker.fetch(addr, wp.RecordRequest(version=None), tmp_path / "held", timeout=1.5)
+        waited = time.monotonic() - start
+        assert honest.fetch(addr, wp.RecordRequest(version=None), tmp_path / "h", timeout=5.0).bytes == 20
+        stats = victim.stats()
+    assert waited >= 1.4, waited  # its own timeout, not a reset
+    assert stats.refused["muzzled"] == 1 and stats.refused["rate"] >= 6, stats.refused
 
 
 def _chain_store(root: Path) -> list:

@@ -31,6 +31,11 @@ node's trust policy over the local RPC (``set_members``).
   standing may evict a newcomer's stream past its grace. Bulk reads (``trainer_state``,
   ``anchor``) of non-members are charged against ``bulk_bytes_per_peer`` per 10 minutes
   (``BulkBudget``; newcomers share one such budget too).
+- **Muzzle** (``Muzzle``): a refusal costs this node little, but an attacker may ask again at
+  once, as fast as its own CPU goes. A newcomer refused ``muzzle_after`` times within a second
+  waits ``muzzle_s`` before this node accepts another stream of its connection (the wire
+  worker's accept loop holds, so the muxer stops reading it and TCP stops its sender): the
+  refusals it can cause per second are bounded by this node's numbers, not by its speed.
 
 Every refusal is counted by reason (``Refusals``) and logged once per peer per interval.
 """
@@ -42,7 +47,7 @@ import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -90,17 +95,29 @@ class BudgetConfig(StrictModel):
     bulk_bytes_per_peer: int = Field(4 << 30, ge=1 << 20, description="trainer_state and anchor bytes served to one "
                                      "non-member (newcomers: all together) per 10 minutes")
     log_interval_s: float = Field(60.0, gt=0, description="a peer's refusals are logged at most once per interval")
+    muzzle_after: int = Field(20, ge=1, description="refusals of one newcomer within a second after which its "
+                              "connection is not read for muzzle_s")
+    muzzle_s: float = Field(5.0, ge=0, le=600, description="seconds a muzzled newcomer's next stream waits "
+                            "(0: never muzzle)")
 
 
 class Refusals:
-    """Refusals counted by reason; logged at most once per (peer, reason) per interval."""
+    """Refusals counted by reason; logged at most once per (peer, reason) per interval; each one
+    told to the ``muzzle`` (when set), which may muzzle the peer (counted as ``muzzled``)."""
 
     def __init__(self, *, interval: float = 60.0, clock: Clock = time.monotonic) -> None:
         self.by_reason: Counter[BudgetRefusal] = Counter()
         self.interval, self.clock = interval, clock
         self._logged: OrderedDict[tuple[str, BudgetRefusal], float] = OrderedDict()
+        self.muzzle: Muzzle | None = None
 
     def add(self, peer: str, reason: BudgetRefusal, detail: str = "") -> None:
+        self._count(peer, reason, detail)
+        if self.muzzle is not None and reason is not BudgetRefusal.EVICTED and self.muzzle.refused(peer):
+            self._count(peer, BudgetRefusal.MUZZLED, f"refused {self.muzzle.cfg.muzzle_after} times within a "
+                        f"second: its next streams wait {self.muzzle.cfg.muzzle_s:g}s")
+
+    def _count(self, peer: str, reason: BudgetRefusal, detail: str) -> None:
         self.by_reason[reason] += 1
         now, key = self.clock(), (peer, reason)
         if now - self._logged.get(key, float("-inf")) >= self.interval:
@@ -110,6 +127,48 @@ class Refusals:
                 self._logged.popitem(last=False)
             log.warning("refused peer %s: %s%s (%d refusals so far for this reason)", peer[-12:], reason,
                         f" ({detail})" if detail else "", self.by_reason[reason])
+
+
+class Muzzle:
+    """Newcomers refused faster than ``muzzle_after`` times a second: this node accepts none of
+    their streams for ``muzzle_s`` (``wait_s``); per-peer state of ``_PEERS_KEPT`` peers at most."""
+
+    def __init__(self, cfg: BudgetConfig, members: Members, *, clock: Clock = time.monotonic) -> None:
+        self.cfg, self.members, self.clock = cfg, members, clock
+        self._recent: OrderedDict[str, tuple[float, int]] = OrderedDict()  # peer -> (second started, refusals)
+        self._until: OrderedDict[str, float] = OrderedDict()
+
+    def refused(self, peer: str) -> bool:
+        """Count a refusal of ``peer``; True when it starts a muzzle (members and peers with
+        standing are never muzzled)."""
+        if not self.cfg.muzzle_s or not self.members.newcomer(peer):
+            return False
+        now = self.clock()
+        start, n = self._recent.pop(peer, (now, 0))
+        start, n = (start, n + 1) if now - start < 1.0 else (now, 1)
+        if n >= self.cfg.muzzle_after and self.wait_s(peer) == 0.0:
+            self._until[peer] = now + self.cfg.muzzle_s
+            _keep_last(self._until)
+            start, n = now, 0
+        self._recent[peer] = (start, n)
+        _keep_last(self._recent)
+        return n == 0
+
+    def wait_s(self, peer: str) -> float:
+        """Seconds before this node accepts another stream of ``peer``'s (0: none)."""
+        until = self._until.get(peer)
+        if until is None:
+            return 0.0
+        left = until - self.clock()
+        if left > 0:
+            return left
+        del self._until[peer]
+        return 0.0
+
+
+def _keep_last(d: OrderedDict[str, Any]) -> None:
+    while len(d) > _PEERS_KEPT:
+        d.popitem(last=False)
 
 
 class TokenBucket:

@@ -13,14 +13,27 @@ slots), and otherwise must take a token from the newcomers' shared request bucke
 (``StreamPools.admit``), so 1 or 1,000 fresh keys together get at most the newcomers' rate of
 negotiated streams. Members and peers with standing pass untouched (their own buckets are taken
 after negotiation, as before, and a refusal still reaches them as a typed ``busy``).
+
+A reset costs this node ~0.3-0.6 ms, but the sender may open the next stream at once: an
+attacker on its own CPU re-opened thousands per node per 20 s and saturated a one-core swarm
+(bench/RESULTS.md, "The whole adversary bench with the attacker on a CPU of its own").
+``HeldAccepts`` wraps each connection's stream accept: while the ``Muzzle`` holds a newcomer
+(refused too often within a second), its connection's next stream is not accepted, so the muxer
+stops reading that connection once its small queue of new streams is full, and TCP flow control
+stops the sender. Its waiting costs this node nothing; the connection's open streams wait too.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
+import trio
+from libp2p.abc import INetConn, INetStream, INetwork, INotifee
 from libp2p.rcmgr import ResourceManager
 from libp2p.rcmgr.manager import Direction
+from multiaddr import Multiaddr
 
-from pulse_node.net.peers.budget import StreamPools
+from pulse_node.net.peers.budget import Muzzle, StreamPools
 
 
 class StreamGate(ResourceManager):
@@ -36,3 +49,53 @@ class StreamGate(ResourceManager):
         if direction == Direction.INBOUND and not self.pools.admit(str(peer_id)):
             return False  # the muxer resets the stream: no negotiation, no reply (counted by ``admit``)
         return super().acquire_stream(peer_id, direction)
+
+
+def hold_accepts(muxed: Any, muzzle: Muzzle) -> None:
+    """Wrap ``muxed.accept_stream`` (the loop py-libp2p runs per connection calls it for every
+    new stream): while ``muzzle`` holds the connection's peer, wait (or until it closes)."""
+    accept, peer = muxed.accept_stream, str(muxed.peer_id)
+    closed = getattr(muxed, "event_closed", None)
+
+    async def held() -> None:
+        while (left := muzzle.wait_s(peer)) > 0:
+            with trio.move_on_after(left):
+                if closed is None:
+                    await trio.sleep(left)
+                else:
+                    await closed.wait()
+            if closed is not None and closed.is_set():
+                return  # the accept reports the closed connection
+
+    async def accept_stream() -> Any:
+        await held()
+        stream = await accept()
+        await held()  # the stream the loop was already waiting for when the muzzle began waits too
+        return stream
+
+    muxed.accept_stream = accept_stream
+
+
+class HeldAccepts(INotifee):
+    """Every new connection's stream accept held by the ``Muzzle`` (``hold_accepts``)."""
+
+    def __init__(self, muzzle: Muzzle) -> None:
+        self.muzzle = muzzle
+
+    async def connected(self, network: INetwork, conn: INetConn) -> None:
+        hold_accepts(conn.muxed_conn, self.muzzle)
+
+    async def opened_stream(self, network: INetwork, stream: INetStream) -> None:
+        return None
+
+    async def closed_stream(self, network: INetwork, stream: INetStream) -> None:
+        return None
+
+    async def disconnected(self, network: INetwork, conn: INetConn) -> None:
+        return None
+
+    async def listen(self, network: INetwork, multiaddr: Multiaddr) -> None:
+        return None
+
+    async def listen_close(self, network: INetwork, multiaddr: Multiaddr) -> None:
+        return None

@@ -59,6 +59,7 @@ from pulse_node.net.peers.budget import (
     BulkBudget,
     CatchupBudget,
     Members,
+    Muzzle,
     PushShares,
     Refusals,
     Refused,
@@ -69,7 +70,7 @@ from pulse_node.net.wire import anchor_fetch
 from pulse_node.net.wire import protocol as wp
 from pulse_node.net.wire import transfer as wt
 from pulse_node.net.wire.config import WireConfig
-from pulse_node.net.wire.gate import StreamGate
+from pulse_node.net.wire.gate import HeldAccepts, StreamGate
 from pulse_node.vocab import BudgetRefusal, Event, FetchKind, PushKind
 
 log = logging.getLogger("pulse.wire")
@@ -397,8 +398,10 @@ async def open_service(config: WireConfig) -> AsyncIterator[WireService]:
     counters = wt.Traffic()
     budget, members = config.budget, Members()
     refusals = Refusals(interval=budget.log_interval_s)
+    refusals.muzzle = Muzzle(budget, members)
     pools = StreamPools(budget, members, refusals)
     host = make_host(load_key_pair(config.identity), listen, announce, gate=StreamGate(pools))
+    host.get_network().register_notifee(HeldAccepts(refusals.muzzle))
     shares = PushShares(budget, members, max_events=config.max_events, max_bytes=config.max_event_bytes)
     events = Inbox(max_events=config.max_events, max_bytes=config.max_event_bytes, shares=shares)
     root = Path(config.store)
