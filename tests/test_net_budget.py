@@ -326,6 +326,17 @@ def test_a_newcomer_refused_too_fast_is_muzzled_once_for_muzzle_s() -> None:
     assert muzzle.wait_s("sybil") == 0.0
 
 
+def test_fresh_keys_are_muzzled_together_however_many() -> None:
+    """1,000 keys refused once each within a second: every key refused past the newcomers'
+    ``muzzle_after`` is muzzled, so spreading the requests over keys gains nothing."""
+    refusals, muzzle, _, clock = _muzzled(muzzle_after=20, muzzle_s=5.0)
+    for i in range(1000):
+        refusals.add(f"sybil-{i}", BudgetRefusal.CATCHUP_BUDGET)
+        clock.t += 0.0005
+    held = [i for i in range(1000) if muzzle.wait_s(f"sybil-{i}") > 0]
+    assert held == list(range(19, 1000)) and refusals.by_reason[BudgetRefusal.MUZZLED] == 981
+
+
 def test_refusals_spread_out_members_standing_and_evictions_never_muzzle() -> None:
     refusals, muzzle, _, clock = _muzzled(muzzle_after=5, muzzle_s=5.0)
     for _ in range(20):  # four a second

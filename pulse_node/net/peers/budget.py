@@ -32,10 +32,11 @@ node's trust policy over the local RPC (``set_members``).
   ``anchor``) of non-members are charged against ``bulk_bytes_per_peer`` per 10 minutes
   (``BulkBudget``; newcomers share one such budget too).
 - **Muzzle** (``Muzzle``): a refusal costs this node little, but an attacker may ask again at
-  once, as fast as its own CPU goes. A newcomer refused ``muzzle_after`` times within a second
-  waits ``muzzle_s`` before this node accepts another stream of its connection (the wire
-  worker's accept loop holds, so the muxer stops reading it and TCP stops its sender): the
-  refusals it can cause per second are bounded by this node's numbers, not by its speed.
+  once, as fast as its own CPU goes. Once newcomers together are refused ``muzzle_after`` times
+  within a second, each newcomer refused again waits ``muzzle_s`` before this node accepts
+  another stream of its connection (the wire worker's accept loop holds, so the muxer stops
+  reading it and TCP stops its sender): the refusals fresh keys can cause per second are bounded
+  by this node's numbers, not by their speed or their number.
 
 Every refusal is counted by reason (``Refusals``) and logged once per peer per interval.
 """
@@ -95,8 +96,8 @@ class BudgetConfig(StrictModel):
     bulk_bytes_per_peer: int = Field(4 << 30, ge=1 << 20, description="trainer_state and anchor bytes served to one "
                                      "non-member (newcomers: all together) per 10 minutes")
     log_interval_s: float = Field(60.0, gt=0, description="a peer's refusals are logged at most once per interval")
-    muzzle_after: int = Field(20, ge=1, description="refusals of one newcomer within a second after which its "
-                              "connection is not read for muzzle_s")
+    muzzle_after: int = Field(20, ge=1, description="refusals of newcomers (together) within a second past which "
+                              "each newcomer refused is not read for muzzle_s")
     muzzle_s: float = Field(5.0, ge=0, le=600, description="seconds a muzzled newcomer's next stream waits "
                             "(0: never muzzle)")
 
@@ -114,8 +115,8 @@ class Refusals:
     def add(self, peer: str, reason: BudgetRefusal, detail: str = "") -> None:
         self._count(peer, reason, detail)
         if self.muzzle is not None and reason is not BudgetRefusal.EVICTED and self.muzzle.refused(peer):
-            self._count(peer, BudgetRefusal.MUZZLED, f"refused {self.muzzle.cfg.muzzle_after} times within a "
-                        f"second: its next streams wait {self.muzzle.cfg.muzzle_s:g}s")
+            self._count(peer, BudgetRefusal.MUZZLED, f"newcomers refused {self.muzzle.cfg.muzzle_after}+ times "
+                        f"within a second: its next streams wait {self.muzzle.cfg.muzzle_s:g}s")
 
     def _count(self, peer: str, reason: BudgetRefusal, detail: str) -> None:
         self.by_reason[reason] += 1
@@ -130,29 +131,29 @@ class Refusals:
 
 
 class Muzzle:
-    """Newcomers refused faster than ``muzzle_after`` times a second: this node accepts none of
-    their streams for ``muzzle_s`` (``wait_s``); per-peer state of ``_PEERS_KEPT`` peers at most."""
+    """Newcomers refused faster than ``muzzle_after`` times a second, together (1 or 1,000 fresh
+    keys alike): each one refused past that waits ``muzzle_s`` before this node accepts another
+    stream of its (``wait_s``); muzzles of ``_PEERS_KEPT`` peers at most."""
 
     def __init__(self, cfg: BudgetConfig, members: Members, *, clock: Clock = time.monotonic) -> None:
         self.cfg, self.members, self.clock = cfg, members, clock
-        self._recent: OrderedDict[str, tuple[float, int]] = OrderedDict()  # peer -> (second started, refusals)
+        self._second, self._count = float("-inf"), 0  # newcomers' refusals in the second that started then
         self._until: OrderedDict[str, float] = OrderedDict()
 
     def refused(self, peer: str) -> bool:
-        """Count a refusal of ``peer``; True when it starts a muzzle (members and peers with
-        standing are never muzzled)."""
+        """Count a refusal of ``peer``; True when it starts ``peer``'s muzzle (members and peers
+        with standing are never muzzled)."""
         if not self.cfg.muzzle_s or not self.members.newcomer(peer):
             return False
         now = self.clock()
-        start, n = self._recent.pop(peer, (now, 0))
-        start, n = (start, n + 1) if now - start < 1.0 else (now, 1)
-        if n >= self.cfg.muzzle_after and self.wait_s(peer) == 0.0:
-            self._until[peer] = now + self.cfg.muzzle_s
-            _keep_last(self._until)
-            start, n = now, 0
-        self._recent[peer] = (start, n)
-        _keep_last(self._recent)
-        return n == 0
+        if now - self._second >= 1.0:
+            self._second, self._count = now, 0
+        self._count += 1
+        if self._count < self.cfg.muzzle_after or self.wait_s(peer) > 0:
+            return False
+        self._until[peer] = now + self.cfg.muzzle_s
+        _keep_last(self._until)
+        return True
 
     def wait_s(self, peer: str) -> float:
         """Seconds before this node accepts another stream of ``peer``'s (0: none)."""
