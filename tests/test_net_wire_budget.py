@@ -166,7 +166,7 @@ def test_a_newcomer_refused_too_fast_waits_instead_of_retrying_at_once(tmp_path:
     """Past ``muzzle_after`` refusals within a second, the newcomer's next stream is neither
     served nor reset: it waits (its connection is not read) until its own timeout, and the
     muzzle is counted once; a peer with standing is served meanwhile."""
-    budget = BudgetConfig(requests_per_s=0.5, request_burst=2, muzzle_after=6, muzzle_s=20.0)
+    budget = BudgetConfig(requests_per_s=0.5, request_burst=2, muzzle_after=6, muzzle_peer_min=6, muzzle_s=20.0)
     with _trio(tmp_path, budget) as (victim, attacker, honest):
         addr = victim.info().listen_maddrs[0]
         victim.set_head(b"a signed head record")

@@ -33,8 +33,8 @@ node's trust policy over the local RPC (``set_members``).
   (``BulkBudget``; newcomers share one such budget too).
 - **Muzzle** (``Muzzle``): a refusal costs this node little, but an attacker may ask again at
   once, as fast as its own CPU goes. Once newcomers together are refused ``muzzle_after`` times
-  within a second, each newcomer refused again waits ``muzzle_s`` before this node accepts
-  another stream of its connection (the wire worker's accept loop holds, so the muxer stops
+  within a second, each newcomer refused ``muzzle_peer_min`` times in it waits ``muzzle_s``
+  before this node accepts another stream of its connection (the wire worker's accept loop holds, so the muxer stops
   reading it and TCP stops its sender): the refusals fresh keys can cause per second are bounded
   by this node's numbers, not by their speed or their number.
 
@@ -98,6 +98,8 @@ class BudgetConfig(StrictModel):
     log_interval_s: float = Field(60.0, gt=0, description="a peer's refusals are logged at most once per interval")
     muzzle_after: int = Field(20, ge=1, description="refusals of newcomers (together) within a second past which "
                               "each newcomer refused is not read for muzzle_s")
+    muzzle_peer_min: int = Field(5, ge=1, description="refusals of one newcomer within that second before it "
+                                 "is muzzled (an honest one is refused once or twice)")
     muzzle_s: float = Field(5.0, ge=0, le=600, description="seconds a muzzled newcomer's next stream waits "
                             "(0: never muzzle)")
 
@@ -132,12 +134,15 @@ class Refusals:
 
 class Muzzle:
     """Newcomers refused faster than ``muzzle_after`` times a second, together (1 or 1,000 fresh
-    keys alike): each one refused past that waits ``muzzle_s`` before this node accepts another
-    stream of its (``wait_s``); muzzles of ``_PEERS_KEPT`` peers at most."""
+    keys alike): each one refused at least ``muzzle_peer_min`` times in that second waits
+    ``muzzle_s`` before this node accepts another stream of its (``wait_s``). An honest newcomer
+    refused once or twice while an attacker drains the newcomers' allotment is not held (it may
+    be the one fetching from this node). State of ``_PEERS_KEPT`` peers at most."""
 
     def __init__(self, cfg: BudgetConfig, members: Members, *, clock: Clock = time.monotonic) -> None:
         self.cfg, self.members, self.clock = cfg, members, clock
         self._second, self._count = float("-inf"), 0  # newcomers' refusals in the second that started then
+        self._by_peer: OrderedDict[str, int] = OrderedDict()  # each newcomer's refusals in that second
         self._until: OrderedDict[str, float] = OrderedDict()
 
     def refused(self, peer: str) -> bool:
@@ -148,8 +153,11 @@ class Muzzle:
         now = self.clock()
         if now - self._second >= 1.0:
             self._second, self._count = now, 0
+            self._by_peer.clear()
         self._count += 1
-        if self._count < self.cfg.muzzle_after or self.wait_s(peer) > 0:
+        mine = self._by_peer[peer] = self._by_peer.get(peer, 0) + 1
+        _keep_last(self._by_peer)
+        if self._count < self.cfg.muzzle_after or mine < self.cfg.muzzle_peer_min or self.wait_s(peer) > 0:
             return False
         self._until[peer] = now + self.cfg.muzzle_s
         _keep_last(self._until)

@@ -18,7 +18,7 @@ A reset costs this node ~0.3-0.6 ms, but the sender may open the next stream at 
 attacker on its own CPU re-opened thousands per node per 20 s and saturated a one-core swarm
 (bench/RESULTS.md, "The whole adversary bench with the attacker on a CPU of its own").
 ``HeldAccepts`` wraps each connection's stream accept: while the ``Muzzle`` holds a newcomer
-(refused while newcomers together were refused too often within a second), its connection's
+(refused repeatedly while newcomers together were refused too often within a second), its connection's
 next stream is not accepted, so the muxer stops reading that connection once its small queue of
 new streams is full, and TCP flow control stops the sender. Its waiting costs this node
 nothing; the connection's open streams wait too.
