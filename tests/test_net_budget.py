@@ -366,7 +366,7 @@ def test_a_muzzled_connection_accepts_no_stream_until_the_muzzle_ends_or_it_clos
     trio = pytest.importorskip("trio")
     from trio.testing import MockClock
 
-    from pulse_node.net.wire.gate import hold_accepts
+    from pulse_node.net.wire.held import hold_accepts
 
     class Muxed:
         peer_id = "sybil"

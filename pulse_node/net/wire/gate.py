@@ -17,24 +17,22 @@ after negotiation, as before, and a refusal still reaches them as a typed ``busy
 A reset costs this node ~0.3-0.6 ms, but the sender may open the next stream at once: an
 attacker on its own CPU re-opened thousands per node per 20 s and saturated a one-core swarm
 (bench/RESULTS.md, "The whole adversary bench with the attacker on a CPU of its own").
-``HeldAccepts`` wraps each connection's stream accept: while the ``Muzzle`` holds a newcomer
-(refused repeatedly while newcomers together were refused too often within a second), its connection's
-next stream is not accepted, so the muxer stops reading that connection once its small queue of
-new streams is full, and TCP flow control stops the sender. Its waiting costs this node
-nothing; the connection's open streams wait too.
+``HeldAccepts`` wraps each connection's stream accept (``held.hold_accepts``): while the
+``Muzzle`` holds a newcomer (refused repeatedly while newcomers together were refused too often
+within a second), its connection's next stream is not accepted, so the muxer stops reading that
+connection once its small queue of new streams is full, and TCP flow control stops the sender.
+Its waiting costs this node nothing; the connection's open streams wait too.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
-import trio
 from libp2p.abc import INetConn, INetStream, INetwork, INotifee
 from libp2p.rcmgr import ResourceManager
 from libp2p.rcmgr.manager import Direction
 from multiaddr import Multiaddr
 
 from pulse_node.net.peers.budget import Muzzle, StreamPools
+from pulse_node.net.wire.held import hold_accepts
 
 
 class StreamGate(ResourceManager):
@@ -50,31 +48,6 @@ class StreamGate(ResourceManager):
         if direction == Direction.INBOUND and not self.pools.admit(str(peer_id)):
             return False  # the muxer resets the stream: no negotiation, no reply (counted by ``admit``)
         return super().acquire_stream(peer_id, direction)
-
-
-def hold_accepts(muxed: Any, muzzle: Muzzle) -> None:
-    """Wrap ``muxed.accept_stream`` (the loop py-libp2p runs per connection calls it for every
-    new stream): while ``muzzle`` holds the connection's peer, wait (or until it closes)."""
-    accept, peer = muxed.accept_stream, str(muxed.peer_id)
-    closed = getattr(muxed, "event_closed", None)
-
-    async def held() -> None:
-        while (left := muzzle.wait_s(peer)) > 0:
-            with trio.move_on_after(left):
-                if closed is None:
-                    await trio.sleep(left)
-                else:
-                    await closed.wait()
-            if closed is not None and closed.is_set():
-                return  # the accept reports the closed connection
-
-    async def accept_stream() -> Any:
-        await held()
-        stream = await accept()
-        await held()  # the stream the loop was already waiting for when the muzzle began waits too
-        return stream
-
-    muxed.accept_stream = accept_stream
 
 
 class HeldAccepts(INotifee):
