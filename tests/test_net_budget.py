@@ -301,9 +301,8 @@ def test_a_newcomer_is_refused_before_negotiation_when_its_streams_or_the_newcom
 def _muzzled(**kw: object) -> tuple[Refusals, Muzzle, Members, Clock]:
     clock, members = Clock(), Members(["m1"])
     members.set_standing(["worker"])
-    refusals = Refusals(clock=clock)
-    refusals.muzzle = Muzzle(BudgetConfig(**kw), members, clock=clock)
-    return refusals, refusals.muzzle, members, clock
+    muzzle = Muzzle(BudgetConfig(**kw), members, clock=clock)
+    return Refusals(clock=clock, muzzle=muzzle), muzzle, members, clock
 
 
 def test_a_newcomer_refused_too_fast_is_muzzled_once_for_muzzle_s() -> None:
@@ -361,10 +360,11 @@ def test_refusals_spread_out_members_standing_and_evictions_never_muzzle() -> No
 
 
 def test_a_muzzled_connection_accepts_no_stream_until_the_muzzle_ends_or_it_closes() -> None:
-    """``hold_accepts``: the wrapped accept waits out the muzzle (trio's clock jumps), and a
-    connection closed meanwhile is handed to the accept at once."""
+    """``hold_accepts``: the wrapped accept waits out the muzzle (trio's mock clock, moved by
+    hand once every task is blocked), and a connection closed meanwhile is handed to the accept
+    at once."""
     trio = pytest.importorskip("trio")
-    from trio.testing import MockClock
+    from trio.testing import MockClock, wait_all_tasks_blocked
 
     from pulse_node.net.wire.held import hold_accepts
 
@@ -379,7 +379,22 @@ def test_a_muzzled_connection_accepts_no_stream_until_the_muzzle_ends_or_it_clos
             self.accepted.append(trio.current_time())
             return "stream"
 
-    async def main() -> None:
+    async def accept_once(clock: MockClock, muxed: Muxed, jump: float, close: Muxed | None = None) -> str:
+        """The accept started, every task blocked on it, then the clock moved (and ``close`` closed)."""
+        got: list[str] = []
+
+        async def accept() -> None:
+            got.append(await muxed.accept_stream())
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(accept)
+            await wait_all_tasks_blocked()
+            clock.jump(jump)
+            if close is not None:
+                close.event_closed.set()
+        return got[0]
+
+    async def main(clock: MockClock) -> None:
         _, muzzle, _, _ = _muzzled(muzzle_after=1, muzzle_peer_min=1, muzzle_s=5.0)
         muzzle.clock = trio.current_time  # the muzzle reads trio's (mock) clock
         muzzle.refused("sybil")
@@ -388,19 +403,30 @@ def test_a_muzzled_connection_accepts_no_stream_until_the_muzzle_ends_or_it_clos
         hold_accepts(held, muzzle)
         hold_accepts(other, muzzle)
         assert await other.accept_stream() == "stream" and other.accepted == [0.0]
-        assert await held.accept_stream() == "stream" and held.accepted == [5.0]
+        assert await accept_once(clock, held, 5.0) == "stream" and held.accepted == [5.0]
         muzzle.refused("sybil")  # held again from t = 5 to 10; its connection closes at 7
         closed = Muxed()
         closed.event_closed = held.event_closed
         hold_accepts(closed, muzzle)
-
-        async def close_at_7() -> None:
-            await trio.sleep(2.0)
-            held.event_closed.set()
-
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(close_at_7)
-            assert await closed.accept_stream() == "stream"
+        assert await accept_once(clock, closed, 2.0, close=held) == "stream"
         assert closed.accepted == [7.0]
 
-    trio.run(main, clock=MockClock(autojump_threshold=0))
+    clock = MockClock()
+    trio.run(main, clock, clock=clock)
+
+
+def test_a_muxer_shared_by_two_connections_is_held_by_one_wrap() -> None:
+    from pulse_node.net.wire.held import hold_accepts
+
+    class Muxed:
+        peer_id = "sybil"
+
+        async def accept_stream(self) -> str:
+            return "stream"
+
+    muxed = Muxed()
+    _, muzzle, _, _ = _muzzled()
+    hold_accepts(muxed, muzzle)
+    wrapped = muxed.accept_stream
+    hold_accepts(muxed, muzzle)
+    assert muxed.accept_stream is wrapped

@@ -34,9 +34,9 @@ node's trust policy over the local RPC (``set_members``).
 - **Muzzle** (``Muzzle``): a refusal costs this node little, but an attacker may ask again at
   once, as fast as its own CPU goes. Once newcomers together are refused ``muzzle_after`` times
   within a second, each newcomer refused ``muzzle_peer_min`` times in it waits ``muzzle_s``
-  before this node accepts another stream of its connection (the wire worker's accept loop holds, so the muxer stops
-  reading it and TCP stops its sender): the refusals fresh keys can cause per second are bounded
-  by this node's numbers, not by their speed or their number.
+  before this node accepts another stream of its connection (the wire worker's accept loop
+  holds, so the muxer stops reading it and TCP stops its sender): the refusals fresh keys can
+  cause per second are bounded by this node's numbers, not by their speed.
 
 Every refusal is counted by reason (``Refusals``) and logged once per peer per interval.
 """
@@ -108,11 +108,10 @@ class Refusals:
     """Refusals counted by reason; logged at most once per (peer, reason) per interval; each one
     told to the ``muzzle`` (when set), which may muzzle the peer (counted as ``muzzled``)."""
 
-    def __init__(self, *, interval: float = 60.0, clock: Clock = time.monotonic) -> None:
+    def __init__(self, *, interval: float = 60.0, clock: Clock = time.monotonic, muzzle: Muzzle | None = None) -> None:
         self.by_reason: Counter[BudgetRefusal] = Counter()
-        self.interval, self.clock = interval, clock
+        self.interval, self.clock, self.muzzle = interval, clock, muzzle
         self._logged: OrderedDict[tuple[str, BudgetRefusal], float] = OrderedDict()
-        self.muzzle: Muzzle | None = None
 
     def add(self, peer: str, reason: BudgetRefusal, detail: str = "") -> None:
         self._count(peer, reason, detail)

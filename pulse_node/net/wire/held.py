@@ -19,7 +19,11 @@ from pulse_node.net.peers.budget import Muzzle
 
 def hold_accepts(muxed: Any, muzzle: Muzzle) -> None:
     """Wrap ``muxed.accept_stream`` (the loop py-libp2p runs per connection calls it for every
-    new stream): while ``muzzle`` holds the connection's peer, wait (or until it closes)."""
+    new stream): while ``muzzle`` holds the connection's peer, wait (or until it closes). Once per
+    muxer: connections that share one (py-libp2p's duplicate wrappers) are held by one wrap."""
+    if getattr(muxed, "_held_by_muzzle", False):
+        return
+    muxed._held_by_muzzle = True
     accept, peer = muxed.accept_stream, str(muxed.peer_id)
     closed = getattr(muxed, "event_closed", None)
 
