@@ -140,3 +140,35 @@ def test_junk_completions_cost_only_the_spot_rows_forward(lab) -> None:
     key = BatchKey(lab.run_id, 1, FORGER, 2)
     picks = {tuple(lab.new_verifier().spot_rows(list(range(len(rs))), key)) for _ in range(8)}
     assert len(picks) > 1
+
+
+class _Counting:
+    """A reward that counts the completions it was asked to score (and scores like the real one)."""
+
+    def __init__(self, base) -> None:
+        self.base, self.seen = base, []
+
+    def score(self, completion, answer, *, budget=None):
+        self.seen.append(completion)
+        return self.base.score(completion, answer, budget=budget)
+
+    def __call__(self, completion, answer):
+        return self.score(completion, answer).value
+
+
+def test_unverified_text_never_reaches_the_answer_checker(lab) -> None:
+    """Cheap before expensive: a row whose draws fail is refused before its reward is computed, so
+    hostile text written under the right prompts costs the checker nothing."""
+    rs = lab.honest(FORGER, 1)
+    tok = lab.policy.tokenizer
+    for r in rs:  # every completion rewritten (not sampled), ending as the honest one did
+        r.completion_ids = (tok.encode_target("(a+b+c+d)^{40}") * 4)[: len(r.completion_ids) - 1] + r.completion_ids[-1:]
+    verifier = lab.new_verifier()
+    counting = verifier.worker.reward_fn = _Counting(verifier.worker.reward_fn)
+    verdict = verifier.check(rs, sender=FORGER, current_version=1, state_of=lab.states.get, full=True)
+    assert verdict.reason == "not_sampled" and all(c.reason == "not_sampled" for c in verdict.checks)
+    assert counting.seen == []
+    honest = lab.new_verifier()
+    counting = honest.worker.reward_fn = _Counting(honest.worker.reward_fn)
+    assert honest.check(lab.honest(HONEST, 1), sender=HONEST, current_version=1, state_of=lab.states.get).ok
+    assert 0 < len(counting.seen) <= len(rs)  # each distinct (completion, answer) scored once

@@ -15,7 +15,7 @@ weights' version.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -26,9 +26,10 @@ from pulse_node.rl.config import SamplingConfig
 from pulse_node.rl.liveweights import LiveWeights
 from pulse_node.rl.models import HFLM, TinyLM
 from pulse_node.rl.policy import check_prompts
+from pulse_node.rl.rewards import Reward, reward_for
 from pulse_node.rl.rollout import Rollout
 from pulse_node.rl.seeded import draw, drawable, greedy, uniforms
-from pulse_node.rl.tasks import Problem, TaskSource, reward_for
+from pulse_node.rl.tasks import Problem, TaskSource
 from pulse_node.rl.tokenizer import Tokenizer
 
 EVAL_CHUNK = 256
@@ -37,8 +38,7 @@ EVAL_CHUNK = 256
 class RolloutWorker:
     """Generates scored rollouts with the BF16 weights of one policy version."""
 
-    def __init__(self, policy_like, sampling_cfg: SamplingConfig, *,
-                 reward_fn: Callable[[str, str], float] | None = None) -> None:
+    def __init__(self, policy_like, sampling_cfg: SamplingConfig, *, reward_fn: Reward | None = None) -> None:
         self.cfg = sampling_cfg
         self.tokenizer: Tokenizer = policy_like.tokenizer
         self.device = policy_like.device

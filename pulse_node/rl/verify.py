@@ -26,9 +26,11 @@ batch):
    the token's recomputed CDF interval widened by ``verify.score_tolerance`` (``not_sampled``:
    edited, swapped, written, truncated-then-EOS or other-model completions); per token only the
    interval bounds and the log-prob are kept, never a [tokens, vocabulary] noise tensor;
-6. the reward, recomputed with the task's reward function, must equal the claim
-   (``wrong_reward``); the claimed log-probs must match ours within ``verify.logprob_tolerance``
-   (``forged_logprobs``).
+6. only for rows whose draws verified (cheap before expensive: unverified text never reaches the
+   answer checker): the reward, recomputed with the task's reward (``rl/rewards.py``; the answer
+   checker gets ``verify.checker_cpu_s`` of CPU per batch, each call bounded), must equal the claim
+   (``wrong_reward``; a reward the bound left undecided scores 0 and is not compared); the claimed
+   log-probs must match ours within ``verify.logprob_tolerance`` (``forged_logprobs``).
 
 An accepted batch comes back as ``local`` rollouts carrying the trainer's reward and behaviour
 log-probs of that version: no number from the producer enters the loss.
@@ -50,8 +52,10 @@ import torch
 from pulse_node.codec.state import State
 from pulse_node.rl.assign import BatchKey, assigned_problems
 from pulse_node.rl.batch import Packed, pack
+from pulse_node.rl.checker import CheckerBudget
 from pulse_node.rl.chunked import hidden_states, output_head
 from pulse_node.rl.config import VerifyConfig
+from pulse_node.rl.rewards import Score
 from pulse_node.rl.rollout import Rollout
 from pulse_node.rl.sampler import RolloutWorker
 from pulse_node.rl.seeded import Intervals, drawable, intervals, outside, uniforms
@@ -130,7 +134,7 @@ class RolloutVerifier:
         self._logit_width: int | None = None
         self.logit_budget = LOGIT_BUDGET  # logits per forward (benches lower it to vary the shape)
         self._secret = os.urandom(32)  # picks the spot rows: the sender cannot know which
-        self._rewards: dict[tuple[tuple[int, ...], str], float] = {}
+        self._rewards: dict[tuple[tuple[int, ...], str], Score] = {}
         self.forwarded_rows = 0  # sequences run through the teacher-forced forward (benches, tests)
 
     # ---- the checks --------------------------------------------------------------------
@@ -160,12 +164,13 @@ class RolloutVerifier:
         scored: dict[int, Rollout] = {}
         spot = [] if full else self.spot_rows(todo, key)
         self._rewards = {}
-        self._score(rollouts, spot, problems=problems, key=key, checks=checks, scored=scored)
+        budget = CheckerBudget(self.cfg.checker_cpu_s)  # the answer checker's CPU for this batch
+        self._score(rollouts, spot, problems=problems, key=key, checks=checks, scored=scored, budget=budget)
         if not all(checks[i].ok for i in spot):  # a cheap refusal: the spot rows' forward only
             return self._verdict(checks, [])
         rest = [i for i in todo if i not in set(spot)]
-        self._score(rollouts, rest, problems=problems, key=key, checks=checks, scored=scored)
-        out = [scored[i] for i in todo]
+        self._score(rollouts, rest, problems=problems, key=key, checks=checks, scored=scored, budget=budget)
+        out = [scored[i] for i in todo if i in scored]  # rows whose draws failed were not scored
         verdict = self._verdict(checks, out)
         if verdict.ok:
             self._accepted.add(key)
@@ -178,20 +183,25 @@ class RolloutVerifier:
         return sorted(random.Random(pick).sample(todo, min(SPOT_ROWS, len(todo))))
 
     def _score(self, rollouts: list[Rollout], idx: list[int], *, problems: list[Problem], key: BatchKey,
-               checks: list[RolloutCheck], scored: dict[int, Rollout]) -> None:
-        """Recompute rollouts ``idx`` (one forward) and check their draws, rewards and log-probs."""
+               checks: list[RolloutCheck], scored: dict[int, Rollout], budget: CheckerBudget) -> None:
+        """Recompute rollouts ``idx`` (one forward) and check their draws, then (cheap before
+        expensive: only rows whose draws verified reach the answer checker) rewards and log-probs."""
         if not idx:
             return
         rec = self.recompute([rollouts[i] for i in idx], key)
         for j, i in enumerate(idx):
             r, problem = rollouts[i], problems[i // self.sampling.group_size]
+            checks[i] = self._draws(r, rec, j)
+            if not checks[i].ok:
+                continue
             seen = (tuple(r.completion_ids), problem.answer)
             if seen not in self._rewards:
-                self._rewards[seen] = self._reward(r, problem)
-            reward = self._rewards[seen]
-            checks[i] = self._dynamic(r, rec, j, reward=reward)
+                text = self.worker.tokenizer.decode(r.completion_ids)
+                self._rewards[seen] = self.worker.reward_fn.score(text, problem.answer, budget=budget)
+            score = self._rewards[seen]
+            checks[i] = self._claims(r, rec, j, score=score, check=checks[i])
             scored[i] = copy.copy(r)
-            scored[i].reward, scored[i].logprobs, scored[i].local = reward, rec.logprobs[j], True
+            scored[i].reward, scored[i].logprobs, scored[i].local = score.value, rec.logprobs[j], True
 
     def _verdict(self, checks: list[RolloutCheck], scored: list[Rollout]) -> BatchVerdict:
         bad = next((c for c in checks if not c.ok), None)
@@ -235,22 +245,25 @@ class RolloutVerifier:
             c.reason, c.detail = BatchRefusal.TOKEN_RANGE, "token ids outside the vocabulary or longer than the context"
         return c
 
-    def _dynamic(self, r: Rollout, rec: Recomputed, j: int, *, reward: float) -> RolloutCheck:
-        """Seeded draws, reward and log-prob claims of ``r`` (``rec``'s ``j``-th), against the recomputation."""
+    def _draws(self, r: Rollout, rec: Recomputed, j: int) -> RolloutCheck:
+        """Whether every token of ``r`` (``rec``'s ``j``-th) is the seeded draw of the recomputation."""
         c = RolloutCheck(r.sample, gap=float(rec.gap[j]), closest=float(rec.closest[j]))
         if c.gap > self.cfg.score_tolerance:
             c.reason = BatchRefusal.NOT_SAMPLED
             c.detail = (f"token {int(rec.token_gaps[j].argmax())} is not the seeded draw "
                         f"(gap {c.gap:.4g} > tolerance {self.cfg.score_tolerance:g})")
-        elif abs(r.reward - reward) > REWARD_TOLERANCE:
-            c.reason, c.detail = BatchRefusal.WRONG_REWARD, f"reward {r.reward:g} claimed, {reward:g} recomputed"
+        return c
+
+    def _claims(self, r: Rollout, rec: Recomputed, j: int, *, score: Score, check: RolloutCheck) -> RolloutCheck:
+        """The reward and log-prob claims of a rollout whose draws verified. A reward the checker
+        left undecided (its CPU bound ran out: scored 0) is not held against the claim."""
+        c = check
+        if score.exact and abs(r.reward - score.value) > REWARD_TOLERANCE:
+            c.reason, c.detail = BatchRefusal.WRONG_REWARD, f"reward {r.reward:g} claimed, {score.value:g} recomputed"
         elif (off := float(rec.claim_off[j])) > self.cfg.logprob_tolerance:
             c.reason = BatchRefusal.FORGED_LOGPROBS
             c.detail = f"log-probs differ by {off:.4g} > tolerance {self.cfg.logprob_tolerance:g}"
         return c
-
-    def _reward(self, r: Rollout, problem: Problem) -> float:
-        return float(self.worker.reward_fn(self.worker.tokenizer.decode(r.completion_ids), problem.answer))
 
     # ---- the teacher-forced recomputation ------------------------------------------------
     @torch.no_grad()
