@@ -55,6 +55,7 @@ from pulse_node.rl.batch import Packed, pack
 from pulse_node.rl.checker import CheckerBudget
 from pulse_node.rl.chunked import hidden_states, output_head
 from pulse_node.rl.config import VerifyConfig
+from pulse_node.rl.precision import Probe, Tolerances, probe, tolerances
 from pulse_node.rl.rewards import Score
 from pulse_node.rl.rollout import Rollout
 from pulse_node.rl.sampler import RolloutWorker
@@ -136,6 +137,9 @@ class RolloutVerifier:
         self._secret = os.urandom(32)  # picks the spot rows: the sender cannot know which
         self._rewards: dict[tuple[tuple[int, ...], str], Score] = {}
         self.forwarded_rows = 0  # sequences run through the teacher-forced forward (benches, tests)
+        self.tol = tolerances(Probe.none(), score_tolerance=cfg.score_tolerance, logprob_tolerance=cfg.logprob_tolerance,
+                              temperature=self.sampling.temperature)  # the last batch's (benches, the CLI)
+        self._near = [0, 0]  # tokens outside their FP32 interval, tokens checked (this batch)
 
     # ---- the checks --------------------------------------------------------------------
     def check(self, rollouts: list[Rollout], *, sender: str, current_version: int,
@@ -163,7 +167,8 @@ class RolloutVerifier:
         todo = [i for i, c in enumerate(checks) if c.ok]
         scored: dict[int, Rollout] = {}
         spot = [] if full else self.spot_rows(todo, key)
-        self._rewards = {}
+        self._rewards, self._near = {}, [0, 0]
+        self.tol = self._tolerances([rollouts[i] for i in (spot or todo[:SPOT_ROWS])])
         budget = CheckerBudget(self.cfg.checker_cpu_s)  # the answer checker's CPU for this batch
         self._score(rollouts, spot, problems=problems, key=key, checks=checks, scored=scored, budget=budget)
         if not all(checks[i].ok for i in spot):  # a cheap refusal: the spot rows' forward only
@@ -172,6 +177,11 @@ class RolloutVerifier:
         self._score(rollouts, rest, problems=problems, key=key, checks=checks, scored=scored, budget=budget)
         out = [scored[i] for i in todo if i in scored]  # rows whose draws failed were not scored
         verdict = self._verdict(checks, out)
+        near, tokens = self._near
+        if verdict.ok and near > self.tol.near_limit(tokens):  # the batch-level test (rl/precision.py)
+            verdict = BatchVerdict(BatchRefusal.NOT_SAMPLED, f"{near} of {tokens} tokens drawn outside their FP32 "
+                                   f"interval, {rollouts[0].precision} rounding explains at most "
+                                   f"{self.tol.near_limit(tokens)}", checks)
         if verdict.ok:
             self._accepted.add(key)
             self._accepted = {k for k in self._accepted if k.version >= current_version - self.max_staleness}
@@ -194,6 +204,8 @@ class RolloutVerifier:
             checks[i] = self._draws(r, rec, j)
             if not checks[i].ok:
                 continue
+            self._near[0] += int((rec.token_gaps[j] > self.cfg.score_tolerance).sum())
+            self._near[1] += len(r.completion_ids)
             seen = (tuple(r.completion_ids), problem.answer)
             if seen not in self._rewards:
                 text = self.worker.tokenizer.decode(r.completion_ids)
@@ -202,6 +214,22 @@ class RolloutVerifier:
             checks[i] = self._claims(r, rec, j, score=score, check=checks[i])
             scored[i] = copy.copy(r)
             scored[i].reward, scored[i].logprobs, scored[i].local = score.value, rec.logprobs[j], True
+
+    def _tolerances(self, probed: list[Rollout]) -> Tolerances:
+        """The batch's tolerances: FP32's, or widened by the declared precision's error in the
+        logits as measured on ``probed`` (the spot rows; ``rl/precision.py``)."""
+        w, base = self.worker, dict(score_tolerance=self.cfg.score_tolerance,
+                                    logprob_tolerance=self.cfg.logprob_tolerance, temperature=self.sampling.temperature)
+        if not probed or probed[0].precision == "fp32" and w.compute == "fp32":
+            return tolerances(Probe.none(), **base)
+        packed = pack([(r.prompt_ids, r.completion_ids) for r in probed], pad_id=w.tokenizer.pad_id, device=w.device)
+        row = torch.tensor([i for i, r in enumerate(probed) for _ in r.completion_ids], device=w.device)
+        pos = torch.tensor([len(r.prompt_ids) - 1 + k for r in probed for k in range(len(r.completion_ids))],
+                           device=w.device)
+        tokens = torch.tensor([t for r in probed for t in r.completion_ids], device=w.device)
+        found = probe(w.lm, packed, row, pos, tokens, precision=probed[0].precision, verifier=w.compute,  # type: ignore[arg-type]
+                      vocab=drawable(self._vocab(), w.tokenizer.vocab_size), temperature=self.sampling.temperature)
+        return tolerances(found, **base)
 
     def _verdict(self, checks: list[RolloutCheck], scored: list[Rollout]) -> BatchVerdict:
         bad = next((c for c in checks if not c.ok), None)
@@ -248,10 +276,10 @@ class RolloutVerifier:
     def _draws(self, r: Rollout, rec: Recomputed, j: int) -> RolloutCheck:
         """Whether every token of ``r`` (``rec``'s ``j``-th) is the seeded draw of the recomputation."""
         c = RolloutCheck(r.sample, gap=float(rec.gap[j]), closest=float(rec.closest[j]))
-        if c.gap > self.cfg.score_tolerance:
+        if c.gap > self.tol.draw:
             c.reason = BatchRefusal.NOT_SAMPLED
             c.detail = (f"token {int(rec.token_gaps[j].argmax())} is not the seeded draw "
-                        f"(gap {c.gap:.4g} > tolerance {self.cfg.score_tolerance:g})")
+                        f"(gap {c.gap:.4g} > tolerance {self.tol.draw:g} for {r.precision})")
         return c
 
     def _claims(self, r: Rollout, rec: Recomputed, j: int, *, score: Score, check: RolloutCheck) -> RolloutCheck:
@@ -260,9 +288,9 @@ class RolloutVerifier:
         c = check
         if score.exact and abs(r.reward - score.value) > REWARD_TOLERANCE:
             c.reason, c.detail = BatchRefusal.WRONG_REWARD, f"reward {r.reward:g} claimed, {score.value:g} recomputed"
-        elif (off := float(rec.claim_off[j])) > self.cfg.logprob_tolerance:
+        elif (off := float(rec.claim_off[j])) > self.tol.logprob:
             c.reason = BatchRefusal.FORGED_LOGPROBS
-            c.detail = f"log-probs differ by {off:.4g} > tolerance {self.cfg.logprob_tolerance:g}"
+            c.detail = f"log-probs differ by {off:.4g} > tolerance {self.tol.logprob:g} for {r.precision}"
         return c
 
     # ---- the teacher-forced recomputation ------------------------------------------------
