@@ -25,6 +25,7 @@ from pulse_node.rl.config import (
     ArithmeticTaskConfig,
     GRPOConfig,
     ModelConfig,
+    Precision,
     SamplingConfig,
     TaskConfig,
     VerifyConfig,
@@ -213,6 +214,9 @@ class InferenceConfig(NodeConfig):
     """An inference node: pulls versions, generates and scores rollouts for trainers."""
 
     role: Literal["inference"] = "inference"
+    compute: Precision = Field("fp32", description="what this node computes its rollouts' logits in: 'bf16' or "
+                               "'fp16' as engines run (half the memory); each batch declares it and trainers widen "
+                               "their checks by that precision's error (rl/precision.py)")
 
 
 RoleConfig = Annotated[TrainerConfig | InferenceConfig, Field(discriminator="role")]

@@ -41,6 +41,8 @@ class ModelConfig(StrictModel):
         return self
 
 
+Precision = Literal["fp32", "bf16", "fp16"]
+"""What a node computes logits in (``rl/precision.py``): a producer declares it in each batch."""
 RewardName = Literal["exact", "gsm8k", "math"]
 """The rewards of ``rl/rewards.py`` (``REWARDS``): "exact" match, "gsm8k" numbers, "math" (math-verify)."""
 
@@ -127,6 +129,9 @@ class VerifyConfig(StrictModel):
     logprob_tolerance: float = pydantic.Field(
         0.02, gt=0, le=10, description="largest |claimed - recomputed| behaviour log-prob of a token (claims are "
         "only compared, never used)")
+    compute: Precision = pydantic.Field(
+        "fp32", description="what the trainer's verifier (and its own sampler) computes in: 'bf16' on a GPU saves "
+        "memory and time; its rounding error is added to the producer's in the tolerances (rl/precision.py)")
     checker_cpu_s: float = pydantic.Field(
         4.0, gt=0, le=600, description="CPU seconds the answer checker (math-verify, rl/checker.py) may spend on "
         "one batch's rewards, each call at most 0.5 s; past it an answer scores 0 and is not compared with the claim")

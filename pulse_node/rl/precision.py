@@ -26,14 +26,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 
 from pulse_node.rl.batch import Packed
 from pulse_node.rl.chunked import hidden_states, output_head
+from pulse_node.rl.config import Precision
 
-Precision = Literal["fp32", "bf16", "fp16"]
 DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 SAFETY = 4.0  # the producer's error range may exceed the probe's (other kernels, other positions)
 RATE_SAFETY = 3.0  # and its rate of near-boundary draws

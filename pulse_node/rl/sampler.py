@@ -22,11 +22,11 @@ import torch
 from pulse_node.codec.inplace import Move
 from pulse_node.codec.state import State
 from pulse_node.rl.assign import BatchKey, assigned_problems
-from pulse_node.rl.config import SamplingConfig
+from pulse_node.rl.config import Precision, SamplingConfig
 from pulse_node.rl.liveweights import LiveWeights
 from pulse_node.rl.models import HFLM, TinyLM
 from pulse_node.rl.policy import check_prompts
-from pulse_node.rl.precision import DTYPES, Precision
+from pulse_node.rl.precision import DTYPES
 from pulse_node.rl.rewards import Reward, reward_for
 from pulse_node.rl.rollout import Rollout
 from pulse_node.rl.seeded import draw, drawable, greedy, uniforms
