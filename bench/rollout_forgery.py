@@ -54,12 +54,12 @@ def steering(lab: ForgeryLab, trials: int) -> dict[str, dict]:
         probe = lab.new_verifier()  # the forger learns the tolerance from an honest batch of its own
         honest0 = producer.generate_batch(lab.task, BatchKey(lab.run_id, lab.current, HONEST, 0))
         assert probe.check(honest0, sender=HONEST, current_version=lab.current, state_of=lab.states.get).ok
-        tau = probe.tol.draw
+        tol = probe.tol
         gain, moved, caught, honest_refused = [], 0, 0, 0
         for t in range(trials):
             key = BatchKey(lab.run_id, lab.current, FORGER, t % lab.batches_per_version)
             honest = producer.generate_batch(lab.task, key)
-            forged, n = steered_batch(producer, lab.task, key, tau=tau)
+            forged, n = steered_batch(producer, lab.task, key, tol=tol)
             gain.append(sum(r.reward for r in forged) / len(forged) - sum(r.reward for r in honest) / len(honest))
             moved += n
             lab.verifier = lab.new_verifier()
@@ -67,10 +67,10 @@ def steering(lab: ForgeryLab, trials: int) -> dict[str, dict]:
             caught += verdict.strike
             lab.verifier = lab.new_verifier()
             honest_refused += not lab.judge(FORGER, honest).ok
-        out[precision] = {"tolerance": tau, "gain_per_rollout": sum(gain) / len(gain), "tokens_moved": moved,
+        out[precision] = {"tolerance": tol.widest, "spread": tol.spread, "gain_per_rollout": sum(gain) / len(gain), "tokens_moved": moved,
                           "caught": caught, "tried": trials, "honest_refused": honest_refused,
                           "rollouts_per_batch": len(honest)}
-        print(f"steering {precision}: tolerance {tau:.3g}, reward gain {out[precision]['gain_per_rollout']:+.4f} "
+        print(f"steering {precision}: widest tolerance {tol.widest:.3g}, reward gain {out[precision]['gain_per_rollout']:+.4f} "
               f"per rollout, {moved} tokens moved, caught {caught}/{trials} (honest refused {honest_refused})",
               flush=True)
     return out

@@ -107,7 +107,7 @@ def run_config(policy, cfg: SoloConfig, state, version: int, *, p_threads: int, 
         torch.set_num_threads(v_threads)
         verdict = verifier.check(decode_rollouts(encode_rollouts(rollouts)), sender=sender, current_version=version,
                                  state_of=lambda v: state, full=True)
-        tally.add(rollouts, verdict, verifier.tol.draw)
+        tally.add(rollouts, verdict, verifier.tol.widest)
 
 
 def honest_grid(args) -> dict[str, Tally]:

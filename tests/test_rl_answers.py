@@ -89,7 +89,8 @@ def test_extraction_and_contexts() -> None:
 
 @pytest.mark.parametrize("got, want", [("1,234", "1234"), ("$5.00", "5"), ("3/4", "0.75"), ("\\frac{3}{4}", "0.75"),
                                        ("-\\frac{3}{4}", "-0.75"), ("\\dfrac{6}{8}", "3/4"), ("72.", "72"),
-                                       ("\\$1,000", "1000"), ("#### $7 apples", "7"), ("It costs $1,234.00", "1234")])
+                                       ("\\$1,000", "1000"), ("#### $7 apples", "7"), ("It costs $1,234.00", "1234"),
+                                       ("so \\boxed{6,085,719}", "6085719"), ("#### 12,345,678", "12345678")])
 def test_gsm8k_numbers(got: str, want: str) -> None:
     assert GSM8K(got, want) == 1.0 and MATH(got, want) == 1.0
 

@@ -189,26 +189,26 @@ def test_bf16_and_fp16_producers_pass_with_the_tolerances_of_their_precision(lab
         verdict = verifier.check(decode_rollouts(encode_rollouts(rs)), sender=HONEST, current_version=1,
                                  state_of=lab.states.get)
         assert verdict.ok, verdict.detail
-        assert lab.verify.score_tolerance < verifier.tol.draw < 0.25 and verifier.tol.rate > 0
+        assert verifier.tol.spread > 0 and lab.verify.score_tolerance < verifier.tol.widest < 0.25 and verifier.tol.rate > 0
     fp32 = lab.new_verifier()
     assert fp32.check(lab.honest(HONEST, 3, 1), sender=HONEST, current_version=1, state_of=lab.states.get).ok
-    assert fp32.tol.draw == lab.verify.score_tolerance and fp32.tol.rate == 0  # FP32 keeps FP32's tolerances
+    assert fp32.tol.widest == lab.verify.score_tolerance and fp32.tol.rate == 0  # FP32 keeps FP32's tolerances
 
 
 def test_a_forger_steering_every_draw_within_the_bf16_tolerance_gains_little(lab) -> None:
     """Steering every draw it can toward the answer (full knowledge of the key and the tolerance)
-    moves a token only where u falls within the tolerance of a boundary (~2 tau per token), so its
+    moves a token only where u falls within the tolerance of a boundary (~2 tol per token), so its
     gain is bounded by that; a batch that moves more tokens than BF16 rounding explains is refused."""
     producer = RolloutWorker(lab.policy, lab.sampling, compute="bf16")
     producer.set_weights(lab.states[1], 1)
     verifier = lab.new_verifier()
     assert verifier.check(producer.generate_batch(lab.task, BatchKey(lab.run_id, 1, FORGER, 0)), sender=FORGER,
                           current_version=1, state_of=lab.states.get).ok
-    tau, moved_all, tokens_all, gain = verifier.tol.draw, 0, 0, 0.0
+    tol, moved_all, tokens_all, gain = verifier.tol, 0, 0, 0.0
     for b in range(4):
         key = BatchKey(lab.run_id, 1, FORGER, b)
         honest = producer.generate_batch(lab.task, key)
-        forged, moved = steered_batch(producer, lab.task, key, tau=tau)
+        forged, moved = steered_batch(producer, lab.task, key, tol=tol)
         tokens = sum(len(r.completion_ids) for r in forged)
         check = lab.new_verifier()
         verdict = check.check(forged, sender=FORGER, current_version=1, state_of=lab.states.get)
@@ -218,5 +218,5 @@ def test_a_forger_steering_every_draw_within_the_bf16_tolerance_gains_little(lab
             assert not verdict.ok
         moved_all, tokens_all = moved_all + moved, tokens_all + tokens
         gain += (sum(r.reward for r in forged) - sum(r.reward for r in honest)) / len(forged)
-    assert moved_all <= 3 * tau * tokens_all + 3  # the margin: a choice only within tau of a boundary
+    assert moved_all <= 3 * tol.widest * tokens_all + 3  # the margin: a choice only within the tolerance of a boundary
     assert gain / 4 <= moved_all / (4 * len(honest)) + 1e-9  # no reward without a moved token

@@ -206,8 +206,9 @@ def _inside_number(part: str, i: int, *, latex: bool) -> bool:
     if before is None or after is None:
         return False
     lead, tail = before.group(0).lstrip("+-"), after.group(0)
-    if len(tail) == 3 and len(lead) <= 3 and lead[0] != "0":
-        return True  # 1,234 (and 12,345,678 one group at a time)
+    grouped = before.start() > 0 and part[before.start() - 1] == ","  # 12,345,678: the second group on
+    if len(tail) == 3 and len(lead) <= 3 and (lead[0] != "0" or grouped):
+        return True
     return lead == "0" if latex else True
 
 

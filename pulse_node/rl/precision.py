@@ -1,13 +1,16 @@
 """Compute precisions of producers and verifiers, and the tolerances of the checks that follow.
 
 A producer computing in BF16 or FP16 makes logits ``z + d`` where FP32 makes ``z``: ``d`` is its
-rounding error. Under softmax(z / T) that moves every CDF boundary ``C_j`` by at most
-``tanh(R / 4T)``, ``R = max d - min d`` over the vocabulary (the worst case puts ``+R`` on the ids
-below ``j`` and ``0`` above), and every log-prob by at most ``R / T``. So the verifier widens the
-draw interval by ``tanh(SAFETY * R / 4T)`` and the log-prob tolerance by ``SAFETY * R / T``, with
-``R`` measured, not assumed: ``probe`` recomputes the batch's spot rows (``rl/verify.py``) in the
-declared precision (torch autocast over the verifier's own weights, at most ``MAX_PROBE``
-positions) beside FP32 and takes the largest range seen. FP32 producers keep
+rounding error, of range ``R = max d - min d`` over the vocabulary. Under softmax(z / T) a CDF
+boundary ``C`` moves to ``C e^a / (C e^a + (1 - C) e^b)`` with ``a - b`` at most ``R / T`` (the
+worst case puts the whole range between the ids below the boundary and those above), so by at most
+``C (1 - C) (e^(R/T) - 1)``: nothing where the distribution is confident (``C`` near 0 or 1), at
+most ``(e^(R/T) - 1) / 4`` at an even split; a log-prob moves by at most ``R / T``. The verifier
+widens each boundary of each token's interval by that (``beyond``) and the log-prob tolerance by
+``R / T``, with ``R`` measured and multiplied by ``SAFETY``: ``probe`` recomputes the batch's
+spot rows (``rl/verify.py``) in the declared precision (torch autocast over the verifier's own
+weights, at most ``MAX_PROBE`` positions) beside FP32 and takes the largest range seen (on the
+default model autocast's range was 0.8x a BF16-cast module's). FP32 producers keep
 ``verify.score_tolerance`` / ``logprob_tolerance``. A verifier computing in BF16 itself adds its
 own error the same way (``RolloutWorker.compute``).
 
@@ -34,7 +37,7 @@ from pulse_node.rl.chunked import hidden_states, output_head
 from pulse_node.rl.config import Precision
 
 DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-SAFETY = 4.0  # the producer's error range may exceed the probe's (other kernels, other positions)
+SAFETY = 3.0  # the producer's error range may exceed the probe's (other kernels, other positions)
 RATE_SAFETY = 3.0  # and its rate of near-boundary draws
 MAX_PROBE = 128  # positions recomputed in the declared precision per batch
 MAX_TOLERANCE = 0.25  # a draw interval is never widened past this (probability)
@@ -56,12 +59,23 @@ class Probe:
 
 @dataclass(frozen=True)
 class Tolerances:
-    """What the checks of one batch allow: ``draw`` (probability outside the FP32 interval),
-    ``logprob`` (nats), ``rate`` (expected near-boundary disagreements per token; 0 for FP32)."""
+    """What the checks of one batch allow: ``draw`` (probability outside the FP32 interval) plus
+    ``spread * C (1 - C)`` at a boundary ``C``, ``logprob`` (nats), ``rate`` (expected
+    near-boundary disagreements per token; 0 for FP32)."""
 
     draw: float
     logprob: float
     rate: float
+    spread: float = 0.0
+
+    @property
+    def widest(self) -> float:
+        """The tolerance at an even split (``C = 1/2``), the most any boundary gets."""
+        return min(MAX_TOLERANCE, self.draw + self.spread / 4)
+
+    def at(self, c: torch.Tensor) -> torch.Tensor:
+        """The tolerance at CDF boundaries ``c`` (probability)."""
+        return (self.draw + self.spread * c * (1 - c)).clamp_max(MAX_TOLERANCE)
 
     def near_limit(self, tokens: int) -> int:
         """Most near-boundary disagreements an honest batch of ``tokens`` tokens makes (Poisson
@@ -75,8 +89,14 @@ def tolerances(probe: Probe, *, score_tolerance: float, logprob_tolerance: float
     if probe.tokens == 0:
         return Tolerances(score_tolerance, logprob_tolerance, 0.0)
     r = SAFETY * probe.logit_range  # already divided by T
-    draw = min(MAX_TOLERANCE, max(score_tolerance, math.tanh(r / 4)))
-    return Tolerances(draw, logprob_tolerance + r, RATE_SAFETY * probe.sliver)
+    return Tolerances(score_tolerance, logprob_tolerance + r, RATE_SAFETY * probe.sliver, spread=math.expm1(r))
+
+
+def beyond(u: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, tol: Tolerances) -> torch.Tensor:
+    """Per token, how far ``u`` lies outside ``[lo, hi)`` widened by the tolerance at each boundary
+    (> 0: not the draw, whatever the precision's rounding)."""
+    u = u.to(lo.device)
+    return torch.clamp(torch.maximum(lo - tol.at(lo) - u, u - hi - tol.at(hi)), min=0.0)
 
 
 def _logits_at(lm, packed: Packed, rows: torch.Tensor, pos: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:

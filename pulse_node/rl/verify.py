@@ -55,7 +55,7 @@ from pulse_node.rl.batch import Packed, pack
 from pulse_node.rl.checker import CheckerBudget
 from pulse_node.rl.chunked import hidden_states, output_head
 from pulse_node.rl.config import VerifyConfig
-from pulse_node.rl.precision import Probe, Tolerances, probe, tolerances
+from pulse_node.rl.precision import Probe, Tolerances, beyond, probe, tolerances
 from pulse_node.rl.rewards import Score
 from pulse_node.rl.rollout import Rollout
 from pulse_node.rl.sampler import RolloutWorker
@@ -276,10 +276,10 @@ class RolloutVerifier:
     def _draws(self, r: Rollout, rec: Recomputed, j: int) -> RolloutCheck:
         """Whether every token of ``r`` (``rec``'s ``j``-th) is the seeded draw of the recomputation."""
         c = RolloutCheck(r.sample, gap=float(rec.gap[j]), closest=float(rec.closest[j]))
-        if c.gap > self.tol.draw:
+        if rec.over[j] > 0:
             c.reason = BatchRefusal.NOT_SAMPLED
-            c.detail = (f"token {int(rec.token_gaps[j].argmax())} is not the seeded draw "
-                        f"(gap {c.gap:.4g} > tolerance {self.tol.draw:g} for {r.precision})")
+            c.detail = (f"token {int(rec.token_gaps[j].argmax())} is not the seeded draw (gap {c.gap:.4g} beyond "
+                        f"the tolerance of {r.precision} by {float(rec.over[j]):.4g})")
         return c
 
     def _claims(self, r: Rollout, rec: Recomputed, j: int, *, score: Score, check: RolloutCheck) -> RolloutCheck:
@@ -347,8 +347,10 @@ class RolloutVerifier:
                                             temperature=self.sampling.temperature)
         u = torch.cat([uniforms(digest, [r.sample], len(r.completion_ids))[0] for r in rollouts])
         gap, closest = outside(u, lo, hi)
+        over = beyond(u, lo, hi, self.tol)
         return Recomputed.of(gap=gap.cpu().numpy(), closest=closest.cpu().numpy(), logp=logp.cpu().numpy(),
-                             sizes=sizes, claimed=np.array([x for r in rollouts for x in r.logprobs]))
+                             over=over.cpu().numpy(), sizes=sizes,
+                             claimed=np.array([x for r in rollouts for x in r.logprobs]))
 
     def _from_logits(self, packed: Packed, row: np.ndarray, pos: np.ndarray, tokens: torch.Tensor) -> Intervals:
         """The intervals from the logits of every position from the first predicting one on (for
@@ -373,26 +375,29 @@ class Recomputed:
 
     gap: np.ndarray
     closest: np.ndarray
+    over: np.ndarray  # how far the largest gap lies past the token's tolerance (> 0: not the draw)
     claim_off: np.ndarray
     logprobs: list[list[float]]
     token_gaps: list[np.ndarray]
 
     @classmethod
-    def of(cls, *, gap: np.ndarray, closest: np.ndarray, logp: np.ndarray, claimed: np.ndarray,
+    def of(cls, *, gap: np.ndarray, closest: np.ndarray, logp: np.ndarray, claimed: np.ndarray, over: np.ndarray,
            sizes: np.ndarray) -> Recomputed:
         starts = np.cumsum(sizes) - sizes
         flat = logp.astype(np.float64).tolist()
         return cls(gap=np.maximum.reduceat(gap, starts), closest=np.minimum.reduceat(closest, starts),
+                   over=np.maximum.reduceat(over, starts),
                    claim_off=np.maximum.reduceat(np.abs(claimed - logp), starts),
                    logprobs=[flat[a:a + n] for a, n in zip(starts, sizes)], token_gaps=np.split(gap, starts[1:]))
 
     @classmethod
     def empty(cls) -> Recomputed:
-        return cls(np.zeros(0), np.zeros(0), np.zeros(0), [], [])
+        return cls(np.zeros(0), np.zeros(0), np.zeros(0), np.zeros(0), [], [])
 
     @classmethod
     def join(cls, parts: list[Recomputed]) -> Recomputed:
         return cls(gap=np.concatenate([p.gap for p in parts]), closest=np.concatenate([p.closest for p in parts]),
+                   over=np.concatenate([p.over for p in parts]),
                    claim_off=np.concatenate([p.claim_off for p in parts]),
                    logprobs=[x for p in parts for x in p.logprobs], token_gaps=[x for p in parts for x in p.token_gaps])
 

@@ -1,8 +1,9 @@
 """The steering forgery: every draw moved, within the verifier's widened interval, toward the answer.
 
 A dishonest producer with full knowledge of the key (the uniforms ``u``), the reference answer
-and the tolerance ``tau`` the verifier will apply decodes its batch itself: at each token, the ids
-the widened check admits are those ``j`` with ``C_{j-1} - tau <= u < C_j + tau`` (``rl/seeded.py``);
+and the tolerances the verifier will apply decodes its batch itself: at each token, the ids
+the widened check admits are those ``j`` with ``C_{j-1} - t(C_{j-1}) <= u < C_j + t(C_j)``
+(``rl/precision.py``);
 while its completion is still a prefix of the answer's tokens and the next one is admitted, it
 emits that one (for an exact-match reward the choice that most raises the final reward), else
 the honest draw. ``steered_batch`` returns the batch and how many tokens it moved;
@@ -15,25 +16,31 @@ from __future__ import annotations
 import torch
 
 from pulse_node.rl.assign import BatchKey, assigned_problems
+from pulse_node.rl.precision import Tolerances
 from pulse_node.rl.rollout import Rollout
 from pulse_node.rl.sampler import RolloutWorker
 from pulse_node.rl.seeded import drawable, uniforms
 from pulse_node.rl.tasks import TaskSource
 
 
-def _admitted(cum: torch.Tensor, u: torch.Tensor, tau: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The honest draw and the first and last id the widened check admits, per row."""
+def _admitted(cum: torch.Tensor, u: torch.Tensor, tol: Tolerances) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The honest draw and the first and last id the widened check admits, per row: ``j`` with
+    ``C_{j-1} - t(C_{j-1}) <= u < C_j + t(C_j)``."""
     last = cum.shape[1] - 1
     draw = torch.searchsorted(cum, u[:, None], right=True).clamp_max(last).squeeze(1)
-    lo = torch.searchsorted(cum, (u - tau)[:, None], right=True).clamp_max(last).squeeze(1)
-    hi = torch.searchsorted(cum, (u + tau)[:, None], right=True).clamp_max(last).squeeze(1)
+    ids = torch.arange(cum.shape[1], device=cum.device)
+    before = torch.cat([torch.zeros_like(cum[:, :1]), cum[:, :-1]], 1)
+    ok = (before - tol.at(before) <= u[:, None]) & (u[:, None] < cum + tol.at(cum))
+    lo = torch.where(ok, ids, last + 1).amin(1).clamp_max(last)
+    hi = torch.where(ok, ids, -1).amax(1).clamp_min(0)
     return draw, lo, hi
 
 
 @torch.no_grad()
-def steered_batch(worker: RolloutWorker, task: TaskSource, key: BatchKey, *, tau: float) -> tuple[list[Rollout], int]:
+def steered_batch(worker: RolloutWorker, task: TaskSource, key: BatchKey, *, tol: Tolerances
+                  ) -> tuple[list[Rollout], int]:
     """Batch ``key`` decoded by ``worker`` (in its precision), every draw steered toward the answer
-    where ``tau`` allows; and the number of tokens moved off the honest draw."""
+    where ``tol`` allows; and the number of tokens moved off the honest draw."""
     cfg, tok = worker.cfg, worker.tokenizer
     problems = assigned_problems(task, key, cfg.prompts_per_batch)
     prompts = [tok.encode(p.prompt) for p in problems for _ in range(cfg.group_size)]
@@ -48,7 +55,7 @@ def steered_batch(worker: RolloutWorker, task: TaskSource, key: BatchKey, *, tau
     for step in range(cfg.max_new_tokens):
         logp = torch.log_softmax(logits[:, :vocab].double() / cfg.temperature, -1)
         cum = logp.exp().cumsum(-1)
-        draw, lo, hi = _admitted(cum, u[:, step], tau)
+        draw, lo, hi = _admitted(cum, u[:, step], tol)
         pick = draw.clone()
         for i, want in enumerate(targets):
             if done[i]:
