@@ -30,9 +30,9 @@ from pulse_node.swarm.launcher import LocalSwarm
 
 pytestmark = pytest.mark.slow
 
-#: no warm start (the seeded model is the same genesis state in every run), short rounds
-SETTINGS = {"grpo.warmstart_steps": 0, "loco.inner_steps": 1, "loco.deadline_s": 20, "eval_every": 0,
-            "rollout_wait_s": 0}
+#: short rounds; the default model, warm-started from the session's cache (an untrained one earns no
+#: reward, so its payloads are empty and alike in every run: nothing to tell the runs apart)
+SETTINGS = {"loco.inner_steps": 1, "loco.deadline_s": 20, "eval_every": 0, "rollout_wait_s": 0}
 
 
 def _report(data_dir: Path) -> dict:
@@ -58,9 +58,9 @@ def _genesis(data_dir: Path) -> bytes:
     return store_path(data_dir / "store", "record", 0).read_bytes()
 
 
-def _swarm_twice(run_dir: Path) -> None:
+def _swarm_twice(run_dir: Path, cache: Path) -> None:
     cmd = [sys.executable, "-m", "pulse_node", "swarm", "--versions", "2", "--trainers", "2", "--inference", "0",
-           "--run-dir", str(run_dir), "--json"]
+           "--run-dir", str(run_dir), "--json", "--set", f"model.cache_dir={json.dumps(str(cache))}"]
     cmd += [a for key, value in SETTINGS.items() for a in ("--set", f"{key}={value}")]
     runs = []
     for extra in ([], ["--set", "sampling.temperature=0.7"]):
@@ -71,13 +71,15 @@ def _swarm_twice(run_dir: Path) -> None:
         assert done.returncode == 0 and not summary.get("failed"), done.stderr[-3000:]
         runs.append(hashes)
     assert runs[0][0] == runs[1][0], "the two runs did not start from the same genesis state (the test's premise)"
+    changed = [h["changed"] for h in _report(run_dir / "trainer-0")["history"] if h["version"] >= 1]
+    assert changed and min(changed) > 0, "no update changed the weights: the runs could not tell apart (premise)"
 
 
-def _restart_alone(run_dir: Path) -> None:
+def _restart_alone(run_dir: Path, cache: Path) -> None:
     """trainer-0 again on its directory: with its store it goes on from its head in the same epoch;
     killed, its store lost, it starts a new epoch alone and every round still has an update."""
     cfg = SwarmConfig.model_validate({"trainers": 1, "inference": 0, "run_dir": str(run_dir), "fresh": False,
-                                      "grpo": {"warmstart_steps": 0}, "loco": {"inner_steps": 1, "deadline_s": 20},
+                                      "model": {"cache_dir": str(cache)}, "loco": {"inner_steps": 1, "deadline_s": 20},
                                       "eval_every": 0, "rollout_wait_s": 0})
     swarm = LocalSwarm(cfg, log=lambda m: None)
     try:
@@ -104,7 +106,7 @@ def _restart_alone(run_dir: Path) -> None:
         swarm.stop()
 
 
-def test_swarm_twice_in_one_directory_then_a_trainer_restarted_on_it(tmp_path):
+def test_swarm_twice_in_one_directory_then_a_trainer_restarted_on_it(tmp_path, warm_cache):
     run_dir = tmp_path / "swarm"
-    _swarm_twice(run_dir)
-    _restart_alone(run_dir)
+    _swarm_twice(run_dir, warm_cache)
+    _restart_alone(run_dir, warm_cache)
