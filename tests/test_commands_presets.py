@@ -71,3 +71,29 @@ def test_every_presets_run_dir_is_git_ignored() -> None:
         for key in ("run_dir", "data_dir"):
             if key in tree:
                 assert f"/{Path(tree[key]).parts[0]}/" in ignored, f"{preset.name}: {key} {tree[key]} is not git-ignored"
+
+
+def test_the_swarms_join_hint_is_a_command_join_accepts(tmp_path) -> None:
+    """On loopback the hint says how to make the swarm reachable; on a reachable host it is a
+    ``pulse-node join`` command that passes join's trust gate from another machine (the trainers'
+    keys, the run id), which the old hint (no keys) did not."""
+    import shlex
+
+    from pulse_node.commands.join import resolve_config, trust_gate
+    from pulse_node.config import SwarmConfig
+    from pulse_node.swarm.launcher import LocalSwarm
+    from pulse_node.swarm.view import join_hint
+
+    local = LocalSwarm(SwarmConfig(run_dir=tmp_path), log=lambda m: None)
+    assert "--set host=" in join_hint(local)
+    swarm = LocalSwarm(SwarmConfig(run_dir=tmp_path, host="10.1.2.3", run_id="lab-1"), log=lambda m: None)
+    swarm.bootstrap_addr, swarm.trusted = "/ip4/10.1.2.3/tcp/4001/p2p/12D3KooWX", ["ab" * 32, "cd" * 32]
+    argv = shlex.split(join_hint(swarm).split(": ", 1)[1])
+    assert argv[:2] == ["pulse-node", "join"]
+    args = build_parser().parse_args([*argv[1:], "--data-dir", str(tmp_path / "remote")])
+    cfg = resolve_config(args)
+    assert cfg.chain.trusted_trainers == swarm.trusted and cfg.run_id == "lab-1"
+    assert trust_gate(cfg) is None  # no ConfigError, no open-swarm banner
+    old = build_parser().parse_args(["join", "--bootstrap", swarm.bootstrap_addr, "--role", "inference"])
+    with pytest.raises(Exception, match="no trainer keys"):
+        trust_gate(resolve_config(old))

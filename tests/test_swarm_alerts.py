@@ -104,3 +104,27 @@ def test_a_healthy_run_has_no_alert_and_exits_zero(tmp_path) -> None:
     assert "ALERT" not in piped and not summary["alerts"] and not summary["failed"], piped
     assert "2 contributors" in next(ln for ln in piped.splitlines() if "] v3 " in ln)
     assert exit_code(summary, stopped=False, versions=3) == 0 and exit_code(summary, stopped=True, versions=3) == 130
+
+
+class _Exited:
+    returncode = 1
+
+    def poll(self) -> int:
+        return 1
+
+
+def test_a_node_that_exits_is_reported_with_its_own_error_text(tmp_path) -> None:
+    """Not only "see log.txt": the end of the node's own log, where its error is."""
+    from pulse_node.errors import PulseError
+
+    swarm = LocalSwarm(SwarmConfig(run_dir=tmp_path, run_id="r"), log=lambda m: None)
+    d = tmp_path / "inference-1"
+    d.mkdir()
+    (d / "log.txt").write_text("".join(f"line {i}\n" for i in range(40)) +
+                               "DataError: model Qwen/X: not in the local Hugging Face cache; hf download Qwen/X\n")
+    swarm.children = [Child("inference-1", "inference", d, _Exited())]  # type: ignore[arg-type]
+    with pytest.raises(PulseError) as err:
+        swarm.check_alive()
+    text = str(err.value)
+    assert "inference-1 exited with code 1" in text and "| DataError: model Qwen/X" in text
+    assert "hf download Qwen/X" in text and "line 39" in text and "line 20" not in text  # its last lines only

@@ -62,14 +62,16 @@ def _swarm_twice(run_dir: Path, cache: Path) -> None:
     cmd = [sys.executable, "-m", "pulse_node", "swarm", "--versions", "2", "--trainers", "2", "--inference", "0",
            "--run-dir", str(run_dir), "--json", "--set", f"model.cache_dir={json.dumps(str(cache))}"]
     cmd += [a for key, value in SETTINGS.items() for a in ("--set", f"{key}={value}")]
-    runs = []
+    runs, said = [], []
     for extra in ([], ["--set", "sampling.temperature=0.7"]):
         done = subprocess.run(cmd + extra, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
         summary = json.loads(done.stdout.strip().splitlines()[-1])
         hashes = _check_run(run_dir, ["trainer-0", "trainer-1"])
         assert summary["states_agree"] and summary["hash_disagreements"] == 0, summary
         assert done.returncode == 0 and not summary.get("failed"), done.stderr[-3000:]
+        said.append(done.stderr)
         runs.append(hashes)
+    assert all("[warm start]" in err for err in said), "the warm-up said nothing on the terminal"
     assert runs[0][0] == runs[1][0], "the two runs did not start from the same genesis state (the test's premise)"
     changed = [h["changed"] for h in _report(run_dir / "trainer-0")["history"] if h["version"] >= 1]
     assert changed and min(changed) > 0, "no update changed the weights: the runs could not tell apart (premise)"
