@@ -37,7 +37,10 @@ def worker(target_name: str, out: Path, libfuzzer: list[str]) -> None:
     """Fuzz one target until libFuzzer stops (it exits the process)."""
     import logging
 
-    import atheris
+    try:
+        import atheris
+    except ImportError:
+        raise SystemExit("bench/fuzz.py needs atheris (coverage-guided fuzzing): pip install atheris") from None
 
     logging.disable(logging.CRITICAL)  # convictions and refusals are not news here
     sys.path.insert(0, str(ROOT))

@@ -72,13 +72,18 @@ def context() -> Context:
     settings = json.dumps({"sampler": "inverse-cdf/blake3/2", "temperature": 1.0}, separators=(",", ":"))
     genesis = make_record(TRAINER, run_id=RUN, version=0, parent=None, state_hash=base_hash, patch=None,
                           anchor_version=0, is_anchor=True, codec="anchor/safetensors",
-                          anchor_manifest=anchor_manifest(base), rollout_settings=settings)
+                          anchor_manifest=anchor_manifest(base), rollout_settings=settings, nonce=b"\x34" * 16)
     one = make_record(TRAINER, run_id=RUN, version=1, parent=genesis, state_hash=new_hash,
                       patch=make_patch(base, new, base_hash=base_hash, new_hash=new_hash), anchor_version=0,
                       is_anchor=False, codec="pulsesync/compact/1", rollout_settings=settings)
     fp32 = {n: (tb.bits.astype(np.uint32) << 16).view(np.float32) if tb.dtype == "BF16" else tb.bits.view(np.float32)
             for n, tb in base.items()}
     return Context(base, new, base_hash, new_hash, (genesis, one), {n: a.reshape(-1) for n, a in fp32.items()})
+
+
+def epoch() -> bytes:
+    """The run's epoch: its genesis chain hash (what decisions are scoped to)."""
+    return bytes.fromhex(context().records[0].chain_hash)
 
 
 def copy_state(state: State) -> State:
@@ -134,7 +139,7 @@ def decision_seeds() -> list[bytes]:
     from pulse_node.net.dht.validator import peer_id_of
 
     me = peer_id_of(MEMBER)
-    return [encode_decision(make_decision(MEMBER, run_id=RUN, round=r, base=bytes([r]) * 32, coordinator=me,
+    return [encode_decision(make_decision(MEMBER, run_id=RUN, round=r, base=bytes([r]) * 32, epoch=epoch(), coordinator=me,
                                           contributors={me: bytes([r + 1]) * 32, peer_id_of(TRAINER): b"\x07" * 32}))
             for r in (1, 2)]
 
@@ -162,7 +167,7 @@ def _decision_variant() -> bytes:
     from pulse_node.net.dht.validator import peer_id_of
 
     me = peer_id_of(MEMBER)
-    return encode_decision(make_decision(MEMBER, run_id=RUN, round=1, base=b"\x09" * 32, coordinator=me,
+    return encode_decision(make_decision(MEMBER, run_id=RUN, round=1, base=b"\x09" * 32, epoch=epoch(), coordinator=me,
                                          contributors={me: b"\x02" * 32}))
 
 
