@@ -133,7 +133,7 @@ class VerifyConfig(StrictModel):
         "fp32", description="what the trainer's verifier (and its own sampler) computes in: 'bf16' on a GPU saves "
         "memory and time; its rounding error is added to the producer's in the tolerances (rl/precision.py)")
     checker_cpu_s: float = pydantic.Field(
-        4.0, gt=0, le=600, description="CPU seconds the answer checker (math-verify, rl/checker.py) may spend on "
+        16.0, gt=0, le=600, description="CPU seconds the answer checker (math-verify, rl/checker.py) may spend on "
         "one batch's rewards, each call at most 0.5 s; past it an answer scores 0 and is not compared with the claim")
     max_queued_batches: int = pydantic.Field(4, ge=1, le=4096, description="queued batches per sender "
                                              "(the oldest is dropped for a new one)")
