@@ -55,24 +55,28 @@ def steering(lab: ForgeryLab, trials: int) -> dict[str, dict]:
         honest0 = producer.generate_batch(lab.task, BatchKey(lab.run_id, lab.current, HONEST, 0))
         assert probe.check(honest0, sender=HONEST, current_version=lab.current, state_of=lab.states.get).ok
         tol = probe.tol
-        gain, moved, caught, honest_refused = [], 0, 0, 0
-        for t in range(trials):
-            key = BatchKey(lab.run_id, lab.current, FORGER, t % lab.batches_per_version)
-            honest = producer.generate_batch(lab.task, key)
-            forged, n = steered_batch(producer, lab.task, key, tol=tol)
-            gain.append(sum(r.reward for r in forged) / len(forged) - sum(r.reward for r in honest) / len(honest))
-            moved += n
-            lab.verifier = lab.new_verifier()
-            verdict = lab.judge(FORGER, forged)
-            caught += verdict.strike
-            lab.verifier = lab.new_verifier()
-            honest_refused += not lab.judge(FORGER, honest).ok
-        out[precision] = {"tolerance": tol.widest, "spread": tol.spread, "gain_per_rollout": sum(gain) / len(gain), "tokens_moved": moved,
-                          "caught": caught, "tried": trials, "honest_refused": honest_refused,
-                          "rollouts_per_batch": len(honest)}
-        print(f"steering {precision}: widest tolerance {tol.widest:.3g}, reward gain {out[precision]['gain_per_rollout']:+.4f} "
-              f"per rollout, {moved} tokens moved, caught {caught}/{trials} (honest refused {honest_refused})",
-              flush=True)
+        tokens = sum(len(r.completion_ids) for r in honest0)
+        careful = max(0, tol.near_limit(tokens) - int(tol.rate / 3 * tokens) - 1)  # room the batch test leaves
+        row: dict = {"tolerance": tol.widest, "spread": tol.spread, "near_limit": tol.near_limit(tokens),
+                     "rollouts_per_batch": len(honest0), "tried": trials}
+        for name, cap in (("every_draw", None), ("careful", careful)):
+            gain, moved, caught, honest_refused = [], 0, 0, 0
+            for t in range(trials):
+                key = BatchKey(lab.run_id, lab.current, FORGER, t % lab.batches_per_version)
+                honest = producer.generate_batch(lab.task, key)
+                forged, n = steered_batch(producer, lab.task, key, tol=tol, max_moves=cap)
+                gain.append(sum(r.reward for r in forged) / len(forged) - sum(r.reward for r in honest) / len(honest))
+                moved += n
+                lab.verifier = lab.new_verifier()
+                caught += lab.judge(FORGER, forged).strike
+                lab.verifier = lab.new_verifier()
+                honest_refused += not lab.judge(FORGER, honest).ok
+            row[name] = {"gain_per_rollout": sum(gain) / len(gain), "tokens_moved": moved, "caught": caught,
+                         "honest_refused": honest_refused, "max_moves": cap}
+            print(f"steering {precision} {name}: widest tolerance {tol.widest:.3g}, reward gain "
+                  f"{row[name]['gain_per_rollout']:+.4f} per rollout, {moved} tokens moved, caught {caught}/{trials} "
+                  f"(honest refused {honest_refused})", flush=True)
+        out[precision] = row
     return out
 
 

@@ -37,10 +37,11 @@ def _admitted(cum: torch.Tensor, u: torch.Tensor, tol: Tolerances) -> tuple[torc
 
 
 @torch.no_grad()
-def steered_batch(worker: RolloutWorker, task: TaskSource, key: BatchKey, *, tol: Tolerances
-                  ) -> tuple[list[Rollout], int]:
+def steered_batch(worker: RolloutWorker, task: TaskSource, key: BatchKey, *, tol: Tolerances,
+                  max_moves: int | None = None) -> tuple[list[Rollout], int]:
     """Batch ``key`` decoded by ``worker`` (in its precision), every draw steered toward the answer
-    where ``tol`` allows; and the number of tokens moved off the honest draw."""
+    where ``tol`` allows (a careful forger: at most ``max_moves`` of them, to stay under the
+    batch-level test); and the number of tokens moved off the honest draw."""
     cfg, tok = worker.cfg, worker.tokenizer
     problems = assigned_problems(task, key, cfg.prompts_per_batch)
     prompts = [tok.encode(p.prompt) for p in problems for _ in range(cfg.group_size)]
@@ -61,7 +62,7 @@ def steered_batch(worker: RolloutWorker, task: TaskSource, key: BatchKey, *, tol
             if done[i]:
                 continue
             goal = want[step] if on_track[i] and step < len(want) else -1
-            if lo[i] <= goal <= hi[i]:
+            if lo[i] <= goal <= hi[i] and (goal == int(draw[i]) or max_moves is None or moved < max_moves):
                 pick[i] = goal
                 moved += int(goal != int(draw[i]))
             on_track[i] = on_track[i] and int(pick[i]) == goal
