@@ -23,7 +23,7 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 
-CALL_CPU_S = 0.5
+CALL_CPU_S = 1.0
 WALL_FACTOR = 4
 START_S = 120.0  # importing sympy and math-verify, on a loaded machine
 CACHE = 8192

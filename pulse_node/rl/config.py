@@ -134,7 +134,7 @@ class VerifyConfig(StrictModel):
         "memory and time; its rounding error is added to the producer's in the tolerances (rl/precision.py)")
     checker_cpu_s: float = pydantic.Field(
         16.0, gt=0, le=600, description="CPU seconds the answer checker (math-verify, rl/checker.py) may spend on "
-        "one batch's rewards, each call at most 0.5 s; past it an answer scores 0 and is not compared with the claim")
+        "one batch's rewards, each call at most 1 s; past it an answer scores 0 and is not compared with the claim")
     max_queued_batches: int = pydantic.Field(4, ge=1, le=4096, description="queued batches per sender "
                                              "(the oldest is dropped for a new one)")
     max_queued_bytes: int = pydantic.Field(16 << 20, ge=1 << 16, description="queued bytes per sender")
