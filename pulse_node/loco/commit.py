@@ -201,8 +201,9 @@ def decode_commitment(data: bytes) -> InnerCommitment:
         raise WireError("inner commitment fields have the wrong types")
     if not all(type(s) is str for s in items[9]):
         raise WireError("inner commitment state names must be strings")
-    c = InnerCommitment(*items[:9], state=tuple(items[9]), state_root=items[10],  # type: ignore[misc]
-                        steps=tuple(_step(s) for s in items[11]), signature=items[12])
+    c = InnerCommitment(run_id=items[0], round=items[1], trainer=items[2], signer=items[3], base=items[4],
+                        payload=items[5], params=items[6], leaf=items[7], adam_step=items[8], state=tuple(items[9]),
+                        state_root=items[10], steps=tuple(_step(s) for s in items[11]), signature=items[12])
     problem = next(_problems(c, unsigned_ok=False), None)
     if problem:
         raise WireError(f"invalid inner commitment for round {c.round}: {problem}")

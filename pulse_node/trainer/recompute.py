@@ -39,7 +39,7 @@ import torch
 from pulse_node.codec.inplace import apply_patch_inplace
 from pulse_node.codec.state import State, TensorBits
 from pulse_node.codec.statehash import state_hash
-from pulse_node.errors import PulseError
+from pulse_node.errors import PulseError, WireError
 from pulse_node.loco.bound import PayloadBound
 from pulse_node.loco.commit import InnerCommitment
 from pulse_node.loco.config import LocoConfig
@@ -114,6 +114,10 @@ class SpotVerdict:
         return self.reason is None
 
 
+class SpotUnavailable(PulseError):
+    """This verifier cannot run the check (it does not hold a version the batches were made on)."""
+
+
 class _Refused(Exception):
     def __init__(self, reason: SpotFailure, detail: str) -> None:
         super().__init__(detail)
@@ -143,7 +147,8 @@ class SpotChecker:
         self.adam = AdamSettings.of(learner.opt)
         self.bound = PayloadBound.of(loco, lr=self.adam.lr, betas=self.adam.betas,
                                      weight_decay=self.adam.weight_decay)
-        self.layout = FlatLayout.of({n: tuple(p.shape) for n, p in learner.policy.model.named_parameters()})
+        self.shapes = {n: tuple(p.shape) for n, p in learner.policy.model.named_parameters()}
+        self.layout = FlatLayout.of(self.shapes)
 
     def check(self, draw: SpotDraw, case: SpotCase, base: RoundBase, *,
               state_of: Callable[[int], State | None] | None = None) -> SpotVerdict:
@@ -160,6 +165,8 @@ class SpotChecker:
             verdict.seconds = {"verify": t1 - t0, "gradient": t2 - t1, "replay": time.perf_counter() - t2}
         except _Refused as exc:
             verdict.reason, verdict.detail = exc.reason, exc.detail
+        except SpotUnavailable:
+            raise
         except PulseError as exc:
             verdict.reason, verdict.detail = SpotFailure.UNANSWERED, str(exc)
         return verdict
@@ -184,12 +191,15 @@ class SpotChecker:
         held = state_of or (lambda v: base.bf16 if v == base.version else None)
         out: list[Rollout] = []
         for data, ref in zip(batches, refs):
-            rollouts = decode_rollouts(data)
+            try:
+                rollouts = decode_rollouts(data)
+            except WireError as exc:
+                raise _Refused(SpotFailure.BATCH, f"batch {ref.index} of step {step} is malformed: {exc}") from None
             if not rollouts or (rollouts[0].version, rollouts[0].batch) != (ref.version, ref.index):
                 raise _Refused(SpotFailure.BATCH, f"batch {ref.index} of step {step} is not the batch named")
             v = verifier.check(rollouts, sender=ref.producer, current_version=base.version, state_of=held)
             if v.reason == BatchRefusal.UNKNOWN_VERSION:
-                raise PulseError(f"this verifier does not hold version {ref.version}: {v.detail}")
+                raise SpotUnavailable(f"this verifier does not hold version {ref.version}: {v.detail}")
             if not v.ok:
                 raise _Refused(SpotFailure.BATCH, f"batch {ref.index} of step {step} refused: {v.reason} ({v.detail})")
             out.extend(v.rollouts)
@@ -261,4 +271,3 @@ class SpotChecker:
         if nxt.adam_step != adam_step or verdict.link_off > self.tol.share:
             raise _Refused(SpotFailure.LINK, f"round {nxt.round} does not start where round {c.round} ended "
                            f"(AdamW step {nxt.adam_step} vs {adam_step}, {verdict.link_off:.3g} of the state)")
-
