@@ -14,7 +14,7 @@ Later it answers the checks drawn on that round: ``open`` (leaves of the start s
 gradient, with Merkle paths), ``batch_bytes`` and ``weights_patch`` (a BF16 patch from the base to
 the weights of step ``k``). It keeps the last ``keep`` rounds (a check of round ``r`` also opens
 round ``r + 1``'s start). What that holds, per parameter and round: 4 B per stepped step plus
-12-16 B of start state, plus ~6 B per BF16 change of each step (bench/RESULTS.md "Spot
+12-16 B of start state, plus per step 6 B per BF16 change (at most 2 B per weight) (bench/RESULTS.md "Spot
 recomputation" has the figures at real shapes). Only ``LocalEngine`` records; a trainer on several
 processes (``DistributedEngine``) does not yet (its gradients live in shards).
 """
@@ -73,7 +73,8 @@ class _Step:
     batch: BatchRef
     data: bytes
     weights: bytes
-    diff: tuple[np.ndarray, np.ndarray]  # flat positions and BF16 bits where the weights differ from the base
+    diff: tuple[np.ndarray | None, np.ndarray]  # flat positions and BF16 bits where the weights differ from
+    # the base, or (None, all the BF16 bits) when more than a third differ
     grad: np.ndarray | None
     tree: MerkleTree | None
     norm: float
@@ -122,12 +123,13 @@ class InnerStepLog:
         weights = module_state(learner.policy.model.named_parameters())
         now, base = bf16_flat(weights, self.layout), bf16_flat(self._open.base_bf16, self.layout)
         pos = np.flatnonzero(now != base)
+        diff = (None, now) if 3 * pos.size > now.size else (pos.astype(np.uint32), now[pos])  # 6 B per change, or 2 per weight
         grad, tree = None, None
         if grad_norm is not None:
             named = {n: p.grad for n, p in learner.policy.model.named_parameters() if p.grad is not None}
             grad = flat_of(named, self.layout)
             tree = MerkleTree.build([grad], leaf=self.leaf, domain=GRAD_DOMAIN)
-        self._open.steps.append(_Step(ref, data, bytes.fromhex(state_hash(weights)), (pos, now[pos]), grad, tree,
+        self._open.steps.append(_Step(ref, data, bytes.fromhex(state_hash(weights)), diff, grad, tree,
                                       float(grad_norm or 0.0)))
 
     def commitment(self, identity: Identity, *, run_id: str, trainer: str, payload: bytes) -> InnerCommitment:
@@ -163,8 +165,9 @@ class InnerStepLog:
         """A BF16 patch from the round's base to the weights step ``step`` ran its forward on."""
         r = self._round(round)
         pos, bits = r.steps[step].diff
-        flat = bf16_flat(r.base_bf16, self.layout).copy()
-        flat[pos] = bits
+        flat = bits.copy() if pos is None else bf16_flat(r.base_bf16, self.layout).copy()
+        if pos is not None:
+            flat[pos] = bits
         new, at = {}, 0
         for name, size in zip(self.layout.names, self.layout.sizes):
             tb = r.base_bf16[name]
