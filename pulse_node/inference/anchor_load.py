@@ -64,7 +64,7 @@ def check_layout_size(header: bytes, manifest: AnchorManifest) -> None:
         if name == "__metadata__":
             continue
         dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
-        if dtype not in DTYPES or not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape) \
+        if not isinstance(dtype, str) or dtype not in DTYPES or not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape) \
                 or not (isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) for o in offsets)):
             raise IntegrityError(f"anchor header entry {str(name)[:64]!r} is malformed")
         numel = 1
