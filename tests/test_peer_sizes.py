@@ -70,9 +70,9 @@ def _patch_size(tmp: Path) -> None:
 
 def _anchor(tmp: Path) -> None:
     from pulse_node.chain.anchor import AnchorManifest
-    from pulse_node.chain.trainerset import TrainerSet
-    from pulse_node.chain.trust import TrustPolicy
     from pulse_node.inference.anchor_load import load_anchor
+    from pulse_node.peers.book import PeerBook
+    from pulse_node.peers.trainerset import TrainerSet
     from pulse_node.testing.member_attackers import record_at
 
     chunk = HUGE // 128
@@ -85,8 +85,8 @@ def _anchor(tmp: Path) -> None:
 
         fetch_anchor = fetch
 
-    trust = TrustPolicy(TrainerSet(run_id="run-s", keys=[TRAINER.public_key_hex]))
-    load_anchor(NoFetch(), trust, rec, None, [], tmp, timeout=5.0)  # type: ignore[arg-type]
+    book = PeerBook(TrainerSet(run_id="run-s", keys=[TRAINER.public_key_hex]))
+    load_anchor(NoFetch(), book, rec, None, [], tmp, timeout=5.0)  # type: ignore[arg-type]
 
 
 def _anchor_layout(tmp: Path) -> None:
@@ -194,7 +194,7 @@ def _decision(tmp: Path) -> None:
 
 
 def _admission(tmp: Path) -> None:
-    from pulse_node.chain.trainerset import MAX_ADMISSION_BYTES, Admission
+    from pulse_node.chain.admission import MAX_ADMISSION_BYTES, Admission
 
     Admission.decode(b"\0" * (MAX_ADMISSION_BYTES + 1))
 
@@ -267,7 +267,7 @@ SIZES = [
          "shapes allow", _zstd),
     Size("a rollout batch", "rl/rollout.py:decode_rollouts", "max_bytes (64 MiB) and per-field caps", _rollouts),
     Size("a round decision", "loco/decision.py:decode_decision", "MAX_DECISION_BYTES", _decision),
-    Size("an admission", "chain/trainerset.py:Admission.decode", "MAX_ADMISSION_BYTES", _admission),
+    Size("an admission", "chain/admission.py:Admission.decode", "MAX_ADMISSION_BYTES", _admission),
     Size("an evidence push", "chain/evidence.py:decode_evidence", "MAX_EVIDENCE_BYTES", _evidence),
     Size("an inner-step commitment", "loco/commit.py:decode_commitment", "MAX_COMMIT_BYTES (256 KiB)", _commitment),
     Size("an inner-step opening", "loco/opening.py:decode_opening", "the caller's max_bytes (opening_cap of the "
