@@ -62,6 +62,12 @@ def test_every_leaf_of_every_tree_shape_verifies(n: int) -> None:
                     path=tree.prove(i), arrays=3)
 
 
+def test_the_tree_is_the_same_on_any_number_of_threads() -> None:
+    a = arrays(64 * 256 + 5, k=2)
+    roots = {MerkleTree.build(a, leaf=LEAF, domain=GRAD_DOMAIN, threads=t).root for t in (1, 3)}
+    assert len(roots) == 1
+
+
 def test_a_leaf_verifies_nowhere_else() -> None:
     a = arrays()
     tree = MerkleTree.build(a, leaf=LEAF, domain=STATE_DOMAIN)

@@ -21,6 +21,7 @@ processes (``DistributedEngine``) does not yet (its gradients live in shards).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -96,9 +97,11 @@ class _Round:
 class InnerStepLog:
     """Records a trainer's inner steps for its commitments and keeps them for the checks (see above)."""
 
-    def __init__(self, shapes: Mapping[str, tuple[int, ...]], *, leaf: int = DEFAULT_LEAF, keep: int = 2) -> None:
+    def __init__(self, shapes: Mapping[str, tuple[int, ...]], *, leaf: int = DEFAULT_LEAF, keep: int = 2,
+                 hash_threads: int | None = None) -> None:
         self.layout = FlatLayout.of(shapes)
         self.leaf, self.keep = leaf, keep
+        self.hash_threads = hash_threads or os.cpu_count() or 1  # trees of >= 64 leaves only
         self.rounds: dict[int, _Round] = {}
         self._open: _Round | None = None
 
@@ -107,7 +110,7 @@ class InnerStepLog:
         m, v, t = adam_state(learner, self.layout)
         arrays = [m, v, flat_of(ef.e, self.layout)] + ([flat_of(ef.v, self.layout)] if ef.v else [])
         names = STATE_TRAINER if ef.v else STATE_GLOBAL
-        tree = MerkleTree.build(arrays, leaf=self.leaf, domain=STATE_DOMAIN)
+        tree = MerkleTree.build(arrays, leaf=self.leaf, domain=STATE_DOMAIN, threads=self.hash_threads)
         base_bf16 = module_state(base.items())
         self._open = _Round(round, bytes(base_hash), base_bf16, t, names, arrays, tree)
         self.rounds[round] = self._open
@@ -128,7 +131,7 @@ class InnerStepLog:
         if grad_norm is not None:
             named = {n: p.grad for n, p in learner.policy.model.named_parameters() if p.grad is not None}
             grad = flat_of(named, self.layout)
-            tree = MerkleTree.build([grad], leaf=self.leaf, domain=GRAD_DOMAIN)
+            tree = MerkleTree.build([grad], leaf=self.leaf, domain=GRAD_DOMAIN, threads=self.hash_threads)
         self._open.steps.append(_Step(ref, data, bytes.fromhex(state_hash(weights)), diff, grad, tree,
                                       float(grad_norm or 0.0)))
 
