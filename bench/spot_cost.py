@@ -52,6 +52,7 @@ from pulse_node.torchbits import module_state
 from pulse_node.trainer.engine import LocalEngine
 from pulse_node.trainer.recompute import RoundBase, SpotCase, SpotChecker
 from pulse_node.trainer.spot_record import InnerStepLog
+from pulse_node.trainer.spot_replay import inner_settings
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN = "spot-cost"
@@ -119,7 +120,8 @@ class Arm:
         payload = e.make_payload(round=r, trainer_id=ME, base_hash=e.outer.state_hash())
         data = encode_payload(payload, base=e.outer.params)
         if e.inner_log is not None:
-            c = e.inner_log.commitment(KEY, run_id=RUN, trainer=ME, payload=blake3.blake3(data).digest())
+            c = e.inner_log.commitment(KEY, run_id=RUN, trainer=ME, payload=blake3.blake3(data).digest(),
+                                       settings=inner_settings(e.learner, self.cfg.loco))
             self.made[r] = (c, payload, data)
         seconds = time.perf_counter() - t0
         if isinstance(e.inner_log, TimedLog):

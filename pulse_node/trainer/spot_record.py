@@ -135,14 +135,16 @@ class InnerStepLog:
         self._open.steps.append(_Step(ref, data, bytes.fromhex(state_hash(weights)), diff, grad, tree,
                                       float(grad_norm or 0.0)))
 
-    def commitment(self, identity: Identity, *, run_id: str, trainer: str, payload: bytes) -> InnerCommitment:
-        """The signed commitment of the open round, standing behind the payload with digest ``payload``."""
+    def commitment(self, identity: Identity, *, run_id: str, trainer: str, payload: bytes,
+                   settings: bytes) -> InnerCommitment:
+        """The signed commitment of the open round, standing behind the payload with digest ``payload``,
+        made with the inner-step settings of digest ``settings`` (``spot_replay.inner_settings``)."""
         r = self._open
         if r is None:
             raise RuntimeError("commitment() before begin_round()")
         steps = tuple(StepCommit((s.batch,), s.weights, s.tree.root if s.tree else b"", s.norm) for s in r.steps)
         unsigned = InnerCommitment(run_id=run_id, round=r.round, trainer=trainer, signer="", base=r.base_hash,
-                                   payload=payload, params=self.layout.total, leaf=self.leaf, adam_step=r.adam_step,
+                                   payload=payload, settings=settings, params=self.layout.total, leaf=self.leaf, adam_step=r.adam_step,
                                    state=r.state, state_root=r.tree.root, steps=steps)
         r.commitment = sign_commitment(identity, unsigned)
         return r.commitment
