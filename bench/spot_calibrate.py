@@ -53,12 +53,13 @@ def preset(name: str, *, micro: int = 8192, bf16: bool = True):
     return solo.model_copy(update={"grpo": grpo}), loco
 
 
-def _trainer(solo, loco, name: str):
+def _trainer(solo, loco, name: str, *, claim_settings: bytes | None = None):
     from pulse_node.chain.identity import Identity, peer_id_of_key
     from pulse_node.testing.spot_harness import RoundTrainer
 
     key = Identity.from_private_bytes(bytes([ord(name[0])]) * 32)
-    return RoundTrainer(solo, loco, trainer_id=peer_id_of_key(key.public_key_hex), identity=key, run_id=RUN)
+    return RoundTrainer(solo, loco, trainer_id=peer_id_of_key(key.public_key_hex), identity=key, run_id=RUN,
+                        claim_settings=claim_settings)
 
 
 def produce(args: argparse.Namespace) -> None:
@@ -73,7 +74,9 @@ def produce(args: argparse.Namespace) -> None:
 
     torch.set_num_threads(args.threads)
     solo, loco = preset(args.preset, micro=args.micro, bf16=args.cheat != "fp32_compute")
-    task, victim, me = make_task_source(solo.task), _trainer(solo, loco, "victim"), _trainer(solo, loco, "alice")
+    task, victim = make_task_source(solo.task), _trainer(solo, loco, "victim")
+    swarm = _trainer(*preset(args.preset, micro=args.micro), "victim").settings  # fp32_compute claims the swarm's
+    me = _trainer(solo, loco, "alice", claim_settings=swarm)
     gen = RolloutWorker(victim.policy, solo.sampling)
     base0 = victim.base(0)
 

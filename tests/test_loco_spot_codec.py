@@ -62,6 +62,12 @@ def test_every_leaf_of_every_tree_shape_verifies(n: int) -> None:
                     path=tree.prove(i), arrays=3)
 
 
+def test_the_tree_is_the_same_on_any_number_of_threads() -> None:
+    a = arrays(64 * 256 + 5, k=2)
+    roots = {MerkleTree.build(a, leaf=LEAF, domain=GRAD_DOMAIN, threads=t).root for t in (1, 3)}
+    assert len(roots) == 1
+
+
 def test_a_leaf_verifies_nowhere_else() -> None:
     a = arrays()
     tree = MerkleTree.build(a, leaf=LEAF, domain=STATE_DOMAIN)
@@ -78,7 +84,7 @@ def test_a_leaf_verifies_nowhere_else() -> None:
 def commitment(count: int = 3, **over) -> InnerCommitment:
     step = StepCommit((BatchRef("12D3KooWproducer", 4, 1, D),), D, D, 0.5)
     c = InnerCommitment(run_id="run", round=4, trainer=peer_id_of_key(KEY.public_key_hex), signer="", base=D,
-                        payload=D, params=N, leaf=LEAF, adam_step=30, state=STATE_GLOBAL, state_root=D,
+                        payload=D, settings=D, params=N, leaf=LEAF, adam_step=30, state=STATE_GLOBAL, state_root=D,
                         steps=(step,) * count)
     return sign_commitment(KEY, dataclasses.replace(c, **over))
 
@@ -103,11 +109,12 @@ def _raw(c: InnerCommitment) -> list:
     lambda r: r[:-1],  # a field missing
     lambda r: [*r[:1], 2, *r[2:]],  # another format
     lambda r: [*r[:3], "4", *r[4:]],  # round as a string
-    lambda r: [*r[:9], 1000, *r[10:]],  # leaf size not a power of two in range
-    lambda r: [*r[:11], ["m", "v"], *r[12:]],  # start state names nobody declared
-    lambda r: [*r[:13], [[[], D, D, 0.5]], *r[14:]],  # a step without batches
-    lambda r: [*r[:13], [[[["p", 1, 0, D]], D, D, float("nan")]], *r[14:]],  # a NaN norm
-    lambda r: [*r[:13], [[[["p", 1, 0, D[:5]]], D, D, 0.5]], *r[14:]],  # a short digest
+    lambda r: [*r[:8], D[:8], *r[9:]],  # a short settings digest
+    lambda r: [*r[:10], 1000, *r[11:]],  # leaf size not a power of two in range
+    lambda r: [*r[:12], ["m", "v"], *r[13:]],  # start state names nobody declared
+    lambda r: [*r[:14], [[[], D, D, 0.5]], *r[15:]],  # a step without batches
+    lambda r: [*r[:14], [[[["p", 1, 0, D]], D, D, float("nan")]], *r[15:]],  # a NaN norm
+    lambda r: [*r[:14], [[[["p", 1, 0, D[:5]]], D, D, 0.5]], *r[15:]],  # a short digest
 ])
 def test_malformed_commitments_are_wire_errors(mutate) -> None:
     with pytest.raises(WireError):

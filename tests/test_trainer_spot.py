@@ -27,6 +27,7 @@ from pulse_node.trainer.engine import LocalEngine
 from pulse_node.trainer.recompute import SpotCase, SpotChecker, SpotFailure
 from pulse_node.trainer.spot_evidence import Recheck, accuse, recheck
 from pulse_node.trainer.spot_record import InnerStepLog
+from pulse_node.trainer.spot_replay import inner_settings
 
 STEPS, LEAF, RUN = 3, 256, "spot-test"
 
@@ -129,12 +130,21 @@ def test_a_batch_that_is_not_the_seeded_draw_is_caught(world: World) -> None:
     assert v.reason == SpotFailure.BATCH and "prompt" in v.detail, v.detail
 
 
-def test_a_stale_or_foreign_commitment_fails_the_header_check(world: World) -> None:
+def test_a_stale_foreign_or_misconfigured_commitment_fails_the_header_check(world: World, warm_cache) -> None:
     t, m0, m1 = world.rounds("honest")
     c = m0.commitment
-    check_header(c, run_id=RUN, round=0, base=c.base, payload=c.payload, params=c.params, inner_steps=STEPS)
+    check_header(c, run_id=RUN, round=0, base=c.base, payload=c.payload, params=c.params, inner_steps=STEPS,
+                 settings=world.checker.settings)
+    other = world.trainer("a", solo_cfg(warm_cache, lr=2e-2))  # honest, but another learning rate
+    theirs = other.run_round(world.batches["infer-a"], version=0)
+    v = world.checker.check(world.draw(theirs.commitment, 1), other.answer(world.draw(theirs.commitment, 1), theirs),
+                            world.base0)
+    assert v.reason == SpotFailure.SETTINGS  # refused before any recomputation, and not evidence of a lie
+    with pytest.raises(ValueError):
+        accuse(world.keys["v"], accuser=world.ids["v"], run_id=RUN, verdict=v, case=other.answer(v.draw, theirs),
+               payload_bytes=theirs.data)
     for kwargs in ({"round": 1, "base": m1.commitment.base}, {"payload": m1.commitment.payload},
-                   {"inner_steps": STEPS - 1}, {"params": c.params + 1}):
+                   {"inner_steps": STEPS - 1}, {"params": c.params + 1}, {"settings": theirs.commitment.settings}):
         args = {"run_id": RUN, "round": 0, "base": c.base, "payload": c.payload, "params": c.params,
                 "inner_steps": STEPS} | kwargs
         with pytest.raises(IntegrityError):
@@ -212,7 +222,8 @@ def test_the_engine_records_its_inner_steps_for_a_check(world: World, node_cfg) 
     payload = engine.make_payload(round=0, trainer_id=world.ids["a"], base_hash=engine.outer.state_hash())
     data = encode_payload(payload, base=None)
     c = engine.inner_log.commitment(world.keys["a"], run_id=RUN, trainer=world.ids["a"],
-                                    payload=blake3.blake3(data).digest())
+                                    payload=blake3.blake3(data).digest(),
+                                    settings=inner_settings(engine.learner, cfg.loco))
     assert [b.producer for s in c.steps for b in s.batches] == ["infer-a"] * STEPS
     d = world.draw(c, 2)
     case = SpotCase(c, engine.inner_log.open(0, d.leaves), engine.inner_log.batch_bytes(0, 2),

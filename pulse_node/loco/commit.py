@@ -32,12 +32,14 @@ have to reproduce bit for bit:
   randomness of a step -- and the BLAKE3 digest of the batch's bytes as the trainer used them
   (``encode_rollouts`` of the verified rollouts, so anyone re-verifies them as the producer's).
 - ``base``: the outer state hash the round starts from; ``payload``: the BLAKE3 digest of the
-  encoded payload this commitment stands behind. A stale or replayed commitment names another
-  round's base and is refused by ``check_header`` before anything is recomputed.
+  encoded payload this commitment stands behind; ``settings``: a digest of the inner-step settings
+  (``settings_digest``). A stale or replayed commitment names another round's base, and a trainer
+  configured otherwise (another learning rate, an FP32 forward) names other settings: both are
+  refused by ``check_header`` before anything is recomputed, and neither is accused.
 
 Wire format (``COMMIT_FORMAT`` 1): a msgpack array ``[COMMIT_MAGIC, COMMIT_FORMAT, run_id,
-round, trainer, signer, base, payload, params, leaf, adam_step, state, state_root, steps,
-signature]`` with ``steps = [[[[producer, version, index, digest], ...], weights, grad_root,
+round, trainer, signer, base, payload, settings, params, leaf, adam_step, state, state_root,
+steps, signature]`` with ``steps = [[[[producer, version, index, digest], ...], weights, grad_root,
 grad_norm], ...]`` (``grad_root`` empty for a step that had no informative rollout and so took
 no AdamW step). The signed message is the array without the signature behind a domain tag.
 ``decode_commitment`` treats its input as hostile: size cap before parsing, msgpack limits,
@@ -48,7 +50,7 @@ exact fields and types (``WireError``); ``verify_commitment`` checks the signatu
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
@@ -72,6 +74,7 @@ STATE_GLOBAL = ("m", "v", "e")
 STATE_TRAINER = ("m", "v", "e", "u")
 DIGEST_LEN = 32
 _SIGN_DOMAIN = b"pulse/inner-commitment/sign/1\0"
+_SETTINGS_DOMAIN = b"pulse/inner-settings/1\0"
 _MAX_INT = 2**63 - 1
 
 
@@ -110,6 +113,7 @@ class InnerCommitment:
     signer: str
     base: bytes
     payload: bytes
+    settings: bytes
     params: int
     leaf: int
     adam_step: int
@@ -134,8 +138,8 @@ _FIELDS = tuple(f.name for f in fields(InnerCommitment))
 def _body(c: InnerCommitment) -> list[Any]:
     steps = [[[[b.producer, b.version, b.index, b.digest] for b in s.batches], s.weights, s.grad_root,
               float(s.grad_norm)] for s in c.steps]
-    return [COMMIT_MAGIC, COMMIT_FORMAT, c.run_id, c.round, c.trainer, c.signer, c.base, c.payload, c.params,
-            c.leaf, c.adam_step, list(c.state), c.state_root, steps]
+    return [COMMIT_MAGIC, COMMIT_FORMAT, c.run_id, c.round, c.trainer, c.signer, c.base, c.payload, c.settings,
+            c.params, c.leaf, c.adam_step, list(c.state), c.state_root, steps]
 
 
 def signing_bytes(c: InnerCommitment) -> bytes:
@@ -196,14 +200,15 @@ def _step(raw: Any) -> StepCommit:
 def decode_commitment(data: bytes) -> InnerCommitment:
     """Parse hostile bytes into a commitment. ``WireError`` if malformed; no signature check here."""
     items = _unpack(data)
-    kinds = (str, int, str, str, bytes, bytes, int, int, int, list, bytes, list, bytes)
+    kinds = (str, int, str, str, bytes, bytes, bytes, int, int, int, list, bytes, list, bytes)
     if any(type(v) is not k for v, k in zip(items, kinds)):
         raise WireError("inner commitment fields have the wrong types")
-    if not all(type(s) is str for s in items[9]):
+    if not all(type(s) is str for s in items[10]):
         raise WireError("inner commitment state names must be strings")
     c = InnerCommitment(run_id=items[0], round=items[1], trainer=items[2], signer=items[3], base=items[4],
-                        payload=items[5], params=items[6], leaf=items[7], adam_step=items[8], state=tuple(items[9]),
-                        state_root=items[10], steps=tuple(_step(s) for s in items[11]), signature=items[12])
+                        payload=items[5], settings=items[6], params=items[7], leaf=items[8], adam_step=items[9],
+                        state=tuple(items[10]), state_root=items[11], steps=tuple(_step(s) for s in items[12]),
+                        signature=items[13])
     problem = next(_problems(c, unsigned_ok=False), None)
     if problem:
         raise WireError(f"invalid inner commitment for round {c.round}: {problem}")
@@ -219,8 +224,8 @@ def _problems(c: InnerCommitment, *, unsigned_ok: bool) -> Iterator[str]:
         yield f"trainer must be a peer id of 1..{MAX_TRAINER_ID} characters"
     if len(c.signer) != 64 or any(ch not in "0123456789abcdef" for ch in c.signer):
         yield "signer must be 64 lowercase hex characters"
-    if any(len(d) != DIGEST_LEN for d in (c.base, c.payload, c.state_root)):
-        yield f"base, payload and state_root must be {DIGEST_LEN}-byte digests"
+    if any(len(d) != DIGEST_LEN for d in (c.base, c.payload, c.settings, c.state_root)):
+        yield f"base, payload, settings and state_root must be {DIGEST_LEN}-byte digests"
     if not 0 < c.params <= MAX_PARAMS or c.leaf not in LEAF_SIZES:
         yield f"params must be 1..2^40 and leaf one of {LEAF_SIZES[0]}..{LEAF_SIZES[-1]} (a power of 2)"
     if c.state not in (STATE_GLOBAL, STATE_TRAINER):
@@ -254,17 +259,27 @@ def verify_commitment(c: InnerCommitment, *, signer_key: str) -> None:
         raise IntegrityError(f"round {c.round} commitment of {c.trainer[:12]}: bad signature")
 
 
+def settings_digest(settings: Mapping[str, object]) -> bytes:
+    """BLAKE3 of the canonical encoding of the inner-step settings (``trainer/recompute.py``
+    ``inner_settings``: learning rate, betas, clipping, BF16 compute, gate, ...)."""
+    return blake3.blake3(_SETTINGS_DOMAIN + msgpack.packb(sorted(settings.items()), use_bin_type=True)).digest()
+
+
 def check_header(c: InnerCommitment, *, run_id: str, round: int, base: bytes, payload: bytes, params: int,
-                 inner_steps: int) -> None:
+                 inner_steps: int, settings: bytes | None = None) -> None:
     """The cheap checks every receiver makes on a payload's commitment (``IntegrityError``):
     this run, this round, this round's base, this payload, this model's size, at most
-    ``inner_steps`` steps. A stale or replayed commitment fails here."""
+    ``inner_steps`` steps, and (if given) our inner-step settings: a trainer configured otherwise
+    is refused here, before anything is recomputed, and never accused. A stale or replayed
+    commitment fails here."""
     if (c.run_id, c.round) != (run_id, round):
         raise IntegrityError(f"commitment is for {c.run_id} round {c.round}, not {run_id} round {round}")
     if c.base != base:
         raise IntegrityError(f"round {round} commitment of {c.trainer[:12]} names another base")
     if c.payload != payload:
         raise IntegrityError(f"round {round} commitment of {c.trainer[:12]} names another payload")
+    if settings is not None and c.settings != settings:
+        raise IntegrityError(f"round {round} commitment of {c.trainer[:12]} was made with other inner-step settings")
     if c.params != params:
         raise IntegrityError(f"commitment covers {c.params} parameters, the model has {params}")
     if len(c.steps) > inner_steps:

@@ -45,6 +45,7 @@ from pulse_node.rl.tasks import TaskSource
 from pulse_node.torchbits import module_state
 from pulse_node.trainer.recompute import RoundBase, SpotCase
 from pulse_node.trainer.spot_record import InnerStepLog
+from pulse_node.trainer.spot_replay import inner_settings
 
 CHEATS = ("honest", "flip", "flip_quarter", "free_rider", "copier", "lazy_copier", "scaled", "ef_inflate")
 
@@ -83,7 +84,7 @@ class RoundTrainer:
     """One trainer's rounds (see the module docstring)."""
 
     def __init__(self, solo: SoloConfig, loco: LocoConfig, *, trainer_id: str, identity: Identity,
-                 run_id: str, seed: int = 0, leaf: int = 4096) -> None:
+                 run_id: str, seed: int = 0, leaf: int = 4096, claim_settings: bytes | None = None) -> None:
         self.policy = build_policy(solo.model, solo.task, seed=seed, grpo_cfg=solo.grpo)
         self.learner = GRPOLearner(self.policy, solo.grpo, temperature=solo.sampling.temperature)
         self.loco, self.trainer_id, self.identity, self.run_id = loco, trainer_id, identity, run_id
@@ -94,6 +95,8 @@ class RoundTrainer:
                                      weight_decay=solo.grpo.weight_decay)
         self.ef = ErrorFeedback(self.shapes, cfg=loco, bound=self.bound)
         self.log = InnerStepLog(self.shapes, leaf=leaf)
+        # what it commits to: its own settings, unless it claims the swarm's while running others
+        self.settings = claim_settings or inner_settings(self.learner, loco)
         self.pending_cheat = ""
 
     def base(self, version: int) -> RoundBase:
@@ -142,7 +145,7 @@ class RoundTrainer:
         self.pending_cheat = cheat
         data = encode_payload(payload, base=None)
         c = self.log.commitment(self.identity, run_id=self.run_id, trainer=self.trainer_id,
-                                payload=blake3.blake3(data).digest())
+                                payload=blake3.blake3(data).digest(), settings=self.settings)
         return Made(payload, data, c)
 
     def finish_round(self, payloads: list[LocoPayload], *, included: bool, mine: LocoPayload) -> None:

@@ -20,8 +20,10 @@ weights; the target's payload; whether the decision included it). ``SpotChecker.
    gate of the replayed update (``payload``: a scaled, copied or invented payload), and the next
    round's commitment must start from the replayed end state (``link``).
 
-Every failure but ``unanswered`` rests on signed or digest-named data only, so it becomes evidence
-any trainer of the round re-checks by running the same check (``trainer/spot_evidence.py``).
+A commitment naming other inner-step settings (``settings``) is refused first, never accused: a
+misconfigured trainer is not a liar. Every other failure but ``unanswered`` rests on signed or
+digest-named data only, so it becomes evidence any trainer of the round re-checks by running the
+same check (``trainer/spot_evidence.py``).
 """
 
 from __future__ import annotations
@@ -52,7 +54,13 @@ from pulse_node.rl.rollout import MAX_BATCH_INDEX, Rollout, decode_rollouts
 from pulse_node.rl.sampler import RolloutWorker
 from pulse_node.rl.tasks import TaskSource
 from pulse_node.rl.verify import RolloutVerifier
-from pulse_node.trainer.spot_replay import AdamSettings, payload_mismatch, replay_round, state_mismatch
+from pulse_node.trainer.spot_replay import (
+    AdamSettings,
+    inner_settings,
+    payload_mismatch,
+    replay_round,
+    state_mismatch,
+)
 from pulse_node.vocab import BatchRefusal
 
 
@@ -63,6 +71,7 @@ class SpotFailure(str, enum.Enum):
     PAYLOAD = "payload"  # the payload is not the gate of the committed steps
     LINK = "link"  # the next round does not start from where this round ended
     UNANSWERED = "unanswered"  # the target's answer is missing or does not match its own commitment
+    SETTINGS = "settings"  # made with other inner-step settings than ours: refused, not accused
 
 
 @dataclass(frozen=True)
@@ -147,12 +156,16 @@ class SpotChecker:
         self.adam = AdamSettings.of(learner.opt)
         self.bound = PayloadBound.of(loco, lr=self.adam.lr, betas=self.adam.betas,
                                      weight_decay=self.adam.weight_decay)
+        self.settings = inner_settings(learner, loco)
         self.shapes = {n: tuple(p.shape) for n, p in learner.policy.model.named_parameters()}
         self.layout = FlatLayout.of(self.shapes)
 
     def check(self, draw: SpotDraw, case: SpotCase, base: RoundBase, *,
               state_of: Callable[[int], State | None] | None = None) -> SpotVerdict:
         verdict, c = SpotVerdict(draw), case.commitment
+        if c.settings != self.settings:
+            verdict.reason, verdict.detail = SpotFailure.SETTINGS, "the commitment names other inner-step settings"
+            return verdict
         try:
             t0 = time.perf_counter()
             opened = verify_opening(case.opening, c, draw.leaves)

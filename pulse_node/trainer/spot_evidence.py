@@ -56,7 +56,7 @@ class RecheckResult:
 def accuse(identity: Identity, *, accuser: str, run_id: str, verdict: SpotVerdict, case: SpotCase,
            payload_bytes: bytes) -> SpotEvidence:
     """The signed evidence of a failed check (``ValueError`` for a passed or unanswered one)."""
-    if verdict.reason is None or verdict.reason == SpotFailure.UNANSWERED:
+    if verdict.reason in (None, SpotFailure.UNANSWERED, SpotFailure.SETTINGS):
         raise ValueError("only a check that failed on the target's own data becomes evidence")
     exhibits = {"opening": encode_opening(case.opening), "payload": payload_bytes}
     exhibits.update({f"batch/{i}": b for i, b in enumerate(case.batches)})
@@ -139,8 +139,8 @@ def recheck(ev: SpotEvidence, *, checker: SpotChecker, base: RoundBase,
         verdict = checker.check(draw, case, base)
     except SpotUnavailable as exc:
         return RecheckResult(Recheck.INCONCLUSIVE, "", f"cannot re-run here: {exc}")
-    if verdict.reason == SpotFailure.UNANSWERED:
-        return RecheckResult(Recheck.FALSE_ACCUSATION, accuser_key, f"exhibits are not the target's: {verdict.detail}",
+    if verdict.reason in (SpotFailure.UNANSWERED, SpotFailure.SETTINGS):
+        return RecheckResult(Recheck.FALSE_ACCUSATION, accuser_key, f"not evidence of a lie: {verdict.detail}",
                              verdict)
     if verdict.reason is not None:
         return RecheckResult(Recheck.CONFIRMED, target_key, f"{verdict.reason.value}: {verdict.detail}", verdict)

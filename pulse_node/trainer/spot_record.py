@@ -21,6 +21,7 @@ processes (``DistributedEngine``) does not yet (its gradients live in shards).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -96,9 +97,11 @@ class _Round:
 class InnerStepLog:
     """Records a trainer's inner steps for its commitments and keeps them for the checks (see above)."""
 
-    def __init__(self, shapes: Mapping[str, tuple[int, ...]], *, leaf: int = DEFAULT_LEAF, keep: int = 2) -> None:
+    def __init__(self, shapes: Mapping[str, tuple[int, ...]], *, leaf: int = DEFAULT_LEAF, keep: int = 2,
+                 hash_threads: int | None = None) -> None:
         self.layout = FlatLayout.of(shapes)
         self.leaf, self.keep = leaf, keep
+        self.hash_threads = hash_threads or os.cpu_count() or 1  # trees of >= 64 leaves only
         self.rounds: dict[int, _Round] = {}
         self._open: _Round | None = None
 
@@ -107,7 +110,7 @@ class InnerStepLog:
         m, v, t = adam_state(learner, self.layout)
         arrays = [m, v, flat_of(ef.e, self.layout)] + ([flat_of(ef.v, self.layout)] if ef.v else [])
         names = STATE_TRAINER if ef.v else STATE_GLOBAL
-        tree = MerkleTree.build(arrays, leaf=self.leaf, domain=STATE_DOMAIN)
+        tree = MerkleTree.build(arrays, leaf=self.leaf, domain=STATE_DOMAIN, threads=self.hash_threads)
         base_bf16 = module_state(base.items())
         self._open = _Round(round, bytes(base_hash), base_bf16, t, names, arrays, tree)
         self.rounds[round] = self._open
@@ -128,18 +131,20 @@ class InnerStepLog:
         if grad_norm is not None:
             named = {n: p.grad for n, p in learner.policy.model.named_parameters() if p.grad is not None}
             grad = flat_of(named, self.layout)
-            tree = MerkleTree.build([grad], leaf=self.leaf, domain=GRAD_DOMAIN)
+            tree = MerkleTree.build([grad], leaf=self.leaf, domain=GRAD_DOMAIN, threads=self.hash_threads)
         self._open.steps.append(_Step(ref, data, bytes.fromhex(state_hash(weights)), diff, grad, tree,
                                       float(grad_norm or 0.0)))
 
-    def commitment(self, identity: Identity, *, run_id: str, trainer: str, payload: bytes) -> InnerCommitment:
-        """The signed commitment of the open round, standing behind the payload with digest ``payload``."""
+    def commitment(self, identity: Identity, *, run_id: str, trainer: str, payload: bytes,
+                   settings: bytes) -> InnerCommitment:
+        """The signed commitment of the open round, standing behind the payload with digest ``payload``,
+        made with the inner-step settings of digest ``settings`` (``spot_replay.inner_settings``)."""
         r = self._open
         if r is None:
             raise RuntimeError("commitment() before begin_round()")
         steps = tuple(StepCommit((s.batch,), s.weights, s.tree.root if s.tree else b"", s.norm) for s in r.steps)
         unsigned = InnerCommitment(run_id=run_id, round=r.round, trainer=trainer, signer="", base=r.base_hash,
-                                   payload=payload, params=self.layout.total, leaf=self.leaf, adam_step=r.adam_step,
+                                   payload=payload, settings=settings, params=self.layout.total, leaf=self.leaf, adam_step=r.adam_step,
                                    state=r.state, state_root=r.tree.root, steps=steps)
         r.commitment = sign_commitment(identity, unsigned)
         return r.commitment

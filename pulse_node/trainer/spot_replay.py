@@ -19,8 +19,10 @@ import numpy as np
 import torch
 
 from pulse_node.loco.bound import PayloadBound
+from pulse_node.loco.commit import settings_digest
 from pulse_node.loco.config import LocoConfig
 from pulse_node.loco.sparsify import ErrorFeedback
+from pulse_node.rl.grpo import GRPOLearner
 
 _NAME = "spot"
 
@@ -39,6 +41,19 @@ class AdamSettings:
         d = opt.defaults
         return cls(float(d["lr"]), (float(d["betas"][0]), float(d["betas"][1])), float(d["eps"]),
                    float(d["weight_decay"]))
+
+
+def inner_settings(learner: GRPOLearner, loco: LocoConfig) -> bytes:
+    """The digest of everything that shapes an inner step and its payload (``loco/commit.py``):
+    every trainer of a swarm must use the same, and a verifier refuses a commitment naming others."""
+    cfg, d = learner.cfg, learner.opt.defaults
+    return settings_digest({
+        "lr": float(d["lr"]), "betas": [float(b) for b in d["betas"]], "eps": float(d["eps"]),
+        "weight_decay": float(d["weight_decay"]), "max_grad_norm": cfg.max_grad_norm, "eps_low": cfg.eps_low,
+        "eps_high": cfg.eps_high, "bf16_compute": cfg.bf16_compute, "max_staleness": cfg.max_staleness,
+        "temperature": float(learner.temperature), "gate": loco.gate, "gate_scale": loco.gate_scale,
+        "outer_placement": loco.outer_placement, "outer_lr": loco.outer_lr, "outer_momentum": loco.outer_momentum,
+        "nesterov": loco.nesterov, "inner_steps": loco.inner_steps, "value_bound_margin": loco.value_bound_margin})
 
 
 @dataclass
