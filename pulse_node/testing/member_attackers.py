@@ -10,7 +10,9 @@ attacker processes through ``run_member_attack``, its key being one the bench ad
 - ``conflicting_heads``: two records for one version (two histories);
 - ``far_head``: a record of version 10**12 - 1 (past every version the swarm will make);
 - ``swapped_anchor``: its own record for a real anchor, with other chunk digests;
-- ``oversize_push``: a p2pd push declaring 1 GiB, over a trainer's model-derived cap.
+- ``oversize_push``: a p2pd push declaring 1 GiB, over a trainer's model-derived cap;
+- ``oversize_patch``: the next version's record declaring a 2^50-byte patch (issue 34: the streaming
+  buffer was allocated at that size, and every inference node exited).
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from typing import Any
 from pulse_node.net.wire import protocol as wp
 
 FAR_VERSION = 10**12 - 1
+#: the patch size ``oversize_patch`` signs: far past any model's dense size
+HUGE_PATCH = 1 << 50
 
 
 def record_at(identity: Any, run_id: str, version: int, *, salt: str = "ab", anchor_manifest: bytes = b"") -> Any:
@@ -96,6 +100,18 @@ def swapped_anchor(identity: Any, real: Any) -> Any:
     swapped = dataclasses.replace(m, chunks=bytes(b ^ 1 for b in m.chunks)).encode()
     unsigned = dataclasses.replace(real, anchor_manifest=swapped, signer=identity.public_key_hex)
     return dataclasses.replace(unsigned, signature=identity.sign(signing_bytes(unsigned)))
+
+
+def oversize_patch(identity: Any, head: Any) -> Any:
+    """The version after ``head`` (a real record), signed by ``identity``, declaring a patch of
+    ``HUGE_PATCH`` bytes."""
+    from pulse_node.chain.record import make_record, signing_bytes
+
+    rec = make_record(identity, run_id=head.run_id, version=head.version + 1, parent=head,
+                      state_hash=os.urandom(32).hex(), patch=b"member-patch", anchor_version=head.anchor_version,
+                      is_anchor=False, codec="pulsesync/compact/1", rollout_settings=head.rollout_settings)
+    rec = dataclasses.replace(rec, patch_bytes=HUGE_PATCH)
+    return dataclasses.replace(rec, signature=identity.sign(signing_bytes(rec)))
 
 
 # ---- real attacker processes (bench/adversary.py) ------------------------------------------------
@@ -214,9 +230,39 @@ def oversize(h: Any, deadline: float) -> dict:
     return {"tried": "member key: p2pd pushes declaring 1 GiB of payload to every trainer", "answers": answers}
 
 
+def patch_size(h: Any, deadline: float) -> dict:
+    """Sign, serve, announce and push the record of each next version with a 2^50-byte patch."""
+    from pulse_node.chain.layout import store_path
+    from pulse_node.chain.peer import Serves
+    from pulse_node.chain.record import decode_record, encode_record
+    from pulse_node.fsutil import write_atomic
+
+    signed: list[int] = []
+
+    def step() -> None:
+        heads = [decode_record(raw) for rec in h.others("trainer")
+                 if (raw := h.fetch(rec, wp.RecordRequest(version=None), max_bytes=1 << 16, timeout=5.0))]
+        if not heads:
+            return
+        head = max(heads, key=lambda r: r.version)
+        if not signed or head.version + 1 > signed[-1]:
+            data = encode_record(oversize_patch(h.identity, head))
+            write_atomic(store_path(h.root / "store", "record", head.version + 1), data)
+            write_atomic(store_path(h.root / "store", "patch", head.version + 1), os.urandom(1 << 16))
+            signed.append(head.version + 1)
+            h.announce("inference", head.version + 1, serves=Serves(lowest=head.version + 1, highest=head.version + 1))
+            for rec in h.others():
+                h.push(rec, "head", data)
+
+    _every(deadline, 1.0, step)
+    return {"tried": f"member key: signs, serves, announces and pushes each next version's record declaring a "
+                     f"{HUGE_PATCH}-byte patch", "versions_signed": len(signed)}
+
+
 MEMBER_ATTACKS: dict[str, Callable[[Any, float], dict]] = {
     "member_presigned": presigned, "member_equivocate": equivocate, "member_heads": heads,
     "member_far_version": far, "member_anchor_swap": anchor_swap, "member_oversize": oversize,
+    "member_patch_size": patch_size,
 }
 
 
