@@ -21,7 +21,15 @@ from pulse_node.loco.config import LocoConfig
 from pulse_node.net.dht.config import ANY_PORT, RECORD_TTL_S, USE_RELAY
 from pulse_node.net.local.worker_config import RunId
 from pulse_node.net.peers.budget import BudgetConfig
-from pulse_node.rl.config import GRPOConfig, ModelConfig, SamplingConfig, TaskConfig, VerifyConfig
+from pulse_node.rl.config import (
+    ArithmeticTaskConfig,
+    GRPOConfig,
+    ModelConfig,
+    Precision,
+    SamplingConfig,
+    TaskConfig,
+    VerifyConfig,
+)
 from pulse_node.vocab import DEFAULT_RUN_ID, Kind
 
 
@@ -99,7 +107,7 @@ class ChainConfig(StrictModel):
     trusted_trainers: list[str] = Field(
         default_factory=list,
         description="the trainer set: Ed25519 public keys (hex) of the trainers that may train, sign versions, "
-        "decide rounds and serve trainer state (chain/trainerset.py); with none here nor in "
+        "decide rounds and serve trainer state (peers/trainerset.py); with none here nor in "
         "trusted_trainers_path, any peer announcing the trainer role is trusted (an open swarm: "
         "local swarms only, or with open_swarm = true)",
     )
@@ -123,7 +131,7 @@ class ChainConfig(StrictModel):
         "carried in its peer record so every node can verify it")
     min_signers: int = Field(1, ge=1, description="distinct trusted trainers that must sign a version")
     max_version_step: int = Field(64, ge=1, description="refuse a record more than this many versions past the "
-                                  "highest version another trainer-set member was seen signing (chain/trust.py)")
+                                  "highest version another trainer-set member was seen signing (chain/gate.py)")
     catchup_min_gap: int = Field(4, ge=0, description="this many versions behind, ask peers for one catch-up "
                                  "patch instead of the patches (0 = never)")
     catchup_wait_s: float = Field(30.0, ge=0, description="how long to wait for a peer that is still making "
@@ -154,7 +162,7 @@ class SharedSettings(StrictModel):
     seed: int = 0
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     model: ModelConfig = Field(default_factory=ModelConfig)
-    task: TaskConfig = Field(default_factory=TaskConfig)
+    task: TaskConfig = Field(default_factory=ArithmeticTaskConfig)
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     rollout_batches_per_version: int = Field(16, ge=0, le=4096, description="rollout batches an inference node "
                                              "sends per version held; trainers refuse batch indices past it")
@@ -206,6 +214,9 @@ class InferenceConfig(NodeConfig):
     """An inference node: pulls versions, generates and scores rollouts for trainers."""
 
     role: Literal["inference"] = "inference"
+    compute: Precision = Field("fp32", description="what this node computes its rollouts' logits in: 'bf16' or "
+                               "'fp16' as engines run (half the memory); each batch declares it and trainers widen "
+                               "their checks by that precision's error (rl/precision.py)")
 
 
 RoleConfig = Annotated[TrainerConfig | InferenceConfig, Field(discriminator="role")]
