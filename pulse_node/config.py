@@ -242,7 +242,8 @@ class SwarmConfig(TrainingSettings, SharedSettings):
     inference: int = Field(2, ge=0, le=32)
     versions: int | None = Field(None, ge=1, description="stop once every node holds this version")
     run_dir: Path = Path("./pulse-swarm")
-    fresh: bool = Field(True, description="start a new run (wipe node stores in run_dir)")
+    fresh: bool = Field(True, description="start a new run: wipe every node dir in run_dir but its identity.key "
+                       "(stores, decided rounds, evidence, logs, status)")
     host: str = "127.0.0.1"
     stop_timeout_s: float = Field(10.0, gt=0)
     start_timeout_s: float = Field(600.0, gt=0)

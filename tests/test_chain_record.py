@@ -24,6 +24,7 @@ from pulse_node.chain.record import (
     encode_record,
     genesis_parent_hash,
     make_record,
+    signing_bytes,
     verify_record,
 )
 from pulse_node.codec.state import TensorBits
@@ -56,12 +57,13 @@ def test_round_trip_and_verify_whole_chain() -> None:
     parent = None
     for r in RECORDS:
         data = encode_record(r)
-        assert len(data) < 512 + len(r.anchor_manifest)
+        assert len(data) < 600 + len(r.anchor_manifest)
         back = decode_record(data)
         assert back == r
         verify_record(back, run_id="run-a", trusted_signers=TRUSTED, parent=parent)
         parent = back
-    assert RECORDS[0].parent_chain_hash == genesis_parent_hash("run-a")
+    assert RECORDS[0].parent_chain_hash == genesis_parent_hash("run-a", RECORDS[0].genesis_nonce)
+    assert {r.epoch for r in RECORDS} == {RECORDS[0].chain_hash}
     assert RECORDS[3].chain_hash == chain_hash(
         parent_chain_hash=RECORDS[2].chain_hash, version=3,
         patch_digest=RECORDS[3].patch_digest, state_hash=RECORDS[3].state_hash)
@@ -82,6 +84,7 @@ def tampered_value(r: VersionRecord, name: str):
         "created_at": lambda: value + 1.0,
         "signer": lambda: OTHER.public_key_hex,
         "signature": lambda: bytes([value[0] ^ 1]) + value[1:],
+        "genesis_nonce": lambda: bytes([value[0] ^ 1]) + value[1:] if value else b"\x01" * 16,
         "anchor_manifest": lambda: (value[:-1] + bytes([value[-1] ^ 1])) if value else MANIFEST,
     }[name]()
 
@@ -145,6 +148,23 @@ def test_parent_links_are_checked() -> None:
         check_link(fork4, RECORDS[5])
 
 
+def test_two_geneses_of_one_run_and_state_are_two_epochs() -> None:
+    """A second run (same run id, keys and genesis state) starts another chain: its records differ
+    from the first run's at every version, and a record naming another epoch than its parent's
+    does not link, however well signed."""
+    again = chain(3)
+    assert again[0].epoch != RECORDS[0].epoch and again[0].genesis_nonce != RECORDS[0].genesis_nonce
+    assert all(a.chain_hash != b.chain_hash for a, b in zip(again, RECORDS))
+    bad = dataclasses.replace(again[1], epoch=RECORDS[0].epoch)
+    resigned = dataclasses.replace(bad, signature=TRAINER.sign(signing_bytes(bad)))
+    verify_record(resigned, run_id="run-a", trusted_signers=TRUSTED)  # alone it is a well-signed record
+    with pytest.raises(IntegrityError, match="epoch"):
+        verify_record(resigned, run_id="run-a", trusted_signers=TRUSTED, parent=again[0])
+    for bad in (dataclasses.replace(again[0], genesis_nonce=b""), dataclasses.replace(again[1], genesis_nonce=b"\1" * 16)):
+        with pytest.raises(WireError, match="genesis nonce"):
+            decode_record(encode_record(dataclasses.replace(bad, signature=TRAINER.sign(signing_bytes(bad)))))
+
+
 def test_anchor_version_must_follow_parent() -> None:
     wrong = make_record(TRAINER, run_id="run-a", version=7, parent=RECORDS[6],
                         state_hash="cd" * 32, patch=b"p", anchor_version=0, is_anchor=False,
@@ -186,7 +206,7 @@ def test_decode_rejects_malformed_structures() -> None:
         msgpack.packb([*good[:3], "3", *good[4:]]),          # version as a string
         msgpack.packb([*good[:3], True, *good[4:]]),         # bool is not an int here
         msgpack.packb([*good[:3], -1, *good[4:]]),
-        msgpack.packb([*good[:10], 1, *good[11:]]),          # is_anchor as int
+        msgpack.packb([*good[:12], 1, *good[13:]]),          # is_anchor as int
         msgpack.packb([*good[:-1], "sig"]),                  # signature as str
         encode_record(RECORDS[3]) + b"\x00",                 # trailing bytes
         b"\x00" * (MAX_RECORD_BYTES + 1),

@@ -24,13 +24,15 @@ from pulse_node.loco.decision import (
     verify_decision,
 )
 
+EPOCH = b"\x09" * 32
 COORD = Identity.generate()
 OTHER = Identity.generate()
 CONTRIBUTORS = {"trainer-c": payload_digest(b"c"), "trainer-a": payload_digest(b"a"), "trainer-b": payload_digest(b"b")}
 
 
 def decision(**changes) -> RoundDecision:
-    args = dict(run_id="run-a", round=7, base=b"\x05" * 32, coordinator="trainer-a", contributors=CONTRIBUTORS)
+    args = dict(run_id="run-a", round=7, base=b"\x05" * 32, epoch=EPOCH, coordinator="trainer-a",
+                contributors=CONTRIBUTORS)
     args.update(changes)
     return make_decision(COORD, **args)
 
@@ -50,7 +52,7 @@ def test_round_trip_is_exact_and_sorted() -> None:
 def test_any_tampered_field_fails_the_signature(name: str) -> None:
     value = getattr(GOOD, name)
     forged = {
-        "run_id": lambda: "run-b", "round": lambda: 8, "base": lambda: b"\x06" * 32,
+        "run_id": lambda: "run-b", "round": lambda: 8, "base": lambda: b"\x06" * 32, "epoch": lambda: b"\x07" * 32,
         "coordinator": lambda: "trainer-b", "contributors": lambda: value[:2],
         "signature": lambda: bytes([value[0] ^ 1]) + value[1:],
     }[name]()
@@ -60,7 +62,7 @@ def test_any_tampered_field_fails_the_signature(name: str) -> None:
 
 
 def test_other_signer_is_rejected_even_when_self_consistent() -> None:
-    resigned = make_decision(OTHER, run_id="run-a", round=7, base=b"\x05" * 32, coordinator="trainer-a",
+    resigned = make_decision(OTHER, run_id="run-a", round=7, base=b"\x05" * 32, epoch=EPOCH, coordinator="trainer-a",
                              contributors=CONTRIBUTORS)
     verify_decision(resigned, signer_key=OTHER.public_key_hex)
     with pytest.raises(IntegrityError):
@@ -68,7 +70,7 @@ def test_other_signer_is_rejected_even_when_self_consistent() -> None:
 
 
 def test_make_decision_refuses_invalid_arguments() -> None:
-    for changes in ({"contributors": {}}, {"base": b"\x01" * 31}, {"run_id": "has space"}, {"round": -1},
+    for changes in ({"contributors": {}}, {"base": b"\x01" * 31}, {"epoch": b"\x01" * 31}, {"run_id": "has space"}, {"round": -1},
                     {"coordinator": ""}, {"contributors": {"x": b"\x00" * 31}},
                     {"contributors": {f"t{i}": b"\x00" * 32 for i in range(MAX_CONTRIBUTORS + 1)}}):
         with pytest.raises(ValueError):
@@ -77,7 +79,7 @@ def test_make_decision_refuses_invalid_arguments() -> None:
 
 def test_decode_rejects_malformed_structures() -> None:
     good = msgpack.unpackb(encode_decision(GOOD))
-    pairs = good[6]
+    pairs = good[7]
     cases = [
         b"", b"\xc1", msgpack.packb({"round": 7}),
         msgpack.packb(["other", DECISION_FORMAT, *good[2:]]),
@@ -86,14 +88,14 @@ def test_decode_rejects_malformed_structures() -> None:
         msgpack.packb([*good[:3], "7", *good[4:]]),  # round as a string
         msgpack.packb([*good[:3], True, *good[4:]]),  # bool is not an int here
         msgpack.packb([*good[:3], 2**64 - 1, *good[4:]]),
-        msgpack.packb([*good[:6], pairs[::-1], *good[7:]]),  # unsorted contributors
-        msgpack.packb([*good[:6], [pairs[0], pairs[0]], *good[7:]]),  # repeated contributor
-        msgpack.packb([*good[:6], [[pairs[0][0], pairs[0][1][:31]]], *good[7:]]),  # short digest
-        msgpack.packb([*good[:6], [[pairs[0][0]]], *good[7:]]),
-        msgpack.packb([*good[:6], [], *good[7:]]),
-        msgpack.packb([*good[:6], {"a": 1}, *good[7:]]),
+        msgpack.packb([*good[:7], pairs[::-1], *good[8:]]),  # unsorted contributors
+        msgpack.packb([*good[:7], [pairs[0], pairs[0]], *good[8:]]),  # repeated contributor
+        msgpack.packb([*good[:7], [[pairs[0][0], pairs[0][1][:31]]], *good[8:]]),  # short digest
+        msgpack.packb([*good[:7], [[pairs[0][0]]], *good[8:]]),
+        msgpack.packb([*good[:7], [], *good[8:]]),
+        msgpack.packb([*good[:7], {"a": 1}, *good[8:]]),
         msgpack.packb([*good[:-1], "sig"]),
-        msgpack.packb([*good[:6], [[f"t{i:04d}", b"\x00" * 32] for i in range(MAX_CONTRIBUTORS + 1)], *good[7:]]),
+        msgpack.packb([*good[:7], [[f"t{i:04d}", b"\x00" * 32] for i in range(MAX_CONTRIBUTORS + 1)], *good[8:]]),
         encode_decision(GOOD) + b"\x00",  # trailing bytes
         b"\x00" * (MAX_DECISION_BYTES + 1),
     ]

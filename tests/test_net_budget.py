@@ -359,57 +359,73 @@ def test_refusals_spread_out_members_standing_and_evictions_never_muzzle() -> No
     assert off_muzzle.wait_s("sybil") == 0.0 and off.by_reason[BudgetRefusal.MUZZLED] == 0
 
 
-def test_a_muzzled_connection_accepts_no_stream_until_the_muzzle_ends_or_it_closes() -> None:
-    """``hold_accepts``: the wrapped accept waits out the muzzle (trio's mock clock, moved by
-    hand once every task is blocked), and a connection closed meanwhile is handed to the accept
-    at once."""
+def test_a_muzzled_peers_new_streams_are_parked_while_its_connection_is_read() -> None:
+    """``hold_accepts`` (trio's mock clock, moved by hand once every task is blocked): a muzzled
+    peer's new stream is taken from the muxer at once (the connection is read: this node's own
+    streams on it go on) and handed on only when the muzzle ends; past ``HELD_STREAMS`` parked the
+    next is not taken (its connection waits); a connection closed meanwhile ends the loop at once;
+    another peer's streams pass untouched."""
     trio = pytest.importorskip("trio")
     from trio.testing import MockClock, wait_all_tasks_blocked
 
-    from pulse_node.net.wire.held import hold_accepts
+    from pulse_node.net.wire.held import HELD_STREAMS, hold_accepts
 
     class Muxed:
-        peer_id = "sybil"
+        """A muxer's queue of new streams, as yamux's: ``accept_stream`` takes the next one."""
 
-        def __init__(self) -> None:
+        def __init__(self, peer: str) -> None:
+            self.peer_id = peer
             self.event_closed = trio.Event()
-            self.accepted: list[float] = []
+            self.send, self.recv = trio.open_memory_channel(100)
+            self.taken: list[str] = []
 
         async def accept_stream(self) -> str:
-            self.accepted.append(trio.current_time())
-            return "stream"
-
-    async def accept_once(clock: MockClock, muxed: Muxed, jump: float, close: Muxed | None = None) -> str:
-        """The accept started, every task blocked on it, then the clock moved (and ``close`` closed)."""
-        got: list[str] = []
-
-        async def accept() -> None:
-            got.append(await muxed.accept_stream())
-
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(accept)
-            await wait_all_tasks_blocked()
-            clock.jump(jump)
-            if close is not None:
-                close.event_closed.set()
-        return got[0]
+            try:
+                stream = await self.recv.receive()
+            except trio.EndOfChannel:  # yamux: the connection closed
+                raise ConnectionError("closed") from None
+            self.taken.append(stream)
+            return stream
 
     async def main(clock: MockClock) -> None:
         _, muzzle, _, _ = _muzzled(muzzle_after=1, muzzle_peer_min=1, muzzle_s=5.0)
         muzzle.clock = trio.current_time  # the muzzle reads trio's (mock) clock
-        muzzle.refused("sybil")
-        held, other = Muxed(), Muxed()
-        other.peer_id = "honest"
+        held, other = Muxed("sybil"), Muxed("honest")
         hold_accepts(held, muzzle)
         hold_accepts(other, muzzle)
-        assert await other.accept_stream() == "stream" and other.accepted == [0.0]
-        assert await accept_once(clock, held, 5.0) == "stream" and held.accepted == [5.0]
-        muzzle.refused("sybil")  # held again from t = 5 to 10; its connection closes at 7
-        closed = Muxed()
-        closed.event_closed = held.event_closed
-        hold_accepts(closed, muzzle)
-        assert await accept_once(clock, closed, 2.0, close=held) == "stream"
-        assert closed.accepted == [7.0]
+        muzzle.refused("sybil")  # held from t = 0 to 5
+        other.send.send_nowait("ok")
+        assert await other.accept_stream() == "ok"
+        handed: list[tuple[str, float]] = []
+
+        ended: list[float] = []
+
+        async def loop(muxed: Muxed) -> None:  # py-libp2p's accept loop of one connection
+            try:
+                while True:
+                    handed.append((await muxed.accept_stream(), trio.current_time()))
+            except ConnectionError:
+                ended.append(trio.current_time())
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(loop, held)
+            for i in range(HELD_STREAMS + 3):
+                held.send.send_nowait(f"s{i}")
+            await wait_all_tasks_blocked()
+            assert held.taken == [f"s{i}" for i in range(HELD_STREAMS)] and handed == []
+            clock.jump(5.0)
+            await wait_all_tasks_blocked()
+            assert [s for s, _ in handed] == [f"s{i}" for i in range(HELD_STREAMS + 3)]
+            assert {t for _, t in handed} == {5.0}
+            muzzle.refused("sybil")  # held again from t = 5 to 10; its connection closes at 7
+            held.send.send_nowait("late")
+            await wait_all_tasks_blocked()
+            assert handed[-1][0] != "late" and held.taken[-1] == "late"
+            clock.jump(2.0)
+            held.event_closed.set()
+            held.send.close()
+            await wait_all_tasks_blocked()
+            assert ended == [7.0] and handed[-1][0] != "late"  # the loop learns at once, not at 10
 
     clock = MockClock()
     trio.run(main, clock, clock=clock)

@@ -153,3 +153,57 @@ def test_a_newcomer_the_gate_would_refuse_is_refused_before_its_signature_is_che
     assert me.validate(record(winner)) and me.validate(record(member))  # these are checked in full
     assert me.validate(record(stored[0]))  # and a stored newcomer's refresh
     assert checked == [peer_id_of(winner), peer_id_of(member), peer_id_of(stored[0])]
+
+
+def test_a_replica_answer_keeps_members_records_beside_a_newcomer_this_node_would_not_store() -> None:
+    """Issue 34 item 2: one replica's answer (a dictionary) holding a member's record is valid;
+    adding a validly signed newcomer this node would not store (its share is full and the draw
+    loses) made hivemind refuse the whole answer, the member's record with it. Now the newcomer
+    alone is dropped from the answer. A store of such a dictionary keeps the member's too."""
+    from types import SimpleNamespace
+
+    from hivemind.dht.protocol import DHTProtocol
+    from hivemind.dht.validation import CompositeValidator, DHTRecord
+
+    from pulse_node.chain.peer import PeerRecord
+    from pulse_node.net.dht.capped_storage import cap_node_storage, refuse_before_signature
+    from pulse_node.net.dht.records import dht_key
+    from pulse_node.net.dht.validator import PulseRecordValidator, peer_id_of
+
+    run = "unit"
+    key = DHTID.generate(source=dht_key(run, "peers"))
+    gate = NewcomerGate(cap=2, salt=b"r" * 16, clock=lambda: 700.0)
+    member, *others = [Identity.generate() for _ in range(12)]
+    gate.members = frozenset({peer_id_of(member)})
+    proto = DHTProtocol(_initialized_with_create=True)  # this node's protocol, as hivemind makes it
+    validator = PulseRecordValidator(run, Identity.generate())
+    proto.record_validator = CompositeValidator([validator])
+    proto.storage, proto.cache = CappedStorage(gate), CappedStorage(gate)
+    node = SimpleNamespace(protocol=proto)
+    cap_node_storage(node, gate)  # what the DHT worker does to its node
+    validator.precheck = refuse_before_signature(node, gate)
+    exp = time.time() + 30
+
+    def signed(ident: Identity) -> tuple[str, bytes]:
+        pid = peer_id_of(ident)
+        body = PeerRecord(role="inference", peer_id=pid, session="cd" * 16, updated_at=time.time(), version=1,
+                          wire_maddrs=[f"/ip4/127.0.0.1/tcp/5000/p2p/{pid}"], node_key=ident.public_key_hex)
+        raw = DHTRecord(key.to_bytes(), DHTProtocol.serializer.dumps(pid),
+                        DHTProtocol.serializer.dumps(body.model_dump()), exp)
+        return pid, PulseRecordValidator(run, ident).sign_value(raw)
+
+    by_draw = sorted(others, key=lambda i: gate.draw(peer_id_of(i)))
+    for ident in by_draw[:2]:  # the newcomers' share fills with the best draws
+        assert proto.storage.store_subkey(key, *signed(ident), exp)
+    answer = DictionaryDHTValue()
+    answer.store(*signed(member), exp)
+    assert proto._validate_dictionary(key.to_bytes(), answer)
+    newcomer = by_draw[-1]  # validly signed; its draw loses to every stored newcomer
+    answer.store(*signed(newcomer), exp)
+    assert proto._validate_dictionary(key.to_bytes(), answer)  # the answer stands ...
+    assert {k for k, _ in answer.items()} == {peer_id_of(member)}  # ... without the newcomer
+    forged = DictionaryDHTValue()
+    forged.store(peer_id_of(others[0]), signed(member)[1], exp)  # a member's value under another key
+    forged.store(*signed(member), exp)
+    assert proto._validate_dictionary(key.to_bytes(), forged)
+    assert {k for k, _ in forged.items()} == {peer_id_of(member)}

@@ -239,3 +239,40 @@ def test_a_refused_stream_gets_a_typed_busy_answer(tmp_path: Path) -> None:
             attacker.fetch(addr, wp.PatchRequest(version=1), tmp_path / "p", timeout=5.0)
         with pytest.raises(PeerUnavailable, match="rate"):
             attacker.fetch(addr, wp.PatchRequest(version=1), tmp_path / "p", timeout=5.0)
+
+
+def test_a_muzzled_peers_streams_wait_while_our_own_streams_to_it_proceed(tmp_path: Path) -> None:
+    """Issue 34 item 4: while the attacker is muzzled, a dozen of its new streams wait (each
+    until its own timeout: neither served nor reset), and this node's own fetches from the
+    attacker, over the same connection, are answered at once. Before, the muzzle stopped reading
+    the whole connection: past the muxer's queue of 10 new streams, our own fetch stalled too."""
+    budget = BudgetConfig(requests_per_s=0.5, request_burst=2, muzzle_after=6, muzzle_peer_min=6, muzzle_s=30.0)
+    with _trio(tmp_path, budget) as (victim, attacker, honest):
+        addr, theirs = victim.info().listen_maddrs[0], attacker.info().listen_maddrs[0]
+        victim.set_head(b"a signed head record")
+        attacker.set_head(b"the attacker's head")
+        victim.set_standing([honest.info().peer_id])
+        for i in range(30):  # resets come back at once, until the muzzle
+            if victim.stats().refused.get("muzzled"):
+                break
+            try:
+                attacker.fetch(addr, wp.RecordRequest(version=None), tmp_path / f"a{i}", timeout=5.0)
+            except PeerUnavailable:
+                pass
+        assert victim.stats().refused.get("muzzled") == 1
+
+        def held(i: int) -> float:
+            start = time.monotonic()
+            with pytest.raises(PeerUnavailable):
+                attacker.fetch(addr, wp.RecordRequest(version=None), tmp_path / f"held{i}", timeout=8.0)
+            return time.monotonic() - start
+
+        with ThreadPoolExecutor(14) as pool:
+            waits = [pool.submit(held, i) for i in range(14)]
+            ours = 0
+            while not any(w.done() for w in waits):  # our streams to it, while its streams wait
+                got = victim.fetch(theirs, wp.RecordRequest(version=None), tmp_path / f"ours{ours}", timeout=3.0)
+                assert got.bytes == len(b"the attacker's head")
+                ours += 1
+            assert all(w.result() >= 7.5 for w in waits), [round(w.result(), 1) for w in waits]
+    assert ours >= 2

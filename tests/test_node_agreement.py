@@ -28,13 +28,14 @@ from pulse_node.trainer.agreement import RoundAgreement
 from pulse_node.trainer.decisions import coordinator_order
 from pulse_node.vocab import DEFAULT_RUN_ID
 
+EPOCH = b"\x0e" * 32  # the epoch of the chain the agreements under test extend
 LOCO = {"inner_steps": 2, "deadline_s": 2.0, "decision_wait_s": 2.0}
 
 
 def _push_forged_decisions(hub: MemoryHub, trainers) -> None:
     """A peer pushes each trainer a decision signed by its own key in the coordinator's name, and junk."""
     rogue = hub.join("rogue", lambda kind, params: None)
-    forged = encode_decision(make_decision(Identity.generate(), run_id=DEFAULT_RUN_ID, round=1, base=b"\0" * 32,
+    forged = encode_decision(make_decision(Identity.generate(), run_id=DEFAULT_RUN_ID, round=1, base=b"\0" * 32, epoch=EPOCH,
                                            coordinator="trainer-a", contributors={"trainer-a": b"\0" * 32}))
     for name in trainers:
         for data in (forged, b"\x99junk"):
@@ -128,7 +129,7 @@ def _agreement(tmp_path, hub: MemoryHub, **cfg_extra) -> RoundAgreement:
     ctx = RoleContext(cfg=cfg, identity=Identity.generate(), store=store,
                       transport=hub.join("trainer-b", store_resolver(store.root)),
                       status=NodeStatus(role="trainer", peer_id="trainer-b", run_id=cfg.run_id))
-    return RoundAgreement(ctx, shapes={"w": (4,)}, current_round=lambda: 3)
+    return RoundAgreement(ctx, shapes={"w": (4,)}, current_round=lambda: 3, epoch=lambda: EPOCH)
 
 
 def _trainer_agreement(tmp_path, hub: MemoryHub, name: str, **loco) -> RoundAgreement:
@@ -139,7 +140,7 @@ def _trainer_agreement(tmp_path, hub: MemoryHub, name: str, **loco) -> RoundAgre
     transport.publish(PeerStatus(role="trainer", version=3, node_key=ident.public_key_hex))
     ctx = RoleContext(cfg=cfg, identity=ident, store=store, transport=transport,
                       status=NodeStatus(role="trainer", peer_id=name, run_id=cfg.run_id))
-    return RoundAgreement(ctx, shapes={"w": (4,)}, current_round=lambda: 3)
+    return RoundAgreement(ctx, shapes={"w": (4,)}, current_round=lambda: 3, epoch=lambda: EPOCH)
 
 
 def _drive(agreements: dict[str, RoundAgreement], *, lost: tuple[str, str] | None = None) -> dict:
@@ -205,14 +206,14 @@ def test_forged_and_conflicting_decisions_are_rejected_and_counted(tmp_path):
     agreement._open.t0 -= 10.0  # the round opened long ago: a's turn has come whatever its place
 
     def signed(ident: Identity = coord, **changes) -> bytes:
-        args = dict(run_id=DEFAULT_RUN_ID, round=3, base=b"\x01" * 32, coordinator="trainer-a",
+        args = dict(run_id=DEFAULT_RUN_ID, round=3, base=b"\x01" * 32, epoch=EPOCH, coordinator="trainer-a",
                     contributors={"trainer-a": b"\x02" * 32})
         return encode_decision(make_decision(ident, **{**args, **changes}))
 
     good = signed()
     tampered = bytearray(good)
     tampered[good.index(b"\x02" * 32)] ^= 1  # a contributor's digest: still decodes, signature fails
-    forged = [signed(rogue), signed(rogue, coordinator="trainer-x"), signed(run_id="other-run"),
+    forged = [signed(rogue), signed(rogue, coordinator="trainer-x"), signed(run_id="other-run"), signed(epoch=b"\x0f" * 32),
               bytes(tampered), b"\x93garbage"]
     for data in forged:  # pushed by the member itself: every check after membership runs
         with pytest.raises(PulseError):
@@ -237,7 +238,7 @@ def test_decisions_from_untrusted_trainer_keys_are_rejected(tmp_path):
     hub.join("trainer-a", lambda kind, params: None).publish(
         PeerStatus(role="trainer", node_key=coord.public_key_hex))
     agreement = _agreement(tmp_path, hub, chain={"trusted_trainers": ["ab" * 32]})
-    data = encode_decision(make_decision(coord, run_id=DEFAULT_RUN_ID, round=3, base=b"\x01" * 32,
+    data = encode_decision(make_decision(coord, run_id=DEFAULT_RUN_ID, round=3, base=b"\x01" * 32, epoch=EPOCH,
                                          coordinator="trainer-a", contributors={"trainer-a": b"\x02" * 32}))
     with pytest.raises(PulseError, match="trusted"):
         agreement.offer_decision("trainer-a", data)

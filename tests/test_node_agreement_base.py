@@ -119,7 +119,7 @@ def _agreement(tmp_path: Path, state: _Round, members=("trainer-a", "trainer-c",
     ctx = RoleContext(cfg=cfg, identity=Identity.generate(), store=store,
                       transport=hub.join("trainer-b", lambda kind, params: None),
                       status=NodeStatus(role="trainer", peer_id="trainer-b", run_id=cfg.run_id))
-    return RoundAgreement(ctx, shapes=SHAPES, current_round=lambda: state.round,
+    return RoundAgreement(ctx, shapes=SHAPES, current_round=lambda: state.round, epoch=lambda: bytes(32),
                           base=state.base)
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_node_round_trust import BASE, ROUND, _agreement, _payload
+from test_node_round_trust import BASE, EPOCH, ROUND, _agreement, _payload
 
 from pulse_node.chain.anchor import anchor_manifest
 from pulse_node.chain.evidence import EvidenceBook, decode_evidence
@@ -66,7 +66,7 @@ def pair(tmp_path):
 
 def _decision(ident: Identity, *, rnd: int = ROUND, base: bytes = BASE, digest: bytes = b"\2" * 32) -> bytes:
     pid = peer_id(ident)
-    return encode_decision(make_decision(ident, run_id=RUN, round=rnd, base=base, coordinator=pid,
+    return encode_decision(make_decision(ident, run_id=RUN, round=rnd, base=base, epoch=EPOCH, coordinator=pid,
                                          contributors={pid: digest}))
 
 

@@ -8,13 +8,17 @@ inference node never targets the far version.
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
 import pytest
 from helpers import all_at_version, assert_trainers_identical, read_status, wait_for
 
 from pulse_node.chain.identity import Identity
+from pulse_node.chain.layout import store_path
 from pulse_node.chain.peer import PeerStatus
+from pulse_node.chain.record import decode_record
 from pulse_node.config import InferenceConfig, TrainerConfig
+from pulse_node.errors import PulseError
 from pulse_node.testing.inprocess import InProcessSwarm, node_version
 from pulse_node.testing.member_attackers import conflicting_heads, equivocating_decisions, far_head, presigned_decisions
 from pulse_node.testing.memory import announced
@@ -31,8 +35,9 @@ def _member(swarm: InProcessSwarm, ident: Identity, dirs: dict, stop: threading.
     t.publish(PeerStatus(role="inference", node_key=ident.public_key_hex))  # a member key, not a live trainer
     while not stop.wait(1.0):
         v = max((node_version(d) for n, d in dirs.items() if n in TRAINERS), default=0)
-        pushes = [("loco_decision", d) for d in presigned_decisions(ident, me, DEFAULT_RUN_ID, max(v, 0))]
-        pushes += [("loco_decision", d) for d in equivocating_decisions(ident, me, DEFAULT_RUN_ID, max(v, 0))]
+        epoch = _epoch(dirs[TRAINERS[0]])  # decisions in the swarm's epoch: refused for what they sign, not where
+        pushes = [("loco_decision", d) for d in presigned_decisions(ident, me, DEFAULT_RUN_ID, max(v, 0), epoch=epoch)]
+        pushes += [("loco_decision", d) for d in equivocating_decisions(ident, me, DEFAULT_RUN_ID, max(v, 0), epoch=epoch)]
         pushes += [("head", h) for h in conflicting_heads(ident, DEFAULT_RUN_ID, max(v, 1))]
         pushes += [("head", far_head(ident, DEFAULT_RUN_ID))]
         for name in dirs:
@@ -43,6 +48,14 @@ def _member(swarm: InProcessSwarm, ident: Identity, dirs: dict, stop: threading.
                     t.push(announced(name, PeerStatus(role="trainer")), kind, data, timeout=1.0)
                 except Exception:  # a node not up yet
                     pass
+
+
+def _epoch(data_dir: Path) -> bytes | None:
+    """The epoch of the genesis record in a trainer's store (None before it holds one)."""
+    try:
+        return bytes.fromhex(decode_record(store_path(data_dir / "store", "record", 0).read_bytes()).epoch)
+    except (OSError, PulseError):
+        return None
 
 
 @pytest.mark.slow

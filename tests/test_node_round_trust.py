@@ -35,6 +35,7 @@ from pulse_node.vocab import DEFAULT_RUN_ID
 SHAPES = {"w": (64,)}
 BASE = b"\x01" * 32
 ROUND = 3
+EPOCH = b"\x0e" * 32  # the epoch of the chain the agreement under test extends
 W = {"w": (np.random.default_rng(0).standard_normal(64) * 0.02).astype(np.float32)}
 
 
@@ -53,7 +54,7 @@ def _agreement(tmp_path: Path, hub: MemoryHub, me: Identity, keys: list[str], rn
     ctx = RoleContext(cfg=cfg, identity=me, store=store, transport=transport,
                       status=NodeStatus(role="trainer", peer_id=peer_id(me), run_id=cfg.run_id))
     at = rnd if rnd is not None else [ROUND]
-    return RoundAgreement(ctx, shapes=SHAPES, current_round=lambda: at[0], base=lambda: (BASE, W))
+    return RoundAgreement(ctx, shapes=SHAPES, current_round=lambda: at[0], epoch=lambda: EPOCH, base=lambda: (BASE, W))
 
 
 def _payload(trainer: str, *, rnd: int = ROUND, value: float = 1e-4) -> tuple[LocoPayload, bytes]:
@@ -88,11 +89,11 @@ def test_a_non_member_cannot_contribute_park_decide_nor_be_waited_for(keyed):
     ag.offer_payload(member, _payload(member)[1])
     assert ag._all_in(ROUND, ag._open.order, ag._live()), "the round waits for a non-member"
     # its decisions, and a member's decision naming it, are refused
-    own = make_decision(Identity.generate(), run_id=DEFAULT_RUN_ID, round=ROUND, base=BASE, coordinator=fake,
+    own = make_decision(Identity.generate(), run_id=DEFAULT_RUN_ID, round=ROUND, base=BASE, epoch=EPOCH, coordinator=fake,
                         contributors={fake: b"\0" * 32})
     with pytest.raises(IntegrityError):
         ag.offer_decision(fake, encode_decision(own))
-    naming = make_decision(member_ident, run_id=DEFAULT_RUN_ID, round=ROUND, base=BASE, coordinator=member,
+    naming = make_decision(member_ident, run_id=DEFAULT_RUN_ID, round=ROUND, base=BASE, epoch=EPOCH, coordinator=member,
                            contributors={member: b"\0" * 32, fake: b"\0" * 32})
     with pytest.raises(IntegrityError, match="outside the trainer set"):
         ag.offer_decision(member, encode_decision(naming))
@@ -142,7 +143,7 @@ def test_a_payload_beyond_the_bound_is_refused_heard_from_and_never_decided(keye
     mine, data = _payload(peer_id(ag.ctx.identity))
     ag.open_round(mine, data)
     assert ag._all_in(ROUND, ag._open.order, ag._live()), "a refused member is still waited for"
-    decision = make_decision(member_ident, run_id=DEFAULT_RUN_ID, round=ROUND, base=BASE, coordinator=member,
+    decision = make_decision(member_ident, run_id=DEFAULT_RUN_ID, round=ROUND, base=BASE, epoch=EPOCH, coordinator=member,
                              contributors={member: payload_digest(bad)})
     with pytest.raises(PayloadBoundError):
         ag.offer_decision(member, encode_decision(decision))

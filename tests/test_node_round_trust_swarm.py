@@ -44,7 +44,7 @@ def _fake_trainer(swarm: InProcessSwarm, dirs, stop: threading.Event) -> None:
         r = max(node_version(d) for d in dirs.values()) if dirs else 0
         for rnd in (r, r + 1, r + 2):
             p = LocoPayload(round=max(rnd, 0), trainer_id=me, base_hash=b"\0" * 32)
-            d = make_decision(key, run_id=DEFAULT_RUN_ID, round=max(rnd, 0), base=b"\0" * 32, coordinator=me,
+            d = make_decision(key, run_id=DEFAULT_RUN_ID, round=max(rnd, 0), base=b"\0" * 32, epoch=b"\0" * 32, coordinator=me,
                               contributors={me: b"\0" * 32})
             for peer in peers:
                 for kind, data in (("loco", encode_payload(p)), ("loco_decision", encode_decision(d))):

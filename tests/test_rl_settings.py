@@ -11,7 +11,13 @@ from pulse_node.chain.identity import Identity
 from pulse_node.chain.record import decode_record, encode_record, make_record, verify_record
 from pulse_node.errors import WireError
 from pulse_node.rl.config import SamplingConfig, TaskConfig
-from pulse_node.rl.settings import SettingsMismatch, check_settings, rollout_settings
+from pulse_node.rl.settings import (
+    ModelMismatch,
+    SettingsMismatch,
+    check_declared_model,
+    check_settings,
+    rollout_settings,
+)
 
 
 def settings(**sampling) -> str:
@@ -60,3 +66,16 @@ def test_settings_travel_signed_in_the_record() -> None:
                     anchor_version=0, is_anchor=True, codec="anchor/safetensors", rollout_settings="x" * 1025)
     with pytest.raises(WireError, match="rollout_settings"):
         decode_record(encode_record(dataclasses.replace(rec, rollout_settings="tab\there")))
+
+
+@pytest.mark.parametrize("declared", ["", "not json", "[1, 2]", "3", '"a string"', "{" * 5000],
+                         ids=["empty", "not-json", "list", "number", "string", "deep"])
+def test_a_state_declaring_no_readable_settings_is_not_adopted(declared: str) -> None:
+    """Issue 34 item 5: a trainer adopting a peer's state refuses one whose record declares no
+    settings it can read (before, empty or non-JSON settings passed unchecked), whatever model it
+    loads itself; readable settings naming our model pass."""
+    for mine in (settings(), json.dumps({**json.loads(settings()), "model": {"digest": "d" * 64, "chat": False}})):
+        with pytest.raises(ModelMismatch, match="rollout settings"):
+            check_declared_model(declared, mine, version=7)
+        check_declared_model(mine, mine, version=7)
+    check_declared_model(settings(temperature=0.5), settings(), version=7)  # other sampling: not the model's business

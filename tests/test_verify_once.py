@@ -209,7 +209,7 @@ def test_a_verified_version_is_made_only_by_the_gate_and_the_publisher() -> None
     package = Path(__file__).resolve().parent.parent / "pulse_node"
     allowed = {"seal_checked": {"chain/trust.py", "chain/verified.py"},
                "sign_version": {"trainer/publisher.py", "chain/verified.py"},
-               "seal_streamed": {"inference/syncer.py", "chain/verified.py"}}
+               "seal_streamed": {"inference/streaming.py", "chain/verified.py"}}
     for path in sorted(package.rglob("*.py")):
         rel = path.relative_to(package).as_posix()
         text = path.read_text()

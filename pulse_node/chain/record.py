@@ -5,7 +5,13 @@ A ``VersionRecord`` says: in run ``run_id``, version ``version`` has model state
 patch whose SHA-256 is ``patch_digest``. ``chain_hash`` commits to (parent chain hash,
 version, patch digest, state hash), so one trusted record pins the whole history behind it.
 Version 0 (genesis) is always an anchor, has no patch, and its parent chain hash is
-``genesis_parent_hash(run_id)``, which binds every chain to its run.
+``genesis_parent_hash(run_id, genesis_nonce)``: the run id and 16 random bytes its publisher
+chose, so two geneses of one run and one state (a second ``pulse-node swarm`` in the same
+directory, a trainer that lost its store) start two different chains. That chain of records is
+an **epoch**; its identity is the genesis record's chain hash, which every record carries as
+``epoch`` (a genesis names its own chain hash, every later record its parent's epoch). Round
+decisions and every file a node keeps per round or version are scoped to the epoch
+(``loco/decision.py``, ``trainer/decisions.py``): nothing signed in one epoch is taken in another.
 
 The record of an anchor version also carries the anchor file's manifest (``anchor_manifest``:
 layout digest, data size, a BLAKE3 digest per chunk; ``chain/anchor.py``), so an anchor download
@@ -22,8 +28,8 @@ and result state hashes when the patch is applied.
 made with (``rl/settings.py``; "" when none are declared): signed like every field, so a
 producer cannot pick its own temperature or task and trainers agree on what they check.
 
-Wire format (``RECORD_FORMAT`` 2): a msgpack array
-``[RECORD_MAGIC, RECORD_FORMAT, run_id, version, parent_chain_hash, chain_hash, state_hash,
+Wire format (``RECORD_FORMAT`` 3): a msgpack array
+``[RECORD_MAGIC, RECORD_FORMAT, run_id, version, parent_chain_hash, chain_hash, epoch, genesis_nonce, state_hash,
 patch_digest, patch_bytes, anchor_version, is_anchor, anchor_manifest, codec, created_at,
 rollout_settings, signer, signature]``.
 The signed message is the same array without the signature, prefixed by a domain tag.
@@ -33,6 +39,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 import re
 import time
 from collections.abc import Collection, Iterator
@@ -47,11 +54,12 @@ from pulse_node.errors import IntegrityError, WireError
 from pulse_node.vocab import RUN_ID_RULE, is_run_id
 
 RECORD_MAGIC = "pulse/version-record"
-RECORD_FORMAT = 2
+RECORD_FORMAT = 3
 MAX_RECORD_BYTES = 8192
 _SIGN_DOMAIN = b"pulse/version-record/sign/1\0"
 _CHAIN_DOMAIN = "pulse/chain/1"
-_GENESIS_DOMAIN = "pulse/genesis/1"
+_GENESIS_DOMAIN = "pulse/genesis/2"
+NONCE_LEN = 16
 _MAX_INT = 2**63 - 1
 
 _HEX64 = re.compile(r"[0-9a-f]{64}")
@@ -68,6 +76,8 @@ class VersionRecord:
     version: int
     parent_chain_hash: str
     chain_hash: str
+    epoch: str  # chain hash of this chain's genesis (a genesis: its own)
+    genesis_nonce: bytes  # NONCE_LEN random bytes in a genesis, b"" in every later record
     state_hash: str
     patch_digest: str
     patch_bytes: int
@@ -91,8 +101,8 @@ class VersionRecord:
 
 _FIELDS = tuple(f.name for f in fields(VersionRecord))
 _TYPES: dict[str, type] = {
-    "run_id": str, "version": int, "parent_chain_hash": str, "chain_hash": str,
-    "state_hash": str, "patch_digest": str, "patch_bytes": int, "anchor_version": int,
+    "run_id": str, "version": int, "parent_chain_hash": str, "chain_hash": str, "epoch": str,
+    "genesis_nonce": bytes, "state_hash": str, "patch_digest": str, "patch_bytes": int, "anchor_version": int,
     "is_anchor": bool, "anchor_manifest": bytes, "codec": str, "created_at": float,
     "rollout_settings": str, "signer": str, "signature": bytes,
 }
@@ -103,9 +113,9 @@ def digest_of(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def genesis_parent_hash(run_id: str) -> str:
-    """The parent chain hash of version 0 of ``run_id``."""
-    packed = msgpack.packb([_GENESIS_DOMAIN, run_id], use_bin_type=True)
+def genesis_parent_hash(run_id: str, nonce: bytes) -> str:
+    """The parent chain hash of a version 0 of ``run_id`` whose publisher chose ``nonce``."""
+    packed = msgpack.packb([_GENESIS_DOMAIN, run_id, bytes(nonce)], use_bin_type=True)
     return hashlib.sha256(packed).hexdigest()
 
 
@@ -128,22 +138,25 @@ def signing_bytes(r: VersionRecord) -> bytes:
 
 def make_record(identity: Identity, *, run_id: str, version: int, parent: VersionRecord | None,
                 state_hash: str, patch: bytes | None, anchor_version: int, is_anchor: bool,
-                codec: str, anchor_manifest: bytes = b"", rollout_settings: str = "") -> VersionRecord:
+                codec: str, anchor_manifest: bytes = b"", rollout_settings: str = "",
+                nonce: bytes | None = None) -> VersionRecord:
     """Build and sign the record of ``version`` (``patch`` turns ``parent``'s state into it;
     ``anchor_manifest``: ``chain.anchor.anchor_manifest`` of an anchor's state; ``rollout_settings``:
-    ``rl.settings`` canonical JSON)."""
+    ``rl.settings`` canonical JSON). A genesis starts a new epoch: ``nonce`` (default: fresh
+    random bytes) is only for tests that need two equal geneses."""
     if (version == 0) != (parent is None):
         raise ValueError("version 0 has no parent; every later version needs its parent record")
     if (version == 0) != (patch is None):
         raise ValueError("version 0 has no patch; every later version needs the patch from its parent")
     if parent is not None and parent.version != version - 1:
         raise ValueError(f"parent is v{parent.version}, expected v{version - 1}")
-    parent_hash = genesis_parent_hash(run_id) if parent is None else parent.chain_hash
+    genesis_nonce = (os.urandom(NONCE_LEN) if nonce is None else bytes(nonce)) if parent is None else b""
+    parent_hash = genesis_parent_hash(run_id, genesis_nonce) if parent is None else parent.chain_hash
     digest = "" if patch is None else digest_of(patch)
+    own_hash = chain_hash(parent_chain_hash=parent_hash, version=version, patch_digest=digest, state_hash=state_hash)
     unsigned = VersionRecord(
-        run_id=run_id, version=version, parent_chain_hash=parent_hash,
-        chain_hash=chain_hash(parent_chain_hash=parent_hash, version=version,
-                              patch_digest=digest, state_hash=state_hash),
+        run_id=run_id, version=version, parent_chain_hash=parent_hash, chain_hash=own_hash,
+        epoch=own_hash if parent is None else parent.epoch, genesis_nonce=genesis_nonce,
         state_hash=state_hash, patch_digest=digest, patch_bytes=0 if patch is None else len(patch),
         anchor_version=anchor_version, is_anchor=is_anchor, anchor_manifest=anchor_manifest, codec=codec,
         created_at=float(time.time()), rollout_settings=rollout_settings,
@@ -203,13 +216,17 @@ def _field_problems(r: VersionRecord, *, unsigned_ok: bool) -> Iterator[str]:
         yield f"run_id must be {RUN_ID_RULE}"
     if not 0 <= r.version <= _MAX_INT or not 0 <= r.patch_bytes <= _MAX_INT:
         yield "version and patch_bytes must be non-negative 63-bit integers"
-    for name in ("parent_chain_hash", "chain_hash", "signer"):
+    for name in ("parent_chain_hash", "chain_hash", "epoch", "signer"):
         if not _HEX64.fullmatch(getattr(r, name)):
             yield f"{name} must be 64 lowercase hex characters"
     if not _STATE_HASH.fullmatch(r.state_hash):
         yield "state_hash must be 16-128 lowercase hex characters"
     if r.version == 0 and (r.patch_digest or r.patch_bytes or not r.is_anchor):
         yield "version 0 must be an anchor without a patch"
+    if r.version == 0 and (len(r.genesis_nonce) != NONCE_LEN or r.epoch != r.chain_hash):
+        yield f"version 0 must carry a {NONCE_LEN}-byte genesis nonce and name its own chain hash as epoch"
+    if r.version > 0 and r.genesis_nonce:
+        yield "only version 0 carries a genesis nonce"
     if r.version > 0 and not _HEX64.fullmatch(r.patch_digest):
         yield "patch_digest must be 64 lowercase hex characters"
     if not 0 <= r.anchor_version <= r.version or r.is_anchor != (r.anchor_version == r.version):
@@ -266,7 +283,7 @@ def _check_record(r: VersionRecord, *, run_id: str | None, trusted_signers: Coll
                       patch_digest=r.patch_digest, state_hash=r.state_hash)
     if want != r.chain_hash:
         raise IntegrityError(f"{tag}: chain hash does not match its fields")
-    if r.version == 0 and r.parent_chain_hash != genesis_parent_hash(r.run_id):
+    if r.version == 0 and r.parent_chain_hash != genesis_parent_hash(r.run_id, r.genesis_nonce):
         raise IntegrityError(f"{tag}: genesis parent hash does not match run {r.run_id!r}")
     if parent is not None:
         check_link(parent, r)
@@ -281,6 +298,8 @@ def check_link(parent: VersionRecord, child: VersionRecord) -> None:
         raise IntegrityError(f"{tag}: parent is v{parent.version}, expected v{child.version - 1}")
     if child.parent_chain_hash != parent.chain_hash:
         raise IntegrityError(f"{tag}: parent chain hash does not match {parent.short()} (fork?)")
+    if child.epoch != parent.epoch:
+        raise IntegrityError(f"{tag}: epoch {child.epoch[:8]} != parent's {parent.epoch[:8]}")
     if not child.is_anchor and child.anchor_version != parent.anchor_version:
         raise IntegrityError(f"{tag}: anchor_version {child.anchor_version} != parent's "
                              f"{parent.anchor_version}")

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING
 
 from pulse_node.chain.catchup import check_catchup
 from pulse_node.chain.record import VersionRecord, check_patch, make_record, verify_record
+from pulse_node.codec.failpoints import NEVER, Failpoints
 from pulse_node.codec.header import PatchHeader
 from pulse_node.codec.inplace import Changes, apply_patch_inplace
 from pulse_node.codec.patch import ParsedPatch, parse_patch
@@ -117,18 +118,19 @@ def sign_version(identity: Identity, *, run_id: str, parent: VersionRecord | Non
     return VerifiedVersion(record, None if patch is None else _bind(record, patch), state, _KEY)
 
 
-def apply_version(state: State, version: VerifiedVersion, *, base: VersionRecord) -> tuple[Changes, VerifiedVersion]:
+def apply_version(state: State, version: VerifiedVersion, *, base: VersionRecord,
+                  failpoints: Failpoints = NEVER) -> tuple[Changes, VerifiedVersion]:
     """Apply ``version``'s patch in place to ``state``, the verified state of ``base`` (its parent).
 
     The header parsed at the gate is used as it is; the codec checks the base hash (against
     ``base``'s signed one, no hashing), the payload digest and, once, the result's state hash.
     Returns what changed and ``version`` sealed with ``state`` (now its state). Any failure leaves
-    ``state`` as it was (``IntegrityError``, ``PatchError``)."""
+    ``state`` as it was (``IntegrityError``, ``PatchError``). ``failpoints``: tests only."""
     if version.patch is None:
         raise IntegrityError(f"{version.short()} carries no patch to apply")
     if version.record.parent_chain_hash != base.chain_hash:
         raise IntegrityError(f"version {version.version} does not extend our chain at {base.version}")
-    changes = apply_patch_inplace(state, version.patch, verify=True, base_hash=base.state_hash)
+    changes = apply_patch_inplace(state, version.patch, verify=True, base_hash=base.state_hash, failpoints=failpoints)
     return changes, VerifiedVersion(version.record, version.patch, state, _KEY)
 
 
@@ -136,7 +138,7 @@ def seal_streamed(version: VerifiedVersion, state: State, *, base: VersionRecord
     """``version`` sealed with ``state``: its patch was applied to ``state`` (``base``'s verified
     state) while the bytes arrived (``codec/pipelined.py``), and that apply fed the result's state
     hash tensor by tensor and compared it with the signed one, so it is not hashed again here.
-    Only ``inference/syncer.py`` calls this, with the ``Streamed`` apply it committed."""
+    Only ``inference/streaming.py:apply_next`` calls this, with the ``Streamed`` apply it commits."""
     if version.patch is None:
         raise IntegrityError(f"{version.short()} carries no patch to apply")
     if version.record.parent_chain_hash != base.chain_hash:

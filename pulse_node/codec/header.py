@@ -102,7 +102,7 @@ def _tensor_entry(raw: object) -> TensorEntry:
     if not isinstance(raw, list) or len(raw) != 8:
         raise PatchError("malformed tensor entry in patch header")
     name, dtype, shape, changed, offset, length, threshold, coding = raw
-    if not isinstance(name, str) or not name or dtype not in DTYPES:
+    if not isinstance(name, str) or not name or not isinstance(dtype, str) or dtype not in DTYPES:
         raise PatchError(f"bad tensor name or dtype in patch header: {str(name)[:80]!r} {str(dtype)[:16]!r}")
     if not isinstance(shape, list) or len(shape) > MAX_NDIM or not all(_is_int(d, 0, MAX_NUMEL) for d in shape):
         raise PatchError(f"tensor {name!r}: bad shape in patch header")
@@ -119,7 +119,7 @@ def _value_table(raw: object) -> ValueTable:
     if not isinstance(raw, list) or len(raw) != 4:
         raise PatchError("malformed value table in patch header")
     coding, dtype, label, counts = raw
-    if not (_is_int(coding, 0, 1) and dtype in DTYPES and _is_int(label, 0, 255) and isinstance(counts, list)
+    if not (_is_int(coding, 0, 1) and isinstance(dtype, str) and dtype in DTYPES and _is_int(label, 0, 255) and isinstance(counts, list)
             and 0 < len(counts) <= MAX_TABLE_SYMBOLS and all(_is_int(c, 0, MAX_NUMEL) for c in counts)
             and sum(counts) > 0):
         raise PatchError("bad value table in patch header")

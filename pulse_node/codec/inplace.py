@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pulse_node.codec import values as V
+from pulse_node.codec.failpoints import NEVER, Failpoints
 from pulse_node.codec.fused import LiveWords, write_live
 from pulse_node.codec.header import PatchHeader, TensorEntry
 from pulse_node.codec.models import PatchModels
@@ -134,14 +135,15 @@ def _owned(state: Mapping[str, TensorBits], header: PatchHeader) -> None:
 
 
 def apply_patch_inplace(state: State, patch: bytes | ParsedPatch, *, verify: bool = True,
-                        base_hash: str | None = None) -> Changes:
+                        base_hash: str | None = None, failpoints: Failpoints = NEVER) -> Changes:
     """Turn ``state`` into the patch's result in place and return what changed.
 
     ``verify`` checks the base hash (``base_hash`` if given, else hashed), the payload digest
     and the result hash; with ``verify=False`` a given ``base_hash`` is still compared with the
     header's. Any failure raises (``BaseMismatchError``, ``PatchError``, ``IntegrityError``)
     with ``state`` exactly as it was. ``patch``: the bytes, or a ``ParsedPatch`` whose header is
-    used as parsed (not parsed again).
+    used as parsed (not parsed again). ``failpoints`` (tests): told once every tensor is decoded
+    and once the result is hashed and compared.
     """
     parsed = parse_patch(patch)
     header, start = parsed.header, parsed.start
@@ -166,10 +168,14 @@ def apply_patch_inplace(state: State, patch: bytes | ParsedPatch, *, verify: boo
     changes = Changes(header.base_state_hash, header.result_state_hash,
                       {e.name: r for e, r in zip(entries, results) if isinstance(r, TensorChange)})
     failed = next((r for r in results if isinstance(r, BaseException)), None)
-    if failed is not None:
+    try:
+        if failed is not None:
+            raise failed
+        failpoints.reached("decoded")
+        if verify and state_hash(state) != header.result_state_hash:
+            raise IntegrityError("patched state hash does not match the patch's result hash")
+        failpoints.reached("hashed")
+    except BaseException:
         changes.undo(state)
-        raise failed
-    if verify and state_hash(state) != header.result_state_hash:
-        changes.undo(state)
-        raise IntegrityError("patched state hash does not match the patch's result hash")
+        raise
     return changes

@@ -11,9 +11,9 @@ a ``TensorSink`` (the live model, written optimistically) and feeds the state ha
 
 Trust. The bytes are decoded before the whole patch is authenticated. That is safe because the
 decoder is bounded by what is signed or ours, never by a peer's number: the total size is the
-signed ``patch_bytes`` (the source never holds more), the header must name exactly our tensors,
-dtypes and shapes, our base hash and the signed result hash, and its ranges must tile the signed
-size; a tensor's positions are capped by its declared count (<= its numel, from our shape) and
+signed ``patch_bytes`` (the source never holds more), checked first against our dense size
+(``codec/limits.py``); the header must name exactly our tensors, dtypes and shapes, our base
+hash and the signed result hash, and its ranges must tile the signed size; a tensor's positions are capped by its declared count (<= its numel, from our shape) and
 every write lands at a decoded position < numel, with the old bits taken first (the undo log).
 Any error is raised as ``PatchError`` (catch-up patches from any peer already go through the
 same decoder unauthenticated). Only when the source's digest equals the signed one AND the
@@ -24,6 +24,7 @@ written so far is restored in the state and in the sink, and the error is raised
 from __future__ import annotations
 
 import hashlib
+import mmap
 import os
 import queue
 import struct
@@ -37,6 +38,7 @@ from typing import Protocol
 import blake3
 import numpy as np
 
+from pulse_node.codec.failpoints import NEVER, Failpoints
 from pulse_node.codec.fused import LiveWords
 from pulse_node.codec.header import MAGIC, MAX_HEADER_BYTES, PatchHeader, TensorEntry, unpack_header
 from pulse_node.codec.inplace import Changes, TensorChange, _owned, _patch_tensor
@@ -46,6 +48,8 @@ from pulse_node.codec.state import State, TensorBits
 from pulse_node.codec.statehash import _DOMAIN, _tensor_prefix
 from pulse_node.errors import BaseMismatchError, IntegrityError, PatchError, PeerUnavailable
 
+#: the most a ``GrowingBuffer`` reserves, whatever its caller allows (a 1 TB model's patch)
+MAX_RESERVE = 1 << 41
 #: threads decoding sections that are complete (bounded so a node sharing the machine is not starved)
 WORKERS = min(2, os.cpu_count() or 1)
 _PREFIX = struct.Struct("<7sBI")
@@ -82,6 +86,10 @@ class TensorSink(Protocol):
     def words(self, name: str, tb: TensorBits) -> LiveWords | None:
         """Words the decoder may write ``tb``'s new bits into itself, in its own pass (then
         ``write`` is not called for that tensor; ``undo`` still is); None: ``write`` after."""
+        ...
+
+    def lost(self) -> None:
+        """An ``undo`` failed: what the sink holds is neither the base nor the result any more."""
         ...
 
 
@@ -136,8 +144,9 @@ class _Run:
     """One streaming apply: decode jobs in flight, the hasher thread, and what to undo."""
 
     def __init__(self, state: State, header: PatchHeader, sink: TensorSink | None, workers: int,
-                 trace: list[tuple[str, str, float]] | None) -> None:
+                 trace: list[tuple[str, str, float]] | None, failpoints: Failpoints) -> None:
         self.state, self.header, self.sink, self.trace = state, header, sink, trace
+        self.failpoints = failpoints
         self.models = PatchModels({(t.coding, t.dtype, t.label): t.counts for t in header.tables})
         self.pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="pipelined")
         # the sink's writes beside the hash of the same tensor (both only read the decoded bits)
@@ -162,10 +171,18 @@ class _Run:
             if self.sink is not None:
                 self.sunk.append(entry.name)  # before a write: a failing write is undone too
                 if direct is None:
-                    self.sink_jobs.append(self.sink_pool.submit(self.sink.write, entry.name, change, tb.dtype))
+                    self.sink_jobs.append(self.sink_pool.submit(self._write, entry.name, change, tb.dtype))
             if self.trace is not None:
                 self.trace.append(("decoded", entry.name, time.monotonic()))
+        self.failpoints.reached("decoded")
+        if direct is not None:
+            self.failpoints.reached("written")  # the decode kernel wrote the live words itself
         return change
+
+    def _write(self, name: str, change: TensorChange, dtype: str) -> None:
+        assert self.sink is not None
+        self.sink.write(name, change, dtype)
+        self.failpoints.reached("written")
 
     def submit(self, entry: TensorEntry, payload: memoryview) -> None:
         fut: Future[TensorChange | None]
@@ -213,18 +230,29 @@ class _Run:
         changes = self.changes()
         changes.undo(self.state)
         if self.sink is not None:
-            for name in self.sunk:
-                c = self.done.get(name)
-                if c is not None:
-                    self.sink.undo(name, c, self.state[name].dtype)
+            undo_sink(self.sink, [(name, c, self.state[name].dtype) for name in self.sunk
+                                  if (c := self.done.get(name)) is not None])
 
     def changes(self) -> Changes:
         return Changes(self.header.base_state_hash, self.header.result_state_hash, dict(self.done))
 
 
+def undo_sink(sink: TensorSink, written: list[tuple[str, TensorChange, str]]) -> None:
+    """Write each change's old bits back into ``sink``; one that cannot be undone makes the
+    sink ``lost`` (its holder reloads it) and the others are still undone."""
+    failed = False
+    for name, change, dtype in written:
+        try:
+            sink.undo(name, change, dtype)
+        except Exception:  # noqa: BLE001 (any failure: the sink's contents are unknown now)
+            failed = True
+    if failed:
+        sink.lost()
+
+
 def apply_streaming(state: State, source: Source, expected: Expected, *, sink: TensorSink | None = None,
-                    workers: int = WORKERS, trace: list[tuple[str, str, float]] | None = None
-                    ) -> tuple[Changes, PatchHeader, int]:
+                    workers: int = WORKERS, trace: list[tuple[str, str, float]] | None = None,
+                    failpoints: Failpoints = NEVER) -> tuple[Changes, PatchHeader, int]:
     """Turn ``state`` into the patch's result in place while ``source`` fills; returns the changes
     and the header it parsed (once), with where the payload starts.
 
@@ -233,11 +261,13 @@ def apply_streaming(state: State, source: Source, expected: Expected, *, sink: T
     ``expected``. Any failure (a bad header, a corrupt section, a stalled source, a digest or
     hash mismatch) leaves ``state`` and ``sink`` as they were and raises. ``trace`` (benches):
     gets ``(event, tensor, monotonic time)`` for each section complete, decoded and hashed.
+    ``failpoints`` (tests): told when the bytes are all in, each tensor decoded and written, and
+    the result hashed and compared.
     """
     header, start = read_header(source, expected)
     _check_base(header, state)
     _owned(state, header)
-    run = _Run(state, header, sink, workers, trace)
+    run = _Run(state, header, sink, workers, trace, failpoints)
     try:
         for entry in header.tensors:
             if run.hash_error is not None:
@@ -249,10 +279,12 @@ def apply_streaming(state: State, source: Source, expected: Expected, *, sink: T
             run.submit(entry, view[start:end] if entry.length else view)
         result = run.finish()
         source.wait(source.size)
+        failpoints.reached("received")
         if source.digest() != expected.digest:
             raise IntegrityError("patch does not match its signed digest")
         if result != expected.result_hash:
             raise IntegrityError("patched state hash does not match the signed result hash")
+        failpoints.reached("hashed")
     except BaseException:
         run.abort()
         raise
@@ -261,15 +293,24 @@ def apply_streaming(state: State, source: Source, expected: Expected, *, sink: T
 
 class GrowingBuffer:
     """A ``Source`` filled by a producer (``append``): the patch's bytes as they arrive, at most
-    the signed ``size`` (allocated once), hashed as they come (``digest_factory``: the record's
-    digest, SHA-256). ``wait`` raises ``PeerUnavailable`` when nothing new came for ``stall_s``
-    or past ``deadline_s``, and the producer's error once it ``fail``-s."""
+    the signed ``size``, hashed as they come (``digest_factory``: the record's digest, SHA-256).
+    ``wait`` raises ``PeerUnavailable`` when nothing new came for ``stall_s`` or past
+    ``deadline_s``, and the producer's error once it ``fail``-s.
+
+    The size is reserved once as an anonymous mapping, whose pages take memory only as bytes are
+    written into them: a peer that sends less costs what it sent. The caller bounds ``size`` by
+    its own model first (``codec/limits.py``); past ``MAX_RESERVE`` it is refused here too."""
 
     def __init__(self, size: int, *, stall_s: float = 10.0, deadline_s: float = 600.0,
                  digest_factory: Callable[[], _Hash] = hashlib.sha256) -> None:
+        if not 0 <= size <= MAX_RESERVE:
+            raise PatchError(f"a patch of {size} bytes is past what a node reserves ({MAX_RESERVE})")
         self.size = size
-        self._buf = bytearray(size)
-        self._view = memoryview(self._buf)
+        try:
+            self._buf = mmap.mmap(-1, max(size, 1))
+        except (OSError, ValueError, OverflowError) as exc:  # the machine cannot reserve it
+            raise PatchError(f"cannot reserve {size} bytes for a patch ({exc})") from None
+        self._view = memoryview(self._buf)[:size]
         self._have = 0
         self._hash = digest_factory()
         self._error: BaseException | None = None

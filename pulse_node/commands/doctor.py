@@ -3,6 +3,7 @@
     pulse-node doctor                                       # environment + p2p daemon
     pulse-node doctor --bootstrap /ip4/1.2.3.4/tcp/31337/p2p/12D3KooW...   # + bootstrap, NAT, clocks, identity
     pulse-node doctor --json | jq '.[] | select(.status == "FAIL")'
+    pulse-node doctor --config configs/qwen2.5-0.5b-gsm8k-swarm.toml --only model   # a node or a swarm config
 
 Exit code 0 when no check FAILs.
 """
@@ -10,7 +11,9 @@ Exit code 0 when no check FAILs.
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
+from pulse_node.commands.common import add_config_flags
 from pulse_node.vocab import DEFAULT_RUN_ID
 
 CHECK_NAMES = ("python", "torch", "hivemind", "libp2p", "dependencies", "accelerator", "disk", "model",
@@ -33,19 +36,33 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--timeout", type=float, default=15.0, help="seconds to reach the bootstrap (default 15)")
     p.add_argument("--only", action="append", choices=CHECK_NAMES, metavar="CHECK",
                    help=f"run only these checks (repeatable): {', '.join(CHECK_NAMES)}")
-    p.add_argument("--config", metavar="FILE", help="the node's TOML config: report the model it would load "
-                   "(default DATA_DIR/node.toml when present)")
+    add_config_flags(p)  # a node's or a swarm's config: the model it would load (default DATA_DIR/node.toml)
     p.add_argument("--json", action="store_true", help="print the checks as a JSON list")
     p.set_defaults(run=run)
 
 
-def model_check(config: str):
-    """The doctor's ``model`` check for the node config ``config`` (hub id, revision, local path)."""
-    from pulse_node.config import load_node_config
+def load_any_config(path: str | None, overrides: list[str]) -> Any:
+    """The config at ``path`` (+ ``overrides``) as the command it is for reads it: ``pulse-node swarm``
+    when it names a key only a swarm has (``trainers``, ``run_dir``, ...), ``pulse-node solo`` when it
+    names one only solo has (``minutes``, ...), else ``pulse-node join`` (a node of its ``role``)."""
+    from pulse_node.config import NodeConfig, SwarmConfig, TrainerConfig, load_node_config
+    from pulse_node.configload import load_config, load_tree
+    from pulse_node.rl.config import SoloConfig
+
+    keys, node = set(load_tree(path, overrides)), set(TrainerConfig.model_fields) | set(NodeConfig.model_fields)
+    if keys & (set(SwarmConfig.model_fields) - node):
+        return load_config(SwarmConfig, path, overrides)
+    if keys & (set(SoloConfig.model_fields) - node):
+        return load_config(SoloConfig, path, overrides)
+    return load_node_config(path, overrides)
+
+
+def model_check(config: str | None, overrides: list[str] | None = None):
+    """The doctor's ``model`` check for the node or swarm config ``config`` (hub id, revision, local path)."""
     from pulse_node.ops.checks import Check
 
     def check() -> Check:
-        cfg = load_node_config(config)
+        cfg = load_any_config(config, overrides or [])
         if cfg.model.kind != "hf":
             return Check(name="model", status="PASS", detail="the embedded tiny model (built from the config)")
         from pulse_node.rl.model_source import model_report
@@ -74,8 +91,13 @@ def run(args: argparse.Namespace) -> int:
                          only=frozenset(args.only) if args.only else None)
     config = args.config or (str(Path(args.data_dir) / "node.toml") if (Path(args.data_dir) / "node.toml").is_file()
                              else None)
-    if config:
-        opts.model_check = model_check(config)
+    if args.print_config:
+        from pulse_node.configload import dump_toml
+
+        print(dump_toml(load_any_config(config, args.overrides)), end="")
+        return 0
+    if config or args.overrides:
+        opts.model_check = model_check(config, args.overrides)
     console = Console(highlight=False, width=None if sys.stdout.isatty() else 120)
     style = {"PASS": "green", "WARN": "yellow", "FAIL": "bold red", "SKIP": "dim"}
 

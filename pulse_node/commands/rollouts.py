@@ -21,7 +21,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from pulse_node.commands.common import flag_overrides
+from pulse_node.commands.common import add_config_flags, flag_overrides
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -39,9 +39,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--json", action="store_true", help="one JSON object per rollout")
     for a in (m, c):
         a.add_argument("--data-dir", required=True, type=Path, metavar="DIR", help="a node's data dir (any role)")
-        a.add_argument("--config", metavar="FILE", help="TOML config of the run (default: inference defaults)")
-        a.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                       help="override a config field (repeatable)")
+        add_config_flags(a)  # the run's config (default: inference defaults)
     p.set_defaults(run=run)
 
 
@@ -175,4 +173,9 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.print_config:
+        from pulse_node.configload import dump_toml
+
+        print(dump_toml(load_node_config(args.config, args.overrides, args.data_dir)), end="")
+        return 0
     return {"make": _make, "check": _check}[args.rollouts_command](args)

@@ -3,8 +3,10 @@
     pulse-node swarm                       # embedded default, runs until Ctrl+C
     pulse-node swarm --versions 10 --json  # stop once every node holds version 10; JSON summary last
 
-On a terminal it shows the ``pulse-node status`` screen live; piped (or with ``--json``) it
-prints one plain progress line per version on stderr.
+On a terminal it shows the ``pulse-node status`` screen live; piped it prints one plain
+progress line per version on stdout (on stderr with ``--json``). Exit code 2 when the run ends
+with an alert that fails it (``FAILING_ALERTS``: a fork, a version without contributors, a round
+closed without an update, a duplicated identity), 130 when stopped before ``--versions``.
 """
 
 from __future__ import annotations
@@ -31,6 +33,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=run)
 
 
+def check_model(cfg) -> None:
+    """``PulseError`` with the command that fixes it when the swarm's hub model is not here: said
+    before any node starts, not by a node far away minutes later."""
+    if cfg.model.kind != "hf":
+        return
+    from pulse_node.errors import PulseError
+    from pulse_node.rl.model_source import model_report
+
+    ok, detail, fix = model_report(cfg.model.path or "", revision=cfg.model.revision, chat_setting=cfg.task.chat_template)
+    if not ok:
+        raise PulseError(f"{detail}\n  next: {fix}")
+
+
 def run(args: argparse.Namespace) -> int:
     from pulse_node.config import SwarmConfig
     from pulse_node.configload import dump_toml, load_config
@@ -41,6 +56,7 @@ def run(args: argparse.Namespace) -> int:
     if args.print_config:
         print(dump_toml(cfg), end="")
         return 0
+    check_model(cfg)
     from pulse_node.swarm.launcher import LocalSwarm
     from pulse_node.swarm.view import SwarmView
 
@@ -48,8 +64,9 @@ def run(args: argparse.Namespace) -> int:
     stop_on_signals(stop)
     swarm = LocalSwarm(cfg)
     view = SwarmView(swarm, plain=args.json)
+    swarm.log = view.say
     try:
-        swarm.start()
+        swarm.start(stop=stop.is_set)
         view.started()
         swarm.wait_versions(cfg.versions, on_tick=view.tick, stop=stop.is_set)
     finally:
@@ -60,4 +77,12 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(summary))
     else:
         view.final(summary)
-    return 0 if not stop.is_set() or cfg.versions is None else 130
+    return exit_code(summary, stopped=stop.is_set(), versions=cfg.versions)
+
+
+def exit_code(summary: dict, *, stopped: bool, versions: int | None) -> int:
+    """2 when the run ends with an alert that fails it (``summary["failed"]``), 130 when stopped
+    before ``versions``, else 0."""
+    if summary["failed"]:
+        return 2
+    return 130 if stopped and versions is not None else 0

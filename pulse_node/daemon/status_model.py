@@ -32,7 +32,7 @@ from pulse_node.errors import PulseError
 from pulse_node.vocab import BatchRefusal, BudgetRefusal, DecisionRefusal, LocoRefusal
 
 #: version of the status schema; bump it on any change to a declared field
-STATUS_SCHEMA = 7
+STATUS_SCHEMA = 8
 HISTORY_LEN = 200
 ERRORS_KEPT = 20
 ERROR_CHARS = 300
@@ -164,8 +164,36 @@ class VersionEntry(_Section):
     global_hash: str | None = Field(None, description="trainer: hash of the FP32 global weights and momentum")
     reward: float | None = Field(None, description="trainer: mean reward of the batches it was trained on")
     eval: float | None = Field(None, description="trainer: held-out accuracy, when evaluated")
+    contributors: int | None = Field(None, ge=0, description="trainer: payloads averaged into this version (0: its "
+                                     "round closed without an update; None: genesis or adopted)")
     catchup_from: int | None = Field(None, ge=0, description="inference: reached by one catch-up patch from "
                                      "this version")
+
+
+AlertKind = Literal[
+    "fork",  # state hashes of nodes at one version disagree
+    "no_contributors",  # a version was published with no payload averaged into it: learning stopped there
+    "round_without_update",  # a trainer closed rounds without an update (no decided payloads, no re-sync)
+    "repeated_error",  # a node keeps failing the same way
+    "duplicate_identity", "equivocation", "open_trust", "node", "source",
+]
+#: alerts that fail ``pulse-node swarm --versions N`` (exit code 2) when its last snapshot holds them
+FAILING_ALERTS: tuple[AlertKind, ...] = ("fork", "no_contributors", "round_without_update", "duplicate_identity")
+
+
+class Alert(pydantic.BaseModel):
+    """Something an operator must act on, as ``pulse-node status``, the swarm's terminal lines and
+    its JSON summary all report it (built by ``ops/snapshot.py`` from the nodes' statuses)."""
+
+    model_config = pydantic.ConfigDict(extra="forbid", frozen=True)
+    kind: AlertKind
+    level: Literal["warn", "fail"]
+    message: str
+
+    @property
+    def failing(self) -> bool:
+        """Whether it fails a run that ends with it (``FAILING_ALERTS``)."""
+        return self.kind in FAILING_ALERTS
 
 
 class EvalPoint(_Section):

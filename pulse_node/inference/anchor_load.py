@@ -11,21 +11,29 @@ manifest), so a member signing a second record for an anchor cannot get the piec
 holding the real one struck; a provider answering with no record of the version, or one no member
 signed, is struck. Nothing larger than the signed size is ever written. An anchor whose record carries no manifest is not
 downloaded at all (its size would be whatever a provider says).
+
+The signed size itself is bounded before a byte of data is fetched: the manifest's ``data_bytes``
+must be exactly what the checked header's layout tiles (each tensor ``numel x its dtype's size``,
+back to back), at most the dense size of the state this node holds (an anchor of the same model),
+and at most what this machine has free on disk and in memory (a node without a state yet).
 """
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
-from pulse_node.chain.anchor import MAX_HEADER_BYTES, check_header, header_length, pieces
+import psutil
+
+from pulse_node.chain.anchor import MAX_HEADER_BYTES, AnchorManifest, check_header, header_length, pieces, split_header
 from pulse_node.chain.layout import state_metadata
 from pulse_node.chain.peer import PeerRecord
 from pulse_node.chain.record import MAX_RECORD_BYTES, VersionRecord, decode_record
 from pulse_node.chain.trust import TrustPolicy
 from pulse_node.chain.verified import VerifiedVersion
-from pulse_node.codec.state import load_safetensors
+from pulse_node.codec.state import DTYPES, load_safetensors
 from pulse_node.daemon.transport import Transport
-from pulse_node.errors import IntegrityError, PulseError, WireError
+from pulse_node.errors import IntegrityError, PatchError, PulseError, WireError
 from pulse_node.net.wire.protocol import AnchorRequest, RecordRequest
 
 #: first read of an anchor: the header of any model up to a few thousand tensors
@@ -43,7 +51,43 @@ def fetch_header(transport: Transport, peer: PeerRecord, record: VersionRecord, 
     if len(data) < n:
         data = _range(transport, peer, record.version, min(n, 8 + MAX_HEADER_BYTES), scratch, timeout=timeout)
     check_header(data[:n], manifest=manifest, metadata=state_metadata(record))
+    check_layout_size(data[:n], manifest)
     return data[:n]
+
+
+def check_layout_size(header: bytes, manifest: AnchorManifest) -> None:
+    """``IntegrityError`` unless the header's tensors tile exactly the manifest's ``data_bytes``
+    (each ``numel x its dtype's size``, back to back): the signed size is the layout's, no more."""
+    _, parsed = split_header(header)
+    spans = []
+    for name, info in parsed.items():
+        if name == "__metadata__":
+            continue
+        dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
+        if not isinstance(dtype, str) or dtype not in DTYPES or not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape) \
+                or not (isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) for o in offsets)):
+            raise IntegrityError(f"anchor header entry {str(name)[:64]!r} is malformed")
+        numel = 1
+        for d in shape:
+            numel *= d
+        if offsets[1] - offsets[0] != numel * DTYPES[dtype].itemsize:
+            raise IntegrityError(f"anchor tensor {str(name)[:64]!r}: offsets do not match its shape and dtype")
+        spans.append((offsets[0], offsets[1]))
+    end = 0
+    for lo, hi in sorted(spans):
+        if lo != end:
+            raise IntegrityError("anchor header tensors do not tile the data region")
+        end = hi
+    if end != manifest.data_bytes:
+        raise IntegrityError(f"anchor manifest signs {manifest.data_bytes} data bytes, its layout holds {end}")
+
+
+def anchor_room(scratch: Path, dense_bytes: int | None) -> int:
+    """The largest anchor data region this node takes: the dense size of the state it holds (the
+    same model), else what the machine has free on disk beside ``scratch`` and in memory."""
+    if dense_bytes is not None:
+        return dense_bytes
+    return min(shutil.disk_usage(scratch).free, psutil.virtual_memory().available)
 
 
 def _range(transport: Transport, peer: PeerRecord, version: int, length: int, scratch: Path, *,
@@ -91,15 +135,21 @@ def _serves(transport: Transport, trust: TrustPolicy, peer: PeerRecord, record: 
 
 
 def load_anchor(transport: Transport, trust: TrustPolicy, record: VersionRecord, primary: PeerRecord,
-                holders: list[PeerRecord], scratch: Path, *, timeout: float) -> VerifiedVersion:
+                holders: list[PeerRecord], scratch: Path, *, timeout: float,
+                dense_bytes: int | None = None) -> VerifiedVersion:
     """Anchor ``record`` (already verified: a member signed it for this run) with its state, hashed
     once by the trust gate (``TrustPolicy.admit``): what ``VersionStore.put_anchor`` takes.
 
     ``primary`` serves the header; it and ``holders`` (peers announcing the anchor) serve pieces.
+    ``dense_bytes``: the dense size of the state this node holds, if any (``anchor_room``).
     ``IntegrityError`` (after striking the liar) or another ``PulseError`` if it cannot be had."""
     manifest = record.manifest()
     if manifest is None:
         raise IntegrityError(f"anchor {record.short()} carries no manifest; its size is not bound by a signature")
+    room = anchor_room(scratch, dense_bytes)
+    if manifest.data_bytes > room:
+        raise PatchError(f"anchor {record.short()} signs {manifest.data_bytes} data bytes; this node takes at "
+                         f"most {room} (its model's dense size, else its free disk and memory)")
     try:
         header = fetch_header(transport, primary, record, scratch, timeout=min(timeout, 30.0))
     except IntegrityError:

@@ -25,6 +25,7 @@ from pulse_node.chain.store import VersionStore
 from pulse_node.chain.trust import TrustPolicy
 from pulse_node.chain.verified import apply_catchup_version
 from pulse_node.codec.inplace import Changes
+from pulse_node.codec.limits import patch_cap
 from pulse_node.codec.state import State, state_nbytes
 from pulse_node.config import NetConfig
 from pulse_node.daemon.status_model import InferenceCounters
@@ -47,9 +48,9 @@ MAX_ANCHOR_TRIES = 8
 
 
 def catchup_cap(state: State) -> int:
-    """Largest catch-up patch accepted: twice the dense size of the state it applies to (a
-    fully changed state codes to ~1.04x dense), recomputed here, never what a peer says."""
-    return 2 * state_nbytes(state) + (1 << 20)
+    """Largest catch-up patch accepted: ``codec/limits.py``'s bound for any patch of the state it
+    applies to (twice its dense size), recomputed here, never what a peer says."""
+    return patch_cap(state)
 
 
 @dataclass(frozen=True)
@@ -222,7 +223,8 @@ class Recovery(abc.ABC):
                     continue
                 holders = self.standing.providers([p for p in live if anchor in p.anchors], quota=FETCH_UNKNOWN)
                 anchor_version = load_anchor(self.transport, self.trust, rec, by_id[pid], holders, self._tmp,
-                                             timeout=self.net.fetch_timeout_s * 4)
+                                             timeout=self.net.fetch_timeout_s * 4,
+                                             dense_bytes=None if self.state is None else state_nbytes(self.state))
                 self.store.put_anchor(anchor_version)
                 assert anchor_version.state is not None
                 self._adopt(rec, anchor_version.state)

@@ -99,6 +99,8 @@ class InferenceRole:
         # the history and counters first: a status that says version v holds v's entry and counts
         # v's apply (readers wait on the version)
         caught = self.sync.last_catchup
+        if rec.version not in {r.version for r in applied}:  # reached by an anchor: held all the same
+            self.ctx.status.record_version(VersionEntry(version=rec.version, state_hash=rec.state_hash))
         for r in applied:
             by_catchup = caught if caught is not None and caught.target == r.version else None
             self.ctx.status.record_version(VersionEntry(

@@ -30,10 +30,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pulse_node.chain.record import VersionRecord
+from pulse_node.chain.store import VersionStore
+from pulse_node.chain.verified import VerifiedVersion, apply_version, seal_streamed
+from pulse_node.codec.failpoints import NEVER, Failpoints
 from pulse_node.codec.fused import LiveWords
 from pulse_node.codec.inplace import Changes, TensorChange
+from pulse_node.codec.limits import check_patch_size
 from pulse_node.codec.patch import ParsedPatch
-from pulse_node.codec.pipelined import Expected, GrowingBuffer, apply_streaming
+from pulse_node.codec.pipelined import Expected, GrowingBuffer, apply_streaming, undo_sink
 from pulse_node.codec.state import State, TensorBits
 from pulse_node.errors import IntegrityError, PatchError, PeerUnavailable, PulseError
 from pulse_node.fsutil import temp_paths_of
@@ -70,6 +74,9 @@ class LiveSink:
     def words(self, name: str, tb: TensorBits) -> LiveWords | None:
         return self.live.words(name, tb)
 
+    def lost(self) -> None:
+        self.live.forget()
+
 
 @dataclass
 class Streamed:
@@ -88,12 +95,18 @@ class Streamed:
         return self.live is not None
 
     def commit(self) -> None:
-        """The version is kept: the live model now holds ``target`` (nothing more is written)."""
+        """The version is kept: the live model now holds ``target`` (nothing more is written).
+        Never raises: the version is stored by then; a live model that cannot note the step is
+        forgotten (reloaded from the state by its next ``set``)."""
         if self.settled:
             return
         self.settled = True
         if self.live is not None:
-            self.live.advance(self.state, [(self.base, self.target, self.changes)], written=True)
+            try:
+                self.live.advance(self.state, [(self.base, self.target, self.changes)], written=True)
+            except Exception:  # noqa: BLE001 (the state and store hold the version whatever happens here)
+                log.exception("the live model could not take version %d; it reloads", self.target)
+                self.live.forget()
 
     def rollback(self) -> None:
         """Back to ``base`` in the state and the live model (no-op once settled)."""
@@ -102,8 +115,38 @@ class Streamed:
         self.settled = True
         self.changes.undo(self.state)
         if self.live is not None:
-            for name, c in self.changes.tensors.items():
-                self.live.write(name, c, self.state[name].dtype, forward=False)
+            undo_sink(LiveSink(self.live), [(name, c, self.state[name].dtype)
+                                            for name, c in self.changes.tensors.items()])
+
+
+def apply_next(got: VerifiedVersion, streamed: Streamed | None, *, state: State, base: VersionRecord,
+               store: VersionStore, failpoints: Failpoints = NEVER) -> Changes:
+    """Make ``got`` (the version after ``base``, whose verified state ``state`` holds) the node's
+    version, all or nothing: applied in place (or, ``streamed``, already applied while it
+    arrived), sealed, its patch (and an anchor's state) stored, then the live model's step kept.
+    Any failure before the live model's step puts the state and the live model back at ``base``
+    and raises; the store may then hold the version too (verified, idempotent: it is stored
+    again when applied again). Returns what changed."""
+    changes: Changes | None = streamed.changes if streamed is not None else None
+    try:
+        if streamed is not None:
+            applied = seal_streamed(got, state, base=base)
+        else:
+            changes, applied = apply_version(state, got, base=base, failpoints=failpoints)
+        failpoints.reached("sealed")
+        store.put_patch(applied)
+        if got.record.is_anchor:
+            store.put_anchor(applied)
+    except BaseException:
+        if streamed is not None:
+            streamed.rollback()
+        elif changes is not None:
+            changes.undo(state)
+        raise
+    if streamed is not None:
+        streamed.commit()
+    assert changes is not None
+    return changes
 
 
 class _Fetch:
@@ -181,8 +224,9 @@ class Pipeline:
     """Fetches the next version's patch and applies it while it arrives (see the module doc)."""
 
     def __init__(self, live: LiveWeights | None = None, *, stall_s: float = 10.0, workers: int = 2,
-                 trace: list[tuple[str, str, float]] | None = None) -> None:
+                 trace: list[tuple[str, str, float]] | None = None, failpoints: Failpoints = NEVER) -> None:
         self.live, self.stall_s, self.workers, self.trace = live, stall_s, workers, trace
+        self.failpoints = failpoints  # tests: a failure injected after a step (``codec/failpoints.py``)
         self.counters = StreamCounts()
 
     @staticmethod
@@ -195,14 +239,18 @@ class Pipeline:
         (version ``base``, hashing to ``expected.base_hash``) as the bytes come. Returns the patch and the
         ``Streamed`` apply, or the patch and None when the signed patch itself does not apply
         here (the caller's normal path then reports why); raises when the bytes are not the
-        signed ones (``IntegrityError``) or do not all come (``PeerUnavailable``)."""
+        signed ones (``IntegrityError``), do not all come or the fetch fails even after the last
+        byte (``PeerUnavailable``; the state and live model are then back at ``base``), or when
+        the signed ``size`` is past what a patch of this model can be (``PatchError``, before
+        anything is allocated)."""
+        check_patch_size(size, state)
         buf = GrowingBuffer(size, stall_s=self.stall_s, deadline_s=timeout + self.stall_s)
         live = self.live if self.live is not None and self.live.holds(base, state) else None
         job = _Fetch(fetch, dest, buf)
         try:
             sink = LiveSink(live) if live is not None else None
             changes, header, start = apply_streaming(state, buf, expected, sink=sink, workers=self.workers,
-                                                     trace=self.trace)
+                                                     trace=self.trace, failpoints=self.failpoints)
         except PeerUnavailable:
             job.stop.set()
             raise
@@ -211,11 +259,17 @@ class Pipeline:
         except BaseException:
             job.stop.set()
             raise
-        job.join(timeout + self.stall_s)
+        streamed = Streamed(state, base, target, changes, live, last_byte_at=buf.completed_at)
+        try:  # applied: kept only if the fetch itself ends well too
+            job.join(timeout + self.stall_s)
+            self.failpoints.reached("reported")
+            patch = ParsedPatch(buf.bytes(), header, start)  # the header parsed once, while it came
+        except BaseException:
+            streamed.rollback()
+            raise
         self.counters.streamed += 1
         self.counters.live_written += live is not None
-        patch = ParsedPatch(buf.bytes(), header, start)  # the header parsed once, while it came
-        return patch, Streamed(state, base, target, changes, live, last_byte_at=buf.completed_at)
+        return patch, streamed
 
     def _after_refusal(self, job: _Fetch, buf: GrowingBuffer, expected: Expected, timeout: float,
                        exc: PulseError) -> tuple[bytes, None]:

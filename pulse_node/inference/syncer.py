@@ -48,8 +48,10 @@ from pulse_node.chain.record import (
 from pulse_node.chain.reorder import ReorderBuffer
 from pulse_node.chain.store import VersionStore
 from pulse_node.chain.trust import TrustPolicy
-from pulse_node.chain.verified import VerifiedVersion, apply_version, seal_streamed
+from pulse_node.chain.verified import VerifiedVersion
+from pulse_node.codec.failpoints import NEVER, Failpoints
 from pulse_node.codec.inplace import Changes, Move
+from pulse_node.codec.limits import check_patch_size
 from pulse_node.codec.patch import ParsedPatch
 from pulse_node.codec.state import State
 from pulse_node.config import NetConfig
@@ -62,7 +64,7 @@ from pulse_node.errors import (
     WireError,
 )
 from pulse_node.inference.recovery import CatchupApplied, Recovery, catchup_cap  # noqa: F401 (re-exported)
-from pulse_node.inference.streaming import Pipeline, Streamed, stream_next
+from pulse_node.inference.streaming import Pipeline, Streamed, apply_next, stream_next
 from pulse_node.net.peers.standing import FETCH_UNKNOWN, Standing
 from pulse_node.net.wire.protocol import FetchRequest, PatchRequest, RecordRequest, kind_of
 
@@ -107,6 +109,7 @@ class VersionSync(Recovery):
         self.record, self.state = store.load_head() or (None, None)  # our own arrays: patched in place
         self.changes: list[Move] = []  # what was applied in place, until the live model takes it
         self.pipeline: Pipeline | None = None  # set by the role: the next version applied while it arrives
+        self.failpoints: Failpoints = NEVER  # tests: failures injected into the apply (codec/failpoints.py)
         if self.record is not None and self.record.run_id != trust.trainers.run_id:
             raise ConfigError(f"{store.root} holds versions of run {self.record.run_id!r}, not "
                               f"{trust.trainers.run_id!r}; use another data_dir for another run")
@@ -276,12 +279,16 @@ class VersionSync(Recovery):
                 rec = self._fetch_record(peer, version, timeout=self._first_try(peer.peer_id))
                 if not self.trust.check(rec, sender=peer.peer_id):
                     continue
+                assert self.state is not None
+                check_patch_size(rec.patch_bytes, self.state)  # signed, yet past any patch of our model
                 streamed: Streamed | None = None
                 patch: bytes | ParsedPatch
-                if self.pipeline is not None and stream_next(self.record, rec) and self.state is not None:
+                if self.pipeline is not None and stream_next(self.record, rec):
                     patch, streamed = self._fetch_streamed(peer, rec)
                 else:
                     patch = self._fetch(peer, PatchRequest(version=version), max_bytes=rec.patch_bytes)
+                    self.failpoints.reached("reported")
+                    self.failpoints.reached("received")
                 try:  # a wrong digest strikes it; a streamed patch's digest was compared as it came
                     got = self.trust.admit(rec, sender=peer.peer_id, patch=patch, digest_seen=streamed is not None)
                 except BaseException:
@@ -367,6 +374,9 @@ class VersionSync(Recovery):
                 log.warning("%s", self.last_error)
                 self.reorder.reset(version)  # refetch it (from another provider) next pass
                 break
+            except BaseException:
+                self.reorder.reset(version)  # not applied (``_apply`` is all or nothing): asked for again
+                raise
             applied.append(got.record)
         return applied
 
@@ -381,25 +391,12 @@ class VersionSync(Recovery):
     def _apply_fetched(self, got: Fetched) -> None:
         assert self.state is not None and self.record is not None
         rec = got.record
-        if got.streamed is not None:  # applied while it arrived: digest and result hash checked then
-            changes = got.streamed.changes
-            applied = seal_streamed(got.verified, self.state, base=self.record)
-        else:
-            changes, applied = apply_version(self.state, got.verified, base=self.record)  # the one state hash
-        try:
-            self.store.put_patch(applied)
-        except BaseException:
-            if got.streamed is None:
-                changes.undo(self.state)
-            raise
-        if got.streamed is not None:
-            got.streamed.commit()
+        changes = apply_next(got.verified, got.streamed, state=self.state, base=self.record, store=self.store,
+                             failpoints=self.failpoints)  # all or nothing (inference/streaming.py)
         if got.streamed is not None and got.streamed.live_written:
             self.changes = []  # the live model holds this version already: later steps start here
         else:
             self._moved(self.record.version, rec.version, changes)
-        if rec.is_anchor:
-            self.store.put_anchor(applied)
         self.record = rec
         self.counters.patches_applied += 1
 

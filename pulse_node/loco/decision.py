@@ -5,11 +5,13 @@ The coordinator of round ``r`` (see ``trainer/agreement.py``) lists the payloads
 node key. Every trainer then averages exactly those payloads, so all end the round
 bit-identical.
 
-Wire format (``DECISION_FORMAT`` 1): a msgpack array
-``[DECISION_MAGIC, DECISION_FORMAT, run_id, round, base, coordinator, contributors, signer,
+Wire format (``DECISION_FORMAT`` 2): a msgpack array
+``[DECISION_MAGIC, DECISION_FORMAT, run_id, round, base, epoch, coordinator, contributors, signer,
 signature]`` with ``contributors = [[trainer_id, digest], ...]`` sorted by the trainer ids'
-UTF-8 bytes without repeats (1..``MAX_CONTRIBUTORS`` entries) and ``base`` the 32-byte outer
-state hash the round starts from. The signed message is the same array without the signature,
+UTF-8 bytes without repeats (1..``MAX_CONTRIBUTORS`` entries), ``base`` the 32-byte outer
+state hash the round starts from and ``epoch`` the 32-byte chain hash of the genesis of the
+chain the round extends (``chain/record.py``): a decision is taken only in its own epoch, so one
+signed in an earlier run (same run id, same keys, same genesis state) means nothing in a later one. The signed message is the same array without the signature,
 behind a domain tag. ``decode_decision`` treats its input as hostile: the size cap is checked
 before parsing, msgpack limits bound every allocation, and anything undeclared raises
 ``WireError``; ``verify_decision`` checks signer and signature (``IntegrityError``).
@@ -31,7 +33,7 @@ from pulse_node.loco.payload import MAX_TRAINER_ID
 from pulse_node.vocab import RUN_ID_RULE, is_run_id
 
 DECISION_MAGIC = "pulseloco/decision"
-DECISION_FORMAT = 1
+DECISION_FORMAT = 2
 MAX_CONTRIBUTORS = 256
 MAX_DECISION_BYTES = 64 << 10
 DIGEST_LEN = 32
@@ -47,6 +49,7 @@ class RoundDecision:
     run_id: str
     round: int
     base: bytes
+    epoch: bytes
     coordinator: str
     contributors: tuple[tuple[str, bytes], ...]
     signer: str
@@ -66,7 +69,7 @@ def payload_digest(data: bytes) -> bytes:
 
 
 def _body(d: RoundDecision) -> list[Any]:
-    return [DECISION_MAGIC, DECISION_FORMAT, d.run_id, d.round, d.base, d.coordinator,
+    return [DECISION_MAGIC, DECISION_FORMAT, d.run_id, d.round, d.base, d.epoch, d.coordinator,
             [[tid, digest] for tid, digest in d.contributors], d.signer]
 
 
@@ -75,11 +78,12 @@ def signing_bytes(d: RoundDecision) -> bytes:
     return _SIGN_DOMAIN + msgpack.packb(_body(d), use_bin_type=True)
 
 
-def make_decision(identity: Identity, *, run_id: str, round: int, base: bytes, coordinator: str,
+def make_decision(identity: Identity, *, run_id: str, round: int, base: bytes, epoch: bytes, coordinator: str,
                   contributors: Mapping[str, bytes]) -> RoundDecision:
-    """Build and sign the decision of ``round`` (contributors: trainer id -> payload digest)."""
+    """Build and sign the decision of ``round`` (contributors: trainer id -> payload digest) in
+    ``epoch`` (the genesis chain hash, raw bytes)."""
     ordered = tuple(sorted(((t, bytes(g)) for t, g in contributors.items()), key=lambda c: c[0].encode()))
-    unsigned = RoundDecision(run_id=run_id, round=round, base=bytes(base), coordinator=coordinator,
+    unsigned = RoundDecision(run_id=run_id, round=round, base=bytes(base), epoch=bytes(epoch), coordinator=coordinator,
                              contributors=ordered, signer=identity.public_key_hex, signature=b"")
     problem = next(_problems(unsigned, unsigned_ok=True), None)
     if problem:
@@ -126,11 +130,12 @@ def _contributors(raw: Any) -> tuple[tuple[str, bytes], ...]:
 
 def decode_decision(data: bytes) -> RoundDecision:
     """Parse hostile bytes into a decision. ``WireError`` if malformed; no signature check here."""
-    run_id, rnd, base, coordinator, contributors, signer, signature = _unpack(data)
-    types = ((run_id, str), (rnd, int), (base, bytes), (coordinator, str), (signer, str), (signature, bytes))
+    run_id, rnd, base, epoch, coordinator, contributors, signer, signature = _unpack(data)
+    types = ((run_id, str), (rnd, int), (base, bytes), (epoch, bytes), (coordinator, str), (signer, str),
+             (signature, bytes))
     if any(type(value) is not want for value, want in types):
         raise WireError("round decision fields have the wrong types")
-    d = RoundDecision(run_id=run_id, round=rnd, base=base, coordinator=coordinator,
+    d = RoundDecision(run_id=run_id, round=rnd, base=base, epoch=epoch, coordinator=coordinator,
                       contributors=_contributors(contributors), signer=signer, signature=signature)
     problem = next(_problems(d, unsigned_ok=False), None)
     if problem:
@@ -145,6 +150,8 @@ def _problems(d: RoundDecision, *, unsigned_ok: bool) -> Iterator[str]:
         yield "round must be a non-negative 63-bit integer"
     if len(d.base) != DIGEST_LEN:
         yield f"base must be a {DIGEST_LEN}-byte state hash"
+    if len(d.epoch) != DIGEST_LEN:
+        yield f"epoch must be a {DIGEST_LEN}-byte chain hash"
     if not 0 < len(d.coordinator) <= MAX_TRAINER_ID:
         yield f"coordinator must be a trainer id of 1..{MAX_TRAINER_ID} characters"
     yield from _contributor_problems(d.contributors)

@@ -236,9 +236,9 @@ def _check_header(msg: dict) -> None:
         raise WireError(f"payload trainer id must be a string of 1..{MAX_TRAINER_ID} chars")
     if not isinstance(msg["base"], bytes) or len(msg["base"]) > 64:
         raise WireError("payload base hash must be at most 64 bytes")
-    if msg["pos_coder"] not in POSITION_CODERS:
+    if not isinstance(msg["pos_coder"], str) or msg["pos_coder"] not in POSITION_CODERS:
         raise WireError(f"unknown position coder {msg['pos_coder']!r}")
-    if msg["val_coder"] not in VALUE_CODERS:
+    if not isinstance(msg["val_coder"], str) or msg["val_coder"] not in VALUE_CODERS:
         raise WireError(f"unknown value coder {msg['val_coder']!r}")
     if not isinstance(msg["tensors"], list) or not isinstance(msg["values"], bytes) \
             or not isinstance(msg["positions"], bytes):

@@ -45,7 +45,7 @@ class Dashboard:
             try:
                 more, peers = self.dht.read()
             except PulseError as exc:  # a slow or lost DHT read is shown, and retried next refresh
-                self._notes.append(Alert(level="warn", message=f"reading the DHT failed: {exc}"))
+                self._notes.append(Alert(kind="source", level="warn", message=f"reading the DHT failed: {exc}"))
                 more = []
             nodes += more
             where.append(f"DHT ({len(peers)} peer records)")

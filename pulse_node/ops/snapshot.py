@@ -7,9 +7,12 @@ which version it holds and how far behind the head it is, whether its state hash
 every other node at the same version, bytes moved and saved against a dense sync; per version,
 how many nodes hold it and whether they agree, patch size, BF16 changed fraction, size against
 dense BF16 and against the reference codec, eval and reward; catch-up patches against the
-patches they replaced; per trainer, its rollout senders' accepted and refused batches; and the alerts an operator must act on (diverged replicas, duplicate
-identities, lagging, stale or dead nodes, statuses of an unknown schema). ``pulse-node status
---once --json`` prints ``SwarmSnapshot.model_dump(mode="json")``; schema changes bump ``v``.
+patches they replaced; per trainer, its rollout senders' accepted and refused batches; and the
+alerts an operator must act on (``Alert``, declared in ``daemon/status_model.py``: forks, versions
+without contributors, rounds closed without an update, a node failing the same way again and
+again, duplicate identities, lagging, stale or dead nodes, statuses of an unknown schema).
+``pulse-node status --once --json`` prints ``SwarmSnapshot.model_dump(mode="json")``; schema
+changes bump ``v``.
 """
 
 from __future__ import annotations
@@ -20,10 +23,11 @@ from typing import Any, Literal, TypedDict
 
 import pydantic
 
-from pulse_node.daemon.status_model import StatusReport
+from pulse_node.daemon.status_model import Alert, StatusReport
+from pulse_node.ops.alerts import duplicate_alerts, learning_alerts, trust_alerts
 from pulse_node.ops.senders import SenderView, sender_views
 
-SCHEMA_VERSION: Literal[3] = 3
+SCHEMA_VERSION: Literal[4] = 4
 #: a status not refreshed for this long is stale (nodes write it every 0.5 s)
 STALE_AFTER_S = 15.0
 #: a live node this many versions behind the head is reported as lagging
@@ -85,6 +89,8 @@ class VersionView(_Model):
     vs_reference: float | None = None
     eval: float | None = None
     reward: float | None = None
+    #: payloads averaged into it (its publishers' histories; 0: closed without an update)
+    contributors: int | None = None
 
 
 class HashCheck(_Model):
@@ -97,11 +103,6 @@ class HashCheck(_Model):
 class ErrorLine(_Model):
     at: float
     node: str
-    message: str
-
-
-class Alert(_Model):
-    level: Literal["warn", "fail"]
     message: str
 
 
@@ -127,7 +128,7 @@ class Totals(_Model):
 
 
 class SwarmSnapshot(_Model):
-    v: Literal[3] = SCHEMA_VERSION
+    v: Literal[4] = SCHEMA_VERSION
     taken_at: float
     run_id: str | None = None
     source: str = ""
@@ -251,7 +252,7 @@ def _history(m: _Merged):
 
 
 # ---- per-version views ----------------------------------------------------------------------
-_PUBLISHED = ("patch_bytes", "dense_bytes", "reference_bytes", "changed", "eval", "reward")
+_PUBLISHED = ("patch_bytes", "dense_bytes", "reference_bytes", "changed", "eval", "reward", "contributors")
 
 
 def _version_table(merged: Sequence[_Merged], groups: dict[int, dict[str, set[str]]],
@@ -297,64 +298,23 @@ def _hash_groups(merged: Sequence[_Merged]) -> dict[int, dict[str, set[str]]]:
 
 
 # ---- alerts ---------------------------------------------------------------------------------
-def _duplicate_alerts(merged: Sequence[_Merged], peers: Sequence[Mapping[str, Any]]) -> list[Alert]:
-    out: list[Alert] = []
-    by_key: dict[str, list[str]] = {}
-    for m in merged:
-        if m.node_key:
-            by_key.setdefault(m.node_key, []).append(m.name)
-        if m.status is not None and m.status.data_plane.duplicate:
-            out.append(Alert(level="fail", message=f"{m.name}: another live node publishes under its identity "
-                             "(a copied identity.key)"))
-    for key, names in by_key.items():
-        if len(names) > 1:
-            out.append(Alert(level="fail", message=f"duplicate identity: {', '.join(sorted(names))} share node key "
-                             f"{key[:16]}...; give each node its own identity.key (delete the copied one)"))
-    sessions: dict[str, set[str]] = {}
-    for rec in peers:
-        sessions.setdefault(str(rec.get("peer_id")), set()).add(str(rec.get("session")))
-    for pid, ss in sessions.items():
-        if len(ss) > 1:
-            out.append(Alert(level="fail", message=f"peer id {pid} is published by {len(ss)} live sessions: "
-                             "two machines run with the same identity file"))
-    return out
-
-
-def _trust_alerts(merged: Sequence[_Merged]) -> list[Alert]:
-    """One warning for nodes in open trust mode; one line per member a node convicted of equivocation."""
-    statuses = [(m.name, m.status) for m in merged if m.status is not None]
-    out: list[Alert] = []
-    open_mode = sorted(name for name, st in statuses if st.trust_mode == "open")
-    if open_mode:
-        out.append(Alert(level="warn", message=f"OPEN trust mode on {', '.join(open_mode)}: any peer announcing the "
-                         "trainer role is a member (keys are free: equivocation bans and quorums do not bind)"))
-    convicted: dict[str, tuple[Any, list[str]]] = {}
-    for name, st in statuses:
-        for e in st.evidence:
-            convicted.setdefault(e.key, (e, []))[1].append(name)
-    for key, (e, names) in sorted(convicted.items()):
-        out.append(Alert(level="warn", message=f"member {key[:16]}... banned for equivocation (two signed {e.kind}s "
-                         f"for {e.at}) by {len(names)}/{len(statuses)} nodes"))
-    return out
-
-
 def _node_alerts(views: Sequence[NodeView], head: int | None) -> list[Alert]:
     if not views:
-        return [Alert(level="warn",
+        return [Alert(kind="node", level="warn",
                       message="no nodes found: is the swarm running, and are --run-dir / --run-id right?")]
     out: list[Alert] = []
     for n in views:
         if n.state == "down":
-            out.append(Alert(level="warn", message=f"{n.name} is not running: {n.problem or 'no status'}"))
+            out.append(Alert(kind="node", level="warn", message=f"{n.name} is not running: {n.problem or 'no status'}"))
         elif n.state == "unknown-schema":
-            out.append(Alert(level="warn", message=f"{n.name}: unknown status schema: {n.problem}"))
+            out.append(Alert(kind="node", level="warn", message=f"{n.name}: unknown status schema: {n.problem}"))
         elif n.state == "stale":
             why = f"; log: {n.log_error}" if n.log_error else " (hung or killed?)"
-            out.append(Alert(level="warn", message=f"{n.name} status not updated for {n.age_s:.0f}s{why}"))
+            out.append(Alert(kind="node", level="warn", message=f"{n.name} status not updated for {n.age_s:.0f}s{why}"))
         elif n.state == "live" and n.lag is not None and n.lag >= LAG_WARN_VERSIONS:
-            out.append(Alert(level="warn", message=f"{n.name} is {n.lag} versions behind the head"))
+            out.append(Alert(kind="node", level="warn", message=f"{n.name} is {n.lag} versions behind the head"))
         elif n.state == "live" and n.version is None and head is not None and head >= FIRST_PATCH_VERSION:
-            out.append(Alert(level="warn", message=f"{n.name} holds no version yet while the head is v{head}"))
+            out.append(Alert(kind="node", level="warn", message=f"{n.name} holds no version yet while the head is v{head}"))
     return out
 
 
@@ -465,9 +425,11 @@ def build_snapshot(nodes: Sequence[NodeInput], peers: Sequence[Mapping[str, Any]
     shared = {v: g for v, g in groups.items() if sum(len(n) for n in g.values()) >= 2}
     bad = [HashCheck(version=v, agree=False, hashes={h: sorted(n) for h, n in g.items()})
            for v, g in sorted(shared.items()) if len(g) > 1]
-    alerts = [Alert(level="fail", message=f"state hashes disagree at version {c.version}: "
+    alerts = [Alert(kind="fork", level="fail", message=f"FORK: state hashes disagree at version {c.version}: "
                     + "; ".join(f"{h[:12]} on {', '.join(n)}" for h, n in c.hashes.items())) for c in bad[-5:]]
-    alerts += _duplicate_alerts(merged, peers) + _trust_alerts(merged) + _node_alerts(views, head) + list(notes)
+    empty = [v for v, row in table.items() if row.contributors == 0]
+    alerts += learning_alerts(merged, empty) + duplicate_alerts(merged, peers) + trust_alerts(merged)
+    alerts += _node_alerts(views, head) + list(notes)
     roles: dict[str, int] = {}
     for n in views:
         if n.state != "down":

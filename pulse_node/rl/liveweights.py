@@ -17,6 +17,10 @@ version its parameters hold and moves them:
 Steps are edges between version numbers; a version whose state is a different object than the
 one a step was made for (another fork, a re-sync) loses its steps, so a path always leads to
 the bits of the state the caller names.
+
+A move that fails midway is undone (the old bits written back); one that cannot be undone, or a
+load or compare that fails, leaves the parameters at no known version (``forget``), so the next
+``set`` loads the state whole: they never pass for a version whose bits they do not hold.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import numpy as np
 import torch
 
 from pulse_node.codec import kernels as K
+from pulse_node.codec.failpoints import NEVER, Failpoints
 from pulse_node.codec.fused import LiveWords, write_live
 from pulse_node.codec.inplace import Changes, Move, TensorChange
 from pulse_node.codec.state import State, TensorBits
@@ -127,9 +132,10 @@ class _Step:
 class LiveWeights:
     """Parameters of one network holding one version; moved sparsely between versions."""
 
-    def __init__(self, params: Mapping[str, torch.Tensor], *, keep: int = 4) -> None:
+    def __init__(self, params: Mapping[str, torch.Tensor], *, keep: int = 4, failpoints: Failpoints = NEVER) -> None:
         self.params = dict(params)
         self.keep = keep
+        self.failpoints = failpoints  # tests: a failure injected once a move is written
         self.version = -1
         self.steps: deque[_Step] = deque()
         self._who: dict[int, tuple] = {}  # version -> weak references to its state's tensors
@@ -157,8 +163,16 @@ class LiveWeights:
         self._who = {v: r for v, r in self._who.items() if v in live}
 
     # ---- moves ---------------------------------------------------------------------------------
+    def forget(self) -> None:
+        """The parameters hold no known version (a write that failed and could not be undone):
+        the next ``set`` loads its state whole."""
+        self.version = -1
+        self.steps.clear()
+        self._who.clear()
+
     def load(self, state: State, version: int) -> None:
         """Full load (dense): every parameter from ``state``; forgets every step."""
+        self.forget()  # until every parameter is written
         load_state(self.params, state)
         self.steps.clear()
         self._who.clear()
@@ -183,12 +197,32 @@ class LiveWeights:
         return seen.get(version)
 
     def _walk(self, path: Iterable[tuple[_Step, bool]]) -> None:
-        with torch.no_grad():
-            for step, forward in path:
-                _scatter_all([(self.params[name], c.idx, c.new if forward else c.old, step.dtypes[name])
-                              for name, c in step.changes.tensors.items()])
-                self.version = step.b if forward else step.a
+        """Along ``path``, all or nothing: a failure writes back what was written and raises."""
+        start, begun = self.version, []
+        try:
+            with torch.no_grad():
+                for step, forward in path:
+                    begun.append((step, forward))
+                    _scatter_all([(self.params[name], c.idx, c.new if forward else c.old, step.dtypes[name])
+                                  for name, c in step.changes.tensors.items()])
+                    self.version = step.b if forward else step.a
+            self.failpoints.reached("written")
+        except BaseException:
+            self._unwalk(begun, start)
+            raise
         self.counts["moves"] += 1
+
+    def _unwalk(self, begun: list[tuple[_Step, bool]], start: int) -> None:
+        """Back to ``start`` over the steps begun (a step cut midway: its untouched tensors hold
+        the old bits already); ``forget`` if even that fails."""
+        try:
+            with torch.no_grad():
+                for step, forward in reversed(begun):
+                    _scatter_all([(self.params[name], c.idx, c.old if forward else c.new, step.dtypes[name])
+                                  for name, c in step.changes.tensors.items()])
+            self.version = start
+        except Exception:  # noqa: BLE001 (whatever it was, the bits are unknown now)
+            self.forget()
 
     def advance(self, state: State, changes: Iterable[Move], *, written: bool = False) -> None:
         """Forward by ``(from, to, changes)`` steps, the first from the held version; ``state`` is
@@ -261,6 +295,7 @@ class LiveWeights:
         than ``MAX_STEP_FRACTION`` of the entries differing: a whole load instead (bounded memory)."""
         tensors: dict[str, TensorChange] = {}
         budget = MAX_STEP_FRACTION * self._numel()
+        held, self.version = self.version, -1  # no known version until every tensor is compared
         with torch.no_grad():
             for name, tb in state.items():
                 c = self._diff_tensor(self.params[name], tb)
@@ -271,7 +306,7 @@ class LiveWeights:
                 if budget < 0:
                     self.load(state, version)
                     return False
-        step = _Step(self.version, version, Changes("", "", tensors), {n: tb.dtype for n, tb in state.items()})
+        step = _Step(held, version, Changes("", "", tensors), {n: tb.dtype for n, tb in state.items()})
         self.version = version
         self._add(step)
         self._tag(version, state)

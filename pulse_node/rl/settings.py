@@ -139,11 +139,23 @@ def check_settings(declared: str, mine: str, *, version: int) -> None:
 
 def check_declared_model(declared: str, mine: str, *, version: int) -> None:
     """``ModelMismatch`` if ``declared`` (a record's settings) names another model than ``mine``
-    (what a trainer checks before adopting a peer's state; unreadable settings are left to
-    ``check_settings``)."""
-    try:
-        theirs, ours = json.loads(declared), json.loads(mine)
-    except ValueError:
+    (what a trainer checks before adopting a peer's state), or names none it can read: empty,
+    not JSON or not an object, which says nothing of the model the state was made with."""
+    if declared == mine:
         return
-    if isinstance(theirs, dict) and isinstance(ours, dict):
-        check_model(theirs.get("model"), ours.get("model"), version=version)
+    theirs = _settings_object(declared)
+    if theirs is None:
+        raise ModelMismatch(f"version {version} declares {'no' if not declared else 'unreadable'} rollout "
+                            "settings, so not the model it was made with; use the swarm's model and a trainer "
+                            "that declares its settings")
+    ours = _settings_object(mine) or {}
+    check_model(theirs.get("model"), ours.get("model"), version=version)
+
+
+def _settings_object(text: str) -> dict | None:
+    """The settings as a JSON object, or None (empty, not JSON, or not an object)."""
+    try:
+        body = json.loads(text) if text else None
+    except (ValueError, RecursionError):
+        return None
+    return body if isinstance(body, dict) else None

@@ -1,8 +1,13 @@
 """Supervised warm start of the embedded model, cached on disk keyed by a config hash.
 
 Nodes of one local swarm share ``model.cache_dir``, so only the first one trains; the others
-load the cached FP32 master weights (safetensors, written atomically). The key covers
-everything that changes the result: model dims, task, warm-start settings, seed, code version.
+load the cached FP32 master weights (safetensors, written atomically). ``pulse-node swarm`` warms
+up once before it starts any trainer (``python -m pulse_node.commands.warmup NODE_TOML``, its
+progress on the terminal). The result is the same wherever it runs: it trains on
+``WARMSTART_THREADS`` intra-op threads whatever the process uses (a CPU matmul's reduction order,
+so its rounding, follows the thread count), with deterministic algorithms. The key covers
+everything else that changes the result: model dims, task, warm-start settings, seed, torch
+release, code version.
 """
 
 from __future__ import annotations
@@ -23,14 +28,16 @@ from pulse_node.rl.config import GRPOConfig, ModelConfig
 from pulse_node.rl.tasks import make_task_source
 from pulse_node.torchbits import load_state, module_state
 
-CODE_VERSION = "warmstart-1"
+CODE_VERSION = "warmstart-2"
+WARMSTART_THREADS = 1
 
 
 def cache_key(policy_task: dict, model_cfg: ModelConfig, grpo_cfg: GRPOConfig, seed: int) -> str:
     model = model_cfg.model_dump(mode="json", exclude={"device", "cache_dir"})
     ws = {k: v for k, v in grpo_cfg.model_dump(mode="json").items() if k.startswith("warmstart")}
     blob = json.dumps({"code": CODE_VERSION, "model": model, "task": policy_task, "ws": ws,
-                       "seed": seed}, sort_keys=True)
+                       "seed": seed, "torch": torch.__version__.split("+")[0], "threads": WARMSTART_THREADS},
+                      sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
 
 
@@ -90,7 +97,15 @@ def warm_start(policy, *, model_cfg: ModelConfig, grpo_cfg: GRPOConfig, seed: in
         print(f"[warm start] training {grpo_cfg.warmstart_steps} steps (cached at {path})",
               file=sys.stderr, flush=True)
     policy.model.train()
-    train_sft(policy, grpo_cfg, seed=seed, progress=progress)
+    threads, deterministic = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
+    torch.set_num_threads(WARMSTART_THREADS)
+    torch.use_deterministic_algorithms(True)
+    try:
+        train_sft(policy, grpo_cfg, seed=seed, progress=progress)
+    finally:
+        torch.set_num_threads(threads)
+        torch.use_deterministic_algorithms(deterministic)
     save_safetensors_atomic(module_state(policy.model.named_parameters(), cast=None), path,
                             metadata={"kind": "pulse-node warm start", "code": CODE_VERSION})
     return path
+

@@ -11,11 +11,14 @@ stopped within ``stop_timeout_s`` on return or Ctrl+C.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import queue
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -78,17 +81,17 @@ class LocalSwarm:
         self.leftovers: list = []  # processes of killed nodes (psutil), killed at stop if still running
 
     # ---- start ---------------------------------------------------------------------------
-    def start(self) -> None:
-        if self.cfg.fresh and self.root.exists():
-            for child in self.root.iterdir():
-                if child.is_dir() and (child.name.startswith(("trainer-", "inference-")) or child.name == "bootstrap"):
-                    shutil.rmtree(child / "store", ignore_errors=True)
-                    (child / "status.json").unlink(missing_ok=True)
+    def start(self, *, stop: Callable[[], bool] = lambda: False) -> None:
+        """Wipe the last run's state (``fresh``), start the bootstrap, warm the model up once
+        (``warm_up``), then every node. ``stop``: asked while warming up (Ctrl+C)."""
+        if self.cfg.fresh:
+            wipe_run_state(self.root)
         self.root.mkdir(parents=True, exist_ok=True)
         if self.cfg.net.faults.enabled:
             self.log("WARNING: CHAOS TESTING: [net.faults] is enabled; every node faults its own fetches and pushes")
         self.bootstrap_addr = self._start_bootstrap()
         self.trusted = self.trainer_keys()
+        self.warm_up(stop)
         for i in range(self.cfg.trainers):
             self.add_node(f"trainer-{i}", "trainer")
         for i in range(self.cfg.inference):
@@ -100,6 +103,42 @@ class LocalSwarm:
         not open."""
         return [Identity.load_or_create(self.root / f"trainer-{i}" / "identity.key").public_key_hex
                 for i in range(self.cfg.trainers)]
+
+    def warm_up(self, stop: Callable[[], bool]) -> None:
+        """Train (or find in the cache) the embedded model's warm start once, before any trainer
+        starts, its progress lines passed to ``log``: the trainers then load it from the cache
+        instead of all training the same thing at once in silence."""
+        if self.cfg.model.kind == "hf" or self.cfg.grpo.warmstart_steps == 0:
+            return
+        d = self.root / "trainer-0"
+        d.mkdir(parents=True, exist_ok=True)
+        conf = d / "node.toml"
+        conf.write_text(tomli_w.dumps(node_config(self.cfg, role="trainer", data_dir=d, trusted=self.trusted)))
+        proc = subprocess.Popen([sys.executable, "-m", "pulse_node.commands.warmup", str(conf)], stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        lines: queue.Queue[str] = queue.Queue()
+
+        def read() -> None:
+            for ln in proc.stdout or ():
+                lines.put(ln)
+
+        threading.Thread(target=read, name="warm-up-lines", daemon=True).start()
+        last: list[str] = []
+        try:
+            while not (proc.poll() is not None and lines.empty()):
+                if stop():
+                    return
+                with contextlib.suppress(queue.Empty):
+                    line = lines.get(timeout=0.5).rstrip()
+                    last = [*last[-11:], line]
+                    if line.startswith("[warm start]"):
+                        self.log(line)
+        finally:
+            if proc.poll() is None:
+                _signal_group(proc, signal.SIGKILL)
+                proc.wait(timeout=5)
+        if proc.returncode:
+            raise PulseError(f"the warm start exited with code {proc.returncode}:" + "".join(f"\n  | {ln}" for ln in last))
 
     def _start_bootstrap(self) -> str:
         d = self.root / "bootstrap"
@@ -163,9 +202,12 @@ class LocalSwarm:
                               source=f"run dir {self.root}", bootstrap=self.bootstrap_addr)
 
     def check_alive(self) -> None:
+        """``PulseError`` naming the first node that exited, with the end of its own log."""
         for c in self.children:
             if c.proc.poll() is not None:
-                raise PulseError(f"{c.name} exited with code {c.proc.returncode}; see {c.data_dir / 'log.txt'}")
+                tail = log_tail(c.data_dir / "log.txt")
+                raise PulseError(f"{c.name} exited with code {c.proc.returncode}; the end of {c.data_dir / 'log.txt'}:"
+                                 + "".join(f"\n  | {line}" for line in tail))
 
     def min_version(self) -> int:
         return min((c.version() for c in self.children), default=-1)
@@ -261,6 +303,39 @@ class LocalSwarm:
         """The JSON summary of ``pulse-node swarm --json`` (keys listed in the README)."""
         nodes = [(c.name, c.role, st) for c, st in self.statuses()]
         return swarm_summary(self.snapshot(), nodes, run_dir=self.root, bootstrap=self.bootstrap_addr)
+
+
+def log_tail(path: Path, *, lines: int = 12, max_bytes: int = 16 << 10) -> list[str]:
+    """The last ``lines`` lines of a node's log (from its last ``max_bytes``): where its own error is."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(max(0, fh.seek(0, os.SEEK_END) - max_bytes))
+            text = fh.read().decode("utf-8", "replace")
+    except OSError as exc:
+        return [f"(cannot read it: {exc})"]
+    return [ln.rstrip() for ln in text.splitlines() if ln.strip()][-lines:]
+
+
+#: what a fresh run keeps of a node dir: its key (trainers stay the trusted set); all else is the last run's
+KEPT_ACROSS_RUNS = ("identity.key",)
+
+
+def wipe_run_state(root: Path) -> None:
+    """Delete every per-run file of the node dirs under ``root`` (stores, decided rounds, evidence,
+    spools, logs, status) but ``KEPT_ACROSS_RUNS``: no node of a new run starts with anything the
+    last run signed, decided or wrote."""
+    if not root.is_dir():
+        return
+    for node in root.iterdir():
+        if not (node.is_dir() and (node.name.startswith(("trainer-", "inference-")) or node.name == "bootstrap")):
+            continue
+        for entry in node.iterdir():
+            if entry.name in KEPT_ACROSS_RUNS:
+                continue
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink()
 
 
 def worker_module(what: str) -> str:

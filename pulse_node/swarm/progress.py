@@ -12,12 +12,21 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from pulse_node.daemon.status_model import Alert
 from pulse_node.ops.render import human_bytes
 from pulse_node.ops.snapshot import FIRST_PATCH_VERSION, SwarmSnapshot, VersionView
 
 #: a version counts as settled once the head is this far past it, even if a node lags
 SETTLE_VERSIONS = 2
 HEARTBEAT_S = 15.0
+#: alerts that get a line of their own (node lag and start-up states only show in the heartbeat)
+ALERT_KINDS = ("fork", "no_contributors", "round_without_update", "repeated_error", "duplicate_identity",
+               "equivocation", "open_trust")
+
+
+def alert_line(a: Alert) -> str:
+    """One alert as a plain line."""
+    return f"ALERT {a.level.upper()} {a.kind}: {a.message}"
 
 
 def _agreement(v: VersionView) -> str:
@@ -38,7 +47,11 @@ def version_line(v: VersionView) -> str:
     if v.version < FIRST_PATCH_VERSION:
         patch = f"genesis anchor {human_bytes(v.dense_bytes)}"
     changed = "-" if v.changed is None else f"{v.changed * 100:.3g}%"
-    return (f"v{v.version}  {_agreement(v)}  {patch}  changed {changed}  reward {_num(v.reward)}  "
+    if v.contributors == 0:
+        return (f"v{v.version}  {_agreement(v)}  NO CONTRIBUTORS: the round closed without an update (learning "
+                f"stopped)  reward {_num(v.reward)}  eval {_num(v.eval)}")
+    who = "" if v.contributors is None else f"  {v.contributors} contributor{'s' if v.contributors != 1 else ''}"
+    return (f"v{v.version}  {_agreement(v)}{who}  {patch}  changed {changed}  reward {_num(v.reward)}  "
             f"eval {_num(v.eval)}")
 
 
@@ -50,6 +63,7 @@ class ProgressLines:
         self.write, self.heartbeat_s, self.clock = write, heartbeat_s, clock
         self.t0 = self.last_line = clock()
         self.printed = -1  # highest version written
+        self.alerted: set[str] = set()  # alert lines written
 
     def update(self, snap: SwarmSnapshot, *, final: bool = False) -> None:
         """Write the versions settled since the last call (``final``: every version left)."""
@@ -63,6 +77,11 @@ class ProgressLines:
                 break
             self._emit(version_line(v))
             self.printed = v.version
+        for a in snap.alerts:
+            line = alert_line(a)
+            if a.kind in ALERT_KINDS and line not in self.alerted:
+                self.alerted.add(line)
+                self._emit(line)
         if not final and self.clock() - self.last_line >= self.heartbeat_s:
             self._emit(self.waiting_line(snap))
 

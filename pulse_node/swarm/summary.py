@@ -4,7 +4,8 @@ Built from the swarm's ``SwarmSnapshot`` (the dashboard's) and each node's ``Sta
 which version every node holds and whether their states agree there, held-out accuracy first
 and last, and what PULSE saved: patch bytes against dense BF16 and against the reference codec
 (grail v3.1), the BF16 changed fraction per version, catch-up patches against the patches they
-replaced.
+replaced; every alert of the snapshot (``alerts``) and whether one of them fails the run
+(``failed``: the kinds of ``FAILING_ALERTS`` present, so ``pulse-node swarm`` exits 2).
 """
 
 from __future__ import annotations
@@ -51,8 +52,12 @@ def swarm_summary(snap: SwarmSnapshot, nodes: list[tuple[str, str, StatusReport 
         "catchup_bytes": tot.catchup_bytes,
         "catchup_replaced_bytes": tot.catchup_replaced_bytes,
         "rollouts_sent": sum(s.inference.rollouts_sent for _, _, s in nodes if s is not None and s.inference),
-        "per_version": [v.model_dump(include={"version", "holders", "agree", "patch_bytes", "dense_bytes",
-                                              "reference_bytes", "changed", "reward", "eval"}) for v in snap.versions],
+        "per_version": [v.model_dump(include={"version", "holders", "agree", "contributors", "patch_bytes",
+                                              "dense_bytes", "reference_bytes", "changed", "reward", "eval"})
+                        for v in snap.versions],
+        "versions_without_contributors": [v.version for v in snap.versions if v.contributors == 0],
+        "alerts": [a.model_dump(mode="json") for a in snap.alerts],
+        "failed": sorted({a.kind for a in snap.alerts if a.failing}),
         "run_dir": str(run_dir),
         "bootstrap": bootstrap,
     }

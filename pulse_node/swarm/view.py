@@ -1,13 +1,16 @@
-"""What ``pulse-node swarm`` shows while it runs, on stderr (stdout keeps the ``--json`` line).
+"""What ``pulse-node swarm`` shows while it runs: on stdout, or on stderr with ``--json`` (stdout
+then holds only the JSON line).
 
 On a terminal: the ``pulse-node status`` screen (``ops/render.py``, the same code) redrawn
 twice a second, under a header of its own (run dir, bootstrap address, uptime). Without one
-(piped, under systemd or docker) or with ``--json``: plain progress lines, one per version
-(``swarm/progress.py``). At the end, a few lines of results from the summary.
+(piped, under systemd or docker) or with ``--json``: plain progress lines, one per version, and
+a line per new alert (``swarm/progress.py``). At the end, a few lines of results and every alert
+from the summary.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import sys
 import time
 from typing import Any, TextIO
@@ -27,7 +30,7 @@ class SwarmView:
 
     def __init__(self, swarm: LocalSwarm, *, plain: bool = False, stream: TextIO | None = None) -> None:
         self.swarm = swarm
-        self.stream = stream or sys.stderr
+        self.stream = stream or (sys.stderr if plain else sys.stdout)
         self.interactive = not plain and self.stream.isatty()
         self.console = Console(file=self.stream, highlight=False, force_terminal=self.interactive or None)
         self.live: Live | None = None
@@ -40,12 +43,18 @@ class SwarmView:
     def started(self) -> None:
         self._line(f"pulse-node swarm: run dir {self.swarm.root}")
         self._line(f"bootstrap: {self.swarm.bootstrap_addr}")
-        self._line("join from another machine: pulse-node join --bootstrap <that address with a reachable IP> "
-                   "--role inference")
+        self._line(join_hint(self.swarm))
         if self.interactive:
             self.live = Live(self._screen(self.swarm.snapshot()), console=self.console, refresh_per_second=2,
                              transient=False)
             self.live.start()
+
+    def say(self, text: str) -> None:
+        """A line of the launcher's own (warm-up progress, a node's exit), above the live screen if any."""
+        if self.live is not None:
+            self.live.console.print(text, markup=False, highlight=False)
+        else:
+            self._line(text)
 
     def _screen(self, snap: SwarmSnapshot) -> RenderableType:
         head = Text(f"pulse-node swarm  {time.monotonic() - self.t0:.0f}s  {len(self.swarm.children)} nodes"
@@ -81,3 +90,19 @@ class SwarmView:
                     f"{human_bytes(summary['catchup_replaced_bytes'])} of patches")
         if summary["eval_first"] is not None:
             c.print(f"held-out accuracy: {summary['eval_first']:.3f} -> {summary['eval_last']:.3f}")
+        for a in summary["alerts"]:
+            c.print(f"ALERT {a['level'].upper()} {a['kind']}: {a['message']}", markup=False, soft_wrap=True,
+                    style="red" if a["level"] == "fail" else "yellow")
+        if summary["failed"]:
+            c.print(f"FAILED: {', '.join(summary['failed'])} (exit code 2)", style="bold red")
+
+
+def join_hint(swarm: LocalSwarm) -> str:
+    """How a node on another machine joins this swarm: a command that passes ``join``'s trust gate
+    (the trainers' keys), or, while the swarm listens on loopback only, how to make it reachable."""
+    keys = ", ".join(f'"{k}"' for k in swarm.trusted)
+    if swarm.cfg.host == "localhost" or ipaddress.ip_address(swarm.cfg.host).is_loopback:
+        return ("join from another machine: this swarm listens on 127.0.0.1 only; start it with "
+                "--set host=<this machine's IP>, then run the command it prints there")
+    return (f"join from another machine: pulse-node join --role inference --bootstrap {swarm.bootstrap_addr} "
+            f"--set 'chain.trusted_trainers=[{keys}]' --set run_id={swarm.cfg.run_id}")

@@ -137,8 +137,9 @@ def _trainer_view(h: Hostile) -> tuple[dict, Any] | None:
             shapes = {k.split("/", 1)[1]: tuple(fh.get_slice(k).get_shape()) for k in fh.keys() if k.startswith("param/")}
         from pulse_node.chain.record import decode_record
 
+        record = decode_record(bytes.fromhex(meta["pulse.record"]))
         return {"base": bytes.fromhex(meta.get("pulse.outer_hash", "00" * 32)), "shapes": shapes,
-                "round": decode_record(bytes.fromhex(meta["pulse.record"])).version}, rec
+                "round": record.version, "epoch": bytes.fromhex(record.epoch)}, rec
     return None
 
 
@@ -167,7 +168,7 @@ def inject_payload(h: Hostile, deadline: float, *, scale: float = 1e4) -> dict:
                             numel={n: int(np.prod(s)) for n, s in st["shapes"].items()})
             data = encode_payload(p)
             digest = payload_digest(data)
-            dec = encode_decision(make_decision(h.identity, run_id=h.run_id, round=r, base=st["base"],
+            dec = encode_decision(make_decision(h.identity, run_id=h.run_id, round=r, base=st["base"], epoch=st["epoch"],
                                                 coordinator=h.peer_id, contributors={h.peer_id: digest}))
             for rec in h.others("trainer"):
                 h.push(rec, "loco", data)

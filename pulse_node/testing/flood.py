@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import os
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -81,8 +82,10 @@ def _record(ident: Identity, *, port: int, host: str, now: float) -> PeerRecord:
 
 
 async def flood(run_id: str, bootstrap: list[str], *, keys: int, seconds: float, host: str = "127.0.0.1",
-                on_start: Callable[[], None] | None = None) -> dict:
-    """Store and keep refreshing ``keys`` hostile records for ``seconds``; what it did."""
+                on_start: Callable[[], None] | None = None, stop: threading.Event | None = None,
+                ttl_s: float = TTL_S) -> dict:
+    """Store and keep refreshing ``keys`` hostile records (living ``ttl_s``, refreshed every third
+    of it) for ``seconds`` (or until ``stop``); what it did."""
     from pulse_node.net.dht.config import DhtConfig
     from pulse_node.net.dht.join import connect_bootstrap, create_dht_node, start_daemon
     from pulse_node.net.dht.validator import libp2p_private_key
@@ -108,16 +111,18 @@ async def flood(run_id: str, bootstrap: list[str], *, keys: int, seconds: float,
         if on_start is not None:
             on_start()
         try:
-            while time.monotonic() < deadline:
+            while time.monotonic() < deadline and not (stop is not None and stop.is_set()):
                 now = time.time()
                 for i in range(0, keys, 100):
                     batch = fresh[i:i + 100]
                     recs = [_record(k, port=port, host=host, now=now) for k in batch]
-                    ok = await node.store_many([key] * len(recs), [r.model_dump() for r in recs], now + TTL_S,
+                    ok = await node.store_many([key] * len(recs), [r.model_dump() for r in recs], now + ttl_s,
                                                subkeys=[r.peer_id for r in recs])
                     stored += sum(bool(v) for v in ok.values())
                 rounds += 1
-                await asyncio.sleep(max(0.5, min(TTL_S / 3, deadline - time.monotonic())))
+                until = time.monotonic() + max(0.5, min(ttl_s / 3, deadline - time.monotonic()))
+                while time.monotonic() < until and not (stop is not None and stop.is_set()):
+                    await asyncio.sleep(0.25)
         finally:
             await node.shutdown()
     finally:

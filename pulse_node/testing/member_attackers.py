@@ -39,22 +39,39 @@ def record_at(identity: Any, run_id: str, version: int, *, salt: str = "ab", anc
                        is_anchor=bool(anchor_manifest), codec="pulsesync/compact/1", anchor_manifest=anchor_manifest)
 
 
-def _decision(identity: Any, me: str, run_id: str, rnd: int, base: bytes, digest: bytes) -> bytes:
+def _decision(identity: Any, me: str, run_id: str, rnd: int, base: bytes, digest: bytes, epoch: bytes) -> bytes:
     from pulse_node.loco.decision import encode_decision, make_decision
 
-    return encode_decision(make_decision(identity, run_id=run_id, round=rnd, base=base, coordinator=me,
+    return encode_decision(make_decision(identity, run_id=run_id, round=rnd, base=base, epoch=epoch, coordinator=me,
                                          contributors={me: digest}))
 
 
-def presigned_decisions(identity: Any, me: str, run_id: str, rnd: int, *, base: bytes | None = None) -> list[bytes]:
-    """Decisions naming only ``me`` for rounds ``rnd`` .. ``rnd + 3``, on ``base`` (random if None)."""
-    return [_decision(identity, me, run_id, r, base or os.urandom(32), os.urandom(32)) for r in range(rnd, rnd + 4)]
+def presigned_decisions(identity: Any, me: str, run_id: str, rnd: int, *, base: bytes | None = None,
+                        epoch: bytes | None = None) -> list[bytes]:
+    """Decisions naming only ``me`` for rounds ``rnd`` .. ``rnd + 3``, on ``base`` in ``epoch`` (random if None)."""
+    epoch = epoch or os.urandom(32)
+    return [_decision(identity, me, run_id, r, base or os.urandom(32), os.urandom(32), epoch) for r in range(rnd, rnd + 4)]
 
 
-def equivocating_decisions(identity: Any, me: str, run_id: str, rnd: int, *, base: bytes | None = None) -> list[bytes]:
-    """Two decisions of round ``rnd`` naming different payloads of ``me``."""
-    base = base or os.urandom(32)
-    return [_decision(identity, me, run_id, rnd, base, os.urandom(32)) for _ in range(2)]
+def equivocating_decisions(identity: Any, me: str, run_id: str, rnd: int, *, base: bytes | None = None,
+                           epoch: bytes | None = None) -> list[bytes]:
+    """Two decisions of round ``rnd`` naming different payloads of ``me`` (in ``epoch``, random if None)."""
+    base, epoch = base or os.urandom(32), epoch or os.urandom(32)
+    return [_decision(identity, me, run_id, rnd, base, os.urandom(32), epoch) for _ in range(2)]
+
+
+def swarm_epoch(h: Any) -> bytes | None:
+    """The epoch of a trainer's head record (anyone may fetch it): what a decision must name."""
+    from pulse_node.chain.record import decode_record
+    from pulse_node.errors import PulseError
+
+    for rec in h.others("trainer"):
+        data = h.fetch(rec, wp.RecordRequest(version=None), max_bytes=1 << 16, timeout=5.0)
+        try:
+            return bytes.fromhex(decode_record(data).epoch) if data else None
+        except PulseError:
+            continue
+    return None
 
 
 def conflicting_heads(identity: Any, run_id: str, version: int) -> list[bytes]:
@@ -102,7 +119,7 @@ def _decisions_attack(h: Any, deadline: float, make: Callable[..., list[bytes]],
     h.announce("inference", None)  # a member key, not a live trainer: never waited for
 
     def step() -> None:
-        for data in make(h.identity, h.peer_id, h.run_id, _round(h)):
+        for data in make(h.identity, h.peer_id, h.run_id, _round(h), epoch=swarm_epoch(h)):
             for rec in h.others("trainer"):
                 h.push(rec, "loco_decision", data)
 

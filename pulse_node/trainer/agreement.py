@@ -120,9 +120,10 @@ class RoundAgreement(DecisionIntake):
     """One trainer's side of the contributor agreement (inputs, decisions, payload files)."""
 
     def __init__(self, ctx: RoleContext[TrainerConfig], *, shapes: Mapping[str, tuple[int, ...]],
-                 current_round: Callable[[], int], base: BaseFn | None = None,
+                 current_round: Callable[[], int], epoch: Callable[[], bytes], base: BaseFn | None = None,
                  trust: TrustPolicy | None = None, bound: PayloadBound | None = None) -> None:
-        """``base``: our current round's base (``BaseFn``); without it only base-free payloads
+        """``epoch``: the epoch of the chain we extend (``chain/record.py``; decisions of another
+        are refused). ``base``: our current round's base (``BaseFn``); without it only base-free payloads
         decode and payloads are not checked against a base hash nor the value bound.
         ``trust``: the node's trust policy (default: one from ``ctx.cfg.chain``); ``bound``: the
         payload value bound (default: the one ``ctx.cfg`` implies)."""
@@ -130,6 +131,7 @@ class RoundAgreement(DecisionIntake):
         self.cfg = ctx.cfg.loco
         self.shapes = dict(shapes)
         self.current_round = current_round
+        self.epoch = epoch
         self._open: OpenRound | None = None
         self.me = ctx.transport.peer_id
         self.root = Path(ctx.store.root)
@@ -359,7 +361,7 @@ class RoundAgreement(DecisionIntake):
                 return None  # we decided it on another state before: re-sync
         else:
             held = {tid: digest for tid, (digest, p) in self.inbox.get(r, {}).items() if p.base_hash == base}
-            d = make_decision(self.ctx.identity, run_id=self.ctx.cfg.run_id, round=r, base=base,
+            d = make_decision(self.ctx.identity, run_id=self.ctx.cfg.run_id, round=r, base=base, epoch=self.epoch(),
                               coordinator=self.me, contributors=held)
             data = encode_decision(d)
             self._keep_own(r, data)

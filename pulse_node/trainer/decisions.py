@@ -24,9 +24,12 @@ contributor a member, no payload we refused as out of bound), then:
    ``other_base``; a trainer on another state re-syncs when its peers have closed the round),
    so a decision cannot freeze training by naming a base nobody holds.
 
-Our own decisions are kept in ``<data_dir>/decided/<round>`` (the last ``OWN_KEEP`` rounds) and
-signed again never: a trainer that restarts within a round it decided re-sends that decision
-(or re-syncs if it is on another state now) instead of signing a second one and being convicted.
+Every decision names the epoch of the chain its round extends (``loco/decision.py``); one of
+another epoch than ours is refused before anything else looks at it (an earlier run's, or a
+chain we left). Our own decisions are kept in ``<data_dir>/decided/<epoch>/<round>`` (the last
+``OWN_KEEP`` rounds of our current epoch; other epochs' folders are deleted) and signed again
+never: a trainer that restarts within a round it decided re-sends that decision (or re-syncs if
+it is on another state now) instead of signing a second one and being convicted.
 
 The first decision that passes all three is accepted (at most one per round; later different
 ones from other coordinators are counted as ``decision_conflicts`` and ignored) and relayed once.
@@ -34,6 +37,7 @@ ones from other coordinators are counted as ``decision_conflicts`` and ignored) 
 
 from __future__ import annotations
 
+import shutil
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -84,6 +88,7 @@ class DecisionIntake:
     me: str
     root: Path
     current_round: Callable[[], int]
+    epoch: Callable[[], bytes]
     decisions: dict[int, RoundDecision]
     _open: Any  # agreement.OpenRound | None
     gate: Any
@@ -119,6 +124,9 @@ class DecisionIntake:
     def _verify(self, d: RoundDecision) -> None:
         if d.run_id != self.ctx.cfg.run_id:
             raise IntegrityError(f"round {d.round} decision is for run {d.run_id!r}")
+        if d.epoch != self.epoch():
+            raise IntegrityError(f"round {d.round} decision is of epoch {d.epoch.hex()[:8]}, ours is "
+                                 f"{self.epoch().hex()[:8]} (an earlier run's or another chain's)")
         if not self.gate.is_member(d.coordinator):
             raise IntegrityError(f"round {d.round} decision of {d.coordinator[:12]}: not a trusted trainer-set member")
         verify_decision(d, signer_key=self.gate.key_of(d.coordinator))
@@ -210,7 +218,7 @@ class DecisionIntake:
         return True
 
     def _own_path(self, r: int) -> Path:
-        return Path(self.ctx.cfg.data_dir) / "decided" / str(r)
+        return Path(self.ctx.cfg.data_dir) / "decided" / self.epoch().hex() / str(r)
 
     def _signed_before(self, r: int) -> tuple[RoundDecision, bytes] | None:
         """The decision of round ``r`` we signed earlier (before a restart, too), if any."""
@@ -220,16 +228,21 @@ class DecisionIntake:
             verify_decision(d, signer_key=self.ctx.identity.public_key_hex)
         except (OSError, PulseError):
             return None
-        return (d, data) if d.round == r and d.run_id == self.ctx.cfg.run_id else None
+        mine = d.round == r and d.run_id == self.ctx.cfg.run_id and d.epoch == self.epoch()
+        return (d, data) if mine else None
 
     def _keep_own(self, r: int, data: bytes) -> None:
-        """Keep our decision of round ``r`` (durably: it must outlive a crash) and forget old ones."""
+        """Keep our decision of round ``r`` (durably: it must outlive a crash) and forget old ones
+        (and every other epoch's)."""
         folder = self._own_path(r).parent
         try:
             write_atomic(self._own_path(r), data)
             for path in folder.iterdir():
                 if path.name.isdigit() and int(path.name) < r - OWN_KEEP:
                     path.unlink(missing_ok=True)
+            for other in folder.parent.iterdir():
+                if other != folder:
+                    shutil.rmtree(other) if other.is_dir() else other.unlink()
         except OSError as exc:
             self.ctx.log.warning("cannot keep our decision of round %d: %s", r, exc)
 

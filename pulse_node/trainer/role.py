@@ -76,7 +76,7 @@ class TrainerRole:
         self.trust.listen_members(ctx.share_members)  # the data plane serves members first
         self.feed = RolloutFeed(verifier, cfg.verify, status=ctx.status, trust=self.trust, standing=ctx.standing)
         self.own_batches = 0
-        self.agreement = RoundAgreement(ctx, shapes=self.shapes, current_round=lambda: self.outer.round,
+        self.agreement = RoundAgreement(ctx, shapes=self.shapes, current_round=lambda: self.outer.round, epoch=self._epoch,
                                         base=self._base, trust=self.trust, bound=PayloadBound.of_trainer(cfg))
         self.peer_heads: dict[int, dict[str, str]] = {}  # version -> trainer -> state hash of its signed head
         self.published_hashes: dict[int, str] = {}
@@ -176,6 +176,7 @@ class TrainerRole:
         self.publisher.adopt(record, state)
         self.feed.forget_states()  # earlier states we hold may be another fork's
         self.feed.keep_state(record.version, state)
+        self.ctx.status.record_version(VersionEntry(version=record.version, state_hash=record.state_hash))  # held too
         with self.ctx.status.trainer() as counters:
             counters.resyncs += 1
         self.ctx.log.info("adopted state of %s at version %d", peer.peer_id[:12], record.version)
@@ -260,6 +261,11 @@ class TrainerRole:
             self._announce()
 
     # ---- one round ---------------------------------------------------------------------
+    def _epoch(self) -> bytes:
+        """The epoch of the chain we extend (``chain/record.py``); zeros (no decision has them) before we hold one."""
+        head = self.publisher.head
+        return bytes.fromhex(head.epoch) if head is not None else bytes(32)
+
     def _base(self) -> tuple[bytes, dict[str, torch.Tensor]]:
         """The current round's base: hash of (round, FP32 global weights, momentum), the weights."""
         return self.outer.state_hash(), self.outer.params
@@ -282,7 +288,7 @@ class TrainerRole:
         if contributors is None:  # re-synced (or stopping): the adopted version is already ours
             return
         self._reset_local()
-        pub = self._publish(reward=float(metrics.get("reward_mean", 0.0)) if metrics else None)
+        pub = self._publish(reward=float(metrics.get("reward_mean", 0.0)) if metrics else None, contributors=contributors)
         self._check_agreement()
         self.ctx.status.update(reward_mean=float(metrics.get("reward_mean", 0.0)), contributors=contributors)
         with self.ctx.status.trainer() as counters:
@@ -352,7 +358,7 @@ class TrainerRole:
     def _reset_local(self) -> None:
         self.engine.reset_local()
 
-    def _publish(self, reward: float | None = None):
+    def _publish(self, reward: float | None = None, contributors: int | None = None):
         state = module_state(self.global_params.items())
         pub = self.publisher.publish(state)
         self.feed.keep_state(pub.record.version, state)
@@ -367,7 +373,8 @@ class TrainerRole:
         self.ctx.status.record_version(VersionEntry(
             version=pub.record.version, state_hash=pub.record.state_hash, patch_bytes=pub.patch_bytes,
             dense_bytes=pub.dense_bytes, reference_bytes=pub.reference_bytes, changed=pub.changed_fraction,
-            global_hash=self.outer.state_hash().hex(), reward=reward, eval=accuracy))  # reward: of its batches
+            global_hash=self.outer.state_hash().hex(), reward=reward, eval=accuracy,  # reward: of its batches
+            contributors=contributors))
         self.published_hashes[pub.record.version] = pub.record.state_hash
         self.trust.saw(pub.record)  # our own versions are the version step's reference, too
         self.published_hashes = {v: h for v, h in self.published_hashes.items() if v > pub.record.version - 8}

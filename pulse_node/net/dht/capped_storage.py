@@ -12,7 +12,9 @@ node's secret draw, redrawn every ``rotate_s`` (a key cannot be ground to win, a
 gets its turn as the records are refreshed). A newcomer arriving while the share is full replaces
 the stored newcomer with the worst draw if its own draw is better, else it is refused. So what a
 node stores, serves and reads back is bounded by the preferred peers plus ``cap``, however many
-keys publish; 1 or 1,000 fresh keys cost it the same.
+keys publish; 1 or 1,000 fresh keys cost it the same. A dictionary a peer sends is validated
+subkey by subkey (``keep_valid_subkeys``): a newcomer this node would not store is dropped from
+it, and the members' records beside it are kept.
 """
 
 from __future__ import annotations
@@ -163,10 +165,36 @@ def refuse_before_signature(node: Any, gate: NewcomerGate) -> Callable[[DHTRecor
     return hopeless
 
 
+def keep_valid_subkeys(proto: Any) -> None:
+    """Validate a dictionary a peer sends (a replica's answer, a store) subkey by subkey.
+
+    hivemind's ``DHTProtocol._validate_dictionary`` refuses the whole dictionary when one subkey
+    fails: once this node's newcomer share is full, its validator refuses every other newcomer
+    (``refuse_before_signature``), so an answer carrying one of them was thrown away whole,
+    members' fresh records included, and the node's view froze on its cache for a record's
+    lifetime. Here each subkey this node refuses (a newcomer it would not store, a bad signature,
+    an expiry too far ahead) is dropped from the dictionary, and the rest is kept."""
+    serializer = DHTProtocol.serializer
+
+    def per_subkey(key_bytes: bytes, dictionary: DictionaryDHTValue) -> bool:
+        validator = proto.record_validator
+        if validator is None:
+            return True
+        with dictionary.freeze():
+            refused = [sub for sub, (value, exp) in dictionary.items()
+                       if not validator.validate(DHTRecord(key_bytes, serializer.dumps(sub), value, exp))]
+        for sub in refused:
+            del dictionary[sub]
+        return True
+
+    proto._validate_dictionary = per_subkey
+
+
 def cap_node_storage(node: Any, gate: NewcomerGate) -> None:
     """Give a started hivemind ``DHTNode`` capped storage and cache (what it held is kept, through
-    the gate)."""
+    the gate), and dictionaries from peers validated subkey by subkey (``keep_valid_subkeys``)."""
     proto = node.protocol
+    keep_valid_subkeys(proto)
     for attr in ("storage", "cache"):
         old, new = getattr(proto, attr), CappedStorage(gate)
         for key, item in list(old.items()):

@@ -19,9 +19,9 @@ attacker on its own CPU re-opened thousands per node per 20 s and saturated a on
 (bench/RESULTS.md, "The whole adversary bench with the attacker on a CPU of its own").
 ``HeldAccepts`` wraps each connection's stream accept (``held.hold_accepts``): while the
 ``Muzzle`` holds a newcomer (refused repeatedly while newcomers together were refused too often
-within a second), its connection's next stream is not accepted, so the muxer stops reading that
-connection once its small queue of new streams is full, and TCP flow control stops the sender.
-Its waiting costs this node nothing; the connection's open streams wait too.
+within a second), its new streams are parked, not served nor reset, while the connection is still
+read (this node's own streams to that peer go on); one that keeps opening streams past
+``held.HELD_STREAMS`` has its whole connection held, and TCP flow control stops it.
 """
 
 from __future__ import annotations
