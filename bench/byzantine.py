@@ -1,7 +1,8 @@
 """Byzantine trainers (issue 32): a third of the trainers hostile, the robust rule against the plain mean.
 
-    python bench/byzantine.py [--quick] [--attacks sign_flip,alie,...] [--seeds 3] [--rounds 12]
-                              [--rules robust,mean] [--jobs 2] [--set KEY=VALUE ...]
+    python bench/byzantine.py [--quick] [--attacks sign_flip,alie,...] [--seeds 3] [--rounds 10]
+                              [--prompts 16] [--rules robust,mean] [--jobs 2] [--set KEY=VALUE ...]
+                              [--model commit-reveal] [--model names-every-committed]
 
 Six trainers on the swarm's default model and task (``configs/trainer.toml``: embedded tiny
 model, 2-digit arithmetic, GRPO lr 3e-4, H = 10, BF16 gate, outer Nesterov 0.7 / 0.9), of which
@@ -13,7 +14,8 @@ real ``OuterOptimizer`` with ``loco.aggregate``. Each attack is run with each ru
 next to an honest-only run (the same four honest trainers with the same seeds, no Byzantine
 key). The defences are today's (``Defences.today``: rushing, keyed trainer set, any decision
 of the coordinator in turn, no spot checks, run-id-scoped evidence); the Sybil flood runs
-with the open swarm (no trainer key configured), where Sybils are members.
+with the open swarm (no trainer key configured), where Sybils are members. ``--model`` plugs in
+the harness's models of two later protocol pieces instead (not the pieces themselves).
 
 Per attack and rule: held-out greedy accuracy of the final global weights (the task's 1000
 eval problems, the mean over seeds), ``delta`` = that minus the honest-only run's with the same
@@ -72,20 +74,24 @@ def _init(overrides: list[str]) -> None:
     _WORLD = World(_config(overrides))
 
 
-def _job(job: tuple[str, str, int, int]) -> tuple[tuple[str, str, int], dict]:
+def _job(job: tuple[str, str, int, int, tuple[str, ...]]) -> tuple[tuple[str, str, int], dict]:
     from pulse_node.testing.byzantine import candidates, harness
     from pulse_node.testing.byzantine.attacks import Attack, attacks
-    from pulse_node.testing.byzantine.stages import Defences
+    from pulse_node.testing.byzantine.stages import CommitReveal, Defences, NamesEveryCommitted
 
-    scenario, rule, seed, rounds = job
+    scenario, rule, seed, rounds, modelled = job
     world = _WORLD
     if scenario == "base":
         return (scenario, rule, seed), {"accuracy": world.accuracy(world.base)}
     attack = Attack(BYZANTINE) if scenario == "honest" else attacks(BYZANTINE)[scenario]
     loco, cls = candidates.parse(rule, world.cfg.loco)
+    defences = Defences.today(world.run_id, open_swarm=scenario in OPEN_SWARM)
+    if "commit-reveal" in modelled:
+        defences.reveal = CommitReveal()
+    if "names-every-committed" in modelled:
+        defences.decision = NamesEveryCommitted()
     t0 = time.monotonic()
-    out = harness.run(world, attack, loco=loco, seed=seed, rounds=rounds, outer_cls=cls,
-                      defences=Defences.today(world.run_id, open_swarm=scenario in OPEN_SWARM))
+    out = harness.run(world, attack, loco=loco, seed=seed, rounds=rounds, outer_cls=cls, defences=defences)
     row = {**out.__dict__, "wall_s": time.monotonic() - t0}
     print(f"  {scenario:<17} {rule:<14} seed {seed}: acc {out.accuracy:.3f}  keep h/b {out.keep_honest:.2f}/"
           f"{out.keep_byzantine:.2f}  caught {len(out.caught)} false bans {len(out.false_bans)}  "
@@ -93,7 +99,7 @@ def _job(job: tuple[str, str, int, int]) -> tuple[tuple[str, str, int], dict]:
     return (scenario, rule, seed), row
 
 
-def _run_jobs(args, jobs: list[tuple[str, str, int, int]]) -> dict[tuple[str, str, int], dict]:
+def _run_jobs(args, jobs: list[tuple[str, str, int, int, tuple[str, ...]]]) -> dict[tuple[str, str, int], dict]:
     import multiprocessing as mp
 
     if args.jobs <= 1:
@@ -143,17 +149,71 @@ def print_table(summary: dict, *, rules: list[str], needs: dict[str, str]) -> No
     print(f"(delta: points against the honest-only run with the same rule, mean of seeds; before = {before})")
 
 
+def probe(args, rules: list[str]) -> dict:
+    """What each rule delivers of honest payloads alone, by learning rate: the aggregate's share of
+    the honest mean, <g, mean> / |mean|^2, and the payloads' density, over ``--probe-rounds``
+    rounds of 4 honest trainers (the plain mean applied between rounds). On sparse payloads
+    (realistic learning rates) coordinate-wise rules deliver about nothing."""
+    import numpy as np
+    import torch
+
+    from pulse_node.loco.outer import OuterOptimizer
+    from pulse_node.testing.byzantine import candidates
+    from pulse_node.testing.byzantine.attacks import dense
+    from pulse_node.testing.byzantine.honest import InnerTrainer
+    from pulse_node.testing.byzantine.world import World
+
+    torch.set_num_threads(1)
+    out: dict[str, dict] = {}
+    for lr in (3e-4, 1e-6):
+        world = World(_config([*args.set, f"grpo.lr={lr}"]))
+        outer = OuterOptimizer({n: t.clone() for n, t in world.base.items()}, world.cfg.loco)
+        trainers = [InnerTrainer(world, f"h{i}", seed=0) for i in range(HONEST)]
+        shares: dict[str, list[float]] = {r: [] for r in rules}
+        density = []
+        for rnd in range(args.probe_rounds):
+            world.load(outer.params, rnd)
+            ps = []
+            for tr in trainers:
+                tr.train(rnd)
+                ps.append(tr.payload(outer))
+            density.append(sum(p.count for p in ps) / len(ps) / world.numel)
+            flat = [np.concatenate([dense(p, world.shapes)[n] for n in sorted(world.shapes)]) for p in ps]
+            mu = np.mean(flat, axis=0)
+            mom = world.cfg.loco.outer_momentum
+            for rule in rules:
+                loco, cls = candidates.parse(rule, world.cfg.loco)
+                opt = cls({n: t.clone() for n, t in outer.params.items()}, loco, round=outer.round)
+                opt.momentum = {n: t.clone() for n, t in outer.momentum.items()}
+                opt.apply(ps)  # g = m_new - mu * m_old
+                g = np.concatenate([(opt.momentum[n].double() - mom * outer.momentum[n].double()).reshape(-1).numpy()
+                                    for n in sorted(world.shapes)])
+                shares[rule].append(float(g @ mu / (mu @ mu)))
+            outer.apply(ps)
+            for tr in trainers:
+                tr.reset(outer)
+        out[f"{lr:g}"] = {"density": float(np.mean(density)), **{r: float(np.mean(v)) for r, v in shares.items()}}
+        print(f"  lr {lr:g}: payload density {out[f'{lr:g}']['density']:.4f}; share of the honest mean delivered: "
+              + ", ".join(f"{r} {out[f'{lr:g}'][r]:.3f}" for r in rules), flush=True)
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="1 seed, 4 rounds, 4 attacks: a few minutes")
     ap.add_argument("--attacks", default=",".join(ALL_ATTACKS), help="comma-separated subset")
     ap.add_argument("--seeds", type=int, default=3)
-    ap.add_argument("--rounds", type=int, default=12)
-    ap.add_argument("--prompts", type=int, default=8, help="prompts per trainer batch (x 8 rollouts)")
+    ap.add_argument("--rounds", type=int, default=10)
+    ap.add_argument("--prompts", type=int, default=16, help="prompts per trainer batch (x 8 rollouts)")
     ap.add_argument("--rules", default="robust,mean", help="rule specs (testing/byzantine/candidates.py); "
                     "the first is the rule under test")
     ap.add_argument("--jobs", type=int, default=2, help="worker processes")
     ap.add_argument("--set", action="append", default=[], help="config override KEY=VALUE (configs/trainer.toml)")
+    ap.add_argument("--probe", action="store_true", help="only what each rule delivers of honest payloads "
+                    "at lr 3e-4 and 1e-6 (dense and sparse payloads); see probe()")
+    ap.add_argument("--probe-rounds", type=int, default=3)
+    ap.add_argument("--model", action="append", default=[], choices=("commit-reveal", "names-every-committed"),
+                    help="plug in a model of a later protocol piece (stages.py) instead of today's stage")
     args = ap.parse_args()
     names = [a for a in args.attacks.split(",") if a]
     if args.quick:
@@ -164,13 +224,18 @@ def main() -> int:
         raise SystemExit(f"unknown attacks: {sorted(unknown)} (known: {', '.join(ALL_ATTACKS)})")
     args.set = [f"sampling.prompts_per_batch={args.prompts}", "loco.base_coding=false", *args.set]
     rules = [r for r in args.rules.split(";" if "(" in args.rules else ",") if r]
+    if args.probe:
+        print(json.dumps({"probe": probe(args, rules), "rules": rules, "overrides": args.set}))
+        return 0
     seeds = list(range(args.seeds))
     scenarios = ["honest", *names]
     print(f"# bench/byzantine.py: {HONEST} honest + {len(BYZANTINE)} Byzantine trainers, {args.rounds} rounds, "
-          f"seeds {seeds}, rules {rules}, attacks {names}, overrides {args.set}", flush=True)
-    jobs = [(sc, rule, s, args.rounds) for s in seeds for sc in scenarios for rule in rules]
+          f"seeds {seeds}, rules {rules}, attacks {names}, overrides {args.set}"
+          + (f", modelled stages {args.model}" if args.model else ""), flush=True)
+    modelled = tuple(args.model)
+    jobs = [(sc, rule, s, args.rounds, modelled) for s in seeds for sc in scenarios for rule in rules]
     t0 = time.monotonic()
-    results = _run_jobs(args, [("base", rules[0], 0, 0), *jobs])
+    results = _run_jobs(args, [("base", rules[0], 0, 0, ()), *jobs])
     base = results[("base", rules[0], 0)]["accuracy"]
     summary = summarize(results, scenarios=scenarios, rules=rules, seeds=seeds)
     from pulse_node.testing.byzantine.attacks import attacks

@@ -133,7 +133,9 @@ def robust_weights(payloads: Sequence[LocoPayload], *, momentum: Mapping[str, np
             centre.move(keep)
         dist = np.sqrt(_squared_distances(ordered, momentum=momentum, scale=scale, numel=numel, centre=centre))
         tau = cfg.tau_scale * float(np.sort(dist)[n // 2])  # the upper median
-        with np.errstate(divide="ignore", invalid="ignore"):
-            keep = np.where(dist > tau, (tau / np.where(dist > 0, dist, 1.0)) ** cfg.power, 1.0)
+        ratio = np.where(dist > tau, tau / np.where(dist > 0, dist, 1.0), 1.0)
+        keep = ratio.copy()
+        for _ in range(cfg.power - 1):  # multiplications, not pow(): libm's pow differs between systems
+            keep = keep * ratio
     shares = {p.trainer_id: float(np.float32(k)) for p, k in zip(ordered, keep)}
     return Weights(shares, tau, {p.trainer_id: float(d) for p, d in zip(ordered, dist)})

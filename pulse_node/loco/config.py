@@ -22,7 +22,7 @@ class AggregateConfig(StrictModel):
     """Clip radius as a multiple of the upper median of the payloads' distances from the centre."""
     iterations: int = pydantic.Field(2, ge=1, le=10)
     """CenteredClip iterations (each one pass over every payload and the model's tensors)."""
-    power: float = pydantic.Field(1.0, ge=1.0, le=8.0)
+    power: int = pydantic.Field(1, ge=1, le=4)
     """A payload at distance ``D > tau`` from the centre weighs ``(tau / D) ** power``: 1 is
     CenteredClip (it counts as one at distance ``tau``), more gives far payloads less."""
 

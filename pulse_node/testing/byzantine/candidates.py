@@ -71,8 +71,9 @@ def parse(spec: str, loco: LocoConfig) -> tuple[LocoConfig, type[OuterOptimizer]
         raise ValueError(f"bad rule spec {spec!r}")
     name, args = m.group(1), m.group(2) or ""
     params = {k.strip(): float(v) for k, v in (a.split("=") for a in args.split(",") if a.strip())}
-    if "iterations" in params:
-        params["iterations"] = int(params["iterations"])
+    for key in ("iterations", "power"):
+        if key in params:
+            params[key] = int(params[key])
     rule = "mean" if name in ("mean", "median", "trimmed") else "robust"
     agg = loco.aggregate.model_copy(update={"rule": rule, **params})
     cfg = loco.model_copy(update={"aggregate": agg})

@@ -28,8 +28,8 @@ import copy
 import time
 from dataclasses import dataclass, field
 
+import blake3
 import numpy as np
-import torch
 
 from pulse_node.chain.identity import Identity
 from pulse_node.errors import WireError
@@ -150,21 +150,27 @@ def _decide(run: _Run, view: RoundView, arrived: dict[str, tuple[LocoPayload, by
         return set()
     run.out.left_out += len([t for t in committed - decided if t in run.honest])
     d = make_decision(run.keys[coord], run_id=run.world.run_id, round=view.round, base=run.outer.state_hash(),
-                      coordinator=coord, contributors={t: arrived[t][1] for t in decided})
+                      epoch=_epoch(run.world.run_id, "this life"), coordinator=coord,
+                      contributors={t: arrived[t][1] for t in decided})
     run.decisions[view.round] = (coord, encode_decision(d))
     return decided
 
 
+def _epoch(run_id: str, life: str) -> bytes:
+    """Stand-in for the genesis chain hash of one life of the swarm (a restart with fresh stores
+    publishes a new genesis)."""
+    return blake3.blake3(f"{run_id}/{life}".encode()).digest()
+
+
 def _earlier_life(run: _Run, rnd: int) -> dict[int, bytes]:
-    """The decisions the coordinators of rounds < ``rnd`` signed before the swarm restarted:
-    same coordinator and contributors, the base of the earlier life's state."""
+    """The decisions the coordinators of rounds < ``rnd`` signed before the swarm restarted
+    (same keys and run id, fresh stores): another epoch, the earlier life's base."""
     out = {}
     for r, (coord, _) in run.decisions.items():
         if r < rnd:
-            base = torch.randint(0, 256, (32,), generator=torch.Generator().manual_seed(r)).to(torch.uint8)
-            out[r] = encode_decision(make_decision(run.keys[coord], run_id=run.world.run_id, round=r,
-                                                   base=bytes(base.tolist()), coordinator=coord,
-                                                   contributors={coord: bytes(32)}))
+            out[r] = encode_decision(make_decision(
+                run.keys[coord], run_id=run.world.run_id, round=r, base=_epoch(run.world.run_id, f"base {r}"),
+                epoch=_epoch(run.world.run_id, "earlier life"), coordinator=coord, contributors={coord: bytes(32)}))
     return out
 
 
