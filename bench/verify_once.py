@@ -41,8 +41,12 @@ from pulse_node.chain import identity as identity_mod
 from pulse_node.codec import header as header_mod, statehash as statehash_mod
 from pulse_node.chain.serving import store_resolver
 from pulse_node.chain.store import VersionStore
-from pulse_node.chain.trainerset import TrainerSet
-from pulse_node.chain.trust import TrustPolicy
+try:  # the peer book (issue 31); before it, the trust policy
+    from pulse_node.peers.book import PeerBook as TrustPolicy
+    from pulse_node.peers.trainerset import TrainerSet
+except ImportError:
+    from pulse_node.chain.trainerset import TrainerSet
+    from pulse_node.chain.trust import TrustPolicy
 from pulse_node.config import ChainConfig, NetConfig
 from pulse_node.chain.identity import Identity
 from pulse_node.inference.syncer import VersionSync

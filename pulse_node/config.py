@@ -99,7 +99,7 @@ class ChainConfig(StrictModel):
     trusted_trainers: list[str] = Field(
         default_factory=list,
         description="the trainer set: Ed25519 public keys (hex) of the trainers that may train, sign versions, "
-        "decide rounds and serve trainer state (chain/trainerset.py); with none here nor in "
+        "decide rounds and serve trainer state (peers/trainerset.py); with none here nor in "
         "trusted_trainers_path, any peer announcing the trainer role is trusted (an open swarm: "
         "local swarms only, or with open_swarm = true)",
     )
@@ -123,7 +123,7 @@ class ChainConfig(StrictModel):
         "carried in its peer record so every node can verify it")
     min_signers: int = Field(1, ge=1, description="distinct trusted trainers that must sign a version")
     max_version_step: int = Field(64, ge=1, description="refuse a record more than this many versions past the "
-                                  "highest version another trainer-set member was seen signing (chain/trust.py)")
+                                  "highest version another trainer-set member was seen signing (chain/gate.py)")
     catchup_min_gap: int = Field(4, ge=0, description="this many versions behind, ask peers for one catch-up "
                                  "patch instead of the patches (0 = never)")
     catchup_wait_s: float = Field(30.0, ge=0, description="how long to wait for a peer that is still making "

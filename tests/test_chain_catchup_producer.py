@@ -18,13 +18,13 @@ from pulse_node.chain.layout import catchup_path, prune_catchups
 from pulse_node.chain.peer import PeerRecord, PeerStatus, Serves
 from pulse_node.chain.serving import resolve, store_resolver
 from pulse_node.chain.store import VersionStore
-from pulse_node.chain.trainerset import TrainerSet
-from pulse_node.chain.trust import TrustPolicy
 from pulse_node.codec.patch import apply_patch, make_patch
 from pulse_node.config import NetConfig
 from pulse_node.errors import BusyError, GapError, WireError
 from pulse_node.inference.syncer import VersionSync
 from pulse_node.net.wire import protocol as wp
+from pulse_node.peers.book import PeerBook
+from pulse_node.peers.trainerset import TrainerSet
 from pulse_node.testing.memory import MemoryHub, announced
 
 STATES = adam_like_chain(5, 24)
@@ -155,8 +155,8 @@ def _syncer(tmp_path: Path, hub: MemoryHub, *, at: int, **kw) -> VersionSync:
     return VersionSync(store, transport, _trust(), net=NetConfig(), **kw)
 
 
-def _trust() -> TrustPolicy:
-    return TrustPolicy(TrainerSet(run_id="run-s", keys=[TRAINER.public_key_hex]))
+def _trust() -> PeerBook:
+    return PeerBook(TrainerSet(run_id="run-s", keys=[TRAINER.public_key_hex]))
 
 
 def _serve(hub: MemoryHub, root: Path, producer: CatchupProducer | None, version: int) -> PeerRecord:
@@ -214,7 +214,7 @@ def test_syncer_rejects_a_lying_catchup_and_recovers_with_patches(served: Path, 
     peers = [_serve(hub, served, CatchupProducer(served, wait_s=60), 24), _trainer(24)]
     sync = _syncer(tmp_path, hub, at=14)
     applied = sync.step(peers)
-    assert sync.counters.catchups == 0 and sync.trust.strikes["holder"] == 1
+    assert sync.counters.catchups == 0 and sync.book.strikes["holder"] == 1
     assert [r.version for r in applied] == list(range(15, 25)) and states_equal(sync.state, STATES[24])
     sync.close()
 

@@ -9,17 +9,17 @@ from pathlib import Path
 
 import pytest
 
-from pulse_node.chain.identity import Identity, peer_id_of_key
-from pulse_node.chain.trainerset import (
+from pulse_node.chain.admission import (
     MAX_ENDORSEMENTS,
     Admission,
-    TrainerSet,
     bound_key,
     read_key_file,
     sender_key,
 )
+from pulse_node.chain.identity import Identity, peer_id_of_key
 from pulse_node.cli import main
 from pulse_node.errors import ConfigError, IntegrityError, WireError
+from pulse_node.peers.trainerset import TrainerSet
 
 RUN = "run-t"
 A, B, C, NEW, EVE = (Identity.generate() for _ in range(5))
@@ -57,38 +57,38 @@ def test_only_configured_keys_are_members_and_a_peer_speaks_for_its_own_key_only
     thief = Peer(peer_id_of_key(EVE.public_key_hex), "trainer", A.public_key_hex)  # announces A's key
     assert bound_key(thief) == "" and not members.is_member(bound_key(thief))
     assert sender_key(thief.peer_id, [thief]) == EVE.public_key_hex  # a push's sender: the id's own key
-    members.observe([thief, peer_of(EVE)])  # announcing the role adds nobody to a keyed set
+    members.mark_observed([thief, peer_of(EVE)])  # announcing the role adds nobody to a keyed set
     assert members.members == {A.public_key_hex, B.public_key_hex, C.public_key_hex}
 
 
 def test_an_open_set_trusts_exactly_the_announced_trainers() -> None:
     members = TrainerSet(run_id=RUN)
     assert members.open and not members.members
-    members.observe([peer_of(A), peer_of(B, role="inference"), Peer(peer_id_of_key(EVE.public_key_hex),
+    members.mark_observed([peer_of(A), peer_of(B, role="inference"), Peer(peer_id_of_key(EVE.public_key_hex),
                                                                    "trainer", C.public_key_hex)])
     assert members.members == {A.public_key_hex}  # not the inference node, not a stolen key
     with pytest.raises(IntegrityError, match="open"):
-        members.admit(Admission(RUN, NEW.public_key_hex).endorse(A))
+        members.mark_admitted(Admission(RUN, NEW.public_key_hex).endorse(A))
 
 
 def test_admission_needs_a_quorum_of_distinct_valid_member_signatures_of_this_run() -> None:
     members = keyed()
     one = Admission(RUN, NEW.public_key_hex).endorse(A)
     with pytest.raises(IntegrityError, match="1 valid member endorsement"):
-        members.admit(one)
+        members.mark_admitted(one)
     with pytest.raises(IntegrityError, match="1 valid"):  # the same member twice is one endorsement
-        members.admit(one.endorse(A))
+        members.mark_admitted(one.endorse(A))
     with pytest.raises(IntegrityError, match="1 valid"):  # a non-member's endorsement counts for nothing
-        members.admit(one.endorse(EVE))
+        members.mark_admitted(one.endorse(EVE))
     forged = Admission(RUN, NEW.public_key_hex, ((A.public_key_hex, one.endorsements[0][1]),
                                                  (B.public_key_hex, one.endorsements[0][1])))
     with pytest.raises(IntegrityError, match="1 valid"):  # B's name on A's signature
-        members.admit(forged)
+        members.mark_admitted(forged)
     other_run = Admission("elsewhere", NEW.public_key_hex).endorse(A).endorse(B)
     with pytest.raises(IntegrityError, match="run 'elsewhere'"):
-        members.admit(other_run)
+        members.mark_admitted(other_run)
     assert not members.is_member(NEW.public_key_hex)
-    members.admit(one.endorse(B))
+    members.mark_admitted(one.endorse(B))
     assert members.is_member(NEW.public_key_hex) and NEW.public_key_hex in members.admitted
 
 
@@ -102,12 +102,12 @@ def test_nodes_learn_admissions_from_the_admitted_trainers_own_records_in_any_or
     weak = Admission(RUN, EVE.public_key_hex).endorse(A)
     carried_by_other = Peer(peer_id_of_key(C.public_key_hex), "trainer", admission=new_adm.encode())
     members = keyed()
-    members.observe([peer_of(third, admission=third_adm), carried_by_other, peer_of(EVE, admission=weak),
+    members.mark_observed([peer_of(third, admission=third_adm), carried_by_other, peer_of(EVE, admission=weak),
                      peer_of(NEW, admission=new_adm)])
     assert set(members.admitted) == {NEW.public_key_hex, third.public_key_hex}
     assert not members.is_member(EVE.public_key_hex)
     garbage = Peer(peer_id_of_key(EVE.public_key_hex), "trainer", admission=b"\x93junk")
-    members.observe([garbage])  # hostile bytes: ignored, never raised
+    members.mark_observed([garbage])  # hostile bytes: ignored, never raised
     assert not members.is_member(EVE.public_key_hex)
 
 

@@ -1,5 +1,6 @@
 """The house of docs/ARCHITECTURE.md holds in the code: which folder may import which, no import
-cycle between modules, no module over 500 lines, test support never imported by production code."""
+cycle between modules, no module over 500 lines, test support never imported by production code,
+and judging peers done in peers/ only."""
 
 from __future__ import annotations
 
@@ -23,13 +24,14 @@ ALLOWED: dict[str, set[str]] = {
     "loco": SHARED | {"codec", "chain"},
     "net": SHARED | {"chain"},
     "config": SHARED | {"rl", "loco", "net"},
-    "daemon": ABOVE_NET,
-    "trainer": ABOVE_NET | {"daemon"},
-    "inference": ABOVE_NET | {"daemon"},
+    "peers": SHARED | {"codec", "chain", "loco", "net", "config"},
+    "daemon": ABOVE_NET | {"peers"},
+    "trainer": ABOVE_NET | {"daemon", "peers"},
+    "inference": ABOVE_NET | {"daemon", "peers"},
     "ops": SHARED | {"chain", "net", "daemon"},
     "roles": ABOVE_NET | {"daemon", "trainer", "inference"},
     "swarm": SHARED | {"chain", "config", "daemon", "ops"},
-    "commands": ABOVE_NET | {"daemon", "trainer", "inference", "roles", "ops", "swarm", "commands"},
+    "commands": ABOVE_NET | {"daemon", "peers", "trainer", "inference", "roles", "ops", "swarm", "commands"},
     "cli": SHARED | {"commands"},
     "__main__": {"cli"},
 }
@@ -90,6 +92,77 @@ def test_daemon_sits_below_the_roles() -> None:
     assert not up, "daemon/ imports a role:\n" + "\n".join(up)
     assert not {target for rel, target in EXCEPTIONS if rel.startswith("daemon/")} & {"trainer", "inference"}
     assert not ALLOWED["daemon"] & {"trainer", "inference", "roles"}
+
+
+#: the folders peers/ sits above (they never import it) and below (it never imports them)
+BELOW_PEERS = {"codec", "chain", "net", "loco", "rl", "config", "torchbits"} | SHARED
+ABOVE_PEERS = {"daemon", "trainer", "inference", "roles", "ops", "swarm", "commands", "cli", "__main__"}
+
+
+def test_peers_sits_above_chain_and_net_and_below_the_roles() -> None:
+    """Judging peers is one layer: nothing below it imports it (not even lazily), it imports
+    nothing above it, and the table says so."""
+    bad = []
+    for module, path in _modules().items():
+        unit = _unit(module) if module.count(".") else "__init__"
+        for imported in _imports(path):
+            target = _unit(imported)
+            if (unit in BELOW_PEERS and target == "peers") or (unit == "peers" and target in ABOVE_PEERS):
+                bad.append(f"{path.relative_to(PKG).as_posix()} imports {imported}")
+    assert not bad, "imports running across peers/ the wrong way:\n" + "\n".join(sorted(bad))
+    assert not ALLOWED["peers"] & ABOVE_PEERS
+    assert all("peers" not in ALLOWED[u] for u in BELOW_PEERS)
+    assert not {target for rel, target in EXCEPTIONS if rel.split("/")[0] in BELOW_PEERS} & {"peers"}
+
+
+#: the ledgers of peers/: what records a strike, a ban, a failure cool-down, standing, a
+#: conviction or a member. Each method of theirs either only reads (``READS``) or records, and a
+#: recorder is named ``mark_*``, so the rule below holds for every one added later.
+LEDGERS = {"Strikes", "Standing", "EvidenceBook", "TrainerSet"}
+READS = {"ignored", "score", "known", "delivered_before", "known_ids", "epoch", "order", "providers", "summary",
+         "entries", "members", "is_member", "describe", "from_config", "check"}
+
+
+def _ledger_methods() -> dict[str, list[str]]:
+    out: dict[str, list[str]] = defaultdict(list)
+    for path in (PKG / "peers").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef) and node.name in LEDGERS:
+                out[node.name] += [f.name for f in node.body if isinstance(f, ast.FunctionDef)]
+    return out
+
+
+def test_the_ledgers_of_peers_name_every_recorder_mark() -> None:
+    methods = _ledger_methods()
+    assert set(methods) == LEDGERS, f"ledgers not found in peers/: {LEDGERS - set(methods)}"
+    loose = sorted(f"{cls}.{name}" for cls, names in methods.items() for name in names
+                   if not name.startswith(("_", "mark_")) and name not in READS)
+    assert not loose, f"ledger methods that are neither a listed read nor named mark_*: {loose}"
+
+
+def test_no_module_outside_peers_records_a_strike_a_ban_or_standing() -> None:
+    """Only peers/ defines or calls a recorder (``mark_*``), builds a ledger (``Strikes``,
+    ``Standing``, ``EvidenceBook``) or reaches into the book's; nothing outside it keeps a strike
+    or ban count of its own. Everyone else hands the book an outcome (``PeerBook.judge`` / ``ask``)."""
+    bad = []
+    for module, path in _modules().items():
+        if module.startswith("pulse_node.peers."):
+            continue
+        rel = path.relative_to(PKG).as_posix()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("mark_"):
+                bad.append(f"{rel}:{node.lineno} defines {node.name}")
+            elif isinstance(node, ast.Attribute) and node.attr.startswith("mark_"):
+                bad.append(f"{rel}:{node.lineno} calls {ast.unparse(node)}")
+            elif isinstance(node, ast.Attribute) and node.attr in {"ledger", "standing", "evidence", "trainers"} \
+                    and "book" in ast.unparse(node.value):
+                bad.append(f"{rel}:{node.lineno} reaches into {ast.unparse(node)}")
+            elif isinstance(node, ast.Name) and node.id in {"Strikes", "Standing", "EvidenceBook"}:
+                bad.append(f"{rel}:{node.lineno} names the ledger {node.id}")
+            elif isinstance(node, ast.AugAssign) and re.search(r"\b(strikes|bans|failures|fail_streak)\b",
+                                                               ast.unparse(node.target)):
+                bad.append(f"{rel}:{node.lineno} counts {ast.unparse(node.target)}")
+    assert not bad, "strikes, bans or standing recorded outside peers/:\n" + "\n".join(sorted(set(bad)))
 
 
 #: net/ by what it is: sub-folder -> the net/ sub-folders it may import (docs/ARCHITECTURE.md)

@@ -173,7 +173,7 @@ def test_a_peer_serving_a_corrupt_patch_moves_nothing_and_is_struck(served, tmp_
         sync._verified(rec, holder=liar.peer_id)
         assert sync.step([liar]) == []
         assert states_equal(sync.state, STATES[14]) and _holds(live, STATES[14]) and live.version == 14
-        assert sync.trust.strikes.get(liar.peer_id, 0) >= 1 and not sync.store.has_patch(15)
+        assert sync.book.strikes.get(liar.peer_id, 0) >= 1 and not sync.store.has_patch(15)
         trainer = announce(hub, TRAINER, store_resolver(served), role="trainer", version=15, lowest=1)
         assert [r.version for r in sync.step([trainer])] == [15]
         assert sync.pipeline.counters.streamed == 1 and live.version == 15 and _holds(live, STATES[15])

@@ -173,18 +173,43 @@ def test_p2pd_push_plane_serves_members_first_and_one_stream_per_non_member() ->
     assert plane.inbox.shares is not None and plane.stats()["refused"] == {}
 
 
-def test_trust_policy_tells_the_members_peer_ids_once_per_change() -> None:
+def test_the_node_tells_the_workers_its_peer_view_once_per_change(tmp_path) -> None:
+    """One typed call (``Transport.set_view``) carries the book's members and peers with
+    standing to the workers, and only when they changed."""
     from pulse_node.chain.identity import Identity, peer_id_of_key
-    from pulse_node.chain.trainerset import TrainerSet
-    from pulse_node.chain.trust import TrustPolicy
+    from pulse_node.chain.store import VersionStore
+    from pulse_node.config import InferenceConfig
+    from pulse_node.daemon.context import RoleContext
+    from pulse_node.daemon.status import NodeStatus
+    from pulse_node.peers.outcomes import Delivered
+    from pulse_node.peers.view import PeerView
+    from pulse_node.testing.memory import MemoryHub, MemoryTransport
 
-    key = Identity.generate().public_key_hex
-    trust = TrustPolicy(TrainerSet(run_id="r", keys=[key]))
-    told: list[frozenset[str]] = []
-    trust.listen_members(told.append)
-    trust.observe([])
-    trust.observe([])
-    assert told == [frozenset({peer_id_of_key(key)})]
+    class Counting(MemoryTransport):
+        told: list[PeerView] = []
+
+        def set_view(self, view: PeerView) -> None:
+            self.told.append(view)
+
+    key, hub = Identity.generate().public_key_hex, MemoryHub()
+    hub.join("worker", lambda k, p: None)
+    transport = Counting(hub, "me")
+    hub.join("me", lambda k, p: None)
+    cfg = InferenceConfig.model_validate({"data_dir": str(tmp_path), "chain": {"trusted_trainers": [key]}})
+    store = VersionStore(tmp_path / "store")
+    ctx = RoleContext(cfg=cfg, identity=Identity.generate(), store=store, transport=transport,
+                      status=NodeStatus(role="inference", peer_id="me", run_id="r"))
+    try:
+        ctx.peers()
+        ctx.peers()
+        assert transport.told == [PeerView(members=frozenset({peer_id_of_key(key)}))]
+        ctx.book.judge("worker", Delivered())
+        ctx.peers()
+        ctx.peers()
+        assert transport.told[1:] == [PeerView(members=frozenset({peer_id_of_key(key)}), standing=("worker",))]
+    finally:
+        ctx.close()
+        store.close()
 
 
 def test_refusals_are_declared_in_the_status_model() -> None:

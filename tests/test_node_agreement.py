@@ -229,7 +229,7 @@ def test_forged_and_conflicting_decisions_are_rejected_and_counted(tmp_path):
     assert resolve(agreement.root, "loco_decision", {"round": 3}).read_bytes() == good  # served to peers
     with pytest.raises(PulseError, match="convicted"):  # a second, different one of the same key
         agreement.offer_decision("trainer-a", signed(contributors={"trainer-a": b"\x03" * 32}))
-    assert coord.public_key_hex in agreement.gate.trust.evidence and 3 not in agreement.decisions
+    assert coord.public_key_hex in agreement.ctx.book.evidence and 3 not in agreement.decisions
     agreement.ctx.store.close()
 
 

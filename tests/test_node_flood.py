@@ -15,7 +15,7 @@ from test_node_sync_bounds import _syncer
 from pulse_node.chain.peer import PeerStatus, Serves
 from pulse_node.chain.serving import store_resolver
 from pulse_node.errors import PeerUnavailable
-from pulse_node.net.peers.standing import FETCH_UNKNOWN
+from pulse_node.peers.standing import FETCH_UNKNOWN
 from pulse_node.testing.adversaries import announce, peer_id
 from pulse_node.testing.memory import MemoryHub
 
@@ -75,7 +75,7 @@ def test_a_provider_that_fails_is_demoted_behind_untried_newcomers(served, tmp_p
         peers = list(hub.records.values())
         got = sync._fetch_version(5, sync.providers(5, peers, rank=0))
         assert got is None and silent.asked == FETCH_UNKNOWN
-        failed = {p for p, m in sync.standing.marks.items() if m.fail_streak}
+        failed = {p for p, m in sync.book.standing.marks.items() if m.fail_streak}
         assert len(failed) == FETCH_UNKNOWN
         assert not failed & {p.peer_id for p in sync.providers(5, peers, rank=0)}  # the next tries are others
     finally:
@@ -90,7 +90,6 @@ def test_fake_anchors_do_not_use_up_a_fresh_nodes_tries(served, tmp_path) -> Non
     announce(hub, TRAINER, store_resolver(served), role="trainer", version=12, lowest=1, anchors=(10,))
     sync = _syncer(tmp_path, hub, at=4, catchup_min_gap=0)
     try:
-        sync._tell_standing_members()
         offers_tried = []
         real = sync._fetch_record
 
@@ -115,21 +114,23 @@ def test_a_nodes_view_holds_the_same_honest_peers_with_one_or_a_thousand_fresh_k
     from pulse_node.config import InferenceConfig
     from pulse_node.daemon.context import RoleContext
     from pulse_node.daemon.status import NodeStatus
-    from pulse_node.net.peers.standing import VIEW_UNKNOWN
+    from pulse_node.peers.outcomes import Delivered
+    from pulse_node.peers.standing import VIEW_UNKNOWN
 
-    hub, me = MemoryHub(), Identity.generate()
-    for pid, role in (("trainer-a", "trainer"), ("worker", "inference")):
+    hub, me, trainer = MemoryHub(), Identity.generate(), Identity.generate()
+    for pid, role in ((peer_id(trainer), "trainer"), ("worker", "inference")):
         hub.join(pid, lambda k, p: None).publish(PeerStatus(role=role, version=3))
     _flood(hub, Silent(), n)
     store = VersionStore(tmp_path / "store")
-    ctx = RoleContext(cfg=InferenceConfig(data_dir=str(tmp_path)), identity=me, store=store,
+    cfg = InferenceConfig.model_validate({"data_dir": str(tmp_path), "chain": {"trusted_trainers": [trainer.public_key_hex]}})
+    ctx = RoleContext(cfg=cfg, identity=me, store=store,
                       status=NodeStatus(role="inference", peer_id=peer_id(me), run_id="r"),
                       transport=hub.join(peer_id(me), lambda k, p: None))
     try:
-        ctx.share_members(frozenset({"trainer-a"}))
-        ctx.standing.delivered("worker")
+        ctx.book.judge("worker", Delivered())
         view = [p.peer_id for p in ctx.peers()]
-        assert view[:2] == ["trainer-a", "worker"] and len(view) - 2 == min(n, VIEW_UNKNOWN)
+        assert view[:2] == [peer_id(trainer), "worker"] and len(view) - 2 == min(n, VIEW_UNKNOWN)
+        assert ctx.transport.view.members == {peer_id(trainer)} and ctx.transport.view.standing == ("worker",)
         assert ctx.standing_report().found == n + 2
     finally:
         ctx.close()

@@ -1,10 +1,10 @@
 """A trainer-set member is held to one member's share (``trainer/decisions.py``, ``chain/evidence.py``,
-``chain/trust.py``): decisions only from the round's designated coordinator in its turn, on our
-base, never ahead of time; two conflicting signed statements of one key convict it everywhere;
-versions move forward by a bounded step from what the other members signed.
+``chain/gate.py``, ``peers/book.py``): decisions only from the round's designated coordinator in
+its turn, on our base, never ahead of time; two conflicting signed statements of one key convict
+it everywhere; versions move forward by a bounded step from what the other members signed.
 
 Agreements of trainers under real libp2p peer ids on one in-memory hub, stepped by hand, and
-trust policies fed signed records directly.
+peer books fed signed records directly.
 """
 
 from __future__ import annotations
@@ -14,16 +14,18 @@ import pytest
 from test_node_round_trust import BASE, EPOCH, ROUND, _agreement, _payload
 
 from pulse_node.chain.anchor import anchor_manifest
-from pulse_node.chain.evidence import EvidenceBook, decode_evidence
+from pulse_node.chain.evidence import decode_evidence, encode_evidence, heads_conflict
 from pulse_node.chain.identity import Identity
 from pulse_node.chain.peer import PeerStatus
 from pulse_node.chain.record import encode_record, make_record
-from pulse_node.chain.trainerset import TrainerSet
-from pulse_node.chain.trust import TrustPolicy
 from pulse_node.codec.state import TensorBits
 from pulse_node.errors import IntegrityError, PulseError
 from pulse_node.loco.decision import encode_decision, make_decision
 from pulse_node.loco.equivocation import evidence_checkers
+from pulse_node.peers.book import PeerBook
+from pulse_node.peers.evidence import EvidenceBook
+from pulse_node.peers.outcomes import Fault, Reported
+from pulse_node.peers.trainerset import TrainerSet
 from pulse_node.testing.adversaries import peer_id
 from pulse_node.testing.memory import MemoryHub
 from pulse_node.trainer.decisions import coordinator_order, turn_at
@@ -110,13 +112,13 @@ def test_two_decisions_of_one_key_for_one_round_convict_it(pair, tmp_path):
     with pytest.raises(IntegrityError, match="convicted"):
         ag.offer_decision(peer_id(member), second)
     assert ROUND not in ag.decisions, "the equivocator's decision was kept"
-    assert member.public_key_hex in ag.gate.trust.evidence and peer_id(member) not in ag._live()
+    assert member.public_key_hex in ag.ctx.book.evidence and peer_id(member) not in ag._live()
     with pytest.raises(PulseError):  # refused from now on, even a decision that would have been fine
         ag.offer_decision(peer_id(member), _decision(member, rnd=ROUND + 1))
     # the evidence convinces a node that never saw either decision, and survives its restart
-    ev = ag.gate.trust.evidence.convicted[member.public_key_hex]
+    ev = ag.ctx.book.evidence.convicted[member.public_key_hex]
     other = EvidenceBook(run_id=RUN, directory=tmp_path / "ev", checkers=evidence_checkers())
-    assert other.add_bytes(ev.encode()).key == member.public_key_hex
+    assert other.mark_evidence(ev.encode()).key == member.public_key_hex
     assert member.public_key_hex in EvidenceBook(run_id=RUN, directory=tmp_path / "ev", checkers=evidence_checkers())
 
 
@@ -131,49 +133,56 @@ def _records(ident: Identity, versions, *, salt: str = "a"):
     return {v: out[v] for v in versions}
 
 
-def _trust(*idents: Identity, step: int = 8) -> TrustPolicy:
-    return TrustPolicy(TrainerSet(run_id=RUN, keys=[i.public_key_hex for i in idents]), max_version_step=step)
+def _book(*idents: Identity, step: int = 8) -> PeerBook:
+    return PeerBook(TrainerSet(run_id=RUN, keys=[i.public_key_hex for i in idents]), max_version_step=step)
+
+
+def _check(book: PeerBook, rec, *, sender: str) -> None:
+    """``rec`` through the book's gate as ``sender`` sent it; ``IntegrityError`` with the fault."""
+    got = book.ask(sender, lambda: book.gate.verify(rec))
+    if isinstance(got, Fault):
+        raise IntegrityError(got.why)
 
 
 def test_a_record_far_past_what_the_other_members_signed_is_refused():
     a, b = Identity.generate(), Identity.generate()
-    trust = _trust(a, b)
+    book = _book(a, b)
     for rec in _records(a, [5, 6]).values():
-        trust.verify(rec, sender="a")
+        _check(book, rec, sender="a")
     with pytest.raises(IntegrityError, match="past what the trainer set signed"):
-        trust.verify(_records(b, [40])[40], sender="b")
-    assert trust.far_refused == 1 and trust.strikes["b"] == 1
-    trust.verify(_records(b, [12])[12], sender="b")  # within the step
+        _check(book, _records(b, [40])[40], sender="b")
+    assert book.gate.far_refused == 1 and book.strikes["b"] == 1
+    _check(book, _records(b, [12])[12], sender="b")  # within the step
     with pytest.raises(IntegrityError):  # b alone cannot lift its own ceiling
-        trust.verify(_records(b, [50])[50], sender="b")
+        _check(book, _records(b, [50])[50], sender="b")
     # a partition left both far ahead: once both are seen there, they vouch for each other
-    trust.verify(_records(a, [41])[41], sender="a")  # b was seen signing 50
-    trust.verify(_records(b, [45])[45], sender="b")  # a was seen at 41
+    _check(book, _records(a, [41])[41], sender="a")  # b was seen signing 50
+    _check(book, _records(b, [45])[45], sender="b")  # a was seen at 41
 
 
 def test_two_records_of_one_key_for_one_version_convict_it_and_the_evidence_travels():
     a, b = Identity.generate(), Identity.generate()
-    trust = _trust(a, b)
+    book = _book(a, b)
     one, two = _records(a, [3], salt="a")[3], _records(a, [3], salt="b")[3]
-    trust.verify(one, sender="x")
+    _check(book, one, sender="x")
+    with pytest.raises(IntegrityError, match="signed two records"):
+        _check(book, two, sender="x")
+    assert book.convicted(a.public_key_hex) and not book.is_member(a.public_key_hex) and not book.strikes["x"]
     with pytest.raises(IntegrityError, match="convicted"):
-        trust.verify(two, sender="x")
-    assert a.public_key_hex in trust.evidence and not trust.is_member(a.public_key_hex)
-    with pytest.raises(IntegrityError, match="convicted"):
-        trust.verify(_records(a, [4])[4], sender="x")
-    ev = trust.evidence.convicted[a.public_key_hex]
+        _check(book, _records(a, [4])[4], sender="x")
+    (ev,) = book.convictions()
     assert decode_evidence(ev.encode())[0] == "head" and ev.at == 3
-    other = _trust(a, b)
-    other.evidence.add_bytes(ev.encode())
-    assert a.public_key_hex in other.evidence
-    for bad in (EvidenceBook(run_id=RUN).checkers["head"],):  # agreeing or foreign records are no evidence
-        with pytest.raises(IntegrityError):
-            bad(encode_record(one), encode_record(one), RUN)
-        with pytest.raises(IntegrityError):
-            bad(encode_record(one), encode_record(_records(b, [3], salt="b")[3]), RUN)
-    fresh = Identity.generate()  # a non-member equivocating against itself convicts nobody
-    with pytest.raises(IntegrityError, match="not a trainer-set member"):
-        other.evidence.add("head", encode_record(_records(fresh, [2])[2]), encode_record(_records(fresh, [2], salt="c")[2]))
+    other = _book(a, b)
+    other.judge("reporter", Reported(evidence=ev.encode()))
+    assert other.convicted(a.public_key_hex) and not other.strikes["reporter"]
+    with pytest.raises(IntegrityError):  # agreeing or foreign records are no evidence
+        heads_conflict(encode_record(one), encode_record(one), RUN)
+    with pytest.raises(IntegrityError):
+        heads_conflict(encode_record(one), encode_record(_records(b, [3], salt="b")[3]), RUN)
+    fresh = Identity.generate()  # a non-member equivocating against itself convicts nobody: the reporter lied
+    forged = encode_evidence("head", encode_record(_records(fresh, [2])[2]), encode_record(_records(fresh, [2], salt="c")[2]))
+    other.judge("reporter", Reported(evidence=forged))
+    assert not other.convicted(fresh.public_key_hex) and other.strikes["reporter"] == 1
 
 
 def test_pulse_node_status_names_banned_members_and_open_trust_mode():
@@ -225,11 +234,11 @@ def test_a_member_serving_another_record_for_an_anchor_gets_no_honest_provider_s
                     role="trainer", version=24, anchors=(20,))
     honest = announce(hub, TRAINER, honest_store, role="trainer", version=24, anchors=(20,))
     me = hub.join("me", lambda kind, params: None)
-    trust = TrustPolicy(TrainerSet(run_id=real.run_id, keys=[TRAINER.public_key_hex, member.public_key_hex]))
-    trust.verify(forged, sender=liar.peer_id)
+    book = PeerBook(TrainerSet(run_id=real.run_id, keys=[TRAINER.public_key_hex, member.public_key_hex]))
+    book.gate.verify(forged)
     with pytest.raises(PulseError):
-        load_anchor(me, trust, forged, liar, [liar, honest], tmp_path, timeout=10)
-    assert honest.peer_id not in trust.strikes, "the provider of the real anchor was struck"
+        load_anchor(me, book, forged, liar, [liar, honest], tmp_path, timeout=10)
+    assert honest.peer_id not in book.strikes, "the provider of the real anchor was struck"
 
 
 def test_the_evidence_plane_verifies_reports_spreads_and_keeps_evidence(tmp_path):
@@ -241,7 +250,7 @@ def test_the_evidence_plane_verifies_reports_spreads_and_keeps_evidence(tmp_path
     from pulse_node.chain.store import VersionStore
     from pulse_node.config import InferenceConfig
     from pulse_node.daemon.context import RoleContext
-    from pulse_node.daemon.evidence_plane import EvidencePlane, node_trust
+    from pulse_node.daemon.evidence_plane import EvidencePlane
     from pulse_node.daemon.status import NodeStatus
 
     bad = Identity.generate()
@@ -252,23 +261,22 @@ def test_the_evidence_plane_verifies_reports_spreads_and_keeps_evidence(tmp_path
                       status=NodeStatus(role="inference", peer_id="me", run_id=cfg.run_id))
     peer = hub.join("peer", lambda kind, params: None)
     peer.publish(PeerStatus(role="inference"))
-    trust = node_trust(cfg)
-    plane = EvidencePlane(ctx, trust)
+    book = ctx.book
+    plane = EvidencePlane(ctx)
     plane.take("liar", b"\x93junk")
-    assert trust.strikes["liar"] == 1 and not ctx.status.snapshot().evidence
+    assert book.strikes["liar"] == 1 and not ctx.status.snapshot().evidence
     one, two = (encode_record(_records(bad, [3], salt=s)[3]) for s in ("a", "b"))
-    other = TrustPolicy(TrainerSet(run_id=cfg.run_id, keys=[bad.public_key_hex]))
-    ev = other.evidence.add("head", one, two)
-    plane.take("reporter", ev.encode())
+    plane.take("reporter", encode_evidence("head", one, two))
     (entry,) = ctx.status.snapshot().evidence
     assert (entry.key, entry.kind, entry.at) == (bad.public_key_hex, "head", 3)
-    assert not trust.is_member(bad.public_key_hex) and trust.strikes["reporter"] == 0
+    assert not book.is_member(bad.public_key_hex) and book.strikes["reporter"] == 0
     got = wait_for(lambda: [e for e in peer.events(wait_s=0.1) if e.kind == "evidence"], timeout=10, what="the gossip")
     assert decode_evidence(got[0].data)[1:] == (one, two)
-    assert bad.public_key_hex in node_trust(cfg).evidence, "a restart forgot the evidence"
+    assert PeerBook.for_node(cfg).convicted(bad.public_key_hex), "a restart forgot the evidence"
     late = hub.join("late", lambda kind, params: None)  # joined after the gossip
     late.publish(PeerStatus(role="inference"))
-    plane.tell_new_peers()
+    plane._told_at = float("-inf")  # the next tell is due
+    plane.tick()
     got = wait_for(lambda: [e for e in late.events(wait_s=0.1) if e.kind == "evidence"], timeout=10, what="the late peer told")
     assert decode_evidence(got[0].data)[1:] == (one, two)
     store.close()

@@ -120,7 +120,7 @@ def test_resync_refuses_any_state_not_newer_signed_by_a_member_of_this_run(train
 
 def test_resync_refuses_weights_that_are_not_the_signed_state(trainer, tmp_path) -> None:
     """A member signed version 5 as another state than the file's weights: the trust gate's one
-    hash of the state (``TrustPolicy.admit``) refuses it before anything of ours is touched."""
+    hash of the state (``VersionGate.admit``) refuses it before anything of ours is touched."""
     role, hub, _ = trainer
     peer = _server(tmp_path, hub, HONEST, role, HONEST, version=5, digest="ab" * 32)
     assert not role._resync(peer)

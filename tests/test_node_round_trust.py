@@ -1,5 +1,5 @@
 """Only trainer-set members take part in a PULSELoCo round, and no payload beyond the value bound
-is kept, signed or applied (``trainer/round_trust.py``, ``trainer/agreement.py``, ``loco/bound.py``).
+is kept, signed or applied (``trainer/round_peers.py``, ``trainer/agreement.py``, ``loco/bound.py``).
 
 Agreements of trainers under real libp2p peer ids on one in-memory hub, stepped by hand: a peer
 with a fresh key announcing the trainer role cannot get a payload into a round, park payloads,
@@ -15,11 +15,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from pulse_node.chain.admission import Admission
 from pulse_node.chain.identity import Identity
 from pulse_node.chain.peer import PeerStatus
 from pulse_node.chain.serving import store_resolver
 from pulse_node.chain.store import VersionStore
-from pulse_node.chain.trainerset import Admission
 from pulse_node.config import TrainerConfig
 from pulse_node.daemon.context import RoleContext
 from pulse_node.daemon.status import NodeStatus
@@ -100,7 +100,7 @@ def test_a_non_member_cannot_contribute_park_decide_nor_be_waited_for(keyed):
     st = _status(ag)
     assert st.loco_refused == {"not_member": 2}
     assert st.decisions_refused == {"not_member": 1, "bad_decision": 1} and st.decisions_rejected == 2
-    assert ag.gate.trust.strikes[fake] == 3 and ag.gate.banned(fake), "the non-member was not struck"
+    assert ag.ctx.book.strikes[fake] == 3 and ag.peers.banned(fake), "the non-member was not struck"
     assert ROUND not in ag.decisions
     ag.offer_payload(fake, _payload(fake)[1])  # banned now: dropped unread, counted, no error
     assert _status(ag).loco_refused == {"not_member": 2, "banned": 1} and fake not in ag.inbox[ROUND]

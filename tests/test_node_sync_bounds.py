@@ -18,13 +18,14 @@ from test_chain_synth import TRAINER, states_equal
 from pulse_node.chain.identity import Identity
 from pulse_node.chain.record import encode_record, make_record
 from pulse_node.chain.serving import store_resolver
-from pulse_node.chain.trainerset import TrainerSet
-from pulse_node.chain.trust import TrustPolicy
 from pulse_node.config import NetConfig
 from pulse_node.daemon.transport import Event
 from pulse_node.errors import IntegrityError
 from pulse_node.inference.anchor_load import load_anchor
 from pulse_node.inference.syncer import VersionSync
+from pulse_node.peers.book import PeerBook
+from pulse_node.peers.outcomes import Lied
+from pulse_node.peers.trainerset import TrainerSet
 from pulse_node.testing.adversaries import OVERSIZE_BYTES, LyingServer, announce, peer_id
 from pulse_node.testing.faults import ForgedChain
 from pulse_node.testing.memory import MemoryHub
@@ -39,8 +40,8 @@ def served(tmp_path_factory) -> Path:
     return store.root
 
 
-def _trust() -> TrustPolicy:
-    return TrustPolicy(TrainerSet(run_id="run-s", keys=[TRAINER.public_key_hex]))
+def _trust() -> PeerBook:
+    return PeerBook(TrainerSet(run_id="run-s", keys=[TRAINER.public_key_hex]))
 
 
 def _syncer(tmp_path: Path, hub: MemoryHub, *, at: int, **kw) -> VersionSync:
@@ -74,7 +75,7 @@ def test_claimed_versions_are_no_target_until_a_member_signed_record_is_verified
         applied = sync.step(list(hub.records.values()))
         assert [r.version for r in applied] == [15, 16] and sync.target() == 16
         assert len(sync.first_seen) <= sync.window + 1 and max(sync.hints.values()) == 16
-        assert sync.trust.strikes[peer_id(stranger)] == 1 and peer_id(TRAINER) not in sync.trust.strikes
+        assert sync.book.strikes[peer_id(stranger)] == 1 and peer_id(TRAINER) not in sync.book.strikes
     finally:
         sync.close()
 
@@ -93,7 +94,7 @@ def test_every_download_is_capped_by_its_signed_size_and_the_liar_struck(served,
         for _ in range(3):
             applied += sync.step(list(hub.records.values()))
         assert applied and applied[-1].version == 24 and states_equal(sync.state, STATES[24])
-        assert sync.trust.strikes[peer_id(EVE)] >= 1
+        assert sync.book.strikes[peer_id(EVE)] >= 1
         assert liar.served["patch"] + liar.served["catchup"] >= 1
         assert sync.transport.bytes_in < OVERSIZE_BYTES, "an oversized body was read"
     finally:
@@ -103,9 +104,9 @@ def test_every_download_is_capped_by_its_signed_size_and_the_liar_struck(served,
     peer = announce(hub2, EVE, big_record, role="trainer", version=24)
     sync = _syncer(tmp_path / "2", hub2, at=14)
     try:
-        with pytest.raises(IntegrityError, match="signed record allows"):
-            sync._fetch_record(peer, 15)
-        assert sync.trust.strikes[peer.peer_id] == 1
+        got = sync.book.ask(peer.peer_id, lambda: sync._fetch_record(peer, 15))  # as every fetch is asked
+        assert isinstance(got, Lied) and "signed record allows" in got.why
+        assert sync.book.strikes[peer.peer_id] == 1
     finally:
         sync.close()
 
@@ -120,18 +121,19 @@ def test_a_bad_anchor_piece_blames_exactly_the_peer_that_sent_it(served, tmp_pat
     header_liar = announce(hub, header_liar_id, LyingServer(served, tmp_path / "h", lies={"anchor": "bad_header"}),
                            role="inference", version=24, anchors=(20,))
     me = hub.join("me", lambda kind, params: None)
-    trust = _trust()
+    book = _trust()
     # the honest peer serves the header; the data piece is asked of the chunk liar first
-    loaded = load_anchor(me, trust, rec, honest, [honest, chunk_liar], tmp_path, timeout=30)
+    loaded = load_anchor(me, book, rec, honest, [honest, chunk_liar], tmp_path, timeout=30)
     assert loaded.record == rec and loaded.state is not None and states_equal(loaded.state, STATES[20])
-    assert dict(trust.strikes) == {chunk_liar.peer_id: 1}
-    with pytest.raises(IntegrityError, match="header"):
-        load_anchor(me, trust, rec, header_liar, [header_liar, honest], tmp_path, timeout=30)
-    assert trust.strikes[header_liar.peer_id] == 1 and honest.peer_id not in trust.strikes
+    assert dict(book.strikes) == {chunk_liar.peer_id: 1}
+    got = book.ask(header_liar.peer_id,  # the primary's bad header is its lie, judged by whoever asked it
+                   lambda: load_anchor(me, book, rec, header_liar, [header_liar, honest], tmp_path, timeout=30))
+    assert isinstance(got, Lied) and "header" in got.why
+    assert book.strikes[header_liar.peer_id] == 1 and honest.peer_id not in book.strikes
     unbound = CHAIN[10][0].__class__(**{**CHAIN[10][0].__dict__, "anchor_manifest": b""})
     before = me.bytes_in
     with pytest.raises(IntegrityError, match="no manifest"):
-        load_anchor(me, trust, unbound, honest, [honest], tmp_path, timeout=30)
+        load_anchor(me, book, unbound, honest, [honest], tmp_path, timeout=30)
     assert me.bytes_in == before, "an anchor without a signed size was downloaded"
 
 
@@ -152,10 +154,10 @@ def test_a_holder_answering_with_a_forged_or_no_record_is_struck_a_silent_one_is
                       role="inference", version=24, anchors=(20,))
     silent = announce(hub, Identity.generate(), lambda kind, params: None, role="inference", version=24, anchors=(20,))
     me = hub.join("me", lambda kind, params: None)
-    trust = _trust()
-    got = load_anchor(me, trust, rec, honest, [honest, forger, junker, silent], tmp_path, timeout=30)
+    book = _trust()
+    got = load_anchor(me, book, rec, honest, [honest, forger, junker, silent], tmp_path, timeout=30)
     assert got.state is not None and states_equal(got.state, STATES[20])
-    assert dict(trust.strikes) == {forger.peer_id: 1, junker.peer_id: 1}
+    assert dict(book.strikes) == {forger.peer_id: 1, junker.peer_id: 1}
 
 
 def test_a_provider_answering_with_bytes_that_are_no_record_is_struck(served, tmp_path) -> None:
@@ -165,9 +167,9 @@ def test_a_provider_answering_with_bytes_that_are_no_record_is_struck(served, tm
     junker = announce(hub, EVE, lambda kind, params: junk_file, role="inference", version=24, lowest=0)
     sync = _syncer(tmp_path, hub, at=5)
     try:
-        with pytest.raises(IntegrityError, match="version 6"):
-            sync._fetch_record(junker, 6)
-        assert dict(sync.trust.strikes) == {junker.peer_id: 1}
+        got = sync.book.ask(junker.peer_id, lambda: sync._fetch_record(junker, 6))
+        assert isinstance(got, Lied) and "version 6" in got.why
+        assert dict(sync.book.strikes) == {junker.peer_id: 1}
     finally:
         sync.close()
 
@@ -186,8 +188,8 @@ def test_banned_peers_provide_no_anchor_pieces(served, tmp_path) -> None:
                        _trust(), net=NetConfig())
     try:
         for _ in range(3):
-            sync.trust.strike(rogue.peer_id)
-        assert sync.trust.ignored(rogue.peer_id)
+            sync.book.judge(rogue.peer_id, Lied())
+        assert sync.book.ignored(rogue.peer_id)
         sync.step(list(hub.records.values()))
         assert sync.counters.anchor_loads == 1 and sync.record.version == 24
         assert liar.served == {}, "a banned peer was asked for anchor pieces"
@@ -201,5 +203,5 @@ def test_a_store_of_another_run_is_refused_with_a_clear_error(tmp_path) -> None:
     store = fill(tmp_path / "other", 3)  # versions of run "run-s"
     with pytest.raises(ConfigError, match="holds versions of run 'run-s', not 'run-x'"):
         VersionSync(store, MemoryHub().join("me", lambda kind, params: None),
-                    TrustPolicy(TrainerSet(run_id="run-x", keys=[TRAINER.public_key_hex])), net=NetConfig())
+                    PeerBook(TrainerSet(run_id="run-x", keys=[TRAINER.public_key_hex])), net=NetConfig())
     store.close()

@@ -33,7 +33,7 @@ def test_forged_versions_are_rejected_and_rogue_ignored(inprocess_swarm, node_cf
     assert applied and all(trainer[h.version] == h.state_hash for h in applied)
     assert max(h.version for h in applied) < 1000
     # The rogue is a peer without standing: it is asked only where members cannot serve
-    # (net/peers/standing.py), so whether it is asked for a file depends on timing. What it pushes
+    # (peers/standing.py), so whether it is asked for a file depends on timing. What it pushes
     # is always looked at: each forged head it pushes is rejected and strikes it, the third bans it.
     rogue, forged = inprocess_swarm.hub.join("rogue", lambda kind, params: None), ForgedChain(DEFAULT_RUN_ID)
     me = next(p for p in inprocess_swarm.hub.records.values() if p.role == "inference" and p.peer_id != "rogue")
@@ -47,11 +47,11 @@ def test_forged_versions_are_rejected_and_rogue_ignored(inprocess_swarm, node_cf
 def test_forged_head_announcement_is_no_hint_and_strikes_its_sender(tmp_path):
     from pulse_node.chain.record import encode_record
     from pulse_node.chain.store import VersionStore
-    from pulse_node.chain.trainerset import TrainerSet
-    from pulse_node.chain.trust import TrustPolicy
     from pulse_node.config import NetConfig
     from pulse_node.daemon.transport import Event
     from pulse_node.inference.syncer import VersionSync
+    from pulse_node.peers.book import PeerBook
+    from pulse_node.peers.trainerset import TrainerSet
     from pulse_node.testing.faults import ForgedChain
     from pulse_node.testing.memory import MemoryHub
 
@@ -59,42 +59,43 @@ def test_forged_head_announcement_is_no_hint_and_strikes_its_sender(tmp_path):
     honest, forged = ForgedChain("run", trainer), ForgedChain("run")  # signed by the trainer / by nobody trusted
     store = VersionStore(tmp_path / "store")
     sync = VersionSync(store, MemoryHub().join("me", lambda kind, params: None),
-                       TrustPolicy(TrainerSet(run_id="run", keys=[trainer.public_key_hex])), net=NetConfig())
+                       PeerBook(TrainerSet(run_id="run", keys=[trainer.public_key_hex])), net=NetConfig())
     try:
         sync.take_events([Event("head", "rogue", encode_record(forged.record(50)), 0.0),
                           Event("head", "peer", encode_record(honest.record(7)), 0.0)])
         sync.step([])
         assert sync.hints == {"peer": 7} and sync.target() == 7  # the forged v50 is no target
-        assert sync.trust.strikes["rogue"] == 1 and "peer" not in sync.trust.strikes
+        assert sync.book.strikes["rogue"] == 1 and "peer" not in sync.book.strikes
     finally:
         sync.close()
         store.close()
 
 
-def test_bans_end_and_grow_so_a_flaky_honest_peer_comes_back(monkeypatch):
-    """``max_strikes`` rejections ban a sender for ``ban_s``; each further ban doubles, capped."""
-    from pulse_node.chain import trust as trust_mod
+def test_bans_end_and_grow_so_a_flaky_honest_peer_comes_back():
+    """``max_strikes`` lies ban a sender for ``ban_s``; each further ban doubles, capped."""
+    from pulse_node.peers.book import PeerBook
+    from pulse_node.peers.outcomes import Lied
+    from pulse_node.peers.strikes import Strikes
+    from pulse_node.peers.trainerset import TrainerSet
 
     now = [1000.0]
-    monkeypatch.setattr(trust_mod.time, "monotonic", lambda: now[0])
-    from pulse_node.chain.trainerset import TrainerSet
-
-    policy = trust_mod.TrustPolicy(TrainerSet(run_id="r"), max_strikes=3, ban_s=60.0, max_ban_s=200.0)
+    book = PeerBook(TrainerSet(run_id="r"), strikes=Strikes(max_strikes=3, ban_s=60.0, max_ban_s=200.0,
+                                                            clock=lambda: now[0]))
     for _ in range(2):
-        policy.strike("peer")
-    assert not policy.ignored("peer")
-    policy.strike("peer")
-    assert policy.ignored("peer") and policy.bans["peer"] == 1
+        book.judge("peer", Lied())
+    assert not book.ignored("peer")
+    book.judge("peer", Lied())
+    assert book.ignored("peer") and book.bans["peer"] == 1
     now[0] += 61
-    assert not policy.ignored("peer"), "a served ban must end"
+    assert not book.ignored("peer"), "a served ban must end"
     for expected_ban in (120.0, 200.0, 200.0):  # doubled, then capped
         for _ in range(3):
-            policy.strike("peer")
+            book.judge("peer", Lied())
         now[0] += expected_ban - 1
-        assert policy.ignored("peer")
+        assert book.ignored("peer")
         now[0] += 2
-        assert not policy.ignored("peer")
-    assert policy.strikes["peer"] == 12 and policy.rejected == 12 and not policy.ignored("other")
+        assert not book.ignored("peer")
+    assert book.strikes["peer"] == 12 and book.rejected == 12 and not book.ignored("other")
 
 
 @pytest.mark.slow
@@ -102,7 +103,7 @@ def test_an_admitted_trainer_is_followed_by_nodes_that_trust_only_the_admitting_
     """The operator's key A (offline here) signs trainer B into the set; an inference node that
     is configured with A's key alone learns B's admission from B's discovery record, verifies it
     against A, and follows B's chain; its status says it is keyed, not open."""
-    from pulse_node.chain.trainerset import Admission
+    from pulse_node.chain.admission import Admission
 
     operator = Identity.generate()
     b_key = Identity.load_or_create(tmp_path / "tb" / "identity.key").public_key_hex

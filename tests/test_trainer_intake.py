@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from pulse_node.chain.trainerset import TrainerSet
-from pulse_node.chain.trust import TrustPolicy
+from pulse_node.peers.book import PeerBook
+from pulse_node.peers.outcomes import Lied
+from pulse_node.peers.strikes import Strikes
+from pulse_node.peers.trainerset import TrainerSet
 from pulse_node.rl.config import VerifyConfig
 from pulse_node.trainer.intake import RolloutIntake
 
@@ -11,7 +13,7 @@ KIB = 1 << 10
 
 
 def intake(**cfg) -> RolloutIntake:
-    return RolloutIntake(VerifyConfig(**({"max_queued_bytes": 64 * KIB, "max_total_bytes": 256 * KIB} | cfg)), trust=TrustPolicy(TrainerSet(run_id="r")))
+    return RolloutIntake(VerifyConfig(**({"max_queued_bytes": 64 * KIB, "max_total_bytes": 256 * KIB} | cfg)), book=PeerBook(TrainerSet(run_id="r")))
 
 
 def drain(q: RolloutIntake) -> list[tuple[str, bytes]]:
@@ -60,7 +62,7 @@ def test_total_cap_evicts_from_the_largest_queue() -> None:
 
 
 def test_strikes_ban_a_sender_and_are_tallied() -> None:
-    q = RolloutIntake(VerifyConfig(), trust=TrustPolicy(TrainerSet(run_id="r"), max_strikes=3, ban_s=60))
+    q = RolloutIntake(VerifyConfig(), book=PeerBook(TrainerSet(run_id="r"), strikes=Strikes(max_strikes=3, ban_s=60)))
     for reason in ("not_sampled", "wrong_reward"):
         q.refused("liar", reason, strike=True)
     q.refused("liar", "stale", strike=False)
@@ -82,8 +84,8 @@ def test_batches_queued_before_a_ban_are_dropped_unverified() -> None:
     for i in range(5):
         q.offer("liar", b"l%d" % i)
     q.offer("honest", b"h0")
-    for _ in range(q.trust.max_strikes):
-        q.trust.strike("liar")
+    for _ in range(3):
+        q.book.judge("liar", Lied())
     assert drain(q) == [("honest", b"h0")]
     t = q.tallies()["liar"]
     assert t.rejected == {"banned": 5} and t.queued == 0 and q.total_bytes == 0

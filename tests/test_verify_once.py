@@ -27,14 +27,14 @@ from pulse_node.chain.peer import PeerStatus, Serves
 from pulse_node.chain.record import VersionRecord
 from pulse_node.chain.serving import store_resolver
 from pulse_node.chain.store import VersionStore
-from pulse_node.chain.trainerset import TrainerSet
-from pulse_node.chain.trust import TrustPolicy
 from pulse_node.chain.verified import VerifiedVersion
 from pulse_node.codec.header import unpack_header
 from pulse_node.codec.state import State
 from pulse_node.codec.statehash import state_hash
 from pulse_node.config import ChainConfig, NetConfig
 from pulse_node.inference.syncer import VersionSync
+from pulse_node.peers.book import PeerBook
+from pulse_node.peers.trainerset import TrainerSet
 from pulse_node.rl.config import ModelConfig
 from pulse_node.rl.policy import build_tiny
 from pulse_node.testing.adversaries import peer_id
@@ -115,8 +115,8 @@ def chain(tmp_path: Path) -> tuple[Trainer, VersionSync, list[State]]:
     me = Identity.generate()
     transport = hub.join(peer_id(me), lambda kind, params: None)
     transport.publish(PeerStatus(role="inference", node_key=me.public_key_hex))
-    trust = TrustPolicy(TrainerSet(run_id=RUN, keys=[TRAINER.public_key_hex]))
-    sync = VersionSync(VersionStore(tmp_path / "inference"), transport, trust, net=NetConfig(), catchup_min_gap=0)
+    book = PeerBook(TrainerSet(run_id=RUN, keys=[TRAINER.public_key_hex]))
+    sync = VersionSync(VersionStore(tmp_path / "inference"), transport, book, net=NetConfig(), catchup_min_gap=0)
     yield trainer, sync, _tiny_states(12)
     sync.close()
     sync.store.close()
@@ -207,7 +207,7 @@ def test_a_verified_version_is_made_only_by_the_gate_and_the_publisher() -> None
     with pytest.raises(TypeError, match="trust gate"):
         VerifiedVersion(record)  # type: ignore[arg-type]
     package = Path(__file__).resolve().parent.parent / "pulse_node"
-    allowed = {"seal_checked": {"chain/trust.py", "chain/verified.py"},
+    allowed = {"seal_checked": {"chain/gate.py", "chain/verified.py"},
                "sign_version": {"trainer/publisher.py", "chain/verified.py"},
                "seal_streamed": {"inference/streaming.py", "chain/verified.py"}}
     for path in sorted(package.rglob("*.py")):

@@ -4,8 +4,8 @@
 addresses, head version, what it serves, counters, its key and a trainer's admission);
 ``PeerRecord`` is the whole announcement, that status plus the fields its DHT worker owns (peer
 id, DHT addresses, session nonce, time). Discovery hands every layer ``PeerRecord``s: the roles
-(whom to fetch from, push to, wait for), the trust policy and the trainer set (``chain/trust.py``,
-``chain/trainerset.py``: who is a member, which admissions are carried), the transports. The DHT
+(whom to fetch from, push to, wait for), the peer book and its trainer set (``peers/book.py``,
+``peers/trainerset.py``: who is a member, which admissions are carried), the transports. The DHT
 stores them (``net/dht/records.py``: keys, encoding, the bounded read).
 
 Every claim in a record is bound to its publisher: the record is signed by the key its peer id
@@ -27,7 +27,7 @@ from pulse_node.chain.identity import key_of_peer_id
 from pulse_node.errors import WireError
 
 SCHEMA_VERSION: Literal[1] = 1
-#: a trainer's admission to the trainer set (``chain/trainerset.py``), as carried in its record
+#: a trainer's admission to the trainer set (``chain/admission.py``), as carried in its record
 MAX_ADMISSION_BYTES = 4096
 #: a peer's ``head`` / ``lowest`` when it holds / serves no version
 NO_VERSION = -1

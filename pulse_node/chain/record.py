@@ -262,7 +262,7 @@ def verify_record(r: VersionRecord, *, run_id: str | None, trusted_signers: Coll
 def recheck_record(r: VersionRecord, *, run_id: str | None, trusted_signers: Collection[str] | None,
                    parent: VersionRecord | None = None) -> None:
     """``verify_record`` without the signature: only for a record EQUAL to one whose signature was
-    verified (``TrustPolicy`` keeps them), whose run, signer and parent may be asked about anew."""
+    verified (``VersionGate`` keeps them), whose run, signer and parent may be asked about anew."""
     _check_record(r, run_id=run_id, trusted_signers=trusted_signers, parent=parent, signature=False)
 
 

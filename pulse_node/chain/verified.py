@@ -6,7 +6,7 @@ header parsed once and bound to the record's state hash: a ``codec.patch.ParsedP
 full state hashed to the record's state hash. Each check runs once, where the version enters the
 node, and the proof travels with the version instead of being redone downstream:
 
-- ``TrustPolicy.admit`` (``chain/trust.py``), the trust gate of every record a peer sends: run,
+- ``VersionGate.admit`` (``chain/gate.py``), the trust gate of every record a peer sends: run,
   member signer, signature (once per record: a record equal to one it verified is not verified
   again), version step, equivocation, the patch digest (a mismatch strikes the sender), then
   ``seal_checked`` here (header, state hash);
@@ -20,7 +20,7 @@ node, and the proof travels with the version instead of being redone downstream:
 Misuse is made hard: the constructor needs a key private to this module (``VerifiedVersion(...)``
 anywhere else raises ``TypeError``), and the two functions that take the caller's word for part of
 the proof (``seal_checked``: the record and digest were checked by the trust gate;
-``sign_version``: the state hash is the publisher's own) may be called only by ``chain/trust.py``
+``sign_version``: the state hash is the publisher's own) may be called only by ``chain/gate.py``
 and ``trainer/publisher.py`` (``tests/test_verify_once.py`` fails on any other caller in
 ``pulse_node/``). A ``VerifiedVersion`` is immutable; its ``state``, when present, is the caller's
 arrays at sealing time (an in-place apply mutates them later), so it is handed on at once.
@@ -62,7 +62,7 @@ class VerifiedVersion:
 
     def __post_init__(self, key: object) -> None:
         if key is not _KEY:
-            raise TypeError("a VerifiedVersion is made only by the trust gate (TrustPolicy.admit, "
+            raise TypeError("a VerifiedVersion is made only by the trust gate (VersionGate.admit, "
                             "chain.verified.verify_version) or the trainer's publisher (sign_version)")
 
     @property
@@ -81,7 +81,7 @@ def seal_checked(record: VersionRecord, *, patch: bytes | ParsedPatch | None = N
                  state: State | None = None) -> VerifiedVersion:
     """Seal a record the caller verified (run, signer, signature, chain) with its patch, whose size
     and digest the caller checked against it too: the header is parsed here, once, and must name
-    the record's state; a ``state`` is hashed here, once. Only ``chain/trust.py`` calls this.
+    the record's state; a ``state`` is hashed here, once. Only ``chain/gate.py`` calls this.
 
     ``PatchError`` (malformed header), ``IntegrityError`` (header or state of another version).
     """

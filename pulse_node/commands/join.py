@@ -8,7 +8,7 @@
 Under torchrun (``WORLD_SIZE`` > 1) a trainer runs on every process: rank 0 is the node and
 the other ranks compute for it (``trainer/distributed.py``).
 
-Before anything starts, ``trust_gate`` checks the trainer set (``chain/trainerset.py``): a node
+Before anything starts, ``trust_gate`` checks the trainer set (``peers/trainerset.py``): a node
 whose bootstrap is not on this machine refuses to start without trainer keys (anyone could then
 sign the versions it applies) unless ``--open-swarm-trust-anyone`` (``chain.open_swarm``) says
 so, which prints a warning banner; a trainer whose own key is neither configured nor admitted
@@ -113,8 +113,8 @@ def trust_gate(cfg) -> str | None:
     from pathlib import Path
 
     from pulse_node.chain.identity import Identity
-    from pulse_node.chain.trainerset import TrainerSet
     from pulse_node.errors import ConfigError
+    from pulse_node.peers.trainerset import TrainerSet
 
     trainers = TrainerSet.from_config(cfg.chain, run_id=cfg.run_id)
     if trainers.open:

@@ -6,7 +6,7 @@
     #   chain.admission_file = "admission.bin"; every node verifies it against its own trainer set
     pulse-node trainers show admission.bin [--trusted KEY ...] [--quorum K]
 
-The file is a declared, versioned, signed struct (``chain/trainerset.py`` ``Admission``): the
+The file is a declared, versioned, signed struct (``chain/admission.py`` ``Admission``): the
 run id, the new key, and each member's Ed25519 signature over both. Nothing in it is trusted by
 itself: a node counts only endorsements by members of the set it already trusts.
 """
@@ -36,10 +36,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from pulse_node.chain.admission import Admission, check_key
     from pulse_node.chain.identity import Identity, key_id_of
-    from pulse_node.chain.trainerset import Admission, TrainerSet, check_key
     from pulse_node.errors import ConfigError, IntegrityError, WireError
     from pulse_node.fsutil import write_atomic
+    from pulse_node.peers.trainerset import TrainerSet
 
     path = Path(args.file)
     try:
@@ -62,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
             print("the key is already one of the given keys (no admission needed)")
             return 0
         try:
-            members.admit(adm)
+            members.check(adm)
         except (IntegrityError, ValueError) as exc:
             print(f"does NOT verify: {exc}")
             return 1

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -15,12 +16,15 @@ from pulse_node.chain.identity import Identity
 from pulse_node.chain.peer import PeerRecord, PeerStatus, Serves
 from pulse_node.chain.store import VersionStore
 from pulse_node.config import InferenceConfig, TrainerConfig
-from pulse_node.daemon.fanout import Fanout
+from pulse_node.daemon.fanout import Fanout, OnError
 from pulse_node.daemon.status import NodeStatus
 from pulse_node.daemon.status_model import StandingReport
 from pulse_node.daemon.transport import Transport
 from pulse_node.errors import PulseError
-from pulse_node.net.peers.standing import PUSH_UNKNOWN, VIEW_UNKNOWN, Standing
+from pulse_node.peers.book import PeerBook
+from pulse_node.peers.outcomes import Unreached
+from pulse_node.peers.standing import PUSH_UNKNOWN, VIEW_UNKNOWN
+from pulse_node.peers.view import PeerView
 from pulse_node.vocab import PushKind
 
 #: records of trainers carrying an admission read beyond the view's newcomers, at most
@@ -43,12 +47,23 @@ class RoleContext(Generic[C]):
     stop: threading.Event = field(default_factory=threading.Event)
     log: logging.Logger = field(default_factory=lambda: logging.getLogger("pulse.node"))
     admission: bytes | None = None  # this trainer's admission to the trainer set, published in its record
-    #: what this node saw each peer do (``net/peers/standing.py``): orders views, pushes and fetches
-    standing: Standing = field(default_factory=Standing)
+    #: what this node thinks of every peer (``peers/book.py``): built from ``cfg`` unless given
+    _book: PeerBook | None = field(default=None, repr=False)
     _fanout: Fanout | None = field(default=None, repr=False)
     _last_view: tuple[int, int, int] = (0, 0, 0)
     _view: list[PeerRecord] = field(default_factory=list, repr=False)
-    _view_key: tuple | None = field(default=None, repr=False)
+    _view_key: tuple[tuple[PeerRecord, ...], int, int] | None = field(default=None, repr=False)
+    _told: PeerView | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if self._book is None:
+            self._book = PeerBook.for_node(self.cfg)
+
+    @property
+    def book(self) -> PeerBook:
+        """What this node thinks of every peer (``peers/book.py``); one per node, shared by its roles."""
+        assert self._book is not None
+        return self._book
 
     def peers(self, role: str | None = None) -> list[PeerRecord]:
         """Live peers from discovery (never ourselves), optionally of one role: the view.
@@ -57,37 +72,52 @@ class RoleContext(Generic[C]):
         standing (this node's draw, turning over every few seconds) and a few trainers carrying
         an admission (so an admitted trainer is learned); however many records fresh keys
         publish, the view holds the same honest peers."""
-        me = self.transport.peer_id
+        me, book = self.transport.peer_id, self.book
         found = tuple(p for p in self.transport.peers() if p.peer_id != me)
-        key = (found, self.standing.changes, self.standing.epoch())
-        if self._view_key != key:  # a flood makes ordering cost: once per change, not per call
-            self.standing.seen(p.peer_id for p in found)
-            prefer = getattr(self.transport, "prefer", None)
-            if prefer is not None:
-                prefer(self.standing.known_ids())
-            view = self.standing.order(found, quota=VIEW_UNKNOWN)
+        if self._view_key != (found, book.changes, book.epoch()):  # a flood makes ordering cost: once per change
+            book.observe(found)
+            self._tell_view()
+            view = book.order(list(found), quota=VIEW_UNKNOWN)
             taken = {p.peer_id for p in view}
             claims = [p for p in found if p.role == "trainer" and p.admission and p.peer_id not in taken]
-            view += self.standing.order(claims, quota=MAX_ADMISSION_CLAIMS)
-            self._last_view = (len(found), len(view), sum(not self.standing.known(p.peer_id) for p in view))
-            self._view, self._view_key = view, (found, self.standing.changes, self.standing.epoch())
+            view += book.order(claims, quota=MAX_ADMISSION_CLAIMS)
+            self._last_view = (len(found), len(view), sum(not book.known(p.peer_id) for p in view))
+            self._view, self._view_key = view, (found, book.changes, book.epoch())
         return [p for p in self._view if role is None or p.role == role]
 
-    def push_in_background(self, kind: PushKind, data: bytes, peers: list[PeerRecord]) -> None:
-        """Push to ``peers`` without waiting (``daemon/fanout.py``): members and peers with
-        standing on one lane, at most ``PUSH_UNKNOWN`` others on their own (a silent newcomer
-        never delays the next head to the others); a newer push of ``kind`` replaces a waiting
-        one; a peer whose push fails is demoted."""
+    def _tell_view(self) -> None:
+        """Tell the transport's workers the book's view (``peers/view.py``) when it changed."""
+        view = self.book.view()
+        if view == self._told:
+            return
+        try:
+            self.transport.set_view(view)
+            self._told = view
+        except PulseError as exc:  # the workers keep the last view told
+            self.log.warning("telling the data plane the peer view failed: %s", exc)
+
+    def push_in_background(self, kind: PushKind, data: bytes, peers: list[PeerRecord], *, job: str | None = None,
+                           timeout: float | None = None, newcomers: int = PUSH_UNKNOWN,
+                           on_error: OnError | None = None, on_sent: Callable[[PeerRecord], None] | None = None) -> None:
+        """Push to ``peers`` without waiting (``daemon/fanout.py``, the node's one pusher): members
+        and peers with standing on one lane, at most ``newcomers`` others on their own (a silent
+        newcomer never delays the next head to the others); a newer job of the same name (default
+        ``kind``) replaces a waiting one; a peer whose push fails is demoted (``Unreached``)."""
         if self._fanout is None:
-            self._fanout = Fanout(self.transport, order=lambda ps: self.standing.order(ps, quota=PUSH_UNKNOWN),
-                                  known=self.standing.known,
-                                  on_error=lambda peer, _exc: self.standing.failed(peer.peer_id))
-        self._fanout.submit(kind, data, peers)
+            book = self.book
+
+            def unreached(peer: PeerRecord, exc: PulseError) -> None:
+                book.judge(peer.peer_id, Unreached(str(exc)))
+
+            self._fanout = Fanout(self.transport, order=lambda ps, n: book.order(ps, quota=n), known=book.known,
+                                  on_error=unreached)
+        self._fanout.submit(kind, data, peers, job=job, timeout=timeout, newcomers=newcomers, on_error=on_error,
+                            on_sent=on_sent)
 
     def standing_report(self) -> StandingReport:
         found, view, newcomers = self._last_view
         pushes = self._fanout.counts if self._fanout is not None else {}
-        return StandingReport(found=found, view=view, newcomers_in_view=newcomers, **self.standing.summary(),
+        return StandingReport(found=found, view=view, newcomers_in_view=newcomers, **self.book.summary(),
                               **{f"pushes_{k}": int(pushes.get(k, 0)) for k in ("submitted", "superseded",
                                                                                 "failed", "skipped")})
 
@@ -110,23 +140,11 @@ class RoleContext(Generic[C]):
                            standing=self.standing_report())
         self.status.set_data_plane(self.transport.stats())
 
-    def share_members(self, peer_ids: frozenset[str]) -> None:
-        """Tell the transport's workers the trainer-set members' peer ids (``net/peers/budget.py``: their
-        own stream pool, larger shares); a transport without per-peer budgets ignores it."""
-        self.standing.set_members(peer_ids)
-        tell = getattr(self.transport, "set_members", None)
-        if tell is None:
-            return
-        try:
-            tell(sorted(peer_ids))
-        except PulseError as exc:  # budgets fall back to treating everyone as a non-member
-            self.log.warning("telling the data plane the trainer set failed: %s", exc)
-
     def with_cfg(self, cfg: D) -> RoleContext[D]:
         """This context with ``cfg`` narrowed to one role's config (same identity, store, transport,
         status and stop flag)."""
         return RoleContext(cfg=cfg, identity=self.identity, store=self.store, transport=self.transport,
-                           status=self.status, stop=self.stop, log=self.log, admission=self.admission)
+                           status=self.status, stop=self.stop, log=self.log, admission=self.admission, _book=self.book)
 
     def wait(self, seconds: float) -> bool:
         """Sleep up to ``seconds`` unless asked to stop; True if stopping."""

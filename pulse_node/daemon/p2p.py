@@ -20,7 +20,6 @@ from pulse_node import __version__
 from pulse_node.chain.anchor import Piece
 from pulse_node.chain.identity import Identity, peer_id_of_key
 from pulse_node.chain.peer import PeerCounters, PeerRecord, PeerStatus
-from pulse_node.chain.trainerset import TrainerSet
 from pulse_node.config import RoleConfig, TrainerConfig
 from pulse_node.daemon.background import Background
 from pulse_node.daemon.transport import AnchorFetch, DataPlane
@@ -31,6 +30,8 @@ from pulse_node.net.dht.rpc import PushPlaneStats
 from pulse_node.net.local import spool
 from pulse_node.net.wire.client import WireClient, WireConfig
 from pulse_node.net.wire.protocol import PUSH_CAPS, FetchRequest
+from pulse_node.peers.trainerset import TrainerSet
+from pulse_node.peers.view import PeerView
 from pulse_node.vocab import BudgetRefusal, Event, PushKind, check_push_kind
 
 log = logging.getLogger("pulse.p2p")
@@ -105,7 +106,7 @@ class P2PTransport:
 
     def _read_peers(self) -> None:
         prefer = list(dict.fromkeys(self._configured + self._members + self._standing))
-        # the view keeps a few newcomers only (net/peers/standing.py): reading more would cost CPU for nothing
+        # the view keeps a few newcomers only (peers/standing.py): reading more would cost CPU for nothing
         found = self.dht.peers(prefer=prefer, limit=len(prefer) + NEWCOMERS_READ)
         out = [r for r in found if not r.leaving and r.role != "bootstrap" and r.wire_maddrs]
         self._last_peers, self._peers_at = out, time.monotonic()
@@ -149,28 +150,24 @@ class P2PTransport:
             log.warning("loco push to %s over p2pd failed (%s); falling back to the wire", peer.peer_id[:12], exc)
         return max(1.0, timeout - (time.monotonic() - t0))
 
-    def prefer(self, peer_ids: list[str]) -> None:
-        """Peers with standing, best first (``net/peers/standing.py``): their records are read right
-        after the trainer set's, however many records fresh keys publish, and the wire worker
-        gives them their own shares (everyone else without membership shares the newcomers')."""
-        ids = list(peer_ids)[:256]
-        if self._told_standing is None or set(ids) != self._told_standing:
-            try:
-                self.wire.set_standing(ids)
-                self._told_standing = set(ids)
-            except PulseError as exc:  # budgets keep the last set told
-                log.warning("telling the data plane the peers with standing failed: %s", exc)
-        self._standing = ids
+    def set_view(self, view: PeerView) -> None:
+        """What the peer book thinks of peers (``peers/view.py``), to both workers: members get
+        their own stream pool and larger shares in each, peers with standing shares of their own
+        in the wire worker (everyone else shares the newcomers'); the members' and then the
+        standing peers' records are read right after the configured trainers', however many
+        records fresh keys publish."""
+        members, standing = sorted(view.members), list(view.standing)
+        if members != self._members:
+            self.wire.set_members(members)
+            if self.dht.config.accept_pushes:
+                self.dht.set_members(members)
+            self._members = members
+        if self._told_standing is None or set(standing) != self._told_standing:
+            self.wire.set_standing(standing)
+            self._told_standing = set(standing)
+        self._standing = standing
 
-    def set_members(self, peer_ids: list[str]) -> None:
-        """The trainer-set members' peer ids, to both workers (each serves members first); their
-        records are read first."""
-        self._members = list(peer_ids)
-        self.wire.set_members(peer_ids)
-        if self.dht.config.accept_pushes:
-            self.dht.set_members(peer_ids)
-
-    def cap_pushes(self, kind: str, cap: int) -> None:
+    def cap_pushes(self, kind: PushKind, cap: int) -> None:
         """Lower the cap of ``kind`` pushes to ``cap`` on the p2pd plane (the wire plane's is
         ``PUSH_CAPS``, already smaller than any model's payload bound needs to be)."""
         if self.dht.config.accept_pushes:

@@ -15,9 +15,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
+from pulse_node.chain.admission import read_admission
 from pulse_node.chain.identity import Identity
 from pulse_node.chain.store import VersionStore
-from pulse_node.chain.trainerset import TrainerSet, read_admission
 from pulse_node.config import RoleConfig
 from pulse_node.daemon.context import RoleContext
 from pulse_node.daemon.status import NodeStatus, StatusServer
@@ -65,11 +65,9 @@ def setup_logging(status: NodeStatus, level: str) -> None:
 def _status_writer(ctx: RoleContext, path: Path, every_s: float, worker_died: threading.Event) -> threading.Thread:
     """Writes status.json every ``every_s``; stops the node if a transport worker process died
     (the node cannot work without it; a supervisor restarts the whole node)."""
-    alive = getattr(ctx.transport, "alive", None)
-
     def loop() -> None:
         while not ctx.stop.wait(every_s):
-            if alive is not None and not alive():
+            if not ctx.transport.alive():
                 ctx.status.error("a worker process died; stopping the node")
                 ctx.log.error("a worker process died; stopping the node")
                 worker_died.set()
@@ -118,11 +116,10 @@ def run_node(cfg: RoleConfig, make_transport: TransportFactory, *, make_role: Ro
         status = NodeStatus(role=cfg.role, peer_id=transport.peer_id, run_id=cfg.run_id)
         setup_logging(status, cfg.log_level)
         server = StatusServer(status, host=cfg.metrics_host, port=cfg.metrics_port, healthy=lambda: not stop.is_set())
-        trainers = TrainerSet.from_config(cfg.chain, run_id=cfg.run_id)
+        ctx: RoleContext[RoleConfig] = RoleContext(cfg=cfg, identity=identity, store=store, transport=transport,
+                                                   status=status, stop=stop, admission=_admission(cfg, identity))
         status.update(metrics_url=server.url, node_key=identity.public_key_hex,
-                      trust_mode="open" if trainers.open else "keys", trainer_set=trainers.describe())
-        ctx: RoleContext[RoleConfig] = RoleContext(cfg=cfg, identity=identity, store=store, transport=transport, status=status, stop=stop,
-                          admission=_admission(cfg, identity))
+                      trust_mode="open" if ctx.book.open else "keys", trainer_set=ctx.book.describe())
         if install_signals:
             stop_on_signals(stop)
         status.write(data / "status.json")

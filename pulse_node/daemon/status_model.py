@@ -202,7 +202,7 @@ class EvalPoint(_Section):
 
 
 class StandingReport(_Section):
-    """How this node ranks peers (``net/peers/standing.py``): by what it saw them do, never by what
+    """How this node ranks peers (``peers/standing.py``): by what it saw them do, never by what
     their records claim; peers without standing share a fixed allotment together."""
 
     found: int = Field(0, ge=0, description="peers discovery returned (fresh keys included)")

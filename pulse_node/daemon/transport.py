@@ -17,6 +17,10 @@ one contract, checked on both by ``tests/test_net_transport_contract.py``:
   ``Event`` whose ``sender`` is the pushing transport's ``peer_id`` (authenticated by the
   transport, never claimed by the peer);
 - ``stats()`` is the status model's ``DataPlane`` (byte counters, refusals), not a free map;
+- ``set_view(view)`` tells the workers what the peer book thinks of peers (``peers/view.py``:
+  members and peers with standing get their own budgets), ``cap_pushes(kind, cap)`` lowers the
+  cap of a push kind before a body is read, ``alive()`` says whether the workers still run (an
+  in-memory transport has none: it keeps the view and caps, and is alive until closed);
 - a push kind outside the vocabulary (``vocab.py``), or a fetch request that is none of the
   ``FetchRequest`` structs, is refused with ``WireError`` before anything is sent;
 - every call is bounded by its ``timeout``.
@@ -35,6 +39,7 @@ from pulse_node.chain.peer import PeerRecord, PeerStatus
 from pulse_node.daemon.status_model import DataPlane
 from pulse_node.errors import PulseError
 from pulse_node.net.wire.protocol import FetchRequest
+from pulse_node.peers.view import PeerView
 from pulse_node.vocab import Event, PushKind
 
 __all__ = ["AnchorFetch", "DataPlane", "Event", "Fetch", "FetchRequest", "Transport", "push_to_all"]
@@ -105,4 +110,7 @@ class Transport(Protocol):
     def push(self, peer: PeerRecord, kind: PushKind, data: bytes, *, timeout: float) -> None: ...
     def events(self, *, max_items: int = 256, wait_s: float = 0.0) -> list[Event]: ...
     def stats(self) -> DataPlane: ...
+    def set_view(self, view: PeerView) -> None: ...
+    def cap_pushes(self, kind: PushKind, cap: int) -> None: ...
+    def alive(self) -> bool: ...
     def close(self) -> None: ...

@@ -4,7 +4,9 @@ The record of an anchor version names its file's manifest (``chain/anchor.py``).
 fetches the file's header from one provider (at most ``MAX_HEADER_BYTES``) and checks it against
 the manifest and the record, then downloads the rest from up to ``MAX_PROVIDERS`` peers at once
 (``Transport.fetch_anchor``), each signed piece checked as it arrives: a provider that sends a
-bad header or a bad piece is struck (and dropped from the download), honest ones are not. Strikes
+bad header or a bad piece is judged a liar by the peer book (and dropped from the download),
+honest ones are not (the primary's bad header raises ``IntegrityError`` to the caller, who asked
+it). Strikes
 are bound to the record: the primary served it; every other provider is asked for its own record
 of the version first and downloads from it only if that is the same record (chain hash and
 manifest), so a member signing a second record for an anchor cannot get the pieces of providers
@@ -26,15 +28,17 @@ from pathlib import Path
 import psutil
 
 from pulse_node.chain.anchor import MAX_HEADER_BYTES, AnchorManifest, check_header, header_length, pieces, split_header
+from pulse_node.chain.gate import SignedWrong
 from pulse_node.chain.layout import state_metadata
 from pulse_node.chain.peer import PeerRecord
 from pulse_node.chain.record import MAX_RECORD_BYTES, VersionRecord, decode_record
-from pulse_node.chain.trust import TrustPolicy
 from pulse_node.chain.verified import VerifiedVersion
 from pulse_node.codec.state import DTYPES, load_safetensors
 from pulse_node.daemon.transport import Transport
 from pulse_node.errors import IntegrityError, PatchError, PulseError, WireError
 from pulse_node.net.wire.protocol import AnchorRequest, RecordRequest
+from pulse_node.peers.book import PeerBook
+from pulse_node.peers.outcomes import Lied
 
 #: first read of an anchor: the header of any model up to a few thousand tensors
 HEADER_PROBE_BYTES = 64 << 10
@@ -101,14 +105,14 @@ def _range(transport: Transport, peer: PeerRecord, version: int, length: int, sc
         dest.unlink(missing_ok=True)
 
 
-def _serves(transport: Transport, trust: TrustPolicy, peer: PeerRecord, record: VersionRecord, scratch: Path, *,
+def _serves(transport: Transport, book: PeerBook, peer: PeerRecord, record: VersionRecord, scratch: Path, *,
             timeout: float) -> bool:
     """Whether ``peer`` serves exactly ``record`` for its version (same chain hash and manifest).
 
     A peer that does not answer is only not asked; one that answers with something that is no
     record of that version, or with a record no member signed, is struck (it announced the anchor
     and lied about it); one relaying a member's other signed record for the version is not (the
-    trust policy convicts that member of equivocation instead)."""
+    version gate's evidence convicts that member of equivocation instead)."""
     dest = scratch / f"anchor-{record.version}-{peer.peer_id[-16:]}.record"
     try:
         transport.fetch(peer, RecordRequest(version=record.version), dest, timeout=timeout, max_bytes=MAX_RECORD_BYTES)
@@ -119,57 +123,53 @@ def _serves(transport: Transport, trust: TrustPolicy, peer: PeerRecord, record: 
         dest.unlink(missing_ok=True)
     try:
         theirs = decode_record(data)
-    except WireError:
-        trust.strike(peer.peer_id)
+    except WireError as exc:
+        book.judge(peer.peer_id, Lied(f"no record of anchor {record.version}: {exc}"))
         return False
     if theirs.version != record.version:
-        trust.strike(peer.peer_id)
+        book.judge(peer.peer_id, Lied(f"record of {theirs.version} for anchor {record.version}"))
         return False
     if (theirs.chain_hash, theirs.anchor_manifest) == (record.chain_hash, record.anchor_manifest):
         return True
-    try:
-        trust.verify(theirs, sender=peer.peer_id)  # strikes the sender of a record no member signed
-    except IntegrityError:
-        pass
+    book.ask(peer.peer_id, lambda: book.gate.verify(theirs))  # a record no member signed is its lie
     return False
 
 
-def load_anchor(transport: Transport, trust: TrustPolicy, record: VersionRecord, primary: PeerRecord,
+def load_anchor(transport: Transport, book: PeerBook, record: VersionRecord, primary: PeerRecord,
                 holders: list[PeerRecord], scratch: Path, *, timeout: float,
                 dense_bytes: int | None = None) -> VerifiedVersion:
     """Anchor ``record`` (already verified: a member signed it for this run) with its state, hashed
-    once by the trust gate (``TrustPolicy.admit``): what ``VersionStore.put_anchor`` takes.
+    once by the version gate (``VersionGate.admit``): what ``VersionStore.put_anchor`` takes.
 
     ``primary`` serves the header; it and ``holders`` (peers announcing the anchor) serve pieces.
     ``dense_bytes``: the dense size of the state this node holds, if any (``anchor_room``).
-    ``IntegrityError`` (after striking the liar) or another ``PulseError`` if it cannot be had."""
+    ``IntegrityError`` (the primary's lie: a bad header), ``SignedWrong`` (what the member signed
+    is wrong: no manifest, or a state matching the manifest but not the signed state hash; no
+    provider lied) or another ``PulseError`` if it cannot be had; other providers that lied are
+    judged here."""
     manifest = record.manifest()
     if manifest is None:
-        raise IntegrityError(f"anchor {record.short()} carries no manifest; its size is not bound by a signature")
+        raise SignedWrong(f"anchor {record.short()} carries no manifest; its size is not bound by a signature")
     room = anchor_room(scratch, dense_bytes)
     if manifest.data_bytes > room:
         raise PatchError(f"anchor {record.short()} signs {manifest.data_bytes} data bytes; this node takes at "
                          f"most {room} (its model's dense size, else its free disk and memory)")
-    try:
-        header = fetch_header(transport, primary, record, scratch, timeout=min(timeout, 30.0))
-    except IntegrityError:
-        trust.strike(primary.peer_id)
-        raise
+    header = fetch_header(transport, primary, record, scratch, timeout=min(timeout, 30.0))
     others = [p for p in holders if p.peer_id != primary.peer_id][:MAX_PROVIDERS - 1]
-    providers = [primary, *[p for p in others if _serves(transport, trust, p, record, scratch,
+    providers = [primary, *[p for p in others if _serves(transport, book, p, record, scratch,
                                                           timeout=min(timeout, 10.0))]]
     dest = scratch / f"anchor-{record.version}.safetensors"
     try:
         result = transport.fetch_anchor(providers, version=record.version, pieces=pieces(header, manifest),
                                         dest=dest, timeout=timeout)
         for liar in result.bad_peers:
-            trust.strike(liar)
+            book.judge(liar, Lied(f"a piece of anchor {record.version} failing its signed digest"))
         if result.error:
             raise WireError(result.error)
         state = load_safetensors(dest)
     finally:
         dest.unlink(missing_ok=True)
     try:  # the record was verified by ``check``: no signature again, one hash of the state
-        return trust.admit(record, sender=primary.peer_id, state=state)
+        return book.gate.admit(record, state=state)
     except IntegrityError as exc:  # every piece matched: the signer's manifest is wrong, no provider
-        raise IntegrityError(f"anchor {record.short()} matches its manifest but not its state hash ({exc})") from None
+        raise SignedWrong(f"anchor {record.short()} matches its manifest but not its state hash ({exc})") from None

@@ -4,7 +4,7 @@
 versions behind (one catch-up patch ``base -> head`` instead of the patches, made on demand by a
 peer, ``chain/catchup_producer.py``), when nobody serves the next patch any more (a catch-up
 patch, else an anchor), and when it holds no state yet (the newest anchor, ``anchor_load.py``).
-Offers are tried in standing order (``net/peers/standing.py``): peers that delivered before, members,
+Offers are tried in the peer book's order (``peers/standing.py``): peers that delivered before, members,
 then at most ``FETCH_UNKNOWN`` peers without standing, so fresh keys announcing versions or
 anchors cost a few tries, not one per key. Every download is capped before a byte is read: a
 catch-up patch by twice the dense size of our own state, an anchor by its signed manifest.
@@ -17,12 +17,13 @@ import logging
 import random
 import time
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
+from pulse_node.chain.gate import VersionGate
 from pulse_node.chain.peer import PeerRecord
 from pulse_node.chain.record import VersionRecord
 from pulse_node.chain.store import VersionStore
-from pulse_node.chain.trust import TrustPolicy
 from pulse_node.chain.verified import apply_catchup_version
 from pulse_node.codec.inplace import Changes
 from pulse_node.codec.limits import patch_cap
@@ -30,15 +31,11 @@ from pulse_node.codec.state import State, state_nbytes
 from pulse_node.config import NetConfig
 from pulse_node.daemon.status_model import InferenceCounters
 from pulse_node.daemon.transport import Transport
-from pulse_node.errors import (
-    BusyError,
-    IntegrityError,
-    PatchError,
-    PulseError,
-)
+from pulse_node.errors import IntegrityError, PatchError
 from pulse_node.inference.anchor_load import load_anchor
-from pulse_node.net.peers.standing import FETCH_UNKNOWN, Standing
 from pulse_node.net.wire.protocol import CatchupRequest, FetchRequest
+from pulse_node.peers.book import PeerBook
+from pulse_node.peers.outcomes import Busy, Delivered, Fault
 
 log = logging.getLogger("pulse.sync")
 
@@ -67,9 +64,9 @@ class Recovery(abc.ABC):
 
     store: VersionStore
     transport: Transport
-    trust: TrustPolicy
+    book: PeerBook
+    gate: VersionGate
     net: NetConfig
-    standing: Standing
     record: VersionRecord | None
     state: State | None
     counters: InferenceCounters
@@ -146,47 +143,49 @@ class Recovery(abc.ABC):
         within each."""
         assert self.record is not None
         offers = [(p, min(p.head, head)) for p in peers if p.peer_id != self.transport.peer_id
-                  and not self.trust.ignored(p.peer_id) and min(p.head, head) - self.record.version >= min_gap]
+                  and min(p.head, head) - self.record.version >= min_gap]
         random.shuffle(offers)
         offers.sort(key=lambda o: -o[1])
-        return self.standing.providers(offers, quota=FETCH_UNKNOWN, key=lambda o: o[0].peer_id)
+        return self.book.providers(offers, key=lambda o: o[0].peer_id)
 
     def _catch_up(self, offers: list[Offer]) -> tuple[VersionRecord | None, Offer | None]:
         """Ask each (peer, target) for a catch-up patch from our version; returns (the record we
         caught up to, None) or (None, the first offer that answered busy, if any)."""
-        assert self.record is not None and self.state is not None
         busy = None
         for peer, target in offers:
-            try:
-                rec = self._fetch_record(peer, target, timeout=self._first_try(peer.peer_id))
-                if not self.trust.check(rec, sender=peer.peer_id):
-                    continue
-                patch = self._fetch(peer, CatchupRequest(base=self.record.version, target=target),
-                                    max_bytes=catchup_cap(self.state))
-                self._apply_catchup(peer, rec, patch)
-                self.standing.delivered(peer.peer_id)
-                return rec, None
-            except BusyError as exc:
+            got = self.book.ask(peer.peer_id, partial(self._caught_up_from, peer, target), then=Delivered())
+            if isinstance(got, Busy):
                 busy = busy or (peer, target)
-                log.info("catch-up from %s: %s", peer.peer_id[:12], exc)
-            except PulseError as exc:
+                log.info("catch-up from %s: %s", peer.peer_id[:12], got.why)
+            elif isinstance(got, Fault):
                 self.counters.catchup_misses += 1
-                self.standing.failed(peer.peer_id)
-                log.info("catch-up from %s failed: %s", peer.peer_id[:12], exc)
+                log.info("catch-up from %s failed: %s", peer.peer_id[:12], got.why)
+            elif got is not None:
+                return got, None
         return None, busy
 
-    def _apply_catchup(self, peer: PeerRecord, rec: VersionRecord, patch: bytes) -> None:
-        """Apply a catch-up patch to ``rec`` (checked by ``trust.check``): its header, parsed once,
-        names our state (else ``GapError``: another history, no lie) and ``rec``'s; the result is
-        hashed once; in place, and a failure leaves our version intact."""
+    def _caught_up_from(self, peer: PeerRecord, target: int) -> VersionRecord | None:
+        """Our state caught up to ``target`` with one patch from ``peer`` (None: no quorum yet)."""
         assert self.record is not None and self.state is not None
-        target = self.trust.admit(rec, sender=peer.peer_id)  # verified by check: no signature again
+        rec = self._fetch_record(peer, target, timeout=self._first_try(peer.peer_id))
+        if not self.gate.check(rec):
+            return None
+        patch = self._fetch(peer, CatchupRequest(base=self.record.version, target=target),
+                            max_bytes=catchup_cap(self.state))
+        self._apply_catchup(peer, rec, patch)
+        return rec
+
+    def _apply_catchup(self, peer: PeerRecord, rec: VersionRecord, patch: bytes) -> None:
+        """Apply a catch-up patch to ``rec`` (checked by ``gate.check``): its header, parsed once,
+        names our state (else ``GapError``: another history, no lie) and ``rec``'s; the result is
+        hashed once; in place, and a failure leaves our version intact. A patch that does not make
+        ``rec``'s state is the peer's lie (``IntegrityError``)."""
+        assert self.record is not None and self.state is not None
+        target = self.gate.admit(rec)  # verified by check: no signature again
         try:
             changes, reached = apply_catchup_version(self.state, patch, base=self.record, target=target)
-        except (IntegrityError, PatchError):
-            self.trust.strike(peer.peer_id)
-            self.standing.struck(peer.peer_id)
-            raise
+        except PatchError as exc:  # nothing signed this patch: a malformed one is its maker's
+            raise IntegrityError(f"catch-up patch from {peer.peer_id[:12]}: {exc}") from None
         try:
             self.store.put_current(reached)  # a restart resumes from here
         except BaseException:
@@ -203,7 +202,7 @@ class Recovery(abc.ABC):
     def _recover_from_anchor(self, peers: list[PeerRecord], head: int, *, above: int = -1) -> None:
         """Load the newest anchor above ``above`` that peers serve, bounded and checked by its signed
         record (``anchor_load.py``); at most ``MAX_ANCHOR_TRIES`` offers per call."""
-        live = [p for p in peers if not self.trust.ignored(p.peer_id) and p.peer_id != self.transport.peer_id]
+        live = [p for p in peers if p.peer_id != self.transport.peer_id]
         by_id = {p.peer_id: p for p in live}
         # only anchors at or below the verified head count (an announced one above it is no
         # version a member signed); the offers in standing order (members' and peers' that
@@ -212,25 +211,32 @@ class Recovery(abc.ABC):
         offers = [(a, p.peer_id) for p in live for a in set(p.anchors) if above < a <= head]
         random.shuffle(offers)
         offers.sort(key=lambda o: -o[0])
-        offers = self.standing.providers(offers, quota=FETCH_UNKNOWN, key=lambda o: o[1])
+        offers = self.book.providers(offers, key=lambda o: o[1])
         for anchor, pid in offers[:MAX_ANCHOR_TRIES]:
-            try:
-                rec = self._fetch_record(by_id[pid], anchor, timeout=self._first_try(pid))
-                if not rec.is_anchor:
-                    self.trust.strike(pid)  # it announced an anchor it does not hold
-                    continue
-                if not self.trust.check(rec, sender=pid):
-                    continue
-                holders = self.standing.providers([p for p in live if anchor in p.anchors], quota=FETCH_UNKNOWN)
-                anchor_version = load_anchor(self.transport, self.trust, rec, by_id[pid], holders, self._tmp,
-                                             timeout=self.net.fetch_timeout_s * 4,
-                                             dense_bytes=None if self.state is None else state_nbytes(self.state))
-                self.store.put_anchor(anchor_version)
-                assert anchor_version.state is not None
-                self._adopt(rec, anchor_version.state)
-                self.standing.delivered(pid)
+            holders = [p for p in live if anchor in p.anchors]
+            got = self.book.ask(pid, partial(self._anchor_from, by_id[pid], anchor, holders), then=Delivered())
+            if isinstance(got, Fault):
+                log.info("anchor %d from %s failed: %s", anchor, pid[:12], got.why)
+            elif got is not None:
                 self.counters.anchor_loads += 1
                 return
-            except PulseError as exc:
-                self.standing.failed(pid)
-                log.info("anchor %d from %s failed: %s", anchor, pid[:12], exc)
+
+    def _anchor_from(self, peer: PeerRecord, anchor: int, holders: list[PeerRecord]) -> VersionRecord | None:
+        """Anchor ``anchor`` loaded from ``peer`` (and ``holders``), bounded and checked by its
+        signed record; None while the record lacks a quorum of signers."""
+        rec = self._fetch_record(peer, anchor, timeout=self._first_try(peer.peer_id))
+        if not rec.is_anchor:
+            raise IntegrityError(f"{peer.peer_id[:12]} announced anchor {anchor} but holds none")
+        if not self.gate.check(rec):
+            return None
+        anchor_version = load_anchor(self.transport, self.book, rec, peer, self.book.providers(holders, key=_peer_id),
+                                     self._tmp, timeout=self.net.fetch_timeout_s * 4,
+                                     dense_bytes=None if self.state is None else state_nbytes(self.state))
+        self.store.put_anchor(anchor_version)
+        assert anchor_version.state is not None
+        self._adopt(rec, anchor_version.state)
+        return rec
+
+
+def _peer_id(p: PeerRecord) -> str:
+    return p.peer_id

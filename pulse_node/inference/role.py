@@ -14,7 +14,7 @@ from __future__ import annotations
 from pulse_node.chain.record import encode_record
 from pulse_node.config import InferenceConfig
 from pulse_node.daemon.context import RoleContext
-from pulse_node.daemon.evidence_plane import EvidencePlane, node_trust
+from pulse_node.daemon.evidence_plane import EvidencePlane
 from pulse_node.daemon.status_model import VersionEntry
 from pulse_node.errors import PulseError
 from pulse_node.inference.streaming import Pipeline
@@ -36,12 +36,10 @@ class InferenceRole:
         self.ctx = ctx
         self.cfg = ctx.cfg
         cfg = self.cfg
-        self.trust = node_trust(cfg, min_signers=cfg.chain.min_signers)  # convicted members refused for good
-        self.evidence = EvidencePlane(ctx, self.trust)
-        self.trust.listen_members(ctx.share_members)  # the data plane serves members first
-        self.sync = VersionSync(ctx.store, ctx.transport, self.trust, net=cfg.net,
-                                catchup_min_gap=cfg.chain.catchup_min_gap, catchup_wait_s=cfg.chain.catchup_wait_s,
-                                standing=ctx.standing)
+        self.book = ctx.book  # what this node thinks of its peers: convicted members refused for good
+        self.evidence = EvidencePlane(ctx)
+        self.sync = VersionSync(ctx.store, ctx.transport, self.book, net=cfg.net,
+                                catchup_min_gap=cfg.chain.catchup_min_gap, catchup_wait_s=cfg.chain.catchup_wait_s)
         # weights come from the swarm: only the architecture and tokenizer are needed here
         policy = build_policy(cfg.model, cfg.task, seed=cfg.seed, grpo_cfg=GRPOConfig(warmstart_steps=0))
         self.worker = RolloutWorker(policy, cfg.sampling)
@@ -56,7 +54,7 @@ class InferenceRole:
         self.refused_version = -1  # the last version whose declared settings differ from ours
         self._next_trainer = 0
         if self.sync.record is not None:
-            self.trust.saw(self.sync.record)  # the version step's reference before any peer's record
+            self.book.gate.saw(self.sync.record)  # the version step's reference before any peer's record
 
     def run(self) -> None:
         rec = self.sync.record
@@ -74,7 +72,7 @@ class InferenceRole:
 
     def _take_events(self, events) -> None:
         """Evidence to the evidence plane, head announcements to the syncer."""
-        self.evidence.tell_new_peers()
+        self.evidence.tick()
         for ev in events:
             if ev.kind == "evidence":
                 self.evidence.take(ev.sender, ev.data)
@@ -85,7 +83,7 @@ class InferenceRole:
         pushed to us): decides who fetches fresh versions from trainers. Fresh keys merely
         announcing the role cannot push us out of the seeds."""
         shown = [p.peer_id for p in peers if p.role == "inference" and
-                 (self.ctx.standing.known(p.peer_id) or p.peer_id in self.sync.hints)]
+                 (self.book.known(p.peer_id) or p.peer_id in self.sync.hints)]
         ids = sorted(shown + [self.ctx.transport.peer_id])
         return ids.index(self.ctx.transport.peer_id)
 
@@ -112,9 +110,9 @@ class InferenceRole:
             c.patches_applied, c.patch_bytes_total, c.gaps = n.patches_applied, n.patch_bytes_total, n.gaps
             c.fetch_errors, c.apply_errors, c.anchor_loads = n.fetch_errors, n.apply_errors, n.anchor_loads
             c.catchups, c.catchup_misses, c.catchup_bytes_total = n.catchups, n.catchup_misses, n.catchup_bytes_total
-            c.strikes, c.bans = dict(self.trust.strikes), dict(self.trust.bans)
+            c.strikes, c.bans = dict(self.book.strikes), dict(self.book.bans)
         with self.ctx.status.node() as counters:
-            counters.rejected = self.trust.rejected
+            counters.rejected = self.book.rejected
         self.ctx.announce(version=rec.version, chain_hash=rec.chain_hash, state_hash=rec.state_hash)
         # in the background: applying never waits on a peer that does not answer
         self.ctx.push_in_background("head", encode_record(rec), self.ctx.peers("inference"))
@@ -123,7 +121,7 @@ class InferenceRole:
     def _rollout_once(self, peers) -> bool:
         """Generate and push one batch if we hold a version and owe rollouts for it."""
         rec = self.sync.record
-        trainers = [p for p in peers if p.role == "trainer" and self.trust.vouches_for(p)]  # members only
+        trainers = [p for p in peers if p.role == "trainer" and self.book.vouches_for(p)]  # members only
         if rec is None or not trainers:
             return False
         batch = self.sent_for.get(rec.version, 0)

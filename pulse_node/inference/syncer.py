@@ -3,10 +3,11 @@
 One ``step()``: learn the head, fetch the missing versions' records and patches from any peers
 that hold them (bounded concurrency, per-peer timeouts, failover, inference peers preferred so
 trainers upload each patch about once), pass each record and patch through the trust gate
-(``TrustPolicy.admit``: run, signature, trainer-set signer, patch digest, header; the
+(``VersionGate.admit``: run, signature, trainer-set signer, patch digest, header; the
 ``VerifiedVersion`` it returns is all the apply and the store take), hand them to the reorder
 buffer, and apply exactly the next version (``chain.verified.apply_version``: base hash against
-the signed parent, one state hash of the result).
+the signed parent, one state hash of the result). Every call to a peer goes through the peer
+book (``PeerBook.ask``): what the peer did, delivered, failed or lied, is judged there, once.
 
 Nothing a peer merely claims sets a number this node acts on. A version becomes the target only
 once its signed record is in hand and verified: a pushed head record, or the record of a version
@@ -35,9 +36,9 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
-from pulse_node.chain.identity import peer_id_of_key
 from pulse_node.chain.peer import PeerRecord
 from pulse_node.chain.record import (
     MAX_RECORD_BYTES,
@@ -47,7 +48,6 @@ from pulse_node.chain.record import (
 )
 from pulse_node.chain.reorder import ReorderBuffer
 from pulse_node.chain.store import VersionStore
-from pulse_node.chain.trust import TrustPolicy
 from pulse_node.chain.verified import VerifiedVersion
 from pulse_node.codec.failpoints import NEVER, Failpoints
 from pulse_node.codec.inplace import Changes, Move
@@ -57,16 +57,12 @@ from pulse_node.codec.state import State
 from pulse_node.config import NetConfig
 from pulse_node.daemon.status_model import InferenceCounters
 from pulse_node.daemon.transport import Event, Transport
-from pulse_node.errors import (
-    ConfigError,
-    IntegrityError,
-    PulseError,
-    WireError,
-)
+from pulse_node.errors import ConfigError, IntegrityError, PulseError, WireError
 from pulse_node.inference.recovery import CatchupApplied, Recovery, catchup_cap  # noqa: F401 (re-exported)
 from pulse_node.inference.streaming import Pipeline, Streamed, apply_next, stream_next
-from pulse_node.net.peers.standing import FETCH_UNKNOWN, Standing
 from pulse_node.net.wire.protocol import FetchRequest, PatchRequest, RecordRequest, kind_of
+from pulse_node.peers.book import PeerBook
+from pulse_node.peers.outcomes import Delivered, Fault, Relayed
 
 log = logging.getLogger("pulse.sync")
 
@@ -94,12 +90,11 @@ class Fetched:
 class VersionSync(Recovery):
     """Pull, verify, reorder and apply versions; serve them afterwards through the store."""
 
-    def __init__(self, store: VersionStore, transport: Transport, trust: TrustPolicy, *,
+    def __init__(self, store: VersionStore, transport: Transport, book: PeerBook, *,
                  net: NetConfig, seeds: int = 1, window: int = 16, seed_wait_s: float = 2.0,
-                 catchup_min_gap: int = 4, catchup_wait_s: float = 30.0, standing: Standing | None = None) -> None:
-        self.store, self.transport, self.trust, self.net = store, transport, trust, net
-        self.standing = standing if standing is not None else Standing()
-        self._members_told: frozenset[str] | None = None
+                 catchup_min_gap: int = 4, catchup_wait_s: float = 30.0) -> None:
+        self.store, self.transport, self.book, self.net = store, transport, book, net
+        self.gate = book.gate
         self.seeds, self.window, self.seed_wait_s = seeds, window, seed_wait_s
         self.catchup_min_gap, self.catchup_wait_s = catchup_min_gap, catchup_wait_s  # 0 = never ask
         self._pending: tuple[int, str, int, float] | None = None  # (base, peer, target, give up at)
@@ -110,9 +105,9 @@ class VersionSync(Recovery):
         self.changes: list[Move] = []  # what was applied in place, until the live model takes it
         self.pipeline: Pipeline | None = None  # set by the role: the next version applied while it arrives
         self.failpoints: Failpoints = NEVER  # tests: failures injected into the apply (codec/failpoints.py)
-        if self.record is not None and self.record.run_id != trust.trainers.run_id:
+        if self.record is not None and self.record.run_id != self.gate.run_id:
             raise ConfigError(f"{store.root} holds versions of run {self.record.run_id!r}, not "
-                              f"{trust.trainers.run_id!r}; use another data_dir for another run")
+                              f"{self.gate.run_id!r}; use another data_dir for another run")
         self.reorder: ReorderBuffer[Fetched] = ReorderBuffer(next_version=self.record.version + 1 if self.record else 0)
         self.counters = InferenceCounters()  # the status model's own counters, by the same names
         self.last_catchup: CatchupApplied | None = None
@@ -132,12 +127,10 @@ class VersionSync(Recovery):
     def take_events(self, events: list[Event]) -> None:
         """Head announcements pushed by peers: kept until ``step`` verifies them (``_take_hints``)."""
         for ev in events:
-            if ev.kind != "head" or self.trust.ignored(ev.sender):
+            if ev.kind != "head" or self.book.ignored(ev.sender):
                 continue
-            try:
-                rec = decode_record(ev.data)
-            except PulseError:
-                self.trust.strike(ev.sender)
+            rec = self.book.ask(ev.sender, partial(decode_record, ev.data), lies=(WireError,))
+            if isinstance(rec, Fault):
                 continue
             have = self._heads.get(ev.sender)
             if (have is None and len(self._heads) < MAX_PENDING_HEADS) or (have and rec.version > have.version):
@@ -147,17 +140,14 @@ class VersionSync(Recovery):
         """A pushed head record becomes a target and a hint about who holds what only if a member
         of the trainer set signed it for this run; a forged one strikes its sender (else it could
         make us chase versions that do not exist). Kept while no member is known yet."""
-        if not self.trust.trainers.members:
+        if not self.gate.members.signers():
             return
         for sender, rec in self._heads.items():
-            try:
-                self.trust.verify(rec, sender=sender)
-            except IntegrityError as exc:
-                self.standing.struck(sender)
-                log.info("head announcement from %s rejected: %s", sender[:12], exc)
+            got = self.book.ask(sender, partial(self.gate.verify, rec), then=Relayed())
+            if isinstance(got, Fault):
+                log.info("head announcement from %s rejected: %s", sender[:12], got.why)
                 continue
-            self.standing.head_matched(sender)
-            self._verified(rec, holder=sender)
+            self._verified(got, holder=sender)
         self._heads.clear()
 
     def _verified(self, rec: VersionRecord, *, holder: str) -> None:
@@ -173,25 +163,26 @@ class VersionSync(Recovery):
         version's record (from it, else from peers announcing it) and verify it before it counts.
         Each (peer, announced version) is asked about once."""
         claims = [p for p in peers if p.role == "trainer" and p.head > self.target()
-                  and self._probed.get(p.peer_id) != p.head and not self.trust.ignored(p.peer_id)
-                  and self.trust.vouches_for(p)]
+                  and self._probed.get(p.peer_id) != p.head and self.book.vouches_for(p)]
         if not claims:
             return
         claim = max(claims, key=lambda p: p.head)
         self._probed = {p.peer_id: v for p in peers if (v := self._probed.get(p.peer_id)) is not None}
         self._probed[claim.peer_id] = claim.head
-        others = self.standing.providers([p for p in peers if p.head >= claim.head and not self.trust.ignored(
-            p.peer_id) and p.peer_id not in (claim.peer_id, self.transport.peer_id)])
+        others = self.book.providers([p for p in peers if p.head >= claim.head and p.peer_id not in (
+            claim.peer_id, self.transport.peer_id)], key=_peer_id)
         for peer in [claim, *others][:MAX_PROBES]:
-            try:
-                rec = self._fetch_record(peer, claim.head, timeout=self._first_try(peer.peer_id))
-                self.trust.verify(rec, sender=peer.peer_id)
-            except PulseError as exc:
+            rec = self.book.ask(peer.peer_id, partial(self._verified_record, peer, claim.head))
+            if isinstance(rec, Fault):
                 log.info("announced version %d of %s not confirmed by %s: %s", claim.head, claim.peer_id[:12],
-                         peer.peer_id[:12], exc)
+                         peer.peer_id[:12], rec.why)
                 continue
             self._verified(rec, holder=peer.peer_id)
             return
+
+    def _verified_record(self, peer: PeerRecord, version: int) -> VersionRecord:
+        """``peer``'s record of ``version``, verified by the gate."""
+        return self.gate.verify(self._fetch_record(peer, version, timeout=self._first_try(peer.peer_id)))
 
     def target(self) -> int:
         """The newest version whose signed record we verified (or hold); -1 if none."""
@@ -199,7 +190,7 @@ class VersionSync(Recovery):
         return max(ours, self.head.version if self.head is not None else -1)
 
     def providers(self, version: int, peers: list[PeerRecord], *, rank: int) -> list[PeerRecord]:
-        """Peers that hold ``version``, in standing order (``net/peers/standing.py``): peers that
+        """Peers that hold ``version``, in the book's order (``PeerBook.fetch_order``): peers that
         delivered to us before, then trainer-set members, then at most ``FETCH_UNKNOWN`` others.
         What a peer announces (role, version) orders nothing.
 
@@ -208,25 +199,18 @@ class VersionSync(Recovery):
         standing that pushed us the verified head of it (briefly: ``FIRST_TRY_S``) or wait up to
         ``seed_wait_s`` for one, so a trainer's upload does not grow with the inference nodes.
         """
-        holders = [p for p in peers if p.peer_id != self.transport.peer_id and not self.trust.ignored(p.peer_id)
+        holders = [p for p in peers if p.peer_id != self.transport.peer_id
                    and max(p.head, self.hints.get(p.peer_id, -1)) >= version and p.lowest <= version]
         random.shuffle(holders)
-        ordered = self.standing.providers(holders, quota=FETCH_UNKNOWN)
-        if rank < self.seeds or (ordered and self.standing.delivered_before(ordered[0].peer_id)):
-            return ordered
-        copies = [p for p in holders if p.peer_id not in self.standing.members
-                  and self.hints.get(p.peer_id, -1) >= version and self.standing.score(p.peer_id) >= 0]
         young = time.monotonic() - self.first_seen.get(version, 0.0) < self.seed_wait_s
-        if not copies:
-            return [] if young else ordered
-        first = self.standing.order(copies, quota=1)[0]
-        return [first] + [p for p in ordered if p.peer_id != first.peer_id]
+        return self.book.fetch_order(holders, copies={pid for pid, v in self.hints.items() if v >= version},
+                                     first_hand=rank < self.seeds, wait=young)
 
     # ---- one pass -------------------------------------------------------------------
     def step(self, peers: list[PeerRecord], *, rank: int = 0) -> list[VersionRecord]:
         """Fetch and apply what is missing; returns the records applied in this pass."""
-        self.trust.observe(peers)
-        self._tell_standing_members()
+        self.book.observe(peers)
+        peers = self.book.heeded(peers)  # banned, cooling down or convicted: not asked this pass
         self._take_hints()
         self._probe_announced(peers)
         head = self.target()
@@ -262,67 +246,57 @@ class VersionSync(Recovery):
             self._recover_gap(peers, head, older_anchors=stuck)
         return applied
 
-    def _tell_standing_members(self) -> None:
-        """The trainer set's members come first in every order (``net/peers/standing.py``)."""
-        keys = self.trust.trainers.members
-        if keys != self._members_told:
-            self._members_told = keys
-            self.standing.set_members(self.standing.members | {peer_id_of_key(k) for k in keys})
-
     def _nobody_has(self, version: int, peers: list[PeerRecord]) -> bool:
-        return not any(p.lowest <= version <= p.head for p in peers
-                       if p.peer_id != self.transport.peer_id and not self.trust.ignored(p.peer_id))
+        return not any(p.lowest <= version <= p.head for p in peers if p.peer_id != self.transport.peer_id)
 
     def _fetch_version(self, version: int, providers: list[PeerRecord]) -> Fetched | None:
         for peer in providers:
-            try:
-                rec = self._fetch_record(peer, version, timeout=self._first_try(peer.peer_id))
-                if not self.trust.check(rec, sender=peer.peer_id):
-                    continue
-                assert self.state is not None
-                check_patch_size(rec.patch_bytes, self.state)  # signed, yet past any patch of our model
-                streamed: Streamed | None = None
-                patch: bytes | ParsedPatch
-                if self.pipeline is not None and stream_next(self.record, rec):
-                    patch, streamed = self._fetch_streamed(peer, rec)
-                else:
-                    patch = self._fetch(peer, PatchRequest(version=version), max_bytes=rec.patch_bytes)
-                    self.failpoints.reached("reported")
-                    self.failpoints.reached("received")
-                try:  # a wrong digest strikes it; a streamed patch's digest was compared as it came
-                    got = self.trust.admit(rec, sender=peer.peer_id, patch=patch, digest_seen=streamed is not None)
-                except BaseException:
-                    if streamed is not None:
-                        streamed.rollback()
-                    raise
-                self.counters.patch_bytes_total += len(patch)
-                self.trust.served(peer.peer_id)
-                self.standing.delivered(peer.peer_id)
-                return Fetched(got, streamed)
-            except PulseError as exc:
+            got = self.book.ask(peer.peer_id, partial(self._version_from, peer, version), then=Delivered())
+            if isinstance(got, Fault):
                 self.counters.fetch_errors += 1
-                self.trust.failed(peer.peer_id)
-                self.standing.failed(peer.peer_id)
-                log.info("fetch of version %d from %s failed: %s", version, peer.peer_id[:12], exc)
+                log.info("fetch of version %d from %s failed: %s", version, peer.peer_id[:12], got.why)
+            elif got is not None:
+                return got
         return None
+
+    def _version_from(self, peer: PeerRecord, version: int) -> Fetched | None:
+        """``version`` from ``peer``, through the gate (None while it lacks a quorum of signers)."""
+        rec = self._fetch_record(peer, version, timeout=self._first_try(peer.peer_id))
+        if not self.gate.check(rec):
+            return None
+        assert self.state is not None
+        check_patch_size(rec.patch_bytes, self.state)  # signed, yet past any patch of our model: no lie of the peer
+        streamed: Streamed | None = None
+        patch: bytes | ParsedPatch
+        if self.pipeline is not None and stream_next(self.record, rec):
+            patch, streamed = self._fetch_streamed(peer, rec)
+        else:
+            patch = self._fetch(peer, PatchRequest(version=version), max_bytes=rec.patch_bytes)
+            self.failpoints.reached("reported")
+            self.failpoints.reached("received")
+        try:  # a streamed patch's digest was compared as it came
+            got = self.gate.admit(rec, patch=patch, digest_seen=streamed is not None)
+        except BaseException:
+            if streamed is not None:
+                streamed.rollback()
+            raise
+        self.counters.patch_bytes_total += len(patch)
+        return Fetched(got, streamed)
 
     def _first_try(self, peer_id: str) -> float | None:
         """The record timeout for ``peer_id``: short for a peer without standing (a silent
         newcomer costs ``FIRST_TRY_S``, once), the configured one otherwise."""
-        return None if self.standing.known(peer_id) else FIRST_TRY_S
+        return None if self.book.known(peer_id) else FIRST_TRY_S
 
     def _fetch_record(self, peer: PeerRecord, version: int, *, timeout: float | None = None) -> VersionRecord:
-        """The record of ``version`` from ``peer``, decoded (not verified); a wrong one strikes it."""
+        """The record of ``version`` from ``peer``, decoded (not verified); ``IntegrityError`` (its
+        lie) if it is no record of that version."""
         data = self._fetch(peer, RecordRequest(version=version), max_bytes=MAX_RECORD_BYTES, timeout=timeout)
         try:
             rec = decode_record(data)
         except WireError as exc:  # it answered, with something that is no record: a lie, not a failure
-            self.trust.strike(peer.peer_id)
-            self.standing.struck(peer.peer_id)
             raise IntegrityError(f"version {version} from {peer.peer_id[:12]}: {exc}") from None
         if rec.version != version:
-            self.trust.strike(peer.peer_id)
-            self.standing.struck(peer.peer_id)
             raise IntegrityError(f"asked for version {version}, got record of {rec.version}")
         return rec
 
@@ -336,39 +310,26 @@ class VersionSync(Recovery):
             self.transport.fetch(peer, PatchRequest(version=rec.version), path, timeout=limit,
                                  max_bytes=rec.patch_bytes)
 
-        with self._blamed(peer, dest):
+        with _scratch(dest):
             return self.pipeline.fetch_apply(fetch, dest, state=self.state, base=self.record.version,
                                              target=rec.version, expected=self.pipeline.expect(self.record, rec),
                                              size=rec.patch_bytes, timeout=limit)
 
     def _fetch(self, peer: PeerRecord, request: FetchRequest, *, max_bytes: int,
                timeout: float | None = None) -> bytes:
-        """One file, refused (and the peer struck) if it declares more than ``max_bytes``."""
+        """One file, refused (``IntegrityError``: the peer's lie) if it declares more than ``max_bytes``."""
         dest = self._tmp / f"{kind_of(request)}-{threading.get_ident()}-{random.getrandbits(32):08x}"
         limit = self.net.fetch_timeout_s if timeout is None else min(timeout, self.net.fetch_timeout_s)
-        with self._blamed(peer, dest):
+        with _scratch(dest):
             self.transport.fetch(peer, request, dest, timeout=limit, max_bytes=max_bytes)
             return dest.read_bytes()
-
-    @contextmanager
-    def _blamed(self, peer: PeerRecord, dest: Path) -> Iterator[None]:
-        """A fetch into ``dest``: bytes that are not what the signed record says strike ``peer``;
-        the file is gone afterwards either way."""
-        try:
-            yield
-        except IntegrityError:
-            self.trust.strike(peer.peer_id)
-            self.standing.struck(peer.peer_id)
-            raise
-        finally:
-            dest.unlink(missing_ok=True)
 
     def _apply_ready(self) -> list[VersionRecord]:
         applied: list[VersionRecord] = []
         for version, got in self.reorder.pop_ready():
             try:
                 self._apply(got)
-            except PulseError as exc:
+            except PulseError as exc:  # ours to retry: the version was verified, no peer lied
                 self.counters.apply_errors += 1
                 self.last_error = f"version {version} rejected: {exc}"
                 log.warning("%s", self.last_error)
@@ -419,7 +380,7 @@ class VersionSync(Recovery):
         self.state, self.record = state, record
         self.changes = []  # a state loaded whole: the live model reloads too
         self.reorder.reset(record.version + 1)
-        self.trust.forget_below(record.version)
+        self.gate.forget_below(record.version)
 
     def head_announcement(self) -> bytes | None:
         return encode_record(self.record) if self.record else None
@@ -427,6 +388,19 @@ class VersionSync(Recovery):
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
         shutil.rmtree(self._tmp, ignore_errors=True)
+
+
+def _peer_id(p: PeerRecord) -> str:
+    return p.peer_id
+
+
+@contextmanager
+def _scratch(dest: Path) -> Iterator[None]:
+    """A download into ``dest``, gone afterwards whatever happened."""
+    try:
+        yield
+    finally:
+        dest.unlink(missing_ok=True)
 
 
 def _fresh_dir(path: Path) -> Path:

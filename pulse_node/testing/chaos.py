@@ -114,7 +114,7 @@ class ChaosLedger:
 
     def honest_strikes(self) -> dict[str, int]:
         """Strikes inference nodes gave to swarm members (whose damaged data was injected), and
-        the bans those strikes caused (each ends; repeated bans grow, see ``TrustPolicy``)."""
+        the bans those strikes caused (each ends; repeated bans grow, see ``peers/strikes.py``)."""
         members = {s.peer_id for s in self.lives.values()}
         inference = [s.inference for s in self.lives.values() if s.inference is not None]
         given = [n for c in inference for p, n in c.strikes.items() if p in members]

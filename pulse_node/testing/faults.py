@@ -32,6 +32,7 @@ from pulse_node.daemon.transport import AnchorFetch, DataPlane, Transport
 from pulse_node.errors import PulseError, WireError
 from pulse_node.fsutil import write_atomic
 from pulse_node.net.wire.protocol import FetchRequest, kind_of
+from pulse_node.peers.view import PeerView
 from pulse_node.vocab import Event, PushKind
 
 if TYPE_CHECKING:
@@ -196,11 +197,12 @@ class FaultyTransport:
         except PulseError:
             pass
 
-    def set_members(self, peer_ids: list[str]) -> None:
+    def set_view(self, view: PeerView) -> None:
         """Passed through: the inner transport's per-peer budgets serve members first."""
-        tell = getattr(self.inner, "set_members", None)
-        if tell is not None:
-            tell(peer_ids)
+        self.inner.set_view(view)
+
+    def cap_pushes(self, kind: PushKind, cap: int) -> None:
+        self.inner.cap_pushes(kind, cap)
 
     def events(self, *, max_items: int = 256, wait_s: float = 0.0) -> list[Event]:
         return self.inner.events(max_items=max_items, wait_s=wait_s)
@@ -216,9 +218,8 @@ class FaultyTransport:
             return FaultReport(started_at=self.started_at, faults=dict(self.faults), faulted=dict(self.faulted))
 
     def alive(self) -> bool:
-        """Whether the wrapped transport's worker processes still run (True if it has none)."""
-        alive = getattr(self.inner, "alive", None)
-        return bool(alive()) if alive is not None else True
+        """Whether the wrapped transport's worker processes still run."""
+        return self.inner.alive()
 
     def close(self) -> None:
         self.inner.close()
@@ -287,11 +288,18 @@ class CrashingTransport:
                 raise WireError("injected: this node has crashed")
             self.inner.push(peer, kind, data, timeout=timeout)
 
-    def set_members(self, peer_ids: list[str]) -> None:
+    def set_view(self, view: PeerView) -> None:
         """Passed through: the inner transport's per-peer budgets serve members first."""
-        tell = getattr(self.inner, "set_members", None)
-        if tell is not None:
-            tell(peer_ids)
+        if self.crashed_at is None:
+            self.inner.set_view(view)
+
+    def cap_pushes(self, kind: PushKind, cap: int) -> None:
+        if self.crashed_at is None:
+            self.inner.cap_pushes(kind, cap)
+
+    def alive(self) -> bool:
+        """Always: the test stops a crashed node itself (``crashed_at`` says when it died)."""
+        return True
 
     def events(self, *, max_items: int = 256, wait_s: float = 0.0) -> list[Event]:
         if self.crashed_at is not None:

@@ -15,10 +15,10 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from pulse_node.chain.trainerset import TrainerSet
-from pulse_node.chain.trust import TrustPolicy
 from pulse_node.codec.state import State
 from pulse_node.daemon.status import NodeStatus
+from pulse_node.peers.book import PeerBook
+from pulse_node.peers.trainerset import TrainerSet
 from pulse_node.rl.assign import BatchKey, assigned_problems
 from pulse_node.rl.config import SamplingConfig, VerifyConfig
 from pulse_node.rl.policy import Policy
@@ -219,7 +219,7 @@ def flood(lab: ForgeryLab, *, flood_batches: int, honest_batches: int, takes: in
     while the honest peer pushes ``honest_batches``, interleaved; the trainer then takes up to
     ``takes`` batches through its intake (``trainer/intake.py``). Returns what each sender got."""
     feed = RolloutFeed(lab.new_verifier(), lab.verify, status=NodeStatus(role="trainer", peer_id="t", run_id=lab.run_id),
-                       trust=TrustPolicy(TrainerSet(run_id=lab.run_id)))
+                       book=PeerBook(TrainerSet(run_id=lab.run_id)))
     for v, s in lab.states.items():
         feed.keep_state(v, s)
     spam = [encode_rollouts(lab.honest(FORGER, b)) for b in range(distinct)]

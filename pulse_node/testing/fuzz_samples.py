@@ -145,7 +145,7 @@ def decision_seeds() -> list[bytes]:
 
 
 def admission_seeds() -> list[bytes]:
-    from pulse_node.chain.trainerset import Admission
+    from pulse_node.chain.admission import Admission
 
     adm = Admission(RUN, NEWCOMER.public_key_hex)
     return [adm.endorse(TRAINER).encode(), adm.endorse(TRAINER).endorse(MEMBER).encode(), adm.encode()]

@@ -89,18 +89,25 @@ def _decision(data: bytes) -> Any:
 
 
 def _admission(data: bytes) -> Any:
-    from pulse_node.chain.trainerset import Admission, TrainerSet
+    from pulse_node.chain.admission import Admission
+    from pulse_node.peers.trainerset import TrainerSet
 
     adm = Admission.decode(data)
-    TrainerSet(run_id=S.RUN, keys=[S.TRAINER.public_key_hex, S.MEMBER.public_key_hex], quorum=1).admit(adm)
+    TrainerSet(run_id=S.RUN, keys=[S.TRAINER.public_key_hex, S.MEMBER.public_key_hex], quorum=1).check(adm)
     return adm
 
 
 def _evidence(data: bytes) -> Any:
-    from pulse_node.chain.evidence import EvidenceBook
-    from pulse_node.loco.equivocation import evidence_checkers
+    from pulse_node.errors import IntegrityError
+    from pulse_node.peers.book import PeerBook
+    from pulse_node.peers.outcomes import Lied, Reported
+    from pulse_node.peers.trainerset import TrainerSet
 
-    return EvidenceBook(run_id=S.RUN, checkers=evidence_checkers()).add_bytes(data)
+    book = PeerBook(TrainerSet(run_id=S.RUN, keys=[S.TRAINER.public_key_hex, S.MEMBER.public_key_hex]))
+    judged = book.judge("fuzzer", Reported("fuzzed evidence", evidence=data))  # checked as every node does
+    if isinstance(judged, Lied):
+        raise IntegrityError(judged.why)
+    return book.convictions()
 
 
 def _rollouts(data: bytes) -> Any:

@@ -26,6 +26,7 @@ from pulse_node.daemon.transport import AnchorFetch, DataPlane
 from pulse_node.errors import BusyError, IntegrityError, NotFound, PeerBusy, PeerUnavailable, PulseError, WireError
 from pulse_node.fsutil import write_atomic
 from pulse_node.net.wire.protocol import AnchorRequest, FetchRequest, kind_of, params_of
+from pulse_node.peers.view import PeerView
 from pulse_node.vocab import Event, PushKind, check_push_kind
 
 Resolver = Callable[[str, dict[str, Any]], "Path | None"]
@@ -65,6 +66,8 @@ class MemoryTransport:
         self.peer_id = peer_id
         self.bytes_in = 0
         self.bytes_out = 0
+        self.view = PeerView()  # what the node last told the (absent) workers
+        self.push_caps: dict[PushKind, int] = {}
 
     def publish(self, status: PeerStatus) -> None:
         with self.hub.lock:
@@ -164,6 +167,16 @@ class MemoryTransport:
 
     def stats(self) -> DataPlane:
         return DataPlane(bytes_in=self.bytes_in, bytes_out=self.bytes_out)
+
+    def set_view(self, view: PeerView) -> None:
+        self.view = view
+
+    def cap_pushes(self, kind: PushKind, cap: int) -> None:
+        self.push_caps[kind] = min(cap, self.push_caps.get(kind, cap))
+
+    def alive(self) -> bool:
+        with self.hub.lock:
+            return self.peer_id not in self.hub.down
 
     def close(self) -> None:
         with self.hub.lock:

@@ -31,8 +31,8 @@ back into the trainer. Round ``r``, on every trainer:
    or any trainer (digest checked). A trainer that cannot get them within ``decision_wait_s``,
    or whose state is not the decision's base, gets ``payloads=None`` and must re-sync.
 
-Only trainer-set members take part (``trainer/round_trust.py``): payloads and decisions pushed
-by any other peer are refused and strike it, and only members are pushed to, waited for, asked
+Only trainer-set members take part (``trainer/round_peers.py``, asking the peer book): payloads
+and decisions pushed by any other peer are refused and judged its lie, and only members are pushed to, waited for, asked
 for decisions and fetched from. Payloads are capped by the model's size before anything is
 parsed (``loco/bound.max_payload_bytes``), and every entry is checked against the payload value
 bound (``loco/bound.py``) on our base weights before the payload is kept, signed into a decision
@@ -59,10 +59,8 @@ from typing import Any
 
 from pulse_node.chain.peer import PeerRecord
 from pulse_node.chain.serving import LOCO_DIR, loco_payload_path
-from pulse_node.chain.trust import TrustPolicy
 from pulse_node.config import TrainerConfig
 from pulse_node.daemon.context import RoleContext
-from pulse_node.daemon.evidence_plane import node_trust
 from pulse_node.daemon.transport import push_to_all
 from pulse_node.errors import BaseMismatchError, IntegrityError, PulseError, WireError
 from pulse_node.fsutil import write_atomic
@@ -71,7 +69,7 @@ from pulse_node.loco.decision import MAX_DECISION_BYTES, RoundDecision, encode_d
 from pulse_node.loco.payload import LocoPayload, decode_payload, read_header
 from pulse_node.net.wire.protocol import LocoDecisionRequest, LocoPayloadRequest
 from pulse_node.trainer.decisions import DecisionIntake, coordinator_order
-from pulse_node.trainer.round_trust import RoundTrust
+from pulse_node.trainer.round_peers import RoundPeers
 from pulse_node.vocab import DecisionRefusal, LocoRefusal
 
 KEEP_ROUNDS = 4  # rounds whose payloads and decisions a trainer keeps on disk and serves
@@ -121,12 +119,12 @@ class RoundAgreement(DecisionIntake):
 
     def __init__(self, ctx: RoleContext[TrainerConfig], *, shapes: Mapping[str, tuple[int, ...]],
                  current_round: Callable[[], int], epoch: Callable[[], bytes], base: BaseFn | None = None,
-                 trust: TrustPolicy | None = None, bound: PayloadBound | None = None) -> None:
+                 bound: PayloadBound | None = None) -> None:
         """``epoch``: the epoch of the chain we extend (``chain/record.py``; decisions of another
         are refused). ``base``: our current round's base (``BaseFn``); without it only base-free payloads
         decode and payloads are not checked against a base hash nor the value bound.
-        ``trust``: the node's trust policy (default: one from ``ctx.cfg.chain``); ``bound``: the
-        payload value bound (default: the one ``ctx.cfg`` implies)."""
+        ``bound``: the payload value bound (default: the one ``ctx.cfg`` implies). Who takes part
+        is the node's peer book's (``ctx.book``)."""
         self.ctx = ctx
         self.cfg = ctx.cfg.loco
         self.shapes = dict(shapes)
@@ -141,7 +139,7 @@ class RoundAgreement(DecisionIntake):
         self.mismatched: dict[int, set[str]] = {}  # round -> trainers whose payload named another base
         self.decisions: dict[int, RoundDecision] = {}
         self.refused: dict[int, dict[str, bytes]] = {}  # round -> member -> digest of its out-of-bound payload
-        self.gate = RoundTrust(ctx, trust or node_trust(ctx.cfg))
+        self.peers = RoundPeers(ctx)
         self.bound = bound if bound is not None else PayloadBound.of_trainer(ctx.cfg)
         self.cap = max_payload_bytes(self.shapes, cap=self.cfg.max_payload_bytes)
         self._cap_pushes()
@@ -157,9 +155,9 @@ class RoundAgreement(DecisionIntake):
         made on another base is not an error (``_admit``).
         """
         self._flush_pending()
-        if self.gate.dropped("loco", sender):
+        if self.peers.dropped("loco", sender):
             return
-        if not self.gate.is_member(sender):
+        if not self.peers.is_member(sender):
             self._refuse(sender, LocoRefusal.NOT_MEMBER, IntegrityError(f"{sender[:12]} is not a trusted trainer-set member"))
         if len(data) > self.cap:
             self._refuse(sender, LocoRefusal.TOO_LARGE, WireError(f"payload of {len(data)} bytes exceeds this model's cap {self.cap}"))
@@ -172,11 +170,11 @@ class RoundAgreement(DecisionIntake):
         r, now = h.round, self.current_round()
         if not 0 <= r - now <= PARK_ROUNDS:
             if r > now:
-                self.gate.refuse(sender, LocoRefusal.TOO_FAR_AHEAD, f"round {r} while at {now}", strike=False)
+                self.peers.refuse(sender, LocoRefusal.TOO_FAR_AHEAD, f"round {r} while at {now}", lied=False)
             return
-        if self.gate.banned(sender):  # heard from: it cannot contribute this round
+        if self.peers.banned(sender):  # heard from: it cannot contribute this round
             self.refused.setdefault(r, {}).setdefault(sender, b"")
-            return self.gate.refuse(sender, LocoRefusal.BANNED, "sender is banned", strike=False)
+            return self.peers.refuse(sender, LocoRefusal.BANNED, "sender is banned", lied=False)
         if r > now:  # its base is the state we do not hold yet: parked, one per member and round
             self.pending.setdefault(r, {})[sender] = data
             return
@@ -184,7 +182,7 @@ class RoundAgreement(DecisionIntake):
 
     def _refuse(self, sender: str, reason: LocoRefusal, exc: PulseError) -> None:
         """Count and strike a refused payload, then raise ``exc``."""
-        self.gate.refuse(sender, reason, str(exc), strike=True)
+        self.peers.refuse(sender, reason, str(exc), lied=True)
         raise exc
 
     def _admit(self, sender: str, r: int, data: bytes) -> None:
@@ -196,7 +194,7 @@ class RoundAgreement(DecisionIntake):
         have = self.inbox.get(r, {}).get(sender)
         if have is not None:  # one payload per member and round: the first
             if have[0] != payload_digest(data):
-                self.gate.refuse(sender, LocoRefusal.DUPLICATE, f"a second payload for round {r}", strike=False)
+                self.peers.refuse(sender, LocoRefusal.DUPLICATE, f"a second payload for round {r}", lied=False)
             return
         try:
             p = self._decode(data)
@@ -344,7 +342,7 @@ class RoundAgreement(DecisionIntake):
     def _closed_elsewhere(self, r: int, live: Mapping[str, PeerRecord]) -> bool:
         """A live member announces a version past round ``r`` (it published ``r + 1``); a claim more
         than ``max_version_step`` ahead is no member's honest progress and is ignored."""
-        step = self.gate.trust.max_version_step
+        step = self.ctx.book.gate.max_version_step
         return any(r < p.head <= r + step for p in live.values())
 
     def _decide(self, r: int, base: bytes, live: Mapping[str, PeerRecord], *, pull: bool) -> RoundDecision | None:
@@ -376,7 +374,7 @@ class RoundAgreement(DecisionIntake):
         """Fetch an existing decision of round ``r`` from the live trainers (the first valid one)."""
         timeout = min(self.ctx.cfg.net.fetch_timeout_s, self.cfg.decision_wait_s)
         for peer in sorted(live.values(), key=lambda p: p.peer_id.encode()):
-            data = self.gate.fetch(peer, LocoDecisionRequest(round=r), cap=MAX_DECISION_BYTES, timeout=timeout)
+            data = self.peers.fetch(peer, LocoDecisionRequest(round=r), cap=MAX_DECISION_BYTES, timeout=timeout)
             if data is None:
                 continue
             try:
@@ -423,7 +421,7 @@ class RoundAgreement(DecisionIntake):
 
     def _fetch_payload(self, peer: PeerRecord, r: int, tid: str, digest: bytes, until: float) -> LocoPayload | None:
         timeout = max(0.5, min(self.ctx.cfg.net.fetch_timeout_s, until - time.monotonic()))
-        data = self.gate.fetch(peer, LocoPayloadRequest(round=r, digest=digest.hex()), cap=self.cap, timeout=timeout)
+        data = self.peers.fetch(peer, LocoPayloadRequest(round=r, digest=digest.hex()), cap=self.cap, timeout=timeout)
         if data is None:
             return None
         try:
@@ -439,7 +437,7 @@ class RoundAgreement(DecisionIntake):
         except PayloadBoundError as exc:  # a decision naming it is refused: never applied
             self.refused.setdefault(r, {})[tid] = digest
             coordinator = self.decisions[r].coordinator if r in self.decisions else peer.peer_id
-            self.gate.refuse(coordinator, DecisionRefusal.OUT_OF_BOUND, str(exc), strike=True)
+            self.peers.refuse(coordinator, DecisionRefusal.OUT_OF_BOUND, str(exc), lied=True)
             return None
         except PulseError as exc:
             with self.ctx.status.node() as counters:
@@ -462,8 +460,8 @@ class RoundAgreement(DecisionIntake):
             self.ctx.log.warning("cannot lower the push plane's payload cap: %s", exc)
 
     def _live(self) -> dict[str, PeerRecord]:
-        """Live trainer-set members but us (``RoundTrust.live``)."""
-        return self.gate.live()
+        """Live trainer-set members but us (``RoundPeers.live``)."""
+        return self.peers.live()
 
     def _push(self, peers: list[PeerRecord], data: bytes, *, kind: str, timeout: float = _PUSH_TIMEOUT_S) -> None:
         """Push to every peer at once, in the background (each bounded by ``timeout``)."""

@@ -45,6 +45,7 @@ from typing import Any, Literal
 
 import blake3
 
+from pulse_node.chain.evidence import encode_evidence
 from pulse_node.chain.identity import key_id_of
 from pulse_node.chain.peer import PeerRecord
 from pulse_node.chain.serving import loco_decision_path
@@ -56,6 +57,7 @@ from pulse_node.fsutil import write_atomic
 from pulse_node.loco.bound import PayloadBoundError
 from pulse_node.loco.config import LocoConfig
 from pulse_node.loco.decision import MAX_DECISION_BYTES, RoundDecision, decode_decision, verify_decision
+from pulse_node.peers.outcomes import Reported
 from pulse_node.vocab import DecisionRefusal
 
 _ORDER_DOMAIN = b"pulse/coordinator-order/1\0"
@@ -91,7 +93,7 @@ class DecisionIntake:
     epoch: Callable[[], bytes]
     decisions: dict[int, RoundDecision]
     _open: Any  # agreement.OpenRound | None
-    gate: Any
+    peers: Any
     refused: dict[int, dict[str, bytes]]
     _in_window: Callable[[int], bool]
     _live: Callable[[], dict[str, PeerRecord]]
@@ -103,20 +105,20 @@ class DecisionIntake:
 
     def offer_decision(self, sender: str, data: bytes) -> None:
         """Check a decision; accept (and relay) it if it passes (module docstring). ``PulseError`` if bad."""
-        if self.gate.dropped("decision", sender):
+        if self.peers.dropped("decision", sender):
             return
-        if not self.gate.is_member(sender):
-            self.gate.refuse(sender, DecisionRefusal.NOT_MEMBER, "not a trainer-set member", strike=True)
+        if not self.peers.is_member(sender):
+            self.peers.refuse(sender, DecisionRefusal.NOT_MEMBER, "not a trainer-set member", lied=True)
             raise IntegrityError(f"decision pushed by {sender[:12]}, not a trusted trainer-set member")
         try:
             d = decode_decision(data)
             self._verify(d)
-            self._witness(d, data)
+            self._witness(d, data, sender=sender)
         except PayloadBoundError as exc:
-            self.gate.refuse(sender, DecisionRefusal.OUT_OF_BOUND, str(exc), strike=False)
+            self.peers.refuse(sender, DecisionRefusal.OUT_OF_BOUND, str(exc), lied=False)
             raise
         except PulseError as exc:
-            self.gate.refuse(sender, DecisionRefusal.BAD_DECISION, str(exc), strike=False)
+            self.peers.refuse(sender, DecisionRefusal.BAD_DECISION, str(exc), lied=False)
             raise
         if self._in_window(d.round):
             self._consider(d, data, sender=sender)
@@ -127,16 +129,16 @@ class DecisionIntake:
         if d.epoch != self.epoch():
             raise IntegrityError(f"round {d.round} decision is of epoch {d.epoch.hex()[:8]}, ours is "
                                  f"{self.epoch().hex()[:8]} (an earlier run's or another chain's)")
-        if not self.gate.is_member(d.coordinator):
+        if not self.peers.is_member(d.coordinator):
             raise IntegrityError(f"round {d.round} decision of {d.coordinator[:12]}: not a trusted trainer-set member")
-        verify_decision(d, signer_key=self.gate.key_of(d.coordinator))
-        if not all(map(self.gate.is_member, d.trainer_ids)):
+        verify_decision(d, signer_key=self.peers.key_of(d.coordinator))
+        if not all(map(self.peers.is_member, d.trainer_ids)):
             raise IntegrityError(f"round {d.round} decision names a contributor outside the trainer set")
         refused = set(self.refused.get(d.round, {}).values())
         if any(digest in refused for _, digest in d.contributors):
             raise PayloadBoundError(f"round {d.round} decision names a payload beyond the value bound")
 
-    def _witness(self, d: RoundDecision, data: bytes) -> None:
+    def _witness(self, d: RoundDecision, data: bytes, *, sender: str) -> None:
         """Remember the first decision of (round, signer); convict the signer on a different second one."""
         if not -4 <= d.round - self.current_round() < 4:  # bounded: recent and coming rounds only
             return
@@ -147,7 +149,9 @@ class DecisionIntake:
         have = decode_decision(first)
         if (have.base, have.contributors) == (d.base, d.contributors):
             return
-        self.gate.trust.evidence.add("decision", first, data)  # verifies both again; convicts the key
+        self.ctx.book.judge(sender, Reported("two decisions", evidence=encode_evidence("decision", first, data)))
+        if not self.ctx.book.convicted(d.signer):  # both were verified: only a full evidence book says no
+            raise IntegrityError(f"{key_id_of(d.signer)} signed two decisions for round {d.round}; not convicted")
         with self.ctx.status.trainer() as c:
             count(c.decisions_refused, DecisionRefusal.EQUIVOCATION)
         accepted = self.decisions.get(d.round)
@@ -163,7 +167,7 @@ class DecisionIntake:
         park it if it is early."""
         why = self._standing(d)
         if isinstance(why, DecisionRefusal):
-            self.gate.refuse(sender, why, f"round {d.round} decision of {d.coordinator[:12]}", strike=False)
+            self.peers.refuse(sender, why, f"round {d.round} decision of {d.coordinator[:12]}", lied=False)
             return
         if why is not None:  # early, or its round is not open here yet: parked
             held = self.parked.setdefault(d.round, {})
@@ -185,7 +189,7 @@ class DecisionIntake:
             return DecisionRefusal.OTHER_BASE
         live = self._live()
         order = coordinator_order(self.ctx.cfg.run_id, d.round,
-                                  [pid for pid in {*o.order, *live} if pid == self.me or self.gate.is_member(pid)])
+                                  [pid for pid in {*o.order, *live} if pid == self.me or self.peers.is_member(pid)])
         if d.coordinator not in order:
             return DecisionRefusal.NOT_DESIGNATED
         due = turn_at(order, d.coordinator, live, me=self.me, deadline=o.t0 + self.cfg.deadline_s,

@@ -302,7 +302,8 @@ class DistributedEngine:
             self._worker = RolloutWorker(policy, self.cfg.sampling)
         return self._worker
 
-    def step(self, rollouts: list[Rollout], *, current_version: int) -> dict[str, float]:
+    def step(self, rollouts: list[Rollout], *, current_version: int, producer: str = "") -> dict[str, float]:
+        # producer: recorded only by LocalEngine.inner_log (spot checks do not cover sharded trainers yet)
         stats, batch, adv = self.work.learner.plan(rollouts, current_version=current_version)
         if not batch:
             return stats

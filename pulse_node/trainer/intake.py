@@ -7,12 +7,13 @@ sender and hands them out round robin, so a sender that floods gets one turn per
 senders like everyone else. Caps: ``verify.max_queued_batches`` and ``verify.max_queued_bytes``
 per sender (the sender's oldest batch goes first: it is the stalest) and
 ``verify.max_total_bytes`` over all (the largest queue loses its oldest batch). Every refusal
-is tallied per sender by reason; refusals that mean the sender lied strike it (``TrustPolicy``:
-every 3 strikes ban it for 60 s, doubling per further ban up to 1 h), and a banned sender's
+is tallied per sender by reason; refusals that mean the sender lied are its ``Lied`` in the peer
+book (``peers/strikes.py``: every 3 strikes ban it for 60 s, doubling per further ban up to
+1 h), and a banned sender's
 batches are refused on arrival, and those it had queued before the ban are dropped unverified
 when their turn comes (a ban must not still cost a forward per queued batch).
 
-Keys are free, so turns are not one per key: senders with standing (``net/peers/standing.py``: a batch
+Keys are free, so turns are not one per key: senders with standing (``peers/standing.py``: a batch
 of theirs was accepted before) take their turns round robin, and senders without standing share
 one turn in every ``NEWCOMER_EVERY`` together, so 1 or 1,000 fresh keys cost the trainer the same
 verification work while honest batches wait. Each sender's tally is the status model's
@@ -24,12 +25,12 @@ from __future__ import annotations
 import time
 from collections import deque
 
-from pulse_node.chain.trust import TrustPolicy
 from pulse_node.codec.state import State
 from pulse_node.daemon.status import NodeStatus
 from pulse_node.daemon.status_model import SenderReport, count
 from pulse_node.errors import WireError
-from pulse_node.net.peers.standing import Standing
+from pulse_node.peers.book import PeerBook
+from pulse_node.peers.outcomes import Accepted, Lied
 from pulse_node.rl.config import VerifyConfig
 from pulse_node.rl.rollout import Rollout, decode_rollouts
 from pulse_node.rl.verify import BatchVerdict, RolloutCheck, RolloutVerifier
@@ -44,10 +45,9 @@ NEWCOMER_EVERY = 4
 class RolloutIntake:
     """Per-sender FIFOs of raw rollout batches, served round robin."""
 
-    def __init__(self, cfg: VerifyConfig, *, trust: TrustPolicy, standing: Standing | None = None) -> None:
+    def __init__(self, cfg: VerifyConfig, *, book: PeerBook) -> None:
         self.cfg = cfg
-        self.trust = trust  # the node's: a sender banned for lying about rollouts is banned everywhere
-        self.standing = standing if standing is not None else Standing()
+        self.book = book  # the node's: a sender banned for lying about rollouts is banned everywhere
         self._known_in_a_row = 0
         self._queues: dict[str, deque[bytes]] = {}
         self._turns: deque[str] = deque()  # senders with queued batches, next turn first
@@ -67,7 +67,7 @@ class RolloutIntake:
 
     def offer(self, sender: str, data: bytes) -> bool:
         """Queue a batch from ``sender``; False (tallied) if refused on arrival."""
-        if self.trust.ignored(sender):
+        if self.book.ignored(sender):
             self.refused(sender, BatchRefusal.BANNED, strike=False)
             return False
         if len(data) > self.cfg.max_queued_bytes:
@@ -94,7 +94,7 @@ class RolloutIntake:
             queue = self._queues.get(sender)
             if not queue:
                 continue
-            if self.trust.ignored(sender):  # banned after these were queued: never verified
+            if self.book.ignored(sender):  # banned after these were queued: never verified
                 while queue:
                     self._drop_oldest(sender, reason=BatchRefusal.BANNED)
                 continue
@@ -109,8 +109,8 @@ class RolloutIntake:
 
     def _next_turn(self) -> str:
         """Pop the sender whose turn it is."""
-        known = next((s for s in self._turns if self.standing.known(s)), None)
-        newcomer = next((s for s in self._turns if not self.standing.known(s)), None)
+        known = next((s for s in self._turns if self.book.known(s)), None)
+        newcomer = next((s for s in self._turns if not self.book.known(s)), None)
         if known is not None and (newcomer is None or self._known_in_a_row < NEWCOMER_EVERY - 1):
             self._known_in_a_row += 1
             pick = known
@@ -121,7 +121,7 @@ class RolloutIntake:
         return pick
 
     def accepted(self, sender: str, rollouts: int) -> None:
-        self.standing.accepted(sender)
+        self.book.judge(sender, Accepted(rollouts))
         t = self.tally(sender)
         t.accepted += 1
         t.accepted_rollouts += rollouts
@@ -131,15 +131,14 @@ class RolloutIntake:
         t = self.tally(sender)
         count(t.rejected, reason)
         if strike:
-            self.trust.strike(sender)
-            self.standing.struck(sender)
-            t.strikes = self.trust.strikes[sender]
+            self.book.judge(sender, Lied(f"rollout batch refused: {reason}"))
+            t.strikes = self.book.strikes[sender]
 
     def tallies(self) -> dict[str, SenderReport]:
         """A copy of every sender's tally (for status.json)."""
         out = {}
         for sender, t in self._tally.items():
-            t.banned = self.trust.ignored(sender)
+            t.banned = self.book.ignored(sender)
             out[sender] = t.model_copy(deep=True)
         return out
 
@@ -175,9 +174,9 @@ class RolloutFeed:
     """
 
     def __init__(self, verifier: RolloutVerifier, cfg: VerifyConfig, *, status: NodeStatus,
-                 trust: TrustPolicy, standing: Standing | None = None) -> None:
+                 book: PeerBook) -> None:
         self.verifier, self.status = verifier, status
-        self.intake = RolloutIntake(cfg, trust=trust, standing=standing)
+        self.intake = RolloutIntake(cfg, book=book)
         self.states: dict[int, State] = {}
 
     def keep_state(self, version: int, state: State) -> None:

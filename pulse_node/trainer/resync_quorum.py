@@ -5,8 +5,8 @@ not be able to trigger it nor choose what is adopted. The ballots for a version 
 hashes of the signed records members published for it: the heads they pushed to us, else the
 record each live member trainer serves for it (fetched and verified; one that holds an older
 version votes for none, one that holds none yet does not vote), and our own if we hold the version. Each key votes once (a key signing
-two records for one version is convicted of equivocation by the trust policy instead,
-``chain/trust.py``). ``majority`` takes the state more than half of the voters hold;
+two records for one version is convicted of equivocation by the peer book instead,
+``chain/gate.py``). ``majority`` takes the state more than half of the voters hold;
 when we are one of exactly two voters in a tie, the lower peer id breaks it (the only repair a
 two-trainer swarm has; with two members each is half of the set anyway), never otherwise.
 
@@ -20,14 +20,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
+from pulse_node.chain.admission import bound_key
 from pulse_node.chain.identity import peer_id_of_key
 from pulse_node.chain.peer import PeerRecord
 from pulse_node.chain.record import MAX_RECORD_BYTES, decode_record
-from pulse_node.chain.trainerset import bound_key
-from pulse_node.chain.trust import TrustPolicy
 from pulse_node.daemon.transport import Fetch
-from pulse_node.errors import PulseError
+from pulse_node.errors import IntegrityError, PulseError
 from pulse_node.net.wire.protocol import RecordRequest
+from pulse_node.peers.book import PeerBook
+from pulse_node.peers.outcomes import Fault
 
 MAX_ASKED = 16  # member trainers asked for their record of a version, at most
 
@@ -46,22 +47,22 @@ def majority(ballots: Mapping[str, str], *, me: str = "") -> str | None:
     return None
 
 
-def gather_ballots(*, version: int, heads: Mapping[str, str], trainers: list[PeerRecord], trust: TrustPolicy,
+def gather_ballots(*, version: int, heads: Mapping[str, str], trainers: list[PeerRecord], book: PeerBook,
                    fetch: Fetch, scratch: Path, timeout: float, source: str = "") -> dict[str, str]:
     """Ballots for ``version`` of the live member ``trainers`` (key -> state hash; "" for one that
     does not hold the version): a pushed head (``heads``: key -> state hash) counts as its
     signer's ballot; a member without one is asked for its record of the version
-    (``fetch(peer, RecordRequest(version=...), dest, ...)``, verified by ``trust``). The record of ``source``
+    (``fetch(peer, RecordRequest(version=...), dest, ...)``, verified by the gate, a false one judged by ``book``). The record of ``source``
     (a peer id: the state we would adopt) is always asked for, and a failure there raises."""
-    ballots = {k: h for k, h in heads.items() if trust.is_member(k)}
+    ballots = {k: h for k, h in heads.items() if book.is_member(k)}
     asked = 0
     for peer in trainers:
         key = bound_key(peer)
         if peer.peer_id == source:
-            ballots[key] = _served_state(peer, version, trust=trust, fetch=fetch, scratch=scratch,
+            ballots[key] = _served_state(peer, version, book=book, fetch=fetch, scratch=scratch,
                                          timeout=timeout, strict=True)
             continue
-        if not trust.is_member(key) or key in ballots:
+        if not book.is_member(key) or key in ballots:
             continue
         if peer.head < 0:  # starting itself: no state to vote with (genesis, a fresh trainer)
             continue
@@ -69,11 +70,11 @@ def gather_ballots(*, version: int, heads: Mapping[str, str], trainers: list[Pee
             ballots[key] = ""
             continue
         asked += 1
-        ballots[key] = _served_state(peer, version, trust=trust, fetch=fetch, scratch=scratch, timeout=timeout)
+        ballots[key] = _served_state(peer, version, book=book, fetch=fetch, scratch=scratch, timeout=timeout)
     return ballots
 
 
-def _served_state(peer: PeerRecord, version: int, *, trust: TrustPolicy, fetch: Fetch, scratch: Path, timeout: float,
+def _served_state(peer: PeerRecord, version: int, *, book: PeerBook, fetch: Fetch, scratch: Path, timeout: float,
                   strict: bool = False) -> str:
     """The state hash of the verified record ``peer`` serves for ``version`` ("" if none; with
     ``strict`` the ``PulseError`` saying why)."""
@@ -81,11 +82,15 @@ def _served_state(peer: PeerRecord, version: int, *, trust: TrustPolicy, fetch: 
     try:
         fetch(peer, RecordRequest(version=version), dest, timeout=timeout, max_bytes=MAX_RECORD_BYTES)
         rec = decode_record(dest.read_bytes()[:MAX_RECORD_BYTES + 1])
-        trust.verify(rec, sender=peer.peer_id)
     except (PulseError, OSError):
         if strict:
             raise
         return ""
     finally:
         dest.unlink(missing_ok=True)
+    verified = book.ask(peer.peer_id, lambda: book.gate.verify(rec))  # a record no member signed: its lie
+    if isinstance(verified, Fault):
+        if strict:
+            raise IntegrityError(verified.why)
+        return ""
     return rec.state_hash if rec.version == version else ""

@@ -22,19 +22,20 @@ import time
 
 import torch
 
+from pulse_node.chain.admission import bound_key, sender_key
 from pulse_node.chain.peer import PeerRecord
 from pulse_node.chain.record import VersionRecord, decode_record, encode_record
-from pulse_node.chain.trainerset import bound_key, sender_key
 from pulse_node.chain.verified import VerifiedVersion
 from pulse_node.config import TrainerConfig
 from pulse_node.daemon.context import RoleContext
-from pulse_node.daemon.evidence_plane import EvidencePlane, node_trust
+from pulse_node.daemon.evidence_plane import EvidencePlane
 from pulse_node.daemon.status_model import VersionEntry
 from pulse_node.errors import IntegrityError, PulseError
 from pulse_node.loco.bound import PayloadBound
 from pulse_node.loco.outer import OuterState
 from pulse_node.loco.payload import LocoPayload, encode_payload
 from pulse_node.net.wire.protocol import TrainerStateRequest
+from pulse_node.peers.outcomes import Fault, Relayed
 from pulse_node.rl.assign import BatchKey
 from pulse_node.rl.evaluate import evaluate
 from pulse_node.rl.rollout import Rollout
@@ -71,13 +72,13 @@ class TrainerRole:
         verifier = RolloutVerifier(self.engine.worker, self.tasks, run_id=cfg.run_id, cfg=cfg.verify,
                                    batches_per_version=cfg.rollout_batches_per_version,
                                    max_staleness=cfg.grpo.max_staleness)
-        self.trust = node_trust(cfg)  # with the evidence book: convicted members are refused for good
-        self.evidence = EvidencePlane(ctx, self.trust)
-        self.trust.listen_members(ctx.share_members)  # the data plane serves members first
-        self.feed = RolloutFeed(verifier, cfg.verify, status=ctx.status, trust=self.trust, standing=ctx.standing)
+        self.book = ctx.book  # what this node thinks of its peers: convicted members are refused for good
+        self.gate = self.book.gate
+        self.evidence = EvidencePlane(ctx)
+        self.feed = RolloutFeed(verifier, cfg.verify, status=ctx.status, book=self.book)
         self.own_batches = 0
         self.agreement = RoundAgreement(ctx, shapes=self.shapes, current_round=lambda: self.outer.round, epoch=self._epoch,
-                                        base=self._base, trust=self.trust, bound=PayloadBound.of_trainer(cfg))
+                                        base=self._base, bound=PayloadBound.of_trainer(cfg))
         self.peer_heads: dict[int, dict[str, str]] = {}  # version -> trainer -> state hash of its signed head
         self.published_hashes: dict[int, str] = {}
 
@@ -134,9 +135,7 @@ class TrainerRole:
 
     def _member_trainers(self) -> list:
         """Live trainers that are members of the trainer set (by the key their peer id encodes)."""
-        peers = self.ctx.peers()
-        self.trust.observe(peers)
-        return [p for p in peers if p.role == "trainer" and self.trust.vouches_for(p)]
+        return list(self.book.live_trainers(self.ctx.peers()).values())
 
     def _resync(self, peer, *, joining: bool = False) -> bool:
         """Adopt ``peer``'s FP32 global weights, momentum and head record; False if that failed.
@@ -162,7 +161,10 @@ class TrainerRole:
                                      f"not the state a majority holds at {peer.head}")
             check_declared_model(record.rollout_settings, self.publisher.rollout_settings, version=record.version)
             state = module_state(outer_state["params"].items())
-            self._adopt_into_store(self.trust.admit(record, sender=peer.peer_id, state=state))
+            adopted = self.book.ask(peer.peer_id, lambda: self.gate.admit(record, state=state))
+            if isinstance(adopted, Fault):
+                raise IntegrityError(f"state of {peer.peer_id[:12]} refused: {adopted.why}")
+            self._adopt_into_store(adopted)
         except ModelMismatch as exc:
             if joining:
                 raise  # the swarm runs another model: refuse to join rather than train on it
@@ -204,7 +206,9 @@ class TrainerRole:
             outer_state, record = read_trainer_state(dest, names=set(self.global_params))
         finally:
             dest.unlink(missing_ok=True)
-        self.trust.verify(record, sender=peer.peer_id)
+        verified = self.book.ask(peer.peer_id, lambda: self.gate.verify(record))
+        if isinstance(verified, Fault):
+            raise IntegrityError(f"state of {peer.peer_id[:12]} refused: {verified.why}")
         if record.version < self.version:
             raise IntegrityError(f"{peer.peer_id[:12]} serves the state of version {record.version}, older than "
                                  f"ours ({self.version})")
@@ -214,7 +218,7 @@ class TrainerRole:
         """The state hash a majority of the live members (and we, if we published it) hold at
         ``version``; ``source``'s record is checked (``PulseError`` if it is bad)."""
         ballots = gather_ballots(version=version, heads=self.peer_heads.get(version, {}), source=source,
-                                 trainers=self._member_trainers(), trust=self.trust, fetch=self.ctx.transport.fetch,
+                                 trainers=self._member_trainers(), book=self.book, fetch=self.ctx.transport.fetch,
                                  scratch=self.ctx.store.root, timeout=min(self.cfg.net.fetch_timeout_s, 5.0))
         me, mine = self.ctx.identity.public_key_hex, self.published_hashes.get(version)
         if mine:
@@ -226,12 +230,12 @@ class TrainerRole:
         signed by the key its peer id encodes, a trainer-set member, for this run."""
         rec = decode_record(data)
         peers = self.ctx.peers()
-        self.trust.observe(peers)
         key = sender_key(sender, peers)
-        if rec.signer != key or not self.trust.trainers.is_member(key):
+        if rec.signer != key or not self.book.is_member(key):
             raise IntegrityError(f"head record of {rec.short()} is not signed by its sender, a trainer-set member")
-        self.trust.verify(rec, sender=sender)
-        self.ctx.standing.head_matched(sender)
+        verified = self.book.ask(sender, lambda: self.gate.verify(rec), then=Relayed())
+        if isinstance(verified, Fault):
+            raise IntegrityError(f"head record of {rec.short()} from {sender[:12]} refused: {verified.why}")
         self.peer_heads.setdefault(rec.version, {})[key] = rec.state_hash
 
     def _check_agreement(self) -> None:
@@ -376,7 +380,7 @@ class TrainerRole:
             global_hash=self.outer.state_hash().hex(), reward=reward, eval=accuracy,  # reward: of its batches
             contributors=contributors))
         self.published_hashes[pub.record.version] = pub.record.state_hash
-        self.trust.saw(pub.record)  # our own versions are the version step's reference, too
+        self.gate.saw(pub.record)  # our own versions are the version step's reference, too
         self.published_hashes = {v: h for v, h in self.published_hashes.items() if v > pub.record.version - 8}
         export_trainer_state(self.ctx.store.root, params=self.global_params, momentum=self.outer.momentum,
                              record=pub.record, outer_hash=self.outer.state_hash())
@@ -399,7 +403,7 @@ class TrainerRole:
 
     # ---- inputs ------------------------------------------------------------------------
     def _drain_events(self, wait_s: float = 0.0) -> None:
-        self.evidence.tell_new_peers()
+        self.evidence.tick()
         for ev in self.ctx.transport.events(wait_s=wait_s):
             try:
                 if ev.kind == "rollouts":

@@ -54,7 +54,7 @@ def export_trainer_state(root: Path, *, params: Mapping[str, torch.Tensor],
 def read_trainer_state(path: Path, *, names: set[str]) -> tuple[OuterState, VersionRecord]:
     """Parse a fetched trainer state (hostile input); checks tensor names and, when the file names
     one, the outer hash of weights and momentum. That bf16(params) is the record's state is the
-    trust gate's check, made once where the re-sync admits the version (``TrustPolicy.admit``)."""
+    trust gate's check, made once where the re-sync admits the version (``VersionGate.admit``)."""
     from safetensors import safe_open  # metadata only; tensors come through codec.state
 
     try:

@@ -96,7 +96,7 @@ def select_peer_records(records: list[PeerRecord], *, prefer: Sequence[str] = ()
 def select_entries(records: list[E], *, prefer: Sequence[str] = (), limit: int = MAX_PEERS_READ,
                    salt: bytes = b"", id_of: Callable[[E], str], range_of: Callable[[E], str]) -> list[E]:
     """At most ``limit`` records: those of ``prefer`` first, in its order (the node's ranking:
-    trainer-set members, then peers with standing, ``net/peers/standing.py``), then the others one per
+    trainer-set members, then peers with standing, ``peers/standing.py``), then the others one per
     address range in turn, each range in an order drawn from ``salt`` (a secret of this node).
 
     Anyone can publish records under fresh keys, and a record's ``updated_at`` and version are

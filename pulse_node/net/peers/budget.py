@@ -24,7 +24,7 @@ node's trust policy over the local RPC (``set_members``).
   made for it (a cached or already-running pair costs nothing: identical requests share one
   production), ``member_factor`` times that for members.
 - **Newcomers together** (issue 21): keys are free, so once the node has said which peers have
-  standing (``Members.set_standing``: peers that delivered verified work, ``net/peers/standing.py``),
+  standing (``Members.set_standing``: peers that delivered verified work, ``peers/standing.py``),
   peers with neither membership nor standing share fixed allotments *together*: at most
   ``newcomer_streams`` streams of the shared pool between them, one request bucket and one
   catch-up budget between them, so 1 or 1,000 fresh keys take the same from honest peers. A stream of a peer with

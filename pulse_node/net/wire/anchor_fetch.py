@@ -64,7 +64,7 @@ class ChunkPlan:
         self.failed_on: dict[int, set[str]] = defaultdict(set)
         self.alive = set(providers)
         self.errors: dict[str, str] = {}
-        self.strikes: dict[str, int] = defaultdict(int)  # consecutive failures, over all of a peer's streams
+        self.misses: dict[str, int] = defaultdict(int)  # consecutive failures, over all of a peer's streams
         self.in_flight = 0
         self.changed = trio.Event()
 
@@ -88,7 +88,7 @@ class ChunkPlan:
     def finish(self, i: int, peer: str) -> None:
         self.in_flight -= 1
         self.done[i] = 1
-        self.strikes[peer] = 0
+        self.misses[peer] = 0
         self._notify()
 
     def fail(self, i: int, peer: str, error: str, *, transient: bool) -> None:
@@ -97,14 +97,14 @@ class ChunkPlan:
         self.failed_on[i].add(peer)
         self.pending.insert(0, i)
         self.errors[peer] = error
-        self.strikes[peer] += 1
-        if not transient or self.strikes[peer] >= 2:
+        self.misses[peer] += 1
+        if not transient or self.misses[peer] >= 2:
             self.alive.discard(peer)
         self._notify()
 
     def failed(self, peers: list[str]) -> list[str]:
         """Providers dropped, or whose last attempt failed (a peer that died after its last chunk)."""
-        return sorted(p for p in set(peers) if p not in self.alive or self.strikes[p] > 0)
+        return sorted(p for p in set(peers) if p not in self.alive or self.misses[p] > 0)
 
 
 @dataclass

@@ -81,7 +81,7 @@ class SetMembers(WireRequest[int]):
 
 
 class SetStanding(WireRequest[int]):
-    """Non-members with standing (``net/peers/standing.py``); the others share the newcomers' budgets."""
+    """Non-members with standing (``peers/standing.py``); the others share the newcomers' budgets."""
 
     peer_ids: list[str]
 

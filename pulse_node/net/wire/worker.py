@@ -333,7 +333,7 @@ class WireService(Service):
 
     @rpc
     async def set_standing(self, *, peer_ids: list[str]) -> int:
-        """Peers with standing (``net/peers/standing.py``): their own shares; everyone else who is no
+        """Peers with standing (``peers/standing.py``): their own shares; everyone else who is no
         member shares the newcomers' allotments together (``net/peers/budget.py``)."""
         if len(peer_ids) > 4096 or not all(isinstance(p, str) and len(p) <= 128 for p in peer_ids):
             raise WireError("set_standing takes at most 4096 peer ids")

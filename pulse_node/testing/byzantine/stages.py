@@ -26,10 +26,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from pulse_node.chain.evidence import EvidenceBook
 from pulse_node.errors import PulseError
 from pulse_node.loco.equivocation import evidence_checkers
 from pulse_node.loco.payload import LocoPayload
+from pulse_node.peers.evidence import EvidenceBook
 
 
 class Reveal(Protocol):
@@ -138,7 +138,7 @@ class RunIdEvidence:
 
     def convicts(self, kind: str, first: bytes, second: bytes) -> str | None:
         try:
-            ev = self.book.add(kind, first, second)
+            ev = self.book.mark_pair(kind, first, second)
         except PulseError:
             return None
         return ev.key if ev is not None else None

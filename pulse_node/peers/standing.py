@@ -4,14 +4,15 @@ Keys, records and streams are free, so nothing a peer says about itself (its rec
 ``updated_at``, the version it announces, its role) may order it before another peer. Standing
 is earned from observations of this node only:
 
-- patches (and catch-up patches, anchors) it delivered that verified (``delivered``),
-- rollout batches of its that a trainer accepted (``accepted``),
-- head records it pushed that a trainer-set member signed (``head_matched``, small and capped:
+- patches (and catch-up patches, anchors) it delivered that verified (``Delivered``),
+- rollout batches of its that a trainer accepted (``Accepted``),
+- head records it pushed that a trainer-set member signed (``Relayed``, small and capped:
   relaying a head is cheap),
 - time since this node first saw it (capped, and counted only once it earned something),
 
-minus failed requests (a streak, ended by a delivery) and strikes (lies, never forgotten while
-the peer is remembered). Trainer-set members always come first.
+minus failed requests and pushes (a streak, ended by a delivery) and strikes (lies, never
+forgotten while the peer is remembered). Trainer-set members always come first. The peer book
+(``peers/book.py``) records these outcomes here; nothing else does.
 
 ``Standing.order`` is the one ordering every fan-out uses (views, push targets, fetch
 providers): members, then peers with standing by score, then at most ``quota`` peers without
@@ -87,7 +88,7 @@ class Standing:
         self.changes = 0  # bumped by every observation that can move a peer in the order
 
     # ---- observations ---------------------------------------------------------------
-    def set_members(self, peer_ids: Iterable[str]) -> None:
+    def mark_members(self, peer_ids: Iterable[str]) -> None:
         self.members = frozenset(peer_ids)
         self.changes += 1
 
@@ -98,37 +99,36 @@ class Standing:
                 if len(self.marks) >= self.max_peers:
                     self._forget()
                 m = self.marks[peer_id] = PeerMarks(first_seen=self.clock())
-            self.changes += 1
             return m
 
-    def seen(self, peer_ids: Iterable[str]) -> None:
+    def mark_seen(self, peer_ids: Iterable[str]) -> None:
         """Peers in a view now (starts their time seen)."""
         for pid in peer_ids:
             self._of(pid)
 
-    def delivered(self, peer_id: str, n: int = 1) -> None:
+    def mark_delivered(self, peer_id: str, n: int = 1) -> None:
         """It served something that verified; its failure streak ends."""
         m = self._of(peer_id)
         m.delivered += n
         m.fail_streak = 0
         self.changes += 1
 
-    def accepted(self, peer_id: str, n: int = 1) -> None:
+    def mark_accepted(self, peer_id: str, n: int = 1) -> None:
         """A rollout batch of its was verified and accepted."""
         self._of(peer_id).accepted += n
         self.changes += 1
 
-    def head_matched(self, peer_id: str) -> None:
+    def mark_relayed(self, peer_id: str) -> None:
         """It pushed a head record a trainer-set member signed."""
         self._of(peer_id).heads += 1
         self.changes += 1
 
-    def failed(self, peer_id: str) -> None:
+    def mark_failure(self, peer_id: str) -> None:
         """A request to it timed out or failed."""
         self._of(peer_id).fail_streak += 1
         self.changes += 1
 
-    def struck(self, peer_id: str) -> None:
+    def mark_strike(self, peer_id: str) -> None:
         """It sent something false or damaged."""
         self._of(peer_id).strikes += 1
         self.changes += 1

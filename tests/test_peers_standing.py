@@ -11,7 +11,7 @@ from helpers import wait_for
 from pulse_node.chain.peer import PeerRecord, PeerStatus
 from pulse_node.daemon.fanout import Fanout
 from pulse_node.errors import PeerUnavailable
-from pulse_node.net.peers.standing import FETCH_UNKNOWN, PUSH_UNKNOWN, VIEW_UNKNOWN, Standing
+from pulse_node.peers.standing import FETCH_UNKNOWN, PUSH_UNKNOWN, VIEW_UNKNOWN, Standing
 from pulse_node.testing.memory import announced
 
 
@@ -29,9 +29,9 @@ class Clock:
 
 def honest_standing(clock: Clock) -> Standing:
     s = Standing(clock=clock, salt=b"node-secret")
-    s.set_members({"trainer-a", "trainer-b"})
-    s.delivered("inf-good", 3)
-    s.accepted("inf-busy", 2)
+    s.mark_members({"trainer-a", "trainer-b"})
+    s.mark_delivered("inf-good", 3)
+    s.mark_accepted("inf-busy", 2)
     return s
 
 
@@ -61,11 +61,11 @@ def test_what_a_peer_claims_earns_nothing() -> None:
     """A record's version, role or time seen alone gives no standing; verified work does."""
     clock = Clock()
     s = Standing(clock=clock)
-    s.seen(["sybil", "worker"])
-    s.head_matched("sybil")  # relaying a signed head is cheap: not standing by itself
+    s.mark_seen(["sybil", "worker"])
+    s.mark_relayed("sybil")  # relaying a signed head is cheap: not standing by itself
     clock.t += 10_000
     assert not s.known("sybil") and not s.known("worker")
-    s.delivered("worker")
+    s.mark_delivered("worker")
     assert s.known("worker") and s.score("worker") > s.score("sybil")
     assert s.known_ids() == ["worker"]
 
@@ -73,18 +73,18 @@ def test_what_a_peer_claims_earns_nothing() -> None:
 def test_failures_demote_and_strikes_stick() -> None:
     clock = Clock()
     s = Standing(clock=clock, salt=b"x")
-    s.delivered("flaky")
+    s.mark_delivered("flaky")
     for _ in range(3):
-        s.failed("flaky")
+        s.mark_failure("flaky")
     assert not s.known("flaky")
-    s.delivered("flaky")  # a delivery ends the streak
+    s.mark_delivered("flaky")  # a delivery ends the streak
     assert s.known("flaky")
-    s.failed("dead")  # tried once and timed out: behind every untried newcomer
+    s.mark_failure("dead")  # tried once and timed out: behind every untried newcomer
     order = s.order([peer("dead"), *[peer(f"new-{i}") for i in range(5)]], quota=5)
     assert "dead" not in [p.peer_id for p in order]
-    s.delivered("liar", 5)
-    s.struck("liar")
-    s.struck("liar")
+    s.mark_delivered("liar", 5)
+    s.mark_strike("liar")
+    s.mark_strike("liar")
     assert not s.known("liar")
 
 
@@ -102,8 +102,8 @@ def test_the_draw_of_newcomers_turns_over() -> None:
 
 def test_remembered_peers_are_bounded_and_earnings_kept() -> None:
     s = Standing(clock=Clock(), max_peers=100)
-    s.delivered("worker")
-    s.seen(f"s{i}" for i in range(1000))
+    s.mark_delivered("worker")
+    s.mark_seen(f"s{i}" for i in range(1000))
     assert len(s.marks) <= 100 and s.known("worker")
 
 

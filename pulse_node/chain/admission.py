@@ -1,24 +1,10 @@
-"""The trainer set: the Ed25519 keys that may train, sign versions, decide rounds, serve trainer state.
-
-This is the one place the swarm's trust model lives (``docs/ARCHITECTURE.md``, "Trust model").
-
-- **Keyed** (whenever any key is configured): the members are the configured keys
-  (``chain.trusted_trainers`` and the keys in the file or directory ``chain.trusted_trainers_path``)
-  plus every key admitted by an ``Admission`` that enough current members signed. Nothing a peer
-  announces adds a member; an admission is verified against the members this node already trusts.
-- **Open** (no key configured): any peer that announces the trainer role is a member, under the
-  key its peer id encodes. Anyone can then train, sign versions and steer the model. Only for a
-  local swarm: ``pulse-node join`` refuses it on a non-loopback bootstrap unless the operator
-  sets ``chain.open_swarm`` (``--open-swarm``), and the node then prints a warning banner and
-  reports ``trust_mode = "open"`` in its status.
+"""Trainer keys and admissions, the statements: who may train is the peer book's (``peers/trainerset.py``).
 
 **Admission** of a new trainer: ``quorum`` distinct members (``chain.admission_quorum``; default a
 majority of the configured keys) each sign ``(run id, new key)`` (``pulse-node trainers admit``);
 the new trainer names the collected file in ``chain.admission_file`` and carries it in its DHT
-peer record; every node that reads the record verifies it (run id, endorsers are members, each
-signature, quorum) and adds the key. Admissions may chain (an admitted member may endorse), so
-``observe`` repeats until nothing changes. An operator may also just add the key to the config.
-Removing a member is a config change (and a restart) on every node.
+peer record; every node that reads the record verifies it against the members it already
+trusts (``peers/trainerset.TrainerSet``).
 
 ``bound_key(peer)`` is the only way a peer's key is read: the key its peer id encodes (libp2p
 Ed25519 ids embed it), never a key the peer merely announces; a peer announcing another key gets
@@ -28,10 +14,7 @@ peer, sets the id; there the announced key is used.)
 
 from __future__ import annotations
 
-import hashlib
-import logging
 import re
-from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -39,22 +22,17 @@ from typing import Protocol
 
 import msgpack
 
-from pulse_node.chain.identity import Identity, key_id_of, key_of_peer_id, verify_signature
+from pulse_node.chain.identity import Identity, key_id_of, key_of_peer_id
 from pulse_node.chain.peer import PeerRecord
-from pulse_node.errors import ConfigError, IntegrityError, WireError
-
-log = logging.getLogger("pulse.trust")
+from pulse_node.errors import ConfigError, WireError
 
 ADMISSION_MAGIC = "pulse/trainer-admission"
 ADMISSION_FORMAT = 1
 MAX_ADMISSION_BYTES = 4096
 MAX_ENDORSEMENTS = 32
-#: members a set holds at most (configured + admitted)
-MAX_MEMBERS = 256
 _SIGN_DOMAIN = b"pulse/trainer-admission/sign/1\0"
 _KEY = re.compile(r"[0-9a-f]{64}")
 _RUN_ID = re.compile(r"[A-Za-z0-9_.-]{1,64}")
-_REJECTED_CAP = 1024
 
 
 def check_key(key: object, *, what: str = "trainer key") -> str:
@@ -176,87 +154,3 @@ def read_admission(path: Path, *, run_id: str, key: str) -> bytes:
         raise ConfigError(f"{path}: admits key {key_id_of(adm.key)} to run {adm.run_id!r}; this node is "
                           f"{key_id_of(key)} in run {run_id!r}")
     return data
-
-
-class TrainerSet:
-    """Members of one run's trainer set (see the module docstring); ``observe`` learns from peers."""
-
-    def __init__(self, *, run_id: str, keys: Iterable[str] = (), quorum: int = 0) -> None:
-        self.run_id = run_id
-        self.configured = frozenset(check_key(k) for k in keys)
-        self.admitted: dict[str, Admission] = {}
-        self.open = not self.configured
-        self.quorum = quorum or len(self.configured) // 2 + 1
-        self._announced: frozenset[str] = frozenset()
-        self._rejected: OrderedDict[bytes, int] = OrderedDict()  # admission digest -> set size then
-
-    @classmethod
-    def from_config(cls, chain: TrainerSetSettings, *, run_id: str) -> TrainerSet:
-        """The set a node's ``[chain]`` config describes (reads ``trusted_trainers_path``)."""
-        keys = list(chain.trusted_trainers)
-        if chain.trusted_trainers_path is not None:
-            keys += read_key_file(chain.trusted_trainers_path)
-        return cls(run_id=run_id, keys=keys, quorum=chain.admission_quorum)
-
-    @property
-    def members(self) -> frozenset[str]:
-        return self._announced if self.open else self.configured | frozenset(self.admitted)
-
-    def is_member(self, key: str) -> bool:
-        return bool(key) and key.lower() in self.members
-
-    def describe(self) -> str:
-        if self.open:
-            return f"OPEN: any peer announcing the trainer role ({len(self._announced)} now)"
-        return f"{len(self.configured)} configured key(s), {len(self.admitted)} admitted (quorum {self.quorum})"
-
-    def observe(self, peers: Iterable[PeerRecord]) -> None:
-        """Learn from discovery: open, the announced trainers; keyed, admissions their records carry."""
-        trainers = [p for p in peers if p.role == "trainer"]
-        if self.open:
-            self._announced = frozenset(k for k in map(bound_key, trainers) if k)
-            return
-        pending = [(bound_key(p), a) for p in trainers if (a := p.admission)]
-        while pending:  # an admitted member may endorse the next: repeat until nothing changes
-            before = len(self.admitted)
-            pending = [(k, a) for k, a in pending if k and not self.is_member(k) and not self._learn(k, a)]
-            if len(self.admitted) == before:
-                return
-
-    def _learn(self, key: str, data: bytes) -> bool:
-        """Admit ``key`` by ``data`` if it verifies now. A rejected admission is not checked again
-        until the set changes, so a flood of bad ones costs one check each."""
-        digest = hashlib.sha256(bytes(data)).digest() + bytes.fromhex(key)
-        if self._rejected.get(digest) == len(self.members):
-            return False
-        try:
-            adm = Admission.decode(data)
-            if adm.key != key:
-                raise IntegrityError("the admission names another key than its carrier's")
-            self.admit(adm)
-            return True
-        except (WireError, IntegrityError) as exc:
-            log.debug("admission carried by %s not accepted: %s", key_id_of(key), exc)
-        self._rejected[digest] = len(self.members)
-        while len(self._rejected) > _REJECTED_CAP:
-            self._rejected.popitem(last=False)
-        return False
-
-    def admit(self, admission: Admission) -> None:
-        """Add ``admission.key`` if ``quorum`` distinct members endorsed it; ``IntegrityError`` if not."""
-        if self.open:
-            raise IntegrityError("an open trainer set has no admissions (configure trainer keys)")
-        if admission.run_id != self.run_id:
-            raise IntegrityError(f"admission is for run {admission.run_id!r}, not {self.run_id!r}")
-        if self.is_member(admission.key):
-            return
-        if len(self.members) >= MAX_MEMBERS:
-            raise IntegrityError(f"the trainer set is full ({MAX_MEMBERS} members)")
-        message = admission.signing_bytes()
-        first = {k: sig for k, sig in reversed(admission.endorsements)}  # one signature checked per member
-        endorsers = {k for k, sig in first.items() if self.is_member(k) and verify_signature(k, message, sig)}
-        if len(endorsers) < self.quorum:
-            raise IntegrityError(f"admission of {key_id_of(admission.key)} has {len(endorsers)} valid member "
-                                 f"endorsement(s), needs {self.quorum}")
-        self.admitted[admission.key] = admission
-        log.info("trainer %s admitted by %d members", key_id_of(admission.key), len(endorsers))
