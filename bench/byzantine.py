@@ -210,8 +210,10 @@ def main() -> int:
     ap.add_argument("--jobs", type=int, default=2, help="worker processes")
     ap.add_argument("--set", action="append", default=[], help="config override KEY=VALUE (configs/trainer.toml)")
     ap.add_argument("--probe", action="store_true", help="only what each rule delivers of honest payloads "
-                    "at lr 3e-4 and 1e-6 (dense and sparse payloads); see probe()")
+                    "at lr 3e-4 and 1e-6 (dense and sparse payloads; probe()), and honest error feedback under "
+                    "the robust rule's powers (toy trainers on their own shards; toy.ef_growth)")
     ap.add_argument("--probe-rounds", type=int, default=3)
+    ap.add_argument("--probe-toy-rounds", type=int, default=300)
     ap.add_argument("--model", action="append", default=[], choices=("commit-reveal", "names-every-committed"),
                     help="plug in a model of a later protocol piece (stages.py) instead of today's stage")
     args = ap.parse_args()
@@ -225,7 +227,15 @@ def main() -> int:
     args.set = [f"sampling.prompts_per_batch={args.prompts}", "loco.base_coding=false", *args.set]
     rules = [r for r in args.rules.split(";" if "(" in args.rules else ",") if r]
     if args.probe:
-        print(json.dumps({"probe": probe(args, rules), "rules": rules, "overrides": args.set}))
+        from pulse_node.testing.byzantine.toy import ef_growth
+
+        growth = {}
+        for power in (1, 2, 3):
+            growth[power] = ef_growth(power=power, lr=1e-3, rounds=args.probe_toy_rounds)
+            print(f"  toy, {args.probe_toy_rounds} rounds, robust(power={power}): largest error feedback "
+                  f"{growth[power]['ef_max_over_median']:.1f}x the median one, smallest last weight "
+                  f"{growth[power]['min_weight']:.3f}", flush=True)
+        print(json.dumps({"probe": probe(args, rules), "ef_growth": growth, "rules": rules, "overrides": args.set}))
         return 0
     seeds = list(range(args.seeds))
     scenarios = ["honest", *names]

@@ -192,7 +192,7 @@ class Constant(Attack):
 class StaleReplay(Attack):
     """Replays honest payloads of ``lag`` rounds ago as its own."""
 
-    name = "stale_replay"
+    name, needs = "stale_replay", "spot recomputation (a replay is not recomputable from the round's inputs)"
 
     def __init__(self, ids: list[str], *, lag: int = 5) -> None:
         super().__init__(ids)

@@ -15,21 +15,20 @@ bench then reports what they hold. The aggregation rule itself is not a stage: i
   the coordinator whose turn it is; later only one naming every payload committed in time.
 - ``SpotCheck``: recomputes inner steps, convicts cheaters, judges accusations. Today there
   is none: nobody is checked and an accusation has nowhere to go.
-- ``EvidenceJudge``: convicts a key from two conflicting statements it signed. Today the real
-  ``EvidenceBook`` with the round-decision checker (``loco/equivocation.py``), which ties the
-  statements to the run id only, not to one chain.
+- ``EvidenceJudge``: convicts a key from two conflicting statements it signed. Today the
+  checkers a node's evidence book runs (``loco/equivocation.py``), which tie the statements to
+  the run id only, not to one chain.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 from pulse_node.errors import PulseError
 from pulse_node.loco.equivocation import evidence_checkers
 from pulse_node.loco.payload import LocoPayload
-from pulse_node.peers.evidence import EvidenceBook
 
 
 class Reveal(Protocol):
@@ -128,20 +127,19 @@ class NoSpotChecks:
 
 @dataclass
 class RunIdEvidence:
-    """Today: the node's ``EvidenceBook`` with every checker it runs (``loco/equivocation.py``)."""
+    """Today: the checkers every node runs on received evidence (``loco/equivocation.py``: a
+    conviction needs two statements one member key signed for one round of this run)."""
 
     run_id: str
-    book: EvidenceBook = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.book = EvidenceBook(run_id=self.run_id, checkers=evidence_checkers())
 
     def convicts(self, kind: str, first: bytes, second: bytes) -> str | None:
+        checker = evidence_checkers().get(kind)
+        if checker is None:
+            return None
         try:
-            ev = self.book.mark_pair(kind, first, second)
+            return checker(first, second, self.run_id)[0]
         except PulseError:
             return None
-        return ev.key if ev is not None else None
 
 
 @dataclass

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from pulse_node.loco.bound import PayloadBound
-from pulse_node.loco.config import LocoConfig
+from pulse_node.loco.config import AggregateConfig, LocoConfig
 from pulse_node.loco.outer import OuterOptimizer
 from pulse_node.loco.payload import LocoPayload
 from pulse_node.loco.sparsify import ErrorFeedback
@@ -123,3 +123,32 @@ class Hoarder:
                     e.zero_()
                 out.append(LocoPayload(rnd, tid, outer.state_hash(), tensors, dict(p.numel)))
         return out
+
+
+def ef_growth(*, power: int, lr: float, rounds: int, honest: int = 4) -> dict[str, float]:
+    """Honest toy trainers only (each on its own data shard), the robust rule with ``power``:
+    the largest error-feedback norm of any trainer over the median one's at the end, and the
+    smallest weight of the last round. A rule that takes ever less of a trainer whose payload is
+    farthest makes that trainer's error feedback grow without bound (its work is then lost)."""
+    cfg = LocoConfig(inner_steps=5, aggregate=AggregateConfig(power=power))
+    bound = PayloadBound.of(cfg, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
+    trainers = [ToyTrainer(r, lr=lr) for r in range(honest)]
+    start = {n: t.detach().clone() for n, t in trainers[0].local_params().items()}
+    outer = OuterOptimizer({n: t.clone() for n, t in start.items()}, cfg)
+    efs = [ErrorFeedback({n: tuple(t.shape) for n, t in start.items()}, cfg=cfg, bound=bound) for _ in trainers]
+    for rnd in range(rounds):
+        mine = []
+        for i, (tr, ef) in enumerate(zip(trainers, efs)):
+            with torch.no_grad():
+                for n, t in tr.local_params().items():
+                    t.copy_(outer.params[n])
+            for _ in range(cfg.inner_steps):
+                tr.inner_step()
+            mine.append(ef.make_payload(outer.params, {n: t.detach() for n, t in tr.local_params().items()},
+                                        round=rnd, trainer_id=f"h{i}", base_hash=outer.state_hash()))
+        outer.apply(mine)
+        for p, ef in zip(mine, efs):
+            if outer.kept[p.trainer_id] < 1.0:
+                ef.restore(p, keep=outer.kept[p.trainer_id])
+    norms = sorted(float(torch.cat([e.reshape(-1) for e in ef.e.values()]).norm()) for ef in efs)
+    return {"ef_max_over_median": norms[-1] / max(norms[len(norms) // 2], 1e-30), "min_weight": min(outer.kept.values())}
