@@ -11,16 +11,19 @@ CenteredClip (Karimireddy et al. 2021) around the outer momentum, on whole paylo
     for l in 1..L:                         # loco.aggregate.iterations
         D_i = ||p_i - v_{l-1}||            # over the whole model, every trainer alike
         tau = c * upper median of D_i      # loco.aggregate.tau_scale
-        k_i = min(1, tau / D_i)
+        k_i = min(1, tau / D_i) ** power   # loco.aggregate.power (1: CenteredClip)
         v_l = v_{l-1} + sum_i k_i * (p_i - v_{l-1}) / n
 
 and the ``k_i`` of the last iteration are the weights. A payload more than ``tau`` from the
 centre counts as one of norm ``tau``, so each trainer moves a round by at most about what an
 honest one does, whatever the bound allows; with fewer than half of the payloads hostile the
-median distance is an honest one. Measured against the standard attacks and against the
-alternatives (median, trimmed mean, norm clip around 0): bench/byzantine.py, bench/RESULTS.md
-"Byzantine trainers". With ``outer_placement = "trainer"`` the global momentum is 0 and the
-centre starts at 0 (a clip of each payload's norm against the median norm).
+median distance is an honest one. A power above 1 gives far payloads less, but then an honest
+trainer whose payload stays farthest (its own data) delivers ever less and its error feedback
+grows without bound; with 1 it still delivers ``tau`` a round. Measured against the standard
+attacks and the alternatives (coordinate median, trimmed mean, norm clip around 0, power 2):
+bench/byzantine.py, bench/RESULTS.md "Byzantine trainers". With ``outer_placement = "trainer"``
+the global momentum is 0 and the centre starts at 0 (each payload's norm clipped against the
+median norm).
 
 What the rule removes from a payload, ``p_i - fp32(k_i * p_i)``, is that trainer's work
 delayed, not lost: every trainer computes every weight, so each knows its own and puts the

@@ -24,7 +24,8 @@ class AggregateConfig(StrictModel):
     """CenteredClip iterations (each one pass over every payload and the model's tensors)."""
     power: int = pydantic.Field(1, ge=1, le=4)
     """A payload at distance ``D > tau`` from the centre weighs ``(tau / D) ** power``: 1 is
-    CenteredClip (it counts as one at distance ``tau``), more gives far payloads less."""
+    CenteredClip (it counts as one at distance ``tau``); more gives far payloads less but starves
+    an honest trainer that stays farthest (bench/RESULTS.md "Byzantine trainers")."""
 
 
 class LocoConfig(StrictModel):
