@@ -30,15 +30,20 @@ def test_newcomers_share_one_weight_whatever_their_number() -> None:
 def test_open_trainers_earn_weight_by_checks_passed_and_lose_it_for_good_when_convicted() -> None:
     cfg = TrustConfig(newcomer_checks=2, earn_checks=4)
     ledger = Ledger(cfg)
-    for r in range(2):
-        ledger.record(RoundFacts(r, bytes([r]) * 32, contributors=("o",), verdicts=(Verdict("o", True),)))
+    for r in range(1, 3):
+        ledger.record(RoundFacts(r, bytes([r]) * 32, contributors=("o",), verdicts=(Verdict(r - 1, "o", "m", True),)))
     assert not ledger.newcomer("o", member=False)
     assert ledger.weights(["m", "o"], members={"m"}) == {"m": 1.0, "o": 0.5}
-    ledger.record(RoundFacts(2, b"x" * 32, contributors=("o",), verdicts=(Verdict("o", False),)))
-    assert ledger.weights(["o"], members=set())["o"] == 0.0  # 3 passed - 2 x 1 failed = 0 of 4
-    ledger.record(RoundFacts(3, b"y" * 32, convicted=("o",)))
-    for r in range(4, 20):
-        ledger.record(RoundFacts(r, bytes([r]) * 32, contributors=("o",), verdicts=(Verdict("o", True),)))
+    again = Verdict(1, "o", "m", True)  # named a second time: counted once
+    ledger.record(RoundFacts(3, b"x" * 32, contributors=("o", "m"), members=frozenset({"m"}),
+                             verdicts=(again, Verdict(2, "o", "m", False), Verdict(2, "m", "o", False))))
+    assert ledger.weights(["o", "m"], members={"m"}) == {"o": 0.0, "m": 0.0}  # both failed: owing a check
+    assert ledger.owing("m") and ledger.owing("o")
+    ledger.record(RoundFacts(4, b"z" * 32, verdicts=(Verdict(3, "m", "o", True), Verdict(3, "o", "m", True))))
+    assert ledger.weights(["o", "m"], members={"m"}) == {"o": 0.25, "m": 1.0}  # 3 passed - 2 x 1 failed of 4
+    ledger.record(RoundFacts(5, b"y" * 32, convicted=("o",)))
+    for r in range(6, 20):
+        ledger.record(RoundFacts(r, bytes([r]) * 32, contributors=("o",), verdicts=(Verdict(r - 1, "o", "m", True),)))
     assert ledger.weights(["o"], members={"o"})["o"] == 0.0
 
 
@@ -55,7 +60,8 @@ def test_entry_is_bounded_and_drawn_by_the_last_decision() -> None:
 def test_round_trip_hash_and_hostile_bytes() -> None:
     ledger = Ledger(TrustConfig(max_entries=16))
     for r in range(40):  # more keys than it keeps: the idle newcomers go, members stay
-        ledger.record(RoundFacts(r, bytes([r]) * 32, contributors=("m", f"n{r}"), members=frozenset({"m"})))
+        ledger.record(RoundFacts(r, bytes([r]) * 32, contributors=("m", f"n{r}"), members=frozenset({"m"}),
+                                 verdicts=(Verdict(r - 1, "m", f"n{r}", True),)))
     assert len(ledger.entries) == 16 and "m" in ledger.entries and "n39" in ledger.entries
     back = Ledger.decode(ledger.encode(), cfg=TrustConfig(max_entries=16))
     assert back.digest() == ledger.digest() and back.entries == ledger.entries

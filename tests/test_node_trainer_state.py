@@ -26,8 +26,8 @@ def _written(tmp_path):
                          state_hash=state_hash(module_state(params.items())), patch=None, anchor_version=0,
                          is_anchor=True, codec="pulsesync/compact/1")
     ledger = Ledger(TrustConfig())
-    ledger.record(RoundFacts(0, b"d" * 32, contributors=("a", "b"), members=frozenset({"a"}),
-                             verdicts=(Verdict("b", True),)))
+    ledger.record(RoundFacts(1, b"d" * 32, contributors=("a", "b"), members=frozenset({"a"}),
+                             verdicts=(Verdict(0, "b", "a", True),)))
     return export_trainer_state(tmp_path, params=params, momentum=momentum, record=record,
                                 ledger=ledger), params, momentum
 
