@@ -205,6 +205,29 @@ def _evidence(tmp: Path) -> None:
     decode_evidence(b"\0" * (MAX_EVIDENCE_BYTES + 1))
 
 
+def _huge_view(n: int) -> memoryview:
+    """``n`` bytes that are never allocated (one byte seen n times)."""
+    return memoryview(np.lib.stride_tricks.as_strided(np.zeros(1, np.uint8), shape=(n,), strides=(0,)))
+
+
+def _commitment(tmp: Path) -> None:
+    from pulse_node.loco.commit import decode_commitment
+
+    decode_commitment(_huge_view(HUGE))
+
+
+def _opening(tmp: Path) -> None:
+    from pulse_node.loco.opening import decode_opening
+
+    decode_opening(_huge_view(HUGE), max_bytes=1 << 20)
+
+
+def _spot_evidence(tmp: Path) -> None:
+    from pulse_node.loco.spot_evidence import decode_evidence as decode_spot
+
+    decode_spot(_huge_view(HUGE))
+
+
 SIZES = [
     Size("the streamed patch buffer", "inference/streaming.py:Pipeline.fetch_apply", "codec/limits.py:patch_cap "
          "(2x our state's dense size + 1 MiB)", _streamed),
@@ -246,6 +269,11 @@ SIZES = [
     Size("a round decision", "loco/decision.py:decode_decision", "MAX_DECISION_BYTES", _decision),
     Size("an admission", "chain/admission.py:Admission.decode", "MAX_ADMISSION_BYTES", _admission),
     Size("an evidence push", "chain/evidence.py:decode_evidence", "MAX_EVIDENCE_BYTES", _evidence),
+    Size("an inner-step commitment", "loco/commit.py:decode_commitment", "MAX_COMMIT_BYTES (256 KiB)", _commitment),
+    Size("an inner-step opening", "loco/opening.py:decode_opening", "the caller's max_bytes (opening_cap of the "
+         "commitment), at most MAX_OPENING_BYTES", _opening),
+    Size("spot-check evidence", "loco/spot_evidence.py:decode_evidence", "MAX_EVIDENCE_BYTES (96 MiB)",
+         _spot_evidence),
     Size("a trainer state download", "trainer/role.py:_fetch_trainer_state", "trainer_state_cap (8 B/param + "
          "header), as the fetch's max_bytes",
          covered_by="test_net_wire.py::test_a_body_larger_than_the_signed_size_is_refused_before_reading"),

@@ -94,6 +94,8 @@ def test_process_swarm_bit_identical_with_late_joiner(swarm):
 def _check_summary_and_progress(summary: dict, piped: str, trainer_hashes: dict[int, str]) -> None:
     """The --json summary's PULSE figures and the plain progress lines of a run without a terminal."""
     assert summary["states_agree"] and summary["hash_disagreements"] == 0, summary
+    v0 = summary["per_version"][0]
+    assert v0["version"] == 0 and v0["holders"] >= 4, "nodes past the genesis anchor no longer count as its holders"
     assert summary["smaller_than_dense"] > 1 and summary["smaller_than_reference"], summary
     assert 0 < summary["changed_fraction_mean"] <= 1 and summary["catchups"] >= 1, summary
     assert summary["catchup_bytes"] < summary["catchup_replaced_bytes"], "a catch-up cost more than its patches"

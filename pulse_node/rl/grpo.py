@@ -177,17 +177,30 @@ class GRPOLearner:
                  "staleness_mean": sum(current_version - r.version for r in fresh) / max(1, len(fresh))}
         return stats, [fresh[i] for i in useful], [adv[i] for i in useful]
 
-    def step(self, rollouts: list[Rollout], *, current_version: int) -> dict[str, float]:
-        """One AdamW step on ``rollouts``; returns loss, reward_mean, kept, dropped_stale, ..."""
+    def gradient(self, rollouts: list[Rollout], *, current_version: int) -> tuple[dict[str, float], float | None]:
+        """The step's clipped gradient in ``.grad`` and its stats; the norm before clipping, or None
+        when no rollout is informative (no gradient, no step). ``apply`` then takes the AdamW step;
+        between the two a trainer may record the gradient (``trainer/spot_record.py``)."""
         stats, batch, adv = self.plan(rollouts, current_version=current_version)
         self.opt.zero_grad(set_to_none=True)
         if not batch:
-            return stats  # no signal: the weights (and the version's BF16 cast) stay as they are
+            return stats, None  # no signal: the weights (and the version's BF16 cast) stay as they are
         self.policy.model.train()
         extra = self.accumulate(batch, adv)
-        norm = torch.nn.utils.clip_grad_norm_(self.policy.model.parameters(), self.cfg.max_grad_norm)
+        norm = float(torch.nn.utils.clip_grad_norm_(self.policy.model.parameters(), self.cfg.max_grad_norm))
+        stats.update(extra, grad_norm=norm)
+        return stats, norm
+
+    def apply(self, stats: dict[str, float], norm: float | None) -> dict[str, float]:
+        """The AdamW step on the gradient ``gradient`` left (none if ``norm`` is None)."""
+        if norm is None:
+            return stats
         before = bf16_bits(self.policy.model)
         self.opt.step()
-        stats.update(extra, grad_norm=float(norm), stepped=1.0,
-                     bf16_changed=changed_fraction(before, bf16_bits(self.policy.model)))
+        stats.update(stepped=1.0, bf16_changed=changed_fraction(before, bf16_bits(self.policy.model)))
         return stats
+
+    def step(self, rollouts: list[Rollout], *, current_version: int) -> dict[str, float]:
+        """One AdamW step on ``rollouts``; returns loss, reward_mean, kept, dropped_stale, ..."""
+        stats, norm = self.gradient(rollouts, current_version=current_version)
+        return self.apply(stats, norm)

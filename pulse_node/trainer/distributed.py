@@ -294,10 +294,11 @@ class DistributedEngine:
         if self._worker is None:
             policy = build_policy(self.cfg.model, self.cfg.task, seed=self.cfg.seed,
                                   grpo_cfg=GRPOConfig(warmstart_steps=0))
-            self._worker = RolloutWorker(policy, self.cfg.sampling)
+            self._worker = RolloutWorker(policy, self.cfg.sampling, compute=self.cfg.verify.compute)
         return self._worker
 
-    def step(self, rollouts: list[Rollout], *, current_version: int) -> dict[str, float]:
+    def step(self, rollouts: list[Rollout], *, current_version: int, producer: str = "") -> dict[str, float]:
+        # producer: recorded only by LocalEngine.inner_log (spot checks do not cover sharded trainers yet)
         stats, batch, adv = self.work.learner.plan(rollouts, current_version=current_version)
         if not batch:
             return stats

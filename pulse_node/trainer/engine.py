@@ -35,6 +35,7 @@ from pulse_node.rl.rollout import Rollout
 from pulse_node.rl.sampler import RolloutWorker
 from pulse_node.torchbits import load_state
 from pulse_node.trainer import world_size
+from pulse_node.trainer.spot_record import InnerStepLog
 
 
 class Engine(Protocol):
@@ -46,7 +47,7 @@ class Engine(Protocol):
     @property
     def worker(self) -> RolloutWorker: ...
 
-    def step(self, rollouts: list[Rollout], *, current_version: int) -> dict[str, float]: ...
+    def step(self, rollouts: list[Rollout], *, current_version: int, producer: str = "") -> dict[str, float]: ...
 
     def make_payload(self, *, round: int, trainer_id: str, base_hash: bytes) -> LocoPayload: ...
 
@@ -74,19 +75,32 @@ class LocalEngine:
     def __init__(self, cfg: TrainerConfig) -> None:
         self.policy = build_policy(cfg.model, cfg.task, seed=cfg.seed, grpo_cfg=cfg.grpo, progress=True)
         self.learner = GRPOLearner(self.policy, cfg.grpo, temperature=cfg.sampling.temperature)
-        self._worker = RolloutWorker(self.policy, cfg.sampling)
+        self._worker = RolloutWorker(self.policy, cfg.sampling, compute=cfg.verify.compute)
         self.local = dict(self.policy.model.named_parameters())
         global_params = {n: p.detach().to("cpu", torch.float32).clone() for n, p in self.local.items()}
         self.shapes = {n: tuple(t.shape) for n, t in global_params.items()}
         self.outer = OuterOptimizer(global_params, cfg.loco)
         self.ef = ErrorFeedback(self.shapes, cfg=cfg.loco, bound=PayloadBound.of_trainer(cfg))
+        self.inner_log: InnerStepLog | None = None  # set: inner steps are recorded for spot checks
 
     @property
     def worker(self) -> RolloutWorker:
         return self._worker
 
-    def step(self, rollouts: list[Rollout], *, current_version: int) -> dict[str, float]:
-        return self.learner.step(rollouts, current_version=current_version)
+    def step(self, rollouts: list[Rollout], *, current_version: int, producer: str = "") -> dict[str, float]:
+        """One GRPO step; with ``inner_log`` its batch (made by ``producer``), weights and clipped
+        gradient are recorded between the backward and the AdamW step."""
+        if self.inner_log is None:
+            return self.learner.step(rollouts, current_version=current_version)
+        stats, norm = self.learner.gradient(rollouts, current_version=current_version)
+        self.inner_log.record(self.learner, rollouts, producer=producer, grad_norm=norm)
+        return self.learner.apply(stats, norm)
+
+    def begin_inner_log(self, *, round: int, base_hash: bytes) -> None:
+        """Start recording round ``round`` (after ``reset_local``), if ``inner_log`` is set."""
+        if self.inner_log is not None:
+            self.inner_log.begin_round(round=round, base_hash=base_hash, base=self.outer.params,
+                                       learner=self.learner, ef=self.ef)
 
     def make_payload(self, *, round: int, trainer_id: str, base_hash: bytes) -> LocoPayload:
         local_cpu = {n: p.detach().to("cpu", torch.float32) for n, p in self.local.items()}

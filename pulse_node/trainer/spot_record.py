@@ -1,0 +1,181 @@
+"""A trainer's record of its inner steps: the commitment it signs, the openings it answers with.
+
+``InnerStepLog`` is the trainer side of spot recomputation (``loco/commit.py`` says what is
+committed and why). The engine calls it at three points of a round:
+
+- ``begin_round`` (local weights just reset to the round's base): keeps a copy of the start state
+  (AdamW moments and step count, error feedback, the trainer's outer momentum) and its Merkle tree;
+- ``record`` between a step's clipped gradient and its AdamW step (``GRPOLearner.gradient`` /
+  ``apply``): keeps the gradient and its tree, the batch's bytes and key, the state hash of the BF16
+  weights the forward ran on and their sparse difference from the base;
+- ``commitment`` once the payload is made: the signed ``InnerCommitment``.
+
+Later it answers the checks drawn on that round: ``open`` (leaves of the start state and of every
+gradient, with Merkle paths), ``batch_bytes`` and ``weights_patch`` (a BF16 patch from the base to
+the weights of step ``k``). It keeps the last ``keep`` rounds (a check of round ``r`` also opens
+round ``r + 1``'s start). What that holds, per parameter and round: 4 B per stepped step plus
+12-16 B of start state, plus per step 6 B per BF16 change (at most 2 B per weight) (bench/RESULTS.md "Spot
+recomputation" has the figures at real shapes). Only ``LocalEngine`` records; a trainer on several
+processes (``DistributedEngine``) does not yet (its gradients live in shards).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import blake3
+import numpy as np
+import torch
+
+from pulse_node.chain.identity import Identity
+from pulse_node.codec.patch import make_patch
+from pulse_node.codec.state import State, TensorBits
+from pulse_node.codec.statehash import state_hash
+from pulse_node.loco.commit import STATE_GLOBAL, STATE_TRAINER, BatchRef, InnerCommitment, StepCommit, sign_commitment
+from pulse_node.loco.merkle import MerkleTree, leaf_bytes
+from pulse_node.loco.opening import GRAD_DOMAIN, STATE_DOMAIN, FlatLayout, RoundOpening
+from pulse_node.loco.sparsify import ErrorFeedback
+from pulse_node.rl.grpo import GRPOLearner
+from pulse_node.rl.rollout import Rollout, encode_rollouts
+from pulse_node.torchbits import module_state
+
+DEFAULT_LEAF = 4096
+
+
+def flat_of(named: Mapping[str, torch.Tensor], layout: FlatLayout) -> np.ndarray:
+    """The FP32 values of ``named`` in the layout's flat order (zeros for a missing name)."""
+    parts = [named[n].detach().reshape(-1).to("cpu", torch.float32) if n in named else torch.zeros(size)
+             for n, size in zip(layout.names, layout.sizes)]
+    return torch.cat(parts).numpy().copy()
+
+
+def bf16_flat(state: State, layout: FlatLayout) -> np.ndarray:
+    return np.concatenate([state[n].bits for n in layout.names])
+
+
+def adam_state(learner: GRPOLearner, layout: FlatLayout) -> tuple[np.ndarray, np.ndarray, int]:
+    """The inner AdamW moments (flat) and their common step count (zeros and 0 before the first step)."""
+    params = dict(learner.policy.model.named_parameters())
+    m, v, steps = {}, {}, set()
+    for name in layout.names:
+        st = learner.opt.state.get(params[name], {})
+        if st:
+            m[name], v[name] = st["exp_avg"], st["exp_avg_sq"]
+            steps.add(int(float(st["step"])))
+    if len(steps) > 1 or (steps and len(m) != len(layout.names)):
+        raise ValueError("parameters of one model have taken different numbers of AdamW steps")
+    return flat_of(m, layout), flat_of(v, layout), steps.pop() if steps else 0
+
+
+@dataclass
+class _Step:
+    batch: BatchRef
+    data: bytes
+    weights: bytes
+    diff: tuple[np.ndarray | None, np.ndarray]  # flat positions and BF16 bits where the weights differ from
+    # the base, or (None, all the BF16 bits) when more than a third differ
+    grad: np.ndarray | None
+    tree: MerkleTree | None
+    norm: float
+
+
+@dataclass
+class _Round:
+    round: int
+    base_hash: bytes
+    base_bf16: State
+    adam_step: int
+    state: tuple[str, ...]
+    arrays: list[np.ndarray]
+    tree: MerkleTree
+    steps: list[_Step] = field(default_factory=list)
+    commitment: InnerCommitment | None = None
+
+
+class InnerStepLog:
+    """Records a trainer's inner steps for its commitments and keeps them for the checks (see above)."""
+
+    def __init__(self, shapes: Mapping[str, tuple[int, ...]], *, leaf: int = DEFAULT_LEAF, keep: int = 2,
+                 hash_threads: int | None = None) -> None:
+        self.layout = FlatLayout.of(shapes)
+        self.leaf, self.keep = leaf, keep
+        self.hash_threads = hash_threads or os.cpu_count() or 1  # trees of >= 64 leaves only
+        self.rounds: dict[int, _Round] = {}
+        self._open: _Round | None = None
+
+    def begin_round(self, *, round: int, base_hash: bytes, base: Mapping[str, torch.Tensor],
+                    learner: GRPOLearner, ef: ErrorFeedback) -> None:
+        m, v, t = adam_state(learner, self.layout)
+        arrays = [m, v, flat_of(ef.e, self.layout)] + ([flat_of(ef.v, self.layout)] if ef.v else [])
+        names = STATE_TRAINER if ef.v else STATE_GLOBAL
+        tree = MerkleTree.build(arrays, leaf=self.leaf, domain=STATE_DOMAIN, threads=self.hash_threads)
+        base_bf16 = module_state(base.items())
+        self._open = _Round(round, bytes(base_hash), base_bf16, t, names, arrays, tree)
+        self.rounds[round] = self._open
+        self.rounds = {r: x for r, x in self.rounds.items() if r > round - self.keep}
+
+    def record(self, learner: GRPOLearner, rollouts: list[Rollout], *, producer: str, grad_norm: float | None) -> None:
+        """One step: its batch, the BF16 weights its forward ran on, its clipped gradient (if it steps)."""
+        if self._open is None:
+            raise RuntimeError("record() before begin_round()")
+        data = encode_rollouts(rollouts)
+        ref = BatchRef(producer, int(rollouts[0].version) if rollouts else 0, int(rollouts[0].batch) if rollouts else 0,
+                       blake3.blake3(data).digest())
+        weights = module_state(learner.policy.model.named_parameters())
+        now, base = bf16_flat(weights, self.layout), bf16_flat(self._open.base_bf16, self.layout)
+        pos = np.flatnonzero(now != base)
+        diff = (None, now) if 3 * pos.size > now.size else (pos.astype(np.uint32), now[pos])  # 6 B per change, or 2 per weight
+        grad, tree = None, None
+        if grad_norm is not None:
+            named = {n: p.grad for n, p in learner.policy.model.named_parameters() if p.grad is not None}
+            grad = flat_of(named, self.layout)
+            tree = MerkleTree.build([grad], leaf=self.leaf, domain=GRAD_DOMAIN, threads=self.hash_threads)
+        self._open.steps.append(_Step(ref, data, bytes.fromhex(state_hash(weights)), diff, grad, tree,
+                                      float(grad_norm or 0.0)))
+
+    def commitment(self, identity: Identity, *, run_id: str, trainer: str, payload: bytes,
+                   settings: bytes) -> InnerCommitment:
+        """The signed commitment of the open round, standing behind the payload with digest ``payload``,
+        made with the inner-step settings of digest ``settings`` (``spot_replay.inner_settings``)."""
+        r = self._open
+        if r is None:
+            raise RuntimeError("commitment() before begin_round()")
+        steps = tuple(StepCommit((s.batch,), s.weights, s.tree.root if s.tree else b"", s.norm) for s in r.steps)
+        unsigned = InnerCommitment(run_id=run_id, round=r.round, trainer=trainer, signer="", base=r.base_hash,
+                                   payload=payload, settings=settings, params=self.layout.total, leaf=self.leaf, adam_step=r.adam_step,
+                                   state=r.state, state_root=r.tree.root, steps=steps)
+        r.commitment = sign_commitment(identity, unsigned)
+        return r.commitment
+
+    def _round(self, round: int) -> _Round:
+        if round not in self.rounds:
+            raise KeyError(f"round {round} is no longer (or was never) recorded here")
+        return self.rounds[round]
+
+    def open(self, round: int, leaves: tuple[int, ...], *, start_only: bool = False) -> RoundOpening:
+        """Round ``round``'s start state and (unless ``start_only``) every gradient at ``leaves``."""
+        r = self._round(round)
+        state = tuple((leaf_bytes(r.arrays, i, self.leaf), tuple(r.tree.prove(i))) for i in leaves)
+        grads = () if start_only else tuple(
+            tuple((leaf_bytes([s.grad], i, self.leaf), tuple(s.tree.prove(i))) for i in leaves)
+            for s in r.steps if s.grad is not None and s.tree is not None)
+        return RoundOpening(round, r.commitment.trainer if r.commitment else "", tuple(leaves), state, grads)
+
+    def batch_bytes(self, round: int, step: int) -> list[bytes]:
+        return [self._round(round).steps[step].data]
+
+    def weights_patch(self, round: int, step: int) -> bytes:
+        """A BF16 patch from the round's base to the weights step ``step`` ran its forward on."""
+        r = self._round(round)
+        pos, bits = r.steps[step].diff
+        flat = bits.copy() if pos is None else bf16_flat(r.base_bf16, self.layout).copy()
+        if pos is not None:
+            flat[pos] = bits
+        new, at = {}, 0
+        for name, size in zip(self.layout.names, self.layout.sizes):
+            tb = r.base_bf16[name]
+            new[name] = TensorBits(tb.dtype, tb.shape, flat[at:at + size].copy())
+            at += size
+        return make_patch(r.base_bf16, new, mode="compact")
