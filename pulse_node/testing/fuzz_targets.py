@@ -134,10 +134,11 @@ def _dht_entry(data: bytes) -> Any:
 
     try:
         subkey, value, exp = msgpack.unpackb(data, raw=False)
-        record = DHTRecord(DHTID.generate(source=dht_key(S.RUN, "peers")).to_bytes(), bytes(subkey), bytes(value),
-                           float(exp))
-    except Exception:  # noqa: BLE001 (the fuzzer's framing of an entry, not a decoder: hivemind hands us these types)
+    except Exception:  # noqa: BLE001 (the fuzzer's framing of an entry, not a decoder)
         return None
+    if not (isinstance(subkey, bytes) and isinstance(value, bytes) and isinstance(exp, (int, float))):
+        return None  # hivemind hands the validator bytes, bytes and a float, nothing else
+    record = DHTRecord(DHTID.generate(source=dht_key(S.RUN, "peers")).to_bytes(), subkey, value, float(exp))
     validator = PulseRecordValidator(S.RUN, S.MEMBER)
     if validator.validate(record):
         return validate_tree(PeerRecord, msgpack.unpackb(validator.strip_value(record), raw=False))
