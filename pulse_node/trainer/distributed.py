@@ -259,7 +259,7 @@ class ShardedOuter(OuterOptimizer):
     def apply(self, payloads: Sequence[LocoPayload]) -> None:
         self.check(payloads)  # the whole round, against the whole model, before any rank moves
         keep = self.weigh(payloads).keep  # over whole payloads and tensors, once
-        self.kept = dict(keep)
+        self.settle(payloads, keep)
         self._engine.apply_on_shards(payloads, keep)
         self.set_round(self.round + 1)
 
