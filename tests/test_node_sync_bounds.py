@@ -205,3 +205,24 @@ def test_a_store_of_another_run_is_refused_with_a_clear_error(tmp_path) -> None:
         VersionSync(store, MemoryHub().join("me", lambda kind, params: None),
                     PeerBook(TrainerSet(run_id="run-x", keys=[TRAINER.public_key_hex])), net=NetConfig())
     store.close()
+
+
+def test_a_verified_pushed_head_is_used_not_fetched_again(served, tmp_path) -> None:
+    """The record a trainer pushed (and the node verified) is the one its version is fetched
+    with: from that trainer only the patch is asked for, not the record once more."""
+    hub, asked = MemoryHub(), {"record": 0, "patch": 0}
+    serve = store_resolver(served)
+
+    def counting(kind, params):
+        asked[kind] = asked.get(kind, 0) + 1
+        return serve(kind, params)
+
+    announce(hub, TRAINER, counting, role="trainer", version=14, lowest=1)  # its record does not say 15 yet
+    sync = _syncer(tmp_path, hub, at=14, catchup_min_gap=0)
+    try:
+        sync.take_events([Event("head", peer_id(TRAINER), encode_record(CHAIN[15][0]), 0.0)])
+        applied = sync.step(list(hub.records.values()))
+        assert [r.version for r in applied] == [15] and states_equal(sync.state, STATES[15])
+        assert asked["record"] == 0 and asked["patch"] == 1
+    finally:
+        sync.close()

@@ -5,25 +5,19 @@ majority of the configured keys) each sign ``(run id, new key)`` (``pulse-node t
 the new trainer names the collected file in ``chain.admission_file`` and carries it in its DHT
 peer record; every node that reads the record verifies it against the members it already
 trusts (``peers/trainerset.TrainerSet``).
-
-``bound_key(peer)`` is the only way a peer's key is read: the key its peer id encodes (libp2p
-Ed25519 ids embed it), never a key the peer merely announces; a peer announcing another key gets
-none. (Ids that are not libp2p ids exist only on the in-memory test hub, where the hub, not the
-peer, sets the id; there the announced key is used.)
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol
 
 import msgpack
 
-from pulse_node.chain.identity import Identity, key_id_of, key_of_peer_id
-from pulse_node.chain.peer import PeerRecord
+from pulse_node.chain.identity import Identity, key_id_of
 from pulse_node.errors import ConfigError, WireError
 
 ADMISSION_MAGIC = "pulse/trainer-admission"
@@ -87,26 +81,6 @@ class Admission:
                 raise WireError("admission endorsement is malformed")
             out.append((e[0], e[1]))
         return cls(run_id, key, tuple(out))
-
-
-def bound_key(peer: PeerRecord) -> str:
-    """The Ed25519 key (hex) a peer speaks for: the one its peer id encodes ("" if it announces
-    another). Non-libp2p ids (the in-memory test hub only): the key it announces."""
-    announced = (peer.node_key or "").lower()
-    try:
-        key = key_of_peer_id(peer.peer_id)
-    except WireError:
-        return announced
-    return key if announced in ("", key) else ""
-
-
-def sender_key(sender: str, peers: Iterable[PeerRecord]) -> str:
-    """The key of an authenticated sender (a push's peer id): encoded in its id, else (test hub)
-    the key its discovery record announces."""
-    try:
-        return key_of_peer_id(sender)
-    except WireError:
-        return next((bound_key(p) for p in peers if p.peer_id == sender), "")
 
 
 class TrainerSetSettings(Protocol):
