@@ -44,7 +44,6 @@ from torch import nn
 
 from pulse_node.codec.state import State
 from pulse_node.config import TrainerConfig
-from pulse_node.loco.aggregate import trust_of
 from pulse_node.loco.bound import PayloadBound
 from pulse_node.loco.config import LocoConfig
 from pulse_node.loco.outer import OuterOptimizer, OuterState
