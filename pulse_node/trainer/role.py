@@ -177,7 +177,8 @@ class TrainerRole:
         self.publisher.adopt(record, state)
         self.feed.forget_states()  # earlier states we hold may be another fork's
         self.feed.keep_state(record.version, state)
-        self.ctx.status.record_version(VersionEntry(version=record.version, state_hash=record.state_hash))  # held too
+        self.ctx.status.record_version(VersionEntry(  # held too, with the outer state it came with
+            version=record.version, state_hash=record.state_hash, global_hash=self.outer.state_hash().hex()))
         with self.ctx.status.trainer() as counters:
             counters.resyncs += 1
         self.ctx.log.info("adopted state of %s at version %d", peer.peer_id[:12], record.version)
