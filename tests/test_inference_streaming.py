@@ -16,7 +16,6 @@ from test_chain_synth import TRAINER
 from test_inference_inplace import _live
 from test_node_sync_bounds import EVE, _syncer, served  # noqa: F401  (fixture)
 
-from pulse_node.chain.serving import store_resolver
 from pulse_node.chain.store import VersionStore
 from pulse_node.codec.patch import ParsedPatch, make_patch
 from pulse_node.codec.pipelined import Expected
@@ -24,6 +23,7 @@ from pulse_node.codec.statehash import state_hash
 from pulse_node.errors import IntegrityError, PeerUnavailable
 from pulse_node.fsutil import atomic_writer
 from pulse_node.inference.streaming import Pipeline
+from pulse_node.net.wire.serving import store_resolver
 from pulse_node.testing.adversaries import announce
 from pulse_node.testing.memory import MemoryHub
 
