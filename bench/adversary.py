@@ -47,7 +47,7 @@ DEFAULT_ATTACKS = ("inject_payload", "trainer_role", "huge_version", "rollback",
                    "sybil_trainers", "sybil_peers", "record_flood", "sybil_flood", "junk_rollouts", "pool_hog",
                    "catchup_sybils", "hostile_status")
 MEMBER_ATTACKS = ("member_presigned", "member_equivocate", "member_heads", "member_far_version",
-                  "member_anchor_swap", "member_oversize")  # testing/member_attackers.py: an admitted key each
+                  "member_anchor_swap", "member_oversize", "member_patch_size")  # testing/member_attackers.py
 #: floods of free identities (issue 21): inference nodes must stay within ``MAX_LAG`` versions of the head
 FLOOD_ATTACKS = {"record_flood", "sybil_flood", "junk_rollouts", "pool_hog", "catchup_sybils"}
 MAX_LAG = 2

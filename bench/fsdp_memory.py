@@ -163,11 +163,11 @@ def main() -> None:
         child(args)
         return
     sys.path.insert(0, str(ROOT))
-    from pulse_node.rl.config import TaskConfig
+    from pulse_node.rl.config import task_config
     from pulse_node.testing.hf_models import build_hf_model
 
     with tempfile.TemporaryDirectory() as tmp:
-        model = build_hf_model(Path(tmp) / "model", task=TaskConfig(**TASK), hidden=args.hidden, layers=args.layers,
+        model = build_hf_model(Path(tmp) / "model", task=task_config(**TASK), hidden=args.hidden, layers=args.layers,
                                heads=max(1, args.hidden // 64), kv_heads=max(1, args.hidden // 256))
         runs = {w: _run(w, args, model, Path(tmp) / f"w{w}") for w in (1, args.ranks)}
     params = runs[1][0]["params"]

@@ -12,6 +12,8 @@
 #   real_scale  bench/real_scale.py --full --device cuda: the sampler vs HF generate, verify vs a
 #               plain forward, TF32/BF16 compute against the FP32 verifier, GRPO memory (#20)
 #   cross       bench/rollout_honest.py --parts cuda: made on CUDA and checked on the CPU and back
+#   precision   bench/rollout_honest.py --parts bf16,fp16: BF16/FP16 producers on the GPU (the solo part runs
+#               on CUDA), checked by the FP32 verifier with the tolerances of their declared precision (#35)
 #   paced       (asked for by name) sync_1b --paced with the live model on the GPU, on 2 cores and on all
 #   real_scale_wide  (by name) real_scale at 32 rows: the GPU busier than at 4
 #
@@ -49,7 +51,7 @@ part() {  # part NAME LIMIT_S COMMAND...: run within min(LIMIT_S, time left befo
 
 want() { [[ " ${PARTS} " == *" $1 "* ]]; }
 PARTS=${*:2}
-PARTS=${PARTS:-smoke sync_local real_scale cross}
+PARTS=${PARTS:-smoke sync_local real_scale cross precision}
 want smoke && part smoke 60 python3 -c "import pulse_node.rl.sampler, pulse_node.rl.verify, pulse_node.codec.inplace, \
 pulse_node.rl.liveweights, pulse_node.chain.record, pulse_node.codec.warmup as w; w.warm_up(); print('imports ok')"
 want sync_local && part sync_local 170 python3 bench/sync_1b.py --sizes 1b --versions 4 --no-link --device cuda \
@@ -64,4 +66,5 @@ want paced && part paced_all 90 python3 bench/sync_1b.py --sizes 1b --versions 4
 want real_scale && part real_scale 240 python3 bench/real_scale.py --full --device cuda
 want real_scale_wide && part real_scale_wide 240 python3 bench/real_scale.py --full --device cuda --rows 32 --repeats 1
 want cross && part cross 100 python3 bench/rollout_honest.py --parts cuda --batches 1 --grpo-steps 20 --long 256
+want precision && part precision 150 python3 bench/rollout_honest.py --parts bf16,fp16 --precision-batches 1 --grpo-steps 20 --long 128
 true  # a part left out is not a failure

@@ -57,7 +57,7 @@ def _policy(*, hidden: int, layers: int, vocab: int, completion: int, device: st
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from pulse_node.rl.config import TaskConfig
+    from pulse_node.rl.config import task_config
     from pulse_node.rl.models import HFLM
     from pulse_node.rl.policy import Policy
 
@@ -72,7 +72,7 @@ def _policy(*, hidden: int, layers: int, vocab: int, completion: int, device: st
     class Vocab:  # the learner reads the vocabulary size and the padding id only
         vocab_size, pad_id = vocab, 0
 
-    return Policy(HFLM(module, cfg.max_position_embeddings), Vocab(), TaskConfig(), torch.device(device))
+    return Policy(HFLM(module, cfg.max_position_embeddings), Vocab(), task_config(), torch.device(device))
 
 
 def _rollouts(n: int, *, vocab: int, completion: int, seed: int):

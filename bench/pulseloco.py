@@ -66,7 +66,7 @@ from loco_common import (  # noqa: E402
 
 from pulse_node.loco.payload import POSITION_CODER  # noqa: E402
 from pulse_node.rl.batch import bf16_params, pack  # noqa: E402
-from pulse_node.rl.config import TaskConfig  # noqa: E402
+from pulse_node.rl.config import task_config  # noqa: E402
 from pulse_node.rl.models import TinyGPT, TinyLM  # noqa: E402
 from pulse_node.rl.tasks import ArithmeticTask  # noqa: E402
 from pulse_node.rl.tokenizer import CharTokenizer  # noqa: E402
@@ -320,7 +320,7 @@ def result_json(args, s1, codec1, s2, codec2, extra, mib) -> dict:
 def main_supervised(args) -> dict:
     seeds = list(range(1 if args.quick else args.seeds))
     rounds = 4 if args.quick else args.rounds
-    task = ArithmeticTask(TaskConfig(digits=2, min_digits=1, ops="+", eval_size=200))
+    task = ArithmeticTask(task_config(digits=2, min_digits=1, ops="+", eval_size=200))
     data = [shard(task, r, N_TRAINERS, seed=0) for r in range(N_TRAINERS)]
     evald = packed_problems(task.eval_set())
     print(f"# PULSELoCo bench (supervised): 4 trainers, H=10, seeds {seeds}, rounds {rounds}, "

@@ -66,7 +66,9 @@ def build(vocab: int, shape: dict, *, context: int, device: str, seed: int = 0):
 
 
 def _worker(cls, policy, sampling, module_state):
-    w = cls(policy, sampling, reward_fn=lambda text, answer: 0.0)
+    from pulse_node.rl.rewards import reward
+
+    w = cls(policy, sampling, reward_fn=reward("exact"))
     w.set_weights(module_state(policy.lm.module.named_parameters()), 0)
     return w
 
@@ -127,11 +129,11 @@ def verify_vs_forward(worker, rollouts, key, device: str, repeats: int = 2) -> d
     import torch
 
     from pulse_node.rl.batch import pack
-    from pulse_node.rl.config import TaskConfig, VerifyConfig
+    from pulse_node.rl.config import ArithmeticTaskConfig, VerifyConfig
     from pulse_node.rl.tasks import make_task_source
     from pulse_node.rl.verify import RolloutVerifier
 
-    verifier = RolloutVerifier(worker, make_task_source(TaskConfig(eval_size=10)), run_id=key.run_id,
+    verifier = RolloutVerifier(worker, make_task_source(ArithmeticTaskConfig(eval_size=10)), run_id=key.run_id,
                                batches_per_version=1, max_staleness=0, cfg=VerifyConfig())
     width = max(len(r.prompt_ids) + len(r.completion_ids) for r in rollouts)
     per = verifier.rows_per_forward(width)  # the verifier's chunks: the trunk's work is the same

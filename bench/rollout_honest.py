@@ -7,6 +7,10 @@ trainer's (``rl/verify.py``): one teacher-forced forward per batch, or one per s
 started) at its warm start and after ``--grpo-steps`` GRPO steps (temperature 1.0 and 0.7), and a
 tiny Hugging Face Llama (random init, HF's own KV cache and attention), and a wider one (vocabulary
 300) with long completions (``--long`` new tokens, 32 rollouts per batch). Runs on the CPU.
+``--parts bf16,fp16``: the same grid with producers computing in BF16 / FP16 (the module cast, as
+engines run), each batch declaring its precision; the verifier (FP32) widens its checks by that
+precision's measured error (``rl/precision.py``). The JSON line has ``precisions``: per producer
+precision ``rollouts``, ``refused``, ``largest_gap`` and the largest tolerance applied.
 
 Per configuration: rollouts, refused, the largest token gap seen (how far a token's keyed uniform
 lay outside its recomputed CDF interval, in probability; 0 = the verifier's draw is the
@@ -14,9 +18,10 @@ producer's token exactly), the margin (tolerance - largest gap), the rollouts th
 within the tolerance of an interval boundary (the only places a forger could pick the adjacent
 token unnoticed), the closest such distance seen, and the largest |claimed - recomputed|
 behaviour log-prob. Extra rows (not in the honest total): a
-producer computing in BF16 (what the sampler did on CUDA before) against the FP32 verifier.
+producer computing in BF16 that does not declare it (``--parts undeclared``) against the FP32 verifier.
 
     python bench/rollout_honest.py [--batches 2] [--grpo-steps 20] [--long 256]
+    python bench/rollout_honest.py --parts bf16,fp16 --json     # BF16 and FP16 producers, >= 10,000 rollouts
     python bench/rollout_honest.py --parts cuda      # on a GPU machine: CUDA-made, CPU-checked and back
 
 Ends with one JSON line.
@@ -61,8 +66,10 @@ class Tally:
     near_tie: int = 0
     max_logprob_diff: float = 0.0
     closest: float = math.inf
+    max_tolerance: float = 0.0
 
     def add(self, rollouts, verdict, tol: float) -> None:
+        self.max_tolerance = max(self.max_tolerance, tol)
         self.rollouts += len(rollouts)
         self.tokens += sum(len(r.completion_ids) for r in rollouts)
         if not verdict.ok:
@@ -79,14 +86,13 @@ class Tally:
 
 
 def run_config(policy, cfg: SoloConfig, state, version: int, *, p_threads: int, rows: int | None,
-               v_threads: int, per_sequence: bool, batches: int, tally: Tally, bf16: bool = False,
-               verifier_policy=None) -> None:
-    """``batches`` batches made by ``policy`` and checked by ``verifier_policy`` (default: the same
-    policy object, so the same device)."""
+               v_threads: int, per_sequence: bool, batches: int, tally: Tally, compute: str = "fp32",
+               undeclared: bool = False, verifier_policy=None) -> None:
+    """``batches`` batches made by ``policy`` computing in ``compute`` and checked by
+    ``verifier_policy`` (default: the same policy object, so the same device); ``undeclared``: the
+    batch says "fp32" whatever the producer computed in."""
     task = make_task_source(cfg.task)
-    producer = RolloutWorker(policy, cfg.sampling)
-    if bf16:
-        producer.lm.module.to(torch.bfloat16)
+    producer = RolloutWorker(policy, cfg.sampling, compute=compute)  # type: ignore[arg-type]
     producer.set_weights(state, version)
     verifier = RolloutVerifier(RolloutWorker(verifier_policy or policy, cfg.sampling), task, run_id=RUN, batches_per_version=1 << 20,
                                max_staleness=4, cfg=VerifyConfig())
@@ -96,10 +102,12 @@ def run_config(policy, cfg: SoloConfig, state, version: int, *, p_threads: int, 
         sender = f"peer-{p_threads}-{rows}-{v_threads}-{per_sequence}-{b}"
         torch.set_num_threads(p_threads)
         rollouts = producer.generate_batch(task, BatchKey(RUN, version, sender, b), rows_per_pass=rows)
+        for r in rollouts if undeclared else []:
+            r.precision = "fp32"
         torch.set_num_threads(v_threads)
         verdict = verifier.check(decode_rollouts(encode_rollouts(rollouts)), sender=sender, current_version=version,
                                  state_of=lambda v: state, full=True)
-        tally.add(rollouts, verdict, verifier.cfg.score_tolerance)
+        tally.add(rollouts, verdict, verifier.tol.widest)
 
 
 def honest_grid(args) -> dict[str, Tally]:
@@ -155,12 +163,48 @@ def hf_grid(args, cfg: SoloConfig) -> dict[str, Tally]:
     return out
 
 
-def bf16_rows(args) -> dict[str, Tally]:
+def undeclared_rows(args) -> dict[str, Tally]:
     cfg, policy, states = solo_versions(0)
     tally = Tally()
     run_config(policy, cfg, states[0], 0, p_threads=1, rows=None, v_threads=1, per_sequence=False,
-               batches=args.batches, tally=tally, bf16=True)
-    return {"solo v0 gen BF16 compute (not FP32) | verify FP32": tally}
+               batches=args.batches, tally=tally, compute="bf16", undeclared=True)
+    return {"solo v0 gen BF16 compute, declared fp32 | verify FP32": tally}
+
+
+def precision_grid(args, precision: str) -> dict[str, Tally]:
+    """Producers computing in ``precision`` (declared): the solo model at both versions on four
+    shapes, the tiny HF Llama, and the long-completion Llama; ``--precision-batches`` per shape."""
+    cfg, policy, states = solo_versions(args.grpo_steps)
+    out: dict[str, Tally] = {}
+    n = args.precision_batches
+    for version in (0, 1):
+        for p_threads, rows in ((1, None), (2, 64), (1, 7), (2, 1)):
+            name = f"{precision} solo v{version} gen {p_threads}t rows={rows or 256} | verify FP32 {3 - p_threads}t"
+            out[name] = Tally()
+            run_config(policy, cfg, states[version], version, p_threads=p_threads, rows=rows, v_threads=3 - p_threads,
+                       per_sequence=False, batches=n, tally=out[name], compute=precision)
+            print(f"{name}: {out[name].rollouts} rollouts, refused {out[name].refused} {out[name].reasons}, "
+                  f"max gap {out[name].max_gap:.3g}, tolerance {out[name].max_tolerance:.3g}", flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        save_tiny_hf(tmp)
+        hf = cfg.model_copy(update={"model": ModelConfig(kind="hf", path=tmp, device="cpu")})
+        hf_policy = build_policy(hf.model, hf.task, seed=0, grpo_cfg=GRPOConfig(warmstart_steps=0))
+        name = f"{precision} hf-llama gen 1t rows=256 | verify FP32 2t"
+        out[name] = Tally()
+        run_config(hf_policy, hf, hf_policy.bf16_state(), 0, p_threads=1, rows=None, v_threads=2, per_sequence=False,
+                   batches=n, tally=out[name], compute=precision)
+        long_dir = f"{tmp}/long"
+        build_hf_model(long_dir, arch="llama", hidden=64, layers=2, context=args.long + 64, vocab_size=300, seed=1)
+        sampling = cfg.sampling.model_copy(update={"max_new_tokens": args.long, "prompts_per_batch": 4})
+        long = cfg.model_copy(update={"model": ModelConfig(kind="hf", path=long_dir, device="cpu"), "sampling": sampling})
+        long_policy = build_policy(long.model, long.task, seed=0, grpo_cfg=GRPOConfig(warmstart_steps=0))
+        name = f"{precision} hf-llama long ({args.long} new tokens) gen 1t rows=32 | verify FP32 2t"
+        out[name] = Tally()
+        run_config(long_policy, long, long_policy.bf16_state(), 0, p_threads=1, rows=None, v_threads=2,
+                   per_sequence=False, batches=n, tally=out[name], compute=precision)
+        print(f"{name}: {out[name].rollouts} rollouts, refused {out[name].refused}, max gap {out[name].max_gap:.3g}",
+              flush=True)
+    return out
 
 
 def cross_device_rows(args) -> dict[str, Tally]:
@@ -203,14 +247,22 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--batches", type=int, default=2, help="batches of 256 rollouts per configuration")
     ap.add_argument("--grpo-steps", type=int, default=20)
-    ap.add_argument("--parts", default="solo,hf,bf16", help="which parts of the grid (comma-separated; "
-                    "'cuda': made on CUDA and checked on the CPU and the other way round, counted as honest)")
+    ap.add_argument("--parts", default="solo,hf,undeclared", help="which parts of the grid (comma-separated; "
+                    "'cuda': made on CUDA and checked on the CPU and the other way round, counted as honest; "
+                    "'bf16', 'fp16': producers computing in that precision, declared; 'undeclared': a BF16 producer "
+                    "declaring fp32, not counted as honest)")
+    ap.add_argument("--precision-batches", type=int, default=3, help="batches per shape of a bf16/fp16 grid")
+    ap.add_argument("--json", action="store_true", help="(the last line is JSON in any case)")
     ap.add_argument("--long", type=int, default=256, help="new tokens per completion of the long HF configuration")
     args = ap.parse_args()
     t0 = time.monotonic()
-    honest, extra = honest_grid(args), (bf16_rows(args) if "bf16" in args.parts else {})
-    if "cuda" in args.parts:
+    parts = set(args.parts.split(","))
+    honest, extra = honest_grid(args), (undeclared_rows(args) if "undeclared" in parts else {})
+    if "cuda" in parts:
         honest |= cross_device_rows(args)
+    by_precision = {p: precision_grid(args, p) for p in ("bf16", "fp16") if p in parts}
+    for grid in by_precision.values():
+        honest |= grid
     tol = VerifyConfig().score_tolerance
     print("\n| configuration | rollouts | tokens | refused | largest gap | rollouts with a draw within tol of a "
           "boundary | closest | largest logprob diff |\n|---|---|---|---|---|---|---|---|")
@@ -225,9 +277,15 @@ def main() -> None:
           f"(smallest margin {tol - worst:.4g}); largest logprob diff "
           f"{max((t.max_logprob_diff for t in honest.values()), default=0.0):.3g} vs {VerifyConfig().logprob_tolerance:g}; "
           f"{time.monotonic() - t0:.0f} s")
+    precisions = {p: {"rollouts": sum(t.rollouts for t in g.values()), "refused": sum(t.refused for t in g.values()),
+                      "largest_gap": max(t.max_gap for t in g.values()),
+                      "largest_tolerance": max(t.max_tolerance for t in g.values())} for p, g in by_precision.items()}
+    for p, v in precisions.items():
+        print(f"{p} producers: {v['rollouts']} rollouts, {v['refused']} refused, largest gap {v['largest_gap']:.3g}, "
+              f"largest tolerance {v['largest_tolerance']:.3g}")
     print(json.dumps({"bench": "rollout_honest", "rollouts": total, "refused": refused, "max_gap": worst,
-                      "score_tolerance": tol, "configs": {k: vars(v) for k, v in {**honest, **extra}.items()}},
-                     default=str))
+                      "score_tolerance": tol, "precisions": precisions,
+                      "configs": {k: vars(v) for k, v in {**honest, **extra}.items()}}, default=str))
 
 
 if __name__ == "__main__":

@@ -21,7 +21,15 @@ from pulse_node.loco.config import LocoConfig
 from pulse_node.net.dht.config import ANY_PORT, RECORD_TTL_S, USE_RELAY
 from pulse_node.net.local.worker_config import RunId
 from pulse_node.net.peers.budget import BudgetConfig
-from pulse_node.rl.config import GRPOConfig, ModelConfig, SamplingConfig, TaskConfig, VerifyConfig
+from pulse_node.rl.config import (
+    ArithmeticTaskConfig,
+    GRPOConfig,
+    ModelConfig,
+    Precision,
+    SamplingConfig,
+    TaskConfig,
+    VerifyConfig,
+)
 from pulse_node.vocab import DEFAULT_RUN_ID, Kind
 
 
@@ -154,7 +162,7 @@ class SharedSettings(StrictModel):
     seed: int = 0
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     model: ModelConfig = Field(default_factory=ModelConfig)
-    task: TaskConfig = Field(default_factory=TaskConfig)
+    task: TaskConfig = Field(default_factory=ArithmeticTaskConfig)
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     rollout_batches_per_version: int = Field(16, ge=0, le=4096, description="rollout batches an inference node "
                                              "sends per version held; trainers refuse batch indices past it")
@@ -206,6 +214,9 @@ class InferenceConfig(NodeConfig):
     """An inference node: pulls versions, generates and scores rollouts for trainers."""
 
     role: Literal["inference"] = "inference"
+    compute: Precision = Field("fp32", description="what this node computes its rollouts' logits in: 'bf16' or "
+                               "'fp16' as engines run (half the memory); each batch declares it and trainers widen "
+                               "their checks by that precision's error (rl/precision.py)")
 
 
 RoleConfig = Annotated[TrainerConfig | InferenceConfig, Field(discriminator="role")]

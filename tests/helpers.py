@@ -13,7 +13,7 @@ from typing import TypeVar
 import pytest
 
 from pulse_node.daemon.status_model import StatusReport
-from pulse_node.rl.config import GRPOConfig, ModelConfig, SamplingConfig, SoloConfig, TaskConfig
+from pulse_node.rl.config import GRPOConfig, ModelConfig, SamplingConfig, SoloConfig, task_config
 from pulse_node.testing.inprocess import node_status, node_version
 
 T = TypeVar("T")
@@ -94,7 +94,7 @@ def tiny_solo(cache_dir: Path, **grpo: object) -> SoloConfig:
     """A solo config with tiny dims, so each RL test runs in seconds."""
     return SoloConfig(
         model=ModelConfig(d_model=16, n_layers=1, n_heads=2, max_len=24, device="cpu", cache_dir=str(cache_dir)),
-        task=TaskConfig(digits=2, eval_size=20),
+        task=task_config(digits=2, eval_size=20),
         sampling=SamplingConfig(max_new_tokens=4, group_size=4, prompts_per_batch=4),
         grpo=GRPOConfig(**({"warmstart_steps": 0, "lr": 1e-2} | grpo)),
         minutes=1.0, max_steps=2, threads=1,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from pulse_node.rl.config import TaskConfig
+from pulse_node.rl.config import task_config
 
 #: single-digit addition: a model this small learns it in ~80 supervised steps (~35% held-out),
 #: so GRPO groups get mixed rewards and the weights really move
@@ -18,5 +18,5 @@ def hf_model_dir(tmp_path_factory):
     from pulse_node.testing.hf_models import build_hf_model
 
     return build_hf_model(tmp_path_factory.mktemp("tiny-qwen2") / "model", arch="qwen2",
-                          task=TaskConfig(**HF_TASK), hidden=32, vocab_size=384, pretrain_steps=80,
+                          task=task_config(**HF_TASK), hidden=32, vocab_size=384, pretrain_steps=80,
                           pretrain_lr=1e-2)

@@ -45,6 +45,9 @@ class DictSink:
         self.writes += 1
         return self.arrays[name], 0
 
+    def lost(self) -> None:
+        self.arrays.clear()  # its holder reloads it
+
     def holds(self, state: State) -> bool:
         return all(np.array_equal(self.arrays[k], t.bits) for k, t in state.items())
 
@@ -206,3 +209,25 @@ def test_bytes_read_straight_into_the_buffer_stop_at_the_signed_size(tmp_path) -
     assert got == [3000, 3000, 3000, 1240, 0, 0] and buf.have == len(signed)
     assert bytes(buf.wait(len(signed))) == signed
     assert buf.digest() == hashlib.sha256(signed).hexdigest() and buf.completed_at is not None
+
+
+def test_a_sink_that_cannot_be_undone_is_lost_and_the_rest_undone() -> None:
+    """``undo_sink``: one tensor's undo failing leaves the sink ``lost`` (its holder reloads it);
+    every other tensor is still written back."""
+    from pulse_node.codec.pipelined import undo_sink
+
+    class Flaky(DictSink):
+        def undo(self, name: str, change: TensorChange, dtype: str) -> None:
+            if name == "b":
+                raise RuntimeError("device lost")
+            super().undo(name, change, dtype)
+
+    base = {n: TensorBits("BF16", (4,), np.arange(4, dtype=np.uint16)) for n in ("a", "b", "c")}
+    sink = Flaky(base)
+    change = TensorChange(np.array([1], np.uint32), np.array([1], np.uint16), np.array([9], np.uint16))
+    for n in base:
+        sink.write(n, change, "BF16")
+    undone: list[str] = []
+    sink.lost = lambda: undone.append("lost")  # type: ignore[method-assign]
+    undo_sink(sink, [(n, change, "BF16") for n in base])
+    assert undone == ["lost"] and sink.arrays["a"][1] == 1 and sink.arrays["c"][1] == 1

@@ -19,7 +19,7 @@ from pulse_node.chain.store import VersionStore
 from pulse_node.cli import main
 from pulse_node.codec.statehash import state_hash
 from pulse_node.config import ChainConfig
-from pulse_node.rl.config import ModelConfig, TaskConfig
+from pulse_node.rl.config import ModelConfig, task_config
 from pulse_node.rl.policy import build_policy
 from pulse_node.torchbits import module_state
 from pulse_node.trainer.publisher import VersionPublisher
@@ -28,7 +28,7 @@ from tests.hf_fixtures import HF_TASK
 
 def _fill_store(data_dir, model_cfg: ModelConfig, *, versions: int = 3) -> dict[int, str]:
     """Publish ``versions`` + 1 versions of the model with small perturbations; returns the hashes."""
-    policy = build_policy(model_cfg, TaskConfig(**HF_TASK), seed=0)
+    policy = build_policy(model_cfg, task_config(**HF_TASK), seed=0)
     params = dict(policy.model.named_parameters())
     gen = torch.Generator().manual_seed(0)
     hashes = {}

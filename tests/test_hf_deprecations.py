@@ -14,7 +14,7 @@ import warnings
 import pytest
 
 from pulse_node.rl.assign import BatchKey, assigned_problems
-from pulse_node.rl.config import GRPOConfig, ModelConfig, SamplingConfig, TaskConfig
+from pulse_node.rl.config import GRPOConfig, ModelConfig, SamplingConfig, task_config
 from pulse_node.rl.grpo import GRPOLearner
 from pulse_node.rl.policy import build_policy
 from pulse_node.rl.sampler import RolloutWorker
@@ -28,7 +28,7 @@ def test_hf_load_generate_and_grpo_step_raise_no_deprecation(hf_model_dir) -> No
     import transformers  # noqa: F401  (import-time warnings of dependencies are not ours)
     from transformers import Qwen2ForCausalLM  # noqa: F401
 
-    task_cfg = TaskConfig(**HF_TASK)
+    task_cfg = task_config(**HF_TASK)
     with warnings.catch_warnings():
         warnings.simplefilter("error", FutureWarning)
         warnings.simplefilter("error", DeprecationWarning)

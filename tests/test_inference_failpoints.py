@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from codec_strategies import copy_state, states_equal
+from helpers import wait_for
 from test_chain_catchup_producer import STATES
 from test_chain_synth import TRAINER
 from test_inference_inplace import _holds, _live
@@ -92,6 +93,7 @@ def test_a_fetch_failing_after_its_last_byte_leaves_the_base(tmp_path) -> None:
 
     def fetch(dest: Path) -> None:
         whole(dest)
+        wait_for(lambda: states_equal(state, new), timeout=30, what="every byte applied")  # then the fetch fails
         written.set()
         raise PeerUnavailable("the wire worker died after the last byte")
 

@@ -25,7 +25,7 @@ from pulse_node.testing.flood import BAIT_VERSION, flood
 
 pytestmark = pytest.mark.slow  # DHT worker processes (hivemind, p2pd) and a flooding node
 
-TTL = 6.0
+TTL = 5.0
 NEWCOMERS = 40
 #: the newcomers' records are refreshed every third of it (a record the validator accepts names an
 #: ``updated_at`` no later than its expiration: the flood's is 25 s ahead)
@@ -36,12 +36,12 @@ def test_members_fresh_records_reach_every_node_past_a_full_newcomer_share(tmp_d
     boot = subprocess.Popen([PULSE_NODE, "bootstrap", "--host-maddrs", *LOCAL, "--identity", str(tmp_dir / "nb.key"),
                              "--run-id", RUN], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     clients: list[DhtClient] = []
-    floods: list[_Flood | None] = []
+    floods: list[_Flood] = []
     try:
         maddr = read_maddr_line(boot, 60)
         configs = [DhtConfig(run_id=RUN, host_maddrs=LOCAL, initial_peers=[maddr], ttl_s=TTL,
                              identity=tmp_dir / f"n{i}.key", client_mode=i == 3) for i in range(4)]
-        with ThreadPoolExecutor(4) as pool:
+        with ThreadPoolExecutor(4) as pool:  # two members, a node, and a reader without storage of its own
             clients = list(pool.map(DhtClient.start, configs))
         members = [c.info().peer_id for c in clients[:2]]
         for c in clients[:2]:
@@ -49,17 +49,19 @@ def test_members_fresh_records_reach_every_node_past_a_full_newcomer_share(tmp_d
         for c in clients[2:]:
             c.publish_peer(PeerStatus(role="inference"))
 
-        floods = [_Flood(maddr, keys=STORED_NEWCOMERS), None]
+        later = threading.Event()
+        with ThreadPoolExecutor(2) as pool:  # both flooding nodes start at once; the second stores later
+            floods = list(pool.map(lambda a: _Flood(maddr, keys=a[0], go=a[1]),
+                                   [(STORED_NEWCOMERS, None), (NEWCOMERS - STORED_NEWCOMERS, later)]))
         # every view holds the first 32 newcomers: each node's share is full
         wait_for(lambda: all(_newcomers(c, members) >= STORED_NEWCOMERS for c in clients), timeout=90, interval=1,
                  what="32 newcomers in every view")
-        floods[1] = _Flood(maddr, keys=NEWCOMERS - STORED_NEWCOMERS)  # then more, while the shares are full
+        later.set()  # then 8 more, while the shares are full
         worst = _stalest(clients, members, seconds=3 * TTL)
         assert worst <= TTL, f"a node saw a member's record {worst:.1f}s old (record lifetime {TTL}s)"
     finally:
         for f in floods:
-            if f is not None:
-                f.stop()
+            f.stop()
         for c in clients:
             c.stop(timeout=4)
         boot.kill()
@@ -69,10 +71,10 @@ def test_members_fresh_records_reach_every_node_past_a_full_newcomer_share(tmp_d
 class _Flood:
     """``keys`` fresh keys' records stored and refreshed by one flooding DHT node, on a thread."""
 
-    def __init__(self, maddr: str, *, keys: int) -> None:
+    def __init__(self, maddr: str, *, keys: int, go: threading.Event | None = None) -> None:
         self._stop, started = threading.Event(), threading.Event()
         self._thread = threading.Thread(target=lambda: asyncio.run(flood(
-            RUN, [maddr], keys=keys, seconds=600, on_start=started.set, stop=self._stop, ttl_s=FLOOD_TTL)),
+            RUN, [maddr], keys=keys, seconds=600, on_start=started.set, stop=self._stop, ttl_s=FLOOD_TTL, go=go)),
             daemon=True)
         self._thread.start()
         assert started.wait(90), "the flooding node did not start"

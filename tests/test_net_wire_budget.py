@@ -264,15 +264,15 @@ def test_a_muzzled_peers_streams_wait_while_our_own_streams_to_it_proceed(tmp_pa
         def held(i: int) -> float:
             start = time.monotonic()
             with pytest.raises(PeerUnavailable):
-                attacker.fetch(addr, wp.RecordRequest(version=None), tmp_path / f"held{i}", timeout=8.0)
+                attacker.fetch(addr, wp.RecordRequest(version=None), tmp_path / f"held{i}", timeout=5.0)
             return time.monotonic() - start
 
         with ThreadPoolExecutor(14) as pool:
             waits = [pool.submit(held, i) for i in range(14)]
             ours = 0
             while not any(w.done() for w in waits):  # our streams to it, while its streams wait
-                got = victim.fetch(theirs, wp.RecordRequest(version=None), tmp_path / f"ours{ours}", timeout=3.0)
+                got = victim.fetch(theirs, wp.RecordRequest(version=None), tmp_path / f"ours{ours}", timeout=2.0)
                 assert got.bytes == len(b"the attacker's head")
                 ours += 1
-            assert all(w.result() >= 7.5 for w in waits), [round(w.result(), 1) for w in waits]
+            assert all(w.result() >= 4.5 for w in waits), [round(w.result(), 1) for w in waits]
     assert ours >= 2

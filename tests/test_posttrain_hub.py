@@ -14,11 +14,12 @@ from pulse_node.cli import main
 from pulse_node.config import InferenceConfig
 from pulse_node.configload import load_config
 from pulse_node.net.dht.validator import peer_id_of
-from pulse_node.rl.config import GRPOConfig, TaskConfig
+from pulse_node.rl.config import GRPOConfig, TaskConfig, task_config
 from pulse_node.rl.policy import build_policy
+from pulse_node.rl.rewards import reward_for
 from pulse_node.rl.rollout import decode_rollouts
 from pulse_node.rl.settings import settings_of
-from pulse_node.rl.tasks import make_task_source, reward_for
+from pulse_node.rl.tasks import make_task_source
 from pulse_node.trainer.publisher import VersionPublisher
 
 pytestmark = pytest.mark.slow  # a Hugging Face model built and pre-trained per module (~15-25 s)
@@ -53,7 +54,7 @@ def hub(tmp_path_factory):
     root = tmp_path_factory.mktemp("posttrain")
     task_file = root / "gsm8k.jsonl"
     task_file.write_text("".join(json.dumps(r) + "\n" for r in gsm8k_rows()))
-    task = TaskConfig(kind="jsonl", path=str(task_file), reward="gsm8k", eval_size=8)
+    task = task_config(kind="jsonl", path=str(task_file), reward="gsm8k", eval_size=8)
     model = build_hf_model(root / "built", task=task, hidden=32, vocab_size=384, context=1280)
     add_chat_template(model)
     pretrain(model, task.model_copy(update={"chat_template": True}))
@@ -170,7 +171,7 @@ def test_system_prompt_and_explicit_chat_template_switch(hf_home) -> None:
     from pulse_node.rl.config import ModelConfig
 
     model = ModelConfig(kind="hf", path=HUB_ID, device="cpu")
-    task = TaskConfig(kind="jsonl", path=str(hf_home["task"]), reward="gsm8k", eval_size=8)
+    task = task_config(kind="jsonl", path=str(hf_home["task"]), reward="gsm8k", eval_size=8)
     q = gsm8k_rows()[5]["question"]
     with_system = build_policy(model, task.model_copy(update={"system_prompt": "Be brief."}), seed=0).tokenizer
     assert with_system.render(q) == f"<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n{q}<|im_end|>\n" \

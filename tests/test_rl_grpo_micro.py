@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from pulse_node.rl.batch import bf16_params, masked_mean, pack, token_logprobs
-from pulse_node.rl.config import GRPOConfig, ModelConfig, TaskConfig
+from pulse_node.rl.config import GRPOConfig, ModelConfig, task_config
 from pulse_node.rl.grpo import GRPOLearner, group_advantages, micro_batches
 from pulse_node.rl.models import HFLM
 from pulse_node.rl.policy import Policy, build_tiny
@@ -27,7 +27,7 @@ MICRO = {"micro_batch_tokens": 40, "logit_chunk_tokens": 7, "activation_checkpoi
 
 def tiny_policy() -> Policy:
     lm = build_tiny(ModelConfig(d_model=32, n_layers=2, n_heads=2, max_len=48), seed=3, device=torch.device("cpu"))
-    return Policy(lm, CharTokenizer(), TaskConfig(), torch.device("cpu"))
+    return Policy(lm, CharTokenizer(), task_config(), torch.device("cpu"))
 
 
 def llama_policy() -> Policy:
@@ -37,7 +37,7 @@ def llama_policy() -> Policy:
     cfg = LlamaConfig(vocab_size=40, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
                       tie_word_embeddings=False, pad_token_id=0, bos_token_id=None, eos_token_id=1)
-    return Policy(HFLM(LlamaForCausalLM(cfg), 64), SimpleNamespace(vocab_size=40, pad_id=0), TaskConfig(),
+    return Policy(HFLM(LlamaForCausalLM(cfg), 64), SimpleNamespace(vocab_size=40, pad_id=0), task_config(),
                   torch.device("cpu"))
 
 

@@ -7,7 +7,7 @@ import torch
 
 from pulse_node.errors import DataError
 from pulse_node.rl.assign import BatchKey, assigned_problems
-from pulse_node.rl.config import GRPOConfig, ModelConfig, SamplingConfig, TaskConfig
+from pulse_node.rl.config import GRPOConfig, ModelConfig, SamplingConfig, task_config
 from pulse_node.rl.evaluate import evaluate
 from pulse_node.rl.grpo import GRPOLearner
 from pulse_node.rl.policy import build_policy
@@ -46,7 +46,7 @@ def hf_dir(tmp_path_factory):
 
 
 def test_local_hf_model_samples_and_trains(hf_dir) -> None:
-    task_cfg = TaskConfig(digits=2, eval_size=10)
+    task_cfg = task_config(digits=2, eval_size=10)
     policy = build_policy(ModelConfig(kind="hf", path=str(hf_dir), device="cpu"), task_cfg, seed=0)
     assert policy.tokenizer.encode("12+3=")[0] == 1 and policy.lm.context == 64
     sampling = SamplingConfig(max_new_tokens=4, group_size=4, prompts_per_batch=3)
@@ -74,9 +74,9 @@ def test_model_dir_without_weights(tmp_path, hf_dir) -> None:
         if not f.name.endswith(".safetensors"):
             (empty / f.name).write_bytes(f.read_bytes())
     with pytest.raises(DataError, match=f"{empty}.*safetensors"):
-        build_policy(ModelConfig(kind="hf", path=str(empty), device="cpu"), TaskConfig(), seed=0)
+        build_policy(ModelConfig(kind="hf", path=str(empty), device="cpu"), task_config(), seed=0)
     with pytest.raises(DataError, match="not found"):
-        build_policy(ModelConfig(kind="hf", path=str(tmp_path / "missing"), device="cpu"), TaskConfig(), seed=0)
+        build_policy(ModelConfig(kind="hf", path=str(tmp_path / "missing"), device="cpu"), task_config(), seed=0)
 
 
 def test_corrupt_weights_are_a_data_error(tmp_path, hf_dir) -> None:
@@ -85,7 +85,7 @@ def test_corrupt_weights_are_a_data_error(tmp_path, hf_dir) -> None:
     for f in hf_dir.iterdir():
         (bad / f.name).write_bytes(b"garbage" if f.name.endswith(".safetensors") else f.read_bytes())
     with pytest.raises(DataError, match=str(bad)):
-        build_policy(ModelConfig(kind="hf", path=str(bad), device="cpu"), TaskConfig(), seed=0)
+        build_policy(ModelConfig(kind="hf", path=str(bad), device="cpu"), task_config(), seed=0)
 
 
 def test_hf_sampler_compacts_its_cache_without_deprecated_calls(hf_dir) -> None:
@@ -96,11 +96,11 @@ def test_hf_sampler_compacts_its_cache_without_deprecated_calls(hf_dir) -> None:
 
     from pulse_node.rl.seeded import uniforms
 
-    policy = build_policy(ModelConfig(kind="hf", path=str(hf_dir), device="cpu"), TaskConfig(digits=2, eval_size=10), seed=0)
+    policy = build_policy(ModelConfig(kind="hf", path=str(hf_dir), device="cpu"), task_config(digits=2, eval_size=10), seed=0)
     worker = RolloutWorker(policy, SamplingConfig(max_new_tokens=12, group_size=4, prompts_per_batch=4))
     worker.set_weights(policy.bf16_state(), version=0)
     key = BatchKey("hf", 0, "peer", 1)
-    prompts = [p for p in worker._encode(assigned_problems(make_task_source(TaskConfig(digits=2, eval_size=10)), key, 4))
+    prompts = [p for p in worker._encode(assigned_problems(make_task_source(task_config(digits=2, eval_size=10)), key, 4))
                for _ in range(4)]
     u = uniforms(key.digest(), range(16), 12)
     with warnings.catch_warnings():
@@ -108,7 +108,7 @@ def test_hf_sampler_compacts_its_cache_without_deprecated_calls(hf_dir) -> None:
         warnings.simplefilter("error", DeprecationWarning)
         kept = worker._sample(prompts, u=u, compact=True)
         ref = worker._sample(prompts, u=u, compact=False)
-        worker.greedy(assigned_problems(make_task_source(TaskConfig(digits=2, eval_size=10)), key, 2))
+        worker.greedy(assigned_problems(make_task_source(task_config(digits=2, eval_size=10)), key, 2))
     assert any(f and len(t) < 11 for t, f in zip(kept[0], kept[2]))  # some rows left early
     assert kept[0] == ref[0] and kept[2] == ref[2]
     assert [x for lp in kept[1] for x in lp] == pytest.approx([x for lp in ref[1] for x in lp], abs=1e-5)

@@ -20,7 +20,7 @@ from pulse_node.chain.store import VersionStore
 from pulse_node.cli import main
 from pulse_node.commands.rollouts import check_batch, load_node_config
 from pulse_node.net.dht.validator import peer_id_of
-from pulse_node.rl.config import GRPOConfig, ModelConfig, TaskConfig
+from pulse_node.rl.config import GRPOConfig, ModelConfig, task_config
 from pulse_node.rl.grpo import GRPOLearner, micro_batches
 from pulse_node.rl.policy import build_policy
 from pulse_node.rl.settings import settings_of
@@ -51,7 +51,7 @@ def node(tmp_path_factory):
     from pulse_node.testing.hf_models import build_hf_model
 
     root = tmp_path_factory.mktemp("long")
-    model_dir = build_hf_model(root / "model", arch="llama", task=TaskConfig(**TASK), hidden=32, layers=2,
+    model_dir = build_hf_model(root / "model", arch="llama", task=task_config(**TASK), hidden=32, layers=2,
                                context=NEW + 88, tie=False, vocab_size=300)
     long_writer(model_dir)
     sets = {"model.kind": "hf", "model.path": str(model_dir), "model.device": "cpu", "task.digits": 1,

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from pulse_node.errors import DataError
-from pulse_node.rl.config import ModelConfig, SamplingConfig, TaskConfig
+from pulse_node.rl.config import ModelConfig, SamplingConfig, task_config
 from pulse_node.rl.model_source import (
     model_identity,
     model_report,
@@ -95,7 +95,7 @@ def test_doctor_model_report(cache) -> None:
 
 
 def _settings(revision: str | None, **task) -> str:
-    return rollout_settings(sampling=SamplingConfig(max_new_tokens=2048), task=TaskConfig(**task),
+    return rollout_settings(sampling=SamplingConfig(max_new_tokens=2048), task=task_config(**task),
                             batches_per_version=2, model=ModelConfig(kind="hf", path="Org/M-Instruct", revision=revision))
 
 
@@ -112,7 +112,7 @@ def test_model_bound_in_settings_and_other_revision_refused(cache) -> None:
     check_settings(theirs, _settings(None), version=3)
     # a local copy of the same files (no revision known) agrees with the swarm when it renders the same way
     def local(chat: bool | None) -> str:
-        return rollout_settings(sampling=SamplingConfig(max_new_tokens=2048), task=TaskConfig(chat_template=chat),
+        return rollout_settings(sampling=SamplingConfig(max_new_tokens=2048), task=task_config(chat_template=chat),
                                 batches_per_version=2, model=ModelConfig(kind="hf", path=str(cache / "m")))
 
     check_settings(theirs, local(True), version=3)

@@ -34,12 +34,13 @@ def test_round_trip() -> None:
 def _body(**changes) -> bytes:
     item = msgpack.unpackb(encode_rollouts(sample_rollouts(1)))["rollouts"][0]
     item.update(changes)
-    return msgpack.packb({"wire": WIRE_VERSION, "rollouts": [item]}, use_bin_type=True)
+    return msgpack.packb({"wire": WIRE_VERSION, "precision": "fp32", "rollouts": [item]}, use_bin_type=True)
 
 
 @pytest.mark.parametrize("data", [
     b"", b"\xc1", b"\x92\x01", msgpack.packb({"wire": 1, "rollouts": []}),
-    msgpack.packb({"wire": 3, "rollouts": []}),
+    msgpack.packb({"wire": 3, "rollouts": []}), msgpack.packb({"wire": 4, "precision": "fp32", "rollouts": []}),
+    msgpack.packb({"wire": 3, "precision": "fp8", "rollouts": []}), msgpack.packb({"wire": 2, "precision": "fp32", "rollouts": []}),
     msgpack.packb({"wire": 2}), msgpack.packb({"wire": 2, "rollouts": {}}),
     msgpack.packb({"wire": 2, "rollouts": [1]}),
     _body(r=math.nan), _body(r=1), _body(v=-1), _body(v=True), _body(f=1),
@@ -51,6 +52,19 @@ def _body(**changes) -> bytes:
 def test_malformed_messages_raise_wire_error(data: bytes) -> None:
     with pytest.raises(WireError):
         decode_rollouts(data)
+
+
+def test_a_batch_declares_its_precision_and_wire_2_reads_as_fp32() -> None:
+    rs = sample_rollouts(2)
+    for r in rs:
+        r.precision = "bf16"
+    assert [r.precision for r in decode_rollouts(encode_rollouts(rs))] == ["bf16", "bf16"]
+    item = msgpack.unpackb(encode_rollouts(rs))["rollouts"][0]
+    old = decode_rollouts(msgpack.packb({"wire": 2, "rollouts": [item]}, use_bin_type=True))
+    assert old[0].precision == "fp32"
+    rs[1].precision = "fp32"
+    with pytest.raises(ValueError, match="one precision"):
+        encode_rollouts(rs)
 
 
 def test_size_cap_and_truncation() -> None:

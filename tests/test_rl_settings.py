@@ -10,7 +10,7 @@ import pytest
 from pulse_node.chain.identity import Identity
 from pulse_node.chain.record import decode_record, encode_record, make_record, verify_record
 from pulse_node.errors import WireError
-from pulse_node.rl.config import SamplingConfig, TaskConfig
+from pulse_node.rl.config import SamplingConfig, task_config
 from pulse_node.rl.settings import (
     ModelMismatch,
     SettingsMismatch,
@@ -21,7 +21,7 @@ from pulse_node.rl.settings import (
 
 
 def settings(**sampling) -> str:
-    return rollout_settings(sampling=SamplingConfig(**sampling), task=TaskConfig(), batches_per_version=16)
+    return rollout_settings(sampling=SamplingConfig(**sampling), task=task_config(), batches_per_version=16)
 
 
 def test_settings_are_canonical_and_cover_what_rollouts_depend_on() -> None:
@@ -38,11 +38,11 @@ def test_jsonl_task_is_named_by_its_contents_not_its_path(tmp_path) -> None:
     a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
     a.write_text('{"prompt": "1+1=", "answer": "2"}\n')
     b.write_text(a.read_text())
-    same = [rollout_settings(sampling=SamplingConfig(), task=TaskConfig(kind="jsonl", path=str(p)), batches_per_version=1)
+    same = [rollout_settings(sampling=SamplingConfig(), task=task_config(kind="jsonl", path=str(p)), batches_per_version=1)
             for p in (a, b)]
     assert same[0] == same[1] and str(a) not in same[0]
     b.write_text('{"prompt": "1+1=", "answer": "3"}\n')
-    assert rollout_settings(sampling=SamplingConfig(), task=TaskConfig(kind="jsonl", path=str(b)),
+    assert rollout_settings(sampling=SamplingConfig(), task=task_config(kind="jsonl", path=str(b)),
                             batches_per_version=1) != same[0]
 
 

@@ -14,9 +14,12 @@ from pulse_node.rl.assign import BatchKey, assigned_problems
 from pulse_node.rl.config import VerifyConfig
 from pulse_node.rl.grpo import GRPOLearner
 from pulse_node.rl.policy import build_policy, build_tiny
+from pulse_node.rl.rollout import decode_rollouts, encode_rollouts
+from pulse_node.rl.sampler import RolloutWorker
 from pulse_node.rl.tasks import make_task_source
 from pulse_node.rl.verify import STRIKES
 from pulse_node.testing.forgery import FORGER, FORGERIES, HONEST, ForgeryLab, flood
+from pulse_node.testing.steering import steered_batch
 from pulse_node.torchbits import module_state
 
 EXPECTED = {
@@ -140,3 +143,80 @@ def test_junk_completions_cost_only_the_spot_rows_forward(lab) -> None:
     key = BatchKey(lab.run_id, 1, FORGER, 2)
     picks = {tuple(lab.new_verifier().spot_rows(list(range(len(rs))), key)) for _ in range(8)}
     assert len(picks) > 1
+
+
+class _Counting:
+    """A reward that counts the completions it was asked to score (and scores like the real one)."""
+
+    def __init__(self, base) -> None:
+        self.base, self.seen = base, []
+
+    def score(self, completion, answer, *, budget=None):
+        self.seen.append(completion)
+        return self.base.score(completion, answer, budget=budget)
+
+    def __call__(self, completion, answer):
+        return self.score(completion, answer).value
+
+
+def test_unverified_text_never_reaches_the_answer_checker(lab) -> None:
+    """Cheap before expensive: a row whose draws fail is refused before its reward is computed, so
+    hostile text written under the right prompts costs the checker nothing."""
+    rs = lab.honest(FORGER, 1)
+    tok = lab.policy.tokenizer
+    for r in rs:  # every completion rewritten (not sampled), ending as the honest one did
+        r.completion_ids = (tok.encode_target("(a+b+c+d)^{40}") * 4)[: len(r.completion_ids) - 1] + r.completion_ids[-1:]
+    verifier = lab.new_verifier()
+    counting = verifier.worker.reward_fn = _Counting(verifier.worker.reward_fn)
+    verdict = verifier.check(rs, sender=FORGER, current_version=1, state_of=lab.states.get, full=True)
+    assert verdict.reason == "not_sampled" and all(c.reason == "not_sampled" for c in verdict.checks)
+    assert counting.seen == []
+    honest = lab.new_verifier()
+    counting = honest.worker.reward_fn = _Counting(honest.worker.reward_fn)
+    assert honest.check(lab.honest(HONEST, 1), sender=HONEST, current_version=1, state_of=lab.states.get).ok
+    assert 0 < len(counting.seen) <= len(rs)  # each distinct (completion, answer) scored once
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_bf16_and_fp16_producers_pass_with_the_tolerances_of_their_precision(lab, precision) -> None:
+    """A producer computing in BF16/FP16 declares it; the verifier widens by the error it measures."""
+    producer = RolloutWorker(lab.policy, lab.sampling, compute=precision)
+    producer.set_weights(lab.states[1], 1)
+    for b in range(3):
+        rs = producer.generate_batch(lab.task, BatchKey(lab.run_id, 1, HONEST, b))
+        assert {r.precision for r in rs} == {precision}
+        verifier = lab.new_verifier()
+        verdict = verifier.check(decode_rollouts(encode_rollouts(rs)), sender=HONEST, current_version=1,
+                                 state_of=lab.states.get)
+        assert verdict.ok, verdict.detail
+        assert verifier.tol.spread > 0 and lab.verify.score_tolerance < verifier.tol.widest < 0.25 and verifier.tol.rate > 0
+    fp32 = lab.new_verifier()
+    assert fp32.check(lab.honest(HONEST, 3, 1), sender=HONEST, current_version=1, state_of=lab.states.get).ok
+    assert fp32.tol.widest == lab.verify.score_tolerance and fp32.tol.rate == 0  # FP32 keeps FP32's tolerances
+
+
+def test_a_forger_steering_every_draw_within_the_bf16_tolerance_gains_little(lab) -> None:
+    """Steering every draw it can toward the answer (full knowledge of the key and the tolerance)
+    moves a token only where u falls within the tolerance of a boundary (~2 tol per token), so its
+    gain is bounded by that; a batch that moves more tokens than BF16 rounding explains is refused."""
+    producer = RolloutWorker(lab.policy, lab.sampling, compute="bf16")
+    producer.set_weights(lab.states[1], 1)
+    verifier = lab.new_verifier()
+    assert verifier.check(producer.generate_batch(lab.task, BatchKey(lab.run_id, 1, FORGER, 0)), sender=FORGER,
+                          current_version=1, state_of=lab.states.get).ok
+    tol, moved_all, tokens_all, gain = verifier.tol, 0, 0, 0.0
+    for b in range(4):
+        key = BatchKey(lab.run_id, 1, FORGER, b)
+        honest = producer.generate_batch(lab.task, key)
+        forged, moved = steered_batch(producer, lab.task, key, tol=tol)
+        tokens = sum(len(r.completion_ids) for r in forged)
+        check = lab.new_verifier()
+        verdict = check.check(forged, sender=FORGER, current_version=1, state_of=lab.states.get)
+        assert verdict.ok or verdict.reason == "not_sampled", verdict.detail
+        assert verdict.ok or moved > 0
+        if moved > check.tol.near_limit(tokens):
+            assert not verdict.ok
+        moved_all, tokens_all = moved_all + moved, tokens_all + tokens
+        gain += (sum(r.reward for r in forged) - sum(r.reward for r in honest)) / len(forged)
+    assert moved_all <= 3 * tol.widest * tokens_all + 3  # the margin: a choice only within the tolerance of a boundary
+    assert gain / 4 <= moved_all / (4 * len(honest)) + 1e-9  # no reward without a moved token

@@ -224,7 +224,7 @@ def _unpack(data: bytes, *, max_bytes: int, max_tensors: int) -> dict:
     if msg.get("v") != VERSION:
         raise WireError(f"unsupported payload version {msg.get('v')!r} (want {VERSION})")
     if set(msg) != _FIELDS:
-        raise WireError(f"payload fields {sorted(msg)} != {sorted(_FIELDS)}")
+        raise WireError(f"payload fields {sorted(map(str, msg))} != {sorted(_FIELDS)}")
     return msg
 
 

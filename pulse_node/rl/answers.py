@@ -1,43 +1,65 @@
-"""The answer checker: final answers of GSM8K (``#### 42``) and MATH (``\\boxed{..}``) texts, compared as math.
+"""The final answer of a text and the forms it is written in (README "Answer forms").
 
-``extract_answer`` finds the final answer of a text: the last ``\\boxed{...}``, else what follows
-the last ``####``, else the last number. ``numbers_equal`` compares two answers as exact rationals
-("1,234" = "1234", "$5.00" = "5", "3/4" = "0.75" = "\\frac{3}{4}"); ``answers_equal`` also
-compares expressions (``\\sqrt{2}/2`` = ``\\frac{1}{\\sqrt{2}}``) with the ``math-verify`` package.
+``final_answer`` finds what a completion answers: every ``\\boxed{}`` part (LaTeX; several parts
+are one list, as math-verify reads them), else what follows the last ``####`` (plain text), else
+the math span after "final answer is" / "answer:", else whichever ends last of the last math span
+(``$..$``, ``$$..$$``, ``\\(..\\)``, ``\\[..\\]``: LaTeX) and the last number standing on its own
+(plain text; a number inside a word such as ``AZYUK2A`` never counts). ``reference`` reads a
+task's reference answer the same way, and as LaTeX (the content of a ``\\boxed{}``) when it has no
+marks of its own.
 
-Completions come from peers, and trainers re-score every one, so the checker is bounded by
-size, not by time (a timeout would make the reward depend on the machine, and math-verify's own
-timeout uses ``SIGALRM``, main thread only): an answer longer than ``MAX_ANSWER_CHARS``, nested
-deeper than ``MAX_DEPTH``, with a number over ``MAX_DIGITS`` digits, a power tower, an exponent
-above ``MAX_EXPONENT`` or a LaTeX command outside ``SAFE_COMMANDS`` (``\\binom``, ``!``, sums...)
-is never handed to sympy: it only matches an identical string. Pure functions, torch-free.
+``number`` reads one part as an exact rational when it is a plain number, by the context's rules:
+thousands separators (``1,234``, ``1{,}234``, ``1 234``: groups of exactly three digits) in both;
+a decimal comma (``1000,99``, ``0,111``) in plain text; in LaTeX a comma separates the items of a
+list (``\\boxed{1, 2}``, ``\\boxed{-2,1}``) unless it groups thousands or follows a lone ``0``.
+Units, currency and words around a number (``5\\text{ cm}``, ``\\$5``, ``x = 7``, ``50\\%``) are
+dropped; ``a/b`` and ``\\frac{a}{b}`` (``\\dfrac``, ``\\tfrac``, ``\\cfrac``) are exact fractions.
+``items`` splits a list at its top-level commas: a list never equals a number. Pure functions,
+torch-free and sympy-free; the comparison is ``rl/rewards.py``'s.
 """
 
 from __future__ import annotations
 
-import functools
 import re
+from collections.abc import Iterator
+from dataclasses import dataclass
 from fractions import Fraction
 
 MAX_TEXT_CHARS = 1 << 20  # a completion longer than this has no answer
-MAX_ANSWER_CHARS = 200
-MAX_DEPTH = 8
+MAX_ANSWER_CHARS = 200  # a part longer than this is only ever compared as a string
+MAX_PARTS = 6  # more \boxed{} parts than this: no answer (math-verify joins at most six)
 MAX_DIGITS = 40
-MAX_EXPONENT = 100
-MAX_POWERS = 2
-SAFE_COMMANDS = frozenset({
-    "frac", "dfrac", "tfrac", "sqrt", "pi", "cdot", "times", "div", "left", "right", "infty", "pm", "mp",
-    "circ", "degree", "text", "textbf", "mathrm", "mbox", "le", "ge", "leq", "geq", "neq", "ne", "cup", "cap",
-    "sin", "cos", "tan", "cot", "sec", "csc", "log", "ln", "exp", "in", "emptyset", "varnothing", "dots",
-    "ldots", "quad", "displaystyle", "mathbf", "boxed", "approx", "lt", "gt",
-})
-_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?|-?\.\d+")
-_PLAIN_NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)")
-_FRACTION = re.compile(r"([+-]?\d+)\s*/\s*([+-]?\d+)")
-_LATEX_FRAC = re.compile(r"([+-]?)\\[dt]?frac\{([+-]?\d+)\}\{([+-]?\d+)\}")
-_COMMAND = re.compile(r"\\([A-Za-z]+)")
-_WORDY = re.compile(r"[A-Za-z$:=\s]*?(-?\d[\d,]*(?:\.\d+)?)\s*[A-Za-z%.\s]*")
-_UNITS = ("\\$", "$", "\\%", "%", "\\!", "\\,", "\\ ", "{,}", ",", " ", "\\text{dollars}", "dollars")
+
+_SEP = r"(?:,|\{,\}|\\,|\\ |\s)"  # between groups of three digits
+_THOUSANDS = rf"[1-9]\d{{0,2}}(?:{_SEP}\d{{3}})+(?:\.\d+)?"
+_PLAIN = r"\d+(?:\.\d+)?|\.\d+"
+_DECIMAL_COMMA = r"\d+,\d+"
+_LATEX_NUMBER = re.compile(rf"[+-]?(?:{_THOUSANDS}|0,\d+|{_PLAIN})")
+_TEXT_NUMBER = re.compile(rf"[+-]?(?:{_THOUSANDS}|{_DECIMAL_COMMA}|{_PLAIN})")
+_FRACTION = re.compile(r"([+-]?)\s*(?:\\[dtc]?frac\{\s*([+-]?\d+)\s*\}\{\s*([+-]?\d+)\s*\}|(\d+)\s*/\s*(\d+))")
+# a number standing on its own in plain text: after the start, a space, "=", "(", or a currency sign
+_STANDALONE = re.compile(rf"(?:^|(?<=[\s=(:$€£]))[+-]?(?:\d+\s*/\s*\d+|{_THOUSANDS}|{_DECIMAL_COMMA}|{_PLAIN})(?![\w.]*\d)")
+_WORD = re.compile(r"(?<![\\A-Za-z])[A-Za-z]{2,}")
+_SPAN = re.compile(r"\$\$(.+?)\$\$|\\\[(.+?)\\\]|\\\((.+?)\\\)|\$([^$]+?)\$", re.DOTALL)
+_ANCHOR = re.compile(r"final answer.{0,100}?\bis\b|answer\s*:", re.IGNORECASE | re.DOTALL)
+_WRAPPERS = re.compile(r"\\(?:text|textnormal|textrm|textbf|mathrm|mbox|operatorname)\s*\{([^{}]*)\}")
+_UNIT = r"[A-Za-z]+\.?(?:\^\{?\d\}?|²|³)?"
+_UNIT_WORDS = re.compile(rf"(?:\s*(?:\\[,;:! ]|~))*\s*{_UNIT}(?:\s+{_UNIT}){{0,3}}\s*$")  # 5 cm, 3 sq. ft
+_LEAD = re.compile(r"^\s*(?:[A-Za-z](?:_\{?\w+\}?)?\s*=|\\approx|≈)\s*")
+_UNITS = ("\\$", "$", "\\%", "%", "€", "£", "\\!", "\\left", "\\right", "^\\circ", "^{\\circ}", "\\circ", "°")
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A final answer: one part, or the parts of several ``\\boxed{}``; ``latex`` says which
+    context's rules read its commas (see the module docstring)."""
+
+    parts: tuple[str, ...]
+    latex: bool
+
+    @property
+    def text(self) -> str:
+        return ", ".join(self.parts)
 
 
 def boxed_contents(text: str) -> list[str]:
@@ -53,144 +75,141 @@ def boxed_contents(text: str) -> list[str]:
     return out
 
 
-def extract_answer(text: str) -> str | None:
-    """The final answer of ``text``: last ``\\boxed{}``, else after the last ``####``, else the last number."""
+def _strip_math(part: str) -> str:
+    """``part`` without enclosing ``$``/``\\(..\\)``/``\\[..\\]`` marks, spaces and a final period."""
+    t = part.strip()
+    for a, b in (("$$", "$$"), ("\\[", "\\]"), ("\\(", "\\)"), ("$", "$")):
+        if t.startswith(a) and t.endswith(b) and len(t) >= len(a) + len(b):
+            t = t[len(a):len(t) - len(b)].strip()
+    return t.rstrip(".").strip()
+
+
+def _span_text(m: re.Match[str]) -> str:
+    return next(g for g in m.groups() if g is not None).strip().rstrip(".,").strip()
+
+
+def _last(matches: Iterator[re.Match[str]]) -> re.Match[str] | None:
+    found = None
+    for found in matches:  # noqa: B007  (the last one is kept)
+        pass
+    return found
+
+
+def final_answer(text: str) -> Answer | None:
+    """The final answer of a completion (see the module docstring), or None when it has none."""
     if len(text) > MAX_TEXT_CHARS:
         return None
-    boxed = boxed_contents(text) if "boxed" in text or "fbox" in text else []
-    if boxed:
-        return boxed[-1].strip()
+    if "boxed" in text or "fbox" in text:
+        boxed = list(dict.fromkeys(_strip_math(b) for b in boxed_contents(text)))  # a set: repeats count once
+        if boxed:
+            return Answer(tuple(boxed), latex=True) if len(boxed) <= MAX_PARTS else None
     if "####" in text:
         tail = text.rsplit("####", 1)[1].strip().split("\n")[0].strip()
-        return tail or None
-    numbers = _NUMBER.findall(text)
-    return numbers[-1] if numbers else None
+        return Answer((tail,), latex=False) if tail else None
+    bare = text.strip()
+    if "\\" in bare and len(bare) <= MAX_ANSWER_CHARS and not _WORD.search(_WRAPPERS.sub("", bare)) and "$" not in bare:
+        return Answer((_strip_math(bare),), latex=True)  # a bare LaTeX expression: -\frac{3}{4}
+    for anchor in reversed(list(_ANCHOR.finditer(text))):
+        at = anchor.end()
+        while at < len(text) and text[at] in " \t\n:":
+            at += 1
+        m = _SPAN.match(text, at)
+        if m is not None:
+            return Answer((_span_text(m),), latex=True)
+    span = _last(_SPAN.finditer(text))
+    number = _last(_STANDALONE.finditer(text))
+    if span is not None and (number is None or span.end() >= number.end()):
+        return Answer((_span_text(span),), latex=True)
+    return Answer((number.group(0),), latex=False) if number is not None else None
 
 
-def as_number(text: str) -> Fraction | None:
-    """``text`` as an exact rational if it is a plain number, fraction or ``\\frac{a}{b}`` (units stripped)."""
+def reference(text: str) -> Answer:
+    """A task's reference answer: its ``\\boxed{}`` parts or math span if it has them, else all of
+    it read as LaTeX (what a ``\\boxed{}`` would hold)."""
     t = text.strip()
-    if len(t) > MAX_ANSWER_CHARS:
-        return None
+    if "boxed" in t or "fbox" in t or "####" in t or t.startswith(("$", "\\[", "\\(")):
+        found = final_answer(t)
+        if found is not None:
+            return found
+    return Answer((_strip_math(t),), latex=True)
+
+
+def _clean(part: str) -> str:
+    """``part`` without units, currency, words around it and a leading ``x =``."""
+    t = re.sub(r",\s*\\!\s*", ",", _WRAPPERS.sub(lambda m: m.group(1), part)).strip()  # 32,\! 349
     for unit in _UNITS:
         t = t.replace(unit, "")
-    t = t.rstrip(".")
+    t = _LEAD.sub("", t).strip().rstrip(".").strip()
+    if re.search(r"\d", t):
+        t = _UNIT_WORDS.sub("", t).strip()
+    t = t.replace("{,}", ",").replace("\\,", " ").replace("\\ ", " ").strip()
+    while t.startswith("{") and t.endswith("}") and _balanced(t[1:-1]):
+        t = t[1:-1].strip()
+    return t
+
+
+def _balanced(t: str) -> bool:
+    depth = 0
+    for c in t:
+        depth += {"{": 1, "}": -1}.get(c, 0)
+        if depth < 0:
+            return False
+    return depth == 0
+
+
+def number(part: str, *, latex: bool) -> Fraction | None:
+    """``part`` as an exact rational if it is one plain number in its context, else None."""
+    if len(part) > MAX_ANSWER_CHARS:
+        return None
+    t = _clean(part)
     if sum(c.isdigit() for c in t) > MAX_DIGITS:
         return None
-    try:
-        if _PLAIN_NUMBER.fullmatch(t):
-            return Fraction(t)
-        m = _FRACTION.fullmatch(t) or _LATEX_FRAC.fullmatch(t)
-        if m:
-            sign = -1 if m.re is _LATEX_FRAC and m.group(1) == "-" else 1
-            num, den = (int(g) for g in m.groups()[-2:])
-            return None if den == 0 else sign * Fraction(num, den)
-    except (ValueError, ZeroDivisionError):
+    if (_LATEX_NUMBER if latex else _TEXT_NUMBER).fullmatch(t):
+        return _rational(t)
+    m = _FRACTION.fullmatch(t)
+    if m is None:
         return None
-    return None
+    sign, a, b, c, d = m.groups()
+    num, den = (int(a), int(b)) if a is not None else (int(c), int(d))
+    return None if den == 0 else (-1 if sign == "-" else 1) * Fraction(num, den)
 
 
-def numbers_equal(got: str | None, want: str) -> bool:
-    """Whether two answers are the same number (False if either is not a plain number); a final
-    answer with only words around its number ("$7 apples", "x = 7") counts by that number."""
-    if got is None:
+def _rational(t: str) -> Fraction:
+    """A matched number: separators between groups of three dropped, a decimal comma read as a point."""
+    core = re.sub(r"(?<=\d)(?:,|\s)(?=\d{3}(?:\D|$))", "", t) if re.search(_THOUSANDS, t) else t
+    return Fraction(core.replace(",", ".").replace(" ", ""))
+
+
+def is_decimal(part: str) -> bool:
+    """Whether a number is written with decimals or a percent sign (math-verify then compares it
+    rounded, so an unequal exact value is not yet a verdict)."""
+    return bool(re.search(r"\d[.,]\d|%", part))
+
+
+def items(part: str, *, latex: bool) -> list[str]:
+    """The items of a list (split at top-level commas that do not belong to a number); one item
+    for anything else."""
+    out, depth, start = [], 0, 0
+    for i, c in enumerate(part):
+        depth += 1 if c in "([{" else -1 if c in ")]}" else 0
+        if c == "," and depth == 0 and not _inside_number(part, i, latex=latex):
+            out.append(part[start:i].strip())
+            start = i + 1
+    out.append(part[start:].strip())
+    return [x for x in out if x]
+
+
+def _inside_number(part: str, i: int, *, latex: bool) -> bool:
+    """Whether the comma at ``i`` groups thousands (or, in plain text, is a decimal comma)."""
+    before = re.search(r"[+-]?\d+$", part[:i])
+    after = re.match(r"\d+", part[i + 1:])
+    if before is None or after is None:
         return False
-    a, b = as_number(got), as_number(want)
-    if a is None and len(got) <= MAX_ANSWER_CHARS:
-        wordy = _WORDY.fullmatch(got.strip())
-        a = as_number(wordy.group(1)) if wordy else None
-    return a is not None and a == b
-
-
-def _depth(text: str) -> int:
-    depth = worst = 0
-    for c in text:
-        if c in "{([":
-            depth += 1
-            worst = max(worst, depth)
-        elif c in "})]":
-            depth -= 1
-    return worst
-
-
-def _exponents(text: str) -> list[str]:
-    """What follows each ``^`` or ``**``: a braced group, else one number or character."""
-    out = []
-    for m in re.finditer(r"\^|\*\*", text):
-        rest = text[m.end():].lstrip()
-        if rest.startswith("{"):
-            close = rest.find("}")
-            token = rest[: close + 1] if close > 0 else rest
-        else:
-            num = re.match(r"[+-]?\d+|.", rest)
-            token = num.group(0) if num else ""
-        after = rest[len(token):].lstrip().lstrip(")]}").lstrip()
-        # a power of a power (2^3^4, 2**3**4) counts as a tower: its exponent holds a power
-        out.append(token + ("^" if after.startswith(("^", "**")) else ""))
-    return out
-
-
-def is_safe(expr: str) -> bool:
-    """Whether ``expr`` is small enough to hand to sympy (see the module docstring)."""
-    if len(expr) > MAX_ANSWER_CHARS or _depth(expr) > MAX_DEPTH or "!" in expr.replace("\\!", ""):
-        return False
-    if any(len(n) > MAX_DIGITS for n in re.findall(r"\d+", expr)):
-        return False
-    if any(c not in SAFE_COMMANDS for c in _COMMAND.findall(expr)):
-        return False
-    if re.search(r"\d[eE][+-]?\d{3,}", expr):
-        return False
-    powers = _exponents(expr)
-    if len(powers) > MAX_POWERS:
-        return False
-    for e in powers:
-        if "^" in e or "**" in e or any(int(n) > MAX_EXPONENT for n in re.findall(r"\d+", e)):
-            return False
-    return True
-
-
-@functools.lru_cache(maxsize=4096)
-def _parsed(expr: str) -> tuple:
-    import logging
-
-    from math_verify import parse
-
-    logging.getLogger("math_verify").setLevel(logging.ERROR)  # "timeout is disabled": bounded above
-    return tuple(parse("\\boxed{" + expr + "}", parsing_timeout=None, raise_on_error=False))
-
-
-def symbolic_equal(got: str, want: str) -> bool:
-    """``math-verify``'s verdict on two bounded answers (False for unsafe or unparsable ones)."""
-    if not (is_safe(got) and is_safe(want)):
-        return False
-    from math_verify import verify
-
-    try:
-        gold, pred = _parsed(want), _parsed(got)
-        return bool(gold and pred and verify(list(gold), list(pred), timeout_seconds=None, raise_on_error=False))
-    except Exception:  # sympy raises assorted types on odd input; an unscorable answer is wrong
-        return False
-
-
-def answers_equal(got: str | None, want: str) -> bool:
-    """Same string, same number, or (both bounded) the same expression."""
-    if got is None:
-        return False
-    if got.strip() == want.strip() or numbers_equal(got, want):
+    lead, tail = before.group(0).lstrip("+-"), after.group(0)
+    grouped = before.start() > 0 and part[before.start() - 1] == ","  # 12,345,678: the second group on
+    if len(tail) == 3 and len(lead) <= 3 and (lead[0] != "0" or grouped):
         return True
-    if as_number(got) is not None and as_number(want) is not None:
-        return False  # two different numbers: no need for sympy
-    return symbolic_equal(got.strip(), want.strip())
-
-
-def checker_version() -> str:
-    """Which checker scores ``math`` rewards (bound into the rollout settings: all nodes must agree)."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return f"math-verify {version('math-verify')}; latex2sympy2_extended {version('latex2sympy2_extended')}"
-    except PackageNotFoundError:
-        return "math-verify missing"
+    return lead == "0" if latex else True
 
 
 _THINK = re.compile(r"^\s*<think>.*?</think>", re.DOTALL)

@@ -7,7 +7,7 @@ wires them for ``pulse-node solo``. The trainer and inference roles reuse the sa
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import pydantic
 
@@ -41,17 +41,17 @@ class ModelConfig(StrictModel):
         return self
 
 
-class TaskConfig(StrictModel):
-    """Where problems come from and how completions are rewarded."""
+Precision = Literal["fp32", "bf16", "fp16"]
+"""What a node computes logits in (``rl/precision.py``): a producer declares it in each batch."""
+RewardName = Literal["exact", "gsm8k", "math"]
+"""The rewards of ``rl/rewards.py`` (``REWARDS``): "exact" match, "gsm8k" numbers, "math" (math-verify)."""
 
-    kind: Literal["arithmetic", "jsonl"] = "arithmetic"
-    digits: int = pydantic.Field(2, ge=1, le=9)  # arithmetic: max digits per operand
-    min_digits: int = pydantic.Field(1, ge=1, le=9)
-    ops: str = "+"  # arithmetic: subset of "+-*"
-    path: str | None = None  # jsonl: training problems
-    eval_path: str | None = None  # jsonl: held-out problems (default: split off `path`)
+
+class _TaskBase(StrictModel):
+    """What every task has: its held-out split and how completions are rewarded."""
+
     eval_size: int = pydantic.Field(1000, ge=1)  # held-out problems (1000: +-1.5 points at 60%, see bench/RESULTS.md)
-    reward: str = "exact"  # a name in pulse_node.rl.tasks.REWARDS ("math": the math-verify checker)
+    reward: RewardName = "exact"
     format_reward: float = pydantic.Field(0.0, ge=0, lt=1)  # added when the completion ends in a
     # marked answer (\boxed{..} or #### ..); < 1 so only a correct answer scores >= 1 (solved)
     format_think: bool = False  # the format reward also needs a closed <think>...</think> first
@@ -60,15 +60,44 @@ class TaskConfig(StrictModel):
     system_prompt: str | None = pydantic.Field(None, max_length=4096)  # with chat_template
     seed: int = 1234  # fixes the held-out split; independent of the run seed
 
+
+class ArithmeticTaskConfig(_TaskBase):
+    """Procedural problems ``a<op>b=`` (``rl/tasks.ArithmeticTask``)."""
+
+    kind: Literal["arithmetic"] = "arithmetic"
+    digits: int = pydantic.Field(2, ge=1, le=9)  # max digits per operand
+    min_digits: int = pydantic.Field(1, ge=1, le=9)
+    ops: str = "+"  # subset of "+-*"
+
     @pydantic.model_validator(mode="after")
-    def _check(self) -> TaskConfig:
-        if self.kind == "jsonl" and not self.path:
-            raise ValueError("task.kind='jsonl' needs task.path")
+    def _check(self) -> ArithmeticTaskConfig:
         if not self.ops or set(self.ops) - set("+-*"):
             raise ValueError("task.ops must be a non-empty subset of '+-*'")
         if self.min_digits > self.digits:
             raise ValueError("task.min_digits must be <= task.digits")
         return self
+
+
+class JsonlTaskConfig(_TaskBase):
+    """Problems of a local JSONL file (``rl/tasks.JsonlTask``)."""
+
+    kind: Literal["jsonl"] = "jsonl"
+    path: str = pydantic.Field(min_length=1)  # training problems
+    eval_path: str | None = None  # held-out problems (default: split off `path`)
+
+
+def _task_kind(value: object) -> str:
+    """The union's tag: ``kind``, "arithmetic" when a TOML leaves it out."""
+    kind = value.get("kind", "arithmetic") if isinstance(value, dict) else getattr(value, "kind", "arithmetic")
+    return str(kind)
+
+
+TaskConfig = Annotated[
+    Annotated[ArithmeticTaskConfig, pydantic.Tag("arithmetic")] | Annotated[JsonlTaskConfig, pydantic.Tag("jsonl")],
+    pydantic.Discriminator(_task_kind, custom_error_type="task_kind",
+                           custom_error_message="task.kind must be 'arithmetic' or 'jsonl'"),
+]
+"""Where problems come from and how completions are rewarded: one config per ``task.kind``."""
 
 
 class SamplingConfig(StrictModel):
@@ -100,6 +129,12 @@ class VerifyConfig(StrictModel):
     logprob_tolerance: float = pydantic.Field(
         0.02, gt=0, le=10, description="largest |claimed - recomputed| behaviour log-prob of a token (claims are "
         "only compared, never used)")
+    compute: Precision = pydantic.Field(
+        "fp32", description="what the trainer's verifier (and its own sampler) computes in: 'bf16' on a GPU saves "
+        "memory and time; its rounding error is added to the producer's in the tolerances (rl/precision.py)")
+    checker_cpu_s: float = pydantic.Field(
+        16.0, gt=0, le=600, description="CPU seconds the answer checker (math-verify, rl/checker.py) may spend on "
+        "one batch's rewards, each call at most 1 s; past it an answer scores 0 and is not compared with the claim")
     max_queued_batches: int = pydantic.Field(4, ge=1, le=4096, description="queued batches per sender "
                                              "(the oldest is dropped for a new one)")
     max_queued_bytes: int = pydantic.Field(16 << 20, ge=1 << 16, description="queued bytes per sender")
@@ -140,7 +175,7 @@ class SoloConfig(StrictModel):
     """``pulse-node solo``: trainer and inference in one process, no network."""
 
     model: ModelConfig = ModelConfig()
-    task: TaskConfig = TaskConfig()
+    task: TaskConfig = pydantic.Field(default_factory=ArithmeticTaskConfig)
     sampling: SamplingConfig = SamplingConfig()
     grpo: GRPOConfig = GRPOConfig()
     seed: int = 0
@@ -156,3 +191,8 @@ class SoloConfig(StrictModel):
             raise ValueError(f"sync_every={self.sync_every} makes rollouts up to {self.sync_every - 1} versions old, "
                              f"but grpo.max_staleness={self.grpo.max_staleness} drops them: raise grpo.max_staleness")
         return self
+
+
+def task_config(**fields: object) -> ArithmeticTaskConfig | JsonlTaskConfig:
+    """The ``TaskConfig`` of ``fields`` (the variant ``kind`` names; "arithmetic" by default)."""
+    return pydantic.TypeAdapter(TaskConfig).validate_python(fields)

@@ -5,10 +5,12 @@ msgpack struct and decoding treats the bytes as hostile: a size cap before parsi
 limits, exact field sets and types, bounded lengths, finite values. Any violation is a
 ``WireError``. Token ids are packed as little-endian uint32 and log-probs as float32.
 
-Wire version 2: ``{"wire": 2, "rollouts": [...]}``, one map per rollout with ``p`` prompt ids,
-``c`` completion ids, ``l`` behaviour log-probs, ``r`` reward, ``v`` version, ``pid`` problem id,
-``g`` GRPO group id, ``f`` finished (ended with EOS), and (new in 2) ``b`` the batch index and
-``i`` the sample index within the batch (``rl/assign.py``). Decoding only checks shapes: every
+Wire version 3: ``{"wire": 3, "precision": "fp32" | "bf16" | "fp16", "rollouts": [...]}``: the
+precision the producer computed its logits in (new in 3: the verifier's tolerances follow from it,
+``rl/precision.py``; version 2, without it, still decodes as "fp32"), and one map per rollout with
+``p`` prompt ids, ``c`` completion ids, ``l`` behaviour log-probs, ``r`` reward, ``v`` version,
+``pid`` problem id, ``g`` GRPO group id, ``f`` finished (ended with EOS), ``b`` the batch index
+and ``i`` the sample index within the batch (``rl/assign.py``). Decoding only checks shapes: every
 claim (prompts, tokens, reward, log-probs, version) is checked by the trainer (``rl/verify.py``),
 and a decoded rollout is never ``local``.
 """
@@ -23,7 +25,8 @@ import numpy as np
 
 from pulse_node.errors import WireError
 
-WIRE_VERSION = 2
+WIRE_VERSION = 3
+PRECISIONS = ("fp32", "bf16", "fp16")
 MAX_ROLLOUTS = 65536
 MAX_TOKENS = 1 << 16  # per prompt or completion
 MAX_ID_LEN = 256
@@ -49,6 +52,7 @@ class Rollout:
     text: str = field(default="", compare=False)  # decoded completion (local only, not sent)
     # reward and log-probs were computed on this node (own sampler or the verifier), never sent
     local: bool = field(default=False, compare=False)
+    precision: str = "fp32"  # what the producer computed its logits in (one per batch on the wire)
 
 
 def _pack_one(r: Rollout) -> dict:
@@ -67,13 +71,16 @@ def _pack_one(r: Rollout) -> dict:
 
 
 def encode_rollouts(rollouts: list[Rollout]) -> bytes:
-    """Bytes of a rollout batch (msgpack ``{"wire": 2, "rollouts": [...]}``)."""
+    """Bytes of a rollout batch (msgpack ``{"wire": 3, "precision": .., "rollouts": [...]}``)."""
     if len(rollouts) > MAX_ROLLOUTS:
         raise ValueError(f"at most {MAX_ROLLOUTS} rollouts per message")
+    precision = {r.precision for r in rollouts} or {"fp32"}
+    if len(precision) != 1 or not precision <= set(PRECISIONS):
+        raise ValueError(f"a batch has one precision of {PRECISIONS}, not {sorted(precision)}")
     for r in rollouts:
         if len(r.logprobs) != len(r.completion_ids):
             raise ValueError("a rollout needs one log-prob per completion token")
-    body = {"wire": WIRE_VERSION, "rollouts": [_pack_one(r) for r in rollouts]}
+    body = {"wire": WIRE_VERSION, "precision": precision.pop(), "rollouts": [_pack_one(r) for r in rollouts]}
     return msgpack.packb(body, use_bin_type=True)
 
 
@@ -140,10 +147,18 @@ def decode_rollouts(data: bytes, *, max_bytes: int = DEFAULT_MAX_BYTES) -> list[
     except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError,
             TypeError, UnicodeDecodeError) as exc:
         raise WireError(f"rollout message is not valid msgpack: {exc}") from None
-    if not isinstance(body, dict) or set(body) != {"wire", "rollouts"}:
-        raise WireError("rollout message must be a map with fields 'wire' and 'rollouts'")
-    if body["wire"] != WIRE_VERSION:
-        raise WireError(f"rollout wire version {body['wire']!r} unsupported (want {WIRE_VERSION})")
+    if not isinstance(body, dict) or body.get("wire") not in (2, WIRE_VERSION):
+        raise WireError(f"rollout wire version {body.get('wire') if isinstance(body, dict) else None!r} "
+                        f"unsupported (want {WIRE_VERSION})")
+    fields = {"wire", "rollouts"} | ({"precision"} if body["wire"] == WIRE_VERSION else set())
+    if set(body) != fields:
+        raise WireError(f"rollout message must be a map with fields {sorted(fields)}")
+    precision = body.get("precision", "fp32")
+    if precision not in PRECISIONS:
+        raise WireError(f"rollout field precision must be one of {PRECISIONS}")
     if not isinstance(body["rollouts"], list):
         raise WireError("rollout message field 'rollouts' must be a list")
-    return [_unpack_one(item) for item in body["rollouts"]]
+    out = [_unpack_one(item) for item in body["rollouts"]]
+    for r in out:
+        r.precision = precision
+    return out

@@ -1,9 +1,9 @@
 """Inference side: a rollout worker that generates on exactly the versioned BF16 weights.
 
-The worker owns its own copy of the network. ``set_weights`` loads a BF16 State, held upcast to
-FP32 on every device (BF16 -> FP32 is exact). FP32 compute also on CUDA, because trainers
-recompute every token draw in FP32 (``rl/verify.py``): BF16 activations would move the logits by
-far more than the measured tolerance (bench/RESULTS.md "Verified rollouts"). Generation is
+The worker owns its own copy of the network. ``set_weights`` loads a BF16 State into it, held in
+the worker's compute precision (``compute``: "fp32", the BF16 values upcast exactly, or "bf16"
+(exact) or "fp16", as engines run). The batch declares that precision (``Rollout.precision``) and
+trainers widen their checks by that precision's error in the logits (``rl/precision.py``). Generation is
 batched (left padding, optionally ``rows_per_pass`` rows at a time), uses the KV cache (rows
 that finished leave the batch and its cache), draws each token with the seeded sampler
 (``rl/seeded.py``: one keyed uniform per token, made for all steps of a row up front, the draw on
@@ -15,20 +15,22 @@ weights' version.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import torch
 
 from pulse_node.codec.inplace import Move
 from pulse_node.codec.state import State
 from pulse_node.rl.assign import BatchKey, assigned_problems
-from pulse_node.rl.config import SamplingConfig
+from pulse_node.rl.config import Precision, SamplingConfig
 from pulse_node.rl.liveweights import LiveWeights
 from pulse_node.rl.models import HFLM, TinyLM
 from pulse_node.rl.policy import check_prompts
+from pulse_node.rl.precision import DTYPES
+from pulse_node.rl.rewards import Reward, reward_for
 from pulse_node.rl.rollout import Rollout
 from pulse_node.rl.seeded import draw, drawable, greedy, uniforms
-from pulse_node.rl.tasks import Problem, TaskSource, reward_for
+from pulse_node.rl.tasks import Problem, TaskSource
 from pulse_node.rl.tokenizer import Tokenizer
 
 EVAL_CHUNK = 256
@@ -37,13 +39,14 @@ EVAL_CHUNK = 256
 class RolloutWorker:
     """Generates scored rollouts with the BF16 weights of one policy version."""
 
-    def __init__(self, policy_like, sampling_cfg: SamplingConfig, *,
-                 reward_fn: Callable[[str, str], float] | None = None) -> None:
-        self.cfg = sampling_cfg
+    def __init__(self, policy_like, sampling_cfg: SamplingConfig, *, reward_fn: Reward | None = None,
+                 compute: Precision = "fp32") -> None:
+        self.cfg, self.compute = sampling_cfg, compute
         self.tokenizer: Tokenizer = policy_like.tokenizer
         self.device = policy_like.device
         self.lm: TinyLM | HFLM = copy.copy(policy_like.lm)
-        self.lm.module = copy.deepcopy(policy_like.lm.module).float().eval().requires_grad_(False)
+        module = copy.deepcopy(policy_like.lm.module)
+        self.lm.module = module.to(DTYPES[compute]).eval().requires_grad_(False)
         self.reward_fn = reward_fn or reward_for(policy_like.task)
         self.version = -1
         self.loaded: State | None = None  # the State last loaded (two forks may share a version number)
@@ -157,7 +160,8 @@ class RolloutWorker:
         return Rollout(prompt_ids=prompt, completion_ids=toks, logprobs=lps,
                        reward=float(self.reward_fn(text, prob.answer)), version=self.version,
                        problem_id=prob.id[:256], group_id=key.group_id(sample // self.cfg.group_size),
-                       finished=finished, batch=key.batch, sample=sample, text=text, local=True)
+                       finished=finished, batch=key.batch, sample=sample, text=text, local=True,
+                       precision=self.compute)
 
     def greedy(self, problems: Sequence[Problem]) -> list[str]:
         """Greedy completions (text), batched."""

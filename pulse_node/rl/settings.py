@@ -22,7 +22,7 @@ import json
 from pathlib import Path
 
 from pulse_node.errors import ConfigError, DataError
-from pulse_node.rl.config import ModelConfig, SamplingConfig, TaskConfig
+from pulse_node.rl.config import JsonlTaskConfig, ModelConfig, SamplingConfig, TaskConfig
 
 #: names the draw rule of ``rl/seeded.py``; a new rule must change it
 SAMPLER = "inverse-cdf/blake3/2"
@@ -51,14 +51,14 @@ def _file_digest(path: str | None) -> str:
 def task_settings(task: TaskConfig) -> dict:
     """The task part: every parameter that changes the problems or the reward."""
     out = task.model_dump(mode="json", exclude={"path", "eval_path", "system_prompt", "chat_template"})
-    if task.kind == "jsonl":
+    if isinstance(task, JsonlTaskConfig):
         out.update(data=_file_digest(task.path), eval_data=_file_digest(task.eval_path))
     if task.system_prompt:
         out["system_prompt"] = hashlib.sha256(task.system_prompt.encode()).hexdigest()
-    if task.reward == "math":
-        from pulse_node.rl.answers import checker_version
+    from pulse_node.rl.rewards import checker_version
 
-        out["checker"] = checker_version()
+    if (checker := checker_version(task.reward)) is not None:
+        out["checker"] = checker
     return out
 
 

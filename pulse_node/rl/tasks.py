@@ -6,16 +6,12 @@ seed), so every node derives the same ones: ``eval`` (the held-out problems, ``e
 eval split is never drawn for training, even when a JSONL file repeats it, or the training file
 also holds a problem of ``eval_path``. ``split_of`` says which split a prompt belongs to.
 Rollout prompts are drawn from ``train`` only (``rl/assign.py``); trainers refuse any other.
-Rewards are plain functions ``(completion, answer) -> float`` registered by name in
-``REWARDS`` so configs can pick one (``task.reward = "exact"``); ``reward_for(task)`` adds the
-optional format reward (``task.format_reward``) and stays a pure function of its two
-arguments, so a trainer re-scores every peer's completion (``rl/verify.py``). ``gsm8k`` and
-``math`` use the answer checker of ``rl/answers.py`` (exact rationals; expressions via
-math-verify, bounded against hostile completions).
+Rewards are ``rl/rewards.py``'s.
 
 A JSONL line is ``{"question"|"prompt"|"problem": ..., "answer"|"solution": ...}``: GSM8K's
 answers end in ``#### 42`` and MATH's solutions in ``\\boxed{..}``; the reference answer is
-what follows the last ``####``, else the last ``\\boxed{}``'s content, else the whole text.
+what follows the last ``####``, else the ``\\boxed{}`` contents (several parts kept, each in its
+box), else the whole text.
 """
 
 from __future__ import annotations
@@ -23,18 +19,15 @@ from __future__ import annotations
 import json
 import random
 import re
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol
 
 from pulse_node.errors import ConfigError, DataError
-from pulse_node.rl.answers import answers_equal, boxed_contents, extract_answer, format_ok, numbers_equal
-from pulse_node.rl.config import TaskConfig
+from pulse_node.rl.answers import boxed_contents
+from pulse_node.rl.config import ArithmeticTaskConfig, JsonlTaskConfig, TaskConfig
 
-RewardFn = Callable[[str, str], float]
 Split = Literal["train", "eval"]
-REWARDS: dict[str, RewardFn] = {}
 MAX_JSONL_BYTES = 1 << 30
 
 
@@ -59,75 +52,6 @@ class TaskSource(Protocol):
         """Which split ``prompt`` belongs to (None: not a problem of this task)."""
 
 
-def register_reward(name: str) -> Callable[[RewardFn], RewardFn]:
-    def deco(fn: RewardFn) -> RewardFn:
-        REWARDS[name] = fn
-        return fn
-
-    return deco
-
-
-def reward(name: str) -> RewardFn:
-    """The reward function registered under ``name``."""
-    try:
-        return REWARDS[name]
-    except KeyError:
-        raise ConfigError(f"unknown reward {name!r}; known: {sorted(REWARDS)}") from None
-
-
-_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
-
-
-def normalize_number(text: str) -> str:
-    """'1,234.50' -> '1234.5'; non-numbers are returned stripped."""
-    t = text.strip().replace(",", "").rstrip(".")
-    try:
-        value = float(t)
-    except ValueError:
-        return t
-    return str(int(value)) if value.is_integer() else repr(value)
-
-
-def final_answer(text: str) -> str | None:
-    """The final answer of a GSM8K-style text: after the last '####', else the last number."""
-    if "####" in text:
-        return normalize_number(text.rsplit("####", 1)[1].strip().split("\n")[0])
-    numbers = _NUMBER.findall(text)
-    return normalize_number(numbers[-1]) if numbers else None
-
-
-@register_reward("exact")
-def exact_reward(completion: str, answer: str) -> float:
-    """1.0 iff the completion (stripped) equals the answer."""
-    return 1.0 if completion.strip() == answer.strip() else 0.0
-
-
-@register_reward("gsm8k")
-def gsm8k_reward(completion: str, answer: str) -> float:
-    """1.0 iff the completion's final answer (boxed, after '####', or its last number) is the
-    answer's number ("1,234" = "1234", "$5.00" = "5", "3/4" = "0.75")."""
-    return 1.0 if numbers_equal(extract_answer(completion), answer) else 0.0
-
-
-@register_reward("math")
-def math_reward(completion: str, answer: str) -> float:
-    """1.0 iff the completion's final answer equals the answer as a number or an expression
-    (math-verify, size-bounded: ``rl/answers.py``)."""
-    return 1.0 if answers_equal(extract_answer(completion), answer) else 0.0
-
-
-def reward_for(cfg: TaskConfig) -> RewardFn:
-    """The task's reward: ``cfg.reward`` plus ``cfg.format_reward`` for a well-formed completion."""
-    base, weight, think = reward(cfg.reward), cfg.format_reward, cfg.format_think
-    if not weight:
-        return base
-
-    def with_format(completion: str, answer: str) -> float:
-        return base(completion, answer) + (weight if format_ok(completion, think=think) else 0.0)
-
-    return with_format
-
-
 class ArithmeticTask:
     """Procedural problems ``a<op>b=``; difficulty = operand digits.
 
@@ -135,7 +59,7 @@ class ArithmeticTask:
     problem of the space (operands of ``min_digits..digits`` digits, an op of ``ops``).
     """
 
-    def __init__(self, cfg: TaskConfig) -> None:
+    def __init__(self, cfg: ArithmeticTaskConfig) -> None:
         self.cfg = cfg
         lo = 0 if cfg.min_digits == 1 else 10 ** (cfg.min_digits - 1)
         space = (10**cfg.digits - lo) ** 2 * len(set(cfg.ops))
@@ -200,11 +124,14 @@ def _parse_line(raw: str, where: str) -> Problem:
 
 
 def reference_answer(text: str) -> str:
-    """The final answer of a reference solution: after '####', else the last \\boxed{}, else all of it."""
+    """The final answer of a reference solution: after '####', else its \\boxed{} content (several:
+    each kept in its box), else all of it."""
     if "####" in text:
         return text.rsplit("####", 1)[1].strip().split("\n")[0].strip().replace(",", "")
-    boxed = boxed_contents(text)
-    return boxed[-1].strip() if boxed else text.strip()
+    boxed = [b.strip() for b in boxed_contents(text)]
+    if len(boxed) > 1:
+        return ", ".join("\\boxed{" + b + "}" for b in boxed)
+    return boxed[0] if boxed else text.strip()
 
 
 def load_jsonl(path: str | Path) -> list[Problem]:
@@ -235,8 +162,8 @@ class JsonlTask:
     is not in the eval split.
     """
 
-    def __init__(self, cfg: TaskConfig) -> None:
-        problems = load_jsonl(cfg.path or "")
+    def __init__(self, cfg: JsonlTaskConfig) -> None:
+        problems = load_jsonl(cfg.path)
         if cfg.eval_path:
             self._train, self._eval = problems, load_jsonl(cfg.eval_path)[: cfg.eval_size]
         else:
@@ -269,8 +196,7 @@ class JsonlTask:
 
 
 def make_task_source(cfg: TaskConfig) -> TaskSource:
-    """The task named by ``cfg.kind``; also checks the reward name exists."""
-    reward_for(cfg)
-    if cfg.kind == "arithmetic":
+    """The task named by ``cfg.kind``."""
+    if isinstance(cfg, ArithmeticTaskConfig):
         return ArithmeticTask(cfg)
     return JsonlTask(cfg)

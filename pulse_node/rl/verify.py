@@ -26,9 +26,11 @@ batch):
    the token's recomputed CDF interval widened by ``verify.score_tolerance`` (``not_sampled``:
    edited, swapped, written, truncated-then-EOS or other-model completions); per token only the
    interval bounds and the log-prob are kept, never a [tokens, vocabulary] noise tensor;
-6. the reward, recomputed with the task's reward function, must equal the claim
-   (``wrong_reward``); the claimed log-probs must match ours within ``verify.logprob_tolerance``
-   (``forged_logprobs``).
+6. only for rows whose draws verified (cheap before expensive: unverified text never reaches the
+   answer checker): the reward, recomputed with the task's reward (``rl/rewards.py``; the answer
+   checker gets ``verify.checker_cpu_s`` of CPU per batch, each call bounded), must equal the claim
+   (``wrong_reward``; a reward the bound left undecided scores 0 and is not compared); the claimed
+   log-probs must match ours within ``verify.logprob_tolerance`` (``forged_logprobs``).
 
 An accepted batch comes back as ``local`` rollouts carrying the trainer's reward and behaviour
 log-probs of that version: no number from the producer enters the loss.
@@ -50,8 +52,11 @@ import torch
 from pulse_node.codec.state import State
 from pulse_node.rl.assign import BatchKey, assigned_problems
 from pulse_node.rl.batch import Packed, pack
+from pulse_node.rl.checker import CheckerBudget
 from pulse_node.rl.chunked import hidden_states, output_head
 from pulse_node.rl.config import VerifyConfig
+from pulse_node.rl.precision import Probe, Tolerances, beyond, probe, tolerances
+from pulse_node.rl.rewards import Score
 from pulse_node.rl.rollout import Rollout
 from pulse_node.rl.sampler import RolloutWorker
 from pulse_node.rl.seeded import Intervals, drawable, intervals, outside, uniforms
@@ -130,8 +135,11 @@ class RolloutVerifier:
         self._logit_width: int | None = None
         self.logit_budget = LOGIT_BUDGET  # logits per forward (benches lower it to vary the shape)
         self._secret = os.urandom(32)  # picks the spot rows: the sender cannot know which
-        self._rewards: dict[tuple[tuple[int, ...], str], float] = {}
+        self._rewards: dict[tuple[tuple[int, ...], str], Score] = {}
         self.forwarded_rows = 0  # sequences run through the teacher-forced forward (benches, tests)
+        self.tol = tolerances(Probe.none(), score_tolerance=cfg.score_tolerance, logprob_tolerance=cfg.logprob_tolerance,
+                              temperature=self.sampling.temperature)  # the last batch's (benches, the CLI)
+        self._near = [0, 0]  # tokens outside their FP32 interval, tokens checked (this batch)
 
     # ---- the checks --------------------------------------------------------------------
     def check(self, rollouts: list[Rollout], *, sender: str, current_version: int,
@@ -159,14 +167,21 @@ class RolloutVerifier:
         todo = [i for i, c in enumerate(checks) if c.ok]
         scored: dict[int, Rollout] = {}
         spot = [] if full else self.spot_rows(todo, key)
-        self._rewards = {}
-        self._score(rollouts, spot, problems=problems, key=key, checks=checks, scored=scored)
+        self._rewards, self._near = {}, [0, 0]
+        self.tol = self._tolerances([rollouts[i] for i in (spot or todo[:SPOT_ROWS])])
+        budget = CheckerBudget(self.cfg.checker_cpu_s)  # the answer checker's CPU for this batch
+        self._score(rollouts, spot, problems=problems, key=key, checks=checks, scored=scored, budget=budget)
         if not all(checks[i].ok for i in spot):  # a cheap refusal: the spot rows' forward only
             return self._verdict(checks, [])
         rest = [i for i in todo if i not in set(spot)]
-        self._score(rollouts, rest, problems=problems, key=key, checks=checks, scored=scored)
-        out = [scored[i] for i in todo]
+        self._score(rollouts, rest, problems=problems, key=key, checks=checks, scored=scored, budget=budget)
+        out = [scored[i] for i in todo if i in scored]  # rows whose draws failed were not scored
         verdict = self._verdict(checks, out)
+        near, tokens = self._near
+        if verdict.ok and near > self.tol.near_limit(tokens):  # the batch-level test (rl/precision.py)
+            verdict = BatchVerdict(BatchRefusal.NOT_SAMPLED, f"{near} of {tokens} tokens drawn outside their FP32 "
+                                   f"interval, {rollouts[0].precision} rounding explains at most "
+                                   f"{self.tol.near_limit(tokens)}", checks)
         if verdict.ok:
             self._accepted.add(key)
             self._accepted = {k for k in self._accepted if k.version >= current_version - self.max_staleness}
@@ -178,20 +193,43 @@ class RolloutVerifier:
         return sorted(random.Random(pick).sample(todo, min(SPOT_ROWS, len(todo))))
 
     def _score(self, rollouts: list[Rollout], idx: list[int], *, problems: list[Problem], key: BatchKey,
-               checks: list[RolloutCheck], scored: dict[int, Rollout]) -> None:
-        """Recompute rollouts ``idx`` (one forward) and check their draws, rewards and log-probs."""
+               checks: list[RolloutCheck], scored: dict[int, Rollout], budget: CheckerBudget) -> None:
+        """Recompute rollouts ``idx`` (one forward) and check their draws, then (cheap before
+        expensive: only rows whose draws verified reach the answer checker) rewards and log-probs."""
         if not idx:
             return
         rec = self.recompute([rollouts[i] for i in idx], key)
         for j, i in enumerate(idx):
             r, problem = rollouts[i], problems[i // self.sampling.group_size]
+            checks[i] = self._draws(r, rec, j)
+            if not checks[i].ok:
+                continue
+            self._near[0] += int((rec.token_gaps[j] > self.cfg.score_tolerance).sum())
+            self._near[1] += len(r.completion_ids)
             seen = (tuple(r.completion_ids), problem.answer)
             if seen not in self._rewards:
-                self._rewards[seen] = self._reward(r, problem)
-            reward = self._rewards[seen]
-            checks[i] = self._dynamic(r, rec, j, reward=reward)
+                text = self.worker.tokenizer.decode(r.completion_ids)
+                self._rewards[seen] = self.worker.reward_fn.score(text, problem.answer, budget=budget)
+            score = self._rewards[seen]
+            checks[i] = self._claims(r, rec, j, score=score, check=checks[i])
             scored[i] = copy.copy(r)
-            scored[i].reward, scored[i].logprobs, scored[i].local = reward, rec.logprobs[j], True
+            scored[i].reward, scored[i].logprobs, scored[i].local = score.value, rec.logprobs[j], True
+
+    def _tolerances(self, probed: list[Rollout]) -> Tolerances:
+        """The batch's tolerances: FP32's, or widened by the declared precision's error in the
+        logits as measured on ``probed`` (the spot rows; ``rl/precision.py``)."""
+        w, base = self.worker, dict(score_tolerance=self.cfg.score_tolerance,
+                                    logprob_tolerance=self.cfg.logprob_tolerance, temperature=self.sampling.temperature)
+        if not probed or probed[0].precision == "fp32" and w.compute == "fp32":
+            return tolerances(Probe.none(), **base)
+        packed = pack([(r.prompt_ids, r.completion_ids) for r in probed], pad_id=w.tokenizer.pad_id, device=w.device)
+        row = torch.tensor([i for i, r in enumerate(probed) for _ in r.completion_ids], device=w.device)
+        pos = torch.tensor([len(r.prompt_ids) - 1 + k for r in probed for k in range(len(r.completion_ids))],
+                           device=w.device)
+        tokens = torch.tensor([t for r in probed for t in r.completion_ids], device=w.device)
+        found = probe(w.lm, packed, row, pos, tokens, precision=probed[0].precision, verifier=w.compute,  # type: ignore[arg-type]
+                      vocab=drawable(self._vocab(), w.tokenizer.vocab_size), temperature=self.sampling.temperature)
+        return tolerances(found, **base)
 
     def _verdict(self, checks: list[RolloutCheck], scored: list[Rollout]) -> BatchVerdict:
         bad = next((c for c in checks if not c.ok), None)
@@ -235,22 +273,25 @@ class RolloutVerifier:
             c.reason, c.detail = BatchRefusal.TOKEN_RANGE, "token ids outside the vocabulary or longer than the context"
         return c
 
-    def _dynamic(self, r: Rollout, rec: Recomputed, j: int, *, reward: float) -> RolloutCheck:
-        """Seeded draws, reward and log-prob claims of ``r`` (``rec``'s ``j``-th), against the recomputation."""
+    def _draws(self, r: Rollout, rec: Recomputed, j: int) -> RolloutCheck:
+        """Whether every token of ``r`` (``rec``'s ``j``-th) is the seeded draw of the recomputation."""
         c = RolloutCheck(r.sample, gap=float(rec.gap[j]), closest=float(rec.closest[j]))
-        if c.gap > self.cfg.score_tolerance:
+        if rec.over[j] > 0:
             c.reason = BatchRefusal.NOT_SAMPLED
-            c.detail = (f"token {int(rec.token_gaps[j].argmax())} is not the seeded draw "
-                        f"(gap {c.gap:.4g} > tolerance {self.cfg.score_tolerance:g})")
-        elif abs(r.reward - reward) > REWARD_TOLERANCE:
-            c.reason, c.detail = BatchRefusal.WRONG_REWARD, f"reward {r.reward:g} claimed, {reward:g} recomputed"
-        elif (off := float(rec.claim_off[j])) > self.cfg.logprob_tolerance:
-            c.reason = BatchRefusal.FORGED_LOGPROBS
-            c.detail = f"log-probs differ by {off:.4g} > tolerance {self.cfg.logprob_tolerance:g}"
+            c.detail = (f"token {int(rec.token_gaps[j].argmax())} is not the seeded draw (gap {c.gap:.4g} beyond "
+                        f"the tolerance of {r.precision} by {float(rec.over[j]):.4g})")
         return c
 
-    def _reward(self, r: Rollout, problem: Problem) -> float:
-        return float(self.worker.reward_fn(self.worker.tokenizer.decode(r.completion_ids), problem.answer))
+    def _claims(self, r: Rollout, rec: Recomputed, j: int, *, score: Score, check: RolloutCheck) -> RolloutCheck:
+        """The reward and log-prob claims of a rollout whose draws verified. A reward the checker
+        left undecided (its CPU bound ran out: scored 0) is not held against the claim."""
+        c = check
+        if score.exact and abs(r.reward - score.value) > REWARD_TOLERANCE:
+            c.reason, c.detail = BatchRefusal.WRONG_REWARD, f"reward {r.reward:g} claimed, {score.value:g} recomputed"
+        elif (off := float(rec.claim_off[j])) > self.tol.logprob:
+            c.reason = BatchRefusal.FORGED_LOGPROBS
+            c.detail = f"log-probs differ by {off:.4g} > tolerance {self.tol.logprob:g} for {r.precision}"
+        return c
 
     # ---- the teacher-forced recomputation ------------------------------------------------
     @torch.no_grad()
@@ -306,8 +347,10 @@ class RolloutVerifier:
                                             temperature=self.sampling.temperature)
         u = torch.cat([uniforms(digest, [r.sample], len(r.completion_ids))[0] for r in rollouts])
         gap, closest = outside(u, lo, hi)
+        over = beyond(u, lo, hi, self.tol)
         return Recomputed.of(gap=gap.cpu().numpy(), closest=closest.cpu().numpy(), logp=logp.cpu().numpy(),
-                             sizes=sizes, claimed=np.array([x for r in rollouts for x in r.logprobs]))
+                             over=over.cpu().numpy(), sizes=sizes,
+                             claimed=np.array([x for r in rollouts for x in r.logprobs]))
 
     def _from_logits(self, packed: Packed, row: np.ndarray, pos: np.ndarray, tokens: torch.Tensor) -> Intervals:
         """The intervals from the logits of every position from the first predicting one on (for
@@ -332,26 +375,29 @@ class Recomputed:
 
     gap: np.ndarray
     closest: np.ndarray
+    over: np.ndarray  # how far the largest gap lies past the token's tolerance (> 0: not the draw)
     claim_off: np.ndarray
     logprobs: list[list[float]]
     token_gaps: list[np.ndarray]
 
     @classmethod
-    def of(cls, *, gap: np.ndarray, closest: np.ndarray, logp: np.ndarray, claimed: np.ndarray,
+    def of(cls, *, gap: np.ndarray, closest: np.ndarray, logp: np.ndarray, claimed: np.ndarray, over: np.ndarray,
            sizes: np.ndarray) -> Recomputed:
         starts = np.cumsum(sizes) - sizes
         flat = logp.astype(np.float64).tolist()
         return cls(gap=np.maximum.reduceat(gap, starts), closest=np.minimum.reduceat(closest, starts),
+                   over=np.maximum.reduceat(over, starts),
                    claim_off=np.maximum.reduceat(np.abs(claimed - logp), starts),
                    logprobs=[flat[a:a + n] for a, n in zip(starts, sizes)], token_gaps=np.split(gap, starts[1:]))
 
     @classmethod
     def empty(cls) -> Recomputed:
-        return cls(np.zeros(0), np.zeros(0), np.zeros(0), [], [])
+        return cls(np.zeros(0), np.zeros(0), np.zeros(0), np.zeros(0), [], [])
 
     @classmethod
     def join(cls, parts: list[Recomputed]) -> Recomputed:
         return cls(gap=np.concatenate([p.gap for p in parts]), closest=np.concatenate([p.closest for p in parts]),
+                   over=np.concatenate([p.over for p in parts]),
                    claim_off=np.concatenate([p.claim_off for p in parts]),
                    logprobs=[x for p in parts for x in p.logprobs], token_gaps=[x for p in parts for x in p.token_gaps])
 

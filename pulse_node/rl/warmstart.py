@@ -32,10 +32,15 @@ CODE_VERSION = "warmstart-2"
 WARMSTART_THREADS = 1
 
 
+#: the fields every task dumped while ``TaskConfig`` was one flat class: kept in the key so the
+#: discriminated union (issue 31) finds the warm starts cached before it
+_FLAT_TASK = {"kind": "arithmetic", "digits": 2, "min_digits": 1, "ops": "+", "path": None, "eval_path": None}
+
+
 def cache_key(policy_task: dict, model_cfg: ModelConfig, grpo_cfg: GRPOConfig, seed: int) -> str:
     model = model_cfg.model_dump(mode="json", exclude={"device", "cache_dir"})
     ws = {k: v for k, v in grpo_cfg.model_dump(mode="json").items() if k.startswith("warmstart")}
-    blob = json.dumps({"code": CODE_VERSION, "model": model, "task": policy_task, "ws": ws,
+    blob = json.dumps({"code": CODE_VERSION, "model": model, "task": {**_FLAT_TASK, **policy_task}, "ws": ws,
                        "seed": seed, "torch": torch.__version__.split("+")[0], "threads": WARMSTART_THREADS},
                       sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:20]

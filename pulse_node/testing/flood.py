@@ -83,9 +83,9 @@ def _record(ident: Identity, *, port: int, host: str, now: float) -> PeerRecord:
 
 async def flood(run_id: str, bootstrap: list[str], *, keys: int, seconds: float, host: str = "127.0.0.1",
                 on_start: Callable[[], None] | None = None, stop: threading.Event | None = None,
-                ttl_s: float = TTL_S) -> dict:
+                ttl_s: float = TTL_S, go: threading.Event | None = None) -> dict:
     """Store and keep refreshing ``keys`` hostile records (living ``ttl_s``, refreshed every third
-    of it) for ``seconds`` (or until ``stop``); what it did."""
+    of it) for ``seconds`` (or until ``stop``), once ``go`` is set (at once without it); what it did."""
     from pulse_node.net.dht.config import DhtConfig
     from pulse_node.net.dht.join import connect_bootstrap, create_dht_node, start_daemon
     from pulse_node.net.dht.validator import libp2p_private_key
@@ -110,6 +110,8 @@ async def flood(run_id: str, bootstrap: list[str], *, keys: int, seconds: float,
         deadline = time.monotonic() + seconds
         if on_start is not None:
             on_start()
+        while go is not None and not go.is_set() and not (stop is not None and stop.is_set()):
+            await asyncio.sleep(0.1)
         try:
             while time.monotonic() < deadline and not (stop is not None and stop.is_set()):
                 now = time.time()

@@ -274,9 +274,14 @@ class Outcome:
 
     @property
     def signature(self) -> str:
-        """Where a crash came from (its type and innermost frame of ours), to tell crashes apart."""
-        lines = [ln for ln in self.detail.splitlines() if ln.strip().startswith("File ") and "pulse_node" in ln]
-        return f"{self.detail.strip().splitlines()[-1][:120] if self.detail else ''} @ {lines[-1].strip() if lines else ''}"
+        """Where a crash came from (its type, our innermost frame and the innermost frame of all),
+        to tell crashes apart: inputs failing the same way at the same place are one crash."""
+        if not self.detail:
+            return ""
+        frames = [ln.strip() for ln in self.detail.splitlines() if ln.strip().startswith("File ")]
+        ours = [f for f in frames if "pulse_node" in f]
+        kind = self.detail.strip().splitlines()[-1].split(":")[0]
+        return f"{kind} @ {ours[-1] if ours else ''} @ {frames[-1] if frames else ''}"
 
 
 def run_one(target: Target, data: bytes) -> Outcome:

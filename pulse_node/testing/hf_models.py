@@ -19,7 +19,7 @@ import random
 import sys
 from pathlib import Path
 
-from pulse_node.rl.config import GRPOConfig, ModelConfig, TaskConfig
+from pulse_node.rl.config import GRPOConfig, ModelConfig, TaskConfig, task_config
 from pulse_node.rl.tasks import make_task_source
 
 ARCHS = ("qwen2", "llama")
@@ -82,7 +82,7 @@ def build_hf_model(out: str | Path, *, arch: str = "qwen2", task: TaskConfig | N
     import torch
     from transformers import AutoModelForCausalLM
 
-    task = task or TaskConfig()
+    task = task or task_config()
     out = Path(out)
     tokenizer = train_tokenizer(task_texts(task, seed=seed), vocab_size=vocab_size, arch=arch)
     cfg = model_config(arch, vocab_size=len(tokenizer), eos_id=tokenizer.eos_token_id, hidden=hidden,
@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     if Path(args.out).exists() and any(Path(args.out).iterdir()):
         print(f"{args.out}: exists and is not empty", file=sys.stderr)
         return 1
-    task = TaskConfig(kind="jsonl", path=args.task_jsonl, reward="gsm8k") if args.task_jsonl else TaskConfig()
+    task = task_config(kind="jsonl", path=args.task_jsonl, reward="gsm8k") if args.task_jsonl else task_config()
     build_hf_model(args.out, arch=args.arch, task=task, hidden=args.hidden, layers=args.layers, heads=args.heads,
                    kv_heads=args.kv_heads, context=args.context, tie=not args.untied, vocab_size=args.vocab_size,
                    seed=args.seed, pretrain_steps=args.pretrain_steps, progress=True)

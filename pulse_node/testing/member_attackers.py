@@ -10,7 +10,9 @@ attacker processes through ``run_member_attack``, its key being one the bench ad
 - ``conflicting_heads``: two records for one version (two histories);
 - ``far_head``: a record of version 10**12 - 1 (past every version the swarm will make);
 - ``swapped_anchor``: its own record for a real anchor, with other chunk digests;
-- ``oversize_push``: a p2pd push declaring 1 GiB, over a trainer's model-derived cap.
+- ``oversize_push``: a p2pd push declaring 1 GiB, over a trainer's model-derived cap;
+- ``oversize_patch``: the next version's record declaring a 2^50-byte patch (issue 34: the streaming
+  buffer was allocated at that size, and every inference node exited).
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from typing import Any
 from pulse_node.net.wire import protocol as wp
 
 FAR_VERSION = 10**12 - 1
+#: the patch size ``oversize_patch`` signs: far past any model's dense size
+HUGE_PATCH = 1 << 50
 
 
 def record_at(identity: Any, run_id: str, version: int, *, salt: str = "ab", anchor_manifest: bytes = b"") -> Any:
@@ -96,6 +100,18 @@ def swapped_anchor(identity: Any, real: Any) -> Any:
     swapped = dataclasses.replace(m, chunks=bytes(b ^ 1 for b in m.chunks)).encode()
     unsigned = dataclasses.replace(real, anchor_manifest=swapped, signer=identity.public_key_hex)
     return dataclasses.replace(unsigned, signature=identity.sign(signing_bytes(unsigned)))
+
+
+def oversize_patch(identity: Any, head: Any) -> Any:
+    """The version after ``head`` (a real record), signed by ``identity``, declaring a patch of
+    ``HUGE_PATCH`` bytes."""
+    from pulse_node.chain.record import make_record, signing_bytes
+
+    rec = make_record(identity, run_id=head.run_id, version=head.version + 1, parent=head,
+                      state_hash=os.urandom(32).hex(), patch=b"member-patch", anchor_version=head.anchor_version,
+                      is_anchor=False, codec="pulsesync/compact/1", rollout_settings=head.rollout_settings)
+    rec = dataclasses.replace(rec, patch_bytes=HUGE_PATCH)
+    return dataclasses.replace(rec, signature=identity.sign(signing_bytes(rec)))
 
 
 # ---- real attacker processes (bench/adversary.py) ------------------------------------------------
@@ -214,9 +230,46 @@ def oversize(h: Any, deadline: float) -> dict:
     return {"tried": "member key: p2pd pushes declaring 1 GiB of payload to every trainer", "answers": answers}
 
 
+def patch_size(h: Any, deadline: float) -> dict:
+    """As soon as a trainer pushes it a head (a member is pushed every head), sign the next
+    version's record with a 2^50-byte patch, serve it, announce it and push it to every node."""
+    from pulse_node.chain.layout import store_path
+    from pulse_node.chain.peer import Serves
+    from pulse_node.chain.record import decode_record, encode_record
+    from pulse_node.errors import PulseError
+    from pulse_node.fsutil import write_atomic
+
+    signed: list[int] = []
+    h.announce("inference", None)
+
+    def sign_after(head: Any) -> None:
+        data = encode_record(oversize_patch(h.identity, head))
+        v = head.version + 1
+        write_atomic(store_path(h.root / "store", "record", v), data)
+        write_atomic(store_path(h.root / "store", "patch", v), os.urandom(1 << 16))
+        signed.append(v)
+        for rec in h.others():
+            h.push(rec, "head", data)
+        h.announce("inference", v, serves=Serves(lowest=v, highest=v))
+
+    def step() -> None:
+        for ev in h.wire.events(wait_s=0.5):
+            try:
+                head = decode_record(ev.data) if ev.kind == "head" else None
+            except PulseError:
+                continue
+            if head is not None and head.signer != h.identity.public_key_hex and head.version + 1 > max(signed, default=-1):
+                sign_after(head)
+
+    _every(deadline, 0.0, step)
+    return {"tried": f"member key: signs, serves, announces and pushes the record of each next version (on the "
+                     f"head a trainer pushed it) declaring a {HUGE_PATCH}-byte patch", "versions_signed": len(signed)}
+
+
 MEMBER_ATTACKS: dict[str, Callable[[Any, float], dict]] = {
     "member_presigned": presigned, "member_equivocate": equivocate, "member_heads": heads,
     "member_far_version": far, "member_anchor_swap": anchor_swap, "member_oversize": oversize,
+    "member_patch_size": patch_size,
 }
 
 
@@ -224,11 +277,19 @@ def member_keys(root: Path, names: list[str]) -> dict[str, Path]:
     """One admitted key per member attack in ``names`` (a convicted key stays refused for the
     rest of a run, so each attack brings its own): name -> identity file under ``root/members``."""
     from pulse_node.chain.identity import Identity
+    from pulse_node.fsutil import write_atomic
+    from pulse_node.net.dht.validator import peer_id_of
 
     out = {}
     for name in names:
         if name in MEMBER_ATTACKS:
             out[name] = root / "members" / name / "identity.key"
+            if name == "member_patch_size" and not out[name].exists():
+                # the last of 256 keys by peer id: it sorts after the inference nodes' ids, never takes
+                # their rank, so the first of them fetches a fresh version from it (syncer.providers)
+                ident = max((Identity.generate() for _ in range(256)), key=peer_id_of)
+                out[name].parent.mkdir(parents=True, exist_ok=True)
+                write_atomic(out[name], ident.private_pem(), mode=0o600)
             Identity.load_or_create(out[name])
     return out
 

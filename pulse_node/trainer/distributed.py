@@ -294,7 +294,7 @@ class DistributedEngine:
         if self._worker is None:
             policy = build_policy(self.cfg.model, self.cfg.task, seed=self.cfg.seed,
                                   grpo_cfg=GRPOConfig(warmstart_steps=0))
-            self._worker = RolloutWorker(policy, self.cfg.sampling)
+            self._worker = RolloutWorker(policy, self.cfg.sampling, compute=self.cfg.verify.compute)
         return self._worker
 
     def step(self, rollouts: list[Rollout], *, current_version: int, producer: str = "") -> dict[str, float]:

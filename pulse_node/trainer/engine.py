@@ -75,7 +75,7 @@ class LocalEngine:
     def __init__(self, cfg: TrainerConfig) -> None:
         self.policy = build_policy(cfg.model, cfg.task, seed=cfg.seed, grpo_cfg=cfg.grpo, progress=True)
         self.learner = GRPOLearner(self.policy, cfg.grpo, temperature=cfg.sampling.temperature)
-        self._worker = RolloutWorker(self.policy, cfg.sampling)
+        self._worker = RolloutWorker(self.policy, cfg.sampling, compute=cfg.verify.compute)
         self.local = dict(self.policy.model.named_parameters())
         global_params = {n: p.detach().to("cpu", torch.float32).clone() for n, p in self.local.items()}
         self.shapes = {n: tuple(t.shape) for n, t in global_params.items()}

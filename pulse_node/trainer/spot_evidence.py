@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import blake3
 
 from pulse_node.chain.identity import Identity, key_of_peer_id
+from pulse_node.codec.state import State
 from pulse_node.errors import PulseError
 from pulse_node.loco.bound import max_payload_bytes
 from pulse_node.loco.commit import decode_commitment, encode_commitment, verify_commitment
@@ -116,8 +117,10 @@ def _acquits(v: SpotVerdict, checker: SpotChecker) -> bool:
 
 
 def recheck(ev: SpotEvidence, *, checker: SpotChecker, base: RoundBase,
-            fetch: Callable[[bytes], bytes | None] = lambda digest: None) -> RecheckResult:
-    """Re-run the accused check on this node (see the module docstring)."""
+            fetch: Callable[[bytes], bytes | None] = lambda digest: None,
+            state_of: Callable[[int], State | None] | None = None) -> RecheckResult:
+    """Re-run the accused check on this node (see the module docstring); ``state_of`` gives the BF16
+    states of the versions the batches may be made on (default: the round's own only)."""
     a = ev.accusation
     try:
         accuser_key = key_of_peer_id(a.accuser)
@@ -136,7 +139,7 @@ def recheck(ev: SpotEvidence, *, checker: SpotChecker, base: RoundBase,
         return RecheckResult(Recheck.FALSE_ACCUSATION, accuser_key, f"round {c.round} has no step {a.step}")
     draw = SpotDraw(a.round, a.target, a.accuser, a.step, a.leaves)
     try:
-        verdict = checker.check(draw, case, base)
+        verdict = checker.check(draw, case, base, state_of=state_of)
     except SpotUnavailable as exc:
         return RecheckResult(Recheck.INCONCLUSIVE, "", f"cannot re-run here: {exc}")
     if verdict.reason in (SpotFailure.UNANSWERED, SpotFailure.SETTINGS):

@@ -183,9 +183,14 @@ def keep_valid_subkeys(proto: DHTProtocol) -> None:
         validator = proto.record_validator
         if validator is None:
             return True
+        def valid(sub: Subkey, value: bytes, exp: DHTExpiration) -> bool:
+            try:
+                return bool(validator.validate(DHTRecord(key_bytes, serializer.dumps(sub), value, exp)))
+            except Exception:  # noqa: BLE001 (one entry a validator cannot even read is refused alone)
+                return False
+
         with dictionary.freeze():
-            refused = [sub for sub, (value, exp) in dictionary.items()
-                       if not validator.validate(DHTRecord(key_bytes, serializer.dumps(sub), value, exp))]
+            refused = [sub for sub, (value, exp) in dictionary.items() if not valid(sub, value, exp)]
         for sub in refused:
             del dictionary[sub]
         return True

@@ -140,8 +140,11 @@ class PulseRecordValidator(RecordValidatorBase):  # type: ignore[misc]  # hivemi
             return f"expiration {record.expiration_time - now:.0f}s ahead exceeds the {MAX_TTL_S:.0f}s limit"
         try:
             peer_id = DHTProtocol.serializer.loads(record.subkey)
-            if not isinstance(peer_id, str):
-                return "subkey is not a peer id string"
+        except Exception:  # noqa: BLE001 (hivemind's msgpack with ext types raises many kinds on garbage)
+            return "subkey is not msgpack"
+        if not isinstance(peer_id, str):
+            return "subkey is not a peer id string"
+        try:
             body = decode_dht_record(kind, self._check_signature(record, peer_id))
         except WireError as exc:
             return str(exc)
