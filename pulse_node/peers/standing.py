@@ -46,13 +46,9 @@ class HasPeerId(Protocol):
 P = TypeVar("P", bound=HasPeerId)
 
 
-def _peer_id(p: HasPeerId) -> str:
-    return p.peer_id
-
-
-def _key(key: Callable[[T], str] | None) -> Callable[[T], str]:
-    """``key``, or (for items that are peers: the overloads without ``key``) their peer id."""
-    return key if key is not None else cast("Callable[[T], str]", _peer_id)
+def _peer_id(p: object) -> str:
+    """The peer id of an item the overloads below admit without a ``key`` (a ``HasPeerId``)."""
+    return cast(HasPeerId, p).peer_id
 
 #: per-peer observations kept, at most (the least valuable are forgotten first)
 MAX_PEERS = 8192
@@ -179,11 +175,11 @@ class Standing:
     @overload
     def order(self, items: Iterable[T], *, quota: int, key: Callable[[T], str],
               members_first: bool = True) -> list[T]: ...
-    def order(self, items: Iterable[T], *, quota: int, key: Callable[[T], str] | None = None,
+    def order(self, items: Iterable[T], *, quota: int, key: Callable[[T], str] = _peer_id,
               members_first: bool = True) -> list[T]:
         """Members (if ``members_first``), then peers with standing by score, then at most
         ``quota`` others: those not yet demoted by a failure first, each group in this node's draw."""
-        items, key = list(items), _key(key)
+        items = list(items)
         members = [x for x in items if key(x) in self.members] if members_first else []
         rest = [x for x in items if not members_first or key(x) not in self.members]
         known = sorted([x for x in rest if self.known(key(x))], key=lambda x: -self.score(key(x)))
@@ -196,10 +192,10 @@ class Standing:
     @overload
     def providers(self, items: Iterable[T], *, quota: int = FETCH_UNKNOWN, key: Callable[[T], str]) -> list[T]: ...
     def providers(self, items: Iterable[T], *, quota: int = FETCH_UNKNOWN,
-                  key: Callable[[T], str] | None = None) -> list[T]:
+                  key: Callable[[T], str] = _peer_id) -> list[T]:
         """Who to fetch from: peers that delivered before (so members upload each version about
         once), then members, then at most ``quota`` peers without standing."""
-        items, key = list(items), _key(key)
+        items = list(items)
         proven = sorted([x for x in items if key(x) not in self.members and self.delivered_before(key(x))],
                         key=lambda x: -self.score(key(x)))
         chosen = {key(x) for x in proven}

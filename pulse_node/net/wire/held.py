@@ -16,11 +16,14 @@ from __future__ import annotations
 
 import weakref
 from collections import deque
+from typing import TYPE_CHECKING
 
 import trio
-from libp2p.abc import IMuxedConn, IMuxedStream
 
 from pulse_node.net.peers.budget import Muzzle
+
+if TYPE_CHECKING:  # types only: this module runs without libp2p's classes (see above)
+    from libp2p.abc import IMuxedConn, IMuxedStream
 
 #: new streams of a muzzled peer parked at once, before its whole connection is held: an honest
 #: newcomer has at most its 4 streams open (one it gave up on is reset, and no longer counts); with
