@@ -177,14 +177,17 @@ def precision_grid(args, precision: str) -> dict[str, Tally]:
     cfg, policy, states = solo_versions(args.grpo_steps)
     out: dict[str, Tally] = {}
     n = args.precision_batches
-    for version in (0, 1):
-        for p_threads, rows in ((1, None), (2, 64), (1, 7), (2, 1)):
+    shapes = ((1, None), (2, 64), (1, 7), (2, 1))[: args.precision_shapes]
+    for version in (0, 1) if "solo" in args.precision_models else ():
+        for p_threads, rows in shapes:
             name = f"{precision} solo v{version} gen {p_threads}t rows={rows or 256} | verify FP32 {3 - p_threads}t"
             out[name] = Tally()
             run_config(policy, cfg, states[version], version, p_threads=p_threads, rows=rows, v_threads=3 - p_threads,
                        per_sequence=False, batches=n, tally=out[name], compute=precision)
             print(f"{name}: {out[name].rollouts} rollouts, refused {out[name].refused} {out[name].reasons}, "
                   f"max gap {out[name].max_gap:.3g}, tolerance {out[name].max_tolerance:.3g}", flush=True)
+    if "hf" not in args.precision_models:
+        return out
     with tempfile.TemporaryDirectory() as tmp:
         save_tiny_hf(tmp)
         hf = cfg.model_copy(update={"model": ModelConfig(kind="hf", path=tmp, device="cpu")})
@@ -252,6 +255,9 @@ def main() -> None:
                     "'bf16', 'fp16': producers computing in that precision, declared; 'undeclared': a BF16 producer "
                     "declaring fp32, not counted as honest)")
     ap.add_argument("--precision-batches", type=int, default=3, help="batches per shape of a bf16/fp16 grid")
+    ap.add_argument("--precision-shapes", type=int, default=4, help="how many of the solo shapes (256, 64, 7, 1 "
+                    "rows a pass) a bf16/fp16 grid runs (the narrow ones are slow on a loaded machine)")
+    ap.add_argument("--precision-models", default="solo,hf", help="which models a bf16/fp16 grid runs")
     ap.add_argument("--json", action="store_true", help="(the last line is JSON in any case)")
     ap.add_argument("--long", type=int, default=256, help="new tokens per completion of the long HF configuration")
     args = ap.parse_args()

@@ -21,9 +21,10 @@ class RecordingFeedback(ErrorFeedback):
         self.restored_e = None
         return self.last
 
-    def restore(self, payload):
-        super().restore(payload)
-        self.restored_e = self.state_dict()
+    def restore(self, payload, *, keep=0.0):
+        super().restore(payload, keep=keep)
+        if keep == 0.0:  # left out of the round (a partial keep is the aggregation's)
+            self.restored_e = self.state_dict()
 
 
 def test_all_trainers_share_bit_identical_global_state_every_round() -> None:
@@ -88,8 +89,9 @@ TRAINER_CFG = LocoConfig(inner_steps=4, outer_placement="trainer")
 def test_trainer_placement_dense_equals_the_reference_outer_step() -> None:
     """Dense (gate "none"): the plain mean of the trainers' own Nesterov updates is the
     reference's shared Nesterov step on the mean pseudo-gradient, round after round."""
-    ref = run_inprocess(3, ToyTrainer, rounds=4, cfg=LocoConfig(inner_steps=4, gate="none"))
-    moved = run_inprocess(3, ToyTrainer, rounds=4, cfg=LocoConfig(inner_steps=4, gate="none",
+    mean = {"rule": "mean"}  # the equivalence is the plain mean's (a linear step)
+    ref = run_inprocess(3, ToyTrainer, rounds=4, cfg=LocoConfig(inner_steps=4, gate="none", aggregate=mean))
+    moved = run_inprocess(3, ToyTrainer, rounds=4, cfg=LocoConfig(inner_steps=4, gate="none", aggregate=mean,
                                                                   outer_placement="trainer"))
     for name, want in ref.global_params().items():
         torch.testing.assert_close(moved.global_params()[name], want, rtol=1e-5, atol=1e-7)

@@ -61,7 +61,7 @@ def test_naive_arrival_order_sum_would_differ() -> None:
 
 @pytest.mark.parametrize("nesterov", [True, False])
 def test_outer_step_matches_torch_sgd(nesterov: bool) -> None:
-    cfg = LocoConfig(outer_lr=0.7, outer_momentum=0.9, nesterov=nesterov)
+    cfg = LocoConfig(outer_lr=0.7, outer_momentum=0.9, nesterov=nesterov, aggregate={"rule": "mean"})
     opt = OuterOptimizer(start(), cfg)
     ref = {n: torch.nn.Parameter(t.clone()) for n, t in start().items()}
     sgd = torch.optim.SGD(ref.values(), lr=0.7, momentum=0.9, nesterov=nesterov)

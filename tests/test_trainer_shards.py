@@ -65,19 +65,24 @@ def test_sharded_round_is_bit_identical(world, placement) -> None:
         for name in SHAPES:
             assert np.array_equal(combined.tensors[name][0], mine.tensors[name][0])
             assert np.array_equal(combined.tensors[name][1].view(np.int32), mine.tensors[name][1].view(np.int32))
-        other = ErrorFeedback(SHAPES, cfg=cfg).make_payload(
-            whole.params, {n: t - 3e-2 for n, t in whole.params.items()}, round=round_no, trainer_id="a",
-            base_hash=whole.state_hash())
+        other, third = (ErrorFeedback(SHAPES, cfg=cfg).make_payload(
+            whole.params, {n: t - d for n, t in whole.params.items()}, round=round_no, trainer_id=tid,
+            base_hash=whole.state_hash()) for tid, d in (("a", 4e-3), ("c", -4e-3)))
         if round_no == 1:  # left out of the round: both put the payload back into the error feedback
             ef.restore(mine)
             for r, p in enumerate(pieces):
                 efs[r].restore(p)
             payloads = [other]
         else:
-            payloads = [mine, other]
-        whole.apply(payloads)
+            payloads = [mine, other, third]
+        whole.apply(payloads)  # weighed over whole payloads; the ranks step with those weights
+        assert min(whole.kept.values()) < 1.0 or len(payloads) == 1  # the farthest payload is weighed down
+        if whole.kept.get("b", 1.0) < 1.0:
+            ef.restore(mine, keep=whole.kept["b"])
+            for r, p in enumerate(pieces):
+                efs[r].restore(p, keep=whole.kept["b"])
         for r in range(world):
-            shards[r].step([slice_payload(p, layout.spans(r)) for p in payloads])
+            shards[r].step([slice_payload(p, layout.spans(r)) for p in payloads], keep=whole.kept)
         for name in SHAPES:
             for got, want in ((shards, whole.params), (efs, ef.e)):
                 parts = [(g.params if isinstance(g, OuterOptimizer) else g.e)[name].reshape(-1) for g in got]

@@ -165,7 +165,7 @@ def _check(args: argparse.Namespace) -> int:
             print(json.dumps({"sample": c.sample, "verdict": "ok" if c.ok else "refused", "reason": c.reason,
                               "detail": c.detail, "gap": None if c.gap != c.gap else c.gap}))
         else:
-            gap = "" if c.gap != c.gap else f" (largest gap {c.gap:.3g}, tolerance {cfg.verify.score_tolerance:g})"
+            gap = "" if c.gap != c.gap else f" (largest gap {c.gap:.3g}, tolerance {verdict.tolerance:.3g})"
             print(f"sample {c.sample}: " + ("ok" if c.ok else f"REFUSED {c.reason}: {c.detail}") + gap)
     if not args.json:
         print(f"batch: {'accepted' if verdict.ok else 'refused: ' + verdict.reason + ' (' + verdict.detail + ')'}")

@@ -9,6 +9,25 @@ import pydantic
 from pulse_node.configload import StrictModel
 
 
+class AggregateConfig(StrictModel):
+    """How a round's payloads are combined (``loco/aggregate.py``); the same on every trainer.
+
+    ``"robust"``: each payload weighted by CenteredClip around the outer momentum, so a trainer
+    far from the others counts as one at the clip radius (what is clipped off an honest payload
+    goes back into its error feedback); ``"mean"``: the plain mean (every payload whole).
+    Measured against Byzantine trainers: bench/byzantine.py."""
+
+    rule: Literal["robust", "mean"] = "robust"
+    tau_scale: float = pydantic.Field(1.0, gt=0.0, le=100.0)
+    """Clip radius as a multiple of the upper median of the payloads' distances from the centre."""
+    iterations: int = pydantic.Field(2, ge=1, le=10)
+    """CenteredClip iterations (each one pass over every payload and the model's tensors)."""
+    power: int = pydantic.Field(1, ge=1, le=4)
+    """A payload at distance ``D > tau`` from the centre weighs ``(tau / D) ** power``: 1 is
+    CenteredClip (it counts as one at distance ``tau``); more gives far payloads less but starves
+    an honest trainer that stays farthest (bench/RESULTS.md "Byzantine trainers")."""
+
+
 class LocoConfig(StrictModel):
     """Knobs of one PULSELoCo swarm; every trainer of a swarm must use the same values
     (except ``base_coding``).
@@ -53,6 +72,7 @@ class LocoConfig(StrictModel):
     value_bound_margin: float = pydantic.Field(4.0, ge=1.0, le=1e6)
     """Margin of the payload value bound (``loco/bound.py``) over the largest entry an honest
     round can produce; a payload with a larger entry is refused, never signed nor applied."""
+    aggregate: AggregateConfig = pydantic.Field(default_factory=AggregateConfig)
     zstd_level: int = pydantic.Field(3, ge=1, le=19)
     base_coding: bool = True
     """Code our payloads with the round's FP32 global weights as context (~2.5 B per fired entry

@@ -4,12 +4,14 @@ Every trainer keeps a replica of the FP32 global weights and the outer momentum 
 same payloads. To end each round bit-identical on every trainer (and every CPU):
 
 - payloads are applied in canonical order, sorted by trainer id, whatever order they arrived in;
-- the mean is accumulated in a preallocated FP32 buffer, one IEEE add per entry in that order,
-  then divided by the number of contributors;
+- each payload's weight ``k`` (``loco/aggregate.py``: 1 for every payload with
+  ``loco.aggregate.rule = "mean"``) is computed once over the whole round; ``g = sum k * p / n``
+  is accumulated in a preallocated FP32 buffer, one IEEE multiply (skipped where ``k = 1``) and
+  one add per entry in that order, then divided by the number of contributors;
 - the outer step uses only single-rounding elementwise ops (``mul``, ``add``, ``sub``; never
   ``alpha=``, ``addcmul`` or other fused forms that may compile to FMA on some CPUs).
 
-Outer step (``g`` = mean pseudo-gradient)::
+Outer step (``g`` = the weighted mean pseudo-gradient)::
 
     m = mu * m + g
     theta -= lr * (g + mu * m)   if nesterov else   lr * m
@@ -21,11 +23,12 @@ the momentum stays zero.
 ``state_hash()`` covers round, weights and momentum: the base every payload of a round names.
 A trainer that joins or re-syncs adopts a peer's state with ``load_state_dict`` (fetched and
 checked by ``trainer/state.py``).
-``apply`` = ``check`` (the whole round's payloads against the whole model) + ``step``. Every
-operation of ``step`` is per entry, so it can run on any slice of the tensors: a trainer on
-several processes (``trainer/distributed.py``) checks on rank 0 and steps each rank's row
-range of each tensor with the payloads' entries in that range, and gets the same FP32 bits as
-one process would. ``step``'s scratch (two buffers the size of the largest tensor) is allocated
+``apply`` = ``check`` (the whole round's payloads against the whole model) + ``weigh`` (over
+whole payloads; ``kept`` then holds each trainer's weight, for its error feedback) + ``step``.
+Every operation of ``step`` is per entry, so it can run on any slice of the tensors: a trainer
+on several processes (``trainer/distributed.py``) checks and weighs on rank 0 and steps each
+rank's row range of each tensor with the payloads' entries in that range and the same
+weights, and gets the same FP32 bits as one process would. ``step``'s scratch (two buffers the size of the largest tensor) is allocated
 on the first step, so an optimizer that never steps (rank 0's full replica) costs only its
 weights and momentum.
 """
@@ -35,9 +38,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TypedDict
 
+import numpy as np
 import torch
 
 from pulse_node.errors import BaseMismatchError, WireError
+from pulse_node.loco.aggregate import Weights, robust_weights, uniform
 from pulse_node.loco.config import LocoConfig
 from pulse_node.loco.hashing import tensors_hash
 from pulse_node.loco.payload import LocoPayload
@@ -63,6 +68,8 @@ class OuterOptimizer:
         self._flat: tuple[torch.Tensor, torch.Tensor] | None = None  # step()'s scratch, made by its first call
         self.round = round
         self._hash: bytes | None = None
+        self.last = Weights({})  # the weights of the last round weighed here
+        self.kept: dict[str, float] = {}  # trainer id -> share of its payload the last step applied
 
     def state_hash(self) -> bytes:
         """Hash of (round, weights, momentum); the base every payload of this round names."""
@@ -103,6 +110,19 @@ class OuterOptimizer:
         a, b = self._flat
         return a[:t.numel()].view(t.shape), b[:t.numel()].view(t.shape)
 
+    def weigh(self, payloads: Sequence[LocoPayload]) -> Weights:
+        """Each payload's weight in this round's step (``loco/aggregate.py``), over whole payloads
+        and this optimizer's whole tensors; kept as ``last``."""
+        agg = self.cfg.aggregate
+        if agg.rule == "mean":
+            self.last = uniform(payloads)
+        else:
+            momentum = ({n: t.numpy() for n, t in self.momentum.items()}
+                        if self.cfg.outer_placement == "global" else {})
+            self.last = robust_weights(payloads, momentum=momentum, scale=1.0 - self.cfg.outer_momentum,
+                                       numel={n: t.numel() for n, t in self.params.items()}, cfg=agg)
+        return self.last
+
     def _mean_into_acc(self, name: str, ordered: Sequence[LocoPayload]) -> torch.Tensor:
         acc = self._scratch(name)[0]
         acc.zero_()
@@ -110,7 +130,9 @@ class OuterOptimizer:
         for p in ordered:
             if name in p.tensors:
                 idx, vals = p.tensors[name]
-                flat.index_add_(0, torch.as_tensor(idx), torch.as_tensor(vals))
+                v = torch.as_tensor(vals)
+                k = self.kept[p.trainer_id]
+                flat.index_add_(0, torch.as_tensor(idx), v if k == 1.0 else torch.mul(v, k))
         return acc.div_(float(len(ordered)))
 
     def _step(self, name: str, g: torch.Tensor) -> None:
@@ -137,13 +159,15 @@ class OuterOptimizer:
         payloads no update is applied, but the round still closes.
         """
         self.check(payloads)
-        self.step(payloads)
+        self.step(payloads, keep=self.weigh(payloads).keep)
 
     @torch.no_grad()
-    def step(self, payloads: Sequence[LocoPayload]) -> None:
+    def step(self, payloads: Sequence[LocoPayload], *, keep: Mapping[str, float] | None = None) -> None:
         """``apply`` without ``check``: for payloads already checked (against the whole model),
-        or slices of them (every payload of the round, each cut to this optimizer's tensors)."""
+        or slices of them (every payload of the round, each cut to this optimizer's tensors)
+        with the weights ``keep`` found over the whole payloads (absent: 1, the plain mean)."""
         ordered = sorted(payloads, key=lambda p: p.trainer_id.encode())
+        self.kept = {p.trainer_id: float(np.float32((keep or {}).get(p.trainer_id, 1.0))) for p in ordered}
         if len(ordered) >= self.cfg.min_contributors:
             for name in self.params:
                 self._step(name, self._mean_into_acc(name, ordered))

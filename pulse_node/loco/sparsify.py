@@ -18,7 +18,10 @@ Nesterov), ``s = e + u``. BF16 casts round to nearest even;
 the comparison is bitwise (int16 views), so a change of sign of zero also fires. A trainer left
 out of a round calls ``restore(payload)``, which puts the sent values back into ``e`` exactly
 (they were zeroed, so ``0 + v == v``; with the trainer placement ``e`` holds the sub-ulp
-remainder of each sent value, see ``_on_weight_grid``, and ``remainder + sent == v``).
+remainder of each sent value, see ``_on_weight_grid``, and ``remainder + sent == v``). A trainer
+whose payload the round's aggregation applied only in part (weight ``k < 1``,
+``loco/aggregate.py``) calls ``restore(payload, keep=k)``: the part not applied goes back into
+``e``, so its work is delayed, not lost.
 
 With a ``bound`` (``loco/bound.py``, what the trainer role passes) a fired entry is sent clipped
 to half the payload value bound and the excess stays in ``e`` (``clipped`` counts such entries
@@ -155,13 +158,20 @@ class ErrorFeedback:
                            tensors=tensors, numel=numel)
 
     @torch.no_grad()
-    def restore(self, payload: LocoPayload) -> None:
-        """Put an unsent payload back into ``e`` (the trainer missed the round's deadline); exact:
-        ``e`` holds 0 or the remainder ``v - sent`` there, and ``remainder + sent == v`` in FP32."""
+    def restore(self, payload: LocoPayload, *, keep: float = 0.0) -> None:
+        """Put what the round did not apply of our payload back into ``e``: all of it (``keep``
+        0: the trainer missed the round's deadline or was left out), or ``v - fp32(keep * v)``
+        when the round's aggregation (``loco/aggregate.py``) applied the share ``keep`` of it
+        (the outer step applied exactly ``fp32(keep * v)``). Exact for ``keep`` 0: ``e`` holds 0
+        or the remainder ``v - sent`` there, and ``remainder + sent == v`` in FP32; otherwise up
+        to one FP32 rounding per entry."""
         if self._pending != (payload.round, payload.trainer_id):
             raise ValueError("restore() takes the payload of this trainer's latest make_payload()")
         for name, (idx, vals) in payload.tensors.items():
-            self.e[name].view(-1).index_add_(0, torch.from_numpy(idx), torch.from_numpy(vals))
+            v = torch.from_numpy(vals)
+            if keep != 0.0:
+                v = v - torch.mul(v, float(np.float32(keep)))
+            self.e[name].view(-1).index_add_(0, torch.from_numpy(idx), v)
         self._pending = None
 
     def state_dict(self) -> dict[str, torch.Tensor]:

@@ -107,6 +107,7 @@ class BatchVerdict:
     detail: str = ""
     checks: list[RolloutCheck] = field(default_factory=list)
     rollouts: list[Rollout] = field(default_factory=list)
+    tolerance: float = float("nan")  # the widest draw tolerance applied (its precision's, rl/precision.py)
 
     @property
     def ok(self) -> bool:
@@ -146,6 +147,14 @@ class RolloutVerifier:
               state_of: Callable[[int], State | None], full: bool = False) -> BatchVerdict:
         """Verify a batch from ``sender``; ``full`` checks every rollout even after a failure
         (``rollouts check`` prints them all), else the first failure ends the work."""
+        self.tol = tolerances(Probe.none(), score_tolerance=self.cfg.score_tolerance,
+                              logprob_tolerance=self.cfg.logprob_tolerance, temperature=self.sampling.temperature)
+        verdict = self._check(rollouts, sender=sender, current_version=current_version, state_of=state_of, full=full)
+        verdict.tolerance = self.tol.widest
+        return verdict
+
+    def _check(self, rollouts: list[Rollout], *, sender: str, current_version: int,
+               state_of: Callable[[int], State | None], full: bool) -> BatchVerdict:
         n = len(rollouts)
         refused = self._shape(rollouts) or self._freshness(rollouts[0], current_version)
         if refused:

@@ -14,7 +14,9 @@ weights, ``base=``, which every replica holds). One round, with the round semant
 4. the decided set is every delivered payload (``RoundRecord.contributors``, by trainer id), as
    a coordinator that holds all of them at its deadline decides;
 5. every trainer, the left-out ones too, decodes exactly the decided payloads (each against
-   its own base hash) and applies them with its ``OuterOptimizer``, in trainer-id order;
+   its own base hash) and applies them with its ``OuterOptimizer``, in trainer-id order; a
+   trainer whose payload the aggregation applied only in part (``loco/aggregate.py``) puts the
+   rest back into its error feedback;
 6. every trainer resets its local weights to its global replica.
 
 All replicas end every round bit-identical (``RoundRecord.hashes``); nothing re-syncs here.
@@ -102,8 +104,9 @@ def _build(n_trainers: int, make_trainer: Callable[[int], InnerTrainer], cfg: Lo
 
 
 def _deliver(replicas: list[Replica], rnd: int, cfg: LocoConfig, dropped: Collection[int],
-             rec: RoundRecord) -> dict[str, bytes]:
-    """Steps 2-3: trainer id -> payload bytes of the trainers that made the deadline."""
+             rec: RoundRecord) -> dict[str, tuple[bytes, LocoPayload]]:
+    """Steps 2-3: trainer id -> payload bytes (and the sender's payload) of the trainers that
+    made the deadline."""
     delivered = {}
     for rank, rep in enumerate(replicas):
         p = rep.feedback.make_payload(rep.outer.params, rep.trainer.local_params(), round=rnd,
@@ -113,20 +116,23 @@ def _deliver(replicas: list[Replica], rnd: int, cfg: LocoConfig, dropped: Collec
         if rank in dropped:
             rep.feedback.restore(p)
         else:
-            delivered[rep.trainer_id] = data
+            delivered[rep.trainer_id] = (data, p)
     return delivered
 
 
-def _apply_decided(replicas: list[Replica], delivered: dict[str, bytes], cfg: LocoConfig,
-                   rec: RoundRecord) -> None:
+def _apply_decided(replicas: list[Replica], delivered: dict[str, tuple[bytes, LocoPayload]],
+                   cfg: LocoConfig, rec: RoundRecord) -> None:
     """Steps 4-5: decide the delivered payloads; every trainer applies exactly those, in id order."""
     rec.contributors = sorted(delivered, key=str.encode)
     for rep in replicas:
         payloads: list[LocoPayload] = [
-            decode_payload(delivered[tid], shapes=rep.feedback.shapes, max_bytes=cfg.max_payload_bytes,
+            decode_payload(delivered[tid][0], shapes=rep.feedback.shapes, max_bytes=cfg.max_payload_bytes,
                            base=rep.outer.params, expect_base=rep.outer.state_hash())
             for tid in rec.contributors]
         rep.outer.apply(payloads)
+        keep = rep.outer.kept.get(rep.trainer_id, 1.0)
+        if rep.trainer_id in delivered and keep < 1.0:
+            rep.feedback.restore(delivered[rep.trainer_id][1], keep=keep)
 
 
 def run_inprocess(n_trainers: int, make_trainer: Callable[[int], InnerTrainer], *, rounds: int,

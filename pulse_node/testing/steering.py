@@ -26,7 +26,7 @@ from pulse_node.rl.tasks import TaskSource
 def _admitted(cum: torch.Tensor, u: torch.Tensor, tol: Tolerances) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The honest draw and the first and last id the widened check admits, per row: ``j`` with
     ``C_{j-1} - t(C_{j-1}) <= u < C_j + t(C_j)``."""
-    last = cum.shape[1] - 1
+    last, u = cum.shape[1] - 1, u.contiguous()
     draw = torch.searchsorted(cum, u[:, None], right=True).clamp_max(last).squeeze(1)
     ids = torch.arange(cum.shape[1], device=cum.device)
     before = torch.cat([torch.zeros_like(cum[:, :1]), cum[:, :-1]], 1)

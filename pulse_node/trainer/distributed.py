@@ -185,15 +185,18 @@ class ShardWork:
         numel = {n: int(torch.Size(s).numel()) for n, s in self.layout.shapes.items()}
         return combine_payloads(pieces, round=round, trainer_id=trainer_id, base_hash=base_hash, numel=numel)
 
-    def cmd_restore(self, _: None) -> None:
+    def cmd_restore(self, keep: float | None) -> None:
+        keep = self.ranks.bcast(keep)
         if self._mine is not None:
-            self.ef.restore(self._mine)
+            self.ef.restore(self._mine, keep=keep)
             self._mine = None
         torch.distributed.barrier()
 
-    def cmd_apply(self, slices: list[list[LocoPayload]] | None) -> None:
-        """Each rank's cut of the round's (checked) payloads: outer step on the rows, gathered back."""
-        self.outer.step(self.ranks.scatter(slices))
+    def cmd_apply(self, slices: list[tuple[list[LocoPayload], dict[str, float]]] | None) -> None:
+        """Each rank's cut of the round's (checked) payloads and their weights (found by rank 0
+        over whole payloads): outer step on the rows, gathered back."""
+        payloads, keep = self.ranks.scatter(slices)
+        self.outer.step(payloads, keep=keep)
         self._gather_global()
 
     # ---- inner steps --------------------------------------------------------------------
@@ -255,7 +258,9 @@ class ShardedOuter(OuterOptimizer):
 
     def apply(self, payloads: Sequence[LocoPayload]) -> None:
         self.check(payloads)  # the whole round, against the whole model, before any rank moves
-        self._engine.apply_on_shards(payloads)
+        keep = self.weigh(payloads).keep  # over whole payloads and tensors, once
+        self.kept = dict(keep)
+        self._engine.apply_on_shards(payloads, keep)
         self.set_round(self.round + 1)
 
     def load_state_dict(self, state: OuterState) -> None:
@@ -313,14 +318,15 @@ class DistributedEngine:
     def make_payload(self, *, round: int, trainer_id: str, base_hash: bytes) -> LocoPayload:
         return self._call("make_payload", (round, trainer_id, base_hash))
 
-    def restore(self, payload: LocoPayload) -> None:
-        self._call("restore")
+    def restore(self, payload: LocoPayload, *, keep: float = 0.0) -> None:
+        self._call("restore", keep)
 
     def reset_local(self) -> None:
         self._call("reset_local")
 
-    def apply_on_shards(self, payloads: Sequence[LocoPayload]) -> None:
-        slices = [[slice_payload(p, self.work.layout.spans(r)) for p in payloads] for r in range(self.ranks.world)]
+    def apply_on_shards(self, payloads: Sequence[LocoPayload], keep: dict[str, float]) -> None:
+        slices = [([slice_payload(p, self.work.layout.spans(r)) for p in payloads], keep)
+                  for r in range(self.ranks.world)]
         self._call("apply", slices)
 
     def push_global(self) -> None:

@@ -51,7 +51,7 @@ class Engine(Protocol):
 
     def make_payload(self, *, round: int, trainer_id: str, base_hash: bytes) -> LocoPayload: ...
 
-    def restore(self, payload: LocoPayload) -> None: ...
+    def restore(self, payload: LocoPayload, *, keep: float = 0.0) -> None: ...
 
     def reset_local(self) -> None: ...
 
@@ -107,8 +107,8 @@ class LocalEngine:
         return self.ef.make_payload(self.outer.params, local_cpu, round=round, trainer_id=trainer_id,
                                     base_hash=base_hash)
 
-    def restore(self, payload: LocoPayload) -> None:
-        self.ef.restore(payload)
+    def restore(self, payload: LocoPayload, *, keep: float = 0.0) -> None:
+        self.ef.restore(payload, keep=keep)
 
     def reset_local(self) -> None:
         with torch.no_grad():

@@ -319,6 +319,8 @@ class TrainerRole:
                 self.engine.restore(mine)
                 with self.ctx.status.trainer() as counters:
                     counters.rounds_left_out += 1
+            elif (keep := self.outer.kept.get(mine.trainer_id, 1.0)) < 1.0:
+                self.engine.restore(mine, keep=keep)  # the part the aggregation did not apply
             return len(result.payloads)
         if self.ctx.stop.is_set():
             return None

@@ -1,0 +1,274 @@
+"""Byzantine trainers (issue 32): a third of the trainers hostile, the robust rule against the plain mean.
+
+    python bench/byzantine.py [--quick] [--attacks sign_flip,alie,...] [--seeds 3] [--rounds 10]
+                              [--prompts 16] [--rules robust,mean] [--jobs 2] [--set KEY=VALUE ...]
+                              [--model commit-reveal] [--model names-every-committed]
+
+Six trainers on the swarm's default model and task (``configs/trainer.toml``: embedded tiny
+model, 2-digit arithmetic, GRPO lr 3e-4, H = 10, BF16 gate, outer Nesterov 0.7 / 0.9), of which
+two are Byzantine, in one process per job (``pulse_node/testing/byzantine``): real GRPO inner
+steps on batches the real sampler makes from each round's global weights, the real gate and
+error feedback, the real payload codec and value bound, real signed round decisions, and the
+real ``OuterOptimizer`` with ``loco.aggregate``. Each attack is run with each rule of ``--rules``
+(the first is the rule under test, ``mean`` the plain mean of main before it) and each seed,
+next to an honest-only run (the same four honest trainers with the same seeds, no Byzantine
+key). The defences are today's (``Defences.today``: rushing, keyed trainer set, any decision
+of the coordinator in turn, no spot checks, run-id-scoped evidence); the Sybil flood runs
+with the open swarm (no trainer key configured), where Sybils are members. ``--model`` plugs in
+the harness's models of two later protocol pieces instead (not the pieces themselves).
+
+Per attack and rule: held-out greedy accuracy of the final global weights (the task's 1000
+eval problems, the mean over seeds), ``delta`` = that minus the honest-only run's with the same
+rule, in points; ``held`` = delta >= -3 for the rule under test; keys caught (Byzantine keys a
+defence excluded) and false bans (honest keys excluded), means over seeds; the mean weight the
+rule gave honest and Byzantine payloads. ``honest_gain`` = the honest-only run's held-out
+accuracy with the rule under test minus the starting weights' (points). ``overhead`` = the
+rule's weighing plus spot checks, per round, as a fraction of one honest trainer's own CPU
+time per round (inner steps and gate, not the sampler: in a swarm inference nodes make the
+rollouts), over every run of the rule under test.
+
+Payloads are coded without the base context (``loco.base_coding = false``: lossless like the
+base coder, 10x cheaper here; only the bytes differ). Trainer batches have
+``--prompts`` x 8 rollouts (the swarm's 32 x 8 would not fit 2 cores). Jobs run in ``--jobs``
+processes with one torch thread each. Last line: JSON ``{"attacks", "byzantine_fraction",
+"honest_gain", "overhead", "per_attack": {name: {"delta_points", "held", "caught",
+"false_bans"}}}``; the line before it, JSON with everything per attack and rule.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+ROOT = Path(__file__).resolve().parents[1]
+BYZANTINE = ["b0", "b1"]
+HONEST = 4
+HELD_POINTS = 3.0
+ALL_ATTACKS = ("sign_flip", "scaled_bound", "alie", "ipm_0.1", "ipm_100", "constant", "stale_replay",
+               "free_rider", "copier", "advantage_flip", "ef_dump", "coordinator_drop", "sybil_flood",
+               "evidence_replay")
+OPEN_SWARM = {"sybil_flood"}
+_WORLD: Any = None
+
+
+def _config(overrides: list[str]):
+    from pulse_node.config import load_node_config
+
+    return load_node_config(ROOT / "configs" / "trainer.toml", overrides, role="trainer")
+
+
+def _init(overrides: list[str]) -> None:
+    import torch
+
+    from pulse_node.testing.byzantine.world import World
+
+    torch.set_num_threads(1)
+    global _WORLD
+    _WORLD = World(_config(overrides))
+
+
+def _job(job: tuple[str, str, int, int, tuple[str, ...]]) -> tuple[tuple[str, str, int], dict]:
+    from pulse_node.testing.byzantine import candidates, harness
+    from pulse_node.testing.byzantine.attacks import Attack, attacks
+    from pulse_node.testing.byzantine.stages import CommitReveal, Defences, NamesEveryCommitted
+
+    scenario, rule, seed, rounds, modelled = job
+    world = _WORLD
+    if scenario == "base":
+        return (scenario, rule, seed), {"accuracy": world.accuracy(world.base)}
+    attack = Attack(BYZANTINE) if scenario == "honest" else attacks(BYZANTINE)[scenario]
+    loco, cls = candidates.parse(rule, world.cfg.loco)
+    defences = Defences.today(world.run_id, open_swarm=scenario in OPEN_SWARM)
+    if "commit-reveal" in modelled:
+        defences.reveal = CommitReveal()
+    if "names-every-committed" in modelled:
+        defences.decision = NamesEveryCommitted()
+    t0 = time.monotonic()
+    out = harness.run(world, attack, loco=loco, seed=seed, rounds=rounds, outer_cls=cls, defences=defences)
+    row = {**out.__dict__, "wall_s": time.monotonic() - t0}
+    print(f"  {scenario:<17} {rule:<14} seed {seed}: acc {out.accuracy:.3f}  keep h/b {out.keep_honest:.2f}/"
+          f"{out.keep_byzantine:.2f}  caught {len(out.caught)} false bans {len(out.false_bans)}  "
+          f"{row['wall_s']:.0f} s", flush=True)
+    return (scenario, rule, seed), row
+
+
+def _run_jobs(args, jobs: list[tuple[str, str, int, int, tuple[str, ...]]]) -> dict[tuple[str, str, int], dict]:
+    import multiprocessing as mp
+
+    if args.jobs <= 1:
+        _init(args.set)
+        return dict(map(_job, jobs))
+    with mp.get_context("spawn").Pool(args.jobs, initializer=_init, initargs=(args.set,)) as pool:
+        return dict(pool.imap_unordered(_job, jobs))
+
+
+def _mean(rows: list[dict], key: str) -> float:
+    vals = [len(r[key]) if isinstance(r[key], list) else r[key] for r in rows]
+    return statistics.mean(vals) if vals else 0.0
+
+
+def summarize(results: dict, *, scenarios: list[str], rules: list[str], seeds: list[int]) -> dict:
+    """Per scenario and rule: accuracy, delta to honest-only, caught, false bans, weights, cost."""
+    out: dict[str, dict[str, dict]] = {}
+    for sc in scenarios:
+        out[sc] = {}
+        for rule in rules:
+            rows = [results[(sc, rule, s)] for s in seeds]
+            honest = [results[("honest", rule, s)] for s in seeds]
+            out[sc][rule] = {
+                "accuracy": _mean(rows, "accuracy"),
+                "delta_points": 100 * (_mean(rows, "accuracy") - _mean(honest, "accuracy")),
+                "per_seed": [r["accuracy"] for r in rows], "caught": _mean(rows, "caught"),
+                "false_bans": _mean(rows, "false_bans"), "keep_honest": _mean(rows, "keep_honest"),
+                "keep_byzantine": _mean(rows, "keep_byzantine"), "refused": _mean(rows, "refused"),
+                "trainer_s": _mean(rows, "trainer_s"), "weigh_s": _mean(rows, "weigh_s"),
+                "verify_s": _mean(rows, "verify_s")}
+    return out
+
+
+def print_table(summary: dict, *, rules: list[str], needs: dict[str, str]) -> None:
+    head, before = rules[0], "mean" if "mean" in rules else rules[-1]
+    others = [r for r in rules if r != head]
+    print(f"\n{'attack':<17} | {head + ' acc':>13} {'delta':>6} {'held':>5} {'caught':>6} {'false bans':>10} "
+          f"{'keep h/b':>9} | " + " | ".join(f"{r[:14] + ' acc':>18} {'delta':>6}" for r in others)
+          + " | needs beyond the rule")
+    for sc, by_rule in summary.items():
+        r = by_rule[head]
+        held = "yes" if r["delta_points"] >= -HELD_POINTS else "NO"
+        print(f"{sc:<17} | {r['accuracy']:>13.3f} {r['delta_points']:>+6.1f} {held:>5} {r['caught']:>6.1f} "
+              f"{r['false_bans']:>10.1f} {r['keep_honest']:>4.2f}/{r['keep_byzantine']:<4.2f} | "
+              + " | ".join(f"{by_rule[o]['accuracy']:>18.3f} {by_rule[o]['delta_points']:>+6.1f}" for o in others)
+              + f" | {needs.get(sc, '') if sc != 'honest' else ''}")
+    print(f"(delta: points against the honest-only run with the same rule, mean of seeds; before = {before})")
+
+
+def probe(args, rules: list[str]) -> dict:
+    """What each rule delivers of honest payloads alone, by learning rate: the aggregate's share of
+    the honest mean, <g, mean> / |mean|^2, and the payloads' density, over ``--probe-rounds``
+    rounds of 4 honest trainers (the plain mean applied between rounds). On sparse payloads
+    (realistic learning rates) coordinate-wise rules deliver about nothing."""
+    import numpy as np
+    import torch
+
+    from pulse_node.loco.outer import OuterOptimizer
+    from pulse_node.testing.byzantine import candidates
+    from pulse_node.testing.byzantine.attacks import dense
+    from pulse_node.testing.byzantine.honest import InnerTrainer
+    from pulse_node.testing.byzantine.world import World
+
+    torch.set_num_threads(1)
+    out: dict[str, dict] = {}
+    for lr in (3e-4, 1e-6):
+        world = World(_config([*args.set, f"grpo.lr={lr}"]))
+        outer = OuterOptimizer({n: t.clone() for n, t in world.base.items()}, world.cfg.loco)
+        trainers = [InnerTrainer(world, f"h{i}", seed=0) for i in range(HONEST)]
+        shares: dict[str, list[float]] = {r: [] for r in rules}
+        density = []
+        for rnd in range(args.probe_rounds):
+            world.load(outer.params, rnd)
+            ps = []
+            for tr in trainers:
+                tr.train(rnd)
+                ps.append(tr.payload(outer))
+            density.append(sum(p.count for p in ps) / len(ps) / world.numel)
+            flat = [np.concatenate([dense(p, world.shapes)[n] for n in sorted(world.shapes)]) for p in ps]
+            mu = np.mean(flat, axis=0)
+            mom = world.cfg.loco.outer_momentum
+            for rule in rules:
+                loco, cls = candidates.parse(rule, world.cfg.loco)
+                opt = cls({n: t.clone() for n, t in outer.params.items()}, loco, round=outer.round)
+                opt.momentum = {n: t.clone() for n, t in outer.momentum.items()}
+                opt.apply(ps)  # g = m_new - mu * m_old
+                g = np.concatenate([(opt.momentum[n].double() - mom * outer.momentum[n].double()).reshape(-1).numpy()
+                                    for n in sorted(world.shapes)])
+                shares[rule].append(float(g @ mu / (mu @ mu)))
+            outer.apply(ps)
+            for tr in trainers:
+                tr.reset(outer)
+        out[f"{lr:g}"] = {"density": float(np.mean(density)), **{r: float(np.mean(v)) for r, v in shares.items()}}
+        print(f"  lr {lr:g}: payload density {out[f'{lr:g}']['density']:.4f}; share of the honest mean delivered: "
+              + ", ".join(f"{r} {out[f'{lr:g}'][r]:.3f}" for r in rules), flush=True)
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="1 seed, 4 rounds, 4 attacks: a few minutes")
+    ap.add_argument("--attacks", default=",".join(ALL_ATTACKS), help="comma-separated subset")
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=10)
+    ap.add_argument("--prompts", type=int, default=16, help="prompts per trainer batch (x 8 rollouts)")
+    ap.add_argument("--rules", default="robust,mean", help="rule specs (testing/byzantine/candidates.py); "
+                    "the first is the rule under test")
+    ap.add_argument("--jobs", type=int, default=2, help="worker processes")
+    ap.add_argument("--set", action="append", default=[], help="config override KEY=VALUE (configs/trainer.toml)")
+    ap.add_argument("--probe", action="store_true", help="only what each rule delivers of honest payloads "
+                    "at lr 3e-4 and 1e-6 (dense and sparse payloads; probe()), and honest error feedback under "
+                    "the robust rule's powers (toy trainers on their own shards; toy.ef_growth)")
+    ap.add_argument("--probe-rounds", type=int, default=3)
+    ap.add_argument("--probe-toy-rounds", type=int, default=300)
+    ap.add_argument("--model", action="append", default=[], choices=("commit-reveal", "names-every-committed"),
+                    help="plug in a model of a later protocol piece (stages.py) instead of today's stage")
+    args = ap.parse_args()
+    names = [a for a in args.attacks.split(",") if a]
+    if args.quick:
+        args.seeds, args.rounds = 1, 4
+        names = [a for a in names if a in ("sign_flip", "scaled_bound", "alie", "ef_dump")] or names[:4]
+    unknown = set(names) - set(ALL_ATTACKS)
+    if unknown:
+        raise SystemExit(f"unknown attacks: {sorted(unknown)} (known: {', '.join(ALL_ATTACKS)})")
+    args.set = [f"sampling.prompts_per_batch={args.prompts}", "loco.base_coding=false", *args.set]
+    rules = [r for r in args.rules.split(";" if "(" in args.rules else ",") if r]
+    if args.probe:
+        from pulse_node.testing.byzantine.toy import ef_growth
+
+        growth = {}
+        for power in (1, 2, 3):
+            growth[power] = ef_growth(power=power, lr=1e-3, rounds=args.probe_toy_rounds)
+            print(f"  toy, {args.probe_toy_rounds} rounds, robust(power={power}): largest error feedback "
+                  f"{growth[power]['ef_max_over_median']:.1f}x the median one, smallest last weight "
+                  f"{growth[power]['min_weight']:.3f}", flush=True)
+        print(json.dumps({"probe": probe(args, rules), "ef_growth": growth, "rules": rules, "overrides": args.set}))
+        return 0
+    seeds = list(range(args.seeds))
+    scenarios = ["honest", *names]
+    print(f"# bench/byzantine.py: {HONEST} honest + {len(BYZANTINE)} Byzantine trainers, {args.rounds} rounds, "
+          f"seeds {seeds}, rules {rules}, attacks {names}, overrides {args.set}"
+          + (f", modelled stages {args.model}" if args.model else ""), flush=True)
+    modelled = tuple(args.model)
+    jobs = [(sc, rule, s, args.rounds, modelled) for s in seeds for sc in scenarios for rule in rules]
+    t0 = time.monotonic()
+    results = _run_jobs(args, [("base", rules[0], 0, 0, ()), *jobs])
+    base = results[("base", rules[0], 0)]["accuracy"]
+    summary = summarize(results, scenarios=scenarios, rules=rules, seeds=seeds)
+    from pulse_node.testing.byzantine.attacks import attacks
+
+    needs = {a.name: a.needs for a in attacks(BYZANTINE).values()}
+    print_table(summary, rules=rules, needs=needs)
+    head = rules[0]
+    runs = [results[(sc, head, s)] for sc in scenarios for s in seeds]
+    overhead = statistics.mean((r["weigh_s"] + r["verify_s"]) / max(r["trainer_s"], 1e-9) for r in runs)
+    gain = 100 * (summary["honest"][head]["accuracy"] - base)
+    print(f"\nstart accuracy {base:.3f}; honest-only gain {gain:+.1f} points with {head}"
+          + "".join(f", {100 * (summary['honest'][r]['accuracy'] - base):+.1f} with {r}" for r in rules[1:])
+          + f"; {head}'s weighing {overhead:.2%} of a trainer's CPU time; {time.monotonic() - t0:.0f} s in all")
+    print(json.dumps({"base_accuracy": base, "rules": rules, "rounds": args.rounds, "seeds": seeds,
+                      "overrides": args.set, "needs": needs, "summary": summary}))
+    print(json.dumps({"attacks": len(names), "byzantine_fraction": len(BYZANTINE) / (HONEST + len(BYZANTINE)),
+                      "honest_gain": round(gain, 2), "overhead": round(overhead, 4),
+                      "per_attack": {sc: {"delta_points": round(summary[sc][head]["delta_points"], 2),
+                                          "held": summary[sc][head]["delta_points"] >= -HELD_POINTS,
+                                          "caught": summary[sc][head]["caught"],
+                                          "false_bans": summary[sc][head]["false_bans"]} for sc in names}}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,50 @@
+"""The Byzantine harness (pulse_node/testing/byzantine, bench/byzantine.py) on a small model: its
+first-round reuse is exact, and its defence stages change what attacks achieve."""
+
+from __future__ import annotations
+
+import pytest
+
+from pulse_node.config import load_node_config
+from pulse_node.testing.byzantine import harness
+from pulse_node.testing.byzantine.attacks import Attack, attacks
+from pulse_node.testing.byzantine.stages import Defences, NamesEveryCommitted
+from pulse_node.testing.byzantine.world import World
+
+IDS = ["b0", "b1"]
+
+
+@pytest.fixture(scope="module")
+def world() -> World:
+    cfg = load_node_config(None, ["model.d_model=32", "model.n_layers=1", "model.n_heads=2", "grpo.warmstart_steps=0",
+                                  "sampling.prompts_per_batch=2", "sampling.group_size=2", "loco.inner_steps=1",
+                                  "task.eval_size=20", "loco.base_coding=false"], role="trainer")
+    return World(cfg)
+
+
+def _run(world: World, attack: Attack, *, rounds: int = 2, defences: Defences | None = None) -> harness.Outcome:
+    return harness.run(world, attack, loco=world.cfg.loco, seed=0, rounds=rounds,
+                       defences=defences or Defences.today(world.run_id))
+
+
+def test_first_round_reuse_is_exact(world: World) -> None:
+    world.first_rounds.clear()
+    first = _run(world, attacks(IDS)["sign_flip"])
+    assert len(world.first_rounds) == 6  # four honest trainers and the two that train
+    again = _run(world, attacks(IDS)["sign_flip"])
+    assert (again.accuracy, again.keep_honest, again.keep_byzantine) == (first.accuracy, first.keep_honest,
+                                                                         first.keep_byzantine)
+
+
+def test_decision_stage_decides_whether_a_coordinator_may_drop_honest_payloads(world: World) -> None:
+    today = _run(world, attacks(IDS)["coordinator_drop"], rounds=6)  # b0 coordinates round 5
+    assert today.left_out > 0
+    checked = Defences.today(world.run_id)
+    checked.decision = NamesEveryCommitted()
+    assert _run(world, attacks(IDS)["coordinator_drop"], rounds=6, defences=checked).left_out == 0
+
+
+def test_evidence_replayed_after_a_restart_bans_honest_trainers_today(world: World) -> None:
+    """Issue 32 item 5 as the harness models it (the evidence stage of the later phase plugs in here)."""
+    out = _run(world, attacks(IDS)["evidence_replay"], rounds=4)
+    assert out.false_bans and not out.caught
