@@ -51,7 +51,7 @@ import pulse_node
 from pulse_node.chain.identity import Identity
 from pulse_node.chain.peer import PeerStatus, Serves
 from pulse_node.chain.record import encode_record
-from pulse_node.chain.serving import store_resolver
+from pulse_node.net.wire.serving import store_resolver
 from pulse_node.chain.store import VersionStore
 from pulse_node.config import ChainConfig, InferenceConfig, NetConfig, TrainerConfig
 from pulse_node.daemon.context import RoleContext

@@ -31,7 +31,7 @@ from collections import OrderedDict
 from collections.abc import Iterable
 
 from pulse_node.chain.admission import Admission, TrainerSetSettings, check_key, read_key_file
-from pulse_node.chain.identity import key_id_of, key_of_peer_id, verify_signature
+from pulse_node.chain.identity import key_id_of, key_of_peer_id
 from pulse_node.chain.peer import PeerRecord
 from pulse_node.errors import IntegrityError, WireError
 
@@ -131,9 +131,8 @@ class TrainerSet:
         """The members whose endorsements of ``admission`` verify, at least ``quorum`` of them;
         ``IntegrityError`` if it does not admit its key into this set (nothing changes here)."""
         self._fits(admission)
-        message = admission.signing_bytes()
         first = {k: sig for k, sig in reversed(admission.endorsements)}  # one signature checked per member
-        endorsers = {k for k, sig in first.items() if self.is_member(k) and verify_signature(k, message, sig)}
+        endorsers = {k for k, sig in first.items() if self.is_member(k) and admission.endorsed_by(k, sig)}
         if len(endorsers) < self.quorum:
             raise IntegrityError(f"admission of {key_id_of(admission.key)} has {len(endorsers)} valid member "
                                  f"endorsement(s), needs {self.quorum}")
