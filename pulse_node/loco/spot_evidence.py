@@ -17,7 +17,8 @@ commitment) convicts the accuser, whose signature is on it: a false accusation c
 
 Wire format (``EVIDENCE_FORMAT`` 1): msgpack ``[EVIDENCE_MAGIC, EVIDENCE_FORMAT, accusation,
 [[digest, bytes], ...]]`` with ``accusation = [run_id, round, target, accuser, signer, step,
-leaves, reason, included, commitment, next_commitment, [[name, digest], ...], signature]``.
+leaves, reason, keep, commitment, next_commitment, [[name, digest], ...], signature]`` (``keep``: the
+share of the target's payload its round applied, 0 if left out).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from pulse_node.loco.payload import MAX_TRAINER_ID
 from pulse_node.vocab import is_run_id
 
 EVIDENCE_MAGIC = "pulse/spot-evidence"
-EVIDENCE_FORMAT = 1
+EVIDENCE_FORMAT = 2
 MAX_EVIDENCE_BYTES = 96 << 20
 MAX_INLINE_BYTES = 64 << 20
 MAX_EXHIBITS = 80
@@ -57,7 +58,7 @@ class Accusation:
     step: int
     leaves: tuple[int, ...]
     reason: str
-    included: bool
+    keep: float
     commitment: bytes
     next_commitment: bytes
     exhibits: tuple[tuple[str, bytes], ...]  # (name, BLAKE3 digest): opening, next_opening, batch/<i>, patch, payload
@@ -77,7 +78,7 @@ _FIELDS = tuple(f.name for f in fields(Accusation))
 
 
 def _body(a: Accusation) -> list[Any]:
-    return [a.run_id, a.round, a.target, a.accuser, a.signer, a.step, list(a.leaves), a.reason, a.included,
+    return [a.run_id, a.round, a.target, a.accuser, a.signer, a.step, list(a.leaves), a.reason, a.keep,
             a.commitment, a.next_commitment, [[n, d] for n, d in a.exhibits]]
 
 
@@ -118,14 +119,14 @@ def encode_evidence(ev: SpotEvidence) -> bytes:
 def _accusation(raw: Any) -> Accusation:
     if not (isinstance(raw, list) and len(raw) == len(_FIELDS)):
         raise WireError("an accusation has the wrong number of fields")
-    kinds = (str, int, str, str, str, int, list, str, bool, bytes, bytes, list, bytes)
+    kinds = (str, int, str, str, str, int, list, str, float, bytes, bytes, list, bytes)
     if any(type(v) is not k for v, k in zip(raw, kinds)) or not all(type(i) is int for i in raw[6]):
         raise WireError("accusation fields have the wrong types")
     named = raw[11]
     if not all(isinstance(x, list) and len(x) == 2 and type(x[0]) is str and type(x[1]) is bytes for x in named):
         raise WireError("accusation exhibits must be [name, digest] pairs")
     a = Accusation(run_id=raw[0], round=raw[1], target=raw[2], accuser=raw[3], signer=raw[4], step=raw[5],
-                   leaves=tuple(raw[6]), reason=raw[7], included=raw[8], commitment=raw[9], next_commitment=raw[10],
+                   leaves=tuple(raw[6]), reason=raw[7], keep=raw[8], commitment=raw[9], next_commitment=raw[10],
                    exhibits=tuple((n, d) for n, d in named), signature=raw[12])
     problem = next(_problems(a, unsigned_ok=False), None)
     if problem:
@@ -169,6 +170,8 @@ def _problems(a: Accusation, *, unsigned_ok: bool) -> Iterator[str]:
         yield f"leaves must be 1..{MAX_LEAVES} distinct non-negative indices, sorted"
     if a.reason not in REASONS:
         yield f"reason must be one of {REASONS}"
+    if not 0.0 <= a.keep <= 1.0:
+        yield "keep must be a share in [0, 1]"
     if not 0 < len(a.commitment) <= MAX_COMMIT_BYTES or len(a.next_commitment) > MAX_COMMIT_BYTES:
         yield "the target's commitment (and at most one next commitment) must be carried"
     names = [n for n, _ in a.exhibits]
