@@ -1,8 +1,10 @@
 """The version gate: which signed version records a node accepts. Checks only; it judges no peer.
 
 A record passes when it is of this run, its signature verifies and its signer is a trainer-set
-member, read through ``Membership`` (the peer book, ``peers/book.py``, answers it: configured and
-admitted keys, or in an open swarm the announced trainers; never a convicted key). With
+member, read through the read-only ``Membership`` interface: a ``Signers`` value the peer book
+(``peers/book.py``) hands the gate whenever membership changes (configured and admitted keys, or
+in an open swarm the announced trainers; never a convicted key). The gate never calls up into
+the book. With
 ``min_signers = k > 1`` a version counts only once k distinct members signed records with the
 same chain hash (``check``). What a refusal means for whoever sent the record is the caller's to
 hand to the book (``peers/outcomes.outcome_of``): a plain ``IntegrityError`` is the sender's lie,
@@ -25,6 +27,7 @@ share"):
 from __future__ import annotations
 
 from collections import OrderedDict
+from dataclasses import dataclass
 from typing import Protocol
 
 from pulse_node.chain.evidence import head_evidence
@@ -44,18 +47,29 @@ VOTED_CAP = 1024
 
 
 class Membership(Protocol):
-    """Who may sign versions, as the gate reads it (the peer book answers)."""
+    """Who may sign versions, as the gate reads it."""
 
     @property
     def run_id(self) -> str: ...
 
-    def signers(self) -> frozenset[str]:
+    @property
+    def keys(self) -> frozenset[str]:
         """The keys whose records count now: trainer-set members, none convicted."""
         ...
 
-    def convicted(self, key: str) -> bool:
-        """Whether ``key`` was convicted of equivocation."""
+    @property
+    def convicted(self) -> frozenset[str]:
+        """The keys convicted of equivocation."""
         ...
+
+
+@dataclass(frozen=True)
+class Signers:
+    """A ``Membership`` as a value: what the peer book says now."""
+
+    run_id: str
+    keys: frozenset[str] = frozenset()
+    convicted: frozenset[str] = frozenset()
 
 
 class SignedWrong(IntegrityError):
@@ -79,7 +93,7 @@ class VersionGate:
     """Run, signature, signer, version-step, equivocation and quorum checks of version records."""
 
     def __init__(self, members: Membership, *, min_signers: int = 1, max_version_step: int = VERSION_STEP) -> None:
-        self.members = members
+        self.members = members  # replaced by the peer book whenever membership changes
         self.min_signers = min_signers
         self.max_version_step = max_version_step
         self.seen_high: dict[str, int] = {}  # member key -> highest version it was seen signing
@@ -96,11 +110,11 @@ class VersionGate:
 
         The signature of a record equal to one verified before (kept per signer and version) is
         not verified again; every other check is (``recheck_record``)."""
-        if self.members.convicted(record.signer):
+        if record.signer in self.members.convicted:
             raise SignerConvicted(f"record {record.short()}: signer {key_id_of(record.signer)} is convicted of "
                                   "equivocation")
         check = recheck_record if self._signed.get((record.signer, record.version)) == record else verify_record
-        check(record, run_id=self.run_id, trusted_signers=self.members.signers(), parent=parent)
+        check(record, run_id=self.run_id, trusted_signers=self.members.keys, parent=parent)
         self._check_step(record)
         self._check_equivocation(record)
         return record
@@ -115,7 +129,8 @@ class VersionGate:
     def _check_step(self, record: VersionRecord) -> None:
         """``IntegrityError`` if ``record`` is more than ``max_version_step`` past what the other
         members were seen signing (module docstring); counts it as seen either way."""
-        others = [v for k, v in self.seen_high.items() if k != record.signer and not self.members.convicted(k)]
+        convicted = self.members.convicted
+        others = [v for k, v in self.seen_high.items() if k != record.signer and k not in convicted]
         self.saw(record)
         ceiling = max(others, default=None)
         if ceiling is not None and record.version > ceiling + self.max_version_step:

@@ -26,9 +26,8 @@ from collections.abc import Callable, Collection, Iterable, Mapping
 from pathlib import Path
 from typing import TypeVar
 
-from pulse_node.chain.admission import bound_key, sender_key
 from pulse_node.chain.evidence import Evidence
-from pulse_node.chain.gate import VERSION_STEP, VersionGate
+from pulse_node.chain.gate import VERSION_STEP, Signers, VersionGate
 from pulse_node.chain.identity import key_of_peer_id, peer_id_of_key
 from pulse_node.chain.peer import PeerRecord
 from pulse_node.config import NodeConfig
@@ -49,7 +48,7 @@ from pulse_node.peers.outcomes import (
 )
 from pulse_node.peers.standing import FETCH_UNKNOWN, Standing
 from pulse_node.peers.strikes import Strikes
-from pulse_node.peers.trainerset import TrainerSet
+from pulse_node.peers.trainerset import TrainerSet, bound_key, sender_key
 from pulse_node.peers.view import VIEW_STANDING, PeerView
 
 T = TypeVar("T")
@@ -67,7 +66,7 @@ class PeerBook:
         self.evidence.admit = trainers.is_member
         self.ledger = strikes if strikes is not None else Strikes()
         self.standing = standing if standing is not None else Standing()
-        self.gate = VersionGate(self, min_signers=min_signers, max_version_step=max_version_step)
+        self.gate = VersionGate(Signers(trainers.run_id), min_signers=min_signers, max_version_step=max_version_step)
         self._known: dict[str, str] = {}  # member peer id -> its key, as seen in discovery
         self._discovered: list[PeerRecord] = []
         self._members_told: frozenset[str] | None = None
@@ -130,20 +129,38 @@ class PeerBook:
         return got
 
     def observe(self, peers: Iterable[PeerRecord]) -> None:
-        """Learn from discovery: admissions (and an open set's announced trainers); time seen starts."""
-        peers = list(peers)
-        self.trainers.mark_observed(peers)
-        self.standing.mark_seen(p.peer_id for p in peers)
+        """Learn from discovery: admissions (and an open set's announced trainers), the keys peers
+        announce (``key_of``); time seen starts."""
+        self._discovered = list(peers)
+        self.trainers.mark_observed(self._discovered)
+        self.standing.mark_seen(p.peer_id for p in self._discovered)
         self._members_changed()
 
+    def heed(self, peers: Iterable[PeerRecord]) -> list[PeerRecord]:
+        """``observe`` ``peers``, then the ones not ignored."""
+        self.observe(peers)
+        return self.heeded(self._discovered)
+
+    def view_of(self, found: Iterable[PeerRecord], *, newcomers: int, claims: int) -> tuple[list[PeerRecord], PeerView]:
+        """A node's view of what discovery ``found`` (``observe``): members, peers with standing,
+        at most ``newcomers`` others, and at most ``claims`` more trainers carrying an admission
+        (so admissions are learned); with the ``PeerView`` the workers should hold now."""
+        self.observe(found)
+        view = self.order(self._discovered, quota=newcomers)
+        taken = {p.peer_id for p in view}
+        carrying = [p for p in self._discovered if p.role == "trainer" and p.admission and p.peer_id not in taken]
+        return view + self.order(carrying, quota=claims), self.view()
+
     def _members_changed(self) -> None:
-        """Members come first in every order: tell the standing when the effective set changes."""
+        """When the effective set changes: the gate gets it as a value (it never asks us), and
+        members come first in every order."""
         keys = self.signers()
         if keys != self._members_told:
             self._members_told = keys
+            self.gate.members = Signers(self.run_id, keys, frozenset(self.evidence.convicted))
             self.standing.mark_members(peer_id_of_key(k) for k in keys)
 
-    # ---- membership (``chain/gate.Membership``) ---------------------------------------------
+    # ---- membership ------------------------------------------------------------------------
     @property
     def run_id(self) -> str:
         return self.trainers.run_id
@@ -174,8 +191,7 @@ class PeerBook:
     def live_trainers(self, peers: Iterable[PeerRecord]) -> dict[str, PeerRecord]:
         """The live trainer-set members among ``peers`` (admissions learned from them first); each
         one's key is remembered so it stays a member for the round agreement once it left."""
-        self._discovered = list(peers)
-        self.observe(self._discovered)
+        self.observe(peers)
         live = {p.peer_id: p for p in self._discovered if p.role == "trainer" and self.vouches_for(p)}
         for pid in live:
             if pid not in self._known and len(self._known) < KNOWN_CAP:
