@@ -227,6 +227,6 @@ def test_the_engine_records_its_inner_steps_for_a_check(world: World, node_cfg) 
     assert [b.producer for s in c.steps for b in s.batches] == ["infer-a"] * STEPS
     d = world.draw(c, 2)
     case = SpotCase(c, engine.inner_log.open(0, d.leaves), engine.inner_log.batch_bytes(0, 2),
-                    engine.inner_log.weights_patch(0, 2), payload, included=True)
+                    engine.inner_log.weights_patch(0, 2), payload, keep=1.0)
     v = world.checker.check(d, case, world.base0)
     assert v.ok, v.detail
