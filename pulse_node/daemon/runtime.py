@@ -62,7 +62,7 @@ def setup_logging(status: NodeStatus, level: str) -> None:
     root.propagate = False
 
 
-def _status_writer(ctx: RoleContext, path: Path, every_s: float, worker_died: threading.Event) -> threading.Thread:
+def _status_writer(ctx: RoleContext[RoleConfig], path: Path, every_s: float, worker_died: threading.Event) -> threading.Thread:
     """Writes status.json every ``every_s``; stops the node if a transport worker process died
     (the node cannot work without it; a supervisor restarts the whole node)."""
     def loop() -> None:

@@ -242,7 +242,7 @@ class StatusServer:
         self.httpd.server_close()
 
 
-def _make_handler(status: NodeStatus, healthy, *, idle_timeout: float) -> type[BaseHTTPRequestHandler]:
+def _make_handler(status: NodeStatus, healthy: Callable[[], bool], *, idle_timeout: float) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         timeout = idle_timeout  # per read: an idle connection is dropped
 

@@ -12,7 +12,7 @@ whose signed record declares the rollout settings of our config (``rl/settings.p
 from __future__ import annotations
 
 from pulse_node.chain.peer import PeerRecord
-from pulse_node.chain.record import encode_record
+from pulse_node.chain.record import VersionRecord, encode_record
 from pulse_node.config import InferenceConfig
 from pulse_node.daemon.context import RoleContext
 from pulse_node.daemon.evidence_plane import EvidencePlane
@@ -28,6 +28,7 @@ from pulse_node.rl.rollout import encode_rollouts
 from pulse_node.rl.sampler import RolloutWorker
 from pulse_node.rl.settings import SettingsMismatch, check_settings, settings_of
 from pulse_node.rl.tasks import make_task_source
+from pulse_node.vocab import Event
 
 #: rollout batches waiting for the background pusher, at most
 ROLLOUT_JOBS = 4
@@ -74,7 +75,7 @@ class InferenceRole:
                 self._on_applied(applied)
             busy = self._rollout_once(peers)
 
-    def _take_events(self, events) -> None:
+    def _take_events(self, events: list[Event]) -> None:
         """Evidence to the evidence plane, head announcements to the syncer."""
         self.evidence.tick()
         for ev in events:
@@ -82,7 +83,7 @@ class InferenceRole:
                 self.evidence.take(ev.sender, ev.data)
         self.sync.take_events([ev for ev in events if ev.kind != "evidence"])
 
-    def _rank(self, peers) -> int:
+    def _rank(self, peers: list[PeerRecord]) -> int:
         """Our position among inference peers that showed themselves (standing, or a verified head
         pushed to us): decides who fetches fresh versions from trainers. Fresh keys merely
         announcing the role cannot push us out of the seeds."""
@@ -91,7 +92,7 @@ class InferenceRole:
         ids = sorted(shown + [self.ctx.transport.peer_id])
         return ids.index(self.ctx.transport.peer_id)
 
-    def _on_applied(self, applied) -> None:
+    def _on_applied(self, applied: list[VersionRecord]) -> None:
         rec, state = self.sync.record, self.sync.state
         if rec is None or state is None:
             return  # nothing held: an apply always leaves a version, so this does not happen
@@ -122,7 +123,7 @@ class InferenceRole:
         self.ctx.push_in_background("head", encode_record(rec), self.ctx.peers("inference"))
         self.ctx.log.info("holding version %d (%s)", rec.version, rec.state_hash[:12])
 
-    def _rollout_once(self, peers) -> bool:
+    def _rollout_once(self, peers: list[PeerRecord]) -> bool:
         """Generate and push one batch if we hold a version and owe rollouts for it."""
         rec = self.sync.record
         trainers = [p for p in peers if p.role == "trainer" and self.book.vouches_for(p)]  # members only
@@ -152,7 +153,7 @@ class InferenceRole:
         self.sent_for = {v: n for v, n in self.sent_for.items() if v > rec.version - 8} | {rec.version: batch + 1}
         return True
 
-    def _settings_agree(self, rec) -> bool:
+    def _settings_agree(self, rec: VersionRecord) -> bool:
         """Whether ``rec`` declares our rollout settings; says why not in the status (once per version)."""
         try:
             check_settings(rec.rollout_settings, self.settings, version=rec.version)

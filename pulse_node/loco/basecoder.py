@@ -43,6 +43,7 @@ payload layer turns them into ``WireError``).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import msgpack
 import numpy as np
@@ -140,7 +141,8 @@ class _Fields:
         return np.where(toward == 1, self.dz, 0x10000 - self.dz) << delta
 
     def len_ctx(self, toward: np.ndarray) -> np.ndarray:
-        return self.ew * 2 + toward
+        ctx: np.ndarray = self.ew * 2 + toward
+        return ctx
 
 
 def _excess(s: np.ndarray, f: _Fields, toward: np.ndarray, delta: int, thresh: bool) -> tuple[np.ndarray, np.ndarray]:
@@ -221,7 +223,8 @@ def _parse(blob: bytes) -> tuple[int, bool, np.ndarray, bytes, bytes, bytes]:
     return delta, thresh, np.frombuffer(dist, np.uint8).reshape(N_DIST, 2), lens, words, raw
 
 
-def _decode_segments(dec: AnsDecoder, ctx: np.ndarray, table_of, n_sym: int) -> np.ndarray:
+def _decode_segments(dec: AnsDecoder, ctx: np.ndarray, table_of: Callable[[int, int], np.ndarray], n_sym: int
+                     ) -> np.ndarray:
     order, present, runs = _groups(ctx)
     out = np.zeros(ctx.size, np.int64)
     for row, (a, b) in enumerate(runs):

@@ -33,6 +33,7 @@ from __future__ import annotations
 import math
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import astuple, dataclass, field
+from typing import Any
 
 import blake3
 import msgpack
@@ -229,7 +230,7 @@ def _key(row: object) -> str:
     return row[0]
 
 
-def _entry(row: list) -> Entry:
+def _entry(row: list[Any]) -> Entry:
     ints, flags = (row[1], row[2], row[4], row[5], row[6], row[7]), (row[3], row[8], row[9])
     if not all(type(v) is int and 0 <= v < 2**63 for v in ints) or not all(type(v) is bool for v in flags):
         raise WireError("a trust ledger row has fields of the wrong types")

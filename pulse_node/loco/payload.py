@@ -91,7 +91,7 @@ class PayloadHeader:
 #: the coder new payloads are written with when no base is given
 POSITION_CODER = "codec.positions"
 #: position coder name -> (encode, decode); the base-context one passes ``context=`` labels
-POSITION_CODERS: dict[str, tuple[Callable, Callable]] = {
+POSITION_CODERS: dict[str, tuple[Callable[..., bytes], Callable[..., np.ndarray]]] = {
     POSITION_CODER: (shared_positions.encode_positions, shared_positions.decode_positions),
     POS_CODER_BASE: (shared_positions.encode_positions, shared_positions.decode_positions),
 }
@@ -120,7 +120,8 @@ def decode_values(blob: bytes, count: int) -> np.ndarray:
     planes = np.frombuffer(raw, dtype=np.uint8).reshape(4, count)
     rot = np.ascontiguousarray(planes.T).view(np.uint32).reshape(-1)
     u = (rot >> np.uint32(1)) | (rot << np.uint32(31))
-    return u.view(np.float32)
+    values: np.ndarray = u.view(np.float32)
+    return values
 
 
 # ---------------------------------------------------------------- the concatenated index space
@@ -210,7 +211,7 @@ def encode_payload(p: LocoPayload, *, level: int = 3, pos_coder: str | None = No
 # ---------------------------------------------------------------- decoding (hostile input)
 
 
-def _unpack(data: bytes, *, max_bytes: int, max_tensors: int) -> dict:
+def _unpack(data: bytes, *, max_bytes: int, max_tensors: int) -> dict[str, Any]:
     if len(data) > max_bytes:
         raise WireError(f"payload of {len(data)} bytes exceeds the cap {max_bytes}")
     try:
@@ -228,7 +229,7 @@ def _unpack(data: bytes, *, max_bytes: int, max_tensors: int) -> dict:
     return msg
 
 
-def _check_header(msg: dict) -> None:
+def _check_header(msg: dict[str, Any]) -> None:
     if not isinstance(msg["round"], int) or isinstance(msg["round"], bool) or msg["round"] < 0:
         raise WireError("payload round must be a non-negative integer")
     t = msg["trainer"]
@@ -245,7 +246,7 @@ def _check_header(msg: dict) -> None:
         raise WireError("payload tensors must be a list, positions and values bytes")
 
 
-def _records(msg: dict, shapes: Mapping[str, tuple[int, ...]]) -> tuple[list[str], list[int], list[int]]:
+def _records(msg: dict[str, Any], shapes: Mapping[str, tuple[int, ...]]) -> tuple[list[str], list[int], list[int]]:
     """Names, counts and element counts of the listed tensors (validated; nothing allocated)."""
     names: list[str] = []
     counts: list[int] = []
@@ -268,7 +269,7 @@ def _records(msg: dict, shapes: Mapping[str, tuple[int, ...]]) -> tuple[list[str
     return names, counts, numel
 
 
-def _decode_positions(msg: dict, counts: list[int], numel: list[int], w: np.ndarray | None) -> np.ndarray:
+def _decode_positions(msg: dict[str, Any], counts: list[int], numel: list[int], w: np.ndarray | None) -> np.ndarray:
     total, count = sum(numel), sum(counts)
     decode_pos = POSITION_CODERS[msg["pos_coder"]][1]
     kw = {}
@@ -292,7 +293,7 @@ def _decode_positions(msg: dict, counts: list[int], numel: list[int], w: np.ndar
     return pos
 
 
-def _decode_vals(msg: dict, flat_pos: np.ndarray, w: np.ndarray | None) -> np.ndarray:
+def _decode_vals(msg: dict[str, Any], flat_pos: np.ndarray, w: np.ndarray | None) -> np.ndarray:
     if msg["val_coder"] == VAL_CODER:
         vals = decode_values(msg["values"], flat_pos.size)
     else:

@@ -37,7 +37,8 @@ _SEED_DOMAIN = b"pulse/spot-seed/1\0"
 def _uniform(seed: bytes, *parts: str) -> float:
     """A uniform in [0, 1) from the seed and labels (53 bits of a BLAKE3 digest)."""
     h = blake3.blake3(_DOMAIN + seed + b"\0".join(p.encode() for p in parts)).digest()
-    return (struct.unpack("<Q", h[:8])[0] >> 11) / float(1 << 53)
+    word: int = struct.unpack("<Q", h[:8])[0]
+    return (word >> 11) / float(1 << 53)
 
 
 @dataclass(frozen=True)

@@ -68,6 +68,8 @@ from pulse_node.trainer.shards import (
 if TYPE_CHECKING:
     from torch.distributed.tensor import DTensor
 
+    from pulse_node.daemon.status import NodeStatus
+
 log = logging.getLogger("pulse.ranks")
 
 
@@ -200,7 +202,8 @@ class ShardWork:
         self._gather_global()
 
     # ---- inner steps --------------------------------------------------------------------
-    def cmd_step(self, shares: list[tuple[list[Rollout], list[float], float, int]] | None) -> list[dict] | None:
+    def cmd_step(self, shares: list[tuple[list[Rollout], list[float], float, int]] | None
+                 ) -> list[dict[str, float]] | None:
         """One data-parallel GRPO step; each rank's loss is scaled by ``world * its tokens / all
         tokens`` so FSDP's gradient mean is the token mean over the whole batch. Every rank runs
         the same number of micro-batches (each forward and backward is collective)."""
@@ -239,7 +242,7 @@ def split_batch(batch: list[Rollout], adv: list[float], world: int, *,
     return [(*s, count) for s in shares]
 
 
-def combine_stats(parts: list[dict]) -> dict[str, float]:
+def combine_stats(parts: list[dict[str, float]]) -> dict[str, float]:
     """The whole step's figures from the ranks' (token-weighted means, sums, per-rank memory)."""
     tokens = sum(p["tokens"] for p in parts) or 1.0
     return {"loss": sum(p["loss"] for p in parts) / len(parts), "grad_norm": parts[0]["grad_norm"],
@@ -271,7 +274,7 @@ class ShardedOuter(OuterOptimizer):
 class DistributedEngine:
     """Rank 0's ``Engine`` (``trainer/engine.py``) over the ranks of a torchrun group."""
 
-    def __init__(self, cfg: TrainerConfig, *, status=None) -> None:
+    def __init__(self, cfg: TrainerConfig, *, status: NodeStatus | None = None) -> None:
         self.cfg = cfg
         self.ranks = Ranks(timeout_s=cfg.dist.timeout_s)
         self.work = ShardWork(cfg, self.ranks)
@@ -316,7 +319,8 @@ class DistributedEngine:
         return stats
 
     def make_payload(self, *, round: int, trainer_id: str, base_hash: bytes) -> LocoPayload:
-        return self._call("make_payload", (round, trainer_id, base_hash))
+        payload: LocoPayload = self._call("make_payload", (round, trainer_id, base_hash))
+        return payload
 
     def restore(self, payload: LocoPayload, *, keep: float = 0.0) -> None:
         self._call("restore", keep)

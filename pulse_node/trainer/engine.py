@@ -19,7 +19,7 @@ shard; the results are bit-identical to ``LocalEngine``'s for the same payloads.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
@@ -36,6 +36,9 @@ from pulse_node.rl.sampler import RolloutWorker
 from pulse_node.torchbits import load_state
 from pulse_node.trainer import world_size
 from pulse_node.trainer.spot_record import InnerStepLog
+
+if TYPE_CHECKING:
+    from pulse_node.daemon.status import NodeStatus
 
 
 class Engine(Protocol):
@@ -60,7 +63,7 @@ class Engine(Protocol):
     def close(self) -> None: ...
 
 
-def make_engine(cfg: TrainerConfig, *, status=None) -> Engine:
+def make_engine(cfg: TrainerConfig, *, status: NodeStatus | None = None) -> Engine:
     """A ``DistributedEngine`` under torchrun with several processes, else a ``LocalEngine``."""
     if world_size() > 1:
         from pulse_node.trainer.distributed import DistributedEngine

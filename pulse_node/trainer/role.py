@@ -25,6 +25,7 @@ import torch
 from pulse_node.chain.peer import PeerRecord
 from pulse_node.chain.record import VersionRecord, decode_record, encode_record
 from pulse_node.chain.verified import VerifiedVersion
+from pulse_node.codec.state import State
 from pulse_node.config import TrainerConfig
 from pulse_node.daemon.context import RoleContext
 from pulse_node.daemon.evidence_plane import EvidencePlane
@@ -45,7 +46,7 @@ from pulse_node.torchbits import module_state
 from pulse_node.trainer.agreement import RoundAgreement, RoundResult
 from pulse_node.trainer.engine import make_engine
 from pulse_node.trainer.intake import RolloutFeed
-from pulse_node.trainer.publisher import VersionPublisher
+from pulse_node.trainer.publisher import Published, VersionPublisher
 from pulse_node.trainer.resync_quorum import gather_ballots, majority
 from pulse_node.trainer.state import export_trainer_state, read_trainer_state, trainer_state_cap
 
@@ -109,7 +110,7 @@ class TrainerRole:
         self.ctx.log.info("resumed alone at version %d", head.version)
         self._announce()
 
-    def _sync_sources(self) -> list:
+    def _sync_sources(self) -> list[PeerRecord]:
         """The trainers to copy state from, most advanced first (each adopted only with a quorum,
         ``_resync``); none if we lead genesis.
 
@@ -132,11 +133,11 @@ class TrainerRole:
             self.ctx.wait(0.2)
         return []
 
-    def _member_trainers(self) -> list:
+    def _member_trainers(self) -> list[PeerRecord]:
         """Live trainers that are members of the trainer set (by the key their peer id encodes)."""
         return list(self.book.live_trainers(self.ctx.peers()).values())
 
-    def _resync(self, peer, *, joining: bool = False) -> bool:
+    def _resync(self, peer: PeerRecord, *, joining: bool = False) -> bool:
         """Adopt ``peer``'s FP32 global weights, momentum and head record; False if that failed.
 
         Only from a member of the trainer set, only a state a majority of the live members hold
@@ -362,7 +363,7 @@ class TrainerRole:
     def _reset_local(self) -> None:
         self.engine.reset_local()
 
-    def _publish(self, reward: float | None = None, contributors: int | None = None):
+    def _publish(self, reward: float | None = None, contributors: int | None = None) -> Published:
         state = module_state(self.global_params.items())
         pub = self.publisher.publish(state)
         self.feed.keep_state(pub.record.version, state)
@@ -387,7 +388,7 @@ class TrainerRole:
         self._announce(push=True)
         return pub
 
-    def _evaluate(self, state, version: int) -> float:
+    def _evaluate(self, state: State, version: int) -> float:
         self.engine.worker.set_weights(state, version)
         return float(evaluate(self.engine.worker, self.eval_set))
 

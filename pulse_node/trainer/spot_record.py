@@ -48,7 +48,8 @@ def flat_of(named: Mapping[str, torch.Tensor], layout: FlatLayout) -> np.ndarray
     """The FP32 values of ``named`` in the layout's flat order (zeros for a missing name)."""
     parts = [named[n].detach().reshape(-1).to("cpu", torch.float32) if n in named else torch.zeros(size)
              for n, size in zip(layout.names, layout.sizes)]
-    return torch.cat(parts).numpy().copy()
+    flat: np.ndarray = torch.cat(parts).numpy().copy()
+    return flat
 
 
 def bf16_flat(state: State, layout: FlatLayout) -> np.ndarray:

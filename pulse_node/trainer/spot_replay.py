@@ -67,7 +67,8 @@ class Replayed:
 
 
 def _bf16_bits(w: torch.Tensor) -> np.ndarray:
-    return w.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16).copy()
+    bits: np.ndarray = w.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16).copy()
+    return bits
 
 
 def replay_adam(*, base: np.ndarray, m: np.ndarray, v: np.ndarray, adam_step: int, grads: dict[int, np.ndarray],
@@ -118,7 +119,8 @@ def close(a: np.ndarray, b: np.ndarray, *, rtol: float, atol: float) -> np.ndarr
     a64, b64 = a.astype(np.float64), b.astype(np.float64)
     with np.errstate(invalid="ignore"):
         ok = np.abs(a64 - b64) <= rtol * np.maximum(np.abs(a64), np.abs(b64)) + atol
-    return ok | (a.view(np.uint32) == b.view(np.uint32))
+    same: np.ndarray = ok | (a.view(np.uint32) == b.view(np.uint32))
+    return same
 
 
 def payload_mismatch(expected: tuple[np.ndarray, np.ndarray], sent: tuple[np.ndarray, np.ndarray], *,

@@ -30,6 +30,7 @@ from pulse_node.loco.payload import LocoPayload
 from pulse_node.loco.sparsify import ErrorFeedback
 from pulse_node.loco.spotdraw import SpotDraw
 from pulse_node.rl.grpo import GRPOLearner
+from pulse_node.rl.rollout import Rollout
 from pulse_node.testing.byzantine.world import World
 from pulse_node.trainer.recompute import SpotCase
 from pulse_node.trainer.spot_record import InnerStepLog
@@ -53,7 +54,7 @@ class InnerTrainer:
         self.record_s = 0.0
         self.reward = 0.0
 
-    def __deepcopy__(self, memo: dict) -> InnerTrainer:
+    def __deepcopy__(self, memo: dict[int, object]) -> InnerTrainer:
         """A copy with its own model, optimizer and error feedback, sharing the world."""
         memo[id(self.world)] = self.world
         new = InnerTrainer.__new__(InnerTrainer)
@@ -80,7 +81,7 @@ class InnerTrainer:
             self._step(batch, verified, version)
         self.reward = sum(rewards) / len(rewards)
 
-    def _step(self, batch: list, verified: list, version: int) -> None:
+    def _step(self, batch: list[Rollout], verified: list[Rollout], version: int) -> None:
         t0 = time.process_time()
         stats, norm = self.learner.gradient(batch, current_version=version)
         t1 = time.process_time()

@@ -67,7 +67,9 @@ class World:
         self.worker = RolloutWorker(first, cfg.sampling)
         self.run_id = "byzantine"
         self.leaf = 256 if self.numel < 100_000 else 4096  # inner-commitment leaf (loco/merkle.py)
-        self.first_rounds: dict[tuple, Any] = {}  # (seed, trainer id, ...) -> a trainer after round 0
+        # (seed, trainer id, inverted rewards, inner steps, recorded) -> a trainer after round 0 (an
+        # ``InnerTrainer``: honest.py imports this module)
+        self.first_rounds: dict[tuple[int, str, bool, int, bool], Any] = {}
 
     def policy(self) -> Policy:
         """A fresh policy holding the base weights (built without the warm start, then loaded)."""
