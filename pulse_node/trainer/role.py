@@ -223,7 +223,17 @@ class TrainerRole:
         me, mine = self.ctx.identity.public_key_hex, self.published_hashes.get(version)
         if mine:
             ballots[me] = mine
-        return majority(ballots, me=me)
+        return majority(ballots, me=me, depth=self._depth)
+
+    def _depth(self, key: str) -> int | None:
+        """A voter's class (``trainer/resync_quorum.py``); ours as the book would see our record."""
+        me = self.ctx.identity.public_key_hex
+        if key == me and self.book.depth(me) is None:
+            if self.book.open:
+                return 0
+            if self.ctx.admission:
+                self.book.trainers.learn(me, self.ctx.admission)
+        return self.book.depth(key)
 
     def _take_head(self, sender: str, data: bytes) -> None:
         """A pushed head record counts (for ``_check_agreement``) only if it is the sender's own,
@@ -249,7 +259,7 @@ class TrainerRole:
         for version in sorted(self.peer_heads):
             mine = self.published_hashes.get(version)
             heads = {k: h for k, h in self.peer_heads[version].items() if k in live}
-            won = majority({**heads, me: mine}, me=me) if mine and heads else None
+            won = majority({**heads, me: mine}, me=me, depth=self._depth) if mine and heads else None
             if won is not None and won != mine:
                 source = min((live[k] for k, h in heads.items() if h == won), key=lambda p: p.peer_id.encode())
                 self.ctx.status.error(f"state differs from the majority at version {version}; re-syncing")
