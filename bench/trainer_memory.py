@@ -78,7 +78,7 @@ def main() -> None:
                          patch=None, anchor_version=0, is_anchor=True, codec="anchor/safetensors")
     with tempfile.TemporaryDirectory() as tmp:
         export_trainer_state(Path(tmp), params=outer.params, momentum=outer.momentum, record=record,
-                             outer_hash=outer.state_hash())
+                             ledger=outer.ledger, outer_hash=outer.state_hash())
     mark("trainer-state file")
     fired = payload.count / params_n
     print(f"{params_n / 1e6:.1f} M parameters; {fired:.1%} fired; payload {len(data) / 1e6:.1f} MB, "

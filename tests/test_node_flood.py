@@ -91,14 +91,14 @@ def test_fake_anchors_do_not_use_up_a_fresh_nodes_tries(served, tmp_path) -> Non
     sync = _syncer(tmp_path, hub, at=4, catchup_min_gap=0)
     try:
         offers_tried = []
-        real = sync._fetch_record
+        real = sync.fetch.record
 
-        def spy(peer, version, **kw):
+        def spy(peer, version):
             offers_tried.append(peer.peer_id)
-            return real(peer, version, **kw)
+            return real(peer, version)
 
-        sync._fetch_record = spy  # type: ignore[method-assign]
-        sync._recover_from_anchor(list(hub.records.values()), 12)
+        sync.fetch.record = spy  # type: ignore[method-assign]
+        sync.recovery.recover_from_anchor(list(hub.records.values()), 12)
         assert offers_tried[0] == peer_id(TRAINER)
         assert sum(p.startswith("sybil") for p in offers_tried) <= FETCH_UNKNOWN
     finally:

@@ -81,7 +81,7 @@ def test_a_decision_before_its_coordinators_turn_is_parked_then_taken_in_turn(pa
     ag.offer_decision(peer_id(member), early)
     assert ROUND not in ag.decisions, "a member decided a round it is not first for, before its turn"
     ag._open.t0 -= ag.cfg.deadline_s + ag.cfg.decision_wait_s  # its turn has come
-    ag._replay_parked(ROUND)
+    ag.intake.replay_parked(ROUND)
     assert ag.decisions[ROUND].coordinator == peer_id(member)
 
 
@@ -96,7 +96,7 @@ def test_decisions_signed_ahead_of_time_or_on_another_base_are_never_taken(pair)
     mine, data = _payload(peer_id(ag.ctx.identity), rnd=ROUND + 1)
     ag.open_round(mine, data)
     ag._open.t0 -= 100.0
-    ag._replay_parked(ROUND + 1)
+    ag.intake.replay_parked(ROUND + 1)
     ag.offer_decision(peer_id(member), _decision(member, rnd=ROUND + 1, base=b"\7" * 32))
     assert ROUND + 1 not in ag.decisions
     assert ag.ctx.status.snapshot().trainer.decisions_refused.get("other_base", 0) >= 1

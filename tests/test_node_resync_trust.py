@@ -73,7 +73,8 @@ def _state_file(role, root: Path, signer: Identity, *, version: int, run_id: str
     record = make_record(signer, run_id=run_id, version=version, parent=parent, state_hash=digest, patch=b"p",
                          anchor_version=0, is_anchor=False, codec="pulsesync/compact/1",
                          rollout_settings=role.publisher.rollout_settings)  # what an honest member declares
-    export_trainer_state(root, params=role.global_params, momentum=role.outer.momentum, record=record)
+    export_trainer_state(root, params=role.global_params, momentum=role.outer.momentum, record=record,
+                         ledger=role.outer.ledger)
     path = store_path(root, "record", version)  # served like a trainer's store serves its records
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(encode_record(record))

@@ -104,7 +104,7 @@ def test_every_download_is_capped_by_its_signed_size_and_the_liar_struck(served,
     peer = announce(hub2, EVE, big_record, role="trainer", version=24)
     sync = _syncer(tmp_path / "2", hub2, at=14)
     try:
-        got = sync.book.ask(peer.peer_id, lambda: sync._fetch_record(peer, 15))  # as every fetch is asked
+        got = sync.book.ask(peer.peer_id, lambda: sync.fetch.record(peer, 15))  # as every fetch is asked
         assert isinstance(got, Lied) and "signed record allows" in got.why
         assert sync.book.strikes[peer.peer_id] == 1
     finally:
@@ -167,7 +167,7 @@ def test_a_provider_answering_with_bytes_that_are_no_record_is_struck(served, tm
     junker = announce(hub, EVE, lambda kind, params: junk_file, role="inference", version=24, lowest=0)
     sync = _syncer(tmp_path, hub, at=5)
     try:
-        got = sync.book.ask(junker.peer_id, lambda: sync._fetch_record(junker, 6))
+        got = sync.book.ask(junker.peer_id, lambda: sync.fetch.record(junker, 6))
         assert isinstance(got, Lied) and "version 6" in got.why
         assert dict(sync.book.strikes) == {junker.peer_id: 1}
     finally:

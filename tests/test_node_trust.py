@@ -113,6 +113,9 @@ def test_an_admitted_trainer_is_followed_by_nodes_that_trust_only_the_admitting_
     tb = inprocess_swarm.start("trainer-b", node_cfg(TrainerConfig, "tb", chain={**keys, "admission_file": str(admission)}))
     i1 = inprocess_swarm.start("infer-a", node_cfg(InferenceConfig, "i1", chain=keys))
     wait_for(lambda: node_version(i1) >= 2, timeout=240, what="the inference node at version 2")
+    held = {h.version: h.state_hash for h in read_status(i1).history}
+    # the trainer's status file is written every 0.5 s: it may not name the newest version yet
+    wait_for(lambda: set(held) <= {h.version for h in read_status(tb).history}, timeout=30, what="the trainer's status")
     published = {h.version: h.state_hash for h in read_status(tb).history}
-    assert all(published[h.version] == h.state_hash for h in read_status(i1).history)
+    assert all(published[v] == h for v, h in held.items())
     assert read_status(i1).trust_mode == "keys" and not read_status(i1).counters.rejected

@@ -233,9 +233,9 @@ SIZES = [
          "(2x our state's dense size + 1 MiB)", _streamed),
     Size("GrowingBuffer's reservation", "codec/pipelined.py:GrowingBuffer", "MAX_RESERVE (2 TiB); pages only "
          "as bytes arrive", _reserve),
-    Size("a patch download (whole)", "inference/syncer.py:_fetch_version", "codec/limits.py:check_patch_size "
+    Size("a patch download (whole)", "inference/syncer.py:_version_from", "codec/limits.py:check_patch_size "
          "before the fetch", _patch_size),
-    Size("a catch-up patch download", "inference/recovery.py:_catch_up", "catchup_cap = patch_cap",
+    Size("a catch-up patch download", "inference/recovery.py:_caught_up_from", "catchup_cap = patch_cap",
          covered_by="test_node_sync_bounds.py::test_every_download_is_capped_by_its_signed_size_and_the_liar_struck"),
     Size("a download's body (any kind)", "net/wire/transfer.py:fetch_to_file", "the caller's max_bytes and "
          "protocol.BODY_CAPS, before the body is read",

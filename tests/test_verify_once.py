@@ -148,7 +148,7 @@ def test_each_version_is_verified_once_from_publish_to_apply(chain, monkeypatch:
         published(v)
     CatchupProducer(trainer.store.root, wait_s=60).request(7, 11)  # made by the serving peer, before counting
     counts.take()
-    sync.catchup_min_gap = 4
+    sync.recovery.catchup_min_gap = 4
     applied = sync.step(hub_peers())
     assert [r.version for r in applied] == [11] and sync.counters.catchups == 1
     assert counts.take() == {"signature": 1, "state_hash": 1, "header": 1}, "one catch-up patch 7 -> 11"

@@ -13,9 +13,10 @@ book from then on.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Generic, TypeVar
 
 from pulse_node.chain.identity import key_id_of
+from pulse_node.config import InferenceConfig, TrainerConfig
 from pulse_node.daemon.context import RoleContext
 from pulse_node.daemon.status_model import EvidenceEntry
 from pulse_node.peers.outcomes import Lied, Reported
@@ -24,11 +25,13 @@ _PUSH_TIMEOUT_S = 5.0
 _TELL_EVERY_S = 10.0
 _TOLD_CAP = 4096  # peers remembered as told
 
+C = TypeVar("C", bound=TrainerConfig | InferenceConfig)
 
-class EvidencePlane:
+
+class EvidencePlane(Generic[C]):
     """Receives, spreads and reports the evidence of one node's peer book."""
 
-    def __init__(self, ctx: RoleContext[Any]) -> None:
+    def __init__(self, ctx: RoleContext[C]) -> None:
         self.ctx, self.book = ctx, ctx.book
         self._spread = {e.key for e in self.book.convictions()}  # kept from an earlier run: told to new peers
         self._told: set[str] = set()  # peers pushed every evidence held when they were first seen

@@ -1,6 +1,6 @@
 """Recovery of an inference node that cannot take the next patch: catch-up patches and anchors.
 
-``VersionSync`` (``inference/syncer.py``) falls back here when it is ``catchup_min_gap`` or more
+``VersionSync`` (``inference/syncer.py``) holds one ``Recovery`` and falls back to it when it is ``catchup_min_gap`` or more
 versions behind (one catch-up patch ``base -> head`` instead of the patches, made on demand by a
 peer, ``chain/catchup_producer.py``), when nobody serves the next patch any more (a catch-up
 patch, else an anchor), and when it holds no state yet (the newest anchor, ``anchor_load.py``).
@@ -8,36 +8,37 @@ Offers are tried in the peer book's order (``peers/standing.py``): peers that de
 then at most ``FETCH_UNKNOWN`` peers without standing, so fresh keys announcing versions or
 anchors cost a few tries, not one per key. Every download is capped before a byte is read: a
 catch-up patch by twice the dense size of our own state, an anchor by its signed manifest.
+Recovery works on the version the syncer holds (``inference/held.py``: record, state, the live
+model's pending steps), fetches through the syncer's ``PeerFetch`` and hands what each peer did to
+the peer book (``PeerBook.ask``); it shares nothing else with the syncer.
 """
 
 from __future__ import annotations
 
-import abc
 import logging
 import random
 import time
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Generic, TypeVar
 
-from pulse_node.chain.gate import VersionGate
 from pulse_node.chain.peer import PeerRecord
 from pulse_node.chain.record import VersionRecord
 from pulse_node.chain.store import VersionStore
 from pulse_node.chain.verified import apply_catchup_version
-from pulse_node.codec.inplace import Changes
 from pulse_node.codec.limits import patch_cap
 from pulse_node.codec.state import State, state_nbytes
-from pulse_node.config import NetConfig
 from pulse_node.daemon.status_model import InferenceCounters
-from pulse_node.daemon.transport import Transport
 from pulse_node.errors import IntegrityError, PatchError
 from pulse_node.inference.anchor_load import load_anchor
-from pulse_node.net.wire.protocol import CatchupRequest, FetchRequest
+from pulse_node.inference.fetcher import PeerFetch
+from pulse_node.inference.held import Held
+from pulse_node.net.wire.protocol import CatchupRequest
 from pulse_node.peers.book import PeerBook
 from pulse_node.peers.outcomes import Busy, Delivered, Fault
 
 log = logging.getLogger("pulse.sync")
+T = TypeVar("T")
 
 Offer = tuple[PeerRecord, int]  # a peer to ask for a catch-up patch, and the target version to ask for
 #: anchors offered by peers tried per recovery, at most (each costs a record fetch)
@@ -59,66 +60,41 @@ class CatchupApplied:
     patch_bytes: int
 
 
-class Recovery(abc.ABC):
-    """The catch-up and anchor paths of ``VersionSync`` (which provides the state used here)."""
+class Recovery(Generic[T]):
+    """The catch-up and anchor paths of ``VersionSync``, on the version it holds (``held``)."""
 
-    store: VersionStore
-    transport: Transport
-    book: PeerBook
-    gate: VersionGate
-    net: NetConfig
-    record: VersionRecord | None
-    state: State | None
-    counters: InferenceCounters
-    catchup_min_gap: int
-    catchup_wait_s: float
-    last_catchup: CatchupApplied | None
-    _pending: tuple[int, str, int, float] | None
-    _no_catchup_base: int
-    _tmp: Any
+    def __init__(self, held: Held[T], *, store: VersionStore, fetch: PeerFetch, book: PeerBook,
+                 counters: InferenceCounters, catchup_min_gap: int = 4, catchup_wait_s: float = 30.0,
+                 anchor_timeout: float = 120.0) -> None:
+        self.held, self.store, self.fetch, self.book, self.counters = held, store, fetch, book, counters
+        self.gate = book.gate
+        self.catchup_min_gap, self.catchup_wait_s = catchup_min_gap, catchup_wait_s  # 0 = never ask
+        self.anchor_timeout = anchor_timeout
+        self.last_catchup: CatchupApplied | None = None
+        self._pending: tuple[int, str, int, float] | None = None  # (base, peer, target, give up at)
+        self._no_catchup_base = -1  # base nobody could make a catch-up from: fetch patches instead
 
-    @abc.abstractmethod
-    def _first_try(self, peer_id: str) -> float | None:
-        """Seconds a first record fetch from ``peer_id`` may take (None: the default)."""
-
-    @abc.abstractmethod
-    def _fetch_record(self, peer: PeerRecord, version: int, *, timeout: float | None = None) -> VersionRecord:
-        """``peer``'s record of ``version``, bounded and decoded."""
-
-    @abc.abstractmethod
-    def _fetch(self, peer: PeerRecord, request: FetchRequest, *, max_bytes: int,
-               timeout: float | None = None) -> bytes:
-        """One bounded download of what ``request`` asks ``peer`` for."""
-
-    @abc.abstractmethod
-    def _adopt(self, record: VersionRecord, state: State) -> None:
-        """Make ``record``/``state`` the version held."""
-
-    @abc.abstractmethod
-    def _moved(self, base: int, target: int, changes: Changes) -> None:
-        """Remember the in-place step ``base -> target`` for the live model."""
-
-    def _recover_gap(self, peers: list[PeerRecord], head: int, *, older_anchors: bool) -> None:
+    def recover_gap(self, peers: list[PeerRecord], head: int, *, older_anchors: bool) -> None:
         """Nobody serves the next patch any more: try a catch-up patch, else an anchor.
 
         Only ``older_anchors`` (after ``stall_passes`` passes without progress: the way off a
         fork) may that anchor be one we are already past; sooner, the next version may just not
         be in the DHT yet, and an older anchor would cost a full download to end where we are.
         """
-        assert self.record is not None
+        assert self.held.record is not None
         self.counters.gaps += 1
-        if self.state is not None and self._catch_up(self._catchup_offers(peers, head, min_gap=1))[0]:
+        if self.held.state is not None and self._catch_up(self._catchup_offers(peers, head, min_gap=1))[0]:
             return
-        self._recover_from_anchor(peers, head, above=-1 if older_anchors else self.record.version)
+        self.recover_from_anchor(peers, head, above=-1 if older_anchors else self.held.record.version)
 
-    def _catch_up_if_behind(self, peers: list[PeerRecord], head: int) -> list[VersionRecord] | None:
+    def catch_up_if_behind(self, peers: list[PeerRecord], head: int) -> list[VersionRecord] | None:
         """``catchup_min_gap`` or more versions behind: one catch-up patch instead of the patches.
 
         Returns ``[record caught up to]`` or ``[]`` (fetch patches), or None while the peer that
         answered "busy" may still be making ours (until ``catchup_wait_s``, then patches).
         """
-        assert self.record is not None
-        base, pending = self.record.version, self._pending
+        assert self.held.record is not None
+        base, pending = self.held.record.version, self._pending
         if pending is not None and (pending[0] != base or time.monotonic() > pending[3]):
             if pending[0] == base:
                 self._no_catchup_base = base  # waited long enough
@@ -141,9 +117,8 @@ class Recovery(abc.ABC):
         peers that delivered before, members, at most ``FETCH_UNKNOWN`` others (a flood of fresh
         keys announcing versions costs a few tries, not one per key); nearest the head first
         within each."""
-        assert self.record is not None
-        offers = [(p, min(p.head, head)) for p in peers if p.peer_id != self.transport.peer_id
-                  and min(p.head, head) - self.record.version >= min_gap]
+        assert self.held.record is not None
+        offers = [(p, min(p.head, head)) for p in peers if min(p.head, head) - self.held.record.version >= min_gap]
         random.shuffle(offers)
         offers.sort(key=lambda o: -o[1])
         return self.book.providers(offers, key=lambda o: o[0].peer_id)
@@ -166,12 +141,12 @@ class Recovery(abc.ABC):
 
     def _caught_up_from(self, peer: PeerRecord, target: int) -> VersionRecord | None:
         """Our state caught up to ``target`` with one patch from ``peer`` (None: no quorum yet)."""
-        assert self.record is not None and self.state is not None
-        rec = self._fetch_record(peer, target, timeout=self._first_try(peer.peer_id))
+        assert self.held.record is not None and self.held.state is not None
+        rec = self.fetch.record(peer, target)
         if not self.gate.check(rec):
             return None
-        patch = self._fetch(peer, CatchupRequest(base=self.record.version, target=target),
-                            max_bytes=catchup_cap(self.state))
+        patch = self.fetch.file(peer, CatchupRequest(base=self.held.record.version, target=target),
+                            max_bytes=catchup_cap(self.held.state))
         self._apply_catchup(peer, rec, patch)
         return rec
 
@@ -180,29 +155,29 @@ class Recovery(abc.ABC):
         names our state (else ``GapError``: another history, no lie) and ``rec``'s; the result is
         hashed once; in place, and a failure leaves our version intact. A patch that does not make
         ``rec``'s state is the peer's lie (``IntegrityError``)."""
-        assert self.record is not None and self.state is not None
+        assert self.held.record is not None and self.held.state is not None
         target = self.gate.admit(rec)  # verified by check: no signature again
         try:
-            changes, reached = apply_catchup_version(self.state, patch, base=self.record, target=target)
+            changes, reached = apply_catchup_version(self.held.state, patch, base=self.held.record, target=target)
         except PatchError as exc:  # nothing signed this patch: a malformed one is its maker's
             raise IntegrityError(f"catch-up patch from {peer.peer_id[:12]}: {exc}") from None
         try:
             self.store.put_current(reached)  # a restart resumes from here
         except BaseException:
-            changes.undo(self.state)  # refused by the store: we stay at our version
+            changes.undo(self.held.state)  # refused by the store: we stay at our version
             raise
-        self.last_catchup = CatchupApplied(self.record.version, rec.version, len(patch))
-        base = self.record.version
-        self._adopt(rec, self.state)
-        self._moved(base, rec.version, changes)
+        self.last_catchup = CatchupApplied(self.held.record.version, rec.version, len(patch))
+        base = self.held.record.version
+        self.held.adopt(rec, self.held.state)
+        self.held.moved(base, rec.version, changes)
         self.counters.catchups += 1
         self.counters.catchup_bytes_total += len(patch)
         log.info("caught up to version %d with one %d-byte patch from %s", rec.version, len(patch), peer.peer_id[:12])
 
-    def _recover_from_anchor(self, peers: list[PeerRecord], head: int, *, above: int = -1) -> None:
+    def recover_from_anchor(self, peers: list[PeerRecord], head: int, *, above: int = -1) -> None:
         """Load the newest anchor above ``above`` that peers serve, bounded and checked by its signed
         record (``anchor_load.py``); at most ``MAX_ANCHOR_TRIES`` offers per call."""
-        live = [p for p in peers if p.peer_id != self.transport.peer_id]
+        live = peers
         by_id = {p.peer_id: p for p in live}
         # only anchors at or below the verified head count (an announced one above it is no
         # version a member signed); the offers in standing order (members' and peers' that
@@ -224,17 +199,17 @@ class Recovery(abc.ABC):
     def _anchor_from(self, peer: PeerRecord, anchor: int, holders: list[PeerRecord]) -> VersionRecord | None:
         """Anchor ``anchor`` loaded from ``peer`` (and ``holders``), bounded and checked by its
         signed record; None while the record lacks a quorum of signers."""
-        rec = self._fetch_record(peer, anchor, timeout=self._first_try(peer.peer_id))
+        rec = self.fetch.record(peer, anchor)
         if not rec.is_anchor:
             raise IntegrityError(f"{peer.peer_id[:12]} announced anchor {anchor} but holds none")
         if not self.gate.check(rec):
             return None
-        anchor_version = load_anchor(self.transport, self.book, rec, peer, self.book.providers(holders, key=_peer_id),
-                                     self._tmp, timeout=self.net.fetch_timeout_s * 4,
-                                     dense_bytes=None if self.state is None else state_nbytes(self.state))
+        anchor_version = load_anchor(self.fetch.transport, self.book, rec, peer, self.book.providers(holders, key=_peer_id),
+                                     self.fetch.scratch, timeout=self.anchor_timeout,
+                                     dense_bytes=None if self.held.state is None else state_nbytes(self.held.state))
         self.store.put_anchor(anchor_version)
         assert anchor_version.state is not None
-        self._adopt(rec, anchor_version.state)
+        self.held.adopt(rec, anchor_version.state)
         return rec
 
 

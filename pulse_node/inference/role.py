@@ -3,7 +3,7 @@
 Each pass of the loop: take pushed head announcements, let ``VersionSync`` fetch/verify/apply
 what is missing (re-serving it through the store), tell peers what we now hold, then generate
 one batch of scored rollouts with exactly the version we hold and push it to a trainer
-(round robin). Batch ``b`` of version ``v`` answers the prompts assigned to (run, v, our peer
+(round robin, in the background: ``RoleContext.push_in_background``). Batch ``b`` of version ``v`` answers the prompts assigned to (run, v, our peer
 id, b), with the seeded sampler, for ``b < rollout_batches_per_version`` (``rl/assign.py``,
 ``rl/seeded.py``), so trainers can verify it (``rl/verify.py``). We generate only for versions
 whose signed record declares the rollout settings of our config (``rl/settings.py``).
@@ -11,6 +11,7 @@ whose signed record declares the rollout settings of our config (``rl/settings.p
 
 from __future__ import annotations
 
+from pulse_node.chain.peer import PeerRecord
 from pulse_node.chain.record import encode_record
 from pulse_node.config import InferenceConfig
 from pulse_node.daemon.context import RoleContext
@@ -27,6 +28,9 @@ from pulse_node.rl.rollout import encode_rollouts
 from pulse_node.rl.sampler import RolloutWorker
 from pulse_node.rl.settings import SettingsMismatch, check_settings, settings_of
 from pulse_node.rl.tasks import make_task_source
+
+#: rollout batches waiting for the background pusher, at most
+ROLLOUT_JOBS = 4
 
 
 class InferenceRole:
@@ -131,14 +135,20 @@ class InferenceRole:
         rollouts = self.worker.generate_batch(self.tasks, key)
         trainer = trainers[self._next_trainer % len(trainers)]
         self._next_trainer += 1
-        try:
-            self.ctx.transport.push(trainer, "rollouts", encode_rollouts(rollouts), timeout=30.0)
+        reward = sum(r.reward for r in rollouts) / max(len(rollouts), 1)
+
+        def sent(_peer: PeerRecord) -> None:
             with self.ctx.status.inference() as counters:
                 counters.rollouts_sent += len(rollouts)
-            reward = sum(r.reward for r in rollouts) / max(len(rollouts), 1)
             self.ctx.status.update(reward_mean=reward)
-        except PulseError as exc:
-            self.ctx.status.error(f"rollout push to {trainer.peer_id[:12]} failed: {exc}")
+
+        def failed(peer: PeerRecord, exc: PulseError) -> None:
+            self.ctx.status.error(f"rollout push to {peer.peer_id[:12]} failed: {exc}")
+
+        # in the background, like every push: generating the next batch never waits on a trainer;
+        # at most ROLLOUT_JOBS batches wait (a newer one takes the place of the oldest waiting)
+        self.ctx.push_in_background("rollouts", encode_rollouts(rollouts), [trainer], job=f"rollouts:{batch % ROLLOUT_JOBS}",
+                                    timeout=30.0, newcomers=1, on_sent=sent, on_error=failed)
         self.sent_for = {v: n for v, n in self.sent_for.items() if v > rec.version - 8} | {rec.version: batch + 1}
         return True
 

@@ -12,6 +12,8 @@ book (``PeerBook.ask``): what the peer did, delivered, failed or lied, is judged
 Nothing a peer merely claims sets a number this node acts on. A version becomes the target only
 once its signed record is in hand and verified: a pushed head record, or the record of a version
 a trainer-set member announces in its DHT record, fetched and checked (``_probe_announced``).
+That verified record is kept and used for its version's fetch from the peers that sent it (not
+fetched from them again), as long as it carries a quorum of signers on its own.
 Every download is capped by something signed or recomputed before a byte is read: a record by
 ``MAX_RECORD_BYTES``, a patch by its record's ``patch_bytes``, a catch-up patch by twice the dense
 size of our own state, an anchor by its record's manifest (``anchor_load.py``).
@@ -22,45 +24,39 @@ head`` instead of the patches (peers make it on demand, ``chain/catchup_producer
 still making it answers "busy" and is asked again for up to ``catchup_wait_s``); if nobody can
 make it, the patches are fetched as usual. A node with no state starts from the newest anchor;
 one whose missing patches nobody holds any more tries a catch-up patch, then an anchor (both in
-``inference/recovery.py``).
+``inference/recovery.py``, a ``Recovery`` of its own on the version held, ``inference/held.py``).
+Downloads go through ``PeerFetch`` (``inference/fetcher.py``).
 """
 
 from __future__ import annotations
 
 import logging
 import random
-import shutil
-import threading
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
 from pulse_node.chain.peer import PeerRecord
-from pulse_node.chain.record import (
-    MAX_RECORD_BYTES,
-    VersionRecord,
-    decode_record,
-    encode_record,
-)
+from pulse_node.chain.record import VersionRecord, decode_record, encode_record
 from pulse_node.chain.reorder import ReorderBuffer
 from pulse_node.chain.store import VersionStore
 from pulse_node.chain.verified import VerifiedVersion
 from pulse_node.codec.failpoints import NEVER, Failpoints
-from pulse_node.codec.inplace import Changes, Move
+from pulse_node.codec.inplace import Move
 from pulse_node.codec.limits import check_patch_size
 from pulse_node.codec.patch import ParsedPatch
 from pulse_node.codec.state import State
 from pulse_node.config import NetConfig
 from pulse_node.daemon.status_model import InferenceCounters
 from pulse_node.daemon.transport import Event, Transport
-from pulse_node.errors import ConfigError, IntegrityError, PulseError, WireError
+from pulse_node.errors import ConfigError, PulseError, WireError
+from pulse_node.inference.fetcher import PeerFetch, scratch_file
+from pulse_node.inference.held import Held
 from pulse_node.inference.recovery import CatchupApplied, Recovery, catchup_cap  # noqa: F401 (re-exported)
 from pulse_node.inference.streaming import Pipeline, Streamed, apply_next, stream_next
-from pulse_node.net.wire.protocol import FetchRequest, PatchRequest, RecordRequest, kind_of
+from pulse_node.net.wire.protocol import PatchRequest
 from pulse_node.peers.book import PeerBook
 from pulse_node.peers.outcomes import Delivered, Fault, Relayed
 
@@ -71,8 +67,8 @@ MAX_PENDING_HEADS = 256
 MAX_HINTS = 1024
 #: peers asked for the record of an announced version, at most, per pass
 MAX_PROBES = 3
-#: seconds a peer without standing gets to send a record, when tried before the trainers
-FIRST_TRY_S = 3.0
+#: verified records kept for the versions ahead of us (not fetched again), at most
+MAX_KEPT_RECORDS = 64
 
 
 @dataclass
@@ -87,7 +83,7 @@ class Fetched:
         return self.verified.record
 
 
-class VersionSync(Recovery):
+class VersionSync:
     """Pull, verify, reorder and apply versions; serve them afterwards through the store."""
 
     def __init__(self, store: VersionStore, transport: Transport, book: PeerBook, *,
@@ -96,32 +92,50 @@ class VersionSync(Recovery):
         self.store, self.transport, self.book, self.net = store, transport, book, net
         self.gate = book.gate
         self.seeds, self.window, self.seed_wait_s = seeds, window, seed_wait_s
-        self.catchup_min_gap, self.catchup_wait_s = catchup_min_gap, catchup_wait_s  # 0 = never ask
-        self._pending: tuple[int, str, int, float] | None = None  # (base, peer, target, give up at)
-        self._no_catchup_base = -1  # base nobody could make a catch-up from: fetch patches instead
-        self.record: VersionRecord | None = None
-        self.state: State | None = None
-        self.record, self.state = store.load_head() or (None, None)  # our own arrays: patched in place
-        self.changes: list[Move] = []  # what was applied in place, until the live model takes it
+        record, state = store.load_head() or (None, None)  # our own arrays: patched in place
+        if record is not None and record.run_id != self.gate.run_id:
+            raise ConfigError(f"{store.root} holds versions of run {record.run_id!r}, not {self.gate.run_id!r}; "
+                              "use another data_dir for another run")
+        self.held: Held[Fetched] = Held(record, state)
         self.pipeline: Pipeline | None = None  # set by the role: the next version applied while it arrives
         self.failpoints: Failpoints = NEVER  # tests: failures injected into the apply (codec/failpoints.py)
-        if self.record is not None and self.record.run_id != self.gate.run_id:
-            raise ConfigError(f"{store.root} holds versions of run {self.record.run_id!r}, not "
-                              f"{self.gate.run_id!r}; use another data_dir for another run")
-        self.reorder: ReorderBuffer[Fetched] = ReorderBuffer(next_version=self.record.version + 1 if self.record else 0)
         self.counters = InferenceCounters()  # the status model's own counters, by the same names
-        self.last_catchup: CatchupApplied | None = None
+        self.fetch = PeerFetch(transport, book, net=net, scratch=store.root.parent / "fetch-tmp")
+        self.recovery: Recovery[Fetched] = Recovery(
+            self.held, store=store, fetch=self.fetch, book=book, counters=self.counters,
+            catchup_min_gap=catchup_min_gap, catchup_wait_s=catchup_wait_s, anchor_timeout=net.fetch_timeout_s * 4)
         self.last_error = ""
         self.stall_passes = 10  # passes without progress before trying a catch-up or an anchor
         self._stalled = 0
         self.hints: dict[str, int] = {}  # peer -> highest version it told us it holds (verified)
         self._heads: dict[str, VersionRecord] = {}  # pushed head records, until verified
         self.head: VersionRecord | None = None  # newest verified record ahead of us: the target
+        self._records: dict[int, tuple[VersionRecord, set[str]]] = {}  # version ahead -> verified record, who sent it
         self._probed: dict[str, int] = {}  # peer -> the announced version we asked it about
         self.first_seen: dict[int, float] = {}
         self._pool = ThreadPoolExecutor(max_workers=net.max_parallel_fetches, thread_name_prefix="fetch")
-        self._tmp = _fresh_dir(store.root.parent / "fetch-tmp")
-        self._lock = threading.Lock()
+
+    # ---- the version held (``inference/held.py``) --------------------------------------
+    @property
+    def record(self) -> VersionRecord | None:
+        return self.held.record
+
+    @property
+    def state(self) -> State | None:
+        return self.held.state
+
+    @property
+    def reorder(self) -> ReorderBuffer[Fetched]:
+        return self.held.reorder
+
+    @property
+    def last_catchup(self) -> CatchupApplied | None:
+        return self.recovery.last_catchup
+
+    def take_changes(self) -> list[Move]:
+        """The (from, to, changes) steps applied since the last call; the live model follows them
+        sparsely. Empty after an anchor or a state loaded whole (reload the live model)."""
+        return self.held.take_changes()
 
     # ---- head discovery -------------------------------------------------------------
     def take_events(self, events: list[Event]) -> None:
@@ -138,9 +152,9 @@ class VersionSync(Recovery):
 
     def _take_hints(self) -> None:
         """A pushed head record becomes a target and a hint about who holds what only if a member
-        of the trainer set signed it for this run; a forged one strikes its sender (else it could
+        of the trainer set signed it for this run; a forged one is its sender's lie (else it could
         make us chase versions that do not exist). Kept while no member is known yet."""
-        if not self.gate.members.signers():
+        if not self.book.signers():
             return
         for sender, rec in self._heads.items():
             got = self.book.ask(sender, partial(self.gate.verify, rec), then=Relayed())
@@ -151,10 +165,16 @@ class VersionSync(Recovery):
         self._heads.clear()
 
     def _verified(self, rec: VersionRecord, *, holder: str) -> None:
-        """``rec`` (verified) exists and ``holder`` says it holds it: a hint, and maybe the new target."""
+        """``rec`` (verified) exists and ``holder`` says it holds it: a hint, maybe the new target,
+        and the record its version's fetch uses."""
         self.hints[holder] = max(self.hints.get(holder, -1), rec.version)
         if len(self.hints) > MAX_HINTS:  # keep the peers holding the newest versions
             self.hints = dict(sorted(self.hints.items(), key=lambda kv: -kv[1])[:MAX_HINTS // 2])
+        kept = self._records.get(rec.version)
+        if kept is None and rec.version > self.held.version and len(self._records) < MAX_KEPT_RECORDS:
+            self._records[rec.version] = kept = (rec, set())
+        if kept is not None and kept[0] == rec and len(kept[1]) < MAX_PENDING_HEADS:
+            kept[1].add(holder)
         if rec.version > self.target():
             self.head = rec
 
@@ -169,8 +189,8 @@ class VersionSync(Recovery):
         claim = max(claims, key=lambda p: p.head)
         self._probed = {p.peer_id: v for p in peers if (v := self._probed.get(p.peer_id)) is not None}
         self._probed[claim.peer_id] = claim.head
-        others = self.book.providers([p for p in peers if p.head >= claim.head and p.peer_id not in (
-            claim.peer_id, self.transport.peer_id)], key=_peer_id)
+        others = self.book.providers([p for p in peers if p.head >= claim.head and p.peer_id != claim.peer_id],
+                                     key=_peer_id)
         for peer in [claim, *others][:MAX_PROBES]:
             rec = self.book.ask(peer.peer_id, partial(self._verified_record, peer, claim.head))
             if isinstance(rec, Fault):
@@ -182,12 +202,11 @@ class VersionSync(Recovery):
 
     def _verified_record(self, peer: PeerRecord, version: int) -> VersionRecord:
         """``peer``'s record of ``version``, verified by the gate."""
-        return self.gate.verify(self._fetch_record(peer, version, timeout=self._first_try(peer.peer_id)))
+        return self.gate.verify(self.fetch.record(peer, version))
 
     def target(self) -> int:
         """The newest version whose signed record we verified (or hold); -1 if none."""
-        ours = self.record.version if self.record is not None else -1
-        return max(ours, self.head.version if self.head is not None else -1)
+        return max(self.held.version, self.head.version if self.head is not None else -1)
 
     def providers(self, version: int, peers: list[PeerRecord], *, rank: int) -> list[PeerRecord]:
         """Peers that hold ``version``, in the book's order (``PeerBook.fetch_order``): peers that
@@ -210,44 +229,56 @@ class VersionSync(Recovery):
     def step(self, peers: list[PeerRecord], *, rank: int = 0) -> list[VersionRecord]:
         """Fetch and apply what is missing; returns the records applied in this pass."""
         self.book.observe(peers)
-        peers = self.book.heeded(peers)  # banned, cooling down or convicted: not asked this pass
+        # banned, cooling down or convicted peers, and we, are not asked this pass
+        peers = [p for p in self.book.heeded(peers) if p.peer_id != self.transport.peer_id]
         self._take_hints()
         self._probe_announced(peers)
         head = self.target()
         if head < 0 or (self.record is not None and head <= self.record.version):
             return []
+        self._note_wanted(head)
+        if self.state is None:
+            self.recovery.recover_from_anchor(peers, head)
+            if self.state is None:
+                return []
+        caught = self.recovery.catch_up_if_behind(peers, head)
+        if caught is None:
+            return []  # a peer is still making our catch-up patch: ask it again next pass
+        applied = caught + self._fetch_and_apply(peers, head, rank=rank)
+        self._stalled = 0 if applied or self.reorder.next_version > head else self._stalled + 1
+        stuck = self._stalled >= self.stall_passes
+        if self._stalled and (stuck or self._nobody_has(self.reorder.next_version, peers)):
+            self._stalled = 0
+            self.recovery.recover_gap(peers, head, older_anchors=stuck)
+        self.gate.forget_below(self.held.version)  # votes of versions we hold are done with
+        return applied
+
+    def _note_wanted(self, head: int) -> None:
+        """When each version of the window was first wanted; records kept only for those ahead."""
         nxt = self.reorder.next_version
         for v in range(nxt, min(head, nxt + self.window - 1) + 1):
             self.first_seen.setdefault(v, time.monotonic())
         self.first_seen = {v: t for v, t in self.first_seen.items() if v >= nxt}
-        if self.state is None:
-            self._recover_from_anchor(peers, head)
-            if self.state is None:
-                return []
-        caught = self._catch_up_if_behind(peers, head)
-        if caught is None:
-            return []  # a peer is still making our catch-up patch: ask it again next pass
-        wanted = [v for v in range(self.reorder.next_version, min(head, self.reorder.next_version + self.window - 1) + 1)
-                  if v not in self.reorder]
+        self._records = {v: r for v, r in self._records.items() if v > self.held.version}
+
+    def _fetch_and_apply(self, peers: list[PeerRecord], head: int, *, rank: int) -> list[VersionRecord]:
+        """Fetch the window's missing versions at once, then apply those ready, in order."""
+        nxt = self.reorder.next_version
+        wanted = [v for v in range(nxt, min(head, nxt + self.window - 1) + 1) if v not in self.reorder]
         jobs = {v: self._pool.submit(self._fetch_version, v, self.providers(v, peers, rank=rank)) for v in wanted}
         fetched = {v: job.result() for v, job in jobs.items()}
         for v, got in fetched.items():
             if got is not None:
                 self.reorder.offer(v, got)
-        applied = caught + self._apply_ready()
+        applied = self._apply_ready()
         for got in fetched.values():
             if got is not None and got.streamed is not None and not got.streamed.settled:
                 got.streamed.rollback()  # not applied after all: the state back at our version
                 self.reorder.reset(got.record.version)
-        self._stalled = 0 if applied or self.reorder.next_version > head else self._stalled + 1
-        stuck = self._stalled >= self.stall_passes
-        if self._stalled and (stuck or self._nobody_has(self.reorder.next_version, peers)):
-            self._stalled = 0
-            self._recover_gap(peers, head, older_anchors=stuck)
         return applied
 
     def _nobody_has(self, version: int, peers: list[PeerRecord]) -> bool:
-        return not any(p.lowest <= version <= p.head for p in peers if p.peer_id != self.transport.peer_id)
+        return not any(p.lowest <= version <= p.head for p in peers)
 
     def _fetch_version(self, version: int, providers: list[PeerRecord]) -> Fetched | None:
         for peer in providers:
@@ -260,9 +291,13 @@ class VersionSync(Recovery):
         return None
 
     def _version_from(self, peer: PeerRecord, version: int) -> Fetched | None:
-        """``version`` from ``peer``, through the gate (None while it lacks a quorum of signers)."""
-        rec = self._fetch_record(peer, version, timeout=self._first_try(peer.peer_id))
-        if not self.gate.check(rec):
+        """``version`` from ``peer``, through the gate (None while it lacks a quorum of signers).
+        The verified record ``peer`` sent us of the version (a pushed head) is used when it has a
+        quorum on its own; else ``peer``'s record is fetched."""
+        sent, by = self._records.get(version, (None, set()))
+        kept = sent if sent is not None and peer.peer_id in by and self.gate.check(sent) else None
+        rec = kept if kept is not None else self.fetch.record(peer, version)
+        if kept is None and not self.gate.check(rec):
             return None
         assert self.state is not None
         check_patch_size(rec.patch_bytes, self.state)  # signed, yet past any patch of our model: no lie of the peer
@@ -271,7 +306,7 @@ class VersionSync(Recovery):
         if self.pipeline is not None and stream_next(self.record, rec):
             patch, streamed = self._fetch_streamed(peer, rec)
         else:
-            patch = self._fetch(peer, PatchRequest(version=version), max_bytes=rec.patch_bytes)
+            patch = self.fetch.file(peer, PatchRequest(version=version), max_bytes=rec.patch_bytes)
             self.failpoints.reached("reported")
             self.failpoints.reached("received")
         try:  # a streamed patch's digest was compared as it came
@@ -283,46 +318,20 @@ class VersionSync(Recovery):
         self.counters.patch_bytes_total += len(patch)
         return Fetched(got, streamed)
 
-    def _first_try(self, peer_id: str) -> float | None:
-        """The record timeout for ``peer_id``: short for a peer without standing (a silent
-        newcomer costs ``FIRST_TRY_S``, once), the configured one otherwise."""
-        return None if self.book.known(peer_id) else FIRST_TRY_S
-
-    def _fetch_record(self, peer: PeerRecord, version: int, *, timeout: float | None = None) -> VersionRecord:
-        """The record of ``version`` from ``peer``, decoded (not verified); ``IntegrityError`` (its
-        lie) if it is no record of that version."""
-        data = self._fetch(peer, RecordRequest(version=version), max_bytes=MAX_RECORD_BYTES, timeout=timeout)
-        try:
-            rec = decode_record(data)
-        except WireError as exc:  # it answered, with something that is no record: a lie, not a failure
-            raise IntegrityError(f"version {version} from {peer.peer_id[:12]}: {exc}") from None
-        if rec.version != version:
-            raise IntegrityError(f"asked for version {version}, got record of {rec.version}")
-        return rec
-
     def _fetch_streamed(self, peer: PeerRecord, rec: VersionRecord) -> tuple[bytes | ParsedPatch, Streamed | None]:
         """The next version's patch, applied while it arrives (``inference/streaming.py``)."""
         assert self.pipeline is not None and self.state is not None and self.record is not None
-        dest = self._tmp / f"patch-{threading.get_ident()}-{random.getrandbits(32):08x}"
+        dest = self.fetch.path("patch")
         limit = self.net.fetch_timeout_s
 
         def fetch(path: Path) -> None:
             self.transport.fetch(peer, PatchRequest(version=rec.version), path, timeout=limit,
                                  max_bytes=rec.patch_bytes)
 
-        with _scratch(dest):
+        with scratch_file(dest):
             return self.pipeline.fetch_apply(fetch, dest, state=self.state, base=self.record.version,
                                              target=rec.version, expected=self.pipeline.expect(self.record, rec),
                                              size=rec.patch_bytes, timeout=limit)
-
-    def _fetch(self, peer: PeerRecord, request: FetchRequest, *, max_bytes: int,
-               timeout: float | None = None) -> bytes:
-        """One file, refused (``IntegrityError``: the peer's lie) if it declares more than ``max_bytes``."""
-        dest = self._tmp / f"{kind_of(request)}-{threading.get_ident()}-{random.getrandbits(32):08x}"
-        limit = self.net.fetch_timeout_s if timeout is None else min(timeout, self.net.fetch_timeout_s)
-        with _scratch(dest):
-            self.transport.fetch(peer, request, dest, timeout=limit, max_bytes=max_bytes)
-            return dest.read_bytes()
 
     def _apply_ready(self) -> list[VersionRecord]:
         applied: list[VersionRecord] = []
@@ -355,56 +364,19 @@ class VersionSync(Recovery):
         changes = apply_next(got.verified, got.streamed, state=self.state, base=self.record, store=self.store,
                              failpoints=self.failpoints)  # all or nothing (inference/streaming.py)
         if got.streamed is not None and got.streamed.live_written:
-            self.changes = []  # the live model holds this version already: later steps start here
+            self.held.changes = []  # the live model holds this version already: later steps start here
         else:
-            self._moved(self.record.version, rec.version, changes)
-        self.record = rec
+            self.held.moved(self.record.version, rec.version, changes)
+        self.held.record = rec
         self.counters.patches_applied += 1
-
-    def _moved(self, base: int, target: int, changes: Changes) -> None:
-        """Keep what an in-place apply changed, for the live model (``take_changes``): one step
-        from the version the live model last took, consecutive applies composed into it."""
-        if self.changes and self.changes[-1][1] == base:
-            first, _, before = self.changes[-1]
-            self.changes = [(first, target, before.then(changes))]
-        else:
-            self.changes = [(base, target, changes)]
-
-    def take_changes(self) -> list[Move]:
-        """The (from, to, changes) steps applied since the last call; the live model follows them
-        sparsely. Empty after an anchor or a state loaded whole (reload the live model)."""
-        out, self.changes = self.changes, []
-        return out
-
-    def _adopt(self, record: VersionRecord, state: State) -> None:
-        self.state, self.record = state, record
-        self.changes = []  # a state loaded whole: the live model reloads too
-        self.reorder.reset(record.version + 1)
-        self.gate.forget_below(record.version)
 
     def head_announcement(self) -> bytes | None:
         return encode_record(self.record) if self.record else None
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
-        shutil.rmtree(self._tmp, ignore_errors=True)
+        self.fetch.close()
 
 
 def _peer_id(p: PeerRecord) -> str:
     return p.peer_id
-
-
-@contextmanager
-def _scratch(dest: Path) -> Iterator[None]:
-    """A download into ``dest``, gone afterwards whatever happened."""
-    try:
-        yield
-    finally:
-        dest.unlink(missing_ok=True)
-
-
-def _fresh_dir(path: Path) -> Path:
-    """An empty scratch directory (leftovers of a crashed fetch are removed)."""
-    shutil.rmtree(path, ignore_errors=True)
-    path.mkdir(parents=True)
-    return path

@@ -2,17 +2,19 @@
 
 The plain mean lets one trainer move the global weights as far as the payload value bound
 allows, every round, in a direction of its choosing (issue 32: 0.999 x bound x sign(w) shrinks
-the weights 30-fold in 20 rounds). The ``"robust"`` rule (``loco.aggregate``) gives each
-payload ``p_i`` of the round a weight ``k_i`` in [0, 1] and the outer step applies
-``g = sum_i k_i * p_i / n`` (``n`` payloads) instead of the mean. The weights are those of
-CenteredClip (Karimireddy et al. 2021) around the outer momentum, on whole payloads:
+the weights 30-fold in 20 rounds). Each payload ``p_i`` comes with its sender's trust weight
+``w_i`` (``loco/ledger.py``: 1 for a member; open trainers by verified work, all newcomers of a
+round sharing one weight), ``W = sum_i w_i``. The ``"robust"`` rule (``loco.aggregate``) gives
+each payload a clip factor ``k_i`` in [0, 1] and the outer step applies
+``g = sum_i w_i * k_i * p_i / W`` instead of the mean. The factors are those of CenteredClip
+(Karimireddy et al. 2021) around the outer momentum, on whole payloads, weighted by trust:
 
     v_0 = (1 - mu) * m                     # an average of the last rounds' aggregates (0 at first)
     for l in 1..L:                         # loco.aggregate.iterations
         D_i = ||p_i - v_{l-1}||            # over the whole model, every trainer alike
-        tau = c * upper median of D_i      # loco.aggregate.tau_scale
+        tau = c * upper median of D_i      # loco.aggregate.tau_scale; the median weighted by w_i
         k_i = min(1, tau / D_i) ** power   # loco.aggregate.power (1: CenteredClip)
-        v_l = v_{l-1} + sum_i k_i * (p_i - v_{l-1}) / n
+        v_l = v_{l-1} + sum_i w_i * k_i * (p_i - v_{l-1}) / W
 
 and the ``k_i`` of the last iteration are the weights. A payload more than ``tau`` from the
 centre counts as one of norm ``tau``, so each trainer moves a round by at most about what an
@@ -26,7 +28,8 @@ the global momentum is 0 and the centre starts at 0 (each payload's norm clipped
 median norm).
 
 What the rule removes from a payload, ``p_i - fp32(k_i * p_i)``, is that trainer's work
-delayed, not lost: every trainer computes every weight, so each knows its own and puts the
+delayed, not lost (the trust weight is not removed: it is how much the swarm believes that
+work, not a part of it): every trainer computes every weight, so each knows its own and puts the
 removed part back into its error feedback (``ErrorFeedback.restore(payload, keep=k)``).
 
 Determinism: every trainer must get the same weights bit for bit, whatever its CPU, thread
@@ -37,7 +40,8 @@ neither threads nor reorders them), per tensor in name order, the per-tensor par
 ``math.fsum`` (exact). No BLAS (``dot``, ``norm``) and no torch reduction is used. The weights
 are then rounded to FP32 once; the outer step multiplies each entry by its FP32 weight (one
 rounding) before the ordered adds of ``loco/outer.py``, so a payload with weight 1 is applied
-exactly as the plain mean applies it. The weights are computed on whole payloads and whole
+exactly as the plain mean applies it (with ``w_i`` the factor is ``fp32(w_i * k_i)``, the sum
+divided by ``W``). The weights are computed on whole payloads and whole
 tensors (a trainer on several processes computes them once on rank 0 and hands them to every
 rank with the payloads' row slices).
 """
@@ -83,11 +87,11 @@ class _Centre:
         self.a = 1.0
         self.b = np.zeros(n, dtype=np.float64)
 
-    def move(self, keep: np.ndarray) -> None:
-        """``v += sum_i k_i * (p_i - v) / n``."""
-        shrink = 1.0 - _sum(keep) / keep.size
+    def move(self, share: np.ndarray, total: float) -> None:
+        """``v += sum_i s_i * (p_i - v) / W`` (``s_i = w_i * k_i``, ``W = sum_i w_i``)."""
+        shrink = 1.0 - _sum(share) / total
         self.a *= shrink
-        self.b = self.b * shrink + keep / keep.size
+        self.b = self.b * shrink + share / total
 
     def tensor(self, ref: np.ndarray | None, scale: float, size: int,
                entries: list[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
@@ -118,24 +122,42 @@ def _squared_distances(payloads: Sequence[LocoPayload], *, momentum: Mapping[str
     return np.array([max(0.0, math.fsum(x)) for x in parts], dtype=np.float64)
 
 
+def trust_of(payloads: Sequence[LocoPayload], trust: Mapping[str, float] | None) -> np.ndarray:
+    """Each payload's trust weight (``loco/ledger.py``; absent: 1), in the order given, as float64."""
+    return np.array([float(np.float32((trust or {}).get(p.trainer_id, 1.0))) for p in payloads], dtype=np.float64)
+
+
+def upper_median(dist: np.ndarray, w: np.ndarray) -> float:
+    """The smallest distance whose trainers, with every nearer one, weigh more than half of all
+    (with equal weights: the upper median, ``sorted(dist)[n // 2]``)."""
+    order = np.argsort(dist, kind="stable")
+    cum = np.cumsum(w[order])  # sequential float64 adds in a fixed order
+    return float(dist[order][int(np.searchsorted(cum, cum[-1] / 2.0, side="right"))])
+
+
 def robust_weights(payloads: Sequence[LocoPayload], *, momentum: Mapping[str, np.ndarray],
-                   scale: float, numel: Mapping[str, int], cfg: AggregateConfig) -> Weights:
+                   scale: float, numel: Mapping[str, int], cfg: AggregateConfig,
+                   trust: Mapping[str, float] | None = None) -> Weights:
     """CenteredClip weights of ``payloads`` (see the module docstring).
 
     ``momentum``: tensor name -> the FP32 outer momentum (absent: 0), the first centre being
-    ``scale`` times it; ``numel``: tensor name -> element count, for every tensor of the model.
+    ``scale`` times it; ``numel``: tensor name -> element count, for every tensor of the model;
+    ``trust``: trainer id -> its trust weight ``w_i`` (``loco/ledger.py``; absent: 1): the centre
+    and the median are weighted by it, so keys of little weight move neither however many there are.
     """
     ordered = sorted(payloads, key=lambda p: p.trainer_id.encode())
     n = len(ordered)
-    if n == 0:
-        return Weights({})
+    w = trust_of(ordered, trust)
+    total = math.fsum(w)
+    if n == 0 or total <= 0.0:
+        return Weights({p.trainer_id: 1.0 for p in ordered})
     centre, keep = _Centre(n), np.ones(n, dtype=np.float64)
     tau, dist = math.inf, np.zeros(n)
     for it in range(cfg.iterations):
         if it:
-            centre.move(keep)
+            centre.move(w * keep, total)
         dist = np.sqrt(_squared_distances(ordered, momentum=momentum, scale=scale, numel=numel, centre=centre))
-        tau = cfg.tau_scale * float(np.sort(dist)[n // 2])  # the upper median
+        tau = cfg.tau_scale * upper_median(dist, w)
         ratio = np.where(dist > tau, tau / np.where(dist > 0, dist, 1.0), 1.0)
         keep = ratio.copy()
         for _ in range(cfg.power - 1):  # multiplications, not pow(): libm's pow differs between systems

@@ -28,6 +28,38 @@ class AggregateConfig(StrictModel):
     an honest trainer that stays farthest (bench/RESULTS.md "Byzantine trainers")."""
 
 
+class TrustConfig(StrictModel):
+    """How the trust ledger (``loco/ledger.py``) weighs trainers; the same on every trainer.
+
+    A member (root or admitted key) weighs 1. An open trainer (``chain.open_trainers``) earns
+    weight by spot checks passed; until it passed ``newcomer_checks`` it is a newcomer, and all
+    newcomers of a round share ``newcomer_weight`` together (1 or 1,000 new keys weigh the same)."""
+
+    newcomer_weight: float = pydantic.Field(0.5, ge=0.0, le=1.0)
+    """What all newcomers of a round weigh together (a member weighs 1)."""
+    newcomer_checks: int = pydantic.Field(3, ge=0, le=1000)
+    """Checks an open trainer must pass before it stops being a newcomer (checked every round until then)."""
+    earn_checks: int = pydantic.Field(10, ge=1, le=100_000)
+    """Checks passed (less twice those failed) at which an open trainer weighs as a member."""
+    open_per_round: int = pydantic.Field(2, ge=0, le=64)
+    """Newcomers that enter one round at most (drawn by the last decision's digest)."""
+    max_entries: int = pydantic.Field(1024, ge=16, le=65_536)
+    """Keys the ledger keeps at most (the oldest idle newcomers are forgotten first)."""
+
+
+class SpotConfig(StrictModel):
+    """Spot recomputation of inner steps in the rounds (``trainer/spot_round.py``); the same on every trainer."""
+
+    rate: float = pydantic.Field(0.3, ge=0.0, le=1.0)
+    """Probability that a trainer with earned weight is checked in a round (newcomers: every round).
+    0.3 keeps checks within 10% of trainer time at the default preset (bench/RESULTS.md "Spot
+    recomputation": 0.31-0.51 checks per trainer and round fit); 0 turns checks off."""
+    newcomer_verifiers: int = pydantic.Field(2, ge=1, le=4)
+    """Verifiers drawn for a newcomer (one verifier colluding with its target passes it)."""
+    keep_rounds: int = pydantic.Field(2, ge=2, le=8)
+    """Rounds of inner-step records a trainer keeps to answer checks (the checked round and the next)."""
+
+
 class LocoConfig(StrictModel):
     """Knobs of one PULSELoCo swarm; every trainer of a swarm must use the same values
     (except ``base_coding``).
@@ -73,6 +105,8 @@ class LocoConfig(StrictModel):
     """Margin of the payload value bound (``loco/bound.py``) over the largest entry an honest
     round can produce; a payload with a larger entry is refused, never signed nor applied."""
     aggregate: AggregateConfig = pydantic.Field(default_factory=AggregateConfig)
+    trust: TrustConfig = pydantic.Field(default_factory=TrustConfig)
+    spot: SpotConfig = pydantic.Field(default_factory=SpotConfig)
     zstd_level: int = pydantic.Field(3, ge=1, le=19)
     base_coding: bool = True
     """Code our payloads with the round's FP32 global weights as context (~2.5 B per fired entry

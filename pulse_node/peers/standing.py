@@ -31,7 +31,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar, overload
+from typing import Protocol, TypeVar, cast, overload
 
 T = TypeVar("T")
 
@@ -46,8 +46,9 @@ class HasPeerId(Protocol):
 P = TypeVar("P", bound=HasPeerId)
 
 
-def _peer_id(p: HasPeerId) -> str:
-    return p.peer_id
+def _peer_id(p: object) -> str:
+    """The peer id of an item the overloads below admit without a ``key`` (a ``HasPeerId``)."""
+    return cast(HasPeerId, p).peer_id
 
 #: per-peer observations kept, at most (the least valuable are forgotten first)
 MAX_PEERS = 8192
@@ -174,8 +175,8 @@ class Standing:
     @overload
     def order(self, items: Iterable[T], *, quota: int, key: Callable[[T], str],
               members_first: bool = True) -> list[T]: ...
-    def order(self, items: Iterable[Any], *, quota: int, key: Callable[[Any], str] = _peer_id,
-              members_first: bool = True) -> list[Any]:
+    def order(self, items: Iterable[T], *, quota: int, key: Callable[[T], str] = _peer_id,
+              members_first: bool = True) -> list[T]:
         """Members (if ``members_first``), then peers with standing by score, then at most
         ``quota`` others: those not yet demoted by a failure first, each group in this node's draw."""
         items = list(items)
@@ -190,8 +191,8 @@ class Standing:
     def providers(self, items: Iterable[P], *, quota: int = FETCH_UNKNOWN) -> list[P]: ...
     @overload
     def providers(self, items: Iterable[T], *, quota: int = FETCH_UNKNOWN, key: Callable[[T], str]) -> list[T]: ...
-    def providers(self, items: Iterable[Any], *, quota: int = FETCH_UNKNOWN,
-                  key: Callable[[Any], str] = _peer_id) -> list[Any]:
+    def providers(self, items: Iterable[T], *, quota: int = FETCH_UNKNOWN,
+                  key: Callable[[T], str] = _peer_id) -> list[T]:
         """Who to fetch from: peers that delivered before (so members upload each version about
         once), then members, then at most ``quota`` peers without standing."""
         items = list(items)

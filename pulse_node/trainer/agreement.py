@@ -48,20 +48,16 @@ decided differently) and its repair: docs/ARCHITECTURE.md, "Trainers agreeing on
 
 from __future__ import annotations
 
-import enum
 import shutil
-import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from pulse_node.chain.peer import PeerRecord
 from pulse_node.chain.serving import LOCO_DIR, loco_payload_path
 from pulse_node.config import TrainerConfig
 from pulse_node.daemon.context import RoleContext
-from pulse_node.daemon.transport import push_to_all
 from pulse_node.errors import BaseMismatchError, IntegrityError, PulseError, WireError
 from pulse_node.fsutil import write_atomic
 from pulse_node.loco.bound import PayloadBound, PayloadBoundError, max_payload_bytes
@@ -70,39 +66,17 @@ from pulse_node.loco.payload import LocoPayload, decode_payload, read_header
 from pulse_node.net.wire.protocol import LocoDecisionRequest, LocoPayloadRequest
 from pulse_node.trainer.decisions import DecisionIntake, coordinator_order
 from pulse_node.trainer.round_peers import RoundPeers
+from pulse_node.trainer.rounds import WAIT, OpenRound, RoundTable, Wait
 from pulse_node.vocab import DecisionRefusal, LocoRefusal
 
 KEEP_ROUNDS = 4  # rounds whose payloads and decisions a trainer keeps on disk and serves
-WINDOW = 4  # decisions are taken for the current round and the next WINDOW - 1
 PARK_ROUNDS = 2  # payloads of coming rounds are parked for the next PARK_ROUNDS rounds only
 _PULL_EVERY_S = 1.0
-_PUSH_TIMEOUT_S = 5.0
 _IDLE_DECIDING_S = 0.05  # how long the driver waits for inputs between steps, reaching a decision
 _IDLE_GATHERING_S = 0.2  # ... and gathering the decided payloads (each step tries fetches)
 
 #: the current round's base: (hash of the FP32 global weights + momentum, those FP32 weights by name)
-BaseFn = Callable[[], tuple[bytes, Mapping[str, Any]]]
-
-
-class _Wait(enum.Enum):
-    WAIT = "wait"  # a step can go no further until new inputs arrive
-
-
-_WAIT = _Wait.WAIT
-
-
-@dataclass
-class OpenRound:
-    """The round being agreed on, as far as ``RoundAgreement.step`` got."""
-
-    round: int
-    base: bytes
-    order: list[str]  # trainers seen when pushing, by id: who decides, and in which turn
-    t0: float  # when the round opened here (monotonic)
-    pulled_at: float = float("-inf")
-    decision: RoundDecision | None = None
-    gather_until: float = 0.0
-    payloads: list[LocoPayload] = field(default_factory=list)  # decided payloads obtained so far
+BaseFn = Callable[[], tuple[bytes, Mapping[str, object]]]
 
 
 @dataclass
@@ -114,7 +88,7 @@ class RoundResult:
     mine_included: bool = False
 
 
-class RoundAgreement(DecisionIntake):
+class RoundAgreement:
     """One trainer's side of the contributor agreement (inputs, decisions, payload files)."""
 
     def __init__(self, ctx: RoleContext[TrainerConfig], *, shapes: Mapping[str, tuple[int, ...]],
@@ -128,26 +102,43 @@ class RoundAgreement(DecisionIntake):
         self.ctx = ctx
         self.cfg = ctx.cfg.loco
         self.shapes = dict(shapes)
-        self.current_round = current_round
-        self.epoch = epoch
-        self._open: OpenRound | None = None
+        self.table = RoundTable(current_round, epoch)
         self.me = ctx.transport.peer_id
         self.root = Path(ctx.store.root)
         self.base = base
         self.inbox: dict[int, dict[str, tuple[bytes, LocoPayload]]] = {}
         self.pending: dict[int, dict[str, bytes]] = {}  # coming rounds: sender -> payload bytes, undecoded
         self.mismatched: dict[int, set[str]] = {}  # round -> trainers whose payload named another base
-        self.decisions: dict[int, RoundDecision] = {}
-        self.refused: dict[int, dict[str, bytes]] = {}  # round -> member -> digest of its out-of-bound payload
         self.peers = RoundPeers(ctx)
         self.bound = bound if bound is not None else PayloadBound.of_trainer(ctx.cfg)
         self.cap = max_payload_bytes(self.shapes, cap=self.cfg.max_payload_bytes)
         self._cap_pushes()
         self.ratio_max = 0.0
-        self._init_intake()
+        self.intake = DecisionIntake(ctx, peers=self.peers, table=self.table)
         shutil.rmtree(self.root / LOCO_DIR, ignore_errors=True)  # an earlier run's rounds mean nothing now
 
+    # ---- the table shared with the decision intake (``trainer/rounds.py``) -------------------
+    @property
+    def decisions(self) -> dict[int, RoundDecision]:
+        return self.table.decisions
+
+    @property
+    def refused(self) -> dict[int, dict[str, bytes]]:
+        return self.table.refused
+
+    @property
+    def _open(self) -> OpenRound | None:
+        return self.table.open
+
+    def current_round(self) -> int:
+        return self.table.current_round()
+
     # ---- inputs (the trainer hands over every pushed payload and decision) -----------------
+    def offer_decision(self, sender: str, data: bytes) -> None:
+        """A pushed or pulled decision, to the decision intake (``trainer/decisions.py``);
+        ``PulseError`` if it is refused."""
+        self.intake.offer(sender, data)
+
     def offer_payload(self, sender: str, data: bytes) -> None:
         """Keep a pushed payload of the current round, hold one of a coming round until it opens.
 
@@ -252,9 +243,6 @@ class RoundAgreement(DecisionIntake):
         self.inbox.setdefault(p.round, {})[p.trainer_id] = (digest, p)
         write_atomic(loco_payload_path(self.root, p.round, digest.hex()), data, durable=False)
 
-    def _in_window(self, r: int) -> bool:
-        return 0 <= r - self.current_round() < WINDOW
-
     # ---- one round ---------------------------------------------------------------------
     def open_round(self, mine: LocoPayload, data: bytes) -> None:
         """Open round ``mine.round``: keep our payload and push it; ``step`` then advances it."""
@@ -265,12 +253,12 @@ class RoundAgreement(DecisionIntake):
         if self.base is not None:
             self._ratio(self.bound.ratio(mine.tensors, self.base()[1]))
         live = self._live()
-        self._push(list(live.values()), data, kind="loco", timeout=self.cfg.deadline_s)
+        self.peers.push(list(live.values()), data, kind="loco", timeout=self.cfg.deadline_s, job=f"loco:{r}")
         with self.ctx.status.trainer() as counters:
             counters.loco_bytes_out += len(data) * len(live)
         order = coordinator_order(self.ctx.cfg.run_id, r, [self.me, *live])
-        self._open = OpenRound(r, mine.base_hash, order, t0=time.monotonic())
-        self._replay_parked(r)
+        self.table.open = OpenRound(r, mine.base_hash, order, t0=time.monotonic())
+        self.intake.replay_parked(r)
 
     def step(self) -> RoundResult | None:
         """Advance the open round as far as the inputs at hand allow, without waiting.
@@ -283,7 +271,7 @@ class RoundAgreement(DecisionIntake):
             raise RuntimeError("step() without an open round")
         if o.decision is None:
             d = self._reach_decision(o)
-            if d is _WAIT:
+            if d is WAIT:
                 return None
             if d is None:  # stopping, or a peer closed the round and we cannot get its decision
                 return self._close(RoundResult(None))
@@ -299,13 +287,13 @@ class RoundAgreement(DecisionIntake):
         return _IDLE_GATHERING_S if self._open is not None and self._open.decision else _IDLE_DECIDING_S
 
     def _close(self, result: RoundResult) -> RoundResult:
-        self._open = None
+        self.table.open = None
         return result
 
-    def _reach_decision(self, o: OpenRound) -> RoundDecision | None | _Wait:
+    def _reach_decision(self, o: OpenRound) -> RoundDecision | None | Wait:
         """The round's decision: pushed to us, pulled, or made by us when it is our turn."""
         while not self.ctx.stop.is_set():
-            self._replay_parked(o.round)
+            self.intake.replay_parked(o.round)
             if o.round in self.decisions:
                 return self.decisions[o.round]
             now, live = time.monotonic(), self._live()
@@ -316,7 +304,7 @@ class RoundAgreement(DecisionIntake):
                 if self._pull(o.round, live) is None:
                     return None  # a peer closed the round and we cannot get its decision: re-sync
                 continue
-            return _WAIT
+            return WAIT
         return None
 
     def _my_turn(self, r: int, order: list[str], live: Mapping[str, PeerRecord], t0: float, now: float) -> bool:
@@ -352,19 +340,19 @@ class RoundAgreement(DecisionIntake):
                 return self.decisions[r]
             if self._closed_elsewhere(r, live):
                 return None
-        earlier = self._signed_before(r)  # never two decisions of one round, even across a restart
+        earlier = self.intake.signed_before(r)  # never two decisions of one round, even across a restart
         if earlier is not None:
             d, data = earlier
             if d.base != base:
                 return None  # we decided it on another state before: re-sync
         else:
             held = {tid: digest for tid, (digest, p) in self.inbox.get(r, {}).items() if p.base_hash == base}
-            d = make_decision(self.ctx.identity, run_id=self.ctx.cfg.run_id, round=r, base=base, epoch=self.epoch(),
+            d = make_decision(self.ctx.identity, run_id=self.ctx.cfg.run_id, round=r, base=base, epoch=self.table.epoch(),
                               coordinator=self.me, contributors=held)
             data = encode_decision(d)
-            self._keep_own(r, data)
-        self._accept(d, data)
-        self._push(list(live.values()), data, kind="loco_decision")
+            self.intake.keep_own(r, data)
+        self.intake.accept(d, data)
+        self.peers.push(list(live.values()), data, kind="loco_decision", job=f"loco_decision:{r}")
         with self.ctx.status.trainer() as counters:
             counters.decisions_made += 1
         self.ctx.log.info("round %d: decided %d contributors", r, len(d.contributors))
@@ -396,7 +384,7 @@ class RoundAgreement(DecisionIntake):
         while len(o.payloads) < len(d.contributors):
             tid, digest = d.contributors[len(o.payloads)]
             p = self._obtain(d, tid, digest, o.gather_until)
-            if p is _WAIT:
+            if p is WAIT:
                 return None
             if p is None:
                 self.ctx.status.error(f"round {d.round}: decided payload of {tid[:12]} unavailable")
@@ -404,7 +392,7 @@ class RoundAgreement(DecisionIntake):
             o.payloads.append(p)
         return RoundResult(o.payloads, d, mine_included=self.me in d.trainer_ids)
 
-    def _obtain(self, d: RoundDecision, tid: str, digest: bytes, until: float) -> LocoPayload | None | _Wait:
+    def _obtain(self, d: RoundDecision, tid: str, digest: bytes, until: float) -> LocoPayload | None | Wait:
         """A decided payload: held, or fetched from a live member (the coordinator first); None
         if it cannot be had in time or is beyond the value bound (the round then re-syncs)."""
         have = self.inbox.get(d.round, {}).get(tid)
@@ -417,7 +405,7 @@ class RoundAgreement(DecisionIntake):
             p = self._fetch_payload(peer, d.round, tid, digest, until)
             if p is not None:
                 return p
-        return _WAIT
+        return WAIT
 
     def _fetch_payload(self, peer: PeerRecord, r: int, tid: str, digest: bytes, until: float) -> LocoPayload | None:
         timeout = max(0.5, min(self.ctx.cfg.net.fetch_timeout_s, until - time.monotonic()))
@@ -452,10 +440,8 @@ class RoundAgreement(DecisionIntake):
     # ---- plumbing ------------------------------------------------------------------------
     def _cap_pushes(self) -> None:
         """Tell the push planes our payload cap: a larger push is refused before it is read."""
-        tell = getattr(self.ctx.transport, "cap_pushes", None)
         try:
-            if tell is not None:
-                tell("loco", self.cap)
+            self.ctx.transport.cap_pushes("loco", self.cap)
         except PulseError as exc:
             self.ctx.log.warning("cannot lower the push plane's payload cap: %s", exc)
 
@@ -463,23 +449,13 @@ class RoundAgreement(DecisionIntake):
         """Live trainer-set members but us (``RoundPeers.live``)."""
         return self.peers.live()
 
-    def _push(self, peers: list[PeerRecord], data: bytes, *, kind: str, timeout: float = _PUSH_TIMEOUT_S) -> None:
-        """Push to every peer at once, in the background (each bounded by ``timeout``)."""
-        if not peers:
-            return
-
-        def failed(peer: PeerRecord, exc: PulseError) -> None:
-            self.ctx.status.error(f"{kind} push to {peer.peer_id[:12]} failed: {exc}")
-
-        threading.Thread(target=push_to_all, args=(self.ctx.transport, peers, kind, data),
-                         kwargs={"timeout": timeout, "on_error": failed}, name=f"push-{kind}", daemon=True).start()
-
     def _prune(self, r: int) -> None:
         """Forget rounds before ``r``; keep the files of the last ``KEEP_ROUNDS`` rounds."""
-        for table in (self.inbox, self.decisions, self.pending, self.mismatched, self.refused):
+        for table in (self.inbox, self.pending, self.mismatched):
             for old in [k for k in table if k < r]:
                 del table[old]
-        self._prune_intake(r)
+        self.table.prune(r)
+        self.intake.prune(r)
         folder = self.root / LOCO_DIR
         for path in folder.iterdir() if folder.is_dir() else []:
             if path.name.isdigit() and int(path.name) < r - KEEP_ROUNDS:

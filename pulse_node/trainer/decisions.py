@@ -1,7 +1,8 @@
 """Which round decisions a trainer accepts: the designated coordinator's, on our base, one per round.
 
-``RoundAgreement`` (``trainer/agreement.py``) takes every pushed or pulled decision through
-``DecisionIntake.offer_decision``. A decision is checked (caps, schema, run id, signer = the key
+``RoundAgreement`` (``trainer/agreement.py``) takes every pushed or pulled decision through its
+``DecisionIntake.offer`` (a class of its own: it shares only the agreement's ``RoundTable``,
+``trainer/rounds.py``, and meets peers through ``RoundPeers``). A decision is checked (caps, schema, run id, signer = the key
 the coordinator's peer id encodes, a trainer-set member not convicted, signature, every
 contributor a member, no payload we refused as out of bound), then:
 
@@ -39,15 +40,14 @@ from __future__ import annotations
 
 import shutil
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import blake3
 
 from pulse_node.chain.evidence import encode_evidence
 from pulse_node.chain.identity import key_id_of
-from pulse_node.chain.peer import PeerRecord
 from pulse_node.chain.serving import loco_decision_path
 from pulse_node.config import TrainerConfig
 from pulse_node.daemon.context import RoleContext
@@ -58,6 +58,8 @@ from pulse_node.loco.bound import PayloadBoundError
 from pulse_node.loco.config import LocoConfig
 from pulse_node.loco.decision import MAX_DECISION_BYTES, RoundDecision, decode_decision, verify_decision
 from pulse_node.peers.outcomes import Reported
+from pulse_node.trainer.round_peers import RoundPeers
+from pulse_node.trainer.rounds import RoundTable
 from pulse_node.vocab import DecisionRefusal
 
 _ORDER_DOMAIN = b"pulse/coordinator-order/1\0"
@@ -65,7 +67,7 @@ PARK_PER_ROUND = 8  # decisions parked per coming round, at most
 OWN_KEEP = 8  # rounds whose own decision a trainer keeps on disk
 
 
-def coordinator_order(run_id: str, round: int, ids) -> list[str]:
+def coordinator_order(run_id: str, round: int, ids: Iterable[str]) -> list[str]:
     """Round ``round``'s coordinators in turn: rendezvous order of the members' peer ids."""
     prefix = _ORDER_DOMAIN + run_id.encode() + b"\0" + round.to_bytes(8, "big")
     return sorted(set(ids), key=lambda pid: (blake3.blake3(prefix + pid.encode()).digest(), pid.encode()))
@@ -82,28 +84,18 @@ def turn_at(order: list[str], who: str, live: Mapping[str, object], *, me: str, 
 
 
 class DecisionIntake:
-    """``RoundAgreement``'s decision side (see the module docstring); mixed into it."""
+    """``RoundAgreement``'s decision side (see the module docstring): it reads and writes the
+    agreement's ``RoundTable`` and meets peers through ``RoundPeers``, nothing else of it."""
 
-    # provided by RoundAgreement
-    ctx: RoleContext[TrainerConfig]
-    cfg: LocoConfig
-    me: str
-    root: Path
-    current_round: Callable[[], int]
-    epoch: Callable[[], bytes]
-    decisions: dict[int, RoundDecision]
-    _open: Any  # agreement.OpenRound | None
-    peers: Any
-    refused: dict[int, dict[str, bytes]]
-    _in_window: Callable[[int], bool]
-    _live: Callable[[], dict[str, PeerRecord]]
-    _push: Callable[..., None]  # (peers, data, *, kind, timeout=...)
-
-    def _init_intake(self) -> None:
+    def __init__(self, ctx: RoleContext[TrainerConfig], *, peers: RoundPeers, table: RoundTable) -> None:
+        self.ctx, self.peers, self.table = ctx, peers, table
+        self.cfg: LocoConfig = ctx.cfg.loco
+        self.me = peers.me
+        self.root = Path(ctx.store.root)
         self.parked: dict[int, dict[str, tuple[RoundDecision, bytes]]] = {}  # round -> coordinator -> decision
         self.witnessed: dict[tuple[int, str], bytes] = {}  # (round, signer) -> its first verified decision
 
-    def offer_decision(self, sender: str, data: bytes) -> None:
+    def offer(self, sender: str, data: bytes) -> None:
         """Check a decision; accept (and relay) it if it passes (module docstring). ``PulseError`` if bad."""
         if self.peers.dropped("decision", sender):
             return
@@ -120,27 +112,27 @@ class DecisionIntake:
         except PulseError as exc:
             self.peers.refuse(sender, DecisionRefusal.BAD_DECISION, str(exc), lied=False)
             raise
-        if self._in_window(d.round):
+        if self.table.in_window(d.round):
             self._consider(d, data, sender=sender)
 
     def _verify(self, d: RoundDecision) -> None:
         if d.run_id != self.ctx.cfg.run_id:
             raise IntegrityError(f"round {d.round} decision is for run {d.run_id!r}")
-        if d.epoch != self.epoch():
+        if d.epoch != self.table.epoch():
             raise IntegrityError(f"round {d.round} decision is of epoch {d.epoch.hex()[:8]}, ours is "
-                                 f"{self.epoch().hex()[:8]} (an earlier run's or another chain's)")
+                                 f"{self.table.epoch().hex()[:8]} (an earlier run's or another chain's)")
         if not self.peers.is_member(d.coordinator):
             raise IntegrityError(f"round {d.round} decision of {d.coordinator[:12]}: not a trusted trainer-set member")
         verify_decision(d, signer_key=self.peers.key_of(d.coordinator))
         if not all(map(self.peers.is_member, d.trainer_ids)):
             raise IntegrityError(f"round {d.round} decision names a contributor outside the trainer set")
-        refused = set(self.refused.get(d.round, {}).values())
+        refused = set(self.table.refused.get(d.round, {}).values())
         if any(digest in refused for _, digest in d.contributors):
             raise PayloadBoundError(f"round {d.round} decision names a payload beyond the value bound")
 
     def _witness(self, d: RoundDecision, data: bytes, *, sender: str) -> None:
         """Remember the first decision of (round, signer); convict the signer on a different second one."""
-        if not -4 <= d.round - self.current_round() < 4:  # bounded: recent and coming rounds only
+        if not -4 <= d.round - self.table.current_round() < 4:  # bounded: recent and coming rounds only
             return
         slot = (d.round, d.signer)
         first = self.witnessed.setdefault(slot, data)
@@ -154,12 +146,9 @@ class DecisionIntake:
             raise IntegrityError(f"{key_id_of(d.signer)} signed two decisions for round {d.round}; not convicted")
         with self.ctx.status.trainer() as c:
             count(c.decisions_refused, DecisionRefusal.EQUIVOCATION)
-        accepted = self.decisions.get(d.round)
+        accepted = self.table.decisions.get(d.round)
         if accepted is not None and accepted.signer == d.signer:
-            del self.decisions[d.round]  # not applied yet: the next coordinator in turn decides
-            o = self._open
-            if o is not None and o.round == d.round and o.decision is accepted:
-                o.decision, o.payloads = None, []
+            self.table.drop_decision(accepted)  # not applied yet: the next coordinator in turn decides
         raise IntegrityError(f"{key_id_of(d.signer)} signed two decisions for round {d.round}: convicted")
 
     def _consider(self, d: RoundDecision, data: bytes, *, sender: str) -> None:
@@ -174,20 +163,20 @@ class DecisionIntake:
             if d.coordinator in held or len(held) < PARK_PER_ROUND:
                 held[d.coordinator] = (d, data)
             return
-        if self._accept(d, data):
+        if self.accept(d, data):
             self.parked.pop(d.round, None)
-            relay_to = [p for pid, p in self._live().items() if pid not in (sender, d.coordinator)]
-            self._push(relay_to, data, kind="loco_decision")
+            relay_to = [p for pid, p in self.peers.live().items() if pid not in (sender, d.coordinator)]
+            self.peers.push(relay_to, data, kind="loco_decision", job=f"loco_decision:{d.round}:relay")
 
     def _standing(self, d: RoundDecision) -> DecisionRefusal | Literal["early", "not_open"] | None:
         """None if ``d`` may be accepted now, else why not (``not_open``, ``early``, ``other_base``,
         ``not_designated``)."""
-        o = self._open
+        o = self.table.open
         if o is None or o.round != d.round:
             return "not_open"
         if d.base != o.base:
             return DecisionRefusal.OTHER_BASE
-        live = self._live()
+        live = self.peers.live()
         order = coordinator_order(self.ctx.cfg.run_id, d.round,
                                   [pid for pid in {*o.order, *live} if pid == self.me or self.peers.is_member(pid)])
         if d.coordinator not in order:
@@ -196,20 +185,20 @@ class DecisionIntake:
                       wait=self.cfg.decision_wait_s)
         return None if time.monotonic() >= due - self.cfg.decision_wait_s / 2 else "early"
 
-    def _replay_parked(self, r: int) -> None:
+    def replay_parked(self, r: int) -> None:
         """Look again at the parked decisions of round ``r`` (their turn may have come)."""
         for _coordinator, (d, data) in sorted(self.parked.get(r, {}).items(), key=lambda kv: kv[0].encode()):
-            if r in self.decisions:
+            if r in self.table.decisions:
                 return
-            if self._standing(d) is None and self._accept(d, data):
+            if self._standing(d) is None and self.accept(d, data):
                 self.parked.pop(r, None)
-                relay_to = [p for pid, p in self._live().items() if pid != d.coordinator]
-                self._push(relay_to, data, kind="loco_decision")
+                relay_to = [p for pid, p in self.peers.live().items() if pid != d.coordinator]
+                self.peers.push(relay_to, data, kind="loco_decision", job=f"loco_decision:{d.round}:relay")
                 return
 
-    def _accept(self, d: RoundDecision, data: bytes) -> bool:
+    def accept(self, d: RoundDecision, data: bytes) -> bool:
         """Take ``d`` if it is the first decision of its round (at most one per round)."""
-        have = self.decisions.get(d.round)
+        have = self.table.decisions.get(d.round)
         if have is not None:
             if (have.base, have.contributors) != (d.base, d.contributors):
                 with self.ctx.status.trainer() as c:
@@ -217,14 +206,14 @@ class DecisionIntake:
                 self.ctx.log.warning("round %d: ignoring a second, different decision from %s",
                                      d.round, d.coordinator[:12])
             return False
-        self.decisions[d.round] = d
+        self.table.decisions[d.round] = d
         write_atomic(loco_decision_path(self.root, d.round), data, durable=False)  # served by the wire worker
         return True
 
     def _own_path(self, r: int) -> Path:
-        return Path(self.ctx.cfg.data_dir) / "decided" / self.epoch().hex() / str(r)
+        return Path(self.ctx.cfg.data_dir) / "decided" / self.table.epoch().hex() / str(r)
 
-    def _signed_before(self, r: int) -> tuple[RoundDecision, bytes] | None:
+    def signed_before(self, r: int) -> tuple[RoundDecision, bytes] | None:
         """The decision of round ``r`` we signed earlier (before a restart, too), if any."""
         try:
             data = self._own_path(r).read_bytes()[:MAX_DECISION_BYTES + 1]
@@ -232,10 +221,10 @@ class DecisionIntake:
             verify_decision(d, signer_key=self.ctx.identity.public_key_hex)
         except (OSError, PulseError):
             return None
-        mine = d.round == r and d.run_id == self.ctx.cfg.run_id and d.epoch == self.epoch()
+        mine = d.round == r and d.run_id == self.ctx.cfg.run_id and d.epoch == self.table.epoch()
         return (d, data) if mine else None
 
-    def _keep_own(self, r: int, data: bytes) -> None:
+    def keep_own(self, r: int, data: bytes) -> None:
         """Keep our decision of round ``r`` (durably: it must outlive a crash) and forget old ones
         (and every other epoch's)."""
         folder = self._own_path(r).parent
@@ -250,7 +239,7 @@ class DecisionIntake:
         except OSError as exc:
             self.ctx.log.warning("cannot keep our decision of round %d: %s", r, exc)
 
-    def _prune_intake(self, r: int) -> None:
+    def prune(self, r: int) -> None:
         for old in [k for k in self.parked if k < r]:
             del self.parked[old]
         for slot in [s for s in self.witnessed if s[0] < r - 4]:

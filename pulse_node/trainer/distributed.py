@@ -35,7 +35,7 @@ import os
 import resource
 import signal
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import psutil
@@ -44,6 +44,7 @@ from torch import nn
 
 from pulse_node.codec.state import State
 from pulse_node.config import TrainerConfig
+from pulse_node.loco.aggregate import trust_of
 from pulse_node.loco.bound import PayloadBound
 from pulse_node.loco.config import LocoConfig
 from pulse_node.loco.outer import OuterOptimizer, OuterState
@@ -192,11 +193,11 @@ class ShardWork:
             self._mine = None
         torch.distributed.barrier()
 
-    def cmd_apply(self, slices: list[tuple[list[LocoPayload], dict[str, float]]] | None) -> None:
-        """Each rank's cut of the round's (checked) payloads and their weights (found by rank 0
-        over whole payloads): outer step on the rows, gathered back."""
-        payloads, keep = self.ranks.scatter(slices)
-        self.outer.step(payloads, keep=keep)
+    def cmd_apply(self, slices: list[tuple[list[LocoPayload], dict[str, float], dict[str, float]]] | None) -> None:
+        """Each rank's cut of the round's (checked) payloads, their clip factors and trust weights
+        (found by rank 0 over whole payloads): outer step on the rows, gathered back."""
+        payloads, keep, trust = self.ranks.scatter(slices)
+        self.outer.step(payloads, keep=keep, trust=trust)
         self._gather_global()
 
     # ---- inner steps --------------------------------------------------------------------
@@ -256,11 +257,12 @@ class ShardedOuter(OuterOptimizer):
         super().__init__(params, cfg)
         self._engine = engine
 
-    def apply(self, payloads: Sequence[LocoPayload]) -> None:
-        self.check(payloads)  # the whole round, against the whole model, before any rank moves
-        keep = self.weigh(payloads).keep  # over whole payloads and tensors, once
+    def _advance(self, payloads: Sequence[LocoPayload], *, keep: Mapping[str, float],
+                 trust: Mapping[str, float] | None) -> None:
+        """Checked and weighed here over whole payloads and tensors, once; stepped on every rank's rows."""
         self.kept = dict(keep)
-        self._engine.apply_on_shards(payloads, keep)
+        self.trust = {p.trainer_id: float(w) for p, w in zip(payloads, trust_of(payloads, trust))}
+        self._engine.apply_on_shards(payloads, dict(keep), self.trust)
         self.set_round(self.round + 1)
 
     def load_state_dict(self, state: OuterState) -> None:
@@ -324,8 +326,9 @@ class DistributedEngine:
     def reset_local(self) -> None:
         self._call("reset_local")
 
-    def apply_on_shards(self, payloads: Sequence[LocoPayload], keep: dict[str, float]) -> None:
-        slices = [([slice_payload(p, self.work.layout.spans(r)) for p in payloads], keep)
+    def apply_on_shards(self, payloads: Sequence[LocoPayload], keep: dict[str, float],
+                        trust: dict[str, float]) -> None:
+        slices = [([slice_payload(p, self.work.layout.spans(r)) for p in payloads], keep, trust)
                   for r in range(self.ranks.world)]
         self._call("apply", slices)
 

@@ -203,7 +203,7 @@ class TrainerRole:
         try:
             self.ctx.transport.fetch(peer, TrainerStateRequest(), dest, timeout=self.cfg.net.fetch_timeout_s,
                                      max_bytes=trainer_state_cap(self.global_params))
-            outer_state, record = read_trainer_state(dest, names=set(self.global_params))
+            outer_state, record = read_trainer_state(dest, names=set(self.global_params), trust=self.cfg.loco.trust)
         finally:
             dest.unlink(missing_ok=True)
         verified = self.book.ask(peer.peer_id, lambda: self.gate.verify(record))
@@ -393,7 +393,7 @@ class TrainerRole:
         self.gate.saw(pub.record)  # our own versions are the version step's reference, too
         self.published_hashes = {v: h for v, h in self.published_hashes.items() if v > pub.record.version - 8}
         export_trainer_state(self.ctx.store.root, params=self.global_params, momentum=self.outer.momentum,
-                             record=pub.record, outer_hash=self.outer.state_hash())
+                             record=pub.record, ledger=self.outer.ledger, outer_hash=self.outer.state_hash())
         self._announce(push=True)
         return pub
 

@@ -12,6 +12,9 @@ discovery directly:
   swarm every peer announcing the trainer role. A member stays one for the agreement after it
   leaves discovery (the book remembers its key), so a decision naming a trainer that just died is
   still valid; a key convicted of equivocation is none from then on.
+- ``push(...)``: payloads and decisions go out through the node's one background pusher
+  (``RoleContext.push_in_background``: all live members at once, each push bounded, a round never
+  waits on a slow or vanished peer); a failed push is reported in the status.
 - ``refuse(...)``: count a refused payload or decision by reason (``loco_refused`` /
   ``decisions_refused`` in the status) and, when the refusal means the sender lied, hand the
   book a ``Lied`` (3 strikes ban it; a banned peer's payloads are dropped, reason ``banned``).
@@ -33,6 +36,8 @@ from pulse_node.peers.outcomes import Lied
 from pulse_node.vocab import DecisionRefusal, LocoRefusal
 
 What = Literal["loco", "decision"]
+#: a decision push's bound (a payload push is bounded by ``loco.deadline_s``)
+PUSH_TIMEOUT_S = 5.0
 
 
 class RoundPeers:
@@ -76,6 +81,18 @@ class RoundPeers:
             return None
         finally:
             dest.unlink(missing_ok=True)
+
+    def push(self, peers: list[PeerRecord], data: bytes, *, kind: Literal["loco", "loco_decision"], job: str,
+             timeout: float = PUSH_TIMEOUT_S) -> None:
+        """Push to every peer at once, in the background (each bounded by ``timeout``); a newer job
+        of the same name replaces one not started yet."""
+        if not peers:
+            return
+
+        def failed(peer: PeerRecord, exc: PulseError) -> None:
+            self.ctx.status.error(f"{kind} push to {peer.peer_id[:12]} failed: {exc}")
+
+        self.ctx.push_in_background(kind, data, peers, job=job, timeout=timeout, newcomers=len(peers), on_error=failed)
 
     def banned(self, peer_id: str) -> bool:
         return peer_id != self.me and self.book.ignored(peer_id)

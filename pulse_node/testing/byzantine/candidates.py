@@ -14,7 +14,7 @@ A rule spec is ``robust``, ``mean`` (the two of ``LocoConfig.aggregate``), ``rob
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import torch
@@ -28,9 +28,9 @@ CANDIDATES = ("normclip", "median", "trimmed")
 
 
 class NormClipOuter(OuterOptimizer):
-    def weigh(self, payloads: Sequence[LocoPayload]) -> Weights:
+    def weigh(self, payloads: Sequence[LocoPayload], *, trust: Mapping[str, float] | None = None) -> Weights:
         self.last = robust_weights(payloads, momentum={}, scale=0.0, numel={n: t.numel() for n, t in self.params.items()},
-                                   cfg=self.cfg.aggregate)
+                                   cfg=self.cfg.aggregate, trust=trust)
         return self.last
 
 
@@ -39,7 +39,7 @@ class CoordinateOuter(OuterOptimizer):
 
     kind = "median"
 
-    def weigh(self, payloads: Sequence[LocoPayload]) -> Weights:
+    def weigh(self, payloads: Sequence[LocoPayload], *, trust: Mapping[str, float] | None = None) -> Weights:
         self.last = Weights({p.trainer_id: 1.0 for p in payloads})
         return self.last
 
