@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from helpers import node_config
 
+from pulse_node.testing.contain_guard import contained, no_contained_bug  # noqa: F401 (fixtures: bugs stay loud)
 from pulse_node.testing.inprocess import InProcessSwarm
 from tests.hf_fixtures import hf_model_dir  # noqa: F401 (session fixture: one local HF model for every test)
 
@@ -34,27 +35,6 @@ def one_torch_thread() -> None:
     torch = sys.modules.get("torch")
     if torch is not None:
         torch.set_num_threads(1)
-
-
-@pytest.fixture(autouse=True)
-def no_contained_bug(request: pytest.FixtureRequest):
-    """Production contains an unexpected exception while handling a peer's data (``peers/contain.py``);
-    a test fails on one all the same, unless it asks for the ``contained`` fixture."""
-    from pulse_node.peers.contain import INCIDENTS
-
-    before = INCIDENTS.total
-    yield
-    if "contained" not in request.fixturenames and INCIDENTS.total != before:
-        new = list(INCIDENTS.recent)[-(INCIDENTS.total - before):]
-        pytest.fail(f"{INCIDENTS.total - before} unexpected exception(s) contained: {new}", pytrace=False)
-
-
-@pytest.fixture
-def contained():
-    """For a test that injects unexpected exceptions: the process's ``Incidents``; the test checks them."""
-    from pulse_node.peers.contain import INCIDENTS
-
-    return INCIDENTS
 
 
 @pytest.fixture(scope="session")

@@ -110,6 +110,8 @@ def test_two_decisions_of_one_key_for_one_round_convict_it(pair, tmp_path):
     first, second = _decision(member), _decision(member, digest=b"\3" * 32)
     ag.offer_decision(peer_id(member), first)
     assert ag.decisions[ROUND].coordinator == peer_id(member)
+    ag.offer_decision(peer_id(member), _decision(member, base=b"\7" * 32, digest=b"\4" * 32))  # re-synced: no conflict
+    assert not ag.ctx.book.convicted(member.public_key_hex) and not ag.ctx.book.strikes[peer_id(member)]
     with pytest.raises(IntegrityError, match="convicted"):
         ag.offer_decision(peer_id(member), second)
     assert ROUND not in ag.decisions, "the equivocator's decision was kept"

@@ -82,6 +82,7 @@ class Containment:
     def __init__(self, *, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
         self.kinds: dict[str, _Kind] = {}
+        self.failures = 0  # unexpected exceptions contained by this book
         self.skipped = 0  # inputs refused unhandled while backing off
         self._backing: dict[str, float] = {}  # boundary -> until when it refuses its inputs
         self._lock = threading.Lock()
@@ -113,6 +114,7 @@ class Containment:
         kind = kind_of(exc)
         now = self.clock()
         with self._lock:
+            self.failures += 1
             first = kind not in self.kinds
             if first and len(self.kinds) >= MAX_KINDS:
                 self.kinds.pop(next(iter(self.kinds)))

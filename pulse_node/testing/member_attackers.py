@@ -85,7 +85,6 @@ def conflicting_heads(identity: Any, run_id: str, version: int) -> list[bytes]:
     """Two records of ``version`` on one parent with different states, both signed by ``identity``
     (equivocation on one chain: evidence)."""
     from pulse_node.chain.record import encode_record
-
     from pulse_node.testing.faults import ForgedChain
 
     parent = record_at(identity, run_id, version - 1) if version > 1 else ForgedChain(run_id, identity).record(0)

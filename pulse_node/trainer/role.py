@@ -414,22 +414,9 @@ class TrainerRole:
     # ---- inputs ------------------------------------------------------------------------
     def _drain_events(self, wait_s: float = 0.0) -> None:
         self.evidence.tick()
-        for ev in self.ctx.transport.events(wait_s=wait_s):
-            try:
-                if ev.kind == "rollouts":
-                    self.feed.offer(ev.sender, ev.data)
-                elif ev.kind == "head":
-                    self._take_head(ev.sender, ev.data)
-                elif ev.kind == "loco":
-                    self.agreement.offer_payload(ev.sender, ev.data)
-                elif ev.kind == "loco_decision":
-                    self.agreement.offer_decision(ev.sender, ev.data)
-                elif ev.kind == "evidence":
-                    self.evidence.take(ev.sender, ev.data)
-            except PulseError as exc:
-                with self.ctx.status.node() as counters:
-                    counters.rejected += 1
-                self.ctx.status.error(f"bad {ev.kind} from {ev.sender[:12]}: {exc}")
+        self.ctx.take_events({"rollouts": self.feed.offer, "head": self._take_head,
+                              "loco": self.agreement.offer_payload, "loco_decision": self.agreement.offer_decision,
+                              "evidence": self.evidence.take}, wait_s=wait_s)
 
     def _next_batch(self) -> list[Rollout]:
         """A verified batch of peer rollouts, or our own after ``rollout_wait_s``."""
