@@ -90,7 +90,7 @@ def seconds_per_version(tmp: Path, args, *, vanished: bool) -> tuple[float, list
     those times, and how many rounds a live trainer's payload was left out of."""
     swarm = InProcessSwarm(wrap=lambda name, t: Hanging(t))
     if vanished:  # listed first: the dead peer was in the swarm before the others came
-        swarm.hub.join(VANISHED, lambda kind, params: None).publish(
+        swarm.hub.join(VANISHED, lambda request: None).publish(
             PeerStatus(role="trainer"))
     names = [f"trainer-{chr(ord('a') + i)}" for i in range(args.trainers)]
     dirs = [swarm.start(n, trainer_cfg(tmp, n, args)) for n in names]

@@ -39,7 +39,7 @@ import numpy as np
 from test_chain_synth import TRAINER, adam_like_chain
 from pulse_node.chain import identity as identity_mod
 from pulse_node.codec import header as header_mod, statehash as statehash_mod
-from pulse_node.chain.serving import store_resolver
+from pulse_node.net.wire.serving import store_resolver
 from pulse_node.chain.store import VersionStore
 try:  # the peer book (issue 31); before it, the trust policy
     from pulse_node.peers.book import PeerBook as TrustPolicy
@@ -103,7 +103,7 @@ with tempfile.TemporaryDirectory() as tmp:
     me = Identity.generate()
     store = VersionStore(Path(tmp) / "inference")
     put_genesis(store, genesis, states[0])
-    sync = VersionSync(store, hub.join(peer_id(me), lambda kind, params: None),
+    sync = VersionSync(store, hub.join(peer_id(me), lambda request: None),
                        TrustPolicy(TrainerSet(run_id="bench", keys=[TRAINER.public_key_hex])), net=NetConfig(),
                        catchup_min_gap=0, window=64)
     counts.clear()

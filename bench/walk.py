@@ -51,7 +51,7 @@ import pulse_node
 from pulse_node.chain.identity import Identity
 from pulse_node.chain.peer import PeerStatus, Serves
 from pulse_node.chain.record import encode_record
-from pulse_node.chain.serving import store_resolver
+from pulse_node.net.wire.serving import store_resolver
 from pulse_node.chain.store import VersionStore
 from pulse_node.config import ChainConfig, InferenceConfig, NetConfig, TrainerConfig
 from pulse_node.daemon.context import RoleContext
@@ -68,16 +68,20 @@ warm_up()
 PKG = Path(pulse_node.__file__).resolve().parent
 SKIP = {{"<listcomp>", "<genexpr>", "<dictcomp>", "<setcomp>"}}
 
+PREFIX = str(PKG) + "/"
+FOLDERS = {{}}
+
 def folder(path):
-    try:
-        parts = Path(path).resolve().relative_to(PKG).parts
-    except ValueError:
+    """The folder of a ``pulse_node`` file (``net`` by sub-folder); None outside it or in testing/."""
+    if not path.startswith(PREFIX):
         return None
-    if parts[0] == "testing":
-        return None
-    if len(parts) == 1:
-        return parts[0][:-3]
-    return "/".join(parts[:2]) if parts[0] == "net" else parts[0]
+    got = FOLDERS.get(path, False)
+    if got is False:
+        parts = Path(path).relative_to(PKG).parts
+        got = None if parts[0] == "testing" else parts[0][:-3] if len(parts) == 1 else (
+            "/".join(parts[:2]) if parts[0] == "net" else parts[0])
+        FOLDERS[path] = got
+    return got
 
 class Walk:
     def __init__(self):
@@ -91,7 +95,7 @@ class Walk:
                 yield f, frame
             frame = frame.f_back
     def profile(self, frame, event, arg):
-        if event != "call":
+        if event != "call" or folder(frame.f_code.co_filename) is None:
             return
         chain = list(self._frames(frame))
         if not chain or chain[0][1] is not frame:
@@ -165,14 +169,15 @@ def inference_node(tmp, hub, genesis_state, genesis):
     transport = hub.join(peer_id(me), store_resolver(store.root))
     ctx = RoleContext(cfg=cfg, identity=me, store=store, transport=transport,
                       status=NodeStatus(role="inference", peer_id=peer_id(me), run_id="walk"))
+    return ctx, syncer_on(ctx)
+
+def syncer_on(ctx):
     if PeerBook is None:
         from pulse_node.daemon.evidence_plane import node_trust
-        trust = node_trust(cfg)
+        trust = node_trust(ctx.cfg)
         trust.listen_members(ctx.share_members)
-        sync = VersionSync(store, transport, trust, net=NetConfig(), catchup_min_gap=0, standing=ctx.standing)
-    else:
-        sync = VersionSync(store, transport, ctx.book, net=NetConfig(), catchup_min_gap=0)
-    return ctx, sync
+        return VersionSync(ctx.store, ctx.transport, trust, net=NetConfig(), catchup_min_gap=0, standing=ctx.standing)
+    return VersionSync(ctx.store, ctx.transport, ctx.book, net=NetConfig(), catchup_min_gap=0)
 
 def trainer_node(tmp, hub, ident, keys, shapes, base, weights):
     cfg = TrainerConfig.model_validate({{"data_dir": str(tmp / ident.public_key_hex[:8]), "run_id": "walk",
@@ -199,9 +204,12 @@ def version_walk(tmp):
     hub.join(peer_id(TRAINER), store_resolver(trainer.root)).publish(PeerStatus(
         role="trainer", version=head.version - 1, node_key=TRAINER.public_key_hex,
         serves=Serves(lowest=1, highest=head.version, anchors=trainer.anchors())))
-    ctx, sync = inference_node(tmp, hub, states[0], genesis)
-    sync.step(ctx.peers())  # versions 1 and 2: the record the trainer announces is probed
-    assert sync.record.version == head.version - 1, sync.record
+    ctx, first = inference_node(tmp, hub, states[0], genesis)
+    first.step(ctx.peers())  # versions 1 and 2: the record the trainer announces is probed
+    assert first.record.version == head.version - 1, first.record
+    first.close()
+    # a syncer on that store whose fetch threads start inside the walk (so they are traced too)
+    sync = syncer_on(ctx)
     from pulse_node.daemon.transport import Event
     with Walk() as w:
         events = [Event("head", peer_id(TRAINER), encode_record(head), 0)]

@@ -16,13 +16,14 @@ from pulse_node.chain.catchup import check_catchup
 from pulse_node.chain.catchup_producer import CatchupProducer
 from pulse_node.chain.layout import catchup_path, prune_catchups
 from pulse_node.chain.peer import PeerRecord, PeerStatus, Serves
-from pulse_node.chain.serving import resolve, store_resolver
 from pulse_node.chain.store import VersionStore
 from pulse_node.codec.patch import apply_patch, make_patch
 from pulse_node.config import NetConfig
 from pulse_node.errors import BusyError, GapError, WireError
 from pulse_node.inference.syncer import VersionSync
 from pulse_node.net.wire import protocol as wp
+from pulse_node.net.wire.protocol import CatchupRequest
+from pulse_node.net.wire.serving import resolve, store_resolver
 from pulse_node.peers.book import PeerBook
 from pulse_node.peers.trainerset import TrainerSet
 from pulse_node.testing.memory import MemoryHub, announced
@@ -135,11 +136,11 @@ def test_lowest_served_is_where_the_patches_to_the_head_start(tmp_path: Path) ->
 
 
 def test_memory_transport_serves_made_catchups_and_says_why_not(served: Path, tmp_path: Path) -> None:
-    assert resolve(served, "catchup", {"base": 3, "target": 17}) == catchup_path(served, 3, 17)
-    assert resolve(served, "catchup", {"base": 17, "target": 3}) is None
+    assert resolve(served, CatchupRequest(base=3, target=17)) == catchup_path(served, 3, 17)
+    assert resolve(served, CatchupRequest(base=17, target=3)) is None
     hub = MemoryHub()
     hub.join("server", store_resolver(served, producer=CatchupProducer(served, wait_s=60)))
-    client = hub.join("client", lambda kind, params: None)
+    client = hub.join("client", lambda request: None)
     server = announced("server", PeerStatus(role="inference"))
     size = client.fetch(server, wp.CatchupRequest(base=3, target=17), tmp_path / "got", timeout=5)
     assert size == catchup_path(served, 3, 17).stat().st_size
@@ -151,7 +152,7 @@ def test_memory_transport_serves_made_catchups_and_says_why_not(served: Path, tm
 
 def _syncer(tmp_path: Path, hub: MemoryHub, *, at: int, **kw) -> VersionSync:
     store = fill(tmp_path / "lagging", at, start=at)
-    transport = hub.join("lagging", lambda kind, params: None)
+    transport = hub.join("lagging", lambda request: None)
     return VersionSync(store, transport, _trust(), net=NetConfig(), **kw)
 
 
@@ -229,7 +230,7 @@ def test_syncer_keeps_its_version_rather_than_reload_an_older_anchor(served: Pat
 
     hub = MemoryHub()
     peers = [_serve(hub, served, None, 14), _trainer(14)]  # the DHT still says 14 ...
-    patches_lost = FaultyTransport(hub.join("lagging", lambda kind, params: None),
+    patches_lost = FaultyTransport(hub.join("lagging", lambda request: None),
                                    FaultRates(drop=1.0, only_kinds=("patch",)), seed=0)
     sync = VersionSync(fill(tmp_path / "lagging", 14, start=14), patches_lost,
                        _trust(), net=NetConfig())

@@ -95,7 +95,8 @@ def states_equal(a: State, b: State) -> bool:
 
 def build_chain(states: list[State], *, anchor_every: int, ident: Identity = TRAINER,
                 run_id: str = "run-s") -> list[tuple[VersionRecord, bytes | None]]:
-    """Signed (record, patch) for every version; anchors every ``anchor_every`` versions."""
+    """Signed (record, patch) for every version; anchors every ``anchor_every`` versions. The
+    genesis nonce is fixed, so every process building it gets the same chain (same epoch)."""
     from pulse_node.chain.anchor import anchor_manifest
     from pulse_node.codec.patch import make_patch
     from pulse_node.codec.statehash import state_hash
@@ -108,7 +109,7 @@ def build_chain(states: list[State], *, anchor_every: int, ident: Identity = TRA
         parent = make_record(ident, run_id=run_id, version=v, parent=parent,
                              state_hash=state_hash(state), patch=patch, anchor_version=anchor,
                              is_anchor=anchor == v, codec=CODEC,
-                             anchor_manifest=anchor_manifest(state) if anchor == v else b"")
+                             anchor_manifest=anchor_manifest(state) if anchor == v else b"", nonce=bytes(16))
         out.append((parent, patch))
     return out
 

@@ -9,17 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from pulse_node.chain.admission import (
-    MAX_ENDORSEMENTS,
-    Admission,
-    bound_key,
-    read_key_file,
-    sender_key,
-)
+from pulse_node.chain.admission import MAX_ENDORSEMENTS, Admission, read_key_file
 from pulse_node.chain.identity import Identity, peer_id_of_key
 from pulse_node.cli import main
 from pulse_node.errors import ConfigError, IntegrityError, WireError
-from pulse_node.peers.trainerset import TrainerSet
+from pulse_node.peers.trainerset import TrainerSet, bound_key, sender_key
 
 RUN = "run-t"
 A, B, C, NEW, EVE = (Identity.generate() for _ in range(5))

@@ -39,5 +39,6 @@ def test_what_a_fuzzing_run_found_crashing_is_refused_now(path: Path) -> None:
 def test_every_decoder_of_peer_bytes_is_registered() -> None:
     assert {"version_record", "patch_compact", "patch_overwrite", "patch_context", "patch_inplace", "patch_streamed",
             "loco_payload", "round_decision", "admission", "evidence", "rollout_batch", "status_record", "dht_entry",
-            "rpc_request", "rpc_reply", "wire_frame", "anchor_header", "anchor_state"} <= set(TARGETS)
+            "rpc_request", "rpc_reply", "wire_frame", "anchor_header", "anchor_state", "inner_commitment",
+            "inner_opening", "spot_evidence", "statement"} <= set(TARGETS)
     assert {p.name for p in REGRESSIONS.iterdir() if p.is_dir()} <= set(TARGETS)

@@ -19,13 +19,13 @@ from test_inference_inplace import _holds, _live
 from test_inference_streaming import _writer
 from test_node_sync_bounds import _syncer, served  # noqa: F401  (fixture)
 
-from pulse_node.chain.serving import store_resolver
 from pulse_node.codec.failpoints import STEPS
 from pulse_node.codec.patch import make_patch
 from pulse_node.codec.pipelined import Expected
 from pulse_node.codec.statehash import state_hash
 from pulse_node.errors import PeerUnavailable
 from pulse_node.inference.streaming import Pipeline
+from pulse_node.net.wire.serving import store_resolver
 from pulse_node.testing.adversaries import announce
 from pulse_node.testing.failpoints import FailAt, InjectedBug, InjectedFault
 from pulse_node.testing.memory import MemoryHub

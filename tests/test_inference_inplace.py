@@ -13,12 +13,12 @@ from test_chain_synth import TRAINER, states_equal, verified
 from test_node_sync_bounds import _syncer, served  # noqa: F401  (fixture)
 
 from pulse_node.chain.record import make_record
-from pulse_node.chain.serving import store_resolver
 from pulse_node.codec.header import pack_header, unpack_header
 from pulse_node.codec.patch import make_patch
 from pulse_node.codec.statehash import state_hash
 from pulse_node.errors import IntegrityError
 from pulse_node.inference.syncer import Fetched
+from pulse_node.net.wire.serving import store_resolver
 from pulse_node.rl.liveweights import LiveWeights
 from pulse_node.testing.adversaries import announce
 from pulse_node.testing.memory import MemoryHub

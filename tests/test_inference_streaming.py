@@ -16,7 +16,6 @@ from test_chain_synth import TRAINER
 from test_inference_inplace import _live
 from test_node_sync_bounds import EVE, _syncer, served  # noqa: F401  (fixture)
 
-from pulse_node.chain.serving import store_resolver
 from pulse_node.chain.store import VersionStore
 from pulse_node.codec.patch import ParsedPatch, make_patch
 from pulse_node.codec.pipelined import Expected
@@ -24,6 +23,8 @@ from pulse_node.codec.statehash import state_hash
 from pulse_node.errors import IntegrityError, PeerUnavailable
 from pulse_node.fsutil import atomic_writer
 from pulse_node.inference.streaming import Pipeline
+from pulse_node.net.wire.protocol import FetchRequest, PatchRequest
+from pulse_node.net.wire.serving import store_resolver
 from pulse_node.testing.adversaries import announce
 from pulse_node.testing.memory import MemoryHub
 
@@ -151,13 +152,13 @@ def test_a_peer_serving_a_corrupt_patch_moves_nothing_and_is_struck(served, tmp_
     hub = MemoryHub()
     honest = store_resolver(served)
 
-    def corrupt_patches(kind: str, params: dict) -> Path | None:
-        path = honest(kind, params)
-        if kind != "patch" or path is None:
+    def corrupt_patches(request: FetchRequest) -> Path | None:
+        path = honest(request)
+        if not isinstance(request, PatchRequest) or path is None:
             return path
         data = bytearray(path.read_bytes())
         data[len(data) // 2] ^= 0x10
-        out = tmp_path / f"lie-{params['version']}"
+        out = tmp_path / f"lie-{request.version}"
         out.write_bytes(bytes(data))
         return out
 

@@ -116,3 +116,4 @@ def test_too_few_contributors_close_the_round_without_update() -> None:
     w0 = opt.params["w"].clone()
     opt.apply(payloads(opt, 1, seed=0))
     assert opt.round == 1 and torch.equal(opt.params["w"], w0)
+    assert opt.kept == {"trainer-0": 0.0}  # nothing applied: its sender puts it all back

@@ -13,6 +13,7 @@ import pytest
 from pulse_node.chain.identity import Identity, peer_id_of_key
 from pulse_node.errors import IntegrityError, WireError
 from pulse_node.loco.commit import (
+    COMMIT_FORMAT,
     MAX_COMMIT_BYTES,
     STATE_GLOBAL,
     BatchRef,
@@ -107,7 +108,7 @@ def _raw(c: InnerCommitment) -> list:
 
 @pytest.mark.parametrize("mutate", [
     lambda r: r[:-1],  # a field missing
-    lambda r: [*r[:1], 2, *r[2:]],  # another format
+    lambda r: [*r[:1], COMMIT_FORMAT + 1, *r[2:]],  # another format
     lambda r: [*r[:3], "4", *r[4:]],  # round as a string
     lambda r: [*r[:8], D[:8], *r[9:]],  # a short settings digest
     lambda r: [*r[:10], 1000, *r[11:]],  # leaf size not a power of two in range

@@ -158,19 +158,31 @@ def test_refusals_are_logged_once_per_peer_and_interval(caplog: pytest.LogCaptur
     assert len([r for r in caplog.records if "peerA" in r.getMessage()]) == 2
 
 
-def test_p2pd_push_plane_serves_members_first_and_one_stream_per_non_member() -> None:
+def test_p2pd_push_plane_admits_streams_as_the_wire_does_members_first_one_per_non_member() -> None:
+    """The push plane has no admission of its own: its ``StreamPools`` (the wire worker's
+    mechanism) with ``MAX_INBOUND`` streams, of which non-members hold ``OTHER_INBOUND``, one each."""
     from pulse_node.net.dht import push as dht_push
 
+    clock = Clock()
     plane = dht_push.PushPlane(p2p=None)
+    pools = plane.pools = StreamPools(plane.pools.cfg, plane.members, plane.refusals, clock=clock)
     plane.members.set(["m"])
-    assert plane._slot("x") == ""
-    plane._others = {"x": 1}
-    assert plane._slot("x") == "streams_peer"
-    plane._others = {f"p{i}": 1 for i in range(dht_push.OTHER_INBOUND)}
-    assert plane._slot("y") == "streams_pool" and plane._slot("m") == ""
-    plane._active = dht_push.MAX_INBOUND
-    assert plane._slot("m") == "busy"
-    assert plane.inbox.shares is not None and plane.stats()["refused"] == {}
+    x = pools.open("x")
+    with pytest.raises(Refused) as one_each:
+        pools.open("x")
+    y = pools.open("y")
+    with pytest.raises(Refused) as pool_full:
+        pools.open("z")  # both non-member slots held, within their grace: nobody is evicted
+    members = [pools.open("m") for _ in range(dht_push.MAX_INBOUND - dht_push.OTHER_INBOUND)]
+    with pytest.raises(Refused):
+        pools.open("m")  # members use every stream, and no more
+    assert (one_each.value.reason, pool_full.value.reason) == (BudgetRefusal.STREAMS_PEER, BudgetRefusal.STREAMS_POOL)
+    clock.t += dht_push.HEADER_TIMEOUT_S + 1  # past its grace having moved nothing: a slow drip
+    assert pools.open("z") and BudgetRefusal.EVICTED in (x.cut, y.cut)
+    for f in members:
+        pools.close(f)
+    assert plane.inbox.shares is not None and plane.stats().refused == {
+        BudgetRefusal.STREAMS_PEER: 1, BudgetRefusal.STREAMS_POOL: 2, BudgetRefusal.EVICTED: 1}
 
 
 def test_the_node_tells_the_workers_its_peer_view_once_per_change(tmp_path) -> None:
@@ -192,9 +204,9 @@ def test_the_node_tells_the_workers_its_peer_view_once_per_change(tmp_path) -> N
             self.told.append(view)
 
     key, hub = Identity.generate().public_key_hex, MemoryHub()
-    hub.join("worker", lambda k, p: None)
+    hub.join("worker", lambda request: None)
     transport = Counting(hub, "me")
-    hub.join("me", lambda k, p: None)
+    hub.join("me", lambda request: None)
     cfg = InferenceConfig.model_validate({"data_dir": str(tmp_path), "chain": {"trusted_trainers": [key]}})
     store = VersionStore(tmp_path / "store")
     ctx = RoleContext(cfg=cfg, identity=Identity.generate(), store=store, transport=transport,

@@ -62,8 +62,11 @@ def test_a_request_is_checked_before_it_is_sent_and_its_reply_on_arrival() -> No
     assert req.rpc_reply({"bytes": 5, "seconds": 0.1, "peer": "p", "total": 5}) == wire_rpc.FetchResult(5, 0.1, "p", 5)
     with pytest.raises(WireError, match="fetch: bad reply: bytes"):
         req.rpc_reply({"bytes": "five", "seconds": 0.1, "peer": "p"})
-    events = dht_rpc.Events().rpc_reply([{"kind": "loco", "sender": "s", "received_at": 1.0, "path": "/x", "size": 9}])
-    assert events[0].path == "/x" and events[0].data == b""
+    events = dht_rpc.Events().rpc_reply([{"event": {"kind": "loco", "sender": "s", "data": b"", "received_at": 1.0},
+                                          "path": "/x", "size": 9}])
+    assert events[0].path == "/x" and events[0].event.data == b"" and events[0].event.kind == "loco"
+    with pytest.raises(WireError, match="events: bad reply: 0.event.kind"):
+        dht_rpc.Events().rpc_reply([{"event": {"kind": "nonsense", "sender": "s", "data": b"", "received_at": 1.0}}])
     with pytest.raises(WireError, match="events: bad params: wait_s"):
         dht_rpc.Events(wait_s="soon")  # type: ignore[arg-type]
 

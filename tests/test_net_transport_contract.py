@@ -21,10 +21,10 @@ from helpers import wait_for
 
 from pulse_node.chain.identity import Identity
 from pulse_node.chain.peer import PeerRecord, PeerStatus, Serves
-from pulse_node.chain.serving import resolve, store_resolver
 from pulse_node.daemon.transport import Transport
 from pulse_node.errors import NotFound, PeerUnavailable, WireError
 from pulse_node.net.wire import protocol as wp
+from pulse_node.net.wire.serving import resolve, store_resolver
 from pulse_node.vocab import FETCH_KINDS, PUSH_KINDS
 
 pytestmark = pytest.mark.timeout(300)
@@ -50,7 +50,7 @@ def _store(root: Path) -> dict[str, bytes]:
     files = {}
     for req in REQUESTS:
         kind = wp.kind_of(req)
-        path = resolve(root, kind, wp.params_of(req))
+        path = resolve(root, req)
         path.parent.mkdir(parents=True, exist_ok=True)
         files[kind] = os.urandom(3 * MiB if kind == "anchor" else 5000)
         path.write_bytes(files[kind])

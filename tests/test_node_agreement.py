@@ -14,13 +14,14 @@ from helpers import all_at_version, assert_trainers_identical, read_status, wait
 
 from pulse_node.chain.identity import Identity
 from pulse_node.chain.peer import PeerStatus
-from pulse_node.chain.serving import resolve, store_resolver
 from pulse_node.chain.store import VersionStore
 from pulse_node.config import TrainerConfig
 from pulse_node.daemon.context import RoleContext
 from pulse_node.daemon.status import NodeStatus
-from pulse_node.errors import PulseError
+from pulse_node.errors import PulseError, WireError
 from pulse_node.loco.decision import decode_decision, encode_decision, make_decision
+from pulse_node.net.wire.protocol import LocoDecisionRequest, LocoPayloadRequest
+from pulse_node.net.wire.serving import resolve, store_resolver
 from pulse_node.testing.faults import CrashingTransport, FaultRates, FaultyTransport
 from pulse_node.testing.inprocess import InProcessSwarm
 from pulse_node.testing.memory import MemoryHub, announced
@@ -34,7 +35,7 @@ LOCO = {"inner_steps": 2, "deadline_s": 2.0, "decision_wait_s": 2.0}
 
 def _push_forged_decisions(hub: MemoryHub, trainers) -> None:
     """A peer pushes each trainer a decision signed by its own key in the coordinator's name, and junk."""
-    rogue = hub.join("rogue", lambda kind, params: None)
+    rogue = hub.join("rogue", lambda request: None)
     forged = encode_decision(make_decision(Identity.generate(), run_id=DEFAULT_RUN_ID, round=1, base=b"\0" * 32, epoch=EPOCH,
                                            coordinator="trainer-a", contributors={"trainer-a": b"\0" * 32}))
     for name in trainers:
@@ -197,7 +198,7 @@ def test_forged_and_conflicting_decisions_are_rejected_and_counted(tmp_path):
     from pulse_node.loco.payload import LocoPayload, encode_payload
 
     hub, coord, rogue = MemoryHub(), Identity.generate(), Identity.generate()
-    hub.join("trainer-a", lambda kind, params: None).publish(
+    hub.join("trainer-a", lambda request: None).publish(
         PeerStatus(role="trainer", node_key=coord.public_key_hex))
     agreement = _agreement(tmp_path, hub, loco={"deadline_s": 1e-3, "decision_wait_s": 1e-3})  # a's turn comes at once
     mine = LocoPayload(round=3, trainer_id="trainer-b", base_hash=b"\x01" * 32, numel={"w": 4},
@@ -226,7 +227,7 @@ def test_forged_and_conflicting_decisions_are_rejected_and_counted(tmp_path):
     agreement.offer_decision("trainer-a", good)
     agreement.offer_decision("trainer-a", signed(round=99))  # outside the window: ignored
     assert agreement.decisions[3] == decode_decision(good) and set(agreement.decisions) == {3}
-    assert resolve(agreement.root, "loco_decision", {"round": 3}).read_bytes() == good  # served to peers
+    assert resolve(agreement.root, LocoDecisionRequest(round=3)).read_bytes() == good  # served to peers
     with pytest.raises(PulseError, match="convicted"):  # a second, different one of the same key
         agreement.offer_decision("trainer-a", signed(contributors={"trainer-a": b"\x03" * 32}))
     assert coord.public_key_hex in agreement.ctx.book.evidence and 3 not in agreement.decisions
@@ -235,7 +236,7 @@ def test_forged_and_conflicting_decisions_are_rejected_and_counted(tmp_path):
 
 def test_decisions_from_untrusted_trainer_keys_are_rejected(tmp_path):
     hub, coord = MemoryHub(), Identity.generate()
-    hub.join("trainer-a", lambda kind, params: None).publish(
+    hub.join("trainer-a", lambda request: None).publish(
         PeerStatus(role="trainer", node_key=coord.public_key_hex))
     agreement = _agreement(tmp_path, hub, chain={"trusted_trainers": ["ab" * 32]})
     data = encode_decision(make_decision(coord, run_id=DEFAULT_RUN_ID, round=3, base=b"\x01" * 32, epoch=EPOCH,
@@ -248,9 +249,10 @@ def test_decisions_from_untrusted_trainer_keys_are_rejected(tmp_path):
 
 def test_round_files_are_served_only_for_well_formed_requests(tmp_path):
     digest = "ab" * 32
-    assert resolve(tmp_path, "loco_payload", {"round": 5, "digest": digest}) == tmp_path / "loco" / "5" / f"{digest}.payload"
-    assert resolve(tmp_path, "loco_decision", {"round": 5}) == tmp_path / "loco" / "5" / "decision"
-    for params in ({"round": 5, "digest": "../" + digest[3:]}, {"round": 5, "digest": digest.upper()},
-                   {"round": -1, "digest": digest}, {"round": True, "digest": digest}, {"round": 5}, {}):
-        assert resolve(tmp_path, "loco_payload", params) is None, params
-    assert resolve(tmp_path, "loco_decision", {"round": "5"}) is None
+    assert resolve(tmp_path, LocoPayloadRequest(round=5, digest=digest)) == tmp_path / "loco" / "5" / f"{digest}.payload"
+    assert resolve(tmp_path, LocoDecisionRequest(round=5)) == tmp_path / "loco" / "5" / "decision"
+    for bad in ("../" + digest[3:], digest.upper(), digest[:-1]):
+        assert resolve(tmp_path, LocoPayloadRequest(round=5, digest=bad)) is None, bad
+    for fields in ({"round": -1, "digest": digest}, {"round": True, "digest": digest}, {"round": "5", "digest": digest}):
+        with pytest.raises(WireError):  # a peer's request of these never reaches the resolver
+            LocoPayloadRequest(**fields)

@@ -114,10 +114,10 @@ def _agreement(tmp_path: Path, state: _Round, members=("trainer-a", "trainer-c",
     cfg = TrainerConfig.model_validate({"data_dir": str(tmp_path / "b")})
     store, hub = VersionStore(tmp_path / "b" / "store"), MemoryHub()
     for name in members:
-        hub.join(name, lambda kind, params: None).publish(
+        hub.join(name, lambda request: None).publish(
             PeerStatus(role="trainer", node_key=Identity.generate().public_key_hex))
     ctx = RoleContext(cfg=cfg, identity=Identity.generate(), store=store,
-                      transport=hub.join("trainer-b", lambda kind, params: None),
+                      transport=hub.join("trainer-b", lambda request: None),
                       status=NodeStatus(role="trainer", peer_id="trainer-b", run_id=cfg.run_id))
     return RoundAgreement(ctx, shapes=SHAPES, current_round=lambda: state.round, epoch=lambda: bytes(32),
                           base=state.base)

@@ -13,8 +13,8 @@ from test_chain_synth import TRAINER
 from test_node_sync_bounds import _syncer
 
 from pulse_node.chain.peer import PeerStatus, Serves
-from pulse_node.chain.serving import store_resolver
 from pulse_node.errors import PeerUnavailable
+from pulse_node.net.wire.serving import store_resolver
 from pulse_node.peers.standing import FETCH_UNKNOWN
 from pulse_node.testing.adversaries import announce, peer_id
 from pulse_node.testing.memory import MemoryHub
@@ -27,7 +27,7 @@ class Silent:
         self.asked = 0
         self.lock = threading.Lock()
 
-    def __call__(self, kind: str, params: dict) -> None:
+    def __call__(self, request: object) -> None:
         with self.lock:
             self.asked += 1
         raise PeerUnavailable("no answer")
@@ -119,13 +119,13 @@ def test_a_nodes_view_holds_the_same_honest_peers_with_one_or_a_thousand_fresh_k
 
     hub, me, trainer = MemoryHub(), Identity.generate(), Identity.generate()
     for pid, role in ((peer_id(trainer), "trainer"), ("worker", "inference")):
-        hub.join(pid, lambda k, p: None).publish(PeerStatus(role=role, version=3))
+        hub.join(pid, lambda request: None).publish(PeerStatus(role=role, version=3))
     _flood(hub, Silent(), n)
     store = VersionStore(tmp_path / "store")
     cfg = InferenceConfig.model_validate({"data_dir": str(tmp_path), "chain": {"trusted_trainers": [trainer.public_key_hex]}})
     ctx = RoleContext(cfg=cfg, identity=me, store=store,
                       status=NodeStatus(role="inference", peer_id=peer_id(me), run_id="r"),
-                      transport=hub.join(peer_id(me), lambda k, p: None))
+                      transport=hub.join(peer_id(me), lambda request: None))
     try:
         ctx.book.judge("worker", Delivered())
         view = [p.peer_id for p in ctx.peers()]

@@ -23,6 +23,7 @@ from pulse_node.codec.state import TensorBits
 from pulse_node.errors import IntegrityError, PulseError
 from pulse_node.loco.decision import encode_decision, make_decision
 from pulse_node.loco.equivocation import evidence_checkers
+from pulse_node.net.wire.protocol import kind_of
 from pulse_node.peers.book import PeerBook
 from pulse_node.peers.evidence import EvidenceBook
 from pulse_node.peers.outcomes import Fault, Reported
@@ -61,7 +62,7 @@ def pair(tmp_path):
         if coordinator_order(RUN, ROUND, [peer_id(me), peer_id(member)])[0] == peer_id(me):
             break
     ag = _agreement(tmp_path, hub, me, [me.public_key_hex, member.public_key_hex])
-    hub.join(peer_id(member), lambda kind, params: None).publish(
+    hub.join(peer_id(member), lambda request: None).publish(
         PeerStatus(role="trainer", version=ROUND, node_key=member.public_key_hex))
     yield ag, member
     ag.ctx.store.close()
@@ -228,8 +229,8 @@ def test_a_member_serving_another_record_for_an_anchor_gets_no_honest_provider_s
 
     from pulse_node.chain.anchor import AnchorManifest
     from pulse_node.chain.record import signing_bytes
-    from pulse_node.chain.serving import store_resolver
     from pulse_node.inference.anchor_load import load_anchor
+    from pulse_node.net.wire.serving import store_resolver
     from pulse_node.testing.adversaries import announce
 
     served = fill(tmp_path / "served" / "store", 24)
@@ -244,10 +245,10 @@ def test_a_member_serving_another_record_for_an_anchor_gets_no_honest_provider_s
     forged_file = tmp_path / "forged.record"
     forged_file.write_bytes(encode_record(forged))
     honest_store = store_resolver(served.root)
-    liar = announce(hub, member, lambda kind, params: forged_file if kind == "record" else honest_store(kind, params),
+    liar = announce(hub, member, lambda r: forged_file if kind_of(r) == "record" else honest_store(r),
                     role="trainer", version=24, anchors=(20,))
     honest = announce(hub, TRAINER, honest_store, role="trainer", version=24, anchors=(20,))
-    me = hub.join("me", lambda kind, params: None)
+    me = hub.join("me", lambda request: None)
     book = PeerBook(TrainerSet(run_id=real.run_id, keys=[TRAINER.public_key_hex, member.public_key_hex]))
     book.gate.verify(forged)
     with pytest.raises(PulseError):
@@ -260,12 +261,12 @@ def test_the_evidence_plane_verifies_reports_spreads_and_keeps_evidence(tmp_path
     status, the evidence is pushed on to every peer, and a node built on the same data dir keeps it."""
     from helpers import wait_for
 
-    from pulse_node.chain.serving import store_resolver
     from pulse_node.chain.store import VersionStore
     from pulse_node.config import InferenceConfig
     from pulse_node.daemon.context import RoleContext
     from pulse_node.daemon.evidence_plane import EvidencePlane
     from pulse_node.daemon.status import NodeStatus
+    from pulse_node.net.wire.serving import store_resolver
 
     bad = Identity.generate()
     cfg = InferenceConfig.model_validate({"data_dir": str(tmp_path / "me"), "chain": {"trusted_trainers": [bad.public_key_hex]}})
@@ -273,7 +274,7 @@ def test_the_evidence_plane_verifies_reports_spreads_and_keeps_evidence(tmp_path
     store = VersionStore(tmp_path / "me" / "store")
     ctx = RoleContext(cfg=cfg, identity=Identity.generate(), store=store, transport=hub.join("me", store_resolver(store.root)),
                       status=NodeStatus(role="inference", peer_id="me", run_id=cfg.run_id))
-    peer = hub.join("peer", lambda kind, params: None)
+    peer = hub.join("peer", lambda request: None)
     peer.publish(PeerStatus(role="inference"))
     book = ctx.book
     plane = EvidencePlane(ctx)
@@ -287,7 +288,7 @@ def test_the_evidence_plane_verifies_reports_spreads_and_keeps_evidence(tmp_path
     got = wait_for(lambda: [e for e in peer.events(wait_s=0.1) if e.kind == "evidence"], timeout=10, what="the gossip")
     assert decode_evidence(got[0].data)[1:] == (one, two)
     assert PeerBook.for_node(cfg).convicted(bad.public_key_hex), "a restart forgot the evidence"
-    late = hub.join("late", lambda kind, params: None)  # joined after the gossip
+    late = hub.join("late", lambda request: None)  # joined after the gossip
     late.publish(PeerStatus(role="inference"))
     plane._told_at = float("-inf")  # the next tell is due
     plane.tick()
@@ -299,7 +300,7 @@ def test_the_evidence_plane_verifies_reports_spreads_and_keeps_evidence(tmp_path
 def test_a_member_announcing_a_far_version_does_not_close_our_round(tmp_path):
     hub, me, member = MemoryHub(), Identity.generate(), Identity.generate()
     ag = _agreement(tmp_path, hub, me, [me.public_key_hex, member.public_key_hex])
-    t = hub.join(peer_id(member), lambda kind, params: None)
+    t = hub.join(peer_id(member), lambda request: None)
     try:
         for version, closed in ((10**12 - 1, False), (ROUND + 1, True)):
             t.publish(PeerStatus(role="trainer", version=version, node_key=member.public_key_hex))

@@ -31,7 +31,7 @@ TRAINERS = ("trainer-a", "trainer-b")
 def _member(swarm: InProcessSwarm, ident: Identity, dirs: dict, stop: threading.Event) -> None:
     """The member's attacks, pushed to every honest node once a second until stopped."""
     me = "member-m"
-    t = swarm.hub.join(me, lambda kind, params: None)
+    t = swarm.hub.join(me, lambda request: None)
     t.publish(PeerStatus(role="inference", node_key=ident.public_key_hex))  # a member key, not a live trainer
     while not stop.wait(1.0):
         v = max((node_version(d) for n, d in dirs.items() if n in TRAINERS), default=0)

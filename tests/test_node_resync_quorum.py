@@ -15,11 +15,11 @@ from test_node_resync_trust import RUN, _server
 
 from pulse_node.chain.identity import Identity
 from pulse_node.chain.record import encode_record, signing_bytes
-from pulse_node.chain.serving import store_resolver
 from pulse_node.chain.store import VersionStore
 from pulse_node.config import TrainerConfig
 from pulse_node.daemon.context import RoleContext
 from pulse_node.daemon.status import NodeStatus
+from pulse_node.net.wire.serving import store_resolver
 from pulse_node.testing.adversaries import announce, peer_id
 from pulse_node.testing.memory import MemoryHub
 from pulse_node.trainer.resync_quorum import majority
@@ -69,8 +69,8 @@ def trio(tmp_path):
 def test_one_members_conflicting_head_is_outvoted_not_a_resync(trio, tmp_path):
     role, hub = trio
     ours = role.publisher.head
-    honest = announce(hub, HONEST, lambda kind, params: None, role="trainer", version=3)
-    liar = announce(hub, LIAR, lambda kind, params: None, role="trainer", version=3)
+    honest = announce(hub, HONEST, lambda request: None, role="trainer", version=3)
+    liar = announce(hub, LIAR, lambda request: None, role="trainer", version=3)
     other = dataclasses.replace(ours, state_hash="cd" * 32)
     from pulse_node.chain.record import chain_hash
     other = dataclasses.replace(other, chain_hash=chain_hash(parent_chain_hash=other.parent_chain_hash, version=3,

@@ -18,13 +18,13 @@ from helpers import tiny_overrides
 from pulse_node.chain.identity import Identity
 from pulse_node.chain.layout import store_path
 from pulse_node.chain.record import encode_record, make_record
-from pulse_node.chain.serving import store_resolver
 from pulse_node.chain.store import VersionStore
 from pulse_node.codec.statehash import state_hash
 from pulse_node.config import TrainerConfig
 from pulse_node.daemon.context import RoleContext
 from pulse_node.daemon.status import NodeStatus
 from pulse_node.errors import IntegrityError
+from pulse_node.net.wire.serving import store_resolver
 from pulse_node.testing.adversaries import announce, peer_id
 from pulse_node.testing.faults import ForgedChain
 from pulse_node.testing.memory import MemoryHub
@@ -137,7 +137,7 @@ def test_a_member_state_newer_than_ours_is_adopted(trainer, tmp_path) -> None:
 
 def test_pushed_heads_count_only_when_signed_by_their_member_sender(trainer) -> None:
     role, hub, rogue = trainer
-    honest_id = announce(hub, HONEST, lambda kind, params: None, role="trainer").peer_id
+    honest_id = announce(hub, HONEST, lambda request: None, role="trainer").peer_id
     genuine = ForgedChain(RUN, HONEST).record(3)
     for sender, rec in ((peer_id(rogue), genuine),                              # replayed by another peer
                         (peer_id(rogue), ForgedChain(RUN, rogue).record(3)),    # signed by a non-member

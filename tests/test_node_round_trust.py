@@ -18,7 +18,6 @@ import pytest
 from pulse_node.chain.admission import Admission
 from pulse_node.chain.identity import Identity
 from pulse_node.chain.peer import PeerStatus
-from pulse_node.chain.serving import store_resolver
 from pulse_node.chain.store import VersionStore
 from pulse_node.config import TrainerConfig
 from pulse_node.daemon.context import RoleContext
@@ -27,6 +26,7 @@ from pulse_node.errors import IntegrityError, PulseError
 from pulse_node.loco.bound import PayloadBoundError, max_payload_bytes
 from pulse_node.loco.decision import encode_decision, make_decision, payload_digest
 from pulse_node.loco.payload import LocoPayload, encode_payload
+from pulse_node.net.wire.serving import store_resolver
 from pulse_node.testing.adversaries import peer_id
 from pulse_node.testing.memory import MemoryHub
 from pulse_node.trainer.agreement import RoundAgreement
@@ -41,7 +41,7 @@ W = {"w": (np.random.default_rng(0).standard_normal(64) * 0.02).astype(np.float3
 
 def _announce(hub: MemoryHub, ident: Identity, *, admission: bytes | None = None) -> str:
     pid = peer_id(ident)
-    hub.join(pid, lambda kind, params: None).publish(
+    hub.join(pid, lambda request: None).publish(
         PeerStatus(role="trainer", version=ROUND, node_key=ident.public_key_hex, admission=admission))
     return pid
 
@@ -124,7 +124,7 @@ def test_an_admitted_trainer_is_a_contributor(tmp_path):
     pid = _announce(hub, new, admission=half.encode())
     with pytest.raises(IntegrityError):
         ag.offer_payload(pid, _payload(pid)[1])
-    hub.join(pid, lambda kind, params: None).publish(PeerStatus(
+    hub.join(pid, lambda request: None).publish(PeerStatus(
         role="trainer", version=ROUND, node_key=new.public_key_hex, admission=half.endorse(other).encode()))
     ag.offer_payload(pid, _payload(pid)[1])
     assert pid in ag.inbox[ROUND] and pid in ag._live()

@@ -37,7 +37,7 @@ def _keyed(node_cfg, tmp_path, **loco):
 def _fake_trainer(swarm: InProcessSwarm, dirs, stop: threading.Event) -> None:
     """Announce the trainer role under a fresh key and push payloads and decisions until stopped."""
     me, key = "fake-trainer", Identity.generate()
-    t = swarm.hub.join(me, lambda kind, params: None)
+    t = swarm.hub.join(me, lambda request: None)
     t.publish(PeerStatus(role="trainer", version=1000, node_key=key.public_key_hex))
     peers = [announced(n, PeerStatus(role="trainer")) for n in NAMES]
     while not stop.wait(0.1):

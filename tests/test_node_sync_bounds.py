@@ -17,12 +17,13 @@ from test_chain_synth import TRAINER, states_equal
 
 from pulse_node.chain.identity import Identity
 from pulse_node.chain.record import encode_record, make_record
-from pulse_node.chain.serving import store_resolver
 from pulse_node.config import NetConfig
 from pulse_node.daemon.transport import Event
 from pulse_node.errors import IntegrityError
 from pulse_node.inference.anchor_load import load_anchor
 from pulse_node.inference.syncer import VersionSync
+from pulse_node.net.wire.protocol import kind_of
+from pulse_node.net.wire.serving import store_resolver
 from pulse_node.peers.book import PeerBook
 from pulse_node.peers.outcomes import Lied
 from pulse_node.peers.trainerset import TrainerSet
@@ -46,8 +47,8 @@ def _trust() -> PeerBook:
 
 def _syncer(tmp_path: Path, hub: MemoryHub, *, at: int, **kw) -> VersionSync:
     me = Identity.generate()
-    transport = hub.join(announce(hub, me, lambda kind, params: None, role="inference").peer_id,
-                         lambda kind, params: None)
+    transport = hub.join(announce(hub, me, lambda request: None, role="inference").peer_id,
+                         lambda request: None)
     return VersionSync(fill(tmp_path / "me", at, start=at), transport, _trust(), net=NetConfig(), **kw)
 
 
@@ -67,7 +68,7 @@ def test_claimed_versions_are_no_target_until_a_member_signed_record_is_verified
     stranger = Identity.generate()
     announce(hub, EVE, LyingServer(served, tmp_path / "thief", lies={}), role="trainer", version=2_000_000,
              node_key=TRAINER.public_key_hex)
-    announce(hub, stranger, lambda kind, params: None, role="trainer", version=2_000_000)
+    announce(hub, stranger, lambda request: None, role="trainer", version=2_000_000)
     announce(hub, TRAINER, store_resolver(served), role="trainer", version=16, lowest=1)
     sync = _syncer(tmp_path, hub, at=14, catchup_min_gap=0)
     try:
@@ -120,7 +121,7 @@ def test_a_bad_anchor_piece_blames_exactly_the_peer_that_sent_it(served, tmp_pat
     header_liar_id = Identity.generate()
     header_liar = announce(hub, header_liar_id, LyingServer(served, tmp_path / "h", lies={"anchor": "bad_header"}),
                            role="inference", version=24, anchors=(20,))
-    me = hub.join("me", lambda kind, params: None)
+    me = hub.join("me", lambda request: None)
     book = _trust()
     # the honest peer serves the header; the data piece is asked of the chunk liar first
     loaded = load_anchor(me, book, rec, honest, [honest, chunk_liar], tmp_path, timeout=30)
@@ -148,12 +149,12 @@ def test_a_holder_answering_with_a_forged_or_no_record_is_struck_a_silent_one_is
     forged_file.write_bytes(encode_record(ForgedChain("run-s", EVE).record(20)))
     junk_file.write_bytes(b"\x93junk")
     honest_store = store_resolver(served)
-    forger = announce(hub, EVE, lambda kind, params: forged_file if kind == "record" else honest_store(kind, params),
+    forger = announce(hub, EVE, lambda r: forged_file if kind_of(r) == "record" else honest_store(r),
                       role="inference", version=24, anchors=(20,))
-    junker = announce(hub, Identity.generate(), lambda kind, params: junk_file if kind == "record" else None,
+    junker = announce(hub, Identity.generate(), lambda r: junk_file if kind_of(r) == "record" else None,
                       role="inference", version=24, anchors=(20,))
-    silent = announce(hub, Identity.generate(), lambda kind, params: None, role="inference", version=24, anchors=(20,))
-    me = hub.join("me", lambda kind, params: None)
+    silent = announce(hub, Identity.generate(), lambda request: None, role="inference", version=24, anchors=(20,))
+    me = hub.join("me", lambda request: None)
     book = _trust()
     got = load_anchor(me, book, rec, honest, [honest, forger, junker, silent], tmp_path, timeout=30)
     assert got.state is not None and states_equal(got.state, STATES[20])
@@ -164,7 +165,7 @@ def test_a_provider_answering_with_bytes_that_are_no_record_is_struck(served, tm
     hub = MemoryHub()
     junk_file = tmp_path / "junk.record"
     junk_file.write_bytes(b"\x93junk")
-    junker = announce(hub, EVE, lambda kind, params: junk_file, role="inference", version=24, lowest=0)
+    junker = announce(hub, EVE, lambda r: junk_file, role="inference", version=24, lowest=0)
     sync = _syncer(tmp_path, hub, at=5)
     try:
         got = sync.book.ask(junker.peer_id, lambda: sync.fetch.record(junker, 6))
@@ -180,8 +181,8 @@ def test_banned_peers_provide_no_anchor_pieces(served, tmp_path) -> None:
     liar = LyingServer(served, tmp_path / "liar", lies={"anchor": "bad_chunk"})
     rogue = announce(hub, EVE, liar, role="inference", version=24, lowest=21, anchors=(20,))
     me = Identity.generate()
-    transport = hub.join(announce(hub, me, lambda kind, params: None, role="inference").peer_id,
-                         lambda kind, params: None)
+    transport = hub.join(announce(hub, me, lambda request: None, role="inference").peer_id,
+                         lambda request: None)
     from pulse_node.chain.store import VersionStore
 
     sync = VersionSync(VersionStore(tmp_path / "fresh", trusted_signers={TRAINER.public_key_hex}), transport,
@@ -202,6 +203,28 @@ def test_a_store_of_another_run_is_refused_with_a_clear_error(tmp_path) -> None:
 
     store = fill(tmp_path / "other", 3)  # versions of run "run-s"
     with pytest.raises(ConfigError, match="holds versions of run 'run-s', not 'run-x'"):
-        VersionSync(store, MemoryHub().join("me", lambda kind, params: None),
+        VersionSync(store, MemoryHub().join("me", lambda request: None),
                     PeerBook(TrainerSet(run_id="run-x", keys=[TRAINER.public_key_hex])), net=NetConfig())
     store.close()
+
+
+def test_a_verified_pushed_head_is_used_not_fetched_again(served, tmp_path) -> None:
+    """The record a trainer pushed (and the node verified) is the one its version is fetched
+    with: from that trainer only the patch is asked for, not the record once more."""
+    hub, asked = MemoryHub(), {"record": 0, "patch": 0}
+    serve = store_resolver(served)
+
+    def counting(request):
+        kind = type(request).__name__.removesuffix("Request").lower()
+        asked[kind] = asked.get(kind, 0) + 1
+        return serve(request)
+
+    announce(hub, TRAINER, counting, role="trainer", version=14, lowest=1)  # its record does not say 15 yet
+    sync = _syncer(tmp_path, hub, at=14, catchup_min_gap=0)
+    try:
+        sync.take_events([Event("head", peer_id(TRAINER), encode_record(CHAIN[15][0]), 0.0)])
+        applied = sync.step(list(hub.records.values()))
+        assert [r.version for r in applied] == [15] and states_equal(sync.state, STATES[15])
+        assert asked["record"] == 0 and asked["patch"] == 1
+    finally:
+        sync.close()

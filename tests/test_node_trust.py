@@ -35,7 +35,7 @@ def test_forged_versions_are_rejected_and_rogue_ignored(inprocess_swarm, node_cf
     # The rogue is a peer without standing: it is asked only where members cannot serve
     # (peers/standing.py), so whether it is asked for a file depends on timing. What it pushes
     # is always looked at: each forged head it pushes is rejected and strikes it, the third bans it.
-    rogue, forged = inprocess_swarm.hub.join("rogue", lambda kind, params: None), ForgedChain(DEFAULT_RUN_ID)
+    rogue, forged = inprocess_swarm.hub.join("rogue", lambda request: None), ForgedChain(DEFAULT_RUN_ID)
     me = next(p for p in inprocess_swarm.hub.records.values() if p.role == "inference" and p.peer_id != "rogue")
     for n in range(1, 4):
         rogue.push(me, "head", encode_record(forged.record(5000 + n)), timeout=5)
@@ -58,7 +58,7 @@ def test_forged_head_announcement_is_no_hint_and_strikes_its_sender(tmp_path):
     trainer = Identity.generate()
     honest, forged = ForgedChain("run", trainer), ForgedChain("run")  # signed by the trainer / by nobody trusted
     store = VersionStore(tmp_path / "store")
-    sync = VersionSync(store, MemoryHub().join("me", lambda kind, params: None),
+    sync = VersionSync(store, MemoryHub().join("me", lambda request: None),
                        PeerBook(TrainerSet(run_id="run", keys=[trainer.public_key_hex])), net=NetConfig())
     try:
         sync.take_events([Event("head", "rogue", encode_record(forged.record(50)), 0.0),

@@ -30,6 +30,7 @@ from pulse_node.codec.pipelined import MAX_RESERVE, Expected, GrowingBuffer
 from pulse_node.codec.state import TensorBits, state_nbytes
 from pulse_node.errors import PatchError, PulseError
 from pulse_node.inference.streaming import Pipeline
+from pulse_node.net.wire.protocol import FetchRequest, kind_of
 from pulse_node.testing.adversaries import announce
 from pulse_node.testing.memory import MemoryHub
 
@@ -340,9 +341,10 @@ def test_a_member_signed_patch_size_past_the_model_is_refused_before_any_fetch(s
     blob = tmp_path / "blob"
     blob.write_bytes(os.urandom(4096))
 
-    def serve(kind: str, params: dict) -> Path | None:
+    def serve(request: FetchRequest) -> Path | None:
+        kind = kind_of(request)
         asked.append(kind)
-        return rec_file if kind == "record" and params.get("version") == 15 else blob if kind == "patch" else None
+        return rec_file if kind == "record" and getattr(request, "version", None) == 15 else blob if kind == "patch" else None
 
     peer = announce(hub, TRAINER, serve, role="trainer", version=15, lowest=15)
     try:

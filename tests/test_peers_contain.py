@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 
 from pulse_node.chain.identity import Identity
-from pulse_node.chain.serving import store_resolver
 from pulse_node.chain.store import VersionStore
 from pulse_node.config import InferenceConfig
 from pulse_node.daemon.context import RoleContext
 from pulse_node.daemon.status import NodeStatus
 from pulse_node.errors import IntegrityError
+from pulse_node.net.wire.serving import store_resolver
 from pulse_node.peers.contain import BACKOFF_S, BURST, Containment
 from pulse_node.peers.outcomes import Unexpected
 from pulse_node.testing.adversaries import announce, peer_id
@@ -78,7 +78,7 @@ def test_a_pushed_event_whose_handling_breaks_is_refused_and_the_next_one_handle
     before = contained.total
     try:
         for ident, body in ((bad, b"boom"), (good, b"lie"), (good, b"fine")):
-            hub.join(peer_id(ident), lambda kind, params: None).push(
+            hub.join(peer_id(ident), lambda request: None).push(
                 hub.records["me"] if "me" in hub.records else _me(hub), "head", body, timeout=5.0)
         ctx.take_events({"head": handle}, wait_s=1.0)
         assert taken == [peer_id(good)], "the node did not go on past the broken input"

@@ -16,9 +16,9 @@ from pulse_node.testing.memory import MemoryHub, announced
 def test_injected_faults_are_counted_in_their_own_file_not_in_the_status(tmp_path: Path) -> None:
     assert not {"fault_injection", "faults", "faulted"} & set(DataPlane.model_fields)
     hub = MemoryHub()
-    faulty = FaultyTransport(hub.join("a", lambda kind, params: None), FaultRates(drop=1.0), seed=1,
+    faulty = FaultyTransport(hub.join("a", lambda request: None), FaultRates(drop=1.0), seed=1,
                              report_to=tmp_path / FAULTS_FILE)
-    hub.join("b", lambda kind, params: None)
+    hub.join("b", lambda request: None)
     assert read_fault_report(tmp_path) is None  # nothing written before the first status refresh
     for _ in range(3):
         faulty.push(announced("b", PeerStatus(role="inference")), "head", b"x", timeout=1.0)  # dropped
@@ -39,7 +39,7 @@ def test_the_ledger_sums_the_reports_of_every_life(tmp_path: Path) -> None:
     hub, ledger = MemoryHub(), ChaosLedger()
     child = Child("i0", tmp_path)
     for life in range(2):  # a restarted node starts counting again, in a new report
-        faulty = FaultyTransport(hub.join(f"a{life}", lambda kind, params: None), FaultRates(drop=1.0), seed=life,
+        faulty = FaultyTransport(hub.join(f"a{life}", lambda request: None), FaultRates(drop=1.0), seed=life,
                                  report_to=tmp_path / FAULTS_FILE)
         faulty.started_at += life  # two lives, two start times
         faulty.push(announced("nobody", PeerStatus(role="inference")), "loco", b"x", timeout=1.0)

@@ -122,7 +122,7 @@ def test_admissions_come_from_the_configured_keys_never_a_convicted_one_and_fall
 def crowd(tmp_path):
     """A trainer (root) at version 3, two honest roots and two colluding roots; the colluders
     (admission quorum 2) admitted four Sybil keys, all on the hub."""
-    from pulse_node.chain.serving import store_resolver
+    from pulse_node.net.wire.serving import store_resolver
     from pulse_node.chain.store import VersionStore
     from pulse_node.config import TrainerConfig
     from pulse_node.daemon.context import RoleContext
@@ -144,7 +144,7 @@ def crowd(tmp_path):
         role._publish()  # versions 0..3
     for ident in (*honest, *liars, *sybils):
         adm = Admission(RUN, ident.public_key_hex).endorse(liars[0]).endorse(liars[1]) if ident in sybils else None
-        hub.join(peer_id(ident), lambda kind, params: None).publish(
+        hub.join(peer_id(ident), lambda request: None).publish(
             PeerStatus(role="trainer", version=3, node_key=ident.public_key_hex, admission=adm.encode() if adm else None))
     yield role, honest, liars + sybils
     store.close()

@@ -24,8 +24,8 @@ import torch
 from pulse_node.chain.catchup_producer import CatchupProducer
 from pulse_node.chain.identity import Identity, verify_signature
 from pulse_node.chain.peer import PeerStatus, Serves
-from pulse_node.chain.record import VersionRecord
-from pulse_node.chain.serving import store_resolver
+from pulse_node.chain.record import RECORD_MAGIC, VersionRecord
+from pulse_node.chain.statement import DOMAIN
 from pulse_node.chain.store import VersionStore
 from pulse_node.chain.verified import VerifiedVersion
 from pulse_node.codec.header import unpack_header
@@ -33,6 +33,7 @@ from pulse_node.codec.state import State
 from pulse_node.codec.statehash import state_hash
 from pulse_node.config import ChainConfig, NetConfig
 from pulse_node.inference.syncer import VersionSync
+from pulse_node.net.wire.serving import store_resolver
 from pulse_node.peers.book import PeerBook
 from pulse_node.peers.trainerset import TrainerSet
 from pulse_node.rl.config import ModelConfig
@@ -44,7 +45,11 @@ from pulse_node.trainer.publisher import VersionPublisher
 
 RUN = "verify-once"
 TRAINER = Identity.generate()
-_RECORD_SIGNATURE = b"pulse/version-record/"  # the domain of a version record's signed bytes
+
+
+def _of_a_record(signed: bytes) -> bool:
+    """Whether signed bytes are a version record's: the statements' domain, then the record's magic."""
+    return signed.startswith(DOMAIN) and RECORD_MAGIC.encode() in signed[:len(DOMAIN) + 32]
 
 
 class Counts:
@@ -53,7 +58,7 @@ class Counts:
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.n: Counter[str] = Counter()
         self._wrap(monkeypatch, verify_signature, "signature",
-                   only=lambda key, data, sig: bytes(data).startswith(_RECORD_SIGNATURE))
+                   only=lambda key, data, sig: _of_a_record(bytes(data)))
         self._wrap(monkeypatch, state_hash, "state_hash")
         self._wrap(monkeypatch, unpack_header, "header")
 
@@ -113,7 +118,7 @@ def chain(tmp_path: Path) -> tuple[Trainer, VersionSync, list[State]]:
     hub = MemoryHub()
     trainer = Trainer(tmp_path / "trainer", hub)
     me = Identity.generate()
-    transport = hub.join(peer_id(me), lambda kind, params: None)
+    transport = hub.join(peer_id(me), lambda request: None)
     transport.publish(PeerStatus(role="inference", node_key=me.public_key_hex))
     book = PeerBook(TrainerSet(run_id=RUN, keys=[TRAINER.public_key_hex]))
     sync = VersionSync(VersionStore(tmp_path / "inference"), transport, book, net=NetConfig(), catchup_min_gap=0)

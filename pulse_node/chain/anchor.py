@@ -136,7 +136,7 @@ def header_length(first8: bytes) -> int:
     return n
 
 
-def split_header(data: bytes) -> tuple[int, dict[str, Any]]:
+def split_header(data: bytes) -> tuple[int, dict[str, Any]]:  # Any: a peer's JSON, read field by field
     """(header length, parsed header) of safetensors bytes; ``IntegrityError`` if malformed."""
     n = header_length(data[:8])
     if len(data) < 8 + n:

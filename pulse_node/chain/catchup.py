@@ -5,7 +5,7 @@ patch is much smaller than the sum of the patches a+1..b (see bench/RESULTS.md, 
 A catch-up patch needs no signature of its own: the codec header names the base and result
 state hashes, and the receiver checks them against the signed records of a and b
 (``check_catchup``), then ``apply_patch(..., verify=True)`` checks the state it produced.
-Any peer that holds both states can therefore serve catch-ups; ``catchup_producer`` makes
+Every peer that holds both states can therefore serve catch-ups; ``catchup_producer`` makes
 them on demand from a node's store.
 """
 

@@ -11,9 +11,9 @@ version and round numbers again on another parent or base, which convicts nobody
 two messages and raises unless they really conflict. Who is convicted, and what that means for
 the peers, is the peer book's (``peers/evidence.py``).
 
-Wire and file format: a msgpack array ``[EVIDENCE_MAGIC, EVIDENCE_FORMAT, kind, first, second]``
-of at most ``MAX_EVIDENCE_BYTES``; the key, the version or round and the conflict are recomputed
-from the two messages, never read from the envelope.
+Wire and file format: the statement envelope (``chain/statement.py``, unsigned: the two messages
+are) of a ``Conflict`` ``(kind, first, second)``, at most ``MAX_EVIDENCE_BYTES``; the key, the
+version or round and the conflict are recomputed from the two messages, never read from it.
 """
 
 from __future__ import annotations
@@ -21,11 +21,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal, get_args
+from typing import Annotated, Literal, get_args
 
-import msgpack
+from pydantic import Field
 
 from pulse_node.chain.record import MAX_RECORD_BYTES, VersionRecord, decode_record, encode_record, verify_record
+from pulse_node.chain.statement import Statement
 from pulse_node.errors import IntegrityError, WireError
 
 EVIDENCE_MAGIC = "pulse/equivocation"
@@ -56,9 +57,25 @@ class Evidence:
         return encode_evidence(self.kind, self.first, self.second)
 
 
+Message = Annotated[bytes, Field(max_length=MAX_EVIDENCE_BYTES)]
+
+
+@dataclass(frozen=True)
+class Conflict:
+    """The wire form of evidence: two conflicting signed messages of ``kind``."""
+
+    kind: Annotated[str, Field(max_length=64)]
+    first: Message
+    second: Message
+
+
+CONFLICTS = Statement(Conflict, magic=EVIDENCE_MAGIC, format=EVIDENCE_FORMAT, max_bytes=MAX_EVIDENCE_BYTES,
+                      max_str=64, max_bin=MAX_EVIDENCE_BYTES, max_array=8, signatures=())
+
+
 def encode_evidence(kind: EvidenceKind, first: bytes, second: bytes) -> bytes:
     """The wire and file form of evidence of ``kind``: the two conflicting signed messages."""
-    return msgpack.packb([EVIDENCE_MAGIC, EVIDENCE_FORMAT, kind, first, second], use_bin_type=True)
+    return CONFLICTS.encode(Conflict(kind, first, second))
 
 
 def evidence_kind(kind: object) -> EvidenceKind:
@@ -71,19 +88,8 @@ def evidence_kind(kind: object) -> EvidenceKind:
 
 def decode_evidence(data: bytes) -> tuple[str, bytes, bytes]:
     """(kind, first, second) of hostile bytes; ``WireError`` if malformed. Nothing is verified here."""
-    if not isinstance(data, (bytes, bytearray)) or len(data) > MAX_EVIDENCE_BYTES:
-        raise WireError(f"evidence must be bytes of at most {MAX_EVIDENCE_BYTES}")
-    try:
-        items = msgpack.unpackb(bytes(data), raw=False, strict_map_key=True, max_str_len=64,
-                                max_bin_len=MAX_EVIDENCE_BYTES, max_array_len=8, max_map_len=0, max_ext_len=0)
-    except Exception as exc:  # msgpack raises several unrelated types on garbage
-        raise WireError(f"evidence is not valid msgpack ({type(exc).__name__})") from None
-    if not (isinstance(items, list) and len(items) == 5 and items[:2] == [EVIDENCE_MAGIC, EVIDENCE_FORMAT]):
-        raise WireError("not equivocation evidence of a supported format")
-    kind, first, second = items[2:]
-    if not (isinstance(kind, str) and isinstance(first, bytes) and isinstance(second, bytes)):
-        raise WireError("evidence fields are malformed")
-    return kind, first, second
+    c = CONFLICTS.decode(data)
+    return c.kind, c.first, c.second
 
 
 def heads_conflict(first: bytes, second: bytes, run_id: str) -> tuple[str, int]:

@@ -1,8 +1,10 @@
 """The version gate: which signed version records a node accepts. Checks only; it judges no peer.
 
 A record passes when it is of this run, its signature verifies and its signer is a trainer-set
-member, read through ``Membership`` (the peer book, ``peers/book.py``, answers it: configured and
-admitted keys, or in an open swarm the announced trainers; never a convicted key). What a
+member, read through the read-only ``Membership`` interface: a ``Signers`` value the peer book
+(``peers/book.py``) hands the gate whenever membership or its live part changes (configured and
+admitted keys, or in an open swarm the announced trainers; never a convicted key; the members
+live in discovery that announce a version). The gate never calls up into the book. What a
 refusal means for whoever sent the record is the caller's to hand to the book
 (``peers/outcomes.outcome_of``): a plain ``IntegrityError`` is the sender's lie, ``SignedWrong``
 (a convicted signer, a far version) and ``Equivocation`` are not.
@@ -32,6 +34,7 @@ refusal means for whoever sent the record is the caller's to hand to the book
 from __future__ import annotations
 
 from collections import OrderedDict
+from dataclasses import dataclass
 from typing import Protocol
 
 from pulse_node.chain.evidence import head_evidence
@@ -55,22 +58,35 @@ MIN_SIGNERS = 2
 
 
 class Membership(Protocol):
-    """Who may sign versions, as the gate reads it (the peer book answers)."""
+    """Who may sign versions, as the gate reads it."""
 
     @property
     def run_id(self) -> str: ...
 
-    def signers(self) -> frozenset[str]:
+    @property
+    def keys(self) -> frozenset[str]:
         """The keys whose records count now: trainer-set members, none convicted."""
         ...
 
-    def convicted(self, key: str) -> bool:
-        """Whether ``key`` was convicted of equivocation."""
+    @property
+    def convicted(self) -> frozenset[str]:
+        """The keys convicted of equivocation."""
         ...
 
-    def live_signers(self) -> frozenset[str]:
+    @property
+    def live(self) -> frozenset[str]:
         """The members live in discovery now that announce a version (none convicted)."""
         ...
+
+
+@dataclass(frozen=True)
+class Signers:
+    """A ``Membership`` as a value: what the peer book says now."""
+
+    run_id: str
+    keys: frozenset[str] = frozenset()
+    convicted: frozenset[str] = frozenset()
+    live: frozenset[str] = frozenset()
 
 
 class SignedWrong(IntegrityError):
@@ -99,7 +115,7 @@ class VersionGate:
 
     def __init__(self, members: Membership, *, min_signers: int = MIN_SIGNERS,
                  max_version_step: int = VERSION_STEP) -> None:
-        self.members = members
+        self.members = members  # replaced by the peer book whenever membership changes
         self.min_signers = min_signers
         self.max_version_step = max_version_step
         self.seen_high: dict[str, int] = {}  # member key -> highest version it was seen signing
@@ -118,11 +134,11 @@ class VersionGate:
 
         The signature of a record equal to one verified before (kept per signer and parent) is
         not verified again; every other check is (``recheck_record``)."""
-        if self.members.convicted(record.signer):
+        if record.signer in self.members.convicted:
             raise SignerConvicted(f"record {record.short()}: signer {key_id_of(record.signer)} is convicted of "
                                   "equivocation")
         check = recheck_record if self._signed.get(_slot(record)) == record else verify_record
-        check(record, run_id=self.run_id, trusted_signers=self.members.signers(), parent=parent)
+        check(record, run_id=self.run_id, trusted_signers=self.members.keys, parent=parent)
         self._check_step(record)
         self._check_equivocation(record)
         self._vote(record)
@@ -142,7 +158,7 @@ class VersionGate:
     def ceiling(self, signer: str) -> int | None:
         """The highest version the live members but ``signer`` were seen signing, or our own head
         if higher; None while no other live member was seen signing (module docstring)."""
-        live = self.members.live_signers()
+        live = self.members.live
         others = [v for k, v in self.seen_high.items() if k != signer and k in live]
         return max(others + [self.held]) if others else None
 
@@ -186,10 +202,10 @@ class VersionGate:
 
     def needed(self) -> int:
         """Distinct members that must sign a version: ``min_signers``, at most the live signers, at least 1."""
-        return max(1, min(self.min_signers, len(self.members.live_signers())))
+        return max(1, min(self.min_signers, len(self.members.live)))
 
     def _quorum(self, version: int, chain: str) -> bool:
-        signers = self.members.signers()
+        signers = self.members.keys
         votes = self._votes.get(version, {})
         return sum(1 for k, h in votes.items() if h == chain and k in signers) >= self.needed()
 

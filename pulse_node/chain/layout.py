@@ -22,7 +22,6 @@ import os
 import struct
 from collections.abc import Collection
 from pathlib import Path
-from typing import Any
 
 from pulse_node.chain.record import VersionRecord, decode_record, encode_record
 from pulse_node.errors import StoreError, WireError
@@ -124,7 +123,7 @@ def state_metadata(record: VersionRecord) -> dict[str, str]:
     }
 
 
-def read_safetensors_header(path: Path) -> dict[str, Any]:
+def read_safetensors_header(path: Path) -> dict[str, object]:
     """Parse a safetensors header and check the file is exactly as long as it declares.
 
     Cheap (reads the header only); catches truncated and over-long files. ``StoreError``.

@@ -28,67 +28,62 @@ and result state hashes when the patch is applied.
 made with (``rl/settings.py``; "" when none are declared): signed like every field, so a
 producer cannot pick its own temperature or task and trainers agree on what they check.
 
-Wire format (``RECORD_FORMAT`` 3): a msgpack array
-``[RECORD_MAGIC, RECORD_FORMAT, run_id, version, parent_chain_hash, chain_hash, epoch, genesis_nonce, state_hash,
-patch_digest, patch_bytes, anchor_version, is_anchor, anchor_manifest, codec, created_at,
-rollout_settings, signer, signature]``.
-The signed message is the same array without the signature, prefixed by a domain tag.
+Wire format (``RECORD_FORMAT`` 4): the signed-statement envelope (``chain/statement.py``), the
+fields in ``VersionRecord``'s order, each declared there with its bounds; the signature covers
+every other field.
 """
 
 from __future__ import annotations
 
 import hashlib
-import math
 import os
-import re
 import time
 from collections.abc import Collection, Iterator
-from dataclasses import dataclass, fields
-from typing import Any
+from dataclasses import dataclass
+from typing import Annotated
 
 import msgpack
+from pydantic import Field, StringConstraints
 
 from pulse_node.chain.anchor import MAX_MANIFEST_BYTES, AnchorManifest
-from pulse_node.chain.identity import Identity, key_id_of, verify_signature
+from pulse_node.chain.identity import Identity, key_id_of
+from pulse_node.chain.statement import U63, Finite, Hex64, RunId, Signature, Statement
 from pulse_node.errors import IntegrityError, WireError
-from pulse_node.vocab import RUN_ID_RULE, is_run_id
 
 RECORD_MAGIC = "pulse/version-record"
-RECORD_FORMAT = 3
+RECORD_FORMAT = 4
 MAX_RECORD_BYTES = 8192
-_SIGN_DOMAIN = b"pulse/version-record/sign/1\0"
 _CHAIN_DOMAIN = "pulse/chain/1"
 _GENESIS_DOMAIN = "pulse/genesis/2"
 NONCE_LEN = 16
-_MAX_INT = 2**63 - 1
 
-_HEX64 = re.compile(r"[0-9a-f]{64}")
-_STATE_HASH = re.compile(r"[0-9a-f]{16,128}")
-_CODEC = re.compile(r"[a-z0-9._/+-]{1,64}")
-_SETTINGS = re.compile(r"[\x20-\x7e]{0,1024}")
+StateHash = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{16,128}$")]
+PatchDigest = Annotated[str, StringConstraints(pattern=r"^(?:[0-9a-f]{64})?$")]  # "" for version 0
+Codec = Annotated[str, StringConstraints(pattern=r"^[a-z0-9._/+-]{1,64}$")]
+Settings = Annotated[str, StringConstraints(pattern=r"^[\x20-\x7e]{0,1024}$")]
 
 
 @dataclass(frozen=True)
 class VersionRecord:
     """One signed, hash-chained model version. Field order is the wire order."""
 
-    run_id: str
-    version: int
-    parent_chain_hash: str
-    chain_hash: str
-    epoch: str  # chain hash of this chain's genesis (a genesis: its own)
-    genesis_nonce: bytes  # NONCE_LEN random bytes in a genesis, b"" in every later record
-    state_hash: str
-    patch_digest: str
-    patch_bytes: int
-    anchor_version: int
+    run_id: RunId
+    version: U63
+    parent_chain_hash: Hex64
+    chain_hash: Hex64
+    epoch: Hex64  # chain hash of this chain's genesis (a genesis: its own)
+    genesis_nonce: Annotated[bytes, Field(max_length=NONCE_LEN)]  # NONCE_LEN random bytes in a genesis, else b""
+    state_hash: StateHash
+    patch_digest: PatchDigest
+    patch_bytes: U63
+    anchor_version: U63
     is_anchor: bool
-    anchor_manifest: bytes  # b"" unless is_anchor (chain/anchor.py)
-    codec: str
-    created_at: float
-    rollout_settings: str
-    signer: str
-    signature: bytes
+    anchor_manifest: Annotated[bytes, Field(max_length=MAX_MANIFEST_BYTES)]  # b"" unless is_anchor (chain/anchor.py)
+    codec: Codec
+    created_at: Finite
+    rollout_settings: Settings
+    signer: Hex64
+    signature: Signature
 
     def short(self) -> str:
         """``v12@3fa9c1e0`` style tag for log lines."""
@@ -99,13 +94,29 @@ class VersionRecord:
         return AnchorManifest.decode(self.anchor_manifest) if self.anchor_manifest else None
 
 
-_FIELDS = tuple(f.name for f in fields(VersionRecord))
-_TYPES: dict[str, type] = {
-    "run_id": str, "version": int, "parent_chain_hash": str, "chain_hash": str, "epoch": str,
-    "genesis_nonce": bytes, "state_hash": str, "patch_digest": str, "patch_bytes": int, "anchor_version": int,
-    "is_anchor": bool, "anchor_manifest": bytes, "codec": str, "created_at": float,
-    "rollout_settings": str, "signer": str, "signature": bytes,
-}
+def _rules(r: VersionRecord) -> Iterator[str]:
+    """What every record obeys across its fields (independent of signature and parent)."""
+    if r.version == 0 and (r.patch_digest or r.patch_bytes or not r.is_anchor):
+        yield "version 0 must be an anchor without a patch"
+    if r.version == 0 and (len(r.genesis_nonce) != NONCE_LEN or r.epoch != r.chain_hash):
+        yield f"version 0 must carry a {NONCE_LEN}-byte genesis nonce and name its own chain hash as epoch"
+    if r.version > 0 and r.genesis_nonce:
+        yield "only version 0 carries a genesis nonce"
+    if r.version > 0 and not r.patch_digest:
+        yield "patch_digest must be 64 lowercase hex characters"
+    if not r.anchor_version <= r.version or r.is_anchor != (r.anchor_version == r.version):
+        yield "anchor_version must be <= version, and equal to it exactly when is_anchor"
+    if r.anchor_manifest and not r.is_anchor:
+        yield "anchor_manifest must be empty unless the version is an anchor"
+    if r.anchor_manifest:
+        try:
+            AnchorManifest.decode(r.anchor_manifest)
+        except WireError as exc:
+            yield str(exc)
+
+
+RECORDS = Statement(VersionRecord, magic=RECORD_MAGIC, format=RECORD_FORMAT, max_bytes=MAX_RECORD_BYTES,
+                    max_bin=MAX_MANIFEST_BYTES, max_array=32, rules=_rules)
 
 
 def digest_of(data: bytes) -> str:
@@ -126,14 +137,9 @@ def chain_hash(*, parent_chain_hash: str, version: int, patch_digest: str, state
     return hashlib.sha256(packed).hexdigest()
 
 
-def _values(r: VersionRecord) -> list[Any]:
-    return [getattr(r, name) for name in _FIELDS]
-
-
 def signing_bytes(r: VersionRecord) -> bytes:
     """The exact bytes the signer signs: every field but the signature, domain-tagged."""
-    body = [RECORD_MAGIC, RECORD_FORMAT, *_values(r)[:-1]]
-    return _SIGN_DOMAIN + msgpack.packb(body, use_bin_type=True)
+    return RECORDS.signing_bytes(r)
 
 
 def make_record(identity: Identity, *, run_id: str, version: int, parent: VersionRecord | None,
@@ -161,91 +167,17 @@ def make_record(identity: Identity, *, run_id: str, version: int, parent: Versio
         anchor_version=anchor_version, is_anchor=is_anchor, anchor_manifest=anchor_manifest, codec=codec,
         created_at=float(time.time()), rollout_settings=rollout_settings,
         signer=identity.public_key_hex, signature=b"")
-    _check_fields(unsigned, unsigned_ok=True, error=ValueError)
-    return _replace_signature(unsigned, identity.sign(signing_bytes(unsigned)))
-
-
-def _replace_signature(r: VersionRecord, signature: bytes) -> VersionRecord:
-    values = dict(zip(_FIELDS, _values(r)))
-    values["signature"] = signature
-    return VersionRecord(**values)
+    return RECORDS.seal(identity, unsigned)
 
 
 def encode_record(r: VersionRecord) -> bytes:
-    """The record's wire bytes (msgpack array, see the module docstring)."""
-    return msgpack.packb([RECORD_MAGIC, RECORD_FORMAT, *_values(r)], use_bin_type=True)
+    """The record's wire bytes (the statement envelope, see the module docstring)."""
+    return RECORDS.encode(r)
 
 
 def decode_record(data: bytes) -> VersionRecord:
     """Parse hostile bytes into a record. ``WireError`` if malformed; no signature check here."""
-    if not isinstance(data, (bytes, bytearray, memoryview)):
-        raise WireError("record must be bytes")
-    if len(data) > MAX_RECORD_BYTES:
-        raise WireError(f"record is {len(data)} bytes, limit {MAX_RECORD_BYTES}")
-    try:
-        items = msgpack.unpackb(bytes(data), raw=False, use_list=True, strict_map_key=True,
-                                max_str_len=1024, max_bin_len=MAX_MANIFEST_BYTES, max_array_len=32,
-                                max_map_len=0, max_ext_len=0)
-    except Exception as exc:  # msgpack raises several unrelated types on garbage
-        raise WireError(f"record is not valid msgpack ({type(exc).__name__})") from None
-    if not isinstance(items, list) or len(items) < 2 or items[0] != RECORD_MAGIC:
-        raise WireError("not a version record")
-    if items[1] != RECORD_FORMAT:
-        raise WireError(f"version record format {items[1]!r} is not supported (want {RECORD_FORMAT})")
-    if len(items) != 2 + len(_FIELDS):
-        raise WireError(f"version record has {len(items) - 2} fields, expected {len(_FIELDS)}")
-    values = dict(zip(_FIELDS, items[2:]))
-    for name, want in _TYPES.items():
-        if type(values[name]) is not want:
-            raise WireError(f"record field {name} must be {want.__name__}, "
-                            f"got {type(values[name]).__name__}")
-    r = VersionRecord(**values)
-    _check_fields(r, unsigned_ok=False, error=WireError)
-    return r
-
-
-def _check_fields(r: VersionRecord, *, unsigned_ok: bool, error: type[Exception]) -> None:
-    """Shape rules every record obeys (independent of signature and parent)."""
-    problems = list(_field_problems(r, unsigned_ok=unsigned_ok))
-    if problems:
-        raise error(f"invalid version record v{r.version}: {problems[0]}")
-
-
-def _field_problems(r: VersionRecord, *, unsigned_ok: bool) -> Iterator[str]:
-    if not is_run_id(r.run_id):
-        yield f"run_id must be {RUN_ID_RULE}"
-    if not 0 <= r.version <= _MAX_INT or not 0 <= r.patch_bytes <= _MAX_INT:
-        yield "version and patch_bytes must be non-negative 63-bit integers"
-    for name in ("parent_chain_hash", "chain_hash", "epoch", "signer"):
-        if not _HEX64.fullmatch(getattr(r, name)):
-            yield f"{name} must be 64 lowercase hex characters"
-    if not _STATE_HASH.fullmatch(r.state_hash):
-        yield "state_hash must be 16-128 lowercase hex characters"
-    if r.version == 0 and (r.patch_digest or r.patch_bytes or not r.is_anchor):
-        yield "version 0 must be an anchor without a patch"
-    if r.version == 0 and (len(r.genesis_nonce) != NONCE_LEN or r.epoch != r.chain_hash):
-        yield f"version 0 must carry a {NONCE_LEN}-byte genesis nonce and name its own chain hash as epoch"
-    if r.version > 0 and r.genesis_nonce:
-        yield "only version 0 carries a genesis nonce"
-    if r.version > 0 and not _HEX64.fullmatch(r.patch_digest):
-        yield "patch_digest must be 64 lowercase hex characters"
-    if not 0 <= r.anchor_version <= r.version or r.is_anchor != (r.anchor_version == r.version):
-        yield "anchor_version must be <= version, and equal to it exactly when is_anchor"
-    if r.anchor_manifest and not r.is_anchor:
-        yield "anchor_manifest must be empty unless the version is an anchor"
-    if r.anchor_manifest:
-        try:
-            AnchorManifest.decode(r.anchor_manifest)
-        except WireError as exc:
-            yield str(exc)
-    if not _CODEC.fullmatch(r.codec):
-        yield "codec must match [a-z0-9._/+-]{1,64}"
-    if not math.isfinite(r.created_at) or r.created_at < 0:
-        yield "created_at must be a finite non-negative timestamp"
-    if not _SETTINGS.fullmatch(r.rollout_settings):
-        yield "rollout_settings must be at most 1024 printable ASCII characters"
-    if not (unsigned_ok and r.signature == b"") and len(r.signature) != 64:
-        yield "signature must be 64 bytes"
+    return RECORDS.decode(data)
 
 
 def verify_record(r: VersionRecord, *, run_id: str | None, trusted_signers: Collection[str] | None,
@@ -269,15 +201,14 @@ def recheck_record(r: VersionRecord, *, run_id: str | None, trusted_signers: Col
 def _check_record(r: VersionRecord, *, run_id: str | None, trusted_signers: Collection[str] | None,
                   parent: VersionRecord | None, signature: bool) -> None:
     tag = f"record {r.short()} from {key_id_of(r.signer)}"
-    try:
-        _check_fields(r, unsigned_ok=False, error=IntegrityError)
-    except IntegrityError as exc:
-        raise IntegrityError(f"{tag}: {exc}") from None
+    problem = next(RECORDS.problems(r), None)
+    if problem is not None:
+        raise IntegrityError(f"{tag}: invalid version record: {problem}")
     if run_id is not None and r.run_id != run_id:
         raise IntegrityError(f"{tag}: record of run {r.run_id!r}, this is run {run_id!r}")
     if trusted_signers is not None and r.signer not in trusted_signers:
         raise IntegrityError(f"{tag}: signer is not a trusted trainer key")
-    if signature and not verify_signature(r.signer, signing_bytes(r), r.signature):
+    if signature and not RECORDS.signed_by(r, r.signer, r.signature):
         raise IntegrityError(f"{tag}: bad signature")
     want = chain_hash(parent_chain_hash=r.parent_chain_hash, version=r.version,
                       patch_digest=r.patch_digest, state_hash=r.state_hash)

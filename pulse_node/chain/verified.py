@@ -124,7 +124,7 @@ def apply_version(state: State, version: VerifiedVersion, *, base: VersionRecord
 
     The header parsed at the gate is used as it is; the codec checks the base hash (against
     ``base``'s signed one, no hashing), the payload digest and, once, the result's state hash.
-    Returns what changed and ``version`` sealed with ``state`` (now its state). Any failure leaves
+    Returns what changed and ``version`` sealed with ``state`` (now its state). A failure leaves
     ``state`` as it was (``IntegrityError``, ``PatchError``). ``failpoints``: tests only."""
     if version.patch is None:
         raise IntegrityError(f"{version.short()} carries no patch to apply")

@@ -76,19 +76,14 @@ class RoleContext(Generic[C]):
         me, book = self.transport.peer_id, self.book
         found = tuple(p for p in self.transport.peers() if p.peer_id != me)
         if self._view_key != (found, book.changes, book.epoch()):  # a flood makes ordering cost: once per change
-            book.observe(found)
-            self._tell_view()
-            view = book.order(list(found), quota=VIEW_UNKNOWN)
-            taken = {p.peer_id for p in view}
-            claims = [p for p in found if p.role == "trainer" and p.admission and p.peer_id not in taken]
-            view += book.order(claims, quota=MAX_ADMISSION_CLAIMS)
-            self._last_view = (len(found), len(view), sum(not book.known(p.peer_id) for p in view))
-            self._view, self._view_key = view, (found, book.changes, book.epoch())
+            self._view, told = book.view_of(found, newcomers=VIEW_UNKNOWN, claims=MAX_ADMISSION_CLAIMS)
+            self._tell(told)
+            self._last_view = (len(found), len(self._view), sum(not book.known(p.peer_id) for p in self._view))
+            self._view_key = (found, book.changes, book.epoch())
         return [p for p in self._view if role is None or p.role == role]
 
-    def _tell_view(self) -> None:
+    def _tell(self, view: PeerView) -> None:
         """Tell the transport's workers the book's view (``peers/view.py``) when it changed."""
-        view = self.book.view()
         if view == self._told:
             return
         try:

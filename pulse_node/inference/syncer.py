@@ -233,9 +233,8 @@ class VersionSync:
     # ---- one pass -------------------------------------------------------------------
     def step(self, peers: list[PeerRecord], *, rank: int = 0) -> list[VersionRecord]:
         """Fetch and apply what is missing; returns the records applied in this pass."""
-        self.book.observe(peers)
         # banned, cooling down or convicted peers, and we, are not asked this pass
-        peers = [p for p in self.book.heeded(peers) if p.peer_id != self.transport.peer_id]
+        peers = [p for p in self.book.heed(peers) if p.peer_id != self.transport.peer_id]
         self._take_hints()
         self._probe_announced(peers)
         head = self.target()

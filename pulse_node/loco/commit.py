@@ -37,33 +37,31 @@ have to reproduce bit for bit:
   configured otherwise (another learning rate, an FP32 forward) names other settings: both are
   refused by ``check_header`` before anything is recomputed, and neither is accused.
 
-Wire format (``COMMIT_FORMAT`` 1): a msgpack array ``[COMMIT_MAGIC, COMMIT_FORMAT, run_id,
-round, trainer, signer, base, payload, settings, params, leaf, adam_step, state, state_root,
-steps, signature]`` with ``steps = [[[[producer, version, index, digest], ...], weights, grad_root,
-grad_norm], ...]`` (``grad_root`` empty for a step that had no informative rollout and so took
-no AdamW step). The signed message is the array without the signature behind a domain tag.
-``decode_commitment`` treats its input as hostile: size cap before parsing, msgpack limits,
-exact fields and types (``WireError``); ``verify_commitment`` checks the signature
+Wire format (``COMMIT_FORMAT`` 2): the signed-statement envelope (``chain/statement.py``) of an
+``InnerCommitment``, each field declared there with its bounds; ``steps`` travel as
+``[[[[producer, version, index, digest], ...], weights, grad_root, grad_norm], ...]`` (``grad_root``
+empty for a step that had no informative rollout and so took no AdamW step). ``decode_commitment``
+treats its input as hostile (``WireError``); ``verify_commitment`` checks the signature
 (``IntegrityError``).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, fields, replace
-from typing import Any
+from dataclasses import dataclass
+from typing import Annotated
 
 import blake3
 import msgpack
+from pydantic import Field
 
-from pulse_node.chain.identity import Identity, verify_signature
-from pulse_node.errors import IntegrityError, WireError
+from pulse_node.chain.identity import Identity
+from pulse_node.chain.statement import U63, Digest32, Finite, Hex64, RunId, Signature, Statement
+from pulse_node.errors import IntegrityError
 from pulse_node.loco.payload import MAX_TRAINER_ID
-from pulse_node.vocab import RUN_ID_RULE, is_run_id
 
 COMMIT_MAGIC = "pulse/inner-commitment"
-COMMIT_FORMAT = 1
+COMMIT_FORMAT = 2
 MAX_COMMIT_BYTES = 256 << 10
 MAX_STEPS = 1024
 MAX_BATCHES_PER_STEP = 64
@@ -73,29 +71,29 @@ LEAF_SIZES = tuple(1 << k for k in range(8, 17))  # 256 .. 65536 values per leaf
 STATE_GLOBAL = ("m", "v", "e")
 STATE_TRAINER = ("m", "v", "e", "u")
 DIGEST_LEN = 32
-_SIGN_DOMAIN = b"pulse/inner-commitment/sign/1\0"
 _SETTINGS_DOMAIN = b"pulse/inner-settings/1\0"
-_MAX_INT = 2**63 - 1
+
+PeerId = Annotated[str, Field(min_length=1, max_length=MAX_TRAINER_ID)]
 
 
 @dataclass(frozen=True)
 class BatchRef:
     """One verified rollout batch a step trained on: its key (producer, version, index) and digest."""
 
-    producer: str
-    version: int
-    index: int
-    digest: bytes
+    producer: PeerId
+    version: U63
+    index: U63
+    digest: Digest32
 
 
 @dataclass(frozen=True)
 class StepCommit:
     """One inner step: its batches, the BF16 weights its forward ran on, its clipped gradient."""
 
-    batches: tuple[BatchRef, ...]
-    weights: bytes
-    grad_root: bytes
-    grad_norm: float
+    batches: Annotated[tuple[BatchRef, ...], Field(min_length=1, max_length=MAX_BATCHES_PER_STEP)]
+    weights: Digest32
+    grad_root: Annotated[bytes, Field(max_length=DIGEST_LEN)]  # empty, or a 32-byte root
+    grad_norm: Finite
 
     @property
     def stepped(self) -> bool:
@@ -107,20 +105,20 @@ class StepCommit:
 class InnerCommitment:
     """A trainer's signed account of one round's inner steps (see the module docstring)."""
 
-    run_id: str
-    round: int
-    trainer: str
-    signer: str
-    base: bytes
-    payload: bytes
-    settings: bytes
-    params: int
+    run_id: RunId
+    round: U63
+    trainer: PeerId
+    signer: Hex64
+    base: Digest32
+    payload: Digest32
+    settings: Digest32
+    params: Annotated[int, Field(ge=1, le=MAX_PARAMS)]
     leaf: int
-    adam_step: int
+    adam_step: U63
     state: tuple[str, ...]
-    state_root: bytes
-    steps: tuple[StepCommit, ...]
-    signature: bytes = b""
+    state_root: Digest32
+    steps: Annotated[tuple[StepCommit, ...], Field(max_length=MAX_STEPS)]
+    signature: Signature = b""
 
     @property
     def stepped(self) -> list[int]:
@@ -132,131 +130,42 @@ class InnerCommitment:
         return blake3.blake3(encode_commitment(self)).digest()
 
 
-_FIELDS = tuple(f.name for f in fields(InnerCommitment))
+def _rules(c: InnerCommitment) -> Iterator[str]:
+    if c.leaf not in LEAF_SIZES:
+        yield f"leaf must be one of {LEAF_SIZES[0]}..{LEAF_SIZES[-1]} (a power of 2)"
+    if c.state not in (STATE_GLOBAL, STATE_TRAINER):
+        yield f"state must name {STATE_GLOBAL} or {STATE_TRAINER}"
+    if any(len(s.grad_root) not in (0, DIGEST_LEN) for s in c.steps):
+        yield "a step names an empty or 32-byte gradient root"
 
 
-def _body(c: InnerCommitment) -> list[Any]:
-    steps = [[[[b.producer, b.version, b.index, b.digest] for b in s.batches], s.weights, s.grad_root,
-              float(s.grad_norm)] for s in c.steps]
-    return [COMMIT_MAGIC, COMMIT_FORMAT, c.run_id, c.round, c.trainer, c.signer, c.base, c.payload, c.settings,
-            c.params, c.leaf, c.adam_step, list(c.state), c.state_root, steps]
+COMMITMENTS = Statement(InnerCommitment, magic=COMMIT_MAGIC, format=COMMIT_FORMAT, max_bytes=MAX_COMMIT_BYTES,
+                        max_str=MAX_TRAINER_ID, max_bin=64, max_array=max(MAX_STEPS, MAX_BATCHES_PER_STEP),
+                        rules=_rules)
 
 
 def signing_bytes(c: InnerCommitment) -> bytes:
     """The exact bytes the trainer signs: every field but the signature, domain-tagged."""
-    return _SIGN_DOMAIN + msgpack.packb(_body(c), use_bin_type=True)
+    return COMMITMENTS.signing_bytes(c)
 
 
 def sign_commitment(identity: Identity, c: InnerCommitment) -> InnerCommitment:
     """``c`` signed by ``identity`` (its ``signer`` set to the identity's key); ``ValueError`` if invalid."""
-    unsigned = replace(c, signer=identity.public_key_hex, signature=b"")
-    problem = next(_problems(unsigned, unsigned_ok=True), None)
-    if problem:
-        raise ValueError(f"invalid inner commitment: {problem}")
-    encoded = encode_commitment(unsigned)
-    if len(encoded) > MAX_COMMIT_BYTES:
-        raise ValueError(f"inner commitment is {len(encoded)} bytes, limit {MAX_COMMIT_BYTES}")
-    return replace(unsigned, signature=identity.sign(signing_bytes(unsigned)))
+    return COMMITMENTS.seal(identity, c)
 
 
 def encode_commitment(c: InnerCommitment) -> bytes:
-    return msgpack.packb([*_body(c), c.signature], use_bin_type=True)
-
-
-def _unpack(data: bytes) -> list[Any]:
-    if not isinstance(data, (bytes, bytearray, memoryview)):
-        raise WireError("inner commitment must be bytes")
-    if len(data) > MAX_COMMIT_BYTES:
-        raise WireError(f"inner commitment is {len(data)} bytes, limit {MAX_COMMIT_BYTES}")
-    try:
-        items = msgpack.unpackb(bytes(data), raw=False, use_list=True, strict_map_key=True,
-                                max_str_len=max(MAX_TRAINER_ID, 64), max_bin_len=64, max_map_len=0,
-                                max_array_len=max(MAX_STEPS, MAX_BATCHES_PER_STEP, len(_FIELDS) + 2), max_ext_len=0)
-    except Exception as exc:  # msgpack raises several unrelated types on garbage
-        raise WireError(f"inner commitment is not valid msgpack ({type(exc).__name__})") from None
-    if not isinstance(items, list) or len(items) < 2 or items[0] != COMMIT_MAGIC:
-        raise WireError("not an inner commitment")
-    if items[1] != COMMIT_FORMAT:
-        raise WireError(f"inner commitment format {items[1]!r} is not supported (want {COMMIT_FORMAT})")
-    if len(items) != 2 + len(_FIELDS):
-        raise WireError(f"inner commitment has {len(items) - 2} fields, expected {len(_FIELDS)}")
-    return items[2:]
-
-
-def _batch(raw: Any) -> BatchRef:
-    if not (isinstance(raw, list) and len(raw) == 4 and type(raw[0]) is str and type(raw[1]) is int
-            and type(raw[2]) is int and type(raw[3]) is bytes):
-        raise WireError("a batch reference must be [producer, version, index, digest]")
-    return BatchRef(*raw)
-
-
-def _step(raw: Any) -> StepCommit:
-    if not (isinstance(raw, list) and len(raw) == 4 and isinstance(raw[0], list) and type(raw[1]) is bytes
-            and type(raw[2]) is bytes and type(raw[3]) is float):
-        raise WireError("a step must be [batches, weights, grad_root, grad_norm]")
-    return StepCommit(tuple(_batch(b) for b in raw[0]), raw[1], raw[2], raw[3])
+    return COMMITMENTS.encode(c)
 
 
 def decode_commitment(data: bytes) -> InnerCommitment:
     """Parse hostile bytes into a commitment. ``WireError`` if malformed; no signature check here."""
-    items = _unpack(data)
-    kinds = (str, int, str, str, bytes, bytes, bytes, int, int, int, list, bytes, list, bytes)
-    if any(type(v) is not k for v, k in zip(items, kinds)):
-        raise WireError("inner commitment fields have the wrong types")
-    if not all(type(s) is str for s in items[10]):
-        raise WireError("inner commitment state names must be strings")
-    c = InnerCommitment(run_id=items[0], round=items[1], trainer=items[2], signer=items[3], base=items[4],
-                        payload=items[5], settings=items[6], params=items[7], leaf=items[8], adam_step=items[9],
-                        state=tuple(items[10]), state_root=items[11], steps=tuple(_step(s) for s in items[12]),
-                        signature=items[13])
-    problem = next(_problems(c, unsigned_ok=False), None)
-    if problem:
-        raise WireError(f"invalid inner commitment for round {c.round}: {problem}")
-    return c
-
-
-def _problems(c: InnerCommitment, *, unsigned_ok: bool) -> Iterator[str]:
-    if not is_run_id(c.run_id):
-        yield f"run_id must be {RUN_ID_RULE}"
-    if not 0 <= c.round <= _MAX_INT or not 0 <= c.adam_step <= _MAX_INT:
-        yield "round and adam_step must be non-negative 63-bit integers"
-    if not 0 < len(c.trainer) <= MAX_TRAINER_ID:
-        yield f"trainer must be a peer id of 1..{MAX_TRAINER_ID} characters"
-    if len(c.signer) != 64 or any(ch not in "0123456789abcdef" for ch in c.signer):
-        yield "signer must be 64 lowercase hex characters"
-    if any(len(d) != DIGEST_LEN for d in (c.base, c.payload, c.settings, c.state_root)):
-        yield f"base, payload, settings and state_root must be {DIGEST_LEN}-byte digests"
-    if not 0 < c.params <= MAX_PARAMS or c.leaf not in LEAF_SIZES:
-        yield f"params must be 1..2^40 and leaf one of {LEAF_SIZES[0]}..{LEAF_SIZES[-1]} (a power of 2)"
-    if c.state not in (STATE_GLOBAL, STATE_TRAINER):
-        yield f"state must name {STATE_GLOBAL} or {STATE_TRAINER}"
-    if len(c.steps) > MAX_STEPS:
-        yield f"at most {MAX_STEPS} steps"
-    yield from (p for s in c.steps for p in _step_problems(s))
-    if not (unsigned_ok and c.signature == b"") and len(c.signature) != 64:
-        yield "signature must be 64 bytes"
-
-
-def _step_problems(s: StepCommit) -> Iterator[str]:
-    if not 0 < len(s.batches) <= MAX_BATCHES_PER_STEP:
-        yield f"a step names 1..{MAX_BATCHES_PER_STEP} batches"
-    for b in s.batches:
-        if not 0 < len(b.producer) <= MAX_TRAINER_ID or len(b.digest) != DIGEST_LEN:
-            yield "a batch names a producer peer id and a 32-byte digest"
-        if not (0 <= b.version <= _MAX_INT and 0 <= b.index <= _MAX_INT):
-            yield "a batch's version and index must be non-negative"
-    if len(s.weights) != DIGEST_LEN or len(s.grad_root) not in (0, DIGEST_LEN):
-        yield "a step names its weights' 32-byte state hash and an empty or 32-byte gradient root"
-    if not (math.isfinite(s.grad_norm) and s.grad_norm >= 0.0):
-        yield "a step's gradient norm must be finite and non-negative"
+    return COMMITMENTS.decode(data)
 
 
 def verify_commitment(c: InnerCommitment, *, signer_key: str) -> None:
     """``IntegrityError`` unless ``c`` was signed by ``signer_key`` (public key hex)."""
-    if c.signer != signer_key.lower():
-        raise IntegrityError(f"round {c.round} commitment of {c.trainer[:12]} is not signed by its key")
-    if not verify_signature(c.signer, signing_bytes(c), c.signature):
-        raise IntegrityError(f"round {c.round} commitment of {c.trainer[:12]}: bad signature")
+    COMMITMENTS.verify(c, signer_key=signer_key, tag=f"round {c.round} commitment of {c.trainer[:12]}")
 
 
 def settings_digest(settings: Mapping[str, object]) -> bytes:

@@ -13,10 +13,11 @@ defaults (8 leaves of 4096 values, 3 state arrays, 10 steps) 1.7 MB, whatever th
 ``FlatLayout`` is the one flat order every commitment uses: the parameters in sorted name order,
 each flattened row-major (the order of ``ErrorFeedback`` and of the payload's tensors).
 
-Wire format (``OPENING_FORMAT`` 1): msgpack ``[OPENING_MAGIC, OPENING_FORMAT, round, trainer,
-leaves, state, grads]`` with ``state = [[leaf bytes, [node, ...]], ...]`` (one per leaf, in leaf
-order) and ``grads = [[[leaf bytes, [node, ...]], ...], ...]`` (one list per stepped step, or
-none for a start-only opening). Decoding is size-capped and exact (``WireError``).
+Wire format (``OPENING_FORMAT`` 1): the statement envelope (``chain/statement.py``; unsigned: it
+is checked against signed roots) of a ``RoundOpening``, with ``state = [[leaf bytes, [node, ...]],
+...]`` (one per leaf, in leaf order) and ``grads = [[[leaf bytes, [node, ...]], ...], ...]`` (one
+list per stepped step, or none for a start-only opening). Decoding is size-capped and exact
+(``WireError``).
 """
 
 from __future__ import annotations
@@ -24,12 +25,11 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
-import msgpack
 import numpy as np
 
-from pulse_node.errors import IntegrityError, WireError
+from pulse_node.chain.statement import Statement
+from pulse_node.errors import IntegrityError
 from pulse_node.loco.commit import MAX_STEPS, InnerCommitment
 from pulse_node.loco.merkle import leaf_count, split_leaf, verify_leaf
 
@@ -101,43 +101,17 @@ class Opened:
     grads: dict[int, np.ndarray]  # step index -> gradient values
 
 
-def _pack_proven(p: Proven) -> list[Any]:
-    return [p[0], list(p[1])]
+OPENINGS = Statement(RoundOpening, magic=OPENING_MAGIC, format=OPENING_FORMAT, max_bytes=MAX_OPENING_BYTES,
+                     max_str=256, max_bin=1 << 22, max_array=max(MAX_STEPS, MAX_LEAVES, 64), signatures=())
 
 
 def encode_opening(o: RoundOpening) -> bytes:
-    return msgpack.packb([OPENING_MAGIC, OPENING_FORMAT, o.round, o.trainer, list(o.leaves),
-                          [_pack_proven(p) for p in o.state], [[_pack_proven(p) for p in g] for g in o.grads]],
-                         use_bin_type=True)
-
-
-def _proven(raw: Any) -> Proven:
-    if not (isinstance(raw, list) and len(raw) == 2 and type(raw[0]) is bytes and isinstance(raw[1], list)
-            and all(type(x) is bytes for x in raw[1])):
-        raise WireError("an opened leaf must be [bytes, [node, ...]]")
-    return raw[0], tuple(raw[1])
+    return OPENINGS.encode(o)
 
 
 def decode_opening(data: bytes, *, max_bytes: int = MAX_OPENING_BYTES) -> RoundOpening:
     """Parse hostile bytes (at most ``max_bytes``); ``WireError`` if malformed. Not yet verified."""
-    if not isinstance(data, (bytes, bytearray, memoryview)) or len(data) > min(max_bytes, MAX_OPENING_BYTES):
-        raise WireError(f"an opening must be bytes of at most {min(max_bytes, MAX_OPENING_BYTES)}")
-    try:
-        items = msgpack.unpackb(bytes(data), raw=False, use_list=True, max_str_len=256, max_map_len=0,
-                                max_array_len=max(MAX_STEPS, MAX_LEAVES, 64), max_ext_len=0,
-                                max_bin_len=1 << 22)
-    except Exception as exc:  # msgpack raises several unrelated types on garbage
-        raise WireError(f"opening is not valid msgpack ({type(exc).__name__})") from None
-    if not (isinstance(items, list) and len(items) == 7 and items[:2] == [OPENING_MAGIC, OPENING_FORMAT]):
-        raise WireError("not an inner-step opening of a supported format")
-    rnd, trainer, leaves, state, grads = items[2:]
-    if not (type(rnd) is int and type(trainer) is str and isinstance(leaves, list)
-            and all(type(i) is int for i in leaves) and isinstance(state, list) and isinstance(grads, list)):
-        raise WireError("opening fields have the wrong types")
-    if not all(isinstance(g, list) for g in grads):
-        raise WireError("opening gradients must be lists of leaves")
-    return RoundOpening(rnd, trainer, tuple(leaves), tuple(_proven(p) for p in state),
-                        tuple(tuple(_proven(p) for p in g) for g in grads))
+    return OPENINGS.decode(data, max_bytes=max_bytes)
 
 
 def opening_cap(c: InnerCommitment, leaves: int, *, start_only: bool = False) -> int:

@@ -31,9 +31,9 @@ whole payloads; ``kept`` then holds each trainer's weight, for its error feedbac
 Every operation of ``step`` is per entry, so it can run on any slice of the tensors: a trainer
 on several processes (``trainer/distributed.py``) checks and weighs on rank 0 and steps each
 rank's row range of each tensor with the payloads' entries in that range and the same
-weights, and gets the same FP32 bits as one process would. ``step``'s scratch (two buffers the size of the largest tensor) is allocated
-on the first step, so an optimizer that never steps (rank 0's full replica) costs only its
-weights and momentum.
+weights, and gets the same FP32 bits as one process would. ``step``'s scratch (two buffers the
+size of the largest tensor) is allocated on the first step, so an optimizer that never steps
+(rank 0's full replica) costs only its weights and momentum.
 """
 
 from __future__ import annotations
@@ -189,14 +189,23 @@ class OuterOptimizer:
         with the factors ``keep`` found over the whole payloads (absent: 1, the plain mean) and their
         ``trust`` weights (absent: 1)."""
         ordered = sorted(payloads, key=lambda p: p.trainer_id.encode())
-        self.kept = {p.trainer_id: float(np.float32((keep or {}).get(p.trainer_id, 1.0))) for p in ordered}
-        w = trust_of(ordered, trust)
-        self.trust = {p.trainer_id: float(x) for p, x in zip(ordered, w)}
-        self._total = math.fsum(w)
-        if ordered and self._total >= self.cfg.min_contributors:
+        if self.settle(ordered, keep, trust):
             for name in self.params:
                 self._step(name, self._mean_into_acc(name, ordered))
         self.set_round(self.round + 1)
+
+    def settle(self, payloads: Sequence[LocoPayload], keep: Mapping[str, float] | None,
+               trust: Mapping[str, float] | None = None) -> bool:
+        """Set ``trust`` (each payload's trust weight), ``kept`` (each payload's FP32 factor; 0 for
+        all when the round's total trust is below ``min_contributors`` and it applies nothing: it
+        all goes back to the error feedback). True if the round applies its payloads."""
+        w = trust_of(payloads, trust)
+        self.trust = {p.trainer_id: float(x) for p, x in zip(payloads, w)}
+        self._total = math.fsum(w)
+        applies = bool(payloads) and self._total >= self.cfg.min_contributors
+        self.kept = {p.trainer_id: float(np.float32((keep or {}).get(p.trainer_id, 1.0))) if applies else 0.0
+                     for p in payloads}
+        return applies
 
     def set_round(self, round: int) -> None:
         """The weights and momentum now hold the state of ``round`` (after a step, or after they

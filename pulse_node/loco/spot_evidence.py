@@ -15,56 +15,79 @@ Re-checking (``trainer/spot_evidence.py``) re-runs the same check. A confirmed m
 the target; an accusation whose exhibits show an honest step (or do not match the target's
 commitment) convicts the accuser, whose signature is on it: a false accusation costs the accuser.
 
-Wire format (``EVIDENCE_FORMAT`` 1): msgpack ``[EVIDENCE_MAGIC, EVIDENCE_FORMAT, accusation,
-[[digest, bytes], ...]]`` with ``accusation = [run_id, round, target, accuser, signer, step,
-leaves, reason, included, commitment, next_commitment, [[name, digest], ...], signature]``.
+Wire format: the signed-statement envelope (``chain/statement.py``) of the ``Accusation``
+(``ACCUSATION_FORMAT`` 1), carried as bytes in the unsigned envelope of the evidence
+(``EVIDENCE_FORMAT`` 2): ``[accusation bytes, [[digest, bytes], ...]]``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, fields, replace
-from typing import Any
+from dataclasses import dataclass
+from typing import Annotated
 
 import blake3
-import msgpack
+from pydantic import Field
 
-from pulse_node.chain.identity import Identity, verify_signature
-from pulse_node.errors import IntegrityError, WireError
+from pulse_node.chain.identity import Identity
+from pulse_node.chain.statement import Digest32, Hex64, RunId, Signature, Statement
+from pulse_node.errors import WireError
 from pulse_node.loco.commit import MAX_COMMIT_BYTES
 from pulse_node.loco.opening import MAX_LEAVES
 from pulse_node.loco.payload import MAX_TRAINER_ID
-from pulse_node.vocab import is_run_id
 
+ACCUSATION_MAGIC = "pulse/spot-accusation"
+ACCUSATION_FORMAT = 1
 EVIDENCE_MAGIC = "pulse/spot-evidence"
-EVIDENCE_FORMAT = 1
+EVIDENCE_FORMAT = 2
+MAX_ACCUSATION_BYTES = 2 * MAX_COMMIT_BYTES + (16 << 10)
 MAX_EVIDENCE_BYTES = 96 << 20
 MAX_INLINE_BYTES = 64 << 20
 MAX_EXHIBITS = 80
 REASONS = ("batch", "gradient", "weights", "payload", "link")
-_SIGN_DOMAIN = b"pulse/spot-accusation/sign/1\0"
+
+PeerId = Annotated[str, Field(min_length=1, max_length=MAX_TRAINER_ID)]
 
 
 @dataclass(frozen=True)
 class Accusation:
     """A verifier's signed claim that ``target``'s round ``round`` fails its check at ``step``/``leaves``."""
 
-    run_id: str
-    round: int
-    target: str
-    accuser: str
-    signer: str
-    step: int
-    leaves: tuple[int, ...]
-    reason: str
+    run_id: RunId
+    round: Annotated[int, Field(ge=0, lt=2**63)]
+    target: PeerId
+    accuser: PeerId
+    signer: Hex64
+    step: Annotated[int, Field(ge=0, lt=2**31)]
+    leaves: Annotated[tuple[Annotated[int, Field(ge=0, lt=2**63)], ...], Field(min_length=1, max_length=MAX_LEAVES)]
+    reason: Annotated[str, Field(max_length=16)]
     included: bool
-    commitment: bytes
-    next_commitment: bytes
-    exhibits: tuple[tuple[str, bytes], ...]  # (name, BLAKE3 digest): opening, next_opening, batch/<i>, patch, payload
-    signature: bytes = b""
+    commitment: Annotated[bytes, Field(min_length=1, max_length=MAX_COMMIT_BYTES)]
+    next_commitment: Annotated[bytes, Field(max_length=MAX_COMMIT_BYTES)]
+    #: (name, BLAKE3 digest): opening, next_opening, batch/<i>, patch, payload
+    exhibits: Annotated[tuple[tuple[Annotated[str, Field(max_length=64)], Digest32], ...],
+                        Field(max_length=MAX_EXHIBITS)]
+    signature: Signature = b""
 
     def digest_of(self, name: str) -> bytes | None:
         return next((d for n, d in self.exhibits if n == name), None)
+
+
+def _rules(a: Accusation) -> Iterator[str]:
+    if a.target == a.accuser:
+        yield "target and accuser must be two peer ids"
+    if list(a.leaves) != sorted(set(a.leaves)):
+        yield f"leaves must be 1..{MAX_LEAVES} distinct non-negative indices, sorted"
+    if a.reason not in REASONS:
+        yield f"reason must be one of {REASONS}"
+    names = [n for n, _ in a.exhibits]
+    if len(set(names)) != len(names):
+        yield f"at most {MAX_EXHIBITS} distinct exhibits, each named by a 32-byte digest"
+
+
+ACCUSATIONS = Statement(Accusation, magic=ACCUSATION_MAGIC, format=ACCUSATION_FORMAT,
+                        max_bytes=MAX_ACCUSATION_BYTES, max_str=256, max_bin=MAX_COMMIT_BYTES,
+                        max_array=max(MAX_EXHIBITS, MAX_LEAVES, 16), rules=_rules)
 
 
 @dataclass
@@ -73,30 +96,30 @@ class SpotEvidence:
     exhibits: dict[bytes, bytes]  # digest -> bytes, for the exhibits carried inline
 
 
-_FIELDS = tuple(f.name for f in fields(Accusation))
+@dataclass(frozen=True)
+class _Carried:
+    """The wire form of ``SpotEvidence``: the encoded accusation and the exhibits carried inline."""
+
+    accusation: Annotated[bytes, Field(max_length=MAX_ACCUSATION_BYTES)]
+    exhibits: Annotated[tuple[tuple[Digest32, Annotated[bytes, Field(max_length=MAX_INLINE_BYTES)]], ...],
+                        Field(max_length=MAX_EXHIBITS)]
 
 
-def _body(a: Accusation) -> list[Any]:
-    return [a.run_id, a.round, a.target, a.accuser, a.signer, a.step, list(a.leaves), a.reason, a.included,
-            a.commitment, a.next_commitment, [[n, d] for n, d in a.exhibits]]
+CARRIED = Statement(_Carried, magic=EVIDENCE_MAGIC, format=EVIDENCE_FORMAT, max_bytes=MAX_EVIDENCE_BYTES,
+                    max_str=64, max_bin=MAX_INLINE_BYTES, max_array=max(MAX_EXHIBITS, 16), signatures=())
 
 
 def signing_bytes(a: Accusation) -> bytes:
-    return _SIGN_DOMAIN + msgpack.packb(_body(a), use_bin_type=True)
+    return ACCUSATIONS.signing_bytes(a)
 
 
 def sign_accusation(identity: Identity, a: Accusation) -> Accusation:
-    unsigned = replace(a, signer=identity.public_key_hex, signature=b"")
-    problem = next(_problems(unsigned, unsigned_ok=True), None)
-    if problem:
-        raise ValueError(f"invalid accusation: {problem}")
-    return replace(unsigned, signature=identity.sign(signing_bytes(unsigned)))
+    return ACCUSATIONS.seal(identity, a)
 
 
 def verify_accusation(a: Accusation, *, signer_key: str) -> None:
     """``IntegrityError`` unless ``a`` was signed by ``signer_key``."""
-    if a.signer != signer_key.lower() or not verify_signature(a.signer, signing_bytes(a), a.signature):
-        raise IntegrityError(f"accusation of {a.target[:12]} is not signed by the key of {a.accuser[:12]}")
+    ACCUSATIONS.verify(a, signer_key=signer_key, tag=f"accusation of {a.target[:12]} by {a.accuser[:12]}")
 
 
 def make_evidence(a: Accusation, exhibits: dict[str, bytes]) -> SpotEvidence:
@@ -111,68 +134,17 @@ def make_evidence(a: Accusation, exhibits: dict[str, bytes]) -> SpotEvidence:
 
 
 def encode_evidence(ev: SpotEvidence) -> bytes:
-    return msgpack.packb([EVIDENCE_MAGIC, EVIDENCE_FORMAT, [*_body(ev.accusation), ev.accusation.signature],
-                          [[d, b] for d, b in ev.exhibits.items()]], use_bin_type=True)
-
-
-def _accusation(raw: Any) -> Accusation:
-    if not (isinstance(raw, list) and len(raw) == len(_FIELDS)):
-        raise WireError("an accusation has the wrong number of fields")
-    kinds = (str, int, str, str, str, int, list, str, bool, bytes, bytes, list, bytes)
-    if any(type(v) is not k for v, k in zip(raw, kinds)) or not all(type(i) is int for i in raw[6]):
-        raise WireError("accusation fields have the wrong types")
-    named = raw[11]
-    if not all(isinstance(x, list) and len(x) == 2 and type(x[0]) is str and type(x[1]) is bytes for x in named):
-        raise WireError("accusation exhibits must be [name, digest] pairs")
-    a = Accusation(run_id=raw[0], round=raw[1], target=raw[2], accuser=raw[3], signer=raw[4], step=raw[5],
-                   leaves=tuple(raw[6]), reason=raw[7], included=raw[8], commitment=raw[9], next_commitment=raw[10],
-                   exhibits=tuple((n, d) for n, d in named), signature=raw[12])
-    problem = next(_problems(a, unsigned_ok=False), None)
-    if problem:
-        raise WireError(f"invalid accusation: {problem}")
-    return a
+    return CARRIED.encode(_Carried(ACCUSATIONS.encode(ev.accusation), tuple(ev.exhibits.items())))
 
 
 def decode_evidence(data: bytes) -> SpotEvidence:
     """Parse hostile bytes; ``WireError`` if malformed or oversized. Signatures are not checked here."""
-    if not isinstance(data, (bytes, bytearray, memoryview)) or len(data) > MAX_EVIDENCE_BYTES:
-        raise WireError(f"spot evidence must be bytes of at most {MAX_EVIDENCE_BYTES}")
-    try:
-        items = msgpack.unpackb(bytes(data), raw=False, use_list=True, max_str_len=256, max_map_len=0,
-                                max_array_len=max(MAX_EXHIBITS, MAX_LEAVES, 16), max_ext_len=0,
-                                max_bin_len=MAX_INLINE_BYTES)
-    except Exception as exc:  # msgpack raises several unrelated types on garbage
-        raise WireError(f"spot evidence is not valid msgpack ({type(exc).__name__})") from None
-    if not (isinstance(items, list) and len(items) == 4 and items[:2] == [EVIDENCE_MAGIC, EVIDENCE_FORMAT]):
-        raise WireError("not spot evidence of a supported format")
-    a, raw = _accusation(items[2]), items[3]
-    if not (isinstance(raw, list) and all(isinstance(x, list) and len(x) == 2 and type(x[0]) is bytes
-                                          and type(x[1]) is bytes for x in raw)):
-        raise WireError("spot evidence exhibits must be [digest, bytes] pairs")
-    exhibits = {bytes(d): bytes(b) for d, b in raw}
+    carried = CARRIED.decode(data)
+    a = ACCUSATIONS.decode(carried.accusation)
+    exhibits = dict(carried.exhibits)
     if any(blake3.blake3(b).digest() != d for d, b in exhibits.items()):
         raise WireError("a spot evidence exhibit does not match its digest")
     named = {d for _, d in a.exhibits}
     if set(exhibits) - named:
         raise WireError("spot evidence carries an exhibit its accusation does not name")
     return SpotEvidence(a, exhibits)
-
-
-def _problems(a: Accusation, *, unsigned_ok: bool) -> Iterator[str]:
-    if not is_run_id(a.run_id) or not 0 <= a.round < 2**63 or not 0 <= a.step < 2**31:
-        yield "run id, round or step out of range"
-    if not (0 < len(a.target) <= MAX_TRAINER_ID and 0 < len(a.accuser) <= MAX_TRAINER_ID) or a.target == a.accuser:
-        yield "target and accuser must be two peer ids"
-    if len(a.signer) != 64 or any(ch not in "0123456789abcdef" for ch in a.signer):
-        yield "signer must be 64 lowercase hex characters"
-    if not 0 < len(a.leaves) <= MAX_LEAVES or list(a.leaves) != sorted(set(a.leaves)) or min(a.leaves) < 0:
-        yield f"leaves must be 1..{MAX_LEAVES} distinct non-negative indices, sorted"
-    if a.reason not in REASONS:
-        yield f"reason must be one of {REASONS}"
-    if not 0 < len(a.commitment) <= MAX_COMMIT_BYTES or len(a.next_commitment) > MAX_COMMIT_BYTES:
-        yield "the target's commitment (and at most one next commitment) must be carried"
-    names = [n for n, _ in a.exhibits]
-    if len(names) > MAX_EXHIBITS or len(set(names)) != len(names) or any(len(d) != 32 for _, d in a.exhibits):
-        yield f"at most {MAX_EXHIBITS} distinct exhibits, each named by a 32-byte digest"
-    if not (unsigned_ok and a.signature == b"") and len(a.signature) != 64:
-        yield "signature must be 64 bytes"

@@ -28,9 +28,8 @@ from collections.abc import Callable, Collection, Iterable, Mapping
 from pathlib import Path
 from typing import TypeVar
 
-from pulse_node.chain.admission import bound_key, sender_key
 from pulse_node.chain.evidence import Evidence
-from pulse_node.chain.gate import MIN_SIGNERS, VERSION_STEP, VersionGate
+from pulse_node.chain.gate import MIN_SIGNERS, VERSION_STEP, Signers, VersionGate
 from pulse_node.chain.identity import key_of_peer_id, peer_id_of_key
 from pulse_node.chain.peer import PeerRecord
 from pulse_node.config import NodeConfig
@@ -53,7 +52,7 @@ from pulse_node.peers.outcomes import (
 )
 from pulse_node.peers.standing import FETCH_UNKNOWN, Standing
 from pulse_node.peers.strikes import Strikes
-from pulse_node.peers.trainerset import TrainerSet
+from pulse_node.peers.trainerset import TrainerSet, bound_key, sender_key
 from pulse_node.peers.view import VIEW_STANDING, PeerView
 
 T = TypeVar("T")
@@ -73,11 +72,11 @@ class PeerBook:
         self.ledger = strikes if strikes is not None else Strikes()
         self.standing = standing if standing is not None else Standing()
         self.containment = Containment()
-        self.gate = VersionGate(self, min_signers=min_signers, max_version_step=max_version_step)
+        self.gate = VersionGate(Signers(trainers.run_id), min_signers=min_signers, max_version_step=max_version_step)
         self._known: dict[str, str] = {}  # member peer id -> its key, as seen in discovery
         self._discovered: list[PeerRecord] = []
         self._live: frozenset[str] = frozenset()  # member trainers in discovery that announce a version
-        self._members_told: frozenset[str] | None = None
+        self._members_told: tuple[frozenset[str], frozenset[str]] | None = None
         self._members_changed()
 
     @classmethod
@@ -150,22 +149,41 @@ class PeerBook:
         return got
 
     def observe(self, peers: Iterable[PeerRecord]) -> None:
-        """Learn from discovery: admissions (and an open set's announced trainers); time seen starts."""
-        peers = list(peers)
-        self.trainers.mark_observed(peers)
-        self.standing.mark_seen(p.peer_id for p in peers)
-        self._live = frozenset(k for p in peers if p.role == "trainer" and not p.leaving and p.head >= 0
+        """Learn from discovery: admissions (and an open set's announced trainers), the keys peers
+        announce (``key_of``); time seen starts."""
+        self._discovered = list(peers)
+        self.trainers.mark_observed(self._discovered)
+        self.standing.mark_seen(p.peer_id for p in self._discovered)
+        self._live = frozenset(k for p in self._discovered if p.role == "trainer" and not p.leaving and p.head >= 0
                                and self.trainers.is_member(k := bound_key(p)))
         self._members_changed()
 
-    def _members_changed(self) -> None:
-        """Members come first in every order: tell the standing when the effective set changes."""
-        keys = self.signers()
-        if keys != self._members_told:
-            self._members_told = keys
-            self.standing.mark_members(peer_id_of_key(k) for k in keys)
+    def heed(self, peers: Iterable[PeerRecord]) -> list[PeerRecord]:
+        """``observe`` ``peers``, then the ones not ignored."""
+        self.observe(peers)
+        return self.heeded(self._discovered)
 
-    # ---- membership (``chain/gate.Membership``) ---------------------------------------------
+    def view_of(self, found: Iterable[PeerRecord], *, newcomers: int, claims: int) -> tuple[list[PeerRecord], PeerView]:
+        """A node's view of what discovery ``found`` (``observe``): members, peers with standing,
+        at most ``newcomers`` others, and at most ``claims`` more trainers carrying an admission
+        (so admissions are learned); with the ``PeerView`` the workers should hold now."""
+        self.observe(found)
+        view = self.order(self._discovered, quota=newcomers)
+        taken = {p.peer_id for p in view}
+        carrying = [p for p in self._discovered if p.role == "trainer" and p.admission and p.peer_id not in taken]
+        return view + self.order(carrying, quota=claims), self.view()
+
+    def _members_changed(self) -> None:
+        """When the effective set or its live part changes: the gate gets it as a value (it never
+        asks us), and members come first in every order."""
+        keys, live = self.signers(), self.live_signers()
+        if (keys, live) != self._members_told:
+            if self._members_told is None or keys != self._members_told[0]:
+                self.standing.mark_members(peer_id_of_key(k) for k in keys)
+            self._members_told = keys, live
+            self.gate.members = Signers(self.run_id, keys, frozenset(self.evidence.convicted), live)
+
+    # ---- membership ------------------------------------------------------------------------
     @property
     def run_id(self) -> str:
         return self.trainers.run_id
@@ -206,8 +224,7 @@ class PeerBook:
     def live_trainers(self, peers: Iterable[PeerRecord]) -> dict[str, PeerRecord]:
         """The live trainer-set members among ``peers`` (admissions learned from them first); each
         one's key is remembered so it stays a member for the round agreement once it left."""
-        self._discovered = list(peers)
-        self.observe(self._discovered)
+        self.observe(peers)
         live = {p.peer_id: p for p in self._discovered if p.role == "trainer" and self.vouches_for(p)}
         for pid in live:
             if pid not in self._known and len(self._known) < KNOWN_CAP:

@@ -20,6 +20,11 @@ the peer book (``peers/book.py``) owns the node's one set.
   local swarm: ``pulse-node join`` refuses it on a non-loopback bootstrap unless the operator
   sets ``chain.open_swarm`` (``--open-swarm``), and the node then prints a warning banner and
   reports ``trust_mode = "open"`` in its status.
+
+``bound_key(peer)`` is the only way a peer's key is read: the key its peer id encodes (libp2p
+Ed25519 ids embed it), never a key the peer merely announces; a peer announcing another key gets
+none. (Ids that are not libp2p ids exist only on the in-memory test hub, where the hub, not the
+peer, sets the id; there the announced key is used.)
 """
 
 from __future__ import annotations
@@ -29,8 +34,8 @@ import logging
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 
-from pulse_node.chain.admission import Admission, TrainerSetSettings, bound_key, check_key, read_key_file
-from pulse_node.chain.identity import key_id_of, verify_signature
+from pulse_node.chain.admission import Admission, TrainerSetSettings, check_key, read_key_file
+from pulse_node.chain.identity import key_id_of, key_of_peer_id
 from pulse_node.chain.peer import PeerRecord
 from pulse_node.errors import IntegrityError, WireError
 
@@ -39,6 +44,27 @@ log = logging.getLogger("pulse.trust")
 #: members a set holds at most (configured + admitted)
 MAX_MEMBERS = 256
 _REJECTED_CAP = 1024
+
+
+def bound_key(peer: PeerRecord) -> str:
+    """The Ed25519 key (hex) a peer speaks for: the one its peer id encodes ("" if it announces
+    another). Non-libp2p ids (the in-memory test hub only): the key it announces."""
+    announced = (peer.node_key or "").lower()
+    try:
+        key = key_of_peer_id(peer.peer_id)
+    except WireError:
+        return announced
+    return key if announced in ("", key) else ""
+
+
+def sender_key(sender: str, peers: Iterable[PeerRecord]) -> str:
+    """The key of an authenticated sender (a push's peer id): encoded in its id, else (test hub)
+    the key its discovery record announces."""
+    try:
+        return key_of_peer_id(sender)
+    except WireError:
+        return next((bound_key(p) for p in peers if p.peer_id == sender), "")
+
 
 
 class TrainerSet:
@@ -123,9 +149,8 @@ class TrainerSet:
         within depth and unconvicted; ``IntegrityError`` if it does not admit its key into this set
         (nothing changes here)."""
         self._fits(admission)
-        message = admission.signing_bytes()
         first = {k: sig for k, sig in reversed(admission.endorsements)}  # one signature checked per member
-        verified = {k for k, sig in first.items() if self.is_member(k) and verify_signature(k, message, sig)}
+        verified = {k for k, sig in first.items() if self.is_member(k) and admission.endorsed_by(k, sig)}
         self._depth_by(admission.key, verified)
         return verified
 

@@ -18,8 +18,9 @@ from typing import Any
 from pulse_node.chain.anchor import header_length
 from pulse_node.chain.identity import Identity, peer_id_of_key
 from pulse_node.chain.peer import PeerRecord, PeerStatus, Serves
-from pulse_node.chain.serving import resolve
 from pulse_node.fsutil import write_atomic
+from pulse_node.net.wire.protocol import FetchRequest, kind_of, params_of
+from pulse_node.net.wire.serving import resolve
 from pulse_node.testing.memory import announced
 from pulse_node.vocab import NodeRole
 
@@ -36,13 +37,13 @@ class LyingServer:
         self.scratch.mkdir(parents=True, exist_ok=True)
         self.served: Counter[str] = Counter()
 
-    def __call__(self, kind: str, params: dict[str, Any]) -> Path | None:
-        path = resolve(self.root, kind, params)
+    def __call__(self, request: FetchRequest) -> Path | None:
+        path, kind = resolve(self.root, request), kind_of(request)
         self.served[kind] += 1
         lie = self.lies.get(kind)
         if lie is None or path is None or not (lie == "oversize" or path.exists()):
             return path
-        out = self.scratch / f"{kind}-{lie}-{'-'.join(str(v) for v in params.values())}"
+        out = self.scratch / f"{kind}-{lie}-{'-'.join(str(v) for v in params_of(request).values())}"
         if lie == "oversize":
             write_atomic(out, os.urandom(OVERSIZE_BYTES))
         else:

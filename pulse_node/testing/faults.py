@@ -352,8 +352,8 @@ def start_forging_peer(hub, files: Path, *, run_id: str, claimed_version: int = 
 
     chain, served = ForgedChain(run_id), Counter[str]()
 
-    def resolve(kind: str, params: dict):
-        v = min(int(params.get("version", 0)), 10_000)
+    def resolve(request: FetchRequest) -> Path:
+        kind, v = kind_of(request), min(int(getattr(request, "version", 0) or 0), 10_000)
         path = Path(files) / f"{kind}-{v}"
         write_atomic(path, encode_record(chain.record(v)) if kind == "record" else os.urandom(4096))
         served[kind] += 1

@@ -171,6 +171,70 @@ def _decision_variant() -> bytes:
                                          contributors={me: b"\x02" * 32}))
 
 
+def commitment_seeds() -> list[bytes]:
+    from pulse_node.loco.commit import COMMITMENTS
+    from pulse_node.net.dht.validator import peer_id_of
+
+    return [COMMITMENTS.encode(_commitment(peer_id_of(TRAINER), stepped)) for stepped in (True, False)]
+
+
+def _commitment(trainer: str, stepped: bool = True) -> Any:
+    from pulse_node.loco.commit import STATE_GLOBAL, BatchRef, InnerCommitment, StepCommit, sign_commitment
+
+    d = bytes(range(32))
+    step = StepCommit((BatchRef(trainer, 4, 1, d),), d, d if stepped else b"", 0.5)
+    return sign_commitment(TRAINER, InnerCommitment(
+        run_id=RUN, round=4, trainer=trainer, signer="", base=d, payload=d, settings=d, params=1000, leaf=256,
+        adam_step=30, state=STATE_GLOBAL, state_root=d, steps=(step, step)))
+
+
+def opening_seeds() -> list[bytes]:
+    from pulse_node.loco.opening import RoundOpening, encode_opening
+
+    proven = (b"\x01" * 64, (b"\x02" * 32, b"\x03" * 32))
+    return [encode_opening(RoundOpening(4, "t", (1, 3), (proven, proven), ((proven, proven),))),
+            encode_opening(RoundOpening(5, "t", (0,), (proven,)))]
+
+
+def spot_evidence_seeds() -> list[bytes]:
+    import blake3
+
+    from pulse_node.loco.commit import encode_commitment
+    from pulse_node.loco.spot_evidence import Accusation, encode_evidence, make_evidence, sign_accusation
+    from pulse_node.net.dht.validator import peer_id_of
+
+    target, exhibit = peer_id_of(TRAINER), b"exhibit bytes"
+    a = sign_accusation(MEMBER, Accusation(
+        run_id=RUN, round=4, target=target, accuser=peer_id_of(MEMBER), signer="", step=1, leaves=(2, 7),
+        reason="gradient", included=True, commitment=encode_commitment(_commitment(target)), next_commitment=b"",
+        exhibits=(("opening", blake3.blake3(exhibit).digest()), ("patch", blake3.blake3(b"p").digest()))))
+    return [encode_evidence(make_evidence(a, {"opening": exhibit})), encode_evidence(make_evidence(a, {}))]
+
+
+def statement_codecs() -> list[Any]:
+    """Every statement type's codec (``chain/statement.py``), in a fixed order."""
+    from pulse_node.chain.admission import ADMISSIONS
+    from pulse_node.chain.evidence import CONFLICTS
+    from pulse_node.chain.record import RECORDS
+    from pulse_node.loco.commit import COMMITMENTS
+    from pulse_node.loco.decision import DECISIONS
+    from pulse_node.loco.opening import OPENINGS
+    from pulse_node.loco.spot_evidence import ACCUSATIONS, CARRIED
+
+    return [RECORDS, DECISIONS, ADMISSIONS, CONFLICTS, COMMITMENTS, ACCUSATIONS, CARRIED, OPENINGS]
+
+
+def statement_seeds() -> list[bytes]:
+    """Each statement's samples behind the byte that picks its own codec (and a few behind another's)."""
+    from pulse_node.loco.spot_evidence import ACCUSATIONS, decode_evidence
+
+    accusation = ACCUSATIONS.encode(decode_evidence(spot_evidence_seeds()[0]).accusation)
+    groups = [record_seeds(), decision_seeds(), admission_seeds(), evidence_seeds(), commitment_seeds(),
+              [accusation], spot_evidence_seeds(), opening_seeds()]
+    own = [bytes([i]) + data for i, group in enumerate(groups) for data in group]
+    return own + [bytes([(i + 1) % len(groups)]) + group[0] for i, group in enumerate(groups)]
+
+
 def rollout_seeds() -> list[bytes]:
     from pulse_node.rl.rollout import Rollout, encode_rollouts
 

@@ -110,6 +110,39 @@ def _evidence(data: bytes) -> Any:
     return book.convictions()
 
 
+def _commitment(data: bytes) -> Any:
+    from pulse_node.loco.commit import decode_commitment, verify_commitment
+
+    c = decode_commitment(data)
+    verify_commitment(c, signer_key=S.TRAINER.public_key_hex)
+    return c
+
+
+def _opening(data: bytes) -> Any:
+    from pulse_node.loco.opening import decode_opening
+
+    return decode_opening(data, max_bytes=1 << 20)
+
+
+def _spot_evidence(data: bytes) -> Any:
+    from pulse_node.loco.spot_evidence import decode_evidence, verify_accusation
+
+    ev = decode_evidence(data)
+    verify_accusation(ev.accusation, signer_key=S.MEMBER.public_key_hex)
+    return ev
+
+
+def _statement(data: bytes) -> Any:
+    """The envelope itself: any statement type's decode on any statement's bytes (the first byte
+    picks the type), then its signature checks as a receiver makes them."""
+    codecs = S.statement_codecs()
+    codec = codecs[data[0] % len(codecs)] if data else codecs[0]
+    s = codec.decode(data[1:])
+    if codec.signatures == ("signature",):
+        codec.verify(s, signer_key=s.signer)
+    return s
+
+
 def _rollouts(data: bytes) -> Any:
     from pulse_node.rl.rollout import decode_rollouts
 
@@ -134,10 +167,11 @@ def _dht_entry(data: bytes) -> Any:
 
     try:
         subkey, value, exp = msgpack.unpackb(data, raw=False)
-        record = DHTRecord(DHTID.generate(source=dht_key(S.RUN, "peers")).to_bytes(), bytes(subkey), bytes(value),
-                           float(exp))
-    except Exception:  # noqa: BLE001 (the fuzzer's framing of an entry, not a decoder: hivemind hands us these types)
+    except Exception:  # noqa: BLE001 (the fuzzer's framing of an entry, not a decoder)
         return None
+    if not (isinstance(subkey, bytes) and isinstance(value, bytes) and isinstance(exp, (int, float))):
+        return None  # hivemind hands the validator bytes, bytes and a float, nothing else
+    record = DHTRecord(DHTID.generate(source=dht_key(S.RUN, "peers")).to_bytes(), subkey, value, float(exp))
     validator = PulseRecordValidator(S.RUN, S.MEMBER)
     if validator.validate(record):
         return validate_tree(PeerRecord, msgpack.unpackb(validator.strip_value(record), raw=False))
@@ -217,6 +251,10 @@ register("loco_payload", _payload, S.payload_seeds)
 register("round_decision", _decision, S.decision_seeds)
 register("admission", _admission, S.admission_seeds)
 register("evidence", _evidence, S.evidence_seeds)
+register("inner_commitment", _commitment, S.commitment_seeds)
+register("inner_opening", _opening, S.opening_seeds)
+register("spot_evidence", _spot_evidence, S.spot_evidence_seeds)
+register("statement", _statement, S.statement_seeds)
 register("rollout_batch", _rollouts, S.rollout_seeds)
 register("status_record", _status, S.status_seeds)
 register("dht_entry", _dht_entry, S.dht_seeds)

@@ -14,9 +14,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from pulse_node.chain.catchup_producer import CatchupProducer
-from pulse_node.chain.serving import store_resolver
 from pulse_node.daemon.status_model import StatusReport, read_status
 from pulse_node.daemon.transport import Transport
+from pulse_node.net.wire.serving import store_resolver
 from pulse_node.roles import run_node
 from pulse_node.testing.memory import MemoryHub
 

@@ -14,9 +14,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import blake3
 
@@ -26,10 +24,9 @@ from pulse_node.daemon.transport import AnchorFetch, DataPlane
 from pulse_node.errors import BusyError, IntegrityError, NotFound, PeerBusy, PeerUnavailable, PulseError, WireError
 from pulse_node.fsutil import write_atomic
 from pulse_node.net.wire.protocol import AnchorRequest, FetchRequest, kind_of, params_of
+from pulse_node.net.wire.serving import Resolver
 from pulse_node.peers.view import PeerView
 from pulse_node.vocab import Event, PushKind, check_push_kind
-
-Resolver = Callable[[str, dict[str, Any]], "Path | None"]
 
 
 def announced(peer_id: str, status: PeerStatus, *, at: float | None = None) -> PeerRecord:
@@ -128,14 +125,14 @@ class MemoryTransport:
 
     def _source(self, peer: PeerRecord, request: FetchRequest) -> Path:
         """The serving peer's file for ``request`` (its resolver reads the request's kind and fields, as
-        ``chain/serving.py`` does); ``NotFound``, ``PeerUnavailable`` or ``PeerBusy`` otherwise."""
+        ``net/wire/serving.py`` does); ``NotFound``, ``PeerUnavailable`` or ``PeerBusy`` otherwise."""
         kind, params = kind_of(request), params_of(request)
         with self.hub.lock:
             resolver = None if peer.peer_id in self.hub.down else self.hub.resolvers.get(peer.peer_id)
         if resolver is None:
             raise PeerUnavailable(f"{peer.peer_id} unreachable")
         try:
-            src = resolver(kind, params)
+            src = resolver(request)
         except BusyError as exc:  # e.g. still making a catch-up patch: ask again shortly
             raise PeerBusy(f"{peer.peer_id} is busy with {kind}: {exc}") from None
         except PulseError as exc:  # it cannot make the file (a catch-up from a base it lacks), as the wire says

@@ -44,7 +44,6 @@ from torch import nn
 
 from pulse_node.codec.state import State
 from pulse_node.config import TrainerConfig
-from pulse_node.loco.aggregate import trust_of
 from pulse_node.loco.bound import PayloadBound
 from pulse_node.loco.config import LocoConfig
 from pulse_node.loco.outer import OuterOptimizer, OuterState
@@ -260,9 +259,8 @@ class ShardedOuter(OuterOptimizer):
     def _advance(self, payloads: Sequence[LocoPayload], *, keep: Mapping[str, float],
                  trust: Mapping[str, float] | None) -> None:
         """Checked and weighed here over whole payloads and tensors, once; stepped on every rank's rows."""
-        self.kept = dict(keep)
-        self.trust = {p.trainer_id: float(w) for p, w in zip(payloads, trust_of(payloads, trust))}
-        self._engine.apply_on_shards(payloads, dict(keep), self.trust)
+        self.settle(payloads, keep, trust)
+        self._engine.apply_on_shards(payloads, self.kept, self.trust)
         self.set_round(self.round + 1)
 
     def load_state_dict(self, state: OuterState) -> None:

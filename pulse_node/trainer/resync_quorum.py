@@ -27,7 +27,6 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from pulse_node.chain.admission import bound_key
 from pulse_node.chain.identity import peer_id_of_key
 from pulse_node.chain.peer import PeerRecord
 from pulse_node.chain.record import MAX_RECORD_BYTES, decode_record
@@ -71,7 +70,7 @@ def gather_ballots(*, version: int, heads: Mapping[str, str], trainers: list[Pee
     ballots = {k: h for k, h in heads.items() if book.is_member(k)}
     asked = 0
     for peer in trainers:
-        key = bound_key(peer)
+        key = book.key_of(peer.peer_id)
         if peer.peer_id == source:
             ballots[key] = _served_state(peer, version, book=book, fetch=fetch, scratch=scratch,
                                          timeout=timeout, strict=True)

@@ -22,7 +22,6 @@ import time
 
 import torch
 
-from pulse_node.chain.admission import bound_key, sender_key
 from pulse_node.chain.peer import PeerRecord
 from pulse_node.chain.record import VersionRecord, decode_record, encode_record
 from pulse_node.chain.verified import VerifiedVersion
@@ -178,7 +177,8 @@ class TrainerRole:
         self.publisher.adopt(record, state)
         self.feed.forget_states()  # earlier states we hold may be another fork's
         self.feed.keep_state(record.version, state)
-        self.ctx.status.record_version(VersionEntry(version=record.version, state_hash=record.state_hash))  # held too
+        self.ctx.status.record_version(VersionEntry(  # held too, with the outer state it came with
+            version=record.version, state_hash=record.state_hash, global_hash=self.outer.state_hash().hex()))
         with self.ctx.status.trainer() as counters:
             counters.resyncs += 1
         self.ctx.log.info("adopted state of %s at version %d", peer.peer_id[:12], record.version)
@@ -239,8 +239,8 @@ class TrainerRole:
         """A pushed head record counts (for ``_check_agreement``) only if it is the sender's own,
         signed by the key its peer id encodes, a trainer-set member, for this run."""
         rec = decode_record(data)
-        peers = self.ctx.peers()
-        key = sender_key(sender, peers)
+        self.ctx.peers()  # discovery read: the key a test-hub sender announces is known
+        key = self.book.key_of(sender)
         if rec.signer != key or not self.book.is_member(key):
             raise IntegrityError(f"head record of {rec.short()} is not signed by its sender, a trainer-set member")
         verified = self.book.ask(sender, lambda: self.gate.verify(rec), then=Relayed())
@@ -255,7 +255,7 @@ class TrainerRole:
         one member's differing head is outvoted (``trainer/resync_quorum.py``).
         """
         me = self.ctx.identity.public_key_hex
-        live = {bound_key(p): p for p in self._member_trainers()}
+        live = {self.book.key_of(p.peer_id): p for p in self._member_trainers()}
         for version in sorted(self.peer_heads):
             mine = self.published_hashes.get(version)
             heads = {k: h for k, h in self.peer_heads[version].items() if k in live}

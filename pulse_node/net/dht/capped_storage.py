@@ -23,13 +23,16 @@ import hashlib
 import os
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from hivemind.dht.protocol import DHTProtocol
 from hivemind.dht.routing import DHTID, Subkey
 from hivemind.dht.storage import DHTLocalStorage, DictionaryDHTValue
 from hivemind.dht.validation import DHTRecord
 from hivemind.utils.timed_storage import DHTExpiration
+
+if TYPE_CHECKING:  # hivemind ships no types: these read as unchecked
+    from hivemind.dht.node import DHTNode
 
 #: records of peers neither preferred nor members a node stores per dictionary, at most
 STORED_NEWCOMERS = 32
@@ -128,7 +131,7 @@ class CappedStorage(DHTLocalStorage):  # type: ignore[misc]  # hivemind ships no
         super().__init__()
         self.gate = gate
 
-    def store(self, key: DHTID, value: Any, expiration_time: DHTExpiration, subkey: Subkey | None = None) -> bool:
+    def store(self, key: DHTID, value: object, expiration_time: DHTExpiration, subkey: Subkey | None = None) -> bool:
         if subkey is None and isinstance(value, DictionaryDHTValue):
             value = self.gate.trim(value)
         return bool(super().store(key, value, expiration_time, subkey=subkey))
@@ -141,7 +144,7 @@ class CappedStorage(DHTLocalStorage):  # type: ignore[misc]  # hivemind ships no
         return bool(super().store_subkey(key, subkey, value, expiration_time))
 
 
-def refuse_before_signature(node: Any, gate: NewcomerGate) -> Callable[[DHTRecord], bool]:
+def refuse_before_signature(node: DHTNode, gate: NewcomerGate) -> Callable[[DHTRecord], bool]:
     """The validator's first check (``PulseRecordValidator.precheck``): True for a record of a
     dictionary this node holds (stored, else cached) that the gate would refuse anyway. A flood of
     fresh keys then costs each record a decode and a hash, not an Ed25519 verification (~150 us
@@ -165,7 +168,7 @@ def refuse_before_signature(node: Any, gate: NewcomerGate) -> Callable[[DHTRecor
     return hopeless
 
 
-def keep_valid_subkeys(proto: Any) -> None:
+def keep_valid_subkeys(proto: DHTProtocol) -> None:
     """Validate a dictionary a peer sends (a replica's answer, a store) subkey by subkey.
 
     hivemind's ``DHTProtocol._validate_dictionary`` refuses the whole dictionary when one subkey
@@ -195,7 +198,7 @@ def keep_valid_subkeys(proto: Any) -> None:
     proto._validate_dictionary = per_subkey
 
 
-def cap_node_storage(node: Any, gate: NewcomerGate) -> None:
+def cap_node_storage(node: DHTNode, gate: NewcomerGate) -> None:
     """Give a started hivemind ``DHTNode`` capped storage and cache (what it held is kept, through
     the gate), and dictionaries from peers validated subkey by subkey (``keep_valid_subkeys``)."""
     proto = node.protocol

@@ -22,15 +22,14 @@ from __future__ import annotations
 import dataclasses
 import logging
 from pathlib import Path
-from typing import Any, Literal
 
 from pulse_node.chain.peer import PeerRecord, PeerStatus
 from pulse_node.errors import WireError
 from pulse_node.net.dht import rpc as dht_rpc
 from pulse_node.net.dht.config import DhtConfig
-from pulse_node.net.dht.records import DhtInfo, validate_tree
+from pulse_node.net.dht.records import DhtInfo
 from pulse_node.net.local.ipc import StartFailure
-from pulse_node.net.local.process import WorkerClient, WorkerStartError
+from pulse_node.net.local.process import WorkerClient, WorkerProcess, WorkerStartError
 from pulse_node.net.local.spool import THRESHOLD, Spool
 from pulse_node.vocab import Event, PushKind
 
@@ -61,7 +60,7 @@ class DhtClient(WorkerClient[DhtConfig]):
     name = "dht"
     api = dht_rpc.DhtRequest  # dht_rpc.py: one typed request per worker handler
 
-    def __init__(self, process: Any, config: DhtConfig) -> None:
+    def __init__(self, process: WorkerProcess, config: DhtConfig) -> None:
         super().__init__(process, config)
         self.spool = (Spool(config.spool_dir, max_push=config.spool_max_push_bytes,
                             disk_bytes=config.spool_disk_bytes) if config.spool_dir is not None else None)
@@ -88,17 +87,7 @@ class DhtClient(WorkerClient[DhtConfig]):
     def peers(self, *, prefer: list[str] | tuple[str, ...] = (), limit: int | None = None) -> list[PeerRecord]:
         """Live peer records (at most ``limit``, by default ``dht.records.MAX_PEERS_READ``: those of
         ``prefer``, peer ids, first, then others in the worker's draw), each checked again here."""
-        out = []
-        for r in self.request(dht_rpc.Peers(prefer=list(prefer), limit=limit), timeout=READ_TIMEOUT_S):
-            try:
-                out.append(validate_tree(PeerRecord, r))
-            except WireError as exc:
-                log.warning("dropped a peer record the DHT worker returned: %s", exc)
-        return out
-
-    def get(self, kind: Literal["peers"]) -> list[dict[str, Any]]:
-        """Raw live entries of ``peers`` (subkey, value, expires_at) for dashboards."""
-        return self.request(dht_rpc.Get(kind=kind), timeout=READ_TIMEOUT_S)
+        return self.request(dht_rpc.Peers(prefer=list(prefer), limit=limit), timeout=READ_TIMEOUT_S)
 
     # ---- p2pd push plane (dht_push.py) -------------------------------------------------------
     def push(self, peer_id: str, maddrs: list[str], kind: PushKind, data: bytes, *, timeout: float = 30.0) -> None:
@@ -135,20 +124,19 @@ class DhtClient(WorkerClient[DhtConfig]):
         size, at most our cap) and its file deleted; an event that fails the checks is dropped."""
         out = []
         for e in self.request(dht_rpc.Events(max_events=max_events, wait_s=wait_s), timeout=wait_s + 10.0):
-            data = e.data
-            if e.path is not None:
-                spooled = self._take_spooled(e.path, e.size)
-                if spooled is None:
-                    continue
-                data = spooled
-            out.append(Event(kind=e.kind, sender=e.sender, data=data, received_at=e.received_at))
+            if e.path is None:
+                out.append(e.event)
+                continue
+            spooled = self._take_spooled(e.path, e.size)
+            if spooled is not None:
+                out.append(dataclasses.replace(e.event, data=spooled))
         return out
 
-    def _take_spooled(self, path: object, size: object) -> bytes | None:
+    def _take_spooled(self, path: str, size: int) -> bytes | None:
         try:
             if self.spool is None:
                 raise WireError("the worker sent a spool path but this client has no spool")
-            if not isinstance(size, int) or size > self.spool.max_push:
+            if size > self.spool.max_push:
                 self.spool.check(path).unlink(missing_ok=True)  # never read into memory
                 raise WireError(f"spooled push of {size!r} bytes exceeds cap {self.spool.max_push}")
             return self.spool.take(path, size)

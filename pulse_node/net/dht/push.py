@@ -10,12 +10,14 @@ push, protocol ``PROTOCOL``::
     frame(s)  = 4-byte big-endian length + msgpack map with exactly the struct's fields
 
 Limits, all checked before anything is allocated: the header frame is capped at
-``wire.protocol.REQUEST_CAP``, the declared size at the kind's cap (``CAPS``), at most
-``MAX_INBOUND`` streams are read at once (trainer-set members may use all of them; all
-non-members together at most ``OTHER_INBOUND``, one each: ``set_members``), a non-member's queued
-pushes stay within its own share (``net/peers/budget.py``), and every stream has a deadline (``HEADER_TIMEOUT_S``
-for the header, then at least ``MIN_RATE`` bytes/s for the body). Received pushes wait in a
-bounded queue (count and bytes); a push that does not fit is refused with ``busy`` and counted.
+``wire.protocol.REQUEST_CAP``, the declared size at the kind's cap (``CAPS``). Streams are admitted
+by the data plane's one mechanism, ``StreamPools`` (``net/peers/budget.py``, as the wire worker's):
+at most ``MAX_INBOUND`` read at once, trainer-set members may use all of them, all non-members
+together at most ``OTHER_INBOUND``, one each (``set_members``), each peer's request bucket, the
+slowest non-member evicted for a new one; each stream's ``Flow`` gives the header
+``HEADER_TIMEOUT_S`` and then wants ``MIN_RATE`` bytes/s. A non-member's queued pushes stay within
+its own share. Received pushes wait in a bounded queue (count and bytes); a push that does not fit
+is refused with ``busy`` and counted.
 The sender of an event is the peer id p2pd authenticated for the stream (libp2p security
 handshake), never anything the peer wrote: with one Ed25519 identity per node it equals the
 sender's wire peer id, which is what the trainer checks a payload's trainer id against.
@@ -35,20 +37,36 @@ import asyncio
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, ClassVar
 
 import anyio
 
 from pulse_node.errors import PeerUnavailable, UnsupportedVersion, WireError
+from pulse_node.net.dht.rpc import PushPlaneStats
 from pulse_node.net.local.inbox import Inbox
+from pulse_node.net.local.rpc_api import Pushed
 from pulse_node.net.local.spool import THRESHOLD, AsyncFile, Spool
-from pulse_node.net.peers.budget import BudgetConfig, Members, PushShares, Refusals
+from pulse_node.net.peers.budget import (
+    BudgetConfig,
+    Flow,
+    Members,
+    PushShares,
+    Refusals,
+    Refused,
+    SlowPeer,
+    StreamPools,
+)
 from pulse_node.net.wire import protocol as wp
-from pulse_node.vocab import BudgetRefusal, Event, PushKind
+from pulse_node.vocab import Event, PushKind
+
+if TYPE_CHECKING:  # hivemind ships no types: these read as unchecked
+    from hivemind.p2p import P2P
+    from hivemind.p2p.p2p_daemon_bindings.datastructures import StreamInfo
+    from hivemind.utils.multiaddr import Multiaddr
 
 log = logging.getLogger("pulse_node.dht.push")
 
@@ -80,6 +98,16 @@ async def read_frame(reader: asyncio.StreamReader, cap: int) -> bytes:
     return await reader.readexactly(wp.frame_length(await reader.readexactly(4), cap))
 
 
+def stream_budget(budget: BudgetConfig, *, longest_push: int) -> BudgetConfig:
+    """The node's budget with this plane's stream numbers: ``MAX_INBOUND`` streams, of which
+    non-members hold ``OTHER_INBOUND`` (one each); ``HEADER_TIMEOUT_S`` of grace, then ``MIN_RATE``;
+    no stream outlives the slowest allowed ``longest_push``."""
+    return budget.model_copy(update={
+        "member_streams": MAX_INBOUND - OTHER_INBOUND, "other_streams": OTHER_INBOUND, "streams_per_peer": 1,
+        "min_rate": MIN_RATE, "grace_s": HEADER_TIMEOUT_S,
+        "stream_deadline_s": 2 * HEADER_TIMEOUT_S + longest_push / MIN_RATE})
+
+
 def _reply(status: str, message: str = "") -> bytes:
     return wp.Response(v=wp.WIRE_VERSION, status=status, size=0, total=0, message=message[:512]).encode()
 
@@ -87,7 +115,7 @@ def _reply(status: str, message: str = "") -> bytes:
 class PushPlane:
     """Serves ``PROTOCOL`` on a hivemind ``P2P`` and sends pushes over it; counts bytes and errors."""
 
-    def __init__(self, p2p: Any, *, spool: Spool | None = None, inbox: Inbox | None = None,
+    def __init__(self, p2p: P2P, *, spool: Spool | None = None, inbox: Inbox | None = None,
                  budget: BudgetConfig | None = None) -> None:
         self.p2p = p2p
         self.spool = spool
@@ -95,40 +123,44 @@ class PushPlane:
         budget = budget or BudgetConfig()
         self.members = Members()
         self.refusals = Refusals(interval=budget.log_interval_s)
+        self.pools = StreamPools(stream_budget(budget, longest_push=max(self.caps.values())), self.members,
+                                 self.refusals)
         shares = PushShares(budget, self.members, max_events=MAX_EVENTS, max_bytes=MAX_EVENT_BYTES)
         self.inbox = inbox or Inbox(max_events=MAX_EVENTS, max_bytes=MAX_EVENT_BYTES,
                                     max_disk_bytes=spool.disk_bytes if spool else 0, shares=shares)
-        self._others: dict[str, int] = {}  # non-members' open inbound streams
         self._io = ThreadPoolExecutor(MAX_INBOUND, thread_name_prefix="pulse-spool") if spool else None
         self.bytes_in: dict[str, int] = defaultdict(int)
         self.bytes_out: dict[str, int] = defaultdict(int)
         self.errors: dict[str, int] = defaultdict(int)
-        self._active = 0
 
     async def start(self) -> None:
         await self.p2p.add_binary_stream_handler(PROTOCOL, self.handle)
 
     # ---- inbound ------------------------------------------------------------------------
-    async def handle(self, info: Any, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        """One inbound stream: header -> checks -> body -> queued event -> response."""
+    async def handle(self, info: StreamInfo, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """One inbound stream: admission -> header -> checks -> body -> queued event -> response."""
         sender = info.peer_id.to_base58()  # authenticated by p2pd, not claimed by the peer
-        why = self._slot(sender)
-        if why:
-            self.errors["busy"] += 1
-            if why != "busy":
-                self.refusals.add(sender, why)
-            await self._answer(writer, "busy", f"{why}: too many inbound pushes")
-            return
-        self._active += 1
-        member = sender in self.members
-        if not member:
-            self._others[sender] = self._others.get(sender, 0) + 1
         try:
-            with anyio.fail_after(HEADER_TIMEOUT_S):
-                head = PushHeader.decode(await read_frame(reader, wp.REQUEST_CAP))
-            status, message = await self._receive(sender, head, reader)
+            flow = self.pools.open(sender)  # counted and logged by the pools when refused
+        except Refused as exc:
+            self.errors["busy"] += 1
+            await self._answer(writer, "busy", f"{exc.reason}: too many inbound pushes")
+            return
+        try:
+            with anyio.CancelScope() as scope:
+                flow.on_cut = scope.cancel  # evicted for another stream
+                status, message = await self._serve(flow, reader)
+            if scope.cancelled_caught:
+                self.errors["inbound_evicted"] += 1
+                writer.close()
+                return
         except UnsupportedVersion as exc:
             status, message = "unsupported", str(exc)
+        except SlowPeer as exc:
+            self.refusals.add(sender, flow.why(), str(exc))
+            self.errors["inbound_timeout"] += 1
+            writer.close()
+            return
         except WireError as exc:
             status, message = "bad_request", str(exc)
         except (TimeoutError, asyncio.IncompleteReadError, ConnectionError) as exc:
@@ -136,30 +168,19 @@ class PushPlane:
             writer.close()
             return
         finally:
-            self._active -= 1
-            if not member:
-                self._others[sender] -= 1
-                if self._others[sender] <= 0:
-                    del self._others[sender]
+            self.pools.close(flow)
         if status != "ok":
             self.errors[f"refused_{status}"] += 1
             log.info("push from %s refused: %s: %s", sender[-8:], status, message)
         await self._answer(writer, status, message)
 
-    def _slot(self, sender: str) -> BudgetRefusal | Literal["", "busy"]:
-        """"" if ``sender`` may open one more inbound stream, else the reason (members first)."""
-        if self._active >= MAX_INBOUND:
-            return "busy"
-        if sender in self.members:
-            return ""
-        if sender in self._others:
-            return BudgetRefusal.STREAMS_PEER
-        if len(self._others) >= OTHER_INBOUND:
-            return BudgetRefusal.STREAMS_POOL
-        return ""
+    async def _serve(self, flow: Flow, reader: asyncio.StreamReader) -> tuple[str, str]:
+        with anyio.fail_after(flow.limit(HEADER_TIMEOUT_S, flow.peer)):
+            head = PushHeader.decode(await read_frame(reader, wp.REQUEST_CAP))
+        return await self._receive(flow, head, reader)
 
-    async def _receive(self, sender: str, head: PushHeader, reader: asyncio.StreamReader) -> tuple[str, str]:
-        kind = next((k for k in self.caps if k == head.kind), None)
+    async def _receive(self, flow: Flow, head: PushHeader, reader: asyncio.StreamReader) -> tuple[str, str]:
+        kind, sender = next((k for k in self.caps if k == head.kind), None), flow.peer
         if kind is None:
             return "unsupported", f"push kind {head.kind!r} is not carried on this plane ({sorted(CAPS)})"
         cap = self.caps[kind]
@@ -173,16 +194,15 @@ class PushPlane:
             return "busy", f"{why}: " + ("spool is full" if spooled else "event queue is full")
         done, message = False, ""
         try:
-            with anyio.fail_after(HEADER_TIMEOUT_S + head.size / MIN_RATE):
-                if spooled:
-                    path, message = await self._read_to_spool(head, reader)
-                    if path is not None:
-                        self.inbox.put(Event(kind, sender, b"", time.time()), path=str(path), size=head.size)
-                        done = True
-                else:
-                    data = await reader.readexactly(head.size)
-                    self.inbox.put(Event(kind, sender, data, time.time()))
+            if spooled:
+                path, message = await self._read_to_spool(flow, head, reader)
+                if path is not None:
+                    self.inbox.put(Event(kind, sender, b"", time.time()), path=str(path), size=head.size)
                     done = True
+            else:
+                self.inbox.put(Event(kind, sender, b"".join([c async for c in _chunks(flow, reader, head.size)]),
+                                     time.time()))
+                done = True
         finally:
             if not done:
                 self.inbox.release(head.size, spooled=spooled, peer=sender)
@@ -191,7 +211,8 @@ class PushPlane:
         self.bytes_in[head.kind] += head.size
         return "ok", ""
 
-    async def _read_to_spool(self, head: PushHeader, reader: asyncio.StreamReader) -> tuple[Path | None, str]:
+    async def _read_to_spool(self, flow: Flow, head: PushHeader, reader: asyncio.StreamReader
+                             ) -> tuple[Path | None, str]:
         """The body into a new spool file, chunk by chunk; (None, why) if the disk failed.
 
         The file is removed on any failure (disk, deadline, a cut stream): only a complete body
@@ -205,15 +226,14 @@ class PushPlane:
         out = AsyncFile(fd, self._io)
         complete = False
         try:
-            left = head.size
-            while left:
-                chunk = await reader.readexactly(min(WRITE_CHUNK, left))
-                left -= len(chunk)
+            async for chunk in _chunks(flow, reader, head.size):
+                t0 = time.monotonic()
                 try:
                     await out.write(chunk)
                 except OSError as exc:  # disk full, I/O error: refuse, keep serving
                     self.errors["spool_write"] += 1
                     return None, f"spool write failed: {exc.strerror}"
+                flow.own_s += time.monotonic() - t0  # our disk's time, not the peer's
             complete = True
         finally:
             out.close()
@@ -232,7 +252,7 @@ class PushPlane:
             writer.close()
 
     # ---- outbound -----------------------------------------------------------------------
-    async def push(self, peer_id: str, maddrs: list[str], kind: str, data: bytes, *, timeout: float) -> dict[str, float]:
+    async def push(self, peer_id: str, maddrs: list[str], kind: str, data: bytes, *, timeout: float) -> Pushed:
         """Send one push; returns once the peer has queued it. ``PeerUnavailable``/``WireError``."""
         self._check_size(kind, len(data))
 
@@ -245,7 +265,7 @@ class PushPlane:
         return await self._send(peer_id, maddrs, kind, len(data), body, timeout=timeout)
 
     async def push_file(self, peer_id: str, maddrs: list[str], kind: str, path: object, size: object, *,
-                        timeout: float) -> dict[str, float]:
+                        timeout: float) -> Pushed:
         """``push`` of a body the node wrote to spool file ``path`` (checked: in the spool, ``size`` bytes)."""
         if self.spool is None or self._io is None:
             raise WireError("push_file: this DHT worker has no spool (DhtConfig.spool_dir)")
@@ -274,7 +294,7 @@ class PushPlane:
             raise WireError(f"{kind} push of {size} bytes exceeds cap {self.caps[kind]}")
 
     async def _send(self, peer_id: str, maddrs: list[str], kind: str, size: int,
-                    body: Callable[[asyncio.StreamWriter], Awaitable[None]], *, timeout: float) -> dict[str, float]:
+                    body: Callable[[asyncio.StreamWriter], Awaitable[None]], *, timeout: float) -> Pushed:
         """Header, ``body(writer)``, the peer's answer; every failure mapped to a typed error and counted."""
         t0 = time.monotonic()
         try:
@@ -300,7 +320,7 @@ class PushPlane:
             raise (PeerUnavailable if resp.status == "busy" else WireError)(
                 f"push {kind} to {peer_id}: {resp.status}: {resp.message}")
         self.bytes_out[kind] += size
-        return {"bytes": size, "seconds": time.monotonic() - t0}
+        return Pushed(bytes=size, seconds=time.monotonic() - t0)
 
     async def _open(self, peer_id: str, maddrs: list[str]) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         """A stream to ``peer_id``, dialing its advertised DHT addresses first if given."""
@@ -342,11 +362,11 @@ class PushPlane:
             pass
         return bytes(reply)
 
-    def stats(self) -> dict[str, Any]:
-        return {"bytes_in": dict(self.bytes_in), "bytes_out": dict(self.bytes_out), "errors": dict(self.errors),
-                "events_queued": len(self.inbox), "events_rejected": self.inbox.rejected,
-                "refused": dict(self.refusals.by_reason),
-                "caps": dict(self.caps), "spool": str(self.spool.directory) if self.spool else None}
+    def stats(self) -> PushPlaneStats:
+        return PushPlaneStats(bytes_in=dict(self.bytes_in), bytes_out=dict(self.bytes_out), errors=dict(self.errors),
+                              events_queued=len(self.inbox), events_rejected=self.inbox.rejected,
+                              refused=dict(self.refusals.by_reason), caps=dict(self.caps),
+                              spool=str(self.spool.directory) if self.spool else None)
 
     def close(self) -> None:
         """After p2pd stopped: finish spool I/O, remove every file nobody collected."""
@@ -358,7 +378,18 @@ class PushPlane:
                 log.info("removed %d uncollected spool file(s)", removed)
 
 
-def _transport_addrs(peer_id: str, maddrs: list[str]) -> list[Any]:
+async def _chunks(flow: Flow, reader: asyncio.StreamReader, size: int) -> AsyncIterator[bytes]:
+    """``size`` body bytes in chunks, each read within the stream's budget (``SlowPeer`` past it)."""
+    left = size
+    while left:
+        with anyio.fail_after(flow.limit(HEADER_TIMEOUT_S, flow.peer)):
+            chunk = await reader.readexactly(min(WRITE_CHUNK, left))
+        flow.add(len(chunk))
+        left -= len(chunk)
+        yield chunk
+
+
+def _transport_addrs(peer_id: str, maddrs: list[str]) -> list[Multiaddr]:
     """Advertised multiaddrs of ``peer_id`` without their ``/p2p/`` part; others' addresses dropped."""
     from hivemind.utils.multiaddr import Multiaddr
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import msgpack
 import pydantic
@@ -117,7 +117,7 @@ def select_entries(records: list[E], *, prefer: Sequence[str] = (), limit: int =
     return chosen[:limit]
 
 
-def address_range(wire_maddrs: Any) -> str:
+def address_range(wire_maddrs: object) -> str:
     """The network the first of a record's data-plane addresses is in: an IPv4 /24, an IPv6 /48,
     a DNS name ("" when there is none, or it is not a list of strings: any raw value is safe)."""
     first = wire_maddrs[0] if isinstance(wire_maddrs, list) and wire_maddrs else None
@@ -136,7 +136,7 @@ def _draw(peer_id: str, salt: bytes) -> bytes:
     return hashlib.blake2b(peer_id.encode(), key=salt[:64], digest_size=8).digest()
 
 
-def validate_tree(model: type[R], tree: Any) -> R:
+def validate_tree(model: type[R], tree: object) -> R:
     """A decoded msgpack tree -> ``model``; ``WireError`` naming the first bad field."""
     if not isinstance(tree, dict):
         raise WireError(f"{model.__name__} is not a map")

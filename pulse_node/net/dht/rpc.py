@@ -7,32 +7,20 @@ sends these; nothing here imports hivemind.
 
 from __future__ import annotations
 
-from typing import Any, Generic, Literal, TypeVar
+from typing import Generic, TypeVar
 
 import pydantic
 
-from pulse_node.chain.peer import PeerStatus
+from pulse_node.chain.peer import PeerRecord, PeerStatus
 from pulse_node.net.dht.records import DhtInfo
-from pulse_node.net.local.rpc_api import Request
+from pulse_node.net.local.inbox import Queued
+from pulse_node.net.local.rpc_api import Pushed, Request
 from pulse_node.vocab import BudgetRefusal, PushKind
 
 R = TypeVar("R")
 
 class DhtRequest(Request[R], Generic[R]):
     """Base of the DHT worker's requests (what ``DhtClient`` may send)."""
-
-
-class QueuedPush(pydantic.BaseModel):
-    """One received push as the ``events`` reply carries it: the body, or (spooled) its file."""
-
-    model_config = pydantic.ConfigDict(frozen=True, extra="forbid")
-
-    kind: PushKind
-    sender: str
-    received_at: float
-    data: bytes = b""
-    path: str | None = None  # a spooled body: this file in the node's spool, of ``size`` bytes
-    size: int | None = None
 
 
 class Info(DhtRequest[DhtInfo]):
@@ -44,18 +32,14 @@ class PublishPeer(DhtRequest[bool]):
     ttl_s: float
 
 
-class Peers(DhtRequest[list[dict[str, Any]]]):
-    """Live peer records, each checked again by the client (a bad one is dropped, not fatal)."""
+class Peers(DhtRequest[list[PeerRecord]]):
+    """Live peer records (validated by the worker, and again as the reply arrives)."""
 
     prefer: list[str] | None = None
     limit: int | None = None
 
 
-class Get(DhtRequest[list[dict[str, Any]]]):
-    kind: Literal["peers"]
-
-
-class Push(DhtRequest[dict[str, Any]]):
+class Push(DhtRequest[Pushed]):
     peer_id: str
     maddrs: list[str]
     kind: PushKind
@@ -63,7 +47,7 @@ class Push(DhtRequest[dict[str, Any]]):
     timeout: float
 
 
-class PushFile(DhtRequest[dict[str, Any]]):
+class PushFile(DhtRequest[Pushed]):
     peer_id: str
     maddrs: list[str]
     kind: PushKind
@@ -72,7 +56,9 @@ class PushFile(DhtRequest[dict[str, Any]]):
     timeout: float
 
 
-class Events(DhtRequest[list[QueuedPush]]):
+class Events(DhtRequest[list[Queued]]):
+    """Received pushes: each its event, or (spooled) the event without its body, and the body's file."""
+
     max_events: int = 64
     wait_s: float = 0.0
 
@@ -98,7 +84,7 @@ class PushPlaneStats(pydantic.BaseModel):
     events_queued: int
     events_rejected: int
     refused: dict[BudgetRefusal, int]
-    caps: dict[str, int]
+    caps: dict[PushKind, int]
     spool: str | None
 
 

@@ -2,8 +2,9 @@
 
 Every DHT node of a run uses an Ed25519 libp2p identity, so its peer id (``12D3KooW...``) *is*
 its public key (an identity multihash of the protobuf-encoded key). A record stored under
-subkey ``<peer id>`` must carry a signature by that key over (key, subkey, value, expiration),
-so only the owner can write or refresh it, nobody can extend its lifetime, and the peer id
+subkey ``<peer id>`` must carry a signature by that key over a ``DhtClaim`` (key, subkey, value,
+expiration), made and checked by the signed-statement envelope (``chain/statement.py``) like every
+other signed statement, so only the owner can write or refresh it, nobody can extend its lifetime, and the peer id
 needs no separate registration. ``PulseRecordValidator`` plugs into hivemind's
 ``RecordValidatorBase``: every node checks every record it stores, serves or receives.
 
@@ -23,23 +24,22 @@ re-comparing values); strict pydantic v2 models in ``net/dht/records.py`` do the
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import logging
 import struct
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import msgpack
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from hivemind.dht.protocol import DHTProtocol
 from hivemind.dht.routing import DHTID
 from hivemind.dht.validation import DHTRecord, RecordValidatorBase
 
 from pulse_node.chain.identity import Identity, key_of_peer_id, peer_id_of_key
 from pulse_node.chain.peer import PeerRecord
+from pulse_node.chain.statement import Statement
 from pulse_node.errors import WireError
 from pulse_node.net.dht.records import (
     CLOCK_SLACK_S,
@@ -53,8 +53,7 @@ from pulse_node.net.dht.records import (
 log = logging.getLogger(__name__)
 
 _PB_ED25519_PRIV = b"\x08\x01\x12\x40"
-_ENVELOPE_TAG = "pulse-dht-sig-1"
-_SIG_CONTEXT = b"pulse-dht-record-1"
+_ENVELOPE_TAG = "pulse-dht-sig-2"
 #: records remembered as accepted, at most
 ACCEPTED_KEPT = 16384
 
@@ -75,14 +74,28 @@ def libp2p_private_key(identity: Identity) -> bytes:
     return _PB_ED25519_PRIV + raw
 
 
-def signed_payload(record: DHTRecord) -> bytes:
-    """The exact bytes a record's signature covers (value here is the unsigned value)."""
-    return msgpack.packb([_SIG_CONTEXT, record.key, record.subkey, record.value, record.expiration_time],
-                         use_bin_type=True)
+@dataclass(frozen=True)
+class DhtClaim:
+    """What the owner of a DHT record signs: ``value`` under (``key``, ``subkey``) until ``expiration``.
+    Only the signature travels (hivemind carries the rest); the claim is never decoded."""
+
+    key: bytes
+    subkey: bytes
+    value: bytes
+    expiration: float
+
+
+DHT_CLAIMS = Statement(DhtClaim, magic="pulse/dht-record", format=1, max_bytes=MAX_PEER_RECORD_BYTES + 512,
+                       signatures=())
+
+
+def claim_of(record: DHTRecord) -> DhtClaim:
+    """The claim a record's signature covers (``record.value`` here is the unsigned value)."""
+    return DhtClaim(record.key, record.subkey, record.value, float(record.expiration_time))
 
 
 def sign_envelope(record: DHTRecord, identity: Identity) -> bytes:
-    return msgpack.packb([_ENVELOPE_TAG, record.value, identity.sign(signed_payload(record))],
+    return msgpack.packb([_ENVELOPE_TAG, record.value, DHT_CLAIMS.signature_of(identity, claim_of(record))],
                          use_bin_type=True)
 
 
@@ -160,11 +173,9 @@ class PulseRecordValidator(RecordValidatorBase):  # type: ignore[misc]  # hivemi
     def _check_signature(record: DHTRecord, peer_id: str) -> bytes:
         """Verify the envelope's signature; return the unsigned value (the encoded record)."""
         inner, sig = open_envelope(record.value)
-        unsigned = dataclasses.replace(record, value=inner)
-        try:
-            Ed25519PublicKey.from_public_bytes(public_key_of(peer_id)).verify(sig, signed_payload(unsigned))
-        except InvalidSignature:
-            raise WireError(f"signature does not verify for {peer_id}") from None
+        claim = DhtClaim(record.key, record.subkey, inner, float(record.expiration_time))
+        if not DHT_CLAIMS.signed_by(claim, key_of_peer_id(peer_id), sig):
+            raise WireError(f"signature does not verify for {peer_id}")
         return inner
 
     def sign_value(self, record: DHTRecord) -> bytes:

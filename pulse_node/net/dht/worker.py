@@ -12,7 +12,7 @@ bad spool) is reported as a ``StartFailure`` and the process exits 2.
 
 RPC methods (the ``@rpc`` methods of ``DhtWorker``, named like ``DhtClient``'s): ``info``,
 ``publish_peer``, ``peers`` (at most ``MAX_PEERS_READ`` valid records, those of the ``prefer`` peer
-ids first, then the newest), ``get``, and the p2pd push plane of ``net/dht/push.py`` (PULSELoCo
+ids first, then the newest), and the p2pd push plane of ``net/dht/push.py`` (PULSELoCo
 payloads between trainers): ``push``, ``push_file`` (a body the node wrote to a spool file),
 ``events`` (a large received body as a spool ``path`` + ``size`` instead of ``data``),
 ``push_stats``, ``probe``; inbound pushes are served only with ``accept_pushes``.
@@ -33,8 +33,9 @@ import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING
 
+from pulse_node.chain.identity import Identity
 from pulse_node.chain.peer import PeerRecord, PeerStatus
 from pulse_node.errors import WireError
 from pulse_node.net.dht.capped_storage import NewcomerGate, cap_node_storage, refuse_before_signature
@@ -50,9 +51,19 @@ from pulse_node.net.dht.records import (
     select_entries,
     validate_tree,
 )
+from pulse_node.net.dht.rpc import PushPlaneStats
+from pulse_node.net.local.inbox import Queued
+from pulse_node.net.local.rpc_api import Pushed
 from pulse_node.net.local.rpc_server import Service, StartFailed, rpc, run_worker
 from pulse_node.net.local.spool import Spool
 from pulse_node.vocab import BudgetRefusal, PushKind
+
+if TYPE_CHECKING:  # hivemind ships no types: these read as unchecked
+    from hivemind.dht.node import DHTNode
+    from hivemind.p2p import P2P
+
+#: one live DHT entry as read: (subkey, the value a peer stored, its expiration)
+Entry = tuple[str, dict[str, object], float]
 
 log = logging.getLogger("pulse_node.dht")
 
@@ -70,7 +81,7 @@ def check_ttl(value: float) -> float:
 class RefreshedRecord:
     """One record this node keeps alive: a factory for fresh copies, a TTL and the next refresh."""
 
-    def __init__(self, kind: str, build: Callable[[float], Any], ttl_s: float) -> None:
+    def __init__(self, kind: str, build: Callable[[float], PeerRecord], ttl_s: float) -> None:
         self.kind, self.build, self.ttl_s = kind, build, ttl_s
         self.due = 0.0
 
@@ -78,7 +89,7 @@ class RefreshedRecord:
 class DhtWorker(Service):
     """A joined DHT node plus the records it publishes; its ``@rpc`` methods are the worker's RPC."""
 
-    def __init__(self, config: DhtConfig, node: Any, p2p: Any, peer_id: str, *,
+    def __init__(self, config: DhtConfig, node: DHTNode, p2p: P2P, peer_id: str, *,
                  spool: Spool | None = None) -> None:
         self.config, self.node, self.p2p, self.peer_id = config, node, p2p, peer_id
         self.gate = NewcomerGate()  # what this node stores of the peers dictionary (capped_storage.py)
@@ -92,7 +103,7 @@ class DhtWorker(Service):
         self._visible: list[str] = []
 
     # ---- publishing -------------------------------------------------------------------------
-    async def _store(self, kind: str, record: Any, ttl_s: float, *, expiration: float | None = None) -> bool:
+    async def _store(self, kind: str, record: PeerRecord, ttl_s: float, *, expiration: float | None = None) -> bool:
         exp = expiration if expiration is not None else record.updated_at + ttl_s
         return bool(await self.node.store(dht_key(self.config.run_id, kind), record.model_dump(),
                                           exp, subkey=self.peer_id))
@@ -135,7 +146,7 @@ class DhtWorker(Service):
             await asyncio.sleep(max(0.05, min(1.0, wake - now)))
 
     # ---- reading ----------------------------------------------------------------------------
-    async def read(self, kind: str) -> list[tuple[str, dict[str, Any], float]]:
+    async def read(self, kind: str) -> list[Entry]:
         """Live (subkey, value, expiration) entries of one kind, freshest view of the swarm."""
         found = await self.node.get(dht_key(self.config.run_id, kind), latest=True)
         if found is None or not isinstance(found.value, dict):
@@ -217,22 +228,18 @@ class DhtWorker(Service):
         return found
 
     @rpc
-    async def get(self, *, kind: Literal["peers"]) -> list[dict[str, Any]]:
-        return [{"subkey": sub, "value": value, "expires_at": exp} for sub, value, exp in await self.read(kind)]
-
-    @rpc
-    async def push(self, *, peer_id: str, maddrs: list[str], kind: PushKind, data: bytes, timeout: float) -> dict[str, float]:
+    async def push(self, *, peer_id: str, maddrs: list[str], kind: PushKind, data: bytes, timeout: float) -> Pushed:
         return await self.pushes.push(peer_id, maddrs, kind, data, timeout=timeout)
 
     @rpc
     async def push_file(self, *, peer_id: str, maddrs: list[str], kind: PushKind, path: str, size: int,
-                        timeout: float) -> dict[str, float]:
+                        timeout: float) -> Pushed:
         return await self.pushes.push_file(peer_id, maddrs, kind, path, size, timeout=timeout)
 
     @rpc
-    async def events(self, *, max_events: int = 64, wait_s: float = 0.0) -> list[dict[str, Any]]:
+    async def events(self, *, max_events: int = 64, wait_s: float = 0.0) -> list[Queued]:
         """Received pushes; a spooled one carries ``path`` and ``size`` (the node reads and deletes it)."""
-        return [q.as_rpc() for q in await self.pushes.inbox.take(max_events, wait_s)]
+        return await self.pushes.inbox.take(max_events, wait_s)
 
     @rpc
     async def set_members(self, *, peer_ids: list[str]) -> int:
@@ -254,10 +261,9 @@ class DhtWorker(Service):
         return self.pushes.caps[known]
 
     @rpc
-    async def push_stats(self) -> dict[str, Any]:
+    async def push_stats(self) -> PushPlaneStats:
         stats = self.pushes.stats()  # + newcomers' records this node declined to store (capped_storage.py)
-        stats["refused"] = {**stats["refused"], BudgetRefusal.DHT_NEWCOMERS: self.gate.refused}
-        return stats
+        return stats.model_copy(update={"refused": {**stats.refused, BudgetRefusal.DHT_NEWCOMERS: self.gate.refused}})
 
     @rpc
     async def probe(self, *, peer_id: str, raw: bytes, maddrs: list[str], timeout: float) -> bytes:
@@ -299,9 +305,7 @@ def duplicate_message(identity: Path | None, peer_id: str, other: PeerRecord) ->
 
 
 # ---- start ------------------------------------------------------------------------------------
-def load_identity(path: Path | None) -> Any:
-    from pulse_node.chain.identity import Identity
-
+def load_identity(path: Path | None) -> Identity:
     return Identity.load_or_create(path) if path else Identity.generate()
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 import anyio
 
@@ -30,8 +30,9 @@ MAX_WAIT_S = 60.0
 
 @dataclass(frozen=True)
 class Queued:
-    """An event waiting for the node. With ``path`` set its body is in that spool file (``size``
-    bytes) and ``event.data`` is empty; whoever takes it owns the file."""
+    """An event waiting for the node (also how the ``events`` RPC of both workers carries it). With
+    ``path`` set its body is in that spool file (``size`` bytes) and ``event.data`` is empty;
+    whoever takes it owns the file."""
 
     event: Event
     path: str | None = None
@@ -40,14 +41,6 @@ class Queued:
     @property
     def nbytes(self) -> int:
         return self.size if self.path is not None else len(self.event.data)
-
-    def as_rpc(self) -> dict[str, Any]:
-        """The ``events`` RPC's form: the event's fields, plus ``path`` and ``size`` if spooled."""
-        e = self.event
-        out = {"kind": e.kind, "sender": e.sender, "data": e.data, "received_at": e.received_at}
-        if self.path is not None:
-            out.update(path=self.path, size=self.size)
-        return out
 
 
 class Inbox:

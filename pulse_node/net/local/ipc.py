@@ -20,7 +20,7 @@ import itertools
 import socket
 import struct
 import time
-from typing import Any, Literal
+from typing import Literal
 
 import msgpack
 
@@ -29,6 +29,11 @@ from pulse_node.errors import PulseError, WireError
 
 MAX_FRAME = 64 * 1024 * 1024
 _LEN = struct.Struct(">I")
+
+
+#: one frame of the local RPC: a request (``id``, ``method``, ``params``) or a reply (``id``, ``ok``,
+#: ``result`` or ``error`` and ``message``); its values are checked where they are read
+Message = dict[str, object]
 
 
 class RpcError(PulseError):
@@ -46,7 +51,7 @@ class StartFailure(StrictModel):
     message: str
 
 
-def encode_frame(message: dict[str, Any]) -> bytes:
+def encode_frame(message: Message) -> bytes:
     body = msgpack.packb(message, use_bin_type=True)
     if len(body) > MAX_FRAME:
         raise WireError(f"frame of {len(body)} bytes exceeds {MAX_FRAME}")
@@ -60,9 +65,9 @@ def frame_length(header: bytes) -> int:
     return n
 
 
-def decode_body(body: bytes) -> dict[str, Any]:
+def decode_body(body: bytes) -> Message:
     try:
-        msg = msgpack.unpackb(body, raw=False, strict_map_key=True)
+        msg: object = msgpack.unpackb(body, raw=False, strict_map_key=True)
     except Exception as exc:
         raise WireError(f"malformed frame: {exc}") from None
     if not isinstance(msg, dict):
@@ -70,7 +75,7 @@ def decode_body(body: bytes) -> dict[str, Any]:
     return msg
 
 
-def error_reply(call_id: Any, exc: BaseException) -> dict[str, Any]:
+def error_reply(call_id: object, exc: BaseException) -> Message:
     """The reply for a handler that raised ``exc``: its type name and message, as data."""
     return {"id": call_id, "ok": False, "error": type(exc).__name__, "message": str(exc)}
 
@@ -87,7 +92,7 @@ def _error_types() -> dict[str, type[PulseError]]:
     return {name: cls for name, cls in found.items() if cls is not None}
 
 
-def raised_error(reply: dict[str, Any]) -> PulseError:
+def raised_error(reply: Message) -> PulseError:
     """The exception an error reply stands for: the worker's type if known here, else ``RpcError``."""
     name, message = reply.get("error"), str(reply.get("message", ""))
     cls = _error_types().get(name) if isinstance(name, str) else None
@@ -138,7 +143,7 @@ class RpcClient:
                     raise RpcError(f"worker socket {self._path} not reachable after {timeout:.0f}s") from None
                 time.sleep(0.05)
 
-    def call(self, method: str, params: dict[str, Any] | None = None, *, timeout: float) -> Any:
+    def call(self, method: str, params: Message | None = None, *, timeout: float) -> object:
         """Invoke ``method``; its result, the worker's typed error, or ``RpcError`` (timeout, lost worker)."""
         call_id = next(self._ids)
         frame = encode_frame({"id": call_id, "method": method, "params": params or {}})

@@ -26,16 +26,18 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import IO, Any, ClassVar, Generic, TypeVar
+from typing import IO, TYPE_CHECKING, ClassVar, Generic, TypeVar
 
 import pydantic
 
 from pulse_node.errors import PulseError
-from pulse_node.net.local.ipc import RpcClient, RpcError, StartFailure
+from pulse_node.net.local.ipc import Message, RpcClient, RpcError, StartFailure
 from pulse_node.net.local.rpc_api import Ping, Request, Stop
 
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
 C = TypeVar("C", bound=pydantic.BaseModel)
-W = TypeVar("W", bound="WorkerClient[Any]")
 R = TypeVar("R")
 
 
@@ -56,7 +58,7 @@ class ConnectionPool:
         self._lock = threading.Lock()
         self._closed = False
 
-    def call(self, method: str, params: dict[str, Any] | None, *, timeout: float) -> Any:
+    def call(self, method: str, params: Message | None, *, timeout: float) -> object:
         with self._lock:
             if self._closed:
                 raise RpcError(f"{method}: the worker client is stopped")
@@ -130,7 +132,7 @@ class WorkerClient(Generic[C]):
 
     module: ClassVar[str]
     name: ClassVar[str]
-    api: ClassVar[type[Request[Any]]] = Request  # the base class of this worker's requests
+    api: ClassVar[type[pydantic.BaseModel]] = Request  # the base class of this worker's requests
 
     def __init__(self, process: WorkerProcess, config: C) -> None:
         self.config = config
@@ -138,7 +140,7 @@ class WorkerClient(Generic[C]):
         self._pool = ConnectionPool(process.socket_path)
 
     @classmethod
-    def start(cls: type[W], config: C, *, log_path: Path | None = None, start_timeout: float = 60.0) -> W:
+    def start(cls, config: C, *, log_path: Path | None = None, start_timeout: float = 60.0) -> Self:
         """Start the worker and wait until it answers ``ping``; ``start_error`` explains a failure."""
         client = cls(WorkerProcess(cls.module, config, name=cls.name, log_path=log_path), config)
         try:
@@ -194,7 +196,7 @@ class WorkerClient(Generic[C]):
         self._pool.close()
         self._process.stop(timeout)
 
-    def __enter__(self: W) -> W:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import functools
 import re
-from typing import Any, ClassVar, Generic, TypeVar
+from dataclasses import dataclass
+from typing import ClassVar, Generic, TypeVar, cast
 
 import pydantic
 
@@ -30,21 +31,22 @@ class Request(pydantic.BaseModel, Generic[R]):
     model_config = pydantic.ConfigDict(frozen=True, extra="forbid")
 
     rpc_method: ClassVar[str] = ""  # the handler's name (empty on a generic base)
-    rpc_reply_type: ClassVar[Any] = None
+    rpc_reply_type: ClassVar[object] = None
 
     @classmethod
-    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
+    def __pydantic_init_subclass__(cls, **kwargs: object) -> None:
         super().__pydantic_init_subclass__(**kwargs)
         meta = cls.__pydantic_generic_metadata__
         if meta["origin"] is not None or meta["parameters"]:
             return  # ``Request[X]`` itself, or a generic base of a worker's requests
         cls.rpc_method = _snake(cls.__name__)
         cls.rpc_reply_type = next((b.__pydantic_generic_metadata__["args"][0] for b in cls.__mro__
-                               if issubclass(b, Request) and b.__pydantic_generic_metadata__["args"]), Any)
+                               if issubclass(b, Request) and b.__pydantic_generic_metadata__["args"]), object)
 
     @pydantic.model_validator(mode="wrap")
     @classmethod
-    def _bad_params_are_wire_errors(cls, data: Any, handler: pydantic.ModelWrapValidatorHandler[Any]) -> Any:
+    def _bad_params_are_wire_errors(cls, data: object, handler: pydantic.ModelWrapValidatorHandler[Request[R]]
+                                    ) -> Request[R]:
         """A request that is not what its handler takes fails as the worker would fail it, before it is sent."""
         try:
             return handler(data)
@@ -53,14 +55,14 @@ class Request(pydantic.BaseModel, Generic[R]):
             where = ".".join(str(x) for x in first["loc"]) or "params"
             raise WireError(f"{cls.rpc_method}: bad params: {where}: {first['msg']}") from None
 
-    def rpc_params(self) -> dict[str, Any]:
+    def rpc_params(self) -> dict[str, object]:
         """The handler's keyword arguments, as msgpack-able data."""
         return self.model_dump()
 
-    def rpc_reply(self, result: Any) -> R:
+    def rpc_reply(self, result: object) -> R:
         """The worker's ``result`` validated as this request's reply type."""
         try:
-            value: R = _adapter(self.rpc_reply_type).validate_python(result)
+            value = cast(R, _adapter(self.rpc_reply_type).validate_python(result))
         except pydantic.ValidationError as exc:
             first = exc.errors()[0]
             where = ".".join(str(x) for x in first["loc"]) or "result"
@@ -69,12 +71,20 @@ class Request(pydantic.BaseModel, Generic[R]):
 
 
 @functools.cache
-def _adapter(reply_type: Any) -> pydantic.TypeAdapter[Any]:
-    return pydantic.TypeAdapter(reply_type)
+def _adapter(reply_type: object) -> pydantic.TypeAdapter[object]:
+    return pydantic.TypeAdapter(cast("type[object]", reply_type))
 
 
 def _snake(name: str) -> str:
     return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+
+
+@dataclass(frozen=True)
+class Pushed:
+    """Either worker's answer to a push: the peer queued ``bytes`` bytes, ``seconds`` after the call."""
+
+    bytes: int
+    seconds: float
 
 
 class Ping(Request[list[str]]):

@@ -33,7 +33,7 @@ from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from functools import partial
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar, cast
 
 import anyio
 import anyio.abc
@@ -52,7 +52,7 @@ RECEIVE_CHUNK = 1 << 20  # the rest of a large one in at most this much per rece
 _RPC_MARK = "__pulse_rpc__"
 _PARAMS = pydantic.ConfigDict(strict=True, extra="forbid", arbitrary_types_allowed=True)
 
-Handler = Callable[..., Awaitable[Any]]
+Handler = Callable[..., Awaitable[object]]
 #: method name -> (its coroutine, its params model)
 Handlers = dict[str, tuple[Handler, type[pydantic.BaseModel]]]
 C = TypeVar("C", bound=pydantic.BaseModel)
@@ -66,7 +66,7 @@ class StartFailed(Exception):
         self.kind: ipc.StartKind = kind
 
 
-def rpc(fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+def rpc(fn: Handler) -> Handler:
     """Mark an ``async def name(self, *, ...)`` method of a ``Service`` as callable over the RPC."""
     setattr(fn, _RPC_MARK, True)
     return fn
@@ -83,15 +83,13 @@ def rpc_names(service_type: type) -> list[str]:
     return sorted(n for n, f in inspect.getmembers(service_type, inspect.isfunction) if getattr(f, _RPC_MARK, False))
 
 
-def _params_model(fn: Callable[..., Any]) -> type[pydantic.BaseModel]:
+def _params_model(fn: Handler) -> type[pydantic.BaseModel]:
     """A strict model of ``fn``'s keyword-only parameters (the RPC params it accepts)."""
     hints = typing.get_type_hints(fn)
-    fields: dict[str, Any] = {}
-    for p in inspect.signature(fn).parameters.values():
-        if p.kind is not p.KEYWORD_ONLY:
-            continue
-        fields[p.name] = (hints[p.name], ... if p.default is p.empty else p.default)
-    return pydantic.create_model(f"{fn.__name__}_params", __config__=_PARAMS, **fields)
+    params = [p for p in inspect.signature(fn).parameters.values() if p.kind is p.KEYWORD_ONLY]
+    namespace: dict[str, object] = {p.name: p.default for p in params if p.default is not p.empty}
+    namespace.update(__annotations__={p.name: hints[p.name] for p in params}, __module__=__name__, model_config=_PARAMS)
+    return cast("type[pydantic.BaseModel]", type(f"{fn.__name__}_params", (pydantic.BaseModel,), namespace))
 
 
 def handlers_of(service: Service) -> dict[str, tuple[Handler, type[pydantic.BaseModel]]]:
@@ -100,7 +98,7 @@ def handlers_of(service: Service) -> dict[str, tuple[Handler, type[pydantic.Base
             for name in rpc_names(type(service))}
 
 
-def _plain(value: Any) -> Any:
+def _plain(value: object) -> object:
     """A handler's result as msgpack-able data (models and dataclasses as maps)."""
     if isinstance(value, pydantic.BaseModel):
         return value.model_dump()
@@ -111,7 +109,7 @@ def _plain(value: Any) -> Any:
     return value
 
 
-async def dispatch(handlers: Handlers, msg: dict[str, Any]) -> dict[str, Any]:
+async def dispatch(handlers: Handlers, msg: ipc.Message) -> ipc.Message:
     """One request map -> one reply map; every failure is an error reply, never an exception."""
     call_id, method, params = msg.get("id"), msg.get("method"), msg.get("params", {})
     try:
@@ -185,7 +183,7 @@ class _Connection:
             await anyio.lowlevel.checkpoint()
 
 
-def _encoded(reply: dict[str, Any]) -> bytes:
+def _encoded(reply: ipc.Message) -> bytes:
     try:
         return ipc.encode_frame(reply)
     except (WireError, TypeError, ValueError) as exc:  # result too large or not encodable
@@ -261,8 +259,8 @@ async def _serve_until_stopped(args: argparse.Namespace, service: Service, paren
         tg.cancel_scope.cancel()
 
 
-async def _amain(name: str, args: argparse.Namespace, config: Any,
-                 open_service: Callable[[Any], AbstractAsyncContextManager[Service]]) -> int:
+async def _amain(name: str, args: argparse.Namespace, config: C,
+                 open_service: Callable[[C], AbstractAsyncContextManager[Service]]) -> int:
     parent = os.getppid()
     try:
         async with AsyncExitStack() as stack:

@@ -24,7 +24,7 @@ import stat
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import BinaryIO
 
 from pulse_node.errors import WireError
 
@@ -169,7 +169,7 @@ class AsyncFile:
     def __init__(self, fd: int, executor: Executor) -> None:
         self.fd = fd
         self._executor = executor
-        self._last: Future[Any] | None = None
+        self._last: Future[None] | Future[bytes] | None = None
 
     async def write(self, data: bytes) -> None:
         self._last = self._executor.submit(write_all, self.fd, data)

@@ -48,7 +48,7 @@ import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal, TypeVar
 
 from pydantic import Field
 
@@ -59,6 +59,7 @@ from pulse_node.vocab import BudgetRefusal
 log = logging.getLogger("pulse.budget")
 
 Clock = Callable[[], float]
+V = TypeVar("V")
 
 #: refusal reasons, as counted in ``data_plane.refused``
 REASONS: tuple[BudgetRefusal, ...] = tuple(BudgetRefusal)
@@ -174,7 +175,7 @@ class Muzzle:
         return 0.0
 
 
-def _keep_last(d: OrderedDict[str, Any]) -> None:
+def _keep_last(d: OrderedDict[str, V]) -> None:
     while len(d) > _PEERS_KEPT:
         d.popitem(last=False)
 

@@ -14,9 +14,9 @@ import hashlib
 import os
 import time
 from collections import defaultdict
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
 
 import blake3
 import msgpack
@@ -25,7 +25,11 @@ import trio
 from pulse_node.errors import IntegrityError, PeerUnavailable, WireError
 from pulse_node.fsutil import commit, write_atomic
 from pulse_node.net.wire import protocol as wp
-from pulse_node.net.wire.transfer import Dialer, body_to, request
+from pulse_node.net.wire.rpc import AnchorResult
+from pulse_node.net.wire.transfer import Dialer, Hasher, body_to, request
+
+#: a signed piece of an anchor as the caller names it: (offset, length, BLAKE3 hex)
+Piece = Sequence[int | str]
 
 
 @dataclass(frozen=True)
@@ -119,7 +123,8 @@ class MultiJob:
     fetched: int = 0
 
 
-async def _fetch_range(job: MultiJob, peer: str, off: int, length: int, sink: Any, hasher: Any) -> None:
+async def _fetch_range(job: MultiJob, peer: str, off: int, length: int, sink: Callable[[bytes], object],
+                       hasher: Hasher | None) -> None:
     req = wp.AnchorRequest(v=wp.WIRE_VERSION, version=job.version, offset=off, length=length)
     async with job.dialer.limiter:
         io, resp = await request(job.dialer, peer, "anchor", req)
@@ -180,7 +185,7 @@ def _assemble(part: Path, dest: Path, want: str | None) -> None:
     commit(part, dest)
 
 
-def _spans(size: int, chunk: int, pieces: list[Any] | None) -> list[tuple[int, int, str | None]]:
+def _spans(size: int, chunk: int, pieces: Sequence[Piece] | None) -> list[tuple[int, int, str | None]]:
     """The chunks of a download: the caller's signed pieces (which must tile ``size`` exactly), or
     ``chunk``-byte pieces without digests."""
     if pieces is None:
@@ -191,7 +196,7 @@ def _spans(size: int, chunk: int, pieces: list[Any] | None) -> list[tuple[int, i
         if len(piece) != 3:
             raise WireError("anchor pieces must be (offset, length, BLAKE3 hex) tiling the file from 0")
         off, length, digest = piece
-        if off != pos or not isinstance(length, int) or length < 0 or not isinstance(digest, str) or len(digest) != 64:
+        if off != pos or not isinstance(off, int) or not isinstance(length, int) or length < 0 or not isinstance(digest, str) or len(digest) != 64:
             raise WireError("anchor pieces must be (offset, length, BLAKE3 hex) tiling the file from 0")
         spans.append((off, length, digest.lower()))
         pos += length
@@ -202,7 +207,7 @@ def _spans(size: int, chunk: int, pieces: list[Any] | None) -> list[tuple[int, i
 
 async def fetch_anchor(dialer: Dialer, peers: list[str], *, version: int, size: int, dest: Path,
                       digest: str | None, timeout: float, chunk: int = 4 << 20,
-                      per_peer: int = 2, pieces: list[Any] | None = None) -> dict[str, Any]:
+                      per_peer: int = 2, pieces: Sequence[Piece] | None = None) -> AnchorResult:
     """Download anchor ``version`` (``size`` bytes) from ``peers``: in ``chunk``-byte pieces, or in
     the signed ``pieces`` [(offset, length, BLAKE3 hex)], each checked as it arrives.
 
@@ -233,17 +238,17 @@ async def fetch_anchor(dialer: Dialer, peers: list[str], *, version: int, size: 
                         nursery.start_soon(_provider_loop, job, peer)
     finally:
         PartialMap(1, size, chunk, plan_id, bytes(done)).save(map_path)
-    result = {"bytes": size, "fetched": job.fetched, "resumed": resumed, "failed_providers": plan.failed(peers),
-              "bad_providers": sorted(plan.bad), "errors": plan.errors, "complete": True, "error": ""}
+    result = AnchorResult(bytes=size, seconds=0.0, fetched=job.fetched, resumed=resumed,
+                          failed_providers=plan.failed(peers), errors=plan.errors, bad_providers=sorted(plan.bad))
     if scope.cancelled_caught or plan.pending:
         why = "timed out" if scope.cancelled_caught else "no provider could serve all chunks"
         message = (f"anchor {version}: {why} ({sum(done)}/{len(spans)} chunks kept in {part.name}); "
                    f"provider errors: {plan.errors}")
         if pieces is None:
             raise PeerUnavailable(message)
-        return {**result, "complete": False, "error": message, "seconds": time.monotonic() - t0}
+        return replace(result, complete=False, error=message, seconds=time.monotonic() - t0)
     try:
         _assemble(part, dest, want)
     finally:
         map_path.unlink(missing_ok=True)
-    return {**result, "seconds": time.monotonic() - t0}
+    return replace(result, seconds=time.monotonic() - t0)

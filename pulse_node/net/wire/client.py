@@ -68,7 +68,8 @@ class WireClient(WorkerClient[WireConfig]):
 
     def events(self, *, max_events: int = 64, wait_s: float = 0.0) -> list[Event]:
         """Drain inbound pushes, waiting up to ``wait_s`` for the first one."""
-        return self.request(wire_rpc.Events(max_events=max_events, wait_s=wait_s), timeout=wait_s + _RPC_SLACK)
+        return [q.event for q in self.request(wire_rpc.Events(max_events=max_events, wait_s=wait_s),
+                                               timeout=wait_s + _RPC_SLACK)]
 
     def stats(self) -> wire_rpc.WireStats:
         return self.request(wire_rpc.Stats(), timeout=10.0)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import asdict, dataclass, fields
-from typing import Any, ClassVar, Literal, TypeVar
+from typing import ClassVar, Literal, TypeVar
 
 import msgpack
 
@@ -75,7 +75,7 @@ RESPONSE_CAP = 4096  # bytes of one response frame
 STATUSES = ("ok", "not_found", "bad_request", "busy", "too_large", "unsupported", "internal")
 
 
-def _check(name: str, value: Any, spec: tuple[str, int]) -> None:
+def _check(name: str, value: object, spec: tuple[str, int]) -> None:
     kind, bound = spec
     if kind == "int" and not (type(value) is int and 0 <= value <= bound):
         raise WireError(f"field {name!r} must be an integer in [0, {bound}]")

@@ -1,6 +1,6 @@
 """The wire worker's RPC as types: one request per ``@rpc`` handler of ``wire.worker.WireService``,
-and the replies the node reads (``WireInfo``, ``FetchResult``, ``AnchorResult``, ``WireStats``,
-``vocab.Event``).
+and the replies the node reads (``WireInfo``, ``FetchResult``, ``AnchorResult``, ``Pushed``,
+``WireStats``, ``inbox.Queued``).
 
 Each request's fields are that handler's keyword arguments and its ``Request[R]`` the reply
 (``rpc_api.py``; ``tests/test_net_rpc_api.py`` checks them against the handlers). ``WireClient``
@@ -10,11 +10,12 @@ sends these; nothing here imports trio or libp2p.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
-from pulse_node.net.local.rpc_api import Request
+from pulse_node.net.local.inbox import Queued
+from pulse_node.net.local.rpc_api import Pushed, Request
 from pulse_node.net.wire import protocol as wp
-from pulse_node.vocab import BudgetRefusal, Event, FetchKind, PushKind
+from pulse_node.vocab import BudgetRefusal, FetchKind, PushKind
 
 R = TypeVar("R")
 
@@ -111,14 +112,14 @@ class FetchAnchor(WireRequest[AnchorResult]):
     pieces: list[list[int | str]] | None = None  # (offset, length, BLAKE3 hex) of each signed piece
 
 
-class Push(WireRequest[dict[str, Any]]):
+class Push(WireRequest[Pushed]):
     peer: str
     kind: PushKind
     data: bytes
     timeout: float
 
 
-class Events(WireRequest[list[Event]]):
+class Events(WireRequest[list[Queued]]):
     max_events: int = 64
     wait_s: float = 0.0
 

@@ -12,20 +12,32 @@ from __future__ import annotations
 import hashlib
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Protocol, TypeVar
 
 import multiaddr
 import trio
+from libp2p.abc import IHost, INetStream
 from libp2p.custom_types import TProtocol
 from libp2p.peer.peerinfo import info_from_p2p_addr
 
 from pulse_node.errors import IntegrityError, NotFound, PeerBusy, PeerUnavailable, WireError
 from pulse_node.fsutil import atomic_writer
+from pulse_node.net.local.rpc_api import Pushed
 from pulse_node.net.peers.budget import Flow
 from pulse_node.net.wire import protocol as wp
 from pulse_node.net.wire.config import DIAL_TIMEOUT_S
+from pulse_node.net.wire.rpc import FetchResult
 from pulse_node.vocab import check_push_kind
+
+W = TypeVar("W", bound=wp.WireStruct)
+
+
+class Hasher(Protocol):
+    """What a body's bytes are hashed with as they arrive (hashlib, blake3)."""
+
+    def update(self, data: bytes, /) -> object: ...
 
 
 class Traffic:
@@ -47,17 +59,16 @@ class Traffic:
         self.bytes_out[kind] += n
         self.peer_out[peer] += n
 
-    def snapshot(self) -> dict[str, Any]:
-        return {"bytes_in": dict(self.bytes_in), "bytes_out": dict(self.bytes_out),
-                "peers": {p: {"in": self.peer_in.get(p, 0), "out": self.peer_out.get(p, 0)}
-                          for p in sorted(set(self.peer_in) | set(self.peer_out))},
-                "errors": dict(self.errors), "requests": dict(self.requests)}
+    def peers(self) -> dict[str, dict[str, int]]:
+        """Bytes in and out per peer."""
+        return {p: {"in": self.peer_in.get(p, 0), "out": self.peer_out.get(p, 0)}
+                for p in sorted(set(self.peer_in) | set(self.peer_out))}
 
 
 class StreamIO:
     """One libp2p stream: buffered reads and chunked writes, each bounded by ``idle`` seconds."""
 
-    def __init__(self, stream: Any, *, idle: float, counters: Traffic, kind: str, peer: str,
+    def __init__(self, stream: INetStream, *, idle: float, counters: Traffic, kind: str, peer: str,
                  flow: Flow | None = None) -> None:
         self.stream, self.idle, self.counters = stream, idle, counters
         self.kind, self.peer = kind, peer
@@ -102,9 +113,12 @@ class StreamIO:
             got += len(part)
         return b"".join(parts)
 
-    async def read_struct(self, cls: type[wp.WireStruct]) -> Any:
-        n = wp.frame_length(await self.read_exact(4), cls.CAP)
-        return cls.decode(await self.read_exact(n))
+    async def read_frame(self, cap: int) -> bytes:
+        """One length-prefixed frame body; its declared length is checked against ``cap`` first."""
+        return await self.read_exact(wp.frame_length(await self.read_exact(4), cap))
+
+    async def read_struct(self, cls: type[W]) -> W:
+        return cls.decode(await self.read_frame(cls.CAP))
 
     async def write(self, data: bytes | memoryview) -> None:
         view = memoryview(data)
@@ -133,7 +147,7 @@ class StreamIO:
 class Dialer:
     """Opens streams to peers named by ``/ip4/../tcp/../p2p/<id>`` multiaddrs, reusing connections."""
 
-    def __init__(self, host: Any, *, counters: Traffic, max_streams: int, idle: float,
+    def __init__(self, host: IHost, *, counters: Traffic, max_streams: int, idle: float,
                  dial_timeout: float = DIAL_TIMEOUT_S) -> None:
         self.host, self.counters, self.idle, self.dial_timeout = host, counters, idle, dial_timeout
         self.limiter = trio.CapacityLimiter(max_streams)
@@ -180,7 +194,7 @@ async def request(dialer: Dialer, peer: str, kind: str, req: wp.WireStruct) -> t
     return io, resp
 
 
-async def body_to(io: StreamIO, size: int, sink: Any, hasher: Any) -> None:
+async def body_to(io: StreamIO, size: int, sink: Callable[[bytes], object], hasher: Hasher | None) -> None:
     left = size
     while left:
         data = await io.read_some(min(left, 1 << 20))
@@ -191,8 +205,8 @@ async def body_to(io: StreamIO, size: int, sink: Any, hasher: Any) -> None:
 
 
 async def fetch_to_file(dialer: Dialer, peer: str, req: wp.FetchRequest, dest: Path, *,
-                        timeout: float, digest: str | None = None, max_bytes: int | None = None) -> dict[str, Any]:
-    """Fetch the file ``req`` asks ``peer`` for into ``dest`` atomically; returns {bytes, seconds}.
+                        timeout: float, digest: str | None = None, max_bytes: int | None = None) -> FetchResult:
+    """Fetch the file ``req`` asks ``peer`` for into ``dest`` atomically.
 
     ``max_bytes`` (what a signed record allows): a body declared larger is a lie, refused with
     ``IntegrityError`` before a byte of it is read."""
@@ -220,10 +234,10 @@ async def fetch_to_file(dialer: Dialer, peer: str, req: wp.FetchRequest, dest: P
     except trio.TooSlowError:
         dialer.counters.errors["timeout"] += 1
         raise PeerUnavailable(f"{kind} {params} from {peer}: no complete answer within {timeout:.1f}s") from None
-    return {"bytes": resp.size, "total": resp.total, "seconds": time.monotonic() - t0, "peer": io.peer}
+    return FetchResult(bytes=resp.size, seconds=time.monotonic() - t0, peer=io.peer, total=resp.total)
 
 
-async def push(dialer: Dialer, peer: str, kind: str, data: bytes, *, timeout: float) -> dict[str, Any]:
+async def push(dialer: Dialer, peer: str, kind: str, data: bytes, *, timeout: float) -> Pushed:
     """Send a push of ``kind`` to ``peer``; returns once the peer has queued it."""
     check_push_kind(kind)
     if len(data) > wp.PUSH_CAPS[kind]:
@@ -246,7 +260,7 @@ async def push(dialer: Dialer, peer: str, kind: str, data: bytes, *, timeout: fl
         dialer.counters.errors[f"remote_{resp.status}"] += 1
         raise (PeerUnavailable if resp.status == "busy" else WireError)(
             f"push {kind} to {io.peer}: {resp.status}: {resp.message}")
-    return {"bytes": len(data), "seconds": time.monotonic() - t0}
+    return Pushed(bytes=len(data), seconds=time.monotonic() - t0)
 
 
 async def probe(dialer: Dialer, peer: str, kind: str, raw: bytes, *, timeout: float) -> bytes:

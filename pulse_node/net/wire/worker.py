@@ -32,27 +32,28 @@ import logging
 import os
 import sys
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
-from typing import Any
 
 import multiaddr
 import trio
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from libp2p import new_host
+from libp2p.abc import IHost, INetStream
 from libp2p.crypto.ed25519 import create_new_key_pair
+from libp2p.crypto.keys import KeyPair
 from libp2p.crypto.x25519 import create_new_key_pair as create_new_x25519_key_pair
 from libp2p.custom_types import TProtocol
 from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
 from libp2p.security.noise.transport import Transport as NoiseTransport
 
-from pulse_node.chain import serving
 from pulse_node.chain.catchup_producer import CatchupProducer
 from pulse_node.errors import BusyError, ConfigError, PeerUnavailable, PulseError, UnsupportedVersion, WireError
-from pulse_node.net.local.inbox import Inbox
+from pulse_node.net.local.inbox import Inbox, Queued
+from pulse_node.net.local.rpc_api import Pushed
 from pulse_node.net.local.rpc_server import Service, rpc, run_worker
 from pulse_node.net.peers.budget import (
     BULK_KINDS,
@@ -71,19 +72,14 @@ from pulse_node.net.wire import protocol as wp
 from pulse_node.net.wire import transfer as wt
 from pulse_node.net.wire.config import WireConfig
 from pulse_node.net.wire.gate import HeldAccepts, StreamGate
-from pulse_node.vocab import BudgetRefusal, Event, FetchKind, PushKind
+from pulse_node.net.wire.rpc import AnchorResult, FetchResult, WireInfo, WireStats
+from pulse_node.net.wire.serving import Resolver, resolve
+from pulse_node.vocab import BudgetRefusal, Event, FetchKind, PushKind, check_push_kind
 
 log = logging.getLogger("pulse.wire")
 
-Resolver = Callable[[str, dict[str, Any]], "Path | None"]
 
-
-def resolve(root: Path, kind: str, params: dict[str, Any]) -> Path | None:
-    """Where the store keeps a servable file (defined once, in ``pulse_node.chain.serving``)."""
-    return serving.resolve(root, kind, params)
-
-
-def load_key_pair(path: Path | None) -> Any:
+def load_key_pair(path: Path | None) -> KeyPair:
     """libp2p Ed25519 key pair from a raw 32-byte seed file or a PKCS#8 PEM file."""
     if path is None:
         return create_new_key_pair()
@@ -117,11 +113,11 @@ class Server:
         self.head: bytes | None = None
         self._next_send = 0.0
 
-    def register(self, host: Any) -> None:
+    def register(self, host: IHost) -> None:
         for kind, proto in wp.PROTOCOLS.items():
             host.set_stream_handler(TProtocol(proto), partial(self.handle, kind))
 
-    async def handle(self, kind: str, stream: Any) -> None:
+    async def handle(self, kind: str, stream: INetStream) -> None:
         peer = _peer_of(stream)
         io = wt.StreamIO(stream, idle=self.idle, counters=self.counters, kind=kind, peer=peer)
         self.counters.requests[kind] += 1
@@ -144,11 +140,10 @@ class Server:
     async def _handle(self, kind: str, io: wt.StreamIO) -> None:
         reset = False
         try:
-            req = await io.read_struct(wp.REQUESTS[kind])
             if kind == "push":
-                await self._serve_push(io, req)
+                await self._serve_push(io, await io.read_struct(wp.PushRequest))
             else:
-                await self._serve_file(io, kind, req)
+                await self._serve_file(io, wp.decode_fetch(kind, await io.read_frame(wp.REQUEST_CAP)))
         except UnsupportedVersion as exc:
             await self._reply_error(io, "unsupported", str(exc))
         except SlowPeer as exc:
@@ -175,16 +170,16 @@ class Server:
             except PeerUnavailable:
                 pass
 
-    async def _serve_file(self, io: wt.StreamIO, kind: str, req: Any) -> None:
-        params = {k: getattr(req, k) for k in req.SPEC if k != "v"}
-        if kind == "record" and req.version is None:
+    async def _serve_file(self, io: wt.StreamIO, req: wp.FetchRequest) -> None:
+        kind = wp.kind_of(req)
+        if isinstance(req, wp.RecordRequest) and req.version is None:
             if self.head is None:
                 await self._reply_error(io, "not_found", "no head record set")
             else:
                 await self._send_ok(io, self.head, len(self.head))
             return
-        path = self.resolver(kind, params)
-        if kind == "catchup" and path is not None and self.producer is not None and not path.exists():
+        path = self.resolver(req)
+        if isinstance(req, wp.CatchupRequest) and path is not None and self.producer is not None and not path.exists():
             if not self._catchup_allowed(io.peer, req.base, req.target):
                 # not "busy": asked again, it would still be refused; the requester moves on to patches
                 await self._reply_error(io, "not_found", "catchup_budget: this peer asked for too many catch-up "
@@ -198,11 +193,11 @@ class Server:
         except OSError:
             fh = None
         if fh is None:
-            await self._reply_error(io, "not_found", f"no {kind} {params}")
+            await self._reply_error(io, "not_found", f"no {kind} {wp.params_of(req)}")
             return
         with fh:
             total = os.fstat(fh.fileno()).st_size
-            off, length = self._range(kind, req, total)
+            off, length = self._range(req, total)
             if kind in BULK_KINDS and self.bulk is not None and not self.bulk.allow(io.peer, length):
                 self.refusals.add(io.peer, BudgetRefusal.BULK_BUDGET, f"{kind} {length} bytes")
                 await self._reply_error(io, "busy", f"bulk_budget: {kind} bytes served to this peer are over "
@@ -237,8 +232,9 @@ class Server:
         return None
 
     @staticmethod
-    def _range(kind: str, req: Any, total: int) -> tuple[int, int]:
-        if kind == "anchor":
+    def _range(req: wp.FetchRequest, total: int) -> tuple[int, int]:
+        kind = wp.kind_of(req)
+        if isinstance(req, wp.AnchorRequest):
             if req.offset > total:
                 raise WireError(f"offset {req.offset} is past the end ({total} bytes)")
             return req.offset, min(req.length, total - req.offset)
@@ -275,10 +271,9 @@ class Server:
             io.flow.own_s += start - now
         await trio.sleep_until(start)
 
-    async def _serve_push(self, io: wt.StreamIO, req: Any) -> None:
-        cap = wp.PUSH_CAPS.get(req.kind)
-        if cap is None:
-            raise WireError(f"unknown push kind {req.kind!r}")
+    async def _serve_push(self, io: wt.StreamIO, req: wp.PushRequest) -> None:
+        kind = check_push_kind(req.kind)
+        cap = wp.PUSH_CAPS[kind]
         if req.size > cap:
             await self._reply_error(io, "too_large", f"{req.kind} push of {req.size} bytes exceeds {cap}")
             return
@@ -293,14 +288,13 @@ class Server:
         except BaseException:
             self.events.release(req.size, peer=io.peer)
             raise
-        self.events.put(Event(req.kind, io.peer, data, time.time()))
+        self.events.put(Event(kind, io.peer, data, time.time()))
         await io.write(wp.Response(v=wp.WIRE_VERSION, status="ok", size=0, total=0, message="").encode())
 
 
-def _peer_of(stream: Any) -> str:
+def _peer_of(stream: INetStream) -> str:
     try:
-        peer: str = stream.muxed_conn.peer_id.to_string()
-        return peer
+        return stream.muxed_conn.peer_id.to_string()
     except Exception:
         return "unknown"
 
@@ -308,13 +302,12 @@ def _peer_of(stream: Any) -> str:
 class WireService(Service):
     """The wire worker's RPC methods, called by the node through ``WireClient`` (same names)."""
 
-    def __init__(self, host: Any, server: Server, dialer: wt.Dialer, inbox: Inbox, members: Members) -> None:
+    def __init__(self, host: IHost, server: Server, dialer: wt.Dialer, inbox: Inbox, members: Members) -> None:
         self.host, self.server, self.dialer, self.inbox, self.members = host, server, dialer, inbox, members
 
     @rpc
-    async def info(self) -> dict[str, Any]:
-        return {"peer_id": self.host.get_id().to_string(),
-                "listen_maddrs": [str(a) for a in self.host.get_addrs()]}
+    async def info(self) -> WireInfo:
+        return WireInfo(peer_id=self.host.get_id().to_string(), listen_maddrs=[str(a) for a in self.host.get_addrs()])
 
     @rpc
     async def set_head(self, *, record: bytes) -> bool:
@@ -343,36 +336,34 @@ class WireService(Service):
     @rpc
     async def fetch(self, *, peer: str, kind: FetchKind, request: bytes, dest: str,
                     timeout: float, expected_digest: str | None = None,
-                    max_bytes: int | None = None) -> dict[str, Any]:
+                    max_bytes: int | None = None) -> FetchResult:
         return await wt.fetch_to_file(self.dialer, peer, wp.decode_fetch(kind, request), Path(dest), timeout=timeout,
                                       digest=expected_digest, max_bytes=max_bytes)
 
     @rpc
     async def fetch_anchor(self, *, peers: list[str], version: int, size: int, dest: str, timeout: float,
                            digest: str | None = None, chunk: int = 4 << 20, per_peer: int = 2,
-                           pieces: list[list[int | str]] | None = None) -> dict[str, Any]:  # (offset, length, hex)
+                           pieces: list[list[int | str]] | None = None) -> AnchorResult:  # (offset, length, hex)
         return await anchor_fetch.fetch_anchor(self.dialer, peers, version=version, size=size, dest=Path(dest),
                                      digest=digest, timeout=timeout, chunk=chunk, per_peer=per_peer,
                                      pieces=pieces)
 
     @rpc
-    async def push(self, *, peer: str, kind: PushKind, data: bytes, timeout: float) -> dict[str, Any]:
+    async def push(self, *, peer: str, kind: PushKind, data: bytes, timeout: float) -> Pushed:
         return await wt.push(self.dialer, peer, kind, data, timeout=timeout)
 
     @rpc
-    async def events(self, *, max_events: int = 64, wait_s: float = 0.0) -> list[dict[str, Any]]:
-        return [q.as_rpc() for q in await self.inbox.take(max_events, wait_s)]
+    async def events(self, *, max_events: int = 64, wait_s: float = 0.0) -> list[Queued]:
+        return await self.inbox.take(max_events, wait_s)
 
     @rpc
-    async def stats(self) -> dict[str, Any]:
-        snap = self.dialer.counters.snapshot()
-        snap["events_queued"] = len(self.inbox)
-        snap["events_rejected"] = self.inbox.rejected
-        snap["refused"] = dict(self.server.refusals.by_reason)
-        snap["streams_open"] = self.server.pools.open_count()
-        snap["members"] = len(self.members.ids)
-        snap["connected_peers"] = [p.to_string() for p in self.host.get_connected_peers()]
-        return snap
+    async def stats(self) -> WireStats:
+        c = self.dialer.counters
+        return WireStats(bytes_in=dict(c.bytes_in), bytes_out=dict(c.bytes_out), peers=c.peers(),
+                         errors=dict(c.errors), requests=dict(c.requests), events_queued=len(self.inbox),
+                         events_rejected=self.inbox.rejected, refused=dict(self.server.refusals.by_reason),
+                         streams_open=self.server.pools.open_count(), members=len(self.members.ids),
+                         connected_peers=[p.to_string() for p in self.host.get_connected_peers()])
 
     @rpc
     async def probe(self, *, peer: str, kind: wp.StreamKind, raw: bytes, timeout: float) -> bytes:
@@ -380,8 +371,8 @@ class WireService(Service):
         return await wt.probe(self.dialer, peer, kind, raw, timeout=timeout)
 
 
-def make_host(key_pair: Any, listen: list[multiaddr.Multiaddr], announce: list[multiaddr.Multiaddr], *,
-              gate: StreamGate | None = None) -> Any:
+def make_host(key_pair: KeyPair, listen: list[multiaddr.Multiaddr], announce: list[multiaddr.Multiaddr], *,
+              gate: StreamGate | None = None) -> IHost:
     """py-libp2p host: TCP, Noise only (no plaintext/secio fallbacks), yamux; ``gate``: its
     resource manager (None: py-libp2p's default)."""
     noise = NoiseTransport(key_pair, noise_privkey=create_new_x25519_key_pair().private_key)
