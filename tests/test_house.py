@@ -120,7 +120,7 @@ def test_peers_sits_above_chain_and_net_and_below_the_roles() -> None:
 #: recorder is named ``mark_*``, so the rule below holds for every one added later.
 LEDGERS = {"Strikes", "Standing", "EvidenceBook", "TrainerSet"}
 READS = {"ignored", "score", "known", "delivered_before", "known_ids", "epoch", "order", "providers", "summary",
-         "entries", "members", "is_member", "describe", "from_config", "check"}
+         "entries", "members", "is_member", "describe", "from_config", "check", "depth_of"}
 
 
 def _ledger_methods() -> dict[str, list[str]]:

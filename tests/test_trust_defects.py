@@ -122,11 +122,11 @@ def test_admissions_come_from_the_configured_keys_never_a_convicted_one_and_fall
 def crowd(tmp_path):
     """A trainer (root) at version 3, two honest roots and two colluding roots; the colluders
     (admission quorum 2) admitted four Sybil keys, all on the hub."""
-    from pulse_node.net.wire.serving import store_resolver
     from pulse_node.chain.store import VersionStore
     from pulse_node.config import TrainerConfig
     from pulse_node.daemon.context import RoleContext
     from pulse_node.daemon.status import NodeStatus
+    from pulse_node.net.wire.serving import store_resolver
     from pulse_node.trainer.role import TrainerRole
 
     me, hub = Identity.generate(), MemoryHub()

@@ -117,7 +117,7 @@ class PeerBook:
             self.evidence.mark_evidence(outcome.evidence)
         except (WireError, IntegrityError) as exc:
             return self.judge(peer_id, Lied(f"evidence that does not check out: {exc}"))
-        self.trainers.revise()  # admissions its key endorsed may fall with it
+        self.trainers.mark_revised()  # admissions its key endorsed may fall with it
         self._members_changed()
         return outcome
 
@@ -207,6 +207,13 @@ class PeerBook:
         """The members in the last discovery view that announce a version and are not leaving,
         none convicted (whom the version gate counts)."""
         return frozenset(k for k in self._live if k not in self.evidence and self.trainers.is_member(k))
+
+    def own_depth(self, key: str, admission: bytes | None) -> int | None:
+        """``depth`` of this node's own ``key``, its ``admission`` (if any) learned first: a trainer's
+        class before any peer showed it its own record."""
+        if self.depth(key) is None and not self.open and admission:
+            self.trainers.mark_learned(key, admission)
+        return 0 if self.open and self.depth(key) is None else self.depth(key)
 
     def depth(self, key: str) -> int | None:
         """The member's class: 0 for a root (a configured key), n for a key admitted at depth n

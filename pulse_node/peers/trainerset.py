@@ -12,7 +12,7 @@ the peer book (``peers/book.py``) owns the node's one set.
   admitted by roots is at depth 1, one admitted by depth-1 members at 2), never a convicted key
   (``convicted``: the evidence book). A member's depth is one more than the deepest of the
   ``quorum`` shallowest endorsers that admitted it. A conviction re-checks every admission
-  (``revise``): one that no longer has ``quorum`` unconvicted endorsers within depth is revoked,
+  (``mark_revised``): one that no longer has ``quorum`` unconvicted endorsers within depth is revoked,
   and whatever it endorsed with it. Admissions may chain within the depth, so ``mark_observed``
   repeats until nothing changes. Removing a root is a config change (and a restart) on every node.
 - **Open** (no key configured): any peer that announces the trainer role is a member, under the
@@ -121,11 +121,11 @@ class TrainerSet:
         pending = [(bound_key(p), a) for p in trainers if (a := p.admission)]
         while pending:  # an admitted member may endorse the next: repeat until nothing changes
             before = len(self.admitted)
-            pending = [(k, a) for k, a in pending if k and not self.is_member(k) and not self.learn(k, a)]
+            pending = [(k, a) for k, a in pending if k and not self.is_member(k) and not self.mark_learned(k, a)]
             if len(self.admitted) == before:
                 return
 
-    def learn(self, key: str, data: bytes) -> bool:
+    def mark_learned(self, key: str, data: bytes) -> bool:
         """Admit ``key`` by ``data`` if it verifies now. A rejected admission is not checked again
         until the set changes, so a flood of bad ones costs one check each."""
         digest = hashlib.sha256(bytes(data)).digest() + bytes.fromhex(key)
@@ -187,7 +187,7 @@ class TrainerSet:
         log.info("trainer %s admitted by %d members (depth %d)", key_id_of(admission.key), len(endorsers),
                  self.depths[admission.key])
 
-    def revise(self) -> set[str]:
+    def mark_revised(self) -> set[str]:
         """Re-check every admission after a conviction (from the roots outwards, with the
         endorsements verified when it was learned); the keys revoked."""
         held = dict(self.admitted)

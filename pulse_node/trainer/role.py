@@ -227,12 +227,8 @@ class TrainerRole:
 
     def _depth(self, key: str) -> int | None:
         """A voter's class (``trainer/resync_quorum.py``); ours as the book would see our record."""
-        me = self.ctx.identity.public_key_hex
-        if key == me and self.book.depth(me) is None:
-            if self.book.open:
-                return 0
-            if self.ctx.admission:
-                self.book.trainers.learn(me, self.ctx.admission)
+        if key == self.ctx.identity.public_key_hex:
+            return self.book.own_depth(key, self.ctx.admission)
         return self.book.depth(key)
 
     def _take_head(self, sender: str, data: bytes) -> None:
