@@ -2,7 +2,7 @@
 
     python bench/byzantine.py [--quick] [--attacks sign_flip,alie,...] [--seeds 3] [--rounds 10]
                               [--prompts 16] [--rules robust,mean] [--jobs 2] [--set KEY=VALUE ...]
-                              [--model commit-reveal] [--model names-every-committed]
+                              [--today]
 
 Six trainers on the swarm's default model and task (``configs/trainer.toml``: embedded tiny
 model, 2-digit arithmetic, GRPO lr 3e-4, H = 10, BF16 gate, outer Nesterov 0.7 / 0.9), of which
@@ -12,10 +12,12 @@ error feedback, the real payload codec and value bound, real signed round decisi
 real ``OuterOptimizer`` with ``loco.aggregate``. Each attack is run with each rule of ``--rules``
 (the first is the rule under test, ``mean`` the plain mean of main before it) and each seed,
 next to an honest-only run (the same four honest trainers with the same seeds, no Byzantine
-key). The defences are today's (``Defences.today``: rushing, keyed trainer set, any decision
-of the coordinator in turn, no spot checks, run-id-scoped evidence); the Sybil flood runs
-with the open swarm (no trainer key configured), where Sybils are members. ``--model`` plugs in
-the harness's models of two later protocol pieces instead (not the pieces themselves).
+key). The rule under test runs with the protocol's defences (``Defences.protocol``: signed
+round commitments before any reveal, commit lists naming every commitment held in time, spot
+checks drawn in the rounds, run-id-scoped evidence; the Sybil flood with ``chain.open_trainers``,
+where Sybils share the newcomers' capped weight); the other rules with today's (``Defences.today``:
+rushing, keyed trainer set, any decision of the coordinator in turn, no spot checks; the Sybil
+flood with the open swarm, where Sybils are members). ``--today``: today's defences for every rule.
 
 Per attack and rule: held-out greedy accuracy of the final global weights (the task's 1000
 eval problems, the mean over seeds), ``delta`` = that minus the honest-only run's with the same
@@ -48,7 +50,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 ROOT = Path(__file__).resolve().parents[1]
-BYZANTINE = ["b0", "b1"]
+BYZANTINE_NAMES = ("b0", "b1")
 HONEST = 4
 HELD_POINTS = 3.0
 ALL_ATTACKS = ("sign_flip", "scaled_bound", "alie", "ipm_0.1", "ipm_100", "constant", "stale_replay",
@@ -70,26 +72,30 @@ def _init(overrides: list[str]) -> None:
     from pulse_node.testing.byzantine.world import World
 
     torch.set_num_threads(1)
-    global _WORLD
+    global _WORLD  # noqa: PLW0603 (a pool worker's world, built once by its initializer)
     _WORLD = World(_config(overrides))
 
 
-def _job(job: tuple[str, str, int, int, tuple[str, ...]]) -> tuple[tuple[str, str, int], dict]:
+def _byzantine() -> list[str]:
+    from pulse_node.testing.byzantine.world import peer_of
+
+    return [peer_of(n) for n in BYZANTINE_NAMES]
+
+
+def _job(job: tuple[str, str, int, int, bool]) -> tuple[tuple[str, str, int], dict]:
     from pulse_node.testing.byzantine import candidates, harness
     from pulse_node.testing.byzantine.attacks import Attack, attacks
-    from pulse_node.testing.byzantine.stages import CommitReveal, Defences, NamesEveryCommitted
+    from pulse_node.testing.byzantine.stages import Defences
 
-    scenario, rule, seed, rounds, modelled = job
+    scenario, rule, seed, rounds, protocol = job
     world = _WORLD
     if scenario == "base":
         return (scenario, rule, seed), {"accuracy": world.accuracy(world.base)}
-    attack = Attack(BYZANTINE) if scenario == "honest" else attacks(BYZANTINE)[scenario]
+    ids = _byzantine()
+    attack = Attack(ids) if scenario == "honest" else attacks(ids)[scenario]
     loco, cls = candidates.parse(rule, world.cfg.loco)
-    defences = Defences.today(world.run_id, open_swarm=scenario in OPEN_SWARM)
-    if "commit-reveal" in modelled:
-        defences.reveal = CommitReveal()
-    if "names-every-committed" in modelled:
-        defences.decision = NamesEveryCommitted()
+    defences = (Defences.protocol(world.run_id, open_trainers=scenario in OPEN_SWARM) if protocol
+                else Defences.today(world.run_id, open_swarm=scenario in OPEN_SWARM))
     t0 = time.monotonic()
     out = harness.run(world, attack, loco=loco, seed=seed, rounds=rounds, outer_cls=cls, defences=defences)
     row = {**out.__dict__, "wall_s": time.monotonic() - t0}
@@ -99,7 +105,7 @@ def _job(job: tuple[str, str, int, int, tuple[str, ...]]) -> tuple[tuple[str, st
     return (scenario, rule, seed), row
 
 
-def _run_jobs(args, jobs: list[tuple[str, str, int, int, tuple[str, ...]]]) -> dict[tuple[str, str, int], dict]:
+def _run_jobs(args, jobs: list[tuple[str, str, int, int, bool]]) -> dict[tuple[str, str, int], dict]:
     import multiprocessing as mp
 
     if args.jobs <= 1:
@@ -214,8 +220,7 @@ def main() -> int:
                     "the robust rule's powers (toy trainers on their own shards; toy.ef_growth)")
     ap.add_argument("--probe-rounds", type=int, default=3)
     ap.add_argument("--probe-toy-rounds", type=int, default=300)
-    ap.add_argument("--model", action="append", default=[], choices=("commit-reveal", "names-every-committed"),
-                    help="plug in a model of a later protocol piece (stages.py) instead of today's stage")
+    ap.add_argument("--today", action="store_true", help="today's defences for the rule under test too")
     args = ap.parse_args()
     names = [a for a in args.attacks.split(",") if a]
     if args.quick:
@@ -239,18 +244,18 @@ def main() -> int:
         return 0
     seeds = list(range(args.seeds))
     scenarios = ["honest", *names]
-    print(f"# bench/byzantine.py: {HONEST} honest + {len(BYZANTINE)} Byzantine trainers, {args.rounds} rounds, "
+    print(f"# bench/byzantine.py: {HONEST} honest + {len(BYZANTINE_NAMES)} Byzantine trainers, {args.rounds} rounds, "
           f"seeds {seeds}, rules {rules}, attacks {names}, overrides {args.set}"
-          + (f", modelled stages {args.model}" if args.model else ""), flush=True)
-    modelled = tuple(args.model)
-    jobs = [(sc, rule, s, args.rounds, modelled) for s in seeds for sc in scenarios for rule in rules]
+          + f", defences of the rule under test: {'today' if args.today else 'protocol'}", flush=True)
+    jobs = [(sc, rule, s, args.rounds, rule == rules[0] and not args.today)
+            for s in seeds for sc in scenarios for rule in rules]
     t0 = time.monotonic()
-    results = _run_jobs(args, [("base", rules[0], 0, 0, ()), *jobs])
+    results = _run_jobs(args, [("base", rules[0], 0, 0, False), *jobs])
     base = results[("base", rules[0], 0)]["accuracy"]
     summary = summarize(results, scenarios=scenarios, rules=rules, seeds=seeds)
     from pulse_node.testing.byzantine.attacks import attacks
 
-    needs = {a.name: a.needs for a in attacks(BYZANTINE).values()}
+    needs = {a.name: a.needs for a in attacks(_byzantine()).values()}
     print_table(summary, rules=rules, needs=needs)
     head = rules[0]
     runs = [results[(sc, head, s)] for sc in scenarios for s in seeds]
@@ -261,7 +266,7 @@ def main() -> int:
           + f"; {head}'s weighing {overhead:.2%} of a trainer's CPU time; {time.monotonic() - t0:.0f} s in all")
     print(json.dumps({"base_accuracy": base, "rules": rules, "rounds": args.rounds, "seeds": seeds,
                       "overrides": args.set, "needs": needs, "summary": summary}))
-    print(json.dumps({"attacks": len(names), "byzantine_fraction": len(BYZANTINE) / (HONEST + len(BYZANTINE)),
+    print(json.dumps({"attacks": len(names), "byzantine_fraction": len(BYZANTINE_NAMES) / (HONEST + len(BYZANTINE_NAMES)),
                       "honest_gain": round(gain, 2), "overhead": round(overhead, 4),
                       "per_attack": {sc: {"delta_points": round(summary[sc][head]["delta_points"], 2),
                                           "held": summary[sc][head]["delta_points"] >= -HELD_POINTS,

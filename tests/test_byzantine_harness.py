@@ -8,10 +8,10 @@ import pytest
 from pulse_node.config import load_node_config
 from pulse_node.testing.byzantine import harness
 from pulse_node.testing.byzantine.attacks import Attack, attacks
-from pulse_node.testing.byzantine.stages import Defences, NamesEveryCommitted
-from pulse_node.testing.byzantine.world import World
+from pulse_node.testing.byzantine.stages import Defences, EveryCommitment
+from pulse_node.testing.byzantine.world import World, peer_of
 
-IDS = ["b0", "b1"]
+IDS = [peer_of("b0"), peer_of("b1")]
 
 
 @pytest.fixture(scope="module")
@@ -27,6 +27,7 @@ def _run(world: World, attack: Attack, *, rounds: int = 2, defences: Defences | 
                        defences=defences or Defences.today(world.run_id))
 
 
+@pytest.mark.slow
 def test_first_round_reuse_is_exact(world: World) -> None:
     world.first_rounds.clear()
     first = _run(world, attacks(IDS)["sign_flip"])
@@ -40,7 +41,7 @@ def test_decision_stage_decides_whether_a_coordinator_may_drop_honest_payloads(w
     today = _run(world, attacks(IDS)["coordinator_drop"], rounds=6)  # b0 coordinates round 5
     assert today.left_out > 0
     checked = Defences.today(world.run_id)
-    checked.decision = NamesEveryCommitted()
+    checked.decision = EveryCommitment()
     assert _run(world, attacks(IDS)["coordinator_drop"], rounds=6, defences=checked).left_out == 0
 
 

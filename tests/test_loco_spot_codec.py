@@ -170,7 +170,7 @@ def accusation(**over) -> Accusation:
     exhibit = b"exhibit bytes"
     a = Accusation(run_id="run", round=4, target=peer_id_of_key(KEY.public_key_hex),
                    accuser=peer_id_of_key(accuser.public_key_hex), signer="", step=1, leaves=(2, 7), reason="gradient",
-                   included=True, commitment=encode_commitment(commitment()), next_commitment=b"",
+                   keep=1.0, commitment=encode_commitment(commitment()), next_commitment=b"",
                    exhibits=(("opening", blake3.blake3(exhibit).digest()),))
     return sign_accusation(accuser, dataclasses.replace(a, **over)), exhibit, accuser
 

@@ -18,6 +18,7 @@ treats its input as hostile (``WireError``); ``verify_decision`` checks signer a
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Annotated
@@ -58,7 +59,7 @@ class RoundDecision:
 
 def _rules(d: RoundDecision) -> Iterator[str]:
     keys = [tid.encode() for tid, _ in d.contributors]
-    if any(a >= b for a, b in zip(keys, keys[1:])):
+    if any(a >= b for a, b in itertools.pairwise(keys)):
         yield "contributors must be sorted by trainer id without repeats"
 
 

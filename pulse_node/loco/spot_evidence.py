@@ -16,7 +16,8 @@ the target; an accusation whose exhibits show an honest step (or do not match th
 commitment) convicts the accuser, whose signature is on it: a false accusation costs the accuser.
 
 Wire format: the signed-statement envelope (``chain/statement.py``) of the ``Accusation``
-(``ACCUSATION_FORMAT`` 1), carried as bytes in the unsigned envelope of the evidence
+(``ACCUSATION_FORMAT`` 2; ``keep``: the share of the target's payload its round applied, 0 if left
+out), carried as bytes in the unsigned envelope of the evidence
 (``EVIDENCE_FORMAT`` 2): ``[accusation bytes, [[digest, bytes], ...]]``.
 """
 
@@ -30,14 +31,14 @@ import blake3
 from pydantic import Field
 
 from pulse_node.chain.identity import Identity
-from pulse_node.chain.statement import Digest32, Hex64, RunId, Signature, Statement
+from pulse_node.chain.statement import Digest32, Finite, Hex64, RunId, Signature, Statement
 from pulse_node.errors import WireError
 from pulse_node.loco.commit import MAX_COMMIT_BYTES
 from pulse_node.loco.opening import MAX_LEAVES
 from pulse_node.loco.payload import MAX_TRAINER_ID
 
 ACCUSATION_MAGIC = "pulse/spot-accusation"
-ACCUSATION_FORMAT = 1
+ACCUSATION_FORMAT = 2
 EVIDENCE_MAGIC = "pulse/spot-evidence"
 EVIDENCE_FORMAT = 2
 MAX_ACCUSATION_BYTES = 2 * MAX_COMMIT_BYTES + (16 << 10)
@@ -61,7 +62,7 @@ class Accusation:
     step: Annotated[int, Field(ge=0, lt=2**31)]
     leaves: Annotated[tuple[Annotated[int, Field(ge=0, lt=2**63)], ...], Field(min_length=1, max_length=MAX_LEAVES)]
     reason: Annotated[str, Field(max_length=16)]
-    included: bool
+    keep: Annotated[Finite, Field(le=1.0)]
     commitment: Annotated[bytes, Field(min_length=1, max_length=MAX_COMMIT_BYTES)]
     next_commitment: Annotated[bytes, Field(max_length=MAX_COMMIT_BYTES)]
     #: (name, BLAKE3 digest): opening, next_opening, batch/<i>, patch, payload

@@ -1,8 +1,9 @@
 """The round-seeded draw of spot checks, and the rate a time budget allows (torch-free).
 
-Once a round's commitments are fixed, a seed nobody could choose alone (``seed``: the protocol
-supplies it, e.g. BLAKE3 over every committed payload digest of the round after commit-reveal)
-picks, for every committed trainer, whether it is checked (probability ``rate``; always while it
+Once a round's commitments are fixed, a seed nobody could choose alone (``round_seed``: BLAKE3
+over a second digest of every decided payload's bytes, which nobody knows before every payload
+was committed and revealed; a trainer can only withhold its own, which leaves it out of the
+round) picks, for every committed trainer, whether it is checked (probability ``rate``; always while it
 is a newcomer), by whom (another trainer, uniformly), which inner step and which leaves of its
 commitment get opened. Every trainer computes the same draw, so a verifier cannot pick its
 target and a target cannot know in advance which step or which coordinates will be looked at.
@@ -21,7 +22,7 @@ step is drawn).
 from __future__ import annotations
 
 import struct
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import blake3
@@ -30,6 +31,7 @@ from pulse_node.loco.merkle import leaf_count
 
 DEFAULT_LEAVES = 8
 _DOMAIN = b"pulse/spot-draw/1\0"
+_SEED_DOMAIN = b"pulse/spot-seed/1\0"
 
 
 def _uniform(seed: bytes, *parts: str) -> float:
@@ -95,3 +97,43 @@ def rounds_to_catch(rate: float, *, cheated_steps: int = 1, steps: int = 1) -> f
     on a cheated step (a geometric wait)."""
     p = rate * cheated_steps / max(1, steps)
     return float("inf") if p <= 0 else 1.0 / p
+
+
+def round_seed(round: int, payloads: Mapping[str, bytes]) -> bytes:
+    """The seed of round ``round``'s checks: the decided payloads' bytes (trainer id -> bytes), each
+    hashed under another domain than the digest its commitment names (so unknown until revealed)."""
+    h = blake3.blake3(_SEED_DOMAIN + round.to_bytes(8, "big"))
+    for tid in sorted(payloads, key=str.encode):
+        h.update(tid.encode() + b"\0" + blake3.blake3(_SEED_DOMAIN + payloads[tid]).digest())
+    return h.digest()
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What a draw needs of a target's inner commitment: its steps, size and leaf."""
+
+    steps: int
+    params: int
+    leaf: int
+
+
+def draw_round(seed: bytes, *, round: int, targets: Mapping[str, Shape], verifiers: Iterable[str], rate: float,
+               newcomers: Collection[str] = (), newcomer_verifiers: int = 2) -> list[SpotDraw]:
+    """Every check of a round: each target (trainer id -> the shape of its commitment) with
+    probability ``rate``, a newcomer always and by ``newcomer_verifiers`` distinct verifiers, each
+    verifier one of ``verifiers`` other than the target, picked by the seed."""
+    pool = sorted(set(verifiers), key=str.encode)
+    out: list[SpotDraw] = []
+    for target in sorted(targets, key=str.encode):
+        shape, others = targets[target], [v for v in pool if v != target]
+        new = target in newcomers
+        if shape.steps < 1 or not others or not (new or _uniform(seed, "target", target) < rate):
+            continue
+        picked: list[str] = []
+        for k in range(min(len(others), newcomer_verifiers if new else 1)):
+            rest = [v for v in others if v not in picked]
+            picked.append(rest[int(_uniform(seed, "verifier", target, str(k)) * len(rest))])
+        d = draw_check(seed, round=round, target=target, verifier=picked[0], steps=shape.steps,
+                       params=shape.params, leaf=shape.leaf)
+        out.extend(SpotDraw(round, target, v, d.step, d.leaves) for v in picked)
+    return out

@@ -149,7 +149,7 @@ class TrainerSet:
         within depth and unconvicted; ``IntegrityError`` if it does not admit its key into this set
         (nothing changes here)."""
         self._fits(admission)
-        first = {k: sig for k, sig in reversed(admission.endorsements)}  # one signature checked per member
+        first = dict(reversed(admission.endorsements))  # one signature checked per member
         verified = {k for k, sig in first.items() if self.is_member(k) and admission.endorsed_by(k, sig)}
         self._depth_by(admission.key, verified)
         return verified

@@ -206,7 +206,7 @@ def spot_evidence_seeds() -> list[bytes]:
     target, exhibit = peer_id_of(TRAINER), b"exhibit bytes"
     a = sign_accusation(MEMBER, Accusation(
         run_id=RUN, round=4, target=target, accuser=peer_id_of(MEMBER), signer="", step=1, leaves=(2, 7),
-        reason="gradient", included=True, commitment=encode_commitment(_commitment(target)), next_commitment=b"",
+        reason="gradient", keep=1.0, commitment=encode_commitment(_commitment(target)), next_commitment=b"",
         exhibits=(("opening", blake3.blake3(exhibit).digest()), ("patch", blake3.blake3(b"p").digest()))))
     return [encode_evidence(make_evidence(a, {"opening": exhibit})), encode_evidence(make_evidence(a, {}))]
 
@@ -283,7 +283,7 @@ def peer_body_seeds() -> list[bytes]:
 
 def request_classes() -> list[Any]:
     """Every local RPC request type (both workers'), in a fixed order."""
-    import pulse_node.net.dht.rpc  # noqa: F401  (registers its requests)
+    import pulse_node.net.dht.rpc
     import pulse_node.net.wire.rpc  # noqa: F401
     from pulse_node.net.local.rpc_api import Request
 

@@ -160,7 +160,7 @@ class RoundTrainer:
         r = made.commitment.round
         patch = None if draw.step == 0 else self.log.weights_patch(r, draw.step)  # step 0 runs on the base
         return SpotCase(made.commitment, self.log.open(r, draw.leaves), self.log.batch_bytes(r, draw.step), patch,
-                        made.payload, included, next_made.commitment if next_made else None,
+                        made.payload, 1.0 if included else 0.0, next_made.commitment if next_made else None,
                         self.log.open(r + 1, draw.leaves, start_only=True) if next_made else None)
 
 

@@ -4,7 +4,7 @@ A verifier drawn for a target (``loco/spotdraw.py``) holds the target's signed c
 (``loco/commit.py``) and what the target answered (``SpotCase``: the opening at the drawn leaves,
 the drawn step's rollout batches, a BF16 patch to the weights that step ran on), plus what every
 trainer of the round holds anyway (``RoundBase``: the round's BF16 version state and FP32 global
-weights; the target's payload; whether the decision included it). ``SpotChecker.check``:
+weights; the target's payload; which share of it the round applied). ``SpotChecker.check``:
 
 1. verifies the opening against the signed roots and the patch against the signed weights hash
    (a target that cannot answer is ``unanswered``, not convicted: the protocol decides);
@@ -93,7 +93,7 @@ class SpotCase:
     batches: list[bytes]
     patch: bytes | None
     payload: LocoPayload
-    included: bool
+    keep: float  # the share of the payload the round applied (0: left out; the robust rule's factor)
     next_commitment: InnerCommitment | None = None
     next_opening: RoundOpening | None = None
 
@@ -248,7 +248,7 @@ class SpotChecker:
         coords = self.layout.coords(draw.leaves, c.leaf)
         rep = replay_round(base=gather(base.fp32, self.layout, coords), start=opened.state, adam_step=c.adam_step,
                            grads=opened.grads, steps=len(c.steps), adam=self.adam, loco=self.loco, bound=self.bound,
-                           included=case.included, round=c.round, trainer=c.trainer)
+                           keep=case.keep, round=c.round, trainer=c.trainer)
         ran_on = np.concatenate([weights[n].bits for n in self.layout.names])[coords]
         base_bits = np.concatenate([base.bf16[n].bits for n in self.layout.names])[coords]
         moved = (ran_on != base_bits) | (rep.bf16_before[draw.step] != base_bits)

@@ -68,7 +68,7 @@ def accuse(identity: Identity, *, accuser: str, run_id: str, verdict: SpotVerdic
     c, draw = case.commitment, verdict.draw
     unsigned = Accusation(
         run_id=run_id, round=c.round, target=c.trainer, accuser=accuser, signer="", step=draw.step,
-        leaves=draw.leaves, reason=verdict.reason.value, included=case.included, commitment=encode_commitment(c),
+        leaves=draw.leaves, reason=verdict.reason.value, keep=case.keep, commitment=encode_commitment(c),
         next_commitment=encode_commitment(case.next_commitment) if case.next_commitment else b"",
         exhibits=tuple((n, blake3.blake3(b).digest()) for n, b in sorted(exhibits.items())))
     return make_evidence(sign_accusation(identity, unsigned), exhibits)
@@ -106,7 +106,7 @@ def _case(ev: SpotEvidence, checker: SpotChecker, base: RoundBase,
     if blake3.blake3(got["payload"] or b"").digest() != c.payload or payload.trainer_id != c.trainer:
         raise PulseError("the payload exhibit is not the one the commitment stands behind")
     batches = [got[n] or b"" for n in sorted((n for n in got if n.startswith("batch/")), key=lambda n: int(n[6:]))]
-    return SpotCase(c, decode_opening(got["opening"] or b""), batches, got.get("patch"), payload, a.included, nxt,
+    return SpotCase(c, decode_opening(got["opening"] or b""), batches, got.get("patch"), payload, a.keep, nxt,
                     decode_opening(got["next_opening"] or b"") if got.get("next_opening") else None)
 
 

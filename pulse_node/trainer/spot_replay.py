@@ -91,9 +91,10 @@ def replay_adam(*, base: np.ndarray, m: np.ndarray, v: np.ndarray, adam_step: in
 
 
 def replay_round(*, base: np.ndarray, start: dict[str, np.ndarray], adam_step: int, grads: dict[int, np.ndarray],
-                 steps: int, adam: AdamSettings, loco: LocoConfig, bound: PayloadBound, included: bool,
+                 steps: int, adam: AdamSettings, loco: LocoConfig, bound: PayloadBound, keep: float,
                  round: int, trainer: str) -> Replayed:
-    """The committed round at the opened coordinates (see the module docstring)."""
+    """The committed round at the opened coordinates (see the module docstring); ``keep``: the
+    share of the payload the round applied (0: left out, 1: whole; the robust rule's factor)."""
     w, m, v, before = replay_adam(base=base, m=start["m"], v=start["v"], adam_step=adam_step, grads=grads,
                                   steps=steps, adam=adam)
     ef = ErrorFeedback({_NAME: (int(base.size),)}, cfg=loco, bound=bound)
@@ -103,8 +104,8 @@ def replay_round(*, base: np.ndarray, start: dict[str, np.ndarray], adam_step: i
     g = torch.from_numpy(base.astype(np.float32).copy())
     payload = ef.make_payload({_NAME: g}, {_NAME: w}, round=round, trainer_id=trainer)
     idx, vals = payload.tensors[_NAME]
-    if not included:
-        ef.restore(payload)  # a trainer left out keeps what it would have sent
+    if keep < 1.0:
+        ef.restore(payload, keep=keep)  # what the round did not apply stays in the error feedback
     end = {"m": m.numpy().copy(), "v": v.numpy().copy(), "e": ef.e[_NAME].numpy().copy()}
     if "u" in start:
         end["u"] = ef.v[_NAME].numpy().copy()

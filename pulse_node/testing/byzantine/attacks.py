@@ -25,7 +25,7 @@ import numpy as np
 
 from pulse_node.loco.outer import OuterOptimizer
 from pulse_node.loco.payload import LocoPayload
-from pulse_node.testing.byzantine.world import World
+from pulse_node.testing.byzantine.world import World, peer_of
 
 CLIP = 0.999  # of the payload value bound: the largest entry every receiver accepts, with margin
 Dense = dict[str, np.ndarray]  # tensor name -> flat float64 values
@@ -295,7 +295,7 @@ class SybilFlood(Attack):
 
     def __init__(self, ids: list[str], *, sybils: int = 20) -> None:
         super().__init__(ids)
-        self.extra = [f"s{i:02d}" for i in range(sybils)]
+        self.extra = [peer_of(f"s{i:02d}") for i in range(sybils)]
 
     def sybils(self) -> list[str]:
         return self.extra

@@ -4,18 +4,26 @@ A round, as ``trainer/role.py`` and ``trainer/agreement.py`` run it, minus the n
 
 1. the sampler loads the round's global weights (the version inference nodes serve); every
    honest trainer (and an attack that trains) takes ``loco.inner_steps`` GRPO steps on its own
-   batches of that version and gates its payload (``honest.py``);
-2. the attack makes its payloads, having seen this round's honest payloads if ``Reveal`` lets it;
-3. every payload travels as bytes: encoded with the real codec against the round's base,
-   decoded, its entries checked against the real payload value bound (a payload over the bound
-   is refused), and counted only if ``Membership`` admits its key and no stage excluded it;
-4. ``SpotCheck`` runs, accusations go to ``SpotCheck.judge``, evidence to ``EvidenceJudge``;
-   a convicted key is excluded from then on;
-5. coordinators in the real rendezvous order (``trainer/decisions.coordinator_order``) decide
-   until ``DecisionCheck`` accepts one; the coordinator signs it (a real ``RoundDecision``);
+   batches of that version, recorded for its commitment when spot checks run, and gates its
+   payload (``honest.py``);
+2. the attack makes its payloads, having seen this round's honest payloads only if ``Reveal``
+   lets it rush;
+3. every payload is committed (a real signed ``RoundCommit`` with its inner-step commitment;
+   checked by ``check_commit`` under commit-reveal: an attacker that does not train commits
+   steps it cannot open) and travels as bytes: encoded with the real codec, decoded, its entries
+   checked against the real payload value bound (a payload over the bound is refused), counted
+   only if ``Membership`` admits its key and it is not excluded;
+4. the spot checks drawn on the last round run (``spotcheck.py``): verdicts for the ledger,
+   convictions from evidence re-checked; attack evidence goes to ``EvidenceJudge``; a convicted
+   key is excluded from then on;
+5. coordinators in the real rendezvous order (``trainer/decisions.coordinator_order``; members
+   only) sign a real ``CommitList`` until ``DecisionCheck`` accepts one; the round's
+   contributors are the listed keys that enter (``loco/roundrules.entered``: members, open
+   trainers with earned weight, the newcomers of the ledger's draw) and arrived;
 6. the real ``OuterOptimizer`` (``loco.aggregate`` of the run's config) weighs and applies the
-   decided payloads; every honest trainer puts back what the round did not apply of its payload
-   (all of it if left out) and resets its local weights to the new global ones.
+   decided payloads with the ledger's trust weights (protocol) and records the round's facts;
+   every honest trainer puts back what the round did not apply of its payload (all of it if left
+   out) and resets its local weights; the round's checks are drawn.
 
 One ``OuterOptimizer`` stands for every trainer's replica: they are bit-identical
 (``tests/test_loco_aggregate.py``, ``tests/test_loco_harness.py``), and each payload is decoded
@@ -31,18 +39,25 @@ from dataclasses import dataclass, field
 import blake3
 import numpy as np
 
-from pulse_node.chain.identity import Identity
-from pulse_node.errors import WireError
+from pulse_node.errors import PulseError, WireError
 from pulse_node.loco.bound import PayloadBoundError
+from pulse_node.loco.commit import InnerCommitment, encode_commitment
+from pulse_node.loco.commitlist import VERDICTS, CommitList, make_list, make_verdict
 from pulse_node.loco.config import LocoConfig
 from pulse_node.loco.decision import encode_decision, make_decision, payload_digest
+from pulse_node.loco.ledger import RoundFacts
 from pulse_node.loco.outer import OuterOptimizer
 from pulse_node.loco.payload import LocoPayload, decode_payload, encode_payload
+from pulse_node.loco.roundcommit import Expect, check_commit, commit_digest, encode_commit, make_commit
+from pulse_node.loco.roundrules import Held, entered
 from pulse_node.testing.byzantine.attacks import Attack, RoundView
+from pulse_node.testing.byzantine.commits import fake_inner
 from pulse_node.testing.byzantine.honest import InnerTrainer
+from pulse_node.testing.byzantine.spotcheck import Checked, Made, SpotChecks, keep_of, round_base
 from pulse_node.testing.byzantine.stages import Defences
-from pulse_node.testing.byzantine.world import World
+from pulse_node.testing.byzantine.world import World, key_for, peer_of
 from pulse_node.trainer.decisions import coordinator_order
+from pulse_node.trainer.spot_replay import inner_settings
 
 HISTORY = 6  # rounds of honest payloads an attacker remembers
 
@@ -53,22 +68,31 @@ class Outcome:
 
     accuracy: float
     caught: list[str] = field(default_factory=list)
-    """Byzantine keys a defence excluded."""
+    """Byzantine keys convicted, or owing a check at the end (out of the rounds)."""
     false_bans: list[str] = field(default_factory=list)
-    """Honest keys a defence excluded."""
+    """Honest keys convicted."""
+    honest_owing: int = 0
+    """Honest keys owing a check at the end (a lying verifier said they did not answer)."""
     trainer_s: float = 0.0
     """CPU seconds of one honest trainer's own work per round (inner steps and gate)."""
     weigh_s: float = 0.0
     """CPU seconds per round weighing the payloads (what the robust rule adds to the mean)."""
     verify_s: float = 0.0
-    """CPU seconds per round of spot checks."""
+    """CPU seconds per trainer and round of spot checks: its share of the checks and re-checks,
+    and its own recording of its inner steps."""
+    checks: float = 0.0
+    """Checks run by honest verifiers per trainer and round."""
     keep_honest: float = 1.0
     keep_byzantine: float = 1.0
-    """Mean weight the aggregation gave honest / Byzantine payloads it applied."""
+    """Mean applied share (clip factor x trust weight) of honest / Byzantine payloads applied."""
     refused: int = 0
-    """Payloads refused on arrival (malformed, or an entry over the value bound)."""
+    """Payloads or commitments refused on arrival (malformed, over the value bound, unopenable)."""
     left_out: int = 0
     """Honest payloads that arrived but a decision left out."""
+    lists_refused: int = 0
+    """Commit lists honest trainers refused (a coordinator dropping a commitment)."""
+    accusations_refused: int = 0
+    """Accusations by keys nobody drew for that check, refused unread."""
 
 
 @dataclass
@@ -81,79 +105,143 @@ class _Run:
     honest: dict[str, InnerTrainer]
     byzantine: dict[str, InnerTrainer]
     members: frozenset[str]
-    keys: dict[str, Identity]
+    spot: SpotChecks
     excluded: set[str] = field(default_factory=set)
     history: list[dict[str, LocoPayload]] = field(default_factory=list)
     decisions: dict[int, tuple[str, bytes]] = field(default_factory=dict)
     out: Outcome = field(default_factory=lambda: Outcome(0.0))
     keeps: tuple[list[float], list[float]] = field(default_factory=lambda: ([], []))
+    last_made: dict[str, Made] = field(default_factory=dict)
 
     def live(self, trainers: dict[str, InnerTrainer]) -> dict[str, InnerTrainer]:
         return {t: tr for t, tr in trainers.items() if t not in self.excluded}
 
+    @property
+    def protocol(self) -> bool:
+        return self.defences.spot
 
-def _wire(run: _Run, offered: dict[str, LocoPayload]) -> dict[str, tuple[LocoPayload, bytes]]:
-    """Step 3: trainer id -> (decoded payload, its digest) of the payloads every receiver takes."""
-    outer, cfg, world = run.outer, run.outer.cfg, run.world
-    base_np = {n: t.numpy() for n, t in outer.params.items()}
+
+def _commit(run: _Run, offered: dict[str, LocoPayload]) -> dict[str, Made]:
+    """Step 3, first half: each admitted payload's signed commitment (checked under commit-reveal)."""
+    outer, world, cfg = run.outer, run.world, run.outer.cfg
+    base = outer.params if cfg.base_coding else None
+    epoch = _epoch(world.run_id, "this life")
+    expect = Expect(world.run_id, epoch, outer.round, outer.state_hash(), params=world.numel,
+                    inner_steps=cfg.inner_steps, settings=inner_settings(_any(run).learner, cfg), spot_required=True)
     out = {}
     for t, p in sorted(offered.items()):
         if t in run.excluded or not run.defences.membership.admits(t, members=run.members):
             continue
-        data = encode_payload(p, level=cfg.zstd_level, base=outer.params if cfg.base_coding else None)
+        data = encode_payload(p, level=cfg.zstd_level, base=base)
+        inner = _inner(run, t, p, data) if run.protocol else None
+        c = make_commit(key_for(t), run_id=world.run_id, epoch=epoch, round=outer.round,
+                        base=outer.state_hash(), trainer=t, payload=payload_digest(data),
+                        spot=b"" if inner is None else encode_commitment(inner))
+        if run.protocol:
+            try:
+                check_commit(c, key=key_for(t).public_key_hex, expect=expect)
+            except PulseError:
+                run.out.refused += 1
+                continue
+        out[t] = Made(p, data, inner, encode_commit(c))
+    return out
+
+
+def _any(run: _Run) -> InnerTrainer:
+    return next(iter(run.honest.values()))
+
+
+def _inner(run: _Run, t: str, p: LocoPayload, data: bytes) -> InnerCommitment:
+    """Its inner commitment: a recording trainer's own, else steps it cannot open."""
+    tr = run.honest.get(t) or run.byzantine.get(t)
+    if tr is not None and tr.recorded(p.round):
+        return tr.commitment(key_for(t), run_id=run.world.run_id, payload=payload_digest(data))
+    return fake_inner(key_for(t), run.world, run_id=run.world.run_id, round=p.round, trainer=t,
+                      base=run.outer.state_hash(), payload=payload_digest(data),
+                      settings=inner_settings(_any(run).learner, run.outer.cfg))
+
+
+def _wire(run: _Run, made: dict[str, Made]) -> dict[str, tuple[LocoPayload, bytes]]:
+    """Step 3, second half: trainer id -> (decoded payload, its digest) every receiver takes."""
+    outer, cfg, world = run.outer, run.outer.cfg, run.world
+    base_np = {n: t.numpy() for n, t in outer.params.items()}
+    out = {}
+    for t, m in sorted(made.items()):
         try:
-            q = decode_payload(data, shapes=world.shapes, max_bytes=cfg.max_payload_bytes,
+            q = decode_payload(m.data, shapes=world.shapes, max_bytes=cfg.max_payload_bytes,
                                base=outer.params if cfg.base_coding else None, expect_base=outer.state_hash())
             world.bound.check(q.tensors, base_np, who=t)
         except (WireError, PayloadBoundError):
             run.out.refused += 1
             continue
-        out[t] = (q, payload_digest(data))
+        out[t] = (q, payload_digest(m.data))
     return out
 
 
 def _exclude(run: _Run, keys: set[str]) -> None:
     for t in sorted(keys - run.excluded):
         run.excluded.add(t)
-        (run.out.false_bans if t in run.honest else run.out.caught).append(t)
+        if t in run.honest:
+            run.out.false_bans.append(t)
+        else:
+            run.out.caught.append(t)
 
 
-def _judge(run: _Run, view: RoundView, arrived: dict[str, tuple[LocoPayload, bytes]]) -> None:
-    """Step 4: spot checks, accusations and evidence; convicted keys are excluded."""
-    d = run.defences
-    t0 = time.process_time()
-    convicted = d.spot.check(view.round, {t: q for t, (q, _) in arrived.items()})
-    for accuser, target in run.attack.accusations(view):
-        if d.membership.admits(accuser, members=run.members) and d.spot.judge(accuser, target, view.round):
-            convicted.add(target)
-    run.out.verify_s += time.process_time() - t0
-    by_key = {k.public_key_hex: t for t, k in run.keys.items()}
+def _judge(run: _Run, view: RoundView, made: dict[str, Made]) -> Checked:
+    """Step 4: the last round's checks, accusations and evidence; convicted keys are excluded."""
+    checked = Checked()
+    accusations = run.attack.accusations(view)
+    if run.protocol:
+        drawn = {(d.verifier, d.target) for d in run.spot.pending.draws} if run.spot.pending else set()
+        run.out.accusations_refused += sum(1 for a in accusations if a not in drawn)
+        checked = run.spot.run(next_made=made, trainers={**run.honest, **run.byzantine},
+                               byzantine=set(run.byzantine) | set(run.attack.ids) | set(run.attack.sybils()),
+                               keys=key_for, accusers={a for a, _ in accusations})
+    by_key = {key_for(t).public_key_hex: t for t in (*run.members, *run.attack.sybils())}
     for kind, first, second in run.attack.evidence(view):
-        key = d.evidence.convicts(kind, first, second)
+        key = run.defences.evidence.convicts(kind, first, second)
         if key in by_key:
-            convicted.add(by_key[key])
-    _exclude(run, convicted)
-    for t in convicted:
-        arrived.pop(t, None)
+            checked.convicted.add(by_key[key])
+    _exclude(run, checked.convicted)
+    return checked
 
 
-def _decide(run: _Run, view: RoundView, arrived: dict[str, tuple[LocoPayload, bytes]]) -> set[str]:
-    """Step 5: the first coordinator in turn whose decision trainers accept; it signs it."""
-    live = [t for t in (*run.members, *run.attack.sybils()) if t not in run.excluded
-            and run.defences.membership.admits(t, members=run.members)]
-    committed = set(arrived)
+def _list(run: _Run, coord: str, names: set[str], made: dict[str, Made], checked: Checked) -> CommitList:
+    epoch = _epoch(run.world.run_id, "this life")
+    verdicts = [make_verdict(key_for(v.verifier), run_id=run.world.run_id, epoch=epoch, round=v.round, target=v.target,
+                             verifier=v.verifier, reason="" if v.passed else "unanswered") for v in checked.verdicts]
+    return make_list(key_for(coord), run_id=run.world.run_id, epoch=_epoch(run.world.run_id, "this life"),
+                     round=run.outer.round, base=run.outer.state_hash(), coordinator=coord,
+                     commits=[made[t].commit for t in names], members=[t for t in names if t in run.members],
+                     verdicts=[VERDICTS.encode(v) for v in verdicts])
+
+
+def _decide(run: _Run, view: RoundView, made: dict[str, Made], arrived: dict[str, tuple[LocoPayload, bytes]],
+            checked: Checked) -> tuple[CommitList | None, set[str]]:
+    """Step 5: the first coordinator in turn whose list trainers accept; the round's contributors."""
+    live = [t for t in run.members if t not in run.excluded]
+    committed = {t for t in made if t not in run.excluded}
+    held = {t: Held(commit_digest(made[t].commit), 0.0) for t in committed}
+    held_v = {v.key: Held(b"", 0.0) for v in checked.verdicts}
     for coord in coordinator_order(run.world.run_id, view.round, live):
-        decided = run.attack.decide(view, committed) if coord not in run.honest else committed
-        if run.defences.decision.accepts(decided, committed=committed):
+        names = run.attack.decide(view, committed) if coord not in run.honest else committed
+        lst = _list(run, coord, names, made, checked)
+        if run.defences.decision.accepts(lst, commits=held, verdicts=held_v, is_member=run.members.__contains__,
+                                         convicted=run.excluded.__contains__):
             break
+        run.out.lists_refused += 1
     else:
-        return set()
-    run.out.left_out += len([t for t in committed - decided if t in run.honest])
-    d = make_decision(run.keys[coord], run_id=run.world.run_id, round=view.round, base=run.outer.state_hash(),
-                      epoch=_epoch(run.world.run_id, "this life"), coordinator=coord,
-                      contributors={t: arrived[t][1] for t in decided})
-    run.decisions[view.round] = (coord, encode_decision(d))
-    return decided
+        return None, set()
+    names = set(lst.listed())
+    decided = (entered(lst, run.outer.ledger) if run.defences.membership.open_trainers() or run.protocol else names)
+    decided &= set(arrived)
+    run.out.left_out += len([t for t in committed - names if t in run.honest and t in arrived])
+    if decided:
+        d = make_decision(key_for(coord), run_id=run.world.run_id, round=view.round,
+                          base=run.outer.state_hash(), epoch=_epoch(run.world.run_id, "this life"), coordinator=coord,
+                          contributors={t: arrived[t][1] for t in decided})
+        run.decisions[view.round] = (coord, encode_decision(d))
+    return lst, decided
 
 
 def _epoch(run_id: str, life: str) -> bytes:
@@ -169,26 +257,39 @@ def _earlier_life(run: _Run, rnd: int) -> dict[int, bytes]:
     for r, (coord, _) in run.decisions.items():
         if r < rnd:
             out[r] = encode_decision(make_decision(
-                run.keys[coord], run_id=run.world.run_id, round=r, base=_epoch(run.world.run_id, f"base {r}"),
+                key_for(coord), run_id=run.world.run_id, round=r, base=_epoch(run.world.run_id, f"base {r}"),
                 epoch=_epoch(run.world.run_id, "earlier life"), coordinator=coord, contributors={coord: bytes(32)}))
     return out
 
 
-def _apply(run: _Run, arrived: dict[str, tuple[LocoPayload, bytes]], decided: set[str],
-           honest_p: dict[str, LocoPayload]) -> None:
+def _apply(run: _Run, arrived: dict[str, tuple[LocoPayload, bytes]], lst: CommitList | None, decided: set[str],  # noqa: PLR0917
+           honest_p: dict[str, LocoPayload], made: dict[str, Made], checked: Checked) -> None:
     """Step 6: weigh and apply the decided payloads; honest trainers settle their error feedback."""
     payloads = [arrived[t][0] for t in sorted(decided)]
-    run.outer.check(payloads)
+    outer, members = run.outer, set(lst.members) if lst is not None else set()
+    outer.check(payloads)
+    base = round_base(outer) if run.protocol else None
+    trust = outer.ledger.weights(decided, members=members) if run.protocol else None
     t0 = time.process_time()
-    weights = run.outer.weigh(payloads)
+    weights = outer.weigh(payloads, trust=trust)
     run.out.weigh_s += time.process_time() - t0
-    run.outer.step(payloads, keep=weights.keep)
-    for t, k in run.outer.kept.items():
-        run.keeps[0 if t in run.honest else 1].append(k)
+    outer.step(payloads, keep=weights.keep, trust=trust)
+    for t, k in outer.kept.items():
+        run.keeps[0 if t in run.honest else 1].append(k * outer.trust[t])
     for t, p in honest_p.items():
-        run.honest[t].settle(p, run.outer.kept.get(t, 0.0))
+        run.honest[t].settle(p, outer.kept.get(t, 0.0) if outer.trust.get(t, 0.0) > 0 else 0.0)
+    targets = {v.target for v in checked.verdicts}
+    outer.ledger.record(RoundFacts(outer.round - 1, lst.digest() if lst is not None else b"", tuple(sorted(decided)),
+                                   frozenset((members | targets) & run.members), (), tuple(checked.verdicts),
+                                   tuple(sorted(checked.convicted))))
+    outer.set_round(outer.round)
+    if base is not None and lst is not None:
+        listed = set(lst.listed())
+        always = {t for t in listed if outer.ledger.newcomer(t, member=t in run.members) or outer.ledger.owing(t)}
+        run.spot.draw(base=base, made={t: made[t] for t in listed}, keep=keep_of(outer, listed),
+                      members={t for t in run.members if t not in run.excluded}, always=always, excluded=run.excluded)
     for tr in (*run.honest.values(), *run.byzantine.values()):
-        tr.reset(run.outer)
+        tr.reset(outer)
 
 
 def _train(run: _Run, trainers: dict[str, InnerTrainer], rnd: int) -> dict[str, LocoPayload]:
@@ -198,11 +299,11 @@ def _train(run: _Run, trainers: dict[str, InnerTrainer], rnd: int) -> dict[str, 
     trainer's CPU seconds."""
     out = {}
     for t, tr in run.live(trainers).items():
-        key = (run.seed, t, tr.invert_rewards, run.outer.cfg.inner_steps)
+        key = (run.seed, t, tr.invert_rewards, run.outer.cfg.inner_steps, tr.log is not None)
         if rnd == 0 and key in run.world.first_rounds:
             tr = trainers[t] = copy.deepcopy(run.world.first_rounds[key])
         else:
-            tr.train(rnd)
+            tr.train(rnd, run.outer)
             if rnd == 0:
                 run.world.first_rounds[key] = copy.deepcopy(tr)
         out[t] = tr.payload(run.outer)
@@ -217,10 +318,11 @@ def _round(run: _Run, rnd: int) -> None:
                      run.history, np.random.default_rng([run.seed, rnd]), dict(run.decisions),
                      _earlier_life(run, rnd) if run.attack.wants_earlier_life else {})
     offered = {**run.attack.payloads(view, trained), **honest_p}
-    arrived = _wire(run, offered)
-    _judge(run, view, arrived)
-    decided = _decide(run, view, arrived)
-    _apply(run, arrived, decided, honest_p)
+    made = _commit(run, offered)
+    arrived = _wire(run, made)
+    checked = _judge(run, view, made)
+    lst, decided = _decide(run, view, made, arrived, checked)
+    _apply(run, arrived, lst, decided, honest_p, made, checked)
     run.history = (run.history + [honest_p])[-HISTORY:]
 
 
@@ -228,22 +330,33 @@ def run(world: World, attack: Attack, *, loco: LocoConfig, seed: int, rounds: in
         n_honest: int = 4, outer_cls: type[OuterOptimizer] = OuterOptimizer) -> Outcome:
     """``rounds`` rounds of ``n_honest`` honest trainers and ``attack``'s keys; the outcome
     (``outer_cls``: another aggregation for the bench's comparison, ``candidates.py``)."""
-    honest = {f"h{i}": InnerTrainer(world, f"h{i}", seed=seed) for i in range(n_honest)}
-    byz = ({t: InnerTrainer(world, t, seed=seed, invert_rewards=attack.invert_rewards) for t in attack.ids}
-           if attack.trains else {})
+    record = defences.spot
+    honest = {peer_of(f"h{i}"): InnerTrainer(world, peer_of(f"h{i}"), seed=seed, record=record)
+              for i in range(n_honest)}
+    byz = ({t: InnerTrainer(world, t, seed=seed, invert_rewards=attack.invert_rewards, record=record)
+            for t in attack.ids} if attack.trains else {})
     members = frozenset(honest) | frozenset(attack.ids)
-    keys = {t: Identity.generate() for t in (*members, *attack.sybils())}
     r = _Run(world, attack, defences, outer_cls({n: t.clone() for n, t in world.base.items()}, loco),
-             seed, honest, byz, members, keys)
+             seed, honest, byz, members, SpotChecks(world, seed=seed))
     for rnd in range(rounds):
         if hasattr(attack, "trainers"):
             attack.trainers = byz  # (the EF dump reaches into its trainers' error feedback)
         _round(r, rnd)
-    r.out.accuracy = world.accuracy(r.outer.params)
+    return _outcome(r, rounds)
+
+
+def _outcome(r: _Run, rounds: int) -> Outcome:
+    ledger, out = r.outer.ledger, r.out
+    out.caught += [t for t in (*r.attack.ids, *r.attack.sybils()) if ledger.owing(t) and t not in r.excluded]
+    out.honest_owing = sum(1 for t in r.honest if ledger.owing(t))
+    out.accuracy = r.world.accuracy(r.outer.params)
     per_round = max(1, rounds)
-    r.out.trainer_s = sum(tr.seconds for tr in honest.values()) / len(honest) / per_round
-    r.out.weigh_s /= per_round
-    r.out.verify_s /= per_round
-    r.out.keep_honest = float(np.mean(r.keeps[0])) if r.keeps[0] else 1.0
-    r.out.keep_byzantine = float(np.mean(r.keeps[1])) if r.keeps[1] else 1.0
-    return r.out
+    n = len(r.honest) + len(r.attack.ids)
+    out.trainer_s = sum(tr.seconds for tr in r.honest.values()) / len(r.honest) / per_round
+    out.weigh_s /= per_round
+    record_s = sum(tr.record_s for tr in r.honest.values()) / len(r.honest) / per_round
+    out.verify_s = r.spot.seconds / n / per_round + record_s
+    out.checks = r.spot.checks / n / per_round
+    out.keep_honest = float(np.mean(r.keeps[0])) if r.keeps[0] else 1.0
+    out.keep_byzantine = float(np.mean(r.keeps[1])) if r.keeps[1] else 1.0
+    return out

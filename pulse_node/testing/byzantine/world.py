@@ -12,10 +12,13 @@ held-out set.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from functools import cache
 from typing import Any
 
+import blake3
 import torch
 
+from pulse_node.chain.identity import Identity, peer_id_of_key
 from pulse_node.config import TrainerConfig
 from pulse_node.loco.bound import PayloadBound
 from pulse_node.rl.assign import BatchKey
@@ -25,6 +28,28 @@ from pulse_node.rl.rollout import Rollout
 from pulse_node.rl.sampler import RolloutWorker
 from pulse_node.rl.tasks import make_task_source
 from pulse_node.torchbits import module_state
+
+
+@cache
+def identity_of(name: str) -> Identity:
+    """The bench's key named ``name`` (the same in every process and run)."""
+    return Identity.from_private_bytes(blake3.blake3(b"pulse/byzantine-bench/" + name.encode()).digest())
+
+
+_BY_PEER: dict[str, Identity] = {}
+
+
+def peer_of(name: str) -> str:
+    """The peer id (the trainer id a swarm knows it by) of the bench's key ``name``."""
+    identity = identity_of(name)
+    pid = peer_id_of_key(identity.public_key_hex)
+    _BY_PEER[pid] = identity
+    return pid
+
+
+def key_for(peer_id: str) -> Identity:
+    """The bench's key of a trainer id ``peer_of`` made."""
+    return _BY_PEER[peer_id]
 
 
 class World:
@@ -41,6 +66,7 @@ class World:
         self.evals = self.task.eval_set()
         self.worker = RolloutWorker(first, cfg.sampling)
         self.run_id = "byzantine"
+        self.leaf = 256 if self.numel < 100_000 else 4096  # inner-commitment leaf (loco/merkle.py)
         self.first_rounds: dict[tuple, Any] = {}  # (seed, trainer id, ...) -> a trainer after round 0
 
     def policy(self) -> Policy:
