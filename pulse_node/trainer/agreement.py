@@ -63,7 +63,9 @@ from pulse_node.fsutil import write_atomic
 from pulse_node.loco.bound import PayloadBound, PayloadBoundError, max_payload_bytes
 from pulse_node.loco.decision import MAX_DECISION_BYTES, RoundDecision, encode_decision, make_decision, payload_digest
 from pulse_node.loco.payload import LocoPayload, decode_payload, read_header
+from pulse_node.loco.roundcommit import commit_digest
 from pulse_node.net.wire.protocol import LocoDecisionRequest, LocoPayloadRequest
+from pulse_node.trainer.commits import CommitIntake, HeldCommit
 from pulse_node.trainer.decisions import DecisionIntake, coordinator_order
 from pulse_node.trainer.round_peers import RoundPeers
 from pulse_node.trainer.rounds import WAIT, OpenRound, RoundTable, Wait
@@ -109,12 +111,16 @@ class RoundAgreement:
         self.inbox: dict[int, dict[str, tuple[bytes, LocoPayload]]] = {}
         self.pending: dict[int, dict[str, bytes]] = {}  # coming rounds: sender -> payload bytes, undecoded
         self.mismatched: dict[int, set[str]] = {}  # round -> trainers whose payload named another base
+        self.unbacked: dict[int, dict[str, bytes]] = {}  # round -> sender -> a payload whose commitment is not here yet
+        self.arrived: dict[int, dict[str, float]] = {}  # round -> trainer -> when its payload was kept (monotonic)
         self.peers = RoundPeers(ctx)
+        self.commits = CommitIntake(ctx, peers=self.peers, table=self.table, base_of=self._base_of)
         self.bound = bound if bound is not None else PayloadBound.of_trainer(ctx.cfg)
         self.cap = max_payload_bytes(self.shapes, cap=self.cfg.max_payload_bytes)
         self._cap_pushes()
         self.ratio_max = 0.0
-        self.intake = DecisionIntake(ctx, peers=self.peers, table=self.table)
+        self.intake = DecisionIntake(ctx, peers=self.peers, table=self.table, commits=self.commits,
+                                     payload_at=self._payload_at)
         shutil.rmtree(self.root / LOCO_DIR, ignore_errors=True)  # an earlier run's rounds mean nothing now
 
     # ---- the table shared with the decision intake (``trainer/rounds.py``) -------------------
@@ -138,6 +144,37 @@ class RoundAgreement:
         """A pushed or pulled decision, to the decision intake (``trainer/decisions.py``);
         ``PulseError`` if it is refused."""
         self.intake.offer(sender, data)
+
+    def offer_commit(self, sender: str, data: bytes) -> None:
+        """A pushed round commitment (``trainer/commits.py``); a payload that waited for it is
+        admitted now. ``PulseError`` if it is refused."""
+        for trainer in [*self.commits.flush(), self.commits.offer(sender, data)]:
+            if trainer is not None:
+                self._admit_unbacked(trainer)
+
+    def _admit_unbacked(self, trainer: str) -> None:
+        r = self.current_round()
+        data = self.unbacked.get(r, {}).pop(trainer, None)
+        if data is None:
+            return
+        try:
+            self._admit(trainer, r, data)
+        except PulseError as exc:
+            self.ctx.status.error(f"bad loco from {trainer[:12]}: {exc}")
+
+    def _base_of(self, r: int) -> bytes | None:
+        """The base hash round ``r`` starts from here (None: not known yet)."""
+        o = self._open
+        if o is not None and o.round == r:
+            return o.base
+        if r == self.current_round() and self.base is not None:
+            return self.base()[0]
+        return None
+
+    def _payload_at(self, r: int, trainer: str) -> tuple[bytes, float] | None:
+        """The digest of ``trainer``'s payload of round ``r`` held here and when it was kept."""
+        have, at = self.inbox.get(r, {}).get(trainer), self.arrived.get(r, {}).get(trainer)
+        return None if have is None or at is None else (have[0], at)
 
     def offer_payload(self, sender: str, data: bytes) -> None:
         """Keep a pushed payload of the current round, hold one of a coming round until it opens.
@@ -197,7 +234,23 @@ class RoundAgreement:
             self._refuse(sender, LocoRefusal.OUT_OF_BOUND, exc)
         except PulseError as exc:
             self._refuse(sender, LocoRefusal.MALFORMED, exc)
-        self._keep_payload(p, data)
+        if self._committed(sender, r, data):
+            self._keep_payload(p, data)
+
+    def _committed(self, sender: str, r: int, data: bytes) -> bool:
+        """Whether ``data`` is the payload ``sender`` committed to for round ``r``; one whose
+        commitment has not arrived waits for it (one per sender and round); one that does not
+        match it is refused (its sender lied) and counts as heard from."""
+        held = self.commits.of(r, sender)
+        if held is None:
+            self.unbacked.setdefault(r, {})[sender] = data
+            return False
+        digest = payload_digest(data)
+        if held.commit.payload != digest:
+            self.refused.setdefault(r, {})[sender] = digest
+            self._refuse(sender, LocoRefusal.UNCOMMITTED, IntegrityError(
+                f"round {r} payload of {sender[:12]} is not the one it committed to"))
+        return True
 
     def _decode(self, data: bytes) -> LocoPayload:
         """Decode against our base and check the value bound (``PayloadBoundError``)."""
@@ -238,27 +291,49 @@ class RoundAgreement:
         self.ctx.log.warning("round %d: %s; not decoded, %s misses this round (a trainer on another "
                              "state re-syncs)", r, exc, trainer[:12])
 
-    def _keep_payload(self, p: LocoPayload, data: bytes) -> None:
+    def _keep_payload(self, p: LocoPayload, data: bytes, *, serve: bool = True) -> None:
+        """Keep a payload (``serve``: and its file, which peers fetch by digest)."""
         digest = payload_digest(data)
         self.inbox.setdefault(p.round, {})[p.trainer_id] = (digest, p)
-        write_atomic(loco_payload_path(self.root, p.round, digest.hex()), data, durable=False)
+        self.arrived.setdefault(p.round, {}).setdefault(p.trainer_id, time.monotonic())
+        if serve:
+            write_atomic(loco_payload_path(self.root, p.round, digest.hex()), data, durable=False)
 
     # ---- one round ---------------------------------------------------------------------
     def open_round(self, mine: LocoPayload, data: bytes) -> None:
-        """Open round ``mine.round``: keep our payload and push it; ``step`` then advances it."""
+        """Open round ``mine.round``: keep our payload, push our commitment to it; ``step`` then
+        reveals the payload once the commit phase closes, and advances the round."""
         r = mine.round
         self._prune(r)
-        self._flush_pending()
-        self._keep_payload(mine, data)
+        self._keep_payload(mine, data, serve=False)  # nobody may fetch it before we reveal it
         if self.base is not None:
             self._ratio(self.bound.ratio(mine.tensors, self.base()[1]))
         live = self._live()
-        self.peers.push(list(live.values()), data, kind="loco", timeout=self.cfg.deadline_s, job=f"loco:{r}")
+        order = coordinator_order(self.ctx.cfg.run_id, r, [self.me, *live])
+        self.table.open = OpenRound(r, mine.base_hash, order, t0=time.monotonic(), commit_s=self.cfg.deadline_s / 2,
+                                    mine=data)
+        commitment = self.commits.make_own(r, base=mine.base_hash, payload=payload_digest(data))
+        self.peers.push(list(live.values()), commitment, kind="loco_commit", job=f"loco_commit:{r}")
+        for trainer in self.commits.flush():
+            self._admit_unbacked(trainer)
+        self._flush_pending()
+        self.intake.replay_parked(r)
+
+    def _reveal(self, o: OpenRound) -> bool:
+        """Reveal our payload once the commit phase closed here: every live member's commitment is
+        held, or ``commit_s`` passed. Whether it is revealed."""
+        if o.revealed:
+            return True
+        live, held = self._live(), self.commits.round(o.round)
+        if time.monotonic() < o.commit_close and not all(pid in held for pid in live):
+            return False
+        digest, data = payload_digest(o.mine), o.mine
+        write_atomic(loco_payload_path(self.root, o.round, digest.hex()), data, durable=False)
+        self.peers.push(list(live.values()), data, kind="loco", timeout=self.cfg.deadline_s, job=f"loco:{o.round}")
         with self.ctx.status.trainer() as counters:
             counters.loco_bytes_out += len(data) * len(live)
-        order = coordinator_order(self.ctx.cfg.run_id, r, [self.me, *live])
-        self.table.open = OpenRound(r, mine.base_hash, order, t0=time.monotonic())
-        self.intake.replay_parked(r)
+        o.revealed = True
+        return True
 
     def step(self) -> RoundResult | None:
         """Advance the open round as far as the inputs at hand allow, without waiting.
@@ -270,6 +345,8 @@ class RoundAgreement:
         if o is None:
             raise RuntimeError("step() without an open round")
         if o.decision is None:
+            if not self._reveal(o) and o.round not in self.decisions and not self.ctx.stop.is_set():
+                return None
             d = self._reach_decision(o)
             if d is WAIT:
                 return None
@@ -298,10 +375,12 @@ class RoundAgreement:
                 return self.decisions[o.round]
             now, live = time.monotonic(), self._live()
             if self._my_turn(o.round, o.order, live, o.t0, now):
-                return self._decide(o.round, o.base, live, pull=not self._all_in(o.round, o.order, live))
+                return self._decide(o, live, pull=not self._all_in(o.round, o.order, live))
             if now - o.pulled_at > _PULL_EVERY_S and self._closed_elsewhere(o.round, live):
                 o.pulled_at = now
                 if self._pull(o.round, live) is None:
+                    if self._held_back(o.round):
+                        return WAIT  # a peer applied a decision we refused or parked: its turn, or the next coordinator's
                     return None  # a peer closed the round and we cannot get its decision: re-sync
                 continue
             return WAIT
@@ -333,12 +412,15 @@ class RoundAgreement:
         step = self.ctx.book.gate.max_version_step
         return any(r < p.head <= r + step for p in live.values())
 
-    def _decide(self, r: int, base: bytes, live: Mapping[str, PeerRecord], *, pull: bool) -> RoundDecision | None:
-        """Sign and push the decision of round ``r``: the payloads we hold that were made on ``base``."""
+    def _decide(self, o: OpenRound, live: Mapping[str, PeerRecord], *, pull: bool) -> RoundDecision | None:
+        """Sign and push the decision of round ``o.round``: every commitment we hold that arrived
+        in the commit phase, and the payloads we hold that match them and were made on our base."""
+        r, base = o.round, o.base
+        self._reveal(o)
         if pull:
             if self._pull(r, live) is not None:
                 return self.decisions[r]
-            if self._closed_elsewhere(r, live):
+            if self._closed_elsewhere(r, live) and not self._held_back(r):
                 return None
         earlier = self.intake.signed_before(r)  # never two decisions of one round, even across a restart
         if earlier is not None:
@@ -346,9 +428,13 @@ class RoundAgreement:
             if d.base != base:
                 return None  # we decided it on another state before: re-sync
         else:
-            held = {tid: digest for tid, (digest, p) in self.inbox.get(r, {}).items() if p.base_hash == base}
+            committed = {tid: h for tid, h in self.commits.round(r).items() if h.at <= o.commit_close}
+            self._fetch_missing(r, committed, live)
+            held = {tid: digest for tid, (digest, p) in self.inbox.get(r, {}).items()
+                    if p.base_hash == base and tid in committed and committed[tid].commit.payload == digest}
             d = make_decision(self.ctx.identity, run_id=self.ctx.cfg.run_id, round=r, base=base, epoch=self.table.epoch(),
-                              coordinator=self.me, contributors=held)
+                              coordinator=self.me, contributors=held,
+                              committed={tid: commit_digest(h.data) for tid, h in committed.items()})
             data = encode_decision(d)
             self.intake.keep_own(r, data)
         self.intake.accept(d, data)
@@ -357,6 +443,20 @@ class RoundAgreement:
             counters.decisions_made += 1
         self.ctx.log.info("round %d: decided %d contributors", r, len(d.contributors))
         return d
+
+    def _held_back(self, r: int) -> bool:
+        """Whether we refused a decision of round ``r`` for an omission, or hold one back as early:
+        a peer that applied it does not make us re-sync onto its state."""
+        return r in self.table.omitted or bool(self.intake.parked.get(r))
+
+    def _fetch_missing(self, r: int, committed: Mapping[str, HeldCommit], live: Mapping[str, PeerRecord]) -> None:
+        """Fetch, from the trainer itself, each committed payload a live trainer revealed that did
+        not reach us (a lost push): a decision may leave out only what nobody could get."""
+        until = time.monotonic() + self.cfg.decision_wait_s / 2
+        for tid, h in sorted(committed.items()):
+            if tid in self.inbox.get(r, {}) or tid not in live or tid in self.refused.get(r, {}):
+                continue
+            self._fetch_payload(live[tid], r, tid, h.commit.payload, until)
 
     def _pull(self, r: int, live: Mapping[str, PeerRecord]) -> RoundDecision | None:
         """Fetch an existing decision of round ``r`` from the live trainers (the first valid one)."""
@@ -451,7 +551,8 @@ class RoundAgreement:
 
     def _prune(self, r: int) -> None:
         """Forget rounds before ``r``; keep the files of the last ``KEEP_ROUNDS`` rounds."""
-        for table in (self.inbox, self.pending, self.mismatched):
+        self.commits.prune(r)
+        for table in (self.inbox, self.pending, self.mismatched, self.unbacked, self.arrived):
             for old in [k for k in table if k < r]:
                 del table[old]
         self.table.prune(r)

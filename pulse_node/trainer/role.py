@@ -412,6 +412,8 @@ class TrainerRole:
                     self._take_head(ev.sender, ev.data)
                 elif ev.kind == "loco":
                     self.agreement.offer_payload(ev.sender, ev.data)
+                elif ev.kind == "loco_commit":
+                    self.agreement.offer_commit(ev.sender, ev.data)
                 elif ev.kind == "loco_decision":
                     self.agreement.offer_decision(ev.sender, ev.data)
                 elif ev.kind == "evidence":
