@@ -39,8 +39,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.cpu_share import snapshot, used  # noqa: E402
-from pulse_node.testing.free_keys import NODE_CONFIG_ENV, node_config_path  # noqa: E402
+import itertools
+
+from bench.cpu_share import snapshot, used
+from pulse_node.testing.free_keys import NODE_CONFIG_ENV, node_config_path
 
 DEFAULT_ATTACKS = ("inject_payload", "trainer_role", "huge_version", "rollback", "slow_drip", "bad_anchor",
                    "oversize", "catchup_flood", "fake_trainers", "rollout_flood", "smaller",
@@ -181,7 +183,7 @@ class Bench:
         env = {**os.environ, NODE_CONFIG_ENV: str(node_config_path(self.root))}
         nice, cpus = self.args.attacker_nice, self.args.attacker_cpus
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env,
-                                preexec_fn=(lambda: _attacker_process(nice, cpus)) if nice or cpus else None)
+                                preexec_fn=(lambda: _attacker_process(nice, cpus)) if nice or cpus else None)  # noqa: PLW1509 (os calls only)
         operator: dict[str, Any] = {}
         delay = min(10.0, self.args.window / 3)
         probe = threading.Thread(target=lambda: operator.update(self.operator_status(delay=delay)), daemon=True)
@@ -320,7 +322,7 @@ def fmt(r: dict) -> str:
 
 
 def summary(rows: list[dict], baselines: list[float], final: dict, crashed: list[str], root: Path) -> dict[str, Any]:
-    control = [round(b / a, 2) for a, b in zip(baselines, baselines[1:]) if a > 0]
+    control = [round(b / a, 2) for a, b in itertools.pairwise(baselines) if a > 0]
     ratios = [r["rate_ratio"] for r in rows if r["rate_ratio"] == r["rate_ratio"]]
     lags = [r["inference_max_lag"] for r in rows if r["attack"] in FLOOD_ATTACKS]
     return {"attacks": len(rows), "held": all(r["held"] for r in rows) and final["corrupted_states_used"] == 0,

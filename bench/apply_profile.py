@@ -123,7 +123,7 @@ def hash_order(state, entries, payload, models, chunk: int) -> dict:
             label_row, stack = models.delta_stack(e.dtype, e.name)
             dec, raw = P.AnsDecoder(words), RawBits(raw_b)
             low, nextra = bin_bounds(P.MAX_BINS)
-            kind, mant, emask = V.label_layout(e.dtype)
+            _kind, mant, emask = V.label_layout(e.dtype)
             flat = tb.bits.reshape(-1)
             t0 = time.perf_counter()
             h = blake3.blake3(max_threads=1)

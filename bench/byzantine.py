@@ -72,7 +72,7 @@ def _init(overrides: list[str]) -> None:
     from pulse_node.testing.byzantine.world import World
 
     torch.set_num_threads(1)
-    global _WORLD
+    global _WORLD  # noqa: PLW0603 (a pool worker's world, built once by its initializer)
     _WORLD = World(_config(overrides))
 
 

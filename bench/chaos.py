@@ -35,10 +35,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pulse_node.chain.identity import Identity  # noqa: E402
-from pulse_node.config import InferenceConfig, TrainerConfig  # noqa: E402
-from pulse_node.testing.faults import FaultRates, FaultyTransport, start_forging_peer  # noqa: E402
-from pulse_node.testing.inprocess import InProcessSwarm, node_status, node_version  # noqa: E402
+from pulse_node.chain.identity import Identity
+from pulse_node.config import InferenceConfig, TrainerConfig
+from pulse_node.testing.faults import FaultRates, FaultyTransport, start_forging_peer
+from pulse_node.testing.inprocess import InProcessSwarm, node_status, node_version
 
 RATES = FaultRates(drop=0.1, duplicate=0.1, reorder=0.1, delay=0.1, corrupt=0.05, max_delay_s=0.1,
                    spare_kinds=("loco",))
@@ -55,10 +55,10 @@ def configs(tmp: Path, args) -> tuple[list, list, str]:
                         "run_id": "chaos", "grpo": {"warmstart_steps": 50}, "loco": {"inner_steps": 2, "deadline_s": 10},
                         "rollout_wait_s": 0.5, "eval_every": 0, "genesis_wait_s": 2.0,
                         "chain": {"anchor_every": 5, "keep_versions": 8}}))
-    for i in range(args.inference):
-        infs.append(InferenceConfig.model_validate({**SMALL, "data_dir": str(tmp / f"inference-{i}"), "seed": args.seed,
-                    "run_id": "chaos", "rollout_batches_per_version": 1,
-                    "chain": {"trusted_trainers": keys, "anchor_every": 5, "keep_versions": 8}}))
+    infs.extend(InferenceConfig.model_validate({**SMALL, "data_dir": str(tmp / f"inference-{i}"), "seed": args.seed,
+                "run_id": "chaos", "rollout_batches_per_version": 1,
+                "chain": {"trusted_trainers": keys, "anchor_every": 5, "keep_versions": 8}})
+                for i in range(args.inference))
     return trainers, infs, "chaos"
 
 

@@ -31,15 +31,15 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench import ref_codec_v31 as ref  # noqa: E402
-from bench.emulated_steps import states  # noqa: E402
-from bench.workload import SIZES, param_count  # noqa: E402
-from pulse_node.codec.inplace import apply_patch_inplace  # noqa: E402
-from pulse_node.codec.patch import apply_patch, make_patch  # noqa: E402
-from pulse_node.codec.state import State, TensorBits  # noqa: E402
-from pulse_node.codec.statehash import _tensor_prefix, state_hash  # noqa: E402
-from pulse_node.codec.values import exponent_labels, ordered_key  # noqa: E402
-from pulse_node.codec.warmup import clear_stale_cache  # noqa: E402
+from bench import ref_codec_v31 as ref
+from bench.emulated_steps import states
+from bench.workload import SIZES, param_count
+from pulse_node.codec.inplace import apply_patch_inplace
+from pulse_node.codec.patch import apply_patch, make_patch
+from pulse_node.codec.state import State, TensorBits
+from pulse_node.codec.statehash import _tensor_prefix, state_hash
+from pulse_node.codec.values import exponent_labels, ordered_key
+from pulse_node.codec.warmup import clear_stale_cache
 
 
 def _hb(n: np.ndarray, m: np.ndarray) -> float:
@@ -175,10 +175,10 @@ def hash_throughput(total_mb: int = 512) -> dict[str, float]:
         h.hexdigest()
 
     cands = {
-        "xxh3_128": lambda: xxhash.xxh3_128(),
-        "blake3_1thread": lambda: blake3.blake3(),
+        "xxh3_128": xxhash.xxh3_128,
+        "blake3_1thread": blake3.blake3,
         "blake3_auto": lambda: blake3.blake3(max_threads=blake3.blake3.AUTO),
-        "sha256": lambda: hashlib.sha256(),
+        "sha256": hashlib.sha256,
     }
     return {k: nbytes / 1e6 / best_of(lambda f=f: run(f), repeat=2) for k, f in cands.items()}
 

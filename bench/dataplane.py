@@ -45,7 +45,7 @@ SINK = "/pulse-bench/sink/1.0.0"
 
 # ------------------------------------------------------------------ py-libp2p (trio) sides
 
-def _libp2p_host():  # noqa: ANN202 - libp2p types stay inside the functions that use them
+def _libp2p_host():
     import multiaddr
     from libp2p.crypto.ed25519 import create_new_key_pair
 
@@ -61,7 +61,7 @@ async def _libp2p_sink_main() -> None:
 
     host, listen = _libp2p_host()
 
-    async def handle(stream) -> None:  # noqa: ANN001
+    async def handle(stream) -> None:
         head = b""
         while len(head) < 8:
             head += await stream.read(8 - len(head))
@@ -123,7 +123,7 @@ async def _hivemind_sink_main() -> None:
 
     p2p = await P2P.create(host_maddrs=["/ip4/127.0.0.1/tcp/0"])
 
-    async def handle(_info, reader, writer) -> None:  # noqa: ANN001
+    async def handle(_info, reader, writer) -> None:
         total, got = int.from_bytes(await reader.readexactly(8), "big"), 0
         while got < total:
             got += len(await reader.read(1 << 20))
@@ -231,7 +231,7 @@ def make_payload(params_m: float, density: float, seed: int = 0) -> bytes:
                                       numel=numel))
 
 
-def _push_workers(host: str, work: Path):  # noqa: ANN202 - (WireClient, DhtClient)
+def _push_workers(host: str, work: Path):
     """One node's two workers, listening on ``host``; both accept pushes."""
     from concurrent.futures import ThreadPoolExecutor
 
@@ -272,7 +272,7 @@ def _lines(path: Path) -> list[dict]:
     return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
 
 
-def _push_once(push, work: Path, data: bytes) -> dict:  # noqa: ANN001
+def _push_once(push, work: Path, data: bytes) -> dict:
     """One push; wall time from the call to the receiving node holding the payload."""
     seen = len(_lines(work / "recv.jsonl"))
     t0, m0 = time.time(), time.monotonic()
@@ -400,8 +400,8 @@ def main() -> int:
     if args.push:
         return bench_push(args)
     total = args.stream_mb * MiB
-    lp = {w: 0.0 for w in WRITES}
-    hm = {w: 0.0 for w in WRITES}
+    lp = dict.fromkeys(WRITES, 0.0)
+    hm = dict.fromkeys(WRITES, 0.0)
     for r in range(args.rounds):
         for w, v in bench_libp2p_stream(total).items():
             lp[w] = max(lp[w], v)

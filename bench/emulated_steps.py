@@ -28,11 +28,11 @@ from collections.abc import Iterator
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import torch  # noqa: E402
+import torch
 
-from bench.workload import SIZES, ModelSize, TinyLM, pretrained_like_  # noqa: E402
-from pulse_node.codec.state import State  # noqa: E402
-from pulse_node.torchbits import module_state  # noqa: E402
+from bench.workload import SIZES, ModelSize, TinyLM, pretrained_like_
+from pulse_node.codec.state import State
+from pulse_node.torchbits import module_state
 
 
 def master_weights(size: ModelSize, seed: int = 0) -> dict[str, torch.Tensor]:

@@ -22,8 +22,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pulse_node.config import SwarmConfig  # noqa: E402
-from pulse_node.swarm.launcher import LocalSwarm  # noqa: E402
+from pulse_node.config import SwarmConfig
+from pulse_node.swarm.launcher import LocalSwarm
 
 
 def run(n_inference: int, versions: int, run_dir: Path) -> dict:

@@ -26,6 +26,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import ClassVar
 
 ROOT = Path(__file__).resolve().parent.parent
 TASK = {"digits": 1, "eval_size": 20}
@@ -95,7 +96,7 @@ def _rounds(engine, cfg, args: argparse.Namespace, tmp: Path) -> dict[str, float
 class _Peaks:
     """Stands in for the node status: keeps the per-rank peaks the distributed engine reports."""
 
-    peaks: list[float] = []
+    peaks: ClassVar[list[float]] = []
 
     def update(self, **fields) -> None:
         self.peaks = fields.get("rank_peak_rss_mb", self.peaks)

@@ -71,7 +71,7 @@ def worker(target_name: str, out: Path, libfuzzer: list[str]) -> None:
     atheris.Fuzz()
 
 
-STAT = re.compile(r"^stat::(\w+):\s+(\d+)", re.M)
+STAT = re.compile(r"^stat::(\w+):\s+(\d+)", re.MULTILINE)
 COV = re.compile(r"cov: (\d+) ft: (\d+)")
 
 
@@ -119,7 +119,7 @@ def _tally(row: dict, text: str) -> None:
 
 
 def _units_before_death(text: str) -> int:
-    runs = re.findall(r"^#(\d+)", text, re.M)
+    runs = re.findall(r"^#(\d+)", text, re.MULTILINE)
     return int(runs[-1]) if runs else 0
 
 

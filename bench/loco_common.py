@@ -13,6 +13,7 @@ import statistics
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import msgpack
 import numpy as np
@@ -72,7 +73,7 @@ class Fp16DenseFeedback(ErrorFeedback):
 class CodecTally(ErrorFeedback):
     """ErrorFeedback that also tallies payload sizes under alternative value/position codings."""
 
-    tally: dict[str, float] = {}
+    tally: ClassVar[dict[str, float]] = {}
 
     def make_payload(self, global_params, local_params, **kwargs):
         p = super().make_payload(global_params, local_params, **kwargs)

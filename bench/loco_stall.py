@@ -26,12 +26,14 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pulse_node.chain.peer import PeerRecord, PeerStatus  # noqa: E402
-from pulse_node.config import TrainerConfig  # noqa: E402
-from pulse_node.daemon.transport import Event, Transport  # noqa: E402
-from pulse_node.errors import WireError  # noqa: E402
-from pulse_node.net.wire.protocol import FetchRequest, kind_of  # noqa: E402
-from pulse_node.testing.inprocess import InProcessSwarm, node_status, node_version  # noqa: E402
+import itertools
+
+from pulse_node.chain.peer import PeerRecord, PeerStatus
+from pulse_node.config import TrainerConfig
+from pulse_node.daemon.transport import Event, Transport
+from pulse_node.errors import WireError
+from pulse_node.net.wire.protocol import FetchRequest, kind_of
+from pulse_node.testing.inprocess import InProcessSwarm, node_status, node_version
 
 VANISHED = "trainer-zz"
 SMALL = {"model": {"d_model": 32, "n_layers": 2, "n_heads": 2}, "task": {"digits": 2},
@@ -105,7 +107,7 @@ def seconds_per_version(tmp: Path, args, *, vanished: bool) -> tuple[float, list
     gaps = []
     for d in dirs:
         at = sorted((h.version, h.at) for h in node_status(d).history)
-        gaps += [b[1] - a[1] for a, b in zip(at, at[1:]) if a[0] >= 2 and b[0] <= args.versions]
+        gaps += [b[1] - a[1] for a, b in itertools.pairwise(at) if a[0] >= 2 and b[0] <= args.versions]
     left_out = sum(node_status(d).trainer.rounds_left_out for d in dirs)
     return statistics.median(gaps), gaps, left_out
 

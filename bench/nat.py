@@ -186,7 +186,7 @@ class Procs:
         return proc
 
     def stop(self, procs: list[Proc] | None = None) -> None:
-        procs = [p for p in (self.all if procs is None else procs)]
+        procs = list(self.all if procs is None else procs)
         for p in procs:
             if p.alive():
                 p.popen.send_signal(signal.SIGTERM)

@@ -50,7 +50,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from loco_common import (  # noqa: E402
+from loco_common import (
     N_TRAINERS,
     CodecTally,
     Curve,
@@ -64,12 +64,12 @@ from loco_common import (  # noqa: E402
     sweep,
 )
 
-from pulse_node.loco.payload import POSITION_CODER  # noqa: E402
-from pulse_node.rl.batch import bf16_params, pack  # noqa: E402
-from pulse_node.rl.config import task_config  # noqa: E402
-from pulse_node.rl.models import TinyGPT, TinyLM  # noqa: E402
-from pulse_node.rl.tasks import ArithmeticTask  # noqa: E402
-from pulse_node.rl.tokenizer import CharTokenizer  # noqa: E402
+from pulse_node.loco.payload import POSITION_CODER
+from pulse_node.rl.batch import bf16_params, pack
+from pulse_node.rl.config import task_config
+from pulse_node.rl.models import TinyGPT, TinyLM
+from pulse_node.rl.tasks import ArithmeticTask
+from pulse_node.rl.tokenizer import CharTokenizer
 
 WIDTH = 12  # <bos> + 'ab+cd=' + up to 3 answer digits + <eos>
 TOK = CharTokenizer()

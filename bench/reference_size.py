@@ -22,13 +22,13 @@ from collections.abc import Callable
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.codec import round_robin  # noqa: E402
-from bench.workload import ModelSize, adamw_bf16_states  # noqa: E402
-from pulse_node.codec.patch import make_patch  # noqa: E402
-from pulse_node.codec.reference_size import reference_size  # noqa: E402
-from pulse_node.codec.state import State  # noqa: E402
-from pulse_node.codec.statehash import state_hash  # noqa: E402
-from pulse_node.trainer.publisher import _changed_fraction  # noqa: E402
+from bench.codec import round_robin
+from bench.workload import ModelSize, adamw_bf16_states
+from pulse_node.codec.patch import make_patch
+from pulse_node.codec.reference_size import reference_size
+from pulse_node.codec.state import State
+from pulse_node.codec.statehash import state_hash
+from pulse_node.trainer.publisher import _changed_fraction
 
 WORKLOADS = {
     "30M lr 3e-6": (ModelSize(), 3e-6),

@@ -116,7 +116,7 @@ def main() -> None:
               f"{r['caught']}/{r['tried']} | {r['honest_refused']}/{r['tried']} |")
     print(f"\n{time.monotonic() - t0:.0f} s")
     print(json.dumps({"bench": "rollout_forgery", "trials": args.trials, "results": results, "steering": steer,
-                      "flood": {k: v for k, v in honest.items()}}))
+                      "flood": dict(honest.items())}))
 
 
 if __name__ == "__main__":

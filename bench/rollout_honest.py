@@ -50,7 +50,7 @@ from pulse_node.rl.verify import RolloutVerifier
 from pulse_node.testing.hf_models import build_hf_model
 
 sys.path.insert(0, str(ROOT / "tests"))
-from test_rl_hf import save_tiny_hf  # noqa: E402  (the tests' tiny Llama, one definition)
+from test_rl_hf import save_tiny_hf
 
 RUN = "bench-honest"
 GPU = "cuda"  # the device the cross-device part pairs with the CPU

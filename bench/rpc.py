@@ -35,7 +35,7 @@ MiB = 1 << 20
 LOCAL = ["/ip4/127.0.0.1/tcp/0"]
 
 
-def _wire(store: Path):  # noqa: ANN202 - the two trees' clients differ only in how they start
+def _wire(store: Path):
     from pulse_node.net.wire import client as wire_client
 
     if hasattr(wire_client, "WireConfig"):
@@ -43,7 +43,7 @@ def _wire(store: Path):  # noqa: ANN202 - the two trees' clients differ only in 
     return wire_client.WireClient.start(store=store, listen=tuple(LOCAL))
 
 
-def _drain(poll, want: int, timeout: float = 60.0) -> list:  # noqa: ANN001
+def _drain(poll, want: int, timeout: float = 60.0) -> list:
     got: list = []
     deadline = time.monotonic() + timeout
     while len(got) < want:
@@ -53,7 +53,7 @@ def _drain(poll, want: int, timeout: float = 60.0) -> list:  # noqa: ANN001
     return got
 
 
-def _seconds(fn, n: int) -> list[float]:  # noqa: ANN001
+def _seconds(fn, n: int) -> list[float]:
     """How long each of ``n`` calls of ``fn`` took."""
     times = []
     for _ in range(n):

@@ -22,8 +22,8 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pulse_node.config import SwarmConfig  # noqa: E402
-from pulse_node.swarm.launcher import LocalSwarm  # noqa: E402
+from pulse_node.config import SwarmConfig
+from pulse_node.swarm.launcher import LocalSwarm
 
 
 def tree_usage(pid: int) -> tuple[float, int]:

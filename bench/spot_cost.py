@@ -141,7 +141,7 @@ def batches_for(gen: RolloutWorker, task, arm: Arm, inner: int) -> list[tuple[st
 def check_all(arm: Arm, checker: SpotChecker, rounds: list[int]) -> dict:
     log, out = arm.engine.inner_log, {"check": [], "answer": [], "opening": [], "patch": [], "batch": []}
     for r in rounds:
-        c, payload, data = arm.made[r]
+        c, payload, _data = arm.made[r]
         nxt = arm.made[r + 1][0]
         for k in range(len(c.steps)):
             d = draw_check(bytes([r, k]), round=r, target=ME, verifier="v", steps=len(c.steps), params=c.params,

@@ -155,7 +155,7 @@ def main() -> None:
               "publish_reference_over_after": round(best["after+reference"]["publish_s"] / best["after"]["publish_s"], 2)}
     print(f"ratios: {ratios}")
     print(json.dumps({"params": args.params, "versions": v, "before": args.before, **ratios,
-                      **{name: r for name, r in best.items()}}))
+                      **dict(best.items())}))
 
 
 if __name__ == "__main__":

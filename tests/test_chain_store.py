@@ -54,7 +54,7 @@ def test_fill_and_rebuild_every_version_bit_identical(tmp_path: Path) -> None:
             assert states_equal(store.load_state(v), STATES[v])
         assert store.patch_bytes(7) == CHAIN[7][1]
         fill(store, 25)  # idempotent
-        assert not [p for p in tmp_path.rglob("*.tmp")]
+        assert not list(tmp_path.rglob("*.tmp"))
     with VersionStore(tmp_path, trusted_signers=TRUSTED) as again:
         assert again.head() == CHAIN[25][0]
         assert states_equal(again.load_state(25), STATES[25])

@@ -10,6 +10,7 @@ check the generator itself does what the other tests assume.
 from __future__ import annotations
 
 import hashlib
+import itertools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -58,11 +59,11 @@ def adam_like_step(rng: np.random.Generator, state: State, memory: StepMemory, *
     before. Like Adam's momentum, an entry keeps drifting one way (sign flips with ``flip``)."""
     out: State = {}
     for name, t in state.items():
-        n = max(1, int(round(density * t.numel)))
+        n = max(1, round(density * t.numel))
         prev = memory.hot.get(name, np.empty(0, dtype=np.int64))
         if name not in memory.direction:
             memory.direction[name] = rng.choice(np.array([-1, 1], dtype=np.int32), t.numel)
-        n_hot = min(len(prev), int(round(locality * n)))
+        n_hot = min(len(prev), round(locality * n))
         idx = np.concatenate([rng.choice(prev, n_hot, replace=False) if n_hot else prev[:0],
                               rng.integers(0, t.numel, n - n_hot)])
         idx = np.unique(idx)
@@ -129,7 +130,7 @@ def changed(a: State, b: State) -> dict[str, np.ndarray]:
 def test_steps_change_about_one_percent_by_one_ulp() -> None:
     states = adam_like_chain(1, 5)
     total = sum(t.numel for t in states[0].values())
-    for a, b in zip(states, states[1:]):
+    for a, b in itertools.pairwise(states):
         n = sum(len(i) for i in changed(a, b).values())
         assert 0.005 * total <= n <= 0.015 * total
         for name, idx in changed(a, b).items():
@@ -141,7 +142,7 @@ def test_steps_have_temporal_locality() -> None:
     states = adam_like_chain(2, 12)
     seen: dict[str, set[int]] = {n: set() for n in states[0]}
     repeat = fresh = 0
-    for k, (a, b) in enumerate(zip(states, states[1:])):
+    for k, (a, b) in enumerate(itertools.pairwise(states)):
         for name, idx in changed(a, b).items():
             if k >= 6:
                 hits = sum(int(i) in seen[name] for i in idx)

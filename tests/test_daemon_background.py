@@ -59,7 +59,7 @@ def test_publishing_and_reading_peers_do_not_wait_on_the_dht() -> None:
     dht = _SlowDht(delay_s=1.0)
     wire = SimpleNamespace(info=lambda: WireInfo(peer_id="12D3KooWme", listen_maddrs=[]))
     transport = P2PTransport(TrainerConfig.model_validate({"net": {"head_poll_s": 0.01}}), dht, wire)  # type: ignore[arg-type]
-    transport.stats = lambda: DataPlane()  # type: ignore[method-assign]
+    transport.stats = DataPlane  # type: ignore[method-assign]
     try:
         first = transport.peers()  # the first view is waited for: there is none before it
         assert len(first) == 1 and dht.reads == 1

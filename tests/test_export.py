@@ -98,7 +98,7 @@ def test_export_errors_leave_the_store_intact(hf_store, tmp_path, capsys) -> Non
 
 
 def test_export_of_a_version_the_store_cannot_rebuild(hf_store, tmp_path, capsys) -> None:
-    data_dir, hashes = hf_store
+    data_dir, _hashes = hf_store
     broken = tmp_path / "node"
     shutil.copytree(data_dir, broken)
     (broken / "store" / "patches" / "3.patch").unlink()  # v3 = anchor 2 + patch 3

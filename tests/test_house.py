@@ -16,7 +16,7 @@ SHARED = {"errors", "vocab", "fsutil", "signals", "sysmem", "configload", "__ver
 ABOVE_NET = SHARED | {"codec", "chain", "torchbits", "rl", "loco", "net", "config"}
 #: folder (or top-level module) -> what it may import; mirrors the house table of docs/ARCHITECTURE.md
 ALLOWED: dict[str, set[str]] = {
-    **{m: SHARED for m in SHARED},
+    **dict.fromkeys(SHARED, SHARED),
     "codec": SHARED,
     "chain": SHARED | {"codec"},
     "torchbits": {"codec"},
@@ -188,9 +188,9 @@ def test_net_is_split_by_what_it_is() -> None:
         sub = module.split(".")[2]
         for imported in _imports(path):
             parts = imported.split(".")
-            if imported.startswith("pulse_node.net.") and len(parts) > 2:
-                if parts[2] != sub and parts[2] not in NET_ALLOWED[sub]:
-                    bad.append(f"{path.relative_to(PKG).as_posix()} imports {imported}")
+            if imported.startswith("pulse_node.net.") and len(parts) > 2 and \
+                    parts[2] != sub and parts[2] not in NET_ALLOWED[sub]:
+                bad.append(f"{path.relative_to(PKG).as_posix()} imports {imported}")
     assert not bad, "net/ sub-folders importing against the table:\n" + "\n".join(sorted(bad))
 
 
@@ -252,7 +252,7 @@ def _module_named(owner: list[str]) -> Path | None:
 def test_the_path_of_one_version_names_code_that_exists() -> None:
     """Every file and function the walk-through of docs/ARCHITECTURE.md names is in the code."""
     defined, missing = _defined_names(), []
-    for span in re.findall(r"`([^`]+)`", _path_section(), flags=re.S):
+    for span in re.findall(r"`([^`]+)`", _path_section(), flags=re.DOTALL):
         if span.endswith(".py"):
             if not (PKG / span).is_file():
                 missing.append(span)

@@ -32,7 +32,7 @@ def test_all_trainers_share_bit_identical_global_state_every_round() -> None:
     for rec in run.records:
         assert len(set(rec.hashes.values())) == 1
         assert rec.contributors == ["t000", "t001", "t002", "t003"]
-        assert 0 < sum(rec.fired.values())
+        assert sum(rec.fired.values()) > 0
     assert run.records[-1].loss < run.records[0].loss
     first = run.replicas[0].outer.params
     for rep in run.replicas[1:]:
@@ -103,7 +103,7 @@ def test_trainer_placement_keeps_trainers_bit_identical_and_learning() -> None:
     run = run_inprocess(4, ToyTrainer, rounds=6, cfg=TRAINER_CFG)
     assert all(len(set(r.hashes.values())) == 1 for r in run.records)
     assert run.records[-1].loss < run.records[0].loss
-    assert all(0 < sum(r.fired.values()) for r in run.records)
+    assert all(sum(r.fired.values()) > 0 for r in run.records)
 
 
 def test_trainer_placement_gates_the_update_not_the_pseudo_gradient() -> None:

@@ -220,7 +220,7 @@ def test_extra_field_unsorted_and_nonfinite_are_refused() -> None:
         decode_payload(msgpack.packb({**msg, "tensors": msg["tensors"][::-1]}), shapes=SHAPES, max_bytes=CAP)
     for base in (None, make_base()):
         p = make_payload()
-        idx, vals = p.tensors["emb"]
+        _idx, vals = p.tensors["emb"]
         vals[0] = np.nan
         with pytest.raises(WireError):
             decode_payload(encode_payload(p, base=base), shapes=SHAPES, max_bytes=CAP, base=base)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import pytest
 
 from pulse_node.net.local.inbox import Inbox
@@ -198,7 +200,7 @@ def test_the_node_tells_the_workers_its_peer_view_once_per_change(tmp_path) -> N
     from pulse_node.testing.memory import MemoryHub, MemoryTransport
 
     class Counting(MemoryTransport):
-        told: list[PeerView] = []
+        told: ClassVar[list[PeerView]] = []
 
         def set_view(self, view: PeerView) -> None:
             self.told.append(view)
@@ -235,7 +237,7 @@ def test_newcomers_share_their_streams_together_and_peers_with_standing_keep_the
     """Once the node names its peers with standing, 1 or 1,000 fresh keys hold at most
     ``newcomer_streams`` streams between them; a peer with standing still opens its own."""
     for keys in (1, 1000):
-        pools, members, refusals, clock = _pools(other_streams=16, streams_per_peer=4, newcomer_streams=4,
+        pools, members, refusals, _clock = _pools(other_streams=16, streams_per_peer=4, newcomer_streams=4,
                                                  grace_s=1.0, min_rate=1000)
         members.set_standing(["worker"])
         opened = 0
@@ -250,7 +252,7 @@ def test_newcomers_share_their_streams_together_and_peers_with_standing_keep_the
 
 
 def test_a_peer_with_standing_evicts_a_newcomers_stream_past_grace() -> None:
-    pools, members, refusals, clock = _pools(other_streams=2, streams_per_peer=2, newcomer_streams=2, grace_s=1.0,
+    pools, members, _refusals, clock = _pools(other_streams=2, streams_per_peer=2, newcomer_streams=2, grace_s=1.0,
                                              min_rate=1000)
     members.set_standing(["worker"])
     hogs = [pools.open("sybil-a"), pools.open("sybil-b")]
@@ -287,7 +289,7 @@ def test_newcomers_share_one_catchup_budget_and_bulk_reads_are_budgeted() -> Non
 def test_newcomers_draw_requests_from_one_bucket() -> None:
     """A thousand fresh keys get the request rate of one newcomer together; a peer with standing
     keeps its own bucket."""
-    pools, members, refusals, clock = _pools(requests_per_s=1.0, request_burst=5, newcomer_streams=2048,
+    pools, members, _refusals, _clock = _pools(requests_per_s=1.0, request_burst=5, newcomer_streams=2048,
                                              other_streams=2048)
     members.set_standing(["worker"])
     opened = 0

@@ -78,7 +78,7 @@ def test_spooled_events_use_the_disk_budget_and_cost_nothing_per_call() -> None:
     assert not inbox.reserve(40 << 20, spooled=True)  # disk budget full
     assert inbox.reserve(40 << 20)  # the memory budget is separate
     inbox.put(Event("loco", "p", b"m" * (40 << 20), 2.0))
-    assert 3 * (40 << 20) > EVENTS_BYTES_PER_CALL
+    assert EVENTS_BYTES_PER_CALL < 3 * (40 << 20)
     assert len(inbox.take_ready(8)) == 3  # only the in-memory 40 MiB counts against one answer
     assert inbox.reserve(80 << 20, spooled=True) and inbox.reserve(80 << 20)  # everything released
 

@@ -257,7 +257,7 @@ def test_payload_naming_another_base_misses_the_round_without_breaking_it(node_c
     """Every payload trainer-b pushes names another base: trainer-a never decodes one, counts
     them, and closes each round it coordinates without b (no waiting for the deadline); in the
     rounds b coordinates, a fetches b's own payload by the decision's digest; both stay identical."""
-    dirs, taps, errors = _run_pair(node_cfg, rewrite_b=_renamed_base)
+    dirs, _taps, errors = _run_pair(node_cfg, rewrite_b=_renamed_base)
     assert not errors, errors
     assert_trainers_identical(dirs, range(1, 4))
     a, b = read_status(dirs["trainer-a"]), read_status(dirs["trainer-b"])

@@ -40,7 +40,7 @@ def test_faulty_links_and_restart_never_use_a_corrupt_state(node_cfg):
         swarm.stop(i2)
         before = node_version(i2)
         swarm.start("infer-b", node_cfg(InferenceConfig, "i2"))
-        wait_for(lambda: not swarm.errors and min(node_version(i1), node_version(i2)) >= before + 4 or bool(swarm.errors),
+        wait_for(lambda: (not swarm.errors and min(node_version(i1), node_version(i2)) >= before + 4) or bool(swarm.errors),
                  timeout=240, what="both inference nodes 4 versions past the restart")
         top = max(node_version(i1), node_version(i2))
         wait_for(lambda: any(h.version >= top for h in read_status(t1).history), timeout=30, what="trainer status")

@@ -141,7 +141,7 @@ def test_an_admitted_trainer_is_a_contributor(tmp_path):
 def test_a_payload_beyond_the_bound_is_refused_heard_from_and_never_decided(keyed):
     ag, member, member_ident, _ = keyed
     limit = ag.bound.limit(W["w"][[1, 5, 9]]).min()
-    bad_p, bad = _payload(member, value=float(limit) * 1.5)
+    _bad_p, bad = _payload(member, value=float(limit) * 1.5)
     with pytest.raises(PayloadBoundError):
         ag.offer_payload(member, bad)
     assert member not in ag.inbox.get(ROUND, {}) and ag.refused[ROUND][member] == payload_digest(bad)
@@ -156,7 +156,7 @@ def test_a_payload_beyond_the_bound_is_refused_heard_from_and_never_decided(keye
     assert ours.trainer_ids == [peer_id(ag.ctx.identity)], "an out-of-bound payload was signed"
     st = _status(ag)
     assert st.loco_refused == {"out_of_bound": 1} and st.decisions_refused == {"out_of_bound": 1}
-    ok_p, ok = _payload(member, value=float(limit) * 0.9)  # a member's payload within the bound is kept
+    _ok_p, ok = _payload(member, value=float(limit) * 0.9)  # a member's payload within the bound is kept
     ag.refused.clear()
     ag.offer_payload(member, ok)
     assert member not in ag.inbox[ROUND]  # no commitment to it

@@ -25,7 +25,7 @@ class _Server:
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            def do_GET(self) -> None:
                 outer.asked.append(self.path)
                 if redirect_to:
                     self.send_response(302)

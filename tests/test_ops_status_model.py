@@ -37,12 +37,11 @@ def test_undeclared_names_and_wrong_types_fail_loudly() -> None:
     trainer = NodeStatus(role="trainer", peer_id="t", run_id="r")
     with trainer.trainer() as c:
         c.rollouts_used += 3
-    with pytest.raises(ValueError, match="rollouts_usd"):  # a wrong name fails the type checker first, the run too
-        with trainer.trainer() as c:
-            c.rollouts_usd = 1  # type: ignore[attr-defined]
-    with pytest.raises(ValueError):
-        with trainer.trainer() as c:
-            c.rounds = -1  # declared ge=0: checked on assignment
+    # a wrong name fails the type checker first, the run too
+    with pytest.raises(ValueError, match="rollouts_usd"), trainer.trainer() as c:
+        c.rollouts_usd = 1  # type: ignore[attr-defined]
+    with pytest.raises(ValueError), trainer.trainer() as c:
+        c.rounds = -1  # declared ge=0: checked on assignment
     with pytest.raises(StatusFieldError, match="verison"):
         trainer.update(verison=2)  # type: ignore[call-arg]  # the type checker refuses it first
     with pytest.raises(StatusFieldError):
@@ -54,9 +53,9 @@ def test_undeclared_names_and_wrong_types_fail_loudly() -> None:
     with pytest.raises(StatusFieldError):
         trainer.record_version({"version": 1, "state_hash": "ab"})  # type: ignore[arg-type]
     inference = NodeStatus(role="inference", peer_id="i", run_id="r")
-    with pytest.raises(StatusFieldError, match="inference node has no trainer counters"):
-        with inference.trainer():  # a trainer's counters
-            pass
+    with pytest.raises(StatusFieldError, match="inference node has no trainer counters"), \
+            inference.trainer():  # a trainer's counters
+        pass
     with inference.inference() as ic:
         ic.catchups, ic.strikes = 2, {"p": 1}
     with inference.node() as nc:
@@ -156,7 +155,7 @@ def _write(root: Path, name: str, report: StatusReport) -> None:
 
 
 def test_a_status_of_another_schema_is_shown_not_crashed_on(tmp_path) -> None:
-    _write(tmp_path, "trainer-0", _trainer("t0", range(0, 3)))
+    _write(tmp_path, "trainer-0", _trainer("t0", range(3)))
     (tmp_path / "inference-0").mkdir()
     newer = json.loads(_inference("i0", [VersionEntry(version=1, state_hash="h1")]).to_json())
     (tmp_path / "inference-0" / "status.json").write_text(json.dumps({**newer, "schema": STATUS_SCHEMA + 1, "new_field": 1}))
@@ -192,7 +191,7 @@ def test_swarm_without_a_terminal_prints_one_plain_line_per_version(tmp_path) ->
     starting = swarm.snapshot()
     assert [n.state for n in starting.nodes] == ["starting", "starting"] and not starting.alerts
     for top in (1, 3):
-        _write(tmp_path, "trainer-0", _trainer("t0", range(0, top + 1)))
+        _write(tmp_path, "trainer-0", _trainer("t0", range(top + 1)))
         applied = [VersionEntry(version=v, state_hash=f"h{v}", patch_bytes=100) for v in range(1, top)]
         _write(tmp_path, "inference-0", _inference("i0", applied, holds=top - 1))
         view.tick()

@@ -30,7 +30,7 @@ PULSE_NODE = str(Path(sys.executable).with_name("pulse-node"))
 def readme_commands() -> tuple[str, str]:
     """The bootstrap and join commands of the README's "Joining a real swarm" section."""
     section = ROOT.joinpath("README.md").read_text().split("## Joining a real swarm", 1)[1].split("\n## ", 1)[0]
-    blocks = re.findall(r"```bash\n(.*?)```", section, re.S)
+    blocks = re.findall(r"```bash\n(.*?)```", section, re.DOTALL)
     lines = [b.replace("\\\n", " ").strip() for b in blocks]
     boot = next(line for line in lines if line.startswith("pulse-node bootstrap"))
     join = next(line for line in lines if line.startswith("pulse-node join ") and "<PEER_ID>" in line)

@@ -84,7 +84,7 @@ def test_importance_correction_uses_behaviour_logprobs(warm_cache) -> None:
     older = copy.deepcopy(rs)
     for r in older:
         r.logprobs = [lp - 0.1 for lp in r.logprobs]
-    loss_old, shifted = learner.loss(older, adv)
+    _loss_old, shifted = learner.loss(older, adv)
     assert shifted["ratio_mean"] == pytest.approx(float(torch.exp(torch.tensor(0.1))), rel=1e-3)
     # far-off behaviour log-probs are clipped at 1 + eps_high / 1 - eps_low
     for r in older:

@@ -15,7 +15,7 @@ def test_handler_sets_the_event_even_while_the_main_thread_holds_its_lock():
         handler = signal.getsignal(signal.SIGINT)
         # A signal can land while the main thread is inside stop.wait(), holding the event's
         # internal non-reentrant lock; a handler calling stop.set() there would hang forever.
-        with stop._cond:  # noqa: SLF001 - the lock Event.wait holds
+        with stop._cond:
             handler(signal.SIGINT, None)
         assert stop.wait(5.0)
     finally:

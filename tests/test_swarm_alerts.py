@@ -64,7 +64,7 @@ def _run(root: Path, reports: dict[str, StatusReport]) -> tuple[str, dict, str]:
 
 
 HEALTHY = {v: f"h{v}" for v in range(4)}
-ALL_IN = {v: 2 for v in range(1, 4)}
+ALL_IN = dict.fromkeys(range(1, 4), 2)
 
 CASES = {
     "fork": ({"trainer-0": dict(hashes=HEALTHY, contributors=ALL_IN),

@@ -84,7 +84,7 @@ def test_process_swarm_bit_identical_with_late_joiner(swarm):
         assert stats[name].data_plane.loco_fallbacks == 0, f"{name} fell back to the wire for a payload"
     lead = stats["trainer-0"].trainer
     assert lead.patch_bytes_total < lead.dense_bytes_total
-    assert 0 < lead.reference_bytes_total, "the publisher did not record the reference codec's size"
+    assert lead.reference_bytes_total > 0, "the publisher did not record the reference codec's size"
     evals = {h.version: h.eval for name in ("trainer-0", "trainer-1")  # genesis: whoever published it
              for h in stats[name].history if h.eval is not None}
     assert max(evals[v] for v in evals if v >= 4) > evals[0], f"held-out accuracy did not improve: {evals}"

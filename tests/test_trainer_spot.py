@@ -131,7 +131,7 @@ def test_a_batch_that_is_not_the_seeded_draw_is_caught(world: World) -> None:
 
 
 def test_a_stale_foreign_or_misconfigured_commitment_fails_the_header_check(world: World, warm_cache) -> None:
-    t, m0, m1 = world.rounds("honest")
+    _t, m0, m1 = world.rounds("honest")
     c = m0.commitment
     check_header(c, run_id=RUN, round=0, base=c.base, payload=c.payload, params=c.params, inner_steps=STEPS,
                  settings=world.checker.settings)
@@ -152,7 +152,7 @@ def test_a_stale_foreign_or_misconfigured_commitment_fails_the_header_check(worl
 
 
 def test_an_answer_that_does_not_open_the_commitment_is_unanswered_not_evidence(world: World) -> None:
-    t, m0, m1 = world.rounds("honest")
+    t, m0, _m1 = world.rounds("honest")
     d = world.draw(m0.commitment, 0)
     other = dataclasses.replace(d, leaves=tuple(sorted({*d.leaves[1:], max(d.leaves) + 1} - {-1})))
     case = t.answer(other, m0)  # opened at leaves the draw did not pick

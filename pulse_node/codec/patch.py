@@ -57,8 +57,19 @@ from pulse_node.codec.state import State, TensorBits
 from pulse_node.codec.statehash import HASH_ALGO, bytes_digest, state_hash
 from pulse_node.errors import BaseMismatchError, IntegrityError, PatchError
 
-__all__ = ["Mode", "PatchHeader", "ParsedPatch", "PatchStats", "make_patch", "encode_patch", "apply_patch",
-           "parse_patch", "read_header", "patch_stats", "changed_positions"]
+__all__ = [
+    "Mode",
+    "ParsedPatch",
+    "PatchHeader",
+    "PatchStats",
+    "apply_patch",
+    "changed_positions",
+    "encode_patch",
+    "make_patch",
+    "parse_patch",
+    "patch_stats",
+    "read_header",
+]
 
 
 @dataclass(frozen=True)
@@ -293,7 +304,7 @@ def _decode_deltas(entry: TensorEntry, idx: np.ndarray, words: bytes, raw_bytes:
     label_row, stack = models.delta_stack(entry.dtype, entry.name)
     dec, raw = AnsDecoder(words), RawBits(raw_bytes)
     low, nextra = bin_bounds(MAX_BINS)
-    kind, mant, emask = V.label_layout(entry.dtype)
+    _kind, mant, emask = V.label_layout(entry.dtype)
     decode_deltas_into(dec, raw, label_row, stack, idx, bits, V.kind_of(entry.dtype), mant, emask, low, nextra,
                        old=old, new=new, live=live)
     if not dec.is_empty() or raw.remaining_bytes() > 0:

@@ -244,7 +244,7 @@ def undo_sink(sink: TensorSink, written: list[tuple[str, TensorChange, str]]) ->
     for name, change, dtype in written:
         try:
             sink.undo(name, change, dtype)
-        except Exception:  # noqa: BLE001 (any failure: the sink's contents are unknown now)
+        except Exception:
             failed = True
     if failed:
         sink.lost()

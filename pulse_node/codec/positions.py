@@ -219,7 +219,7 @@ def decode_positions(data: bytes, numel: int, *, context: np.ndarray | None = No
     """
     if np.iinfo(dtype).max < numel - 1:
         raise ValueError(f"{dtype} cannot hold positions of {numel} elements")
-    count, bg, labels, counts, words, raw_bytes = _parse(data, numel, max_count)
+    _count, bg, labels, counts, words, raw_bytes = _parse(data, numel, max_count)
     if classes is None:
         classes = Classes.single(numel) if context is None else Classes.from_context(context, numel, bg)
     if classes.background != bg:

@@ -246,7 +246,7 @@ def _make_handler(status: NodeStatus, healthy, *, idle_timeout: float) -> type[B
     class Handler(BaseHTTPRequestHandler):
         timeout = idle_timeout  # per read: an idle connection is dropped
 
-        def do_GET(self) -> None:  # noqa: N802 (http.server API)
+        def do_GET(self) -> None:
             if self.path == "/metrics":
                 self._send(200, generate_latest(status.registry), "text/plain; version=0.0.4")
             elif self.path == "/health":

@@ -104,7 +104,7 @@ class Streamed:
         if self.live is not None:
             try:
                 self.live.advance(self.state, [(self.base, self.target, self.changes)], written=True)
-            except Exception:  # noqa: BLE001 (the state and store hold the version whatever happens here)
+            except Exception:
                 log.exception("the live model could not take version %d; it reloads", self.target)
                 self.live.forget()
 

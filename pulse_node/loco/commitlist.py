@@ -14,6 +14,7 @@ Wire formats (1): the signed-statement envelope (``chain/statement.py``).
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 from typing import Annotated
@@ -111,7 +112,7 @@ def _list_rules(lst: CommitList) -> Iterator[str]:
         yield f"a listed statement is malformed: {exc}"
         return
     keys = [t.encode() for t in trainers]
-    if any(a >= b for a, b in zip(keys, keys[1:])):
+    if any(a >= b for a, b in itertools.pairwise(keys)):
         yield "commitments must be sorted by trainer id without repeats"
     if not set(lst.members) <= set(trainers) | {v.target for v in verdicts}:
         yield "members must be listed trainers or checked targets"

@@ -21,6 +21,7 @@ treats its input as hostile (``WireError``); ``verify_decision`` checks signer a
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Annotated
@@ -68,7 +69,7 @@ class RoundDecision:
 def _rules(d: RoundDecision) -> Iterator[str]:
     for name, pairs in (("contributors", d.contributors), ("committed", d.committed)):
         keys = [tid.encode() for tid, _ in pairs]
-        if any(a >= b for a, b in zip(keys, keys[1:])):
+        if any(a >= b for a, b in itertools.pairwise(keys)):
             yield f"{name} must be sorted by trainer id without repeats"
     if d.committed and not set(d.trainer_ids) <= set(d.commitments):
         yield "every contributor must be named among the commitments"

@@ -69,10 +69,8 @@ def list_problems(lst: CommitList, *, commits: Mapping[str, Held], verdicts: Map
         if vkey not in listed_verdicts and in_time(h, arrived=arrived, skew=skew):
             out.append(Problem(f"round {lst.round} list leaves out the verdict of {vkey[2][:12]} on {vkey[1][:12]}"))
     members = set(lst.members)
-    for key in sorted({*named, *(k[1] for k in listed_verdicts)}):
-        if (key in members) != is_member(key):
-            out.append(Problem(f"round {lst.round} list calls {key[:12]} {'a' if key in members else 'no'} member",
-                               wait=True))
+    out.extend(Problem(f"round {lst.round} list calls {key[:12]} {'a' if key in members else 'no'} member", wait=True)
+               for key in sorted({*named, *(k[1] for k in listed_verdicts)}) if (key in members) != is_member(key))
     return out
 
 

@@ -77,9 +77,8 @@ def environment_checks(opts: DoctorOptions) -> list[Check]:
     t0 = time.monotonic()
     facts = run_probes(probes) if probes else {}
     took = round(time.monotonic() - t0, 2)
-    for name in ("torch", "hivemind", "libp2p"):
-        if opts.wants(name):
-            checks.append(check_import(name, facts[name]).model_copy(update={"seconds": took}))
+    checks.extend(check_import(name, facts[name]).model_copy(update={"seconds": took})
+                  for name in ("torch", "hivemind", "libp2p") if opts.wants(name))
     if opts.wants("dependencies"):
         checks.append(timed("dependencies", check_dependencies))
     if opts.wants("accelerator"):

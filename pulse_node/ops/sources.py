@@ -137,8 +137,7 @@ def status_url(metrics_url: str) -> str:
     """A node's ``/status`` URL from the ``metrics_url`` it announces (base or .../metrics)."""
     base = metrics_url.rstrip("/")
     for suffix in ("/metrics", "/status", "/health"):
-        if base.endswith(suffix):
-            base = base[: -len(suffix)]
+        base = base.removesuffix(suffix)
     return base + "/status"
 
 

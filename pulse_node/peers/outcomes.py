@@ -97,7 +97,7 @@ def outcome_of(exc: PulseError, *, lies: tuple[type[PulseError], ...] = ()) -> F
         return Reported(str(exc), evidence=exc.evidence)
     if isinstance(exc, SignedWrong):
         return Failed(str(exc))
-    if isinstance(exc, IntegrityError) or isinstance(exc, lies):
+    if isinstance(exc, (IntegrityError, lies)):
         return Lied(str(exc))
     if isinstance(exc, BusyError):
         return Busy(str(exc))

@@ -131,7 +131,7 @@ class TrainerSet:
         """The members whose endorsements of ``admission`` verify, at least ``quorum`` of them;
         ``IntegrityError`` if it does not admit its key into this set (nothing changes here)."""
         self._fits(admission)
-        first = {k: sig for k, sig in reversed(admission.endorsements)}  # one signature checked per member
+        first = dict(reversed(admission.endorsements))  # one signature checked per member
         endorsers = {k for k, sig in first.items() if self.is_member(k) and admission.endorsed_by(k, sig)}
         if len(endorsers) < self.quorum:
             raise IntegrityError(f"admission of {key_id_of(admission.key)} has {len(endorsers)} valid member "

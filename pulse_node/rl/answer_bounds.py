@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import re
+from typing import ClassVar
 
 from pulse_node.rl.answers import MAX_ANSWER_CHARS, MAX_DIGITS
 
@@ -102,7 +103,7 @@ def is_safe(expr: str) -> bool:
 class _Terms:
     """A recursive-descent count of the monomials an expression could expand to (capped)."""
 
-    OPEN = {"(": ")", "{": "}", "[": "]", "\\left(": "\\right)"}
+    OPEN: ClassVar[dict[str, str]] = {"(": ")", "{": "}", "[": "]", "\\left(": "\\right)"}
 
     def __init__(self, text: str) -> None:
         self.toks = _TOKEN.findall(text)

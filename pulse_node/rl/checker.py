@@ -128,7 +128,7 @@ _DEFAULT_LOCK = threading.Lock()
 
 def default_checker() -> MathChecker:
     """The process's checker (its worker is started on first use and ended at exit)."""
-    global _DEFAULT
+    global _DEFAULT  # noqa: PLW0603 (one checker per process, started on first use)
     with _DEFAULT_LOCK:
         if _DEFAULT is None:
             _DEFAULT = MathChecker()

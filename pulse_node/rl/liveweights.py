@@ -221,7 +221,7 @@ class LiveWeights:
                     _scatter_all([(self.params[name], c.idx, c.old if forward else c.new, step.dtypes[name])
                                   for name, c in step.changes.tensors.items()])
             self.version = start
-        except Exception:  # noqa: BLE001 (whatever it was, the bits are unknown now)
+        except Exception:
             self.forget()
 
     def advance(self, state: State, changes: Iterable[Move], *, written: bool = False) -> None:

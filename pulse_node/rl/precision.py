@@ -125,7 +125,7 @@ def probe(lm, packed: Packed, rows: torch.Tensor, pos: torch.Tensor, tokens: tor
     """The error of ``precision`` (plus the verifier's own, if not FP32) in the logits at the
     completion positions (``rows``, ``pos``: predicting ``tokens``) of ``packed``, at most
     ``MAX_PROBE`` of them."""
-    if precision == "fp32" and verifier == "fp32" or len(tokens) == 0:
+    if (precision == "fp32" and verifier == "fp32") or len(tokens) == 0:
         return Probe.none()
     pick = torch.linspace(0, len(tokens) - 1, min(MAX_PROBE, len(tokens))).long()
     rows, pos, tokens = rows[pick], pos[pick], tokens[pick].clamp(0, vocab - 1)

@@ -17,6 +17,7 @@ or without numba, torch does the same tile by tile.
 
 from __future__ import annotations
 
+import itertools
 import math
 import threading
 from collections.abc import Iterator
@@ -75,7 +76,7 @@ if AVAILABLE:
         return s
 
     @njit(nogil=True, fastmath=_FAST, cache=True)
-    def _tile_kernel(tile, tokens, shift, off, scale, acc, first, last):
+    def _tile_kernel(tile, tokens, shift, off, scale, acc, first, last):  # noqa: PLR0917 (numba: positional)
         """Add tile ``tile`` ([rows, W] float32 logits of ids ``off..off+W``) into ``acc`` rows
         ``first..last`` ([rows, 3] float64: ``BEFORE``, ``AT``, ``AFTER``) for chosen ids
         ``tokens``, each row's exponentials shifted by ``shift`` (float32)."""
@@ -122,7 +123,7 @@ def _split(tile: np.ndarray, tokens: np.ndarray, shift: np.ndarray, off: int, sc
         return
     pool = _THREADS.get(threads)
     bounds = np.linspace(0, tile.shape[0], threads + 1).astype(int)
-    for job in [pool.submit(_tile_kernel, *args, int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]:
+    for job in [pool.submit(_tile_kernel, *args, int(a), int(b)) for a, b in itertools.pairwise(bounds)]:
         job.result()
 
 

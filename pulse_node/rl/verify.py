@@ -229,7 +229,7 @@ class RolloutVerifier:
         logits as measured on ``probed`` (the spot rows; ``rl/precision.py``)."""
         w, base = self.worker, dict(score_tolerance=self.cfg.score_tolerance,
                                     logprob_tolerance=self.cfg.logprob_tolerance, temperature=self.sampling.temperature)
-        if not probed or probed[0].precision == "fp32" and w.compute == "fp32":
+        if not probed or (probed[0].precision == "fp32" and w.compute == "fp32"):
             return tolerances(Probe.none(), **base)
         packed = pack([(r.prompt_ids, r.completion_ids) for r in probed], pad_id=w.tokenizer.pad_id, device=w.device)
         row = torch.tensor([i for i, r in enumerate(probed) for _ in r.completion_ids], device=w.device)

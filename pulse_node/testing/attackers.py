@@ -134,7 +134,7 @@ def _trainer_view(h: Hostile) -> tuple[dict, Any] | None:
         path.write_bytes(data)
         with safe_open(str(path), framework="numpy") as fh:
             meta = fh.metadata() or {}
-            shapes = {k.split("/", 1)[1]: tuple(fh.get_slice(k).get_shape()) for k in fh.keys() if k.startswith("param/")}
+            shapes = {k.split("/", 1)[1]: tuple(fh.get_slice(k).get_shape()) for k in fh if k.startswith("param/")}
         from pulse_node.chain.record import decode_record
 
         record = decode_record(bytes.fromhex(meta["pulse.record"]))

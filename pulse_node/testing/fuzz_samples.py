@@ -283,7 +283,7 @@ def peer_body_seeds() -> list[bytes]:
 
 def request_classes() -> list[Any]:
     """Every local RPC request type (both workers'), in a fixed order."""
-    import pulse_node.net.dht.rpc  # noqa: F401  (registers its requests)
+    import pulse_node.net.dht.rpc
     import pulse_node.net.wire.rpc  # noqa: F401
     from pulse_node.net.local.rpc_api import Request
 

@@ -43,7 +43,8 @@ def record_at(identity: Any, run_id: str, version: int, *, salt: str = "ab", anc
                        is_anchor=bool(anchor_manifest), codec="pulsesync/compact/1", anchor_manifest=anchor_manifest)
 
 
-def _decision(identity: Any, me: str, run_id: str, rnd: int, base: bytes, digest: bytes, epoch: bytes) -> bytes:
+def _decision(identity: Any, me: str, run_id: str, rnd: int, base: bytes, digest: bytes,  # noqa: PLR0917
+              epoch: bytes) -> bytes:
     from pulse_node.loco.decision import encode_decision, make_decision
 
     return encode_decision(make_decision(identity, run_id=run_id, round=rnd, base=base, epoch=epoch, coordinator=me,
@@ -222,7 +223,7 @@ def oversize(h: Any, deadline: float) -> dict:
             try:
                 reply = h.dht.probe(rec.peer_id, raw, maddrs=tuple(rec.dht_maddrs or ()), timeout=5.0)
                 key = wp.Response.decode(reply[4:4 + wp.frame_length(reply[:4], wp.RESPONSE_CAP)]).status
-            except Exception as exc:  # noqa: BLE001 (an answer of any kind is what we count)
+            except Exception as exc:
                 key = type(exc).__name__
             answers[key] = answers.get(key, 0) + 1
 

@@ -53,6 +53,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn
 
 from pulse_node.chain.peer import PeerRecord
 from pulse_node.chain.serving import LOCO_DIR, loco_payload_path
@@ -202,13 +203,14 @@ class RoundAgreement:
             return
         if self.peers.banned(sender):  # heard from: it cannot contribute this round
             self.refused.setdefault(r, {}).setdefault(sender, b"")
-            return self.peers.refuse(sender, LocoRefusal.BANNED, "sender is banned", lied=False)
+            self.peers.refuse(sender, LocoRefusal.BANNED, "sender is banned", lied=False)
+            return
         if r > now:  # its base is the state we do not hold yet: parked, one per member and round
             self.pending.setdefault(r, {})[sender] = data
             return
         self._admit(sender, r, data)
 
-    def _refuse(self, sender: str, reason: LocoRefusal, exc: PulseError) -> None:
+    def _refuse(self, sender: str, reason: LocoRefusal, exc: PulseError) -> NoReturn:
         """Count and strike a refused payload, then raise ``exc``."""
         self.peers.refuse(sender, reason, str(exc), lied=True)
         raise exc
@@ -367,7 +369,7 @@ class RoundAgreement:
         self.table.open = None
         return result
 
-    def _reach_decision(self, o: OpenRound) -> RoundDecision | None | Wait:
+    def _reach_decision(self, o: OpenRound) -> RoundDecision | Wait | None:
         """The round's decision: pushed to us, pulled, or made by us when it is our turn."""
         while not self.ctx.stop.is_set():
             self.intake.replay_parked(o.round)
@@ -492,7 +494,7 @@ class RoundAgreement:
             o.payloads.append(p)
         return RoundResult(o.payloads, d, mine_included=self.me in d.trainer_ids)
 
-    def _obtain(self, d: RoundDecision, tid: str, digest: bytes, until: float) -> LocoPayload | None | Wait:
+    def _obtain(self, d: RoundDecision, tid: str, digest: bytes, until: float) -> LocoPayload | Wait | None:
         """A decided payload: held, or fetched from a live member (the coordinator first); None
         if it cannot be had in time or is beyond the value bound (the round then re-syncs)."""
         have = self.inbox.get(d.round, {}).get(tid)

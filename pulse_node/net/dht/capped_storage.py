@@ -186,7 +186,7 @@ def keep_valid_subkeys(proto: DHTProtocol) -> None:
         def valid(sub: Subkey, value: bytes, exp: DHTExpiration) -> bool:
             try:
                 return bool(validator.validate(DHTRecord(key_bytes, serializer.dumps(sub), value, exp)))
-            except Exception:  # noqa: BLE001 (one entry a validator cannot even read is refused alone)
+            except Exception:
                 return False
 
         with dictionary.freeze():

@@ -118,7 +118,7 @@ async def _dial_until(p2p: P2P, item: tuple[str, Multiaddr, PeerID], deadline: f
     reason = f"bootstrap {text} did not answer"
     while time.monotonic() < deadline:
         try:
-            await asyncio.wait_for(p2p._client.connect(peer, [addr]),  # noqa: SLF001 (no public dial)
+            await asyncio.wait_for(p2p._client.connect(peer, [addr]),
                                    timeout=max(0.1, deadline - time.monotonic()))
             return None
         except asyncio.TimeoutError:

@@ -119,7 +119,7 @@ class PushPlane:
                  budget: BudgetConfig | None = None) -> None:
         self.p2p = p2p
         self.spool = spool
-        self.caps = {kind: spool.max_push for kind in CAPS} if spool else dict(CAPS)
+        self.caps = dict.fromkeys(CAPS, spool.max_push) if spool else dict(CAPS)
         budget = budget or BudgetConfig()
         self.members = Members()
         self.refusals = Refusals(interval=budget.log_interval_s)
@@ -333,7 +333,7 @@ class PushPlane:
         addrs = _transport_addrs(peer_id, maddrs)
         if addrs:
             try:  # a no-op when already connected (the DHT usually is)
-                await self.p2p._client.connect(peer, addrs)  # noqa: SLF001 (hivemind has no public dial)
+                await self.p2p._client.connect(peer, addrs)
             except Exception as exc:
                 log.debug("dial %s: %s (trying the stream anyway)", peer_id[-8:], exc)
         info, reader, writer = await self.p2p.call_binary_stream_handler(peer, PROTOCOL)

@@ -153,7 +153,7 @@ class PulseRecordValidator(RecordValidatorBase):  # type: ignore[misc]  # hivemi
             return f"expiration {record.expiration_time - now:.0f}s ahead exceeds the {MAX_TTL_S:.0f}s limit"
         try:
             peer_id = DHTProtocol.serializer.loads(record.subkey)
-        except Exception:  # noqa: BLE001 (hivemind's msgpack with ext types raises many kinds on garbage)
+        except Exception:
             return "subkey is not msgpack"
         if not isinstance(peer_id, str):
             return "subkey is not a peer id string"

@@ -262,7 +262,7 @@ def _earlier_life(run: _Run, rnd: int) -> dict[int, bytes]:
     return out
 
 
-def _apply(run: _Run, arrived: dict[str, tuple[LocoPayload, bytes]], lst: CommitList | None, decided: set[str],
+def _apply(run: _Run, arrived: dict[str, tuple[LocoPayload, bytes]], lst: CommitList | None, decided: set[str],  # noqa: PLR0917
            honest_p: dict[str, LocoPayload], made: dict[str, Made], checked: Checked) -> None:
     """Step 6: weigh and apply the decided payloads; honest trainers settle their error feedback."""
     payloads = [arrived[t][0] for t in sorted(decided)]
