@@ -53,7 +53,6 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NoReturn
 
 from pulse_node.chain.peer import PeerRecord
 from pulse_node.chain.serving import LOCO_DIR, loco_payload_path
@@ -61,25 +60,23 @@ from pulse_node.config import TrainerConfig
 from pulse_node.daemon.context import RoleContext
 from pulse_node.errors import BaseMismatchError, IntegrityError, PulseError, WireError
 from pulse_node.fsutil import write_atomic
-from pulse_node.loco.bound import PayloadBound, PayloadBoundError, max_payload_bytes
+from pulse_node.loco.bound import PayloadBound, PayloadBoundError
 from pulse_node.loco.decision import MAX_DECISION_BYTES, RoundDecision, encode_decision, make_decision, payload_digest
-from pulse_node.loco.payload import LocoPayload, decode_payload, read_header
+from pulse_node.loco.payload import LocoPayload, read_header
 from pulse_node.loco.roundcommit import commit_digest
 from pulse_node.net.wire.protocol import LocoDecisionRequest, LocoPayloadRequest
 from pulse_node.trainer.commits import CommitIntake, HeldCommit
 from pulse_node.trainer.decisions import DecisionIntake, coordinator_order
+from pulse_node.trainer.payload_intake import BaseFn, PayloadIntake
 from pulse_node.trainer.round_peers import RoundPeers
 from pulse_node.trainer.rounds import WAIT, OpenRound, RoundTable, Wait
-from pulse_node.vocab import DecisionRefusal, LocoRefusal
+from pulse_node.vocab import DecisionRefusal
 
 KEEP_ROUNDS = 4  # rounds whose payloads and decisions a trainer keeps on disk and serves
-PARK_ROUNDS = 2  # payloads of coming rounds are parked for the next PARK_ROUNDS rounds only
 _PULL_EVERY_S = 1.0
 _IDLE_DECIDING_S = 0.05  # how long the driver waits for inputs between steps, reaching a decision
 _IDLE_GATHERING_S = 0.2  # ... and gathering the decided payloads (each step tries fetches)
 
-#: the current round's base: (hash of the FP32 global weights + momentum, those FP32 weights by name)
-BaseFn = Callable[[], tuple[bytes, Mapping[str, object]]]
 
 
 @dataclass
@@ -109,19 +106,16 @@ class RoundAgreement:
         self.me = ctx.transport.peer_id
         self.root = Path(ctx.store.root)
         self.base = base
-        self.inbox: dict[int, dict[str, tuple[bytes, LocoPayload]]] = {}
-        self.pending: dict[int, dict[str, bytes]] = {}  # coming rounds: sender -> payload bytes, undecoded
-        self.mismatched: dict[int, set[str]] = {}  # round -> trainers whose payload named another base
-        self.unbacked: dict[int, dict[str, bytes]] = {}  # round -> sender -> a payload whose commitment is not here yet
-        self.arrived: dict[int, dict[str, float]] = {}  # round -> trainer -> when its payload was kept (monotonic)
         self.peers = RoundPeers(ctx)
         self.commits = CommitIntake(ctx, peers=self.peers, table=self.table, base_of=self._base_of)
         self.bound = bound if bound is not None else PayloadBound.of_trainer(ctx.cfg)
-        self.cap = max_payload_bytes(self.shapes, cap=self.cfg.max_payload_bytes)
+        self.payloads = PayloadIntake(ctx, peers=self.peers, table=self.table, commits=self.commits, shapes=self.shapes,
+                                      base=base, bound=self.bound)
+        self.inbox, self.pending = self.payloads.inbox, self.payloads.pending  # (shared tables)
+        self.cap = self.payloads.cap
         self._cap_pushes()
-        self.ratio_max = 0.0
         self.intake = DecisionIntake(ctx, peers=self.peers, table=self.table, commits=self.commits,
-                                     payload_at=self._payload_at)
+                                     payload_at=self.payloads.payload_at)
         shutil.rmtree(self.root / LOCO_DIR, ignore_errors=True)  # an earlier run's rounds mean nothing now
 
     # ---- the table shared with the decision intake (``trainer/rounds.py``) -------------------
@@ -154,14 +148,7 @@ class RoundAgreement:
                 self._admit_unbacked(trainer)
 
     def _admit_unbacked(self, trainer: str) -> None:
-        r = self.current_round()
-        data = self.unbacked.get(r, {}).pop(trainer, None)
-        if data is None:
-            return
-        try:
-            self._admit(trainer, r, data)
-        except PulseError as exc:
-            self.ctx.status.error(f"bad loco from {trainer[:12]}: {exc}")
+        self.payloads.admit_unbacked(trainer)
 
     def _base_of(self, r: int) -> bytes | None:
         """The base hash round ``r`` starts from here (None: not known yet)."""
@@ -172,134 +159,13 @@ class RoundAgreement:
             return self.base()[0]
         return None
 
-    def _payload_at(self, r: int, trainer: str) -> tuple[bytes, float] | None:
-        """The digest of ``trainer``'s payload of round ``r`` held here and when it was kept."""
-        have, at = self.inbox.get(r, {}).get(trainer), self.arrived.get(r, {}).get(trainer)
-        return None if have is None or at is None else (have[0], at)
-
     def offer_payload(self, sender: str, data: bytes) -> None:
-        """Keep a pushed payload of the current round, hold one of a coming round until it opens.
-
-        ``PulseError`` if it is refused (not a member, too large, malformed, out of bound); one
-        made on another base is not an error (``_admit``).
-        """
-        self._flush_pending()
-        if self.peers.dropped("loco", sender):
-            return
-        if not self.peers.is_member(sender):
-            self._refuse(sender, LocoRefusal.NOT_MEMBER, IntegrityError(f"{sender[:12]} is not a trusted trainer-set member"))
-        if len(data) > self.cap:
-            self._refuse(sender, LocoRefusal.TOO_LARGE, WireError(f"payload of {len(data)} bytes exceeds this model's cap {self.cap}"))
-        try:
-            h = read_header(data, max_bytes=self.cap, max_tensors=len(self.shapes))
-        except WireError as exc:
-            self._refuse(sender, LocoRefusal.MALFORMED, exc)
-        if h.trainer_id != sender:
-            self._refuse(sender, LocoRefusal.MALFORMED, WireError(f"payload claims trainer {h.trainer_id[:12]} but came from {sender[:12]}"))
-        r, now = h.round, self.current_round()
-        if not 0 <= r - now <= PARK_ROUNDS:
-            if r > now:
-                self.peers.refuse(sender, LocoRefusal.TOO_FAR_AHEAD, f"round {r} while at {now}", lied=False)
-            return
-        if self.peers.banned(sender):  # heard from: it cannot contribute this round
-            self.refused.setdefault(r, {}).setdefault(sender, b"")
-            self.peers.refuse(sender, LocoRefusal.BANNED, "sender is banned", lied=False)
-            return
-        if r > now:  # its base is the state we do not hold yet: parked, one per member and round
-            self.pending.setdefault(r, {})[sender] = data
-            return
-        self._admit(sender, r, data)
-
-    def _refuse(self, sender: str, reason: LocoRefusal, exc: PulseError) -> NoReturn:
-        """Count and strike a refused payload, then raise ``exc``."""
-        self.peers.refuse(sender, reason, str(exc), lied=True)
-        raise exc
-
-    def _admit(self, sender: str, r: int, data: bytes) -> None:
-        """Decode and keep a payload of the current round if it was made on our base.
-
-        The base hash is compared before anything is decoded with our weights; a payload made on
-        another base misses the round (``_base_mismatch``). ``PulseError`` if it is malformed.
-        """
-        have = self.inbox.get(r, {}).get(sender)
-        if have is not None:  # one payload per member and round: the first
-            if have[0] != payload_digest(data):
-                self.peers.refuse(sender, LocoRefusal.DUPLICATE, f"a second payload for round {r}", lied=False)
-            return
-        try:
-            p = self._decode(data)
-        except BaseMismatchError as exc:
-            self._base_mismatch(r, sender, exc)
-            return
-        except PayloadBoundError as exc:
-            self.refused.setdefault(r, {})[sender] = payload_digest(data)
-            self._refuse(sender, LocoRefusal.OUT_OF_BOUND, exc)
-        except PulseError as exc:
-            self._refuse(sender, LocoRefusal.MALFORMED, exc)
-        if self._committed(sender, r, data):
-            self._keep_payload(p, data)
-
-    def _committed(self, sender: str, r: int, data: bytes) -> bool:
-        """Whether ``data`` is the payload ``sender`` committed to for round ``r``; one whose
-        commitment has not arrived waits for it (one per sender and round); one that does not
-        match it is refused (its sender lied) and counts as heard from."""
-        held = self.commits.of(r, sender)
-        if held is None:
-            self.unbacked.setdefault(r, {})[sender] = data
-            return False
-        digest = payload_digest(data)
-        if held.commit.payload != digest:
-            self.refused.setdefault(r, {})[sender] = digest
-            self._refuse(sender, LocoRefusal.UNCOMMITTED, IntegrityError(
-                f"round {r} payload of {sender[:12]} is not the one it committed to"))
-        return True
-
-    def _decode(self, data: bytes) -> LocoPayload:
-        """Decode against our base and check the value bound (``PayloadBoundError``)."""
-        base_hash, params = self.base() if self.base is not None else (None, None)
-        p = decode_payload(data, shapes=self.shapes, max_bytes=self.cap, base=params, expect_base=base_hash)
-        if params is not None:
-            self._ratio(self.bound.check(p.tensors, params, who=f"round {p.round} payload of {p.trainer_id[:12]}"))
-        return p
-
-    def _ratio(self, ratio: float) -> None:
-        """Report the largest value / bound ratio seen (how close honest payloads come to it)."""
-        if ratio > self.ratio_max:
-            self.ratio_max = ratio
-            with self.ctx.status.trainer() as counters:
-                counters.loco_bound_ratio_max = ratio
+        """A pushed payload, to the payload intake (``trainer/payload_intake.py``); ``PulseError``
+        if it is refused."""
+        self.payloads.offer(sender, data)
 
     def _flush_pending(self) -> None:
-        """Admit held payloads of the round that is now current; drop those of past rounds."""
-        r = self.current_round()
-        for k in sorted(k for k in self.pending if k <= r):
-            held = self.pending.pop(k)
-            for sender, data in held.items() if k == r else ():
-                try:
-                    self._admit(sender, k, data)
-                except PulseError as exc:
-                    with self.ctx.status.node() as counters:
-                        counters.rejected += 1
-                    self.ctx.status.error(f"bad loco from {sender[:12]}: {exc}")
-
-    def _base_mismatch(self, r: int, trainer: str, exc: BaseMismatchError) -> None:
-        """Count (and log) once per round and trainer a payload made on another global state."""
-        seen = self.mismatched.setdefault(r, set())
-        if trainer in seen:
-            return
-        seen.add(trainer)
-        with self.ctx.status.trainer() as counters:
-            counters.loco_base_mismatch += 1
-        self.ctx.log.warning("round %d: %s; not decoded, %s misses this round (a trainer on another "
-                             "state re-syncs)", r, exc, trainer[:12])
-
-    def _keep_payload(self, p: LocoPayload, data: bytes, *, serve: bool = True) -> None:
-        """Keep a payload (``serve``: and its file, which peers fetch by digest)."""
-        digest = payload_digest(data)
-        self.inbox.setdefault(p.round, {})[p.trainer_id] = (digest, p)
-        self.arrived.setdefault(p.round, {}).setdefault(p.trainer_id, time.monotonic())
-        if serve:
-            write_atomic(loco_payload_path(self.root, p.round, digest.hex()), data, durable=False)
+        self.payloads.flush_pending()
 
     # ---- one round ---------------------------------------------------------------------
     def open_round(self, mine: LocoPayload, data: bytes) -> None:
@@ -307,9 +173,9 @@ class RoundAgreement:
         reveals the payload once the commit phase closes, and advances the round."""
         r = mine.round
         self._prune(r)
-        self._keep_payload(mine, data, serve=False)  # nobody may fetch it before we reveal it
+        self.payloads.keep(mine, data, serve=False)  # nobody may fetch it before we reveal it
         if self.base is not None:
-            self._ratio(self.bound.ratio(mine.tensors, self.base()[1]))
+            self.payloads.ratio(self.bound.ratio(mine.tensors, self.base()[1]))
         live = self._live()
         order = coordinator_order(self.ctx.cfg.run_id, r, [self.me, *live])
         self.table.open = OpenRound(r, mine.base_hash, order, t0=time.monotonic(), commit_s=self.cfg.deadline_s / 2,
@@ -405,7 +271,7 @@ class RoundAgreement:
         return True
 
     def _all_in(self, r: int, order: list[str], live: Mapping[str, PeerRecord]) -> bool:
-        held, other_base, refused = self.inbox.get(r, {}), self.mismatched.get(r, set()), self.refused.get(r, {})
+        held, other_base, refused = self.inbox.get(r, {}), self.payloads.mismatched.get(r, set()), self.refused.get(r, {})
         return all(pid in held or pid in other_base or pid in refused for pid in order if pid == self.me or pid in live)
 
     def _closed_elsewhere(self, r: int, live: Mapping[str, PeerRecord]) -> bool:
@@ -520,9 +386,9 @@ class RoundAgreement:
             h = read_header(data, max_bytes=self.cap, max_tensors=len(self.shapes))
             if (h.trainer_id, h.round) != (tid, r):
                 raise WireError(f"payload from {peer.peer_id[:12]} is not the decided one")
-            p = self._decode(data)
+            p = self.payloads.decode(data)
         except BaseMismatchError as exc:  # decided on our base, yet made on another: never decoded
-            self._base_mismatch(r, tid, exc)
+            self.payloads.base_mismatch(r, tid, exc)
             return None
         except PayloadBoundError as exc:  # a decision naming it is refused: never applied
             self.refused.setdefault(r, {})[tid] = digest
@@ -534,7 +400,7 @@ class RoundAgreement:
                 counters.rejected += 1
             self.ctx.status.error(f"round {r}: {exc}")
             return None
-        self._keep_payload(p, data)
+        self.payloads.keep(p, data)
         with self.ctx.status.trainer() as counters:
             counters.loco_fetched += 1
         return p
@@ -554,9 +420,7 @@ class RoundAgreement:
     def _prune(self, r: int) -> None:
         """Forget rounds before ``r``; keep the files of the last ``KEEP_ROUNDS`` rounds."""
         self.commits.prune(r)
-        for table in (self.inbox, self.pending, self.mismatched, self.unbacked, self.arrived):
-            for old in [k for k in table if k < r]:
-                del table[old]
+        self.payloads.prune(r)
         self.table.prune(r)
         self.intake.prune(r)
         folder = self.root / LOCO_DIR
