@@ -11,16 +11,22 @@ Exit code 0 when no check FAILs.
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from pulse_node.commands.common import add_config_flags
 from pulse_node.vocab import DEFAULT_RUN_ID
+
+if TYPE_CHECKING:
+    from pulse_node.config import InferenceConfig, SwarmConfig, TrainerConfig
+    from pulse_node.ops.checks import Check
+    from pulse_node.rl.config import SoloConfig
 
 CHECK_NAMES = ("python", "torch", "hivemind", "libp2p", "dependencies", "accelerator", "disk", "model",
                "daemon", "bootstrap", "reachable", "clocks", "identity")
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("doctor", help="diagnose this machine and its way to the swarm (PASS/WARN/FAIL + next step)",
                        description="Check Python, torch/hivemind/libp2p imports, dependency pins, disk, CUDA, that "
                        "the p2p daemon starts, that the bootstrap answers, reachability (public vs private "
@@ -41,7 +47,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=run)
 
 
-def load_any_config(path: str | None, overrides: list[str]) -> Any:
+def load_any_config(path: str | None, overrides: list[str]
+                    ) -> SwarmConfig | SoloConfig | TrainerConfig | InferenceConfig:
     """The config at ``path`` (+ ``overrides``) as the command it is for reads it: ``pulse-node swarm``
     when it names a key only a swarm has (``trainers``, ``run_dir``, ...), ``pulse-node solo`` when it
     names one only solo has (``minutes``, ...), else ``pulse-node join`` (a node of its ``role``)."""
@@ -57,7 +64,7 @@ def load_any_config(path: str | None, overrides: list[str]) -> Any:
     return load_node_config(path, overrides)
 
 
-def model_check(config: str | None, overrides: list[str] | None = None):
+def model_check(config: str | None, overrides: list[str] | None = None) -> Callable[[], Check]:
     """The doctor's ``model`` check for the node or swarm config ``config`` (hub id, revision, local path)."""
     from pulse_node.ops.checks import Check
 
@@ -101,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
     console = Console(highlight=False, width=None if sys.stdout.isatty() else 120)
     style = {"PASS": "green", "WARN": "yellow", "FAIL": "bold red", "SKIP": "dim"}
 
-    def show(c) -> None:
+    def show(c: Check) -> None:
         row = Table.grid(padding=(0, 1))
         row.add_column(width=4, no_wrap=True)
         row.add_column(width=12, no_wrap=True)

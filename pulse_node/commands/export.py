@@ -17,12 +17,19 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pulse_node.commands.common import add_config_flags, flag_overrides
 from pulse_node.errors import ConfigError, StoreError
 
+if TYPE_CHECKING:
+    from pulse_node.chain.record import VersionRecord
+    from pulse_node.chain.store import VersionStore
+    from pulse_node.codec.state import State
+    from pulse_node.config import InferenceConfig, TrainerConfig
 
-def register(sub: argparse._SubParsersAction) -> None:
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("export", help="write a version as a Hugging Face checkpoint directory",
                        description="Rebuild a version from a node's store (verified against its signed records) "
                        "and write it as a directory AutoModelForCausalLM.from_pretrained loads.")
@@ -34,7 +41,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=run)
 
 
-def resolve_config(args: argparse.Namespace):
+def resolve_config(args: argparse.Namespace) -> TrainerConfig | InferenceConfig:
     """The node's config: ``--config``, else ``<data-dir>/node.toml`` if present, else defaults."""
     from pulse_node.config import load_node_config
 
@@ -71,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _rebuild(store, version: int | None):
+def _rebuild(store: VersionStore, version: int | None) -> tuple[VersionRecord, State]:
     """The record and verified state of ``version`` (default: the newest rebuildable one)."""
     from pulse_node.errors import GapError, IntegrityError
 
@@ -86,6 +93,9 @@ def _rebuild(store, version: int | None):
     if version not in versions:
         raise StoreError(f"{store.root}: v{version} is not in the store (it holds v{versions[0]}..v{versions[-1]})")
     try:
-        return store.record(version), store.load_state(version)
+        record, state = store.record(version), store.load_state(version)
     except (GapError, IntegrityError) as exc:
         raise StoreError(f"{store.root}: cannot rebuild v{version}: {exc}") from None
+    if record is None:
+        raise StoreError(f"{store.root}: v{version} has no record")
+    return record, state

@@ -20,8 +20,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import TYPE_CHECKING
 
 from pulse_node.commands.common import add_config_flags, flag_overrides
+
+if TYPE_CHECKING:
+    from pulse_node.config import InferenceConfig, TrainerConfig
 
 OPEN_SWARM_BANNER = """\
 !!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!
@@ -34,7 +38,7 @@ OPEN_SWARM_BANNER = """\
 _LOCAL_HOSTS = ("/ip4/127.", "/ip6/::1/", "/dns/localhost/", "/dns4/localhost/", "/dns6/localhost/")
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("join", help="run a trainer or inference daemon in a swarm",
                        description="Run a trainer or inference daemon that joins a swarm through a DHT bootstrap.")
     p.add_argument("--bootstrap", action="append", default=[], metavar="MULTIADDR",
@@ -54,7 +58,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=run)
 
 
-def resolve_config(args: argparse.Namespace):
+def resolve_config(args: argparse.Namespace) -> TrainerConfig | InferenceConfig:
     """The validated role config: defaults < file < --set < explicit flags."""
     from pulse_node.config import load_node_config
 
@@ -107,7 +111,7 @@ def is_local(maddr: str) -> bool:
     return maddr.startswith(_LOCAL_HOSTS)
 
 
-def trust_gate(cfg) -> str | None:
+def trust_gate(cfg: TrainerConfig | InferenceConfig) -> str | None:
     """``ConfigError`` if this node must not start with its trust settings; else a banner to print
     (None when there is nothing to warn about). See the module docstring."""
     from pathlib import Path

@@ -12,9 +12,13 @@ file to a second machine: two live nodes with one identity are refused by the sw
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pulse_node.chain.identity import Identity
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("keygen", help="create or show a persistent node identity (Ed25519) and its peer id",
                        description="Create PATH (PEM, mode 0600) if it does not exist, then print its public "
                        "key (hex) and libp2p peer id. With --show the key must already exist.")
@@ -38,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _peer_id(identity) -> str:
+def _peer_id(identity: Identity) -> str:
     try:
         from pulse_node.net.dht.validator import peer_id_of
     except ImportError:  # hivemind missing: the key is still usable, only the id cannot be shown

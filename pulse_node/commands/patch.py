@@ -14,7 +14,7 @@ import argparse
 from pathlib import Path
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser("patch", help="make, apply and inspect weight patches (PULSESync)",
                               description="Lossless sparse BF16 weight patches between safetensors files.")
     sub = p.add_subparsers(dest="patch_command", metavar="ACTION", required=True)

@@ -20,11 +20,19 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pulse_node.commands.common import add_config_flags, flag_overrides
 
+if TYPE_CHECKING:
+    from pulse_node.codec.state import State
+    from pulse_node.config import InferenceConfig, TrainerConfig
+    from pulse_node.rl.rollout import Rollout
+    from pulse_node.rl.sampler import RolloutWorker
+    from pulse_node.rl.verify import BatchVerdict
 
-def register(sub: argparse._SubParsersAction) -> None:
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("rollouts", help="make or check a rollout batch (what trainers verify)",
                        description="Make a rollout batch as an inference node would, or check one as a trainer would.")
     acts = p.add_subparsers(dest="rollouts_command", metavar="ACTION", required=True)
@@ -43,7 +51,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=run)
 
 
-def load_node_config(path: str | None, overrides: list[str], data_dir: Path):
+def load_node_config(path: str | None, overrides: list[str], data_dir: Path) -> TrainerConfig | InferenceConfig:
     """The role config of ``path`` (its ``role``, default inference) with ``data_dir`` set."""
     from pulse_node import config
 
@@ -53,7 +61,7 @@ def load_node_config(path: str | None, overrides: list[str], data_dir: Path):
 class VersionSource:
     """Versions of a node's store (read-only), with the settings check both commands need."""
 
-    def __init__(self, cfg) -> None:
+    def __init__(self, cfg: TrainerConfig | InferenceConfig) -> None:
         from pulse_node.chain.store import VersionStore
         from pulse_node.rl.settings import settings_of
 
@@ -69,7 +77,7 @@ class VersionSource:
             raise StoreError(f"{self.cfg.data_dir}: holds no version")
         return head.version
 
-    def state(self, version: int):
+    def state(self, version: int) -> State:
         """The BF16 state of ``version`` after checking its record's declared settings."""
         from pulse_node.errors import StoreError
         from pulse_node.rl.settings import check_settings
@@ -80,7 +88,7 @@ class VersionSource:
         check_settings(record.rollout_settings, self.settings, version=version)
         return self.store.load_state(version)
 
-    def worker(self):
+    def worker(self) -> RolloutWorker:
         import torch
 
         from pulse_node.rl.config import GRPOConfig
@@ -93,7 +101,8 @@ class VersionSource:
         return RolloutWorker(policy, self.cfg.sampling)
 
 
-def make_batch(cfg, *, identity: Path, version: int | None, batch: int) -> tuple[bytes, list]:
+def make_batch(cfg: TrainerConfig | InferenceConfig, *, identity: Path, version: int | None, batch: int
+               ) -> tuple[bytes, list[Rollout]]:
     """Wire bytes and rollouts of ``batch`` of ``version`` by the node holding ``identity``."""
     from pulse_node.chain.identity import Identity
     from pulse_node.errors import ConfigError
@@ -114,7 +123,7 @@ def make_batch(cfg, *, identity: Path, version: int | None, batch: int) -> tuple
     return encode_rollouts(rollouts), rollouts
 
 
-def check_batch(cfg, *, sender: str, data: bytes):
+def check_batch(cfg: TrainerConfig | InferenceConfig, *, sender: str, data: bytes) -> BatchVerdict:
     """The trainers' verdict (``rl/verify.BatchVerdict``) on a batch from ``sender``."""
     from pulse_node.config import TrainerConfig
     from pulse_node.errors import WireError

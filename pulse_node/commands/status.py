@@ -15,7 +15,7 @@ from pulse_node.vocab import DEFAULT_RUN_ID
 DEFAULT_RUN_DIR = "./pulse-swarm"
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("status", help="live dashboard of a swarm (peers, versions, hashes, bytes, reward, errors)",
                        description="Show every node's version and lag, whether state hashes agree, bytes moved and "
                        "saved, sparsity and compression per version, reward, and recent errors. Sources: the signed "

@@ -14,12 +14,16 @@ from __future__ import annotations
 import argparse
 import json
 import threading
+from typing import TYPE_CHECKING, Any
 
 from pulse_node.commands.common import add_config_flags, flag_overrides
 from pulse_node.signals import stop_on_signals
 
+if TYPE_CHECKING:
+    from pulse_node.config import SwarmConfig
 
-def register(sub: argparse._SubParsersAction) -> None:
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("swarm", help="run a whole local swarm (bootstrap + trainers + inference) as processes",
                        description="Start a bootstrap, T trainers and I inference nodes on 127.0.0.1 "
                        "with the embedded default model and task; Ctrl+C stops everything within 10 s.")
@@ -33,7 +37,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=run)
 
 
-def check_model(cfg) -> None:
+def check_model(cfg: SwarmConfig) -> None:
     """``PulseError`` with the command that fixes it when the swarm's hub model is not here: said
     before any node starts, not by a node far away minutes later."""
     if cfg.model.kind != "hf":
@@ -80,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
     return exit_code(summary, stopped=stop.is_set(), versions=cfg.versions)
 
 
-def exit_code(summary: dict, *, stopped: bool, versions: int | None) -> int:
+def exit_code(summary: dict[str, Any], *, stopped: bool, versions: int | None) -> int:
     """2 when the run ends with an alert that fails it (``summary["failed"]``), 130 when stopped
     before ``versions``, else 0."""
     if summary["failed"]:

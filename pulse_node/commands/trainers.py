@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("trainers", help="admit a trainer to the trainer set, or inspect an admission",
                        description="Sign a new trainer into a run's trainer set (k-of-n member endorsements), "
                        "or show what an admission file holds and whether it verifies.")

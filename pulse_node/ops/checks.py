@@ -14,9 +14,10 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, ParamSpec
 
 import pydantic
 
@@ -51,7 +52,10 @@ class Check(pydantic.BaseModel):
     seconds: float = 0.0
 
 
-def timed(name: str, fn, *args: Any, **kwargs: Any) -> Check:
+_P = ParamSpec("_P")
+
+
+def timed(name: str, fn: Callable[_P, Check], *args: _P.args, **kwargs: _P.kwargs) -> Check:
     """Run one check function; an unexpected exception is a FAIL naming it, never a crash."""
     t0 = time.monotonic()
     try:

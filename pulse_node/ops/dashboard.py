@@ -16,9 +16,10 @@ from typing import Any
 from rich.console import Console
 from rich.live import Live
 
+from pulse_node.daemon.status_model import Alert
 from pulse_node.errors import PulseError
 from pulse_node.ops.render import render
-from pulse_node.ops.snapshot import Alert, NodeInput, SwarmSnapshot, build_snapshot
+from pulse_node.ops.snapshot import NodeInput, SwarmSnapshot, build_snapshot
 from pulse_node.ops.sources import DhtSource, bootstrap_address, read_run_dir
 
 

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pulse_node.errors import PulseError
 from pulse_node.ops.checks import (
@@ -37,6 +37,9 @@ from pulse_node.ops.checks import (
     timed,
 )
 from pulse_node.vocab import DEFAULT_RUN_ID
+
+if TYPE_CHECKING:
+    from pulse_node.net.dht.client import DhtClient
 
 ENV_CHECKS = ("python", "torch", "hivemind", "libp2p", "dependencies", "accelerator", "disk", "model")
 NET_CHECKS = ("daemon", "bootstrap", "reachable", "clocks", "identity")
@@ -92,7 +95,7 @@ def environment_checks(opts: DoctorOptions) -> list[Check]:
 
 
 # ---- network ---------------------------------------------------------------------------------
-def _start_client(opts: DoctorOptions, log_dir: str, *, peers: list[str]):
+def _start_client(opts: DoctorOptions, log_dir: str, *, peers: list[str]) -> DhtClient:
     from pulse_node.net.dht.client import DhtClient, DhtConfig
 
     cfg = DhtConfig(run_id=opts.run_id, initial_peers=peers, host_maddrs=opts.listen,

@@ -23,7 +23,7 @@ from typing import Any, Literal, TypedDict
 
 import pydantic
 
-from pulse_node.daemon.status_model import Alert, StatusReport
+from pulse_node.daemon.status_model import Alert, StatusReport, VersionEntry
 from pulse_node.ops.alerts import duplicate_alerts, learning_alerts, trust_alerts
 from pulse_node.ops.senders import SenderView, sender_views
 
@@ -247,7 +247,7 @@ def _record_counter(m: _Merged, key: str) -> int:
     return int((m.record.get("counters") or {}).get(key, 0))
 
 
-def _history(m: _Merged):
+def _history(m: _Merged) -> list[VersionEntry]:
     return m.status.history if m.status is not None else []
 
 

@@ -37,7 +37,7 @@ def _over(signum: int, frame: Any) -> None:
 
 
 @functools.lru_cache(maxsize=4096)
-def _parsed(text: str) -> tuple:
+def _parsed(text: str) -> tuple[object, ...]:
     from math_verify import parse
 
     return tuple(parse(text, parsing_timeout=None, raise_on_error=False))

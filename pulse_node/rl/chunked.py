@@ -15,7 +15,7 @@ temperature scaling, FP32 log-softmax) up to float rounding of the matmul order.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -52,7 +52,8 @@ def _tiny_hidden(lm: TinyLM, packed: Packed, *, recompute: bool) -> torch.Tensor
             x = checkpoint(block, x, allowed, None, i, use_reentrant=False)
         else:
             x = block(x, allowed, None, i)
-    return m.ln_f(x)
+    h: torch.Tensor = m.ln_f(x)
+    return h
 
 
 def _hf_head(module: PreTrainedModel) -> Head:
@@ -91,6 +92,17 @@ def _logits(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, te
     return logits.div_(temperature) if temperature != 1.0 else logits
 
 
+class _Ctx(Protocol):
+    """What ``ChosenLogprob`` keeps on torch's autograd context from forward to backward."""
+
+    temperature: float
+    param: torch.Tensor | None
+    saved_tensors: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor]
+    needs_input_grad: tuple[bool, ...]
+
+    def save_for_backward(self, *tensors: torch.Tensor | None) -> None: ...
+
+
 class ChosenLogprob(torch.autograd.Function):
     """log softmax(h W^T + b) / T at ``tokens``, its logits recomputed in backward and turned
     into their gradient in place: one [rows, vocabulary] FP32 tensor at a time (autograd's
@@ -103,7 +115,8 @@ class ChosenLogprob(torch.autograd.Function):
     gradient do not see this part.)"""
 
     @staticmethod
-    def forward(ctx, h, weight, bias, tokens, temperature):
+    def forward(ctx: _Ctx, h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, tokens: torch.Tensor,
+                temperature: float) -> torch.Tensor:
         logits = _logits(h, weight, bias, temperature)
         chosen = logits.gather(-1, tokens[:, None]).squeeze(-1)
         top = logits.amax(dim=-1, keepdim=True)
@@ -114,7 +127,8 @@ class ChosenLogprob(torch.autograd.Function):
         return chosen - lse
 
     @staticmethod
-    def backward(ctx, grad):
+    def backward(ctx: _Ctx, grad: torch.Tensor
+                 ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None, None, None]:
         h, weight, bias, tokens, lse = ctx.saved_tensors
         g = _logits(h, weight, bias, ctx.temperature).sub_(lse[:, None]).exp_()  # softmax
         g.mul_(-grad[:, None]).scatter_add_(-1, tokens[:, None], grad[:, None])  # (onehot - p) * grad
@@ -138,7 +152,8 @@ def chosen_logprobs(h: torch.Tensor, head: Head, tokens: torch.Tensor, *, chunk:
                     temperature: float = 1.0) -> torch.Tensor:
     """[N] log-prob of ``tokens[i]`` given hidden state ``h[i]`` ([N, d]), ``chunk`` rows at a time."""
     weight, bias = head
-    parts = [ChosenLogprob.apply(h[lo:lo + chunk], weight, bias, tokens[lo:lo + chunk], temperature)
+    # torch.autograd.Function.apply is unannotated
+    parts = [ChosenLogprob.apply(h[lo:lo + chunk], weight, bias, tokens[lo:lo + chunk], temperature)  # type: ignore[no-untyped-call]
              for lo in range(0, h.shape[0], chunk)]
     return torch.cat(parts) if parts else h[:, 0].float()  # no rows: still on the graph
 

@@ -3,20 +3,27 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from pulse_node.rl.config import SamplingConfig
 from pulse_node.rl.tasks import Problem
 
+if TYPE_CHECKING:
+    from pulse_node.rl.policy import Policy
+    from pulse_node.rl.sampler import RolloutWorker
 
-def evaluate(worker_or_policy, problems: Sequence[Problem], *, max_new_tokens: int | None = None) -> float:
+
+def evaluate(worker_or_policy: RolloutWorker | Policy, problems: Sequence[Problem], *,
+             max_new_tokens: int | None = None) -> float:
     """Fraction of ``problems`` whose greedy completion earns full reward.
 
     A ``Policy`` is evaluated on its BF16 cast (a temporary worker), like inference would.
     """
     from pulse_node.rl.sampler import RolloutWorker
 
-    worker = worker_or_policy
-    if not isinstance(worker, RolloutWorker):
+    if isinstance(worker_or_policy, RolloutWorker):
+        worker = worker_or_policy
+    else:
         cfg = SamplingConfig(max_new_tokens=max_new_tokens or SamplingConfig().max_new_tokens)
         worker = RolloutWorker(worker_or_policy, cfg)
         worker.set_weights(worker_or_policy.bf16_state(), version=0)

@@ -37,6 +37,7 @@ from pulse_node.errors import WireError
 from pulse_node.rl.batch import Packed, bf16_params, bf16_rounded, pack, token_logprobs
 from pulse_node.rl.chunked import completion_logprobs, enable_hf_checkpointing
 from pulse_node.rl.config import GRPOConfig
+from pulse_node.rl.policy import Policy
 from pulse_node.rl.rollout import Rollout
 
 
@@ -86,7 +87,7 @@ class GRPOLearner:
     micro-batch): an FSDP-sharded model gathers its head only inside its root's forward.
     """
 
-    def __init__(self, policy, grpo_cfg: GRPOConfig, *, temperature: float = 1.0, chunked: bool = True) -> None:
+    def __init__(self, policy: Policy, grpo_cfg: GRPOConfig, *, temperature: float = 1.0, chunked: bool = True) -> None:
         self.policy, self.cfg, self.temperature, self.chunked = policy, grpo_cfg, temperature, chunked
         self.opt = torch.optim.AdamW(policy.model.parameters(), lr=grpo_cfg.lr,
                                      betas=grpo_cfg.betas, weight_decay=grpo_cfg.weight_decay)

@@ -26,7 +26,7 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -34,6 +34,9 @@ from pulse_node.codec.state import State, TensorBits, to_safetensors_bytes
 from pulse_node.errors import DataError
 from pulse_node.fsutil import write_atomic
 from pulse_node.rl.config import ModelConfig
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast
 
 DEFAULT_MAX_SHARD = "5GB"
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack")
@@ -172,7 +175,7 @@ def _gpt2_layout(state: State, model_cfg: ModelConfig) -> dict[str, Any]:
             "tie_word_embeddings": True, "dtype": "bfloat16", "torch_dtype": "bfloat16"}
 
 
-def _tiny_tokenizer():
+def _tiny_tokenizer() -> PreTrainedTokenizerFast:
     """The character tokenizer as a ``PreTrainedTokenizerFast`` with the same ids."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast

@@ -138,7 +138,7 @@ class LiveWeights:
         self.failpoints = failpoints  # tests: a failure injected once a move is written
         self.version = -1
         self.steps: deque[_Step] = deque()
-        self._who: dict[int, tuple] = {}  # version -> weak references to its state's tensors
+        self._who: dict[int, tuple[tuple[str, weakref.ref[TensorBits]], ...]] = {}  # version -> weak references to its state's tensors
         self.counts = {"loads": 0, "moves": 0, "diffs": 0}
 
     # ---- identity of the state a version number names ---------------------------------------

@@ -61,11 +61,13 @@ class Block(nn.Module):
             cache.v[layer][:, :, cache.length:end] = v
             k, v = cache.k[layer][:, :, :end], cache.v[layer][:, :, :end]
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed[:, None])
-        return self.proj(y.transpose(1, 2).reshape(b, t, d))
+        out: torch.Tensor = self.proj(y.transpose(1, 2).reshape(b, t, d))
+        return out
 
     def forward(self, x: torch.Tensor, allowed: torch.Tensor, cache: KVCache | None, layer: int) -> torch.Tensor:
         x = x + self.attend(self.ln1(x), allowed, cache, layer)
-        return x + self.out(F.gelu(self.fc(self.ln2(x))))
+        mlp: torch.Tensor = self.out(F.gelu(self.fc(self.ln2(x))))
+        return x + mlp
 
 
 class TinyGPT(nn.Module):
@@ -93,7 +95,8 @@ class TinyGPT(nn.Module):
             x = block(x, allowed, cache, i)
         if cache is not None:
             cache.length += ids.shape[1]
-        return self.ln_f(x) @ self.tok_emb.weight.T
+        h: torch.Tensor = self.ln_f(x)
+        return h @ self.tok_emb.weight.T
 
 
 def _full_allowed(mask: torch.Tensor) -> torch.Tensor:
@@ -115,7 +118,7 @@ class TinyLM:
                last: int = 0) -> torch.Tensor:
         """[B, T, V] logits (``last``: only those of the last ``last`` positions)."""
         args = (ids, positions(mask), _full_allowed(mask))
-        out = functional_call(self.module, dict(params), args) if params else self.module(*args)
+        out: torch.Tensor = functional_call(self.module, dict(params), args) if params else self.module(*args)
         return out[:, -last:] if last else out
 
     def prefill(self, ids: torch.Tensor, mask: torch.Tensor, max_new: int) -> tuple[torch.Tensor, Any]:
@@ -165,7 +168,7 @@ class HFLM:
         keep = {self._keep_kw: last} if last and self._keep_kw else {}
         out = self._call(params, input_ids=ids, attention_mask=mask.long(), position_ids=positions(mask),
                          use_cache=False, **keep)
-        logits = out.logits.float()
+        logits: torch.Tensor = out.logits.float()
         return logits[:, -last:] if last else logits
 
     def prefill(self, ids: torch.Tensor, mask: torch.Tensor, max_new: int) -> tuple[torch.Tensor, Any]:

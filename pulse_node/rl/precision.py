@@ -35,6 +35,7 @@ import torch
 from pulse_node.rl.batch import Packed
 from pulse_node.rl.chunked import hidden_states, output_head
 from pulse_node.rl.config import Precision
+from pulse_node.rl.models import HFLM, TinyLM
 
 DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 SAFETY = 3.0  # the producer's error range may exceed the probe's (other kernels, other positions)
@@ -99,7 +100,7 @@ def beyond(u: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, tol: Tolerances)
     return torch.clamp(torch.maximum(lo - tol.at(lo) - u, u - hi - tol.at(hi)), min=0.0)
 
 
-def _logits_at(lm, packed: Packed, rows: torch.Tensor, pos: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
+def _logits_at(lm: TinyLM | HFLM, packed: Packed, rows: torch.Tensor, pos: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
     """[N, V] FP32 logits at (rows, pos) of ``packed``, computed under autocast to ``dtype`` (None: FP32)."""
     device = packed.ids.device
     ctx = torch.autocast(device.type, dtype=dtype) if dtype is not None else torch.autocast(device.type, enabled=False)
@@ -120,7 +121,7 @@ def _cdf_at(z: torch.Tensor, tokens: torch.Tensor, vocab: int, temperature: floa
     return hi - p.gather(-1, tokens[:, None]).squeeze(-1), hi
 
 
-def probe(lm, packed: Packed, rows: torch.Tensor, pos: torch.Tensor, tokens: torch.Tensor, *, precision: Precision,
+def probe(lm: TinyLM | HFLM, packed: Packed, rows: torch.Tensor, pos: torch.Tensor, tokens: torch.Tensor, *, precision: Precision,
           verifier: Precision, vocab: int, temperature: float) -> Probe:
     """The error of ``precision`` (plus the verifier's own, if not FP32) in the logits at the
     completion positions (``rows``, ``pos``: predicting ``tokens``) of ``packed``, at most

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Protocol, get_args
 
 from pulse_node.rl.answer_bounds import is_safe
@@ -84,10 +85,11 @@ class Gsm8kReward(_Base):
         return Score(1.0 if a is not None and a == b else 0.0)
 
 
-def _numbers(ans: Answer) -> list | None:
+def _numbers(ans: Answer) -> list[Fraction] | None:
     """Every item of the answer as an exact rational, or None if one is not a plain number."""
     out = [number(x, latex=ans.latex) for p in ans.parts for x in items(p, latex=ans.latex)]
-    return None if any(x is None for x in out) else out
+    numbers = [x for x in out if x is not None]
+    return numbers if len(numbers) == len(out) else None
 
 
 def _render(ans: Answer) -> str:

@@ -55,7 +55,7 @@ class Rollout:
     precision: str = "fp32"  # what the producer computed its logits in (one per batch on the wire)
 
 
-def _pack_one(r: Rollout) -> dict:
+def _pack_one(r: Rollout) -> dict[str, object]:
     return {
         "p": np.asarray(r.prompt_ids, dtype="<u4").tobytes(),
         "c": np.asarray(r.completion_ids, dtype="<u4").tobytes(),
@@ -90,7 +90,8 @@ def _ids(raw: object, what: str) -> list[int]:
     arr = np.frombuffer(raw, dtype="<u4")
     if arr.size and int(arr.max()) >= 2**31:
         raise WireError(f"rollout field {what}: token id out of range")
-    return arr.astype(np.int64).tolist()
+    ids: list[int] = arr.astype(np.int64).tolist()
+    return ids
 
 
 def _logprobs(raw: object, n: int) -> list[float]:
@@ -99,7 +100,8 @@ def _logprobs(raw: object, n: int) -> list[float]:
     arr = np.frombuffer(raw, dtype="<f4")
     if not np.all(np.isfinite(arr)) or (arr.size and float(arr.max()) > 1e-4):
         raise WireError("rollout field l: log-probs must be finite and <= 0")
-    return arr.astype(np.float64).tolist()
+    logprobs: list[float] = arr.astype(np.float64).tolist()
+    return logprobs
 
 
 def _text(raw: object, what: str) -> str:

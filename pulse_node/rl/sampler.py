@@ -25,7 +25,7 @@ from pulse_node.rl.assign import BatchKey, assigned_problems
 from pulse_node.rl.config import Precision, SamplingConfig
 from pulse_node.rl.liveweights import LiveWeights
 from pulse_node.rl.models import HFLM, TinyLM
-from pulse_node.rl.policy import check_prompts
+from pulse_node.rl.policy import Policy, check_prompts
 from pulse_node.rl.precision import DTYPES
 from pulse_node.rl.rewards import Reward, reward_for
 from pulse_node.rl.rollout import Rollout
@@ -39,14 +39,15 @@ EVAL_CHUNK = 256
 class RolloutWorker:
     """Generates scored rollouts with the BF16 weights of one policy version."""
 
-    def __init__(self, policy_like, sampling_cfg: SamplingConfig, *, reward_fn: Reward | None = None,
+    def __init__(self, policy_like: Policy, sampling_cfg: SamplingConfig, *, reward_fn: Reward | None = None,
                  compute: Precision = "fp32") -> None:
         self.cfg, self.compute = sampling_cfg, compute
         self.tokenizer: Tokenizer = policy_like.tokenizer
         self.device = policy_like.device
         self.lm: TinyLM | HFLM = copy.copy(policy_like.lm)
         module = copy.deepcopy(policy_like.lm.module)
-        self.lm.module = module.to(DTYPES[compute]).eval().requires_grad_(False)
+        # transformers wraps ``to`` with functools.wraps, whose stub does not bind ``self``
+        self.lm.module = module.to(DTYPES[compute]).eval().requires_grad_(False)  # type: ignore[arg-type]
         self.reward_fn = reward_fn or reward_for(policy_like.task)
         self.version = -1
         self.loaded: State | None = None  # the State last loaded (two forks may share a version number)
@@ -110,8 +111,11 @@ class RolloutWorker:
             logits, cache = self.lm.decode(tok, mask, cache)
         return self._trim(toks.tolist(), lps.tolist())
 
-    def _trim(self, toks: list[list[int]], lps: list[list[float]]) -> tuple[list, list, list]:
-        out_t, out_l, fin = [], [], []
+    def _trim(self, toks: list[list[int]], lps: list[list[float]]
+              ) -> tuple[list[list[int]], list[list[float]], list[bool]]:
+        out_t: list[list[int]] = []
+        out_l: list[list[float]] = []
+        fin: list[bool] = []
         for t, lp in zip(toks, lps):
             n = t.index(self.tokenizer.eos_id) + 1 if self.tokenizer.eos_id in t else len(t)
             out_t.append(t[:n])

@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
+from typing import Protocol
 
 from pulse_node.errors import ConfigError, DataError
 from pulse_node.rl.config import JsonlTaskConfig, ModelConfig, SamplingConfig, TaskConfig
@@ -48,9 +49,9 @@ def _file_digest(path: str | None) -> str:
         raise DataError(f"{path}: cannot read the task file ({exc.strerror})") from None
 
 
-def task_settings(task: TaskConfig) -> dict:
+def task_settings(task: TaskConfig) -> dict[str, object]:
     """The task part: every parameter that changes the problems or the reward."""
-    out = task.model_dump(mode="json", exclude={"path", "eval_path", "system_prompt", "chat_template"})
+    out: dict[str, object] = task.model_dump(mode="json", exclude={"path", "eval_path", "system_prompt", "chat_template"})
     if isinstance(task, JsonlTaskConfig):
         out.update(data=_file_digest(task.path), eval_data=_file_digest(task.eval_path))
     if task.system_prompt:
@@ -62,7 +63,7 @@ def task_settings(task: TaskConfig) -> dict:
     return out
 
 
-def model_settings(model: ModelConfig, task: TaskConfig) -> dict | None:
+def model_settings(model: ModelConfig, task: TaskConfig) -> dict[str, str | bool] | None:
     """The model part (None for the embedded tiny model, fixed by the ``model`` dimensions)."""
     if model.kind != "hf":
         return None
@@ -75,7 +76,7 @@ def model_settings(model: ModelConfig, task: TaskConfig) -> dict | None:
 def rollout_settings(*, sampling: SamplingConfig, task: TaskConfig, batches_per_version: int,
                      model: ModelConfig | None = None) -> str:
     """Canonical JSON (sorted keys, no spaces) of the settings rollouts of a version depend on."""
-    body = {"sampler": SAMPLER, "temperature": sampling.temperature,
+    body: dict[str, object] = {"sampler": SAMPLER, "temperature": sampling.temperature,
             "max_new_tokens": sampling.max_new_tokens, "group_size": sampling.group_size,
             "prompts_per_batch": sampling.prompts_per_batch, "batches_per_version": batches_per_version,
             "task": task_settings(task)}
@@ -88,7 +89,23 @@ def rollout_settings(*, sampling: SamplingConfig, task: TaskConfig, batches_per_
     return text
 
 
-def settings_of(cfg) -> str:
+class RolloutSections(Protocol):
+    """The sections of a node config (any role's: they are shared) that rollouts depend on."""
+
+    @property
+    def model(self) -> ModelConfig: ...
+
+    @property
+    def task(self) -> TaskConfig: ...
+
+    @property
+    def sampling(self) -> SamplingConfig: ...
+
+    @property
+    def rollout_batches_per_version(self) -> int: ...
+
+
+def settings_of(cfg: RolloutSections) -> str:
     """``rollout_settings`` of a node config (any role: the sections are shared)."""
     return rollout_settings(sampling=cfg.sampling, task=cfg.task, model=cfg.model,
                             batches_per_version=cfg.rollout_batches_per_version)
@@ -152,7 +169,7 @@ def check_declared_model(declared: str, mine: str, *, version: int) -> None:
     check_model(theirs.get("model"), ours.get("model"), version=version)
 
 
-def _settings_object(text: str) -> dict | None:
+def _settings_object(text: str) -> dict[str, object] | None:
     """The settings as a JSON object, or None (empty, not JSON, or not an object)."""
     try:
         body = json.loads(text) if text else None

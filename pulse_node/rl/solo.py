@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TypedDict
 
 import torch
 
@@ -20,9 +22,9 @@ from pulse_node.rl.assign import BatchKey
 from pulse_node.rl.config import SoloConfig
 from pulse_node.rl.evaluate import evaluate
 from pulse_node.rl.grpo import GRPOLearner
-from pulse_node.rl.policy import build_policy, check_prompts
+from pulse_node.rl.policy import Policy, build_policy, check_prompts
 from pulse_node.rl.sampler import RolloutWorker
-from pulse_node.rl.tasks import make_task_source
+from pulse_node.rl.tasks import Problem, TaskSource, make_task_source
 
 
 def _log(progress: bool, msg: str) -> None:
@@ -30,7 +32,7 @@ def _log(progress: bool, msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
 
 
-def _check_task(policy, task, cfg: SoloConfig) -> None:
+def _check_task(policy: Policy, task: TaskSource, cfg: SoloConfig) -> None:
     problems = task.all_problems() if hasattr(task, "all_problems") else task.eval_set()
     check_prompts(policy.tokenizer, problems, context=policy.lm.context,
                   max_new_tokens=cfg.sampling.max_new_tokens)
@@ -50,7 +52,8 @@ class _Totals:
     history: list[dict[str, float]] = field(default_factory=list)
 
 
-def _train(cfg: SoloConfig, policy, worker: RolloutWorker, task, evals, *, progress: bool) -> _Totals:
+def _train(cfg: SoloConfig, policy: Policy, worker: RolloutWorker, task: TaskSource, evals: Sequence[Problem], *,
+           progress: bool) -> _Totals:
     """The GRPO phase: generate -> one inner step -> (every sync_every) push the BF16 cast."""
     learner = GRPOLearner(policy, cfg.grpo, temperature=cfg.sampling.temperature)
     t0 = time.monotonic()
@@ -82,7 +85,25 @@ def _train(cfg: SoloConfig, policy, worker: RolloutWorker, task, evals, *, progr
     return tot
 
 
-def run_solo(cfg: SoloConfig, *, progress: bool = True) -> dict:
+class SoloSummary(TypedDict):
+    """What a solo run reports (``pulse-node solo --json`` prints it)."""
+
+    eval_before: float
+    eval_after: float
+    eval_problems: int
+    steps: int
+    rollouts: int
+    bf16_change_density: float
+    train_reward_mean: float
+    dropped_stale: int
+    trainer_tokens: int
+    grpo_seconds: float
+    seconds: float
+    seed: int
+    history: list[dict[str, float]]
+
+
+def run_solo(cfg: SoloConfig, *, progress: bool = True) -> SoloSummary:
     """Warm start (cached), evaluate, GRPO for ``cfg.minutes``, evaluate; returns a summary."""
     if cfg.threads:
         torch.set_num_threads(cfg.threads)

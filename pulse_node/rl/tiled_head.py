@@ -22,6 +22,7 @@ import math
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -37,6 +38,14 @@ GPU_ROWS, GPU_TILE = 4096, 16384
 #: accumulator columns per token: sum of e before t, e_t, sum after t, (torch path) running maximum
 BEFORE, AT, AFTER, MAX = range(4)
 
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from llvmlite import ir
+    from numba.core.base import BaseContext
+    from numba.core.typing.context import BaseContext as TypingContext
+    from numba.core.typing.templates import Signature
+
 if AVAILABLE:
     from numba import njit
     from numba.core import types as nbt
@@ -45,14 +54,16 @@ if AVAILABLE:
     _FAST = {"contract", "arcp", "nsz", "reassoc"}
 
     @intrinsic
-    def _as_float32(typingctx, bits):
+    def _as_float32(typingctx: TypingContext, bits: nbt.Integer
+                    ) -> tuple[Signature, Callable[[BaseContext, ir.IRBuilder, Signature, tuple[ir.Value, ...]], ir.Value]]:
         """The float32 whose bit pattern is the int32 ``bits`` (LLVM bitcast: vectorises)."""
-        def codegen(context, builder, signature, args):
+        def codegen(context: BaseContext, builder: ir.IRBuilder, signature: Signature,
+                    args: tuple[ir.Value, ...]) -> ir.Value:
             return builder.bitcast(args[0], context.get_value_type(nbt.float32))
         return nbt.float32(nbt.int32), codegen
 
     @njit(inline="always", fastmath=_FAST, cache=True)
-    def _exp(x):
+    def _exp(x: np.float32) -> np.float32:
         """exp(x) of a float32 (0 below ~-87, inf above ~88): Cody-Waite reduction, degree-6 polynomial."""
         n = np.floor(x * np.float32(1.4426950408889634) + np.float32(0.5))
         n = min(max(n, np.float32(-127.0)), np.float32(128.0))
@@ -65,18 +76,21 @@ if AVAILABLE:
         p = p * r + np.float32(1.6666665459e-1)
         p = p * r + np.float32(5.0000001201e-1)
         p = p * r * r + r + np.float32(1.0)
-        return p * _as_float32((np.int32(n) + np.int32(127)) << np.int32(23))  # type: ignore[call-arg]  # an intrinsic is called without its typing context
+        two_n: np.float32 = _as_float32((np.int32(n) + np.int32(127)) << np.int32(23))  # type: ignore[call-arg]  # an intrinsic is called without its typing context
+        return p * two_n
 
     @njit(inline="always", fastmath=_FAST, cache=True)
-    def _sum(row, a, b, scale, shift):
+    def _sum(row: np.ndarray, a: int, b: int, scale: np.float32, shift: np.float32) -> np.float32:
         """sum of exp(row[j] * scale - shift) for j in [a, b) (float32 lanes; a tile holds few ids)."""
-        s = np.float32(0.0)
+        s: np.float32 = np.float32(0.0)
         for j in range(a, b):
-            s += _exp(row[j] * scale - shift)
+            e: np.float32 = _exp(row[j] * scale - shift)
+            s += e
         return s
 
     @njit(nogil=True, fastmath=_FAST, cache=True)
-    def _tile_kernel(tile, tokens, shift, off, scale, acc, first, last):  # noqa: PLR0917 (numba: positional)
+    def _tile_kernel(tile: np.ndarray, tokens: np.ndarray, shift: np.ndarray, off: int,  # noqa: PLR0917 (numba: positional)
+                     scale: np.float32, acc: np.ndarray, first: int, last: int) -> None:
         """Add tile ``tile`` ([rows, W] float32 logits of ids ``off..off+W``) into ``acc`` rows
         ``first..last`` ([rows, 3] float64: ``BEFORE``, ``AT``, ``AFTER``) for chosen ids
         ``tokens``, each row's exponentials shifted by ``shift`` (float32)."""

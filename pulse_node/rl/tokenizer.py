@@ -12,7 +12,10 @@ callers turn that into a ``DataError`` naming the problem's file and line.
 from __future__ import annotations
 
 import string
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 
 class Tokenizer(Protocol):
@@ -59,7 +62,7 @@ class CharTokenizer:
 class HFTokenizer:
     """Adapter over a ``transformers`` tokenizer loaded from a local directory."""
 
-    def __init__(self, tok: Any, *, chat: bool = False, system_prompt: str | None = None) -> None:
+    def __init__(self, tok: PreTrainedTokenizerBase, *, chat: bool = False, system_prompt: str | None = None) -> None:
         if tok.eos_token_id is None:
             raise ValueError("the tokenizer defines no eos_token")
         if chat and not getattr(tok, "chat_template", None):
@@ -76,7 +79,7 @@ class HFTokenizer:
             return text
         messages = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
         messages.append({"role": "user", "content": text})
-        return self.tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return _text(self.tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
 
     def encode(self, text: str) -> list[int]:
         # a rendered template holds its own special tokens (BOS included where the model has one)
@@ -89,4 +92,12 @@ class HFTokenizer:
         return list(self.tok(text, add_special_tokens=False)["input_ids"]) + [self.eos_id]
 
     def decode(self, ids: list[int]) -> str:
-        return self.tok.decode(ids, skip_special_tokens=True)
+        return _text(self.tok.decode(ids, skip_special_tokens=True))
+
+
+def _text(out: object) -> str:
+    """``out`` as text (transformers types rendering and decoding as text-or-lists; one
+    conversation or one id sequence gives text)."""
+    if not isinstance(out, str):
+        raise TypeError(f"the tokenizer returned {type(out).__name__}, not text")
+    return out

@@ -17,15 +17,19 @@ import json
 import random
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Protocol
 
 import torch
 
 from pulse_node.codec.state import load_safetensors, save_safetensors_atomic
 from pulse_node.errors import PatchError
 from pulse_node.rl.batch import masked_mean, pack, token_logprobs
-from pulse_node.rl.config import GRPOConfig, ModelConfig
-from pulse_node.rl.tasks import make_task_source
+from pulse_node.rl.config import GRPOConfig, ModelConfig, TaskConfig
+from pulse_node.rl.models import HFLM, TinyLM
+from pulse_node.rl.tasks import Problem, make_task_source
+from pulse_node.rl.tokenizer import Tokenizer
 from pulse_node.torchbits import load_state, module_state
 
 CODE_VERSION = "warmstart-2"
@@ -37,7 +41,26 @@ WARMSTART_THREADS = 1
 _FLAT_TASK = {"kind": "arithmetic", "digits": 2, "min_digits": 1, "ops": "+", "path": None, "eval_path": None}
 
 
-def cache_key(policy_task: dict, model_cfg: ModelConfig, grpo_cfg: GRPOConfig, seed: int) -> str:
+class Learner(Protocol):
+    """What a warm start reads of the ``rl.policy.Policy`` it trains (which imports this module)."""
+
+    @property
+    def lm(self) -> TinyLM | HFLM: ...
+
+    @property
+    def tokenizer(self) -> Tokenizer: ...
+
+    @property
+    def task(self) -> TaskConfig: ...
+
+    @property
+    def device(self) -> torch.device: ...
+
+    @property
+    def model(self) -> torch.nn.Module: ...
+
+
+def cache_key(policy_task: dict[str, object], model_cfg: ModelConfig, grpo_cfg: GRPOConfig, seed: int) -> str:
     model = model_cfg.model_dump(mode="json", exclude={"device", "cache_dir"})
     ws = {k: v for k, v in grpo_cfg.model_dump(mode="json").items() if k.startswith("warmstart")}
     blob = json.dumps({"code": CODE_VERSION, "model": model, "task": {**_FLAT_TASK, **policy_task}, "ws": ws,
@@ -46,19 +69,19 @@ def cache_key(policy_task: dict, model_cfg: ModelConfig, grpo_cfg: GRPOConfig, s
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
 
 
-def cache_path(policy, *, model_cfg: ModelConfig, grpo_cfg: GRPOConfig, seed: int) -> Path:
+def cache_path(policy: Learner, *, model_cfg: ModelConfig, grpo_cfg: GRPOConfig, seed: int) -> Path:
     key = cache_key(policy.task.model_dump(mode="json"), model_cfg, grpo_cfg, seed)
     return Path(model_cfg.cache_dir).expanduser() / f"warmstart-{key}.safetensors"
 
 
-def sft_loss(policy, problems) -> torch.Tensor:
+def sft_loss(policy: Learner, problems: Sequence[Problem]) -> torch.Tensor:
     tok = policy.tokenizer
     pairs = [(tok.encode(p.prompt), tok.encode_target(p.answer)) for p in problems]
     packed = pack(pairs, pad_id=tok.pad_id, device=policy.device)
     return -masked_mean(token_logprobs(policy.lm, packed), packed.target)
 
 
-def train_sft(policy, grpo_cfg: GRPOConfig, *, seed: int, progress: bool) -> None:
+def train_sft(policy: Learner, grpo_cfg: GRPOConfig, *, seed: int, progress: bool) -> None:
     """``warmstart_steps`` AdamW steps of teacher forcing on training problems."""
     task = make_task_source(policy.task)
     rng = random.Random(f"warmstart:{seed}")
@@ -79,7 +102,7 @@ def train_sft(policy, grpo_cfg: GRPOConfig, *, seed: int, progress: bool) -> Non
                   f"({time.monotonic() - t0:.0f}s)", file=sys.stderr, flush=True)
 
 
-def warm_start(policy, *, model_cfg: ModelConfig, grpo_cfg: GRPOConfig, seed: int,
+def warm_start(policy: Learner, *, model_cfg: ModelConfig, grpo_cfg: GRPOConfig, seed: int,
                progress: bool = False) -> Path | None:
     """Load the cached warm start or train and cache it; returns the cache file used."""
     if grpo_cfg.warmstart_steps == 0:

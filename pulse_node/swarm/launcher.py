@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import tomli_w
 
@@ -35,13 +35,16 @@ from pulse_node.ops.snapshot import NodeInput, SwarmSnapshot, build_snapshot
 from pulse_node.ops.sources import read_node_dir
 from pulse_node.swarm.summary import swarm_summary
 
+if TYPE_CHECKING:
+    import psutil
+
 
 @dataclass
 class Child:
     name: str
     role: str
     data_dir: Path
-    proc: subprocess.Popen
+    proc: subprocess.Popen[bytes]
 
     def status(self) -> StatusReport | None:
         """The node's last status (None before its first write)."""
@@ -75,10 +78,10 @@ class LocalSwarm:
         self.log = log
         self.root = Path(cfg.run_dir).resolve()
         self.children: list[Child] = []
-        self.bootstrap: subprocess.Popen | None = None
+        self.bootstrap: subprocess.Popen[bytes] | None = None
         self.bootstrap_addr = ""
         self.trusted: list[str] = []
-        self.leftovers: list = []  # processes of killed nodes (psutil), killed at stop if still running
+        self.leftovers: list[psutil.Process] = []  # processes of killed nodes (psutil), killed at stop if still running
 
     # ---- start ---------------------------------------------------------------------------
     def start(self, *, stop: Callable[[], bool] = lambda: False) -> None:
@@ -180,7 +183,7 @@ class LocalSwarm:
         return self.cfg.trainer_ranks[index] if 0 <= index < len(self.cfg.trainer_ranks) else 1
 
     @staticmethod
-    def _spawn(cmd: list[str], log_path: Path) -> subprocess.Popen:
+    def _spawn(cmd: list[str], log_path: Path) -> subprocess.Popen[bytes]:
         log = open(log_path, "ab")
         try:
             return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
@@ -222,7 +225,7 @@ class LocalSwarm:
             time.sleep(0.5)
 
     # ---- chaos (tests and bench/chaos.py) --------------------------------------------------
-    def kill(self, child: Child, what: str = "node") -> list:
+    def kill(self, child: Child, what: str = "node") -> list[psutil.Process]:
         """SIGKILL part of a running node, by the PIDs this swarm started and their children:
         ``role`` (the role process only: its workers must notice and exit by themselves),
         ``node`` (the role process and all its workers), ``dht`` or ``wire`` (one worker and its
@@ -247,7 +250,7 @@ class LocalSwarm:
         return tree
 
     @staticmethod
-    def gone(procs: list) -> bool:
+    def gone(procs: list[psutil.Process]) -> bool:
         """Whether none of ``procs`` (``psutil.Process``) runs any more (zombies count as gone)."""
         import psutil
 
@@ -260,7 +263,7 @@ class LocalSwarm:
         return True
 
     @staticmethod
-    def kill_leftovers(procs: list) -> None:
+    def kill_leftovers(procs: list[psutil.Process]) -> None:
         """SIGKILL what still runs of ``procs`` (``psutil.Process``, e.g. orphaned workers of a
         killed node); psutil checks each is still the process it saw."""
         import psutil
@@ -343,7 +346,7 @@ def worker_module(what: str) -> str:
     return f"pulse_node.net.{what}.worker"
 
 
-def _worker_tree(tree: list, module: str) -> list:
+def _worker_tree(tree: list[psutil.Process], module: str) -> list[psutil.Process]:
     """The process of worker ``module`` (its ``-m`` name, e.g. ``pulse_node.net.dht.worker``) in ``tree`` and its children."""
     import psutil
 
@@ -356,7 +359,7 @@ def _worker_tree(tree: list, module: str) -> list:
     return []
 
 
-def _signal_group(p: subprocess.Popen, sig: int) -> None:
+def _signal_group(p: subprocess.Popen[bytes] | subprocess.Popen[str], sig: int) -> None:
     """Signal the child's process group (its session), which outlives the leader while any
     member (a worker) still runs; an empty group is a no-op."""
     try:

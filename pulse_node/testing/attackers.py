@@ -19,7 +19,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from pulse_node.chain.peer import PeerRecord, PeerStatus, Serves
 from pulse_node.errors import PulseError
@@ -27,6 +27,9 @@ from pulse_node.net.wire import protocol as wp
 from pulse_node.net.wire.protocol import StreamKind
 from pulse_node.testing.faults import ForgedChain
 from pulse_node.vocab import NodeRole, PushKind
+
+#: what an attack tried and saw (printed as JSON by ``testing/attack.py``)
+Report = dict[str, object]
 
 HUGE_VERSION = 10**15
 
@@ -39,7 +42,7 @@ class Hostile:
     run_id: str
     bootstrap: list[str]
     host: str = "127.0.0.1"
-    tally: Counter = field(default_factory=Counter)
+    tally: Counter[str] = field(default_factory=Counter)
 
     def __post_init__(self) -> None:
         from pulse_node.chain.identity import Identity
@@ -122,7 +125,16 @@ def _write(h: Hostile, kind: str, version: int, data: bytes) -> None:
     write_atomic(store_path(h.root / "store", kind, version), data)
 
 
-def _trainer_view(h: Hostile) -> tuple[dict, Any] | None:
+class _TrainerView(TypedDict):
+    """What a hostile peer reads of a trusted trainer's state: the round base a payload must name."""
+
+    base: bytes
+    shapes: dict[str, tuple[int, ...]]
+    round: int
+    epoch: bytes
+
+
+def _trainer_view(h: Hostile) -> tuple[_TrainerView, PeerRecord] | None:
     """A trusted trainer's state (anyone may fetch it): the round base a payload must name."""
     from safetensors import safe_open
 
@@ -144,7 +156,7 @@ def _trainer_view(h: Hostile) -> tuple[dict, Any] | None:
 
 
 # ---- 1: inject a payload and a decision into rounds -------------------------------------------------
-def inject_payload(h: Hostile, deadline: float, *, scale: float = 1e4) -> dict:
+def inject_payload(h: Hostile, deadline: float, *, scale: float = 1e4) -> Report:
     """Announce the trainer role, then every round push a payload named on the real base (values
     ``scale``) and a decision, signed by its own key, naming itself; look for itself in decisions."""
     import numpy as np
@@ -185,7 +197,7 @@ def inject_payload(h: Hostile, deadline: float, *, scale: float = 1e4) -> dict:
 
 
 # ---- 2: trust by default --------------------------------------------------------------------------
-def trainer_role(h: Hostile, deadline: float) -> dict:
+def trainer_role(h: Hostile, deadline: float) -> Report:
     """Announce the trainer role and push a self-signed chain's head at every node."""
     from pulse_node.chain.record import encode_record
 
@@ -202,7 +214,7 @@ def trainer_role(h: Hostile, deadline: float) -> dict:
 
 
 # ---- 3: a DHT record with a huge version / another peer's key --------------------------------------
-def huge_version(h: Hostile, deadline: float) -> dict:
+def huge_version(h: Hostile, deadline: float) -> Report:
     """A record announcing version 1e15 under its own key, and (refused by the schema before it
     leaves?) one carrying a trusted trainer's key and another peer's address."""
     refused = Counter[str]()
@@ -223,7 +235,7 @@ def huge_version(h: Hostile, deadline: float) -> dict:
 
 
 # ---- 4: roll a trainer back ---------------------------------------------------------------------
-def rollback(h: Hostile, deadline: float) -> dict:
+def rollback(h: Hostile, deadline: float) -> Report:
     """Push genuine old head records (fetched from a trainer) and forged heads at every node,
     announcing the trainer role with an old version (re-sync bait)."""
     from pulse_node.chain.record import encode_record
@@ -248,7 +260,7 @@ def rollback(h: Hostile, deadline: float) -> dict:
 
 
 # ---- 5: slow-drip streams ------------------------------------------------------------------------
-def slow_drip(h: Hostile, deadline: float, *, streams: int = 48) -> dict:
+def slow_drip(h: Hostile, deadline: float, *, streams: int = 48) -> Report:
     """Open ``streams`` data-plane streams per target that send a frame header and then stall (each
     held until the server's idle limit), on fetch and push protocols, over and over."""
     import struct
@@ -272,7 +284,7 @@ def slow_drip(h: Hostile, deadline: float, *, streams: int = 48) -> dict:
 
 
 # ---- 6: bad anchor pieces / blame shifting ---------------------------------------------------------
-def bad_anchor(h: Hostile, deadline: float) -> dict:
+def bad_anchor(h: Hostile, deadline: float) -> Report:
     """Copy the trainers' genuine records and serve them with garbage anchors and patches, as a
     co-provider of every anchor the swarm announces."""
     def step() -> None:
@@ -293,7 +305,7 @@ def bad_anchor(h: Hostile, deadline: float) -> dict:
 
 
 # ---- 7: disk, memory, CPU -------------------------------------------------------------------------
-def oversize(h: Hostile, deadline: float) -> dict:
+def oversize(h: Hostile, deadline: float) -> Report:
     """Serve genuine records with 64 MiB bodies for their patches and anchors."""
     blob = os.urandom(1 << 20) * 64
 
@@ -311,7 +323,7 @@ def oversize(h: Hostile, deadline: float) -> dict:
     return {"tried": "genuine records served with 64 MiB patch bodies"}
 
 
-def catchup_flood(h: Hostile, deadline: float, *, workers: int = 8) -> dict:
+def catchup_flood(h: Hostile, deadline: float, *, workers: int = 8) -> Report:
     """Request catch-up patches for many distinct (base, target) pairs from every node."""
     pairs = iter(range(10**9))
 
@@ -329,7 +341,7 @@ def catchup_flood(h: Hostile, deadline: float, *, workers: int = 8) -> dict:
     return {"tried": f"catch-up requests for distinct (base, target) pairs, {workers} at a time"}
 
 
-def fake_trainers(h: Hostile, deadline: float) -> dict:
+def fake_trainers(h: Hostile, deadline: float) -> Report:
     """Announce the trainer role (so it counts as live) and park future-round payloads at trainers."""
     import numpy as np
 
@@ -354,7 +366,7 @@ def fake_trainers(h: Hostile, deadline: float) -> dict:
     return {"tried": "announces the trainer role, never contributes, parks dense payloads of 5 future rounds"}
 
 
-def rollout_flood(h: Hostile, deadline: float) -> dict:
+def rollout_flood(h: Hostile, deadline: float) -> Report:
     """Push well-formed rollout batches of the current version (random tokens) as fast as it can."""
     from pulse_node.rl.rollout import Rollout, encode_rollouts
 
@@ -371,12 +383,12 @@ def rollout_flood(h: Hostile, deadline: float) -> dict:
 
 
 # ---- 8: smaller ---------------------------------------------------------------------------------
-def smaller(h: Hostile, deadline: float) -> dict:
+def smaller(h: Hostile, deadline: float) -> Report:
     """metrics_url at a local listener (SSRF bait), a wrong-run head record, a data-plane address
     of another peer (the schema refuses it before it leaves?)."""
     from pulse_node.chain.record import encode_record
 
-    results: dict[str, Any] = {}
+    results: Report = {}
     try:
         h.announce("inference", None, metrics_url="http://127.0.0.1:9/ssrf")
         results["metrics_url_record"] = "published"
@@ -400,7 +412,9 @@ def smaller(h: Hostile, deadline: float) -> dict:
     return {"tried": "metrics_url SSRF bait, foreign data-plane address, wrong-run heads", **results}
 
 
-ATTACKS: dict[str, Callable[..., dict]] = {
+#: an attack: a hostile peer and a deadline in, what it tried and saw out
+Attack = Callable[[Hostile, float], Report]
+ATTACKS: dict[str, Attack] = {
     "inject_payload": inject_payload, "trainer_role": trainer_role, "huge_version": huge_version,
     "rollback": rollback, "slow_drip": slow_drip, "bad_anchor": bad_anchor, "oversize": oversize,
     "catchup_flood": catchup_flood, "fake_trainers": fake_trainers, "rollout_flood": rollout_flood,
@@ -411,8 +425,8 @@ SYBILS: dict[str, tuple[str, int]] = {"sybil_trainers": ("trainer_role", 4), "sy
 
 
 def run_attack(name: str, root: Path, *, run_id: str, bootstrap: list[str], seconds: float,
-               host: str = "127.0.0.1", attacks: dict[str, Callable[..., dict]] | None = None,
-               sybils: dict[str, tuple[str, int]] | None = None, on_start: Callable[[], None] | None = None) -> dict:
+               host: str = "127.0.0.1", attacks: dict[str, Attack] | None = None,
+               sybils: dict[str, tuple[str, int]] | None = None, on_start: Callable[[], None] | None = None) -> Report:
     """Run attack ``name`` (one of ``attacks`` or ``sybils``, by default ``ATTACKS`` and
     ``SYBILS``) for ``seconds``; what it tried and saw."""
     attack, keys = (SYBILS if sybils is None else sybils).get(name, (name, 1))
@@ -431,7 +445,7 @@ def run_attack(name: str, root: Path, *, run_id: str, bootstrap: list[str], seco
         deadline = time.monotonic() + seconds
         if on_start is not None:  # every key's workers run: the attack starts now
             on_start()
-        out: list[dict] = [{}] * keys
+        out: list[Report] = [{}] * keys
         threads = [threading.Thread(target=lambda i=i: out.__setitem__(i, fn(peers[i], deadline)), daemon=True)
                    for i in range(keys)]
         for t in threads:

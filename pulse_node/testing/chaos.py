@@ -26,6 +26,8 @@ from pulse_node.swarm.launcher import Child, LocalSwarm
 from pulse_node.testing.faults import FaultReport, read_fault_report
 
 if TYPE_CHECKING:
+    import psutil
+
     from pulse_node.testing.faults import ForgingPeer
 
 KILL_MODES = ("role", "node", "dht", "wire")
@@ -160,7 +162,7 @@ class ChaosPlan:
 class _Down:
     child: Child
     mode: str  # a kill mode, or "exit" (it exited without being killed)
-    tree: list = field(default_factory=list)
+    tree: list[psutil.Process] = field(default_factory=list)
     at: float = field(default_factory=time.monotonic)
     exit_seen: bool = False
 

@@ -36,9 +36,12 @@ from pulse_node.peers.view import PeerView
 from pulse_node.vocab import Event, PushKind
 
 if TYPE_CHECKING:
+    from pulse_node.chain.anchor import Piece
     from pulse_node.chain.identity import Identity
+    from pulse_node.chain.record import VersionRecord
     from pulse_node.config import FaultConfig, RoleConfig
     from pulse_node.daemon.runtime import TransportFactory
+    from pulse_node.testing.memory import MemoryHub
 
 FAULTS = ("drop", "duplicate", "reorder", "delay", "corrupt")
 #: where a node with ``[net.faults]`` reports what it injected (in its data dir)
@@ -114,7 +117,7 @@ class FaultyTransport:
 
     def _roll(self, fault: str, kind: str) -> bool:
         with self._lock:
-            hit = self.rng.random() < getattr(self.rates, fault)
+            hit: bool = self.rng.random() < getattr(self.rates, fault)
             if hit:
                 self.faults[fault] += 1
                 self.faulted[f"{kind}:{fault}"] += 1
@@ -158,7 +161,7 @@ class FaultyTransport:
             dest.write_bytes(self._flip(dest.read_bytes()))
         return n
 
-    def fetch_anchor(self, providers: list[PeerRecord], *, version: int, pieces: list, dest: Path,
+    def fetch_anchor(self, providers: list[PeerRecord], *, version: int, pieces: list[Piece], dest: Path,
                      timeout: float) -> AnchorFetch:
         """Dropped or delayed as a whole (its pieces are checked against signed digests anyway)."""
         if providers and self._targeted(providers[0], "anchor"):
@@ -274,7 +277,7 @@ class CrashingTransport:
         self._check_alive()
         return self.inner.fetch(peer, request, dest, timeout=timeout, max_bytes=max_bytes)
 
-    def fetch_anchor(self, providers: list[PeerRecord], *, version: int, pieces: list, dest: Path,
+    def fetch_anchor(self, providers: list[PeerRecord], *, version: int, pieces: list[Piece], dest: Path,
                      timeout: float) -> AnchorFetch:
         self._check_alive()
         return self.inner.fetch_anchor(providers, version=version, pieces=pieces, dest=dest, timeout=timeout)
@@ -319,15 +322,15 @@ class ForgedChain:
     """A well-formed chain of version records signed by a key nobody trusts, grown on demand
     (thread-safe), each with a random 64-byte "patch"."""
 
-    def __init__(self, run_id: str, identity=None) -> None:
+    def __init__(self, run_id: str, identity: Identity | None = None) -> None:
         from pulse_node.chain.identity import Identity
 
         self.run_id = run_id
         self.identity = identity or Identity.generate()
-        self.records: list = []
+        self.records: list[VersionRecord] = []
         self._lock = threading.Lock()
 
-    def record(self, version: int):
+    def record(self, version: int) -> VersionRecord:
         import os
 
         from pulse_node.chain.record import make_record
@@ -342,7 +345,7 @@ class ForgedChain:
             return self.records[version]
 
 
-def start_forging_peer(hub, files: Path, *, run_id: str, claimed_version: int = 10**6) -> Counter:
+def start_forging_peer(hub: MemoryHub, files: Path, *, run_id: str, claimed_version: int = 10**6) -> Counter[str]:
     """A hostile peer on ``hub``: claims ``claimed_version``, serves records signed by a key nobody
     trusts (a well-formed chain) and random patch/anchor bytes. Returns requests served by kind."""
     import os

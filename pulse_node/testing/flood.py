@@ -18,10 +18,15 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pulse_node.chain.identity import Identity
 from pulse_node.chain.peer import PeerRecord, Serves
 from pulse_node.net.dht.records import CLOCK_SLACK_S, dht_key
+
+if TYPE_CHECKING:
+    from pulse_node.net.dht.validator import PulseRecordValidator
+    from pulse_node.testing.attackers import Report
 
 #: attack name -> fresh keys it floods with
 FLOODS = {"record_flood": 500, "sybil_flood": 1000}
@@ -39,7 +44,8 @@ class _Blackhole:
 
     async def start(self, host: str) -> int:
         self.server = await asyncio.start_server(self._hold, host, 0)
-        return self.server.sockets[0].getsockname()[1]
+        port: int = self.server.sockets[0].getsockname()[1]
+        return port
 
     async def _hold(self, _reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.accepted += 1
@@ -53,7 +59,7 @@ class _Blackhole:
         self.server.close()
 
 
-def _flood_validator(run_id: str, own: Identity, keys: list[Identity]):
+def _flood_validator(run_id: str, own: Identity, keys: list[Identity]) -> PulseRecordValidator:
     from hivemind.dht.protocol import DHTProtocol
     from hivemind.dht.validation import DHTRecord
 
@@ -83,7 +89,7 @@ def _record(ident: Identity, *, port: int, host: str, now: float) -> PeerRecord:
 
 async def flood(run_id: str, bootstrap: list[str], *, keys: int, seconds: float, host: str = "127.0.0.1",
                 on_start: Callable[[], None] | None = None, stop: threading.Event | None = None,
-                ttl_s: float = TTL_S, go: threading.Event | None = None) -> dict:
+                ttl_s: float = TTL_S, go: threading.Event | None = None) -> Report:
     """Store and keep refreshing ``keys`` hostile records (living ``ttl_s``, refreshed every third
     of it) for ``seconds`` (or until ``stop``), once ``go`` is set (at once without it); what it did."""
     from pulse_node.net.dht.config import DhtConfig
@@ -137,5 +143,5 @@ async def flood(run_id: str, bootstrap: list[str], *, keys: int, seconds: float,
 
 
 def run_flood(name: str, *, run_id: str, bootstrap: list[str], seconds: float, host: str = "127.0.0.1",
-              on_start: Callable[[], None] | None = None) -> dict:
+              on_start: Callable[[], None] | None = None) -> Report:
     return asyncio.run(flood(run_id, bootstrap, keys=FLOODS[name], seconds=seconds, host=host, on_start=on_start))

@@ -29,6 +29,8 @@ from pulse_node.rl.verify import BatchVerdict, RolloutVerifier
 from pulse_node.trainer.intake import RolloutFeed
 
 HONEST, FORGER = "honest-peer", "forging-peer"
+#: a forgery's sender and its forged batch
+Forged = tuple[str, list[Rollout]]
 
 
 @dataclass
@@ -82,14 +84,14 @@ def _pick(rs: list[Rollout], lab: ForgeryLab, ok: Callable[[Rollout], bool] = la
     return lab.rng.choice(choices or rs)
 
 
-def wrong_reward(lab: ForgeryLab):
+def wrong_reward(lab: ForgeryLab) -> Forged:
     rs = lab.honest(FORGER, lab.fresh_batch())
     r = _pick(rs, lab)
     r.reward = 1.0 - r.reward
     return FORGER, rs
 
 
-def edited_token(lab: ForgeryLab):
+def edited_token(lab: ForgeryLab) -> Forged:
     rs = lab.honest(FORGER, lab.fresh_batch())
     r = _pick(rs, lab)
     k = lab.rng.randrange(len(r.completion_ids) - 1) if len(r.completion_ids) > 1 else 0
@@ -98,7 +100,7 @@ def edited_token(lab: ForgeryLab):
     return FORGER, rs
 
 
-def swapped_completion(lab: ForgeryLab):
+def swapped_completion(lab: ForgeryLab) -> Forged:
     rs = lab.honest(FORGER, lab.fresh_batch())
     a = _pick(rs, lab)
     b = _pick(rs, lab, lambda r: r.completion_ids != a.completion_ids)
@@ -108,7 +110,7 @@ def swapped_completion(lab: ForgeryLab):
     return FORGER, rs
 
 
-def cherry_picked(lab: ForgeryLab):
+def cherry_picked(lab: ForgeryLab) -> Forged:
     """Every member of a group gets the group's best completion (the others were re-rolled away)."""
     rs = lab.honest(FORGER, lab.fresh_batch())
     g = lab.sampling.group_size
@@ -120,7 +122,7 @@ def cherry_picked(lab: ForgeryLab):
     return FORGER, rs
 
 
-def written_completion(lab: ForgeryLab):
+def written_completion(lab: ForgeryLab) -> Forged:
     """A completion written rather than sampled: the right answer, reward 1."""
     rs = lab.honest(FORGER, lab.fresh_batch())
     r = _pick(rs, lab, lambda r: r.reward < 1.0)
@@ -131,7 +133,7 @@ def written_completion(lab: ForgeryLab):
     return FORGER, rs
 
 
-def forged_logprobs(lab: ForgeryLab):
+def forged_logprobs(lab: ForgeryLab) -> Forged:
     """Behaviour log-probs lowered so the importance ratio of a rollout explodes."""
     rs = lab.honest(FORGER, lab.fresh_batch())
     r = _pick(rs, lab)
@@ -139,7 +141,7 @@ def forged_logprobs(lab: ForgeryLab):
     return FORGER, rs
 
 
-def eval_prompt(lab: ForgeryLab):
+def eval_prompt(lab: ForgeryLab) -> Forged:
     """A group answers an eval-split prompt instead of its assigned one."""
     rs = lab.honest(FORGER, lab.fresh_batch())
     problem = lab.rng.choice(lab.task.eval_set())
@@ -149,13 +151,13 @@ def eval_prompt(lab: ForgeryLab):
     return FORGER, rs
 
 
-def wrong_version(lab: ForgeryLab):
+def wrong_version(lab: ForgeryLab) -> Forged:
     """Made with the previous version's weights, labelled (and seeded) as the current version."""
     older = lab.states[min(lab.states)]
     return FORGER, lab.honest(FORGER, lab.fresh_batch(), state=older)
 
 
-def relabeled_version(lab: ForgeryLab):
+def relabeled_version(lab: ForgeryLab) -> Forged:
     """An honest batch of the previous version relabelled as the current one."""
     rs = lab.honest(FORGER, lab.fresh_batch(), version=min(lab.states))
     for r in rs:
@@ -164,17 +166,17 @@ def relabeled_version(lab: ForgeryLab):
     return FORGER, rs
 
 
-def other_model(lab: ForgeryLab):
+def other_model(lab: ForgeryLab) -> Forged:
     """Sampled honestly under the right key, but by another model."""
     return FORGER, lab.honest(FORGER, lab.fresh_batch(), state=lab.foreign, key_version=lab.current)
 
 
-def other_peers_batch(lab: ForgeryLab):
+def other_peers_batch(lab: ForgeryLab) -> Forged:
     """The honest peer's batch, sent by the forger as its own."""
     return FORGER, lab.honest(HONEST, lab.fresh_batch())
 
 
-def replayed_batch(lab: ForgeryLab):
+def replayed_batch(lab: ForgeryLab) -> Forged:
     """An accepted batch sent again."""
     rs = lab.honest(FORGER, lab.fresh_batch())
     first = lab.judge(FORGER, copy.deepcopy(rs))
@@ -182,7 +184,7 @@ def replayed_batch(lab: ForgeryLab):
     return FORGER, rs
 
 
-def truncated_finished(lab: ForgeryLab):
+def truncated_finished(lab: ForgeryLab) -> Forged:
     """A completion cut short and closed with EOS, marked finished."""
     rs = lab.honest(FORGER, lab.fresh_batch())
     r = _pick(rs, lab, lambda r: len(r.completion_ids) >= 3)
@@ -192,18 +194,18 @@ def truncated_finished(lab: ForgeryLab):
     return FORGER, rs
 
 
-def ground_batch_index(lab: ForgeryLab):
+def ground_batch_index(lab: ForgeryLab) -> Forged:
     """A batch index past the bound (grinding for better prompts)."""
     return FORGER, lab.honest(FORGER, lab.batches_per_version + lab.rng.randrange(1000))
 
 
-def dropped_rollouts(lab: ForgeryLab):
+def dropped_rollouts(lab: ForgeryLab) -> Forged:
     """Only the rollouts the producer likes (a subset of the batch)."""
     rs = lab.honest(FORGER, lab.fresh_batch())
     return FORGER, [r for r in rs if r.reward > 0] or rs[:-1]
 
 
-FORGERIES: dict[str, Callable[[ForgeryLab], tuple[str, list[Rollout]]]] = {
+FORGERIES: dict[str, Callable[[ForgeryLab], Forged]] = {
     "wrong_reward": wrong_reward, "edited_token": edited_token, "swapped_completion": swapped_completion,
     "cherry_picked": cherry_picked, "written_completion": written_completion, "forged_logprobs": forged_logprobs,
     "eval_prompt": eval_prompt, "wrong_version": wrong_version, "relabeled_version": relabeled_version,

@@ -18,17 +18,15 @@ from __future__ import annotations
 import os
 import socket
 import threading
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
-from pulse_node.testing.attackers import ATTACKS, SYBILS, Hostile, _loop
+from pulse_node.testing.attackers import ATTACKS, SYBILS, Attack, Hostile, Report, _loop
 
 #: the inference node config the junk rollouts imitate (set by ``bench/adversary.py``)
 NODE_CONFIG_ENV = "PULSE_ATTACK_NODE_CONFIG"
 
 
-def junk_rollouts(h: Hostile, deadline: float) -> dict:
+def junk_rollouts(h: Hostile, deadline: float) -> Report:
     """For each new version, the batch expected of this key, with completions of a random model."""
     from pulse_node.config import InferenceConfig
     from pulse_node.configload import load_config
@@ -96,7 +94,7 @@ class _Drip:
         self.sock.close()
 
 
-def hostile_status(h: Hostile, deadline: float) -> dict:
+def hostile_status(h: Hostile, deadline: float) -> Report:
     """A record luring the operator's status tool to ``localhost`` (a name, through ``/dns4/``)
     and to the link-local metadata address, at a listener that drips."""
     drip = _Drip()
@@ -113,13 +111,13 @@ def hostile_status(h: Hostile, deadline: float) -> dict:
 
 
 #: this module's attacks, and the ones run from several fresh keys at once (attack, keys)
-FREE_KEY_ATTACKS: dict[str, Callable[..., dict[str, Any]]] = {
+FREE_KEY_ATTACKS: dict[str, Attack] = {
     "junk_rollouts": junk_rollouts, "hostile_status": hostile_status}
 FREE_KEY_SYBILS: dict[str, tuple[str, int]] = {
     "junk_rollouts": ("junk_rollouts", 4), "pool_hog": ("slow_drip", 4), "catchup_sybils": ("catchup_flood", 4)}
 
 
-def all_attacks() -> tuple[dict[str, Callable[..., dict[str, Any]]], dict[str, tuple[str, int]]]:
+def all_attacks() -> tuple[dict[str, Attack], dict[str, tuple[str, int]]]:
     """Every attack and Sybil variant ``run_attack`` may run (issue 13's and these)."""
     return {**ATTACKS, **FREE_KEY_ATTACKS}, {**SYBILS, **FREE_KEY_SYBILS}
 

@@ -18,9 +18,13 @@ import json
 import random
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pulse_node.rl.config import GRPOConfig, ModelConfig, TaskConfig, task_config
 from pulse_node.rl.tasks import make_task_source
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedConfig, PreTrainedTokenizerFast
 
 ARCHS = ("qwen2", "llama")
 EOS = "<|endoftext|>"
@@ -34,7 +38,7 @@ def task_texts(task_cfg: TaskConfig, *, n: int = 4000, seed: int = 0) -> list[st
     return [p.prompt + p.answer for p in problems]
 
 
-def train_tokenizer(texts: list[str], *, vocab_size: int, arch: str = "qwen2"):
+def train_tokenizer(texts: list[str], *, vocab_size: int, arch: str = "qwen2") -> PreTrainedTokenizerFast:
     """A byte-level BPE tokenizer (the scheme of GPT-2, Llama 3 and Qwen2) trained on ``texts``,
     with ``<|endoftext|>`` as EOS and padding.
 
@@ -61,7 +65,7 @@ def train_tokenizer(texts: list[str], *, vocab_size: int, arch: str = "qwen2"):
 
 
 def model_config(arch: str, *, vocab_size: int, eos_id: int, hidden: int, layers: int, heads: int,
-                 kv_heads: int, context: int, tie: bool):
+                 kv_heads: int, context: int, tie: bool) -> PreTrainedConfig:
     """A ``transformers`` config of the architecture ``arch`` ("qwen2" or "llama")."""
     from transformers import LlamaConfig, Qwen2Config
 

@@ -12,6 +12,7 @@ import threading
 import traceback
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pulse_node.chain.catchup_producer import CatchupProducer
 from pulse_node.daemon.status_model import StatusReport, read_status
@@ -19,6 +20,11 @@ from pulse_node.daemon.transport import Transport
 from pulse_node.net.wire.serving import store_resolver
 from pulse_node.roles import run_node
 from pulse_node.testing.memory import MemoryHub
+
+if TYPE_CHECKING:
+    from pulse_node.chain.identity import Identity
+    from pulse_node.config import RoleConfig
+    from pulse_node.daemon.runtime import TransportFactory
 
 Wrap = Callable[[str, Transport], Transport]
 
@@ -43,13 +49,13 @@ class InProcessSwarm:
         self.nodes: list[tuple[threading.Thread, threading.Event, Path]] = []
         self.errors: list[str] = []
 
-    def _factory(self, name: str):
-        def make(cfg, identity, store_root):
+    def _factory(self, name: str) -> TransportFactory:
+        def make(cfg: RoleConfig, identity: Identity, store_root: Path) -> Transport:
             resolver = store_resolver(store_root, producer=CatchupProducer(store_root))
             return self.wrap(name, self.hub.join(name, resolver))
         return make
 
-    def start(self, name: str, cfg) -> Path:
+    def start(self, name: str, cfg: RoleConfig) -> Path:
         """Run a node with ``cfg`` under peer id ``name``; returns its data dir."""
         stop = threading.Event()
 

@@ -23,16 +23,22 @@ import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pulse_node.net.wire import protocol as wp
+
+if TYPE_CHECKING:
+    from pulse_node.chain.identity import Identity
+    from pulse_node.chain.record import VersionRecord
+    from pulse_node.testing.attackers import Attack, Hostile, Report
 
 FAR_VERSION = 10**12 - 1
 #: the patch size ``oversize_patch`` signs: far past any model's dense size
 HUGE_PATCH = 1 << 50
 
 
-def record_at(identity: Any, run_id: str, version: int, *, salt: str = "ab", anchor_manifest: bytes = b"") -> Any:
+def record_at(identity: Identity, run_id: str, version: int, *, salt: str = "ab", anchor_manifest: bytes = b""
+              ) -> VersionRecord:
     """A well-formed record of ``version`` signed by ``identity``; ``salt`` picks its state hash."""
     from pulse_node.chain.record import make_record
     from pulse_node.testing.faults import ForgedChain
@@ -65,7 +71,7 @@ def equivocating_decisions(identity: Any, me: str, run_id: str, rnd: int, *, bas
     return [_decision(identity, me, run_id, rnd, base, os.urandom(32), epoch) for _ in range(2)]
 
 
-def swarm_epoch(h: Any) -> bytes | None:
+def swarm_epoch(h: Hostile) -> bytes | None:
     """The epoch of a trainer's head record (anyone may fetch it): what a decision must name."""
     from pulse_node.chain.record import decode_record
     from pulse_node.errors import PulseError
@@ -128,11 +134,11 @@ def _every(deadline: float, every: float, step: Callable[[], None]) -> None:
         time.sleep(max(0.0, every - (time.monotonic() - t0)))
 
 
-def _round(h: Any) -> int:
+def _round(h: Hostile) -> int:
     return max((r.version for r in h.others("trainer") if r.version is not None), default=0)
 
 
-def _decisions_attack(h: Any, deadline: float, make: Callable[..., list[bytes]], tried: str) -> dict:
+def _decisions_attack(h: Hostile, deadline: float, make: Callable[..., list[bytes]], tried: str) -> Report:
     h.announce("inference", None)  # a member key, not a live trainer: never waited for
 
     def step() -> None:
@@ -144,17 +150,17 @@ def _decisions_attack(h: Any, deadline: float, make: Callable[..., list[bytes]],
     return {"tried": tried}
 
 
-def presigned(h: Any, deadline: float) -> dict:
+def presigned(h: Hostile, deadline: float) -> Report:
     return _decisions_attack(h, deadline, presigned_decisions,
                              "member key: decisions for this and the next 3 rounds, signed ahead, on random bases")
 
 
-def equivocate(h: Any, deadline: float) -> dict:
+def equivocate(h: Hostile, deadline: float) -> Report:
     return _decisions_attack(h, deadline, equivocating_decisions,
                              "member key: two different decisions for one round to every trainer")
 
 
-def heads(h: Any, deadline: float) -> dict:
+def heads(h: Hostile, deadline: float) -> Report:
     h.announce("inference", None)
 
     def step() -> None:
@@ -166,7 +172,7 @@ def heads(h: Any, deadline: float) -> dict:
     return {"tried": "member key: two signed heads with different states for the current version, to every node"}
 
 
-def far(h: Any, deadline: float) -> dict:
+def far(h: Hostile, deadline: float) -> Report:
     from pulse_node.chain.layout import store_path
     from pulse_node.fsutil import write_atomic
 
@@ -183,7 +189,7 @@ def far(h: Any, deadline: float) -> dict:
     return {"tried": f"member key: announces, serves and pushes a signed head of version {FAR_VERSION}"}
 
 
-def anchor_swap(h: Any, deadline: float) -> dict:
+def anchor_swap(h: Hostile, deadline: float) -> Report:
     """Serve its own record for the newest real anchor (other chunk digests) and announce holding it."""
     from pulse_node.chain.layout import store_path
     from pulse_node.chain.peer import Serves
@@ -210,7 +216,7 @@ def anchor_swap(h: Any, deadline: float) -> dict:
             "anchors": sorted(done)}
 
 
-def oversize(h: Any, deadline: float) -> dict:
+def oversize(h: Hostile, deadline: float) -> Report:
     """Declare 1 GiB loco pushes on the p2pd plane to every trainer (refused before any body)."""
     from pulse_node.net.dht.push import PushHeader
 
@@ -231,7 +237,7 @@ def oversize(h: Any, deadline: float) -> dict:
     return {"tried": "member key: p2pd pushes declaring 1 GiB of payload to every trainer", "answers": answers}
 
 
-def patch_size(h: Any, deadline: float) -> dict:
+def patch_size(h: Hostile, deadline: float) -> Report:
     """As soon as a trainer pushes it a head (a member is pushed every head), sign the next
     version's record with a 2^50-byte patch, serve it, announce it and push it to every node."""
     from pulse_node.chain.layout import store_path
@@ -267,7 +273,7 @@ def patch_size(h: Any, deadline: float) -> dict:
                      f"head a trainer pushed it) declaring a {HUGE_PATCH}-byte patch", "versions_signed": len(signed)}
 
 
-MEMBER_ATTACKS: dict[str, Callable[[Any, float], dict]] = {
+MEMBER_ATTACKS: dict[str, Attack] = {
     "member_presigned": presigned, "member_equivocate": equivocate, "member_heads": heads,
     "member_far_version": far, "member_anchor_swap": anchor_swap, "member_oversize": oversize,
     "member_patch_size": patch_size,
@@ -296,7 +302,7 @@ def member_keys(root: Path, names: list[str]) -> dict[str, Path]:
 
 
 def run_member_attack(name: str, root: Path, *, identity: Path, run_id: str, bootstrap: list[str], seconds: float,
-                      host: str = "127.0.0.1", on_start: Callable[[], None] | None = None) -> dict:
+                      host: str = "127.0.0.1", on_start: Callable[[], None] | None = None) -> Report:
     """Run member attack ``name`` for ``seconds`` under the admitted key file ``identity``;
     ``on_start`` is called once the attacker's workers are up (the bench's window starts then)."""
     from pulse_node.testing.attackers import Hostile

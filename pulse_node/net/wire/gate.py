@@ -27,8 +27,7 @@ read (this node's own streams to that peer go on); one that keeps opening stream
 from __future__ import annotations
 
 from libp2p.abc import INetConn, INetStream, INetwork, INotifee
-from libp2p.rcmgr import ResourceManager
-from libp2p.rcmgr.manager import Direction
+from libp2p.rcmgr import Direction, ResourceManager
 from multiaddr import Multiaddr
 
 from pulse_node.net.peers.budget import Muzzle, StreamPools
