@@ -127,10 +127,15 @@ class ChainConfig(StrictModel):
         "equivocation bans, re-sync majorities and the version step bind nobody, keys being free)")
     admission_quorum: int = Field(
         0, ge=0, description="members that must sign a new trainer's admission (0 = a majority of the configured keys)")
+    admission_depth: int = Field(
+        1, ge=1, description="who may endorse an admission: members within this many admissions of the configured "
+        "keys (1 = the configured keys only; 2 = also the keys they admitted, ...); never a convicted key")
     admission_file: Path | None = Field(
         None, description="this trainer's admission to the trainer set (`pulse-node trainers admit`), "
         "carried in its peer record so every node can verify it")
-    min_signers: int = Field(1, ge=1, description="distinct trusted trainers that must sign a version")
+    min_signers: int = Field(2, ge=1, description="distinct trainer-set members that must sign a version before "
+                             "a node applies it; never more than the members live in discovery (a swarm with one "
+                             "trainer runs). 1 = any one member's signed version moves every node (chain/gate.py)")
     max_version_step: int = Field(64, ge=1, description="refuse a record more than this many versions past the "
                                   "highest version another trainer-set member was seen signing (chain/gate.py)")
     catchup_min_gap: int = Field(4, ge=0, description="this many versions behind, ask peers for one catch-up "

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from helpers import node_config
 
+from pulse_node.testing.contain_guard import contained, no_contained_bug  # noqa: F401 (fixtures: bugs stay loud)
 from pulse_node.testing.inprocess import InProcessSwarm
 from tests.hf_fixtures import hf_model_dir  # noqa: F401 (session fixture: one local HF model for every test)
 

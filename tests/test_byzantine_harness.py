@@ -45,7 +45,9 @@ def test_decision_stage_decides_whether_a_coordinator_may_drop_honest_payloads(w
     assert _run(world, attacks(IDS)["coordinator_drop"], rounds=6, defences=checked).left_out == 0
 
 
-def test_evidence_replayed_after_a_restart_bans_honest_trainers_today(world: World) -> None:
-    """Issue 32 item 5 as the harness models it (the evidence stage of the later phase plugs in here)."""
+def test_evidence_replayed_after_a_restart_bans_no_honest_trainer(world: World) -> None:
+    """Issue 32 item 5 as the harness models it, judged by the node's evidence checkers: decisions
+    an honest coordinator signed before a restart (another epoch) convict nobody (on fe579b4 each
+    honest coordinator was banned)."""
     out = _run(world, attacks(IDS)["evidence_replay"], rounds=4)
-    assert out.false_bans and not out.caught
+    assert not out.false_bans and not out.caught

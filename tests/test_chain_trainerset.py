@@ -87,19 +87,26 @@ def test_admission_needs_a_quorum_of_distinct_valid_member_signatures_of_this_ru
 
 
 def test_nodes_learn_admissions_from_the_admitted_trainers_own_records_in_any_order() -> None:
-    """NEW is admitted by A and B; THIRD by A and NEW (an admitted member may endorse). A node
-    learns both from discovery records, whatever their order; an admission carried by a peer
-    whose id is another key, or one not endorsed enough, admits nobody."""
-    third = Identity.generate()
+    """NEW is admitted by A and B; THIRD by A and NEW (an admitted member may endorse within
+    ``depth`` 2). A node learns both from discovery records, whatever their order; an admission
+    carried by a peer whose id is another key, one not endorsed enough, or one endorsed by
+    members at the depth limit, admits nobody."""
+    third, fourth = Identity.generate(), Identity.generate()
     new_adm = Admission(RUN, NEW.public_key_hex).endorse(A).endorse(B)
     third_adm = Admission(RUN, third.public_key_hex).endorse(A).endorse(NEW)
     weak = Admission(RUN, EVE.public_key_hex).endorse(A)
     carried_by_other = Peer(peer_id_of_key(C.public_key_hex), "trainer", admission=new_adm.encode())
-    members = keyed()
+    members = TrainerSet(run_id=RUN, keys=[A.public_key_hex, B.public_key_hex, C.public_key_hex], depth=2)
     members.mark_observed([peer_of(third, admission=third_adm), carried_by_other, peer_of(EVE, admission=weak),
                      peer_of(NEW, admission=new_adm)])
     assert set(members.admitted) == {NEW.public_key_hex, third.public_key_hex}
+    assert (members.depth_of(NEW.public_key_hex), members.depth_of(third.public_key_hex)) == (1, 2)
     assert not members.is_member(EVE.public_key_hex)
+    members.mark_observed([peer_of(fourth, admission=Admission(RUN, fourth.public_key_hex).endorse(NEW).endorse(third))])
+    assert not members.is_member(fourth.public_key_hex), "members at the depth limit endorsed"
+    roots_only = keyed()  # the default depth: the configured keys endorse, nobody else
+    roots_only.mark_observed([peer_of(third, admission=third_adm), peer_of(NEW, admission=new_adm)])
+    assert set(roots_only.admitted) == {NEW.public_key_hex}
     garbage = Peer(peer_id_of_key(EVE.public_key_hex), "trainer", admission=b"\x93junk")
     members.mark_observed([garbage])  # hostile bytes: ignored, never raised
     assert not members.is_member(EVE.public_key_hex)

@@ -5,6 +5,7 @@ and judging peers done in peers/ only."""
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from collections import defaultdict
 from pathlib import Path
@@ -47,10 +48,16 @@ def _unit(module: str) -> str:
     return module.split(".")[1]
 
 
+@functools.cache
+def _nodes(path: Path) -> tuple[ast.AST, ...]:
+    """Every node of ``path``'s syntax tree, parsed once for all the house's tests."""
+    return tuple(ast.walk(ast.parse(path.read_text())))
+
+
 def _imports(path: Path) -> set[str]:
     """Every ``pulse_node.*`` module ``path`` imports (at any depth, lazy imports included)."""
     out: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in _nodes(path):
         if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("pulse_node."):
             out.add(node.module)
             out.update(f"{node.module}.{a.name}" for a in node.names
@@ -120,13 +127,13 @@ def test_peers_sits_above_chain_and_net_and_below_the_roles() -> None:
 #: recorder is named ``mark_*``, so the rule below holds for every one added later.
 LEDGERS = {"Strikes", "Standing", "EvidenceBook", "TrainerSet"}
 READS = {"ignored", "score", "known", "delivered_before", "known_ids", "epoch", "order", "providers", "summary",
-         "entries", "members", "is_member", "describe", "from_config", "check"}
+         "entries", "members", "is_member", "describe", "from_config", "check", "depth_of"}
 
 
 def _ledger_methods() -> dict[str, list[str]]:
     out: dict[str, list[str]] = defaultdict(list)
     for path in (PKG / "peers").glob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in _nodes(path):
             if isinstance(node, ast.ClassDef) and node.name in LEDGERS:
                 out[node.name] += [f.name for f in node.body if isinstance(f, ast.FunctionDef)]
     return out
@@ -149,7 +156,7 @@ def test_no_module_outside_peers_records_a_strike_a_ban_or_standing() -> None:
         if module.startswith("pulse_node.peers."):
             continue
         rel = path.relative_to(PKG).as_posix()
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in _nodes(path):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("mark_"):
                 bad.append(f"{rel}:{node.lineno} defines {node.name}")
             elif isinstance(node, ast.Attribute) and node.attr.startswith("mark_") \
@@ -236,7 +243,7 @@ def _defined_names() -> set[str]:
     names: set[str] = set()
     for path in PKG.rglob("*.py"):
         names.add(path.stem)
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in _nodes(path):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
                 names.add(node.name)
             elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
@@ -265,7 +272,7 @@ def test_the_path_of_one_version_names_code_that_exists() -> None:
         module = PKG.joinpath(*owner).with_suffix(".py") if owner else None
         module = module if module is not None and module.is_file() else _module_named(owner)
         if module is not None:
-            ok = name in {n.name for n in ast.walk(ast.parse(module.read_text())) if hasattr(n, "name")}
+            ok = name in {n.name for n in _nodes(module) if hasattr(n, "name")}
         else:
             ok = name in defined and all(o in defined for o in owner)
         if not ok:

@@ -15,6 +15,7 @@ from test_node_round_trust import BASE, EPOCH, ROUND, _agreement, _payload
 
 from pulse_node.chain.anchor import anchor_manifest
 from pulse_node.chain.evidence import decode_evidence, encode_evidence, heads_conflict
+from pulse_node.chain.gate import FarVersion
 from pulse_node.chain.identity import Identity
 from pulse_node.chain.peer import PeerStatus
 from pulse_node.chain.record import encode_record, make_record
@@ -28,7 +29,7 @@ from pulse_node.peers.evidence import EvidenceBook
 from pulse_node.peers.outcomes import Fault, Reported
 from pulse_node.peers.trainerset import TrainerSet
 from pulse_node.testing.adversaries import peer_id
-from pulse_node.testing.memory import MemoryHub
+from pulse_node.testing.memory import MemoryHub, announced
 from pulse_node.trainer.decisions import coordinator_order, turn_at
 from pulse_node.vocab import DEFAULT_RUN_ID
 
@@ -110,6 +111,8 @@ def test_two_decisions_of_one_key_for_one_round_convict_it(pair, tmp_path):
     first, second = _decision(member), _decision(member, digest=b"\3" * 32)
     ag.offer_decision(peer_id(member), first)
     assert ag.decisions[ROUND].coordinator == peer_id(member)
+    ag.offer_decision(peer_id(member), _decision(member, base=b"\7" * 32, digest=b"\4" * 32))  # re-synced: no conflict
+    assert not ag.ctx.book.convicted(member.public_key_hex) and not ag.ctx.book.strikes[peer_id(member)]
     with pytest.raises(IntegrityError, match="convicted"):
         ag.offer_decision(peer_id(member), second)
     assert ROUND not in ag.decisions, "the equivocator's decision was kept"
@@ -123,14 +126,17 @@ def test_two_decisions_of_one_key_for_one_round_convict_it(pair, tmp_path):
     assert member.public_key_hex in EvidenceBook(run_id=RUN, directory=tmp_path / "ev", checkers=evidence_checkers())
 
 
-def _records(ident: Identity, versions, *, salt: str = "a"):
-    """Records of ``ident``'s own chain (one anchor, version 0); ``salt`` makes another history."""
+def _records(ident: Identity, versions, *, salt: str = "a", epoch: bytes = b""):
+    """Records of ``ident``'s own chain (one anchor, version 0; one epoch per ``epoch`` nonce);
+    ``salt`` forks the last version off the same parent."""
+    nonce = (epoch or bytes.fromhex(ident.public_key_hex))[:16].ljust(16, b"\0")
     first = make_record(ident, run_id=RUN, version=0, parent=None, state_hash="00" * 32, patch=None,
-                        anchor_version=0, is_anchor=True, codec=CODEC, anchor_manifest=MANIFEST)
-    out = {0: first}
-    for v in range(1, max(versions) + 1):
-        out[v] = make_record(ident, run_id=RUN, version=v, parent=out[v - 1], state_hash=f"{salt}{v:063x}",
-                             patch=b"p%d" % v, anchor_version=0, is_anchor=False, codec=CODEC)
+                        anchor_version=0, is_anchor=True, codec=CODEC, anchor_manifest=MANIFEST, nonce=nonce)
+    out, top = {0: first}, max(versions)
+    for v in range(1, top + 1):
+        out[v] = make_record(ident, run_id=RUN, version=v, parent=out[v - 1],
+                             state_hash=f"{salt if v == top else 'a'}{v:063x}", patch=b"p%d" % v, anchor_version=0,
+                             is_anchor=False, codec=CODEC)
     return {v: out[v] for v in versions}
 
 
@@ -145,17 +151,25 @@ def _check(book: PeerBook, rec, *, sender: str) -> None:
         raise IntegrityError(got.why)
 
 
+def _live(book: PeerBook, *idents: Identity, head: int = 0) -> None:
+    """Discovery shows ``idents`` as live trainers announcing ``head`` (the rest as gone)."""
+    book.observe([announced(peer_id(i), PeerStatus(role="trainer", version=head, node_key=i.public_key_hex))
+                  for i in idents])
+
+
 def test_a_record_far_past_what_the_other_members_signed_is_refused():
     a, b = Identity.generate(), Identity.generate()
     book = _book(a, b)
+    _live(book, a, b)
     for rec in _records(a, [5, 6]).values():
         _check(book, rec, sender="a")
-    with pytest.raises(IntegrityError, match="past what the trainer set signed"):
-        _check(book, _records(b, [40])[40], sender="b")
-    assert book.gate.far_refused == 1 and book.strikes["b"] == 1
+    with pytest.raises(FarVersion, match="past what the live trainer set signed"):
+        book.gate.verify(_records(b, [40])[40])
+    assert book.gate.far_refused == 1
     _check(book, _records(b, [12])[12], sender="b")  # within the step
     with pytest.raises(IntegrityError):  # b alone cannot lift its own ceiling
         _check(book, _records(b, [50])[50], sender="b")
+    assert not book.strikes["b"], "a far record a member signed is no lie of who relayed it"
     # a partition left both far ahead: once both are seen there, they vouch for each other
     _check(book, _records(a, [41])[41], sender="a")  # b was seen signing 50
     _check(book, _records(b, [45])[45], sender="b")  # a was seen at 41

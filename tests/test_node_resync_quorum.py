@@ -14,7 +14,7 @@ from helpers import tiny_overrides
 from test_node_resync_trust import RUN, _server
 
 from pulse_node.chain.identity import Identity
-from pulse_node.chain.record import encode_record
+from pulse_node.chain.record import encode_record, signing_bytes
 from pulse_node.chain.store import VersionStore
 from pulse_node.config import TrainerConfig
 from pulse_node.daemon.context import RoleContext
@@ -41,6 +41,12 @@ def test_majority_needs_more_than_half_and_two_voters_break_ties_by_peer_id():
     assert majority({a: "ha", b: "hb"}, me=a) == want == majority({b: "hb", a: "ha"}, me=b)
 
 
+def _signed_by(ident, rec):
+    """``rec`` signed by ``ident`` (what another member publishes for the same version)."""
+    unsigned = dataclasses.replace(rec, signer=ident.public_key_hex)
+    return dataclasses.replace(unsigned, signature=ident.sign(signing_bytes(unsigned)))
+
+
 @pytest.fixture
 def trio(tmp_path):
     from pulse_node.trainer.role import TrainerRole
@@ -65,18 +71,12 @@ def test_one_members_conflicting_head_is_outvoted_not_a_resync(trio, tmp_path):
     ours = role.publisher.head
     honest = announce(hub, HONEST, lambda request: None, role="trainer", version=3)
     liar = announce(hub, LIAR, lambda request: None, role="trainer", version=3)
-    from pulse_node.chain.record import signing_bytes
-
-    def signed_by(ident, rec):
-        unsigned = dataclasses.replace(rec, signer=ident.public_key_hex)
-        return dataclasses.replace(unsigned, signature=ident.sign(signing_bytes(unsigned)))
-
     other = dataclasses.replace(ours, state_hash="cd" * 32)
     from pulse_node.chain.record import chain_hash
     other = dataclasses.replace(other, chain_hash=chain_hash(parent_chain_hash=other.parent_chain_hash, version=3,
                                                              patch_digest=other.patch_digest, state_hash=other.state_hash))
-    role._take_head(honest.peer_id, encode_record(signed_by(HONEST, ours)))
-    role._take_head(liar.peer_id, encode_record(signed_by(LIAR, other)))
+    role._take_head(honest.peer_id, encode_record(_signed_by(HONEST, ours)))
+    role._take_head(liar.peer_id, encode_record(_signed_by(LIAR, other)))
     role._check_agreement()
     assert role.version == 3 and not role.ctx.status.snapshot().trainer.resyncs, "re-synced on one member's head"
 
@@ -88,9 +88,10 @@ def test_a_far_version_one_member_serves_is_not_adopted_the_majoritys_is(trio, t
         return " ".join(e.message for e in role.ctx.status.snapshot().recent_errors)
 
     honest = _server(tmp_path, hub, HONEST, role, HONEST, version=5)
+    role._take_head(honest.peer_id, encode_record(_signed_by(HONEST, role.publisher.head)))  # seen at 3
     far = _server(tmp_path, hub, LIAR, role, LIAR, version=10**12 - 1)
     assert not role._resync(far) and role.version == 3
-    assert "past what the trainer set signed" in errors()
+    assert "past what the live trainer set signed" in errors()
     far = _server(tmp_path, hub, LIAR, role, LIAR, version=50)  # within the step: the quorum refuses it
     assert not role._resync(far) and role.version == 3 and "no majority" in errors()
     assert not role._resync(honest), "adopted with one of three members holding it"  # the liar serves no 5

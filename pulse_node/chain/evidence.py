@@ -1,8 +1,12 @@
 """Equivocation evidence, the statement: two conflicting messages signed by one trainer-set key.
 
-A member signing two different version records for one version (two histories), or two
-different round decisions for one round (``loco/equivocation.py``), has lied to someone: both
-signed messages together prove it to anyone, without trusting whoever reports them. An
+A member signing two different version records on one parent (two histories forking from one
+chain), or two different round decisions for one round on one base (``loco/equivocation.py``),
+has lied to someone: both signed messages together prove it to anyone, without trusting whoever
+reports them. Only statements **on one chain** count: records with the same parent chain hash
+and the same epoch, decisions of the same epoch and base. A trainer that restarts with a fresh
+store (a new epoch), resumes alone from its store or re-syncs to the majority's state signs
+version and round numbers again on another parent or base, which convicts nobody. An
 ``Evidence`` is that pair; a ``Checker`` per kind recomputes (signer, version or round) from the
 two messages and raises unless they really conflict. Who is convicted, and what that means for
 the peers, is the peer book's (``peers/evidence.py``).
@@ -89,16 +93,25 @@ def decode_evidence(data: bytes) -> tuple[str, bytes, bytes]:
 
 
 def heads_conflict(first: bytes, second: bytes, run_id: str) -> tuple[str, int]:
-    """(signer, version) if both are records of ``run_id`` validly signed by one key for one
-    version with different chain hashes; ``IntegrityError`` / ``WireError`` otherwise."""
+    """(signer, version) if both are records of ``run_id`` validly signed by one key on one chain
+    (same version, parent chain hash and epoch) with different chain hashes; ``IntegrityError`` /
+    ``WireError`` otherwise."""
     a, b = decode_record(first[:MAX_RECORD_BYTES + 1]), decode_record(second[:MAX_RECORD_BYTES + 1])
     if a.signer != b.signer or a.version != b.version:
         raise IntegrityError("the two records are not one key's records for one version")
+    if not one_chain(a, b):
+        raise IntegrityError(f"the two records of version {a.version} extend other parents or epochs "
+                             "(a restart, a resume or a re-sync): no conflict")
     if a.chain_hash == b.chain_hash:
         raise IntegrityError(f"the two records of version {a.version} agree: no conflict")
     for r in (a, b):
         verify_record(r, run_id=run_id, trusted_signers={a.signer})
     return a.signer, a.version
+
+
+def one_chain(a: VersionRecord, b: VersionRecord) -> bool:
+    """Whether ``a`` and ``b`` extend one chain: the same parent chain hash in the same epoch."""
+    return a.parent_chain_hash == b.parent_chain_hash and a.epoch == b.epoch
 
 
 def head_evidence(a: VersionRecord, b: VersionRecord) -> Evidence:

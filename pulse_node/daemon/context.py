@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Generic, TypeVar
 
 from pulse_node.chain.identity import Identity
@@ -22,7 +23,7 @@ from pulse_node.daemon.status_model import StandingReport
 from pulse_node.daemon.transport import Transport
 from pulse_node.errors import PulseError
 from pulse_node.peers.book import PeerBook
-from pulse_node.peers.outcomes import Unreached
+from pulse_node.peers.outcomes import Unexpected, Unreached
 from pulse_node.peers.standing import PUSH_UNKNOWN, VIEW_UNKNOWN
 from pulse_node.peers.view import PeerView
 from pulse_node.vocab import PushKind
@@ -109,6 +110,30 @@ class RoleContext(Generic[C]):
         self._fanout.submit(kind, data, peers, job=job, timeout=timeout, newcomers=newcomers, on_error=on_error,
                             on_sent=on_sent)
 
+    def take_events(self, handlers: Mapping[str, Callable[[str, bytes], None]], *, wait_s: float = 0.0) -> None:
+        """Hand each pushed event (waiting up to ``wait_s`` for the first) to its kind's handler
+        ``(sender, data)``: the one place a role takes what peers push. A ``PulseError`` is the
+        handler's refusal (it judged the sender); any other exception is contained by the book
+        (``PeerBook.contain``: refused, sender struck, the role goes on). Both count as rejected
+        and name the sender in the status."""
+        for ev in self.transport.events(wait_s=wait_s):
+            handle = handlers.get(ev.kind)
+            if handle is None:
+                continue
+            try:
+                got = self.book.contain(ev.sender, partial(handle, ev.sender, ev.data), what=f"pushed {ev.kind}")
+            except PulseError as exc:
+                self._rejected(f"bad {ev.kind} from {ev.sender[:12]}: {exc}")
+                continue
+            if isinstance(got, Unexpected) and got.struck:
+                self._rejected(f"{ev.kind} from {ev.sender[:12]} refused: {got.why}")
+
+    def _rejected(self, message: str) -> None:
+        with self.status.node() as counters:
+            counters.rejected += 1
+            counters.unexpected = self.book.containment.failures
+        self.status.error(message)
+
     def standing_report(self) -> StandingReport:
         found, view, newcomers = self._last_view
         pushes = self._fanout.counts if self._fanout is not None else {}
@@ -130,6 +155,8 @@ class RoleContext(Generic[C]):
             role=self.cfg.role, version=held, chain_hash=chain_hash or None, state_hash=state_hash or None,
             serves=Serves(lowest=lowest, highest=held, anchors=anchors[-64:]),
             node_key=self.identity.public_key_hex, metrics_url=self.status.metrics_url, admission=self.admission))
+        with self.status.node() as counters:
+            counters.unexpected = self.book.containment.failures
         self.status.update(version=version, chain_hash=chain_hash, state_hash=state_hash,
                            lowest=-1 if lowest is None else lowest, anchors=anchors, peers=len(self.peers()),
                            standing=self.standing_report())

@@ -63,6 +63,8 @@ class NodeCounters(_Section):
 
     errors: int = Field(0, ge=0, description="errors recorded")
     rejected: int = Field(0, ge=0, description="peer inputs rejected (bad signature, digest, hash or format)")
+    unexpected: int = Field(0, ge=0, description="peer inputs whose handling raised an exception no check "
+                            "anticipated: refused, sender struck, the node went on (peers/contain.py; a bug to report)")
 
 
 class TrainerCounters(_Section):

@@ -67,20 +67,14 @@ class InferenceRole:
         busy = False
         while not self.ctx.stop.is_set():
             # idle: block up to 0.5 s on pushed head announcements instead of polling
-            self._take_events(self.ctx.transport.events(wait_s=0.0 if busy else 0.5))
+            self.evidence.tick()
+            self.ctx.take_events({"evidence": self.evidence.take, "head": self.sync.take_head},
+                                 wait_s=0.0 if busy else 0.5)
             peers = self.ctx.peers()
             applied = self.sync.step(peers, rank=self._rank(peers))
             if self.sync.record is not None and self.sync.record.version != self.worker.version:
                 self._on_applied(applied)
             busy = self._rollout_once(peers)
-
-    def _take_events(self, events) -> None:
-        """Evidence to the evidence plane, head announcements to the syncer."""
-        self.evidence.tick()
-        for ev in events:
-            if ev.kind == "evidence":
-                self.evidence.take(ev.sender, ev.data)
-        self.sync.take_events([ev for ev in events if ev.kind != "evidence"])
 
     def _rank(self, peers) -> int:
         """Our position among inference peers that showed themselves (standing, or a verified head

@@ -139,16 +139,21 @@ class VersionSync:
 
     # ---- head discovery -------------------------------------------------------------
     def take_events(self, events: list[Event]) -> None:
-        """Head announcements pushed by peers: kept until ``step`` verifies them (``_take_hints``)."""
+        """Head announcements pushed by peers (``take_head``)."""
         for ev in events:
-            if ev.kind != "head" or self.book.ignored(ev.sender):
-                continue
-            rec = self.book.ask(ev.sender, partial(decode_record, ev.data), lies=(WireError,))
-            if isinstance(rec, Fault):
-                continue
-            have = self._heads.get(ev.sender)
-            if (have is None and len(self._heads) < MAX_PENDING_HEADS) or (have and rec.version > have.version):
-                self._heads[ev.sender] = rec
+            if ev.kind == "head":
+                self.take_head(ev.sender, ev.data)
+
+    def take_head(self, sender: str, data: bytes) -> None:
+        """A head record ``sender`` pushed: kept until ``step`` verifies it (``_take_hints``)."""
+        if self.book.ignored(sender):
+            return
+        rec = self.book.ask(sender, partial(decode_record, data), lies=(WireError,))
+        if isinstance(rec, Fault):
+            return
+        have = self._heads.get(sender)
+        if (have is None and len(self._heads) < MAX_PENDING_HEADS) or (have and rec.version > have.version):
+            self._heads[sender] = rec
 
     def _take_hints(self) -> None:
         """A pushed head record becomes a target and a hint about who holds what only if a member

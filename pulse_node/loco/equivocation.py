@@ -1,8 +1,10 @@
 """Round-decision equivocation: one key signing two different decisions for one round.
 
-The coordinator of a round signs one decision (``loco/decision.py``); two different ones for the
-same round, both validly signed by the same key, prove that it told trainers different things
-(a fork on purpose). ``decisions_conflict`` is the ``chain/evidence.py`` checker for them;
+The coordinator of a round signs one decision (``loco/decision.py``); two that name other
+payloads for the same round of the same epoch on the same base, both validly signed by the same
+key, prove that it told trainers different things (a fork on purpose). Decisions of another
+epoch or base are no conflict: a trainer that restarted, resumed alone or re-synced decides the
+round's number again on another chain. ``decisions_conflict`` is the ``chain/evidence.py`` checker for them;
 ``evidence_checkers`` is every kind a node verifies.
 """
 
@@ -15,11 +17,14 @@ from pulse_node.loco.decision import decode_decision, verify_decision
 
 def decisions_conflict(first: bytes, second: bytes, run_id: str) -> tuple[str, int]:
     """(signer, round) if both are decisions of ``run_id`` validly signed by one key for one round
-    that name another base or other payloads; ``IntegrityError`` / ``WireError`` otherwise."""
+    of one epoch on one base that name other payloads; ``IntegrityError`` / ``WireError`` otherwise."""
     a, b = decode_decision(first), decode_decision(second)
     if a.signer != b.signer or a.round != b.round:
         raise IntegrityError("the two decisions are not one key's decisions for one round")
-    if (a.base, a.contributors) == (b.base, b.contributors):
+    if (a.epoch, a.base) != (b.epoch, b.base):
+        raise IntegrityError(f"the two decisions of round {a.round} are of other epochs or bases "
+                             "(a restart, a resume or a re-sync): no conflict")
+    if a.contributors == b.contributors:
         raise IntegrityError(f"the two decisions of round {a.round} agree: no conflict")
     for d in (a, b):
         if d.run_id != run_id:

@@ -9,7 +9,9 @@ with, and the node's version gate (``chain/gate.py``), which reads membership th
 - **One way in.** ``judge(peer_id, outcome)`` with what the peer did, as a value
   (``peers/outcomes.py``); each outcome is recorded once, in every ledger it concerns. A call
   that can fail because of a peer goes through ``ask``, which turns its fault into a value,
-  judges it and returns it. ``observe`` takes what discovery shows (admissions, time seen).
+  judges it and returns it; pushed data is handled through ``contain``. Both are the one
+  boundary where an exception no check anticipated is contained (``peers/contain.py``).
+  ``observe`` takes what discovery shows (admissions, time seen).
 - **Read-only queries.** Whom to ignore (``ignored``, ``heeded``), who is a member
   (``is_member``, ``vouches_for``, ``member_peer``, ``key_of``), the live trainers
   (``live_trainers``), whom to ask first (``order``, ``providers``, ``fetch_order``,
@@ -27,12 +29,13 @@ from pathlib import Path
 from typing import TypeVar
 
 from pulse_node.chain.evidence import Evidence
-from pulse_node.chain.gate import VERSION_STEP, Signers, VersionGate
+from pulse_node.chain.gate import MIN_SIGNERS, VERSION_STEP, Signers, VersionGate
 from pulse_node.chain.identity import key_of_peer_id, peer_id_of_key
 from pulse_node.chain.peer import PeerRecord
 from pulse_node.config import NodeConfig
 from pulse_node.errors import IntegrityError, PulseError, WireError
 from pulse_node.loco.equivocation import evidence_checkers
+from pulse_node.peers.contain import Containment
 from pulse_node.peers.evidence import EvidenceBook
 from pulse_node.peers.outcomes import (
     Accepted,
@@ -43,6 +46,7 @@ from pulse_node.peers.outcomes import (
     Outcome,
     Relayed,
     Reported,
+    Unexpected,
     Unreached,
     outcome_of,
 )
@@ -59,17 +63,20 @@ class PeerBook:
     """What this node thinks of every peer (see the module docstring)."""
 
     def __init__(self, trainers: TrainerSet, *, evidence: EvidenceBook | None = None,
-                 strikes: Strikes | None = None, standing: Standing | None = None, min_signers: int = 1,
+                 strikes: Strikes | None = None, standing: Standing | None = None, min_signers: int = MIN_SIGNERS,
                  max_version_step: int = VERSION_STEP) -> None:
         self.trainers = trainers
         self.evidence = evidence if evidence is not None else EvidenceBook(run_id=trainers.run_id)
         self.evidence.admit = trainers.is_member
+        trainers.convicted = self.evidence.__contains__  # a convicted key endorses nothing
         self.ledger = strikes if strikes is not None else Strikes()
         self.standing = standing if standing is not None else Standing()
+        self.containment = Containment()
         self.gate = VersionGate(Signers(trainers.run_id), min_signers=min_signers, max_version_step=max_version_step)
         self._known: dict[str, str] = {}  # member peer id -> its key, as seen in discovery
         self._discovered: list[PeerRecord] = []
-        self._members_told: frozenset[str] | None = None
+        self._live: frozenset[str] = frozenset()  # member trainers in discovery that announce a version
+        self._members_told: tuple[frozenset[str], frozenset[str]] | None = None
         self._members_changed()
 
     @classmethod
@@ -100,32 +107,45 @@ class PeerBook:
         elif isinstance(outcome, Failed):
             self.ledger.mark_failure(peer_id)
             s.mark_failure(peer_id)
-        elif isinstance(outcome, Lied):
+        elif isinstance(outcome, Lied) or (isinstance(outcome, Unexpected) and outcome.struck):
             self.ledger.mark_strike(peer_id)
             s.mark_strike(peer_id)
-        return outcome  # Busy: nothing to record
+        return outcome  # Busy, an Unexpected while backing off: nothing to record
 
     def _reported(self, peer_id: str, outcome: Reported) -> Outcome:
         try:
             self.evidence.mark_evidence(outcome.evidence)
         except (WireError, IntegrityError) as exc:
             return self.judge(peer_id, Lied(f"evidence that does not check out: {exc}"))
+        self.trainers.mark_revised()  # admissions its key endorsed may fall with it
         self._members_changed()
         return outcome
 
     def ask(self, peer_id: str, call: Callable[[], T], *, then: Outcome | None = None,
-            lies: tuple[type[PulseError], ...] = ()) -> T | Fault:
+            lies: tuple[type[PulseError], ...] = (), what: str = "") -> T | Fault:
         """``call()`` (a request to ``peer_id``, or a check of what it sent), its fault turned into a
-        value and judged (``outcome_of``; ``lies``: further error types that are the peer's lie);
-        ``then`` is judged when it returned a value (not None)."""
+        value and judged (``outcome_of``; ``lies``: further error types that are the peer's lie;
+        any other exception: ``Unexpected``, ``peers/contain.py``, at boundary ``what``, by
+        default the call's name); ``then`` is judged when it returned a value (not None)."""
         try:
-            got = call()
+            got = self.contain(peer_id, call, what=what or _name(call))
         except PulseError as exc:
             fault = outcome_of(exc, lies=lies)
             recorded = self.judge(peer_id, fault)
             return recorded if isinstance(recorded, Fault) else fault
+        if isinstance(got, Unexpected):
+            return got
         if then is not None and got is not None:
             self.judge(peer_id, then)
+        return got
+
+    def contain(self, peer_id: str, call: Callable[[], T], *, what: str) -> T | Unexpected:
+        """``call()`` handling what ``peer_id`` sent (a pushed event; ``what``: the boundary), or
+        the ``Unexpected`` it raised instead, judged (``peers/contain.py``); a ``PulseError``
+        propagates to the caller's own handling."""
+        got = self.containment.run(peer_id, call, what=what)
+        if isinstance(got, Unexpected):
+            self.judge(peer_id, got)
         return got
 
     def observe(self, peers: Iterable[PeerRecord]) -> None:
@@ -134,6 +154,8 @@ class PeerBook:
         self._discovered = list(peers)
         self.trainers.mark_observed(self._discovered)
         self.standing.mark_seen(p.peer_id for p in self._discovered)
+        self._live = frozenset(k for p in self._discovered if p.role == "trainer" and not p.leaving and p.head >= 0
+                               and self.trainers.is_member(k := bound_key(p)))
         self._members_changed()
 
     def heed(self, peers: Iterable[PeerRecord]) -> list[PeerRecord]:
@@ -152,13 +174,14 @@ class PeerBook:
         return view + self.order(carrying, quota=claims), self.view()
 
     def _members_changed(self) -> None:
-        """When the effective set changes: the gate gets it as a value (it never asks us), and
-        members come first in every order."""
-        keys = self.signers()
-        if keys != self._members_told:
-            self._members_told = keys
-            self.gate.members = Signers(self.run_id, keys, frozenset(self.evidence.convicted))
-            self.standing.mark_members(peer_id_of_key(k) for k in keys)
+        """When the effective set or its live part changes: the gate gets it as a value (it never
+        asks us), and members come first in every order."""
+        keys, live = self.signers(), self.live_signers()
+        if (keys, live) != self._members_told:
+            if self._members_told is None or keys != self._members_told[0]:
+                self.standing.mark_members(peer_id_of_key(k) for k in keys)
+            self._members_told = keys, live
+            self.gate.members = Signers(self.run_id, keys, frozenset(self.evidence.convicted), live)
 
     # ---- membership ------------------------------------------------------------------------
     @property
@@ -179,6 +202,23 @@ class PeerBook:
 
     def convicted(self, key: str) -> bool:
         return key in self.evidence
+
+    def live_signers(self) -> frozenset[str]:
+        """The members in the last discovery view that announce a version and are not leaving,
+        none convicted (whom the version gate counts)."""
+        return frozenset(k for k in self._live if k not in self.evidence and self.trainers.is_member(k))
+
+    def own_depth(self, key: str, admission: bytes | None) -> int | None:
+        """``depth`` of this node's own ``key``, its ``admission`` (if any) learned first: a trainer's
+        class before any peer showed it its own record."""
+        if self.depth(key) is None and not self.open and admission:
+            self.trainers.mark_learned(key, admission)
+        return 0 if self.open and self.depth(key) is None else self.depth(key)
+
+    def depth(self, key: str) -> int | None:
+        """The member's class: 0 for a root (a configured key), n for a key admitted at depth n
+        (``peers/trainerset.py``); None for a non-member or a convicted key."""
+        return None if key.lower() in self.evidence else self.trainers.depth_of(key)
 
     def is_member(self, key: str) -> bool:
         """Whether ``key`` is in this node's effective trainer set (a member not convicted)."""
@@ -296,3 +336,10 @@ class PeerBook:
     def summary(self) -> dict[str, int]:
         """Standing counts for the status page."""
         return self.standing.summary()
+
+
+def _name(call: Callable[..., object]) -> str:
+    """A boundary's name for ``call``: its function's qualified name, without ``<locals>`` parts."""
+    func = getattr(call, "func", call)  # functools.partial
+    name = getattr(func, "__qualname__", type(func).__name__)
+    return name.split(".<locals>")[0]

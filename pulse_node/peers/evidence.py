@@ -7,7 +7,9 @@ key everywhere: its records, decisions, payloads, pushes and fetches; it leaves 
 effective trainer set. Nothing about the reporter matters but whether the evidence checks out.
 
 At most one evidence per key (the first that checked), at most ``MAX_CONVICTED`` keys, each in
-``<data_dir>/evidence/<key>.ev`` so a restart keeps them (re-checked on load). Only keys the book
+``<data_dir>/evidence/<key>.ev`` so a restart keeps them, re-checked on load by today's rules: a
+file kept under an older rule that paired statements of two chains (``chain/evidence.py``)
+convicts nobody any more. Only keys the book
 says may be convicted count (``admit``: trainer-set members), so fresh keys equivocating against
 themselves cannot fill it.
 """

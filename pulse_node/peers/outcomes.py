@@ -15,9 +15,11 @@ is caught and translated into a strike at the call site.
 - ``Lied``: it sent something false or damaged: a strike (``max_strikes`` of them ban it).
 - ``Reported``: it handed us equivocation evidence (``chain/evidence.py``): checked by the book;
   true convicts the signer for good, false is the reporter's lie.
+- ``Unexpected``: handling what it sent raised an exception no check anticipated
+  (``peers/contain.py``): refused, and a strike like a lie.
 - ``Busy``: it is working on the request (a catch-up patch being made): nothing to judge.
 
-``Failed``, ``Lied``, ``Reported`` and ``Busy`` are ``Fault``s: what ``ask`` returns instead of
+``Failed``, ``Lied``, ``Reported``, ``Unexpected`` and ``Busy`` are ``Fault``s: what ``ask`` returns instead of
 a result.
 """
 
@@ -73,6 +75,14 @@ class Failed(Fault):
 @dataclass(frozen=True)
 class Lied(Fault):
     """It sent something false or damaged."""
+
+
+@dataclass(frozen=True)
+class Unexpected(Fault):
+    """Handling what it sent raised an exception no check anticipated (``peers/contain.py``):
+    refused and struck like a lie; ``struck`` False while a failing boundary backs off."""
+
+    struck: bool = True
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ attacker processes through ``run_member_attack``, its key being one the bench ad
 
 - ``presigned_decisions``: decisions for the coming rounds, signed before they exist;
 - ``equivocating_decisions``: two different decisions for one round;
-- ``conflicting_heads``: two records for one version (two histories);
+- ``conflicting_heads``: two records for one version on one parent (two histories);
 - ``far_head``: a record of version 10**12 - 1 (past every version the swarm will make);
 - ``swapped_anchor``: its own record for a real anchor, with other chunk digests;
 - ``oversize_push``: a p2pd push declaring 1 GiB, over a trainer's model-derived cap;
@@ -37,13 +37,15 @@ FAR_VERSION = 10**12 - 1
 HUGE_PATCH = 1 << 50
 
 
-def record_at(identity: Identity, run_id: str, version: int, *, salt: str = "ab", anchor_manifest: bytes = b""
-              ) -> VersionRecord:
-    """A well-formed record of ``version`` signed by ``identity``; ``salt`` picks its state hash."""
+def record_at(identity: Identity, run_id: str, version: int, *, salt: str = "ab", anchor_manifest: bytes = b"",
+              parent: VersionRecord | None = None) -> VersionRecord:
+    """A well-formed record of ``version`` signed by ``identity``; ``salt`` picks its state hash;
+    on ``parent`` (a record of ``version - 1``), else on a fresh chain of its own."""
     from pulse_node.chain.record import make_record
     from pulse_node.testing.faults import ForgedChain
 
-    parent = dataclasses.replace(ForgedChain(run_id, identity).record(1), version=version - 1)
+    if parent is None:
+        parent = dataclasses.replace(ForgedChain(run_id, identity).record(1), version=version - 1)
     return make_record(identity, run_id=run_id, version=version, parent=parent, state_hash=(salt * 64)[:64],
                        patch=b"member-" + salt.encode(), anchor_version=version if anchor_manifest else 0,
                        is_anchor=bool(anchor_manifest), codec="pulsesync/compact/1", anchor_manifest=anchor_manifest)
@@ -85,11 +87,14 @@ def swarm_epoch(h: Hostile) -> bytes | None:
     return None
 
 
-def conflicting_heads(identity: Any, run_id: str, version: int) -> list[bytes]:
-    """Two records of ``version`` with different states, both signed by ``identity``."""
+def conflicting_heads(identity: Identity, run_id: str, version: int) -> list[bytes]:
+    """Two records of ``version`` on one parent with different states, both signed by ``identity``
+    (equivocation on one chain: evidence)."""
     from pulse_node.chain.record import encode_record
+    from pulse_node.testing.faults import ForgedChain
 
-    return [encode_record(record_at(identity, run_id, version, salt=s)) for s in ("a1", "b2")]
+    parent = record_at(identity, run_id, version - 1) if version > 1 else ForgedChain(run_id, identity).record(0)
+    return [encode_record(record_at(identity, run_id, version, salt=s, parent=parent)) for s in ("a1", "b2")]
 
 
 def far_head(identity: Any, run_id: str) -> bytes:

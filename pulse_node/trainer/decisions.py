@@ -65,6 +65,7 @@ from pulse_node.vocab import DecisionRefusal
 _ORDER_DOMAIN = b"pulse/coordinator-order/1\0"
 PARK_PER_ROUND = 8  # decisions parked per coming round, at most
 OWN_KEEP = 8  # rounds whose own decision a trainer keeps on disk
+WITNESSED_BASES = 4  # bases per (round, signer) whose first decision is remembered, at most
 
 
 def coordinator_order(run_id: str, round: int, ids: Iterable[str]) -> list[str]:
@@ -93,7 +94,8 @@ class DecisionIntake:
         self.me = peers.me
         self.root = Path(ctx.store.root)
         self.parked: dict[int, dict[str, tuple[RoundDecision, bytes]]] = {}  # round -> coordinator -> decision
-        self.witnessed: dict[tuple[int, str], bytes] = {}  # (round, signer) -> its first verified decision
+        #: (round, signer) -> base -> its first verified decision on that base (a few bases at most)
+        self.witnessed: dict[tuple[int, str], dict[bytes, bytes]] = {}
 
     def offer(self, sender: str, data: bytes) -> None:
         """Check a decision; accept (and relay) it if it passes (module docstring). ``PulseError`` if bad."""
@@ -131,15 +133,15 @@ class DecisionIntake:
             raise PayloadBoundError(f"round {d.round} decision names a payload beyond the value bound")
 
     def _witness(self, d: RoundDecision, data: bytes, *, sender: str) -> None:
-        """Remember the first decision of (round, signer); convict the signer on a different second one."""
+        """Remember the first decision of (round, signer) on each base; convict the signer on a
+        different second one on the same base (one on another base is no conflict: a re-sync)."""
         if not -4 <= d.round - self.table.current_round() < 4:  # bounded: recent and coming rounds only
             return
-        slot = (d.round, d.signer)
-        first = self.witnessed.setdefault(slot, data)
-        if first == data:
+        bases = self.witnessed.setdefault((d.round, d.signer), {})
+        if d.base not in bases and len(bases) >= WITNESSED_BASES:
             return
-        have = decode_decision(first)
-        if (have.base, have.contributors) == (d.base, d.contributors):
+        first = bases.setdefault(d.base, data)
+        if first == data or decode_decision(first).contributors == d.contributors:
             return
         self.ctx.book.judge(sender, Reported("two decisions", evidence=encode_evidence("decision", first, data)))
         if not self.ctx.book.convicted(d.signer):  # both were verified: only a full evidence book says no

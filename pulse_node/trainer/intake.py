@@ -24,13 +24,14 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from functools import partial
 
 from pulse_node.codec.state import State
 from pulse_node.daemon.status import NodeStatus
 from pulse_node.daemon.status_model import SenderReport, count
 from pulse_node.errors import WireError
 from pulse_node.peers.book import PeerBook
-from pulse_node.peers.outcomes import Accepted, Lied
+from pulse_node.peers.outcomes import Accepted, Lied, Unexpected
 from pulse_node.rl.config import VerifyConfig
 from pulse_node.rl.rollout import Rollout, decode_rollouts
 from pulse_node.rl.verify import BatchVerdict, RolloutCheck, RolloutVerifier
@@ -195,7 +196,12 @@ class RolloutFeed:
         """The next accepted batch (trainer-scored rollouts), or None once the queues are empty."""
         while (item := self.intake.take()) is not None:
             sender, data = item
-            verdict = self._check(sender, data, current_version)
+            # where the trainer takes a peer's batch: an unexpected exception refuses it (sender struck)
+            verdict = self.intake.book.contain(sender, partial(self._check, sender, data, current_version),
+                                               what="rollout batch")
+            if isinstance(verdict, Unexpected):
+                self.status.error(f"rollout batch from {sender[:12]} refused: {verdict.why}")
+                continue
             with self.status.trainer() as c:
                 c.rollouts_in += len(verdict.checks)
                 if not verdict.ok:

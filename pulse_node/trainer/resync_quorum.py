@@ -4,20 +4,27 @@ A re-sync replaces a trainer's whole state (``trainer/role.py`` ``_resync``), so
 not be able to trigger it nor choose what is adopted. The ballots for a version are the state
 hashes of the signed records members published for it: the heads they pushed to us, else the
 record each live member trainer serves for it (fetched and verified; one that holds an older
-version votes for none, one that holds none yet does not vote), and our own if we hold the version. Each key votes once (a key signing
-two records for one version is convicted of equivocation by the peer book instead,
-``chain/gate.py``). ``majority`` takes the state more than half of the voters hold;
-when we are one of exactly two voters in a tie, the lower peer id breaks it (the only repair a
-two-trainer swarm has; with two members each is half of the set anyway), never otherwise.
+version votes for none, one that holds none yet does not vote), and our own if we hold the
+version. Each key votes once (a key signing two records on one parent is convicted of
+equivocation by the peer book instead, ``chain/gate.py``).
+
+**The rule** (``majority``): ballots count by class, not by key. Only the shallowest class that
+voted counts: the roots (configured keys) if any root voted, else the members the roots
+admitted, and so on (``PeerBook.depth``). Within it, the state more than half of its voters hold
+wins; when we are one of exactly two voters of that class in a tie, the lower peer id breaks it
+(the only repair a two-trainer swarm has), never otherwise. So admitted keys, however many,
+never outvote the roots, and keys admitted by admitted members never outvote those the roots
+admitted: a Sybil majority wins neither the fork check nor the re-sync vote.
 
 So a member's head conflicting with our own published head is no reason to re-sync unless the
-others side with it; a trainer behind adopts a state only if a majority of the live members hold
-it, so one member announcing (and serving) a far version is never adopted.
+others of its class side with it; a trainer behind adopts a state only if a majority of the
+live members of the deciding class hold it, so one member announcing (and serving) a far
+version is never adopted.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from pulse_node.chain.identity import peer_id_of_key
@@ -32,9 +39,16 @@ from pulse_node.peers.outcomes import Fault
 MAX_ASKED = 16  # member trainers asked for their record of a version, at most
 
 
-def majority(ballots: Mapping[str, str], *, me: str = "") -> str | None:
-    """The state hash more than half of ``ballots`` (voter key -> state hash) hold; with two
-    voters in a tie, one of them ``me``, the lower peer id's; else None."""
+def majority(ballots: Mapping[str, str], *, me: str = "",
+             depth: Callable[[str], int | None] = lambda key: 0) -> str | None:
+    """The state hash more than half of the shallowest class's ``ballots`` (voter key -> state
+    hash; ``depth``: a voter's class, None: no vote) hold; with two voters of that class in a
+    tie, one of them ``me``, the lower peer id's; else None (module docstring)."""
+    classes = {k: d for k in ballots if (d := depth(k)) is not None}
+    if not classes:
+        return None
+    top = min(classes.values())
+    ballots = {k: h for k, h in ballots.items() if classes.get(k) == top}
     counts: dict[str, int] = {}
     for h in ballots.values():
         counts[h] = counts.get(h, 0) + 1

@@ -223,7 +223,13 @@ class TrainerRole:
         me, mine = self.ctx.identity.public_key_hex, self.published_hashes.get(version)
         if mine:
             ballots[me] = mine
-        return majority(ballots, me=me)
+        return majority(ballots, me=me, depth=self._depth)
+
+    def _depth(self, key: str) -> int | None:
+        """A voter's class (``trainer/resync_quorum.py``); ours as the book would see our record."""
+        if key == self.ctx.identity.public_key_hex:
+            return self.book.own_depth(key, self.ctx.admission)
+        return self.book.depth(key)
 
     def _take_head(self, sender: str, data: bytes) -> None:
         """A pushed head record counts (for ``_check_agreement``) only if it is the sender's own,
@@ -249,7 +255,7 @@ class TrainerRole:
         for version in sorted(self.peer_heads):
             mine = self.published_hashes.get(version)
             heads = {k: h for k, h in self.peer_heads[version].items() if k in live}
-            won = majority({**heads, me: mine}, me=me) if mine and heads else None
+            won = majority({**heads, me: mine}, me=me, depth=self._depth) if mine and heads else None
             if won is not None and won != mine:
                 source = min((live[k] for k, h in heads.items() if h == won), key=lambda p: p.peer_id.encode())
                 self.ctx.status.error(f"state differs from the majority at version {version}; re-syncing")
@@ -404,22 +410,9 @@ class TrainerRole:
     # ---- inputs ------------------------------------------------------------------------
     def _drain_events(self, wait_s: float = 0.0) -> None:
         self.evidence.tick()
-        for ev in self.ctx.transport.events(wait_s=wait_s):
-            try:
-                if ev.kind == "rollouts":
-                    self.feed.offer(ev.sender, ev.data)
-                elif ev.kind == "head":
-                    self._take_head(ev.sender, ev.data)
-                elif ev.kind == "loco":
-                    self.agreement.offer_payload(ev.sender, ev.data)
-                elif ev.kind == "loco_decision":
-                    self.agreement.offer_decision(ev.sender, ev.data)
-                elif ev.kind == "evidence":
-                    self.evidence.take(ev.sender, ev.data)
-            except PulseError as exc:
-                with self.ctx.status.node() as counters:
-                    counters.rejected += 1
-                self.ctx.status.error(f"bad {ev.kind} from {ev.sender[:12]}: {exc}")
+        self.ctx.take_events({"rollouts": self.feed.offer, "head": self._take_head,
+                              "loco": self.agreement.offer_payload, "loco_decision": self.agreement.offer_decision,
+                              "evidence": self.evidence.take}, wait_s=wait_s)
 
     def _next_batch(self) -> list[Rollout]:
         """A verified batch of peer rollouts, or our own after ``rollout_wait_s``."""
