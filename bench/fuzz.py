@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib.util
 import json
 import re
 import subprocess
@@ -140,6 +141,8 @@ def main() -> None:
     if args.worker:
         worker(args.worker, out, [a for a in rest if a != "--"])
         return
+    if importlib.util.find_spec("atheris") is None:  # each worker would fail alone and the table read all 0
+        raise SystemExit("bench/fuzz.py needs atheris (coverage-guided fuzzing): pip install atheris")
     sys.path.insert(0, str(ROOT))
     from pulse_node.testing.fuzz_targets import TARGETS
 
@@ -155,11 +158,14 @@ def main() -> None:
               f"{r['ooms']:>4} {r['peak_rss_mb']:>6} {r['slowest_s']:>9}", flush=True)
     print(f"out: {out}  ({time.monotonic() - t0:.0f} s; hang bound {args.timeout_s} s per input, "
           f"memory bound {args.rss_mb} MB per worker)")
-    print(json.dumps({"decoders": len(rows), "inputs": sum(r["inputs"] for r in rows),
+    idle = [r["target"] for r in rows if not r["inputs"]]  # a worker that never ran is a failure, not a pass
+    print(json.dumps({"decoders": len(rows), "inputs": sum(r["inputs"] for r in rows), "idle": idle,
                       "crashes": sum(r["crashes"] for r in rows), "hangs": sum(r["hangs"] for r in rows),
                       "ooms": sum(r["ooms"] for r in rows), "max_rss_mb": max(r["peak_rss_mb"] for r in rows),
                       "per_decoder": {r["target"]: {k: r[k] for k in ("inputs", "cov", "ft", "crashes", "hangs")}
                                       for r in rows}}))
+    if idle or any(r["crashes"] or r["hangs"] or r["ooms"] for r in rows):
+        sys.exit(1)
 
 
 if __name__ == "__main__":

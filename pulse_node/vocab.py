@@ -21,7 +21,7 @@ from typing import Literal, get_args
 from pulse_node.errors import WireError
 
 #: what one peer may push into another's event queue
-PushKind = Literal["rollouts", "loco", "head", "loco_decision", "evidence"]
+PushKind = Literal["rollouts", "loco", "loco_commit", "head", "loco_decision", "evidence"]
 #: what one peer may fetch from another's store
 FetchKind = Literal["record", "patch", "anchor", "catchup", "trainer_state", "loco_payload", "loco_decision"]
 #: any message kind (fault injection faults pushes and fetches alike)
@@ -152,6 +152,8 @@ class LocoRefusal(Reason):
     TOO_FAR_AHEAD = "too_far_ahead"
     DUPLICATE = "duplicate"
     BANNED = "banned"
+    UNCOMMITTED = "uncommitted"  # a payload (or a commitment) that does not match the sender's commitment
+    BAD_COMMITMENT = "bad_commitment"
 
 
 class DecisionRefusal(Reason):
@@ -164,3 +166,4 @@ class DecisionRefusal(Reason):
     BANNED = "banned"
     OTHER_BASE = "other_base"
     NOT_DESIGNATED = "not_designated"
+    OMITS_COMMITMENT = "omits_commitment"  # leaves out a commitment this trainer held in time

@@ -99,3 +99,14 @@ def tiny_solo(cache_dir: Path, **grpo: object) -> SoloConfig:
         grpo=GRPOConfig(**({"warmstart_steps": 0, "lr": 1e-2} | grpo)),
         minutes=1.0, max_steps=2, threads=1,
     )
+
+
+def commit_to(agreement, identity, sender: str, data: bytes, *, round: int, base: bytes) -> None:
+    """Hand ``agreement`` the round commitment ``sender`` (key ``identity``) signs for the payload
+    ``data`` (commit-reveal: a payload counts only once its commitment is held)."""
+    from pulse_node.loco.decision import payload_digest
+    from pulse_node.loco.roundcommit import encode_commit, make_commit
+
+    c = make_commit(identity, run_id=agreement.ctx.cfg.run_id, epoch=agreement.table.epoch(), round=round, base=base,
+                    trainer=sender, payload=payload_digest(data))
+    agreement.offer_commit(sender, encode_commit(c))

@@ -37,6 +37,7 @@ def test_first_round_reuse_is_exact(world: World) -> None:
                                                                          first.keep_byzantine)
 
 
+@pytest.mark.slow
 def test_decision_stage_decides_whether_a_coordinator_may_drop_honest_payloads(world: World) -> None:
     today = _run(world, attacks(IDS)["coordinator_drop"], rounds=6)  # b0 coordinates round 5
     assert today.left_out > 0

@@ -28,16 +28,23 @@ EPOCH = b"\x09" * 32
 COORD = Identity.generate()
 OTHER = Identity.generate()
 CONTRIBUTORS = {"trainer-c": payload_digest(b"c"), "trainer-a": payload_digest(b"a"), "trainer-b": payload_digest(b"b")}
+COMMITTED = {**{t: payload_digest(t.encode()) for t in CONTRIBUTORS}, "trainer-d": payload_digest(b"d")}
 
 
 def decision(**changes) -> RoundDecision:
     args = dict(run_id="run-a", round=7, base=b"\x05" * 32, epoch=EPOCH, coordinator="trainer-a",
-                contributors=CONTRIBUTORS)
+                contributors=CONTRIBUTORS, committed=COMMITTED)
     args.update(changes)
     return make_decision(COORD, **args)
 
 
 GOOD = decision()
+
+
+def test_every_contributor_is_named_among_the_commitments() -> None:
+    assert GOOD.commitments == COMMITTED
+    with pytest.raises(ValueError, match="among the commitments"):  # never signed
+        decision(committed={"trainer-a": payload_digest(b"x")})
 
 
 def test_round_trip_is_exact_and_sorted() -> None:
@@ -53,7 +60,7 @@ def test_any_tampered_field_fails_the_signature(name: str) -> None:
     value = getattr(GOOD, name)
     forged = {
         "run_id": lambda: "run-b", "round": lambda: 8, "base": lambda: b"\x06" * 32, "epoch": lambda: b"\x07" * 32,
-        "coordinator": lambda: "trainer-b", "contributors": lambda: value[:2],
+        "coordinator": lambda: "trainer-b", "contributors": lambda: value[:2], "committed": lambda: (*value[:3], ("trainer-d", b"\x01" * 32)),
         "signature": lambda: bytes([value[0] ^ 1]) + value[1:],
     }[name]()
     bad = dataclasses.replace(GOOD, **{name: forged})

@@ -13,7 +13,7 @@ from pathlib import Path
 import msgpack
 import numpy as np
 import pytest
-from helpers import all_at_version, assert_trainers_identical, read_status, wait_for
+from helpers import all_at_version, assert_trainers_identical, commit_to, read_status, wait_for
 
 from pulse_node.chain.identity import Identity
 from pulse_node.chain.peer import PeerStatus
@@ -109,13 +109,16 @@ class _Round:
         return self.hash, self.weights
 
 
+KEYS: dict[str, Identity] = {}  # the members' keys of the last ``_agreement``
+
+
 def _agreement(tmp_path: Path, state: _Round, members=("trainer-a", "trainer-c", "trainer-x")) -> RoundAgreement:
     """trainer-b's agreement; ``members`` announce the trainer role (an open swarm: members)."""
     cfg = TrainerConfig.model_validate({"data_dir": str(tmp_path / "b")})
     store, hub = VersionStore(tmp_path / "b" / "store"), MemoryHub()
     for name in members:
-        hub.join(name, lambda request: None).publish(
-            PeerStatus(role="trainer", node_key=Identity.generate().public_key_hex))
+        KEYS[name] = Identity.generate()
+        hub.join(name, lambda request: None).publish(PeerStatus(role="trainer", node_key=KEYS[name].public_key_hex))
     ctx = RoleContext(cfg=cfg, identity=Identity.generate(), store=store,
                       transport=hub.join("trainer-b", lambda request: None),
                       status=NodeStatus(role="trainer", peer_id="trainer-b", run_id=cfg.run_id))
@@ -128,9 +131,11 @@ def test_payload_made_on_another_base_is_refused_before_decoding_and_counted(tmp
     state = _Round(3, b"\x01" * 32, ours)
     agreement = _agreement(tmp_path, state)
     good = _payload("trainer-a", 3, state.hash, ours, seed=1)
-    agreement.offer_payload("trainer-a", encode_payload(good, base=ours))
     older = _payload("trainer-c", 3, state.hash, ours, seed=2)
-    agreement.offer_payload("trainer-c", encode_payload(older))  # base-free (an older peer)
+    for p, data in ((good, encode_payload(good, base=ours)), (older, encode_payload(older))):  # older: base-free
+        agreement.offer_payload(p.trainer_id, data)  # waits for its commitment
+        assert p.trainer_id not in agreement.inbox.get(3, {})
+        commit_to(agreement, KEYS[p.trainer_id], p.trainer_id, data, round=3, base=state.hash)
     assert "_decode_vals" in body_decodes, "the good payloads were not decoded"
     stranger = encode_payload(_payload("trainer-x", 3, OTHER_BASE, theirs, seed=3), base=theirs)
     body_decodes.clear()
@@ -164,6 +169,7 @@ def test_coming_round_payloads_wait_undecoded_for_their_base(tmp_path, body_deco
         agreement.offer_payload(sender, data)
     assert not body_decodes and 4 not in agreement.inbox and set(agreement.pending[4]) == {"trainer-a", "trainer-x"}
     state.round, state.hash, state.weights = 4, b"\x04" * 32, w4  # round 3 closed: our state is round 4's base
+    commit_to(agreement, KEYS["trainer-a"], "trainer-a", sent["trainer-a"], round=4, base=state.hash)
     agreement._flush_pending()
     assert set(agreement.inbox[4]) == {"trainer-a"} and _same(early, agreement.inbox[4]["trainer-a"][1])
     assert agreement.ctx.status.snapshot().trainer.loco_base_mismatch == 1 and not agreement.pending
@@ -249,8 +255,10 @@ def test_base_free_peer_is_still_averaged(node_cfg):
 @pytest.mark.slow
 def test_payload_naming_another_base_misses_the_round_without_breaking_it(node_cfg):
     """Every payload trainer-b pushes names another base: trainer-a never decodes one, counts
-    them, and closes each round it coordinates without b (no waiting for the deadline); in the
-    rounds b coordinates, a fetches b's own payload by the decision's digest; both stay identical."""
+    them, and closes each round it coordinates without waiting for the deadline, fetching the
+    payload b committed to from b itself (commit-reveal: a decision leaves out only what nobody
+    could get); in the rounds b coordinates, a fetches b's own payload by the decision's digest;
+    both stay identical."""
     dirs, _taps, errors = _run_pair(node_cfg, rewrite_b=_renamed_base)
     assert not errors, errors
     assert_trainers_identical(dirs, range(1, 4))
@@ -259,7 +267,7 @@ def test_payload_naming_another_base_misses_the_round_without_breaking_it(node_c
     led_by_a = [r for r in range(a.trainer.rounds)
                 if coordinator_order(a.run_id, r, ["trainer-a", "trainer-b"])[0] == "trainer-a"]
     assert led_by_a, "the test needs a round trainer-a coordinates"
-    assert b.trainer.rounds_left_out >= len(led_by_a) and not b.trainer.forks, b
-    assert a.contributors == (1 if a.trainer.rounds - 1 in led_by_a else 2)
+    assert not b.trainer.rounds_left_out and not b.trainer.forks, b
+    assert a.trainer.loco_fetched >= a.trainer.rounds and a.contributors == 2, a.trainer
     at = {h.version: h.at for h in a.history}
     assert at[3] - at[1] < LOCO["deadline_s"], "trainer-a waited for the payload it had refused"

@@ -317,12 +317,13 @@ def test_a_trainer_restarting_within_a_round_it_decided_never_signs_a_second_dec
     first = _agreement(tmp_path, hub, me, keys)
     mine, data = _payload(peer_id(me))
     first.open_round(mine, data)
-    d1 = first._decide(ROUND, BASE, first._live(), pull=False)
+    d1 = first._decide(first._open, first._live(), pull=False)
     first.ctx.store.close()
     again = _agreement(tmp_path, MemoryHub(), me, keys)  # restarted: nothing in memory, other payloads
     other, data2 = _payload(peer_id(me), value=2e-4)
     again.open_round(other, data2)
-    d2 = again._decide(ROUND, BASE, again._live(), pull=False)
+    d2 = again._decide(again._open, again._live(), pull=False)
     assert d2 == d1, "a second, different decision of one round was signed"
-    assert again._decide(ROUND, b"\x09" * 32, again._live(), pull=False) is None  # another state now
+    again._open.base = b"\x09" * 32  # another state now
+    assert again._decide(again._open, again._live(), pull=False) is None
     again.ctx.store.close()

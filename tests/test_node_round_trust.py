@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import commit_to
 
 from pulse_node.chain.admission import Admission
 from pulse_node.chain.identity import Identity
@@ -86,6 +87,7 @@ def test_a_non_member_cannot_contribute_park_decide_nor_be_waited_for(keyed):
     mine, data = _payload(peer_id(ag.ctx.identity))
     ag.open_round(mine, data)
     assert sorted(ag._open.order) == sorted([peer_id(ag.ctx.identity), member])
+    commit_to(ag, member_ident, member, _payload(member)[1], round=ROUND, base=BASE)
     ag.offer_payload(member, _payload(member)[1])
     assert ag._all_in(ROUND, ag._open.order, ag._live()), "the round waits for a non-member"
     # its decisions, and a member's decision naming it, are refused
@@ -111,6 +113,7 @@ def test_an_open_swarm_keeps_trusting_announced_trainers(tmp_path):
     hub, me, anyone = MemoryHub(), Identity.generate(), Identity.generate()
     ag = _agreement(tmp_path, hub, me, [])
     pid = _announce(hub, anyone)
+    commit_to(ag, anyone, pid, _payload(pid)[1], round=ROUND, base=BASE)
     ag.offer_payload(pid, _payload(pid)[1])
     assert pid in ag.inbox[ROUND] and pid in ag._live()
     ag.ctx.store.close()
@@ -126,9 +129,11 @@ def test_an_admitted_trainer_is_a_contributor(tmp_path):
         ag.offer_payload(pid, _payload(pid)[1])
     hub.join(pid, lambda request: None).publish(PeerStatus(
         role="trainer", version=ROUND, node_key=new.public_key_hex, admission=half.endorse(other).encode()))
+    commit_to(ag, new, pid, _payload(pid)[1], round=ROUND, base=BASE)
     ag.offer_payload(pid, _payload(pid)[1])
     assert pid in ag.inbox[ROUND] and pid in ag._live()
-    d = ag._decide(ROUND, BASE, ag._live(), pull=False)
+    ag.open_round(*_payload(peer_id(me)))
+    d = ag._decide(ag._open, ag._live(), pull=False)
     assert pid in d.trainer_ids
     ag.ctx.store.close()
 
@@ -147,13 +152,15 @@ def test_a_payload_beyond_the_bound_is_refused_heard_from_and_never_decided(keye
                              contributors={member: payload_digest(bad)})
     with pytest.raises(PayloadBoundError):
         ag.offer_decision(member, encode_decision(decision))
-    ours = ag._decide(ROUND, BASE, ag._live(), pull=False)
+    ours = ag._decide(ag._open, ag._live(), pull=False)
     assert ours.trainer_ids == [peer_id(ag.ctx.identity)], "an out-of-bound payload was signed"
     st = _status(ag)
     assert st.loco_refused == {"out_of_bound": 1} and st.decisions_refused == {"out_of_bound": 1}
     _ok_p, ok = _payload(member, value=float(limit) * 0.9)  # a member's payload within the bound is kept
     ag.refused.clear()
     ag.offer_payload(member, ok)
+    assert member not in ag.inbox[ROUND]  # no commitment to it
+    commit_to(ag, member_ident, member, ok, round=ROUND, base=BASE)
     assert member in ag.inbox[ROUND]
 
 

@@ -29,7 +29,7 @@ from pulse_node.testing.memory import MemoryHub
 def served(tmp_path_factory) -> Path:
     from test_chain_catchup_producer import fill
 
-    store = fill(tmp_path_factory.mktemp("served") / "store", 16)
+    store = fill(tmp_path_factory.mktemp("served") / "store", 15, start=14)  # version 14, and the patch to 15
     store.close()
     return store.root
 
@@ -40,8 +40,8 @@ def test_a_bug_in_a_fetched_patch_strikes_its_provider_and_the_node_takes_it_fro
     from test_node_sync_bounds import _syncer
 
     hub = MemoryHub()
-    trainer = announce(hub, TRAINER, store_resolver(served), role="trainer", version=15, lowest=1)
-    relay = announce(hub, Identity.generate(), store_resolver(served), role="inference", version=15, lowest=1)
+    trainer = announce(hub, TRAINER, store_resolver(served), role="trainer", version=15, lowest=14)
+    relay = announce(hub, Identity.generate(), store_resolver(served), role="inference", version=15, lowest=14)
     sync = _syncer(tmp_path, hub, at=14, catchup_min_gap=0)
     sync.failpoints = FailAt("received", error=InjectedBug)  # the first patch received hits "a bug"
     before = contained.total

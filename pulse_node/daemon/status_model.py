@@ -90,11 +90,12 @@ class TrainerCounters(_Section):
     decision_conflicts: int = Field(0, ge=0, description="second, differing decisions for a round")
     loco_refused: dict[LocoRefusal, int] = Field(default_factory=dict, description="PULSELoCo payloads refused, by reason "
                                          "(not_member, out_of_bound, too_large, malformed, too_far_ahead, "
-                                         "duplicate, banned)")
+                                         "duplicate, banned, uncommitted, bad_commitment)")
+    commits_held: int = Field(0, ge=0, description="round commitments of other trainers held (checked) this run")
     decisions_refused: dict[DecisionRefusal, int] = Field(default_factory=dict, description="round decisions "
                                                           "refused, by reason (not_member, bad_decision, "
                                                           "out_of_bound, equivocation, banned, other_base, "
-                                                          "not_designated)")
+                                                          "not_designated, omits_commitment)")
     loco_bound_ratio_max: float = Field(0.0, ge=0, description="largest |value| / payload value bound among the "
                                         "payloads this trainer made or admitted (refused ones not counted)")
     loco_clipped: int = Field(0, ge=0, description="entries of our own payloads clipped to half the payload value "

@@ -93,7 +93,8 @@ class LocoConfig(StrictModel):
     DiLoCo's gain at 6.6-12.9x fewer bytes than DiLoCo, against 46-69% at 15-34x for ``"global"``
     (bench/RESULTS.md, "Where the bytes/quality frontier lies")."""
     deadline_s: float = pydantic.Field(60.0, gt=0.0)
-    """Wall time after the round opens within which a payload must arrive to be averaged."""
+    """Wall time after the round opens within which a payload must arrive to be averaged; its
+    commitment must arrive within the first half (the commit phase, ``trainer/commits.py``)."""
     decision_wait_s: float = pydantic.Field(10.0, gt=0.0)
     """How long past its own deadline a trainer waits for the round's decision before the next
     trainer in id order decides instead; also the budget for fetching decided payloads it lacks."""

@@ -1,14 +1,17 @@
 """Round decisions: the signed list of payloads that make up one PULSELoCo round (torch-free).
 
 The coordinator of round ``r`` (see ``trainer/agreement.py``) lists the payloads it holds, each as
-(trainer id, BLAKE3 digest of the encoded payload bytes), and signs the list with its Ed25519
-node key. Every trainer then averages exactly those payloads, so all end the round
-bit-identical.
+(trainer id, BLAKE3 digest of the encoded payload bytes), and every round commitment it holds
+(``loco/roundcommit.py``: trainer id, BLAKE3 digest of the signed commitment), revealed or not,
+and signs both with its Ed25519 node key. Every trainer then averages exactly those payloads, so
+all end the round bit-identical, and refuses a decision that leaves out a commitment it held in
+time (``trainer/decisions.py``).
 
-Wire format (``DECISION_FORMAT`` 3): the signed-statement envelope (``chain/statement.py``) of a
+Wire format (``DECISION_FORMAT`` 4): the signed-statement envelope (``chain/statement.py``) of a
 ``RoundDecision``, each field declared there with its bounds: ``contributors`` is
 ``[[trainer_id, digest], ...]`` sorted by the trainer ids' UTF-8 bytes without repeats
-(1..``MAX_CONTRIBUTORS`` entries), ``base`` the 32-byte outer state hash the round starts from and
+(1..``MAX_CONTRIBUTORS`` entries), ``committed`` likewise (0..``MAX_CONTRIBUTORS``, naming
+every contributor), ``base`` the 32-byte outer state hash the round starts from and
 ``epoch`` the 32-byte chain hash of the genesis of the chain the round extends
 (``chain/record.py``): a decision is taken only in its own epoch, so one signed in an earlier run
 (same run id, same keys, same genesis state) means nothing in a later one. ``decode_decision``
@@ -31,7 +34,7 @@ from pulse_node.chain.statement import U63, Digest32, Hex64, RunId, Signature, S
 from pulse_node.loco.payload import MAX_TRAINER_ID
 
 DECISION_MAGIC = "pulseloco/decision"
-DECISION_FORMAT = 3
+DECISION_FORMAT = 4
 MAX_CONTRIBUTORS = 256
 MAX_DECISION_BYTES = 64 << 10
 DIGEST_LEN = 32
@@ -49,6 +52,7 @@ class RoundDecision:
     epoch: Digest32
     coordinator: TrainerId
     contributors: Annotated[tuple[tuple[TrainerId, Digest32], ...], Field(min_length=1, max_length=MAX_CONTRIBUTORS)]
+    committed: Annotated[tuple[tuple[TrainerId, Digest32], ...], Field(max_length=MAX_CONTRIBUTORS)]
     signer: Hex64
     signature: Signature
 
@@ -56,11 +60,19 @@ class RoundDecision:
     def trainer_ids(self) -> list[str]:
         return [tid for tid, _ in self.contributors]
 
+    @property
+    def commitments(self) -> dict[str, bytes]:
+        """trainer id -> the digest of the round commitment the coordinator held."""
+        return dict(self.committed)
+
 
 def _rules(d: RoundDecision) -> Iterator[str]:
-    keys = [tid.encode() for tid, _ in d.contributors]
-    if any(a >= b for a, b in itertools.pairwise(keys)):
-        yield "contributors must be sorted by trainer id without repeats"
+    for name, pairs in (("contributors", d.contributors), ("committed", d.committed)):
+        keys = [tid.encode() for tid, _ in pairs]
+        if any(a >= b for a, b in itertools.pairwise(keys)):
+            yield f"{name} must be sorted by trainer id without repeats"
+    if d.committed and not set(d.trainer_ids) <= set(d.commitments):
+        yield "every contributor must be named among the commitments"
 
 
 DECISIONS = Statement(RoundDecision, magic=DECISION_MAGIC, format=DECISION_FORMAT, max_bytes=MAX_DECISION_BYTES,
@@ -77,14 +89,18 @@ def signing_bytes(d: RoundDecision) -> bytes:
     return DECISIONS.signing_bytes(d)
 
 
+def _ordered(pairs: Mapping[str, bytes]) -> tuple[tuple[str, bytes], ...]:
+    return tuple(sorted(((t, bytes(g)) for t, g in pairs.items()), key=lambda c: c[0].encode()))
+
+
 def make_decision(identity: Identity, *, run_id: str, round: int, base: bytes, epoch: bytes, coordinator: str,
-                  contributors: Mapping[str, bytes]) -> RoundDecision:
-    """Build and sign the decision of ``round`` (contributors: trainer id -> payload digest) in
-    ``epoch`` (the genesis chain hash, raw bytes)."""
-    ordered = tuple(sorted(((t, bytes(g)) for t, g in contributors.items()), key=lambda c: c[0].encode()))
+                  contributors: Mapping[str, bytes], committed: Mapping[str, bytes] | None = None) -> RoundDecision:
+    """Build and sign the decision of ``round`` (contributors: trainer id -> payload digest;
+    committed: trainer id -> commitment digest) in ``epoch`` (the genesis chain hash, raw bytes)."""
     return DECISIONS.seal(identity, RoundDecision(
         run_id=run_id, round=round, base=bytes(base), epoch=bytes(epoch), coordinator=coordinator,
-        contributors=ordered, signer=identity.public_key_hex, signature=b""))
+        contributors=_ordered(contributors), committed=_ordered(committed or {}), signer=identity.public_key_hex,
+        signature=b""))
 
 
 def encode_decision(d: RoundDecision) -> bytes:

@@ -53,7 +53,6 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NoReturn
 
 from pulse_node.chain.peer import PeerRecord
 from pulse_node.chain.serving import LOCO_DIR, loco_payload_path
@@ -61,23 +60,23 @@ from pulse_node.config import TrainerConfig
 from pulse_node.daemon.context import RoleContext
 from pulse_node.errors import BaseMismatchError, IntegrityError, PulseError, WireError
 from pulse_node.fsutil import write_atomic
-from pulse_node.loco.bound import PayloadBound, PayloadBoundError, max_payload_bytes
+from pulse_node.loco.bound import PayloadBound, PayloadBoundError
 from pulse_node.loco.decision import MAX_DECISION_BYTES, RoundDecision, encode_decision, make_decision, payload_digest
-from pulse_node.loco.payload import LocoPayload, decode_payload, read_header
+from pulse_node.loco.payload import LocoPayload, read_header
+from pulse_node.loco.roundcommit import commit_digest
 from pulse_node.net.wire.protocol import LocoDecisionRequest, LocoPayloadRequest
+from pulse_node.trainer.commits import CommitIntake, HeldCommit
 from pulse_node.trainer.decisions import DecisionIntake, coordinator_order
+from pulse_node.trainer.payload_intake import BaseFn, PayloadIntake
 from pulse_node.trainer.round_peers import RoundPeers
 from pulse_node.trainer.rounds import WAIT, OpenRound, RoundTable, Wait
-from pulse_node.vocab import DecisionRefusal, LocoRefusal
+from pulse_node.vocab import DecisionRefusal
 
 KEEP_ROUNDS = 4  # rounds whose payloads and decisions a trainer keeps on disk and serves
-PARK_ROUNDS = 2  # payloads of coming rounds are parked for the next PARK_ROUNDS rounds only
 _PULL_EVERY_S = 1.0
 _IDLE_DECIDING_S = 0.05  # how long the driver waits for inputs between steps, reaching a decision
 _IDLE_GATHERING_S = 0.2  # ... and gathering the decided payloads (each step tries fetches)
 
-#: the current round's base: (hash of the FP32 global weights + momentum, those FP32 weights by name)
-BaseFn = Callable[[], tuple[bytes, Mapping[str, object]]]
 
 
 @dataclass
@@ -107,15 +106,16 @@ class RoundAgreement:
         self.me = ctx.transport.peer_id
         self.root = Path(ctx.store.root)
         self.base = base
-        self.inbox: dict[int, dict[str, tuple[bytes, LocoPayload]]] = {}
-        self.pending: dict[int, dict[str, bytes]] = {}  # coming rounds: sender -> payload bytes, undecoded
-        self.mismatched: dict[int, set[str]] = {}  # round -> trainers whose payload named another base
         self.peers = RoundPeers(ctx)
+        self.commits = CommitIntake(ctx, peers=self.peers, table=self.table, base_of=self._base_of)
         self.bound = bound if bound is not None else PayloadBound.of_trainer(ctx.cfg)
-        self.cap = max_payload_bytes(self.shapes, cap=self.cfg.max_payload_bytes)
+        self.payloads = PayloadIntake(ctx, peers=self.peers, table=self.table, commits=self.commits, shapes=self.shapes,
+                                      base=base, bound=self.bound)
+        self.inbox, self.pending = self.payloads.inbox, self.payloads.pending  # (shared tables)
+        self.cap = self.payloads.cap
         self._cap_pushes()
-        self.ratio_max = 0.0
-        self.intake = DecisionIntake(ctx, peers=self.peers, table=self.table)
+        self.intake = DecisionIntake(ctx, peers=self.peers, table=self.table, commits=self.commits,
+                                     payload_at=self.payloads.payload_at)
         shutil.rmtree(self.root / LOCO_DIR, ignore_errors=True)  # an earlier run's rounds mean nothing now
 
     # ---- the table shared with the decision intake (``trainer/rounds.py``) -------------------
@@ -140,127 +140,68 @@ class RoundAgreement:
         ``PulseError`` if it is refused."""
         self.intake.offer(sender, data)
 
+    def offer_commit(self, sender: str, data: bytes) -> None:
+        """A pushed round commitment (``trainer/commits.py``); a payload that waited for it is
+        admitted now. ``PulseError`` if it is refused."""
+        for trainer in [*self.commits.flush(), self.commits.offer(sender, data)]:
+            if trainer is not None:
+                self._admit_unbacked(trainer)
+
+    def _admit_unbacked(self, trainer: str) -> None:
+        self.payloads.admit_unbacked(trainer)
+
+    def _base_of(self, r: int) -> bytes | None:
+        """The base hash round ``r`` starts from here (None: not known yet)."""
+        o = self._open
+        if o is not None and o.round == r:
+            return o.base
+        if r == self.current_round() and self.base is not None:
+            return self.base()[0]
+        return None
+
     def offer_payload(self, sender: str, data: bytes) -> None:
-        """Keep a pushed payload of the current round, hold one of a coming round until it opens.
-
-        ``PulseError`` if it is refused (not a member, too large, malformed, out of bound); one
-        made on another base is not an error (``_admit``).
-        """
-        self._flush_pending()
-        if self.peers.dropped("loco", sender):
-            return
-        if not self.peers.is_member(sender):
-            self._refuse(sender, LocoRefusal.NOT_MEMBER, IntegrityError(f"{sender[:12]} is not a trusted trainer-set member"))
-        if len(data) > self.cap:
-            self._refuse(sender, LocoRefusal.TOO_LARGE, WireError(f"payload of {len(data)} bytes exceeds this model's cap {self.cap}"))
-        try:
-            h = read_header(data, max_bytes=self.cap, max_tensors=len(self.shapes))
-        except WireError as exc:
-            self._refuse(sender, LocoRefusal.MALFORMED, exc)
-        if h.trainer_id != sender:
-            self._refuse(sender, LocoRefusal.MALFORMED, WireError(f"payload claims trainer {h.trainer_id[:12]} but came from {sender[:12]}"))
-        r, now = h.round, self.current_round()
-        if not 0 <= r - now <= PARK_ROUNDS:
-            if r > now:
-                self.peers.refuse(sender, LocoRefusal.TOO_FAR_AHEAD, f"round {r} while at {now}", lied=False)
-            return
-        if self.peers.banned(sender):  # heard from: it cannot contribute this round
-            self.refused.setdefault(r, {}).setdefault(sender, b"")
-            self.peers.refuse(sender, LocoRefusal.BANNED, "sender is banned", lied=False)
-            return
-        if r > now:  # its base is the state we do not hold yet: parked, one per member and round
-            self.pending.setdefault(r, {})[sender] = data
-            return
-        self._admit(sender, r, data)
-
-    def _refuse(self, sender: str, reason: LocoRefusal, exc: PulseError) -> NoReturn:
-        """Count and strike a refused payload, then raise ``exc``."""
-        self.peers.refuse(sender, reason, str(exc), lied=True)
-        raise exc
-
-    def _admit(self, sender: str, r: int, data: bytes) -> None:
-        """Decode and keep a payload of the current round if it was made on our base.
-
-        The base hash is compared before anything is decoded with our weights; a payload made on
-        another base misses the round (``_base_mismatch``). ``PulseError`` if it is malformed.
-        """
-        have = self.inbox.get(r, {}).get(sender)
-        if have is not None:  # one payload per member and round: the first
-            if have[0] != payload_digest(data):
-                self.peers.refuse(sender, LocoRefusal.DUPLICATE, f"a second payload for round {r}", lied=False)
-            return
-        try:
-            p = self._decode(data)
-        except BaseMismatchError as exc:
-            self._base_mismatch(r, sender, exc)
-            return
-        except PayloadBoundError as exc:
-            self.refused.setdefault(r, {})[sender] = payload_digest(data)
-            self._refuse(sender, LocoRefusal.OUT_OF_BOUND, exc)
-        except PulseError as exc:
-            self._refuse(sender, LocoRefusal.MALFORMED, exc)
-        self._keep_payload(p, data)
-
-    def _decode(self, data: bytes) -> LocoPayload:
-        """Decode against our base and check the value bound (``PayloadBoundError``)."""
-        base_hash, params = self.base() if self.base is not None else (None, None)
-        p = decode_payload(data, shapes=self.shapes, max_bytes=self.cap, base=params, expect_base=base_hash)
-        if params is not None:
-            self._ratio(self.bound.check(p.tensors, params, who=f"round {p.round} payload of {p.trainer_id[:12]}"))
-        return p
-
-    def _ratio(self, ratio: float) -> None:
-        """Report the largest value / bound ratio seen (how close honest payloads come to it)."""
-        if ratio > self.ratio_max:
-            self.ratio_max = ratio
-            with self.ctx.status.trainer() as counters:
-                counters.loco_bound_ratio_max = ratio
+        """A pushed payload, to the payload intake (``trainer/payload_intake.py``); ``PulseError``
+        if it is refused."""
+        self.payloads.offer(sender, data)
 
     def _flush_pending(self) -> None:
-        """Admit held payloads of the round that is now current; drop those of past rounds."""
-        r = self.current_round()
-        for k in sorted(k for k in self.pending if k <= r):
-            held = self.pending.pop(k)
-            for sender, data in held.items() if k == r else ():
-                try:
-                    self._admit(sender, k, data)
-                except PulseError as exc:
-                    with self.ctx.status.node() as counters:
-                        counters.rejected += 1
-                    self.ctx.status.error(f"bad loco from {sender[:12]}: {exc}")
-
-    def _base_mismatch(self, r: int, trainer: str, exc: BaseMismatchError) -> None:
-        """Count (and log) once per round and trainer a payload made on another global state."""
-        seen = self.mismatched.setdefault(r, set())
-        if trainer in seen:
-            return
-        seen.add(trainer)
-        with self.ctx.status.trainer() as counters:
-            counters.loco_base_mismatch += 1
-        self.ctx.log.warning("round %d: %s; not decoded, %s misses this round (a trainer on another "
-                             "state re-syncs)", r, exc, trainer[:12])
-
-    def _keep_payload(self, p: LocoPayload, data: bytes) -> None:
-        digest = payload_digest(data)
-        self.inbox.setdefault(p.round, {})[p.trainer_id] = (digest, p)
-        write_atomic(loco_payload_path(self.root, p.round, digest.hex()), data, durable=False)
+        self.payloads.flush_pending()
 
     # ---- one round ---------------------------------------------------------------------
     def open_round(self, mine: LocoPayload, data: bytes) -> None:
-        """Open round ``mine.round``: keep our payload and push it; ``step`` then advances it."""
+        """Open round ``mine.round``: keep our payload, push our commitment to it; ``step`` then
+        reveals the payload once the commit phase closes, and advances the round."""
         r = mine.round
         self._prune(r)
-        self._flush_pending()
-        self._keep_payload(mine, data)
+        self.payloads.keep(mine, data, serve=False)  # nobody may fetch it before we reveal it
         if self.base is not None:
-            self._ratio(self.bound.ratio(mine.tensors, self.base()[1]))
+            self.payloads.ratio(self.bound.ratio(mine.tensors, self.base()[1]))
         live = self._live()
-        self.peers.push(list(live.values()), data, kind="loco", timeout=self.cfg.deadline_s, job=f"loco:{r}")
+        order = coordinator_order(self.ctx.cfg.run_id, r, [self.me, *live])
+        self.table.open = OpenRound(r, mine.base_hash, order, t0=time.monotonic(), commit_s=self.cfg.deadline_s / 2,
+                                    mine=data)
+        commitment = self.commits.make_own(r, base=mine.base_hash, payload=payload_digest(data))
+        self.peers.push(list(live.values()), commitment, kind="loco_commit", job=f"loco_commit:{r}")
+        for trainer in self.commits.flush():
+            self._admit_unbacked(trainer)
+        self._flush_pending()
+        self.intake.replay_parked(r)
+
+    def _reveal(self, o: OpenRound) -> bool:
+        """Reveal our payload once the commit phase closed here: every live member's commitment is
+        held, or ``commit_s`` passed. Whether it is revealed."""
+        if o.revealed:
+            return True
+        live, held = self._live(), self.commits.round(o.round)
+        if time.monotonic() < o.commit_close and not all(pid in held for pid in live):
+            return False
+        digest, data = payload_digest(o.mine), o.mine
+        write_atomic(loco_payload_path(self.root, o.round, digest.hex()), data, durable=False)
+        self.peers.push(list(live.values()), data, kind="loco", timeout=self.cfg.deadline_s, job=f"loco:{o.round}")
         with self.ctx.status.trainer() as counters:
             counters.loco_bytes_out += len(data) * len(live)
-        order = coordinator_order(self.ctx.cfg.run_id, r, [self.me, *live])
-        self.table.open = OpenRound(r, mine.base_hash, order, t0=time.monotonic())
-        self.intake.replay_parked(r)
+        o.revealed = True
+        return True
 
     def step(self) -> RoundResult | None:
         """Advance the open round as far as the inputs at hand allow, without waiting.
@@ -272,6 +213,8 @@ class RoundAgreement:
         if o is None:
             raise RuntimeError("step() without an open round")
         if o.decision is None:
+            if not self._reveal(o) and o.round not in self.decisions and not self.ctx.stop.is_set():
+                return None
             d = self._reach_decision(o)
             if d is WAIT:
                 return None
@@ -300,10 +243,12 @@ class RoundAgreement:
                 return self.decisions[o.round]
             now, live = time.monotonic(), self._live()
             if self._my_turn(o.round, o.order, live, o.t0, now):
-                return self._decide(o.round, o.base, live, pull=not self._all_in(o.round, o.order, live))
+                return self._decide(o, live, pull=not self._all_in(o.round, o.order, live))
             if now - o.pulled_at > _PULL_EVERY_S and self._closed_elsewhere(o.round, live):
                 o.pulled_at = now
                 if self._pull(o.round, live) is None:
+                    if self._held_back(o.round):
+                        return WAIT  # a peer applied a decision we refused or parked: its turn, or the next coordinator's
                     return None  # a peer closed the round and we cannot get its decision: re-sync
                 continue
             return WAIT
@@ -326,7 +271,7 @@ class RoundAgreement:
         return True
 
     def _all_in(self, r: int, order: list[str], live: Mapping[str, PeerRecord]) -> bool:
-        held, other_base, refused = self.inbox.get(r, {}), self.mismatched.get(r, set()), self.refused.get(r, {})
+        held, other_base, refused = self.inbox.get(r, {}), self.payloads.mismatched.get(r, set()), self.refused.get(r, {})
         return all(pid in held or pid in other_base or pid in refused for pid in order if pid == self.me or pid in live)
 
     def _closed_elsewhere(self, r: int, live: Mapping[str, PeerRecord]) -> bool:
@@ -335,12 +280,15 @@ class RoundAgreement:
         step = self.ctx.book.gate.max_version_step
         return any(r < p.head <= r + step for p in live.values())
 
-    def _decide(self, r: int, base: bytes, live: Mapping[str, PeerRecord], *, pull: bool) -> RoundDecision | None:
-        """Sign and push the decision of round ``r``: the payloads we hold that were made on ``base``."""
+    def _decide(self, o: OpenRound, live: Mapping[str, PeerRecord], *, pull: bool) -> RoundDecision | None:
+        """Sign and push the decision of round ``o.round``: every commitment we hold that arrived
+        in the commit phase, and the payloads we hold that match them and were made on our base."""
+        r, base = o.round, o.base
+        self._reveal(o)
         if pull:
             if self._pull(r, live) is not None:
                 return self.decisions[r]
-            if self._closed_elsewhere(r, live):
+            if self._closed_elsewhere(r, live) and not self._held_back(r):
                 return None
         earlier = self.intake.signed_before(r)  # never two decisions of one round, even across a restart
         if earlier is not None:
@@ -348,9 +296,13 @@ class RoundAgreement:
             if d.base != base:
                 return None  # we decided it on another state before: re-sync
         else:
-            held = {tid: digest for tid, (digest, p) in self.inbox.get(r, {}).items() if p.base_hash == base}
+            committed = {tid: h for tid, h in self.commits.round(r).items() if h.at <= o.commit_close}
+            self._fetch_missing(r, committed, live)
+            held = {tid: digest for tid, (digest, p) in self.inbox.get(r, {}).items()
+                    if p.base_hash == base and tid in committed and committed[tid].commit.payload == digest}
             d = make_decision(self.ctx.identity, run_id=self.ctx.cfg.run_id, round=r, base=base, epoch=self.table.epoch(),
-                              coordinator=self.me, contributors=held)
+                              coordinator=self.me, contributors=held,
+                              committed={tid: commit_digest(h.data) for tid, h in committed.items()})
             data = encode_decision(d)
             self.intake.keep_own(r, data)
         self.intake.accept(d, data)
@@ -359,6 +311,20 @@ class RoundAgreement:
             counters.decisions_made += 1
         self.ctx.log.info("round %d: decided %d contributors", r, len(d.contributors))
         return d
+
+    def _held_back(self, r: int) -> bool:
+        """Whether we refused a decision of round ``r`` for an omission, or hold one back as early:
+        a peer that applied it does not make us re-sync onto its state."""
+        return r in self.table.omitted or bool(self.intake.parked.get(r))
+
+    def _fetch_missing(self, r: int, committed: Mapping[str, HeldCommit], live: Mapping[str, PeerRecord]) -> None:
+        """Fetch, from the trainer itself, each committed payload a live trainer revealed that did
+        not reach us (a lost push): a decision may leave out only what nobody could get."""
+        until = time.monotonic() + self.cfg.decision_wait_s / 2
+        for tid, h in sorted(committed.items()):
+            if tid in self.inbox.get(r, {}) or tid not in live or tid in self.refused.get(r, {}):
+                continue
+            self._fetch_payload(live[tid], r, tid, h.commit.payload, until)
 
     def _pull(self, r: int, live: Mapping[str, PeerRecord]) -> RoundDecision | None:
         """Fetch an existing decision of round ``r`` from the live trainers (the first valid one)."""
@@ -420,9 +386,9 @@ class RoundAgreement:
             h = read_header(data, max_bytes=self.cap, max_tensors=len(self.shapes))
             if (h.trainer_id, h.round) != (tid, r):
                 raise WireError(f"payload from {peer.peer_id[:12]} is not the decided one")
-            p = self._decode(data)
+            p = self.payloads.decode(data)
         except BaseMismatchError as exc:  # decided on our base, yet made on another: never decoded
-            self._base_mismatch(r, tid, exc)
+            self.payloads.base_mismatch(r, tid, exc)
             return None
         except PayloadBoundError as exc:  # a decision naming it is refused: never applied
             self.refused.setdefault(r, {})[tid] = digest
@@ -434,7 +400,7 @@ class RoundAgreement:
                 counters.rejected += 1
             self.ctx.status.error(f"round {r}: {exc}")
             return None
-        self._keep_payload(p, data)
+        self.payloads.keep(p, data)
         with self.ctx.status.trainer() as counters:
             counters.loco_fetched += 1
         return p
@@ -453,9 +419,8 @@ class RoundAgreement:
 
     def _prune(self, r: int) -> None:
         """Forget rounds before ``r``; keep the files of the last ``KEEP_ROUNDS`` rounds."""
-        for table in (self.inbox, self.pending, self.mismatched):
-            for old in [k for k in table if k < r]:
-                del table[old]
+        self.commits.prune(r)
+        self.payloads.prune(r)
         self.table.prune(r)
         self.intake.prune(r)
         folder = self.root / LOCO_DIR

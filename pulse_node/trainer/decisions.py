@@ -24,6 +24,15 @@ contributor a member, no payload we refused as out of bound), then:
 3. **On our base.** A decision whose base is not this round's base here is refused (reason
    ``other_base``; a trainer on another state re-syncs when its peers have closed the round),
    so a decision cannot freeze training by naming a base nobody holds.
+4. **Naming every commitment** (commit-reveal, ``trainer/commits.py``). Every contributor is
+   named among the decision's commitments, and its payload digest is the one its commitment
+   (where held here) names. Before our commit phase closed, a decision is early unless it names
+   a commitment of every live member. It must name every commitment held here that arrived in
+   our commit phase at least ``decision_wait_s / 2`` ago (skew), and list as a contributor every
+   committed trainer whose payload we held as long; else it is refused (``omits_commitment``),
+   both signed statements (the decision, the commitment left out) are kept under
+   ``loco/<round>/omitted/``, and the next coordinator in turn decides (a peer that applied the
+   refused decision does not make us re-sync onto it).
 
 Every decision names the epoch of the chain its round extends (``loco/decision.py``); one of
 another epoch than ours is refused before anything else looks at it (an earlier run's, or a
@@ -40,15 +49,16 @@ from __future__ import annotations
 
 import shutil
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Literal
 
 import blake3
+import msgpack
 
 from pulse_node.chain.evidence import encode_evidence
 from pulse_node.chain.identity import key_id_of
-from pulse_node.chain.serving import loco_decision_path
+from pulse_node.chain.serving import LOCO_DIR, loco_decision_path
 from pulse_node.config import TrainerConfig
 from pulse_node.daemon.context import RoleContext
 from pulse_node.daemon.status_model import count
@@ -56,10 +66,18 @@ from pulse_node.errors import IntegrityError, PulseError
 from pulse_node.fsutil import write_atomic
 from pulse_node.loco.bound import PayloadBoundError
 from pulse_node.loco.config import LocoConfig
-from pulse_node.loco.decision import MAX_DECISION_BYTES, RoundDecision, decode_decision, verify_decision
+from pulse_node.loco.decision import (
+    MAX_DECISION_BYTES,
+    RoundDecision,
+    decode_decision,
+    encode_decision,
+    verify_decision,
+)
+from pulse_node.loco.roundcommit import commit_digest
 from pulse_node.peers.outcomes import Reported
+from pulse_node.trainer.commits import CommitIntake
 from pulse_node.trainer.round_peers import RoundPeers
-from pulse_node.trainer.rounds import RoundTable
+from pulse_node.trainer.rounds import OpenRound, RoundTable
 from pulse_node.vocab import DecisionRefusal
 
 _ORDER_DOMAIN = b"pulse/coordinator-order/1\0"
@@ -88,8 +106,12 @@ class DecisionIntake:
     """``RoundAgreement``'s decision side (see the module docstring): it reads and writes the
     agreement's ``RoundTable`` and meets peers through ``RoundPeers``, nothing else of it."""
 
-    def __init__(self, ctx: RoleContext[TrainerConfig], *, peers: RoundPeers, table: RoundTable) -> None:
+    def __init__(self, ctx: RoleContext[TrainerConfig], *, peers: RoundPeers, table: RoundTable,
+                 commits: CommitIntake, payload_at: Callable[[int, str], tuple[bytes, float] | None]) -> None:
+        """``payload_at(r, trainer)``: the digest of ``trainer``'s round-``r`` payload held here and
+        when it arrived (monotonic), or None."""
         self.ctx, self.peers, self.table = ctx, peers, table
+        self.commits, self.payload_at = commits, payload_at
         self.cfg: LocoConfig = ctx.cfg.loco
         self.me = peers.me
         self.root = Path(ctx.store.root)
@@ -131,6 +153,11 @@ class DecisionIntake:
         refused = set(self.table.refused.get(d.round, {}).values())
         if any(digest in refused for _, digest in d.contributors):
             raise PayloadBoundError(f"round {d.round} decision names a payload beyond the value bound")
+        named = d.commitments
+        for tid, digest in d.contributors:
+            held = self.commits.of(d.round, tid)
+            if held is not None and named[tid] == commit_digest(held.data) and held.commit.payload != digest:
+                raise IntegrityError(f"round {d.round} decision names a payload of {tid[:12]} it did not commit to")
 
     def _witness(self, d: RoundDecision, data: bytes, *, sender: str) -> None:
         """Remember the first decision of (round, signer) on each base; convict the signer on a
@@ -158,7 +185,8 @@ class DecisionIntake:
         park it if it is early."""
         why = self._standing(d)
         if isinstance(why, DecisionRefusal):
-            self.peers.refuse(sender, why, f"round {d.round} decision of {d.coordinator[:12]}", lied=False)
+            if why is not DecisionRefusal.OMITS_COMMITMENT:  # (counted and kept by ``_refuse_omission``)
+                self.peers.refuse(sender, why, f"round {d.round} decision of {d.coordinator[:12]}", lied=False)
             return
         if why is not None:  # early, or its round is not open here yet: parked
             held = self.parked.setdefault(d.round, {})
@@ -179,6 +207,11 @@ class DecisionIntake:
         if d.base != o.base:
             return DecisionRefusal.OTHER_BASE
         live = self.peers.live()
+        if time.monotonic() < o.commit_close and not {self.me, *live} <= set(d.commitments):
+            return "early"
+        if (omission := self._omission(d, o)) is not None:
+            self._refuse_omission(d, omission)
+            return DecisionRefusal.OMITS_COMMITMENT
         order = coordinator_order(self.ctx.cfg.run_id, d.round,
                                   [pid for pid in {*o.order, *live} if pid == self.me or self.peers.is_member(pid)])
         if d.coordinator not in order:
@@ -187,12 +220,47 @@ class DecisionIntake:
                       wait=self.cfg.decision_wait_s)
         return None if time.monotonic() >= due - self.cfg.decision_wait_s / 2 else "early"
 
+    def _omission(self, d: RoundDecision, o: OpenRound) -> tuple[str, bytes] | None:
+        """(trainer, what was left out) for a commitment (or revealed payload) held here in time
+        that ``d`` leaves out, else None (module docstring, step 4)."""
+        named, contributors = d.commitments, dict(d.contributors)
+        cutoff = min(o.commit_close, time.monotonic() - self.cfg.decision_wait_s / 2)
+        for tid, held in sorted(self.commits.round(d.round).items()):
+            if held.at > cutoff or self.ctx.book.convicted(self.peers.key_of(tid)):
+                continue
+            if tid not in named:
+                return tid, held.data
+            have = self.payload_at(d.round, tid)
+            if (tid not in contributors and named[tid] == commit_digest(held.data) and have is not None
+                    and have[0] == held.commit.payload and have[1] <= time.monotonic() - self.cfg.decision_wait_s / 2):
+                return tid, held.data
+        return None
+
+    def _refuse_omission(self, d: RoundDecision, omission: tuple[str, bytes]) -> None:
+        """Count the refusal once per coordinator and round and keep both signed statements."""
+        seen = self.table.omitted.setdefault(d.round, set())
+        if d.coordinator in seen:
+            return
+        seen.add(d.coordinator)
+        tid, commitment = omission
+        self.peers.refuse(d.coordinator, DecisionRefusal.OMITS_COMMITMENT,
+                          f"round {d.round} decision leaves out {tid[:12]}, committed here in time", lied=False)
+        path = Path(self.ctx.store.root) / LOCO_DIR / str(d.round) / "omitted" / f"{d.coordinator[:32]}.msgpack"
+        try:
+            write_atomic(path, msgpack.packb([encode_decision(d), commitment], use_bin_type=True), durable=False)
+        except OSError as exc:
+            self.ctx.log.warning("cannot keep the evidence of an omission: %s", exc)
+
     def replay_parked(self, r: int) -> None:
         """Look again at the parked decisions of round ``r`` (their turn may have come)."""
-        for _coordinator, (d, data) in sorted(self.parked.get(r, {}).items(), key=lambda kv: kv[0].encode()):
+        for coordinator, (d, data) in sorted(self.parked.get(r, {}).items(), key=lambda kv: kv[0].encode()):
             if r in self.table.decisions:
                 return
-            if self._standing(d) is None and self.accept(d, data):
+            why = self._standing(d)
+            if why is DecisionRefusal.OMITS_COMMITMENT:
+                self.parked.get(r, {}).pop(coordinator, None)
+                continue
+            if why is None and self.accept(d, data):
                 self.parked.pop(r, None)
                 relay_to = [p for pid, p in self.peers.live().items() if pid != d.coordinator]
                 self.peers.push(relay_to, data, kind="loco_decision", job=f"loco_decision:{d.round}:relay")

@@ -411,7 +411,8 @@ class TrainerRole:
     def _drain_events(self, wait_s: float = 0.0) -> None:
         self.evidence.tick()
         self.ctx.take_events({"rollouts": self.feed.offer, "head": self._take_head,
-                              "loco": self.agreement.offer_payload, "loco_decision": self.agreement.offer_decision,
+                              "loco": self.agreement.offer_payload, "loco_commit": self.agreement.offer_commit,
+                              "loco_decision": self.agreement.offer_decision,
                               "evidence": self.evidence.take}, wait_s=wait_s)
 
     def _next_batch(self) -> list[Rollout]:

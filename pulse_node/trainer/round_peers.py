@@ -82,7 +82,7 @@ class RoundPeers:
         finally:
             dest.unlink(missing_ok=True)
 
-    def push(self, peers: list[PeerRecord], data: bytes, *, kind: Literal["loco", "loco_decision"], job: str,
+    def push(self, peers: list[PeerRecord], data: bytes, *, kind: Literal["loco", "loco_commit", "loco_decision"], job: str,
              timeout: float = PUSH_TIMEOUT_S) -> None:
         """Push to every peer at once, in the background (each bounded by ``timeout``); a newer job
         of the same name replaces one not started yet."""

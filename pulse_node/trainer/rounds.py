@@ -34,10 +34,18 @@ class OpenRound:
     base: bytes
     order: list[str]  # trainers seen when pushing, by id: who decides, and in which turn
     t0: float  # when the round opened here (monotonic)
+    commit_s: float = 0.0  # the commit phase lasts this long at most (commitments later are late here)
+    mine: bytes = b""  # our payload's bytes, revealed once the commit phase closes
+    revealed: bool = False
     pulled_at: float = float("-inf")
     decision: RoundDecision | None = None
     gather_until: float = 0.0
     payloads: list[LocoPayload] = field(default_factory=list)  # decided payloads obtained so far
+
+    @property
+    def commit_close(self) -> float:
+        """When the commit phase closes here at the latest (monotonic)."""
+        return self.t0 + self.commit_s
 
 
 @dataclass
@@ -49,6 +57,7 @@ class RoundTable:
     open: OpenRound | None = None
     decisions: dict[int, RoundDecision] = field(default_factory=dict)
     refused: dict[int, dict[str, bytes]] = field(default_factory=dict)  # round -> member -> digest out of bound
+    omitted: dict[int, set[str]] = field(default_factory=dict)  # round -> coordinators refused for an omission
 
     def in_window(self, r: int) -> bool:
         return 0 <= r - self.current_round() < WINDOW
@@ -63,6 +72,6 @@ class RoundTable:
             o.decision, o.payloads = None, []
 
     def prune(self, r: int) -> None:
-        for table in (self.decisions, self.refused):
+        for table in (self.decisions, self.refused, self.omitted):
             for old in [k for k in table if k < r]:
                 del table[old]

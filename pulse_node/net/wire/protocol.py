@@ -63,6 +63,7 @@ BODY_CAPS: dict[str, int] = {
 PUSH_CAPS: dict[str, int] = {
     "rollouts": 16 << 20,
     "loco": 48 << 20,
+    "loco_commit": 264 << 10,  # a signed round commitment (loco/roundcommit.py caps it at 257 KiB)
     "head": 64 << 10,
     "loco_decision": 64 << 10,
     "evidence": 192 << 10,  # two conflicting signed messages (chain/evidence.py caps it at ~129 KiB)

@@ -1,0 +1,141 @@
+"""The commit phase of a round: signed round commitments, made, checked, kept and relayed.
+
+Before anyone reveals a payload of round ``r``, every trainer pushes a signed ``RoundCommit``
+(``loco/roundcommit.py``: run, epoch, round, base, and the BLAKE3 digest of the payload it will
+reveal) to every live member (push kind ``loco_commit``). ``CommitIntake`` keeps one commitment
+per member and round, with the time it arrived here (monotonic), checked by ``check_commit``
+against the key the trainer's peer id encodes, our run, epoch, round and base; it relays each one
+it keeps to the other live members once, so honest trainers' views converge. Commitments of the
+coming ``PARK_ROUNDS`` rounds are held unchecked until their round is current here (their base is
+the state we do not hold yet).
+
+The agreement (``trainer/agreement.py``) admits a payload only if it matches the commitment its
+trainer made, and the round's decision must name every commitment held in time
+(``trainer/decisions.py``). A second, different commitment of one key for one round is refused
+(the first stays).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from pulse_node.config import TrainerConfig
+from pulse_node.daemon.context import RoleContext
+from pulse_node.errors import IntegrityError, PulseError
+from pulse_node.loco.roundcommit import (
+    MAX_ROUNDCOMMIT_BYTES,
+    Expect,
+    RoundCommit,
+    check_commit,
+    decode_commit,
+    encode_commit,
+    make_commit,
+)
+from pulse_node.trainer.round_peers import RoundPeers
+from pulse_node.trainer.rounds import RoundTable
+from pulse_node.vocab import LocoRefusal
+
+PARK_ROUNDS = 2  # commitments of coming rounds are held for the next PARK_ROUNDS rounds only
+
+
+@dataclass(frozen=True)
+class HeldCommit:
+    """A commitment this trainer holds: its bytes, decoded, and when it arrived here (monotonic)."""
+
+    data: bytes
+    commit: RoundCommit
+    at: float
+
+
+class CommitIntake:
+    """One trainer's round commitments (module docstring)."""
+
+    def __init__(self, ctx: RoleContext[TrainerConfig], *, peers: RoundPeers, table: RoundTable,
+                 base_of: Callable[[int], bytes | None]) -> None:
+        """``base_of(r)``: the base hash round ``r`` starts from here (None: not known yet)."""
+        self.ctx, self.peers, self.table, self.base_of = ctx, peers, table, base_of
+        self.held: dict[int, dict[str, HeldCommit]] = {}
+        self.pending: dict[int, dict[str, tuple[str, bytes, float]]] = {}  # trainer -> (sender, bytes, arrived)
+
+    def make_own(self, r: int, *, base: bytes, payload: bytes, spot: bytes = b"") -> bytes:
+        """Sign our commitment of round ``r`` to the payload of digest ``payload``; kept, returned."""
+        c = make_commit(self.ctx.identity, run_id=self.ctx.cfg.run_id, epoch=self.table.epoch(), round=r, base=base,
+                        trainer=self.peers.me, payload=payload, spot=spot)
+        data = encode_commit(c)
+        self.held.setdefault(r, {})[self.peers.me] = HeldCommit(data, c, time.monotonic())
+        return data
+
+    def of(self, r: int, trainer: str) -> HeldCommit | None:
+        return self.held.get(r, {}).get(trainer)
+
+    def round(self, r: int) -> dict[str, HeldCommit]:
+        """Every commitment of round ``r`` held here (trainer id -> it)."""
+        self.flush()
+        return dict(self.held.get(r, {}))
+
+    def offer(self, sender: str, data: bytes) -> str | None:
+        """Check and keep a pushed commitment (relayed once); the trainer id whose commitment was
+        newly kept, else None. ``PulseError`` if it is refused."""
+        if self.peers.dropped("loco", sender):
+            return None
+        if not self.peers.is_member(sender):
+            self._refuse(sender, LocoRefusal.NOT_MEMBER, IntegrityError(f"{sender[:12]} is not a trusted trainer-set member"))
+        if len(data) > MAX_ROUNDCOMMIT_BYTES:
+            self._refuse(sender, LocoRefusal.TOO_LARGE, IntegrityError(f"commitment of {len(data)} bytes"))
+        try:
+            c = decode_commit(data)
+        except PulseError as exc:
+            self._refuse(sender, LocoRefusal.BAD_COMMITMENT, exc)
+        now, r = time.monotonic(), c.round
+        if not self.peers.is_member(c.trainer) or not 0 <= r - self.table.current_round() <= PARK_ROUNDS:
+            return None  # not a member's (relayed junk), or not a round we take commitments for
+        if r > self.table.current_round() or self.base_of(r) is None:
+            self.pending.setdefault(r, {}).setdefault(c.trainer, (sender, bytes(data), now))
+            return None
+        return self._keep(sender, c, bytes(data), now)
+
+    def _keep(self, sender: str, c: RoundCommit, data: bytes, at: float) -> str | None:
+        have = self.of(c.round, c.trainer)
+        if have is not None:
+            if have.data != data:
+                self.peers.refuse(sender, LocoRefusal.DUPLICATE, f"a second commitment of {c.trainer[:12]} "
+                                  f"for round {c.round}", lied=False)
+            return None
+        base = self.base_of(c.round)
+        try:
+            check_commit(c, key=self.peers.key_of(c.trainer),
+                         expect=Expect(self.ctx.cfg.run_id, self.table.epoch(), c.round, base or b""))
+        except PulseError as exc:
+            self._refuse(sender, LocoRefusal.BAD_COMMITMENT, exc)
+        self.held.setdefault(c.round, {})[c.trainer] = HeldCommit(data, c, at)
+        with self.ctx.status.trainer() as counters:
+            counters.commits_held += 1
+        relay_to = [p for pid, p in self.peers.live().items() if pid not in (sender, c.trainer)]
+        self.peers.push(relay_to, data, kind="loco_commit", job=f"loco_commit:{c.round}:{c.trainer}")
+        return c.trainer
+
+    def flush(self) -> list[str]:
+        """Check the held commitments of the round now current (its base is known); the trainers
+        whose commitments were kept."""
+        r, kept = self.table.current_round(), []
+        for k in sorted(k for k in self.pending if k <= r):
+            if k == r and self.base_of(k) is None:
+                continue
+            for trainer, (sender, data, at) in self.pending.pop(k).items() if k == r else ():
+                try:
+                    if (t := self._keep(sender, decode_commit(data), data, at)) is not None:
+                        kept.append(t)
+                except PulseError as exc:
+                    self.ctx.status.error(f"bad round commitment of {trainer[:12]}: {exc}")
+        return kept
+
+    def _refuse(self, sender: str, reason: LocoRefusal, exc: PulseError) -> None:
+        self.peers.refuse(sender, reason, str(exc), lied=True)
+        raise exc
+
+    def prune(self, r: int) -> None:
+        for table in (self.held, self.pending):
+            for old in [k for k in table if k < r]:
+                del table[old]
