@@ -5,7 +5,9 @@ with ``decode = "eager"`` (finished rows leave the batch), ``"static"`` (preallo
 fixed-shape steps) and ``"compiled"`` (the step under ``torch.compile``; CUDA graphs on a GPU), all
 making the same seeded draws, and HF ``generate`` (multinomial sampling, exactly the same number of
 new tokens, its default cache) in the same compute dtype. Every mode's tokens are compared with
-the eager mode's (rows that differ: ``rows_differ``; FP32 should give 0).
+the eager mode's (rows that differ: ``rows_differ``), and in FP32 each mode's draws are checked by
+the FP32 verifier (``verified``: tokens outside their interval by more than the tolerance, 0 for
+an honest producer; largest gap).
 
 Models are random-init Llamas built locally (nothing downloaded; EOS never drawn, so every row
 decodes every token):
@@ -35,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.append(str(ROOT))
 
-from bench.real_scale import CPU, FULL, build, hf_generate, sync  # noqa: E402
+from bench.real_scale import CPU, FULL, as_rollouts, build, hf_generate, sync  # noqa: E402
 
 SHAPES = {"cpu": {"llama": CPU, "rows": 32, "new": 32, "prompt": 16},
           "gpu": {"llama": FULL, "rows": 256, "new": 256, "prompt": 32}}
@@ -57,7 +59,7 @@ def workers(policy: Any, sampling: Any, modes: list[str], compute: str) -> dict[
 
 
 def run_modes(ws: dict[str, Any], prompts: list[list[int]], repeats: int, device: str,
-              hf: Any | None, new: int) -> dict[str, Any]:
+              hf: Any | None, new: int, *, verify: bool = False) -> dict[str, Any]:
     """Seconds (best of ``repeats``, interleaved) and tokens of each mode on ``prompts``."""
     from pulse_node.rl.assign import BatchKey
     from pulse_node.rl.seeded import uniforms
@@ -90,8 +92,31 @@ def run_modes(ws: dict[str, Any], prompts: list[list[int]], repeats: int, device
     tokens = {m: sum(len(t) for t in out[m][0]) for m in ws}
     tokens["hf_generate"] = len(prompts) * new
     ref = out[next(iter(ws))][0]
-    return {"seconds": best, "first_call_s": first, "tok_s": {m: tokens[m] / s for m, s in best.items()},
+    if verify:  # the eager worker (FP32) as the verifier's model, each mode's draws checked
+        check = {m: verified(ws[next(iter(ws))], prompts, out[m], device) for m in ws}
+        print(f"verified: {check}", file=sys.stderr, flush=True)
+    return {"verified": check if verify else None, "seconds": best, "first_call_s": first, "tok_s": {m: tokens[m] / s for m, s in best.items()},
             "rows_differ": {m: sum(a != b for a, b in zip(ref, out[m][0])) for m in ws}, "errors": errors}
+
+
+def verified(worker: Any, prompts: list[list[int]], out: Any, device: str) -> dict[str, Any]:
+    """The FP32 verifier's recomputation (``RolloutVerifier.recompute``) of one mode's draws: how
+    many tokens lie outside their interval by more than ``verify.score_tolerance``, the largest
+    gap and the largest log-prob difference."""
+    from pulse_node.rl.assign import BatchKey
+    from pulse_node.rl.config import ArithmeticTaskConfig, VerifyConfig
+    from pulse_node.rl.tasks import make_task_source
+    from pulse_node.rl.verify import RolloutVerifier
+
+    key = BatchKey("decode-bench", 0, "peer", 0)
+    verifier = RolloutVerifier(worker, make_task_source(ArithmeticTaskConfig(eval_size=10)), run_id=key.run_id,
+                               batches_per_version=1, max_staleness=0, cfg=VerifyConfig())
+    rollouts = as_rollouts(prompts, out, key)
+    rec = verifier.recompute(rollouts, key)
+    return {"refused_tokens": int(sum(g > verifier.cfg.score_tolerance for g in rec.gap)),
+            "max_gap": float(max(rec.gap)),
+            "max_logprob_diff": max(abs(a - b) for r, ours in zip(rollouts, rec.logprobs)
+                                    for a, b in zip(r.logprobs, ours))}
 
 
 def llama_case(vocab: int, shape: dict, args: argparse.Namespace, device: str) -> dict[str, Any]:
@@ -106,7 +131,8 @@ def llama_case(vocab: int, shape: dict, args: argparse.Namespace, device: str) -
                                                                        else torch.float16)
     gen = torch.Generator().manual_seed(vocab)
     prompts = torch.randint(1, vocab - 1, (shape["rows"], shape["prompt"]), generator=gen).tolist()
-    res = run_modes(ws, prompts, args.repeats, device, None if args.no_hf else hf, shape["new"])
+    res = run_modes(ws, prompts, args.repeats, device, None if args.no_hf else hf, shape["new"],
+                    verify=args.compute == "fp32")
     return {"model": f"llama hidden {shape['llama']['hidden']} x{shape['llama']['layers']}", "vocab": vocab,
             "rows": shape["rows"], "new": shape["new"], **res}
 
@@ -137,18 +163,21 @@ def table(cases: list[dict[str, Any]], args: argparse.Namespace, device: str) ->
     cols = [*args.modes, *([] if args.no_hf else ["hf_generate"])]
     print("| model | vocab | rows x new | " + " | ".join(f"{c} tok/s" for c in cols)
           + " | static / eager | compiled / eager | compiled / HF | static / HF | rows differ (static, compiled) | "
-          "compile s |\n|" + "---|" * (len(cols) + 9))
+          "FP32 verifier: tokens refused, largest gap (static, compiled) | compile s |\n|" + "---|" * (len(cols) + 10))
     for c in cases:
         r = c["tok_s"]
 
         def ratio(a: str, b: str, r: dict[str, float] = r) -> str:
             return f"{r[a] / r[b]:.2f}" if a in r and b in r else "-"
         differ = ", ".join(str(c["rows_differ"].get(m, "-")) for m in ("static", "compiled"))
+        v = c["verified"] or {}
+        checked = "; ".join(f"{v[m]['refused_tokens']}, {v[m]['max_gap']:.2g}" if m in v else "-"
+                            for m in ("static", "compiled"))
         compile_s = c["first_call_s"].get("compiled", 0.0) - c["seconds"].get("compiled", 0.0)
         print(f"| {c['model']} | {c['vocab']:,} | {c['rows']} x {c['new']} | "
               + " | ".join(f"{r[m]:,.0f}" if m in r else "-" for m in cols)
               + f" | {ratio('static', 'eager')} | {ratio('compiled', 'eager')} | {ratio('compiled', 'hf_generate')} | "
-              f"{ratio('static', 'hf_generate')} | {differ} | {compile_s:.0f} |")
+              f"{ratio('static', 'hf_generate')} | {differ} | {checked} | {compile_s:.0f} |")
 
 
 def main() -> None:

@@ -10,7 +10,7 @@ from helpers import tiny_solo
 from pulse_node.rl.assign import BatchKey, assigned_problems
 from pulse_node.rl.policy import build_policy
 from pulse_node.rl.sampler import RolloutWorker
-from pulse_node.rl.seeded import uniforms
+from pulse_node.rl.seeded import draw, uniforms
 from pulse_node.rl.static_decode import StaticDecoder
 from pulse_node.rl.tasks import make_task_source
 
@@ -79,3 +79,16 @@ def test_the_decode_step_compiles_as_one_graph(workers) -> None:
     prompts, u = _prompts(worker, task, 7, 2)
     torch._dynamo.reset()
     same(w["eager"]._sample(prompts, u=u), worker._sample(prompts, u=u))
+
+
+@pytest.mark.parametrize("scale", [3.0, 300.0])  # within and beyond seeded.SAFE: no shift, then each row's max
+def test_the_draw_without_a_host_sync_is_the_same_draw(scale) -> None:
+    """``draw(no_sync=True)`` (the static decoder's on CUDA) picks the shift on the device: the same
+    tokens and log-probs, bit for bit."""
+    gen = torch.Generator().manual_seed(1)
+    logits = torch.randn(64, 1000, generator=gen) * scale
+    u = torch.rand(64, generator=gen, dtype=torch.float64)
+    for temperature in (1.0, 0.7):
+        a = draw(logits.clone(), u, vocab=990, temperature=temperature)
+        b = draw(logits.clone(), u, vocab=990, temperature=temperature, no_sync=True)
+        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])

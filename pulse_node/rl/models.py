@@ -42,9 +42,11 @@ class KVCache:
         self.v = [like.new_zeros(shape) for _ in range(n_layers)]
         self.length = 0
         self.slot = torch.zeros((), dtype=torch.long, device=like.device) if static else None
-        if static:
-            for t in [*self.k, *self.v, self.slot]:
-                torch._dynamo.mark_static_address(t)  # a compiled step may replay them as a CUDA graph
+
+    def fix_addresses(self) -> None:
+        """Tell torch.compile the tensors stay put, so a compiled step replays as a CUDA graph."""
+        for t in [*self.k, *self.v, *([self.slot] if self.slot is not None else [])]:
+            torch._dynamo.mark_static_address(t)
 
     def reset(self) -> None:
         """Empty (static): every slot zeroed, the next write at slot 0."""

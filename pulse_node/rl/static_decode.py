@@ -12,7 +12,8 @@ are fed padding), and one decode step always has the same shapes: tokens [B, 1],
 The draws are the seeded sampler's (``rl/seeded.py``) on the same logits up to kernel rounding
 (attention over the whole masked cache instead of its filled part, ~1e-7 in FP32), so rollouts are
 verified exactly as the eager path's. Whether all rows ended is asked every ``CHECK_EVERY`` steps
-(one host sync); the steps decoded past the end are cut off by the sampler as before.
+(one host sync; on CUDA the draw itself never waits: ``seeded.draw(no_sync=True)``), and the
+steps decoded past the end are cut off by the sampler as before.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Any
 import torch
 
 from pulse_node.rl.config import DecodeMode
-from pulse_node.rl.models import HFLM, TinyLM, positions
+from pulse_node.rl.models import HFLM, KVCache, TinyLM, positions
 from pulse_node.rl.seeded import draw, drawable, greedy
 
 __all__ = ["DecodeMode", "StaticDecoder", "compile_step"]
@@ -46,6 +47,7 @@ class StaticDecoder:
     def __init__(self, lm: TinyLM | HFLM, *, device: torch.device, compiled: bool = False,
                  backend: str = "inductor") -> None:
         self.lm, self.device, self.compiled = lm, device, compiled
+        self.no_sync = device.type == "cuda"  # the host runs ahead of the GPU between the done checks
         self.step: Step = compile_step(lm, device=device, backend=backend) if compiled else lm.step
         self._cache: tuple[tuple[int, int], Any] | None = None  # the last batch shape's cache
 
@@ -58,6 +60,8 @@ class StaticDecoder:
             return cache
         self._cache = None  # free the old one first
         cache = self.lm.static_cache(rows, length)
+        if self.compiled and isinstance(cache, KVCache):  # HF's StaticCache marks its own
+            cache.fix_addresses()
         self._cache = ((rows, length), cache)
         return cache
 
@@ -87,7 +91,7 @@ class StaticDecoder:
             if u is None:
                 tok, lp = greedy(logits, vocab=vocab)
             else:
-                tok, lp = draw(logits, u[:, step], vocab=vocab, temperature=temperature)
+                tok, lp = draw(logits, u[:, step], vocab=vocab, temperature=temperature, no_sync=self.no_sync)
             toks[:, step], lps[:, step] = tok, lp
             done |= tok == eos_id
             if step == max_new - 1 or (step % CHECK_EVERY == CHECK_EVERY - 1 and bool(done.all())):
