@@ -320,8 +320,8 @@ class RoundAgreement:
         return d
 
     def _held_back(self, r: int) -> bool:
-        """Whether we refused a decision of round ``r`` for an omission, or hold one back as early:
-        a peer that applied it does not make us re-sync onto its state."""
+        """Whether we refused a decision of round ``r`` (an omission, another base), or hold one back
+        as early: a peer that applied it does not make us re-sync onto its state."""
         return r in self.table.omitted or bool(self.intake.parked.get(r))
 
     def _fetch_missing(self, r: int, committed: Mapping[str, HeldCommit], live: Mapping[str, PeerRecord]) -> None:

@@ -50,6 +50,7 @@ from pulse_node.trainer.intake import RolloutFeed
 from pulse_node.trainer.publisher import VersionPublisher
 from pulse_node.trainer.resync_quorum import gather_ballots, majority
 from pulse_node.trainer.state import export_trainer_state, read_trainer_state, trainer_state_cap
+from pulse_node.trainer.trust_report import trust_report
 
 
 class TrainerRole:
@@ -361,6 +362,7 @@ class TrainerRole:
                                members=members, unrevealed=tuple(t for t in decision.commitments if t not in ids))
         try:
             self.outer.apply(payloads, trust=trust, facts=facts)
+            self.ctx.status.update(trust=trust_report(self.outer.ledger, self.outer.trust))
         except PulseError as exc:  # decided payloads that do not fit our state: re-sync
             self.ctx.status.error(f"round {round_no}: {exc}")
             return False
