@@ -14,6 +14,12 @@
 #   cross       bench/rollout_honest.py --parts cuda: made on CUDA and checked on the CPU and back
 #   precision   bench/rollout_honest.py --parts bf16,fp16: BF16/FP16 producers on the GPU (the solo part runs
 #               on CUDA), checked by the FP32 verifier with the tolerances of their declared precision (#35)
+#   decode      (by name, alone in one call: bash bench/gpu_checks.sh 570 smoke decode) bench/decode.py
+#               --device cuda --shapes gpu --compute bf16: the eager sampler vs static KV cache vs the
+#               compiled step (CUDA graphs) vs HF generate in BF16, 256 rows x 256 tokens at 0.5B widths,
+#               152k then 32k vocabulary (#35); each case's JSON goes to the log as it ends
+#   decode_verified  (by name) rollout_honest.py --parts bf16 --decode compiled, solo model: BF16 rollouts made
+#               by the compiled (CUDA graph) decoder on the GPU pass the FP32 verifier (#35)
 #   paced       (asked for by name) sync_1b --paced with the live model on the GPU, on 2 cores and on all
 #   real_scale_wide  (by name) real_scale at 32 rows: the GPU busier than at 4
 #
@@ -63,6 +69,9 @@ want paced && part paced_2cores 150 taskset -c 0,1 python3 bench/sync_1b.py --si
     --no-local --paced --rates 1gbit 100mbit --device cuda --store-dir /tmp/stores
 want paced && part paced_all 90 python3 bench/sync_1b.py --sizes 1b --versions 4 --no-link --no-local --paced \
     --rates 1gbit --device cuda --workers 4 --store-dir /tmp/stores
+want decode && part decode 480 python3 bench/decode.py --device cuda --shapes gpu --compute bf16 --vocabs 151936,32000
+want decode_verified && part decode_verified 150 python3 bench/rollout_honest.py --parts bf16 --decode compiled \
+    --precision-batches 1 --precision-shapes 2 --precision-models solo --grpo-steps 20
 want real_scale && part real_scale 240 python3 bench/real_scale.py --full --device cuda
 want real_scale_wide && part real_scale_wide 240 python3 bench/real_scale.py --full --device cuda --rows 32 --repeats 1
 want cross && part cross 100 python3 bench/rollout_honest.py --parts cuda --batches 1 --grpo-steps 20 --long 256

@@ -23,6 +23,7 @@ producer computing in BF16 that does not declare it (``--parts undeclared``) aga
     python bench/rollout_honest.py [--batches 2] [--grpo-steps 20] [--long 256]
     python bench/rollout_honest.py --parts bf16,fp16 --json     # BF16 and FP16 producers, >= 10,000 rollouts
     python bench/rollout_honest.py --parts cuda      # on a GPU machine: CUDA-made, CPU-checked and back
+    python bench/rollout_honest.py ... --decode compiled   # producers decoding with rl/static_decode.py
 
 Ends with one JSON line.
 """
@@ -87,12 +88,12 @@ class Tally:
 
 def run_config(policy, cfg: SoloConfig, state, version: int, *, p_threads: int, rows: int | None,
                v_threads: int, per_sequence: bool, batches: int, tally: Tally, compute: str = "fp32",
-               undeclared: bool = False, verifier_policy=None) -> None:
+               undeclared: bool = False, verifier_policy=None, decode: str = "eager") -> None:
     """``batches`` batches made by ``policy`` computing in ``compute`` and checked by
     ``verifier_policy`` (default: the same policy object, so the same device); ``undeclared``: the
     batch says "fp32" whatever the producer computed in."""
     task = make_task_source(cfg.task)
-    producer = RolloutWorker(policy, cfg.sampling, compute=compute)  # type: ignore[arg-type]
+    producer = RolloutWorker(policy, cfg.sampling, compute=compute, decode=decode)  # type: ignore[arg-type]
     producer.set_weights(state, version)
     verifier = RolloutVerifier(RolloutWorker(verifier_policy or policy, cfg.sampling), task, run_id=RUN, batches_per_version=1 << 20,
                                max_staleness=4, cfg=VerifyConfig())
@@ -123,7 +124,8 @@ def honest_grid(args) -> dict[str, Tally]:
                        f"{'per-sequence' if per_sequence else 'one forward'}"
                 out[name] = Tally()
                 run_config(policy, cfg, states[version], version, p_threads=p_threads, rows=rows,
-                           v_threads=3 - p_threads, per_sequence=per_sequence, batches=args.batches, tally=out[name])
+                           v_threads=3 - p_threads, per_sequence=per_sequence, batches=args.batches, tally=out[name],
+                           decode=args.decode)
                 print(f"{name}: {out[name].rollouts} rollouts, refused {out[name].refused}, "
                       f"max gap {out[name].max_gap:.3g}", flush=True)
     cold = cfg.model_copy(update={"sampling": cfg.sampling.model_copy(update={"temperature": 0.7})})
@@ -131,7 +133,7 @@ def honest_grid(args) -> dict[str, Tally]:
         name = f"solo v1 T=0.7 gen {p_threads}t rows={rows or 256} | verify {3 - p_threads}t one forward"
         out[name] = Tally()
         run_config(policy, cold, states[1], 1, p_threads=p_threads, rows=rows, v_threads=3 - p_threads,
-                   per_sequence=False, batches=args.batches, tally=out[name])
+                   per_sequence=False, batches=args.batches, tally=out[name], decode=args.decode)
     return out | (hf_grid(args, cfg) if "hf" in args.parts else {})
 
 
@@ -146,7 +148,7 @@ def hf_grid(args, cfg: SoloConfig) -> dict[str, Tally]:
             name = f"hf-llama gen {p_threads}t rows={rows or 256} | verify {3 - p_threads}t one forward"
             out[name] = Tally()
             run_config(policy, hf, state, 0, p_threads=p_threads, rows=rows, v_threads=3 - p_threads,
-                       per_sequence=False, batches=args.batches, tally=out[name])
+                       per_sequence=False, batches=args.batches, tally=out[name], decode=args.decode)
         long_dir = f"{tmp}/long"
         build_hf_model(long_dir, arch="llama", hidden=64, layers=2, context=args.long + 64, vocab_size=300, seed=1)
         sampling = cfg.sampling.model_copy(update={"max_new_tokens": args.long, "prompts_per_batch": 4})
@@ -157,7 +159,7 @@ def hf_grid(args, cfg: SoloConfig) -> dict[str, Tally]:
             name = f"hf-llama long ({args.long} new tokens) gen {p_threads}t rows={rows or 32} | verify {3 - p_threads}t"
             out[name] = Tally()
             run_config(policy, long, state, 0, p_threads=p_threads, rows=rows, v_threads=3 - p_threads,
-                       per_sequence=False, batches=args.batches, tally=out[name])
+                       per_sequence=False, batches=args.batches, tally=out[name], decode=args.decode)
             print(f"{name}: {out[name].rollouts} rollouts, {out[name].tokens} tokens, refused {out[name].refused}, "
                   f"max gap {out[name].max_gap:.3g}", flush=True)
     return out
@@ -167,7 +169,7 @@ def undeclared_rows(args) -> dict[str, Tally]:
     cfg, policy, states = solo_versions(0)
     tally = Tally()
     run_config(policy, cfg, states[0], 0, p_threads=1, rows=None, v_threads=1, per_sequence=False,
-               batches=args.batches, tally=tally, compute="bf16", undeclared=True)
+               batches=args.batches, tally=tally, decode=args.decode, compute="bf16", undeclared=True)
     return {"solo v0 gen BF16 compute, declared fp32 | verify FP32": tally}
 
 
@@ -183,7 +185,7 @@ def precision_grid(args, precision: str) -> dict[str, Tally]:
             name = f"{precision} solo v{version} gen {p_threads}t rows={rows or 256} | verify FP32 {3 - p_threads}t"
             out[name] = Tally()
             run_config(policy, cfg, states[version], version, p_threads=p_threads, rows=rows, v_threads=3 - p_threads,
-                       per_sequence=False, batches=n, tally=out[name], compute=precision)
+                       per_sequence=False, batches=n, tally=out[name], decode=args.decode, compute=precision)
             print(f"{name}: {out[name].rollouts} rollouts, refused {out[name].refused} {out[name].reasons}, "
                   f"max gap {out[name].max_gap:.3g}, tolerance {out[name].max_tolerance:.3g}", flush=True)
     if "hf" not in args.precision_models:
@@ -195,7 +197,7 @@ def precision_grid(args, precision: str) -> dict[str, Tally]:
         name = f"{precision} hf-llama gen 1t rows=256 | verify FP32 2t"
         out[name] = Tally()
         run_config(hf_policy, hf, hf_policy.bf16_state(), 0, p_threads=1, rows=None, v_threads=2, per_sequence=False,
-                   batches=n, tally=out[name], compute=precision)
+                   batches=n, tally=out[name], decode=args.decode, compute=precision)
         long_dir = f"{tmp}/long"
         build_hf_model(long_dir, arch="llama", hidden=64, layers=2, context=args.long + 64, vocab_size=300, seed=1)
         sampling = cfg.sampling.model_copy(update={"max_new_tokens": args.long, "prompts_per_batch": 4})
@@ -204,7 +206,7 @@ def precision_grid(args, precision: str) -> dict[str, Tally]:
         name = f"{precision} hf-llama long ({args.long} new tokens) gen 1t rows=32 | verify FP32 2t"
         out[name] = Tally()
         run_config(long_policy, long, long_policy.bf16_state(), 0, p_threads=1, rows=None, v_threads=2,
-                   per_sequence=False, batches=n, tally=out[name], compute=precision)
+                   per_sequence=False, batches=n, tally=out[name], decode=args.decode, compute=precision)
         print(f"{name}: {out[name].rollouts} rollouts, refused {out[name].refused}, max gap {out[name].max_gap:.3g}",
               flush=True)
     return out
@@ -226,7 +228,7 @@ def cross_device_rows(args) -> dict[str, Tally]:
             name = f"{label} gen {made} | verify {checked}"
             out[name] = Tally()
             run_config(on[made], run, state, version, p_threads=2, rows=None, v_threads=2, per_sequence=False,
-                       batches=args.batches, tally=out[name], verifier_policy=on[checked])
+                       batches=args.batches, tally=out[name], decode=args.decode, verifier_policy=on[checked])
             print(f"{name}: {out[name].rollouts} rollouts, refused {out[name].refused}, "
                   f"max gap {out[name].max_gap:.3g}", flush=True)
 
@@ -258,6 +260,8 @@ def main() -> None:
     ap.add_argument("--precision-shapes", type=int, default=4, help="how many of the solo shapes (256, 64, 7, 1 "
                     "rows a pass) a bf16/fp16 grid runs (the narrow ones are slow on a loaded machine)")
     ap.add_argument("--precision-models", default="solo,hf", help="which models a bf16/fp16 grid runs")
+    ap.add_argument("--decode", choices=("eager", "static", "compiled"), default="eager",
+                    help="how the producers decode (rl/static_decode.py; the verifier is the same)")
     ap.add_argument("--json", action="store_true", help="(the last line is JSON in any case)")
     ap.add_argument("--long", type=int, default=256, help="new tokens per completion of the long HF configuration")
     args = ap.parse_args()

@@ -23,6 +23,7 @@ from pulse_node.net.local.worker_config import RunId
 from pulse_node.net.peers.budget import BudgetConfig
 from pulse_node.rl.config import (
     ArithmeticTaskConfig,
+    DecodeMode,
     GRPOConfig,
     ModelConfig,
     Precision,
@@ -227,6 +228,10 @@ class InferenceConfig(NodeConfig):
     compute: Precision = Field("fp32", description="what this node computes its rollouts' logits in: 'bf16' or "
                                "'fp16' as engines run (half the memory); each batch declares it and trainers widen "
                                "their checks by that precision's error (rl/precision.py)")
+    decode: DecodeMode = Field("eager", description="how rollouts are decoded (the same draws in every mode): "
+                               "'eager' (finished rows leave the batch and its KV cache; the fastest on the CPU), "
+                               "'static' (a KV cache preallocated per batch shape, fixed-shape steps) or 'compiled' "
+                               "(static, the step compiled by torch.compile: CUDA graphs on a GPU); bench/decode.py")
 
 
 RoleConfig = Annotated[TrainerConfig | InferenceConfig, Field(discriminator="role")]

@@ -112,3 +112,31 @@ def test_hf_sampler_compacts_its_cache_without_deprecated_calls(hf_dir) -> None:
     assert any(f and len(t) < 11 for t, f in zip(kept[0], kept[2]))  # some rows left early
     assert kept[0] == ref[0] and kept[2] == ref[2]
     assert [x for lp in kept[1] for x in lp] == pytest.approx([x for lp in ref[1] for x in lp], abs=1e-5)
+
+
+def test_hf_static_cache_draws_what_the_dynamic_cache_draws(hf_dir) -> None:
+    """``decode = "static"`` on a Hugging Face model (``transformers.StaticCache``, fixed-shape
+    steps) and the same step compiled as one graph (dynamo's eager backend: the trace): the
+    eager sampler's tokens, log-probs within 1e-6 (FP32)."""
+    from pulse_node.rl.seeded import uniforms
+    from pulse_node.rl.static_decode import StaticDecoder
+
+    task_cfg = task_config(digits=2, eval_size=10)
+    policy = build_policy(ModelConfig(kind="hf", path=str(hf_dir), device="cpu"), task_cfg, seed=0)
+    sampling = SamplingConfig(max_new_tokens=12, group_size=4, prompts_per_batch=4)
+    workers = {mode: RolloutWorker(policy, sampling, decode=mode) for mode in ("eager", "static", "compiled")}
+    workers["compiled"].static = StaticDecoder(workers["compiled"].lm, device=policy.device, compiled=True,
+                                               backend="eager")
+    for w in workers.values():
+        w.set_weights(policy.bf16_state(), version=0)
+    key = BatchKey("hf", 0, "peer", 1)
+    prompts = [p for p in workers["eager"]._encode(assigned_problems(make_task_source(task_cfg), key, 4))
+               for _ in range(4)]
+    u = uniforms(key.digest(), range(16), 12)
+    ref = workers["eager"]._sample(prompts, u=u)
+    assert any(f and len(t) < 11 for t, f in zip(ref[0], ref[2]))  # some rows ended early
+    torch._dynamo.reset()
+    for mode in ("static", "compiled"):
+        got = workers[mode]._sample(prompts, u=u)
+        assert got[0] == ref[0] and got[2] == ref[2], mode
+        assert max(abs(a - b) for x, y in zip(got[1], ref[1]) for a, b in zip(x, y)) <= 1e-6, mode

@@ -195,6 +195,20 @@ def test_bf16_and_fp16_producers_pass_with_the_tolerances_of_their_precision(lab
     assert fp32.tol.widest == lab.verify.score_tolerance and fp32.tol.rate == 0  # FP32 keeps FP32's tolerances
 
 
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_rollouts_of_the_static_decoder_pass(lab, precision) -> None:
+    """A producer decoding with a static KV cache (``decode = "static"``) is verified as an eager
+    one: FP32 within the FP32 tolerances (gap ~0), BF16 within its precision's."""
+    producer = RolloutWorker(lab.policy, lab.sampling, compute=precision, decode="static")
+    producer.set_weights(lab.states[1], 1)
+    rs = producer.generate_batch(lab.task, BatchKey(lab.run_id, 1, HONEST, 2))
+    verdict = lab.new_verifier().check(decode_rollouts(encode_rollouts(rs)), sender=HONEST, current_version=1,
+                                       state_of=lab.states.get)
+    assert verdict.ok, verdict.detail
+    if precision == "fp32":
+        assert max(c.gap for c in verdict.checks) <= lab.verify.score_tolerance / 10
+
+
 def test_a_forger_steering_every_draw_within_the_bf16_tolerance_gains_little(lab) -> None:
     """Steering every draw it can toward the answer (full knowledge of the key and the tolerance)
     moves a token only where u falls within the tolerance of a boundary (~2 tol per token), so its

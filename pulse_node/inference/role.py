@@ -46,7 +46,7 @@ class InferenceRole:
                                 catchup_min_gap=cfg.chain.catchup_min_gap, catchup_wait_s=cfg.chain.catchup_wait_s)
         # weights come from the swarm: only the architecture and tokenizer are needed here
         policy = build_policy(cfg.model, cfg.task, seed=cfg.seed, grpo_cfg=GRPOConfig(warmstart_steps=0))
-        self.worker = RolloutWorker(policy, cfg.sampling, compute=cfg.compute)
+        self.worker = RolloutWorker(policy, cfg.sampling, compute=cfg.compute, decode=cfg.decode)
         del policy  # the worker holds its own copy; a second network would cost 4 B/param for nothing
         # it only moves forward: no undo steps kept beside the live model (bytes per parameter)
         self.worker.live = LiveWeights(dict(self.worker.lm.module.named_parameters()), keep=0)

@@ -43,6 +43,9 @@ class ModelConfig(StrictModel):
 
 Precision = Literal["fp32", "bf16", "fp16"]
 """What a node computes logits in (``rl/precision.py``): a producer declares it in each batch."""
+DecodeMode = Literal["eager", "static", "compiled"]
+"""How a rollout worker decodes (``rl/static_decode.py``): "eager" (finished rows leave the batch),
+"static" (a preallocated KV cache, fixed-shape steps) or "compiled" (static, the step compiled)."""
 RewardName = Literal["exact", "gsm8k", "math"]
 """The rewards of ``rl/rewards.py`` (``REWARDS``): "exact" match, "gsm8k" numbers, "math" (math-verify)."""
 

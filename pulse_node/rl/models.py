@@ -2,7 +2,8 @@
 
 ``LM`` is what samplers and learners use: ``logits`` over whole (padded) sequences for
 training, ``prefill``/``decode`` with a KV cache for generation, and ``keep_rows`` to drop
-finished rows from that cache (HF models: a ``transformers`` ``DynamicCache``). Padding is described by a
+finished rows from that cache (HF models: a ``transformers`` ``DynamicCache``); ``static_cache``,
+``prefill_static`` and ``step`` do the same with fixed shapes (``rl/static_decode.py``). Padding is described by a
 boolean ``mask`` (True = real token); position ids are derived from it, so left padding
 (generation) and right padding (training) give the same numbers.
 """
@@ -31,12 +32,47 @@ def positions(mask: torch.Tensor) -> torch.Tensor:
 
 
 class KVCache:
-    """Preallocated per-layer keys/values for the tiny model."""
+    """Preallocated per-layer keys/values for the tiny model. Static (``slot`` a tensor): keys are
+    written at ``slot`` and attention runs over every slot (the mask hides the empty ones), so a
+    step's shapes never change (``rl/static_decode.py``)."""
 
-    def __init__(self, n_layers: int, shape: tuple[int, int, int, int], like: torch.Tensor) -> None:
+    def __init__(self, n_layers: int, shape: tuple[int, int, int, int], like: torch.Tensor, *,
+                 static: bool = False) -> None:
         self.k = [like.new_zeros(shape) for _ in range(n_layers)]
         self.v = [like.new_zeros(shape) for _ in range(n_layers)]
         self.length = 0
+        self.slot = torch.zeros((), dtype=torch.long, device=like.device) if static else None
+
+    def fix_addresses(self) -> None:
+        """Tell torch.compile the tensors stay put, so a compiled step replays as a CUDA graph."""
+        for t in [*self.k, *self.v, *([self.slot] if self.slot is not None else [])]:
+            torch._dynamo.mark_static_address(t)
+
+    def reset(self) -> None:
+        """Empty (static): every slot zeroed, the next write at slot 0."""
+        for t in [*self.k, *self.v]:
+            t.zero_()
+        if self.slot is not None:
+            self.slot.zero_()
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store the keys/values of the next ``t`` positions; the keys/values to attend to."""
+        t = k.shape[2]
+        if self.slot is not None:
+            at = self.slot + torch.arange(t, device=k.device)
+            self.k[layer].index_copy_(2, at, k)
+            self.v[layer].index_copy_(2, at, v)
+            return self.k[layer], self.v[layer]
+        end = self.length + t
+        self.k[layer][:, :, self.length:end] = k
+        self.v[layer][:, :, self.length:end] = v
+        return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
+
+    def advance(self, t: int) -> None:
+        if self.slot is not None:
+            self.slot.add_(t)
+        else:
+            self.length += t
 
     def keep(self, rows: torch.Tensor) -> None:
         """Keep only batch rows ``rows`` (finished rows leave the batch)."""
@@ -56,10 +92,7 @@ class Block(nn.Module):
         b, t, d = x.shape
         q, k, v = self.qkv(x).view(b, t, 3, self.n_heads, d // self.n_heads).permute(2, 0, 3, 1, 4)
         if cache is not None:
-            end = cache.length + t
-            cache.k[layer][:, :, cache.length:end] = k
-            cache.v[layer][:, :, cache.length:end] = v
-            k, v = cache.k[layer][:, :, :end], cache.v[layer][:, :, :end]
+            k, v = cache.write(layer, k, v)
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed[:, None])
         out: torch.Tensor = self.proj(y.transpose(1, 2).reshape(b, t, d))
         return out
@@ -94,7 +127,7 @@ class TinyGPT(nn.Module):
         for i, block in enumerate(self.blocks):
             x = block(x, allowed, cache, i)
         if cache is not None:
-            cache.length += ids.shape[1]
+            cache.advance(ids.shape[1])
         h: torch.Tensor = self.ln_f(x)
         return h @ self.tok_emb.weight.T
 
@@ -139,6 +172,28 @@ class TinyLM:
         """The cache of batch rows ``rows`` only."""
         cache.keep(rows)
         return cache
+
+    def static_cache(self, rows: int, length: int) -> KVCache:
+        """An empty static cache of ``rows`` x ``length`` slots (``rl/static_decode.py``)."""
+        m = self.module
+        d = m.tok_emb.weight.shape[1]
+        return KVCache(len(m.blocks), (rows, m.n_heads, length, d // m.n_heads), m.tok_emb.weight, static=True)
+
+    def prefill_static(self, ids: torch.Tensor, full: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """Logits of the last prompt position; the prompt's keys fill the first slots of ``cache``
+        (``full``: [B, L] mask of the slots, the prompt's in the first ``ids.shape[1]``)."""
+        width = ids.shape[1]
+        mask = full[:, :width]
+        allowed = torch.zeros((*ids.shape, full.shape[1]), dtype=torch.bool, device=ids.device)
+        allowed[:, :, :width] = _full_allowed(mask)
+        out: torch.Tensor = self.module(ids, positions(mask), allowed, cache)
+        return out[:, -1]
+
+    def step(self, tok: torch.Tensor, pos: torch.Tensor, full: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """Logits after tokens ``tok`` ([B, 1]) at positions ``pos`` ([B, 1]), written at the
+        cache's next slot; ``full`` ([B, L]) marks the slots to attend to, this one included."""
+        out: torch.Tensor = self.module(tok, pos, full[:, None, :], cache)
+        return out[:, -1]
 
 
 class HFLM:
@@ -188,3 +243,25 @@ class HFLM:
         """The ``DynamicCache`` of batch rows ``rows`` only (finished rows leave the batch)."""
         cache.batch_select_indices(rows)
         return cache
+
+    def static_cache(self, rows: int, length: int) -> Any:
+        """An empty ``transformers.StaticCache`` of ``length`` slots (its [rows, ...] tensors are
+        allocated by the prefill)."""
+        from transformers import StaticCache
+
+        return StaticCache(config=self.module.config, max_cache_len=length)
+
+    def prefill_static(self, ids: torch.Tensor, full: torch.Tensor, cache: Any) -> torch.Tensor:
+        """As ``TinyLM.prefill_static``, into a ``StaticCache``."""
+        keep = {self._keep_kw: 1} if self._keep_kw else {}
+        out = self.module(input_ids=ids, attention_mask=full.long(), position_ids=positions(full[:, :ids.shape[1]]),
+                          use_cache=True, **{self._cache_kw: cache}, **keep)
+        logits: torch.Tensor = out.logits[:, -1].float()
+        return logits
+
+    def step(self, tok: torch.Tensor, pos: torch.Tensor, full: torch.Tensor, cache: Any) -> torch.Tensor:
+        """As ``TinyLM.step``, into a ``StaticCache``."""
+        out = self.module(input_ids=tok, attention_mask=full.long(), position_ids=pos, use_cache=True,
+                          **{self._cache_kw: cache})
+        logits: torch.Tensor = out.logits[:, -1].float()
+        return logits

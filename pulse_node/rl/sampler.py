@@ -22,7 +22,7 @@ import torch
 from pulse_node.codec.inplace import Move
 from pulse_node.codec.state import State
 from pulse_node.rl.assign import BatchKey, assigned_problems
-from pulse_node.rl.config import Precision, SamplingConfig
+from pulse_node.rl.config import DecodeMode, Precision, SamplingConfig
 from pulse_node.rl.liveweights import LiveWeights
 from pulse_node.rl.models import HFLM, TinyLM
 from pulse_node.rl.policy import Policy, check_prompts
@@ -30,6 +30,7 @@ from pulse_node.rl.precision import DTYPES
 from pulse_node.rl.rewards import Reward, reward_for
 from pulse_node.rl.rollout import Rollout
 from pulse_node.rl.seeded import draw, drawable, greedy, uniforms
+from pulse_node.rl.static_decode import StaticDecoder
 from pulse_node.rl.tasks import Problem, TaskSource
 from pulse_node.rl.tokenizer import Tokenizer
 
@@ -40,8 +41,8 @@ class RolloutWorker:
     """Generates scored rollouts with the BF16 weights of one policy version."""
 
     def __init__(self, policy_like: Policy, sampling_cfg: SamplingConfig, *, reward_fn: Reward | None = None,
-                 compute: Precision = "fp32") -> None:
-        self.cfg, self.compute = sampling_cfg, compute
+                 compute: Precision = "fp32", decode: DecodeMode = "eager") -> None:
+        self.cfg, self.compute, self.decode = sampling_cfg, compute, decode
         self.tokenizer: Tokenizer = policy_like.tokenizer
         self.device = policy_like.device
         self.lm: TinyLM | HFLM = copy.copy(policy_like.lm)
@@ -51,6 +52,8 @@ class RolloutWorker:
         self.reward_fn = reward_fn or reward_for(policy_like.task)
         self.version = -1
         self.loaded: State | None = None  # the State last loaded (two forks may share a version number)
+        self.static = None if decode == "eager" else StaticDecoder(self.lm, device=self.device,
+                                                                   compiled=decode == "compiled")
 
     def set_weights(self, state: State, version: int, *, changes: list[Move] | None = None) -> str:
         """Hold a BF16 State as policy ``version``: moved sparsely from the version held when it can
@@ -79,10 +82,15 @@ class RolloutWorker:
         uniforms, ``rl/seeded.py``), or greedy when ``u`` is None. Rows that finished leave the
         batch (``compact``); tokens and log-probs stay on the device until the end."""
         ids, mask = self._prompt_batch(prompts)
+        u = u.to(self.device) if u is not None else None
+        if self.static is not None:  # fixed shapes, every row to the end (rl/static_decode.py)
+            toks, lps = self.static.run(ids, mask, u, max_new=self.cfg.max_new_tokens, pad_id=self.tokenizer.pad_id,
+                                        eos_id=self.tokenizer.eos_id, vocab=self.tokenizer.vocab_size,
+                                        temperature=self.cfg.temperature)
+            return self._trim(toks.tolist(), lps.tolist())
         b, max_new, eos = len(prompts), self.cfg.max_new_tokens, self.tokenizer.eos_id
         logits, cache = self.lm.prefill(ids, mask, max_new)
         vocab = drawable(logits, self.tokenizer.vocab_size)
-        u = u.to(self.device) if u is not None else None
         toks = torch.full((b, max_new), self.tokenizer.pad_id, dtype=torch.long, device=self.device)
         lps = torch.zeros((b, max_new), dtype=torch.float32, device=self.device)
         live = torch.arange(b, device=self.device)  # the batch row of each row still decoding

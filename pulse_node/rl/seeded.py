@@ -70,20 +70,25 @@ def block_size(vocab: int) -> int:
     return 1 << max(0, math.ceil(math.log2(max(vocab, 1)) / 2))
 
 
-def exp_weights_(logits: torch.Tensor, vocab: int, temperature: float, *, unshifted: bool = False
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
+def exp_weights_(logits: torch.Tensor, vocab: int, temperature: float, *, unshifted: bool = False,
+                 no_sync: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """``e`` ([N, V] float32: exp(z / T - shift), unnormalised probabilities) made IN PLACE of
     ``logits`` (of its FP32 copy if it is not FP32), and the ``shift`` of each row ([N]): 0 unless
     some row's largest z / T is beyond +-``SAFE`` (then every row's own maximum). The
     log-normaliser of softmax(z / T) is ``shift + log(sum e)``. Two passes over the logits when
     no shift is needed (max, exp), three otherwise: no [N, V] tensor is allocated. ``unshifted``:
-    one pass (exp), never shifted; the sums overflow or vanish when some z / T is past ~+-80.)"""
+    one pass (exp), never shifted; the sums overflow or vanish when some z / T is past ~+-80.
+    ``no_sync``: always three passes, the shift chosen on the device (the same values; the host
+    never waits for the device, so a GPU's next steps queue behind this one).)"""
     z = logits[..., :vocab].float()
     if temperature != 1.0:
         z.div_(temperature)
     if unshifted:  # no max pass: the caller checks that the sums are finite and positive
         return z.exp_(), z.new_zeros(z.shape[0])
     top = z.amax(-1)
+    if no_sync:  # subtracting 0 is exact: the same e as the branch below
+        shift = torch.where((top.abs() > SAFE).any(), top, torch.zeros_like(top))
+        return z.sub_(shift[:, None]).exp_(), shift
     if bool((top.abs() > SAFE).any()):
         z.sub_(top[:, None])
         return z.exp_(), top
@@ -109,11 +114,11 @@ def _block_of(e: torch.Tensor, b: torch.Tensor, block: int, vocab: int, rows: to
     return cols, vals * (cols < vocab)
 
 
-def draw(logits: torch.Tensor, u: torch.Tensor, *, vocab: int, temperature: float
+def draw(logits: torch.Tensor, u: torch.Tensor, *, vocab: int, temperature: float, no_sync: bool = False
          ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The seeded token of each row of ``logits`` ([N, width], overwritten: ``exp_weights_``) for
-    its uniform ``u`` ([N] float64), and its log-prob under softmax(z / T) (float32)."""
-    e, _ = exp_weights_(logits, vocab, temperature)
+    """The seeded token of each row of ``logits`` ([N, width], overwritten: ``exp_weights_``, as is
+    ``no_sync``) for its uniform ``u`` ([N] float64), and its log-prob under softmax(z / T) (float32)."""
+    e, _ = exp_weights_(logits, vocab, temperature, no_sync=no_sync)
     block = block_size(vocab)
     cum = block_sums(e, block).cumsum(-1)
     target = u.to(cum.device)[:, None] * cum[:, -1:]
