@@ -20,8 +20,8 @@ from pulse_node.vocab import DEFAULT_RUN_ID
 
 NAMES = ("trainer-a", "trainer-b", "trainer-c")
 DROPPER, VICTIM = "trainer-b", "trainer-c"  # b coordinates rounds 0, 3, 4 and 5
-LOCO = {"inner_steps": 2, "deadline_s": 6.0, "decision_wait_s": 2.0}
-VERSIONS = 6
+LOCO = {"inner_steps": 2, "deadline_s": 4.0, "decision_wait_s": 1.5}
+VERSIONS = 5
 
 
 @pytest.mark.slow
