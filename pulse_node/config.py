@@ -125,6 +125,11 @@ class ChainConfig(StrictModel):
         False, description="DANGEROUS: with no trainer keys, let `pulse-node join` trust any peer that announces "
         "the trainer role on a non-loopback bootstrap (anyone can then sign versions and steer the model; "
         "equivocation bans, re-sync majorities and the version step bind nobody, keys being free)")
+    open_trainers: bool = Field(
+        False, description="let any key announcing the trainer role contribute payloads to the rounds (it never "
+        "signs versions, decides rounds nor endorses admissions): keys without earned weight share one capped "
+        "weight together (loco.trust.newcomer_weight), at most loco.trust.open_per_round of them enter a round, "
+        "drawn by the last decision's digest, and the trust ledger weighs the rest (loco/ledger.py)")
     admission_quorum: int = Field(
         0, ge=0, description="members that must sign a new trainer's admission (0 = a majority of the configured keys)")
     admission_depth: int = Field(

@@ -3,7 +3,7 @@
 ``trainer-b`` leaves ``trainer-c``'s commitment and payload out of every decision it coordinates.
 The two honest trainers refuse each such decision (``omits_commitment``, both signed statements
 kept), the next coordinator in turn decides with every payload, and the model keeps going: the
-honest trainers stay bit-identical and average all three payloads in every round.
+honest trainers stay bit-identical and average both honest payloads in every round.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from pulse_node.vocab import DEFAULT_RUN_ID
 
 NAMES = ("trainer-a", "trainer-b", "trainer-c")
 DROPPER, VICTIM = "trainer-b", "trainer-c"  # b coordinates rounds 0, 3, 4 and 5
-LOCO = {"inner_steps": 2, "deadline_s": 6.0, "decision_wait_s": 2.0}
-VERSIONS = 6
+LOCO = {"inner_steps": 2, "deadline_s": 4.0, "decision_wait_s": 1.5}
+VERSIONS = 5
 
 
 @pytest.mark.slow
@@ -53,5 +53,8 @@ def test_a_coordinator_dropping_an_honest_payload_is_refused_and_the_model_keeps
         st = read_status(d)
         assert st.trainer.decisions_refused.get("omits_commitment", 0) >= 1, (name, st.trainer.decisions_refused)
         assert not st.trainer.forks, (name, st.trainer)
-        contributors = {h.version: h.contributors for h in st.history}
-        assert all(contributors[r + 1] == 3 for r in dropped_rounds if r + 1 in contributors), contributors
+        assert not st.trainer.rounds_left_out, (name, st.trainer)  # the victim's payload is in every round
+        contributors = {h.version: h.contributors for h in st.history if h.version > 0}
+        # both honest payloads in every round; the dropper's own only while it holds their state
+        # (applying its own decisions forks it until the agreement check re-syncs it)
+        assert all(n is not None and n >= 2 for n in contributors.values()) and contributors[1] == 3, contributors

@@ -32,7 +32,7 @@ from pulse_node.errors import PulseError
 from pulse_node.vocab import BatchRefusal, BudgetRefusal, DecisionRefusal, LocoRefusal
 
 #: version of the status schema; bump it on any change to a declared field
-STATUS_SCHEMA = 8
+STATUS_SCHEMA = 9
 HISTORY_LEN = 200
 ERRORS_KEPT = 20
 ERROR_CHARS = 300
@@ -137,6 +137,19 @@ class DataPlane(_Section):
     duplicate: bool = Field(False, description="another live node publishes under this node's identity")
     refused: dict[BudgetRefusal, int] = Field(default_factory=dict, description="peer requests refused by their "
                                               "per-peer budget, by reason (net/peers/budget.py)")
+
+
+class TrustEntry(_Section):
+    """One trainer key as the trust ledger of the replicated outer state knows it (``loco/ledger.py``)."""
+
+    key: str = Field(description="the trainer's peer id")
+    weight: float = Field(0.0, ge=0, description="its trust weight in the last round (0: not applied)")
+    member: bool = Field(False, description="root or admitted (else an open trainer)")
+    contributed: int = Field(0, ge=0, description="rounds whose decision applied its payload")
+    passed: int = Field(0, ge=0, description="spot checks passed")
+    failed: int = Field(0, ge=0, description="spot checks failed")
+    owing: bool = Field(False, description="failed its last check: out of the rounds until it passes one")
+    convicted: bool = Field(False, description="convicted: out for good")
 
 
 class SenderReport(_Section):
@@ -269,6 +282,8 @@ class StatusReport(_Section):
     trainer_set: str | None = Field(None, description="what the trainer set is made of (configured, admitted, quorum)")
     evidence: list[EvidenceEntry] = Field(default_factory=list, description="members convicted of equivocation "
                                           "by evidence this node verified; refused for good")
+    trust: list[TrustEntry] = Field(default_factory=list, description="trainer: the trust ledger after its last "
+                                    "round (the keys that round named, then owing and convicted ones)")
     stopped: bool = Field(False, description="the node has stopped (its last status)")
     counters: NodeCounters = Field(default_factory=NodeCounters)
     trainer: TrainerCounters | None = None
@@ -317,6 +332,7 @@ class StatusFields(TypedDict, total=False):
     trust_mode: Literal["keys", "open"] | None
     trainer_set: str | None
     evidence: list[EvidenceEntry]
+    trust: list[TrustEntry]
     stopped: bool
     standing: StandingReport
 

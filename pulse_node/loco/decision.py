@@ -11,7 +11,8 @@ Wire format (``DECISION_FORMAT`` 4): the signed-statement envelope (``chain/stat
 ``RoundDecision``, each field declared there with its bounds: ``contributors`` is
 ``[[trainer_id, digest], ...]`` sorted by the trainer ids' UTF-8 bytes without repeats
 (1..``MAX_CONTRIBUTORS`` entries), ``committed`` likewise (0..``MAX_CONTRIBUTORS``, naming
-every contributor), ``base`` the 32-byte outer state hash the round starts from and
+every contributor), ``open`` the contributors that are open trainers (``chain.open_trainers``),
+``base`` the 32-byte outer state hash the round starts from and
 ``epoch`` the 32-byte chain hash of the genesis of the chain the round extends
 (``chain/record.py``): a decision is taken only in its own epoch, so one signed in an earlier run
 (same run id, same keys, same genesis state) means nothing in a later one. ``decode_decision``
@@ -22,7 +23,7 @@ treats its input as hostile (``WireError``); ``verify_decision`` checks signer a
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Annotated
 
@@ -53,6 +54,7 @@ class RoundDecision:
     coordinator: TrainerId
     contributors: Annotated[tuple[tuple[TrainerId, Digest32], ...], Field(min_length=1, max_length=MAX_CONTRIBUTORS)]
     committed: Annotated[tuple[tuple[TrainerId, Digest32], ...], Field(max_length=MAX_CONTRIBUTORS)]
+    open: Annotated[tuple[TrainerId, ...], Field(max_length=MAX_CONTRIBUTORS)]  # contributors that are open trainers
     signer: Hex64
     signature: Signature
 
@@ -73,6 +75,8 @@ def _rules(d: RoundDecision) -> Iterator[str]:
             yield f"{name} must be sorted by trainer id without repeats"
     if d.committed and not set(d.trainer_ids) <= set(d.commitments):
         yield "every contributor must be named among the commitments"
+    if list(d.open) != sorted(set(d.open), key=str.encode) or not set(d.open) <= set(d.trainer_ids):
+        yield "open trainers must be contributors, sorted without repeats"
 
 
 DECISIONS = Statement(RoundDecision, magic=DECISION_MAGIC, format=DECISION_FORMAT, max_bytes=MAX_DECISION_BYTES,
@@ -94,12 +98,14 @@ def _ordered(pairs: Mapping[str, bytes]) -> tuple[tuple[str, bytes], ...]:
 
 
 def make_decision(identity: Identity, *, run_id: str, round: int, base: bytes, epoch: bytes, coordinator: str,
-                  contributors: Mapping[str, bytes], committed: Mapping[str, bytes] | None = None) -> RoundDecision:
+                  contributors: Mapping[str, bytes], committed: Mapping[str, bytes] | None = None,
+                  open: Iterable[str] = ()) -> RoundDecision:
     """Build and sign the decision of ``round`` (contributors: trainer id -> payload digest;
-    committed: trainer id -> commitment digest) in ``epoch`` (the genesis chain hash, raw bytes)."""
+    committed: trainer id -> commitment digest; open: the contributors that are open trainers) in ``epoch`` (the genesis chain hash, raw bytes)."""
     return DECISIONS.seal(identity, RoundDecision(
         run_id=run_id, round=round, base=bytes(base), epoch=bytes(epoch), coordinator=coordinator,
-        contributors=_ordered(contributors), committed=_ordered(committed or {}), signer=identity.public_key_hex,
+        contributors=_ordered(contributors), committed=_ordered(committed or {}),
+        open=tuple(sorted(set(open), key=str.encode)), signer=identity.public_key_hex,
         signature=b""))
 
 

@@ -23,7 +23,7 @@ the coordinator's fault, and the next coordinator decides.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 
 from pulse_node.loco.commitlist import CommitList
@@ -82,6 +82,15 @@ def entered(lst: CommitList, ledger: Ledger) -> set[str]:
     listed = {k for k in lst.listed() if not (ledger.owing(k) or ledger.convicted(k))}
     new = {k for k in listed if ledger.newcomer(k, member=k in members)}
     return (listed - new) | ledger.entrants(new)
+
+
+def entering(keys: Iterable[str], *, is_member: Callable[[str], bool], ledger: Ledger) -> set[str]:
+    """The keys among ``keys`` (a decision's commitments) whose payloads may count in the real
+    round (``trainer/agreement.py``): members, open trainers past their newcomer checks, and the
+    newcomers the ledger's entry draw lets in; never a key owing a check or convicted."""
+    ks = {k for k in keys if not (ledger.owing(k) or ledger.convicted(k))}
+    new = {k for k in ks if not is_member(k) and ledger.newcomer(k, member=False)}
+    return (ks - new) | ledger.entrants(new)
 
 
 def decision_problems(contributors: Mapping[str, bytes], *, excluded: Collection[str], lst: CommitList,

@@ -148,6 +148,21 @@ def _senders_table(s: SwarmSnapshot) -> Table:
     return t
 
 
+def _trust_table(s: SwarmSnapshot) -> Table:
+    t = Table(title="trainers' trust (last round)", title_justify="left", pad_edge=False, padding=(0, 1, 0, 0),
+              box=box.SIMPLE_HEAD, show_edge=False)
+    columns: tuple[tuple[str, JustifyMethod], ...] = (
+        ("trainer", "left"), ("class", "left"), ("weight", "right"), ("rounds", "right"),
+        ("checks passed", "right"), ("failed", "right"), ("state", "left"))
+    for col, just in columns:
+        t.add_column(col, justify=just, no_wrap=True)
+    for r in s.trust:
+        t.add_row(escape(r.trainer), "member" if r.member else "open", f"{r.weight:.3f}", str(r.contributed),
+                  str(r.passed), Text(str(r.failed), style="red" if r.failed else ""),
+                  Text(r.state or "-", style="bold red" if r.state else ""))
+    return t
+
+
 def _charts(s: SwarmSnapshot) -> Text:
     rows = [r for r in s.versions if r.version >= FIRST_PATCH_VERSION][-CHART_POINTS:]  # v0: the genesis anchor
     t = Text()
@@ -194,6 +209,8 @@ def render(snapshot: SwarmSnapshot) -> RenderableType:
     parts: list[RenderableType] = [_header(snapshot), _alerts(snapshot), _nodes_table(snapshot)]
     if snapshot.senders:
         parts.append(_senders_table(snapshot))
+    if snapshot.trust:
+        parts.append(_trust_table(snapshot))
     if snapshot.versions:
         parts += [_versions_table(snapshot.versions), _charts(snapshot)]
     parts.append(_errors(snapshot))

@@ -26,6 +26,7 @@ import pydantic
 from pulse_node.daemon.status_model import Alert, StatusReport, VersionEntry
 from pulse_node.ops.alerts import duplicate_alerts, learning_alerts, trust_alerts
 from pulse_node.ops.senders import SenderView, sender_views
+from pulse_node.ops.trust import TrustView, trust_views
 
 SCHEMA_VERSION: Literal[4] = 4
 #: a status not refreshed for this long is stale (nodes write it every 0.5 s)
@@ -143,6 +144,7 @@ class SwarmSnapshot(_Model):
     errors: list[ErrorLine]
     alerts: list[Alert]
     senders: list[SenderView] = pydantic.Field(default_factory=list)  # rollout senders per trainer
+    trust: list[TrustView] = pydantic.Field(default_factory=list)  # each trainer's weight in the last round
 
 
 @dataclass(frozen=True)
@@ -438,7 +440,8 @@ def build_snapshot(nodes: Sequence[NodeInput], peers: Sequence[Mapping[str, Any]
                          head=head, roles=roles, nodes=views, versions=list(table.values()),
                          hash_checks_total=len(shared), hash_disagreements=bad, totals=_totals(merged, views, table),
                          errors=_errors(merged, now), alerts=alerts,
-                         senders=sender_views([(m.name, m.status) for m in merged if m.status is not None]))
+                         senders=sender_views([(m.name, m.status) for m in merged if m.status is not None]),
+                         trust=trust_views([(m.name, m.status) for m in merged if m.status is not None]))
 
 
 def _run_id(merged: Sequence[_Merged]) -> str | None:

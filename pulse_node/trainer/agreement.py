@@ -62,8 +62,10 @@ from pulse_node.errors import BaseMismatchError, IntegrityError, PulseError, Wir
 from pulse_node.fsutil import write_atomic
 from pulse_node.loco.bound import PayloadBound, PayloadBoundError
 from pulse_node.loco.decision import MAX_DECISION_BYTES, RoundDecision, encode_decision, make_decision, payload_digest
+from pulse_node.loco.ledger import Ledger
 from pulse_node.loco.payload import LocoPayload, read_header
 from pulse_node.loco.roundcommit import commit_digest
+from pulse_node.loco.roundrules import entering
 from pulse_node.net.wire.protocol import LocoDecisionRequest, LocoPayloadRequest
 from pulse_node.trainer.commits import CommitIntake, HeldCommit
 from pulse_node.trainer.decisions import DecisionIntake, coordinator_order
@@ -93,12 +95,13 @@ class RoundAgreement:
 
     def __init__(self, ctx: RoleContext[TrainerConfig], *, shapes: Mapping[str, tuple[int, ...]],
                  current_round: Callable[[], int], epoch: Callable[[], bytes], base: BaseFn | None = None,
-                 bound: PayloadBound | None = None) -> None:
+                 bound: PayloadBound | None = None, ledger: Callable[[], Ledger] | None = None) -> None:
         """``epoch``: the epoch of the chain we extend (``chain/record.py``; decisions of another
         are refused). ``base``: our current round's base (``BaseFn``); without it only base-free payloads
         decode and payloads are not checked against a base hash nor the value bound.
         ``bound``: the payload value bound (default: the one ``ctx.cfg`` implies). Who takes part
-        is the node's peer book's (``ctx.book``)."""
+        is the node's peer book's (``ctx.book``); ``ledger``: the trust ledger of our outer state
+        (default: an empty one, every open trainer a newcomer)."""
         self.ctx = ctx
         self.cfg = ctx.cfg.loco
         self.shapes = dict(shapes)
@@ -115,7 +118,7 @@ class RoundAgreement:
         self.cap = self.payloads.cap
         self._cap_pushes()
         self.intake = DecisionIntake(ctx, peers=self.peers, table=self.table, commits=self.commits,
-                                     payload_at=self.payloads.payload_at)
+                                     payload_at=self.payloads.payload_at, ledger=ledger or Ledger)
         shutil.rmtree(self.root / LOCO_DIR, ignore_errors=True)  # an earlier run's rounds mean nothing now
 
     # ---- the table shared with the decision intake (``trainer/rounds.py``) -------------------
@@ -177,7 +180,7 @@ class RoundAgreement:
         if self.base is not None:
             self.payloads.ratio(self.bound.ratio(mine.tensors, self.base()[1]))
         live = self._live()
-        order = coordinator_order(self.ctx.cfg.run_id, r, [self.me, *live])
+        order = coordinator_order(self.ctx.cfg.run_id, r, [*([self.me] if self.peers.i_am_member() else []), *live])
         self.table.open = OpenRound(r, mine.base_hash, order, t0=time.monotonic(), commit_s=self.cfg.deadline_s / 2,
                                     mine=data)
         commitment = self.commits.make_own(r, base=mine.base_hash, payload=payload_digest(data))
@@ -257,6 +260,8 @@ class RoundAgreement:
     def _my_turn(self, r: int, order: list[str], live: Mapping[str, PeerRecord], t0: float, now: float) -> bool:
         """Whether we decide round ``r`` now (module docstring, steps 2 and 3)."""
         deadline = t0 + self.cfg.deadline_s
+        if self.me not in order:  # an open trainer never decides
+            return False
         if order[0] == self.me:
             return now >= deadline or self._all_in(r, order, live)
         if now < deadline:
@@ -298,11 +303,13 @@ class RoundAgreement:
         else:
             committed = {tid: h for tid, h in self.commits.round(r).items() if h.at <= o.commit_close}
             self._fetch_missing(r, committed, live)
+            entered = entering(committed, is_member=self.peers.is_member, ledger=self.intake.ledger())
             held = {tid: digest for tid, (digest, p) in self.inbox.get(r, {}).items()
-                    if p.base_hash == base and tid in committed and committed[tid].commit.payload == digest}
+                    if p.base_hash == base and tid in entered and committed[tid].commit.payload == digest}
             d = make_decision(self.ctx.identity, run_id=self.ctx.cfg.run_id, round=r, base=base, epoch=self.table.epoch(),
                               coordinator=self.me, contributors=held,
-                              committed={tid: commit_digest(h.data) for tid, h in committed.items()})
+                              committed={tid: commit_digest(h.data) for tid, h in committed.items()},
+                              open=[tid for tid in held if not self.peers.is_member(tid)])
             data = encode_decision(d)
             self.intake.keep_own(r, data)
         self.intake.accept(d, data)
@@ -313,8 +320,8 @@ class RoundAgreement:
         return d
 
     def _held_back(self, r: int) -> bool:
-        """Whether we refused a decision of round ``r`` for an omission, or hold one back as early:
-        a peer that applied it does not make us re-sync onto its state."""
+        """Whether we refused a decision of round ``r`` (an omission, another base), or hold one back
+        as early: a peer that applied it does not make us re-sync onto its state."""
         return r in self.table.omitted or bool(self.intake.parked.get(r))
 
     def _fetch_missing(self, r: int, committed: Mapping[str, HeldCommit], live: Mapping[str, PeerRecord]) -> None:

@@ -38,6 +38,7 @@ from pulse_node.trainer.rounds import RoundTable
 from pulse_node.vocab import LocoRefusal
 
 PARK_ROUNDS = 2  # commitments of coming rounds are held for the next PARK_ROUNDS rounds only
+MAX_OPEN = 64  # open trainers' commitments held per round, at most (the first ones)
 
 
 @dataclass(frozen=True)
@@ -80,7 +81,7 @@ class CommitIntake:
         newly kept, else None. ``PulseError`` if it is refused."""
         if self.peers.dropped("loco", sender):
             return None
-        if not self.peers.is_member(sender):
+        if not self.peers.may_contribute(sender):
             self._refuse(sender, LocoRefusal.NOT_MEMBER, IntegrityError(f"{sender[:12]} is not a trusted trainer-set member"))
         if len(data) > MAX_ROUNDCOMMIT_BYTES:
             self._refuse(sender, LocoRefusal.TOO_LARGE, IntegrityError(f"commitment of {len(data)} bytes"))
@@ -89,12 +90,18 @@ class CommitIntake:
         except PulseError as exc:
             self._refuse(sender, LocoRefusal.BAD_COMMITMENT, exc)
         now, r = time.monotonic(), c.round
-        if not self.peers.is_member(c.trainer) or not 0 <= r - self.table.current_round() <= PARK_ROUNDS:
-            return None  # not a member's (relayed junk), or not a round we take commitments for
+        if not self.peers.may_contribute(c.trainer) or not 0 <= r - self.table.current_round() <= PARK_ROUNDS:
+            return None  # not a contributor's (relayed junk), or not a round we take commitments for
+        if not self.peers.is_member(c.trainer) and self._open_count(r) >= MAX_OPEN:
+            return None
         if r > self.table.current_round() or self.base_of(r) is None:
             self.pending.setdefault(r, {}).setdefault(c.trainer, (sender, bytes(data), now))
             return None
         return self._keep(sender, c, bytes(data), now)
+
+    def _open_count(self, r: int) -> int:
+        held = [t for t in self.held.get(r, {}) if not self.peers.is_member(t)]
+        return len(held) + sum(1 for t in self.pending.get(r, {}) if not self.peers.is_member(t))
 
     def _keep(self, sender: str, c: RoundCommit, data: bytes, at: float) -> str | None:
         have = self.of(c.round, c.trainer)

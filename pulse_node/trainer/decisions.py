@@ -32,7 +32,8 @@ contributor a member, no payload we refused as out of bound), then:
    committed trainer whose payload we held as long; else it is refused (``omits_commitment``),
    both signed statements (the decision, the commitment left out) are kept under
    ``loco/<round>/omitted/``, and the next coordinator in turn decides (a peer that applied the
-   refused decision does not make us re-sync onto it).
+   refused decision, or one on another base, does not make us re-sync onto it: the agreement
+   check repairs a fork after the round).
 
 Every decision names the epoch of the chain its round extends (``loco/decision.py``); one of
 another epoch than ours is refused before anything else looks at it (an earlier run's, or a
@@ -73,7 +74,9 @@ from pulse_node.loco.decision import (
     encode_decision,
     verify_decision,
 )
+from pulse_node.loco.ledger import Ledger
 from pulse_node.loco.roundcommit import commit_digest
+from pulse_node.loco.roundrules import entering
 from pulse_node.peers.outcomes import Reported
 from pulse_node.trainer.commits import CommitIntake
 from pulse_node.trainer.round_peers import RoundPeers
@@ -107,11 +110,12 @@ class DecisionIntake:
     agreement's ``RoundTable`` and meets peers through ``RoundPeers``, nothing else of it."""
 
     def __init__(self, ctx: RoleContext[TrainerConfig], *, peers: RoundPeers, table: RoundTable,
-                 commits: CommitIntake, payload_at: Callable[[int, str], tuple[bytes, float] | None]) -> None:
+                 commits: CommitIntake, payload_at: Callable[[int, str], tuple[bytes, float] | None],
+                 ledger: Callable[[], Ledger]) -> None:
         """``payload_at(r, trainer)``: the digest of ``trainer``'s round-``r`` payload held here and
-        when it arrived (monotonic), or None."""
+        when it arrived (monotonic), or None. ``ledger``: the trust ledger of our outer state."""
         self.ctx, self.peers, self.table = ctx, peers, table
-        self.commits, self.payload_at = commits, payload_at
+        self.commits, self.payload_at, self.ledger = commits, payload_at, ledger
         self.cfg: LocoConfig = ctx.cfg.loco
         self.me = peers.me
         self.root = Path(ctx.store.root)
@@ -148,11 +152,15 @@ class DecisionIntake:
         if not self.peers.is_member(d.coordinator):
             raise IntegrityError(f"round {d.round} decision of {d.coordinator[:12]}: not a trusted trainer-set member")
         verify_decision(d, signer_key=self.peers.key_of(d.coordinator))
-        if not all(map(self.peers.is_member, d.trainer_ids)):
+        if not all(map(self.peers.may_contribute, d.trainer_ids)):
             raise IntegrityError(f"round {d.round} decision names a contributor outside the trainer set")
         refused = set(self.table.refused.get(d.round, {}).values())
         if any(digest in refused for _, digest in d.contributors):
             raise PayloadBoundError(f"round {d.round} decision names a payload beyond the value bound")
+        if set(d.open) != {t for t in d.trainer_ids if not self.peers.is_member(t)}:
+            raise IntegrityError(f"round {d.round} decision calls other contributors open trainers than we do")
+        if d.committed and not set(d.trainer_ids) <= self.entering(d):
+            raise IntegrityError(f"round {d.round} decision names a contributor the ledger does not let in")
         named = d.commitments
         for tid, digest in d.contributors:
             held = self.commits.of(d.round, tid)
@@ -185,6 +193,8 @@ class DecisionIntake:
         park it if it is early."""
         why = self._standing(d)
         if isinstance(why, DecisionRefusal):
+            if why is DecisionRefusal.OTHER_BASE:  # a peer on another state: its head does not make us re-sync
+                self.table.omitted.setdefault(d.round, set()).add(d.coordinator)
             if why is not DecisionRefusal.OMITS_COMMITMENT:  # (counted and kept by ``_refuse_omission``)
                 self.peers.refuse(sender, why, f"round {d.round} decision of {d.coordinator[:12]}", lied=False)
             return
@@ -213,17 +223,22 @@ class DecisionIntake:
             self._refuse_omission(d, omission)
             return DecisionRefusal.OMITS_COMMITMENT
         order = coordinator_order(self.ctx.cfg.run_id, d.round,
-                                  [pid for pid in {*o.order, *live} if pid == self.me or self.peers.is_member(pid)])
+                                  [pid for pid in {*o.order, *live} if self.peers.is_member(pid)
+                                   and (pid != self.me or self.peers.i_am_member())])
         if d.coordinator not in order:
             return DecisionRefusal.NOT_DESIGNATED
         due = turn_at(order, d.coordinator, live, me=self.me, deadline=o.t0 + self.cfg.deadline_s,
                       wait=self.cfg.decision_wait_s)
         return None if time.monotonic() >= due - self.cfg.decision_wait_s / 2 else "early"
 
+    def entering(self, d: RoundDecision) -> set[str]:
+        """The keys among ``d``'s commitments whose payloads may count (``loco/roundrules.entering``)."""
+        return entering(d.commitments, is_member=self.peers.is_member, ledger=self.ledger())
+
     def _omission(self, d: RoundDecision, o: OpenRound) -> tuple[str, bytes] | None:
         """(trainer, what was left out) for a commitment (or revealed payload) held here in time
         that ``d`` leaves out, else None (module docstring, step 4)."""
-        named, contributors = d.commitments, dict(d.contributors)
+        named, contributors, entered = d.commitments, dict(d.contributors), self.entering(d)
         cutoff = min(o.commit_close, time.monotonic() - self.cfg.decision_wait_s / 2)
         for tid, held in sorted(self.commits.round(d.round).items()):
             if held.at > cutoff or self.ctx.book.convicted(self.peers.key_of(tid)):
@@ -231,7 +246,7 @@ class DecisionIntake:
             if tid not in named:
                 return tid, held.data
             have = self.payload_at(d.round, tid)
-            if (tid not in contributors and named[tid] == commit_digest(held.data) and have is not None
+            if (tid not in contributors and tid in entered and named[tid] == commit_digest(held.data) and have is not None
                     and have[0] == held.commit.payload and have[1] <= time.monotonic() - self.cfg.decision_wait_s / 2):
                 return tid, held.data
         return None

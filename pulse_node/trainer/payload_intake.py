@@ -84,7 +84,7 @@ class PayloadIntake:
         self.flush_pending()
         if self.peers.dropped("loco", sender):
             return
-        if not self.peers.is_member(sender):
+        if not self.peers.may_contribute(sender):
             self._refuse(sender, LocoRefusal.NOT_MEMBER, IntegrityError(f"{sender[:12]} is not a trusted trainer-set member"))
         if len(data) > self.cap:
             self._refuse(sender, LocoRefusal.TOO_LARGE, WireError(f"payload of {len(data)} bytes exceeds this model's cap {self.cap}"))

@@ -31,6 +31,8 @@ from pulse_node.daemon.evidence_plane import EvidencePlane
 from pulse_node.daemon.status_model import VersionEntry
 from pulse_node.errors import IntegrityError, PulseError
 from pulse_node.loco.bound import PayloadBound
+from pulse_node.loco.decision import RoundDecision, encode_decision, payload_digest
+from pulse_node.loco.ledger import RoundFacts
 from pulse_node.loco.outer import OuterState
 from pulse_node.loco.payload import LocoPayload, encode_payload
 from pulse_node.net.wire.protocol import TrainerStateRequest
@@ -48,6 +50,7 @@ from pulse_node.trainer.intake import RolloutFeed
 from pulse_node.trainer.publisher import VersionPublisher
 from pulse_node.trainer.resync_quorum import gather_ballots, majority
 from pulse_node.trainer.state import export_trainer_state, read_trainer_state, trainer_state_cap
+from pulse_node.trainer.trust_report import trust_report
 
 
 class TrainerRole:
@@ -77,7 +80,7 @@ class TrainerRole:
         self.feed = RolloutFeed(verifier, cfg.verify, status=ctx.status, book=self.book)
         self.own_batches = 0
         self.agreement = RoundAgreement(ctx, shapes=self.shapes, current_round=lambda: self.outer.round, epoch=self._epoch,
-                                        base=self._base, bound=PayloadBound.of_trainer(cfg))
+                                        base=self._base, bound=PayloadBound.of_trainer(cfg), ledger=lambda: self.outer.ledger)
         self.peer_heads: dict[int, dict[str, str]] = {}  # version -> trainer -> state hash of its signed head
         self.published_hashes: dict[int, str] = {}
 
@@ -320,7 +323,7 @@ class TrainerRole:
         data = encode_payload(mine, level=self.cfg.loco.zstd_level,
                               base=base if self.cfg.loco.base_coding else None)
         result = self._agree(mine, data)
-        if result.payloads is not None and self._apply(round_no, result.payloads):
+        if result.payloads is not None and self._apply(round_no, result.payloads, result.decision):
             if not result.mine_included:
                 self.engine.restore(mine)
                 with self.ctx.status.trainer() as counters:
@@ -347,9 +350,19 @@ class TrainerRole:
             self._drain_events(wait_s=self.agreement.idle_s)
         return result
 
-    def _apply(self, round_no: int, payloads: list[LocoPayload]) -> bool:
+    def _apply(self, round_no: int, payloads: list[LocoPayload], decision: RoundDecision | None) -> bool:
+        """The outer step on the decided payloads, weighted by the trust ledger, which then
+        records what the decision names (``loco/ledger.py``)."""
+        trust, facts = None, None
+        if decision is not None:
+            ids = decision.trainer_ids
+            members = frozenset(ids) - frozenset(decision.open)
+            trust = self.outer.ledger.weights(ids, members=members)
+            facts = RoundFacts(round_no, digest=payload_digest(encode_decision(decision)), contributors=tuple(ids),
+                               members=members, unrevealed=tuple(t for t in decision.commitments if t not in ids))
         try:
-            self.outer.apply(payloads)
+            self.outer.apply(payloads, trust=trust, facts=facts)
+            self.ctx.status.update(trust=trust_report(self.outer.ledger, self.outer.trust))
         except PulseError as exc:  # decided payloads that do not fit our state: re-sync
             self.ctx.status.error(f"round {round_no}: {exc}")
             return False
@@ -402,7 +415,7 @@ class TrainerRole:
         if head is None:
             return
         self.ctx.announce(version=head.version, chain_hash=head.chain_hash, state_hash=head.state_hash)
-        if push:
+        if push and self.agreement.peers.i_am_member():  # an open trainer's versions are nobody's to follow
             # inference nodes learn the head, trainers compare states; in the background, members
             # and peers with standing first: a peer that never answers cannot hold the version back
             self.ctx.push_in_background("head", encode_record(head), self.ctx.peers())

@@ -61,6 +61,21 @@ class RoundPeers:
         return peer_id == self.me or self.book.member_peer(peer_id) or (
             self.live() is not None and self.book.member_peer(peer_id))
 
+    def i_am_member(self) -> bool:
+        """Whether our own key is a trainer-set member (an open trainer is none: it never decides)."""
+        return self.book.open or self.book.is_member(self.ctx.identity.public_key_hex)
+
+    def open_trainer(self, peer_id: str) -> bool:
+        """``chain.open_trainers``: a non-member whose key is known here and not convicted."""
+        if not self.ctx.cfg.chain.open_trainers or peer_id == self.me or self.book.member_peer(peer_id):
+            return False
+        key = self.book.key_of(peer_id)
+        return bool(key) and not self.book.convicted(key)
+
+    def may_contribute(self, peer_id: str) -> bool:
+        """A member, or an open trainer (``open_trainer``): its commitments and payloads are taken."""
+        return self.is_member(peer_id) or self.open_trainer(peer_id)
+
     def fetch(self, peer: PeerRecord, request: LocoPayloadRequest | LocoDecisionRequest, *, cap: int,
               timeout: float) -> bytes | None:
         """Bytes of a small fetch (``loco_payload``, ``loco_decision``) from a member, at most

@@ -1,0 +1,25 @@
+"""The trust ledger as a node reports it (``status.json`` ``trust``; ``pulse-node status``)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from pulse_node.daemon.status_model import TrustEntry
+from pulse_node.loco.ledger import Ledger
+
+MAX_REPORTED = 64  # keys reported at most: last round's first, then owing and convicted ones
+
+
+def trust_report(ledger: Ledger, weights: Mapping[str, float]) -> list[TrustEntry]:
+    """Each key the last round weighed (``weights``: trainer id -> its weight), then the keys
+    owing a check or convicted, with what the ledger holds of it."""
+    entries = ledger.report()
+    keys = sorted(weights, key=str.encode)
+    keys += sorted((k for k, e in entries.items() if (e.owing or e.convicted) and k not in weights), key=str.encode)
+    out = []
+    for key in keys[:MAX_REPORTED]:
+        e = entries.get(key)
+        out.append(TrustEntry(key=key, weight=float(weights.get(key, 0.0)), member=bool(e and e.member),
+                              contributed=e.contributed if e else 0, passed=e.passed if e else 0,
+                              failed=e.failed if e else 0, owing=bool(e and e.owing), convicted=bool(e and e.convicted)))
+    return out

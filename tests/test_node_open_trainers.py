@@ -1,0 +1,143 @@
+"""``chain.open_trainers``: any key announcing the trainer role may contribute payloads, never decide.
+
+Agreements under real libp2p peer ids on one in-memory hub, stepped by hand, in a keyed trainer
+set {me, member}: a fresh key's committed payload is taken (only with ``open_trainers``), is never
+waited for nor in the coordinator order, and a decision names it as an open trainer; of many
+newcomers only ``loco.trust.open_per_round`` enter a round, drawn by the ledger, sharing one
+capped weight; a decision letting in another newcomer is refused; an open trainer's own node
+never coordinates.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from helpers import commit_to
+
+from pulse_node.chain.identity import Identity
+from pulse_node.chain.peer import PeerStatus
+from pulse_node.chain.store import VersionStore
+from pulse_node.config import TrainerConfig
+from pulse_node.daemon.context import RoleContext
+from pulse_node.daemon.status import NodeStatus
+from pulse_node.errors import IntegrityError
+from pulse_node.loco.decision import encode_decision, make_decision, payload_digest
+from pulse_node.loco.ledger import Ledger
+from pulse_node.loco.payload import LocoPayload, encode_payload
+from pulse_node.loco.roundcommit import commit_digest
+from pulse_node.net.wire.serving import store_resolver
+from pulse_node.testing.adversaries import peer_id
+from pulse_node.testing.memory import MemoryHub
+from pulse_node.trainer.agreement import RoundAgreement
+from pulse_node.vocab import DEFAULT_RUN_ID
+
+SHAPES = {"w": (64,)}
+BASE = b"\x01" * 32
+ROUND = 3
+EPOCH = b"\x0e" * 32
+W = {"w": (np.random.default_rng(0).standard_normal(64) * 0.02).astype(np.float32)}
+
+
+def _announce(hub: MemoryHub, ident: Identity) -> str:
+    pid = peer_id(ident)
+    hub.join(pid, lambda request: None).publish(PeerStatus(role="trainer", version=ROUND, node_key=ident.public_key_hex))
+    return pid
+
+
+def _agreement(tmp_path: Path, hub: MemoryHub, me: Identity, keys: list[str], *, open_trainers: bool) -> RoundAgreement:
+    cfg = TrainerConfig.model_validate({"data_dir": str(tmp_path / peer_id(me)),
+                                        "chain": {"trusted_trainers": keys, "open_trainers": open_trainers}})
+    store = VersionStore(tmp_path / peer_id(me) / "store")
+    transport = hub.join(peer_id(me), store_resolver(store.root))
+    transport.publish(PeerStatus(role="trainer", version=ROUND, node_key=me.public_key_hex))
+    ctx = RoleContext(cfg=cfg, identity=me, store=store, transport=transport,
+                      status=NodeStatus(role="trainer", peer_id=peer_id(me), run_id=cfg.run_id))
+    ledger = Ledger(cfg.loco.trust)
+    return RoundAgreement(ctx, shapes=SHAPES, current_round=lambda: ROUND, epoch=lambda: EPOCH, base=lambda: (BASE, W),
+                          ledger=lambda: ledger)
+
+
+def _payload(trainer: str, value: float = 1e-4) -> bytes:
+    p = LocoPayload(round=ROUND, trainer_id=trainer, base_hash=BASE, numel={"w": 64},
+                    tensors={"w": (np.array([1, 5, 9], np.int64), np.array([value, -value, value], np.float32))})
+    return encode_payload(p, base=W)
+
+
+def _contribute(ag: RoundAgreement, ident: Identity, pid: str) -> bytes:
+    data = _payload(pid)
+    commit_to(ag, ident, pid, data, round=ROUND, base=BASE)
+    ag.offer_payload(pid, data)
+    return data
+
+
+@pytest.fixture
+def keyed(tmp_path):
+    hub, me, member = MemoryHub(), Identity.generate(), Identity.generate()
+    yield hub, me, member, [me.public_key_hex, member.public_key_hex]
+
+
+@pytest.mark.parametrize("open_trainers", [False, True])
+def test_an_open_trainer_contributes_only_when_enabled_and_is_never_waited_for(tmp_path, keyed, open_trainers):
+    hub, me, member, keys = keyed
+    ag = _agreement(tmp_path, hub, me, keys, open_trainers=open_trainers)
+    _announce(hub, member)
+    volunteer = Identity.generate()
+    vid = _announce(hub, volunteer)
+    if not open_trainers:
+        with pytest.raises(IntegrityError, match="not a trusted trainer-set member"):
+            _contribute(ag, volunteer, vid)
+        return
+    _contribute(ag, volunteer, vid)
+    assert vid in ag.inbox[ROUND] and vid not in ag._live()
+    ag.open_round(LocoPayload(round=ROUND, trainer_id=peer_id(me), base_hash=BASE), _payload(peer_id(me)))
+    assert vid not in ag._open.order, "an open trainer is in the coordinator order"
+    d = ag._decide(ag._open, ag._live(), pull=False)
+    assert vid in d.trainer_ids and d.open == (vid,)
+    own = make_decision(volunteer, run_id=DEFAULT_RUN_ID, round=ROUND, base=BASE, epoch=EPOCH, coordinator=vid,
+                        contributors={vid: payload_digest(_payload(vid))})
+    with pytest.raises(IntegrityError, match="not a trusted trainer-set member"):  # it never decides
+        ag.offer_decision(vid, encode_decision(own))
+    ag.ctx.store.close()
+
+
+def test_newcomers_enter_by_the_ledgers_draw_and_share_one_capped_weight(tmp_path, keyed):
+    hub, me, member, keys = keyed
+    ag = _agreement(tmp_path, hub, me, keys, open_trainers=True)
+    _announce(hub, member)
+    flood = {_announce(hub, k): k for k in (Identity.generate() for _ in range(5))}
+    for pid, ident in flood.items():
+        _contribute(ag, ident, pid)
+    _contribute(ag, member, peer_id(member))
+    ag.open_round(LocoPayload(round=ROUND, trainer_id=peer_id(me), base_hash=BASE), _payload(peer_id(me)))
+    d = ag._decide(ag._open, ag._live(), pull=False)
+    ledger = ag.intake.ledger()
+    drawn = ledger.entrants(flood)
+    assert len(drawn) == ledger.cfg.open_per_round == 2 and set(d.open) == drawn
+    assert set(d.commitments) == {*flood, peer_id(me), peer_id(member)}, "every commitment is named"
+    weights = ledger.weights(d.trainer_ids, members={peer_id(me), peer_id(member)})
+    assert weights[peer_id(me)] == weights[peer_id(member)] == 1.0
+    assert sum(weights[k] for k in drawn) == pytest.approx(ledger.cfg.newcomer_weight)  # 1 or 1,000: one weight
+    # a member's decision letting in a newcomer the draw did not pick is refused here
+    other = next(k for k in flood if k not in drawn)
+    held = {k: ag.commits.of(ROUND, k) for k in (*flood, peer_id(me), peer_id(member))}
+    contributors = {k: payload_digest(_payload(k)) for k in (*drawn, other, peer_id(me), peer_id(member))}
+    bad = make_decision(member, run_id=DEFAULT_RUN_ID, round=ROUND, base=BASE, epoch=EPOCH, coordinator=peer_id(member),
+                        contributors=contributors, committed={k: commit_digest(h.data) for k, h in held.items()},
+                        open=[*drawn, other])
+    with pytest.raises(IntegrityError, match="does not let in"):
+        ag.offer_decision(peer_id(member), encode_decision(bad))
+    ag.ctx.store.close()
+
+
+def test_an_open_trainers_own_node_never_coordinates(tmp_path, keyed):
+    hub, _me, member, keys = keyed
+    volunteer = Identity.generate()
+    ag = _agreement(tmp_path, hub, volunteer, keys, open_trainers=True)  # our key is in no trainer set
+    _announce(hub, member)
+    ag.open_round(LocoPayload(round=ROUND, trainer_id=peer_id(volunteer), base_hash=BASE), _payload(peer_id(volunteer)))
+    assert ag._open.order == [peer_id(member)] and not ag.peers.i_am_member()
+    ag._open.t0 -= 1e6  # long past every deadline: still not our turn
+    assert not ag._my_turn(ROUND, ag._open.order, {}, ag._open.t0, 0.0)
+    ag.ctx.store.close()
