@@ -33,11 +33,14 @@ def _history(data_dir: Path) -> list[VersionEntry]:
 
 
 def test_two_trainers_two_inference_bit_identical(inprocess_swarm, node_cfg):
-    t1 = inprocess_swarm.start("trainer-a", node_cfg(TrainerConfig, "t1"))
-    t2 = inprocess_swarm.start("trainer-b", node_cfg(TrainerConfig, "t2"))
-    i1 = inprocess_swarm.start("infer-a", node_cfg(InferenceConfig, "i1"))
+    # only genesis is an anchor, and one trainer signed it: the late joiner believes it only through
+    # the two trainers' later records that name it as their epoch (two signers are needed)
+    chain = {"chain": {"anchor_every": 1000}}
+    t1 = inprocess_swarm.start("trainer-a", node_cfg(TrainerConfig, "t1", **chain))
+    t2 = inprocess_swarm.start("trainer-b", node_cfg(TrainerConfig, "t2", **chain))
+    i1 = inprocess_swarm.start("infer-a", node_cfg(InferenceConfig, "i1", **chain))
     wait_for(lambda: _version(i1) >= 3, timeout=240, what="inference node at version 3")
-    late = inprocess_swarm.start("infer-late", node_cfg(InferenceConfig, "i2"))
+    late = inprocess_swarm.start("infer-late", node_cfg(InferenceConfig, "i2", **chain))
     wait_for(lambda: _version(late) >= 5, timeout=240, what="late joiner at version 5")
     top = _version(late)
     wait_for(lambda: all(any(h.version >= top for h in _history(t)) for t in (t1, t2)),

@@ -181,6 +181,20 @@ def test_one_members_signed_version_moves_no_node_while_another_member_is_live()
     assert _quorum(book, fork, sender="relay")
 
 
+def test_a_genesis_one_member_signed_is_believed_once_a_quorum_extends_its_epoch():
+    """A node joining long after genesis sees one member's genesis record (the genesis maker's; the
+    others adopted it) and no anchor after it: two members' records of a later version name that
+    genesis as their epoch, and vouch for it. A genesis of another epoch stays unbelieved."""
+    book = _book(A, B)
+    _live(book, A, B, head=3)
+    ours = _chain(A, 3)
+    assert not _quorum(book, ours[0], sender="relay"), "one member's genesis was believed alone"
+    assert not _quorum(book, ours[3], sender="relay")
+    assert _quorum(book, _signed_by(B, ours[3]), sender="relay")
+    assert _quorum(book, ours[0], sender="relay"), "the genesis two members extend was not believed"
+    assert not _quorum(book, _genesis(A, b"\7" * 16), sender="relay")
+
+
 # ---- item 5: replayed evidence ------------------------------------------------------------------
 def test_statements_of_two_chains_convict_nobody_even_from_a_file_an_older_rule_kept(tmp_path):
     first = _chain(A, 4, nonce=b"\1" * 16)  # `pulse-node swarm` ran ...

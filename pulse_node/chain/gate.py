@@ -14,8 +14,9 @@ refusal means for whoever sent the record is the caller's to hand to the book
   once ``needed()`` distinct members vote for its chain hash: ``min_signers`` (default 2), but
   never more than the members live in discovery that announce a version, so a swarm with one
   trainer still runs, and one member alone moves no node that sees a second live member. A
-  chain hash a quorum confirmed confirms its parent, so history signed before a member joined
-  counts once a quorum extends it.
+  chain hash a quorum confirmed confirms its parent and its epoch (the genesis chain hash every
+  record names), so history signed before a member joined counts once a quorum extends it, and a
+  node joining late believes a genesis one member signed.
 - **Equivocation.** Every verified record is remembered per (signer, parent chain hash, epoch)
   for the last ``SIGNED_CAP`` of them; a second one on the same parent with another chain hash
   raises ``Equivocation`` carrying both as evidence (``chain/evidence.py``), which the book
@@ -198,7 +199,7 @@ class VersionGate:
             while len(self._votes) > VOTED_CAP:  # the oldest version's votes go first
                 del self._votes[min(self._votes)]
         if record.chain_hash in self._confirmed or self._quorum(record.version, record.chain_hash):
-            self._confirm(record.chain_hash, record.parent_chain_hash)
+            self._confirm(record.chain_hash, record.parent_chain_hash, record.epoch)
 
     def needed(self) -> int:
         """Distinct members that must sign a version: ``min_signers``, at most the live signers, at least 1."""
@@ -237,7 +238,7 @@ class VersionGate:
         if record.chain_hash in self._confirmed:
             return True
         if self._quorum(record.version, record.chain_hash):
-            self._confirm(record.chain_hash, record.parent_chain_hash)
+            self._confirm(record.chain_hash, record.parent_chain_hash, record.epoch)
             return True
         return False
 

@@ -43,6 +43,8 @@ T = TypeVar("T")
 Offer = tuple[PeerRecord, int]  # a peer to ask for a catch-up patch, and the target version to ask for
 #: anchors offered by peers tried per recovery, at most (each costs a record fetch)
 MAX_ANCHOR_TRIES = 8
+#: other holders asked for their record of a version the gate does not believe yet, at most
+MAX_VOUCHERS = 3
 
 
 def catchup_cap(state: State) -> int:
@@ -128,7 +130,8 @@ class Recovery(Generic[T]):
         caught up to, None) or (None, the first offer that answered busy, if any)."""
         busy = None
         for peer, target in offers:
-            got = self.book.ask(peer.peer_id, partial(self._caught_up_from, peer, target), then=Delivered())
+            holders = [p for p, _ in offers if p.lowest <= target <= p.head]
+            got = self.book.ask(peer.peer_id, partial(self._caught_up_from, peer, target, holders), then=Delivered())
             if isinstance(got, Busy):
                 busy = busy or (peer, target)
                 log.info("catch-up from %s: %s", peer.peer_id[:12], got.why)
@@ -139,11 +142,12 @@ class Recovery(Generic[T]):
                 return got, None
         return None, busy
 
-    def _caught_up_from(self, peer: PeerRecord, target: int) -> VersionRecord | None:
-        """Our state caught up to ``target`` with one patch from ``peer`` (None: no quorum yet)."""
+    def _caught_up_from(self, peer: PeerRecord, target: int, holders: list[PeerRecord]) -> VersionRecord | None:
+        """Our state caught up to ``target`` with one patch from ``peer`` (None: no quorum yet, after
+        asking ``holders`` of ``target`` for their records of it)."""
         assert self.held.record is not None and self.held.state is not None
         rec = self.fetch.record(peer, target)
-        if not self.gate.check(rec):
+        if not self._believed(rec, holders, asked=peer.peer_id):
             return None
         patch = self.fetch.file(peer, CatchupRequest(base=self.held.record.version, target=target),
                             max_bytes=catchup_cap(self.held.state))
@@ -202,7 +206,7 @@ class Recovery(Generic[T]):
         rec = self.fetch.record(peer, anchor)
         if not rec.is_anchor:
             raise IntegrityError(f"{peer.peer_id[:12]} announced anchor {anchor} but holds none")
-        if not self.gate.check(rec):
+        if not self._believed(rec, holders, asked=peer.peer_id):
             return None
         anchor_version = load_anchor(self.fetch.transport, self.book, rec, peer, self.book.providers(holders, key=_peer_id),
                                      self.fetch.scratch, timeout=self.anchor_timeout,
@@ -211,6 +215,24 @@ class Recovery(Generic[T]):
         assert anchor_version.state is not None
         self.held.adopt(rec, anchor_version.state)
         return rec
+
+    def _believed(self, rec: VersionRecord, holders: list[PeerRecord], *, asked: str) -> bool:
+        """Whether the gate believes ``rec`` (a quorum of members vote for its chain hash), after
+        asking up to ``MAX_VOUCHERS`` other ``holders`` of its version for their record of it: each
+        is its signer's vote. A node that joins long after a version (an old anchor, a catch-up
+        target) has seen one record of it, and one member alone moves nobody (``min_signers``)."""
+        if self.gate.check(rec):
+            return True
+        others = [p for p in holders if p.peer_id != asked]
+        for peer in self.book.providers(others, key=_peer_id)[:MAX_VOUCHERS]:
+            voted = self.book.ask(peer.peer_id, partial(self._vote_of, peer, rec.version))
+            if not isinstance(voted, Fault) and self.gate.check(rec):
+                return True
+        return False
+
+    def _vote_of(self, peer: PeerRecord, version: int) -> bool:
+        """``peer``'s record of ``version`` through the gate (a vote for its chain hash)."""
+        return self.gate.check(self.fetch.record(peer, version))
 
 
 def _peer_id(p: PeerRecord) -> str:

@@ -184,10 +184,11 @@ class VersionSync:
             self.head = rec
 
     def _probe_announced(self, peers: list[PeerRecord]) -> None:
-        """A member trainer announces a version beyond our target in its DHT record: fetch that
-        version's record (from it, else from peers announcing it) and verify it before it counts.
-        Each (peer, announced version) is asked about once."""
-        claims = [p for p in peers if p.role == "trainer" and p.head > self.target()
+        """A member trainer announces a version beyond the one we hold in its DHT record: fetch that
+        version's record (from it, then from peers announcing it while the gate lacks a quorum for
+        it) and verify it before it counts. Each (peer, announced version) is asked about once, so
+        every live member's head gets its vote, the laggard's too."""
+        claims = [p for p in peers if p.role == "trainer" and p.head > self.held.version
                   and self._probed.get(p.peer_id) != p.head and self.book.vouches_for(p)]
         if not claims:
             return
@@ -203,7 +204,8 @@ class VersionSync:
                          peer.peer_id[:12], rec.why)
                 continue
             self._verified(rec, holder=peer.peer_id)
-            return
+            if self.gate.check(rec):  # else another holder's record of it may be the second vote
+                return
 
     def _verified_record(self, peer: PeerRecord, version: int) -> VersionRecord:
         """``peer``'s record of ``version``, verified by the gate."""
