@@ -92,3 +92,14 @@ def test_the_draw_without_a_host_sync_is_the_same_draw(scale) -> None:
         a = draw(logits.clone(), u, vocab=990, temperature=temperature)
         b = draw(logits.clone(), u, vocab=990, temperature=temperature, no_sync=True)
         assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+
+
+def test_an_inference_node_names_its_decode_mode() -> None:
+    """``decode`` is an inference node's setting (default "eager"), validated like the others."""
+    from pulse_node.config import load_node_config
+    from pulse_node.errors import ConfigError
+
+    assert load_node_config(None, [], role="inference").decode == "eager"
+    assert load_node_config(None, ["decode=compiled"], role="inference").decode == "compiled"
+    with pytest.raises(ConfigError, match="decode"):
+        load_node_config(None, ["decode=fast"], role="inference")

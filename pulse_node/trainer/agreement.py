@@ -184,7 +184,8 @@ class RoundAgreement:
         self.table.open = OpenRound(r, mine.base_hash, order, t0=time.monotonic(), commit_s=self.cfg.deadline_s / 2,
                                     mine=data)
         commitment = self.commits.make_own(r, base=mine.base_hash, payload=payload_digest(data))
-        self.peers.push(list(live.values()), commitment, kind="loco_commit", job=f"loco_commit:{r}")
+        to = [*live.values(), *self.peers.open_peers(self.commits.round(r))]
+        self.peers.push(to, commitment, kind="loco_commit", job=f"loco_commit:{r}")
         for trainer in self.commits.flush():
             self._admit_unbacked(trainer)
         self._flush_pending()
@@ -276,8 +277,14 @@ class RoundAgreement:
         return True
 
     def _all_in(self, r: int, order: list[str], live: Mapping[str, PeerRecord]) -> bool:
+        """Every live member's payload is here (or cannot count), and every open trainer's that
+        entered the round with a commitment in our commit phase."""
         held, other_base, refused = self.inbox.get(r, {}), self.payloads.mismatched.get(r, set()), self.refused.get(r, {})
-        return all(pid in held or pid in other_base or pid in refused for pid in order if pid == self.me or pid in live)
+        o = self._open
+        committed = {t: h for t, h in self.commits.round(r).items() if o is None or h.at <= o.commit_close}
+        entered = entering(committed, is_member=self.peers.is_member, ledger=self.intake.ledger())
+        waited = [pid for pid in order if pid == self.me or pid in live] + [t for t in entered if not self.peers.is_member(t)]
+        return all(pid in held or pid in other_base or pid in refused for pid in waited)
 
     def _closed_elsewhere(self, r: int, live: Mapping[str, PeerRecord]) -> bool:
         """A live member announces a version past round ``r`` (it published ``r + 1``); a claim more

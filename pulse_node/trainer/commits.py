@@ -119,8 +119,14 @@ class CommitIntake:
         self.held.setdefault(c.round, {})[c.trainer] = HeldCommit(data, c, at)
         with self.ctx.status.trainer() as counters:
             counters.commits_held += 1
-        relay_to = [p for pid, p in self.peers.live().items() if pid not in (sender, c.trainer)]
+        to = [*self.peers.live().values(), *self.peers.open_peers(self.held.get(c.round, {}))]
+        relay_to = [p for p in to if p.peer_id not in (sender, c.trainer)]
         self.peers.push(relay_to, data, kind="loco_commit", job=f"loco_commit:{c.round}:{c.trainer}")
+        if not self.peers.is_member(c.trainer):  # an open trainer learns the members' commitments too
+            newcomer = self.peers.open_peers([c.trainer])
+            for tid, h in self.held.get(c.round, {}).items():
+                if self.peers.is_member(tid):
+                    self.peers.push(newcomer, h.data, kind="loco_commit", job=f"loco_commit:{c.round}:{tid}:{c.trainer}")
         return c.trainer
 
     def flush(self) -> list[str]:

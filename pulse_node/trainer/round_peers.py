@@ -22,6 +22,7 @@ discovery directly:
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Literal
 
@@ -58,7 +59,9 @@ class RoundPeers:
 
     def is_member(self, peer_id: str) -> bool:
         """Whether ``peer_id`` is a trainer-set member (discovery is re-read once if not)."""
-        return peer_id == self.me or self.book.member_peer(peer_id) or (
+        if peer_id == self.me:
+            return self.i_am_member()
+        return self.book.member_peer(peer_id) or (
             self.live() is not None and self.book.member_peer(peer_id))
 
     def i_am_member(self) -> bool:
@@ -67,10 +70,16 @@ class RoundPeers:
 
     def open_trainer(self, peer_id: str) -> bool:
         """``chain.open_trainers``: a non-member whose key is known here and not convicted."""
-        if not self.ctx.cfg.chain.open_trainers or peer_id == self.me or self.book.member_peer(peer_id):
+        if not self.ctx.cfg.chain.open_trainers or self.is_member(peer_id):
             return False
-        key = self.book.key_of(peer_id)
+        key = self.key_of(peer_id)
         return bool(key) and not self.book.convicted(key)
+
+    def open_peers(self, ids: Iterable[str]) -> list[PeerRecord]:
+        """The discovered records of the open trainers among ``ids`` (those that committed to a
+        round here: they are sent its commitments, so they reveal as soon as members do)."""
+        wanted = {i for i in ids if self.open_trainer(i)}
+        return [p for p in self.ctx.peers() if p.peer_id in wanted] if wanted else []
 
     def may_contribute(self, peer_id: str) -> bool:
         """A member, or an open trainer (``open_trainer``): its commitments and payloads are taken."""

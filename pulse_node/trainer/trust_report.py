@@ -12,10 +12,12 @@ MAX_REPORTED = 64  # keys reported at most: last round's first, then owing and c
 
 def trust_report(ledger: Ledger, weights: Mapping[str, float]) -> list[TrustEntry]:
     """Each key the last round weighed (``weights``: trainer id -> its weight), then the keys
-    owing a check or convicted, with what the ledger holds of it."""
+    owing a check or convicted, then the others the ledger holds (weight 0 in the last round)."""
     entries = ledger.report()
     keys = sorted(weights, key=str.encode)
-    keys += sorted((k for k, e in entries.items() if (e.owing or e.convicted) and k not in weights), key=str.encode)
+    rest = sorted((k for k in entries if k not in weights),
+                  key=lambda k: (not (entries[k].owing or entries[k].convicted), -entries[k].contributed, k.encode()))
+    keys += rest
     out = []
     for key in keys[:MAX_REPORTED]:
         e = entries.get(key)

@@ -1,0 +1,42 @@
+"""An open trainer in a running in-process swarm of two keyed trainers (``chain.open_trainers``).
+
+A third trainer whose key is in no trainer set joins: its committed payloads enter the rounds at
+the newcomers' capped weight, it never coordinates, and the members stay bit-identical and keep
+publishing; ``status.json`` reports its weight (``trust``).
+"""
+
+from __future__ import annotations
+
+import pytest
+from helpers import all_at_version, assert_trainers_identical, read_status, wait_for
+
+from pulse_node.chain.identity import Identity
+from pulse_node.config import TrainerConfig
+from pulse_node.testing.inprocess import InProcessSwarm
+
+MEMBERS = ("trainer-a", "trainer-b")
+OPEN = "trainer-o"
+LOCO = {"inner_steps": 2, "deadline_s": 6.0, "decision_wait_s": 2.0}
+
+
+@pytest.mark.slow
+def test_an_open_trainer_contributes_at_the_newcomers_weight_and_never_decides(node_cfg, tmp_path):
+    keys = [Identity.load_or_create(tmp_path / n / "identity.key").public_key_hex for n in MEMBERS]
+    chain = {"trusted_trainers": keys, "open_trainers": True}
+    swarm = InProcessSwarm()
+    try:
+        dirs = {n: swarm.start(n, node_cfg(TrainerConfig, n, loco=LOCO, chain=chain)) for n in (*MEMBERS, OPEN)}
+        members = {n: dirs[n] for n in MEMBERS}
+        wait_for(all_at_version(members.values(), 5), timeout=400, what="the members at version 5")
+    finally:
+        swarm.stop_all()
+    assert not swarm.errors, swarm.errors
+    assert_trainers_identical(members, range(1, 6))
+    opened = read_status(dirs[OPEN])
+    assert not opened.trainer.decisions_made, "an open trainer decided a round"
+    for name, d in members.items():
+        st = read_status(d)
+        assert max(h.contributors or 0 for h in st.history) == 3, (name, [h.contributors for h in st.history])
+        weights = {e.key: e.weight for e in st.trust}
+        assert weights.get(opened.peer_id) in (0.0, 0.5), weights  # alone among newcomers: their whole share (0: not in the last round)
+        assert any(e.key == opened.peer_id and not e.member and e.contributed >= 1 for e in st.trust), st.trust
