@@ -287,10 +287,11 @@ class RoundAgreement:
         return all(pid in held or pid in other_base or pid in refused for pid in waited)
 
     def _closed_elsewhere(self, r: int, live: Mapping[str, PeerRecord]) -> bool:
-        """A live member announces a version past round ``r`` (it published ``r + 1``); a claim more
-        than ``max_version_step`` ahead is no member's honest progress and is ignored."""
+        """Most live members announce a version past round ``r`` (they published ``r + 1``; one
+        member alone may be a coordinator that applied a decision we refused); a claim more than
+        ``max_version_step`` ahead is no member's honest progress and is ignored."""
         step = self.ctx.book.gate.max_version_step
-        return any(r < p.head <= r + step for p in live.values())
+        return 2 * sum(1 for p in live.values() if r < p.head <= r + step) > len(live)
 
     def _decide(self, o: OpenRound, live: Mapping[str, PeerRecord], *, pull: bool) -> RoundDecision | None:
         """Sign and push the decision of round ``o.round``: every commitment we hold that arrived
@@ -327,8 +328,8 @@ class RoundAgreement:
         return d
 
     def _held_back(self, r: int) -> bool:
-        """Whether we refused a decision of round ``r`` (an omission, another base), or hold one back
-        as early: a peer that applied it does not make us re-sync onto its state."""
+        """Whether we refused a decision of round ``r`` for an omission, or hold one back as early:
+        a peer that applied it does not make us re-sync onto its state."""
         return r in self.table.omitted or bool(self.intake.parked.get(r))
 
     def _fetch_missing(self, r: int, committed: Mapping[str, HeldCommit], live: Mapping[str, PeerRecord]) -> None:

@@ -32,8 +32,7 @@ contributor a member, no payload we refused as out of bound), then:
    committed trainer whose payload we held as long; else it is refused (``omits_commitment``),
    both signed statements (the decision, the commitment left out) are kept under
    ``loco/<round>/omitted/``, and the next coordinator in turn decides (a peer that applied the
-   refused decision, or one on another base, does not make us re-sync onto it: the agreement
-   check repairs a fork after the round).
+   refused decision does not make us re-sync onto it).
 
 Every decision names the epoch of the chain its round extends (``loco/decision.py``); one of
 another epoch than ours is refused before anything else looks at it (an earlier run's, or a
@@ -193,8 +192,6 @@ class DecisionIntake:
         park it if it is early."""
         why = self._standing(d)
         if isinstance(why, DecisionRefusal):
-            if why is DecisionRefusal.OTHER_BASE:  # a peer on another state: its head does not make us re-sync
-                self.table.omitted.setdefault(d.round, set()).add(d.coordinator)
             if why is not DecisionRefusal.OMITS_COMMITMENT:  # (counted and kept by ``_refuse_omission``)
                 self.peers.refuse(sender, why, f"round {d.round} decision of {d.coordinator[:12]}", lied=False)
             return

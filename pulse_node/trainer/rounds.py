@@ -57,7 +57,7 @@ class RoundTable:
     open: OpenRound | None = None
     decisions: dict[int, RoundDecision] = field(default_factory=dict)
     refused: dict[int, dict[str, bytes]] = field(default_factory=dict)  # round -> member -> digest out of bound
-    omitted: dict[int, set[str]] = field(default_factory=dict)  # round -> coordinators refused (an omission, another base)
+    omitted: dict[int, set[str]] = field(default_factory=dict)  # round -> coordinators refused for an omission
 
     def in_window(self, r: int) -> bool:
         return 0 <= r - self.current_round() < WINDOW
