@@ -65,8 +65,9 @@ class RoundPeers:
             self.live() is not None and self.book.member_peer(peer_id))
 
     def i_am_member(self) -> bool:
-        """Whether our own key is a trainer-set member (an open trainer is none: it never decides)."""
-        return self.book.open or self.book.is_member(self.ctx.identity.public_key_hex)
+        """Whether our own key is a trainer-set member (an open trainer is none: it never decides);
+        an admitted trainer's own admission is learned here first (no peer need show it its record)."""
+        return self.book.own_depth(self.ctx.identity.public_key_hex, self.ctx.admission) is not None
 
     def open_trainer(self, peer_id: str) -> bool:
         """``chain.open_trainers``: a non-member whose key is known here and not convicted."""
