@@ -27,7 +27,16 @@ def test_an_open_trainer_contributes_at_the_newcomers_weight_and_never_decides(n
     try:
         dirs = {n: swarm.start(n, node_cfg(TrainerConfig, n, loco=LOCO, chain=chain)) for n in (*MEMBERS, OPEN)}
         members = {n: dirs[n] for n in MEMBERS}
-        wait_for(all_at_version(members.values(), 5), timeout=400, what="the members at version 5")
+        at_5 = all_at_version(members.values(), 5)
+
+        def most(d) -> int:
+            st = read_status(d)
+            return max((h.contributors or 0 for h in st.history), default=0) if st is not None else 0
+
+        def open_one_in() -> bool:  # it may start late (its warm start): a round it entered, past version 5
+            return at_5() and all(most(d) >= 3 for d in members.values())
+
+        wait_for(open_one_in, timeout=400, what="the members at version 5, the open trainer in a round")
     finally:
         swarm.stop_all()
     assert not swarm.errors, swarm.errors
