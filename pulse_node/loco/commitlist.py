@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Annotated
 
 import blake3
@@ -24,8 +24,7 @@ from pydantic import Field
 
 from pulse_node.chain.identity import Identity
 from pulse_node.chain.statement import U63, Digest32, Hex64, RunId, Signature, Statement
-from pulse_node.errors import IntegrityError
-from pulse_node.loco.roundcommit import MAX_ROUNDCOMMIT_BYTES, RoundCommit, TrainerId, decode_commit
+from pulse_node.loco.roundcommit import MAX_ROUNDCOMMIT_BYTES, RoundCommit, TrainerId, decode_commit, slot_conflict
 
 LIST_MAGIC = "pulseloco/commit-list"
 VERDICT_MAGIC = "pulseloco/check-verdict"
@@ -137,13 +136,4 @@ def make_list(identity: Identity, *, run_id: str, epoch: bytes, round: int, base
 def lists_conflict(first: bytes, second: bytes, run_id: str) -> tuple[str, int]:
     """(signer, round) if both are lists of ``run_id`` one key validly signed for one round of one
     chain (same epoch and base) that differ; ``IntegrityError`` / ``WireError`` otherwise."""
-    a, b = LISTS.decode(first), LISTS.decode(second)
-    if (a.signer, a.round, a.epoch, a.base) != (b.signer, b.round, b.epoch, b.base):
-        raise IntegrityError("the two lists are not one key's for one round of one chain")
-    if replace(a, signature=b"") == replace(b, signature=b""):
-        raise IntegrityError(f"the two lists of round {a.round} agree: no conflict")
-    for lst in (a, b):
-        if lst.run_id != run_id:
-            raise IntegrityError(f"round {lst.round} list is for run {lst.run_id!r}")
-        LISTS.verify(lst, signer_key=a.signer)
-    return a.signer, a.round
+    return slot_conflict(LISTS.decode(first), LISTS.decode(second), run_id=run_id, statement=LISTS, what="list")

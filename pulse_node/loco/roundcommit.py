@@ -20,8 +20,8 @@ Wire format (``ROUNDCOMMIT_FORMAT`` 1): the signed-statement envelope (``chain/s
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import Annotated
+from dataclasses import dataclass, replace
+from typing import Annotated, Any
 
 import blake3
 from pydantic import Field
@@ -120,14 +120,21 @@ def commits_conflict(first: bytes, second: bytes, run_id: str) -> tuple[str, int
     """(signer, round) if both are commitments of ``run_id`` one key validly signed for one round of
     one chain (same epoch and base) that differ; ``IntegrityError`` / ``WireError`` otherwise."""
     a, b = decode_commit(first), decode_commit(second)
+    return slot_conflict(a, b, run_id=run_id, statement=COMMITS, what="commitment")
+
+
+def slot_conflict(a: Any, b: Any, *, run_id: str, statement: Statement[Any], what: str) -> tuple[str, int]:
+    """(signer, round) if ``a`` and ``b`` (decoded round statements: a commitment, a commit list) are
+    one key's, validly signed, for one round of one chain of ``run_id``, and differ but for their
+    signature; ``IntegrityError`` otherwise."""
     if (a.signer, a.round, a.epoch, a.base) != (b.signer, b.round, b.epoch, b.base):
-        raise IntegrityError("the two commitments are not one key's for one round of one chain")
-    if first == second or a == b:
-        raise IntegrityError(f"the two commitments of round {a.round} agree: no conflict")
-    for c in (a, b):
-        if c.run_id != run_id:
-            raise IntegrityError(f"round {c.round} commitment is for run {c.run_id!r}")
-        COMMITS.verify(c, signer_key=a.signer)
+        raise IntegrityError(f"the two {what}s are not one key's for one round of one chain")
+    if replace(a, signature=b"") == replace(b, signature=b""):
+        raise IntegrityError(f"the two {what}s of round {a.round} agree: no conflict")
+    for x in (a, b):
+        if x.run_id != run_id:
+            raise IntegrityError(f"round {x.round} {what} is for run {x.run_id!r}")
+        statement.verify(x, signer_key=a.signer)
     return a.signer, a.round
 
 
