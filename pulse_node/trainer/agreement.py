@@ -95,13 +95,16 @@ class RoundAgreement:
 
     def __init__(self, ctx: RoleContext[TrainerConfig], *, shapes: Mapping[str, tuple[int, ...]],
                  current_round: Callable[[], int], epoch: Callable[[], bytes], base: BaseFn | None = None,
-                 bound: PayloadBound | None = None, ledger: Callable[[], Ledger] | None = None) -> None:
+                 bound: PayloadBound | None = None, ledger: Callable[[], Ledger] | None = None,
+                 verdicts: Callable[[int], tuple[list[bytes], list[str]]] | None = None) -> None:
         """``epoch``: the epoch of the chain we extend (``chain/record.py``; decisions of another
         are refused). ``base``: our current round's base (``BaseFn``); without it only base-free payloads
         decode and payloads are not checked against a base hash nor the value bound.
         ``bound``: the payload value bound (default: the one ``ctx.cfg`` implies). Who takes part
         is the node's peer book's (``ctx.book``); ``ledger``: the trust ledger of our outer state
-        (default: an empty one, every open trainer a newcomer)."""
+        (default: an empty one, every open trainer a newcomer); ``verdicts(r)``: the spot-check
+        verdicts (encoded) and convicted keys a decision of round ``r`` we sign names
+        (``trainer/spot_round.py``; default: none)."""
         self.ctx = ctx
         self.cfg = ctx.cfg.loco
         self.shapes = dict(shapes)
@@ -109,6 +112,7 @@ class RoundAgreement:
         self.me = ctx.transport.peer_id
         self.root = Path(ctx.store.root)
         self.base = base
+        self.verdicts = verdicts or (lambda r: ([], []))
         self.peers = RoundPeers(ctx)
         self.commits = CommitIntake(ctx, peers=self.peers, table=self.table, base_of=self._base_of)
         self.bound = bound if bound is not None else PayloadBound.of_trainer(ctx.cfg)
@@ -171,9 +175,10 @@ class RoundAgreement:
         self.payloads.flush_pending()
 
     # ---- one round ---------------------------------------------------------------------
-    def open_round(self, mine: LocoPayload, data: bytes) -> None:
-        """Open round ``mine.round``: keep our payload, push our commitment to it; ``step`` then
-        reveals the payload once the commit phase closes, and advances the round."""
+    def open_round(self, mine: LocoPayload, data: bytes, *, spot: bytes = b"") -> None:
+        """Open round ``mine.round``: keep our payload, push our commitment to it (``spot``: our
+        encoded inner-step commitment); ``step`` then reveals the payload once the commit phase
+        closes, and advances the round."""
         r = mine.round
         self._prune(r)
         self.payloads.keep(mine, data, serve=False)  # nobody may fetch it before we reveal it
@@ -183,7 +188,7 @@ class RoundAgreement:
         order = coordinator_order(self.ctx.cfg.run_id, r, [*([self.me] if self.peers.i_am_member() else []), *live])
         self.table.open = OpenRound(r, mine.base_hash, order, t0=time.monotonic(), commit_s=self.cfg.deadline_s / 2,
                                     mine=data)
-        commitment = self.commits.make_own(r, base=mine.base_hash, payload=payload_digest(data))
+        commitment = self.commits.make_own(r, base=mine.base_hash, payload=payload_digest(data), spot=spot)
         to = [*live.values(), *self.peers.open_peers(self.commits.round(r))]
         self.peers.push(to, commitment, kind="loco_commit", job=f"loco_commit:{r}")
         for trainer in self.commits.flush():
@@ -314,10 +319,12 @@ class RoundAgreement:
             entered = entering(committed, is_member=self.peers.is_member, ledger=self.intake.ledger())
             held = {tid: digest for tid, (digest, p) in self.inbox.get(r, {}).items()
                     if p.base_hash == base and tid in entered and committed[tid].commit.payload == digest}
+            verdicts, convicted = self.verdicts(r)
             d = make_decision(self.ctx.identity, run_id=self.ctx.cfg.run_id, round=r, base=base, epoch=self.table.epoch(),
                               coordinator=self.me, contributors=held,
                               committed={tid: commit_digest(h.data) for tid, h in committed.items()},
-                              open=[tid for tid in held if not self.peers.is_member(tid)])
+                              open=[tid for tid in held if not self.peers.is_member(tid)],
+                              verdicts=verdicts, convicted=convicted)
             data = encode_decision(d)
             self.intake.keep_own(r, data)
         self.intake.accept(d, data)

@@ -76,6 +76,7 @@ from pulse_node.loco.decision import (
 from pulse_node.loco.ledger import Ledger
 from pulse_node.loco.roundcommit import commit_digest
 from pulse_node.loco.roundrules import entering
+from pulse_node.loco.verdicts import verdict_problems
 from pulse_node.peers.outcomes import Reported
 from pulse_node.trainer.commits import CommitIntake
 from pulse_node.trainer.round_peers import RoundPeers
@@ -156,6 +157,8 @@ class DecisionIntake:
         refused = set(self.table.refused.get(d.round, {}).values())
         if any(digest in refused for _, digest in d.contributors):
             raise PayloadBoundError(f"round {d.round} decision names a payload beyond the value bound")
+        if (problem := verdict_problems(d, key_of=self.peers.key_of, is_member=self.peers.is_member)) is not None:
+            raise IntegrityError(problem)
         if set(d.open) != {t for t in d.trainer_ids if not self.peers.is_member(t)}:
             raise IntegrityError(f"round {d.round} decision calls other contributors open trainers than we do")
         if d.committed and not set(d.trainer_ids) <= self.entering(d):
