@@ -16,7 +16,8 @@ back into the trainer. Round ``r``, on every trainer:
 2. The coordinator is the first of the trainers we saw when pushing in the round's rendezvous
    order (``order``, ``trainer/decisions.coordinator_order``: it changes every round). It
    decides once it holds a payload from each of them still live (one whose payload named another
-   base counts as heard from: it cannot contribute), or at ``loco.deadline_s``:
+   base counts as heard from: it cannot contribute) and the open trainers' short windows are over
+   (``trainer/pace.py``), or at ``loco.deadline_s``:
    it signs a ``RoundDecision`` naming the payloads it holds (trainer id + BLAKE3 digest),
    keeps it (``loco_decision``) and pushes it to every trainer. A trainer accepts a decision
    only from a coordinator whose turn it is, on its own base (``trainer/decisions.py``), and
