@@ -16,7 +16,8 @@ back into the trainer. Round ``r``, on every trainer:
 2. The coordinator is the first of the trainers we saw when pushing in the round's rendezvous
    order (``order``, ``trainer/decisions.coordinator_order``: it changes every round). It
    decides once it holds a payload from each of them still live (one whose payload named another
-   base counts as heard from: it cannot contribute), or at ``loco.deadline_s``:
+   base counts as heard from: it cannot contribute) and the open trainers' short windows are over
+   (``trainer/pace.py``), or at ``loco.deadline_s``:
    it signs a ``RoundDecision`` naming the payloads it holds (trainer id + BLAKE3 digest),
    keeps it (``loco_decision``) and pushes it to every trainer. A trainer accepts a decision
    only from a coordinator whose turn it is, on its own base (``trainer/decisions.py``), and
@@ -69,6 +70,7 @@ from pulse_node.loco.roundrules import entering
 from pulse_node.net.wire.protocol import LocoDecisionRequest, LocoPayloadRequest
 from pulse_node.trainer.commits import CommitIntake, HeldCommit
 from pulse_node.trainer.decisions import DecisionIntake, coordinator_order
+from pulse_node.trainer.pace import commit_phase_over, payloads_in
 from pulse_node.trainer.payload_intake import BaseFn, PayloadIntake
 from pulse_node.trainer.round_peers import RoundPeers
 from pulse_node.trainer.rounds import WAIT, OpenRound, RoundTable, Wait
@@ -197,12 +199,14 @@ class RoundAgreement:
         self.intake.replay_parked(r)
 
     def _reveal(self, o: OpenRound) -> bool:
-        """Reveal our payload once the commit phase closed here: every live member's commitment is
-        held, or ``commit_s`` passed. Whether it is revealed."""
+        """Reveal our payload once the commit phase closed here (``trainer/pace.py``: every live
+        member's commitment held and the open trainers' window over, or ``commit_s`` passed).
+        Whether it is revealed."""
         if o.revealed:
             return True
         live, held = self._live(), self.commits.round(o.round)
-        if time.monotonic() < o.commit_close and not all(pid in held for pid in live):
+        if not commit_phase_over(o, now=time.monotonic(), members=live, open_live=self.peers.live_open(o.round),
+                                 held=held, wait_s=self.cfg.open_wait_s):
             return False
         digest, data = payload_digest(o.mine), o.mine
         write_atomic(loco_payload_path(self.root, o.round, digest.hex()), data, durable=False)
@@ -222,7 +226,8 @@ class RoundAgreement:
         if o is None:
             raise RuntimeError("step() without an open round")
         if o.decision is None:
-            if not self._reveal(o) and o.round not in self.decisions and not self.ctx.stop.is_set():
+            if not self._reveal(o) and o.round not in self.decisions and not self.ctx.stop.is_set() \
+                    and not self._behind(o):
                 return None
             d = self._reach_decision(o)
             if d is WAIT:
@@ -283,13 +288,20 @@ class RoundAgreement:
 
     def _all_in(self, r: int, order: list[str], live: Mapping[str, PeerRecord]) -> bool:
         """Every live member's payload is here (or cannot count), and every open trainer's that
-        entered the round with a commitment in our commit phase."""
-        held, other_base, refused = self.inbox.get(r, {}), self.payloads.mismatched.get(r, set()), self.refused.get(r, {})
+        entered the round with a commitment in our commit phase, or its reveal window is over
+        (``trainer/pace.py``)."""
+        heard = {*self.inbox.get(r, {}), *self.payloads.mismatched.get(r, set()), *self.refused.get(r, {})}
         o = self._open
         committed = {t: h for t, h in self.commits.round(r).items() if o is None or h.at <= o.commit_close}
         entered = entering(committed, is_member=self.peers.is_member, ledger=self.intake.ledger())
-        waited = [pid for pid in order if pid == self.me or pid in live] + [t for t in entered if not self.peers.is_member(t)]
-        return all(pid in held or pid in other_base or pid in refused for pid in waited)
+        members = all(pid in heard for pid in order if pid == self.me or pid in live)
+        return payloads_in(o, now=time.monotonic(), members_in=members, held=heard, wait_s=self.cfg.open_wait_s,
+                           open_entered=[t for t in entered if not self.peers.is_member(t)])
+
+    def _behind(self, o: OpenRound) -> bool:
+        """An open trainer whose round most members closed already: it pulls the decision at once
+        rather than waiting out a commit phase nobody else is in any more."""
+        return not self.peers.i_am_member() and self._closed_elsewhere(o.round, self._live())
 
     def _closed_elsewhere(self, r: int, live: Mapping[str, PeerRecord]) -> bool:
         """Most live members announce a version past round ``r`` (they published ``r + 1``; one
@@ -328,7 +340,9 @@ class RoundAgreement:
             data = encode_decision(d)
             self.intake.keep_own(r, data)
         self.intake.accept(d, data)
-        self.peers.push(list(live.values()), data, kind="loco_decision", job=f"loco_decision:{r}")
+        # the open trainers that committed learn it at once too: pulled late, they would lag a round behind
+        to = [*live.values(), *self.peers.open_peers(self.commits.round(r))]
+        self.peers.push(to, data, kind="loco_decision", job=f"loco_decision:{r}")
         with self.ctx.status.trainer() as counters:
             counters.decisions_made += 1
         self.ctx.log.info("round %d: decided %d contributors", r, len(d.contributors))

@@ -36,6 +36,7 @@ from pulse_node.loco.decision import RoundDecision, encode_decision, payload_dig
 from pulse_node.loco.ledger import RoundFacts
 from pulse_node.loco.outer import OuterState
 from pulse_node.loco.payload import LocoPayload, encode_payload
+from pulse_node.loco.roundrules import unrevealed
 from pulse_node.loco.verdicts import ledger_facts
 from pulse_node.net.wire.protocol import TrainerStateRequest
 from pulse_node.peers.outcomes import Fault, Relayed
@@ -371,10 +372,10 @@ class TrainerRole:
             ids = decision.trainer_ids
             members = frozenset(ids) - frozenset(decision.open)
             trust = self.outer.ledger.weights(ids, members=members)
+            silent = unrevealed(decision.commitments, contributors=ids, members=members, ledger=self.outer.ledger)
             verdicts, convicted = ledger_facts(decision)
             facts = RoundFacts(round_no, digest=payload_digest(encode_decision(decision)), contributors=tuple(ids),
-                               members=members, unrevealed=tuple(t for t in decision.commitments if t not in ids),
-                               verdicts=verdicts, convicted=convicted)
+                               members=members, unrevealed=silent, verdicts=verdicts, convicted=convicted)
             self.spot.decided(decision, base=self.outer.params)
         try:
             self.outer.apply(payloads, trust=trust, facts=facts)
