@@ -324,8 +324,8 @@ class RoundAgreement:
             committed = {tid: h for tid, h in self.commits.round(r).items() if h.at <= o.commit_close}
             self._fetch_missing(r, committed, live)
             entered = entering(committed, is_member=self.peers.is_member, ledger=self.intake.ledger())
-            held = {tid: digest for tid, (digest, p) in self.inbox.get(r, {}).items()
-                    if p.base_hash == base and tid in entered and committed[tid].commit.payload == digest}
+            held = {tid: digest for tid, (digest, p) in self.inbox.get(r, {}).items() if p.base_hash == base
+                    and tid in entered and committed[tid].commit.payload == digest and self.peers.may_contribute(tid)}
             d = make_decision(self.ctx.identity, run_id=self.ctx.cfg.run_id, round=r, base=base, epoch=self.table.epoch(),
                               coordinator=self.me, contributors=held,
                               committed={tid: commit_digest(h.data) for tid, h in committed.items()},

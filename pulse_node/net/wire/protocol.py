@@ -66,7 +66,7 @@ PUSH_CAPS: dict[str, int] = {
     "loco_commit": 264 << 10,  # a signed round commitment (loco/roundcommit.py caps it at 257 KiB)
     "head": 64 << 10,
     "loco_decision": 64 << 10,
-    "evidence": 192 << 10,  # two conflicting signed messages (chain/evidence.py caps it at ~129 KiB)
+    "evidence": 640 << 10,  # two conflicting signed messages (chain/evidence.py caps it at ~515 KiB)
 }
 assert set(BODY_CAPS) == set(FETCH_KINDS) and set(PUSH_CAPS) == set(PUSH_KINDS)
 
