@@ -4,7 +4,8 @@ A key that signs two commitments for one (run, epoch, round, base) that differ h
 the second is refused, the pair is evidence (``chain/evidence.py`` kind ``commitment``) the peer
 book convicts it with, a member or an open trainer alike, and any other node convicts it from the
 evidence alone without blaming whoever relayed it. Two commitments of one round number on two
-chains (a restart's new epoch, a re-sync's other base) convict nobody.
+chains (a restart's new epoch, a re-sync's other base) convict nobody, and a trainer restarting
+within a round it committed to sends its earlier commitment again rather than sign a second one.
 """
 
 from __future__ import annotations
@@ -16,8 +17,10 @@ from pulse_node.chain.evidence import MAX_EVIDENCE_BYTES, decode_evidence
 from pulse_node.chain.identity import Identity
 from pulse_node.config import TrainerConfig
 from pulse_node.loco.decision import payload_digest
+from pulse_node.loco.payload import LocoPayload
 from pulse_node.loco.roundcommit import MAX_ROUNDCOMMIT_BYTES, encode_commit, make_commit
-from pulse_node.net.wire.protocol import PUSH_CAPS
+from pulse_node.net.wire.protocol import PUSH_CAPS, LocoPayloadRequest
+from pulse_node.net.wire.serving import resolve
 from pulse_node.peers.book import PeerBook
 from pulse_node.peers.outcomes import Reported
 from pulse_node.testing.adversaries import peer_id
@@ -74,3 +77,23 @@ def test_one_round_number_committed_on_two_chains_convicts_nobody(tmp_path, else
 def test_evidence_holds_two_of_the_largest_commitments():
     assert MAX_EVIDENCE_BYTES >= 2 * MAX_ROUNDCOMMIT_BYTES + 256
     assert PUSH_CAPS["evidence"] >= MAX_EVIDENCE_BYTES
+
+
+def test_a_trainer_restarting_within_a_round_it_committed_to_never_signs_a_second_commitment(tmp_path):
+    """Its earlier commitment (kept on disk) is sent again; the payload made since is never revealed."""
+    me, member = Identity.generate(), Identity.generate()
+    keys, mine = [me.public_key_hex, member.public_key_hex], peer_id(me)
+    first = _agreement(tmp_path, MemoryHub(), me, keys, open_trainers=True)
+    first.open_round(LocoPayload(round=ROUND, trainer_id=mine, base_hash=BASE), _payload(mine, 1e-4))
+    before = first.commits.of(ROUND, mine).data
+    first.ctx.store.close()
+    again = _agreement(tmp_path, MemoryHub(), me, keys, open_trainers=True)  # restarted: same data dir, same base
+    other = _payload(mine, 2e-4)
+    again.open_round(LocoPayload(round=ROUND, trainer_id=mine, base_hash=BASE), other)
+    assert again.commits.of(ROUND, mine).data == before, "a second commitment for one round of one chain"
+    o = again._open
+    result = again.step()  # alone, with no payload of its own to decide on: the round closes without it
+    served = resolve(again.root, LocoPayloadRequest(round=ROUND, digest=payload_digest(other).hex()))
+    assert o.revealed and not o.mine and (served is None or not served.exists())
+    assert result is not None and result.payloads is None
+    again.ctx.store.close()

@@ -22,6 +22,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from pulse_node.chain.evidence import encode_evidence
 from pulse_node.config import TrainerConfig
@@ -38,6 +39,7 @@ from pulse_node.loco.roundcommit import (
     make_commit,
 )
 from pulse_node.peers.outcomes import Reported
+from pulse_node.trainer import own_commits
 from pulse_node.trainer.round_peers import RoundPeers
 from pulse_node.trainer.rounds import RoundTable
 from pulse_node.vocab import LocoRefusal
@@ -66,11 +68,16 @@ class CommitIntake:
         self.pending: dict[int, dict[str, tuple[str, bytes, float]]] = {}  # trainer -> (sender, bytes, arrived)
 
     def make_own(self, r: int, *, base: bytes, payload: bytes, spot: bytes = b"") -> bytes:
-        """Sign our commitment of round ``r`` to the payload of digest ``payload``; kept, returned."""
-        c = make_commit(self.ctx.identity, run_id=self.ctx.cfg.run_id, epoch=self.table.epoch(), round=r, base=base,
-                        trainer=self.peers.me, payload=payload, spot=spot)
-        data = encode_commit(c)
-        self.held.setdefault(r, {})[self.peers.me] = HeldCommit(data, c, time.monotonic())
+        """Sign our commitment of round ``r`` to the payload of digest ``payload``; kept (on disk
+        too), returned. One we signed for this round and base before (a restart) is returned
+        instead: never two (``trainer/own_commits.py``)."""
+        epoch, data_dir = self.table.epoch(), Path(self.ctx.cfg.data_dir)
+        data = own_commits.signed_before(data_dir, epoch=epoch, r=r, base=base, signer=self.ctx.identity.public_key_hex)
+        if data is None:
+            data = encode_commit(make_commit(self.ctx.identity, run_id=self.ctx.cfg.run_id, epoch=epoch, round=r,
+                                             base=base, trainer=self.peers.me, payload=payload, spot=spot))
+            own_commits.keep(data_dir, epoch=epoch, r=r, data=data)
+        self.held.setdefault(r, {})[self.peers.me] = HeldCommit(data, decode_commit(data), time.monotonic())
         return data
 
     def of(self, r: int, trainer: str) -> HeldCommit | None:
