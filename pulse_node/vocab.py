@@ -155,6 +155,7 @@ class LocoRefusal(Reason):
     BANNED = "banned"
     UNCOMMITTED = "uncommitted"  # a payload (or a commitment) that does not match the sender's commitment
     BAD_COMMITMENT = "bad_commitment"
+    EQUIVOCATION = "equivocation"  # a second, different commitment of one key for one round of one chain
 
 
 class DecisionRefusal(Reason):

@@ -65,7 +65,7 @@ from pulse_node.loco.bound import PayloadBound, PayloadBoundError
 from pulse_node.loco.decision import MAX_DECISION_BYTES, RoundDecision, encode_decision, make_decision, payload_digest
 from pulse_node.loco.ledger import Ledger
 from pulse_node.loco.payload import LocoPayload, read_header
-from pulse_node.loco.roundcommit import commit_digest
+from pulse_node.loco.roundcommit import commit_digest, decode_commit
 from pulse_node.loco.roundrules import entering
 from pulse_node.net.wire.protocol import LocoDecisionRequest, LocoPayloadRequest
 from pulse_node.trainer.commits import CommitIntake, HeldCommit
@@ -191,6 +191,9 @@ class RoundAgreement:
         self.table.open = OpenRound(r, mine.base_hash, order, t0=time.monotonic(), commit_s=self.cfg.deadline_s / 2,
                                     mine=data)
         commitment = self.commits.make_own(r, base=mine.base_hash, payload=payload_digest(data), spot=spot)
+        if decode_commit(commitment).payload != payload_digest(data):  # committed to another before a restart
+            self.ctx.log.warning("round %d: committed to another payload before; this one sits the round out", r)
+            self.table.open.mine = b""
         to = [*live.values(), *self.peers.open_peers(self.commits.round(r))]
         self.peers.push(to, commitment, kind="loco_commit", job=f"loco_commit:{r}")
         for trainer in self.commits.flush():
@@ -208,12 +211,14 @@ class RoundAgreement:
         if not commit_phase_over(o, now=time.monotonic(), members=live, open_live=self.peers.live_open(o.round),
                                  held=held, wait_s=self.cfg.open_wait_s):
             return False
+        o.revealed = True
+        if not o.mine:  # committed to another payload before a restart: nothing to reveal
+            return True
         digest, data = payload_digest(o.mine), o.mine
         write_atomic(loco_payload_path(self.root, o.round, digest.hex()), data, durable=False)
         self.peers.push(list(live.values()), data, kind="loco", timeout=self.cfg.deadline_s, job=f"loco:{o.round}")
         with self.ctx.status.trainer() as counters:
             counters.loco_bytes_out += len(data) * len(live)
-        o.revealed = True
         return True
 
     def step(self) -> RoundResult | None:
@@ -329,8 +334,10 @@ class RoundAgreement:
             committed = {tid: h for tid, h in self.commits.round(r).items() if h.at <= o.commit_close}
             self._fetch_missing(r, committed, live)
             entered = entering(committed, is_member=self.peers.is_member, ledger=self.intake.ledger())
-            held = {tid: digest for tid, (digest, p) in self.inbox.get(r, {}).items()
-                    if p.base_hash == base and tid in entered and committed[tid].commit.payload == digest}
+            held = {tid: digest for tid, (digest, p) in self.inbox.get(r, {}).items() if p.base_hash == base
+                    and tid in entered and committed[tid].commit.payload == digest and self.peers.may_contribute(tid)}
+            if not held:  # not even ours (we sit the round out after a restart): no decision to make
+                return None
             verdicts, convicted = self.verdicts(r)
             d = make_decision(self.ctx.identity, run_id=self.ctx.cfg.run_id, round=r, base=base, epoch=self.table.epoch(),
                               coordinator=self.me, contributors=held,
