@@ -11,7 +11,7 @@
 4. stop once every cheat is convicted on every member and the members made ``--after`` more
    versions, or after ``--minutes``.
 
-    nice -n 10 python bench/open_swarm.py                 # 2 members, 1 inference node, 2 cheats
+    nice -n 10 python bench/open_swarm.py --inference 0 --after 25   # what bench/RESULTS.md reports
     python bench/open_swarm.py --minutes 5 --cheats 1
 
 Prints a table and, as the last line, JSON: versions, seconds and rounds to convict each cheat,
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import tempfile
 import time
@@ -40,7 +41,8 @@ def log(msg: str) -> None:
 def add_cheat(swarm: LocalSwarm, name: str) -> Child:
     """One more trainer process, ``pulse-node join --role trainer --set faults.advantage_flip=true``."""
     d = swarm.root / name
-    d.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(d, ignore_errors=True)  # a fresh key and store every run
+    d.mkdir(parents=True)
     conf = d / "node.toml"
     conf.write_text(tomli_w.dumps(node_config(swarm.cfg, role="trainer", data_dir=d, trusted=swarm.trusted)))
     cmd = [sys.executable, "-m", "pulse_node", "join", "--role", "trainer", "--config", str(conf),
