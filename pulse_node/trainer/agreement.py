@@ -119,6 +119,7 @@ class RoundAgreement:
         self._cap_pushes()
         self.intake = DecisionIntake(ctx, peers=self.peers, table=self.table, commits=self.commits,
                                      payload_at=self.payloads.payload_at, ledger=ledger or Ledger)
+        self._last_closed: int | None = None  # the last round we closed with an update: is the next one our first?
         shutil.rmtree(self.root / LOCO_DIR, ignore_errors=True)  # an earlier run's rounds mean nothing now
 
     # ---- the table shared with the decision intake (``trainer/rounds.py``) -------------------
@@ -138,10 +139,11 @@ class RoundAgreement:
         return self.table.current_round()
 
     # ---- inputs (the trainer hands over every pushed payload and decision) -----------------
-    def offer_decision(self, sender: str, data: bytes) -> None:
+    def offer_decision(self, sender: str, data: bytes, *, closed_elsewhere: bool = False) -> None:
         """A pushed or pulled decision, to the decision intake (``trainer/decisions.py``);
-        ``PulseError`` if it is refused."""
-        self.intake.offer(sender, data)
+        ``PulseError`` if it is refused. ``closed_elsewhere``: pulled from a round most live
+        members had closed."""
+        self.intake.offer(sender, data, closed_elsewhere=closed_elsewhere)
 
     def offer_commit(self, sender: str, data: bytes) -> None:
         """A pushed round commitment (``trainer/commits.py``); a payload that waited for it is
@@ -182,7 +184,7 @@ class RoundAgreement:
         live = self._live()
         order = coordinator_order(self.ctx.cfg.run_id, r, [*([self.me] if self.peers.i_am_member() else []), *live])
         self.table.open = OpenRound(r, mine.base_hash, order, t0=time.monotonic(), commit_s=self.cfg.deadline_s / 2,
-                                    mine=data)
+                                    mine=data, late=self._last_closed != r - 1)
         commitment = self.commits.make_own(r, base=mine.base_hash, payload=payload_digest(data))
         to = [*live.values(), *self.peers.open_peers(self.commits.round(r))]
         self.peers.push(to, commitment, kind="loco_commit", job=f"loco_commit:{r}")
@@ -236,6 +238,8 @@ class RoundAgreement:
         return _IDLE_GATHERING_S if self._open is not None and self._open.decision else _IDLE_DECIDING_S
 
     def _close(self, result: RoundResult) -> RoundResult:
+        if self.table.open is not None and result.payloads is not None:
+            self._last_closed = self.table.open.round
         self.table.open = None
         return result
 
@@ -298,7 +302,7 @@ class RoundAgreement:
         in the commit phase, and the payloads we hold that match them and were made on our base."""
         r, base = o.round, o.base
         self._reveal(o)
-        if pull:
+        if pull or self._closed_elsewhere(r, live):  # never a second decision of a round decided elsewhere
             if self._pull(r, live) is not None:
                 return self.decisions[r]
             if self._closed_elsewhere(r, live) and not self._held_back(r):
@@ -344,12 +348,13 @@ class RoundAgreement:
     def _pull(self, r: int, live: Mapping[str, PeerRecord]) -> RoundDecision | None:
         """Fetch an existing decision of round ``r`` from the live trainers (the first valid one)."""
         timeout = min(self.ctx.cfg.net.fetch_timeout_s, self.cfg.decision_wait_s)
+        elsewhere = self._closed_elsewhere(r, live)
         for peer in sorted(live.values(), key=lambda p: p.peer_id.encode()):
             data = self.peers.fetch(peer, LocoDecisionRequest(round=r), cap=MAX_DECISION_BYTES, timeout=timeout)
             if data is None:
                 continue
             try:
-                self.offer_decision(peer.peer_id, data)
+                self.offer_decision(peer.peer_id, data, closed_elsewhere=elsewhere)
             except PulseError as exc:
                 with self.ctx.status.node() as counters:
                     counters.rejected += 1

@@ -37,6 +37,7 @@ class OpenRound:
     commit_s: float = 0.0  # the commit phase lasts this long at most (commitments later are late here)
     mine: bytes = b""  # our payload's bytes, revealed once the commit phase closes
     revealed: bool = False
+    late: bool = False  # our first round since a start or re-sync (we may have joined it after it was decided)
     pulled_at: float = float("-inf")
     decision: RoundDecision | None = None
     gather_until: float = 0.0
