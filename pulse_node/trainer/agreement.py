@@ -125,7 +125,6 @@ class RoundAgreement:
         self._cap_pushes()
         self.intake = DecisionIntake(ctx, peers=self.peers, table=self.table, commits=self.commits,
                                      payload_at=self.payloads.payload_at, ledger=ledger or Ledger)
-        self._last_closed: int | None = None  # the last round we closed with an update: is the next one our first?
         shutil.rmtree(self.root / LOCO_DIR, ignore_errors=True)  # an earlier run's rounds mean nothing now
 
     # ---- the table shared with the decision intake (``trainer/rounds.py``) -------------------
@@ -191,7 +190,7 @@ class RoundAgreement:
         live = self._live()
         order = coordinator_order(self.ctx.cfg.run_id, r, [*([self.me] if self.peers.i_am_member() else []), *live])
         self.table.open = OpenRound(r, mine.base_hash, order, t0=time.monotonic(), commit_s=self.cfg.deadline_s / 2,
-                                    mine=data, late=self._last_closed != r - 1)
+                                    mine=data)
         commitment = self.commits.make_own(r, base=mine.base_hash, payload=payload_digest(data), spot=spot)
         if decode_commit(commitment).payload != payload_digest(data):  # committed to another before a restart
             self.ctx.log.warning("round %d: committed to another payload before; this one sits the round out", r)
@@ -253,8 +252,6 @@ class RoundAgreement:
         return _IDLE_GATHERING_S if self._open is not None and self._open.decision else _IDLE_DECIDING_S
 
     def _close(self, result: RoundResult) -> RoundResult:
-        if self.table.open is not None and result.payloads is not None:
-            self._last_closed = self.table.open.round
         self.table.open = None
         return result
 

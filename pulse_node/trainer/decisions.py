@@ -33,10 +33,12 @@ contributor a member, no payload we refused as out of bound), then:
    both signed statements (the decision, the commitment left out) are kept under
    ``loco/<round>/omitted/``, and the next coordinator in turn decides (a peer that applied the
    refused decision does not make us re-sync onto it).
-5. **A round we came to late.** In our first round since a start or a re-sync, a decision we
-   pull once most live members have closed the round was made before we counted as live: it is
-   taken without the turn and early rules and without our own commitment (the others, who hold
-   it relayed, judge the omission). Whoever closed a round elsewhere, we never decide it again.
+5. **A round closed without us.** A decision we pull once most live members have closed the
+   round, nobody having pushed it to us, was made while its coordinator did not count us live
+   (we joined, re-synced or were slow): it is taken without the turn and early rules and without
+   our own commitment (a coordinator dropping us while honest members hold our commitment
+   relayed is refused by them, and the round is then not closed by most). A round closed
+   elsewhere is never decided again here.
 
 Every decision names the epoch of the chain its round extends (``loco/decision.py``); one of
 another epoch than ours is refused before anything else looks at it (an earlier run's, or a
@@ -228,7 +230,7 @@ class DecisionIntake:
         if d.base != o.base:
             return DecisionRefusal.OTHER_BASE
         live = self.peers.live()
-        came_after = o.late and elsewhere  # a round decided elsewhere before we came to it: no turn, no early
+        came_after = elsewhere  # a round most live members closed without pushing us its decision: no turn, no early
         mine = {self.me} if self.peers.i_am_member() else set()  # an open trainer may have committed late
         if not came_after and time.monotonic() < o.commit_deadline and not {*mine, *live} <= set(d.commitments):
             return "early"

@@ -37,7 +37,6 @@ class OpenRound:
     commit_s: float = 0.0  # the commit phase lasts this long at most (commitments later are late here)
     mine: bytes = b""  # our payload's bytes, revealed once the commit phase closes
     revealed: bool = False
-    late: bool = False  # our first round since a start or re-sync (we may have joined it after it was decided)
     closed: float | None = None  # when the commit phase closed here (monotonic; ``trainer/pace.py``)
     members_committed: float | None = None  # when every live member's commitment was first held here
     members_in: float | None = None  # when every live member's payload was first held here
