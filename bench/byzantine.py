@@ -39,7 +39,7 @@ measurement is left to cut: the eval runs once, at the end; each trainer's first
 base weights, key, seed and batches in every scenario and rule) is computed once per process and
 copied; the honest-only run is one per rule and seed, shared by every attack; the codec's
 compiled kernels are warmed before any job (their compilation is not a per-round cost); the
-longest jobs start first so no worker is left alone at the end. ``--trace`` prints, per round of
+jobs run seed by seed, the longest first, so no worker is left alone at the end. ``--trace`` prints, per round of
 each protocol run, the share each Byzantine payload got and the keys out of the rounds.
 
 Payloads are coded without the base context (``loco.base_coding = false``: lossless like the
@@ -143,7 +143,7 @@ def _cost(job: tuple[str, str, int, int, bool]) -> float:
 def _run_jobs(args, jobs: list[tuple[str, str, int, int, bool]]) -> dict[tuple[str, str, int], dict]:
     import multiprocessing as mp
 
-    jobs = sorted(jobs, key=_cost, reverse=True)
+    jobs = sorted(jobs, key=lambda j: (j[2], -_cost(j)))  # seed by seed (a cut run keeps whole seeds), longest first
     if args.jobs <= 1:
         _init(args.set, args.trace)
         return dict(map(_job, jobs))

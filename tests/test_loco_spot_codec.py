@@ -42,7 +42,7 @@ from pulse_node.loco.spot_evidence import (
     sign_accusation,
     verify_accusation,
 )
-from pulse_node.loco.spotdraw import Shape, draw_check, draw_round, draw_targets, max_rate, rounds_to_catch
+from pulse_node.loco.spotdraw import draw_check, draw_targets, max_rate, rounds_to_catch
 
 KEY = Identity.generate()
 LEAF, N = 256, 1000  # 4 leaves, the last one short
@@ -211,11 +211,3 @@ def test_the_draw_is_deterministic_and_checks_newcomers_every_round() -> None:
     assert max_rate(check_s=1.0, round_s=10.0, commit_s=2.0) == 0.0
     assert rounds_to_catch(0.25) == 4.0 and rounds_to_catch(0.25, cheated_steps=1, steps=10) == 40.0
 
-
-def test_an_unproven_member_is_drawn_every_round_by_one_verifier() -> None:
-    shapes = {f"t{i}": Shape(10, N, LEAF) for i in range(6)}
-    for i in range(20):
-        draws = draw_round(bytes([i]), round=i, targets=shapes, verifiers=shapes, rate=0.0, always={"t2"},
-                           newcomers={"t4"})
-        assert sorted(d.target for d in draws) == ["t2", "t4", "t4"]
-        assert all(d.verifier != d.target for d in draws)

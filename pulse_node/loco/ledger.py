@@ -117,9 +117,9 @@ class Ledger:
         return min(1.0, max(0, e.passed - 2 * e.failed) / self.cfg.earn_checks)
 
     def unproven(self, key: str, *, member: bool) -> bool:
-        """A member that has passed no check yet: checked every round (by one verifier) until it
-        passes one, so a member that cannot answer is out within its first rounds, not after a
-        ``1 / spot.rate`` wait (an open trainer is checked as a newcomer instead)."""
+        """A member that has passed no check yet: checked every round, as a newcomer is, until it
+        passes one, so a member that cannot answer (or cheats) is out after its first round, not
+        after a ``1 / spot.rate`` wait."""
         e = self.entries.get(key)
         return member and (e is None or (e.passed == 0 and not e.convicted))
 

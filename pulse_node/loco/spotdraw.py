@@ -119,18 +119,16 @@ class Shape:
 
 
 def draw_round(seed: bytes, *, round: int, targets: Mapping[str, Shape], verifiers: Iterable[str], rate: float,
-               newcomers: Collection[str] = (), newcomer_verifiers: int = 2,
-               always: Collection[str] = ()) -> list[SpotDraw]:
+               newcomers: Collection[str] = (), newcomer_verifiers: int = 2) -> list[SpotDraw]:
     """Every check of a round: each target (trainer id -> the shape of its commitment) with
-    probability ``rate``, one of ``always`` always (``Ledger.unproven``), a newcomer always and by
-    ``newcomer_verifiers`` distinct verifiers, each verifier one of ``verifiers`` other than the
-    target, picked by the seed."""
+    probability ``rate``, a newcomer always and by ``newcomer_verifiers`` distinct verifiers, each
+    verifier one of ``verifiers`` other than the target, picked by the seed."""
     pool = sorted(set(verifiers), key=str.encode)
     out: list[SpotDraw] = []
     for target in sorted(targets, key=str.encode):
         shape, others = targets[target], [v for v in pool if v != target]
         new = target in newcomers
-        if shape.steps < 1 or not others or not (new or target in always or _uniform(seed, "target", target) < rate):
+        if shape.steps < 1 or not others or not (new or _uniform(seed, "target", target) < rate):
             continue
         picked: list[str] = []
         for k in range(min(len(others), newcomer_verifiers if new else 1)):

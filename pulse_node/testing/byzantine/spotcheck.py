@@ -93,8 +93,8 @@ class SpotChecks:
     def draw(self, *, base: RoundBase, made: Mapping[str, Made], keep: Mapping[str, float], members: set[str],
              always: set[str], excluded: set[str], unproven: Collection[str] = ()) -> None:
         """Round ``base.version`` was decided (``keep``: the applied shares of the listed trainers;
-        ``always``: newcomers and keys owing a check, checked by two verifiers; ``unproven``: members
-        that passed no check yet, checked by one)."""
+        ``always``: newcomers and keys owing a check; ``unproven``: members that passed no check yet;
+        both checked by ``spot.newcomer_verifiers`` verifiers, so a colluding one cannot pass them alone)."""
         t0 = time.process_time()
         applied = {t: m.data for t, m in made.items() if keep.get(t, 0.0) > 0.0}
         seed = round_seed(base.version, applied)
@@ -104,8 +104,7 @@ class SpotChecks:
         verifiers = [v for v in members if v not in excluded]
         spot = self.world.cfg.loco.spot
         draws = draw_round(seed, round=base.version, targets=targets, verifiers=verifiers, rate=spot.rate,
-                           newcomers=always & set(targets), newcomer_verifiers=spot.newcomer_verifiers,
-                           always=set(unproven) & set(targets))
+                           newcomers=(always | set(unproven)) & set(targets), newcomer_verifiers=spot.newcomer_verifiers)
         self.pending = Drawn(base.version, draws, base, dict(made), dict(keep))
         self.seconds += time.process_time() - t0
 
