@@ -10,11 +10,12 @@ never coordinates.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import commit_to
+from helpers import commit_to, wait_for
 
 from pulse_node.chain.identity import Identity
 from pulse_node.chain.peer import PeerStatus
@@ -24,13 +25,15 @@ from pulse_node.daemon.context import RoleContext
 from pulse_node.daemon.status import NodeStatus
 from pulse_node.errors import IntegrityError
 from pulse_node.loco.decision import encode_decision, make_decision, payload_digest
-from pulse_node.loco.ledger import Ledger
+from pulse_node.loco.ledger import Entry, Ledger, RoundFacts
 from pulse_node.loco.payload import LocoPayload, encode_payload
 from pulse_node.loco.roundcommit import commit_digest
+from pulse_node.loco.roundrules import unrevealed
 from pulse_node.net.wire.serving import store_resolver
 from pulse_node.testing.adversaries import peer_id
 from pulse_node.testing.memory import MemoryHub
 from pulse_node.trainer.agreement import RoundAgreement
+from pulse_node.trainer.decisions import coordinator_order
 from pulse_node.vocab import DEFAULT_RUN_ID
 
 SHAPES = {"w": (64,)}
@@ -46,8 +49,9 @@ def _announce(hub: MemoryHub, ident: Identity) -> str:
     return pid
 
 
-def _agreement(tmp_path: Path, hub: MemoryHub, me: Identity, keys: list[str], *, open_trainers: bool) -> RoundAgreement:
-    cfg = TrainerConfig.model_validate({"data_dir": str(tmp_path / peer_id(me)),
+def _agreement(tmp_path: Path, hub: MemoryHub, me: Identity, keys: list[str], *, open_trainers: bool,
+               **loco: float) -> RoundAgreement:
+    cfg = TrainerConfig.model_validate({"data_dir": str(tmp_path / peer_id(me)), "loco": loco,
                                         "chain": {"trusted_trainers": keys, "open_trainers": open_trainers}})
     store = VersionStore(tmp_path / peer_id(me) / "store")
     transport = hub.join(peer_id(me), store_resolver(store.root))
@@ -140,4 +144,33 @@ def test_an_open_trainers_own_node_never_coordinates(tmp_path, keyed):
     assert ag._open.order == [peer_id(member)] and not ag.peers.i_am_member()
     ag._open.t0 -= 1e6  # long past every deadline: still not our turn
     assert not ag._my_turn(ROUND, ag._open.order, {}, ag._open.t0, 0.0)
+    ag.ctx.store.close()
+
+
+def test_a_silent_open_committer_holds_a_round_only_its_short_reveal_window(tmp_path):
+    """An open trainer drawn into a round that commits and never reveals: the coordinator decides
+    ``open_wait_s`` after the members' payloads are in (not at ``deadline_s``), the decision names
+    its commitment but not its payload, and the ledger counts it unrevealed, which costs it weight."""
+    hub, member = MemoryHub(), Identity.generate()
+    me = next(k for k in iter(Identity.generate, None)  # we coordinate the round
+              if coordinator_order(DEFAULT_RUN_ID, ROUND, [peer_id(k), peer_id(member)])[0] == peer_id(k))
+    ag = _agreement(tmp_path, hub, me, [me.public_key_hex, member.public_key_hex], open_trainers=True,
+                    deadline_s=60.0, open_wait_s=0.5)
+    _announce(hub, member)
+    silent = Identity.generate()
+    sid = _announce(hub, silent)
+    commit_to(ag, silent, sid, _payload(sid), round=ROUND, base=BASE)  # committed, never revealed
+    _contribute(ag, member, peer_id(member))
+    t0 = time.monotonic()
+    ag.open_round(LocoPayload(round=ROUND, trainer_id=peer_id(me), base_hash=BASE), _payload(peer_id(me)))
+    result = wait_for(ag.step, timeout=30, what="the round to close")
+    assert 0.5 <= time.monotonic() - t0 < 5.0, "the round waited for the silent committer past its reveal window"
+    d = result.decision
+    assert sid in d.commitments and d.trainer_ids == sorted([peer_id(me), peer_id(member)])
+    ledger = ag.intake.ledger()
+    silent_ones = unrevealed(d.commitments, contributors=d.trainer_ids, members=set(d.trainer_ids), ledger=ledger)
+    assert silent_ones == (sid,)
+    ledger.entries[sid] = Entry(first_round=0, last_round=0, passed=ledger.cfg.earn_checks)  # it had earned full weight
+    ledger.record(RoundFacts(ROUND, unrevealed=silent_ones))
+    assert ledger.entries[sid].unrevealed == 1 and ledger.earned(sid) < 1.0, "a silent commitment cost nothing"
     ag.ctx.store.close()

@@ -1,10 +1,10 @@
 """Equivocation evidence, the statement: two conflicting messages signed by one trainer-set key.
 
 A member signing two different version records on one parent (two histories forking from one
-chain), or two different round decisions for one round on one base (``loco/equivocation.py``),
-has lied to someone: both signed messages together prove it to anyone, without trusting whoever
+chain), two different round decisions for one round on one base, or two different round
+commitments for one round on one base (``loco/equivocation.py``), has lied to someone: both signed messages together prove it to anyone, without trusting whoever
 reports them. Only statements **on one chain** count: records with the same parent chain hash
-and the same epoch, decisions of the same epoch and base. A trainer that restarts with a fresh
+and the same epoch, decisions and commitments of the same epoch and base. A trainer that restarts with a fresh
 store (a new epoch), resumes alone from its store or re-syncs to the majority's state signs
 version and round numbers again on another parent or base, which convicts nobody. An
 ``Evidence`` is that pair; a ``Checker`` per kind recomputes (signer, version or round) from the
@@ -31,11 +31,11 @@ from pulse_node.errors import IntegrityError, WireError
 
 EVIDENCE_MAGIC = "pulse/equivocation"
 EVIDENCE_FORMAT = 1
-#: two signed messages (a round decision is at most 64 KiB) and the envelope
-MAX_EVIDENCE_BYTES = 2 * (64 << 10) + 1024
+#: two signed messages (a round commitment, the largest, is at most 257 KiB: ``loco/roundcommit.py``) and the envelope
+MAX_EVIDENCE_BYTES = 2 * ((256 << 10) + 1024) + 1024
 
-#: "head": two records for one version; "decision": two round decisions for one round
-EvidenceKind = Literal["head", "decision"]
+#: "head": two records for one version; "decision" / "commitment": two round decisions / commitments for one round
+EvidenceKind = Literal["head", "decision", "commitment"]
 EVIDENCE_KINDS: tuple[EvidenceKind, ...] = get_args(EvidenceKind)
 
 #: checks two messages of one kind conflict: returns (signer key, version or round), else raises

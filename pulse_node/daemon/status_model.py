@@ -32,7 +32,7 @@ from pulse_node.errors import PulseError
 from pulse_node.vocab import BatchRefusal, BudgetRefusal, DecisionRefusal, LocoRefusal
 
 #: version of the status schema; bump it on any change to a declared field
-STATUS_SCHEMA = 9
+STATUS_SCHEMA = 10
 HISTORY_LEN = 200
 ERRORS_KEPT = 20
 ERROR_CHARS = 300
@@ -92,6 +92,9 @@ class TrainerCounters(_Section):
                                          "(not_member, out_of_bound, too_large, malformed, too_far_ahead, "
                                          "duplicate, banned, uncommitted, bad_commitment)")
     commits_held: int = Field(0, ge=0, description="round commitments of other trainers held (checked) this run")
+    spot_drawn: int = Field(0, ge=0, description="spot checks drawn in the rounds this trainer applied (trainer/spot_round.py)")
+    spot_passed: int = Field(0, ge=0, description="spot checks this trainer ran as the verifier that passed")
+    spot_failed: int = Field(0, ge=0, description="... that failed (unanswered, or a mismatch with evidence)")
     decisions_refused: dict[DecisionRefusal, int] = Field(default_factory=dict, description="round decisions "
                                                           "refused, by reason (not_member, bad_decision, "
                                                           "out_of_bound, equivocation, banned, other_base, "
@@ -242,9 +245,10 @@ class EvidenceEntry(_Section):
     """A trainer-set key this node convicted of equivocation (``chain/evidence.py``) and refuses."""
 
     key: str = Field(description="the convicted Ed25519 key (hex)")
-    kind: Literal["head", "decision"] = Field(description="head: two records for one version; decision: two "
-                                              "round decisions for one round")
-    at: int = Field(ge=0, description="the version (head) or round (decision) both messages are about")
+    kind: Literal["head", "decision", "commitment"] = Field(
+        description="head: two records for one version; decision / commitment: two round decisions / commitments "
+                    "for one round")
+    at: int = Field(ge=0, description="the version (head) or round (decision, commitment) both messages are about")
     found_at: float = Field(description="when this node verified the evidence (unix time)")
 
 

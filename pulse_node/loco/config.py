@@ -58,6 +58,12 @@ class SpotConfig(StrictModel):
     """Verifiers drawn for a newcomer (one verifier colluding with its target passes it)."""
     keep_rounds: int = pydantic.Field(2, ge=2, le=8)
     """Rounds of inner-step records a trainer keeps to answer checks (the checked round and the next)."""
+    keyed: bool = False
+    """Check members in a swarm without ``chain.open_trainers`` too (with it, checks always run:
+    an open trainer earns weight only by checks passed)."""
+    answer_wait_s: float = pydantic.Field(30.0, gt=0.0, le=3600.0)
+    """How long a verifier waits for its target's answer after the round applied; then the check is
+    ``unanswered`` (the target owes a check: out of the rounds until it passes one)."""
 
 
 class LocoConfig(StrictModel):
@@ -98,6 +104,10 @@ class LocoConfig(StrictModel):
     decision_wait_s: float = pydantic.Field(10.0, gt=0.0)
     """How long past its own deadline a trainer waits for the round's decision before the next
     trainer in id order decides instead; also the budget for fetching decided payloads it lacks."""
+    open_wait_s: float = pydantic.Field(5.0, ge=0.0)
+    """How long a round waits for open trainers (``chain.open_trainers``) once the live members
+    are in, at most: for the commitments of those in discovery, then for the payloads of those
+    that committed (``trainer/pace.py``); never past ``deadline_s``."""
     min_contributors: int = pydantic.Field(1, ge=1)
     """Below this many on-time payloads the round applies no update (the round still closes)."""
     max_payload_bytes: int = pydantic.Field(1 << 30, ge=1024)

@@ -4,8 +4,9 @@ The coordinator of a round signs one decision (``loco/decision.py``); two that n
 payloads for the same round of the same epoch on the same base, both validly signed by the same
 key, prove that it told trainers different things (a fork on purpose). Decisions of another
 epoch or base are no conflict: a trainer that restarted, resumed alone or re-synced decides the
-round's number again on another chain. ``decisions_conflict`` is the ``chain/evidence.py`` checker for them;
-``evidence_checkers`` is every kind a node verifies.
+round's number again on another chain. ``decisions_conflict`` is the ``chain/evidence.py`` checker for them,
+``commits_conflict`` (``loco/roundcommit.py``) the one for two round commitments (the same rule: one
+epoch, one base); ``evidence_checkers`` is every kind a node verifies.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 from pulse_node.chain.evidence import Checker, heads_conflict
 from pulse_node.errors import IntegrityError
 from pulse_node.loco.decision import decode_decision, verify_decision
+from pulse_node.loco.roundcommit import commits_conflict
 
 
 def decisions_conflict(first: bytes, second: bytes, run_id: str) -> tuple[str, int]:
@@ -35,4 +37,4 @@ def decisions_conflict(first: bytes, second: bytes, run_id: str) -> tuple[str, i
 
 def evidence_checkers() -> dict[str, Checker]:
     """Every kind of evidence a node verifies."""
-    return {"head": heads_conflict, "decision": decisions_conflict}
+    return {"head": heads_conflict, "decision": decisions_conflict, "commitment": commits_conflict}

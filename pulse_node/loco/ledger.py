@@ -18,7 +18,8 @@ round; a trainer that never answers stays out). A member that has passed no chec
 - a **member** (a configured root or an admitted key: ``members`` as the decision names them)
   weighs 1;
 - an **open trainer** (``chain.open_trainers``: any other key) earns weight by checks passed:
-  ``min(1, max(0, passed - 2 * failed) / earn_checks)``; until it passed ``newcomer_checks``
+  ``min(1, max(0, passed - 2 * failed - unrevealed) / earn_checks)`` (a commitment it entered a
+  round with and never revealed costs it a check's worth); until it passed ``newcomer_checks``
   checks it is a **newcomer**, and all newcomers of a round share ``newcomer_weight`` together,
   so 1 or 1,000 new keys weigh the same;
 - an owing or convicted key weighs 0 (a convicted one for good).
@@ -114,7 +115,7 @@ class Ledger:
         e = self.entries.get(key)
         if e is None:
             return 0.0
-        return min(1.0, max(0, e.passed - 2 * e.failed) / self.cfg.earn_checks)
+        return min(1.0, max(0, e.passed - 2 * e.failed - e.unrevealed) / self.cfg.earn_checks)
 
     def unproven(self, key: str, *, member: bool) -> bool:
         """A member that has passed no check yet: checked every round, as a newcomer is, until it

@@ -95,6 +95,21 @@ def entering(keys: Iterable[str], *, is_member: Callable[[str], bool], ledger: L
     return (ks - new) | ledger.entrants(new)
 
 
+def unrevealed(commitments: Iterable[str], *, contributors: Collection[str], members: Collection[str],
+               ledger: Ledger) -> tuple[str, ...]:
+    """The keys of a decision's ``commitments`` that entered the round (``entering``, on the ledger
+    before the round) yet are not among its ``contributors``: committed, never revealed in time.
+    A key is a member if the decision or the ledger says so (every trainer classes keys alike)."""
+    keys = list(commitments)
+
+    def member(k: str) -> bool:
+        e = ledger.entries.get(k)
+        return k in members or (e is not None and e.member)
+
+    ok = entering(keys, is_member=member, ledger=ledger)
+    return tuple(sorted((k for k in keys if k in ok and k not in contributors), key=str.encode))
+
+
 def decision_problems(contributors: Mapping[str, bytes], *, excluded: Collection[str], lst: CommitList,
                       ledger: Ledger, payloads: Mapping[str, Held], convicted: Callable[[str], bool],
                       arrived: float, skew: float) -> list[Problem]:

@@ -57,6 +57,7 @@ from pulse_node.peers.view import VIEW_STANDING, PeerView
 
 T = TypeVar("T")
 KNOWN_CAP = 4096  # member peer ids whose key is remembered after they leave discovery
+OPEN_CONVICTED = 64  # open trainers' convictions a book keeps at most (the rest of MAX_CONVICTED is the members')
 
 
 class PeerBook:
@@ -64,10 +65,11 @@ class PeerBook:
 
     def __init__(self, trainers: TrainerSet, *, evidence: EvidenceBook | None = None,
                  strikes: Strikes | None = None, standing: Standing | None = None, min_signers: int = MIN_SIGNERS,
-                 max_version_step: int = VERSION_STEP) -> None:
+                 max_version_step: int = VERSION_STEP, open_trainers: bool = False) -> None:
         self.trainers = trainers
         self.evidence = evidence if evidence is not None else EvidenceBook(run_id=trainers.run_id)
-        self.evidence.admit = trainers.is_member
+        self.open_trainers = open_trainers  # ``chain.open_trainers``: open trainers' equivocation convicts them too
+        self.evidence.admit = self._convictable
         trainers.convicted = self.evidence.__contains__  # a convicted key endorses nothing
         self.ledger = strikes if strikes is not None else Strikes()
         self.standing = standing if standing is not None else Standing()
@@ -86,7 +88,19 @@ class PeerBook:
         evidence = EvidenceBook(run_id=cfg.run_id, directory=Path(cfg.data_dir) / "evidence",
                                 checkers=evidence_checkers())
         return cls(TrainerSet.from_config(cfg.chain, run_id=cfg.run_id), evidence=evidence,
-                   min_signers=cfg.chain.min_signers, max_version_step=cfg.chain.max_version_step)
+                   min_signers=cfg.chain.min_signers, max_version_step=cfg.chain.max_version_step,
+                   open_trainers=cfg.chain.open_trainers)
+
+    def _convictable(self, key: str) -> bool | None:
+        """Whether evidence against ``key`` convicts it: a member's always; with ``chain.open_trainers``
+        an open trainer's while open trainers hold fewer than ``OPEN_CONVICTED`` convictions (None:
+        past that, the evidence checks out but is not kept, and its reporter did not lie)."""
+        if self.trainers.is_member(key):
+            return True
+        if not self.open_trainers:
+            return False
+        held = sum(1 for k in self.evidence.convicted if not self.trainers.is_member(k))
+        return True if held < OPEN_CONVICTED else None
 
     # ---- the way in -------------------------------------------------------------------
     def judge(self, peer_id: str, outcome: Outcome) -> Outcome:

@@ -10,8 +10,9 @@ At most one evidence per key (the first that checked), at most ``MAX_CONVICTED``
 ``<data_dir>/evidence/<key>.ev`` so a restart keeps them, re-checked on load by today's rules: a
 file kept under an older rule that paired statements of two chains (``chain/evidence.py``)
 convicts nobody any more. Only keys the book
-says may be convicted count (``admit``: trainer-set members), so fresh keys equivocating against
-themselves cannot fill it.
+says may be convicted count (``admit``: trainer-set members; with ``chain.open_trainers``, open
+trainers too, up to a share of the book, past which their evidence is checked but not kept), so
+fresh keys equivocating against themselves cannot fill it.
 """
 
 from __future__ import annotations
@@ -45,12 +46,12 @@ class EvidenceBook:
     """The keys this node convicted, each with the evidence it verified (kept on disk if ``directory``)."""
 
     def __init__(self, *, run_id: str, directory: Path | None = None, checkers: Mapping[str, Checker] | None = None,
-                 admit: Callable[[str], bool] = lambda key: True) -> None:
+                 admit: Callable[[str], bool | None] = lambda key: True) -> None:
         self.run_id = run_id
         self.directory = Path(directory) if directory is not None else None
         self.checkers: dict[str, Checker] = {"head": heads_conflict, **(checkers or {})}
         self.convicted: dict[str, Evidence] = {}
-        self.admit = admit  # whose conviction counts
+        self.admit = admit  # whose conviction counts (None: the evidence checks out, but is not kept)
         self._load()
 
     def __contains__(self, key: object) -> bool:
@@ -71,7 +72,10 @@ class EvidenceBook:
         if checker is None:
             raise WireError(f"evidence of unknown kind {kind[:32]!r}")
         key, at = checker(first, second, self.run_id)
-        if not self.admit(key):
+        admitted = self.admit(key)
+        if admitted is None:
+            return None
+        if not admitted:
             raise IntegrityError(f"evidence against {key_id_of(key)}, not a trainer-set member")
         return self._convict(Evidence(evidence_kind(kind), key, at, first, second, found_at=time.time()))
 

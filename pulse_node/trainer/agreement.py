@@ -16,7 +16,8 @@ back into the trainer. Round ``r``, on every trainer:
 2. The coordinator is the first of the trainers we saw when pushing in the round's rendezvous
    order (``order``, ``trainer/decisions.coordinator_order``: it changes every round). It
    decides once it holds a payload from each of them still live (one whose payload named another
-   base counts as heard from: it cannot contribute), or at ``loco.deadline_s``:
+   base counts as heard from: it cannot contribute) and the open trainers' short windows are over
+   (``trainer/pace.py``), or at ``loco.deadline_s``:
    it signs a ``RoundDecision`` naming the payloads it holds (trainer id + BLAKE3 digest),
    keeps it (``loco_decision``) and pushes it to every trainer. A trainer accepts a decision
    only from a coordinator whose turn it is, on its own base (``trainer/decisions.py``), and
@@ -64,11 +65,12 @@ from pulse_node.loco.bound import PayloadBound, PayloadBoundError
 from pulse_node.loco.decision import MAX_DECISION_BYTES, RoundDecision, encode_decision, make_decision, payload_digest
 from pulse_node.loco.ledger import Ledger
 from pulse_node.loco.payload import LocoPayload, read_header
-from pulse_node.loco.roundcommit import commit_digest
+from pulse_node.loco.roundcommit import commit_digest, decode_commit
 from pulse_node.loco.roundrules import entering
 from pulse_node.net.wire.protocol import LocoDecisionRequest, LocoPayloadRequest
 from pulse_node.trainer.commits import CommitIntake, HeldCommit
 from pulse_node.trainer.decisions import DecisionIntake, coordinator_order
+from pulse_node.trainer.pace import commit_phase_over, payloads_in
 from pulse_node.trainer.payload_intake import BaseFn, PayloadIntake
 from pulse_node.trainer.round_peers import RoundPeers
 from pulse_node.trainer.rounds import WAIT, OpenRound, RoundTable, Wait
@@ -95,13 +97,16 @@ class RoundAgreement:
 
     def __init__(self, ctx: RoleContext[TrainerConfig], *, shapes: Mapping[str, tuple[int, ...]],
                  current_round: Callable[[], int], epoch: Callable[[], bytes], base: BaseFn | None = None,
-                 bound: PayloadBound | None = None, ledger: Callable[[], Ledger] | None = None) -> None:
+                 bound: PayloadBound | None = None, ledger: Callable[[], Ledger] | None = None,
+                 verdicts: Callable[[int], tuple[list[bytes], list[str]]] | None = None) -> None:
         """``epoch``: the epoch of the chain we extend (``chain/record.py``; decisions of another
         are refused). ``base``: our current round's base (``BaseFn``); without it only base-free payloads
         decode and payloads are not checked against a base hash nor the value bound.
         ``bound``: the payload value bound (default: the one ``ctx.cfg`` implies). Who takes part
         is the node's peer book's (``ctx.book``); ``ledger``: the trust ledger of our outer state
-        (default: an empty one, every open trainer a newcomer)."""
+        (default: an empty one, every open trainer a newcomer); ``verdicts(r)``: the spot-check
+        verdicts (encoded) and convicted keys a decision of round ``r`` we sign names
+        (``trainer/spot_round.py``; default: none)."""
         self.ctx = ctx
         self.cfg = ctx.cfg.loco
         self.shapes = dict(shapes)
@@ -109,6 +114,7 @@ class RoundAgreement:
         self.me = ctx.transport.peer_id
         self.root = Path(ctx.store.root)
         self.base = base
+        self.verdicts = verdicts or (lambda r: ([], []))
         self.peers = RoundPeers(ctx)
         self.commits = CommitIntake(ctx, peers=self.peers, table=self.table, base_of=self._base_of)
         self.bound = bound if bound is not None else PayloadBound.of_trainer(ctx.cfg)
@@ -171,9 +177,10 @@ class RoundAgreement:
         self.payloads.flush_pending()
 
     # ---- one round ---------------------------------------------------------------------
-    def open_round(self, mine: LocoPayload, data: bytes) -> None:
-        """Open round ``mine.round``: keep our payload, push our commitment to it; ``step`` then
-        reveals the payload once the commit phase closes, and advances the round."""
+    def open_round(self, mine: LocoPayload, data: bytes, *, spot: bytes = b"") -> None:
+        """Open round ``mine.round``: keep our payload, push our commitment to it (``spot``: our
+        encoded inner-step commitment); ``step`` then reveals the payload once the commit phase
+        closes, and advances the round."""
         r = mine.round
         self._prune(r)
         self.payloads.keep(mine, data, serve=False)  # nobody may fetch it before we reveal it
@@ -183,7 +190,10 @@ class RoundAgreement:
         order = coordinator_order(self.ctx.cfg.run_id, r, [*([self.me] if self.peers.i_am_member() else []), *live])
         self.table.open = OpenRound(r, mine.base_hash, order, t0=time.monotonic(), commit_s=self.cfg.deadline_s / 2,
                                     mine=data)
-        commitment = self.commits.make_own(r, base=mine.base_hash, payload=payload_digest(data))
+        commitment = self.commits.make_own(r, base=mine.base_hash, payload=payload_digest(data), spot=spot)
+        if decode_commit(commitment).payload != payload_digest(data):  # committed to another before a restart
+            self.ctx.log.warning("round %d: committed to another payload before; this one sits the round out", r)
+            self.table.open.mine = b""
         to = [*live.values(), *self.peers.open_peers(self.commits.round(r))]
         self.peers.push(to, commitment, kind="loco_commit", job=f"loco_commit:{r}")
         for trainer in self.commits.flush():
@@ -192,19 +202,23 @@ class RoundAgreement:
         self.intake.replay_parked(r)
 
     def _reveal(self, o: OpenRound) -> bool:
-        """Reveal our payload once the commit phase closed here: every live member's commitment is
-        held, or ``commit_s`` passed. Whether it is revealed."""
+        """Reveal our payload once the commit phase closed here (``trainer/pace.py``: every live
+        member's commitment held and the open trainers' window over, or ``commit_s`` passed).
+        Whether it is revealed."""
         if o.revealed:
             return True
         live, held = self._live(), self.commits.round(o.round)
-        if time.monotonic() < o.commit_close and not all(pid in held for pid in live):
+        if not commit_phase_over(o, now=time.monotonic(), members=live, open_live=self.peers.live_open(o.round),
+                                 held=held, wait_s=self.cfg.open_wait_s):
             return False
+        o.revealed = True
+        if not o.mine:  # committed to another payload before a restart: nothing to reveal
+            return True
         digest, data = payload_digest(o.mine), o.mine
         write_atomic(loco_payload_path(self.root, o.round, digest.hex()), data, durable=False)
         self.peers.push(list(live.values()), data, kind="loco", timeout=self.cfg.deadline_s, job=f"loco:{o.round}")
         with self.ctx.status.trainer() as counters:
             counters.loco_bytes_out += len(data) * len(live)
-        o.revealed = True
         return True
 
     def step(self) -> RoundResult | None:
@@ -217,7 +231,8 @@ class RoundAgreement:
         if o is None:
             raise RuntimeError("step() without an open round")
         if o.decision is None:
-            if not self._reveal(o) and o.round not in self.decisions and not self.ctx.stop.is_set():
+            if not self._reveal(o) and o.round not in self.decisions and not self.ctx.stop.is_set() \
+                    and not self._behind(o):
                 return None
             d = self._reach_decision(o)
             if d is WAIT:
@@ -278,13 +293,20 @@ class RoundAgreement:
 
     def _all_in(self, r: int, order: list[str], live: Mapping[str, PeerRecord]) -> bool:
         """Every live member's payload is here (or cannot count), and every open trainer's that
-        entered the round with a commitment in our commit phase."""
-        held, other_base, refused = self.inbox.get(r, {}), self.payloads.mismatched.get(r, set()), self.refused.get(r, {})
+        entered the round with a commitment in our commit phase, or its reveal window is over
+        (``trainer/pace.py``)."""
+        heard = {*self.inbox.get(r, {}), *self.payloads.mismatched.get(r, set()), *self.refused.get(r, {})}
         o = self._open
         committed = {t: h for t, h in self.commits.round(r).items() if o is None or h.at <= o.commit_close}
         entered = entering(committed, is_member=self.peers.is_member, ledger=self.intake.ledger())
-        waited = [pid for pid in order if pid == self.me or pid in live] + [t for t in entered if not self.peers.is_member(t)]
-        return all(pid in held or pid in other_base or pid in refused for pid in waited)
+        members = all(pid in heard for pid in order if pid == self.me or pid in live)
+        return payloads_in(o, now=time.monotonic(), members_in=members, held=heard, wait_s=self.cfg.open_wait_s,
+                           open_entered=[t for t in entered if not self.peers.is_member(t)])
+
+    def _behind(self, o: OpenRound) -> bool:
+        """An open trainer whose round most members closed already: it pulls the decision at once
+        rather than waiting out a commit phase nobody else is in any more."""
+        return not self.peers.i_am_member() and self._closed_elsewhere(o.round, self._live())
 
     def _closed_elsewhere(self, r: int, live: Mapping[str, PeerRecord]) -> bool:
         """Most live members announce a version past round ``r`` (they published ``r + 1``; one
@@ -312,16 +334,22 @@ class RoundAgreement:
             committed = {tid: h for tid, h in self.commits.round(r).items() if h.at <= o.commit_close}
             self._fetch_missing(r, committed, live)
             entered = entering(committed, is_member=self.peers.is_member, ledger=self.intake.ledger())
-            held = {tid: digest for tid, (digest, p) in self.inbox.get(r, {}).items()
-                    if p.base_hash == base and tid in entered and committed[tid].commit.payload == digest}
+            held = {tid: digest for tid, (digest, p) in self.inbox.get(r, {}).items() if p.base_hash == base
+                    and tid in entered and committed[tid].commit.payload == digest and self.peers.may_contribute(tid)}
+            if not held:  # not even ours (we sit the round out after a restart): no decision to make
+                return None
+            verdicts, convicted = self.verdicts(r)
             d = make_decision(self.ctx.identity, run_id=self.ctx.cfg.run_id, round=r, base=base, epoch=self.table.epoch(),
                               coordinator=self.me, contributors=held,
                               committed={tid: commit_digest(h.data) for tid, h in committed.items()},
-                              open=[tid for tid in held if not self.peers.is_member(tid)])
+                              open=[tid for tid in held if not self.peers.is_member(tid)],
+                              verdicts=verdicts, convicted=convicted)
             data = encode_decision(d)
             self.intake.keep_own(r, data)
         self.intake.accept(d, data)
-        self.peers.push(list(live.values()), data, kind="loco_decision", job=f"loco_decision:{r}")
+        # the open trainers that committed learn it at once too: pulled late, they would lag a round behind
+        to = [*live.values(), *self.peers.open_peers(self.commits.round(r))]
+        self.peers.push(to, data, kind="loco_decision", job=f"loco_decision:{r}")
         with self.ctx.status.trainer() as counters:
             counters.decisions_made += 1
         self.ctx.log.info("round %d: decided %d contributors", r, len(d.contributors))

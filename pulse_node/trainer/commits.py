@@ -12,7 +12,9 @@ the state we do not hold yet).
 The agreement (``trainer/agreement.py``) admits a payload only if it matches the commitment its
 trainer made, and the round's decision must name every commitment held in time
 (``trainer/decisions.py``). A second, different commitment of one key for one round is refused
-(the first stays).
+(the first stays); when both are its valid commitments on one chain (same epoch and base,
+``commits_conflict``) the pair is equivocation evidence: the peer book convicts the key (a member,
+or an open trainer within its share), and the node's evidence plane spreads it like any other.
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
+from pulse_node.chain.evidence import encode_evidence
 from pulse_node.config import TrainerConfig
 from pulse_node.daemon.context import RoleContext
 from pulse_node.errors import IntegrityError, PulseError
@@ -29,10 +33,13 @@ from pulse_node.loco.roundcommit import (
     Expect,
     RoundCommit,
     check_commit,
+    commits_conflict,
     decode_commit,
     encode_commit,
     make_commit,
 )
+from pulse_node.peers.outcomes import Reported
+from pulse_node.trainer import own_commits
 from pulse_node.trainer.round_peers import RoundPeers
 from pulse_node.trainer.rounds import RoundTable
 from pulse_node.vocab import LocoRefusal
@@ -61,11 +68,16 @@ class CommitIntake:
         self.pending: dict[int, dict[str, tuple[str, bytes, float]]] = {}  # trainer -> (sender, bytes, arrived)
 
     def make_own(self, r: int, *, base: bytes, payload: bytes, spot: bytes = b"") -> bytes:
-        """Sign our commitment of round ``r`` to the payload of digest ``payload``; kept, returned."""
-        c = make_commit(self.ctx.identity, run_id=self.ctx.cfg.run_id, epoch=self.table.epoch(), round=r, base=base,
-                        trainer=self.peers.me, payload=payload, spot=spot)
-        data = encode_commit(c)
-        self.held.setdefault(r, {})[self.peers.me] = HeldCommit(data, c, time.monotonic())
+        """Sign our commitment of round ``r`` to the payload of digest ``payload``; kept (on disk
+        too), returned. One we signed for this round and base before (a restart) is returned
+        instead: never two (``trainer/own_commits.py``)."""
+        epoch, data_dir = self.table.epoch(), Path(self.ctx.cfg.data_dir)
+        data = own_commits.signed_before(data_dir, epoch=epoch, r=r, base=base, signer=self.ctx.identity.public_key_hex)
+        if data is None:
+            data = encode_commit(make_commit(self.ctx.identity, run_id=self.ctx.cfg.run_id, epoch=epoch, round=r,
+                                             base=base, trainer=self.peers.me, payload=payload, spot=spot))
+            own_commits.keep(data_dir, epoch=epoch, r=r, data=data)
+        self.held.setdefault(r, {})[self.peers.me] = HeldCommit(data, decode_commit(data), time.monotonic())
         return data
 
     def of(self, r: int, trainer: str) -> HeldCommit | None:
@@ -107,8 +119,7 @@ class CommitIntake:
         have = self.of(c.round, c.trainer)
         if have is not None:
             if have.data != data:
-                self.peers.refuse(sender, LocoRefusal.DUPLICATE, f"a second commitment of {c.trainer[:12]} "
-                                  f"for round {c.round}", lied=False)
+                self._second(sender, c, have.data, data)
             return None
         base = self.base_of(c.round)
         try:
@@ -128,6 +139,19 @@ class CommitIntake:
                 if self.peers.is_member(tid):
                     self.peers.push(newcomer, h.data, kind="loco_commit", job=f"loco_commit:{c.round}:{tid}:{c.trainer}")
         return c.trainer
+
+    def _second(self, sender: str, c: RoundCommit, first: bytes, second: bytes) -> None:
+        """A second, different commitment of ``c.trainer`` for ``c.round``: refused; equivocation
+        evidence if both are its valid ones on one chain (module docstring)."""
+        try:
+            commits_conflict(first, second, self.ctx.cfg.run_id)
+        except PulseError:  # not its own, or of another chain (a restart, a re-sync): no evidence
+            self.peers.refuse(sender, LocoRefusal.DUPLICATE, f"a second commitment of {c.trainer[:12]} "
+                              f"for round {c.round}", lied=False)
+            return
+        self.ctx.book.judge(sender, Reported("two commitments", evidence=encode_evidence("commitment", first, second)))
+        self.peers.refuse(sender, LocoRefusal.EQUIVOCATION, f"{c.trainer[:12]} signed two commitments for round "
+                          f"{c.round}", lied=False)
 
     def flush(self) -> list[str]:
         """Check the held commitments of the round now current (its base is known); the trainers

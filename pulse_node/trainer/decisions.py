@@ -76,6 +76,7 @@ from pulse_node.loco.decision import (
 from pulse_node.loco.ledger import Ledger
 from pulse_node.loco.roundcommit import commit_digest
 from pulse_node.loco.roundrules import entering
+from pulse_node.loco.verdicts import verdict_problems
 from pulse_node.peers.outcomes import Reported
 from pulse_node.trainer.commits import CommitIntake
 from pulse_node.trainer.round_peers import RoundPeers
@@ -156,6 +157,8 @@ class DecisionIntake:
         refused = set(self.table.refused.get(d.round, {}).values())
         if any(digest in refused for _, digest in d.contributors):
             raise PayloadBoundError(f"round {d.round} decision names a payload beyond the value bound")
+        if (problem := verdict_problems(d, key_of=self.peers.key_of, is_member=self.peers.is_member)) is not None:
+            raise IntegrityError(problem)
         if set(d.open) != {t for t in d.trainer_ids if not self.peers.is_member(t)}:
             raise IntegrityError(f"round {d.round} decision calls other contributors open trainers than we do")
         if d.committed and not set(d.trainer_ids) <= self.entering(d):
@@ -202,6 +205,12 @@ class DecisionIntake:
             return
         if self.accept(d, data):
             self.parked.pop(d.round, None)
+            self._relay(d, data, sender=sender)
+
+    def _relay(self, d: RoundDecision, data: bytes, *, sender: str = "") -> None:
+        """Relay an accepted decision once to the live members; an open trainer relays nothing
+        (members refuse a decision pushed by a non-member, and they hold it already)."""
+        if self.peers.i_am_member():
             relay_to = [p for pid, p in self.peers.live().items() if pid not in (sender, d.coordinator)]
             self.peers.push(relay_to, data, kind="loco_decision", job=f"loco_decision:{d.round}:relay")
 
@@ -214,9 +223,11 @@ class DecisionIntake:
         if d.base != o.base:
             return DecisionRefusal.OTHER_BASE
         live = self.peers.live()
-        if time.monotonic() < o.commit_close and not {self.me, *live} <= set(d.commitments):
+        mine = {self.me} if self.peers.i_am_member() else set()  # an open trainer may have committed late
+        if time.monotonic() < o.commit_deadline and not {*mine, *live} <= set(d.commitments):
             return "early"
-        if (omission := self._omission(d, o)) is not None:
+        # an open trainer follows the members' decisions: it cannot have a next coordinator decide
+        if self.peers.i_am_member() and (omission := self._omission(d, o)) is not None:
             self._refuse_omission(d, omission)
             return DecisionRefusal.OMITS_COMMITMENT
         order = coordinator_order(self.ctx.cfg.run_id, d.round,
@@ -236,10 +247,13 @@ class DecisionIntake:
         """(trainer, what was left out) for a commitment (or revealed payload) held here in time
         that ``d`` leaves out, else None (module docstring, step 4)."""
         named, contributors, entered = d.commitments, dict(d.contributors), self.entering(d)
-        cutoff = min(o.commit_close, time.monotonic() - self.cfg.decision_wait_s / 2)
+        skew = self.cfg.decision_wait_s / 2
+        cutoff = min(o.commit_close, time.monotonic() - skew)
         for tid, held in sorted(self.commits.round(d.round).items()):
             if held.at > cutoff or self.ctx.book.convicted(self.peers.key_of(tid)):
                 continue
+            if not self.peers.is_member(tid) and held.at > o.commit_close - skew:
+                continue  # an open trainer's, at the end of the commit phase: the coordinator's may have closed first
             if tid not in named:
                 return tid, held.data
             have = self.payload_at(d.round, tid)
@@ -274,8 +288,7 @@ class DecisionIntake:
                 continue
             if why is None and self.accept(d, data):
                 self.parked.pop(r, None)
-                relay_to = [p for pid, p in self.peers.live().items() if pid != d.coordinator]
-                self.peers.push(relay_to, data, kind="loco_decision", job=f"loco_decision:{d.round}:relay")
+                self._relay(d, data)
                 return
 
     def accept(self, d: RoundDecision, data: bytes) -> bool:

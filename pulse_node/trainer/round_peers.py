@@ -82,6 +82,13 @@ class RoundPeers:
         wanted = {i for i in ids if self.open_trainer(i)}
         return [p for p in self.ctx.peers() if p.peer_id in wanted] if wanted else []
 
+    def live_open(self, version: int) -> list[str]:
+        """The open trainers in discovery (``open_trainer``) that announce ``version`` or later (they
+        hold a round's base): a round's commit phase waits a little for them (``trainer/pace.py``)."""
+        if not self.ctx.cfg.chain.open_trainers:
+            return []
+        return [p.peer_id for p in self.ctx.peers("trainer") if p.head >= version and self.open_trainer(p.peer_id)]
+
     def may_contribute(self, peer_id: str) -> bool:
         """A member, or an open trainer (``open_trainer``): its commitments and payloads are taken."""
         return self.is_member(peer_id) or self.open_trainer(peer_id)

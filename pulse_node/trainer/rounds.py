@@ -37,6 +37,9 @@ class OpenRound:
     commit_s: float = 0.0  # the commit phase lasts this long at most (commitments later are late here)
     mine: bytes = b""  # our payload's bytes, revealed once the commit phase closes
     revealed: bool = False
+    closed: float | None = None  # when the commit phase closed here (monotonic; ``trainer/pace.py``)
+    members_committed: float | None = None  # when every live member's commitment was first held here
+    members_in: float | None = None  # when every live member's payload was first held here
     pulled_at: float = float("-inf")
     decision: RoundDecision | None = None
     gather_until: float = 0.0
@@ -44,6 +47,12 @@ class OpenRound:
 
     @property
     def commit_close(self) -> float:
+        """When the commit phase closed here, or closes at the latest (monotonic): commitments
+        arriving later count for nothing this round."""
+        return self.closed if self.closed is not None else self.commit_deadline
+
+    @property
+    def commit_deadline(self) -> float:
         """When the commit phase closes here at the latest (monotonic)."""
         return self.t0 + self.commit_s
 
