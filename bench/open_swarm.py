@@ -118,7 +118,7 @@ def run(args: argparse.Namespace) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--trainers", type=int, default=2)
-    p.add_argument("--inference", type=int, default=1)
+    p.add_argument("--inference", type=int, default=0, help="inference nodes (with one, joiners fell behind: RESULTS.md)")
     p.add_argument("--cheats", type=int, default=2)
     p.add_argument("--inner-steps", type=int, default=5)
     p.add_argument("--minutes", type=float, default=15.0)
