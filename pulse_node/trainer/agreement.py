@@ -186,6 +186,7 @@ class RoundAgreement:
         self.table.open = OpenRound(r, mine.base_hash, order, t0=time.monotonic(), commit_s=self.cfg.deadline_s / 2,
                                     mine=data)
         commitment = self.commits.make_own(r, base=mine.base_hash, payload=payload_digest(data))
+        self.table.open.late = self._closed_elsewhere(r, live)  # its decision may rightly leave us out
         if decode_commit(commitment).payload != payload_digest(data):  # committed to another before a restart
             self.ctx.log.warning("round %d: committed to another payload before; this one sits the round out", r)
             self.table.open.mine = b""
@@ -210,6 +211,7 @@ class RoundAgreement:
         if not o.mine:  # committed to another payload before a restart: nothing to reveal
             return True
         digest, data = payload_digest(o.mine), o.mine
+        self.payloads.arrived.setdefault(o.round, {})[self.me] = time.monotonic()  # no one held it before
         write_atomic(loco_payload_path(self.root, o.round, digest.hex()), data, durable=False)
         self.peers.push(list(live.values()), data, kind="loco", timeout=self.cfg.deadline_s, job=f"loco:{o.round}")
         with self.ctx.status.trainer() as counters:
@@ -318,8 +320,12 @@ class RoundAgreement:
         if pull:
             if self._pull(r, live) is not None:
                 return self.decisions[r]
-            if self._closed_elsewhere(r, live) and not self._held_back(r):
-                return None
+            if self._closed_elsewhere(r, live):
+                self.intake.replay_parked(r, closed=True)  # never decide a round the others closed
+                if r in self.decisions:
+                    return self.decisions[r]
+                if not self._held_back(r):
+                    return None
         earlier = self.intake.signed_before(r)  # never two decisions of one round, even across a restart
         if earlier is not None:
             d, data = earlier

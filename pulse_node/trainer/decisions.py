@@ -32,7 +32,12 @@ contributor a member, no payload we refused as out of bound), then:
    committed trainer whose payload we held as long; else it is refused (``omits_commitment``),
    both signed statements (the decision, the commitment left out) are kept under
    ``loco/<round>/omitted/``, and the next coordinator in turn decides (a peer that applied the
-   refused decision does not make us re-sync onto it).
+   refused decision does not make us re-sync onto it). Our own payload counts from when we
+   revealed it; nothing counts that we held only after the decision arrived here, nor our own
+   commitment if we committed to a round most live members had closed already (we came back
+   late) or the coordinator is the one other live member (refusing could only fork us); an open
+   trainer's only if held the skew before our commit phase closed. An open trainer refuses none
+   (it follows the members).
 
 Every decision names the epoch of the chain its round extends (``loco/decision.py``); one of
 another epoch than ours is refused before anything else looks at it (an earlier run's, or a
@@ -118,7 +123,8 @@ class DecisionIntake:
         self.cfg: LocoConfig = ctx.cfg.loco
         self.me = peers.me
         self.root = Path(ctx.store.root)
-        self.parked: dict[int, dict[str, tuple[RoundDecision, bytes]]] = {}  # round -> coordinator -> decision
+        #: round -> coordinator -> (decision, its bytes, when it arrived here: nothing held later is its omission)
+        self.parked: dict[int, dict[str, tuple[RoundDecision, bytes, float]]] = {}
         #: (round, signer) -> base -> its first verified decision on that base (a few bases at most)
         self.witnessed: dict[tuple[int, str], dict[bytes, bytes]] = {}
 
@@ -190,7 +196,8 @@ class DecisionIntake:
     def _consider(self, d: RoundDecision, data: bytes, *, sender: str) -> None:
         """Accept ``d`` if its round is open here, it is its coordinator's turn and on our base;
         park it if it is early."""
-        why = self._standing(d)
+        arrived = time.monotonic()
+        why = self._standing(d, arrived=arrived)
         if isinstance(why, DecisionRefusal):
             if why is not DecisionRefusal.OMITS_COMMITMENT:  # (counted and kept by ``_refuse_omission``)
                 self.peers.refuse(sender, why, f"round {d.round} decision of {d.coordinator[:12]}", lied=False)
@@ -198,7 +205,7 @@ class DecisionIntake:
         if why is not None:  # early, or its round is not open here yet: parked
             held = self.parked.setdefault(d.round, {})
             if d.coordinator in held or len(held) < PARK_PER_ROUND:
-                held[d.coordinator] = (d, data)
+                held[d.coordinator] = (d, data, arrived)
             return
         if self.accept(d, data):
             self.parked.pop(d.round, None)
@@ -211,9 +218,10 @@ class DecisionIntake:
             relay_to = [p for pid, p in self.peers.live().items() if pid not in (sender, d.coordinator)]
             self.peers.push(relay_to, data, kind="loco_decision", job=f"loco_decision:{d.round}:relay")
 
-    def _standing(self, d: RoundDecision) -> DecisionRefusal | Literal["early", "not_open"] | None:
-        """None if ``d`` may be accepted now, else why not (``not_open``, ``early``, ``other_base``,
-        ``not_designated``)."""
+    def _standing(self, d: RoundDecision, *, arrived: float,
+                  closed: bool = False) -> DecisionRefusal | Literal["early", "not_open"] | None:
+        """None if ``d`` (here since ``arrived``) may be accepted now, else why not (``not_open``,
+        ``early``, ``other_base``, ``not_designated``)."""
         o = self.table.open
         if o is None or o.round != d.round:
             return "not_open"
@@ -224,7 +232,7 @@ class DecisionIntake:
         if time.monotonic() < o.commit_deadline and not {*mine, *live} <= set(d.commitments):
             return "early"
         # an open trainer follows the members' decisions: it cannot have a next coordinator decide
-        if self.peers.i_am_member() and (omission := self._omission(d, o)) is not None:
+        if self.peers.i_am_member() and (omission := self._omission(d, o, arrived)) is not None:
             self._refuse_omission(d, omission)
             return DecisionRefusal.OMITS_COMMITMENT
         order = coordinator_order(self.ctx.cfg.run_id, d.round,
@@ -234,20 +242,22 @@ class DecisionIntake:
             return DecisionRefusal.NOT_DESIGNATED
         due = turn_at(order, d.coordinator, live, me=self.me, deadline=o.t0 + self.cfg.deadline_s,
                       wait=self.cfg.decision_wait_s)
-        return None if time.monotonic() >= due - self.cfg.decision_wait_s / 2 else "early"
+        return None if closed or time.monotonic() >= due - self.cfg.decision_wait_s / 2 else "early"
 
     def entering(self, d: RoundDecision) -> set[str]:
         """The keys among ``d``'s commitments whose payloads may count (``loco/roundrules.entering``)."""
         return entering(d.commitments, is_member=self.peers.is_member, ledger=self.ledger())
 
-    def _omission(self, d: RoundDecision, o: OpenRound) -> tuple[str, bytes] | None:
+    def _omission(self, d: RoundDecision, o: OpenRound, arrived: float) -> tuple[str, bytes] | None:
         """(trainer, what was left out) for a commitment (or revealed payload) held here in time
-        that ``d`` leaves out, else None (module docstring, step 4)."""
+        (in our commit phase, ``skew`` ago, and before ``d`` arrived) that ``d`` leaves out, else
+        None (module docstring, step 4)."""
         named, contributors, entered = d.commitments, dict(d.contributors), self.entering(d)
         skew = self.cfg.decision_wait_s / 2
-        cutoff = min(o.commit_close, time.monotonic() - skew)
+        cutoff = min(o.commit_close, time.monotonic() - skew, arrived)
+        alone = o.late or len(self.peers.live()) < 2  # refusing the one other member's decision only forks us
         for tid, held in sorted(self.commits.round(d.round).items()):
-            if held.at > cutoff or self.ctx.book.convicted(self.peers.key_of(tid)):
+            if held.at > cutoff or self.ctx.book.convicted(self.peers.key_of(tid)) or (tid == self.me and alone):
                 continue
             if not self.peers.is_member(tid) and held.at > o.commit_close - skew:
                 continue  # an open trainer's, at the end of the commit phase: the coordinator's may have closed first
@@ -255,7 +265,7 @@ class DecisionIntake:
                 return tid, held.data
             have = self.payload_at(d.round, tid)
             if (tid not in contributors and tid in entered and named[tid] == commit_digest(held.data) and have is not None
-                    and have[0] == held.commit.payload and have[1] <= time.monotonic() - self.cfg.decision_wait_s / 2):
+                    and have[0] == held.commit.payload and have[1] <= min(time.monotonic() - skew, arrived)):
                 return tid, held.data
         return None
 
@@ -274,12 +284,14 @@ class DecisionIntake:
         except OSError as exc:
             self.ctx.log.warning("cannot keep the evidence of an omission: %s", exc)
 
-    def replay_parked(self, r: int) -> None:
-        """Look again at the parked decisions of round ``r`` (their turn may have come)."""
-        for coordinator, (d, data) in sorted(self.parked.get(r, {}).items(), key=lambda kv: kv[0].encode()):
+    def replay_parked(self, r: int, *, closed: bool = False) -> None:
+        """Look again at the parked decisions of round ``r`` (their turn may have come); ``closed``:
+        most live members closed the round already, so one parked only for its turn is taken (its
+        coordinator's view of who was live, e.g. before we came back, made it the coordinator)."""
+        for coordinator, (d, data, arrived) in sorted(self.parked.get(r, {}).items(), key=lambda kv: kv[0].encode()):
             if r in self.table.decisions:
                 return
-            why = self._standing(d)
+            why = self._standing(d, arrived=arrived, closed=closed)
             if why is DecisionRefusal.OMITS_COMMITMENT:
                 self.parked.get(r, {}).pop(coordinator, None)
                 continue
