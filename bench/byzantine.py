@@ -2,7 +2,7 @@
 
     python bench/byzantine.py [--quick] [--attacks sign_flip,alie,...] [--seeds 3] [--rounds 10]
                               [--prompts 16] [--rules robust,mean] [--jobs 2] [--set KEY=VALUE ...]
-                              [--today]
+                              [--today] [--trace]
 
 Six trainers on the swarm's default model and task (``configs/trainer.toml``: embedded tiny
 model, 2-digit arithmetic, GRPO lr 3e-4, H = 10, BF16 gate, outer Nesterov 0.7 / 0.9), of which
@@ -14,7 +14,9 @@ real ``OuterOptimizer`` with ``loco.aggregate``. Each attack is run with each ru
 next to an honest-only run (the same four honest trainers with the same seeds, no Byzantine
 key). The rule under test runs with the protocol's defences (``Defences.protocol``: signed
 round commitments before any reveal, commit lists naming every commitment held in time, spot
-checks drawn in the rounds, run-id-scoped evidence; the Sybil flood with ``chain.open_trainers``,
+checks drawn in the rounds (a member every round until it passed one, ``Ledger.unproven``; a
+target's answer published, so a verifier's "it did not answer" of one that did is refused),
+run-id-scoped evidence; the Sybil flood with ``chain.open_trainers``,
 where Sybils share the newcomers' capped weight); the other rules with today's (``Defences.today``:
 rushing, keyed trainer set, any decision of the coordinator in turn, no spot checks; the Sybil
 flood with the open swarm, where Sybils are members). ``--today``: today's defences for every rule.
@@ -28,6 +30,17 @@ accuracy with the rule under test minus the starting weights' (points). ``overhe
 rule's weighing plus spot checks, per round, as a fraction of one honest trainer's own CPU
 time per round (inner steps and gate, not the sampler: in a swarm inference nodes make the
 rollouts), over every run of the rule under test.
+
+What a run costs (2026-11-28 profile of one 10-round run, ~40 s of CPU on one core): the
+trainers' inner steps (~55%: GRPO forward and backward) and the sampler making their batches
+(~40%: in a swarm the inference nodes' work, so outside ``trainer_s``); the held-out eval of the
+final weights is ~2 s, the robust weighing and the spot checks a few seconds. So nothing but the
+measurement is left to cut: the eval runs once, at the end; each trainer's first round (same
+base weights, key, seed and batches in every scenario and rule) is computed once per process and
+copied; the honest-only run is one per rule and seed, shared by every attack; the codec's
+compiled kernels are warmed before any job (their compilation is not a per-round cost); the
+jobs run seed by seed, the longest first, so no worker is left alone at the end. ``--trace`` prints, per round of
+each protocol run, the share each Byzantine payload got and the keys out of the rounds.
 
 Payloads are coded without the base context (``loco.base_coding = false``: lossless like the
 base coder, 10x cheaper here; only the bytes differ). Trainer batches have
@@ -58,6 +71,7 @@ ALL_ATTACKS = ("sign_flip", "scaled_bound", "alie", "ipm_0.1", "ipm_100", "const
                "evidence_replay")
 OPEN_SWARM = {"sybil_flood"}
 _WORLD: Any = None
+_TRACE = False
 
 
 def _config(overrides: list[str]):
@@ -66,20 +80,33 @@ def _config(overrides: list[str]):
     return load_node_config(ROOT / "configs" / "trainer.toml", overrides, role="trainer")
 
 
-def _init(overrides: list[str]) -> None:
+def _init(overrides: list[str], trace: bool = False) -> None:
     import torch
 
+    from pulse_node.codec.warmup import warm_up
     from pulse_node.testing.byzantine.world import World
 
     torch.set_num_threads(1)
-    global _WORLD  # noqa: PLW0603 (a pool worker's world, built once by its initializer)
-    _WORLD = World(_config(overrides))
+    warm_up()  # the codec's compiled kernels (spot checks patch weights): once per process, before any timing
+    global _WORLD, _TRACE  # a pool worker's world, built once by its initializer
+    _WORLD, _TRACE = World(_config(overrides)), trace
 
 
 def _byzantine() -> list[str]:
     from pulse_node.testing.byzantine.world import peer_of
 
     return [peer_of(n) for n in BYZANTINE_NAMES]
+
+
+def _trace(rows: list[dict]) -> str:
+    """Per round: the applied share of each Byzantine payload, the honest ones' least, who is out."""
+    out = []
+    for t in rows:
+        byz = " ".join(f"{k}={v:.2f}" for k, v in sorted(t["share"].items()) if not k.startswith("h") and v > 0)
+        honest = [v for k, v in t["share"].items() if k.startswith("h")]
+        out.append(f"    r{t['round']}: byz {byz or '-'}; honest {len(honest)} (min {min(honest, default=0):.2f}); "
+                   f"out {','.join(t.get('out', [])) or '-'}")
+    return "\n".join(out)
 
 
 def _job(job: tuple[str, str, int, int, bool]) -> tuple[tuple[str, str, int], dict]:
@@ -92,26 +119,35 @@ def _job(job: tuple[str, str, int, int, bool]) -> tuple[tuple[str, str, int], di
     if scenario == "base":
         return (scenario, rule, seed), {"accuracy": world.accuracy(world.base)}
     ids = _byzantine()
-    attack = Attack(ids) if scenario == "honest" else attacks(ids)[scenario]
+    attack = Attack([]) if scenario == "honest" else attacks(ids)[scenario]  # honest-only: no Byzantine key at all
     loco, cls = candidates.parse(rule, world.cfg.loco)
     defences = (Defences.protocol(world.run_id, open_trainers=scenario in OPEN_SWARM) if protocol
                 else Defences.today(world.run_id, open_swarm=scenario in OPEN_SWARM))
     t0 = time.monotonic()
     out = harness.run(world, attack, loco=loco, seed=seed, rounds=rounds, outer_cls=cls, defences=defences)
     row = {**out.__dict__, "wall_s": time.monotonic() - t0}
+    trace = row.pop("trace")
     print(f"  {scenario:<17} {rule:<14} seed {seed}: acc {out.accuracy:.3f}  keep h/b {out.keep_honest:.2f}/"
           f"{out.keep_byzantine:.2f}  caught {len(out.caught)} false bans {len(out.false_bans)}  "
-          f"{row['wall_s']:.0f} s", flush=True)
+          f"{row['wall_s']:.0f} s" + (f"\n{_trace(trace)}" if _TRACE and protocol else ""), flush=True)
     return (scenario, rule, seed), row
+
+
+def _cost(job: tuple[str, str, int, int, bool]) -> float:
+    """A job's rough CPU cost, to start the longest first (no worker left alone at the end)."""
+    scenario, _, _, rounds, protocol = job
+    trains = scenario in ("sign_flip", "advantage_flip", "ef_dump")
+    return rounds * (1.0 + 0.5 * trains + 0.3 * protocol + 0.3 * (scenario in OPEN_SWARM))
 
 
 def _run_jobs(args, jobs: list[tuple[str, str, int, int, bool]]) -> dict[tuple[str, str, int], dict]:
     import multiprocessing as mp
 
+    jobs = sorted(jobs, key=lambda j: (j[2], -_cost(j)))  # seed by seed (a cut run keeps whole seeds), longest first
     if args.jobs <= 1:
-        _init(args.set)
+        _init(args.set, args.trace)
         return dict(map(_job, jobs))
-    with mp.get_context("spawn").Pool(args.jobs, initializer=_init, initargs=(args.set,)) as pool:
+    with mp.get_context("spawn").Pool(args.jobs, initializer=_init, initargs=(args.set, args.trace)) as pool:
         return dict(pool.imap_unordered(_job, jobs))
 
 
@@ -135,7 +171,8 @@ def summarize(results: dict, *, scenarios: list[str], rules: list[str], seeds: l
                 "false_bans": _mean(rows, "false_bans"), "keep_honest": _mean(rows, "keep_honest"),
                 "keep_byzantine": _mean(rows, "keep_byzantine"), "refused": _mean(rows, "refused"),
                 "trainer_s": _mean(rows, "trainer_s"), "weigh_s": _mean(rows, "weigh_s"),
-                "verify_s": _mean(rows, "verify_s")}
+                "verify_s": _mean(rows, "verify_s"), "record_s": _mean(rows, "record_s"),
+                "checks": _mean(rows, "checks")}
     return out
 
 
@@ -221,6 +258,8 @@ def main() -> int:
     ap.add_argument("--probe-rounds", type=int, default=3)
     ap.add_argument("--probe-toy-rounds", type=int, default=300)
     ap.add_argument("--today", action="store_true", help="today's defences for the rule under test too")
+    ap.add_argument("--trace", action="store_true", help="per round of each protocol run: the share each "
+                    "Byzantine payload got, the honest payloads' least, the keys out (owing or convicted)")
     args = ap.parse_args()
     names = [a for a in args.attacks.split(",") if a]
     if args.quick:
@@ -260,11 +299,17 @@ def main() -> int:
     head = rules[0]
     runs = [results[(sc, head, s)] for sc in scenarios for s in seeds]
     overhead = statistics.mean((r["weigh_s"] + r["verify_s"]) / max(r["trainer_s"], 1e-9) for r in runs)
+    parts = {k: statistics.mean(r[k] / max(r["trainer_s"], 1e-9) for r in runs) for k in ("weigh_s", "record_s")}
+    parts["checks_s"] = overhead - parts["weigh_s"] - parts["record_s"]
+    per_trainer = statistics.mean(r["checks"] for r in runs)
+    trainer_s = statistics.mean(r["trainer_s"] for r in runs)
     gain = 100 * (summary["honest"][head]["accuracy"] - base)
     print(f"\nstart accuracy {base:.3f}; honest-only gain {gain:+.1f} points with {head}"
           + "".join(f", {100 * (summary['honest'][r]['accuracy'] - base):+.1f} with {r}" for r in rules[1:])
-          + f"; {head}'s weighing {overhead:.2%} of a trainer's CPU time; {time.monotonic() - t0:.0f} s in all")
-    print(json.dumps({"base_accuracy": base, "rules": rules, "rounds": args.rounds, "seeds": seeds,
+          + f"; {head}'s overhead {overhead:.1%} of a trainer's CPU time ({trainer_s:.3f} s a round): weighing "
+          f"{parts['weigh_s']:.1%}, recording inner steps {parts['record_s']:.1%}, checks {parts['checks_s']:.1%} "
+          f"({per_trainer:.2f} recomputed per trainer and round); {time.monotonic() - t0:.0f} s in all")
+    print(json.dumps({"base_accuracy": base, "rules": rules, "rounds": args.rounds, "seeds": seeds, "overhead_parts": parts,
                       "overrides": args.set, "needs": needs, "summary": summary}))
     print(json.dumps({"attacks": len(names), "byzantine_fraction": len(BYZANTINE_NAMES) / (HONEST + len(BYZANTINE_NAMES)),
                       "honest_gain": round(gain, 2), "overhead": round(overhead, 4),

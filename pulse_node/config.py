@@ -213,10 +213,22 @@ class DistConfig(StrictModel):
                               "(a GPU too small for its shard; slower; nothing to do on a CPU-only trainer)")
 
 
+class TrainerFaultConfig(StrictModel):
+    """TESTING ONLY: make this trainer cheat on purpose (``testing/trainer_faults.py``).
+
+    Off by default. ``advantage_flip``: train correctly on verified rollouts but with inverted
+    rewards (every advantage negated), committing the verified batches as if honest: every payload
+    looks honest and only a spot check catches it. Never enable on a real swarm."""
+
+    advantage_flip: bool = Field(False, description="TESTING ONLY: train on inverted advantages")
+
+
 class TrainerConfig(TrainingSettings, NodeConfig):
     """A trainer: GRPO inner steps, PULSELoCo rounds, version publication."""
 
     role: Literal["trainer"] = "trainer"
+    faults: TrainerFaultConfig = Field(default_factory=TrainerFaultConfig,
+                                       description="TESTING ONLY: a cheating trainer (bench and tests)")
     genesis_wait_s: float = Field(5.0, ge=0, description="wait this long to meet the other trainers before publishing genesis")
     dist: DistConfig = Field(default_factory=DistConfig, description="a trainer on several processes (torchrun)")
 

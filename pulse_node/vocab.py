@@ -21,7 +21,8 @@ from typing import Literal, get_args
 from pulse_node.errors import WireError
 
 #: what one peer may push into another's event queue
-PushKind = Literal["rollouts", "loco", "loco_commit", "head", "loco_decision", "evidence"]
+PushKind = Literal["rollouts", "loco", "loco_commit", "head", "loco_decision", "evidence", "spot_answer", "spot_verdict",
+                   "spot_evidence"]
 #: what one peer may fetch from another's store
 FetchKind = Literal["record", "patch", "anchor", "catchup", "trainer_state", "loco_payload", "loco_decision"]
 #: any message kind (fault injection faults pushes and fetches alike)

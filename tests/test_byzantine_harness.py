@@ -52,3 +52,18 @@ def test_evidence_replayed_after_a_restart_bans_no_honest_trainer(world: World) 
     honest coordinator was banned)."""
     out = _run(world, attacks(IDS)["evidence_replay"], rounds=4)
     assert not out.false_bans and not out.caught
+
+
+@pytest.mark.slow
+def test_lying_verifiers_knock_no_honest_trainer_out_and_every_round_is_decided(world: World) -> None:
+    """Under the protocol's defences a Byzantine verifier's "it did not answer" of an honest target
+    whose answer every trainer holds is refused (before, each such lie left the target out of the
+    next round and let the attackers weigh half of it), and a list naming a verdict on a convicted
+    member is still accepted (before, every coordinator's list was refused and the round applied
+    nothing)."""
+    for name in ("scaled_bound", "sign_flip"):
+        out = _run(world, attacks(IDS)[name], rounds=4, defences=Defences.protocol(world.run_id))
+        assert not out.false_bans and out.honest_owing == 0
+        for t in out.trace:
+            assert not [k for k in t["out"] if k.startswith("h")], (name, t)
+            assert sum(1 for k in t["share"] if k.startswith("h")) == 4, (name, t)

@@ -61,6 +61,7 @@ def test_any_tampered_field_fails_the_signature(name: str) -> None:
     forged = {
         "run_id": lambda: "run-b", "round": lambda: 8, "base": lambda: b"\x06" * 32, "epoch": lambda: b"\x07" * 32,
         "coordinator": lambda: "trainer-b", "contributors": lambda: value[:2], "committed": lambda: (*value[:3], ("trainer-d", b"\x01" * 32)), "open": lambda: ("trainer-a",),
+        "verdicts": lambda: (b"\x01" * 40,), "convicted": lambda: ("trainer-c",),
         "signature": lambda: bytes([value[0] ^ 1]) + value[1:],
     }[name]()
     bad = dataclasses.replace(GOOD, **{name: forged})

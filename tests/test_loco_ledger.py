@@ -114,3 +114,16 @@ def test_one_or_a_hundred_newcomers_at_the_bound_move_the_model_alike() -> None:
     one, many, unweighted = _flood(1), _flood(100), _flood(100, weighted=False)
     assert one == pytest.approx(many, rel=1e-4)
     assert 1 - many < 0.5 * (1 - unweighted)
+
+
+def test_a_member_is_checked_every_round_until_it_passes_one_check() -> None:
+    """A member that passed no check is ``unproven`` (drawn every round by one verifier), so one that
+    cannot answer is out after its first round rather than after a 1 / rate wait."""
+    ledger = Ledger(TrustConfig())
+    assert ledger.unproven("m", member=True) and not ledger.unproven("o", member=False)
+    ledger.record(RoundFacts(1, b"a" * 32, contributors=("m", "n"), members=frozenset({"m", "n"}),
+                             verdicts=(Verdict(0, "m", "n", False), Verdict(0, "n", "m", True))))
+    assert ledger.unproven("m", member=True) and ledger.owing("m")  # failed: still unproven, and out
+    assert not ledger.unproven("n", member=True)
+    ledger.record(RoundFacts(2, b"b" * 32, verdicts=(Verdict(1, "m", "n", True),)))
+    assert not ledger.unproven("m", member=True) and not ledger.owing("m")

@@ -7,7 +7,8 @@ import pytest
 
 from pulse_node.chain.identity import Identity, peer_id_of_key
 from pulse_node.errors import IntegrityError
-from pulse_node.loco.commitlist import make_list, make_verdict
+from pulse_node.loco.commitlist import VERDICTS, CommitList, make_list, make_verdict
+from pulse_node.loco.ledger import Ledger
 from pulse_node.loco.roundcommit import (
     Expect,
     check_commit,
@@ -17,7 +18,7 @@ from pulse_node.loco.roundcommit import (
     encode_commit,
     make_commit,
 )
-from pulse_node.loco.roundrules import Held, list_problems
+from pulse_node.loco.roundrules import Held, entered, list_problems
 
 RUN, EPOCH, BASE = "run-a", b"\x01" * 32, b"\x02" * 32
 KEYS = [Identity.generate() for _ in range(3)]
@@ -68,3 +69,16 @@ def test_a_list_must_name_every_commitment_held_in_time() -> None:
     assert len(dropped) == 1 and "leaves out the commitment" in dropped[0]
     assert _problems([0, 1], {0: 0.0, 1: 0.0, 2: 0.9}) == []  # arrived here within the skew: not owed
     assert "leaves out the verdict" in _problems([0, 1, 2], {0: 0.0}, verdict_at=0.0)[0]
+
+
+def test_a_key_failing_a_check_the_list_names_enters_no_payload_that_round() -> None:
+    """The failing verdict a list names keeps its target out of that round already (the ledger makes
+    it owe a check only once the round is applied); a passing one does not."""
+    def lst(passed: bool) -> CommitList:
+        v = make_verdict(KEYS[2], run_id=RUN, epoch=EPOCH, round=4, target=IDS[1], verifier=IDS[2],
+                         reason="" if passed else "unanswered")
+        return make_list(KEYS[0], run_id=RUN, epoch=EPOCH, round=5, base=BASE, coordinator=IDS[0],
+                         commits=[commit(0), commit(1)], members=IDS[:2], verdicts=[VERDICTS.encode(v)])
+
+    assert entered(lst(True), Ledger()) == {IDS[0], IDS[1]}
+    assert entered(lst(False), Ledger()) == {IDS[0]}

@@ -210,3 +210,4 @@ def test_the_draw_is_deterministic_and_checks_newcomers_every_round() -> None:
     assert max_rate(check_s=1.0, round_s=10.0, trainers=2) == pytest.approx(0.5)
     assert max_rate(check_s=1.0, round_s=10.0, commit_s=2.0) == 0.0
     assert rounds_to_catch(0.25) == 4.0 and rounds_to_catch(0.25, cheated_steps=1, steps=10) == 40.0
+

@@ -16,7 +16,8 @@ from pulse_node.testing.inprocess import InProcessSwarm
 
 MEMBERS = ("trainer-a", "trainer-b")
 OPEN = "trainer-o"
-LOCO = {"inner_steps": 2, "deadline_s": 6.0, "decision_wait_s": 2.0}
+# spot checks off: its weight stays the newcomers' share (checks earning weight: test_node_spot_swarm.py)
+LOCO = {"inner_steps": 2, "deadline_s": 6.0, "decision_wait_s": 2.0, "spot": {"rate": 0.0}}
 
 
 @pytest.mark.slow

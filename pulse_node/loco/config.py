@@ -58,6 +58,12 @@ class SpotConfig(StrictModel):
     """Verifiers drawn for a newcomer (one verifier colluding with its target passes it)."""
     keep_rounds: int = pydantic.Field(2, ge=2, le=8)
     """Rounds of inner-step records a trainer keeps to answer checks (the checked round and the next)."""
+    keyed: bool = False
+    """Check members in a swarm without ``chain.open_trainers`` too (with it, checks always run:
+    an open trainer earns weight only by checks passed)."""
+    answer_wait_s: float = pydantic.Field(30.0, gt=0.0, le=3600.0)
+    """How long a verifier waits for its target's answer after the round applied; then the check is
+    ``unanswered`` (the target owes a check: out of the rounds until it passes one)."""
 
 
 class LocoConfig(StrictModel):

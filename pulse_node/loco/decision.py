@@ -7,11 +7,17 @@ and signs both with its Ed25519 node key. Every trainer then averages exactly th
 all end the round bit-identical, and refuses a decision that leaves out a commitment it held in
 time (``trainer/decisions.py``).
 
-Wire format (``DECISION_FORMAT`` 4): the signed-statement envelope (``chain/statement.py``) of a
+It also names the spot-check verdicts it holds (``loco/commitlist.py`` ``CheckVerdict``, each
+signed by its verifier, checks of the last rounds) and the keys their evidence convicts
+(``trainer/spot_round.py``), which the trust ledger then applies on every trainer alike.
+
+Wire format (``DECISION_FORMAT`` 5): the signed-statement envelope (``chain/statement.py``) of a
 ``RoundDecision``, each field declared there with its bounds: ``contributors`` is
 ``[[trainer_id, digest], ...]`` sorted by the trainer ids' UTF-8 bytes without repeats
 (1..``MAX_CONTRIBUTORS`` entries), ``committed`` likewise (0..``MAX_CONTRIBUTORS``, naming
-every contributor), ``open`` the contributors that are open trainers (``chain.open_trainers``),
+every contributor), ``open`` the contributors that are open trainers (``chain.open_trainers``), ``verdicts`` the
+encoded verdicts (0..``MAX_DECISION_VERDICTS``), ``convicted`` keys named as the target or the
+verifier of a failed verdict carrying evidence,
 ``base`` the 32-byte outer state hash the round starts from and
 ``epoch`` the 32-byte chain hash of the genesis of the chain the round extends
 (``chain/record.py``): a decision is taken only in its own epoch, so one signed in an earlier run
@@ -35,7 +41,9 @@ from pulse_node.chain.statement import U63, Digest32, Hex64, RunId, Signature, S
 from pulse_node.loco.payload import MAX_TRAINER_ID
 
 DECISION_MAGIC = "pulseloco/decision"
-DECISION_FORMAT = 4
+DECISION_FORMAT = 5
+MAX_DECISION_VERDICTS = 32
+MAX_VERDICT_BYTES = 1024
 MAX_CONTRIBUTORS = 256
 MAX_DECISION_BYTES = 64 << 10
 DIGEST_LEN = 32
@@ -55,6 +63,9 @@ class RoundDecision:
     contributors: Annotated[tuple[tuple[TrainerId, Digest32], ...], Field(min_length=1, max_length=MAX_CONTRIBUTORS)]
     committed: Annotated[tuple[tuple[TrainerId, Digest32], ...], Field(max_length=MAX_CONTRIBUTORS)]
     open: Annotated[tuple[TrainerId, ...], Field(max_length=MAX_CONTRIBUTORS)]  # contributors that are open trainers
+    verdicts: Annotated[tuple[Annotated[bytes, Field(max_length=MAX_VERDICT_BYTES)], ...],
+                        Field(max_length=MAX_DECISION_VERDICTS)]  # encoded ``CheckVerdict``s
+    convicted: Annotated[tuple[TrainerId, ...], Field(max_length=MAX_DECISION_VERDICTS)]
     signer: Hex64
     signature: Signature
 
@@ -77,10 +88,12 @@ def _rules(d: RoundDecision) -> Iterator[str]:
         yield "every contributor must be named among the commitments"
     if list(d.open) != sorted(set(d.open), key=str.encode) or not set(d.open) <= set(d.trainer_ids):
         yield "open trainers must be contributors, sorted without repeats"
+    if list(d.verdicts) != sorted(set(d.verdicts)) or list(d.convicted) != sorted(set(d.convicted), key=str.encode):
+        yield "verdicts and convicted keys must be sorted without repeats"
 
 
 DECISIONS = Statement(RoundDecision, magic=DECISION_MAGIC, format=DECISION_FORMAT, max_bytes=MAX_DECISION_BYTES,
-                      max_str=MAX_TRAINER_ID, max_bin=64, max_array=MAX_CONTRIBUTORS, rules=_rules)
+                      max_str=MAX_TRAINER_ID, max_bin=MAX_VERDICT_BYTES, max_array=MAX_CONTRIBUTORS, rules=_rules)
 
 
 def payload_digest(data: bytes) -> bytes:
@@ -99,13 +112,16 @@ def _ordered(pairs: Mapping[str, bytes]) -> tuple[tuple[str, bytes], ...]:
 
 def make_decision(identity: Identity, *, run_id: str, round: int, base: bytes, epoch: bytes, coordinator: str,
                   contributors: Mapping[str, bytes], committed: Mapping[str, bytes] | None = None,
-                  open: Iterable[str] = ()) -> RoundDecision:
+                  open: Iterable[str] = (), verdicts: Iterable[bytes] = (),
+                  convicted: Iterable[str] = ()) -> RoundDecision:
     """Build and sign the decision of ``round`` (contributors: trainer id -> payload digest;
-    committed: trainer id -> commitment digest; open: the contributors that are open trainers) in ``epoch`` (the genesis chain hash, raw bytes)."""
+    committed: trainer id -> commitment digest; open: the contributors that are open trainers;
+    verdicts: encoded check verdicts; convicted: keys they convict) in ``epoch`` (the genesis chain hash, raw bytes)."""
     return DECISIONS.seal(identity, RoundDecision(
         run_id=run_id, round=round, base=bytes(base), epoch=bytes(epoch), coordinator=coordinator,
         contributors=_ordered(contributors), committed=_ordered(committed or {}),
-        open=tuple(sorted(set(open), key=str.encode)), signer=identity.public_key_hex,
+        open=tuple(sorted(set(open), key=str.encode)), verdicts=tuple(sorted(set(verdicts))),
+        convicted=tuple(sorted(set(convicted), key=str.encode)), signer=identity.public_key_hex,
         signature=b""))
 
 

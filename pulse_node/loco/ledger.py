@@ -12,7 +12,8 @@ remembered, so a verdict named twice counts once.
 A failed check (no answer, or a mismatch whose evidence convicts the target) makes a key
 **owing**: it enters no round and is checked every round, by ``newcomer_verifiers`` verifiers,
 until it passes one (an honest trainer a lying verifier marked unanswered is back after one
-round; a trainer that never answers stays out). Weights (``weights``):
+round; a trainer that never answers stays out). A member that has passed no check yet is
+**unproven** and checked every round too (``unproven``). Weights (``weights``):
 
 - a **member** (a configured root or an admitted key: ``members`` as the decision names them)
   weighs 1;
@@ -115,6 +116,13 @@ class Ledger:
         if e is None:
             return 0.0
         return min(1.0, max(0, e.passed - 2 * e.failed - e.unrevealed) / self.cfg.earn_checks)
+
+    def unproven(self, key: str, *, member: bool) -> bool:
+        """A member that has passed no check yet: checked every round, as a newcomer is, until it
+        passes one, so a member that cannot answer (or cheats) is out after its first round, not
+        after a ``1 / spot.rate`` wait."""
+        e = self.entries.get(key)
+        return member and (e is None or (e.passed == 0 and not e.convicted))
 
     def owing(self, key: str) -> bool:
         """It failed its last check (or never answered it): out of the rounds until it passes one."""

@@ -77,9 +77,11 @@ def list_problems(lst: CommitList, *, commits: Mapping[str, Held], verdicts: Map
 def entered(lst: CommitList, ledger: Ledger) -> set[str]:
     """The listed keys whose payloads may count this round: members, open trainers past their
     newcomer rounds, and the newcomers the ledger's entry draw lets in (at most ``open_per_round``);
-    never a key owing a check or convicted (``loco/ledger.py``)."""
+    never a key owing a check or convicted (``loco/ledger.py``), nor one failing a check this list
+    names (the ledger applies that verdict only after the round's weights: a round sooner)."""
     members = set(lst.members)
-    listed = {k for k in lst.listed() if not (ledger.owing(k) or ledger.convicted(k))}
+    failed = {v.target for v in lst.checked() if not v.passed}
+    listed = {k for k in lst.listed() if not (ledger.owing(k) or ledger.convicted(k)) and k not in failed}
     new = {k for k in listed if ledger.newcomer(k, member=k in members)}
     return (listed - new) | ledger.entrants(new)
 

@@ -97,13 +97,16 @@ class RoundAgreement:
 
     def __init__(self, ctx: RoleContext[TrainerConfig], *, shapes: Mapping[str, tuple[int, ...]],
                  current_round: Callable[[], int], epoch: Callable[[], bytes], base: BaseFn | None = None,
-                 bound: PayloadBound | None = None, ledger: Callable[[], Ledger] | None = None) -> None:
+                 bound: PayloadBound | None = None, ledger: Callable[[], Ledger] | None = None,
+                 verdicts: Callable[[int], tuple[list[bytes], list[str]]] | None = None) -> None:
         """``epoch``: the epoch of the chain we extend (``chain/record.py``; decisions of another
         are refused). ``base``: our current round's base (``BaseFn``); without it only base-free payloads
         decode and payloads are not checked against a base hash nor the value bound.
         ``bound``: the payload value bound (default: the one ``ctx.cfg`` implies). Who takes part
         is the node's peer book's (``ctx.book``); ``ledger``: the trust ledger of our outer state
-        (default: an empty one, every open trainer a newcomer)."""
+        (default: an empty one, every open trainer a newcomer); ``verdicts(r)``: the spot-check
+        verdicts (encoded) and convicted keys a decision of round ``r`` we sign names
+        (``trainer/spot_round.py``; default: none)."""
         self.ctx = ctx
         self.cfg = ctx.cfg.loco
         self.shapes = dict(shapes)
@@ -111,6 +114,7 @@ class RoundAgreement:
         self.me = ctx.transport.peer_id
         self.root = Path(ctx.store.root)
         self.base = base
+        self.verdicts = verdicts or (lambda r: ([], []))
         self.peers = RoundPeers(ctx)
         self.commits = CommitIntake(ctx, peers=self.peers, table=self.table, base_of=self._base_of)
         self.bound = bound if bound is not None else PayloadBound.of_trainer(ctx.cfg)
@@ -140,10 +144,11 @@ class RoundAgreement:
         return self.table.current_round()
 
     # ---- inputs (the trainer hands over every pushed payload and decision) -----------------
-    def offer_decision(self, sender: str, data: bytes) -> None:
+    def offer_decision(self, sender: str, data: bytes, *, closed_elsewhere: bool = False) -> None:
         """A pushed or pulled decision, to the decision intake (``trainer/decisions.py``);
-        ``PulseError`` if it is refused."""
-        self.intake.offer(sender, data)
+        ``PulseError`` if it is refused. ``closed_elsewhere``: pulled from a round most live
+        members had closed."""
+        self.intake.offer(sender, data, closed_elsewhere=closed_elsewhere)
 
     def offer_commit(self, sender: str, data: bytes) -> None:
         """A pushed round commitment (``trainer/commits.py``); a payload that waited for it is
@@ -173,9 +178,10 @@ class RoundAgreement:
         self.payloads.flush_pending()
 
     # ---- one round ---------------------------------------------------------------------
-    def open_round(self, mine: LocoPayload, data: bytes) -> None:
-        """Open round ``mine.round``: keep our payload, push our commitment to it; ``step`` then
-        reveals the payload once the commit phase closes, and advances the round."""
+    def open_round(self, mine: LocoPayload, data: bytes, *, spot: bytes = b"") -> None:
+        """Open round ``mine.round``: keep our payload, push our commitment to it (``spot``: our
+        encoded inner-step commitment); ``step`` then reveals the payload once the commit phase
+        closes, and advances the round."""
         r = mine.round
         self._prune(r)
         self.payloads.keep(mine, data, serve=False)  # nobody may fetch it before we reveal it
@@ -185,8 +191,7 @@ class RoundAgreement:
         order = coordinator_order(self.ctx.cfg.run_id, r, [*([self.me] if self.peers.i_am_member() else []), *live])
         self.table.open = OpenRound(r, mine.base_hash, order, t0=time.monotonic(), commit_s=self.cfg.deadline_s / 2,
                                     mine=data)
-        commitment = self.commits.make_own(r, base=mine.base_hash, payload=payload_digest(data))
-        self.table.open.late = self._closed_elsewhere(r, live)  # its decision may rightly leave us out
+        commitment = self.commits.make_own(r, base=mine.base_hash, payload=payload_digest(data), spot=spot)
         if decode_commit(commitment).payload != payload_digest(data):  # committed to another before a restart
             self.ctx.log.warning("round %d: committed to another payload before; this one sits the round out", r)
             self.table.open.mine = b""
@@ -317,15 +322,11 @@ class RoundAgreement:
         in the commit phase, and the payloads we hold that match them and were made on our base."""
         r, base = o.round, o.base
         self._reveal(o)
-        if pull:
+        if pull or self._closed_elsewhere(r, live):  # never a second decision of a round decided elsewhere
             if self._pull(r, live) is not None:
                 return self.decisions[r]
-            if self._closed_elsewhere(r, live):
-                self.intake.replay_parked(r, closed=True)  # never decide a round the others closed
-                if r in self.decisions:
-                    return self.decisions[r]
-                if not self._held_back(r):
-                    return None
+            if self._closed_elsewhere(r, live) and not self._held_back(r):
+                return None
         earlier = self.intake.signed_before(r)  # never two decisions of one round, even across a restart
         if earlier is not None:
             d, data = earlier
@@ -339,10 +340,12 @@ class RoundAgreement:
                     and tid in entered and committed[tid].commit.payload == digest and self.peers.may_contribute(tid)}
             if not held:  # not even ours (we sit the round out after a restart): no decision to make
                 return None
+            verdicts, convicted = self.verdicts(r)
             d = make_decision(self.ctx.identity, run_id=self.ctx.cfg.run_id, round=r, base=base, epoch=self.table.epoch(),
                               coordinator=self.me, contributors=held,
                               committed={tid: commit_digest(h.data) for tid, h in committed.items()},
-                              open=[tid for tid in held if not self.peers.is_member(tid)])
+                              open=[tid for tid in held if not self.peers.is_member(tid)],
+                              verdicts=verdicts, convicted=convicted)
             data = encode_decision(d)
             self.intake.keep_own(r, data)
         self.intake.accept(d, data)
@@ -371,12 +374,13 @@ class RoundAgreement:
     def _pull(self, r: int, live: Mapping[str, PeerRecord]) -> RoundDecision | None:
         """Fetch an existing decision of round ``r`` from the live trainers (the first valid one)."""
         timeout = min(self.ctx.cfg.net.fetch_timeout_s, self.cfg.decision_wait_s)
+        elsewhere = self._closed_elsewhere(r, live)
         for peer in sorted(live.values(), key=lambda p: p.peer_id.encode()):
             data = self.peers.fetch(peer, LocoDecisionRequest(round=r), cap=MAX_DECISION_BYTES, timeout=timeout)
             if data is None:
                 continue
             try:
-                self.offer_decision(peer.peer_id, data)
+                self.offer_decision(peer.peer_id, data, closed_elsewhere=elsewhere)
             except PulseError as exc:
                 with self.ctx.status.node() as counters:
                     counters.rejected += 1

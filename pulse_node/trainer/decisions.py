@@ -32,12 +32,13 @@ contributor a member, no payload we refused as out of bound), then:
    committed trainer whose payload we held as long; else it is refused (``omits_commitment``),
    both signed statements (the decision, the commitment left out) are kept under
    ``loco/<round>/omitted/``, and the next coordinator in turn decides (a peer that applied the
-   refused decision does not make us re-sync onto it). Our own payload counts from when we
-   revealed it; nothing counts that we held only after the decision arrived here, nor our own
-   commitment if we committed to a round most live members had closed already (we came back
-   late) or the coordinator is the one other live member (refusing could only fork us); an open
-   trainer's only if held the skew before our commit phase closed. An open trainer refuses none
-   (it follows the members).
+   refused decision does not make us re-sync onto it).
+5. **A round closed without us.** A decision we pull once most live members have closed the
+   round, nobody having pushed it to us, was made while its coordinator did not count us live
+   (we joined, re-synced or were slow): it is taken without the turn and early rules and without
+   our own commitment (a coordinator dropping us while honest members hold our commitment
+   relayed is refused by them, and the round is then not closed by most). A round closed
+   elsewhere is never decided again here.
 
 Every decision names the epoch of the chain its round extends (``loco/decision.py``); one of
 another epoch than ours is refused before anything else looks at it (an earlier run's, or a
@@ -81,6 +82,7 @@ from pulse_node.loco.decision import (
 from pulse_node.loco.ledger import Ledger
 from pulse_node.loco.roundcommit import commit_digest
 from pulse_node.loco.roundrules import entering
+from pulse_node.loco.verdicts import verdict_problems
 from pulse_node.peers.outcomes import Reported
 from pulse_node.trainer.commits import CommitIntake
 from pulse_node.trainer.round_peers import RoundPeers
@@ -123,13 +125,13 @@ class DecisionIntake:
         self.cfg: LocoConfig = ctx.cfg.loco
         self.me = peers.me
         self.root = Path(ctx.store.root)
-        #: round -> coordinator -> (decision, its bytes, when it arrived here: nothing held later is its omission)
-        self.parked: dict[int, dict[str, tuple[RoundDecision, bytes, float]]] = {}
+        self.parked: dict[int, dict[str, tuple[RoundDecision, bytes, bool]]] = {}  # round -> coordinator -> (d, data, elsewhere)
         #: (round, signer) -> base -> its first verified decision on that base (a few bases at most)
         self.witnessed: dict[tuple[int, str], dict[bytes, bytes]] = {}
 
-    def offer(self, sender: str, data: bytes) -> None:
-        """Check a decision; accept (and relay) it if it passes (module docstring). ``PulseError`` if bad."""
+    def offer(self, sender: str, data: bytes, *, closed_elsewhere: bool = False) -> None:
+        """Check a decision; accept (and relay) it if it passes (module docstring). ``PulseError`` if bad.
+        ``closed_elsewhere``: we pulled it from a round most live members had closed."""
         if self.peers.dropped("decision", sender):
             return
         if not self.peers.is_member(sender):
@@ -146,7 +148,7 @@ class DecisionIntake:
             self.peers.refuse(sender, DecisionRefusal.BAD_DECISION, str(exc), lied=False)
             raise
         if self.table.in_window(d.round):
-            self._consider(d, data, sender=sender)
+            self._consider(d, data, sender=sender, elsewhere=closed_elsewhere)
 
     def _verify(self, d: RoundDecision) -> None:
         if d.run_id != self.ctx.cfg.run_id:
@@ -162,6 +164,8 @@ class DecisionIntake:
         refused = set(self.table.refused.get(d.round, {}).values())
         if any(digest in refused for _, digest in d.contributors):
             raise PayloadBoundError(f"round {d.round} decision names a payload beyond the value bound")
+        if (problem := verdict_problems(d, key_of=self.peers.key_of, is_member=self.peers.is_member)) is not None:
+            raise IntegrityError(problem)
         if set(d.open) != {t for t in d.trainer_ids if not self.peers.is_member(t)}:
             raise IntegrityError(f"round {d.round} decision calls other contributors open trainers than we do")
         if d.committed and not set(d.trainer_ids) <= self.entering(d):
@@ -193,11 +197,10 @@ class DecisionIntake:
             self.table.drop_decision(accepted)  # not applied yet: the next coordinator in turn decides
         raise IntegrityError(f"{key_id_of(d.signer)} signed two decisions for round {d.round}: convicted")
 
-    def _consider(self, d: RoundDecision, data: bytes, *, sender: str) -> None:
+    def _consider(self, d: RoundDecision, data: bytes, *, sender: str, elsewhere: bool) -> None:
         """Accept ``d`` if its round is open here, it is its coordinator's turn and on our base;
         park it if it is early."""
-        arrived = time.monotonic()
-        why = self._standing(d, arrived=arrived)
+        why = self._standing(d, elsewhere=elsewhere)
         if isinstance(why, DecisionRefusal):
             if why is not DecisionRefusal.OMITS_COMMITMENT:  # (counted and kept by ``_refuse_omission``)
                 self.peers.refuse(sender, why, f"round {d.round} decision of {d.coordinator[:12]}", lied=False)
@@ -205,7 +208,7 @@ class DecisionIntake:
         if why is not None:  # early, or its round is not open here yet: parked
             held = self.parked.setdefault(d.round, {})
             if d.coordinator in held or len(held) < PARK_PER_ROUND:
-                held[d.coordinator] = (d, data, arrived)
+                held[d.coordinator] = (d, data, elsewhere)
             return
         if self.accept(d, data):
             self.parked.pop(d.round, None)
@@ -218,46 +221,46 @@ class DecisionIntake:
             relay_to = [p for pid, p in self.peers.live().items() if pid not in (sender, d.coordinator)]
             self.peers.push(relay_to, data, kind="loco_decision", job=f"loco_decision:{d.round}:relay")
 
-    def _standing(self, d: RoundDecision, *, arrived: float,
-                  closed: bool = False) -> DecisionRefusal | Literal["early", "not_open"] | None:
-        """None if ``d`` (here since ``arrived``) may be accepted now, else why not (``not_open``,
-        ``early``, ``other_base``, ``not_designated``)."""
+    def _standing(self, d: RoundDecision, *, elsewhere: bool) -> DecisionRefusal | Literal["early", "not_open"] | None:
+        """None if ``d`` may be accepted now, else why not (``not_open``, ``early``, ``other_base``,
+        ``not_designated``)."""
         o = self.table.open
         if o is None or o.round != d.round:
             return "not_open"
         if d.base != o.base:
             return DecisionRefusal.OTHER_BASE
         live = self.peers.live()
+        came_after = elsewhere  # a round most live members closed without pushing us its decision: no turn, no early
         mine = {self.me} if self.peers.i_am_member() else set()  # an open trainer may have committed late
-        if time.monotonic() < o.commit_deadline and not {*mine, *live} <= set(d.commitments):
+        if not came_after and time.monotonic() < o.commit_deadline and not {*mine, *live} <= set(d.commitments):
             return "early"
         # an open trainer follows the members' decisions: it cannot have a next coordinator decide
-        if self.peers.i_am_member() and (omission := self._omission(d, o, arrived)) is not None:
+        if self.peers.i_am_member() and (omission := self._omission(d, o, came_after=came_after)) is not None:
             self._refuse_omission(d, omission)
             return DecisionRefusal.OMITS_COMMITMENT
         order = coordinator_order(self.ctx.cfg.run_id, d.round,
                                   [pid for pid in {*o.order, *live} if self.peers.is_member(pid)
                                    and (pid != self.me or self.peers.i_am_member())])
-        if d.coordinator not in order:
+        if d.coordinator not in order and not (came_after and self.peers.is_member(d.coordinator)):
             return DecisionRefusal.NOT_DESIGNATED
+        if came_after:
+            return None
         due = turn_at(order, d.coordinator, live, me=self.me, deadline=o.t0 + self.cfg.deadline_s,
                       wait=self.cfg.decision_wait_s)
-        return None if closed or time.monotonic() >= due - self.cfg.decision_wait_s / 2 else "early"
+        return None if time.monotonic() >= due - self.cfg.decision_wait_s / 2 else "early"
 
     def entering(self, d: RoundDecision) -> set[str]:
         """The keys among ``d``'s commitments whose payloads may count (``loco/roundrules.entering``)."""
         return entering(d.commitments, is_member=self.peers.is_member, ledger=self.ledger())
 
-    def _omission(self, d: RoundDecision, o: OpenRound, arrived: float) -> tuple[str, bytes] | None:
+    def _omission(self, d: RoundDecision, o: OpenRound, *, came_after: bool) -> tuple[str, bytes] | None:
         """(trainer, what was left out) for a commitment (or revealed payload) held here in time
-        (in our commit phase, ``skew`` ago, and before ``d`` arrived) that ``d`` leaves out, else
-        None (module docstring, step 4)."""
+        that ``d`` leaves out, else None (module docstring, step 4)."""
         named, contributors, entered = d.commitments, dict(d.contributors), self.entering(d)
         skew = self.cfg.decision_wait_s / 2
-        cutoff = min(o.commit_close, time.monotonic() - skew, arrived)
-        alone = o.late or len(self.peers.live()) < 2  # refusing the one other member's decision only forks us
+        cutoff = min(o.commit_close, time.monotonic() - skew)
         for tid, held in sorted(self.commits.round(d.round).items()):
-            if held.at > cutoff or self.ctx.book.convicted(self.peers.key_of(tid)) or (tid == self.me and alone):
+            if held.at > cutoff or (tid == self.me and came_after) or self.ctx.book.convicted(self.peers.key_of(tid)):
                 continue
             if not self.peers.is_member(tid) and held.at > o.commit_close - skew:
                 continue  # an open trainer's, at the end of the commit phase: the coordinator's may have closed first
@@ -265,7 +268,7 @@ class DecisionIntake:
                 return tid, held.data
             have = self.payload_at(d.round, tid)
             if (tid not in contributors and tid in entered and named[tid] == commit_digest(held.data) and have is not None
-                    and have[0] == held.commit.payload and have[1] <= min(time.monotonic() - skew, arrived)):
+                    and have[0] == held.commit.payload and have[1] <= time.monotonic() - self.cfg.decision_wait_s / 2):
                 return tid, held.data
         return None
 
@@ -284,14 +287,12 @@ class DecisionIntake:
         except OSError as exc:
             self.ctx.log.warning("cannot keep the evidence of an omission: %s", exc)
 
-    def replay_parked(self, r: int, *, closed: bool = False) -> None:
-        """Look again at the parked decisions of round ``r`` (their turn may have come); ``closed``:
-        most live members closed the round already, so one parked only for its turn is taken (its
-        coordinator's view of who was live, e.g. before we came back, made it the coordinator)."""
-        for coordinator, (d, data, arrived) in sorted(self.parked.get(r, {}).items(), key=lambda kv: kv[0].encode()):
+    def replay_parked(self, r: int) -> None:
+        """Look again at the parked decisions of round ``r`` (their turn may have come)."""
+        for coordinator, (d, data, elsewhere) in sorted(self.parked.get(r, {}).items(), key=lambda kv: kv[0].encode()):
             if r in self.table.decisions:
                 return
-            why = self._standing(d, arrived=arrived, closed=closed)
+            why = self._standing(d, elsewhere=elsewhere)
             if why is DecisionRefusal.OMITS_COMMITMENT:
                 self.parked.get(r, {}).pop(coordinator, None)
                 continue

@@ -179,6 +179,7 @@ class RolloutFeed:
         self.verifier, self.status = verifier, status
         self.intake = RolloutIntake(cfg, book=book)
         self.states: dict[int, State] = {}
+        self.sender = ""  # who made the batch ``next_batch`` returned last
 
     def keep_state(self, version: int, state: State) -> None:
         self.states[version] = state
@@ -216,6 +217,7 @@ class RolloutFeed:
                     self.status.error(f"rollout batch from {sender[:12]} refused: {verdict.reason} ({verdict.detail})")
             self.status.update(rollout_senders=self.intake.tallies())
             if verdict.ok:
+                self.sender = sender
                 return verdict.rollouts
         return None
 

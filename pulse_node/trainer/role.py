@@ -37,6 +37,7 @@ from pulse_node.loco.ledger import RoundFacts
 from pulse_node.loco.outer import OuterState
 from pulse_node.loco.payload import LocoPayload, encode_payload
 from pulse_node.loco.roundrules import unrevealed
+from pulse_node.loco.verdicts import ledger_facts
 from pulse_node.net.wire.protocol import TrainerStateRequest
 from pulse_node.peers.outcomes import Fault, Relayed
 from pulse_node.rl.assign import BatchKey
@@ -51,6 +52,7 @@ from pulse_node.trainer.engine import make_engine
 from pulse_node.trainer.intake import RolloutFeed
 from pulse_node.trainer.publisher import Published, VersionPublisher
 from pulse_node.trainer.resync_quorum import gather_ballots, majority
+from pulse_node.trainer.spot_round import SpotRounds
 from pulse_node.trainer.state import export_trainer_state, read_trainer_state, trainer_state_cap
 from pulse_node.trainer.trust_report import trust_report
 
@@ -66,6 +68,10 @@ class TrainerRole:
         # model, optimizers, error feedback and outer step: in this process, or on the ranks of a
         # torchrun group (trainer/engine.py); outer.params are the whole FP32 global weights either way
         self.engine = make_engine(cfg, status=ctx.status)
+        if cfg.faults.advantage_flip:  # TESTING ONLY: a trainer that trains on inverted advantages
+            from pulse_node.testing.trainer_faults import flip_advantages
+
+            flip_advantages(self.engine, log=ctx.log)
         self.tasks = make_task_source(cfg.task)
         self.eval_set = self.tasks.eval_set()
         self.outer = self.engine.outer
@@ -82,7 +88,10 @@ class TrainerRole:
         self.feed = RolloutFeed(verifier, cfg.verify, status=ctx.status, book=self.book)
         self.own_batches = 0
         self.agreement = RoundAgreement(ctx, shapes=self.shapes, current_round=lambda: self.outer.round, epoch=self._epoch,
-                                        base=self._base, bound=PayloadBound.of_trainer(cfg), ledger=lambda: self.outer.ledger)
+                                        base=self._base, bound=PayloadBound.of_trainer(cfg), ledger=lambda: self.outer.ledger,
+                                        verdicts=lambda r: self.spot.verdicts_for(r))  # noqa: PLW0108 (spot: made next)
+        self.spot = SpotRounds(ctx, engine=self.engine, agreement=self.agreement, ledger=lambda: self.outer.ledger,
+                               states=lambda: self.feed.states)
         self.peer_heads: dict[int, dict[str, str]] = {}  # version -> trainer -> state hash of its signed head
         self.published_hashes: dict[int, str] = {}
 
@@ -287,11 +296,13 @@ class TrainerRole:
 
     def round(self) -> None:
         metrics: dict[str, float] = {}
+        self.spot.begin(round=self.outer.round, base_hash=self.outer.state_hash())
         for _ in range(self.cfg.loco.inner_steps):
             if self.ctx.stop.is_set():
                 return
             try:
-                metrics = self.engine.step(self._next_batch(), current_version=self.version)
+                batch, producer = self._next_batch()
+                metrics = self.engine.step(batch, current_version=self.version, producer=producer)
             except PulseError as exc:  # a malformed batch from a peer: drop it, keep training
                 with self.ctx.status.node() as counters:
                     counters.rejected += 1
@@ -324,7 +335,7 @@ class TrainerRole:
             counters.loco_clipped += getattr(getattr(self.engine, "ef", None), "clipped", 0)
         data = encode_payload(mine, level=self.cfg.loco.zstd_level,
                               base=base if self.cfg.loco.base_coding else None)
-        result = self._agree(mine, data)
+        result = self._agree(mine, data, spot=self.spot.commitment(round_no, data))
         if result.payloads is not None and self._apply(round_no, result.payloads, result.decision):
             if not result.mine_included:
                 self.engine.restore(mine)
@@ -345,26 +356,30 @@ class TrainerRole:
         self.outer.apply([])
         return 0
 
-    def _agree(self, mine: LocoPayload, data: bytes) -> RoundResult:
+    def _agree(self, mine: LocoPayload, data: bytes, *, spot: bytes) -> RoundResult:
         """Drive the contributor agreement of this round, handing it what peers push meanwhile."""
-        self.agreement.open_round(mine, data)
+        self.agreement.open_round(mine, data, spot=spot)
         while (result := self.agreement.step()) is None:
             self._drain_events(wait_s=self.agreement.idle_s)
         return result
 
     def _apply(self, round_no: int, payloads: list[LocoPayload], decision: RoundDecision | None) -> bool:
         """The outer step on the decided payloads, weighted by the trust ledger, which then
-        records what the decision names (``loco/ledger.py``)."""
+        records what the decision names (``loco/ledger.py``); the round's spot checks are drawn first
+        (``trainer/spot_round.py``)."""
         trust, facts = None, None
         if decision is not None:
             ids = decision.trainer_ids
             members = frozenset(ids) - frozenset(decision.open)
             trust = self.outer.ledger.weights(ids, members=members)
             silent = unrevealed(decision.commitments, contributors=ids, members=members, ledger=self.outer.ledger)
+            verdicts, convicted = ledger_facts(decision)
             facts = RoundFacts(round_no, digest=payload_digest(encode_decision(decision)), contributors=tuple(ids),
-                               members=members, unrevealed=silent)
+                               members=members, unrevealed=silent, verdicts=verdicts, convicted=convicted)
+            self.spot.decided(decision, base=self.outer.params)
         try:
             self.outer.apply(payloads, trust=trust, facts=facts)
+            self.spot.applied(round_no, self.outer)
             self.ctx.status.update(trust=trust_report(self.outer.ledger, self.outer.trust))
         except PulseError as exc:  # decided payloads that do not fit our state: re-sync
             self.ctx.status.error(f"round {round_no}: {exc}")
@@ -426,21 +441,23 @@ class TrainerRole:
     # ---- inputs ------------------------------------------------------------------------
     def _drain_events(self, wait_s: float = 0.0) -> None:
         self.evidence.tick()
+        self.spot.tick()
         self.ctx.take_events({"rollouts": self.feed.offer, "head": self._take_head,
                               "loco": self.agreement.offer_payload, "loco_commit": self.agreement.offer_commit,
-                              "loco_decision": self.agreement.offer_decision,
-                              "evidence": self.evidence.take}, wait_s=wait_s)
+                              "loco_decision": self.agreement.offer_decision, "evidence": self.evidence.take,
+                              "spot_answer": self.spot.offer_answer, "spot_verdict": self.spot.offer_verdict,
+                              "spot_evidence": self.spot.offer_evidence}, wait_s=wait_s)
 
-    def _next_batch(self) -> list[Rollout]:
-        """A verified batch of peer rollouts, or our own after ``rollout_wait_s``."""
+    def _next_batch(self) -> tuple[list[Rollout], str]:
+        """A verified batch of peer rollouts, or our own after ``rollout_wait_s``; and who made it."""
         deadline = time.monotonic() + self.cfg.rollout_wait_s
         while True:
             self._drain_events()
             batch = self.feed.next_batch(self.version)
             if batch is not None:
-                return batch
+                return batch, self.feed.sender
             if time.monotonic() >= deadline or not self.ctx.peers("inference"):
-                return self._own_batch()
+                return self._own_batch(), self.ctx.transport.peer_id
             self._drain_events(wait_s=0.05)
 
     def _own_batch(self) -> list[Rollout]:
@@ -456,5 +473,6 @@ class TrainerRole:
         return rollouts
 
     def close(self) -> None:
+        self.spot.close()
         self.ctx.close()
         self.engine.close()

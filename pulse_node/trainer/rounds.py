@@ -40,7 +40,6 @@ class OpenRound:
     closed: float | None = None  # when the commit phase closed here (monotonic; ``trainer/pace.py``)
     members_committed: float | None = None  # when every live member's commitment was first held here
     members_in: float | None = None  # when every live member's payload was first held here
-    late: bool = False  # most live members had closed the round already when we committed to it
     pulled_at: float = float("-inf")
     decision: RoundDecision | None = None
     gather_until: float = 0.0

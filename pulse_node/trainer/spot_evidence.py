@@ -89,7 +89,7 @@ class _Missing(Exception):
 
 
 def _case(ev: SpotEvidence, checker: SpotChecker, base: RoundBase,
-          fetch: Callable[[bytes], bytes | None]) -> SpotCase:
+          fetch: Callable[[bytes], bytes | None], key_of: Callable[[str], str] = key_of_peer_id) -> SpotCase:
     """The target's answer as the exhibits carry it (``_Missing`` if one cannot be had; the
     target's signatures checked; ``PulseError`` if an exhibit is malformed)."""
     a = ev.accusation
@@ -97,10 +97,10 @@ def _case(ev: SpotEvidence, checker: SpotChecker, base: RoundBase,
     if any(v is None for v in got.values()) or "opening" not in got or "payload" not in got:
         raise _Missing("an exhibit is neither carried nor fetched")
     c = decode_commitment(a.commitment)
-    verify_commitment(c, signer_key=key_of_peer_id(a.target))
+    verify_commitment(c, signer_key=key_of(a.target))
     nxt = decode_commitment(a.next_commitment) if a.next_commitment else None
     if nxt is not None:
-        verify_commitment(nxt, signer_key=key_of_peer_id(a.target))
+        verify_commitment(nxt, signer_key=key_of(a.target))
     payload = decode_payload(got["payload"] or b"", shapes=checker.shapes, base=base.fp32,
                              max_bytes=max_payload_bytes(checker.shapes, cap=checker.loco.max_payload_bytes))
     if blake3.blake3(got["payload"] or b"").digest() != c.payload or payload.trainer_id != c.trainer:
@@ -118,18 +118,20 @@ def _acquits(v: SpotVerdict, checker: SpotChecker) -> bool:
 
 def recheck(ev: SpotEvidence, *, checker: SpotChecker, base: RoundBase,
             fetch: Callable[[bytes], bytes | None] = lambda digest: None,
-            state_of: Callable[[int], State | None] | None = None) -> RecheckResult:
+            state_of: Callable[[int], State | None] | None = None,
+            key_of: Callable[[str], str] = key_of_peer_id) -> RecheckResult:
     """Re-run the accused check on this node (see the module docstring); ``state_of`` gives the BF16
-    states of the versions the batches may be made on (default: the round's own only)."""
+    states of the versions the batches may be made on (default: the round's own only); ``key_of``
+    the key a peer id speaks for (default: the key a libp2p peer id encodes)."""
     a = ev.accusation
     try:
-        accuser_key = key_of_peer_id(a.accuser)
+        accuser_key = key_of(a.accuser)
         verify_accusation(a, signer_key=accuser_key)
-        target_key = key_of_peer_id(a.target)
+        target_key = key_of(a.target)
     except (PulseError, ValueError) as exc:
         return RecheckResult(Recheck.INCONCLUSIVE, "", f"the accusation itself does not hold: {exc}")
     try:
-        case = _case(ev, checker, base, fetch)
+        case = _case(ev, checker, base, fetch, key_of)
     except _Missing as exc:
         return RecheckResult(Recheck.INCONCLUSIVE, "", str(exc))
     except (PulseError, ValueError) as exc:  # exhibits that are not the target's: the accuser's doing

@@ -117,6 +117,11 @@ class InnerStepLog:
         self.rounds[round] = self._open
         self.rounds = {r: x for r, x in self.rounds.items() if r > round - self.keep}
 
+    @property
+    def open_round(self) -> int | None:
+        """The round being recorded (None before the first ``begin_round``)."""
+        return self._open.round if self._open is not None else None
+
     def record(self, learner: GRPOLearner, rollouts: list[Rollout], *, producer: str, grad_norm: float | None) -> None:
         """One step: its batch, the BF16 weights its forward ran on, its clipped gradient (if it steps)."""
         if self._open is None:

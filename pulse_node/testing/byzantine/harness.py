@@ -79,7 +79,9 @@ class Outcome:
     """CPU seconds per round weighing the payloads (what the robust rule adds to the mean)."""
     verify_s: float = 0.0
     """CPU seconds per trainer and round of spot checks: its share of the checks and re-checks,
-    and its own recording of its inner steps."""
+    and its own recording of its inner steps (``record_s`` of it)."""
+    record_s: float = 0.0
+    """CPU seconds per honest trainer and round recording its inner steps for its commitment."""
     checks: float = 0.0
     """Checks run by honest verifiers per trainer and round."""
     keep_honest: float = 1.0
@@ -93,6 +95,9 @@ class Outcome:
     """Commit lists honest trainers refused (a coordinator dropping a commitment)."""
     accusations_refused: int = 0
     """Accusations by keys nobody drew for that check, refused unread."""
+    trace: list[dict[str, object]] = field(default_factory=list)
+    """Per round: the applied share (clip factor x trust) of each payload, by trainer name (h0.., b0..,
+    s00..), the clip radius, and the keys excluded or owing after it."""
 
 
 @dataclass
@@ -212,7 +217,8 @@ def _list(run: _Run, coord: str, names: set[str], made: dict[str, Made], checked
                              verifier=v.verifier, reason="" if v.passed else "unanswered") for v in checked.verdicts]
     return make_list(key_for(coord), run_id=run.world.run_id, epoch=_epoch(run.world.run_id, "this life"),
                      round=run.outer.round, base=run.outer.state_hash(), coordinator=coord,
-                     commits=[made[t].commit for t in names], members=[t for t in names if t in run.members],
+                     commits=[made[t].commit for t in names],
+                     members=sorted({*names, *(v.target for v in verdicts)} & run.members),
                      verdicts=[VERDICTS.encode(v) for v in verdicts])
 
 
@@ -276,6 +282,8 @@ def _apply(run: _Run, arrived: dict[str, tuple[LocoPayload, bytes]], lst: Commit
     outer.step(payloads, keep=weights.keep, trust=trust)
     for t, k in outer.kept.items():
         run.keeps[0 if t in run.honest else 1].append(k * outer.trust[t])
+    run.out.trace.append({"round": outer.round - 1, "tau": weights.tau,
+                          "share": {_name(run, t): round(k * outer.trust[t], 4) for t, k in outer.kept.items()}})
     for t, p in honest_p.items():
         run.honest[t].settle(p, outer.kept.get(t, 0.0) if outer.trust.get(t, 0.0) > 0 else 0.0)
     targets = {v.target for v in checked.verdicts}
@@ -283,13 +291,25 @@ def _apply(run: _Run, arrived: dict[str, tuple[LocoPayload, bytes]], lst: Commit
                                    frozenset((members | targets) & run.members), (), tuple(checked.verdicts),
                                    tuple(sorted(checked.convicted))))
     outer.set_round(outer.round)
+    run.out.trace[-1]["out"] = sorted(_name(run, t) for t in {*run.excluded, *outer.ledger.entries}
+                                      if t in run.excluded or outer.ledger.owing(t))
     if base is not None and lst is not None:
         listed = set(lst.listed())
         always = {t for t in listed if outer.ledger.newcomer(t, member=t in run.members) or outer.ledger.owing(t)}
+        unproven = {t for t in listed if outer.ledger.unproven(t, member=t in run.members)}
         run.spot.draw(base=base, made={t: made[t] for t in listed}, keep=keep_of(outer, listed),
-                      members={t for t in run.members if t not in run.excluded}, always=always, excluded=run.excluded)
+                      members={t for t in run.members if t not in run.excluded}, always=always, excluded=run.excluded,
+                      unproven=unproven)
     for tr in (*run.honest.values(), *run.byzantine.values()):
         tr.reset(outer)
+
+
+def _name(run: _Run, t: str) -> str:
+    """A trainer's bench name (h0.., b0.., s00..) for the trace."""
+    ids = [*run.honest, *run.attack.ids, *run.attack.sybils()]
+    names = [*(f"h{i}" for i in range(len(run.honest))), *(f"b{i}" for i in range(len(run.attack.ids))),
+             *(f"s{i:02d}" for i in range(len(run.attack.sybils())))]
+    return dict(zip(ids, names)).get(t, t[-6:])
 
 
 def _train(run: _Run, trainers: dict[str, InnerTrainer], rnd: int) -> dict[str, LocoPayload]:
@@ -355,6 +375,7 @@ def _outcome(r: _Run, rounds: int) -> Outcome:
     out.trainer_s = sum(tr.seconds for tr in r.honest.values()) / len(r.honest) / per_round
     out.weigh_s /= per_round
     record_s = sum(tr.record_s for tr in r.honest.values()) / len(r.honest) / per_round
+    out.record_s = record_s
     out.verify_s = r.spot.seconds / n / per_round + record_s
     out.checks = r.spot.checks / n / per_round
     out.keep_honest = float(np.mean(r.keeps[0])) if r.keeps[0] else 1.0

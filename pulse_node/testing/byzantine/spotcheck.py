@@ -11,8 +11,12 @@ are made (the link check opens the next round's start), ``run`` plays every draw
   one cannot answer (``unanswered``: no evidence, the target owes a check); a failure on the
   target's data becomes signed evidence (``accuse``) that a node re-checks (``recheck``): a
   confirmed one convicts the target;
-- a Byzantine verifier passes a Byzantine target (collusion) and says an honest one did not
-  answer, or, if its attack accuses, files false evidence, which the re-check pins on it;
+- a target's answer is published (its signed receipt relayed like a commitment), so whether it
+  answered is a fact every trainer holds: a target that published none fails whoever verifies it,
+  and a verdict "it did not answer" of a target that did is refused (no verdict);
+- a Byzantine verifier passes a Byzantine target that answered (collusion); of an honest one it
+  can only claim no answer (refused) or, if its attack accuses, file false evidence, which the
+  re-check pins on it;
 - an accusation by a key nobody drew for that check is refused unread (a flood costs nothing).
 
 Every check's outcome is a ``Verdict`` for the ledger (``loco/ledger.py``) of the next round.
@@ -21,7 +25,7 @@ Every check's outcome is a ``Verdict`` for the ledger (``loco/ledger.py``) of th
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 
 from pulse_node.chain.identity import Identity
@@ -87,18 +91,20 @@ class SpotChecks:
         self.checks = 0
 
     def draw(self, *, base: RoundBase, made: Mapping[str, Made], keep: Mapping[str, float], members: set[str],
-             always: set[str], excluded: set[str]) -> None:
+             always: set[str], excluded: set[str], unproven: Collection[str] = ()) -> None:
         """Round ``base.version`` was decided (``keep``: the applied shares of the listed trainers;
-        ``always``: newcomers and keys owing a check, checked by two verifiers)."""
+        ``always``: newcomers and keys owing a check; ``unproven``: members that passed no check yet;
+        both checked by ``spot.newcomer_verifiers`` verifiers, so a colluding one cannot pass them alone)."""
         t0 = time.process_time()
         applied = {t: m.data for t, m in made.items() if keep.get(t, 0.0) > 0.0}
         seed = round_seed(base.version, applied)
         targets = {t: Shape(len(m.inner.steps), m.inner.params, m.inner.leaf) for t, m in made.items()
-                   if m.inner is not None and t in keep and (t in applied or t in always) and t not in excluded}
+                   if m.inner is not None and t in keep and (t in applied or t in always or t in unproven)
+                   and t not in excluded}
         verifiers = [v for v in members if v not in excluded]
         spot = self.world.cfg.loco.spot
         draws = draw_round(seed, round=base.version, targets=targets, verifiers=verifiers, rate=spot.rate,
-                           newcomers=always & set(targets), newcomer_verifiers=spot.newcomer_verifiers)
+                           newcomers=(always | set(unproven)) & set(targets), newcomer_verifiers=spot.newcomer_verifiers)
         self.pending = Drawn(base.version, draws, base, dict(made), dict(keep))
         self.seconds += time.process_time() - t0
 
@@ -113,23 +119,28 @@ class SpotChecks:
         for draw in d.draws:
             passed = self._one(d, draw, next_made=next_made, trainers=trainers, byzantine=byzantine, keys=keys,
                                accusers=accusers, out=out)
-            out.verdicts.append(Verdict(d.round, draw.target, draw.verifier, passed))
+            if passed is not None:
+                out.verdicts.append(Verdict(d.round, draw.target, draw.verifier, passed))
+            else:
+                out.refused += 1
         return out
 
     def _one(self, d: Drawn, draw: SpotDraw, *, next_made: Mapping[str, Made], trainers: Mapping[str, InnerTrainer],
-             byzantine: set[str], keys: Callable[[str], Identity], accusers: set[str], out: Checked) -> bool:
+             byzantine: set[str], keys: Callable[[str], Identity], accusers: set[str], out: Checked) -> bool | None:
+        """The verdict of one check: passed, failed, or None (a lie every trainer refuses)."""
         target, verifier = draw.target, draw.verifier
         case = self._answer(d, draw, next_made, trainers.get(target))
+        if case is None:
+            return False  # no answer published: every trainer sees it, whoever the verifier is
         if verifier in byzantine:
             if target in byzantine:
                 return True  # a colluding verifier passes its partner
-            if verifier in accusers and case is not None:
+            if verifier in accusers:
                 self._file(d, SpotVerdict(draw, SpotFailure.GRADIENT, "a false accusation"), case, keys, out)
-            return False  # an honest target "did not answer"
+            return None  # "it did not answer" of a target whose answer every trainer holds: refused
         t0 = time.process_time()
         self.checker = self.checker or _checker(self.world, self.seed)
-        verdict = (self.checker.check(draw, case, d.base) if case is not None
-                   else SpotVerdict(draw, SpotFailure.UNANSWERED, "no answer"))
+        verdict = self.checker.check(draw, case, d.base)
         self.seconds += time.process_time() - t0
         self.checks += 1
         if verdict.reason in (None, SpotFailure.UNANSWERED, SpotFailure.SETTINGS):

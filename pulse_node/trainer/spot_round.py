@@ -1,0 +1,351 @@
+"""Spot checks in the real rounds: commit, draw, answer, check, verdict, evidence (trainer side).
+
+On with ``chain.open_trainers`` (an open trainer earns weight only by checks passed) or
+``loco.spot.keyed``, on a ``LocalEngine`` with ``grpo.bf16_compute``. Per round ``r``:
+
+1. **Commit.** The engine records every inner step (``InnerStepLog``, ``begin`` after the local
+   weights were reset); the round commitment carries the signed inner commitment (``commitment``).
+2. **Draw.** Once the decision of ``r`` is applied (``decided``, before the outer step), every
+   trainer computes the same draw (``loco/spotdraw.draw_round``) seeded by the decided payloads'
+   bytes (``round_seed``: unknown to anyone before every payload was revealed): targets are the
+   contributors with an inner commitment (and keys owing a check), each checked at
+   ``loco.spot.rate``, newcomers and owing keys always and by ``newcomer_verifiers``; verifiers
+   are the decision's member contributors, never the target.
+3. **Answer.** A drawn target pushes each of its verifiers its answer (``loco/spot_answer.py``).
+4. **Check.** A verifier runs ``SpotChecker.check`` on its own model copy in the background
+   (``trainer/spot_worker.py``) once the answer came and the round's applied share is known; no
+   answer within ``loco.spot.answer_wait_s`` is ``unanswered`` (no evidence: the target owes a
+   check). It signs a ``CheckVerdict`` (``loco/commitlist.py``) and pushes it to the live
+   members; a failure on the target's data first pushes the evidence (``accuse``).
+5. **Re-check.** A member receiving evidence re-runs it (``recheck``) on the round's base it kept:
+   confirmed, the target is struck (``Lied``); a false accusation strikes the accuser.
+6. **Ledger.** A coordinator's decision names the verdicts it holds (``verdicts_for``) and, for
+   each failure with evidence it re-checked, the key it convicts (target, or a false accuser);
+   every trainer checks them (``loco/verdicts.py``) and its ledger applies them alike
+   (``loco/ledger.py``: failed = owing, out of the rounds; convicted = out for good).
+
+Not done: the link check (the next round's start opened against this round's end) is not asked
+for; a verifier keeps the round's base (an FP32 and a BF16 copy of the weights) for
+``keep_rounds`` rounds and a second copy of the model for its checks.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import blake3
+import torch
+
+from pulse_node.chain.serving import loco_payload_path
+from pulse_node.codec.state import State
+from pulse_node.config import TrainerConfig
+from pulse_node.daemon.context import RoleContext
+from pulse_node.errors import IntegrityError, PulseError, WireError
+from pulse_node.loco.commit import InnerCommitment, decode_commitment, encode_commitment
+from pulse_node.loco.commitlist import MAX_VERDICT_BYTES, VERDICTS, CheckVerdict, make_verdict
+from pulse_node.loco.decision import MAX_DECISION_VERDICTS, RoundDecision, payload_digest
+from pulse_node.loco.ledger import VERDICT_WINDOW, Ledger
+from pulse_node.loco.outer import OuterOptimizer
+from pulse_node.loco.payload import LocoPayload
+from pulse_node.loco.roundcommit import commit_digest
+from pulse_node.loco.spot_answer import SpotAnswer, decode_answer, encode_answer
+from pulse_node.loco.spot_evidence import SpotEvidence, decode_evidence, encode_evidence
+from pulse_node.loco.spotdraw import Shape, SpotDraw, draw_round, round_seed
+from pulse_node.peers.outcomes import Lied
+from pulse_node.torchbits import module_state
+from pulse_node.trainer.agreement import RoundAgreement
+from pulse_node.trainer.engine import Engine, LocalEngine
+from pulse_node.trainer.recompute import RoundBase, SpotCase, SpotFailure
+from pulse_node.trainer.spot_evidence import Recheck, RecheckResult
+from pulse_node.trainer.spot_record import InnerStepLog
+from pulse_node.trainer.spot_replay import inner_settings
+from pulse_node.trainer.spot_worker import Finished, SpotWorker
+
+MAX_EARLY = 64  # answers held for checks not drawn here yet
+MAX_EVIDENCE = 64  # evidences held (re-checked or waiting)
+
+
+@dataclass
+class _Pending:
+    """A check we verify: what the target committed and sent, the round as we hold it."""
+
+    draw: SpotDraw
+    commitment: InnerCommitment
+    payload: LocoPayload
+    data: bytes
+    base: RoundBase
+    states: dict[int, State]
+    until: float = float("inf")
+    keep: float | None = None  # the applied share, once the outer step ran
+    queued: bool = False
+
+
+class SpotRounds:
+    """This trainer's part in the round's spot checks (module docstring)."""
+
+    def __init__(self, ctx: RoleContext[TrainerConfig], *, engine: Engine, agreement: RoundAgreement,
+                 ledger: Callable[[], Ledger], states: Callable[[], Mapping[int, State]]) -> None:
+        cfg = ctx.cfg
+        self.ctx, self.cfg, self.spot = ctx, cfg, cfg.loco.spot
+        self.agreement, self.peers, self.me = agreement, agreement.peers, agreement.me
+        self.ledger, self.states = ledger, states
+        self.enabled = (isinstance(engine, LocalEngine) and cfg.grpo.bf16_compute and self.spot.rate > 0
+                        and (cfg.chain.open_trainers or self.spot.keyed))
+        self.engine = engine if isinstance(engine, LocalEngine) else None
+        self.log = InnerStepLog(engine.shapes, keep=self.spot.keep_rounds + 1) if self.enabled else None
+        if self.engine is not None:
+            self.engine.inner_log = self.log
+        self.worker: SpotWorker | None = None
+        self.pending: dict[tuple[int, str, str], _Pending] = {}
+        self.early: dict[tuple[int, str], SpotAnswer] = {}
+        self.bases: dict[int, tuple[RoundBase, dict[int, State]]] = {}
+        self.verdicts: dict[tuple[int, str, str], tuple[CheckVerdict, bytes]] = {}
+        self.evidence: dict[bytes, SpotEvidence] = {}
+        self.judged: dict[bytes, RecheckResult] = {}
+
+    # ---- our own round ------------------------------------------------------------------
+    def begin(self, *, round: int, base_hash: bytes) -> None:
+        """Start recording round ``round`` (the local weights were just reset to its base)."""
+        if self.engine is not None and self.log is not None:
+            self.engine.begin_inner_log(round=round, base_hash=base_hash)
+
+    def commitment(self, round: int, payload: bytes) -> bytes:
+        """Our encoded inner commitment of ``round`` behind the payload bytes ``payload`` (empty:
+        none, e.g. the round was not recorded from its start)."""
+        if self.engine is None or self.log is None or self.log.open_round != round:
+            return b""
+        c = self.log.commitment(self.ctx.identity, run_id=self.cfg.run_id, trainer=self.me,
+                                payload=payload_digest(payload), settings=inner_settings(self.engine.learner, self.cfg.loco))
+        return encode_commitment(c)
+
+    # ---- the draw -----------------------------------------------------------------------
+    def decided(self, d: RoundDecision, *, base: Mapping[str, torch.Tensor]) -> None:
+        """Round ``d.round`` is decided and about to be applied: draw its checks, answer those on
+        us, expect the answers of those we verify."""
+        if not self.enabled:
+            return
+        seed = self._seed(d)
+        if seed is None:
+            return
+        draws = self._draw(d, seed)
+        if draws and self.peers.i_am_member():  # members verify and re-check: they keep the round's base
+            fp32 = {n: t.detach().clone() for n, t in base.items()}
+            self.bases[d.round] = (RoundBase(d.round, module_state(fp32.items()), fp32), dict(self.states()))
+            self.bases = {r: b for r, b in self.bases.items() if r > d.round - self.spot.keep_rounds}
+        for draw in draws:
+            if draw.target == self.me:
+                self._answer(draw)
+            elif draw.verifier == self.me:
+                self._expect(d, draw)
+        with self.ctx.status.trainer() as counters:
+            counters.spot_drawn += len(draws)
+
+    def _seed(self, d: RoundDecision) -> bytes | None:
+        """``round_seed`` over the decided payloads' bytes (kept as files by the agreement)."""
+        data = {}
+        for tid, digest in d.contributors:
+            try:
+                data[tid] = loco_payload_path(self.agreement.root, d.round, digest.hex()).read_bytes()
+            except OSError:
+                self.ctx.status.error(f"round {d.round}: no file of the decided payload of {tid[:12]}; no checks drawn")
+                return None
+        return round_seed(d.round, data)
+
+    def _draw(self, d: RoundDecision, seed: bytes) -> list[SpotDraw]:
+        ledger, contributors = self.ledger(), set(d.trainer_ids)
+        targets, always = {}, set()
+        for tid, named in d.commitments.items():
+            held = self.agreement.commits.of(d.round, tid)
+            if held is None or not held.commit.spot or commit_digest(held.data) != named:
+                continue
+            if tid not in contributors and not ledger.owing(tid):
+                continue
+            try:
+                inner = decode_commitment(held.commit.spot)
+            except WireError:
+                continue
+            targets[tid] = Shape(len(inner.steps), inner.params, inner.leaf)
+            member = tid not in d.open if tid in contributors else self.peers.is_member(tid)
+            if ledger.owing(tid) or ledger.newcomer(tid, member=member):
+                always.add(tid)
+        verifiers = [t for t in d.trainer_ids if t not in d.open]
+        return draw_round(seed, round=d.round, targets=targets, verifiers=verifiers, rate=self.spot.rate,
+                          newcomers=always, newcomer_verifiers=self.spot.newcomer_verifiers)
+
+    def _answer(self, draw: SpotDraw) -> None:
+        """Push our answer for ``draw`` to its verifier."""
+        if self.log is None:
+            return
+        r = draw.round
+        try:
+            patch = None if draw.step == 0 else self.log.weights_patch(r, draw.step)
+            answer = SpotAnswer(r, self.me, draw.step, self.log.open(r, draw.leaves), self.log.batch_bytes(r, draw.step),
+                                patch)
+        except (KeyError, IndexError) as exc:
+            self.ctx.status.error(f"round {r}: cannot answer the check of {draw.verifier[:12]}: {exc}")
+            return
+        to = [p for p in self.ctx.peers() if p.peer_id == draw.verifier]
+        self.ctx.push_in_background("spot_answer", encode_answer(answer), to, job=f"spot_answer:{r}:{draw.verifier}",
+                                    timeout=self.spot.answer_wait_s)
+
+    def _expect(self, d: RoundDecision, draw: SpotDraw) -> None:
+        """Hold what our check of ``draw`` needs besides the target's answer."""
+        r, target = d.round, draw.target
+        held, have = self.agreement.commits.of(r, target), self.agreement.inbox.get(r, {}).get(target)
+        if held is None or have is None or r not in self.bases:
+            return
+        digest, payload = have
+        try:
+            data = loco_payload_path(self.agreement.root, r, digest.hex()).read_bytes()
+            commitment = decode_commitment(held.commit.spot)
+        except (OSError, PulseError):
+            return
+        base, states = self.bases[r]
+        self.pending[draw.round, target, self.me] = _Pending(draw, commitment, payload, data, base, states)
+
+    def applied(self, r: int, outer: OuterOptimizer) -> None:
+        """Round ``r``'s outer step ran: the share of each target's payload it applied is known."""
+        until = time.monotonic() + self.spot.answer_wait_s
+        for p in self.pending.values():
+            if p.draw.round == r and p.keep is None:
+                t = p.draw.target
+                p.keep, p.until = (outer.kept.get(t, 0.0) if outer.trust.get(t, 0.0) > 0.0 else 0.0), until
+
+    # ---- what peers push ----------------------------------------------------------------
+    def offer_answer(self, sender: str, data: bytes) -> None:
+        """A target's answer (``PulseError`` if malformed or not the sender's own)."""
+        a = decode_answer(data)
+        if a.target != sender:
+            self.peers.book.judge(sender, Lied("a spot answer for another trainer"))
+            raise IntegrityError(f"spot answer of {a.target[:12]} pushed by {sender[:12]}")
+        if (a.round, a.target, self.me) in self.pending or len(self.early) < MAX_EARLY:
+            self.early[a.round, a.target] = a
+
+    def offer_verdict(self, sender: str, data: bytes) -> None:
+        """A verifier's signed verdict, held for the decisions (``PulseError`` if refused)."""
+        if len(data) > MAX_VERDICT_BYTES:
+            raise WireError(f"a verdict of {len(data)} bytes")
+        v = VERDICTS.decode(data)
+        if v.verifier != sender or not self.peers.is_member(sender):
+            raise IntegrityError(f"verdict of {v.verifier[:12]} pushed by {sender[:12]}, or by no member")
+        VERDICTS.verify(v, signer_key=self.peers.key_of(sender), tag=f"verdict of {sender[:12]}")
+        if (v.run_id, v.epoch) == (self.cfg.run_id, self.agreement.table.epoch()) and \
+                0 <= self.agreement.current_round() - v.round <= VERDICT_WINDOW:
+            self.verdicts.setdefault(v.key, (v, bytes(data)))
+
+    def offer_evidence(self, sender: str, data: bytes) -> None:
+        """A member's evidence of a failed check: re-checked here in the background."""
+        ev = decode_evidence(data)
+        digest = blake3.blake3(data).digest()
+        if ev.accusation.accuser != sender or not self.peers.is_member(sender) or digest in self.evidence:
+            return
+        if len(self.evidence) >= MAX_EVIDENCE:
+            self.evidence.pop(next(iter(self.evidence)))
+        self.evidence[digest] = ev
+        held = self.bases.get(ev.accusation.round)
+        if held is None:
+            self.judged[digest] = RecheckResult(Recheck.INCONCLUSIVE, "", "this trainer does not hold the round")
+            return
+        base, states = held
+        self._worker().recheck(digest, ev, base, key_of=self.peers.key_of, state_of=_state_of(base, states))
+
+    # ---- the loop -----------------------------------------------------------------------
+    def tick(self) -> None:
+        """Start the checks whose answer came, close those past their wait, take finished ones."""
+        if not self.enabled:
+            return
+        now = time.monotonic()
+        for key, p in list(self.pending.items()):
+            if p.keep is None or p.queued:
+                continue
+            a = self.early.pop((p.draw.round, p.draw.target), None)
+            if a is not None and a.step == p.draw.step:
+                case = SpotCase(p.commitment, a.opening, a.batches, a.patch, p.payload, p.keep)
+                p.queued = self._worker().check(p.draw, case, p.base, payload_bytes=p.data,
+                                                state_of=_state_of(p.base, p.states))
+            elif now > p.until:
+                del self.pending[key]
+                self._sign(p.draw, SpotFailure.UNANSWERED.value)
+        if self.worker is not None:
+            for f in self.worker.done():
+                self._finished(f)
+
+    def _finished(self, f: Finished) -> None:
+        if f.kind == "recheck" and f.recheck is not None and isinstance(f.key, bytes):
+            self._judge(f.key, f.recheck)
+            return
+        if f.verdict is None or not isinstance(f.key, tuple):
+            return
+        self.pending.pop(f.key, None)
+        if f.verdict.reason is SpotFailure.SETTINGS:
+            self.ctx.status.error(f"round {f.key[0]}: {f.key[1][:12]} trains with other inner-step settings")
+            return
+        digest = b""
+        if f.evidence is not None:
+            data = encode_evidence(f.evidence)
+            digest = blake3.blake3(data).digest()
+            self.evidence[digest] = f.evidence
+            self._judge(digest, RecheckResult(Recheck.CONFIRMED, self.peers.key_of(f.key[1]), f.verdict.detail, f.verdict))
+            self.ctx.push_in_background("spot_evidence", data, list(self.peers.live().values()),
+                                        job=f"spot_evidence:{digest.hex()[:16]}")
+        self._sign(f.verdict.draw, f.verdict.reason.value if f.verdict.reason else "", evidence=digest)
+
+    def _sign(self, draw: SpotDraw, reason: str, *, evidence: bytes = b"") -> None:
+        """Sign, keep and push our verdict of ``draw``."""
+        v = make_verdict(self.ctx.identity, run_id=self.cfg.run_id, epoch=self.agreement.table.epoch(), round=draw.round,
+                         target=draw.target, verifier=self.me, reason=reason, evidence=evidence)
+        data = VERDICTS.encode(v)
+        self.verdicts[v.key] = (v, data)
+        with self.ctx.status.trainer() as counters:
+            if v.passed:
+                counters.spot_passed += 1
+            else:
+                counters.spot_failed += 1
+        self.ctx.log.info("round %d: spot check of %s %s", draw.round, draw.target[:12], "passed" if v.passed else reason)
+        self.ctx.push_in_background("spot_verdict", data, list(self.peers.live().values()),
+                                    job=f"spot_verdict:{draw.round}:{draw.target}")
+
+    def _judge(self, digest: bytes, result: RecheckResult) -> None:
+        self.judged[digest] = result
+        ev = self.evidence.get(digest)
+        if ev is None or result.outcome is Recheck.INCONCLUSIVE:
+            return
+        a = ev.accusation
+        culprit = a.target if result.outcome is Recheck.CONFIRMED else a.accuser
+        if culprit != self.me:
+            self.peers.book.judge(culprit, Lied(f"spot check of round {a.round}: {result.detail}"))
+
+    # ---- what a decision of ours names ---------------------------------------------------
+    def verdicts_for(self, r: int) -> tuple[list[bytes], list[str]]:
+        """The verdicts (encoded) a decision of round ``r`` names: those held of the last rounds the
+        ledger has not applied, a failure with evidence once we re-checked it; the keys they convict."""
+        ledger, out, convicted = self.ledger(), list[bytes](), list[str]()
+        self.verdicts = {k: v for k, v in self.verdicts.items() if r - k[0] <= VERDICT_WINDOW}
+        for key, (v, data) in sorted(self.verdicts.items(), key=lambda kv: (kv[0][0], kv[0][1].encode(), kv[0][2].encode())):
+            if key in ledger.applied or not 0 < r - v.round <= VERDICT_WINDOW or len(out) >= MAX_DECISION_VERDICTS:
+                continue
+            if v.evidence:
+                judged = self.judged.get(v.evidence)
+                if judged is None:
+                    continue  # not re-checked yet: a later decision names it
+                culprit = {Recheck.CONFIRMED: v.target, Recheck.FALSE_ACCUSATION: v.verifier}.get(judged.outcome)
+                if culprit is not None and not ledger.convicted(culprit):
+                    convicted.append(culprit)
+            out.append(data)
+        return out, sorted(set(convicted), key=str.encode)
+
+    def _worker(self) -> SpotWorker:
+        if self.worker is None:
+            self.worker = SpotWorker(self.cfg, self.ctx.identity, me=self.me)
+        return self.worker
+
+    def close(self) -> None:
+        if self.worker is not None:
+            self.worker.close()
+
+
+def _state_of(base: RoundBase, states: Mapping[int, State]) -> Callable[[int], State | None]:
+    """The BF16 states a check may verify batches on: the round's own, and those the feed held."""
+    return lambda v: base.bf16 if v == base.version else states.get(v)
