@@ -4,7 +4,8 @@
 ``DecisionIntake.offer`` (a class of its own: it shares only the agreement's ``RoundTable``,
 ``trainer/rounds.py``, and meets peers through ``RoundPeers``). A decision is checked (caps, schema, run id, signer = the key
 the coordinator's peer id encodes, a trainer-set member not convicted, signature, every
-contributor a member, no payload we refused as out of bound), then:
+contributor a member, no payload we refused as out of bound, the spot-check verdicts and
+convictions it names, ``loco/verdicts.py``), then:
 
 1. **Witnessed.** The first verified decision of each (round, signer) is remembered; a second,
    different one signed by the same key is equivocation evidence (``loco/equivocation.py``,
