@@ -14,6 +14,7 @@ import pytest
 from helpers import gather
 from test_node_agreement import _drive, _trainer_agreement
 
+from pulse_node.chain.peer import PeerStatus
 from pulse_node.errors import IntegrityError
 from pulse_node.loco.decision import decode_decision, payload_digest
 from pulse_node.loco.payload import LocoPayload, encode_payload
@@ -102,4 +103,26 @@ def test_a_decision_leaving_out_a_commitment_is_refused_and_the_next_coordinator
         decision, commitment = msgpack.unpackb(kept.read_bytes())
         assert decode_decision(decision).coordinator == dropper and decode_commit(commitment).trainer == victim
     for ag in agreements.values():
+        ag.ctx.store.close()
+
+
+def test_a_trainer_joining_a_round_decided_before_it_came_takes_the_decision(tmp_path):
+    """A trainer that (re)joins while a round is being decided without it commits too late: the
+    decision it pulls (nobody pushed it one: it was not live to the coordinator) leaves its
+    commitment out, and it takes that decision instead of refusing it and deciding the round again
+    alone (a second version of the round: a fork; seen in the memory swarm's returning trainer)."""
+    hub = MemoryHub()
+    a = _trainer_agreement(tmp_path, hub, NAMES[0], deadline_s=2.0, decision_wait_s=0.5)
+    a.open_round(*_payload(NAMES[0], 0))
+    done = gather(lambda: [r] if (r := a.step()) is not None else [], count=1, timeout=30, what="a deciding alone")
+    assert done[0].decision.trainer_ids == [NAMES[0]]
+    a.ctx.transport.publish(PeerStatus(role="trainer", version=4, node_key=a.ctx.identity.public_key_hex))
+    b = _trainer_agreement(tmp_path, hub, NAMES[1], deadline_s=2.0, decision_wait_s=0.5)
+    b.open_round(*_payload(NAMES[1], 1))
+    result = gather(lambda: [r] if (r := b.step()) is not None else [], count=1, timeout=30, what="b closing the round")[0]
+    assert result.decision is not None and result.decision.coordinator == NAMES[0], "b decided the round again"
+    assert [p.trainer_id for p in result.payloads] == [NAMES[0]]
+    st = b.ctx.status.snapshot().trainer
+    assert st.decisions_refused == {} and st.decisions_made == 0 and st.decisions_pulled == 1, st
+    for ag in (a, b):
         ag.ctx.store.close()

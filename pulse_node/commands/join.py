@@ -136,7 +136,11 @@ def trust_gate(cfg: TrainerConfig | InferenceConfig) -> str | None:
         return None
     key = Identity.load_or_create(Path(cfg.data_dir) / "identity.key").public_key_hex
     if key not in trainers.configured and cfg.chain.admission_file is None:
+        if cfg.chain.open_trainers:  # a volunteer: payloads only, weight earned by spot checks passed
+            return (f"pulse-node join: note: key {key[:16]} is in no trainer set; it joins as an open trainer "
+                    "(chain.open_trainers): its payloads count at the newcomers' weight until spot checks earn it more")
         raise ConfigError(f"this trainer's key {key} is not in the trainer set: every node would ignore its "
                           "versions. Add it to chain.trusted_trainers on every node, or have members admit it "
-                          "(`pulse-node trainers admit`) and set chain.admission_file")
+                          "(`pulse-node trainers admit`) and set chain.admission_file, or set chain.open_trainers "
+                          "on every node to let it train as an open trainer")
     return None

@@ -50,6 +50,8 @@ def verdict_problems(d: RoundDecision, *, key_of: Callable[[str], str], is_membe
 
 
 def ledger_facts(d: RoundDecision) -> tuple[tuple[Verdict, ...], tuple[str, ...]]:
-    """The verdicts and convictions of ``d`` as the ledger takes them."""
-    verdicts = tuple(Verdict(v.round, v.target, v.verifier, v.passed) for v in named_verdicts(d))
+    """The verdicts and convictions of ``d`` as the ledger takes them: by round, a round's passes
+    before its failures (a check failed in a round leaves its target owing, whatever another passed)."""
+    verdicts = tuple(sorted((Verdict(v.round, v.target, v.verifier, v.passed) for v in named_verdicts(d)),
+                            key=lambda v: (v.round, v.passed is False, v.target.encode(), v.verifier.encode())))
     return verdicts, tuple(d.convicted)

@@ -144,10 +144,11 @@ class RoundAgreement:
         return self.table.current_round()
 
     # ---- inputs (the trainer hands over every pushed payload and decision) -----------------
-    def offer_decision(self, sender: str, data: bytes) -> None:
+    def offer_decision(self, sender: str, data: bytes, *, closed_elsewhere: bool = False) -> None:
         """A pushed or pulled decision, to the decision intake (``trainer/decisions.py``);
-        ``PulseError`` if it is refused."""
-        self.intake.offer(sender, data)
+        ``PulseError`` if it is refused. ``closed_elsewhere``: pulled from a round most live
+        members had closed."""
+        self.intake.offer(sender, data, closed_elsewhere=closed_elsewhere)
 
     def offer_commit(self, sender: str, data: bytes) -> None:
         """A pushed round commitment (``trainer/commits.py``); a payload that waited for it is
@@ -215,6 +216,7 @@ class RoundAgreement:
         if not o.mine:  # committed to another payload before a restart: nothing to reveal
             return True
         digest, data = payload_digest(o.mine), o.mine
+        self.payloads.arrived.setdefault(o.round, {})[self.me] = time.monotonic()  # no one held it before
         write_atomic(loco_payload_path(self.root, o.round, digest.hex()), data, durable=False)
         self.peers.push(list(live.values()), data, kind="loco", timeout=self.cfg.deadline_s, job=f"loco:{o.round}")
         with self.ctx.status.trainer() as counters:
@@ -320,7 +322,7 @@ class RoundAgreement:
         in the commit phase, and the payloads we hold that match them and were made on our base."""
         r, base = o.round, o.base
         self._reveal(o)
-        if pull:
+        if pull or self._closed_elsewhere(r, live):  # never a second decision of a round decided elsewhere
             if self._pull(r, live) is not None:
                 return self.decisions[r]
             if self._closed_elsewhere(r, live) and not self._held_back(r):
@@ -372,12 +374,13 @@ class RoundAgreement:
     def _pull(self, r: int, live: Mapping[str, PeerRecord]) -> RoundDecision | None:
         """Fetch an existing decision of round ``r`` from the live trainers (the first valid one)."""
         timeout = min(self.ctx.cfg.net.fetch_timeout_s, self.cfg.decision_wait_s)
+        elsewhere = self._closed_elsewhere(r, live)
         for peer in sorted(live.values(), key=lambda p: p.peer_id.encode()):
             data = self.peers.fetch(peer, LocoDecisionRequest(round=r), cap=MAX_DECISION_BYTES, timeout=timeout)
             if data is None:
                 continue
             try:
-                self.offer_decision(peer.peer_id, data)
+                self.offer_decision(peer.peer_id, data, closed_elsewhere=elsewhere)
             except PulseError as exc:
                 with self.ctx.status.node() as counters:
                     counters.rejected += 1

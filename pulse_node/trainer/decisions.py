@@ -4,7 +4,8 @@
 ``DecisionIntake.offer`` (a class of its own: it shares only the agreement's ``RoundTable``,
 ``trainer/rounds.py``, and meets peers through ``RoundPeers``). A decision is checked (caps, schema, run id, signer = the key
 the coordinator's peer id encodes, a trainer-set member not convicted, signature, every
-contributor a member, no payload we refused as out of bound), then:
+contributor a member, no payload we refused as out of bound, the spot-check verdicts and
+convictions it names, ``loco/verdicts.py``), then:
 
 1. **Witnessed.** The first verified decision of each (round, signer) is remembered; a second,
    different one signed by the same key is equivocation evidence (``loco/equivocation.py``,
@@ -33,6 +34,12 @@ contributor a member, no payload we refused as out of bound), then:
    both signed statements (the decision, the commitment left out) are kept under
    ``loco/<round>/omitted/``, and the next coordinator in turn decides (a peer that applied the
    refused decision does not make us re-sync onto it).
+5. **A round closed without us.** A decision we pull once most live members have closed the
+   round, nobody having pushed it to us, was made while its coordinator did not count us live
+   (we joined, re-synced or were slow): it is taken without the turn and early rules and without
+   our own commitment (a coordinator dropping us while honest members hold our commitment
+   relayed is refused by them, and the round is then not closed by most). A round closed
+   elsewhere is never decided again here.
 
 Every decision names the epoch of the chain its round extends (``loco/decision.py``); one of
 another epoch than ours is refused before anything else looks at it (an earlier run's, or a
@@ -119,12 +126,13 @@ class DecisionIntake:
         self.cfg: LocoConfig = ctx.cfg.loco
         self.me = peers.me
         self.root = Path(ctx.store.root)
-        self.parked: dict[int, dict[str, tuple[RoundDecision, bytes]]] = {}  # round -> coordinator -> decision
+        self.parked: dict[int, dict[str, tuple[RoundDecision, bytes, bool]]] = {}  # round -> coordinator -> (d, data, elsewhere)
         #: (round, signer) -> base -> its first verified decision on that base (a few bases at most)
         self.witnessed: dict[tuple[int, str], dict[bytes, bytes]] = {}
 
-    def offer(self, sender: str, data: bytes) -> None:
-        """Check a decision; accept (and relay) it if it passes (module docstring). ``PulseError`` if bad."""
+    def offer(self, sender: str, data: bytes, *, closed_elsewhere: bool = False) -> None:
+        """Check a decision; accept (and relay) it if it passes (module docstring). ``PulseError`` if bad.
+        ``closed_elsewhere``: we pulled it from a round most live members had closed."""
         if self.peers.dropped("decision", sender):
             return
         if not self.peers.is_member(sender):
@@ -141,7 +149,7 @@ class DecisionIntake:
             self.peers.refuse(sender, DecisionRefusal.BAD_DECISION, str(exc), lied=False)
             raise
         if self.table.in_window(d.round):
-            self._consider(d, data, sender=sender)
+            self._consider(d, data, sender=sender, elsewhere=closed_elsewhere)
 
     def _verify(self, d: RoundDecision) -> None:
         if d.run_id != self.ctx.cfg.run_id:
@@ -190,10 +198,10 @@ class DecisionIntake:
             self.table.drop_decision(accepted)  # not applied yet: the next coordinator in turn decides
         raise IntegrityError(f"{key_id_of(d.signer)} signed two decisions for round {d.round}: convicted")
 
-    def _consider(self, d: RoundDecision, data: bytes, *, sender: str) -> None:
+    def _consider(self, d: RoundDecision, data: bytes, *, sender: str, elsewhere: bool) -> None:
         """Accept ``d`` if its round is open here, it is its coordinator's turn and on our base;
         park it if it is early."""
-        why = self._standing(d)
+        why = self._standing(d, elsewhere=elsewhere)
         if isinstance(why, DecisionRefusal):
             if why is not DecisionRefusal.OMITS_COMMITMENT:  # (counted and kept by ``_refuse_omission``)
                 self.peers.refuse(sender, why, f"round {d.round} decision of {d.coordinator[:12]}", lied=False)
@@ -201,7 +209,7 @@ class DecisionIntake:
         if why is not None:  # early, or its round is not open here yet: parked
             held = self.parked.setdefault(d.round, {})
             if d.coordinator in held or len(held) < PARK_PER_ROUND:
-                held[d.coordinator] = (d, data)
+                held[d.coordinator] = (d, data, elsewhere)
             return
         if self.accept(d, data):
             self.parked.pop(d.round, None)
@@ -214,7 +222,7 @@ class DecisionIntake:
             relay_to = [p for pid, p in self.peers.live().items() if pid not in (sender, d.coordinator)]
             self.peers.push(relay_to, data, kind="loco_decision", job=f"loco_decision:{d.round}:relay")
 
-    def _standing(self, d: RoundDecision) -> DecisionRefusal | Literal["early", "not_open"] | None:
+    def _standing(self, d: RoundDecision, *, elsewhere: bool) -> DecisionRefusal | Literal["early", "not_open"] | None:
         """None if ``d`` may be accepted now, else why not (``not_open``, ``early``, ``other_base``,
         ``not_designated``)."""
         o = self.table.open
@@ -223,18 +231,21 @@ class DecisionIntake:
         if d.base != o.base:
             return DecisionRefusal.OTHER_BASE
         live = self.peers.live()
+        came_after = elsewhere  # a round most live members closed without pushing us its decision: no turn, no early
         mine = {self.me} if self.peers.i_am_member() else set()  # an open trainer may have committed late
-        if time.monotonic() < o.commit_deadline and not {*mine, *live} <= set(d.commitments):
+        if not came_after and time.monotonic() < o.commit_deadline and not {*mine, *live} <= set(d.commitments):
             return "early"
         # an open trainer follows the members' decisions: it cannot have a next coordinator decide
-        if self.peers.i_am_member() and (omission := self._omission(d, o)) is not None:
+        if self.peers.i_am_member() and (omission := self._omission(d, o, came_after=came_after)) is not None:
             self._refuse_omission(d, omission)
             return DecisionRefusal.OMITS_COMMITMENT
         order = coordinator_order(self.ctx.cfg.run_id, d.round,
                                   [pid for pid in {*o.order, *live} if self.peers.is_member(pid)
                                    and (pid != self.me or self.peers.i_am_member())])
-        if d.coordinator not in order:
+        if d.coordinator not in order and not (came_after and self.peers.is_member(d.coordinator)):
             return DecisionRefusal.NOT_DESIGNATED
+        if came_after:
+            return None
         due = turn_at(order, d.coordinator, live, me=self.me, deadline=o.t0 + self.cfg.deadline_s,
                       wait=self.cfg.decision_wait_s)
         return None if time.monotonic() >= due - self.cfg.decision_wait_s / 2 else "early"
@@ -243,14 +254,14 @@ class DecisionIntake:
         """The keys among ``d``'s commitments whose payloads may count (``loco/roundrules.entering``)."""
         return entering(d.commitments, is_member=self.peers.is_member, ledger=self.ledger())
 
-    def _omission(self, d: RoundDecision, o: OpenRound) -> tuple[str, bytes] | None:
+    def _omission(self, d: RoundDecision, o: OpenRound, *, came_after: bool) -> tuple[str, bytes] | None:
         """(trainer, what was left out) for a commitment (or revealed payload) held here in time
         that ``d`` leaves out, else None (module docstring, step 4)."""
         named, contributors, entered = d.commitments, dict(d.contributors), self.entering(d)
         skew = self.cfg.decision_wait_s / 2
         cutoff = min(o.commit_close, time.monotonic() - skew)
         for tid, held in sorted(self.commits.round(d.round).items()):
-            if held.at > cutoff or self.ctx.book.convicted(self.peers.key_of(tid)):
+            if held.at > cutoff or (tid == self.me and came_after) or self.ctx.book.convicted(self.peers.key_of(tid)):
                 continue
             if not self.peers.is_member(tid) and held.at > o.commit_close - skew:
                 continue  # an open trainer's, at the end of the commit phase: the coordinator's may have closed first
@@ -279,10 +290,10 @@ class DecisionIntake:
 
     def replay_parked(self, r: int) -> None:
         """Look again at the parked decisions of round ``r`` (their turn may have come)."""
-        for coordinator, (d, data) in sorted(self.parked.get(r, {}).items(), key=lambda kv: kv[0].encode()):
+        for coordinator, (d, data, elsewhere) in sorted(self.parked.get(r, {}).items(), key=lambda kv: kv[0].encode()):
             if r in self.table.decisions:
                 return
-            why = self._standing(d)
+            why = self._standing(d, elsewhere=elsewhere)
             if why is DecisionRefusal.OMITS_COMMITMENT:
                 self.parked.get(r, {}).pop(coordinator, None)
                 continue

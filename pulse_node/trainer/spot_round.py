@@ -242,7 +242,8 @@ class SpotRounds:
         if ev.accusation.accuser != sender or not self.peers.is_member(sender) or digest in self.evidence:
             return
         if len(self.evidence) >= MAX_EVIDENCE:
-            self.evidence.pop(next(iter(self.evidence)))
+            self.judged.pop(oldest := next(iter(self.evidence)), None)
+            self.evidence.pop(oldest)
         self.evidence[digest] = ev
         held = self.bases.get(ev.accusation.round)
         if held is None:
@@ -256,7 +257,9 @@ class SpotRounds:
         """Start the checks whose answer came, close those past their wait, take finished ones."""
         if not self.enabled:
             return
-        now = time.monotonic()
+        now, old = time.monotonic(), self.agreement.current_round() - VERDICT_WINDOW
+        self.pending = {k: p for k, p in self.pending.items() if k[0] >= old}  # never applied here (a re-sync)
+        self.early = {k: a for k, a in self.early.items() if k[0] >= old}
         for key, p in list(self.pending.items()):
             if p.keep is None or p.queued:
                 continue
