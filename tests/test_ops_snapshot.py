@@ -223,7 +223,7 @@ def test_rollout_senders_per_trainer_are_shown_refused_first() -> None:
 
 def test_each_trainers_trust_weight_and_checks_are_shown() -> None:
     """``pulse-node status`` shows the trust ledger a trainer reports: its weight in the last round
-    and its spot checks passed and failed (``trainer/trust_report.py``, ``ops/trust.py``)."""
+    and its spot checks passed and failed, and commitments left unrevealed (``trainer/trust_report.py``, ``ops/trust.py``)."""
     from pulse_node.loco.config import TrustConfig
     from pulse_node.loco.ledger import Ledger, RoundFacts, Verdict
     from pulse_node.trainer.trust_report import trust_report
@@ -232,7 +232,7 @@ def test_each_trainers_trust_weight_and_checks_are_shown() -> None:
     ledger = Ledger(TrustConfig())
     ledger.record(RoundFacts(0, digest=b"\x01" * 32, contributors=(PID["t0"], newcomer), members=frozenset({PID["t0"]})))
     ledger.record(RoundFacts(1, digest=b"\x02" * 32, contributors=(PID["t0"],), members=frozenset({PID["t0"]}),
-                             verdicts=(Verdict(0, newcomer, PID["t0"], False),)))
+                             verdicts=(Verdict(0, newcomer, PID["t0"], False),), unrevealed=(newcomer,)))
     report = trust_report(ledger, {PID["t0"]: 1.0})
     assert [(e.key, e.weight, e.contributed, e.failed, e.owing) for e in report] == [
         (PID["t0"], 1.0, 2, 0, False), (newcomer, 0.0, 1, 1, True)]
@@ -240,8 +240,8 @@ def test_each_trainers_trust_weight_and_checks_are_shown() -> None:
     t0 = StatusReport.model_validate(nodes[0].status.model_dump(by_alias=True)
                                      | {"trust": [e.model_dump() for e in report]})
     snap = build_snapshot([NodeInput("trainer-0", t0), *nodes[1:]], now=NOW)
-    assert [(r.trainer, r.weight, r.failed, r.state) for r in snap.trust] == [("trainer-0", 1.0, 0, ""),
-                                                                              ("12D3KooWnewz", 0.0, 1, "owing")]
+    assert [(r.trainer, r.weight, r.failed, r.unrevealed, r.state) for r in snap.trust] == [
+        ("trainer-0", 1.0, 0, 0, ""), ("12D3KooWnewz", 0.0, 1, 1, "owing")]
     text = render_text(snap, width=140)
-    for needle in ("trainers' trust", "member", "open", "1.000", "owing"):
+    for needle in ("trainers' trust", "member", "open", "1.000", "unrevealed", "owing"):
         assert needle in text, needle

@@ -151,6 +151,7 @@ class TrustEntry(_Section):
     contributed: int = Field(0, ge=0, description="rounds whose decision applied its payload")
     passed: int = Field(0, ge=0, description="spot checks passed")
     failed: int = Field(0, ge=0, description="spot checks failed")
+    unrevealed: int = Field(0, ge=0, description="rounds it entered with a commitment and never revealed its payload")
     owing: bool = Field(False, description="failed its last check: out of the rounds until it passes one")
     convicted: bool = Field(False, description="convicted: out for good")
 

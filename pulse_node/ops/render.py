@@ -153,12 +153,13 @@ def _trust_table(s: SwarmSnapshot) -> Table:
               box=box.SIMPLE_HEAD, show_edge=False)
     columns: tuple[tuple[str, JustifyMethod], ...] = (
         ("trainer", "left"), ("class", "left"), ("weight", "right"), ("rounds", "right"),
-        ("checks passed", "right"), ("failed", "right"), ("state", "left"))
+        ("checks passed", "right"), ("failed", "right"), ("unrevealed", "right"), ("state", "left"))
     for col, just in columns:
         t.add_column(col, justify=just, no_wrap=True)
     for r in s.trust:
         t.add_row(escape(r.trainer), "member" if r.member else "open", f"{r.weight:.3f}", str(r.contributed),
                   str(r.passed), Text(str(r.failed), style="red" if r.failed else ""),
+                  Text(str(r.unrevealed), style="red" if r.unrevealed else ""),
                   Text(r.state or "-", style="bold red" if r.state else ""))
     return t
 

@@ -24,6 +24,7 @@ class TrustView(pydantic.BaseModel):
     contributed: int
     passed: int
     failed: int
+    unrevealed: int = 0  # commitments it entered a round with and never revealed
     state: str  # "", "owing" or "convicted"
 
 
@@ -35,5 +36,5 @@ def trust_views(statuses: Sequence[tuple[str, StatusReport]]) -> list[TrustView]
     names = {st.peer_id: name for name, st in statuses if st.peer_id}
     _, newest = max(trainers, key=lambda t: (t[1].version, t[1].updated_at))
     return [TrustView(trainer=names.get(e.key, e.key[:12]), peer_id=e.key, weight=e.weight, member=e.member,
-                      contributed=e.contributed, passed=e.passed, failed=e.failed,
+                      contributed=e.contributed, passed=e.passed, failed=e.failed, unrevealed=e.unrevealed,
                       state="convicted" if e.convicted else "owing" if e.owing else "") for e in newest.trust]

@@ -216,6 +216,7 @@ class RoundAgreement:
         if not o.mine:  # committed to another payload before a restart: nothing to reveal
             return True
         digest, data = payload_digest(o.mine), o.mine
+        self.payloads.arrived.setdefault(o.round, {})[self.me] = time.monotonic()  # no one held it before
         write_atomic(loco_payload_path(self.root, o.round, digest.hex()), data, durable=False)
         self.peers.push(list(live.values()), data, kind="loco", timeout=self.cfg.deadline_s, job=f"loco:{o.round}")
         with self.ctx.status.trainer() as counters:

@@ -23,5 +23,6 @@ def trust_report(ledger: Ledger, weights: Mapping[str, float]) -> list[TrustEntr
         e = entries.get(key)
         out.append(TrustEntry(key=key, weight=float(weights.get(key, 0.0)), member=bool(e and e.member),
                               contributed=e.contributed if e else 0, passed=e.passed if e else 0,
-                              failed=e.failed if e else 0, owing=bool(e and e.owing), convicted=bool(e and e.convicted)))
+                              failed=e.failed if e else 0, unrevealed=e.unrevealed if e else 0,
+                              owing=bool(e and e.owing), convicted=bool(e and e.convicted)))
     return out
