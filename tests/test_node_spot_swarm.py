@@ -25,6 +25,9 @@ MEMBERS = ("trainer-a", "trainer-b")
 HONEST, CHEAT = "trainer-h", "trainer-x"
 LOCO = {"inner_steps": 2, "deadline_s": 6.0, "decision_wait_s": 2.0,
         "trust": {"earn_checks": 4}, "spot": {"answer_wait_s": 20.0, "rate": 1.0}}
+#: rewards that vary within a group (1-digit sums, a longer warm start): a step whose groups all earn
+#: the same reward has zero advantages, and inverting them changes nothing a check could see
+LEARNS = {"task": {"digits": 1, "eval_size": 20}, "grpo": {"warmstart_steps": 150, "lr": 1e-3}}
 NEWCOMERS = TrustConfig().newcomer_weight  # what all newcomers of a round weigh together
 
 
@@ -46,9 +49,9 @@ def test_an_inverted_advantage_trainer_is_caught_and_an_honest_one_earns_weight(
     chain = {"trusted_trainers": keys, "open_trainers": True}
     swarm = InProcessSwarm()
     try:
-        dirs = {n: swarm.start(n, node_cfg(TrainerConfig, n, loco=LOCO, chain=chain)) for n in MEMBERS}
-        dirs[HONEST] = swarm.start(HONEST, node_cfg(TrainerConfig, HONEST, loco=LOCO, chain=chain))
-        dirs[CHEAT] = swarm.start(CHEAT, node_cfg(TrainerConfig, CHEAT, loco=LOCO, chain=chain,
+        dirs = {n: swarm.start(n, node_cfg(TrainerConfig, n, loco=LOCO, chain=chain, **LEARNS)) for n in MEMBERS}
+        dirs[HONEST] = swarm.start(HONEST, node_cfg(TrainerConfig, HONEST, loco=LOCO, chain=chain, **LEARNS))
+        dirs[CHEAT] = swarm.start(CHEAT, node_cfg(TrainerConfig, CHEAT, loco=LOCO, chain=chain, **LEARNS,
                                                   faults={"advantage_flip": True}))
         members = {n: dirs[n] for n in MEMBERS}
 
