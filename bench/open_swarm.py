@@ -61,7 +61,8 @@ def members_view(members: list[Child]) -> list[dict]:
         accs = [(h.version, h.eval) for h in st.history if h.eval is not None]
         out.append({"name": c.name, "version": st.version, "acc": accs[-1][1] if accs else None,
                     "trust": {e.key: e for e in st.trust}, "drawn": st.trainer.spot_drawn,
-                    "passed": st.trainer.spot_passed, "failed": st.trainer.spot_failed})
+                    "passed": st.trainer.spot_passed, "failed": st.trainer.spot_failed,
+                    "spot_share": round(st.trainer.spot_seconds / max(1e-9, st.updated_at - st.started_at), 4)})
     return out
 
 
@@ -109,7 +110,8 @@ def run(args: argparse.Namespace) -> dict:
             "cheats": {n: {k: getattr(view[0]["trust"].get(pid), k, None) for k in ("passed", "failed", "contributed",
                                                                                         "convicted", "weight")}
                        for n, pid in ids.items() if view and pid},
-            "checks": {m["name"]: {"drawn": m["drawn"], "passed": m["passed"], "failed": m["failed"]} for m in view}})
+            "checks": {m["name"]: {"drawn": m["drawn"], "passed": m["passed"], "failed": m["failed"],
+                                   "spot_share": m["spot_share"]} for m in view}})
     finally:
         swarm.stop()
     return result

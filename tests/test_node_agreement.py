@@ -261,3 +261,34 @@ def test_round_files_are_served_only_for_well_formed_requests(tmp_path):
     for fields in ({"round": -1, "digest": digest}, {"round": True, "digest": digest}, {"round": "5", "digest": digest}):
         with pytest.raises(WireError):  # a peer's request of these never reaches the resolver
             LocoPayloadRequest(**fields)
+
+
+def test_a_payload_revealed_to_some_trainers_only_is_fetched_from_them_by_the_coordinator(tmp_path, monkeypatch):
+    """A trainer pushes its payload to one member but not to the coordinator, and does not serve it
+    to the coordinator either: the coordinator fetches it from the member that holds it, so its
+    decision names it and nobody refuses the decision (before: decided without it, refused by the
+    member holding it as an omission)."""
+    from pulse_node.loco.payload import LocoPayload, encode_payload
+
+    hub = MemoryHub()
+    names = ("trainer-a", "trainer-b", "trainer-c")
+    coordinator, holder, hider = coordinator_order(DEFAULT_RUN_ID, 3, names)
+    agreements = {n: _trainer_agreement(tmp_path, hub, n, deadline_s=3.0, decision_wait_s=1.0) for n in names}
+    real = agreements[coordinator]._fetch_payload
+
+    def not_from_the_hider(peer, *args, **kw):
+        return None if peer.peer_id == hider else real(peer, *args, **kw)
+
+    monkeypatch.setattr(agreements[coordinator], "_fetch_payload", not_from_the_hider)
+    for i, (name, ag) in enumerate(agreements.items()):
+        mine = LocoPayload(round=3, trainer_id=name, base_hash=b"\x01" * 32, numel={"w": 4},
+                           tensors={"w": (np.array([i], np.int64), np.array([0.5 + i], np.float32))})
+        ag.open_round(mine, encode_payload(mine))
+    results = _drive(agreements, lost=(hider, coordinator))
+    for name, r in results.items():
+        assert r.decision.coordinator == coordinator and r.decision.trainer_ids == sorted(names), name
+        assert len(r.payloads) == 3, name
+    assert agreements[holder].ctx.status.snapshot().trainer.decisions_refused == {}
+    assert agreements[coordinator].ctx.status.snapshot().trainer.loco_fetched == 1
+    for ag in agreements.values():
+        ag.ctx.store.close()

@@ -53,6 +53,8 @@ def test_keyed_nodes_start_and_a_trainer_outside_the_set_refuses(tmp_path) -> No
     with pytest.raises(ConfigError, match=f"this trainer's key {member} is not in the trainer set"):
         trust_gate(_cfg(tmp_path, role="trainer", sets=(keys,)))
     assert trust_gate(_cfg(tmp_path, role="trainer", sets=(f'chain.trusted_trainers=["{other}", "{member}"]',))) is None
+    opened = trust_gate(_cfg(tmp_path, role="trainer", sets=(keys, "chain.open_trainers=true")))
+    assert opened is not None and "joins as an open trainer" in opened  # a volunteer, said so
     keyfile = tmp_path / "keys.txt"
     keyfile.write_text(f"{other}\n{member}\n")
     assert trust_gate(_cfg(tmp_path, role="trainer", sets=(f"chain.trusted_trainers_path={keyfile}",))) is None

@@ -2,7 +2,8 @@
 
 Two keyed members, one honest open trainer and one open trainer whose testing-only fault mode
 (``faults.advantage_flip``) trains on inverted advantages while committing the verified batches:
-the round-seeded draw checks both newcomers every round, the members re-run a drawn step
+the round-seeded draw checks both newcomers every round (and, at rate 1, every trainer once it
+earned its weight: the cheat may pass a step whose groups carry no signal), the members re-run a drawn step
 (``trainer/spot_round.py``), the cheat's gradient does not match, its evidence is re-checked and
 every member's ledger convicts it; the honest open trainer passes its checks and earns more than
 the newcomers' share; no honest key is failed; the members stay bit-identical.
@@ -23,7 +24,7 @@ from pulse_node.testing.inprocess import InProcessSwarm
 MEMBERS = ("trainer-a", "trainer-b")
 HONEST, CHEAT = "trainer-h", "trainer-x"
 LOCO = {"inner_steps": 2, "deadline_s": 6.0, "decision_wait_s": 2.0,
-        "trust": {"earn_checks": 4}, "spot": {"answer_wait_s": 20.0}}
+        "trust": {"earn_checks": 4}, "spot": {"answer_wait_s": 20.0, "rate": 1.0}}
 NEWCOMERS = TrustConfig().newcomer_weight  # what all newcomers of a round weigh together
 
 
@@ -55,7 +56,7 @@ def test_an_inverted_advantage_trainer_is_caught_and_an_honest_one_earns_weight(
             for d in members.values():
                 t = _trust(d)
                 cheat, honest = t.get(CHEAT), t.get(HONEST)
-                if cheat is None or honest is None or not cheat.convicted or _earned(honest) <= NEWCOMERS:
+                if cheat is None or honest is None or not cheat.convicted or cheat.weight or _earned(honest) <= NEWCOMERS:
                     return False
             return True
 

@@ -95,6 +95,8 @@ class TrainerCounters(_Section):
     spot_drawn: int = Field(0, ge=0, description="spot checks drawn in the rounds this trainer applied (trainer/spot_round.py)")
     spot_passed: int = Field(0, ge=0, description="spot checks this trainer ran as the verifier that passed")
     spot_failed: int = Field(0, ge=0, description="... that failed (unanswered, or a mismatch with evidence)")
+    spot_seconds: float = Field(0.0, ge=0, description="seconds this trainer spent on checks and evidence re-checks "
+                                "(its background thread; against its rounds' time: the 10% budget)")
     decisions_refused: dict[DecisionRefusal, int] = Field(default_factory=dict, description="round decisions "
                                                           "refused, by reason (not_member, bad_decision, "
                                                           "out_of_bound, equivocation, banned, other_base, "

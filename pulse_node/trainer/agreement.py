@@ -363,13 +363,20 @@ class RoundAgreement:
         return r in self.table.omitted or bool(self.intake.parked.get(r))
 
     def _fetch_missing(self, r: int, committed: Mapping[str, HeldCommit], live: Mapping[str, PeerRecord]) -> None:
-        """Fetch, from the trainer itself, each committed payload a live trainer revealed that did
-        not reach us (a lost push): a decision may leave out only what nobody could get."""
+        """Fetch each committed payload that did not reach us (a lost push, or one revealed to some
+        trainers only): from the trainer itself, else from a live member that holds it (payloads
+        are served by digest). A decision may leave out only what nobody could get, so a trainer
+        revealing to some members only cannot have them refuse the coordinator's decision."""
         until = time.monotonic() + self.cfg.decision_wait_s / 2
+        opened = {p.peer_id: p for p in self.peers.open_peers(committed)}
         for tid, h in sorted(committed.items()):
-            if tid in self.inbox.get(r, {}) or tid not in live or tid in self.refused.get(r, {}):
+            if tid in self.inbox.get(r, {}) or tid in self.refused.get(r, {}):
                 continue
-            self._fetch_payload(live[tid], r, tid, h.commit.payload, until)
+            own = live.get(tid) or opened.get(tid)
+            holders = [p for pid, p in sorted(live.items()) if pid != tid]
+            for peer in [own, *holders] if own is not None else holders:
+                if time.monotonic() >= until or self._fetch_payload(peer, r, tid, h.commit.payload, until) is not None:
+                    break
 
     def _pull(self, r: int, live: Mapping[str, PeerRecord]) -> RoundDecision | None:
         """Fetch an existing decision of round ``r`` from the live trainers (the first valid one)."""

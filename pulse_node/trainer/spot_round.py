@@ -276,6 +276,8 @@ class SpotRounds:
                 self._finished(f)
 
     def _finished(self, f: Finished) -> None:
+        with self.ctx.status.trainer() as counters:
+            counters.spot_seconds += f.seconds
         if f.kind == "recheck" and f.recheck is not None and isinstance(f.key, bytes):
             self._judge(f.key, f.recheck)
             return

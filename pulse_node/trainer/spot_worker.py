@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
@@ -39,6 +40,7 @@ class Finished:
     verdict: SpotVerdict | None = None
     evidence: SpotEvidence | None = None
     recheck: RecheckResult | None = None
+    seconds: float = 0.0  # what the job took (wall time on the worker's thread)
 
 
 class SpotWorker:
@@ -107,8 +109,10 @@ class SpotWorker:
 
     def _run(self) -> None:
         while (job := self._jobs.get()) is not None:
+            t0 = time.perf_counter()
             try:
                 result = job()
+                result.seconds = time.perf_counter() - t0
             except Exception:  # a bug or a hostile input this job did not foresee: logged, the worker goes on
                 log.exception("spot check failed unexpectedly")
                 continue

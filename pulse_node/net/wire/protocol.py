@@ -68,7 +68,7 @@ PUSH_CAPS: dict[str, int] = {
     "loco_decision": 64 << 10,
     "evidence": 640 << 10,  # two conflicting signed messages (chain/evidence.py caps it at ~515 KiB)
     "spot_answer": 48 << 20,  # a target's answer to a drawn spot check (trainer/spot_round.py)
-    "spot_verdict": 1 << 10,  # a verifier's signed check verdict (loco/commitlist.py caps it the same)
+    "spot_verdict": 2 << 10,  # a verifier's signed check verdict (loco/commitlist.py caps it at 1 KiB)
     "spot_evidence": 48 << 20,  # a failed check's evidence (loco/spot_evidence.py; larger exhibits by digest)
 }
 assert set(BODY_CAPS) == set(FETCH_KINDS) and set(PUSH_CAPS) == set(PUSH_KINDS)
