@@ -63,6 +63,15 @@ def assert_trainers_identical(dirs: dict[str, Path], versions: range) -> None:
         assert len(set(at_v.values())) == 1, f"trainers differ at version {v}: {at_v}"
 
 
+def open_trainers_chain(tmp: Path, members: Iterable[str]) -> dict:
+    """A ``chain`` config trusting the keys of ``members`` (each created in ``tmp / name``, where its
+    node's data dir will be) and letting any other key train (``chain.open_trainers``)."""
+    from pulse_node.chain.identity import Identity
+
+    keys = [Identity.load_or_create(tmp / n / "identity.key").public_key_hex for n in members]
+    return {"trusted_trainers": keys, "open_trainers": True}
+
+
 def all_at_version(dirs: Iterable[Path], version: int) -> Callable[[], bool]:
     """A predicate: every node of ``dirs`` holds ``version`` (or a later one)."""
     return lambda: all(node_version(d) >= version for d in dirs)

@@ -8,9 +8,8 @@ publishing; ``status.json`` reports its weight (``trust``).
 from __future__ import annotations
 
 import pytest
-from helpers import all_at_version, assert_trainers_identical, node_version, read_status, wait_for
+from helpers import all_at_version, assert_trainers_identical, node_version, open_trainers_chain, read_status, wait_for
 
-from pulse_node.chain.identity import Identity
 from pulse_node.config import TrainerConfig
 from pulse_node.testing.inprocess import InProcessSwarm
 
@@ -22,8 +21,7 @@ LOCO = {"inner_steps": 2, "deadline_s": 6.0, "decision_wait_s": 2.0, "spot": {"r
 
 @pytest.mark.slow
 def test_an_open_trainer_contributes_at_the_newcomers_weight_and_never_decides(node_cfg, tmp_path):
-    keys = [Identity.load_or_create(tmp_path / n / "identity.key").public_key_hex for n in MEMBERS]
-    chain = {"trusted_trainers": keys, "open_trainers": True}
+    chain = open_trainers_chain(tmp_path, MEMBERS)
     swarm = InProcessSwarm()
     try:
         dirs = {n: swarm.start(n, node_cfg(TrainerConfig, n, loco=LOCO, chain=chain)) for n in MEMBERS}

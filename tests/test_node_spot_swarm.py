@@ -12,9 +12,8 @@ the newcomers' share; no honest key is failed; the members stay bit-identical.
 from __future__ import annotations
 
 import pytest
-from helpers import assert_trainers_identical, read_status, wait_for
+from helpers import assert_trainers_identical, open_trainers_chain, read_status, wait_for
 
-from pulse_node.chain.identity import Identity
 from pulse_node.config import TrainerConfig
 from pulse_node.daemon.status_model import TrustEntry
 from pulse_node.loco.config import TrustConfig
@@ -45,8 +44,7 @@ def _trust(d) -> dict:
 
 @pytest.mark.slow
 def test_an_inverted_advantage_trainer_is_caught_and_an_honest_one_earns_weight(node_cfg, tmp_path):
-    keys = [Identity.load_or_create(tmp_path / n / "identity.key").public_key_hex for n in MEMBERS]
-    chain = {"trusted_trainers": keys, "open_trainers": True}
+    chain = open_trainers_chain(tmp_path, MEMBERS)
     swarm = InProcessSwarm()
     try:
         dirs = {n: swarm.start(n, node_cfg(TrainerConfig, n, loco=LOCO, chain=chain, **LEARNS)) for n in MEMBERS}

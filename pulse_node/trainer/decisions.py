@@ -231,20 +231,19 @@ class DecisionIntake:
         if d.base != o.base:
             return DecisionRefusal.OTHER_BASE
         live = self.peers.live()
-        came_after = elsewhere  # a round most live members closed without pushing us its decision: no turn, no early
         mine = {self.me} if self.peers.i_am_member() else set()  # an open trainer may have committed late
-        if not came_after and time.monotonic() < o.commit_deadline and not {*mine, *live} <= set(d.commitments):
+        if not elsewhere and time.monotonic() < o.commit_deadline and not {*mine, *live} <= set(d.commitments):
             return "early"
         # an open trainer follows the members' decisions: it cannot have a next coordinator decide
-        if self.peers.i_am_member() and (omission := self._omission(d, o, came_after=came_after)) is not None:
+        if self.peers.i_am_member() and (omission := self._omission(d, o, elsewhere=elsewhere)) is not None:
             self._refuse_omission(d, omission)
             return DecisionRefusal.OMITS_COMMITMENT
         order = coordinator_order(self.ctx.cfg.run_id, d.round,
                                   [pid for pid in {*o.order, *live} if self.peers.is_member(pid)
                                    and (pid != self.me or self.peers.i_am_member())])
-        if d.coordinator not in order and not (came_after and self.peers.is_member(d.coordinator)):
+        if d.coordinator not in order and not (elsewhere and self.peers.is_member(d.coordinator)):
             return DecisionRefusal.NOT_DESIGNATED
-        if came_after:
+        if elsewhere:  # a round most live members closed without pushing us its decision: no turn, no early
             return None
         due = turn_at(order, d.coordinator, live, me=self.me, deadline=o.t0 + self.cfg.deadline_s,
                       wait=self.cfg.decision_wait_s)
@@ -254,14 +253,14 @@ class DecisionIntake:
         """The keys among ``d``'s commitments whose payloads may count (``loco/roundrules.entering``)."""
         return entering(d.commitments, is_member=self.peers.is_member, ledger=self.ledger())
 
-    def _omission(self, d: RoundDecision, o: OpenRound, *, came_after: bool) -> tuple[str, bytes] | None:
+    def _omission(self, d: RoundDecision, o: OpenRound, *, elsewhere: bool) -> tuple[str, bytes] | None:
         """(trainer, what was left out) for a commitment (or revealed payload) held here in time
         that ``d`` leaves out, else None (module docstring, step 4)."""
         named, contributors, entered = d.commitments, dict(d.contributors), self.entering(d)
         skew = self.cfg.decision_wait_s / 2
         cutoff = min(o.commit_close, time.monotonic() - skew)
         for tid, held in sorted(self.commits.round(d.round).items()):
-            if held.at > cutoff or (tid == self.me and came_after) or self.ctx.book.convicted(self.peers.key_of(tid)):
+            if held.at > cutoff or (tid == self.me and elsewhere) or self.ctx.book.convicted(self.peers.key_of(tid)):
                 continue
             if not self.peers.is_member(tid) and held.at > o.commit_close - skew:
                 continue  # an open trainer's, at the end of the commit phase: the coordinator's may have closed first
