@@ -9,8 +9,8 @@ On with ``chain.open_trainers`` (an open trainer earns weight only by checks pas
    trainer computes the same draw (``loco/spotdraw.draw_round``) seeded by the decided payloads'
    bytes (``round_seed``: unknown to anyone before every payload was revealed): targets are the
    contributors with an inner commitment (and keys owing a check), each checked at
-   ``loco.spot.rate``, newcomers and owing keys always and by ``newcomer_verifiers``; verifiers
-   are the decision's member contributors, never the target.
+   ``loco.spot.rate``, newcomers, owing keys and unproven members (no check passed yet) always
+   and by ``newcomer_verifiers``; verifiers are the decision's member contributors, never the target.
 3. **Answer.** A drawn target pushes each of its verifiers its answer (``loco/spot_answer.py``).
 4. **Check.** A verifier runs ``SpotChecker.check`` on its own model copy in the background
    (``trainer/spot_worker.py``) once the answer came and the round's applied share is known; no
@@ -45,6 +45,7 @@ from pulse_node.daemon.context import RoleContext
 from pulse_node.errors import IntegrityError, PulseError, WireError
 from pulse_node.loco.commit import InnerCommitment, decode_commitment, encode_commitment
 from pulse_node.loco.commitlist import MAX_VERDICT_BYTES, VERDICTS, CheckVerdict, make_verdict
+from pulse_node.loco.config import SpotConfig
 from pulse_node.loco.decision import MAX_DECISION_VERDICTS, RoundDecision, payload_digest
 from pulse_node.loco.ledger import VERDICT_WINDOW, Ledger
 from pulse_node.loco.outer import OuterOptimizer
@@ -154,25 +155,17 @@ class SpotRounds:
         return round_seed(d.round, data)
 
     def _draw(self, d: RoundDecision, seed: bytes) -> list[SpotDraw]:
-        ledger, contributors = self.ledger(), set(d.trainer_ids)
-        targets, always = {}, set()
+        shapes = {}
         for tid, named in d.commitments.items():
             held = self.agreement.commits.of(d.round, tid)
             if held is None or not held.commit.spot or commit_digest(held.data) != named:
-                continue
-            if tid not in contributors and not ledger.owing(tid):
                 continue
             try:
                 inner = decode_commitment(held.commit.spot)
             except WireError:
                 continue
-            targets[tid] = Shape(len(inner.steps), inner.params, inner.leaf)
-            member = tid not in d.open if tid in contributors else self.peers.is_member(tid)
-            if ledger.owing(tid) or ledger.newcomer(tid, member=member):
-                always.add(tid)
-        verifiers = [t for t in d.trainer_ids if t not in d.open]
-        return draw_round(seed, round=d.round, targets=targets, verifiers=verifiers, rate=self.spot.rate,
-                          newcomers=always, newcomer_verifiers=self.spot.newcomer_verifiers)
+            shapes[tid] = Shape(len(inner.steps), inner.params, inner.leaf)
+        return round_draws(d, seed, shapes=shapes, ledger=self.ledger(), is_member=self.peers.is_member, spot=self.spot)
 
     def _answer(self, draw: SpotDraw) -> None:
         """Push our answer for ``draw`` to its verifier."""
@@ -349,6 +342,25 @@ class SpotRounds:
     def close(self) -> None:
         if self.worker is not None:
             self.worker.close()
+
+
+def round_draws(d: RoundDecision, seed: bytes, *, shapes: Mapping[str, Shape], ledger: Ledger,
+                is_member: Callable[[str], bool], spot: SpotConfig) -> list[SpotDraw]:
+    """The checks of decided round ``d`` (module docstring, step 2); ``shapes``: the inner
+    commitment of each key ``d`` names a commitment of, as held here. Targets: the contributors
+    and the keys owing a check; checked always (by ``newcomer_verifiers``): owing keys, newcomers
+    and unproven members (``loco/ledger.py``)."""
+    contributors, targets, always = set(d.trainer_ids), dict[str, Shape](), set[str]()
+    for tid, shape in shapes.items():
+        if tid not in contributors and not ledger.owing(tid):
+            continue
+        targets[tid] = shape
+        member = tid not in d.open if tid in contributors else is_member(tid)
+        if ledger.owing(tid) or ledger.newcomer(tid, member=member) or ledger.unproven(tid, member=member):
+            always.add(tid)
+    verifiers = [t for t in d.trainer_ids if t not in d.open]
+    return draw_round(seed, round=d.round, targets=targets, verifiers=verifiers, rate=spot.rate,
+                      newcomers=always, newcomer_verifiers=spot.newcomer_verifiers)
 
 
 def _state_of(base: RoundBase, states: Mapping[int, State]) -> Callable[[int], State | None]:
