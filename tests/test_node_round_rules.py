@@ -9,18 +9,39 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import numpy as np
+import pytest
+from helpers import commit_to
+
 from pulse_node.chain.identity import Identity
+from pulse_node.chain.peer import PeerStatus
+from pulse_node.chain.store import VersionStore
+from pulse_node.config import TrainerConfig
+from pulse_node.daemon.context import RoleContext
+from pulse_node.daemon.status import NodeStatus
+from pulse_node.errors import IntegrityError
+from pulse_node.loco.commitlist import VERDICTS, make_verdict
 from pulse_node.loco.config import SpotConfig
-from pulse_node.loco.decision import make_decision
+from pulse_node.loco.decision import encode_decision, make_decision, payload_digest
 from pulse_node.loco.ledger import Entry, Ledger
+from pulse_node.loco.payload import LocoPayload, encode_payload
+from pulse_node.loco.roundcommit import commit_digest
+from pulse_node.loco.roundrules import unrevealed
 from pulse_node.loco.spotdraw import Shape
 from pulse_node.testing.adversaries import peer_id
+from pulse_node.testing.memory import MemoryHub
+from pulse_node.trainer.agreement import RoundAgreement
 from pulse_node.trainer.spot_round import round_draws
 from pulse_node.vocab import DEFAULT_RUN_ID
 
+ROUND = 3
 BASE = b"\x01" * 32
 EPOCH = b"\x0e" * 32
 SHAPE = Shape(steps=4, params=1024, leaf=64)
+SHAPES = {"w": (64,)}
+W = {"w": (np.random.default_rng(0).standard_normal(64) * 0.02).astype(np.float32)}
 
 
 def _decided(keys: list[Identity], round: int):
@@ -49,3 +70,52 @@ def test_an_unproven_member_is_drawn_every_round_by_two_verifiers_until_it_passe
     draws = round_draws(_decided(keys, 5), b"\x05" * 32, shapes=dict.fromkeys(ids, SHAPE), ledger=ledger,
                         is_member=set(ids).__contains__, spot=spot)
     assert {x.target for x in draws} == {ids[2]}
+
+
+def _agreement(tmp_path: Path, hub: MemoryHub, me: Identity, keys: list[str], *, verdicts: list[bytes]) -> RoundAgreement:
+    cfg = TrainerConfig.model_validate({"data_dir": str(tmp_path / peer_id(me)), "chain": {"trusted_trainers": keys}})
+    store = VersionStore(tmp_path / peer_id(me) / "store")
+    transport = hub.join(peer_id(me), lambda request: None)
+    transport.publish(PeerStatus(role="trainer", version=ROUND, node_key=me.public_key_hex))
+    ctx = RoleContext(cfg=cfg, identity=me, store=store, transport=transport,
+                      status=NodeStatus(role="trainer", peer_id=peer_id(me), run_id=cfg.run_id))
+    ledger = Ledger(cfg.loco.trust)
+    return RoundAgreement(ctx, shapes=SHAPES, current_round=lambda: ROUND, epoch=lambda: EPOCH, base=lambda: (BASE, W),
+                          ledger=lambda: ledger, verdicts=lambda r: (verdicts, []))
+
+
+def _payload(trainer: str) -> bytes:
+    p = LocoPayload(round=ROUND, trainer_id=trainer, base_hash=BASE, numel={"w": 64},
+                    tensors={"w": (np.array([1, 5, 9], np.int64), np.array([1e-4, -1e-4, 1e-4], np.float32))})
+    return encode_payload(p, base=W)
+
+
+def test_a_key_failing_a_check_the_decision_names_enters_no_payload_that_round(tmp_path):
+    """Members {me, b, x}; b's signed verdict says x failed its check of the last round. Our decision
+    names that verdict and leaves x's revealed payload out (x is not counted unrevealed either);
+    b's decision naming the verdict and x's payload both is refused here."""
+    hub = MemoryHub()
+    me, b, x = (Identity.generate() for _ in range(3))
+    bid, xid = peer_id(b), peer_id(x)
+    failed = VERDICTS.encode(make_verdict(b, run_id=DEFAULT_RUN_ID, epoch=EPOCH, round=ROUND - 1, target=xid,
+                                          verifier=bid, reason="unanswered"))
+    ag = _agreement(tmp_path, hub, me, [k.public_key_hex for k in (me, b, x)], verdicts=[failed])
+    for k in (b, x):
+        hub.join(peer_id(k), lambda request: None).publish(PeerStatus(role="trainer", version=ROUND,
+                                                                      node_key=k.public_key_hex))
+        commit_to(ag, k, peer_id(k), _payload(peer_id(k)), round=ROUND, base=BASE)
+        ag.offer_payload(peer_id(k), _payload(peer_id(k)))
+    ag.open_round(LocoPayload(round=ROUND, trainer_id=peer_id(me), base_hash=BASE), _payload(peer_id(me)))
+    d = ag._decide(ag._open, ag._live(), pull=False)
+    assert d.verdicts == (failed,) and xid in d.commitments
+    assert xid not in d.trainer_ids, "a key failing a check the decision names weighs in that round"
+    members = set(d.trainer_ids)
+    assert unrevealed(d.commitments, contributors=d.trainer_ids, members=members, ledger=ag.intake.ledger(),
+                      failed={xid}) == ()
+    held = {peer_id(k): commit_digest(ag.commits.of(ROUND, peer_id(k)).data) for k in (me, b, x)}
+    theirs = make_decision(b, run_id=DEFAULT_RUN_ID, round=ROUND, base=BASE, epoch=EPOCH, coordinator=bid,
+                           contributors={t: payload_digest(_payload(t)) for t in held}, committed=held,
+                           verdicts=[failed])
+    with pytest.raises(IntegrityError, match="does not let in"):
+        ag.offer_decision(bid, encode_decision(theirs))
+    ag.ctx.store.close()

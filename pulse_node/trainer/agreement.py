@@ -62,11 +62,13 @@ from pulse_node.daemon.context import RoleContext
 from pulse_node.errors import BaseMismatchError, IntegrityError, PulseError, WireError
 from pulse_node.fsutil import write_atomic
 from pulse_node.loco.bound import PayloadBound, PayloadBoundError
+from pulse_node.loco.commitlist import VERDICTS
 from pulse_node.loco.decision import MAX_DECISION_BYTES, RoundDecision, encode_decision, make_decision, payload_digest
 from pulse_node.loco.ledger import Ledger
 from pulse_node.loco.payload import LocoPayload, read_header
 from pulse_node.loco.roundcommit import commit_digest, decode_commit
 from pulse_node.loco.roundrules import entering
+from pulse_node.loco.verdicts import failing
 from pulse_node.net.wire.protocol import LocoDecisionRequest, LocoPayloadRequest
 from pulse_node.trainer.commits import CommitIntake, HeldCommit
 from pulse_node.trainer.decisions import DecisionIntake, coordinator_order
@@ -335,12 +337,14 @@ class RoundAgreement:
         else:
             committed = {tid: h for tid, h in self.commits.round(r).items() if h.at <= o.commit_close}
             self._fetch_missing(r, committed, live)
-            entered = entering(committed, is_member=self.peers.is_member, ledger=self.intake.ledger())
+            verdicts, convicted = self.verdicts(r)  # a key failing a check they name enters no payload now
+            ledger = self.intake.ledger()
+            entered = entering(committed, is_member=self.peers.is_member, ledger=ledger,
+                               failed=failing(map(VERDICTS.decode, verdicts), ledger))
             held = {tid: digest for tid, (digest, p) in self.inbox.get(r, {}).items() if p.base_hash == base
                     and tid in entered and committed[tid].commit.payload == digest and self.peers.may_contribute(tid)}
             if not held:  # not even ours (we sit the round out after a restart): no decision to make
                 return None
-            verdicts, convicted = self.verdicts(r)
             d = make_decision(self.ctx.identity, run_id=self.ctx.cfg.run_id, round=r, base=base, epoch=self.table.epoch(),
                               coordinator=self.me, contributors=held,
                               committed={tid: commit_digest(h.data) for tid, h in committed.items()},

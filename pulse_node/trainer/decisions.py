@@ -83,7 +83,7 @@ from pulse_node.loco.decision import (
 from pulse_node.loco.ledger import Ledger
 from pulse_node.loco.roundcommit import commit_digest
 from pulse_node.loco.roundrules import entering
-from pulse_node.loco.verdicts import verdict_problems
+from pulse_node.loco.verdicts import failing, named_verdicts, verdict_problems
 from pulse_node.peers.outcomes import Reported
 from pulse_node.trainer.commits import CommitIntake
 from pulse_node.trainer.round_peers import RoundPeers
@@ -250,8 +250,11 @@ class DecisionIntake:
         return None if time.monotonic() >= due - self.cfg.decision_wait_s / 2 else "early"
 
     def entering(self, d: RoundDecision) -> set[str]:
-        """The keys among ``d``'s commitments whose payloads may count (``loco/roundrules.entering``)."""
-        return entering(d.commitments, is_member=self.peers.is_member, ledger=self.ledger())
+        """The keys among ``d``'s commitments whose payloads may count (``loco/roundrules.entering``;
+        never the target of a failed verdict ``d`` names); ``d``'s verdicts were checked."""
+        ledger = self.ledger()
+        return entering(d.commitments, is_member=self.peers.is_member, ledger=ledger,
+                        failed=failing(named_verdicts(d), ledger))
 
     def _omission(self, d: RoundDecision, o: OpenRound, *, elsewhere: bool) -> tuple[str, bytes] | None:
         """(trainer, what was left out) for a commitment (or revealed payload) held here in time

@@ -37,7 +37,7 @@ from pulse_node.loco.ledger import RoundFacts
 from pulse_node.loco.outer import OuterState
 from pulse_node.loco.payload import LocoPayload, encode_payload
 from pulse_node.loco.roundrules import unrevealed
-from pulse_node.loco.verdicts import ledger_facts
+from pulse_node.loco.verdicts import failing, ledger_facts, named_verdicts
 from pulse_node.net.wire.protocol import TrainerStateRequest
 from pulse_node.peers.outcomes import Fault, Relayed
 from pulse_node.rl.assign import BatchKey
@@ -372,7 +372,8 @@ class TrainerRole:
             ids = decision.trainer_ids
             members = frozenset(ids) - frozenset(decision.open)
             trust = self.outer.ledger.weights(ids, members=members)
-            silent = unrevealed(decision.commitments, contributors=ids, members=members, ledger=self.outer.ledger)
+            silent = unrevealed(decision.commitments, contributors=ids, members=members, ledger=self.outer.ledger,
+                                failed=failing(named_verdicts(decision), self.outer.ledger))
             verdicts, convicted = ledger_facts(decision)
             facts = RoundFacts(round_no, digest=payload_digest(encode_decision(decision)), contributors=tuple(ids),
                                members=members, unrevealed=silent, verdicts=verdicts, convicted=convicted)
