@@ -4,16 +4,20 @@
 - an unproven member (one that passed no check yet) is drawn every round, by two verifiers, until it
   passes one; then at ``loco.spot.rate``;
 - a failing verdict a round's decision names keeps its target's payload out of that round already:
-  the coordinator leaves it out, and a decision naming it as a contributor is refused.
+  the coordinator leaves it out, and a decision naming it as a contributor is refused;
+- a target's answer is published (served by digest, its signed receipt relayed to every member),
+  past the 48 MiB a push carries, and "no answer" of a target whose receipt a member holds is refused.
 """
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from helpers import commit_to
+from helpers import commit_to, wait_for
 
 from pulse_node.chain.identity import Identity
 from pulse_node.chain.peer import PeerStatus
@@ -26,14 +30,19 @@ from pulse_node.loco.commitlist import VERDICTS, make_verdict
 from pulse_node.loco.config import SpotConfig
 from pulse_node.loco.decision import encode_decision, make_decision, payload_digest
 from pulse_node.loco.ledger import Entry, Ledger
+from pulse_node.loco.opening import RoundOpening
 from pulse_node.loco.payload import LocoPayload, encode_payload
 from pulse_node.loco.roundcommit import commit_digest
 from pulse_node.loco.roundrules import unrevealed
+from pulse_node.loco.spot_answer import RECEIPTS, SpotAnswer, make_receipt
 from pulse_node.loco.spotdraw import Shape
+from pulse_node.net.wire.protocol import PUSH_CAPS
+from pulse_node.net.wire.serving import store_resolver
 from pulse_node.testing.adversaries import peer_id
 from pulse_node.testing.memory import MemoryHub
 from pulse_node.trainer.agreement import RoundAgreement
-from pulse_node.trainer.spot_round import round_draws
+from pulse_node.trainer.spot_answers import Answers
+from pulse_node.trainer.spot_round import SpotRounds, round_draws
 from pulse_node.vocab import DEFAULT_RUN_ID
 
 ROUND = 3
@@ -72,16 +81,17 @@ def test_an_unproven_member_is_drawn_every_round_by_two_verifiers_until_it_passe
     assert {x.target for x in draws} == {ids[2]}
 
 
-def _agreement(tmp_path: Path, hub: MemoryHub, me: Identity, keys: list[str], *, verdicts: list[bytes]) -> RoundAgreement:
+def _agreement(tmp_path: Path, hub: MemoryHub, me: Identity, keys: list[str], *, verdicts: list[bytes],
+               answered=None) -> RoundAgreement:
     cfg = TrainerConfig.model_validate({"data_dir": str(tmp_path / peer_id(me)), "chain": {"trusted_trainers": keys}})
     store = VersionStore(tmp_path / peer_id(me) / "store")
-    transport = hub.join(peer_id(me), lambda request: None)
+    transport = hub.join(peer_id(me), store_resolver(store.root))
     transport.publish(PeerStatus(role="trainer", version=ROUND, node_key=me.public_key_hex))
     ctx = RoleContext(cfg=cfg, identity=me, store=store, transport=transport,
                       status=NodeStatus(role="trainer", peer_id=peer_id(me), run_id=cfg.run_id))
     ledger = Ledger(cfg.loco.trust)
     return RoundAgreement(ctx, shapes=SHAPES, current_round=lambda: ROUND, epoch=lambda: EPOCH, base=lambda: (BASE, W),
-                          ledger=lambda: ledger, verdicts=lambda r: (verdicts, []))
+                          ledger=lambda: ledger, verdicts=lambda r: (verdicts, []), answered=answered)
 
 
 def _payload(trainer: str) -> bytes:
@@ -119,3 +129,70 @@ def test_a_key_failing_a_check_the_decision_names_enters_no_payload_that_round(t
     with pytest.raises(IntegrityError, match="does not let in"):
         ag.offer_decision(bid, encode_decision(theirs))
     ag.ctx.store.close()
+
+
+def test_a_published_answer_past_the_push_cap_is_fetched_and_no_answer_of_it_is_refused(tmp_path):
+    """Members {v (us), t, l, n}. t publishes its answer of round 2, 49 MiB (past the 48 MiB a push
+    carried): its signed receipt reaches us, we fetch the answer by digest from t, capped by the
+    signed size. l's signed "no answer" of t is then refused here (a strike on l), and a decision
+    of l naming it is refused (``refuted``); "no answer" of n, which published none, is taken."""
+    hub, box = MemoryHub(), {}
+    v, t, lie, n = (Identity.generate() for _ in range(4))
+    keys = [k.public_key_hex for k in (v, t, lie, n)]
+    tid, lid, nid = peer_id(t), peer_id(lie), peer_id(n)
+    ag = _agreement(tmp_path, hub, v, keys, verdicts=[], answered=lambda r, k: box["spot"].answers.answered(r, k))  # noqa: PLW0108
+    spot = box["spot"] = SpotRounds(ag.ctx, engine=SimpleNamespace(shapes=SHAPES), agreement=ag,
+                                    ledger=ag.intake.ledger, states=dict)
+    theirs = _agreement(tmp_path, hub, t, keys, verdicts=[])
+    for k in (lie, n):
+        hub.join(peer_id(k), lambda request: None).publish(PeerStatus(role="trainer", version=ROUND,
+                                                                      node_key=k.public_key_hex))
+    big = b"b" * (49 << 20)
+    assert len(big) > PUSH_CAPS["loco"]
+    answer = SpotAnswer(ROUND - 1, tid, 1, RoundOpening(ROUND - 1, tid, (3,), ((b"\x00" * 16, (b"\x01" * 32,)),)),
+                        [big], None)
+    Answers(theirs.ctx, peers=theirs.peers, current_round=lambda: ROUND, epoch=lambda: EPOCH).publish(answer)
+
+    def receipt_here() -> bool:
+        ag.ctx.take_events({"spot_answer": spot.offer_answer}, wait_s=0.2)
+        return spot.answers.answered(ROUND - 1, tid) is not None
+
+    wait_for(receipt_here, timeout=60, what="t's answer receipt")
+    forged = make_receipt(lie, run_id=DEFAULT_RUN_ID, epoch=EPOCH, data=b"x",
+                          answer=SpotAnswer(ROUND - 1, nid, 1, answer.opening, [], None))
+    with pytest.raises(IntegrityError, match="signature|signed"):  # only n's own key says n answered
+        spot.offer_answer(lid, RECEIPTS.encode(forged))
+    assert spot.answers.answered(ROUND - 1, nid) is None
+    got = spot.answers.fetch(ROUND - 1, tid, until=time.monotonic() + 60)
+    assert got is not None and got.batches == [big] and got.step == 1, "the published answer was not fetched"
+
+    def no_answer(of: str) -> bytes:
+        return VERDICTS.encode(make_verdict(lie, run_id=DEFAULT_RUN_ID, epoch=EPOCH, round=ROUND - 1, target=of,
+                                            verifier=lid, reason="unanswered"))
+
+    with pytest.raises(IntegrityError, match="receipt"):
+        spot.offer_verdict(lid, no_answer(tid))
+    assert ag.ctx.book.strikes.get(lid, 0) >= 1, "a lying verifier's no answer cost it nothing"
+    spot.offer_verdict(lid, no_answer(nid))  # n published none: its verifier's word is taken
+    assert spot.verdicts_for(ROUND)[0] == [no_answer(nid)]
+
+    for k in (t, lie, n):
+        commit_to(ag, k, peer_id(k), _payload(peer_id(k)), round=ROUND, base=BASE)
+        ag.offer_payload(peer_id(k), _payload(peer_id(k)))
+    ag.open_round(LocoPayload(round=ROUND, trainer_id=peer_id(v), base_hash=BASE), _payload(peer_id(v)))
+    spot.answers.held[ROUND - 1, tid].at -= 60  # held long before the decision came
+    held = {peer_id(k): commit_digest(ag.commits.of(ROUND, peer_id(k)).data) for k in (v, t, lie, n)}
+
+    def decision(of: str, by: Identity) -> bytes:  # its failed verdict keeps ``of``'s payload out
+        return encode_decision(make_decision(by, run_id=DEFAULT_RUN_ID, round=ROUND, base=BASE, epoch=EPOCH,
+                                             coordinator=peer_id(by), contributors={k: payload_digest(_payload(k)) for k in held
+                                                                            if k != of},
+                                             committed=held, verdicts=[no_answer(of)]))
+
+    ag.offer_decision(lid, decision(tid, lie))
+    refused = ag.ctx.status.snapshot().trainer.decisions_refused
+    assert ROUND not in ag.decisions and refused.get("refuted", 0) == 1, refused
+    ag.offer_decision(nid, decision(nid, n))  # taken or parked by its turn, never refuted
+    assert ag.ctx.status.snapshot().trainer.decisions_refused.get("refuted", 0) == 1
+    for a in (ag, theirs):
+        a.ctx.store.close()

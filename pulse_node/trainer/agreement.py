@@ -100,7 +100,8 @@ class RoundAgreement:
     def __init__(self, ctx: RoleContext[TrainerConfig], *, shapes: Mapping[str, tuple[int, ...]],
                  current_round: Callable[[], int], epoch: Callable[[], bytes], base: BaseFn | None = None,
                  bound: PayloadBound | None = None, ledger: Callable[[], Ledger] | None = None,
-                 verdicts: Callable[[int], tuple[list[bytes], list[str]]] | None = None) -> None:
+                 verdicts: Callable[[int], tuple[list[bytes], list[str]]] | None = None,
+                 answered: Callable[[int, str], float | None] | None = None) -> None:
         """``epoch``: the epoch of the chain we extend (``chain/record.py``; decisions of another
         are refused). ``base``: our current round's base (``BaseFn``); without it only base-free payloads
         decode and payloads are not checked against a base hash nor the value bound.
@@ -108,7 +109,8 @@ class RoundAgreement:
         is the node's peer book's (``ctx.book``); ``ledger``: the trust ledger of our outer state
         (default: an empty one, every open trainer a newcomer); ``verdicts(r)``: the spot-check
         verdicts (encoded) and convicted keys a decision of round ``r`` we sign names
-        (``trainer/spot_round.py``; default: none)."""
+        (``trainer/spot_round.py``; default: none); ``answered(r, trainer)``: when its spot answer
+        receipt of round ``r`` arrived here (``trainer/spot_answers.py``; default: never)."""
         self.ctx = ctx
         self.cfg = ctx.cfg.loco
         self.shapes = dict(shapes)
@@ -126,7 +128,8 @@ class RoundAgreement:
         self.cap = self.payloads.cap
         self._cap_pushes()
         self.intake = DecisionIntake(ctx, peers=self.peers, table=self.table, commits=self.commits,
-                                     payload_at=self.payloads.payload_at, ledger=ledger or Ledger)
+                                     payload_at=self.payloads.payload_at, ledger=ledger or Ledger,
+                                     answered=answered or (lambda r, t: None))
         shutil.rmtree(self.root / LOCO_DIR, ignore_errors=True)  # an earlier run's rounds mean nothing now
 
     # ---- the table shared with the decision intake (``trainer/rounds.py``) -------------------

@@ -33,7 +33,8 @@ convictions it names, ``loco/verdicts.py``), then:
    committed trainer whose payload we held as long; else it is refused (``omits_commitment``),
    both signed statements (the decision, the commitment left out) are kept under
    ``loco/<round>/omitted/``, and the next coordinator in turn decides (a peer that applied the
-   refused decision does not make us re-sync onto it).
+   refused decision does not make us re-sync onto it). Likewise one naming an ``unanswered``
+   verdict of a target whose answer receipt we held as long (``refuted``: it answered).
 5. **A round closed without us.** A decision we pull once most live members have closed the
    round, nobody having pushed it to us, was made while its coordinator did not count us live
    (we joined, re-synced or were slow): it is taken without the turn and early rules and without
@@ -118,10 +119,11 @@ class DecisionIntake:
 
     def __init__(self, ctx: RoleContext[TrainerConfig], *, peers: RoundPeers, table: RoundTable,
                  commits: CommitIntake, payload_at: Callable[[int, str], tuple[bytes, float] | None],
-                 ledger: Callable[[], Ledger]) -> None:
+                 ledger: Callable[[], Ledger], answered: Callable[[int, str], float | None]) -> None:
         """``payload_at(r, trainer)``: the digest of ``trainer``'s round-``r`` payload held here and
-        when it arrived (monotonic), or None. ``ledger``: the trust ledger of our outer state."""
-        self.ctx, self.peers, self.table = ctx, peers, table
+        when it arrived (monotonic), or None. ``ledger``: the trust ledger of our outer state.
+        ``answered(r, trainer)``: when its spot answer receipt of round ``r`` arrived here, or None."""
+        self.ctx, self.peers, self.table, self.answered = ctx, peers, table, answered
         self.commits, self.payload_at, self.ledger = commits, payload_at, ledger
         self.cfg: LocoConfig = ctx.cfg.loco
         self.me = peers.me
@@ -238,6 +240,9 @@ class DecisionIntake:
         if self.peers.i_am_member() and (omission := self._omission(d, o, elsewhere=elsewhere)) is not None:
             self._refuse_omission(d, omission)
             return DecisionRefusal.OMITS_COMMITMENT
+        if self.peers.i_am_member() and self._refuted(d):
+            self.table.omitted.setdefault(d.round, set()).add(d.coordinator)  # a peer applying it: no re-sync
+            return DecisionRefusal.REFUTED
         order = coordinator_order(self.ctx.cfg.run_id, d.round,
                                   [pid for pid in {*o.order, *live} if self.peers.is_member(pid)
                                    and (pid != self.me or self.peers.i_am_member())])
@@ -274,6 +279,13 @@ class DecisionIntake:
                     and have[0] == held.commit.payload and have[1] <= time.monotonic() - self.cfg.decision_wait_s / 2):
                 return tid, held.data
         return None
+
+    def _refuted(self, d: RoundDecision) -> bool:
+        """``d`` names an ``unanswered`` verdict of a target whose answer receipt we held
+        ``decision_wait_s / 2`` before (``trainer/spot_answers.py``): it answered."""
+        cutoff = time.monotonic() - self.cfg.decision_wait_s / 2
+        return any(v.reason == "unanswered" and (at := self.answered(v.round, v.target)) is not None and at <= cutoff
+                   for v in named_verdicts(d))
 
     def _refuse_omission(self, d: RoundDecision, omission: tuple[str, bytes]) -> None:
         """Count the refusal once per coordinator and round and keep both signed statements."""

@@ -11,12 +11,15 @@ On with ``chain.open_trainers`` (an open trainer earns weight only by checks pas
    contributors with an inner commitment (and keys owing a check), each checked at
    ``loco.spot.rate``, newcomers, owing keys and unproven members (no check passed yet) always
    and by ``newcomer_verifiers``; verifiers are the decision's member contributors, never the target.
-3. **Answer.** A drawn target pushes each of its verifiers its answer (``loco/spot_answer.py``).
-4. **Check.** A verifier runs ``SpotChecker.check`` on its own model copy in the background
-   (``trainer/spot_worker.py``) once the answer came and the round's applied share is known; no
-   answer within ``loco.spot.answer_wait_s`` is ``unanswered`` (no evidence: the target owes a
-   check). It signs a ``CheckVerdict`` (``loco/commitlist.py``) and pushes it to the live
-   members; a failure on the target's data first pushes the evidence (``accuse``).
+3. **Answer.** A drawn target publishes its answer (``trainer/spot_answers.py``: served by
+   digest, its signed receipt relayed to every member like a commitment).
+4. **Check.** A verifier fetches the answer once its receipt came and runs ``SpotChecker.check``
+   on its own model copy in the background (``trainer/spot_worker.py``) once the round's applied
+   share is known; no receipt within ``loco.spot.answer_wait_s`` is ``unanswered`` (no evidence:
+   the target owes a check; an ``unanswered`` verdict of a target whose receipt a member holds is
+   refused there, a strike on its verifier). It signs a ``CheckVerdict`` (``loco/commitlist.py``)
+   and pushes it to the live members; a failure on the target's data first pushes the evidence
+   (``accuse``).
 5. **Re-check.** A member receiving evidence re-runs it (``recheck``) on the round's base it kept:
    confirmed, the target is struck (``Lied``); a false accusation strikes the accuser.
 6. **Ledger.** A coordinator's decision names the verdicts it holds (``verdicts_for``) and, for
@@ -51,7 +54,7 @@ from pulse_node.loco.ledger import VERDICT_WINDOW, Ledger
 from pulse_node.loco.outer import OuterOptimizer
 from pulse_node.loco.payload import LocoPayload
 from pulse_node.loco.roundcommit import commit_digest
-from pulse_node.loco.spot_answer import SpotAnswer, decode_answer, encode_answer
+from pulse_node.loco.spot_answer import SpotAnswer
 from pulse_node.loco.spot_evidence import SpotEvidence, decode_evidence, encode_evidence
 from pulse_node.loco.spotdraw import Shape, SpotDraw, draw_round, round_seed
 from pulse_node.peers.outcomes import Lied
@@ -59,12 +62,12 @@ from pulse_node.torchbits import module_state
 from pulse_node.trainer.agreement import RoundAgreement
 from pulse_node.trainer.engine import Engine, LocalEngine
 from pulse_node.trainer.recompute import RoundBase, SpotCase, SpotFailure
+from pulse_node.trainer.spot_answers import Answers
 from pulse_node.trainer.spot_evidence import Recheck, RecheckResult
 from pulse_node.trainer.spot_record import InnerStepLog
 from pulse_node.trainer.spot_replay import inner_settings
 from pulse_node.trainer.spot_worker import Finished, SpotWorker
 
-MAX_EARLY = 64  # answers held for checks not drawn here yet
 MAX_EVIDENCE = 64  # evidences held (re-checked or waiting)
 
 
@@ -100,7 +103,8 @@ class SpotRounds:
             self.engine.inner_log = self.log
         self.worker: SpotWorker | None = None
         self.pending: dict[tuple[int, str, str], _Pending] = {}
-        self.early: dict[tuple[int, str], SpotAnswer] = {}
+        self.answers = Answers(ctx, peers=self.peers, current_round=agreement.current_round, epoch=agreement.table.epoch)
+        self.published: set[int] = set()  # rounds we published our answer of
         self.bases: dict[int, tuple[RoundBase, dict[int, State]]] = {}
         self.verdicts: dict[tuple[int, str, str], tuple[CheckVerdict, bytes]] = {}
         self.evidence: dict[bytes, SpotEvidence] = {}
@@ -168,8 +172,8 @@ class SpotRounds:
         return round_draws(d, seed, shapes=shapes, ledger=self.ledger(), is_member=self.peers.is_member, spot=self.spot)
 
     def _answer(self, draw: SpotDraw) -> None:
-        """Push our answer for ``draw`` to its verifier."""
-        if self.log is None:
+        """Publish our answer for ``draw`` (once per round: every draw on us opens one step alike)."""
+        if self.log is None or draw.round in self.published:
             return
         r = draw.round
         try:
@@ -179,9 +183,11 @@ class SpotRounds:
         except (KeyError, IndexError) as exc:
             self.ctx.status.error(f"round {r}: cannot answer the check of {draw.verifier[:12]}: {exc}")
             return
-        to = [p for p in self.ctx.peers() if p.peer_id == draw.verifier]
-        self.ctx.push_in_background("spot_answer", encode_answer(answer), to, job=f"spot_answer:{r}:{draw.verifier}",
-                                    timeout=self.spot.answer_wait_s)
+        self.published = {x for x in self.published if x > r - VERDICT_WINDOW} | {r}
+        try:
+            self.answers.publish(answer)
+        except (OSError, PulseError) as exc:
+            self.ctx.status.error(f"round {r}: cannot publish our spot answer: {exc}")
 
     def _expect(self, d: RoundDecision, draw: SpotDraw) -> None:
         """Hold what our check of ``draw`` needs besides the target's answer."""
@@ -208,13 +214,8 @@ class SpotRounds:
 
     # ---- what peers push ----------------------------------------------------------------
     def offer_answer(self, sender: str, data: bytes) -> None:
-        """A target's answer (``PulseError`` if malformed or not the sender's own)."""
-        a = decode_answer(data)
-        if a.target != sender:
-            self.peers.book.judge(sender, Lied("a spot answer for another trainer"))
-            raise IntegrityError(f"spot answer of {a.target[:12]} pushed by {sender[:12]}")
-        if (a.round, a.target, self.me) in self.pending or len(self.early) < MAX_EARLY:
-            self.early[a.round, a.target] = a
+        """A target's answer receipt, pushed or relayed (``trainer/spot_answers.py``; ``PulseError`` if refused)."""
+        self.answers.offer(sender, data)
 
     def offer_verdict(self, sender: str, data: bytes) -> None:
         """A verifier's signed verdict, held for the decisions (``PulseError`` if refused)."""
@@ -224,6 +225,9 @@ class SpotRounds:
         if v.verifier != sender or not self.peers.is_member(sender):
             raise IntegrityError(f"verdict of {v.verifier[:12]} pushed by {sender[:12]}, or by no member")
         VERDICTS.verify(v, signer_key=self.peers.key_of(sender), tag=f"verdict of {sender[:12]}")
+        if self._refuted(v):
+            self.peers.book.judge(sender, Lied(f"no answer of {v.target[:12]} in round {v.round}, which published one"))
+            raise IntegrityError(f"verdict of {sender[:12]}: no answer of {v.target[:12]}, whose receipt we hold")
         if (v.run_id, v.epoch) == (self.cfg.run_id, self.agreement.table.epoch()) and \
                 0 <= self.agreement.current_round() - v.round <= VERDICT_WINDOW:
             self.verdicts.setdefault(v.key, (v, bytes(data)))
@@ -252,18 +256,21 @@ class SpotRounds:
             return
         now, old = time.monotonic(), self.agreement.current_round() - VERDICT_WINDOW
         self.pending = {k: p for k, p in self.pending.items() if k[0] >= old}  # never applied here (a re-sync)
-        self.early = {k: a for k, a in self.early.items() if k[0] >= old}
         for key, p in list(self.pending.items()):
             if p.keep is None or p.queued:
                 continue
-            a = self.early.pop((p.draw.round, p.draw.target), None)
+            a = self.answers.fetch(p.draw.round, p.draw.target, until=p.until)
             if a is not None and a.step == p.draw.step:
                 case = SpotCase(p.commitment, a.opening, a.batches, a.patch, p.payload, p.keep)
                 p.queued = self._worker().check(p.draw, case, p.base, payload_bytes=p.data,
                                                 state_of=_state_of(p.base, p.states))
             elif now > p.until:
                 del self.pending[key]
-                self._sign(p.draw, SpotFailure.UNANSWERED.value)
+                if self.answers.answered(p.draw.round, p.draw.target) is None:
+                    self._sign(p.draw, SpotFailure.UNANSWERED.value)
+                else:  # published, yet nobody served it to us in time: no verdict (it earns no pass)
+                    self.ctx.status.error(f"round {p.draw.round}: the spot answer of {p.draw.target[:12]} "
+                                          "was published but not served in time")
         if self.worker is not None:
             for f in self.worker.done():
                 self._finished(f)
@@ -322,7 +329,8 @@ class SpotRounds:
         ledger, out, convicted = self.ledger(), list[bytes](), list[str]()
         self.verdicts = {k: v for k, v in self.verdicts.items() if r - k[0] <= VERDICT_WINDOW}
         for key, (v, data) in sorted(self.verdicts.items(), key=lambda kv: (kv[0][0], kv[0][1].encode(), kv[0][2].encode())):
-            if key in ledger.applied or not 0 < r - v.round <= VERDICT_WINDOW or len(out) >= MAX_DECISION_VERDICTS:
+            if key in ledger.applied or not 0 < r - v.round <= VERDICT_WINDOW or len(out) >= MAX_DECISION_VERDICTS \
+                    or self._refuted(v):
                 continue
             if v.evidence:
                 judged = self.judged.get(v.evidence)
@@ -333,6 +341,10 @@ class SpotRounds:
                     convicted.append(culprit)
             out.append(data)
         return out, sorted(set(convicted), key=str.encode)
+
+    def _refuted(self, v: CheckVerdict) -> bool:
+        """An ``unanswered`` verdict of a target whose answer receipt we hold: a lie."""
+        return v.reason == SpotFailure.UNANSWERED.value and self.answers.answered(v.round, v.target) is not None
 
     def _worker(self) -> SpotWorker:
         if self.worker is None:
