@@ -6,7 +6,9 @@
 - a failing verdict a round's decision names keeps its target's payload out of that round already:
   the coordinator leaves it out, and a decision naming it as a contributor is refused;
 - a target's answer is published (served by digest, its signed receipt relayed to every member),
-  past the 48 MiB a push carries, and "no answer" of a target whose receipt a member holds is refused.
+  past the 48 MiB a push carries, and "no answer" of a target whose receipt a member holds is refused;
+- a decision leaving out a failed verdict with evidence that a member held and re-checked before
+  its round opened is refused like one leaving out a commitment, both statements kept.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from pulse_node.testing.adversaries import peer_id
 from pulse_node.testing.memory import MemoryHub
 from pulse_node.trainer.agreement import RoundAgreement
 from pulse_node.trainer.spot_answers import Answers
+from pulse_node.trainer.spot_evidence import Recheck, RecheckResult
 from pulse_node.trainer.spot_round import SpotRounds, round_draws
 from pulse_node.vocab import DEFAULT_RUN_ID
 
@@ -82,7 +85,7 @@ def test_an_unproven_member_is_drawn_every_round_by_two_verifiers_until_it_passe
 
 
 def _agreement(tmp_path: Path, hub: MemoryHub, me: Identity, keys: list[str], *, verdicts: list[bytes],
-               answered=None) -> RoundAgreement:
+               answered=None, owed=None) -> RoundAgreement:
     cfg = TrainerConfig.model_validate({"data_dir": str(tmp_path / peer_id(me)), "chain": {"trusted_trainers": keys}})
     store = VersionStore(tmp_path / peer_id(me) / "store")
     transport = hub.join(peer_id(me), store_resolver(store.root))
@@ -91,7 +94,8 @@ def _agreement(tmp_path: Path, hub: MemoryHub, me: Identity, keys: list[str], *,
                       status=NodeStatus(role="trainer", peer_id=peer_id(me), run_id=cfg.run_id))
     ledger = Ledger(cfg.loco.trust)
     return RoundAgreement(ctx, shapes=SHAPES, current_round=lambda: ROUND, epoch=lambda: EPOCH, base=lambda: (BASE, W),
-                          ledger=lambda: ledger, verdicts=lambda r: (verdicts, []), answered=answered)
+                          ledger=lambda: ledger, verdicts=lambda r: (verdicts, []), answered=answered,
+                          owed=owed)
 
 
 def _payload(trainer: str) -> bytes:
@@ -196,3 +200,45 @@ def test_a_published_answer_past_the_push_cap_is_fetched_and_no_answer_of_it_is_
     assert ag.ctx.status.snapshot().trainer.decisions_refused.get("refuted", 0) == 1
     for a in (ag, theirs):
         a.ctx.store.close()
+
+
+def test_a_decision_leaving_out_a_failed_verdict_with_evidence_held_in_time_is_refused(tmp_path):
+    """Members {v (us), b, x}. b's check of x's round 1 failed on x's data (its evidence re-checked
+    here: confirmed) before our round 3 opened. x, coordinating round 3, leaves that verdict out
+    (so its own payload counts): refused (``omits_verdict``), both statements kept; b's decision
+    naming it (and so leaving x's payload out) is not refused for it."""
+    hub, box = MemoryHub(), {}
+    v, b, x = (Identity.generate() for _ in range(3))
+    bid, xid = peer_id(b), peer_id(x)
+    ag = _agreement(tmp_path, hub, v, [k.public_key_hex for k in (v, b, x)], verdicts=[],
+                    owed=lambda r, since: box["spot"].owed(r, since=since))
+    spot = box["spot"] = SpotRounds(ag.ctx, engine=SimpleNamespace(shapes=SHAPES), agreement=ag,
+                                    ledger=ag.intake.ledger, states=dict)
+    for k in (b, x):
+        hub.join(peer_id(k), lambda request: None).publish(PeerStatus(role="trainer", version=ROUND,
+                                                                      node_key=k.public_key_hex))
+    evidence = b"\x07" * 32
+    failed = VERDICTS.encode(make_verdict(b, run_id=DEFAULT_RUN_ID, epoch=EPOCH, round=ROUND - 2, target=xid,
+                                          verifier=bid, reason="gradient", evidence=evidence))
+    spot.offer_verdict(bid, failed)
+    spot._judge(evidence, RecheckResult(Recheck.CONFIRMED, x.public_key_hex, "re-run here"))
+    assert spot.owed(ROUND, since=time.monotonic() + 1) == {(ROUND - 2, xid, bid): failed}
+    assert spot.owed(ROUND - 1, since=time.monotonic() + 1) == {}, "a verdict one round old is owed already"
+    for k in (b, x):
+        commit_to(ag, k, peer_id(k), _payload(peer_id(k)), round=ROUND, base=BASE)
+        ag.offer_payload(peer_id(k), _payload(peer_id(k)))
+    ag.open_round(LocoPayload(round=ROUND, trainer_id=peer_id(v), base_hash=BASE), _payload(peer_id(v)))
+    held = {peer_id(k): commit_digest(ag.commits.of(ROUND, peer_id(k)).data) for k in (v, b, x)}
+
+    def decision(by: Identity, verdicts: list[bytes], out: tuple[str, ...] = ()) -> bytes:
+        return encode_decision(make_decision(by, run_id=DEFAULT_RUN_ID, round=ROUND, base=BASE, epoch=EPOCH,
+                                             coordinator=peer_id(by), committed=held, verdicts=verdicts,
+                                             contributors={k: payload_digest(_payload(k)) for k in held if k not in out}))
+
+    ag.offer_decision(xid, decision(x, []))
+    refused = ag.ctx.status.snapshot().trainer.decisions_refused
+    assert ROUND not in ag.decisions and refused.get("omits_verdict", 0) == 1, refused
+    assert (tmp_path / peer_id(v) / "store" / "loco" / str(ROUND) / "omitted" / f"{xid[:32]}.msgpack").exists()
+    ag.offer_decision(bid, decision(b, [failed], out=(xid,)))
+    assert ag.ctx.status.snapshot().trainer.decisions_refused.get("omits_verdict", 0) == 1
+    ag.ctx.store.close()

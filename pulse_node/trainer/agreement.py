@@ -101,7 +101,8 @@ class RoundAgreement:
                  current_round: Callable[[], int], epoch: Callable[[], bytes], base: BaseFn | None = None,
                  bound: PayloadBound | None = None, ledger: Callable[[], Ledger] | None = None,
                  verdicts: Callable[[int], tuple[list[bytes], list[str]]] | None = None,
-                 answered: Callable[[int, str], float | None] | None = None) -> None:
+                 answered: Callable[[int, str], float | None] | None = None,
+                 owed: Callable[[int, float], Mapping[tuple[int, str, str], bytes]] | None = None) -> None:
         """``epoch``: the epoch of the chain we extend (``chain/record.py``; decisions of another
         are refused). ``base``: our current round's base (``BaseFn``); without it only base-free payloads
         decode and payloads are not checked against a base hash nor the value bound.
@@ -110,7 +111,8 @@ class RoundAgreement:
         (default: an empty one, every open trainer a newcomer); ``verdicts(r)``: the spot-check
         verdicts (encoded) and convicted keys a decision of round ``r`` we sign names
         (``trainer/spot_round.py``; default: none); ``answered(r, trainer)``: when its spot answer
-        receipt of round ``r`` arrived here (``trainer/spot_answers.py``; default: never)."""
+        receipt of round ``r`` arrived here (``trainer/spot_answers.py``; default: never); ``owed``:
+        the verdicts a decision must name (``SpotRounds.owed``; default: none)."""
         self.ctx = ctx
         self.cfg = ctx.cfg.loco
         self.shapes = dict(shapes)
@@ -129,7 +131,7 @@ class RoundAgreement:
         self._cap_pushes()
         self.intake = DecisionIntake(ctx, peers=self.peers, table=self.table, commits=self.commits,
                                      payload_at=self.payloads.payload_at, ledger=ledger or Ledger,
-                                     answered=answered or (lambda r, t: None))
+                                     answered=answered or (lambda r, t: None), owed=owed or (lambda r, since: {}))
         shutil.rmtree(self.root / LOCO_DIR, ignore_errors=True)  # an earlier run's rounds mean nothing now
 
     # ---- the table shared with the decision intake (``trainer/rounds.py``) -------------------

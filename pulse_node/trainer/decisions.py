@@ -34,7 +34,9 @@ convictions it names, ``loco/verdicts.py``), then:
    both signed statements (the decision, the commitment left out) are kept under
    ``loco/<round>/omitted/``, and the next coordinator in turn decides (a peer that applied the
    refused decision does not make us re-sync onto it). Likewise one naming an ``unanswered``
-   verdict of a target whose answer receipt we held as long (``refuted``: it answered).
+   verdict of a target whose answer receipt we held as long (``refuted``: it answered), and one
+   leaving out a failed verdict with evidence of a round at least two before, held and re-checked
+   here before our round opened (``omits_verdict``, kept like an omission; ``SpotRounds.owed``).
 5. **A round closed without us.** A decision we pull once most live members have closed the
    round, nobody having pushed it to us, was made while its coordinator did not count us live
    (we joined, re-synced or were slow): it is taken without the turn and early rules and without
@@ -76,6 +78,7 @@ from pulse_node.loco.bound import PayloadBoundError
 from pulse_node.loco.config import LocoConfig
 from pulse_node.loco.decision import (
     MAX_DECISION_BYTES,
+    MAX_DECISION_VERDICTS,
     RoundDecision,
     decode_decision,
     encode_decision,
@@ -94,6 +97,7 @@ from pulse_node.vocab import DecisionRefusal
 _ORDER_DOMAIN = b"pulse/coordinator-order/1\0"
 PARK_PER_ROUND = 8  # decisions parked per coming round, at most
 OWN_KEEP = 8  # rounds whose own decision a trainer keeps on disk
+_KEPT = (DecisionRefusal.OMITS_COMMITMENT, DecisionRefusal.OMITS_VERDICT)  # refusals kept as evidence
 WITNESSED_BASES = 4  # bases per (round, signer) whose first decision is remembered, at most
 
 
@@ -119,11 +123,13 @@ class DecisionIntake:
 
     def __init__(self, ctx: RoleContext[TrainerConfig], *, peers: RoundPeers, table: RoundTable,
                  commits: CommitIntake, payload_at: Callable[[int, str], tuple[bytes, float] | None],
-                 ledger: Callable[[], Ledger], answered: Callable[[int, str], float | None]) -> None:
+                 ledger: Callable[[], Ledger], answered: Callable[[int, str], float | None],
+                 owed: Callable[[int, float], Mapping[tuple[int, str, str], bytes]]) -> None:
         """``payload_at(r, trainer)``: the digest of ``trainer``'s round-``r`` payload held here and
         when it arrived (monotonic), or None. ``ledger``: the trust ledger of our outer state.
-        ``answered(r, trainer)``: when its spot answer receipt of round ``r`` arrived here, or None."""
-        self.ctx, self.peers, self.table, self.answered = ctx, peers, table, answered
+        ``answered(r, trainer)``: when its spot answer receipt of round ``r`` arrived here, or None;
+        ``owed(r, since)``: the verdicts a decision of round ``r`` must name (``SpotRounds.owed``)."""
+        self.ctx, self.peers, self.table, self.answered, self.owed = ctx, peers, table, answered, owed
         self.commits, self.payload_at, self.ledger = commits, payload_at, ledger
         self.cfg: LocoConfig = ctx.cfg.loco
         self.me = peers.me
@@ -205,7 +211,7 @@ class DecisionIntake:
         park it if it is early."""
         why = self._standing(d, elsewhere=elsewhere)
         if isinstance(why, DecisionRefusal):
-            if why is not DecisionRefusal.OMITS_COMMITMENT:  # (counted and kept by ``_refuse_omission``)
+            if why not in _KEPT:  # (counted and kept by ``_refuse_omission``)
                 self.peers.refuse(sender, why, f"round {d.round} decision of {d.coordinator[:12]}", lied=False)
             return
         if why is not None:  # early, or its round is not open here yet: parked
@@ -240,6 +246,9 @@ class DecisionIntake:
         if self.peers.i_am_member() and (omission := self._omission(d, o, elsewhere=elsewhere)) is not None:
             self._refuse_omission(d, omission)
             return DecisionRefusal.OMITS_COMMITMENT
+        if self.peers.i_am_member() and (left := self._verdict_left_out(d, o)) is not None:
+            self._refuse_omission(d, left, reason=DecisionRefusal.OMITS_VERDICT)
+            return DecisionRefusal.OMITS_VERDICT
         if self.peers.i_am_member() and self._refuted(d):
             self.table.omitted.setdefault(d.round, set()).add(d.coordinator)  # a peer applying it: no re-sync
             return DecisionRefusal.REFUTED
@@ -287,15 +296,25 @@ class DecisionIntake:
         return any(v.reason == "unanswered" and (at := self.answered(v.round, v.target)) is not None and at <= cutoff
                    for v in named_verdicts(d))
 
-    def _refuse_omission(self, d: RoundDecision, omission: tuple[str, bytes]) -> None:
-        """Count the refusal once per coordinator and round and keep both signed statements."""
+    def _verdict_left_out(self, d: RoundDecision, o: OpenRound) -> tuple[str, bytes] | None:
+        """(target, verdict) for a failed verdict with evidence ``d`` must name and leaves out
+        (``owed``: held and re-checked here before our round opened, a round old at least)."""
+        if len(d.verdicts) >= MAX_DECISION_VERDICTS:
+            return None
+        named = {v.key for v in named_verdicts(d)}
+        return next(((k[1], data) for k, data in sorted(self.owed(d.round, o.t0).items()) if k not in named), None)
+
+    def _refuse_omission(self, d: RoundDecision, omission: tuple[str, bytes], *,
+                         reason: DecisionRefusal = DecisionRefusal.OMITS_COMMITMENT) -> None:
+        """Count the refusal once per coordinator and round and keep both signed statements (the
+        decision, and the commitment or verdict it leaves out)."""
         seen = self.table.omitted.setdefault(d.round, set())
         if d.coordinator in seen:
             return
         seen.add(d.coordinator)
         tid, commitment = omission
-        self.peers.refuse(d.coordinator, DecisionRefusal.OMITS_COMMITMENT,
-                          f"round {d.round} decision leaves out {tid[:12]}, committed here in time", lied=False)
+        self.peers.refuse(d.coordinator, reason, f"round {d.round} decision leaves out what {tid[:12]} "
+                          "committed, or a verdict on it, held here in time", lied=False)
         path = Path(self.ctx.store.root) / LOCO_DIR / str(d.round) / "omitted" / f"{d.coordinator[:32]}.msgpack"
         try:
             write_atomic(path, msgpack.packb([encode_decision(d), commitment], use_bin_type=True), durable=False)
@@ -308,7 +327,7 @@ class DecisionIntake:
             if r in self.table.decisions:
                 return
             why = self._standing(d, elsewhere=elsewhere)
-            if why is DecisionRefusal.OMITS_COMMITMENT:
+            if why in _KEPT:
                 self.parked.get(r, {}).pop(coordinator, None)
                 continue
             if why is None and self.accept(d, data):

@@ -109,6 +109,8 @@ class SpotRounds:
         self.verdicts: dict[tuple[int, str, str], tuple[CheckVerdict, bytes]] = {}
         self.evidence: dict[bytes, SpotEvidence] = {}
         self.judged: dict[bytes, RecheckResult] = {}
+        self.judged_at: dict[bytes, float] = {}  # when our re-check of an evidence finished
+        self.arrived: dict[tuple[int, str, str], float] = {}  # when a verdict came (or we signed it)
 
     # ---- our own round ------------------------------------------------------------------
     def begin(self, *, round: int, base_hash: bytes) -> None:
@@ -222,15 +224,19 @@ class SpotRounds:
         if len(data) > MAX_VERDICT_BYTES:
             raise WireError(f"a verdict of {len(data)} bytes")
         v = VERDICTS.decode(data)
-        if v.verifier != sender or not self.peers.is_member(sender):
-            raise IntegrityError(f"verdict of {v.verifier[:12]} pushed by {sender[:12]}, or by no member")
-        VERDICTS.verify(v, signer_key=self.peers.key_of(sender), tag=f"verdict of {sender[:12]}")
+        if not (self.peers.is_member(sender) and self.peers.is_member(v.verifier)):
+            raise IntegrityError(f"verdict of {v.verifier[:12]} pushed by {sender[:12]}: no member's")
+        VERDICTS.verify(v, signer_key=self.peers.key_of(v.verifier), tag=f"verdict of {v.verifier[:12]}")
         if self._refuted(v):
-            self.peers.book.judge(sender, Lied(f"no answer of {v.target[:12]} in round {v.round}, which published one"))
-            raise IntegrityError(f"verdict of {sender[:12]}: no answer of {v.target[:12]}, whose receipt we hold")
-        if (v.run_id, v.epoch) == (self.cfg.run_id, self.agreement.table.epoch()) and \
-                0 <= self.agreement.current_round() - v.round <= VERDICT_WINDOW:
-            self.verdicts.setdefault(v.key, (v, bytes(data)))
+            self.peers.book.judge(v.verifier, Lied(f"no answer of {v.target[:12]} in round {v.round}, which published one"))
+            raise IntegrityError(f"verdict of {v.verifier[:12]}: no answer of {v.target[:12]}, whose receipt we hold")
+        if (v.run_id, v.epoch) != (self.cfg.run_id, self.agreement.table.epoch()) or v.key in self.verdicts or \
+                not 0 <= self.agreement.current_round() - v.round <= VERDICT_WINDOW:
+            return
+        self.verdicts[v.key], self.arrived[v.key] = (v, bytes(data)), time.monotonic()
+        if self.peers.i_am_member():  # relayed once, like a commitment: every member holds it
+            to = [p for pid, p in self.peers.live().items() if pid not in (sender, v.verifier)]
+            self.ctx.push_in_background("spot_verdict", bytes(data), to, job=f"spot_verdict:{v.round}:{v.target}:{v.verifier}")
 
     def offer_evidence(self, sender: str, data: bytes) -> None:
         """A member's evidence of a failed check: re-checked here in the background."""
@@ -302,7 +308,7 @@ class SpotRounds:
         v = make_verdict(self.ctx.identity, run_id=self.cfg.run_id, epoch=self.agreement.table.epoch(), round=draw.round,
                          target=draw.target, verifier=self.me, reason=reason, evidence=evidence)
         data = VERDICTS.encode(v)
-        self.verdicts[v.key] = (v, data)
+        self.verdicts[v.key], self.arrived[v.key] = (v, data), time.monotonic()
         with self.ctx.status.trainer() as counters:
             if v.passed:
                 counters.spot_passed += 1
@@ -313,7 +319,7 @@ class SpotRounds:
                                     job=f"spot_verdict:{draw.round}:{draw.target}")
 
     def _judge(self, digest: bytes, result: RecheckResult) -> None:
-        self.judged[digest] = result
+        self.judged[digest], self.judged_at[digest] = result, time.monotonic()
         ev = self.evidence.get(digest)
         if ev is None or result.outcome is Recheck.INCONCLUSIVE:
             return
@@ -328,6 +334,7 @@ class SpotRounds:
         ledger has not applied, a failure with evidence once we re-checked it; the keys they convict."""
         ledger, out, convicted = self.ledger(), list[bytes](), list[str]()
         self.verdicts = {k: v for k, v in self.verdicts.items() if r - k[0] <= VERDICT_WINDOW}
+        self.arrived = {k: t for k, t in self.arrived.items() if k in self.verdicts}
         for key, (v, data) in sorted(self.verdicts.items(), key=lambda kv: (kv[0][0], kv[0][1].encode(), kv[0][2].encode())):
             if key in ledger.applied or not 0 < r - v.round <= VERDICT_WINDOW or len(out) >= MAX_DECISION_VERDICTS \
                     or self._refuted(v):
@@ -341,6 +348,21 @@ class SpotRounds:
                     convicted.append(culprit)
             out.append(data)
         return out, sorted(set(convicted), key=str.encode)
+
+    def owed(self, r: int, *, since: float) -> dict[tuple[int, str, str], bytes]:
+        """The failed verdicts with evidence a decision of round ``r`` must name (``trainer/decisions.py``):
+        held here, their evidence re-checked here (conclusively), both before ``since`` (our round
+        ``r`` opened), of a round two to ``VERDICT_WINDOW`` before ``r`` (its coordinator had a
+        round to re-check it too), not applied by the ledger yet."""
+        ledger, out = self.ledger(), {}
+        for key, (v, data) in self.verdicts.items():
+            judged = self.judged.get(v.evidence) if v.evidence else None
+            if judged is None or judged.outcome is Recheck.INCONCLUSIVE or key in ledger.applied \
+                    or not 2 <= r - v.round <= VERDICT_WINDOW:
+                continue
+            if max(self.arrived.get(key, since), self.judged_at.get(v.evidence, since)) < since:
+                out[key] = data
+        return out
 
     def _refuted(self, v: CheckVerdict) -> bool:
         """An ``unanswered`` verdict of a target whose answer receipt we hold: a lie."""
