@@ -19,13 +19,14 @@ On with ``chain.open_trainers`` (an open trainer earns weight only by checks pas
    the target owes a check; an ``unanswered`` verdict of a target whose receipt a member holds is
    refused there, a strike on its verifier). It signs a ``CheckVerdict`` (``loco/commitlist.py``)
    and pushes it to the live members; a failure on the target's data first pushes the evidence
-   (``accuse``).
+   (``accuse``). Members relay both once.
 5. **Re-check.** A member receiving evidence re-runs it (``recheck``) on the round's base it kept:
    confirmed, the target is struck (``Lied``); a false accusation strikes the accuser.
 6. **Ledger.** A coordinator's decision names the verdicts it holds (``verdicts_for``) and, for
    each failure with evidence it re-checked, the key it convicts (target, or a false accuser);
-   every trainer checks them (``loco/verdicts.py``) and its ledger applies them alike
-   (``loco/ledger.py``: failed = owing, out of the rounds; convicted = out for good).
+   every trainer checks them (``loco/verdicts.py``), refuses one leaving out a verdict it must
+   name (``owed``), and its ledger applies them alike (``loco/ledger.py``: failed = out of that
+   round, then owing; convicted = out for good).
 
 Not done: the link check (the next round's start opened against this round's end) is not asked
 for; a verifier keeps the round's base (an FP32 and a BF16 copy of the weights) for
@@ -239,15 +240,20 @@ class SpotRounds:
             self.ctx.push_in_background("spot_verdict", bytes(data), to, job=f"spot_verdict:{v.round}:{v.target}:{v.verifier}")
 
     def offer_evidence(self, sender: str, data: bytes) -> None:
-        """A member's evidence of a failed check: re-checked here in the background."""
+        """A member's evidence of a failed check, pushed or relayed: re-checked here in the background
+        and relayed once (a decision must name its verdict: ``owed``, so every member holds it)."""
         ev = decode_evidence(data)
         digest = blake3.blake3(data).digest()
-        if ev.accusation.accuser != sender or not self.peers.is_member(sender) or digest in self.evidence:
+        if not (self.peers.is_member(sender) and self.peers.is_member(ev.accusation.accuser)) or digest in self.evidence:
             return
         if len(self.evidence) >= MAX_EVIDENCE:
             self.judged.pop(oldest := next(iter(self.evidence)), None)
+            self.judged_at.pop(oldest, None)
             self.evidence.pop(oldest)
         self.evidence[digest] = ev
+        if self.peers.i_am_member():
+            to = [p for pid, p in self.peers.live().items() if pid not in (sender, ev.accusation.accuser)]
+            self.ctx.push_in_background("spot_evidence", bytes(data), to, job=f"spot_evidence:{digest.hex()[:16]}")
         held = self.bases.get(ev.accusation.round)
         if held is None:
             self.judged[digest] = RecheckResult(Recheck.INCONCLUSIVE, "", "this trainer does not hold the round")
