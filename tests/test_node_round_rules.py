@@ -6,7 +6,8 @@
 - a failing verdict a round's decision names keeps its target's payload out of that round already:
   the coordinator leaves it out, and a decision naming it as a contributor is refused;
 - a target's answer is published (served by digest, its signed receipt relayed to every member),
-  past the 48 MiB a push carries, and "no answer" of a target whose receipt a member holds is refused;
+  past the 48 MiB a push carries, and "no answer" of a target whose receipt a member holds is refused,
+  as is a verdict of a check the round's draw did not make;
 - a decision leaving out a failed verdict with evidence that a member held and re-checked before
   its round opened is refused like one leaving out a commitment, both statements kept.
 """
@@ -85,7 +86,7 @@ def test_an_unproven_member_is_drawn_every_round_by_two_verifiers_until_it_passe
 
 
 def _agreement(tmp_path: Path, hub: MemoryHub, me: Identity, keys: list[str], *, verdicts: list[bytes],
-               answered=None, owed=None) -> RoundAgreement:
+               refutes=None, owed=None) -> RoundAgreement:
     cfg = TrainerConfig.model_validate({"data_dir": str(tmp_path / peer_id(me)), "chain": {"trusted_trainers": keys}})
     store = VersionStore(tmp_path / peer_id(me) / "store")
     transport = hub.join(peer_id(me), store_resolver(store.root))
@@ -94,7 +95,7 @@ def _agreement(tmp_path: Path, hub: MemoryHub, me: Identity, keys: list[str], *,
                       status=NodeStatus(role="trainer", peer_id=peer_id(me), run_id=cfg.run_id))
     ledger = Ledger(cfg.loco.trust)
     return RoundAgreement(ctx, shapes=SHAPES, current_round=lambda: ROUND, epoch=lambda: EPOCH, base=lambda: (BASE, W),
-                          ledger=lambda: ledger, verdicts=lambda r: (verdicts, []), answered=answered,
+                          ledger=lambda: ledger, verdicts=lambda r: (verdicts, []), refutes=refutes,
                           owed=owed)
 
 
@@ -144,7 +145,7 @@ def test_a_published_answer_past_the_push_cap_is_fetched_and_no_answer_of_it_is_
     v, t, lie, n = (Identity.generate() for _ in range(4))
     keys = [k.public_key_hex for k in (v, t, lie, n)]
     tid, lid, nid = peer_id(t), peer_id(lie), peer_id(n)
-    ag = _agreement(tmp_path, hub, v, keys, verdicts=[], answered=lambda r, k: box["spot"].answers.answered(r, k))  # noqa: PLW0108
+    ag = _agreement(tmp_path, hub, v, keys, verdicts=[], refutes=lambda x, before: box["spot"].refutes(x, before=before))
     spot = box["spot"] = SpotRounds(ag.ctx, engine=SimpleNamespace(shapes=SHAPES), agreement=ag,
                                     ledger=ag.intake.ledger, states=dict)
     theirs = _agreement(tmp_path, hub, t, keys, verdicts=[])
@@ -241,4 +242,43 @@ def test_a_decision_leaving_out_a_failed_verdict_with_evidence_held_in_time_is_r
     assert (tmp_path / peer_id(v) / "store" / "loco" / str(ROUND) / "omitted" / f"{xid[:32]}.msgpack").exists()
     ag.offer_decision(bid, decision(b, [failed], out=(xid,)))
     assert ag.ctx.status.snapshot().trainer.decisions_refused.get("omits_verdict", 0) == 1
+    ag.ctx.store.close()
+
+
+def test_a_verdict_of_a_check_nobody_drew_is_refused(tmp_path):
+    """Members {v (us), b, c, x}; round 2's draw (as computed here) had b check x. c's signed failing
+    verdict on x is refused here (a strike on c) and a decision of c naming it is refused
+    (``refuted``): a member cannot keep a key out of a round by a check it was not drawn for; b's
+    verdict is taken."""
+    hub, box = MemoryHub(), {}
+    v, b, c, x = (Identity.generate() for _ in range(4))
+    bid, cid, xid = peer_id(b), peer_id(c), peer_id(x)
+    ag = _agreement(tmp_path, hub, v, [k.public_key_hex for k in (v, b, c, x)], verdicts=[],
+                    refutes=lambda w, before: box["spot"].refutes(w, before=before))
+    spot = box["spot"] = SpotRounds(ag.ctx, engine=SimpleNamespace(shapes=SHAPES), agreement=ag,
+                                    ledger=ag.intake.ledger, states=dict)
+    for k in (b, c, x):
+        hub.join(peer_id(k), lambda request: None).publish(PeerStatus(role="trainer", version=ROUND,
+                                                                      node_key=k.public_key_hex))
+    spot.drawn[ROUND - 1] = ({xid}, {(xid, bid)})  # what ``decided`` keeps of round 2's draw
+
+    def failed(by: Identity) -> bytes:
+        return VERDICTS.encode(make_verdict(by, run_id=DEFAULT_RUN_ID, epoch=EPOCH, round=ROUND - 1, target=xid,
+                                            verifier=peer_id(by), reason="unanswered"))
+
+    with pytest.raises(IntegrityError, match="nobody drew"):
+        spot.offer_verdict(cid, failed(c))
+    assert ag.ctx.book.strikes.get(cid, 0) >= 1
+    spot.offer_verdict(bid, failed(b))
+    assert spot.verdicts_for(ROUND)[0] == [failed(b)]
+    for k in (b, c, x):
+        commit_to(ag, k, peer_id(k), _payload(peer_id(k)), round=ROUND, base=BASE)
+        ag.offer_payload(peer_id(k), _payload(peer_id(k)))
+    ag.open_round(LocoPayload(round=ROUND, trainer_id=peer_id(v), base_hash=BASE), _payload(peer_id(v)))
+    held = {peer_id(k): commit_digest(ag.commits.of(ROUND, peer_id(k)).data) for k in (v, b, c, x)}
+    d = make_decision(c, run_id=DEFAULT_RUN_ID, round=ROUND, base=BASE, epoch=EPOCH, coordinator=cid, committed=held,
+                      contributors={k: payload_digest(_payload(k)) for k in held if k != xid}, verdicts=[failed(c)])
+    ag.offer_decision(cid, encode_decision(d))
+    refused = ag.ctx.status.snapshot().trainer.decisions_refused
+    assert ROUND not in ag.decisions and refused.get("refuted", 0) == 1, refused
     ag.ctx.store.close()

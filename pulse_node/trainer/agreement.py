@@ -62,7 +62,7 @@ from pulse_node.daemon.context import RoleContext
 from pulse_node.errors import BaseMismatchError, IntegrityError, PulseError, WireError
 from pulse_node.fsutil import write_atomic
 from pulse_node.loco.bound import PayloadBound, PayloadBoundError
-from pulse_node.loco.commitlist import VERDICTS
+from pulse_node.loco.commitlist import VERDICTS, CheckVerdict
 from pulse_node.loco.decision import MAX_DECISION_BYTES, RoundDecision, encode_decision, make_decision, payload_digest
 from pulse_node.loco.ledger import Ledger
 from pulse_node.loco.payload import LocoPayload, read_header
@@ -101,7 +101,7 @@ class RoundAgreement:
                  current_round: Callable[[], int], epoch: Callable[[], bytes], base: BaseFn | None = None,
                  bound: PayloadBound | None = None, ledger: Callable[[], Ledger] | None = None,
                  verdicts: Callable[[int], tuple[list[bytes], list[str]]] | None = None,
-                 answered: Callable[[int, str], float | None] | None = None,
+                 refutes: Callable[[CheckVerdict, float], bool] | None = None,
                  owed: Callable[[int, float], Mapping[tuple[int, str, str], bytes]] | None = None) -> None:
         """``epoch``: the epoch of the chain we extend (``chain/record.py``; decisions of another
         are refused). ``base``: our current round's base (``BaseFn``); without it only base-free payloads
@@ -110,8 +110,8 @@ class RoundAgreement:
         is the node's peer book's (``ctx.book``); ``ledger``: the trust ledger of our outer state
         (default: an empty one, every open trainer a newcomer); ``verdicts(r)``: the spot-check
         verdicts (encoded) and convicted keys a decision of round ``r`` we sign names
-        (``trainer/spot_round.py``; default: none); ``answered(r, trainer)``: when its spot answer
-        receipt of round ``r`` arrived here (``trainer/spot_answers.py``; default: never); ``owed``:
+        (``trainer/spot_round.py``; default: none); ``refutes(verdict, before)``: whether we can show
+        a verdict a decision names is a lie (``SpotRounds.refutes``; default: never); ``owed``:
         the verdicts a decision must name (``SpotRounds.owed``; default: none)."""
         self.ctx = ctx
         self.cfg = ctx.cfg.loco
@@ -131,7 +131,7 @@ class RoundAgreement:
         self._cap_pushes()
         self.intake = DecisionIntake(ctx, peers=self.peers, table=self.table, commits=self.commits,
                                      payload_at=self.payloads.payload_at, ledger=ledger or Ledger,
-                                     answered=answered or (lambda r, t: None), owed=owed or (lambda r, since: {}))
+                                     refutes=refutes or (lambda v, before: False), owed=owed or (lambda r, since: {}))
         shutil.rmtree(self.root / LOCO_DIR, ignore_errors=True)  # an earlier run's rounds mean nothing now
 
     # ---- the table shared with the decision intake (``trainer/rounds.py``) -------------------

@@ -33,8 +33,9 @@ convictions it names, ``loco/verdicts.py``), then:
    committed trainer whose payload we held as long; else it is refused (``omits_commitment``),
    both signed statements (the decision, the commitment left out) are kept under
    ``loco/<round>/omitted/``, and the next coordinator in turn decides (a peer that applied the
-   refused decision does not make us re-sync onto it). Likewise one naming an ``unanswered``
-   verdict of a target whose answer receipt we held as long (``refuted``: it answered), and one
+   refused decision does not make us re-sync onto it). Likewise one naming a verdict we can
+   refute by what we held as long (``refuted``: no answer of a target whose receipt we held, a
+   check nobody drew), and one
    leaving out a failed verdict with evidence of a round at least two before, held and re-checked
    here before our round opened (``omits_verdict``, kept like an omission; ``SpotRounds.owed``).
 5. **A round closed without us.** A decision we pull once most live members have closed the
@@ -75,6 +76,7 @@ from pulse_node.daemon.status_model import count
 from pulse_node.errors import IntegrityError, PulseError
 from pulse_node.fsutil import write_atomic
 from pulse_node.loco.bound import PayloadBoundError
+from pulse_node.loco.commitlist import CheckVerdict
 from pulse_node.loco.config import LocoConfig
 from pulse_node.loco.decision import (
     MAX_DECISION_BYTES,
@@ -123,13 +125,14 @@ class DecisionIntake:
 
     def __init__(self, ctx: RoleContext[TrainerConfig], *, peers: RoundPeers, table: RoundTable,
                  commits: CommitIntake, payload_at: Callable[[int, str], tuple[bytes, float] | None],
-                 ledger: Callable[[], Ledger], answered: Callable[[int, str], float | None],
+                 ledger: Callable[[], Ledger], refutes: Callable[[CheckVerdict, float], bool],
                  owed: Callable[[int, float], Mapping[tuple[int, str, str], bytes]]) -> None:
         """``payload_at(r, trainer)``: the digest of ``trainer``'s round-``r`` payload held here and
         when it arrived (monotonic), or None. ``ledger``: the trust ledger of our outer state.
-        ``answered(r, trainer)``: when its spot answer receipt of round ``r`` arrived here, or None;
+        ``refutes(verdict, before)``: whether we can show a verdict is a lie, by what came before
+        ``before`` (``SpotRounds.refutes``);
         ``owed(r, since)``: the verdicts a decision of round ``r`` must name (``SpotRounds.owed``)."""
-        self.ctx, self.peers, self.table, self.answered, self.owed = ctx, peers, table, answered, owed
+        self.ctx, self.peers, self.table, self.refutes, self.owed = ctx, peers, table, refutes, owed
         self.commits, self.payload_at, self.ledger = commits, payload_at, ledger
         self.cfg: LocoConfig = ctx.cfg.loco
         self.me = peers.me
@@ -290,11 +293,10 @@ class DecisionIntake:
         return None
 
     def _refuted(self, d: RoundDecision) -> bool:
-        """``d`` names an ``unanswered`` verdict of a target whose answer receipt we held
-        ``decision_wait_s / 2`` before (``trainer/spot_answers.py``): it answered."""
+        """``d`` names a verdict we can refute by what we held ``decision_wait_s / 2`` before: no
+        answer of a target whose answer receipt we held, or a check nobody drew (``refutes``)."""
         cutoff = time.monotonic() - self.cfg.decision_wait_s / 2
-        return any(v.reason == "unanswered" and (at := self.answered(v.round, v.target)) is not None and at <= cutoff
-                   for v in named_verdicts(d))
+        return any(self.refutes(v, cutoff) for v in named_verdicts(d))
 
     def _verdict_left_out(self, d: RoundDecision, o: OpenRound) -> tuple[str, bytes] | None:
         """(target, verdict) for a failed verdict with evidence ``d`` must name and leaves out

@@ -90,7 +90,7 @@ class TrainerRole:
         self.agreement = RoundAgreement(ctx, shapes=self.shapes, current_round=lambda: self.outer.round, epoch=self._epoch,
                                         base=self._base, bound=PayloadBound.of_trainer(cfg), ledger=lambda: self.outer.ledger,
                                         verdicts=lambda r: self.spot.verdicts_for(r),  # noqa: PLW0108 (spot: made next)
-                                        answered=lambda r, t: self.spot.answers.answered(r, t),  # noqa: PLW0108
+                                        refutes=lambda v, before: self.spot.refutes(v, before=before),
                                         owed=lambda r, since: self.spot.owed(r, since=since))
         self.spot = SpotRounds(ctx, engine=self.engine, agreement=self.agreement, ledger=lambda: self.outer.ledger,
                                states=lambda: self.feed.states)

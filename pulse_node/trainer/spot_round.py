@@ -16,8 +16,8 @@ On with ``chain.open_trainers`` (an open trainer earns weight only by checks pas
 4. **Check.** A verifier fetches the answer once its receipt came and runs ``SpotChecker.check``
    on its own model copy in the background (``trainer/spot_worker.py``) once the round's applied
    share is known; no receipt within ``loco.spot.answer_wait_s`` is ``unanswered`` (no evidence:
-   the target owes a check; an ``unanswered`` verdict of a target whose receipt a member holds is
-   refused there, a strike on its verifier). It signs a ``CheckVerdict`` (``loco/commitlist.py``)
+   the target owes a check). A verdict ``refutes`` shows a lie (``unanswered`` of a target whose
+   receipt a member holds, or of a check nobody drew) is refused there, a strike on its verifier. It signs a ``CheckVerdict`` (``loco/commitlist.py``)
    and pushes it to the live members; a failure on the target's data first pushes the evidence
    (``accuse``). Members relay both once.
 5. **Re-check.** A member receiving evidence re-runs it (``recheck``) on the round's base it kept:
@@ -106,6 +106,7 @@ class SpotRounds:
         self.pending: dict[tuple[int, str, str], _Pending] = {}
         self.answers = Answers(ctx, peers=self.peers, current_round=agreement.current_round, epoch=agreement.table.epoch)
         self.published: set[int] = set()  # rounds we published our answer of
+        self.drawn: dict[int, tuple[set[str], set[tuple[str, str]]]] = {}  # round -> targets, (target, verifier)
         self.bases: dict[int, tuple[RoundBase, dict[int, State]]] = {}
         self.verdicts: dict[tuple[int, str, str], tuple[CheckVerdict, bytes]] = {}
         self.evidence: dict[bytes, SpotEvidence] = {}
@@ -138,6 +139,7 @@ class SpotRounds:
         if seed is None:
             return
         draws = self._draw(d, seed)
+        self.drawn = {r: x for r, x in self.drawn.items() if d.round - r <= VERDICT_WINDOW}
         if draws and self.peers.i_am_member():  # members verify and re-check: they keep the round's base
             fp32 = {n: t.detach().clone() for n, t in base.items()}
             self.bases[d.round] = (RoundBase(d.round, module_state(fp32.items()), fp32), dict(self.states()))
@@ -172,7 +174,11 @@ class SpotRounds:
             except WireError:
                 continue
             shapes[tid] = Shape(len(inner.steps), inner.params, inner.leaf)
-        return round_draws(d, seed, shapes=shapes, ledger=self.ledger(), is_member=self.peers.is_member, spot=self.spot)
+        ledger = self.ledger()
+        draws = round_draws(d, seed, shapes=shapes, ledger=ledger, is_member=self.peers.is_member, spot=self.spot)
+        targets = {t for t in shapes if t in d.trainer_ids or ledger.owing(t)}
+        self.drawn[d.round] = (targets, {(x.target, x.verifier) for x in draws})
+        return draws
 
     def _answer(self, draw: SpotDraw) -> None:
         """Publish our answer for ``draw`` (once per round: every draw on us opens one step alike)."""
@@ -228,9 +234,10 @@ class SpotRounds:
         if not (self.peers.is_member(sender) and self.peers.is_member(v.verifier)):
             raise IntegrityError(f"verdict of {v.verifier[:12]} pushed by {sender[:12]}: no member's")
         VERDICTS.verify(v, signer_key=self.peers.key_of(v.verifier), tag=f"verdict of {v.verifier[:12]}")
-        if self._refuted(v):
-            self.peers.book.judge(v.verifier, Lied(f"no answer of {v.target[:12]} in round {v.round}, which published one"))
-            raise IntegrityError(f"verdict of {v.verifier[:12]}: no answer of {v.target[:12]}, whose receipt we hold")
+        if self.refutes(v):
+            self.peers.book.judge(v.verifier, Lied(f"a verdict on {v.target[:12]} of round {v.round} we can refute"))
+            raise IntegrityError(f"verdict of {v.verifier[:12]} on {v.target[:12]}: no answer of one whose receipt we "
+                                 "hold, or a check nobody drew")
         if (v.run_id, v.epoch) != (self.cfg.run_id, self.agreement.table.epoch()) or v.key in self.verdicts or \
                 not 0 <= self.agreement.current_round() - v.round <= VERDICT_WINDOW:
             return
@@ -343,7 +350,7 @@ class SpotRounds:
         self.arrived = {k: t for k, t in self.arrived.items() if k in self.verdicts}
         for key, (v, data) in sorted(self.verdicts.items(), key=lambda kv: (kv[0][0], kv[0][1].encode(), kv[0][2].encode())):
             if key in ledger.applied or not 0 < r - v.round <= VERDICT_WINDOW or len(out) >= MAX_DECISION_VERDICTS \
-                    or self._refuted(v):
+                    or self.refutes(v):
                 continue
             if v.evidence:
                 judged = self.judged.get(v.evidence)
@@ -370,9 +377,15 @@ class SpotRounds:
                 out[key] = data
         return out
 
-    def _refuted(self, v: CheckVerdict) -> bool:
-        """An ``unanswered`` verdict of a target whose answer receipt we hold: a lie."""
-        return v.reason == SpotFailure.UNANSWERED.value and self.answers.answered(v.round, v.target) is not None
+    def refutes(self, v: CheckVerdict, *, before: float = float("inf")) -> bool:
+        """A verdict we can show is a lie: ``unanswered`` of a target whose answer receipt came here
+        before ``before``, or of a check the round's draw (as computed here, from the same seed) did
+        not make: a verifier nobody drew for its target cannot exclude it."""
+        at = self.answers.answered(v.round, v.target)
+        if v.reason == SpotFailure.UNANSWERED.value and at is not None and at <= before:
+            return True
+        drawn = self.drawn.get(v.round)
+        return drawn is not None and v.target in drawn[0] and (v.target, v.verifier) not in drawn[1]
 
     def _worker(self) -> SpotWorker:
         if self.worker is None:
