@@ -160,8 +160,8 @@ class SpotRounds:
             held = self.agreement.commits.of(d.round, tid)
             if held is None or not held.commit.spot or commit_digest(held.data) != named:
                 continue
-            if tid not in contributors and not ledger.owing(tid):
-                continue
+            if (tid not in contributors and not ledger.owing(tid)) or ledger.convicted(tid):
+                continue  # a convicted key is out for good: checking it again costs the verifiers for nothing
             try:
                 inner = decode_commitment(held.commit.spot)
             except WireError:
