@@ -37,7 +37,7 @@ from pulse_node.loco.ledger import RoundFacts
 from pulse_node.loco.outer import OuterState
 from pulse_node.loco.payload import LocoPayload, encode_payload
 from pulse_node.loco.roundrules import unrevealed
-from pulse_node.loco.verdicts import ledger_facts
+from pulse_node.loco.verdicts import failing, ledger_facts, named_verdicts
 from pulse_node.net.wire.protocol import TrainerStateRequest
 from pulse_node.peers.outcomes import Fault, Relayed
 from pulse_node.rl.assign import BatchKey
@@ -90,7 +90,9 @@ class TrainerRole:
         self.own_batches = 0
         self.agreement = RoundAgreement(ctx, shapes=self.shapes, current_round=lambda: self.outer.round, epoch=self._epoch,
                                         base=self._base, bound=PayloadBound.of_trainer(cfg), ledger=lambda: self.outer.ledger,
-                                        verdicts=lambda r: self.spot.verdicts_for(r))  # noqa: PLW0108 (spot: made next)
+                                        verdicts=lambda r: self.spot.verdicts_for(r),  # noqa: PLW0108 (spot: made next)
+                                        refutes=lambda v, before: self.spot.refutes(v, before=before),
+                                        owed=lambda r, since: self.spot.owed(r, since=since))
         self.spot = SpotRounds(ctx, engine=self.engine, agreement=self.agreement, ledger=lambda: self.outer.ledger,
                                states=lambda: self.feed.states)
         self.pace = OpenPace(cfg.loco.inner_steps)
@@ -378,7 +380,8 @@ class TrainerRole:
             ids = decision.trainer_ids
             members = frozenset(ids) - frozenset(decision.open)
             trust = self.outer.ledger.weights(ids, members=members)
-            silent = unrevealed(decision.commitments, contributors=ids, members=members, ledger=self.outer.ledger)
+            silent = unrevealed(decision.commitments, contributors=ids, members=members, ledger=self.outer.ledger,
+                                failed=failing(named_verdicts(decision), self.outer.ledger))
             verdicts, convicted = ledger_facts(decision)
             facts = RoundFacts(round_no, digest=payload_digest(encode_decision(decision)), contributors=tuple(ids),
                                members=members, unrevealed=silent, verdicts=verdicts, convicted=convicted)
