@@ -85,6 +85,25 @@ def test_an_unproven_member_is_drawn_every_round_by_two_verifiers_until_it_passe
     assert {x.target for x in draws} == {ids[2]}
 
 
+def test_a_convicted_key_is_drawn_no_more_though_it_still_commits():
+    """An open trainer convicted (and owing) keeps committing; checking it again would cost two
+    verifiers every round for nothing: it is out for good. An owing key still is drawn."""
+    keys = [Identity.generate() for _ in range(4)]
+    ids = [peer_id(k) for k in keys]
+    ledger = Ledger()
+    for t in ids[:2]:
+        ledger.entries[t] = Entry(0, 0, member=True, passed=1)
+    ledger.entries[ids[2]] = Entry(0, 0, failed=1, owing=True)
+    ledger.entries[ids[3]] = Entry(0, 0, failed=2, owing=True, convicted=True)
+    d = _decided(keys[:2], 4)
+    committed = dict(d.commitments) | {t: bytes([9]) * 32 for t in ids[2:]}
+    d = make_decision(keys[0], run_id=DEFAULT_RUN_ID, round=4, base=BASE, epoch=EPOCH, coordinator=ids[0],
+                      contributors=dict(d.contributors), committed=committed)
+    draws = round_draws(d, b"\x04" * 32, shapes=dict.fromkeys(ids, SHAPE), ledger=ledger,
+                        is_member=set(ids[:2]).__contains__, spot=SpotConfig(rate=0.0))
+    assert {x.target for x in draws} == {ids[2]}
+
+
 def _agreement(tmp_path: Path, hub: MemoryHub, me: Identity, keys: list[str], *, verdicts: list[bytes],
                refutes=None, owed=None) -> RoundAgreement:
     cfg = TrainerConfig.model_validate({"data_dir": str(tmp_path / peer_id(me)), "chain": {"trusted_trainers": keys}})

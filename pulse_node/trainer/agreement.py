@@ -215,8 +215,9 @@ class RoundAgreement:
         Whether it is revealed."""
         if o.revealed:
             return True
-        live, held = self._live(), self.commits.round(o.round)
-        if not commit_phase_over(o, now=time.monotonic(), members=live, open_live=self.peers.live_open(o.round),
+        live, held, ledger = self._live(), self.commits.round(o.round), self.intake.ledger()
+        open_live = [t for t in self.peers.live_open(o.round) if not ledger.convicted(t)]  # out for good: not waited for
+        if not commit_phase_over(o, now=time.monotonic(), members=live, open_live=open_live,
                                  held=held, wait_s=self.cfg.open_wait_s):
             return False
         o.revealed = True
@@ -315,7 +316,11 @@ class RoundAgreement:
     def _behind(self, o: OpenRound) -> bool:
         """An open trainer whose round most members closed already: it pulls the decision at once
         rather than waiting out a commit phase nobody else is in any more."""
-        return not self.peers.i_am_member() and self._closed_elsewhere(o.round, self._live())
+        return not self.peers.i_am_member() and self.closed_elsewhere(o.round)
+
+    def closed_elsewhere(self, r: int) -> bool:
+        """Most live members closed round ``r`` already (``_closed_elsewhere``)."""
+        return self._closed_elsewhere(r, self._live())
 
     def _closed_elsewhere(self, r: int, live: Mapping[str, PeerRecord]) -> bool:
         """Most live members announce a version past round ``r`` (they published ``r + 1``; one

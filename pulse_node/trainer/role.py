@@ -50,6 +50,7 @@ from pulse_node.torchbits import module_state
 from pulse_node.trainer.agreement import RoundAgreement, RoundResult
 from pulse_node.trainer.engine import make_engine
 from pulse_node.trainer.intake import RolloutFeed
+from pulse_node.trainer.pace import OpenPace
 from pulse_node.trainer.publisher import Published, VersionPublisher
 from pulse_node.trainer.resync_quorum import gather_ballots, majority
 from pulse_node.trainer.spot_round import SpotRounds
@@ -94,6 +95,7 @@ class TrainerRole:
                                         owed=lambda r, since: self.spot.owed(r, since=since))
         self.spot = SpotRounds(ctx, engine=self.engine, agreement=self.agreement, ledger=lambda: self.outer.ledger,
                                states=lambda: self.feed.states)
+        self.pace = OpenPace(cfg.loco.inner_steps)
         self.peer_heads: dict[int, dict[str, str]] = {}  # version -> trainer -> state hash of its signed head
         self.published_hashes: dict[int, str] = {}
 
@@ -299,9 +301,12 @@ class TrainerRole:
     def round(self) -> None:
         metrics: dict[str, float] = {}
         self.spot.begin(round=self.outer.round, base_hash=self.outer.state_hash())
-        for _ in range(self.cfg.loco.inner_steps):
+        member = self.agreement.peers.i_am_member()  # an open trainer keeps pace (trainer/pace.py)
+        for step in range(self.cfg.loco.inner_steps if member else self.pace.steps):
             if self.ctx.stop.is_set():
                 return
+            if step and not member and self.agreement.closed_elsewhere(self.outer.round):
+                break
             try:
                 batch, producer = self._next_batch()
                 metrics = self.engine.step(batch, current_version=self.version, producer=producer)
@@ -339,6 +344,7 @@ class TrainerRole:
                               base=base if self.cfg.loco.base_coding else None)
         result = self._agree(mine, data, spot=self.spot.commitment(round_no, data))
         if result.payloads is not None and self._apply(round_no, result.payloads, result.decision):
+            self.pace.saw(entered=result.mine_included)
             if not result.mine_included:
                 self.engine.restore(mine)
                 with self.ctx.status.trainer() as counters:

@@ -177,7 +177,7 @@ class SpotRounds:
             shapes[tid] = Shape(len(inner.steps), inner.params, inner.leaf)
         ledger = self.ledger()
         draws = round_draws(d, seed, shapes=shapes, ledger=ledger, is_member=self.peers.is_member, spot=self.spot)
-        targets = {t for t in shapes if t in d.trainer_ids or ledger.owing(t)}
+        targets = {t for t in shapes if (t in d.trainer_ids or ledger.owing(t)) and not ledger.convicted(t)}
         self.drawn[d.round] = (targets, {(x.target, x.verifier) for x in draws})
         return draws
 
@@ -400,12 +400,12 @@ def round_draws(d: RoundDecision, seed: bytes, *, shapes: Mapping[str, Shape], l
                 is_member: Callable[[str], bool], spot: SpotConfig) -> list[SpotDraw]:
     """The checks of decided round ``d`` (module docstring, step 2); ``shapes``: the inner
     commitment of each key ``d`` names a commitment of, as held here. Targets: the contributors
-    and the keys owing a check; checked always (by ``newcomer_verifiers``): owing keys, newcomers
+    and the keys owing a check, never a convicted one; checked always (by ``newcomer_verifiers``): owing keys, newcomers
     and unproven members (``loco/ledger.py``)."""
     contributors, targets, always = set(d.trainer_ids), dict[str, Shape](), set[str]()
     for tid, shape in shapes.items():
-        if tid not in contributors and not ledger.owing(tid):
-            continue
+        if (tid not in contributors and not ledger.owing(tid)) or ledger.convicted(tid):
+            continue  # a convicted key is out for good: checking it again costs the verifiers for nothing
         targets[tid] = shape
         member = tid not in d.open if tid in contributors else is_member(tid)
         if ledger.owing(tid) or ledger.newcomer(tid, member=member) or ledger.unproven(tid, member=member):
