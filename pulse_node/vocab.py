@@ -169,3 +169,5 @@ class DecisionRefusal(Reason):
     OTHER_BASE = "other_base"
     NOT_DESIGNATED = "not_designated"
     OMITS_COMMITMENT = "omits_commitment"  # leaves out a commitment this trainer held in time
+    OMITS_VERDICT = "omits_verdict"  # leaves out a failed verdict with evidence this trainer held in time
+    REFUTED = "refuted"  # names "no answer" of a target whose answer receipt this trainer held in time

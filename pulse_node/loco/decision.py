@@ -11,7 +11,7 @@ It also names the spot-check verdicts it holds (``loco/commitlist.py`` ``CheckVe
 signed by its verifier, checks of the last rounds) and the keys their evidence convicts
 (``trainer/spot_round.py``), which the trust ledger then applies on every trainer alike.
 
-Wire format (``DECISION_FORMAT`` 5): the signed-statement envelope (``chain/statement.py``) of a
+Wire format (``DECISION_FORMAT`` 6): the signed-statement envelope (``chain/statement.py``) of a
 ``RoundDecision``, each field declared there with its bounds: ``contributors`` is
 ``[[trainer_id, digest], ...]`` sorted by the trainer ids' UTF-8 bytes without repeats
 (1..``MAX_CONTRIBUTORS`` entries), ``committed`` likewise (0..``MAX_CONTRIBUTORS``, naming
@@ -41,7 +41,7 @@ from pulse_node.chain.statement import U63, Digest32, Hex64, RunId, Signature, S
 from pulse_node.loco.payload import MAX_TRAINER_ID
 
 DECISION_MAGIC = "pulseloco/decision"
-DECISION_FORMAT = 5
+DECISION_FORMAT = 6  # 6: a failed verdict it names keeps its target out of the round (loco/verdicts.failing)
 MAX_DECISION_VERDICTS = 32
 MAX_VERDICT_BYTES = 1024
 MAX_CONTRIBUTORS = 256

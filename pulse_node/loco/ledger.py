@@ -13,8 +13,8 @@ A failed check (no answer, or a mismatch whose evidence convicts the target) mak
 **owing**: it enters no round and is checked every round, by ``newcomer_verifiers`` verifiers,
 until it passes one (an honest trainer a lying verifier marked unanswered is back after one
 round; a trainer that never answers stays out). A member that has passed no check yet is
-**unproven** (``unproven``): the byzantine bench's harness checks it every round too; the real
-round's draw (``trainer/spot_round.py``) does not yet. Weights (``weights``):
+**unproven** (``unproven``): it is checked every round too (``trainer/spot_round.round_draws``,
+the byzantine harness alike). Weights (``weights``):
 
 - a **member** (a configured root or an admitted key: ``members`` as the decision names them)
   weighs 1;

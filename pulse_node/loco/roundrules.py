@@ -86,17 +86,20 @@ def entered(lst: CommitList, ledger: Ledger) -> set[str]:
     return (listed - new) | ledger.entrants(new)
 
 
-def entering(keys: Iterable[str], *, is_member: Callable[[str], bool], ledger: Ledger) -> set[str]:
+def entering(keys: Iterable[str], *, is_member: Callable[[str], bool], ledger: Ledger,
+             failed: Collection[str] = ()) -> set[str]:
     """The keys among ``keys`` (a decision's commitments) whose payloads may count in the real
     round (``trainer/agreement.py``): members, open trainers past their newcomer checks, and the
-    newcomers the ledger's entry draw lets in; never a key owing a check or convicted."""
-    ks = {k for k in keys if not (ledger.owing(k) or ledger.convicted(k))}
+    newcomers the ledger's entry draw lets in; never a key owing a check or convicted, nor one of
+    ``failed`` (failing a check the round's decision names, ``loco/verdicts.failing``: the ledger
+    applies that verdict only after the round's weights, a round later)."""
+    ks = {k for k in keys if not (ledger.owing(k) or ledger.convicted(k)) and k not in failed}
     new = {k for k in ks if not is_member(k) and ledger.newcomer(k, member=False)}
     return (ks - new) | ledger.entrants(new)
 
 
 def unrevealed(commitments: Iterable[str], *, contributors: Collection[str], members: Collection[str],
-               ledger: Ledger) -> tuple[str, ...]:
+               ledger: Ledger, failed: Collection[str] = ()) -> tuple[str, ...]:
     """The keys of a decision's ``commitments`` that entered the round (``entering``, on the ledger
     before the round) yet are not among its ``contributors``: committed, never revealed in time.
     A key is a member if the decision or the ledger says so (every trainer classes keys alike)."""
@@ -106,7 +109,7 @@ def unrevealed(commitments: Iterable[str], *, contributors: Collection[str], mem
         e = ledger.entries.get(k)
         return k in members or (e is not None and e.member)
 
-    ok = entering(keys, is_member=member, ledger=ledger)
+    ok = entering(keys, is_member=member, ledger=ledger, failed=failed)
     return tuple(sorted((k for k in keys if k in ok and k not in contributors), key=str.encode))
 
 

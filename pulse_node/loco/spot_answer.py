@@ -1,22 +1,32 @@
-"""A target's answer to a drawn spot check, as it travels (push kind ``spot_answer``; torch-free).
+"""A target's answer to a drawn spot check, and its signed receipt (torch-free).
 
-The drawn target of a check (``loco/spotdraw.py``) computes the draw itself and pushes each of
-its verifiers what the check needs beyond what every trainer holds: the opening of its inner
+The drawn target of a check (``loco/spotdraw.py``) computes the draw itself and publishes what
+its verifiers need beyond what every trainer holds (``trainer/spot_answers.py``): the answer is
+served by its digest (fetch kind ``loco_payload``), and an ``AnswerReceipt`` signed by the
+target (push kind ``spot_answer``: run, epoch, round, target, the answer's digest and size) goes
+to every member, which relays it once like a commitment; a fetch is capped by the signed size.
+An answer is the opening of its inner
 commitment at the drawn leaves (``loco/opening.py``, checked against its signed roots), the
 drawn step's rollout batches (checked against their digests in the commitment) and a BF16 patch
 to the weights that step ran on (none for step 0; checked against the signed weights hash).
 Nothing in it is taken on trust: ``trainer/recompute.py`` checks every part.
 
-Wire format (``ANSWER_FORMAT`` 1): msgpack ``[magic, format, round, target, step, opening,
-[batch, ...], patch]`` (``patch`` empty for none), at most ``MAX_ANSWER_BYTES``.
+Wire formats: an answer (``ANSWER_FORMAT`` 1) is msgpack ``[magic, format, round, target, step,
+opening, [batch, ...], patch]`` (``patch`` empty for none), at most ``MAX_ANSWER_BYTES``; a
+receipt (format 1) is the signed-statement envelope (``chain/statement.py``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Annotated
 
+import blake3
 import msgpack
+from pydantic import Field
 
+from pulse_node.chain.identity import Identity
+from pulse_node.chain.statement import U63, Digest32, Hex64, RunId, Signature, Statement
 from pulse_node.errors import WireError
 from pulse_node.loco.commit import MAX_BATCHES_PER_STEP
 from pulse_node.loco.opening import RoundOpening, decode_opening, encode_opening
@@ -24,7 +34,9 @@ from pulse_node.loco.payload import MAX_TRAINER_ID
 
 ANSWER_MAGIC = "pulse/spot-answer"
 ANSWER_FORMAT = 1
-MAX_ANSWER_BYTES = 48 << 20
+MAX_ANSWER_BYTES = 1 << 30  # as a ``loco_payload`` fetch body; a fetch is capped by the receipt's size
+RECEIPT_MAGIC = "pulse/spot-answer-receipt"
+MAX_RECEIPT_BYTES = 1024
 
 
 @dataclass
@@ -59,3 +71,27 @@ def decode_answer(data: bytes) -> SpotAnswer:
     if not ok:
         raise WireError("not a spot answer of a supported format")
     return SpotAnswer(items[2], items[3], items[4], decode_opening(items[5]), items[6], items[7] or None)
+
+
+@dataclass(frozen=True)
+class AnswerReceipt:
+    """``target``'s signed word that its answer of round ``round`` is the bytes of ``digest``."""
+
+    run_id: RunId
+    epoch: Digest32
+    round: U63
+    target: Annotated[str, Field(min_length=1, max_length=MAX_TRAINER_ID)]
+    digest: Digest32  # BLAKE3 of the encoded answer
+    size: Annotated[int, Field(ge=1, le=MAX_ANSWER_BYTES)]
+    signer: Hex64
+    signature: Signature
+
+
+RECEIPTS = Statement(AnswerReceipt, magic=RECEIPT_MAGIC, format=1, max_bytes=MAX_RECEIPT_BYTES, max_str=128,
+                     max_bin=64, max_array=16)
+
+
+def make_receipt(identity: Identity, *, run_id: str, epoch: bytes, answer: SpotAnswer, data: bytes) -> AnswerReceipt:
+    """The target's signed receipt of ``answer`` (``data``: its encoded bytes)."""
+    return RECEIPTS.seal(identity, AnswerReceipt(run_id, bytes(epoch), answer.round, answer.target,
+                                                 blake3.blake3(data).digest(), len(data), identity.public_key_hex, b""))

@@ -7,18 +7,19 @@ this run and epoch, of a check of one of the last ``VERDICT_WINDOW`` rounds; a c
 the target or the verifier of a failed verdict the decision names with evidence (the
 coordinator's re-check of that evidence says which: ``trainer/spot_round.py``). So a
 coordinator can invent no verdict and convict nobody without a drawn verifier's signed failure.
-``ledger_facts`` is what the ledger then applies (``loco/ledger.RoundFacts``), the same on every
+A failed verdict acts in the round whose decision names it (``failing``: its target's payload
+does not count); ``ledger_facts`` is what the ledger then applies (``loco/ledger.RoundFacts``), the same on every
 trainer.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from pulse_node.errors import PulseError
 from pulse_node.loco.commitlist import VERDICTS, CheckVerdict
 from pulse_node.loco.decision import RoundDecision
-from pulse_node.loco.ledger import VERDICT_WINDOW, Verdict
+from pulse_node.loco.ledger import VERDICT_WINDOW, Ledger, Verdict
 
 
 def named_verdicts(d: RoundDecision) -> list[CheckVerdict]:
@@ -47,6 +48,13 @@ def verdict_problems(d: RoundDecision, *, key_of: Callable[[str], str], is_membe
     if not set(d.convicted) <= backed:
         return f"round {d.round} decision convicts a key no failed verdict with evidence names"
     return None
+
+
+def failing(verdicts: Iterable[CheckVerdict], ledger: Ledger) -> set[str]:
+    """The targets of the failed verdicts among ``verdicts`` (a decision's) that ``ledger`` has
+    not applied yet: their payloads enter no payload of the decision's round
+    (``loco/roundrules.entering``), as the byzantine harness's ``entered``."""
+    return {v.target for v in verdicts if not v.passed and v.key not in ledger.applied}
 
 
 def ledger_facts(d: RoundDecision) -> tuple[tuple[Verdict, ...], tuple[str, ...]]:

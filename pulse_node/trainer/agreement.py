@@ -62,11 +62,13 @@ from pulse_node.daemon.context import RoleContext
 from pulse_node.errors import BaseMismatchError, IntegrityError, PulseError, WireError
 from pulse_node.fsutil import write_atomic
 from pulse_node.loco.bound import PayloadBound, PayloadBoundError
+from pulse_node.loco.commitlist import VERDICTS, CheckVerdict
 from pulse_node.loco.decision import MAX_DECISION_BYTES, RoundDecision, encode_decision, make_decision, payload_digest
 from pulse_node.loco.ledger import Ledger
 from pulse_node.loco.payload import LocoPayload, read_header
 from pulse_node.loco.roundcommit import commit_digest, decode_commit
 from pulse_node.loco.roundrules import entering
+from pulse_node.loco.verdicts import failing
 from pulse_node.net.wire.protocol import LocoDecisionRequest, LocoPayloadRequest
 from pulse_node.trainer.commits import CommitIntake, HeldCommit
 from pulse_node.trainer.decisions import DecisionIntake, coordinator_order
@@ -98,7 +100,9 @@ class RoundAgreement:
     def __init__(self, ctx: RoleContext[TrainerConfig], *, shapes: Mapping[str, tuple[int, ...]],
                  current_round: Callable[[], int], epoch: Callable[[], bytes], base: BaseFn | None = None,
                  bound: PayloadBound | None = None, ledger: Callable[[], Ledger] | None = None,
-                 verdicts: Callable[[int], tuple[list[bytes], list[str]]] | None = None) -> None:
+                 verdicts: Callable[[int], tuple[list[bytes], list[str]]] | None = None,
+                 refutes: Callable[[CheckVerdict, float], bool] | None = None,
+                 owed: Callable[[int, float], Mapping[tuple[int, str, str], bytes]] | None = None) -> None:
         """``epoch``: the epoch of the chain we extend (``chain/record.py``; decisions of another
         are refused). ``base``: our current round's base (``BaseFn``); without it only base-free payloads
         decode and payloads are not checked against a base hash nor the value bound.
@@ -106,7 +110,9 @@ class RoundAgreement:
         is the node's peer book's (``ctx.book``); ``ledger``: the trust ledger of our outer state
         (default: an empty one, every open trainer a newcomer); ``verdicts(r)``: the spot-check
         verdicts (encoded) and convicted keys a decision of round ``r`` we sign names
-        (``trainer/spot_round.py``; default: none)."""
+        (``trainer/spot_round.py``; default: none); ``refutes(verdict, before)``: whether we can show
+        a verdict a decision names is a lie (``SpotRounds.refutes``; default: never); ``owed``:
+        the verdicts a decision must name (``SpotRounds.owed``; default: none)."""
         self.ctx = ctx
         self.cfg = ctx.cfg.loco
         self.shapes = dict(shapes)
@@ -124,7 +130,8 @@ class RoundAgreement:
         self.cap = self.payloads.cap
         self._cap_pushes()
         self.intake = DecisionIntake(ctx, peers=self.peers, table=self.table, commits=self.commits,
-                                     payload_at=self.payloads.payload_at, ledger=ledger or Ledger)
+                                     payload_at=self.payloads.payload_at, ledger=ledger or Ledger,
+                                     refutes=refutes or (lambda v, before: False), owed=owed or (lambda r, since: {}))
         shutil.rmtree(self.root / LOCO_DIR, ignore_errors=True)  # an earlier run's rounds mean nothing now
 
     # ---- the table shared with the decision intake (``trainer/rounds.py``) -------------------
@@ -208,8 +215,9 @@ class RoundAgreement:
         Whether it is revealed."""
         if o.revealed:
             return True
-        live, held = self._live(), self.commits.round(o.round)
-        if not commit_phase_over(o, now=time.monotonic(), members=live, open_live=self.peers.live_open(o.round),
+        live, held, ledger = self._live(), self.commits.round(o.round), self.intake.ledger()
+        open_live = [t for t in self.peers.live_open(o.round) if not ledger.convicted(t)]  # out for good: not waited for
+        if not commit_phase_over(o, now=time.monotonic(), members=live, open_live=open_live,
                                  held=held, wait_s=self.cfg.open_wait_s):
             return False
         o.revealed = True
@@ -308,7 +316,11 @@ class RoundAgreement:
     def _behind(self, o: OpenRound) -> bool:
         """An open trainer whose round most members closed already: it pulls the decision at once
         rather than waiting out a commit phase nobody else is in any more."""
-        return not self.peers.i_am_member() and self._closed_elsewhere(o.round, self._live())
+        return not self.peers.i_am_member() and self.closed_elsewhere(o.round)
+
+    def closed_elsewhere(self, r: int) -> bool:
+        """Most live members closed round ``r`` already (``_closed_elsewhere``)."""
+        return self._closed_elsewhere(r, self._live())
 
     def _closed_elsewhere(self, r: int, live: Mapping[str, PeerRecord]) -> bool:
         """Most live members announce a version past round ``r`` (they published ``r + 1``; one
@@ -335,12 +347,14 @@ class RoundAgreement:
         else:
             committed = {tid: h for tid, h in self.commits.round(r).items() if h.at <= o.commit_close}
             self._fetch_missing(r, committed, live)
-            entered = entering(committed, is_member=self.peers.is_member, ledger=self.intake.ledger())
+            verdicts, convicted = self.verdicts(r)  # a key failing a check they name enters no payload now
+            ledger = self.intake.ledger()
+            entered = entering(committed, is_member=self.peers.is_member, ledger=ledger,
+                               failed=failing(map(VERDICTS.decode, verdicts), ledger))
             held = {tid: digest for tid, (digest, p) in self.inbox.get(r, {}).items() if p.base_hash == base
                     and tid in entered and committed[tid].commit.payload == digest and self.peers.may_contribute(tid)}
             if not held:  # not even ours (we sit the round out after a restart): no decision to make
                 return None
-            verdicts, convicted = self.verdicts(r)
             d = make_decision(self.ctx.identity, run_id=self.ctx.cfg.run_id, round=r, base=base, epoch=self.table.epoch(),
                               coordinator=self.me, contributors=held,
                               committed={tid: commit_digest(h.data) for tid, h in committed.items()},

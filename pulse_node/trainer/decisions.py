@@ -33,7 +33,11 @@ convictions it names, ``loco/verdicts.py``), then:
    committed trainer whose payload we held as long; else it is refused (``omits_commitment``),
    both signed statements (the decision, the commitment left out) are kept under
    ``loco/<round>/omitted/``, and the next coordinator in turn decides (a peer that applied the
-   refused decision does not make us re-sync onto it).
+   refused decision does not make us re-sync onto it). Likewise one naming a verdict we can
+   refute by what we held as long (``refuted``: no answer of a target whose receipt we held, a
+   check nobody drew), and one
+   leaving out a failed verdict with evidence of a round at least two before, held and re-checked
+   here before our round opened (``omits_verdict``, kept like an omission; ``SpotRounds.owed``).
 5. **A round closed without us.** A decision we pull once most live members have closed the
    round, nobody having pushed it to us, was made while its coordinator did not count us live
    (we joined, re-synced or were slow): it is taken without the turn and early rules and without
@@ -72,9 +76,11 @@ from pulse_node.daemon.status_model import count
 from pulse_node.errors import IntegrityError, PulseError
 from pulse_node.fsutil import write_atomic
 from pulse_node.loco.bound import PayloadBoundError
+from pulse_node.loco.commitlist import CheckVerdict
 from pulse_node.loco.config import LocoConfig
 from pulse_node.loco.decision import (
     MAX_DECISION_BYTES,
+    MAX_DECISION_VERDICTS,
     RoundDecision,
     decode_decision,
     encode_decision,
@@ -83,7 +89,7 @@ from pulse_node.loco.decision import (
 from pulse_node.loco.ledger import Ledger
 from pulse_node.loco.roundcommit import commit_digest
 from pulse_node.loco.roundrules import entering
-from pulse_node.loco.verdicts import verdict_problems
+from pulse_node.loco.verdicts import failing, named_verdicts, verdict_problems
 from pulse_node.peers.outcomes import Reported
 from pulse_node.trainer.commits import CommitIntake
 from pulse_node.trainer.round_peers import RoundPeers
@@ -93,6 +99,7 @@ from pulse_node.vocab import DecisionRefusal
 _ORDER_DOMAIN = b"pulse/coordinator-order/1\0"
 PARK_PER_ROUND = 8  # decisions parked per coming round, at most
 OWN_KEEP = 8  # rounds whose own decision a trainer keeps on disk
+_KEPT = (DecisionRefusal.OMITS_COMMITMENT, DecisionRefusal.OMITS_VERDICT)  # refusals kept as evidence
 WITNESSED_BASES = 4  # bases per (round, signer) whose first decision is remembered, at most
 
 
@@ -118,10 +125,14 @@ class DecisionIntake:
 
     def __init__(self, ctx: RoleContext[TrainerConfig], *, peers: RoundPeers, table: RoundTable,
                  commits: CommitIntake, payload_at: Callable[[int, str], tuple[bytes, float] | None],
-                 ledger: Callable[[], Ledger]) -> None:
+                 ledger: Callable[[], Ledger], refutes: Callable[[CheckVerdict, float], bool],
+                 owed: Callable[[int, float], Mapping[tuple[int, str, str], bytes]]) -> None:
         """``payload_at(r, trainer)``: the digest of ``trainer``'s round-``r`` payload held here and
-        when it arrived (monotonic), or None. ``ledger``: the trust ledger of our outer state."""
-        self.ctx, self.peers, self.table = ctx, peers, table
+        when it arrived (monotonic), or None. ``ledger``: the trust ledger of our outer state.
+        ``refutes(verdict, before)``: whether we can show a verdict is a lie, by what came before
+        ``before`` (``SpotRounds.refutes``);
+        ``owed(r, since)``: the verdicts a decision of round ``r`` must name (``SpotRounds.owed``)."""
+        self.ctx, self.peers, self.table, self.refutes, self.owed = ctx, peers, table, refutes, owed
         self.commits, self.payload_at, self.ledger = commits, payload_at, ledger
         self.cfg: LocoConfig = ctx.cfg.loco
         self.me = peers.me
@@ -203,7 +214,7 @@ class DecisionIntake:
         park it if it is early."""
         why = self._standing(d, elsewhere=elsewhere)
         if isinstance(why, DecisionRefusal):
-            if why is not DecisionRefusal.OMITS_COMMITMENT:  # (counted and kept by ``_refuse_omission``)
+            if why not in _KEPT:  # (counted and kept by ``_refuse_omission``)
                 self.peers.refuse(sender, why, f"round {d.round} decision of {d.coordinator[:12]}", lied=False)
             return
         if why is not None:  # early, or its round is not open here yet: parked
@@ -238,6 +249,12 @@ class DecisionIntake:
         if self.peers.i_am_member() and (omission := self._omission(d, o, elsewhere=elsewhere)) is not None:
             self._refuse_omission(d, omission)
             return DecisionRefusal.OMITS_COMMITMENT
+        if self.peers.i_am_member() and (left := self._verdict_left_out(d, o)) is not None:
+            self._refuse_omission(d, left, reason=DecisionRefusal.OMITS_VERDICT)
+            return DecisionRefusal.OMITS_VERDICT
+        if self.peers.i_am_member() and self._refuted(d):
+            self.table.omitted.setdefault(d.round, set()).add(d.coordinator)  # a peer applying it: no re-sync
+            return DecisionRefusal.REFUTED
         order = coordinator_order(self.ctx.cfg.run_id, d.round,
                                   [pid for pid in {*o.order, *live} if self.peers.is_member(pid)
                                    and (pid != self.me or self.peers.i_am_member())])
@@ -250,8 +267,11 @@ class DecisionIntake:
         return None if time.monotonic() >= due - self.cfg.decision_wait_s / 2 else "early"
 
     def entering(self, d: RoundDecision) -> set[str]:
-        """The keys among ``d``'s commitments whose payloads may count (``loco/roundrules.entering``)."""
-        return entering(d.commitments, is_member=self.peers.is_member, ledger=self.ledger())
+        """The keys among ``d``'s commitments whose payloads may count (``loco/roundrules.entering``;
+        never the target of a failed verdict ``d`` names); ``d``'s verdicts were checked."""
+        ledger = self.ledger()
+        return entering(d.commitments, is_member=self.peers.is_member, ledger=ledger,
+                        failed=failing(named_verdicts(d), ledger))
 
     def _omission(self, d: RoundDecision, o: OpenRound, *, elsewhere: bool) -> tuple[str, bytes] | None:
         """(trainer, what was left out) for a commitment (or revealed payload) held here in time
@@ -272,15 +292,31 @@ class DecisionIntake:
                 return tid, held.data
         return None
 
-    def _refuse_omission(self, d: RoundDecision, omission: tuple[str, bytes]) -> None:
-        """Count the refusal once per coordinator and round and keep both signed statements."""
+    def _refuted(self, d: RoundDecision) -> bool:
+        """``d`` names a verdict we can refute by what we held ``decision_wait_s / 2`` before: no
+        answer of a target whose answer receipt we held, or a check nobody drew (``refutes``)."""
+        cutoff = time.monotonic() - self.cfg.decision_wait_s / 2
+        return any(self.refutes(v, cutoff) for v in named_verdicts(d))
+
+    def _verdict_left_out(self, d: RoundDecision, o: OpenRound) -> tuple[str, bytes] | None:
+        """(target, verdict) for a failed verdict with evidence ``d`` must name and leaves out
+        (``owed``: held and re-checked here before our round opened, a round old at least)."""
+        if len(d.verdicts) >= MAX_DECISION_VERDICTS:
+            return None
+        named = {v.key for v in named_verdicts(d)}
+        return next(((k[1], data) for k, data in sorted(self.owed(d.round, o.t0).items()) if k not in named), None)
+
+    def _refuse_omission(self, d: RoundDecision, omission: tuple[str, bytes], *,
+                         reason: DecisionRefusal = DecisionRefusal.OMITS_COMMITMENT) -> None:
+        """Count the refusal once per coordinator and round and keep both signed statements (the
+        decision, and the commitment or verdict it leaves out)."""
         seen = self.table.omitted.setdefault(d.round, set())
         if d.coordinator in seen:
             return
         seen.add(d.coordinator)
         tid, commitment = omission
-        self.peers.refuse(d.coordinator, DecisionRefusal.OMITS_COMMITMENT,
-                          f"round {d.round} decision leaves out {tid[:12]}, committed here in time", lied=False)
+        self.peers.refuse(d.coordinator, reason, f"round {d.round} decision leaves out what {tid[:12]} "
+                          "committed, or a verdict on it, held here in time", lied=False)
         path = Path(self.ctx.store.root) / LOCO_DIR / str(d.round) / "omitted" / f"{d.coordinator[:32]}.msgpack"
         try:
             write_atomic(path, msgpack.packb([encode_decision(d), commitment], use_bin_type=True), durable=False)
@@ -293,7 +329,7 @@ class DecisionIntake:
             if r in self.table.decisions:
                 return
             why = self._standing(d, elsewhere=elsewhere)
-            if why is DecisionRefusal.OMITS_COMMITMENT:
+            if why in _KEPT:
                 self.parked.get(r, {}).pop(coordinator, None)
                 continue
             if why is None and self.accept(d, data):

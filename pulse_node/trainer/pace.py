@@ -17,6 +17,14 @@ costs a round ``open_wait_s``, never ``deadline_s``:
   ``open_wait_s`` at most for the payloads of the open trainers that entered the round with a
   commitment; one never revealed is named in the decision among the commitments but not the
   contributors, and the ledger counts it unrevealed (``loco/ledger.py``: it costs standing).
+
+An open trainer makes its own rollouts (inference nodes serve members only), so its inner steps
+may take longer than the members' whole round; it would then commit after every window and
+never enter a round. ``OpenPace`` sets how many inner steps it makes: half as many after a round
+that left it out, one more after a round it entered (between 1 and ``inner_steps``), so it
+settles at what it can make within the members' time; and it stops stepping once most members
+closed the round (``RoundAgreement.closed_elsewhere``) to catch up at once. Members always make
+``inner_steps``. A payload of fewer steps is a valid one (its commitment names the steps made).
 """
 
 from __future__ import annotations
@@ -57,3 +65,15 @@ def payloads_in(o: OpenRound | None, *, now: float, members_in: bool, open_enter
     if o.members_in is None:
         o.members_in = now
     return now >= o.members_in + wait_s or all(t in held for t in open_entered)
+
+
+class OpenPace:
+    """How many inner steps an open trainer makes in its next round (module docstring)."""
+
+    def __init__(self, inner_steps: int) -> None:
+        self.most = inner_steps
+        self.steps = inner_steps
+
+    def saw(self, *, entered: bool) -> None:
+        """After a round: it ``entered`` it (its payload applied) or was left out."""
+        self.steps = min(self.most, self.steps + 1) if entered else max(1, self.steps // 2)

@@ -37,7 +37,7 @@ from pulse_node.loco.ledger import RoundFacts
 from pulse_node.loco.outer import OuterState
 from pulse_node.loco.payload import LocoPayload, encode_payload
 from pulse_node.loco.roundrules import unrevealed
-from pulse_node.loco.verdicts import ledger_facts
+from pulse_node.loco.verdicts import failing, ledger_facts, named_verdicts
 from pulse_node.net.wire.protocol import TrainerStateRequest
 from pulse_node.peers.outcomes import Fault, Relayed
 from pulse_node.rl.assign import BatchKey
@@ -50,6 +50,7 @@ from pulse_node.torchbits import module_state
 from pulse_node.trainer.agreement import RoundAgreement, RoundResult
 from pulse_node.trainer.engine import make_engine
 from pulse_node.trainer.intake import RolloutFeed
+from pulse_node.trainer.pace import OpenPace
 from pulse_node.trainer.publisher import Published, VersionPublisher
 from pulse_node.trainer.resync_quorum import gather_ballots, majority
 from pulse_node.trainer.spot_round import SpotRounds
@@ -89,9 +90,12 @@ class TrainerRole:
         self.own_batches = 0
         self.agreement = RoundAgreement(ctx, shapes=self.shapes, current_round=lambda: self.outer.round, epoch=self._epoch,
                                         base=self._base, bound=PayloadBound.of_trainer(cfg), ledger=lambda: self.outer.ledger,
-                                        verdicts=lambda r: self.spot.verdicts_for(r))  # noqa: PLW0108 (spot: made next)
+                                        verdicts=lambda r: self.spot.verdicts_for(r),  # noqa: PLW0108 (spot: made next)
+                                        refutes=lambda v, before: self.spot.refutes(v, before=before),
+                                        owed=lambda r, since: self.spot.owed(r, since=since))
         self.spot = SpotRounds(ctx, engine=self.engine, agreement=self.agreement, ledger=lambda: self.outer.ledger,
                                states=lambda: self.feed.states)
+        self.pace = OpenPace(cfg.loco.inner_steps)
         self.peer_heads: dict[int, dict[str, str]] = {}  # version -> trainer -> state hash of its signed head
         self.published_hashes: dict[int, str] = {}
 
@@ -297,9 +301,12 @@ class TrainerRole:
     def round(self) -> None:
         metrics: dict[str, float] = {}
         self.spot.begin(round=self.outer.round, base_hash=self.outer.state_hash())
-        for _ in range(self.cfg.loco.inner_steps):
+        member = self.agreement.peers.i_am_member()  # an open trainer keeps pace (trainer/pace.py)
+        for step in range(self.cfg.loco.inner_steps if member else self.pace.steps):
             if self.ctx.stop.is_set():
                 return
+            if step and not member and self.agreement.closed_elsewhere(self.outer.round):
+                break
             try:
                 batch, producer = self._next_batch()
                 metrics = self.engine.step(batch, current_version=self.version, producer=producer)
@@ -337,6 +344,7 @@ class TrainerRole:
                               base=base if self.cfg.loco.base_coding else None)
         result = self._agree(mine, data, spot=self.spot.commitment(round_no, data))
         if result.payloads is not None and self._apply(round_no, result.payloads, result.decision):
+            self.pace.saw(entered=result.mine_included)
             if not result.mine_included:
                 self.engine.restore(mine)
                 with self.ctx.status.trainer() as counters:
@@ -372,7 +380,8 @@ class TrainerRole:
             ids = decision.trainer_ids
             members = frozenset(ids) - frozenset(decision.open)
             trust = self.outer.ledger.weights(ids, members=members)
-            silent = unrevealed(decision.commitments, contributors=ids, members=members, ledger=self.outer.ledger)
+            silent = unrevealed(decision.commitments, contributors=ids, members=members, ledger=self.outer.ledger,
+                                failed=failing(named_verdicts(decision), self.outer.ledger))
             verdicts, convicted = ledger_facts(decision)
             facts = RoundFacts(round_no, digest=payload_digest(encode_decision(decision)), contributors=tuple(ids),
                                members=members, unrevealed=silent, verdicts=verdicts, convicted=convicted)

@@ -9,20 +9,24 @@ On with ``chain.open_trainers`` (an open trainer earns weight only by checks pas
    trainer computes the same draw (``loco/spotdraw.draw_round``) seeded by the decided payloads'
    bytes (``round_seed``: unknown to anyone before every payload was revealed): targets are the
    contributors with an inner commitment (and keys owing a check), each checked at
-   ``loco.spot.rate``, newcomers and owing keys always and by ``newcomer_verifiers``; verifiers
-   are the decision's member contributors, never the target.
-3. **Answer.** A drawn target pushes each of its verifiers its answer (``loco/spot_answer.py``).
-4. **Check.** A verifier runs ``SpotChecker.check`` on its own model copy in the background
-   (``trainer/spot_worker.py``) once the answer came and the round's applied share is known; no
-   answer within ``loco.spot.answer_wait_s`` is ``unanswered`` (no evidence: the target owes a
-   check). It signs a ``CheckVerdict`` (``loco/commitlist.py``) and pushes it to the live
-   members; a failure on the target's data first pushes the evidence (``accuse``).
+   ``loco.spot.rate``, newcomers, owing keys and unproven members (no check passed yet) always
+   and by ``newcomer_verifiers``; verifiers are the decision's member contributors, never the target.
+3. **Answer.** A drawn target publishes its answer (``trainer/spot_answers.py``: served by
+   digest, its signed receipt relayed to every member like a commitment).
+4. **Check.** A verifier fetches the answer once its receipt came and runs ``SpotChecker.check``
+   on its own model copy in the background (``trainer/spot_worker.py``) once the round's applied
+   share is known; no receipt within ``loco.spot.answer_wait_s`` is ``unanswered`` (no evidence:
+   the target owes a check). A verdict ``refutes`` shows a lie (``unanswered`` of a target whose
+   receipt a member holds, or of a check nobody drew) is refused there, a strike on its verifier. It signs a ``CheckVerdict`` (``loco/commitlist.py``)
+   and pushes it to the live members; a failure on the target's data first pushes the evidence
+   (``accuse``). Members relay both once.
 5. **Re-check.** A member receiving evidence re-runs it (``recheck``) on the round's base it kept:
    confirmed, the target is struck (``Lied``); a false accusation strikes the accuser.
 6. **Ledger.** A coordinator's decision names the verdicts it holds (``verdicts_for``) and, for
    each failure with evidence it re-checked, the key it convicts (target, or a false accuser);
-   every trainer checks them (``loco/verdicts.py``) and its ledger applies them alike
-   (``loco/ledger.py``: failed = owing, out of the rounds; convicted = out for good).
+   every trainer checks them (``loco/verdicts.py``), refuses one leaving out a verdict it must
+   name (``owed``), and its ledger applies them alike (``loco/ledger.py``: failed = out of that
+   round, then owing; convicted = out for good).
 
 Not done: the link check (the next round's start opened against this round's end) is not asked
 for; a verifier keeps the round's base (an FP32 and a BF16 copy of the weights) for
@@ -45,12 +49,13 @@ from pulse_node.daemon.context import RoleContext
 from pulse_node.errors import IntegrityError, PulseError, WireError
 from pulse_node.loco.commit import InnerCommitment, decode_commitment, encode_commitment
 from pulse_node.loco.commitlist import MAX_VERDICT_BYTES, VERDICTS, CheckVerdict, make_verdict
+from pulse_node.loco.config import SpotConfig
 from pulse_node.loco.decision import MAX_DECISION_VERDICTS, RoundDecision, payload_digest
 from pulse_node.loco.ledger import VERDICT_WINDOW, Ledger
 from pulse_node.loco.outer import OuterOptimizer
 from pulse_node.loco.payload import LocoPayload
 from pulse_node.loco.roundcommit import commit_digest
-from pulse_node.loco.spot_answer import SpotAnswer, decode_answer, encode_answer
+from pulse_node.loco.spot_answer import SpotAnswer
 from pulse_node.loco.spot_evidence import SpotEvidence, decode_evidence, encode_evidence
 from pulse_node.loco.spotdraw import Shape, SpotDraw, draw_round, round_seed
 from pulse_node.peers.outcomes import Lied
@@ -58,12 +63,12 @@ from pulse_node.torchbits import module_state
 from pulse_node.trainer.agreement import RoundAgreement
 from pulse_node.trainer.engine import Engine, LocalEngine
 from pulse_node.trainer.recompute import RoundBase, SpotCase, SpotFailure
+from pulse_node.trainer.spot_answers import Answers
 from pulse_node.trainer.spot_evidence import Recheck, RecheckResult
 from pulse_node.trainer.spot_record import InnerStepLog
 from pulse_node.trainer.spot_replay import inner_settings
 from pulse_node.trainer.spot_worker import Finished, SpotWorker
 
-MAX_EARLY = 64  # answers held for checks not drawn here yet
 MAX_EVIDENCE = 64  # evidences held (re-checked or waiting)
 
 
@@ -99,11 +104,15 @@ class SpotRounds:
             self.engine.inner_log = self.log
         self.worker: SpotWorker | None = None
         self.pending: dict[tuple[int, str, str], _Pending] = {}
-        self.early: dict[tuple[int, str], SpotAnswer] = {}
+        self.answers = Answers(ctx, peers=self.peers, current_round=agreement.current_round, epoch=agreement.table.epoch)
+        self.published: set[int] = set()  # rounds we published our answer of
+        self.drawn: dict[int, tuple[set[str], set[tuple[str, str]]]] = {}  # round -> targets, (target, verifier)
         self.bases: dict[int, tuple[RoundBase, dict[int, State]]] = {}
         self.verdicts: dict[tuple[int, str, str], tuple[CheckVerdict, bytes]] = {}
         self.evidence: dict[bytes, SpotEvidence] = {}
         self.judged: dict[bytes, RecheckResult] = {}
+        self.judged_at: dict[bytes, float] = {}  # when our re-check of an evidence finished
+        self.arrived: dict[tuple[int, str, str], float] = {}  # when a verdict came (or we signed it)
 
     # ---- our own round ------------------------------------------------------------------
     def begin(self, *, round: int, base_hash: bytes) -> None:
@@ -130,6 +139,7 @@ class SpotRounds:
         if seed is None:
             return
         draws = self._draw(d, seed)
+        self.drawn = {r: x for r, x in self.drawn.items() if d.round - r <= VERDICT_WINDOW}
         if draws and self.peers.i_am_member():  # members verify and re-check: they keep the round's base
             fp32 = {n: t.detach().clone() for n, t in base.items()}
             self.bases[d.round] = (RoundBase(d.round, module_state(fp32.items()), fp32), dict(self.states()))
@@ -154,29 +164,25 @@ class SpotRounds:
         return round_seed(d.round, data)
 
     def _draw(self, d: RoundDecision, seed: bytes) -> list[SpotDraw]:
-        ledger, contributors = self.ledger(), set(d.trainer_ids)
-        targets, always = {}, set()
+        shapes = {}
         for tid, named in d.commitments.items():
             held = self.agreement.commits.of(d.round, tid)
             if held is None or not held.commit.spot or commit_digest(held.data) != named:
-                continue
-            if tid not in contributors and not ledger.owing(tid):
                 continue
             try:
                 inner = decode_commitment(held.commit.spot)
             except WireError:
                 continue
-            targets[tid] = Shape(len(inner.steps), inner.params, inner.leaf)
-            member = tid not in d.open if tid in contributors else self.peers.is_member(tid)
-            if ledger.owing(tid) or ledger.newcomer(tid, member=member):
-                always.add(tid)
-        verifiers = [t for t in d.trainer_ids if t not in d.open]
-        return draw_round(seed, round=d.round, targets=targets, verifiers=verifiers, rate=self.spot.rate,
-                          newcomers=always, newcomer_verifiers=self.spot.newcomer_verifiers)
+            shapes[tid] = Shape(len(inner.steps), inner.params, inner.leaf)
+        ledger = self.ledger()
+        draws = round_draws(d, seed, shapes=shapes, ledger=ledger, is_member=self.peers.is_member, spot=self.spot)
+        targets = {t for t in shapes if (t in d.trainer_ids or ledger.owing(t)) and not ledger.convicted(t)}
+        self.drawn[d.round] = (targets, {(x.target, x.verifier) for x in draws})
+        return draws
 
     def _answer(self, draw: SpotDraw) -> None:
-        """Push our answer for ``draw`` to its verifier."""
-        if self.log is None:
+        """Publish our answer for ``draw`` (once per round: every draw on us opens one step alike)."""
+        if self.log is None or draw.round in self.published:
             return
         r = draw.round
         try:
@@ -186,9 +192,11 @@ class SpotRounds:
         except (KeyError, IndexError) as exc:
             self.ctx.status.error(f"round {r}: cannot answer the check of {draw.verifier[:12]}: {exc}")
             return
-        to = [p for p in self.ctx.peers() if p.peer_id == draw.verifier]
-        self.ctx.push_in_background("spot_answer", encode_answer(answer), to, job=f"spot_answer:{r}:{draw.verifier}",
-                                    timeout=self.spot.answer_wait_s)
+        self.published = {x for x in self.published if x > r - VERDICT_WINDOW} | {r}
+        try:
+            self.answers.publish(answer)
+        except (OSError, PulseError) as exc:
+            self.ctx.status.error(f"round {r}: cannot publish our spot answer: {exc}")
 
     def _expect(self, d: RoundDecision, draw: SpotDraw) -> None:
         """Hold what our check of ``draw`` needs besides the target's answer."""
@@ -215,36 +223,44 @@ class SpotRounds:
 
     # ---- what peers push ----------------------------------------------------------------
     def offer_answer(self, sender: str, data: bytes) -> None:
-        """A target's answer (``PulseError`` if malformed or not the sender's own)."""
-        a = decode_answer(data)
-        if a.target != sender:
-            self.peers.book.judge(sender, Lied("a spot answer for another trainer"))
-            raise IntegrityError(f"spot answer of {a.target[:12]} pushed by {sender[:12]}")
-        if (a.round, a.target, self.me) in self.pending or len(self.early) < MAX_EARLY:
-            self.early[a.round, a.target] = a
+        """A target's answer receipt, pushed or relayed (``trainer/spot_answers.py``; ``PulseError`` if refused)."""
+        self.answers.offer(sender, data)
 
     def offer_verdict(self, sender: str, data: bytes) -> None:
         """A verifier's signed verdict, held for the decisions (``PulseError`` if refused)."""
         if len(data) > MAX_VERDICT_BYTES:
             raise WireError(f"a verdict of {len(data)} bytes")
         v = VERDICTS.decode(data)
-        if v.verifier != sender or not self.peers.is_member(sender):
-            raise IntegrityError(f"verdict of {v.verifier[:12]} pushed by {sender[:12]}, or by no member")
-        VERDICTS.verify(v, signer_key=self.peers.key_of(sender), tag=f"verdict of {sender[:12]}")
-        if (v.run_id, v.epoch) == (self.cfg.run_id, self.agreement.table.epoch()) and \
-                0 <= self.agreement.current_round() - v.round <= VERDICT_WINDOW:
-            self.verdicts.setdefault(v.key, (v, bytes(data)))
+        if not (self.peers.is_member(sender) and self.peers.is_member(v.verifier)):
+            raise IntegrityError(f"verdict of {v.verifier[:12]} pushed by {sender[:12]}: no member's")
+        VERDICTS.verify(v, signer_key=self.peers.key_of(v.verifier), tag=f"verdict of {v.verifier[:12]}")
+        if self.refutes(v):
+            self.peers.book.judge(v.verifier, Lied(f"a verdict on {v.target[:12]} of round {v.round} we can refute"))
+            raise IntegrityError(f"verdict of {v.verifier[:12]} on {v.target[:12]}: no answer of one whose receipt we "
+                                 "hold, or a check nobody drew")
+        if (v.run_id, v.epoch) != (self.cfg.run_id, self.agreement.table.epoch()) or v.key in self.verdicts or \
+                not 0 <= self.agreement.current_round() - v.round <= VERDICT_WINDOW:
+            return
+        self.verdicts[v.key], self.arrived[v.key] = (v, bytes(data)), time.monotonic()
+        if self.peers.i_am_member():  # relayed once, like a commitment: every member holds it
+            to = [p for pid, p in self.peers.live().items() if pid not in (sender, v.verifier)]
+            self.ctx.push_in_background("spot_verdict", bytes(data), to, job=f"spot_verdict:{v.round}:{v.target}:{v.verifier}")
 
     def offer_evidence(self, sender: str, data: bytes) -> None:
-        """A member's evidence of a failed check: re-checked here in the background."""
+        """A member's evidence of a failed check, pushed or relayed: re-checked here in the background
+        and relayed once (a decision must name its verdict: ``owed``, so every member holds it)."""
         ev = decode_evidence(data)
         digest = blake3.blake3(data).digest()
-        if ev.accusation.accuser != sender or not self.peers.is_member(sender) or digest in self.evidence:
+        if not (self.peers.is_member(sender) and self.peers.is_member(ev.accusation.accuser)) or digest in self.evidence:
             return
         if len(self.evidence) >= MAX_EVIDENCE:
             self.judged.pop(oldest := next(iter(self.evidence)), None)
+            self.judged_at.pop(oldest, None)
             self.evidence.pop(oldest)
         self.evidence[digest] = ev
+        if self.peers.i_am_member():
+            to = [p for pid, p in self.peers.live().items() if pid not in (sender, ev.accusation.accuser)]
+            self.ctx.push_in_background("spot_evidence", bytes(data), to, job=f"spot_evidence:{digest.hex()[:16]}")
         held = self.bases.get(ev.accusation.round)
         if held is None:
             self.judged[digest] = RecheckResult(Recheck.INCONCLUSIVE, "", "this trainer does not hold the round")
@@ -259,18 +275,21 @@ class SpotRounds:
             return
         now, old = time.monotonic(), self.agreement.current_round() - VERDICT_WINDOW
         self.pending = {k: p for k, p in self.pending.items() if k[0] >= old}  # never applied here (a re-sync)
-        self.early = {k: a for k, a in self.early.items() if k[0] >= old}
         for key, p in list(self.pending.items()):
             if p.keep is None or p.queued:
                 continue
-            a = self.early.pop((p.draw.round, p.draw.target), None)
+            a = self.answers.fetch(p.draw.round, p.draw.target, until=p.until)
             if a is not None and a.step == p.draw.step:
                 case = SpotCase(p.commitment, a.opening, a.batches, a.patch, p.payload, p.keep)
                 p.queued = self._worker().check(p.draw, case, p.base, payload_bytes=p.data,
                                                 state_of=_state_of(p.base, p.states))
             elif now > p.until:
                 del self.pending[key]
-                self._sign(p.draw, SpotFailure.UNANSWERED.value)
+                if self.answers.answered(p.draw.round, p.draw.target) is None:
+                    self._sign(p.draw, SpotFailure.UNANSWERED.value)
+                else:  # published, yet nobody served it to us in time: no verdict (it earns no pass)
+                    self.ctx.status.error(f"round {p.draw.round}: the spot answer of {p.draw.target[:12]} "
+                                          "was published but not served in time")
         if self.worker is not None:
             for f in self.worker.done():
                 self._finished(f)
@@ -302,7 +321,7 @@ class SpotRounds:
         v = make_verdict(self.ctx.identity, run_id=self.cfg.run_id, epoch=self.agreement.table.epoch(), round=draw.round,
                          target=draw.target, verifier=self.me, reason=reason, evidence=evidence)
         data = VERDICTS.encode(v)
-        self.verdicts[v.key] = (v, data)
+        self.verdicts[v.key], self.arrived[v.key] = (v, data), time.monotonic()
         with self.ctx.status.trainer() as counters:
             if v.passed:
                 counters.spot_passed += 1
@@ -313,7 +332,7 @@ class SpotRounds:
                                     job=f"spot_verdict:{draw.round}:{draw.target}")
 
     def _judge(self, digest: bytes, result: RecheckResult) -> None:
-        self.judged[digest] = result
+        self.judged[digest], self.judged_at[digest] = result, time.monotonic()
         ev = self.evidence.get(digest)
         if ev is None or result.outcome is Recheck.INCONCLUSIVE:
             return
@@ -328,8 +347,10 @@ class SpotRounds:
         ledger has not applied, a failure with evidence once we re-checked it; the keys they convict."""
         ledger, out, convicted = self.ledger(), list[bytes](), list[str]()
         self.verdicts = {k: v for k, v in self.verdicts.items() if r - k[0] <= VERDICT_WINDOW}
+        self.arrived = {k: t for k, t in self.arrived.items() if k in self.verdicts}
         for key, (v, data) in sorted(self.verdicts.items(), key=lambda kv: (kv[0][0], kv[0][1].encode(), kv[0][2].encode())):
-            if key in ledger.applied or not 0 < r - v.round <= VERDICT_WINDOW or len(out) >= MAX_DECISION_VERDICTS:
+            if key in ledger.applied or not 0 < r - v.round <= VERDICT_WINDOW or len(out) >= MAX_DECISION_VERDICTS \
+                    or self.refutes(v):
                 continue
             if v.evidence:
                 judged = self.judged.get(v.evidence)
@@ -341,6 +362,31 @@ class SpotRounds:
             out.append(data)
         return out, sorted(set(convicted), key=str.encode)
 
+    def owed(self, r: int, *, since: float) -> dict[tuple[int, str, str], bytes]:
+        """The failed verdicts with evidence a decision of round ``r`` must name (``trainer/decisions.py``):
+        held here, their evidence re-checked here (conclusively), both before ``since`` (our round
+        ``r`` opened), of a round two to ``VERDICT_WINDOW`` before ``r`` (its coordinator had a
+        round to re-check it too), not applied by the ledger yet."""
+        ledger, out = self.ledger(), {}
+        for key, (v, data) in self.verdicts.items():
+            judged = self.judged.get(v.evidence) if v.evidence else None
+            if judged is None or judged.outcome is Recheck.INCONCLUSIVE or key in ledger.applied \
+                    or not 2 <= r - v.round <= VERDICT_WINDOW:
+                continue
+            if max(self.arrived.get(key, since), self.judged_at.get(v.evidence, since)) < since:
+                out[key] = data
+        return out
+
+    def refutes(self, v: CheckVerdict, *, before: float = float("inf")) -> bool:
+        """A verdict we can show is a lie: ``unanswered`` of a target whose answer receipt came here
+        before ``before``, or of a check the round's draw (as computed here, from the same seed) did
+        not make: a verifier nobody drew for its target cannot exclude it."""
+        at = self.answers.answered(v.round, v.target)
+        if v.reason == SpotFailure.UNANSWERED.value and at is not None and at <= before:
+            return True
+        drawn = self.drawn.get(v.round)
+        return drawn is not None and v.target in drawn[0] and (v.target, v.verifier) not in drawn[1]
+
     def _worker(self) -> SpotWorker:
         if self.worker is None:
             self.worker = SpotWorker(self.cfg, self.ctx.identity, me=self.me)
@@ -349,6 +395,25 @@ class SpotRounds:
     def close(self) -> None:
         if self.worker is not None:
             self.worker.close()
+
+
+def round_draws(d: RoundDecision, seed: bytes, *, shapes: Mapping[str, Shape], ledger: Ledger,
+                is_member: Callable[[str], bool], spot: SpotConfig) -> list[SpotDraw]:
+    """The checks of decided round ``d`` (module docstring, step 2); ``shapes``: the inner
+    commitment of each key ``d`` names a commitment of, as held here. Targets: the contributors
+    and the keys owing a check, never a convicted one; checked always (by ``newcomer_verifiers``): owing keys, newcomers
+    and unproven members (``loco/ledger.py``)."""
+    contributors, targets, always = set(d.trainer_ids), dict[str, Shape](), set[str]()
+    for tid, shape in shapes.items():
+        if (tid not in contributors and not ledger.owing(tid)) or ledger.convicted(tid):
+            continue  # a convicted key is out for good: checking it again costs the verifiers for nothing
+        targets[tid] = shape
+        member = tid not in d.open if tid in contributors else is_member(tid)
+        if ledger.owing(tid) or ledger.newcomer(tid, member=member) or ledger.unproven(tid, member=member):
+            always.add(tid)
+    verifiers = [t for t in d.trainer_ids if t not in d.open]
+    return draw_round(seed, round=d.round, targets=targets, verifiers=verifiers, rate=spot.rate,
+                      newcomers=always, newcomer_verifiers=spot.newcomer_verifiers)
 
 
 def _state_of(base: RoundBase, states: Mapping[int, State]) -> Callable[[int], State | None]:

@@ -67,7 +67,7 @@ PUSH_CAPS: dict[str, int] = {
     "head": 64 << 10,
     "loco_decision": 64 << 10,
     "evidence": 640 << 10,  # two conflicting signed messages (chain/evidence.py caps it at ~515 KiB)
-    "spot_answer": 48 << 20,  # a target's answer to a drawn spot check (trainer/spot_round.py)
+    "spot_answer": 2 << 10,  # a target's signed answer receipt (loco/spot_answer.py caps it at 1 KiB; the answer is fetched)
     "spot_verdict": 2 << 10,  # a verifier's signed check verdict (loco/commitlist.py caps it at 1 KiB)
     "spot_evidence": 48 << 20,  # a failed check's evidence (loco/spot_evidence.py; larger exhibits by digest)
 }

@@ -1,0 +1,165 @@
+"""Spot-check answers, published: the target's side, and the receipts every member holds.
+
+A drawn target (``trainer/spot_round.py``) publishes its answer once per round (``publish``): it
+keeps the encoded answer as ``loco/<round>/<digest>.payload`` under its store root, served by
+digest through the fetch kind that serves the round's payloads (``loco_payload``), and pushes
+its signed ``AnswerReceipt`` (``loco/spot_answer.py``; push kind ``spot_answer``) to the live
+members. A member takes a receipt (``offer``) signed by its target's key for this run and epoch,
+of a recent round, pushed by its target or a member; keeps the first per (round, target) with
+its arrival time; and relays it once to the live members, like a commitment. So whether a
+target answered is a fact every member holds (``answered``): an ``unanswered`` verdict of a
+target whose receipt is held is refused, by the verdict intake (a strike on the verifier) and
+by the decision intake (``trainer/decisions.py``).
+
+A verifier ``fetch``es the answer by digest from its target, else from a live member holding it
+(a verifier that fetched it keeps and serves it too): each download is capped by the size the
+receipt signs (at most ``MAX_ANSWER_BYTES``, far past a push's 48 MiB) and bounded by
+``net.fetch_timeout_s`` and the check's wait; each peer is asked once per answer. Bytes of
+another digest are the server's lie; an answer of the signed digest that is not the round's is
+its target's.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import blake3
+
+from pulse_node.chain.peer import PeerRecord
+from pulse_node.chain.serving import LOCO_DIR, loco_payload_path
+from pulse_node.config import TrainerConfig
+from pulse_node.daemon.context import RoleContext
+from pulse_node.errors import IntegrityError, PulseError, WireError
+from pulse_node.fsutil import write_atomic
+from pulse_node.loco.ledger import VERDICT_WINDOW
+from pulse_node.loco.spot_answer import (
+    MAX_RECEIPT_BYTES,
+    RECEIPTS,
+    AnswerReceipt,
+    SpotAnswer,
+    decode_answer,
+    encode_answer,
+    make_receipt,
+)
+from pulse_node.net.wire.protocol import LocoPayloadRequest
+from pulse_node.peers.outcomes import Lied
+from pulse_node.trainer.round_peers import RoundPeers
+
+MAX_RECEIPTS = 256  # receipts held (the last VERDICT_WINDOW rounds)
+
+
+@dataclass
+class Held:
+    """A receipt held here: the statement, its bytes, when it arrived (monotonic seconds)."""
+
+    receipt: AnswerReceipt
+    data: bytes
+    at: float
+
+
+class Answers:
+    """Published answers and their receipts (module docstring)."""
+
+    def __init__(self, ctx: RoleContext[TrainerConfig], *, peers: RoundPeers, current_round: Callable[[], int],
+                 epoch: Callable[[], bytes]) -> None:
+        self.ctx, self.peers, self.me = ctx, peers, peers.me
+        self.current_round, self.epoch = current_round, epoch
+        self.root = Path(ctx.store.root)
+        self.held: dict[tuple[int, str], Held] = {}
+        self.tried: dict[tuple[int, str], set[str]] = {}
+
+    def publish(self, answer: SpotAnswer) -> None:
+        """Keep and serve our ``answer``; push its signed receipt to the live members."""
+        data = encode_answer(answer)
+        rc = make_receipt(self.ctx.identity, run_id=self.ctx.cfg.run_id, epoch=self.epoch(), answer=answer, data=data)
+        write_atomic(loco_payload_path(self.root, answer.round, rc.digest.hex()), data, durable=False)
+        encoded = RECEIPTS.encode(rc)
+        self.held[answer.round, self.me] = Held(rc, encoded, time.monotonic())
+        self.ctx.push_in_background("spot_answer", encoded, list(self.peers.live().values()),
+                                    job=f"spot_answer:{answer.round}")
+
+    def offer(self, sender: str, data: bytes) -> None:
+        """A pushed receipt (module docstring); ``PulseError`` if refused."""
+        if len(data) > MAX_RECEIPT_BYTES:
+            raise WireError(f"a spot answer receipt of {len(data)} bytes")
+        rc = RECEIPTS.decode(data)
+        if not (sender == rc.target and self.peers.may_contribute(sender)) and not self.peers.is_member(sender):
+            raise IntegrityError(f"answer receipt of {rc.target[:12]} pushed by {sender[:12]}, neither it nor a member")
+        if rc.run_id != self.ctx.cfg.run_id or rc.epoch != self.epoch() or \
+                not -1 <= self.current_round() - rc.round <= VERDICT_WINDOW:
+            return  # another run's, chain's or an old round's: nothing to hold
+        RECEIPTS.verify(rc, signer_key=self.peers.key_of(rc.target), tag=f"answer receipt of {rc.target[:12]}")
+        key = (rc.round, rc.target)
+        if key in self.held:
+            return
+        self._prune()
+        self.held[key] = Held(rc, bytes(data), time.monotonic())
+        if self.peers.i_am_member():
+            to = [p for pid, p in self.peers.live().items() if pid not in (sender, rc.target)]
+            self.ctx.push_in_background("spot_answer", bytes(data), to, job=f"spot_answer:{rc.round}:{rc.target}")
+
+    def answered(self, r: int, target: str) -> float | None:
+        """When ``target``'s receipt of round ``r`` arrived here (None: none held)."""
+        h = self.held.get((r, target))
+        return None if h is None else h.at
+
+    def fetch(self, r: int, target: str, *, until: float) -> SpotAnswer | None:
+        """``target``'s published answer of round ``r``, held or fetched (None: no receipt, or no
+        peer served it yet; each peer is asked once)."""
+        h = self.held.get((r, target))
+        if h is None:
+            return None
+        path = loco_payload_path(self.root, r, h.receipt.digest.hex())
+        if path.exists():
+            return self._answer(path.read_bytes(), h.receipt)
+        tried = self.tried.setdefault((r, target), set())
+        own = [p for p in self.ctx.peers() if p.peer_id == target]
+        for peer in [*own, *sorted(self.peers.live().values(), key=lambda p: p.peer_id.encode())]:
+            if peer.peer_id in tried or time.monotonic() >= until:
+                continue
+            tried.add(peer.peer_id)
+            data = self._download(peer, h.receipt, timeout=max(0.5, min(self.ctx.cfg.net.fetch_timeout_s,
+                                                                         until - time.monotonic())))
+            if data is not None:
+                write_atomic(path, data, durable=False)  # served from here on
+                return self._answer(data, h.receipt)
+        return None
+
+    def _download(self, peer: PeerRecord, rc: AnswerReceipt, *, timeout: float) -> bytes | None:
+        dest = self.root / LOCO_DIR / ".fetch-spot-answer"
+        try:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            self.ctx.transport.fetch(peer, LocoPayloadRequest(round=rc.round, digest=rc.digest.hex()), dest,
+                                     timeout=timeout, max_bytes=rc.size)
+            data = dest.read_bytes()
+        except (PulseError, OSError) as exc:
+            self.ctx.log.debug("spot answer of %s from %s: %s", rc.target[:12], peer.peer_id[:12], exc)
+            return None
+        finally:
+            dest.unlink(missing_ok=True)
+        if len(data) > rc.size or blake3.blake3(data).digest() != rc.digest:
+            self.peers.book.judge(peer.peer_id, Lied(f"served other bytes than the spot answer of {rc.target[:12]}"))
+            return None
+        return data
+
+    def _answer(self, data: bytes, rc: AnswerReceipt) -> SpotAnswer | None:
+        try:
+            a = decode_answer(data)
+            if (a.round, a.target) != (rc.round, rc.target):
+                raise WireError(f"the answer is of round {a.round} of {a.target[:12]}")
+        except PulseError as exc:  # the bytes its target signed: its lie
+            self.ctx.status.error(f"round {rc.round}: the published spot answer of {rc.target[:12]} is bad: {exc}")
+            if rc.target != self.me:
+                self.peers.book.judge(rc.target, Lied(f"a bad spot answer: {exc}"))
+            return None
+        return a
+
+    def _prune(self) -> None:
+        old = self.current_round() - VERDICT_WINDOW
+        self.held = {k: h for k, h in self.held.items() if k[0] >= old}
+        self.tried = {k: t for k, t in self.tried.items() if k[0] >= old}
+        while len(self.held) >= MAX_RECEIPTS:
+            self.held.pop(min(self.held, key=lambda k: k[0]))

@@ -1,0 +1,303 @@
+"""The real round's spot-check rules (``trainer/spot_round.py``, ``trainer/agreement.py``,
+``trainer/decisions.py``), as the byzantine harness plays them (issue 32):
+
+- an unproven member (one that passed no check yet) is drawn every round, by two verifiers, until it
+  passes one; then at ``loco.spot.rate``;
+- a failing verdict a round's decision names keeps its target's payload out of that round already:
+  the coordinator leaves it out, and a decision naming it as a contributor is refused;
+- a target's answer is published (served by digest, its signed receipt relayed to every member),
+  past the 48 MiB a push carries, and "no answer" of a target whose receipt a member holds is refused,
+  as is a verdict of a check the round's draw did not make;
+- a decision leaving out a failed verdict with evidence that a member held and re-checked before
+  its round opened is refused like one leaving out a commitment, both statements kept.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from helpers import commit_to, wait_for
+
+from pulse_node.chain.identity import Identity
+from pulse_node.chain.peer import PeerStatus
+from pulse_node.chain.store import VersionStore
+from pulse_node.config import TrainerConfig
+from pulse_node.daemon.context import RoleContext
+from pulse_node.daemon.status import NodeStatus
+from pulse_node.errors import IntegrityError
+from pulse_node.loco.commitlist import VERDICTS, make_verdict
+from pulse_node.loco.config import SpotConfig
+from pulse_node.loco.decision import encode_decision, make_decision, payload_digest
+from pulse_node.loco.ledger import Entry, Ledger
+from pulse_node.loco.opening import RoundOpening
+from pulse_node.loco.payload import LocoPayload, encode_payload
+from pulse_node.loco.roundcommit import commit_digest
+from pulse_node.loco.roundrules import unrevealed
+from pulse_node.loco.spot_answer import RECEIPTS, SpotAnswer, make_receipt
+from pulse_node.loco.spotdraw import Shape
+from pulse_node.net.wire.protocol import PUSH_CAPS
+from pulse_node.net.wire.serving import store_resolver
+from pulse_node.testing.adversaries import peer_id
+from pulse_node.testing.memory import MemoryHub
+from pulse_node.trainer.agreement import RoundAgreement
+from pulse_node.trainer.spot_answers import Answers
+from pulse_node.trainer.spot_evidence import Recheck, RecheckResult
+from pulse_node.trainer.spot_round import SpotRounds, round_draws
+from pulse_node.vocab import DEFAULT_RUN_ID
+
+ROUND = 3
+BASE = b"\x01" * 32
+EPOCH = b"\x0e" * 32
+SHAPE = Shape(steps=4, params=1024, leaf=64)
+SHAPES = {"w": (64,)}
+W = {"w": (np.random.default_rng(0).standard_normal(64) * 0.02).astype(np.float32)}
+
+
+def _decided(keys: list[Identity], round: int):
+    ids = [peer_id(k) for k in keys]
+    return make_decision(keys[0], run_id=DEFAULT_RUN_ID, round=round, base=BASE, epoch=EPOCH, coordinator=ids[0],
+                         contributors={t: bytes([i]) * 32 for i, t in enumerate(ids)},
+                         committed={t: bytes([i + 8]) * 32 for i, t in enumerate(ids)})
+
+
+def test_an_unproven_member_is_drawn_every_round_by_two_verifiers_until_it_passes_a_check():
+    """Three members, at rate 0: a member that passed no check is drawn every round (two verifiers:
+    one colluding verifier cannot pass it); once it passed one, rate 0 draws it no more."""
+    keys = [Identity.generate() for _ in range(3)]
+    ids = [peer_id(k) for k in keys]
+    ledger, spot = Ledger(), SpotConfig(rate=0.0)
+    ledger.entries[ids[0]] = Entry(0, 0, member=True, passed=1)  # proven
+    for r in range(5):
+        d = _decided(keys, r)
+        draws = round_draws(d, bytes([r]) * 32, shapes=dict.fromkeys(ids, SHAPE), ledger=ledger,
+                            is_member=set(ids).__contains__, spot=spot)
+        by = {t: sorted(x.verifier for x in draws if x.target == t) for t in ids}
+        assert by[ids[0]] == [], "a proven member is drawn at rate 0"
+        for t in ids[1:]:
+            assert len(by[t]) == 2 and t not in by[t], f"round {r}: unproven {t[:12]} drawn by {by[t]}"
+    ledger.entries[ids[1]] = Entry(0, 4, member=True, passed=1)
+    draws = round_draws(_decided(keys, 5), b"\x05" * 32, shapes=dict.fromkeys(ids, SHAPE), ledger=ledger,
+                        is_member=set(ids).__contains__, spot=spot)
+    assert {x.target for x in draws} == {ids[2]}
+
+
+def test_a_convicted_key_is_drawn_no_more_though_it_still_commits():
+    """An open trainer convicted (and owing) keeps committing; checking it again would cost two
+    verifiers every round for nothing: it is out for good. An owing key still is drawn."""
+    keys = [Identity.generate() for _ in range(4)]
+    ids = [peer_id(k) for k in keys]
+    ledger = Ledger()
+    for t in ids[:2]:
+        ledger.entries[t] = Entry(0, 0, member=True, passed=1)
+    ledger.entries[ids[2]] = Entry(0, 0, failed=1, owing=True)
+    ledger.entries[ids[3]] = Entry(0, 0, failed=2, owing=True, convicted=True)
+    d = _decided(keys[:2], 4)
+    committed = dict(d.commitments) | {t: bytes([9]) * 32 for t in ids[2:]}
+    d = make_decision(keys[0], run_id=DEFAULT_RUN_ID, round=4, base=BASE, epoch=EPOCH, coordinator=ids[0],
+                      contributors=dict(d.contributors), committed=committed)
+    draws = round_draws(d, b"\x04" * 32, shapes=dict.fromkeys(ids, SHAPE), ledger=ledger,
+                        is_member=set(ids[:2]).__contains__, spot=SpotConfig(rate=0.0))
+    assert {x.target for x in draws} == {ids[2]}
+
+
+def _agreement(tmp_path: Path, hub: MemoryHub, me: Identity, keys: list[str], *, verdicts: list[bytes],
+               refutes=None, owed=None) -> RoundAgreement:
+    cfg = TrainerConfig.model_validate({"data_dir": str(tmp_path / peer_id(me)), "chain": {"trusted_trainers": keys}})
+    store = VersionStore(tmp_path / peer_id(me) / "store")
+    transport = hub.join(peer_id(me), store_resolver(store.root))
+    transport.publish(PeerStatus(role="trainer", version=ROUND, node_key=me.public_key_hex))
+    ctx = RoleContext(cfg=cfg, identity=me, store=store, transport=transport,
+                      status=NodeStatus(role="trainer", peer_id=peer_id(me), run_id=cfg.run_id))
+    ledger = Ledger(cfg.loco.trust)
+    return RoundAgreement(ctx, shapes=SHAPES, current_round=lambda: ROUND, epoch=lambda: EPOCH, base=lambda: (BASE, W),
+                          ledger=lambda: ledger, verdicts=lambda r: (verdicts, []), refutes=refutes,
+                          owed=owed)
+
+
+def _payload(trainer: str) -> bytes:
+    p = LocoPayload(round=ROUND, trainer_id=trainer, base_hash=BASE, numel={"w": 64},
+                    tensors={"w": (np.array([1, 5, 9], np.int64), np.array([1e-4, -1e-4, 1e-4], np.float32))})
+    return encode_payload(p, base=W)
+
+
+def test_a_key_failing_a_check_the_decision_names_enters_no_payload_that_round(tmp_path):
+    """Members {me, b, x}; b's signed verdict says x failed its check of the last round. Our decision
+    names that verdict and leaves x's revealed payload out (x is not counted unrevealed either);
+    b's decision naming the verdict and x's payload both is refused here."""
+    hub = MemoryHub()
+    me, b, x = (Identity.generate() for _ in range(3))
+    bid, xid = peer_id(b), peer_id(x)
+    failed = VERDICTS.encode(make_verdict(b, run_id=DEFAULT_RUN_ID, epoch=EPOCH, round=ROUND - 1, target=xid,
+                                          verifier=bid, reason="unanswered"))
+    ag = _agreement(tmp_path, hub, me, [k.public_key_hex for k in (me, b, x)], verdicts=[failed])
+    for k in (b, x):
+        hub.join(peer_id(k), lambda request: None).publish(PeerStatus(role="trainer", version=ROUND,
+                                                                      node_key=k.public_key_hex))
+        commit_to(ag, k, peer_id(k), _payload(peer_id(k)), round=ROUND, base=BASE)
+        ag.offer_payload(peer_id(k), _payload(peer_id(k)))
+    ag.open_round(LocoPayload(round=ROUND, trainer_id=peer_id(me), base_hash=BASE), _payload(peer_id(me)))
+    d = ag._decide(ag._open, ag._live(), pull=False)
+    assert d.verdicts == (failed,) and xid in d.commitments
+    assert xid not in d.trainer_ids, "a key failing a check the decision names weighs in that round"
+    members = set(d.trainer_ids)
+    assert unrevealed(d.commitments, contributors=d.trainer_ids, members=members, ledger=ag.intake.ledger(),
+                      failed={xid}) == ()
+    held = {peer_id(k): commit_digest(ag.commits.of(ROUND, peer_id(k)).data) for k in (me, b, x)}
+    theirs = make_decision(b, run_id=DEFAULT_RUN_ID, round=ROUND, base=BASE, epoch=EPOCH, coordinator=bid,
+                           contributors={t: payload_digest(_payload(t)) for t in held}, committed=held,
+                           verdicts=[failed])
+    with pytest.raises(IntegrityError, match="does not let in"):
+        ag.offer_decision(bid, encode_decision(theirs))
+    ag.ctx.store.close()
+
+
+def test_a_published_answer_past_the_push_cap_is_fetched_and_no_answer_of_it_is_refused(tmp_path):
+    """Members {v (us), t, l, n}. t publishes its answer of round 2, 49 MiB (past the 48 MiB a push
+    carried): its signed receipt reaches us, we fetch the answer by digest from t, capped by the
+    signed size. l's signed "no answer" of t is then refused here (a strike on l), and a decision
+    of l naming it is refused (``refuted``); "no answer" of n, which published none, is taken."""
+    hub, box = MemoryHub(), {}
+    v, t, lie, n = (Identity.generate() for _ in range(4))
+    keys = [k.public_key_hex for k in (v, t, lie, n)]
+    tid, lid, nid = peer_id(t), peer_id(lie), peer_id(n)
+    ag = _agreement(tmp_path, hub, v, keys, verdicts=[], refutes=lambda x, before: box["spot"].refutes(x, before=before))
+    spot = box["spot"] = SpotRounds(ag.ctx, engine=SimpleNamespace(shapes=SHAPES), agreement=ag,
+                                    ledger=ag.intake.ledger, states=dict)
+    theirs = _agreement(tmp_path, hub, t, keys, verdicts=[])
+    for k in (lie, n):
+        hub.join(peer_id(k), lambda request: None).publish(PeerStatus(role="trainer", version=ROUND,
+                                                                      node_key=k.public_key_hex))
+    big = b"b" * (49 << 20)
+    assert len(big) > PUSH_CAPS["loco"]
+    answer = SpotAnswer(ROUND - 1, tid, 1, RoundOpening(ROUND - 1, tid, (3,), ((b"\x00" * 16, (b"\x01" * 32,)),)),
+                        [big], None)
+    Answers(theirs.ctx, peers=theirs.peers, current_round=lambda: ROUND, epoch=lambda: EPOCH).publish(answer)
+
+    def receipt_here() -> bool:
+        ag.ctx.take_events({"spot_answer": spot.offer_answer}, wait_s=0.2)
+        return spot.answers.answered(ROUND - 1, tid) is not None
+
+    wait_for(receipt_here, timeout=60, what="t's answer receipt")
+    forged = make_receipt(lie, run_id=DEFAULT_RUN_ID, epoch=EPOCH, data=b"x",
+                          answer=SpotAnswer(ROUND - 1, nid, 1, answer.opening, [], None))
+    with pytest.raises(IntegrityError, match="signature|signed"):  # only n's own key says n answered
+        spot.offer_answer(lid, RECEIPTS.encode(forged))
+    assert spot.answers.answered(ROUND - 1, nid) is None
+    got = spot.answers.fetch(ROUND - 1, tid, until=time.monotonic() + 60)
+    assert got is not None and got.batches == [big] and got.step == 1, "the published answer was not fetched"
+
+    def no_answer(of: str) -> bytes:
+        return VERDICTS.encode(make_verdict(lie, run_id=DEFAULT_RUN_ID, epoch=EPOCH, round=ROUND - 1, target=of,
+                                            verifier=lid, reason="unanswered"))
+
+    with pytest.raises(IntegrityError, match="receipt"):
+        spot.offer_verdict(lid, no_answer(tid))
+    assert ag.ctx.book.strikes.get(lid, 0) >= 1, "a lying verifier's no answer cost it nothing"
+    spot.offer_verdict(lid, no_answer(nid))  # n published none: its verifier's word is taken
+    assert spot.verdicts_for(ROUND)[0] == [no_answer(nid)]
+
+    for k in (t, lie, n):
+        commit_to(ag, k, peer_id(k), _payload(peer_id(k)), round=ROUND, base=BASE)
+        ag.offer_payload(peer_id(k), _payload(peer_id(k)))
+    ag.open_round(LocoPayload(round=ROUND, trainer_id=peer_id(v), base_hash=BASE), _payload(peer_id(v)))
+    spot.answers.held[ROUND - 1, tid].at -= 60  # held long before the decision came
+    held = {peer_id(k): commit_digest(ag.commits.of(ROUND, peer_id(k)).data) for k in (v, t, lie, n)}
+
+    def decision(of: str, by: Identity) -> bytes:  # its failed verdict keeps ``of``'s payload out
+        return encode_decision(make_decision(by, run_id=DEFAULT_RUN_ID, round=ROUND, base=BASE, epoch=EPOCH,
+                                             coordinator=peer_id(by), contributors={k: payload_digest(_payload(k)) for k in held
+                                                                            if k != of},
+                                             committed=held, verdicts=[no_answer(of)]))
+
+    ag.offer_decision(lid, decision(tid, lie))
+    refused = ag.ctx.status.snapshot().trainer.decisions_refused
+    assert ROUND not in ag.decisions and refused.get("refuted", 0) == 1, refused
+    ag.offer_decision(nid, decision(nid, n))  # taken or parked by its turn, never refuted
+    assert ag.ctx.status.snapshot().trainer.decisions_refused.get("refuted", 0) == 1
+    for a in (ag, theirs):
+        a.ctx.store.close()
+
+
+def test_a_decision_leaving_out_a_failed_verdict_with_evidence_held_in_time_is_refused(tmp_path):
+    """Members {v (us), b, x}. b's check of x's round 1 failed on x's data (its evidence re-checked
+    here: confirmed) before our round 3 opened. x, coordinating round 3, leaves that verdict out
+    (so its own payload counts): refused (``omits_verdict``), both statements kept; b's decision
+    naming it (and so leaving x's payload out) is not refused for it."""
+    hub, box = MemoryHub(), {}
+    v, b, x = (Identity.generate() for _ in range(3))
+    bid, xid = peer_id(b), peer_id(x)
+    ag = _agreement(tmp_path, hub, v, [k.public_key_hex for k in (v, b, x)], verdicts=[],
+                    owed=lambda r, since: box["spot"].owed(r, since=since))
+    spot = box["spot"] = SpotRounds(ag.ctx, engine=SimpleNamespace(shapes=SHAPES), agreement=ag,
+                                    ledger=ag.intake.ledger, states=dict)
+    for k in (b, x):
+        hub.join(peer_id(k), lambda request: None).publish(PeerStatus(role="trainer", version=ROUND,
+                                                                      node_key=k.public_key_hex))
+    evidence = b"\x07" * 32
+    failed = VERDICTS.encode(make_verdict(b, run_id=DEFAULT_RUN_ID, epoch=EPOCH, round=ROUND - 2, target=xid,
+                                          verifier=bid, reason="gradient", evidence=evidence))
+    spot.offer_verdict(bid, failed)
+    spot._judge(evidence, RecheckResult(Recheck.CONFIRMED, x.public_key_hex, "re-run here"))
+    assert spot.owed(ROUND, since=time.monotonic() + 1) == {(ROUND - 2, xid, bid): failed}
+    assert spot.owed(ROUND - 1, since=time.monotonic() + 1) == {}, "a verdict one round old is owed already"
+    for k in (b, x):
+        commit_to(ag, k, peer_id(k), _payload(peer_id(k)), round=ROUND, base=BASE)
+        ag.offer_payload(peer_id(k), _payload(peer_id(k)))
+    ag.open_round(LocoPayload(round=ROUND, trainer_id=peer_id(v), base_hash=BASE), _payload(peer_id(v)))
+    held = {peer_id(k): commit_digest(ag.commits.of(ROUND, peer_id(k)).data) for k in (v, b, x)}
+
+    def decision(by: Identity, verdicts: list[bytes], out: tuple[str, ...] = ()) -> bytes:
+        return encode_decision(make_decision(by, run_id=DEFAULT_RUN_ID, round=ROUND, base=BASE, epoch=EPOCH,
+                                             coordinator=peer_id(by), committed=held, verdicts=verdicts,
+                                             contributors={k: payload_digest(_payload(k)) for k in held if k not in out}))
+
+    ag.offer_decision(xid, decision(x, []))
+    refused = ag.ctx.status.snapshot().trainer.decisions_refused
+    assert ROUND not in ag.decisions and refused.get("omits_verdict", 0) == 1, refused
+    assert (tmp_path / peer_id(v) / "store" / "loco" / str(ROUND) / "omitted" / f"{xid[:32]}.msgpack").exists()
+    ag.offer_decision(bid, decision(b, [failed], out=(xid,)))
+    assert ag.ctx.status.snapshot().trainer.decisions_refused.get("omits_verdict", 0) == 1
+    ag.ctx.store.close()
+
+
+def test_a_verdict_of_a_check_nobody_drew_is_refused(tmp_path):
+    """Members {v (us), b, c, x}; round 2's draw (as computed here) had b check x. c's signed failing
+    verdict on x is refused here (a strike on c) and a decision of c naming it is refused
+    (``refuted``): a member cannot keep a key out of a round by a check it was not drawn for; b's
+    verdict is taken."""
+    hub, box = MemoryHub(), {}
+    v, b, c, x = (Identity.generate() for _ in range(4))
+    bid, cid, xid = peer_id(b), peer_id(c), peer_id(x)
+    ag = _agreement(tmp_path, hub, v, [k.public_key_hex for k in (v, b, c, x)], verdicts=[],
+                    refutes=lambda w, before: box["spot"].refutes(w, before=before))
+    spot = box["spot"] = SpotRounds(ag.ctx, engine=SimpleNamespace(shapes=SHAPES), agreement=ag,
+                                    ledger=ag.intake.ledger, states=dict)
+    for k in (b, c, x):
+        hub.join(peer_id(k), lambda request: None).publish(PeerStatus(role="trainer", version=ROUND,
+                                                                      node_key=k.public_key_hex))
+    spot.drawn[ROUND - 1] = ({xid}, {(xid, bid)})  # what ``decided`` keeps of round 2's draw
+
+    def failed(by: Identity) -> bytes:
+        return VERDICTS.encode(make_verdict(by, run_id=DEFAULT_RUN_ID, epoch=EPOCH, round=ROUND - 1, target=xid,
+                                            verifier=peer_id(by), reason="unanswered"))
+
+    with pytest.raises(IntegrityError, match="nobody drew"):
+        spot.offer_verdict(cid, failed(c))
+    assert ag.ctx.book.strikes.get(cid, 0) >= 1
+    spot.offer_verdict(bid, failed(b))
+    assert spot.verdicts_for(ROUND)[0] == [failed(b)]
+    for k in (b, c, x):
+        commit_to(ag, k, peer_id(k), _payload(peer_id(k)), round=ROUND, base=BASE)
+        ag.offer_payload(peer_id(k), _payload(peer_id(k)))
+    ag.open_round(LocoPayload(round=ROUND, trainer_id=peer_id(v), base_hash=BASE), _payload(peer_id(v)))
+    held = {peer_id(k): commit_digest(ag.commits.of(ROUND, peer_id(k)).data) for k in (v, b, c, x)}
+    d = make_decision(c, run_id=DEFAULT_RUN_ID, round=ROUND, base=BASE, epoch=EPOCH, coordinator=cid, committed=held,
+                      contributors={k: payload_digest(_payload(k)) for k in held if k != xid}, verdicts=[failed(c)])
+    ag.offer_decision(cid, encode_decision(d))
+    refused = ag.ctx.status.snapshot().trainer.decisions_refused
+    assert ROUND not in ag.decisions and refused.get("refuted", 0) == 1, refused
+    ag.ctx.store.close()
