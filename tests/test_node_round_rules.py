@@ -159,7 +159,8 @@ def test_a_published_answer_past_the_push_cap_is_fetched_and_no_answer_of_it_is_
     """Members {v (us), t, l, n}. t publishes its answer of round 2, 49 MiB (past the 48 MiB a push
     carried): its signed receipt reaches us, we fetch the answer by digest from t, capped by the
     signed size. l's signed "no answer" of t is then refused here (a strike on l), and a decision
-    of l naming it is refused (``refuted``); "no answer" of n, which published none, is taken."""
+    of l naming it is refused (``refuted``); "no answer" of n, which signed a receipt but serves
+    its answer to nobody, is taken."""
     hub, box = MemoryHub(), {}
     v, t, lie, n = (Identity.generate() for _ in range(4))
     keys = [k.public_key_hex for k in (v, t, lie, n)]
@@ -179,7 +180,7 @@ def test_a_published_answer_past_the_push_cap_is_fetched_and_no_answer_of_it_is_
 
     def receipt_here() -> bool:
         ag.ctx.take_events({"spot_answer": spot.offer_answer}, wait_s=0.2)
-        return spot.answers.answered(ROUND - 1, tid) is not None
+        return (ROUND - 1, tid) in spot.answers.held
 
     wait_for(receipt_here, timeout=60, what="t's answer receipt")
     forged = make_receipt(lie, run_id=DEFAULT_RUN_ID, epoch=EPOCH, data=b"x",
@@ -187,7 +188,13 @@ def test_a_published_answer_past_the_push_cap_is_fetched_and_no_answer_of_it_is_
     with pytest.raises(IntegrityError, match="signature|signed"):  # only n's own key says n answered
         spot.offer_answer(lid, RECEIPTS.encode(forged))
     assert spot.answers.answered(ROUND - 1, nid) is None
-    got = spot.answers.fetch(ROUND - 1, tid, until=time.monotonic() + 60)
+    withheld = make_receipt(n, run_id=DEFAULT_RUN_ID, epoch=EPOCH, data=b"served to nobody",
+                            answer=SpotAnswer(ROUND - 1, nid, 1, answer.opening, [], None))
+    spot.offer_answer(nid, RECEIPTS.encode(withheld))  # n's own receipt, for an answer it serves nobody
+    assert spot.answers.fetch(ROUND - 1, nid, until=time.monotonic() + 10) is None
+    assert spot.answers.answered(ROUND - 1, nid) is None, "a receipt alone counted as an answer"
+    spot.answers.pull(wait_s=60)  # every member holds a published answer (and serves it)
+    got = spot.answers.fetch(ROUND - 1, tid, until=time.monotonic() + 60, tries=0)
     assert got is not None and got.batches == [big] and got.step == 1, "the published answer was not fetched"
 
     def no_answer(of: str) -> bytes:
@@ -197,14 +204,14 @@ def test_a_published_answer_past_the_push_cap_is_fetched_and_no_answer_of_it_is_
     with pytest.raises(IntegrityError, match="receipt"):
         spot.offer_verdict(lid, no_answer(tid))
     assert ag.ctx.book.strikes.get(lid, 0) >= 1, "a lying verifier's no answer cost it nothing"
-    spot.offer_verdict(lid, no_answer(nid))  # n published none: its verifier's word is taken
+    spot.offer_verdict(lid, no_answer(nid))  # n served no answer: its verifier's word is taken
     assert spot.verdicts_for(ROUND)[0] == [no_answer(nid)]
 
     for k in (t, lie, n):
         commit_to(ag, k, peer_id(k), _payload(peer_id(k)), round=ROUND, base=BASE)
         ag.offer_payload(peer_id(k), _payload(peer_id(k)))
     ag.open_round(LocoPayload(round=ROUND, trainer_id=peer_id(v), base_hash=BASE), _payload(peer_id(v)))
-    spot.answers.held[ROUND - 1, tid].at -= 60  # held long before the decision came
+    spot.answers.have[ROUND - 1, tid] -= 60  # held long before the decision came
     held = {peer_id(k): commit_digest(ag.commits.of(ROUND, peer_id(k)).data) for k in (v, t, lie, n)}
 
     def decision(of: str, by: Identity) -> bytes:  # its failed verdict keeps ``of``'s payload out

@@ -34,7 +34,7 @@ convictions it names, ``loco/verdicts.py``), then:
    both signed statements (the decision, the commitment left out) are kept under
    ``loco/<round>/omitted/``, and the next coordinator in turn decides (a peer that applied the
    refused decision does not make us re-sync onto it). Likewise one naming a verdict we can
-   refute by what we held as long (``refuted``: no answer of a target whose receipt we held, a
+   refute by what we held as long (``refuted``: no answer of a target whose answer we held, a
    check nobody drew), and one
    leaving out a failed verdict with evidence of a round at least two before, held and re-checked
    here before our round opened (``omits_verdict``, kept like an omission; ``SpotRounds.owed``).
@@ -294,7 +294,7 @@ class DecisionIntake:
 
     def _refuted(self, d: RoundDecision) -> bool:
         """``d`` names a verdict we can refute by what we held ``decision_wait_s / 2`` before: no
-        answer of a target whose answer receipt we held, or a check nobody drew (``refutes``)."""
+        answer of a target whose answer we held, or a check nobody drew (``refutes``)."""
         cutoff = time.monotonic() - self.cfg.decision_wait_s / 2
         return any(self.refutes(v, cutoff) for v in named_verdicts(d))
 

@@ -6,17 +6,19 @@ digest through the fetch kind that serves the round's payloads (``loco_payload``
 its signed ``AnswerReceipt`` (``loco/spot_answer.py``; push kind ``spot_answer``) to the live
 members. A member takes a receipt (``offer``) signed by its target's key for this run and epoch,
 of a recent round, pushed by its target or a member; keeps the first per (round, target) with
-its arrival time; and relays it once to the live members, like a commitment. So whether a
-target answered is a fact every member holds (``answered``): an ``unanswered`` verdict of a
-target whose receipt is held is refused, by the verdict intake (a strike on the verifier) and
-by the decision intake (``trainer/decisions.py``).
+its arrival time; and relays it once to the live members, like a commitment. Every member then
+fetches the answer (``pull``: the receipt's digest and size bound it, and it must decode as the
+target's answer of that round), and serves it once held. So whether a target answered is a fact
+every member holds (``answered``: the answer held here, not a receipt alone, whose target may
+serve no one): an ``unanswered`` verdict of a target whose answer a member holds is refused,
+by the verdict intake (a strike on the verifier) and by the decision intake
+(``trainer/decisions.py``), and a target that serves nobody fails whoever verifies it.
 
-A verifier ``fetch``es the answer by digest from its target, else from a live member holding it
-(a verifier that fetched it keeps and serves it too): each download is capped by the size the
-receipt signs (at most ``MAX_ANSWER_BYTES``, far past a push's 48 MiB) and bounded by
-``net.fetch_timeout_s`` and the check's wait; each peer is asked once per answer. Bytes of
-another digest are the server's lie; an answer of the signed digest that is not the round's is
-its target's.
+A verifier ``fetch``es the answer by digest from its target, else from a live member holding it:
+each download is capped by the size the receipt signs (at most ``MAX_ANSWER_BYTES``, far past a
+push's 48 MiB) and bounded by ``net.fetch_timeout_s`` and the check's wait; a peer is asked again
+only ``RETRY_S`` later. Bytes of another digest are the server's lie; an answer of the signed
+digest that is not the round's is its target's.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ from pulse_node.peers.outcomes import Lied
 from pulse_node.trainer.round_peers import RoundPeers
 
 MAX_RECEIPTS = 256  # receipts held (the last VERDICT_WINDOW rounds)
+RETRY_S = 2.0  # a peer that did not serve an answer is asked again this long after
 
 
 @dataclass
@@ -68,8 +71,9 @@ class Answers:
         self.ctx, self.peers, self.me = ctx, peers, peers.me
         self.current_round, self.epoch = current_round, epoch
         self.root = Path(ctx.store.root)
-        self.held: dict[tuple[int, str], Held] = {}
-        self.tried: dict[tuple[int, str], set[str]] = {}
+        self.held: dict[tuple[int, str], Held] = {}  # receipts
+        self.have: dict[tuple[int, str], float] = {}  # answers held here (valid, of their receipt's digest): since when
+        self.tried: dict[tuple[int, str], dict[str, float]] = {}  # per answer, peer -> when last asked
 
     def publish(self, answer: SpotAnswer) -> None:
         """Keep and serve our ``answer``; push its signed receipt to the live members."""
@@ -77,7 +81,8 @@ class Answers:
         rc = make_receipt(self.ctx.identity, run_id=self.ctx.cfg.run_id, epoch=self.epoch(), answer=answer, data=data)
         write_atomic(loco_payload_path(self.root, answer.round, rc.digest.hex()), data, durable=False)
         encoded = RECEIPTS.encode(rc)
-        self.held[answer.round, self.me] = Held(rc, encoded, time.monotonic())
+        key, now = (answer.round, self.me), time.monotonic()
+        self.held[key], self.have[key] = Held(rc, encoded, now), now
         self.ctx.push_in_background("spot_answer", encoded, list(self.peers.live().values()),
                                     job=f"spot_answer:{answer.round}")
 
@@ -102,31 +107,47 @@ class Answers:
             self.ctx.push_in_background("spot_answer", bytes(data), to, job=f"spot_answer:{rc.round}:{rc.target}")
 
     def answered(self, r: int, target: str) -> float | None:
-        """When ``target``'s receipt of round ``r`` arrived here (None: none held)."""
-        h = self.held.get((r, target))
-        return None if h is None else h.at
+        """Since when ``target``'s answer of round ``r`` (valid, of the digest its receipt signs) is
+        held here (None: not held; a receipt alone proves nothing: its target may serve no one)."""
+        return self.have.get((r, target))
 
-    def fetch(self, r: int, target: str, *, until: float) -> SpotAnswer | None:
+    def pull(self, *, wait_s: float) -> None:
+        """A member holds every published answer it can (so it serves it, and refutes a "no
+        answer" of it): one download attempt per call, for receipts younger than ``wait_s``."""
+        now = time.monotonic()
+        for (r, target), h in sorted(self.held.items(), key=lambda kv: kv[1].at):
+            if (r, target) not in self.have and now < h.at + wait_s and self._due(r, target, now):
+                self.fetch(r, target, until=h.at + wait_s, tries=1)
+                return
+
+    def fetch(self, r: int, target: str, *, until: float, tries: int = 64) -> SpotAnswer | None:
         """``target``'s published answer of round ``r``, held or fetched (None: no receipt, or no
-        peer served it yet; each peer is asked once)."""
+        peer served it yet): from the target, else a live member; a peer is asked again only
+        ``RETRY_S`` after it was last asked, and at most ``tries`` downloads are tried now."""
         h = self.held.get((r, target))
         if h is None:
             return None
         path = loco_payload_path(self.root, r, h.receipt.digest.hex())
-        if path.exists():
-            return self._answer(path.read_bytes(), h.receipt)
-        tried = self.tried.setdefault((r, target), set())
+        if (r, target) in self.have:
+            return self._answer(path.read_bytes(), h.receipt) if path.exists() else None
+        asked = self.tried.setdefault((r, target), {})
         own = [p for p in self.ctx.peers() if p.peer_id == target]
         for peer in [*own, *sorted(self.peers.live().values(), key=lambda p: p.peer_id.encode())]:
-            if peer.peer_id in tried or time.monotonic() >= until:
+            now = time.monotonic()
+            if tries <= 0 or now >= until or now < asked.get(peer.peer_id, -RETRY_S) + RETRY_S:
                 continue
-            tried.add(peer.peer_id)
-            data = self._download(peer, h.receipt, timeout=max(0.5, min(self.ctx.cfg.net.fetch_timeout_s,
-                                                                         until - time.monotonic())))
-            if data is not None:
+            tries, asked[peer.peer_id] = tries - 1, now
+            data = self._download(peer, h.receipt, timeout=max(0.5, min(self.ctx.cfg.net.fetch_timeout_s, until - now)))
+            a = None if data is None else self._answer(data, h.receipt)
+            if data is not None and a is not None:
                 write_atomic(path, data, durable=False)  # served from here on
-                return self._answer(data, h.receipt)
+                self.have[r, target] = time.monotonic()
+                return a
         return None
+
+    def _due(self, r: int, target: str, now: float) -> bool:
+        asked = self.tried.get((r, target), {})
+        return not asked or min(asked.values()) + RETRY_S <= now
 
     def _download(self, peer: PeerRecord, rc: AnswerReceipt, *, timeout: float) -> bytes | None:
         dest = self.root / LOCO_DIR / ".fetch-spot-answer"
@@ -160,6 +181,7 @@ class Answers:
     def _prune(self) -> None:
         old = self.current_round() - VERDICT_WINDOW
         self.held = {k: h for k, h in self.held.items() if k[0] >= old}
-        self.tried = {k: t for k, t in self.tried.items() if k[0] >= old}
         while len(self.held) >= MAX_RECEIPTS:
             self.held.pop(min(self.held, key=lambda k: k[0]))
+        self.have = {k: t for k, t in self.have.items() if k in self.held}
+        self.tried = {k: t for k, t in self.tried.items() if k in self.held}

@@ -12,12 +12,13 @@ On with ``chain.open_trainers`` (an open trainer earns weight only by checks pas
    ``loco.spot.rate``, newcomers, owing keys and unproven members (no check passed yet) always
    and by ``newcomer_verifiers``; verifiers are the decision's member contributors, never the target.
 3. **Answer.** A drawn target publishes its answer (``trainer/spot_answers.py``: served by
-   digest, its signed receipt relayed to every member like a commitment).
+   digest, its signed receipt relayed to every member like a commitment; every member fetches it).
 4. **Check.** A verifier fetches the answer once its receipt came and runs ``SpotChecker.check``
    on its own model copy in the background (``trainer/spot_worker.py``) once the round's applied
-   share is known; no receipt within ``loco.spot.answer_wait_s`` is ``unanswered`` (no evidence:
-   the target owes a check). A verdict ``refutes`` shows a lie (``unanswered`` of a target whose
-   receipt a member holds, or of a check nobody drew) is refused there, a strike on its verifier. It signs a ``CheckVerdict`` (``loco/commitlist.py``)
+   share is known; no answer served within ``loco.spot.answer_wait_s`` is ``unanswered`` (no
+   evidence: the target owes a check). A verdict ``refutes`` shows a lie (``unanswered`` of a
+   target whose answer a member holds, or of a check nobody drew) is refused there, a strike on
+   its verifier. It signs a ``CheckVerdict`` (``loco/commitlist.py``)
    and pushes it to the live members; a failure on the target's data first pushes the evidence
    (``accuse``). Members relay both once.
 5. **Re-check.** A member receiving evidence re-runs it (``recheck``) on the round's base it kept:
@@ -275,6 +276,8 @@ class SpotRounds:
             return
         now, old = time.monotonic(), self.agreement.current_round() - VERDICT_WINDOW
         self.pending = {k: p for k, p in self.pending.items() if k[0] >= old}  # never applied here (a re-sync)
+        if self.peers.i_am_member():
+            self.answers.pull(wait_s=self.spot.answer_wait_s)
         for key, p in list(self.pending.items()):
             if p.keep is None or p.queued:
                 continue
@@ -285,11 +288,7 @@ class SpotRounds:
                                                 state_of=_state_of(p.base, p.states))
             elif now > p.until:
                 del self.pending[key]
-                if self.answers.answered(p.draw.round, p.draw.target) is None:
-                    self._sign(p.draw, SpotFailure.UNANSWERED.value)
-                else:  # published, yet nobody served it to us in time: no verdict (it earns no pass)
-                    self.ctx.status.error(f"round {p.draw.round}: the spot answer of {p.draw.target[:12]} "
-                                          "was published but not served in time")
+                self._sign(p.draw, SpotFailure.UNANSWERED.value)  # no answer served us (a receipt alone is none)
         if self.worker is not None:
             for f in self.worker.done():
                 self._finished(f)
@@ -378,7 +377,7 @@ class SpotRounds:
         return out
 
     def refutes(self, v: CheckVerdict, *, before: float = float("inf")) -> bool:
-        """A verdict we can show is a lie: ``unanswered`` of a target whose answer receipt came here
+        """A verdict we can show is a lie: ``unanswered`` of a target whose answer we held since
         before ``before``, or of a check the round's draw (as computed here, from the same seed) did
         not make: a verifier nobody drew for its target cannot exclude it."""
         at = self.answers.answered(v.round, v.target)
