@@ -27,9 +27,12 @@ rule, in points; ``held`` = delta >= -3 for the rule under test; keys caught (By
 defence excluded) and false bans (honest keys excluded), means over seeds; the mean weight the
 rule gave honest and Byzantine payloads. ``honest_gain`` = the honest-only run's held-out
 accuracy with the rule under test minus the starting weights' (points). ``overhead`` = the
-rule's weighing plus spot checks, per round, as a fraction of one honest trainer's own CPU
-time per round (inner steps and gate, not the sampler: in a swarm inference nodes make the
-rollouts), over every run of the rule under test.
+rule's weighing plus spot checks (recording the inner steps, answering checks, the checks and
+re-checks), per round, as a fraction of one honest trainer's own CPU time per round in a swarm:
+its inner steps and gate plus verifying the batches it trains on (measured on the first honest
+trainer, ``InnerTrainer.verify_batches``; not the sampler: inference nodes make the rollouts),
+over every run of the rule under test; ``overhead_inner_steps`` the same over the inner steps and
+gate alone.
 
 What a run costs (2026-11-28 profile of one 10-round run, ~40 s of CPU on one core): the
 trainers' inner steps (~55%: GRPO forward and backward) and the sampler making their batches
@@ -172,6 +175,7 @@ def summarize(results: dict, *, scenarios: list[str], rules: list[str], seeds: l
                 "keep_byzantine": _mean(rows, "keep_byzantine"), "refused": _mean(rows, "refused"),
                 "trainer_s": _mean(rows, "trainer_s"), "weigh_s": _mean(rows, "weigh_s"),
                 "verify_s": _mean(rows, "verify_s"), "record_s": _mean(rows, "record_s"),
+                "answer_s": _mean(rows, "answer_s"), "batches_s": _mean(rows, "batches_s"),
                 "checks": _mean(rows, "checks")}
     return out
 
@@ -298,18 +302,24 @@ def main() -> int:
     print_table(summary, rules=rules, needs=needs)
     head = rules[0]
     runs = [results[(sc, head, s)] for sc in scenarios for s in seeds]
-    overhead = statistics.mean((r["weigh_s"] + r["verify_s"]) / max(r["trainer_s"], 1e-9) for r in runs)
-    parts = {k: statistics.mean(r[k] / max(r["trainer_s"], 1e-9) for r in runs) for k in ("weigh_s", "record_s")}
-    parts["checks_s"] = overhead - parts["weigh_s"] - parts["record_s"]
+    inner = statistics.mean((r["weigh_s"] + r["verify_s"]) / max(r["trainer_s"], 1e-9) for r in runs)
+    overhead = statistics.mean((r["weigh_s"] + r["verify_s"]) / max(r["trainer_s"] + r["batches_s"], 1e-9) for r in runs)
+    parts = {k: statistics.mean(r[k] / max(r["trainer_s"] + r["batches_s"], 1e-9) for r in runs)
+             for k in ("weigh_s", "record_s", "answer_s")}
+    parts["checks_s"] = overhead - parts["weigh_s"] - parts["record_s"] - parts["answer_s"]
     per_trainer = statistics.mean(r["checks"] for r in runs)
     trainer_s = statistics.mean(r["trainer_s"] for r in runs)
+    batches_s = statistics.mean(r["batches_s"] for r in runs)
     gain = 100 * (summary["honest"][head]["accuracy"] - base)
     print(f"\nstart accuracy {base:.3f}; honest-only gain {gain:+.1f} points with {head}"
           + "".join(f", {100 * (summary['honest'][r]['accuracy'] - base):+.1f} with {r}" for r in rules[1:])
-          + f"; {head}'s overhead {overhead:.1%} of a trainer's CPU time ({trainer_s:.3f} s a round): weighing "
-          f"{parts['weigh_s']:.1%}, recording inner steps {parts['record_s']:.1%}, checks {parts['checks_s']:.1%} "
-          f"({per_trainer:.2f} recomputed per trainer and round); {time.monotonic() - t0:.0f} s in all")
+          + f"; {head}'s overhead {overhead:.1%} of a trainer's CPU time in a swarm round ({trainer_s:.3f} s of "
+          f"inner steps and gate + {batches_s:.3f} s verifying its batches): weighing {parts['weigh_s']:.1%}, recording "
+          f"inner steps {parts['record_s']:.1%}, answering checks {parts['answer_s']:.1%}, checks {parts['checks_s']:.1%} "
+          f"({per_trainer:.2f} recomputed per trainer and round); {inner:.1%} of the inner steps and gate alone; "
+          f"{time.monotonic() - t0:.0f} s in all")
     print(json.dumps({"base_accuracy": base, "rules": rules, "rounds": args.rounds, "seeds": seeds, "overhead_parts": parts,
+                      "overhead_inner_steps": inner,
                       "overrides": args.set, "needs": needs, "summary": summary}))
     print(json.dumps({"attacks": len(names), "byzantine_fraction": len(BYZANTINE_NAMES) / (HONEST + len(BYZANTINE_NAMES)),
                       "honest_gain": round(gain, 2), "overhead": round(overhead, 4),

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from pulse_node.codec.state import TensorBits
-from pulse_node.codec.statehash import is_hex_digest, state_hash
+from pulse_node.codec.statehash import flat_state_hash, is_hex_digest, state_hash
 
 
 def _state():
@@ -26,3 +27,14 @@ def test_hash_is_canonical_and_sensitive():
     strided = dict(s, a=TensorBits("BF16", (2, 2), np.array([0, 9, 0x8000, 9, 1, 9, 2, 9], np.uint16)[::2]))
     assert len({h, state_hash(flipped), state_hash(reshaped), state_hash(retyped), state_hash(renamed)}) == 5
     assert state_hash(strided) == h
+
+
+def test_a_flat_state_hashes_as_the_state_of_its_slices():
+    shapes = {"b": (3,), "a": (2, 2), "e": (0,)}
+    flat = np.arange(7, dtype=np.uint16)  # sorted names: a = [0:4], b = [4:7], e empty
+    state = {"a": TensorBits("BF16", (2, 2), flat[:4]), "b": TensorBits("BF16", (3,), flat[4:]),
+             "e": TensorBits("BF16", (0,), flat[7:])}
+    assert flat_state_hash("BF16", shapes, flat) == state_hash(state)
+    assert flat_state_hash("BF16", shapes, flat[::-1].copy()) != state_hash(state)
+    with pytest.raises(ValueError):
+        flat_state_hash("BF16", shapes, flat[:6])

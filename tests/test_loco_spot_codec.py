@@ -161,8 +161,20 @@ def test_an_opening_round_trips_verifies_and_refuses_what_does_not_match() -> No
 def test_flat_layout_maps_payload_entries_in_sorted_name_order() -> None:
     layout = FlatLayout.of({"b": (2, 3), "a": (4,)})
     assert layout.names == ("a", "b") and layout.offsets == {"a": 0, "b": 4} and layout.total == 10
-    pos, vals = layout.flat_entries({"b": (np.array([0, 5]), np.array([1.0, 2.0])), "a": (np.array([3]), np.array([3.0]))})
-    assert pos.tolist() == [3, 4, 9] and vals.tolist() == [3.0, 1.0, 2.0]
+    payload = {"b": (np.array([5, 0]), np.array([2.0, 1.0])), "a": (np.array([3]), np.array([3.0]))}
+    at, vals = layout.entries_at(payload, np.array([1, 3, 4, 8, 9]))
+    assert at.tolist() == [1, 2, 4] and vals.tolist() == [3.0, 1.0, 2.0]
+    rng = np.random.default_rng(0)
+    shapes = {f"t{i}": (int(rng.integers(1, 300)),) for i in range(12)}
+    layout = FlatLayout.of(shapes)
+    payload = {n: (np.sort(rng.choice(s[0], size=int(rng.integers(0, s[0] + 1)), replace=False)),
+                   rng.standard_normal(s[0]).astype(np.float32)) for n, s in shapes.items() if rng.random() < 0.8}
+    payload = {n: (idx, vals[:idx.size]) for n, (idx, vals) in payload.items()}
+    coords = np.sort(rng.choice(layout.total, size=layout.total // 3, replace=False))
+    flat = {int(layout.offsets[n] + i): float(v) for n, (idx, vals) in payload.items() for i, v in zip(idx, vals)}
+    want = [(k, flat[int(c)]) for k, c in enumerate(coords) if int(c) in flat]
+    at, vals = layout.entries_at(payload, coords)
+    assert list(zip(at.tolist(), vals.tolist())) == want
 
 
 def accusation(**over) -> Accusation:

@@ -17,13 +17,15 @@ disk, so the state hash itself can be signed and trusted.
 
 from __future__ import annotations
 
+import functools
+import math
 import struct
 from collections.abc import Mapping
 
 import blake3
 import numpy as np
 
-from pulse_node.codec.state import TensorBits
+from pulse_node.codec.state import DTYPES, TensorBits
 
 #: name of the hash algorithm, recorded in patch headers and records
 HASH_ALGO = "blake3"
@@ -33,11 +35,15 @@ _DOMAIN = b"pulse-node state v1\x00"
 
 
 def _tensor_prefix(name: str, t: TensorBits) -> bytes:
+    return _prefix(name, t.dtype, t.shape, t.nbytes)
+
+
+def _prefix(name: str, dtype: str, shape: tuple[int, ...], nbytes: int) -> bytes:
     raw_name = name.encode("utf-8")
-    raw_dtype = t.dtype.encode("ascii")
+    raw_dtype = dtype.encode("ascii")
     head = struct.pack("<I", len(raw_name)) + raw_name + struct.pack("<B", len(raw_dtype)) + raw_dtype
-    head += struct.pack("<I", len(t.shape)) + b"".join(struct.pack("<Q", d) for d in t.shape)
-    return head + struct.pack("<Q", t.nbytes)
+    head += struct.pack("<I", len(shape)) + b"".join(struct.pack("<Q", d) for d in shape)
+    return head + struct.pack("<Q", nbytes)
 
 
 def state_hash(state: Mapping[str, TensorBits]) -> str:
@@ -50,6 +56,35 @@ def state_hash(state: Mapping[str, TensorBits]) -> str:
         bits = np.ascontiguousarray(t.bits, dtype=t.bits.dtype.newbyteorder("<"))
         hasher.update(bits.view(np.uint8).data if bits.size else b"")
     return hasher.hexdigest()
+
+
+def flat_state_hash(dtype: str, shapes: Mapping[str, tuple[int, ...]], flat: np.ndarray) -> str:
+    """``state_hash`` of the state whose tensors (``shapes``, all of ``dtype``) are consecutive slices
+    of ``flat`` in sorted name order, without building it (the same digest, bit for bit)."""
+    prefixes, total = _layout_prefixes(dtype, tuple(sorted((n, tuple(s)) for n, s in shapes.items())))
+    if flat.ndim != 1 or flat.size != total:
+        raise ValueError(f"a flat state of {total} elements expected, got shape {flat.shape}")
+    raw = np.ascontiguousarray(flat, dtype=flat.dtype.newbyteorder("<")).view(np.uint8).data
+    hasher = blake3.blake3(_DOMAIN, max_threads=blake3.blake3.AUTO)
+    hasher.update(struct.pack("<Q", len(prefixes)))
+    at = 0
+    for prefix, nbytes in prefixes:
+        hasher.update(prefix)
+        hasher.update(raw[at:at + nbytes])
+        at += nbytes
+    return hasher.hexdigest()
+
+
+@functools.lru_cache(maxsize=16)
+def _layout_prefixes(dtype: str, shapes: tuple[tuple[str, tuple[int, ...]], ...]) -> tuple[tuple[tuple[bytes, int], ...], int]:
+    """Each tensor's canonical prefix and byte count, in sorted name order; the element total."""
+    out, total = [], 0
+    for name, shape in shapes:
+        size = math.prod(shape)
+        nbytes = size * DTYPES[dtype].itemsize
+        out.append((_prefix(name, dtype, shape, nbytes), nbytes))
+        total += size
+    return tuple(out), total
 
 
 def bytes_digest(data: bytes | memoryview) -> str:

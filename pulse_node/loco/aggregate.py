@@ -80,6 +80,12 @@ def _sum(a: np.ndarray) -> float:
     return float(np.add.reduce(np.ascontiguousarray(a, dtype=np.float64).reshape(-1)))
 
 
+def _sq(a: np.ndarray) -> float:
+    """``_sum(a * a)`` of a flat float64 array, squared in place (``a`` must be a scratch copy)."""
+    np.multiply(a, a, out=a)
+    return float(np.add.reduce(a))
+
+
 class _Centre:
     """The current centre ``v = a * v_0 + sum_i b_i * p_i``, kept as scalars (never materialised)."""
 
@@ -99,11 +105,11 @@ class _Centre:
         payload i's (positions, values)."""
         if ref is None or scale == 0.0:
             v = np.zeros(size, dtype=np.float64)
-        else:
-            v = np.asarray(ref, dtype=np.float64).reshape(-1) * (scale * self.a)
+        else:  # (casts to float64 are exact: each product is the one a float64 copy of ref would give)
+            v = np.multiply(np.asarray(ref).reshape(-1), scale * self.a, dtype=np.float64)
         for b, (idx, vals) in zip(self.b, entries):
             if b != 0.0 and idx.size:
-                v[idx] += b * vals.astype(np.float64)  # positions are unique within a payload
+                v[idx] += np.multiply(vals, b, dtype=np.float64)  # positions are unique within a payload
         return v
 
 
@@ -117,8 +123,8 @@ def _squared_distances(payloads: Sequence[LocoPayload], *, momentum: Mapping[str
         vv = _sum(v * v)
         for i, (idx, vals) in enumerate(entries):
             at = v[idx]
-            diff = vals.astype(np.float64) - at
-            parts[i].append(vv - _sum(at * at) + _sum(diff * diff))
+            diff = np.subtract(vals, at, dtype=np.float64)
+            parts[i].append(vv - _sq(at) + _sq(diff))
     return np.array([max(0.0, math.fsum(x)) for x in parts], dtype=np.float64)
 
 

@@ -70,16 +70,26 @@ class FlatLayout:
         """Flat indices covered by ``leaves`` (sorted), concatenated in leaf order."""
         return np.concatenate([np.arange(i * leaf, min((i + 1) * leaf, self.total)) for i in leaves])
 
-    def flat_entries(self, tensors: Mapping[str, tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
-        """A payload's (positions per tensor, values) as flat positions (ascending) and values."""
-        offsets = self.offsets
-        parts = [(np.asarray(idx, dtype=np.int64) + offsets[name], np.asarray(vals, dtype=np.float32))
-                 for name, (idx, vals) in tensors.items() if name in offsets]
-        if not parts:
-            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)
-        pos, vals = np.concatenate([p for p, _ in parts]), np.concatenate([v for _, v in parts])
-        order = np.argsort(pos, kind="stable")
-        return pos[order], vals[order]
+    def entries_at(self, tensors: Mapping[str, tuple[np.ndarray, np.ndarray]],
+                   coords: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """A payload's entries at ``coords`` (ascending flat indices): their positions in ``coords``
+        (ascending) and values; only the tensors ``coords`` reach are searched (a payload's positions
+        are unique within a tensor)."""
+        ats, found = [np.zeros(0, dtype=np.int64)], [np.zeros(0, dtype=np.float32)]
+        for name, off, size in zip(self.names, self.offsets.values(), self.sizes):
+            lo, hi = (int(x) for x in np.searchsorted(coords, [off, off + size]))
+            if lo == hi or name not in tensors:
+                continue
+            idx, vals = np.asarray(tensors[name][0], dtype=np.int64), np.asarray(tensors[name][1], dtype=np.float32)
+            if idx.size > 1 and np.any(idx[1:] <= idx[:-1]):
+                order = np.argsort(idx, kind="stable")
+                idx, vals = idx[order], vals[order]
+            want = coords[lo:hi] - off
+            j = np.minimum(np.searchsorted(idx, want), max(idx.size - 1, 0))
+            hit = np.flatnonzero(idx[j] == want) if idx.size else np.zeros(0, dtype=np.int64)
+            ats.append(lo + hit)
+            found.append(vals[j[hit]])
+        return np.concatenate(ats), np.concatenate(found)
 
 
 @dataclass(frozen=True)

@@ -266,10 +266,7 @@ class SpotChecker:
 
     def _sent(self, payload: LocoPayload, coords: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The payload's entries at ``coords``, as positions into ``coords`` and values."""
-        pos, vals = self.layout.flat_entries(payload.tensors)
-        at = np.searchsorted(coords, pos)
-        hit = (at < coords.size) & (coords[np.minimum(at, coords.size - 1)] == pos)
-        return at[hit].astype(np.int64), vals[hit]
+        return self.layout.entries_at(payload.tensors, coords)
 
     def _link(self, verdict: SpotVerdict, case: SpotCase, end: dict[str, np.ndarray], adam_step: int) -> None:
         nxt, c = case.next_commitment, case.commitment

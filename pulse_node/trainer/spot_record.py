@@ -32,28 +32,42 @@ import torch
 from pulse_node.chain.identity import Identity
 from pulse_node.codec.patch import make_patch
 from pulse_node.codec.state import State, TensorBits
-from pulse_node.codec.statehash import state_hash
+from pulse_node.codec.statehash import flat_state_hash
 from pulse_node.loco.commit import STATE_GLOBAL, STATE_TRAINER, BatchRef, InnerCommitment, StepCommit, sign_commitment
 from pulse_node.loco.merkle import MerkleTree, leaf_bytes
 from pulse_node.loco.opening import GRAD_DOMAIN, STATE_DOMAIN, FlatLayout, RoundOpening
 from pulse_node.loco.sparsify import ErrorFeedback
 from pulse_node.rl.grpo import GRPOLearner
 from pulse_node.rl.rollout import Rollout, encode_rollouts
-from pulse_node.torchbits import module_state
 
 DEFAULT_LEAF = 4096
 
 
 def flat_of(named: Mapping[str, torch.Tensor], layout: FlatLayout) -> np.ndarray:
-    """The FP32 values of ``named`` in the layout's flat order (zeros for a missing name)."""
+    """The FP32 values of ``named`` in the layout's flat order (zeros for a missing name): a new
+    array (one concatenation, no further copy)."""
     parts = [named[n].detach().reshape(-1).to("cpu", torch.float32) if n in named else torch.zeros(size)
              for n, size in zip(layout.names, layout.sizes)]
-    flat: np.ndarray = torch.cat(parts).numpy().copy()
+    flat: np.ndarray = torch.cat(parts).numpy()
     return flat
 
 
-def bf16_flat(state: State, layout: FlatLayout) -> np.ndarray:
-    return np.concatenate([state[n].bits for n in layout.names])
+def bf16_of(named: Mapping[str, torch.Tensor], layout: FlatLayout) -> np.ndarray:
+    """The BF16 bits (uint16) of ``named``'s FP32 values in the layout's flat order: one cast of
+    the concatenation, bit for bit ``module_state``'s per-tensor casts (rounding is per element)."""
+    flat = torch.cat([named[n].detach().reshape(-1) for n in layout.names]).to(torch.bfloat16).cpu()
+    bits: np.ndarray = flat.view(torch.int16).numpy().view(np.uint16)
+    return bits
+
+
+def bf16_state(bits: np.ndarray, layout: FlatLayout, shapes: Mapping[str, tuple[int, ...]]) -> State:
+    """``bits`` (flat BF16, the layout's order) as a ``State`` of views into it (no copy)."""
+    out: State = {}
+    at = 0
+    for name, size in zip(layout.names, layout.sizes):
+        out[name] = TensorBits("BF16", tuple(shapes[name]), bits[at:at + size])
+        at += size
+    return out
 
 
 def adam_state(learner: GRPOLearner, layout: FlatLayout) -> tuple[np.ndarray, np.ndarray, int]:
@@ -86,7 +100,8 @@ class _Step:
 class _Round:
     round: int
     base_hash: bytes
-    base_bf16: State
+    base_bits: np.ndarray  # the base's BF16 bits, flat in the layout's order
+    base_bf16: State  # the same, as a State of views
     adam_step: int
     state: tuple[str, ...]
     arrays: list[np.ndarray]
@@ -101,6 +116,7 @@ class InnerStepLog:
     def __init__(self, shapes: Mapping[str, tuple[int, ...]], *, leaf: int = DEFAULT_LEAF, keep: int = 2,
                  hash_threads: int | None = None) -> None:
         self.layout = FlatLayout.of(shapes)
+        self.shapes = {n: tuple(s) for n, s in shapes.items()}
         self.leaf, self.keep = leaf, keep
         self.hash_threads = hash_threads or os.cpu_count() or 1  # trees of >= 64 leaves only
         self.rounds: dict[int, _Round] = {}
@@ -112,8 +128,9 @@ class InnerStepLog:
         arrays = [m, v, flat_of(ef.e, self.layout)] + ([flat_of(ef.v, self.layout)] if ef.v else [])
         names = STATE_TRAINER if ef.v else STATE_GLOBAL
         tree = MerkleTree.build(arrays, leaf=self.leaf, domain=STATE_DOMAIN, threads=self.hash_threads)
-        base_bf16 = module_state(base.items())
-        self._open = _Round(round, bytes(base_hash), base_bf16, t, names, arrays, tree)
+        bits = bf16_of(base, self.layout)
+        self._open = _Round(round, bytes(base_hash), bits, bf16_state(bits, self.layout, self.shapes), t, names,
+                            arrays, tree)
         self.rounds[round] = self._open
         self.rounds = {r: x for r, x in self.rounds.items() if r > round - self.keep}
 
@@ -129,16 +146,16 @@ class InnerStepLog:
         data = encode_rollouts(rollouts)
         ref = BatchRef(producer, int(rollouts[0].version) if rollouts else 0, int(rollouts[0].batch) if rollouts else 0,
                        blake3.blake3(data).digest())
-        weights = module_state(learner.policy.model.named_parameters())
-        now, base = bf16_flat(weights, self.layout), bf16_flat(self._open.base_bf16, self.layout)
-        pos = np.flatnonzero(now != base)
+        now = bf16_of(dict(learner.policy.model.named_parameters()), self.layout)
+        pos = np.flatnonzero(now != self._open.base_bits)
         diff = (None, now) if 3 * pos.size > now.size else (pos.astype(np.uint32), now[pos])  # 6 B per change, or 2 per weight
         grad, tree = None, None
         if grad_norm is not None:
             named = {n: p.grad for n, p in learner.policy.model.named_parameters() if p.grad is not None}
             grad = flat_of(named, self.layout)
             tree = MerkleTree.build([grad], leaf=self.leaf, domain=GRAD_DOMAIN, threads=self.hash_threads)
-        self._open.steps.append(_Step(ref, data, bytes.fromhex(state_hash(weights)), diff, grad, tree,
+        weights = bytes.fromhex(flat_state_hash("BF16", self.shapes, now))
+        self._open.steps.append(_Step(ref, data, weights, diff, grad, tree,
                                       float(grad_norm or 0.0)))
 
     def commitment(self, identity: Identity, *, run_id: str, trainer: str, payload: bytes,
@@ -176,7 +193,7 @@ class InnerStepLog:
         """A BF16 patch from the round's base to the weights step ``step`` ran its forward on."""
         r = self._round(round)
         pos, bits = r.steps[step].diff
-        flat = bits.copy() if pos is None else bf16_flat(r.base_bf16, self.layout).copy()
+        flat = bits.copy() if pos is None else r.base_bits.copy()
         if pos is not None:
             flat[pos] = bits
         new, at = {}, 0

@@ -78,8 +78,14 @@ class Outcome:
     weigh_s: float = 0.0
     """CPU seconds per round weighing the payloads (what the robust rule adds to the mean)."""
     verify_s: float = 0.0
-    """CPU seconds per trainer and round of spot checks: its share of the checks and re-checks,
-    and its own recording of its inner steps (``record_s`` of it)."""
+    """CPU seconds per trainer and round of spot checks: its share of the checks and re-checks and
+    of the targets' answers (``answer_s`` of it), and its own recording of its inner steps
+    (``record_s`` of it)."""
+    answer_s: float = 0.0
+    """CPU seconds per trainer and round answering checks (openings, the BF16 patch)."""
+    batches_s: float = 0.0
+    """CPU seconds per round one honest trainer spends verifying the batches it trains on, as a
+    swarm's trainer does (the first honest trainer, ``InnerTrainer.verify_batches``)."""
     record_s: float = 0.0
     """CPU seconds per honest trainer and round recording its inner steps for its commitment."""
     checks: float = 0.0
@@ -351,7 +357,7 @@ def run(world: World, attack: Attack, *, loco: LocoConfig, seed: int, rounds: in
     """``rounds`` rounds of ``n_honest`` honest trainers and ``attack``'s keys; the outcome
     (``outer_cls``: another aggregation for the bench's comparison, ``candidates.py``)."""
     record = defences.spot
-    honest = {peer_of(f"h{i}"): InnerTrainer(world, peer_of(f"h{i}"), seed=seed, record=record)
+    honest = {peer_of(f"h{i}"): InnerTrainer(world, peer_of(f"h{i}"), seed=seed, record=record, verify_batches=i == 0)
               for i in range(n_honest)}
     byz = ({t: InnerTrainer(world, t, seed=seed, invert_rewards=attack.invert_rewards, record=record)
             for t in attack.ids} if attack.trains else {})
@@ -376,7 +382,11 @@ def _outcome(r: _Run, rounds: int) -> Outcome:
     out.weigh_s /= per_round
     record_s = sum(tr.record_s for tr in r.honest.values()) / len(r.honest) / per_round
     out.record_s = record_s
-    out.verify_s = r.spot.seconds / n / per_round + record_s
+    out.answer_s = r.spot.answer_seconds / n / per_round
+    out.verify_s = (r.spot.seconds + r.spot.answer_seconds) / n / per_round + record_s
+    first = next(iter(r.honest.values()))
+    out.batches_s = first.verify_s / per_round
+    out.refused += first.refused
     out.checks = r.spot.checks / n / per_round
     out.keep_honest = float(np.mean(r.keeps[0])) if r.keeps[0] else 1.0
     out.keep_byzantine = float(np.mean(r.keeps[1])) if r.keeps[1] else 1.0

@@ -12,7 +12,10 @@ advantage-flip attacker: the same verified rollouts with the reward turned upsid
 the recording's own time is ``record_s``.
 
 ``seconds`` adds up the trainer's own work (inner steps and gate), not the sampler's: in a
-swarm inference nodes make the rollouts, so overheads are measured against this.
+swarm inference nodes make the rollouts. A trainer of a swarm also verifies every batch it
+trains on (``rl/verify.py``: decode, teacher-forced re-scoring); with ``verify_batches`` it does
+so here too (decoding the bytes its producer would push; it still trains on the sampler's own
+rollouts, so learning is unchanged), timed apart as ``verify_s`` (refusals in ``refused``).
 """
 
 from __future__ import annotations
@@ -30,7 +33,8 @@ from pulse_node.loco.payload import LocoPayload
 from pulse_node.loco.sparsify import ErrorFeedback
 from pulse_node.loco.spotdraw import SpotDraw
 from pulse_node.rl.grpo import GRPOLearner
-from pulse_node.rl.rollout import Rollout
+from pulse_node.rl.rollout import MAX_BATCH_INDEX, Rollout, decode_rollouts, encode_rollouts
+from pulse_node.rl.verify import RolloutVerifier
 from pulse_node.testing.byzantine.world import World
 from pulse_node.trainer.recompute import SpotCase
 from pulse_node.trainer.spot_record import InnerStepLog
@@ -41,7 +45,7 @@ class InnerTrainer:
     """One trainer's local model, inner optimizer and error feedback."""
 
     def __init__(self, world: World, trainer_id: str, *, seed: int, invert_rewards: bool = False,
-                 record: bool = False) -> None:
+                 record: bool = False, verify_batches: bool = False) -> None:
         self.world, self.trainer_id, self.seed = world, trainer_id, seed
         self.policy = world.policy()
         self.learner = GRPOLearner(self.policy, world.cfg.grpo, temperature=world.cfg.sampling.temperature)
@@ -53,6 +57,8 @@ class InnerTrainer:
         self.seconds = 0.0
         self.record_s = 0.0
         self.reward = 0.0
+        self.verify_batches, self.verify_s, self.refused = verify_batches, 0.0, 0
+        self.verifier: RolloutVerifier | None = None
 
     def __deepcopy__(self, memo: dict[int, object]) -> InnerTrainer:
         """A copy with its own model, optimizer and error feedback, sharing the world."""
@@ -60,7 +66,7 @@ class InnerTrainer:
         new = InnerTrainer.__new__(InnerTrainer)
         memo[id(self)] = new
         for k, v in self.__dict__.items():
-            setattr(new, k, copy.deepcopy(v, memo))
+            setattr(new, k, None if k == "verifier" else copy.deepcopy(v, memo))  # (it holds the world's worker)
         return new
 
     def train(self, version: int, outer: OuterOptimizer | None = None) -> None:
@@ -75,11 +81,26 @@ class InnerTrainer:
         for _ in range(self.world.cfg.loco.inner_steps):
             verified = self.world.batch(self.trainer_id, self.batches, seed=self.seed)
             self.batches += 1
+            if self.verify_batches:
+                self._verify(encode_rollouts(verified), version)
             rewards.append(sum(r.reward for r in verified) / max(1, len(verified)))
             batch = [dataclasses.replace(r, reward=1.0 - r.reward) for r in verified] if self.invert_rewards \
                 else verified
             self._step(batch, verified, version)
         self.reward = sum(rewards) / len(rewards)
+
+    def _verify(self, data: bytes, version: int) -> None:
+        """What a swarm's trainer does with a pushed batch before it trains on it (timed)."""
+        world = self.world
+        t0 = time.process_time()
+        self.verifier = self.verifier or RolloutVerifier(
+            world.worker, world.task, run_id=f"{world.run_id}-{self.seed}", batches_per_version=MAX_BATCH_INDEX,
+            max_staleness=self.learner.cfg.max_staleness, cfg=world.cfg.verify)
+        held = world.worker.loaded
+        v = self.verifier.check(decode_rollouts(data), sender=self.trainer_id, current_version=version,
+                                state_of=lambda k: held if k == world.worker.version else None)
+        self.verify_s += time.process_time() - t0
+        self.refused += 0 if v.ok else 1
 
     def _step(self, batch: list[Rollout], verified: list[Rollout], version: int) -> None:
         t0 = time.process_time()

@@ -88,6 +88,7 @@ class SpotChecks:
         self.checker: SpotChecker | None = None
         self.pending: Drawn | None = None
         self.seconds = 0.0
+        self.answer_seconds = 0.0  # the targets' CPU answering (openings, patch)
         self.checks = 0
 
     def draw(self, *, base: RoundBase, made: Mapping[str, Made], keep: Mapping[str, float], members: set[str],
@@ -129,7 +130,9 @@ class SpotChecks:
              byzantine: set[str], keys: Callable[[str], Identity], accusers: set[str], out: Checked) -> bool | None:
         """The verdict of one check: passed, failed, or None (a lie every trainer refuses)."""
         target, verifier = draw.target, draw.verifier
+        t0 = time.process_time()
         case = self._answer(d, draw, next_made, trainers.get(target))
+        self.answer_seconds += time.process_time() - t0
         if case is None:
             return False  # no answer published: every trainer sees it, whoever the verifier is
         if verifier in byzantine:
