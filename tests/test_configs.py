@@ -119,7 +119,7 @@ def test_solo_refuses_a_sync_interval_whose_rollouts_it_would_drop():
 def test_realistic_preset_shares_the_default_warm_start():
     """configs/realistic.toml changes how the swarm trains, not the model or task: its nodes load
     the warm start the default swarm cached (no second warm start for a user)."""
-    from pulse_node.rl.warmstart import cache_key
+    from pulse_node.rl.warmstart_key import cache_key
 
     keys = set()
     for cfg in (load_config(SwarmConfig, None), load_config(SwarmConfig, ROOT / "configs" / "realistic.toml")):

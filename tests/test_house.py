@@ -31,7 +31,7 @@ ALLOWED: dict[str, set[str]] = {
     "inference": ABOVE_NET | {"daemon", "peers"},
     "ops": SHARED | {"chain", "net", "daemon"},
     "roles": ABOVE_NET | {"daemon", "trainer", "inference"},
-    "swarm": SHARED | {"chain", "config", "daemon", "ops"},
+    "swarm": SHARED | {"chain", "config", "daemon", "ops", "rl"},
     "commands": ABOVE_NET | {"daemon", "peers", "trainer", "inference", "roles", "ops", "swarm", "commands"},
     "cli": SHARED | {"commands"},
     "__main__": {"cli"},

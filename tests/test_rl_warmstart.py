@@ -67,3 +67,11 @@ def test_warm_start_is_the_same_whatever_the_process_thread_count(tmp_path) -> N
     finally:
         torch.set_num_threads(before)
     assert all(torch.equal(got[0][n], got[1][n]) for n in got[0])
+
+
+def test_the_torch_free_key_reads_the_release_torch_reports():
+    import torch
+
+    from pulse_node.rl.warmstart_key import torch_release
+
+    assert torch_release() == torch.__version__.split("+")[0]

@@ -12,8 +12,6 @@ release, code version.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import random
 import sys
 import time
@@ -30,15 +28,8 @@ from pulse_node.rl.config import GRPOConfig, ModelConfig, TaskConfig
 from pulse_node.rl.models import HFLM, TinyLM
 from pulse_node.rl.tasks import Problem, make_task_source
 from pulse_node.rl.tokenizer import Tokenizer
+from pulse_node.rl.warmstart_key import CODE_VERSION, WARMSTART_THREADS, cached_file
 from pulse_node.torchbits import load_state, module_state
-
-CODE_VERSION = "warmstart-2"
-WARMSTART_THREADS = 1
-
-
-#: the fields every task dumped while ``TaskConfig`` was one flat class: kept in the key so the
-#: discriminated union (issue 31) finds the warm starts cached before it
-_FLAT_TASK = {"kind": "arithmetic", "digits": 2, "min_digits": 1, "ops": "+", "path": None, "eval_path": None}
 
 
 class Learner(Protocol):
@@ -60,18 +51,8 @@ class Learner(Protocol):
     def model(self) -> torch.nn.Module: ...
 
 
-def cache_key(policy_task: dict[str, object], model_cfg: ModelConfig, grpo_cfg: GRPOConfig, seed: int) -> str:
-    model = model_cfg.model_dump(mode="json", exclude={"device", "cache_dir"})
-    ws = {k: v for k, v in grpo_cfg.model_dump(mode="json").items() if k.startswith("warmstart")}
-    blob = json.dumps({"code": CODE_VERSION, "model": model, "task": {**_FLAT_TASK, **policy_task}, "ws": ws,
-                       "seed": seed, "torch": torch.__version__.split("+")[0], "threads": WARMSTART_THREADS},
-                      sort_keys=True)
-    return hashlib.sha256(blob.encode()).hexdigest()[:20]
-
-
 def cache_path(policy: Learner, *, model_cfg: ModelConfig, grpo_cfg: GRPOConfig, seed: int) -> Path:
-    key = cache_key(policy.task.model_dump(mode="json"), model_cfg, grpo_cfg, seed)
-    return Path(model_cfg.cache_dir).expanduser() / f"warmstart-{key}.safetensors"
+    return cached_file(policy.task, model_cfg=model_cfg, grpo_cfg=grpo_cfg, seed=seed)
 
 
 def sft_loss(policy: Learner, problems: Sequence[Problem]) -> torch.Tensor:

@@ -117,6 +117,10 @@ class LocalSwarm:
         d.mkdir(parents=True, exist_ok=True)
         conf = d / "node.toml"
         conf.write_text(tomli_w.dumps(node_config(self.cfg, role="trainer", data_dir=d, trusted=self.trusted)))
+        cached = _cached_warm_start(conf)
+        if cached is not None:  # no process to start: each trainer loads it
+            self.log(f"[warm start] cached weights found: {cached}")
+            return
         proc = subprocess.Popen([sys.executable, "-m", "pulse_node.commands.warmup", str(conf)], stdin=subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
         lines: queue.Queue[str] = queue.Queue()
@@ -344,6 +348,17 @@ def wipe_run_state(root: Path) -> None:
 #: the ``-m`` module each worker process runs (``DhtClient.module``, ``WireClient.module``; a test
 #: keeps them equal: the house keeps ``swarm/`` from importing ``net/``)
 WORKER_MODULES = {"dht": "pulse_node.net.dht", "wire": "pulse_node.net.wire.worker"}
+
+
+def _cached_warm_start(conf: Path) -> Path | None:
+    """The warm-start file a trainer of ``conf`` would load, if it is in the cache already."""
+    from pulse_node.config import TrainerConfig, load_node_config
+    from pulse_node.rl.warmstart_key import cached_file
+
+    cfg = load_node_config(conf, role="trainer")
+    assert isinstance(cfg, TrainerConfig)
+    path = cached_file(cfg.task, model_cfg=cfg.model, grpo_cfg=cfg.grpo, seed=cfg.seed)
+    return path if path.is_file() else None
 
 
 def worker_module(what: str) -> str:
