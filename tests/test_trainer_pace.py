@@ -1,5 +1,5 @@
-"""An open trainer's pace (``trainer/pace.OpenPace``): fewer inner steps after a round that left it
-out, more after one it entered, never below one nor above ``inner_steps``."""
+"""An open trainer's pace (``trainer/pace.OpenPace``): fewer inner steps after a round its
+commitment missed, more after one it made, never below one nor above ``inner_steps``."""
 
 from __future__ import annotations
 
@@ -11,18 +11,18 @@ def test_a_late_open_trainer_halves_its_steps_down_to_one():
     assert pace.steps == 10
     seen = []
     for _ in range(5):
-        pace.saw(entered=False)
+        pace.saw(in_time=False)
         seen.append(pace.steps)
     assert seen == [5, 2, 1, 1, 1]
 
 
-def test_an_open_trainer_in_the_rounds_takes_one_more_step_each_round_up_to_inner_steps():
+def test_an_open_trainer_in_time_takes_one_more_step_each_round_up_to_inner_steps():
     pace = OpenPace(4)
-    pace.saw(entered=False)
-    pace.saw(entered=False)
+    pace.saw(in_time=False)
+    pace.saw(in_time=False)
     assert pace.steps == 1
     seen = []
     for _ in range(5):
-        pace.saw(entered=True)
+        pace.saw(in_time=True)
         seen.append(pace.steps)
     assert seen == [2, 3, 4, 4, 4]

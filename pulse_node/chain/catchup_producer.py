@@ -16,7 +16,8 @@ serve (target not held, base not rebuildable, gap above ``max_gap``) fail at onc
 ``GapError`` before any heavy work, and the cache is pruned to ``CATCHUP_KEEP_FILES`` /
 ``CATCHUP_KEEP_BYTES`` after each write (and by ``VersionStore.retain``).
 
-Torch-free; safe to use from a trio program through ``trio.to_thread.run_sync(request, ...)``.
+Torch-free, and the codec is imported on the first request, not with the module (the wire
+worker's start); safe to use from a trio program through ``trio.to_thread.run_sync(request, ...)``.
 """
 
 from __future__ import annotations
@@ -26,14 +27,16 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from pulse_node.chain.catchup import make_catchup
 from pulse_node.chain.layout import CATCHUP_KEEP_BYTES, CATCHUP_KEEP_FILES, catchup_path, prune_catchups
-from pulse_node.chain.store import VersionStore
-from pulse_node.codec.header import Mode
-from pulse_node.codec.state import State
 from pulse_node.errors import BusyError, GapError, PulseError, StoreError
 from pulse_node.fsutil import write_atomic
+
+if TYPE_CHECKING:
+    from pulse_node.chain.store import VersionStore
+    from pulse_node.codec.header import Mode
+    from pulse_node.codec.state import State
 
 log = logging.getLogger("pulse.catchup")
 
@@ -100,6 +103,9 @@ class CatchupProducer:
             raise GapError(f"this node cannot rebuild base v{base} (not kept)")
 
     def _open(self) -> VersionStore:
+        # the codec (numba) is imported on the first request, not at the wire worker's start
+        from pulse_node.chain.store import VersionStore
+
         if self._store is None:
             self._store = VersionStore(self.root, readonly=True)
         else:
@@ -124,6 +130,8 @@ class CatchupProducer:
             job.done.set()
 
     def _make(self, base: int, target: int) -> bytes:
+        from pulse_node.chain.catchup import make_catchup
+
         store = self._store
         assert store is not None
         rec_a, rec_b = store.record(base), store.record(target)

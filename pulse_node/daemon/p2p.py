@@ -60,24 +60,33 @@ class P2PTransport:
 
     @classmethod
     def create(cls, cfg: RoleConfig, identity: Identity, store_root: Path) -> P2PTransport:
-        """Start both workers (wire first: it is local-only and fails fast)."""
+        """Start both workers at once, their imports overlapping; then wait for the wire worker
+        first (it is local-only and fails fast), then for the DHT worker's join."""
         data = Path(cfg.data_dir)
         trainer = cfg.role == "trainer"
         cap = _spool_cap(cfg)
-        wire = WireClient.start(WireConfig(store=store_root, listen=cfg.net.wire_listen, announce=cfg.net.wire_announce,
+        wire = WireClient.spawn(WireConfig(store=store_root, listen=cfg.net.wire_listen, announce=cfg.net.wire_announce,
                                            identity=data / "identity.key", budget=cfg.net.budget),
-                                log_path=data / "wire.log", start_timeout=cfg.net.worker_start_timeout_s)
+                                log_path=data / "wire.log")
+        dht_cfg = DhtConfig(
+            run_id=cfg.run_id, initial_peers=cfg.net.bootstrap, host_maddrs=cfg.net.dht_listen,
+            announce_maddrs=cfg.net.announce, identity=data / "identity.key",
+            use_relay=cfg.net.use_relay, use_auto_relay=cfg.net.use_auto_relay,
+            client_mode=cfg.net.client_mode, ttl_s=cfg.net.record_ttl_s, budget=cfg.net.budget,
+            accept_pushes=trainer,
+            spool_dir=data / "spool" if trainer else None, spool_max_push_bytes=cap,
+            spool_disk_bytes=max(spool.DEFAULT_DISK_BYTES, 2 * cap))
         try:
-            dht = DhtClient.start(DhtConfig(
-                run_id=cfg.run_id, initial_peers=cfg.net.bootstrap, host_maddrs=cfg.net.dht_listen,
-                announce_maddrs=cfg.net.announce, identity=data / "identity.key",
-                use_relay=cfg.net.use_relay, use_auto_relay=cfg.net.use_auto_relay,
-                client_mode=cfg.net.client_mode, ttl_s=cfg.net.record_ttl_s, budget=cfg.net.budget,
-                accept_pushes=trainer,
-                spool_dir=data / "spool" if trainer else None, spool_max_push_bytes=cap,
-                spool_disk_bytes=max(spool.DEFAULT_DISK_BYTES, 2 * cap)), log_path=data / "dht.log")
+            dht = DhtClient.spawn(dht_cfg, log_path=data / "dht.log")
         except BaseException:
             wire.stop()
+            raise
+        try:
+            wire.wait_ready(cfg.net.worker_start_timeout_s)
+            dht.wait_ready(DhtClient.start_timeout(dht_cfg))
+        except BaseException:
+            wire.stop()
+            dht.stop()
             raise
         return cls(cfg, dht, wire)
 

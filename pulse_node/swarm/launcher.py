@@ -341,18 +341,23 @@ def wipe_run_state(root: Path) -> None:
                 entry.unlink()
 
 
+#: the ``-m`` module each worker process runs (``DhtClient.module``, ``WireClient.module``; a test
+#: keeps them equal: the house keeps ``swarm/`` from importing ``net/``)
+WORKER_MODULES = {"dht": "pulse_node.net.dht", "wire": "pulse_node.net.wire.worker"}
+
+
 def worker_module(what: str) -> str:
     """The ``-m`` module a node's ``dht`` or ``wire`` worker process runs (what ``kill`` looks for)."""
-    return f"pulse_node.net.{what}.worker"
+    return WORKER_MODULES[what]
 
 
 def _worker_tree(tree: list[psutil.Process], module: str) -> list[psutil.Process]:
-    """The process of worker ``module`` (its ``-m`` name, e.g. ``pulse_node.net.dht.worker``) in ``tree`` and its children."""
+    """The process of worker ``module`` (its ``-m`` name, e.g. ``pulse_node.net.dht``) in ``tree`` and its children."""
     import psutil
 
     for p in tree:
         try:
-            if any(module in part for part in p.cmdline()):
+            if module in p.cmdline():
                 return [p, *p.children(recursive=True)]
         except psutil.NoSuchProcess:
             continue

@@ -21,7 +21,7 @@ costs a round ``open_wait_s``, never ``deadline_s``:
 An open trainer makes its own rollouts (inference nodes serve members only), so its inner steps
 may take longer than the members' whole round; it would then commit after every window and
 never enter a round. ``OpenPace`` sets how many inner steps it makes: half as many after a round
-that left it out, one more after a round it entered (between 1 and ``inner_steps``), so it
+its commitment missed, one more after one it made (between 1 and ``inner_steps``), so it
 settles at what it can make within the members' time; and it stops stepping once most members
 closed the round (``RoundAgreement.closed_elsewhere``) to catch up at once. Members always make
 ``inner_steps``. A payload of fewer steps is a valid one (its commitment names the steps made).
@@ -74,6 +74,7 @@ class OpenPace:
         self.most = inner_steps
         self.steps = inner_steps
 
-    def saw(self, *, entered: bool) -> None:
-        """After a round: it ``entered`` it (its payload applied) or was left out."""
-        self.steps = min(self.most, self.steps + 1) if entered else max(1, self.steps // 2)
+    def saw(self, *, in_time: bool) -> None:
+        """After a round: its commitment came ``in_time`` (its payload applied, or the decision
+        names its commitment: the entry draw or a check left it out, not its pace), or too late."""
+        self.steps = min(self.most, self.steps + 1) if in_time else max(1, self.steps // 2)

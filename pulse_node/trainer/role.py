@@ -344,7 +344,8 @@ class TrainerRole:
                               base=base if self.cfg.loco.base_coding else None)
         result = self._agree(mine, data, spot=self.spot.commitment(round_no, data))
         if result.payloads is not None and self._apply(round_no, result.payloads, result.decision):
-            self.pace.saw(entered=result.mine_included)
+            named = result.decision is not None and mine.trainer_id in result.decision.commitments
+            self.pace.saw(in_time=result.mine_included or named)  # named: in time, not drawn
             if not result.mine_included:
                 self.engine.restore(mine)
                 with self.ctx.status.trainer() as counters:

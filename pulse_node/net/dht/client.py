@@ -56,7 +56,7 @@ class DuplicateIdentityError(DhtStartError):
 class DhtClient(WorkerClient[DhtConfig]):
     """Typed methods over the DHT worker's RPC; one instance per node, safe to share between threads."""
 
-    module = "pulse_node.net.dht.worker"
+    module = "pulse_node.net.dht"
     name = "dht"
     api = dht_rpc.DhtRequest  # dht_rpc.py: one typed request per worker handler
 
@@ -69,8 +69,12 @@ class DhtClient(WorkerClient[DhtConfig]):
     def start(cls, config: DhtConfig, *, log_path: Path | None = None,
               start_timeout: float | None = None) -> DhtClient:
         """Start the worker and wait until it has joined; ``DhtStartError`` explains a failure."""
-        timeout = start_timeout if start_timeout is not None else config.bootstrap_timeout_s + START_SLACK_S
-        return super().start(config, log_path=log_path, start_timeout=timeout)
+        return super().start(config, log_path=log_path, start_timeout=cls.start_timeout(config) if start_timeout is None else start_timeout)
+
+    @staticmethod
+    def start_timeout(config: DhtConfig) -> float:
+        """How long a start may take: joining through the bootstrap peers, and slack."""
+        return config.bootstrap_timeout_s + START_SLACK_S
 
     @classmethod
     def start_error(cls, failure: StartFailure) -> DhtStartError:

@@ -142,13 +142,23 @@ class WorkerClient(Generic[C]):
     @classmethod
     def start(cls, config: C, *, log_path: Path | None = None, start_timeout: float = 60.0) -> Self:
         """Start the worker and wait until it answers ``ping``; ``start_error`` explains a failure."""
-        client = cls(WorkerProcess(cls.module, config, name=cls.name, log_path=log_path), config)
-        try:
-            client._wait_ready(start_timeout)
-        except BaseException:
-            client.stop(timeout=2.0)
-            raise
+        client = cls.spawn(config, log_path=log_path)
+        client.wait_ready(start_timeout)
         return client
+
+    @classmethod
+    def spawn(cls, config: C, *, log_path: Path | None = None) -> Self:
+        """Start the worker's process without waiting for it (``wait_ready`` waits): a node starts
+        both its workers at once, so their imports overlap."""
+        return cls(WorkerProcess(cls.module, config, name=cls.name, log_path=log_path), config)
+
+    def wait_ready(self, timeout: float) -> None:
+        """Wait until the worker answers ``ping``; stopped and ``start_error`` raised on failure."""
+        try:
+            self._wait_ready(timeout)
+        except BaseException:
+            self.stop(timeout=2.0)
+            raise
 
     def _wait_ready(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
