@@ -1,7 +1,7 @@
 """``python -m pulse_node.net.dht``: the DHT worker's process, as ``DhtClient`` starts it.
 
 hivemind's DHT and p2p modules are loaded first without torch (``hivemind_core``), then the worker
-runs (``worker.main``): the process's start costs a fifth of the CPU it did (bench/RESULTS.md,
+runs (``worker.main``): its imports cost a seventh of the CPU they did (bench/RESULTS.md,
 "Suite time").
 """
 
