@@ -51,9 +51,11 @@ class SpotConfig(StrictModel):
     """Spot recomputation of inner steps in the rounds (``trainer/spot_round.py``); the same on every trainer."""
 
     rate: float = pydantic.Field(0.3, ge=0.0, le=1.0)
-    """Probability that a trainer with earned weight is checked in a round (newcomers: every round).
-    0.3 keeps checks within 10% of trainer time at the default preset (bench/RESULTS.md "Spot
-    recomputation": 0.31-0.51 checks per trainer and round fit); 0 turns checks off."""
+    """Probability that a trainer with earned weight is checked in a round (newcomers and members
+    that passed no check yet: every round); 0 turns checks off. With the weighing, the record and
+    the answers counted, spot checks at 0.3 cost 10.8% of a trainer's swarm round at the default
+    preset's sizes (32 x 8, H = 10, 10 rounds; ``spotdraw.max_rate`` allows ~0.2 there) and more
+    at smaller batches (bench/RESULTS.md "The overhead of robust aggregation and spot checks")."""
     newcomer_verifiers: int = pydantic.Field(2, ge=1, le=4)
     """Verifiers drawn for a newcomer (one verifier colluding with its target passes it)."""
     keep_rounds: int = pydantic.Field(2, ge=2, le=8)
