@@ -119,3 +119,30 @@ def commit_to(agreement, identity, sender: str, data: bytes, *, round: int, base
     c = make_commit(identity, run_id=agreement.ctx.cfg.run_id, epoch=agreement.table.epoch(), round=round, base=base,
                     trainer=sender, payload=payload_digest(data))
     agreement.offer_commit(sender, encode_commit(c))
+
+
+def hub_agreement(tmp_path: Path, hub, me, settings: dict, *, round: int, epoch: bytes, base: tuple[bytes, dict],
+                  shapes: dict, **agreement):
+    """A ``RoundAgreement`` of trainer ``me`` on a ``MemoryHub``, its config ``settings`` (plus its
+    data dir), announced as a trainer at ``round``, with a fresh ledger; ``agreement`` goes to the
+    agreement as is (``verdicts=``, ``refutes=``, ...)."""
+    from pulse_node.chain.peer import PeerStatus
+    from pulse_node.chain.store import VersionStore
+    from pulse_node.config import TrainerConfig
+    from pulse_node.daemon.context import RoleContext
+    from pulse_node.daemon.status import NodeStatus
+    from pulse_node.loco.ledger import Ledger
+    from pulse_node.net.wire.serving import store_resolver
+    from pulse_node.testing.adversaries import peer_id
+    from pulse_node.trainer.agreement import RoundAgreement
+
+    me_id = peer_id(me)
+    cfg = TrainerConfig.model_validate({"data_dir": str(tmp_path / me_id), **settings})
+    store = VersionStore(tmp_path / me_id / "store")
+    transport = hub.join(me_id, store_resolver(store.root))
+    transport.publish(PeerStatus(role="trainer", version=round, node_key=me.public_key_hex))
+    ctx = RoleContext(cfg=cfg, identity=me, store=store, transport=transport,
+                      status=NodeStatus(role="trainer", peer_id=me_id, run_id=cfg.run_id))
+    ledger = Ledger(cfg.loco.trust)
+    return RoundAgreement(ctx, shapes=shapes, current_round=lambda: round, epoch=lambda: epoch, base=lambda: base,
+                          ledger=lambda: ledger, **agreement)

@@ -15,21 +15,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import commit_to, wait_for
+from helpers import commit_to, hub_agreement, wait_for
 
 from pulse_node.chain.identity import Identity
 from pulse_node.chain.peer import PeerStatus
-from pulse_node.chain.store import VersionStore
-from pulse_node.config import TrainerConfig
-from pulse_node.daemon.context import RoleContext
-from pulse_node.daemon.status import NodeStatus
 from pulse_node.errors import IntegrityError
 from pulse_node.loco.decision import encode_decision, make_decision, payload_digest
-from pulse_node.loco.ledger import Entry, Ledger, RoundFacts
+from pulse_node.loco.ledger import Entry, RoundFacts
 from pulse_node.loco.payload import LocoPayload, encode_payload
 from pulse_node.loco.roundcommit import commit_digest
 from pulse_node.loco.roundrules import unrevealed
-from pulse_node.net.wire.serving import store_resolver
 from pulse_node.testing.adversaries import peer_id
 from pulse_node.testing.memory import MemoryHub
 from pulse_node.trainer.agreement import RoundAgreement
@@ -51,16 +46,8 @@ def _announce(hub: MemoryHub, ident: Identity) -> str:
 
 def _agreement(tmp_path: Path, hub: MemoryHub, me: Identity, keys: list[str], *, open_trainers: bool,
                **loco: float) -> RoundAgreement:
-    cfg = TrainerConfig.model_validate({"data_dir": str(tmp_path / peer_id(me)), "loco": loco,
-                                        "chain": {"trusted_trainers": keys, "open_trainers": open_trainers}})
-    store = VersionStore(tmp_path / peer_id(me) / "store")
-    transport = hub.join(peer_id(me), store_resolver(store.root))
-    transport.publish(PeerStatus(role="trainer", version=ROUND, node_key=me.public_key_hex))
-    ctx = RoleContext(cfg=cfg, identity=me, store=store, transport=transport,
-                      status=NodeStatus(role="trainer", peer_id=peer_id(me), run_id=cfg.run_id))
-    ledger = Ledger(cfg.loco.trust)
-    return RoundAgreement(ctx, shapes=SHAPES, current_round=lambda: ROUND, epoch=lambda: EPOCH, base=lambda: (BASE, W),
-                          ledger=lambda: ledger)
+    return hub_agreement(tmp_path, hub, me, {"loco": loco, "chain": {"trusted_trainers": keys, "open_trainers": open_trainers}},
+                         round=ROUND, epoch=EPOCH, base=(BASE, W), shapes=SHAPES)
 
 
 def _payload(trainer: str, value: float = 1e-4) -> bytes:

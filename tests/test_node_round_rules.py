@@ -20,14 +20,10 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from helpers import commit_to, wait_for
+from helpers import commit_to, hub_agreement, wait_for
 
 from pulse_node.chain.identity import Identity
 from pulse_node.chain.peer import PeerStatus
-from pulse_node.chain.store import VersionStore
-from pulse_node.config import TrainerConfig
-from pulse_node.daemon.context import RoleContext
-from pulse_node.daemon.status import NodeStatus
 from pulse_node.errors import IntegrityError
 from pulse_node.loco.commitlist import VERDICTS, make_verdict
 from pulse_node.loco.config import SpotConfig
@@ -40,7 +36,6 @@ from pulse_node.loco.roundrules import unrevealed
 from pulse_node.loco.spot_answer import RECEIPTS, SpotAnswer, make_receipt
 from pulse_node.loco.spotdraw import Shape
 from pulse_node.net.wire.protocol import PUSH_CAPS
-from pulse_node.net.wire.serving import store_resolver
 from pulse_node.testing.adversaries import peer_id
 from pulse_node.testing.memory import MemoryHub
 from pulse_node.trainer.agreement import RoundAgreement
@@ -106,16 +101,8 @@ def test_a_convicted_key_is_drawn_no_more_though_it_still_commits():
 
 def _agreement(tmp_path: Path, hub: MemoryHub, me: Identity, keys: list[str], *, verdicts: list[bytes],
                refutes=None, owed=None) -> RoundAgreement:
-    cfg = TrainerConfig.model_validate({"data_dir": str(tmp_path / peer_id(me)), "chain": {"trusted_trainers": keys}})
-    store = VersionStore(tmp_path / peer_id(me) / "store")
-    transport = hub.join(peer_id(me), store_resolver(store.root))
-    transport.publish(PeerStatus(role="trainer", version=ROUND, node_key=me.public_key_hex))
-    ctx = RoleContext(cfg=cfg, identity=me, store=store, transport=transport,
-                      status=NodeStatus(role="trainer", peer_id=peer_id(me), run_id=cfg.run_id))
-    ledger = Ledger(cfg.loco.trust)
-    return RoundAgreement(ctx, shapes=SHAPES, current_round=lambda: ROUND, epoch=lambda: EPOCH, base=lambda: (BASE, W),
-                          ledger=lambda: ledger, verdicts=lambda r: (verdicts, []), refutes=refutes,
-                          owed=owed)
+    return hub_agreement(tmp_path, hub, me, {"chain": {"trusted_trainers": keys}}, round=ROUND, epoch=EPOCH,
+                         base=(BASE, W), shapes=SHAPES, verdicts=lambda r: (verdicts, []), refutes=refutes, owed=owed)
 
 
 def _payload(trainer: str) -> bytes:
