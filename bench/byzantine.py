@@ -73,6 +73,7 @@ ALL_ATTACKS = ("sign_flip", "scaled_bound", "alie", "ipm_0.1", "ipm_100", "const
                "free_rider", "copier", "advantage_flip", "ef_dump", "coordinator_drop", "sybil_flood",
                "evidence_replay")
 OPEN_SWARM = {"sybil_flood"}
+PHASES = ("steady", "proving")
 _WORLD: Any = None
 _TRACE = False
 
@@ -101,14 +102,17 @@ def _byzantine() -> list[str]:
     return [peer_of(n) for n in BYZANTINE_NAMES]
 
 
-def _trace(rows: list[dict]) -> str:
-    """Per round: the applied share of each Byzantine payload, the honest ones' least, who is out."""
+def _trace(rows: list[dict], costs: list[Any]) -> str:
+    """Per round: the applied share of each Byzantine payload, the honest ones' least, who is out; its
+    phase, checks per trainer and overhead (``testing/byzantine/overhead.py``)."""
     out = []
-    for t in rows:
+    for t, c in zip(rows, costs, strict=True):
+        over = (c.weigh_s + c.record_s + c.answer_s + c.check_s) / max(c.trainer_s + c.batches_s, 1e-9)
         byz = " ".join(f"{k}={v:.2f}" for k, v in sorted(t["share"].items()) if not k.startswith("h") and v > 0)
         honest = [v for k, v in t["share"].items() if k.startswith("h")]
         out.append(f"    r{t['round']}: byz {byz or '-'}; honest {len(honest)} (min {min(honest, default=0):.2f}); "
-                   f"out {','.join(t.get('out', [])) or '-'}")
+                   f"out {','.join(t.get('out', [])) or '-'}; {c.phase}, {c.checks:.2f} checks, overhead {over:.1%} "
+                   f"of {c.trainer_s + c.batches_s:.3f} s")
     return "\n".join(out)
 
 
@@ -132,7 +136,7 @@ def _job(job: tuple[str, str, int, int, bool]) -> tuple[tuple[str, str, int], di
     trace = row.pop("trace")
     print(f"  {scenario:<17} {rule:<14} seed {seed}: acc {out.accuracy:.3f}  keep h/b {out.keep_honest:.2f}/"
           f"{out.keep_byzantine:.2f}  caught {len(out.caught)} false bans {len(out.false_bans)}  "
-          f"{row['wall_s']:.0f} s" + (f"\n{_trace(trace)}" if _TRACE and protocol else ""), flush=True)
+          f"{row['wall_s']:.0f} s" + (f"\n{_trace(trace, out.per_round)}" if _TRACE and protocol else ""), flush=True)
     return (scenario, rule, seed), row
 
 
@@ -176,7 +180,59 @@ def summarize(results: dict, *, scenarios: list[str], rules: list[str], seeds: l
                 "trainer_s": _mean(rows, "trainer_s"), "weigh_s": _mean(rows, "weigh_s"),
                 "verify_s": _mean(rows, "verify_s"), "record_s": _mean(rows, "record_s"),
                 "answer_s": _mean(rows, "answer_s"), "batches_s": _mean(rows, "batches_s"),
-                "checks": _mean(rows, "checks")}
+                "checks": _mean(rows, "checks"), "overhead": statistics.mean(map(_overhead, rows)), **{f"overhead_{ph}": _phase(rows, ph) for ph in PHASES}}
+    return out
+
+
+def _overhead(r: dict) -> float:
+    """One run's overhead (the headline's, module docstring): the checks' and weighing's CPU over a
+    trainer's swarm round."""
+    return (r["weigh_s"] + r["verify_s"]) / max(r["trainer_s"] + r["batches_s"], 1e-9)
+
+
+def _phase(rows: list[dict], ph: str) -> float | None:
+    """The mean over runs of one phase's overhead (``testing/byzantine/overhead.py``); None: no such round."""
+    from pulse_node.testing.byzantine.overhead import split
+
+    vals = [s[ph].overhead for s in (split(r["per_round"]) for r in rows) if ph in s]
+    return statistics.mean(vals) if vals else None
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1%}"
+
+
+def report_phases(runs: list[dict]) -> dict[str, dict]:
+    """Per phase (``testing/byzantine/overhead.py``: rounds proving members, steady rounds after):
+    the overhead, its parts and checks per trainer and round (means over the runs with such rounds),
+    its rounds in all; for the steady rounds, the CPU of one check (with its answer) and the rate
+    ``loco/spotdraw.max_rate`` allows at these costs (10% budget, record and weighing fixed). Printed."""
+    from pulse_node.loco.spotdraw import max_rate
+    from pulse_node.testing.byzantine.overhead import split
+
+    splits = [split(r["per_round"]) for r in runs]
+    out: dict[str, dict] = {}
+    for ph in PHASES:
+        got = [s[ph] for s in splits if ph in s]
+        if not got:
+            continue
+        out[ph] = {"overhead": statistics.mean(g.overhead for g in got), "rounds": sum(g.rounds for g in got),
+                   "runs": len(got), "checks": statistics.mean(g.checks for g in got),
+                   "parts": {p: statistics.mean(g.parts[p] for g in got) for p in got[0].parts}}
+        parts = out[ph]["parts"]
+        print(f"{ph} rounds ({out[ph]['rounds']} in {len(got)} runs): overhead {out[ph]['overhead']:.1%} (weighing "
+              f"{parts['weigh_s']:.1%}, recording {parts['record_s']:.1%}, answering {parts['answer_s']:.1%}, checks "
+              f"{parts['check_s']:.1%}); {out[ph]['checks']:.3f} checks recomputed per trainer and round")
+    rows = [c for r in runs for c in r["per_round"] if c.phase == "steady"]
+    if rows and sum(c.checks for c in rows) > 0:
+        check_s = sum(c.check_s + c.answer_s for c in rows) / sum(c.checks for c in rows)
+        round_s = sum(c.trainer_s + c.batches_s for c in rows) / len(rows)
+        fixed_s = sum(c.record_s + c.weigh_s for c in rows) / len(rows)
+        allowed = max_rate(check_s=check_s, round_s=round_s, commit_s=fixed_s, trainers=HONEST + len(BYZANTINE_NAMES))
+        out["steady"].update(check_cpu_s=check_s, round_s=round_s, fixed_s=fixed_s, max_rate=allowed)
+        print(f"steady rounds: a check (with its answer) {check_s * 1e3:.0f} ms of CPU, a swarm round {round_s:.3f} s, "
+              f"record and weighing {fixed_s * 1e3:.1f} ms a round: loco/spotdraw.max_rate allows {allowed:.3f} checks "
+              f"per trainer and round (10% budget, {HONEST + len(BYZANTINE_NAMES)} trainers)")
     return out
 
 
@@ -184,13 +240,15 @@ def print_table(summary: dict, *, rules: list[str], needs: dict[str, str]) -> No
     head, before = rules[0], "mean" if "mean" in rules else rules[-1]
     others = [r for r in rules if r != head]
     print(f"\n{'attack':<17} | {head + ' acc':>13} {'delta':>6} {'held':>5} {'caught':>6} {'false bans':>10} "
-          f"{'keep h/b':>9} | " + " | ".join(f"{r[:14] + ' acc':>18} {'delta':>6}" for r in others)
+          f"{'keep h/b':>9} {'overhead':>8} {'steady':>7} {'proving':>7} | " + " | ".join(f"{r[:14] + ' acc':>18} {'delta':>6}" for r in others)
           + " | needs beyond the rule")
     for sc, by_rule in summary.items():
         r = by_rule[head]
         held = "yes" if r["delta_points"] >= -HELD_POINTS else "NO"
         print(f"{sc:<17} | {r['accuracy']:>13.3f} {r['delta_points']:>+6.1f} {held:>5} {r['caught']:>6.1f} "
-              f"{r['false_bans']:>10.1f} {r['keep_honest']:>4.2f}/{r['keep_byzantine']:<4.2f} | "
+              f"{r['false_bans']:>10.1f} {r['keep_honest']:>4.2f}/{r['keep_byzantine']:<4.2f} "
+              f"{_pct(r['overhead']):>8} {_pct(r['overhead_steady']):>7} "
+              f"{_pct(r['overhead_proving']):>7} | "
               + " | ".join(f"{by_rule[o]['accuracy']:>18.3f} {by_rule[o]['delta_points']:>+6.1f}" for o in others)
               + f" | {needs.get(sc, '') if sc != 'honest' else ''}")
     print(f"(delta: points against the honest-only run with the same rule, mean of seeds; before = {before})")
@@ -303,7 +361,7 @@ def main() -> int:
     head = rules[0]
     runs = [results[(sc, head, s)] for sc in scenarios for s in seeds]
     inner = statistics.mean((r["weigh_s"] + r["verify_s"]) / max(r["trainer_s"], 1e-9) for r in runs)
-    overhead = statistics.mean((r["weigh_s"] + r["verify_s"]) / max(r["trainer_s"] + r["batches_s"], 1e-9) for r in runs)
+    overhead = statistics.mean(map(_overhead, runs))
     parts = {k: statistics.mean(r[k] / max(r["trainer_s"] + r["batches_s"], 1e-9) for r in runs)
              for k in ("weigh_s", "record_s", "answer_s")}
     parts["checks_s"] = overhead - parts["weigh_s"] - parts["record_s"] - parts["answer_s"]
@@ -318,11 +376,14 @@ def main() -> int:
           f"inner steps {parts['record_s']:.1%}, answering checks {parts['answer_s']:.1%}, checks {parts['checks_s']:.1%} "
           f"({per_trainer:.2f} recomputed per trainer and round); {inner:.1%} of the inner steps and gate alone; "
           f"{time.monotonic() - t0:.0f} s in all")
+    phases = report_phases(runs)
     print(json.dumps({"base_accuracy": base, "rules": rules, "rounds": args.rounds, "seeds": seeds, "overhead_parts": parts,
-                      "overhead_inner_steps": inner,
+                      "overhead_inner_steps": inner, "phases": phases,
                       "overrides": args.set, "needs": needs, "summary": summary}))
     print(json.dumps({"attacks": len(names), "byzantine_fraction": len(BYZANTINE_NAMES) / (HONEST + len(BYZANTINE_NAMES)),
                       "honest_gain": round(gain, 2), "overhead": round(overhead, 4),
+                      **{f"overhead_{ph}": None if ph not in phases else round(phases[ph]["overhead"], 4)
+                         for ph in PHASES},
                       "per_attack": {sc: {"delta_points": round(summary[sc][head]["delta_points"], 2),
                                           "held": summary[sc][head]["delta_points"] >= -HELD_POINTS,
                                           "caught": summary[sc][head]["caught"],

@@ -53,6 +53,7 @@ from pulse_node.loco.roundrules import Held, entered
 from pulse_node.testing.byzantine.attacks import Attack, RoundView
 from pulse_node.testing.byzantine.commits import fake_inner
 from pulse_node.testing.byzantine.honest import InnerTrainer
+from pulse_node.testing.byzantine.overhead import RoundCost, phase
 from pulse_node.testing.byzantine.spotcheck import Checked, Made, SpotChecks, keep_of, round_base
 from pulse_node.testing.byzantine.stages import Defences
 from pulse_node.testing.byzantine.world import World, key_for, peer_of
@@ -101,6 +102,9 @@ class Outcome:
     """Commit lists honest trainers refused (a coordinator dropping a commitment)."""
     accusations_refused: int = 0
     """Accusations by keys nobody drew for that check, refused unread."""
+    per_round: list[RoundCost] = field(default_factory=list)
+    """Per round: its costs (the fields above, before the means over rounds) and its phase
+    (``overhead.py``: proving, steady)."""
     trace: list[dict[str, object]] = field(default_factory=list)
     """Per round: the applied share (clip factor x trust) of each payload, by trainer name (h0.., b0..,
     s00..), the clip radius, and the keys excluded or owing after it."""
@@ -367,8 +371,21 @@ def run(world: World, attack: Attack, *, loco: LocoConfig, seed: int, rounds: in
     for rnd in range(rounds):
         if hasattr(attack, "trainers"):
             attack.trainers = byz  # (the EF dump reaches into its trainers' error feedback)
+        before = _totals(r, "")
         _round(r, rnd)
+        r.out.per_round.append(_totals(r, before.phase).since(before))
     return _outcome(r, rounds)
+
+
+def _totals(r: _Run, ph: str) -> RoundCost:
+    """The run's costs so far, as ``_outcome`` counts them; ``ph`` or, if empty, the phase of the
+    round about to run."""
+    n, honest = len(r.honest) + len(r.attack.ids), list(r.honest.values())
+    live = [t for t in r.members if t not in r.excluded]
+    ph = ph or phase(r.outer.ledger, honest=[t for t in r.honest if t in live], live=live)
+    return RoundCost(ph, trainer_s=sum(tr.seconds for tr in honest) / len(honest), batches_s=honest[0].verify_s,
+                     weigh_s=r.out.weigh_s, record_s=sum(tr.record_s for tr in honest) / len(honest),
+                     answer_s=r.spot.answer_seconds / n, check_s=r.spot.seconds / n, checks=r.spot.checks / n)
 
 
 def _outcome(r: _Run, rounds: int) -> Outcome:
