@@ -32,7 +32,12 @@ re-checks), per round, as a fraction of one honest trainer's own CPU time per ro
 its inner steps and gate plus verifying the batches it trains on (measured on the first honest
 trainer, ``InnerTrainer.verify_batches``; not the sampler: inference nodes make the rollouts),
 over every run of the rule under test; ``overhead_inner_steps`` the same over the inner steps and
-gate alone.
+gate alone. ``overhead_proving`` and ``overhead_steady``: the same over the rounds in which an
+honest member had passed no check yet (each is checked by two verifiers until it passes one, a
+one-off cost per key) and over the rounds after every live member passed one (what a long run
+pays per round), per run, then the mean over runs (``testing/byzantine/overhead.py``); the steady
+rounds' checks per trainer and round are printed next to the rate ``loco/spotdraw.max_rate``
+allows at the CPU of a check measured in them.
 
 What a run costs (2026-11-28 profile of one 10-round run, ~40 s of CPU on one core): the
 trainers' inner steps (~55%: GRPO forward and backward) and the sampler making their batches
@@ -43,13 +48,14 @@ base weights, key, seed and batches in every scenario and rule) is computed once
 copied; the honest-only run is one per rule and seed, shared by every attack; the codec's
 compiled kernels are warmed before any job (their compilation is not a per-round cost); the
 jobs run seed by seed, the longest first, so no worker is left alone at the end. ``--trace`` prints, per round of
-each protocol run, the share each Byzantine payload got and the keys out of the rounds.
+each protocol run, the share each Byzantine payload got, the keys out of the rounds, the round's
+phase, checks and overhead.
 
 Payloads are coded without the base context (``loco.base_coding = false``: lossless like the
 base coder, 10x cheaper here; only the bytes differ). Trainer batches have
 ``--prompts`` x 8 rollouts (the swarm's 32 x 8 would not fit 2 cores). Jobs run in ``--jobs``
 processes with one torch thread each. Last line: JSON ``{"attacks", "byzantine_fraction",
-"honest_gain", "overhead", "per_attack": {name: {"delta_points", "held", "caught",
+"honest_gain", "overhead", "overhead_steady", "overhead_proving", "per_attack": {name: {"delta_points", "held", "caught",
 "false_bans"}}}``; the line before it, JSON with everything per attack and rule.
 """
 
