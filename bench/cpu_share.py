@@ -14,7 +14,7 @@ def _part(proc: psutil.Process) -> str:
         cmd = " ".join(proc.cmdline())
     except psutil.Error:
         return "gone"
-    for mark, part in (("p2pd", "p2pd"), ("-m pulse_node.net.dht", "dht"), ("wire.worker", "wire")):
+    for mark, part in (("p2pd", "p2pd"), ("-m pulse_node.net.dht.worker", "dht"), ("wire.worker", "wire")):
         if mark in cmd:
             return part
     return "role"

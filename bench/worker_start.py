@@ -1,10 +1,8 @@
-"""CPU a worker process spends importing before it can answer: today's start against the plain one.
+"""CPU a worker process spends importing before it can answer: today's start against the one before.
 
 Each case is a fresh interpreter (``python -c``), run in turn (A B A B ...) so the machine's drift
 hits both alike; CPU is the child's user + system time (``resource.RUSAGE_CHILDREN``).
 
-- dht: ``load_core()`` then the worker module (what ``python -m pulse_node.net.dht`` does) against
-  the worker module with hivemind's plain import (``hivemind/__init__``: torch, scipy, numpy).
 - wire: the wire worker module (its codec now imported on the first catch-up) against the same
   module with ``chain.catchup_producer``'s codec imports forced first (what the import did before).
 
@@ -21,8 +19,6 @@ import subprocess
 import sys
 
 CASES = {
-    "dht": ("from pulse_node.net.dht.hivemind_core import load_core; load_core(); import pulse_node.net.dht.worker",
-            "import pulse_node.net.dht.worker"),
     "wire": ("import pulse_node.net.wire.worker",
              "import pulse_node.chain.catchup, pulse_node.chain.store; import pulse_node.net.wire.worker"),
 }

@@ -347,7 +347,7 @@ def wipe_run_state(root: Path) -> None:
 
 #: the ``-m`` module each worker process runs (``DhtClient.module``, ``WireClient.module``; a test
 #: keeps them equal: the house keeps ``swarm/`` from importing ``net/``)
-WORKER_MODULES = {"dht": "pulse_node.net.dht", "wire": "pulse_node.net.wire.worker"}
+WORKER_MODULES = {"dht": "pulse_node.net.dht.worker", "wire": "pulse_node.net.wire.worker"}
 
 
 def _cached_warm_start(conf: Path) -> Path | None:
@@ -367,7 +367,7 @@ def worker_module(what: str) -> str:
 
 
 def _worker_tree(tree: list[psutil.Process], module: str) -> list[psutil.Process]:
-    """The process of worker ``module`` (its ``-m`` name, e.g. ``pulse_node.net.dht``) in ``tree`` and its children."""
+    """The process of worker ``module`` (its ``-m`` name, e.g. ``pulse_node.net.dht.worker``) in ``tree`` and its children."""
     import psutil
 
     for p in tree:

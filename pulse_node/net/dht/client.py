@@ -56,7 +56,7 @@ class DuplicateIdentityError(DhtStartError):
 class DhtClient(WorkerClient[DhtConfig]):
     """Typed methods over the DHT worker's RPC; one instance per node, safe to share between threads."""
 
-    module = "pulse_node.net.dht"
+    module = "pulse_node.net.dht.worker"
     name = "dht"
     api = dht_rpc.DhtRequest  # dht_rpc.py: one typed request per worker handler
 

@@ -312,7 +312,7 @@ def load_identity(path: Path | None) -> Identity:
 async def start_worker(config: DhtConfig) -> DhtWorker:
     """Identity -> p2pd -> bootstrap dial -> DHT node -> duplicate check; each step bounded."""
     began = time.monotonic()
-    from pulse_node.net.dht.join import connect_bootstrap, create_dht_node, start_daemon  # hivemind
+    from pulse_node.net.dht.join import connect_bootstrap, create_dht_node, start_daemon  # hivemind (and torch)
     from pulse_node.net.dht.validator import PulseRecordValidator, libp2p_private_key, peer_id_of
 
     imported = time.monotonic()
