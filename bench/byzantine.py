@@ -309,7 +309,7 @@ def probe(args, rules: list[str]) -> dict:
     return out
 
 
-def main() -> int:
+def _parse() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="1 seed, 4 rounds, 4 attacks: a few minutes")
     ap.add_argument("--attacks", default=",".join(ALL_ATTACKS), help="comma-separated subset")
@@ -328,7 +328,24 @@ def main() -> int:
     ap.add_argument("--today", action="store_true", help="today's defences for the rule under test too")
     ap.add_argument("--trace", action="store_true", help="per round of each protocol run: the share each "
                     "Byzantine payload got, the honest payloads' least, the keys out (owing or convicted)")
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def _probe_main(args: argparse.Namespace, rules: list[str]) -> int:
+    from pulse_node.testing.byzantine.toy import ef_growth
+
+    growth = {}
+    for power in (1, 2, 3):
+        growth[power] = ef_growth(power=power, lr=1e-3, rounds=args.probe_toy_rounds)
+        print(f"  toy, {args.probe_toy_rounds} rounds, robust(power={power}): largest error feedback "
+              f"{growth[power]['ef_max_over_median']:.1f}x the median one, smallest last weight "
+              f"{growth[power]['min_weight']:.3f}", flush=True)
+    print(json.dumps({"probe": probe(args, rules), "ef_growth": growth, "rules": rules, "overrides": args.set}))
+    return 0
+
+
+def main() -> int:
+    args = _parse()
     names = [a for a in args.attacks.split(",") if a]
     if args.quick:
         args.seeds, args.rounds = 1, 4
@@ -339,16 +356,7 @@ def main() -> int:
     args.set = [f"sampling.prompts_per_batch={args.prompts}", "loco.base_coding=false", *args.set]
     rules = [r for r in args.rules.split(";" if "(" in args.rules else ",") if r]
     if args.probe:
-        from pulse_node.testing.byzantine.toy import ef_growth
-
-        growth = {}
-        for power in (1, 2, 3):
-            growth[power] = ef_growth(power=power, lr=1e-3, rounds=args.probe_toy_rounds)
-            print(f"  toy, {args.probe_toy_rounds} rounds, robust(power={power}): largest error feedback "
-                  f"{growth[power]['ef_max_over_median']:.1f}x the median one, smallest last weight "
-                  f"{growth[power]['min_weight']:.3f}", flush=True)
-        print(json.dumps({"probe": probe(args, rules), "ef_growth": growth, "rules": rules, "overrides": args.set}))
-        return 0
+        return _probe_main(args, rules)
     seeds = list(range(args.seeds))
     scenarios = ["honest", *names]
     print(f"# bench/byzantine.py: {HONEST} honest + {len(BYZANTINE_NAMES)} Byzantine trainers, {args.rounds} rounds, "
