@@ -155,6 +155,7 @@ def test_a_published_answer_past_the_push_cap_is_fetched_and_no_answer_of_it_is_
     ag = _agreement(tmp_path, hub, v, keys, verdicts=[], refutes=lambda x, before: box["spot"].refutes(x, before=before))
     spot = box["spot"] = SpotRounds(ag.ctx, engine=SimpleNamespace(shapes=SHAPES), agreement=ag,
                                     ledger=ag.intake.ledger, states=dict)
+    spot.drawn[ROUND - 1] = ({tid, nid}, {(tid, lid), (nid, lid)})  # l verifies t and n
     theirs = _agreement(tmp_path, hub, t, keys, verdicts=[])
     for k in (lie, n):
         hub.join(peer_id(k), lambda request: None).publish(PeerStatus(role="trainer", version=ROUND,
@@ -163,7 +164,8 @@ def test_a_published_answer_past_the_push_cap_is_fetched_and_no_answer_of_it_is_
     assert len(big) > PUSH_CAPS["loco"]
     answer = SpotAnswer(ROUND - 1, tid, 1, RoundOpening(ROUND - 1, tid, (3,), ((b"\x00" * 16, (b"\x01" * 32,)),)),
                         [big], None)
-    Answers(theirs.ctx, peers=theirs.peers, current_round=lambda: ROUND, epoch=lambda: EPOCH).publish(answer)
+    Answers(theirs.ctx, peers=theirs.peers, current_round=lambda: ROUND, epoch=lambda: EPOCH,
+            expected=lambda r, target: True).publish(answer)
 
     def receipt_here() -> bool:
         ag.ctx.take_events({"spot_answer": spot.offer_answer}, wait_s=0.2)
@@ -294,4 +296,34 @@ def test_a_verdict_of_a_check_nobody_drew_is_refused(tmp_path):
     ag.offer_decision(cid, encode_decision(d))
     refused = ag.ctx.status.snapshot().trainer.decisions_refused
     assert ROUND not in ag.decisions and refused.get("refuted", 0) == 1, refused
+    ag.ctx.store.close()
+
+
+def test_receipts_of_keys_no_draw_picked_are_neither_held_nor_fetched(tmp_path):
+    """A receipt costs its signature check and nothing more unless its answer can matter: of a
+    round drawn here, only the draw's targets' are held (and relayed, and downloaded); of a round
+    not drawn yet, only those of keys whose commitment of that round is held here."""
+    hub = MemoryHub()
+    v, t, x = (Identity.generate() for _ in range(3))
+    keys = [k.public_key_hex for k in (v, t, x)]
+    tid, xid = peer_id(t), peer_id(x)
+    ag = _agreement(tmp_path, hub, v, keys, verdicts=[])
+    spot = SpotRounds(ag.ctx, engine=SimpleNamespace(shapes=SHAPES), agreement=ag, ledger=ag.intake.ledger, states=dict)
+    spot.drawn[ROUND - 1] = ({tid, xid}, {(tid, peer_id(v))})
+
+    def receipt(k: Identity, r: int) -> bytes:
+        a = SpotAnswer(r, peer_id(k), 1, RoundOpening(r, peer_id(k), (3,), ((b"\x00" * 16, (b"\x01" * 32,)),)), [], None)
+        return RECEIPTS.encode(make_receipt(k, run_id=DEFAULT_RUN_ID, epoch=EPOCH, data=b"1 GiB, say", answer=a))
+
+    spot.offer_answer(xid, receipt(x, ROUND - 1))  # drawn round, x not a target
+    spot.offer_answer(tid, receipt(t, ROUND - 1))
+    assert set(spot.answers.held) == {(ROUND - 1, tid)}
+    spot.offer_answer(xid, receipt(x, ROUND))  # not drawn yet, no commitment of x held
+    assert (ROUND, xid) not in spot.answers.held
+    commit_to(ag, x, xid, _payload(xid), round=ROUND, base=BASE)
+    spot.offer_answer(xid, receipt(x, ROUND))  # committed: its answer may be drawn
+    assert (ROUND, xid) in spot.answers.held
+    spot.drawn[ROUND] = ({xid}, set())  # drawn without x: no download, dropped at the next receipt
+    spot.answers.pull(wait_s=60)
+    assert (ROUND, xid) not in spot.answers.tried
     ag.ctx.store.close()

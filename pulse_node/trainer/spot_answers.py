@@ -14,6 +14,11 @@ serve no one): an ``unanswered`` verdict of a target whose answer a member holds
 by the verdict intake (a strike on the verifier) and by the decision intake
 (``trainer/decisions.py``), and a target that serves nobody fails whoever verifies it.
 
+Only answers that can matter are held, relayed or downloaded (``expected``): of a target the
+round's draw picked, once this trainer has drawn the round, else of a key whose commitment of that
+round it holds. So receipts of keys nobody checks, one per fresh key, cost a signature check and
+nothing more: no relay, no download, no waiting trainer loop.
+
 A verifier ``fetch``es the answer by digest from its target, else from a live member holding it:
 each download is capped by the size the receipt signs (at most ``MAX_ANSWER_BYTES``, far past a
 push's 48 MiB) and bounded by ``net.fetch_timeout_s`` and the check's wait; a peer is asked again
@@ -67,9 +72,9 @@ class Answers:
     """Published answers and their receipts (module docstring)."""
 
     def __init__(self, ctx: RoleContext[TrainerConfig], *, peers: RoundPeers, current_round: Callable[[], int],
-                 epoch: Callable[[], bytes]) -> None:
+                 epoch: Callable[[], bytes], expected: Callable[[int, str], bool]) -> None:
         self.ctx, self.peers, self.me = ctx, peers, peers.me
-        self.current_round, self.epoch = current_round, epoch
+        self.current_round, self.epoch, self.expected = current_round, epoch, expected
         self.root = Path(ctx.store.root)
         self.held: dict[tuple[int, str], Held] = {}  # receipts
         self.have: dict[tuple[int, str], float] = {}  # answers held here (valid, of their receipt's digest): since when
@@ -98,7 +103,7 @@ class Answers:
             return  # another run's, chain's or an old round's: nothing to hold
         RECEIPTS.verify(rc, signer_key=self.peers.key_of(rc.target), tag=f"answer receipt of {rc.target[:12]}")
         key = (rc.round, rc.target)
-        if key in self.held:
+        if key in self.held or not self.expected(rc.round, rc.target):
             return
         self._prune()
         self.held[key] = Held(rc, bytes(data), time.monotonic())
@@ -116,7 +121,8 @@ class Answers:
         answer" of it): one download attempt per call, for receipts younger than ``wait_s``."""
         now = time.monotonic()
         for (r, target), h in sorted(self.held.items(), key=lambda kv: kv[1].at):
-            if (r, target) not in self.have and now < h.at + wait_s and self._due(r, target, now):
+            if (r, target) not in self.have and now < h.at + wait_s and self._due(r, target, now) and \
+                    self.expected(r, target):
                 self.fetch(r, target, until=h.at + wait_s, tries=1)
                 return
 
@@ -180,7 +186,7 @@ class Answers:
 
     def _prune(self) -> None:
         old = self.current_round() - VERDICT_WINDOW
-        self.held = {k: h for k, h in self.held.items() if k[0] >= old}
+        self.held = {k: h for k, h in self.held.items() if k[0] >= old and (k[1] == self.me or self.expected(*k))}
         while len(self.held) >= MAX_RECEIPTS:
             self.held.pop(min(self.held, key=lambda k: k[0]))
         self.have = {k: t for k, t in self.have.items() if k in self.held}

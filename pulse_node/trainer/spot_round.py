@@ -105,7 +105,8 @@ class SpotRounds:
             self.engine.inner_log = self.log
         self.worker: SpotWorker | None = None
         self.pending: dict[tuple[int, str, str], _Pending] = {}
-        self.answers = Answers(ctx, peers=self.peers, current_round=agreement.current_round, epoch=agreement.table.epoch)
+        self.answers = Answers(ctx, peers=self.peers, current_round=agreement.current_round, epoch=agreement.table.epoch,
+                               expected=self.expects_answer)
         self.published: set[int] = set()  # rounds we published our answer of
         self.drawn: dict[int, tuple[set[str], set[tuple[str, str]]]] = {}  # round -> targets, (target, verifier)
         self.bases: dict[int, tuple[RoundBase, dict[int, State]]] = {}
@@ -375,6 +376,14 @@ class SpotRounds:
             if max(self.arrived.get(key, since), self.judged_at.get(v.evidence, since)) < since:
                 out[key] = data
         return out
+
+    def expects_answer(self, r: int, target: str) -> bool:
+        """Whether ``target``'s answer of round ``r`` can matter here: the round's draw picked it
+        (once the round is drawn here), else we hold its commitment of that round."""
+        drawn = self.drawn.get(r)
+        if drawn is not None:
+            return any(t == target for t, _ in drawn[1])
+        return self.agreement.commits.of(r, target) is not None
 
     def refutes(self, v: CheckVerdict, *, before: float = float("inf")) -> bool:
         """A verdict we can show is a lie: ``unanswered`` of a target whose answer we held since
