@@ -5,8 +5,11 @@ Imported as ``from helpers import ...`` (pytest puts ``tests/`` on ``sys.path``)
 
 from __future__ import annotations
 
+import fcntl
+import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
 
@@ -20,6 +23,26 @@ T = TypeVar("T")
 
 __all__ = ["all_at_version", "assert_trainers_identical", "gather", "node_config", "node_version", "published", "read_status",
            "tiny_overrides", "tiny_solo", "wait_for"]
+
+
+def session_dir(tmp_path_factory: pytest.TempPathFactory, name: str) -> Path:
+    """A directory the whole test run shares: with pytest-xdist, every worker's (their common
+    temporary root), else this process's."""
+    base = tmp_path_factory.getbasetemp()
+    path = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / name
+    path.mkdir(exist_ok=True)
+    return path
+
+
+@contextmanager
+def locked(directory: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``directory`` (another worker building into it waits)."""
+    with open(directory / ".lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def wait_for(predicate: Callable[[], T], *, timeout: float, what: str | Callable[[], str],
