@@ -14,16 +14,18 @@ serve no one): an ``unanswered`` verdict of a target whose answer a member holds
 by the verdict intake (a strike on the verifier) and by the decision intake
 (``trainer/decisions.py``), and a target that serves nobody fails whoever verifies it.
 
-Only answers that can matter are held, relayed or downloaded (``expected``): of a target the
-round's draw picked, once this trainer has drawn the round, else of a key whose commitment of that
-round it holds. So receipts of keys nobody checks, one per fresh key, cost a signature check and
-nothing more: no relay, no download, no waiting trainer loop.
+Only answers that can matter are held, relayed or downloaded (``cap``): of a target the round's
+draw picked, once this trainer has drawn the round, else of a key whose commitment of that round
+it holds. So receipts of keys nobody checks, one per fresh key, cost a signature check and nothing
+more: no relay, no download, no waiting trainer loop. ``cap`` also bounds the answer
+(``loco/spot_answer.answer_cap`` of the target's commitment held here, at the drawn step once
+drawn, each batch at ``BATCH_BYTES``): a receipt signing more is refused before anything is
+fetched, a strike on its target (its commitment and its receipt are both its signed word).
 
 A verifier ``fetch``es the answer by digest from its target, else from a live member holding it:
-each download is capped by the size the receipt signs (at most ``MAX_ANSWER_BYTES``, far past a
-push's 48 MiB) and bounded by ``net.fetch_timeout_s`` and the check's wait; a peer is asked again
-only ``RETRY_S`` later. Bytes of another digest are the server's lie; an answer of the signed
-digest that is not the round's is its target's.
+each download is capped by the size the receipt signs and bounded by ``net.fetch_timeout_s`` and
+the check's wait; a peer is asked again only ``RETRY_S`` later. Bytes of another digest are the
+server's lie; an answer of the signed digest that is not the round's is its target's.
 """
 
 from __future__ import annotations
@@ -51,12 +53,16 @@ from pulse_node.loco.spot_answer import (
     encode_answer,
     make_receipt,
 )
-from pulse_node.net.wire.protocol import LocoPayloadRequest
+from pulse_node.net.wire.protocol import PUSH_CAPS, LocoPayloadRequest
 from pulse_node.peers.outcomes import Lied
+from pulse_node.rl.rollout import MAX_ROLLOUTS
 from pulse_node.trainer.round_peers import RoundPeers
 
 MAX_RECEIPTS = 256  # receipts held (the last VERDICT_WINDOW rounds)
 RETRY_S = 2.0  # a peer that did not serve an answer is asked again this long after
+#: one of a step's rollout batches in an answer: a pushed batch (its push cap) as its trainer
+#: re-encoded it (``encode_rollouts``: a float32 reward becomes 8 bytes; wire 2 gains its precision)
+BATCH_BYTES = PUSH_CAPS["rollouts"] + 4 * MAX_ROLLOUTS + 64
 
 
 @dataclass
@@ -72,17 +78,23 @@ class Answers:
     """Published answers and their receipts (module docstring)."""
 
     def __init__(self, ctx: RoleContext[TrainerConfig], *, peers: RoundPeers, current_round: Callable[[], int],
-                 epoch: Callable[[], bytes], expected: Callable[[int, str], bool]) -> None:
+                 epoch: Callable[[], bytes], cap: Callable[[int, str], int | None]) -> None:
+        """``cap(r, target)``: the most bytes ``target``'s answer of round ``r`` may take (None: it
+        cannot matter here)."""
         self.ctx, self.peers, self.me = ctx, peers, peers.me
-        self.current_round, self.epoch, self.expected = current_round, epoch, expected
+        self.current_round, self.epoch, self.cap = current_round, epoch, cap
         self.root = Path(ctx.store.root)
         self.held: dict[tuple[int, str], Held] = {}  # receipts
         self.have: dict[tuple[int, str], float] = {}  # answers held here (valid, of their receipt's digest): since when
         self.tried: dict[tuple[int, str], dict[str, float]] = {}  # per answer, peer -> when last asked
 
     def publish(self, answer: SpotAnswer) -> None:
-        """Keep and serve our ``answer``; push its signed receipt to the live members."""
+        """Keep and serve our ``answer``; push its signed receipt to the live members (``WireError``
+        if it is past the bound the others hold it to)."""
         data = encode_answer(answer)
+        cap = self.cap(answer.round, self.me)
+        if cap is None or len(data) > cap:
+            raise WireError(f"our answer of {len(data)} bytes is past its bound ({cap} bytes)")
         rc = make_receipt(self.ctx.identity, run_id=self.ctx.cfg.run_id, epoch=self.epoch(), answer=answer, data=data)
         write_atomic(loco_payload_path(self.root, answer.round, rc.digest.hex()), data, durable=False)
         encoded = RECEIPTS.encode(rc)
@@ -103,7 +115,7 @@ class Answers:
             return  # another run's, chain's or an old round's: nothing to hold
         RECEIPTS.verify(rc, signer_key=self.peers.key_of(rc.target), tag=f"answer receipt of {rc.target[:12]}")
         key = (rc.round, rc.target)
-        if key in self.held or not self.expected(rc.round, rc.target):
+        if key in self.held or not self._fits(rc):
             return
         self._prune()
         self.held[key] = Held(rc, bytes(data), time.monotonic())
@@ -122,7 +134,7 @@ class Answers:
         now = time.monotonic()
         for (r, target), h in sorted(self.held.items(), key=lambda kv: kv[1].at):
             if (r, target) not in self.have and now < h.at + wait_s and self._due(r, target, now) and \
-                    self.expected(r, target):
+                    self._may_fetch(h.receipt):
                 self.fetch(r, target, until=h.at + wait_s, tries=1)
                 return
 
@@ -136,6 +148,8 @@ class Answers:
         path = loco_payload_path(self.root, r, h.receipt.digest.hex())
         if (r, target) in self.have:
             return self._answer(path.read_bytes(), h.receipt) if path.exists() else None
+        if not self._may_fetch(h.receipt):
+            return None
         asked = self.tried.setdefault((r, target), {})
         own = [p for p in self.ctx.peers() if p.peer_id == target]
         for peer in [*own, *sorted(self.peers.live().values(), key=lambda p: p.peer_id.encode())]:
@@ -150,6 +164,27 @@ class Answers:
                 self.have[r, target] = time.monotonic()
                 return a
         return None
+
+    def _fits(self, rc: AnswerReceipt) -> bool:
+        """Whether ``rc``'s answer can matter here; ``IntegrityError`` (a strike on its target) if
+        it signs a size past the bound of its target's commitment (as held here, at the drawn step)."""
+        cap = self.cap(rc.round, rc.target)
+        if cap is None:
+            return False
+        if rc.size > cap:
+            self.held.pop((rc.round, rc.target), None)
+            self.peers.book.judge(rc.target, Lied(f"a spot answer receipt of {rc.size} bytes, past its bound {cap}"))
+            raise IntegrityError(f"the answer receipt of {rc.target[:12]} of round {rc.round} signs {rc.size} bytes; "
+                                 f"its commitment bounds the answer to {cap}")
+        return True
+
+    def _may_fetch(self, rc: AnswerReceipt) -> bool:
+        """``_fits`` once more (the round may have been drawn since ``rc`` came), False if refused."""
+        try:
+            return self._fits(rc)
+        except PulseError as exc:
+            self.ctx.status.error(str(exc))
+            return False
 
     def _due(self, r: int, target: str, now: float) -> bool:
         asked = self.tried.get((r, target), {})
@@ -186,7 +221,7 @@ class Answers:
 
     def _prune(self) -> None:
         old = self.current_round() - VERDICT_WINDOW
-        self.held = {k: h for k, h in self.held.items() if k[0] >= old and (k[1] == self.me or self.expected(*k))}
+        self.held = {k: h for k, h in self.held.items() if k[0] >= old and (k[1] == self.me or self.cap(*k) is not None)}
         while len(self.held) >= MAX_RECEIPTS:
             self.held.pop(min(self.held, key=lambda k: k[0]))
         self.have = {k: t for k, t in self.have.items() if k in self.held}
