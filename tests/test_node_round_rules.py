@@ -8,13 +8,15 @@
 - a target's answer is published (served by digest, its signed receipt relayed to every member),
   past the 48 MiB a push carries, and "no answer" of a target whose receipt a member holds is refused,
   as is a verdict of a check the round's draw did not make; a receipt signing more than the
-  target's commitment bounds its answer to is refused, nothing fetched;
+  target's commitment bounds its answer to is refused, nothing fetched; answers download off the
+  trainer loop (a stalled server does not hold it);
 - a decision leaving out a failed verdict with evidence that a member held and re-checked before
   its round opened is refused like one leaving out a commitment, both statements kept.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -215,6 +217,7 @@ def test_a_published_answer_past_the_push_cap_is_fetched_and_no_answer_of_it_is_
     assert spot.answers.fetch(ROUND - 1, nid, until=time.monotonic() + 10) is None
     assert spot.answers.answered(ROUND - 1, nid) is None, "a receipt alone counted as an answer"
     spot.answers.pull(wait_s=60)  # every member holds a published answer (and serves it)
+    wait_for(lambda: spot.answers.answered(ROUND - 1, tid) is not None, timeout=60, what="t's answer downloaded")
     got = spot.answers.fetch(ROUND - 1, tid, until=time.monotonic() + 60, tries=0)
     assert got is not None and got.batches == big and got.step == 1, "the published answer was not fetched"
 
@@ -246,6 +249,7 @@ def test_a_published_answer_past_the_push_cap_is_fetched_and_no_answer_of_it_is_
     assert ROUND not in ag.decisions and refused.get("refuted", 0) == 1, refused
     ag.offer_decision(nid, decision(nid, n))  # taken or parked by its turn, never refuted
     assert ag.ctx.status.snapshot().trainer.decisions_refused.get("refuted", 0) == 1
+    spot.close()
     for a in (ag, theirs):
         a.ctx.store.close()
 
@@ -390,7 +394,7 @@ def test_a_receipt_signing_more_than_the_commitment_bounds_is_refused_and_nothin
     spot.offer_answer(tid, receipt(t, ROUND - 1, cap))
     assert (ROUND - 1, tid) in spot.answers.held
     spot.answers.fetch(ROUND - 1, tid, until=time.monotonic() + 5, tries=1)
-    assert len(asked) == 1, "the probe of what is fetched sees nothing"
+    wait_for(lambda: len(asked) == 1, timeout=30, what="the probe of what is fetched to see a fetch")
     assert spot.answer_cap(ROUND, xid) is None  # no commitment of x held: its receipt cannot matter here
     spot.offer_answer(xid, receipt(x, ROUND, 1 << 20))
     assert (ROUND, xid) not in spot.answers.held
@@ -398,4 +402,42 @@ def test_a_receipt_signing_more_than_the_commitment_bounds_is_refused_and_nothin
     assert spot.answer_cap(ROUND, xid) == spot._cap(x_inner) > cap - 8  # not drawn yet: bounded at any step
     with pytest.raises(IntegrityError, match="bounds the answer"):
         spot.offer_answer(xid, receipt(x, ROUND, MAX_ANSWER_BYTES))
+    spot.close()
     ag.ctx.store.close()
+
+
+def test_a_stalled_answer_server_never_holds_the_trainer_loop_back(tmp_path):
+    """t, drawn, published its answer; its server stalls every request until released (at most 5 s).
+    What the loop calls (``pull`` for a member, ``fetch`` for t's verifier) only starts the download
+    and returns at once; the answer is held once t serves it."""
+    hub, release = MemoryHub(), threading.Event()
+    v, t = Identity.generate(), Identity.generate()
+    tid, keys = peer_id(t), [k.public_key_hex for k in (v, t)]
+    ag = _agreement(tmp_path, hub, v, keys, verdicts=[])
+    spot = SpotRounds(ag.ctx, engine=SimpleNamespace(shapes=SHAPES), agreement=ag, ledger=ag.intake.ledger, states=dict)
+    _drawn(spot, ROUND - 1, {(tid, peer_id(v))}, {tid: _hold_inner(ag, t, ROUND - 1)})
+    theirs = _agreement(tmp_path, hub, t, keys, verdicts=[])
+    serve = hub.resolvers[tid]
+    hub.resolvers[tid] = lambda request: (release.wait(5.0), serve(request))[1]
+    answer = SpotAnswer(ROUND - 1, tid, 1, RoundOpening(ROUND - 1, tid, (3,), ((b"\x00" * 16, (b"\x01" * 32,)),)),
+                        [b"batch"], None)
+    Answers(theirs.ctx, peers=theirs.peers, current_round=lambda: ROUND, epoch=lambda: EPOCH,
+            cap=spot.answer_cap).publish(answer)
+
+    def receipt_here() -> bool:
+        ag.ctx.take_events({"spot_answer": spot.offer_answer}, wait_s=0.2)
+        return (ROUND - 1, tid) in spot.answers.held
+
+    wait_for(receipt_here, timeout=60, what="t's answer receipt")
+    t0 = time.monotonic()
+    spot.answers.pull(wait_s=60)
+    early = spot.answers.fetch(ROUND - 1, tid, until=time.monotonic() + 60)
+    assert time.monotonic() - t0 < 1.0, f"the loop waited {time.monotonic() - t0:.1f} s on a stalled server"
+    assert early is None
+    release.set()
+    wait_for(lambda: spot.answers.answered(ROUND - 1, tid) is not None, timeout=60, what="t's answer downloaded")
+    got = spot.answers.fetch(ROUND - 1, tid, until=time.monotonic() + 60)
+    assert got is not None and got.batches == [b"batch"]
+    spot.close()
+    for a in (ag, theirs):
+        a.ctx.store.close()

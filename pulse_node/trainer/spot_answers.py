@@ -17,7 +17,7 @@ by the verdict intake (a strike on the verifier) and by the decision intake
 Only answers that can matter are held, relayed or downloaded (``cap``): of a target the round's
 draw picked, once this trainer has drawn the round, else of a key whose commitment of that round
 it holds. So receipts of keys nobody checks, one per fresh key, cost a signature check and nothing
-more: no relay, no download, no waiting trainer loop. ``cap`` also bounds the answer
+more: no relay, no download. ``cap`` also bounds the answer
 (``loco/spot_answer.answer_cap`` of the target's commitment held here, at the drawn step once
 drawn, each batch at ``BATCH_BYTES``): a receipt signing more is refused before anything is
 fetched, a strike on its target (its commitment and its receipt are both its signed word).
@@ -25,11 +25,14 @@ fetched, a strike on its target (its commitment and its receipt are both its sig
 A verifier ``fetch``es the answer by digest from its target, else from a live member holding it:
 each download is capped by the size the receipt signs and bounded by ``net.fetch_timeout_s`` and
 the check's wait; a peer is asked again only ``RETRY_S`` later. Bytes of another digest are the
-server's lie; an answer of the signed digest that is not the round's is its target's.
+server's lie; an answer of the signed digest that is not the round's is its target's. Downloads
+run in the background, one at a time (``daemon/background.py``, one job per answer): the trainer
+loop only starts them and reads what is held, so a slow or stalled server never delays its steps.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -40,6 +43,7 @@ import blake3
 from pulse_node.chain.peer import PeerRecord
 from pulse_node.chain.serving import LOCO_DIR, loco_payload_path
 from pulse_node.config import TrainerConfig
+from pulse_node.daemon.background import Background
 from pulse_node.daemon.context import RoleContext
 from pulse_node.errors import IntegrityError, PulseError, WireError
 from pulse_node.fsutil import write_atomic
@@ -87,6 +91,8 @@ class Answers:
         self.held: dict[tuple[int, str], Held] = {}  # receipts
         self.have: dict[tuple[int, str], float] = {}  # answers held here (valid, of their receipt's digest): since when
         self.tried: dict[tuple[int, str], dict[str, float]] = {}  # per answer, peer -> when last asked
+        self._lock = threading.Lock()  # ``have`` and ``tried``: the downloads write them too
+        self._downloads: Background | None = None
 
     def publish(self, answer: SpotAnswer) -> None:
         """Keep and serve our ``answer``; push its signed receipt to the live members (``WireError``
@@ -130,40 +136,55 @@ class Answers:
 
     def pull(self, *, wait_s: float) -> None:
         """A member holds every published answer it can (so it serves it, and refutes a "no
-        answer" of it): one download attempt per call, for receipts younger than ``wait_s``."""
+        answer" of it): a download (one peer) started for each receipt younger than ``wait_s``."""
         now = time.monotonic()
         for (r, target), h in sorted(self.held.items(), key=lambda kv: kv[1].at):
             if (r, target) not in self.have and now < h.at + wait_s and self._due(r, target, now) and \
                     self._may_fetch(h.receipt):
-                self.fetch(r, target, until=h.at + wait_s, tries=1)
-                return
+                self._start(r, target, h, until=h.at + wait_s, tries=1)
 
     def fetch(self, r: int, target: str, *, until: float, tries: int = 64) -> SpotAnswer | None:
-        """``target``'s published answer of round ``r``, held or fetched (None: no receipt, or no
-        peer served it yet): from the target, else a live member; a peer is asked again only
-        ``RETRY_S`` after it was last asked, and at most ``tries`` downloads are tried now."""
+        """``target``'s published answer of round ``r`` if held here (None: no receipt, or not held
+        yet: its download is started, up to ``tries`` peers until ``until``, in the background)."""
         h = self.held.get((r, target))
         if h is None:
             return None
         path = loco_payload_path(self.root, r, h.receipt.digest.hex())
         if (r, target) in self.have:
             return self._answer(path.read_bytes(), h.receipt) if path.exists() else None
-        if not self._may_fetch(h.receipt):
-            return None
-        asked = self.tried.setdefault((r, target), {})
-        own = [p for p in self.ctx.peers() if p.peer_id == target]
-        for peer in [*own, *sorted(self.peers.live().values(), key=lambda p: p.peer_id.encode())]:
-            now = time.monotonic()
-            if tries <= 0 or now >= until or now < asked.get(peer.peer_id, -RETRY_S) + RETRY_S:
-                continue
-            tries, asked[peer.peer_id] = tries - 1, now
-            data = self._download(peer, h.receipt, timeout=max(0.5, min(self.ctx.cfg.net.fetch_timeout_s, until - now)))
-            a = None if data is None else self._answer(data, h.receipt)
-            if data is not None and a is not None:
-                write_atomic(path, data, durable=False)  # served from here on
-                self.have[r, target] = time.monotonic()
-                return a
+        if self._may_fetch(h.receipt):
+            self._start(r, target, h, until=until, tries=tries)
         return None
+
+    def _start(self, r: int, target: str, h: Held, *, until: float, tries: int) -> None:
+        """Download ``target``'s answer of round ``r`` in the background, unless that is under way:
+        from the target, else a live member; a peer is asked again only ``RETRY_S`` after it was
+        last asked; at most ``tries`` peers, until ``until``."""
+        if self._downloads is None:
+            self._downloads = Background("spot-answers")
+        job = f"spot_answer:{r}:{target}"
+        if self._downloads.waiting_or_running(job):
+            return
+        own = [p for p in self.ctx.peers() if p.peer_id == target]
+        peers = [*own, *sorted(self.peers.live().values(), key=lambda p: p.peer_id.encode())]
+        self._downloads.submit(job, lambda: self._download_any(r, target, h, peers, until=until, tries=tries))
+
+    def _download_any(self, r: int, target: str, h: Held, peers: list[PeerRecord], *, until: float,
+                      tries: int) -> None:
+        """``_start``'s job (on the download thread)."""
+        for peer in peers:
+            now = time.monotonic()
+            with self._lock:
+                asked = self.tried.setdefault((r, target), {})
+                if tries <= 0 or now >= until or now < asked.get(peer.peer_id, -RETRY_S) + RETRY_S:
+                    continue
+                tries, asked[peer.peer_id] = tries - 1, now
+            data = self._download(peer, h.receipt, timeout=max(0.5, min(self.ctx.cfg.net.fetch_timeout_s, until - now)))
+            if data is not None and self._answer(data, h.receipt) is not None:
+                write_atomic(loco_payload_path(self.root, r, h.receipt.digest.hex()), data, durable=False)
+                with self._lock:  # served from here on
+                    self.have[r, target] = time.monotonic()
+                return
 
     def _fits(self, rc: AnswerReceipt) -> bool:
         """Whether ``rc``'s answer can matter here; ``IntegrityError`` (a strike on its target) if
@@ -187,8 +208,9 @@ class Answers:
             return False
 
     def _due(self, r: int, target: str, now: float) -> bool:
-        asked = self.tried.get((r, target), {})
-        return not asked or min(asked.values()) + RETRY_S <= now
+        with self._lock:
+            asked = self.tried.get((r, target), {})
+            return not asked or min(asked.values()) + RETRY_S <= now
 
     def _download(self, peer: PeerRecord, rc: AnswerReceipt, *, timeout: float) -> bytes | None:
         dest = self.root / LOCO_DIR / ".fetch-spot-answer"
@@ -224,5 +246,11 @@ class Answers:
         self.held = {k: h for k, h in self.held.items() if k[0] >= old and (k[1] == self.me or self.cap(*k) is not None)}
         while len(self.held) >= MAX_RECEIPTS:
             self.held.pop(min(self.held, key=lambda k: k[0]))
-        self.have = {k: t for k, t in self.have.items() if k in self.held}
-        self.tried = {k: t for k, t in self.tried.items() if k in self.held}
+        with self._lock:
+            self.have = {k: t for k, t in self.have.items() if k in self.held}
+            self.tried = {k: t for k, t in self.tried.items() if k in self.held}
+
+    def close(self) -> None:
+        """Stop the downloads (waits a moment for the one running)."""
+        if self._downloads is not None:
+            self._downloads.close(timeout=1.0)

@@ -414,6 +414,7 @@ class SpotRounds:
         return self.worker
 
     def close(self) -> None:
+        self.answers.close()
         if self.worker is not None:
             self.worker.close()
 
