@@ -21,13 +21,15 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+import blake3
 import numpy as np
 import pytest
 from helpers import commit_to, hub_agreement, wait_for
 
 from pulse_node.chain.identity import Identity
 from pulse_node.chain.peer import PeerStatus
-from pulse_node.errors import IntegrityError
+from pulse_node.chain.serving import loco_payload_path
+from pulse_node.errors import IntegrityError, PeerUnavailable
 from pulse_node.loco.commit import (
     STATE_GLOBAL,
     BatchRef,
@@ -44,7 +46,14 @@ from pulse_node.loco.opening import RoundOpening
 from pulse_node.loco.payload import LocoPayload, encode_payload
 from pulse_node.loco.roundcommit import commit_digest, encode_commit, make_commit
 from pulse_node.loco.roundrules import unrevealed
-from pulse_node.loco.spot_answer import MAX_ANSWER_BYTES, RECEIPTS, AnswerReceipt, SpotAnswer, make_receipt
+from pulse_node.loco.spot_answer import (
+    MAX_ANSWER_BYTES,
+    RECEIPTS,
+    AnswerReceipt,
+    SpotAnswer,
+    encode_answer,
+    make_receipt,
+)
 from pulse_node.loco.spotdraw import Shape
 from pulse_node.net.wire.protocol import PUSH_CAPS
 from pulse_node.testing.adversaries import peer_id
@@ -440,4 +449,50 @@ def test_a_stalled_answer_server_never_holds_the_trainer_loop_back(tmp_path):
     assert got is not None and got.batches == [b"batch"]
     spot.close()
     for a in (ag, theirs):
+        a.ctx.store.close()
+
+
+def test_a_target_stalling_its_verifier_leaves_it_time_to_fetch_the_answer_from_a_member(tmp_path):
+    """Members {v (us), t, m}; v verifies t, whose answer m holds. t stalls v's download for the
+    whole time it is given (and would serve the others, who then refute v's "no answer": a strike
+    on an honest verifier). A try gets at most half the wait left, so v asks m in time."""
+    hub = MemoryHub()
+    v, t, m = (Identity.generate() for _ in range(3))
+    tid, keys = peer_id(t), [k.public_key_hex for k in (v, t, m)]
+    ag = _agreement(tmp_path, hub, v, keys, verdicts=[])
+    spot = SpotRounds(ag.ctx, engine=SimpleNamespace(shapes=SHAPES), agreement=ag, ledger=ag.intake.ledger, states=dict)
+    _drawn(spot, ROUND - 1, {(tid, peer_id(v))}, {tid: _hold_inner(ag, t, ROUND - 1)})
+    theirs, member = (_agreement(tmp_path, hub, k, keys, verdicts=[]) for k in (t, m))
+    answer = SpotAnswer(ROUND - 1, tid, 1, RoundOpening(ROUND - 1, tid, (3,), ((b"\x00" * 16, (b"\x01" * 32,)),)),
+                        [b"batch"], None)
+    Answers(theirs.ctx, peers=theirs.peers, current_round=lambda: ROUND, epoch=lambda: EPOCH,
+            cap=spot.answer_cap).publish(answer)
+    digest = blake3.blake3(encode_answer(answer)).hexdigest()
+    held = loco_payload_path(member.ctx.store.root, ROUND - 1, digest)
+    held.parent.mkdir(parents=True, exist_ok=True)
+    held.write_bytes(encode_answer(answer))  # m pulled it
+
+    def receipt_here() -> bool:
+        ag.ctx.take_events({"spot_answer": spot.offer_answer}, wait_s=0.2)
+        return (ROUND - 1, tid) in spot.answers.held
+
+    wait_for(receipt_here, timeout=60, what="t's answer receipt")
+    fetch, stalled = ag.ctx.transport.fetch, []
+
+    def stalling(peer, request, dest, *, timeout, max_bytes=None):
+        if peer.peer_id != tid:
+            return fetch(peer, request, dest, timeout=timeout, max_bytes=max_bytes)
+        stalled.append(timeout)
+        time.sleep(timeout)
+        raise PeerUnavailable("t stalled the download until its timeout")
+
+    ag.ctx.transport.fetch = stalling
+    until = time.monotonic() + 3.0
+    assert spot.answers.fetch(ROUND - 1, tid, until=until) is None
+    wait_for(lambda: spot.answers.answered(ROUND - 1, tid) is not None or time.monotonic() > until + 1, timeout=30,
+             what="v's download to end")
+    assert stalled and (spot.answers.answered(ROUND - 1, tid) or float("inf")) < until, \
+        f"v did not get t's answer from m within its wait (t stalled it {stalled} s)"
+    spot.close()
+    for a in (ag, theirs, member):
         a.ctx.store.close()
