@@ -108,6 +108,7 @@ class _Round:
     tree: MerkleTree
     steps: list[_Step] = field(default_factory=list)
     commitment: InnerCommitment | None = None
+    base_state_hash: str | None = None  # the base's BF16 state hash, once a patch needed it
 
 
 class InnerStepLog:
@@ -202,9 +203,8 @@ class InnerStepLog:
         flat = bits.copy() if pos is None else r.base_bits.copy()
         if pos is not None:
             flat[pos] = bits
-        new, at = {}, 0
-        for name, size in zip(self.layout.names, self.layout.sizes):
-            tb = r.base_bf16[name]
-            new[name] = TensorBits(tb.dtype, tb.shape, flat[at:at + size].copy())
-            at += size
-        return make_patch(r.base_bf16, new, mode="compact")
+        new = bf16_state(flat, self.layout, self.shapes)  # views into ``flat``, a copy of its own
+        if r.base_state_hash is None:
+            r.base_state_hash = flat_state_hash("BF16", self.shapes, r.base_bits)
+        return make_patch(r.base_bf16, new, mode="compact", base_hash=r.base_state_hash,
+                          new_hash=r.steps[step].weights.hex())
