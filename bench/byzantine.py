@@ -32,7 +32,10 @@ re-checks), per round, as a fraction of one honest trainer's own CPU time per ro
 its inner steps and gate plus verifying the batches it trains on (measured on the first honest
 trainer, ``InnerTrainer.verify_batches``; not the sampler: inference nodes make the rollouts),
 over every run of the rule under test; ``overhead_inner_steps`` the same over the inner steps and
-gate alone. ``overhead_proving`` and ``overhead_steady``: the same over the rounds in which an
+gate alone; ``overhead_wide`` the same over a wider basis: the swarm round plus the trainer's part
+of the round's payload exchange, which a swarm's trainer also does every round (encoding its
+payload, decoding and checking the others', the outer step; measured on the first honest trainer,
+``exchange_s``). ``overhead_proving`` and ``overhead_steady``: the same over the rounds in which an
 honest member had passed no check yet (each is checked by two verifiers until it passes one, a
 one-off cost per key) and over the rounds after every live member passed one (what a long run
 pays per round), per run, then the mean over runs (``testing/byzantine/overhead.py``); the steady
@@ -55,7 +58,8 @@ Payloads are coded without the base context (``loco.base_coding = false``: lossl
 base coder, 10x cheaper here; only the bytes differ). Trainer batches have
 ``--prompts`` x 8 rollouts (the swarm's 32 x 8 would not fit 2 cores). Jobs run in ``--jobs``
 processes with one torch thread each. Last line: JSON ``{"attacks", "byzantine_fraction",
-"honest_gain", "overhead", "overhead_steady", "overhead_proving", "per_attack": {name: {"delta_points", "held", "caught",
+"honest_gain", "overhead", "overhead_steady", "overhead_proving", "overhead_wide", "overhead_steady_wide",
+"overhead_proving_wide", "per_attack": {name: {"delta_points", "held", "caught",
 "false_bans"}}}``; the line before it, JSON with everything per attack and rule.
 """
 
@@ -186,7 +190,8 @@ def summarize(results: dict, *, scenarios: list[str], rules: list[str], seeds: l
                 "trainer_s": _mean(rows, "trainer_s"), "weigh_s": _mean(rows, "weigh_s"),
                 "verify_s": _mean(rows, "verify_s"), "record_s": _mean(rows, "record_s"),
                 "answer_s": _mean(rows, "answer_s"), "batches_s": _mean(rows, "batches_s"),
-                "checks": _mean(rows, "checks"), "overhead": statistics.mean(map(_overhead, rows)), **{f"overhead_{ph}": _phase(rows, ph) for ph in PHASES}}
+                "checks": _mean(rows, "checks"), "exchange_s": _mean(rows, "exchange_s"),
+                "overhead": statistics.mean(map(_overhead, rows)), **{f"overhead_{ph}": _phase(rows, ph) for ph in PHASES}}
     return out
 
 
@@ -222,13 +227,15 @@ def report_phases(runs: list[dict]) -> dict[str, dict]:
         got = [s[ph] for s in splits if ph in s]
         if not got:
             continue
-        out[ph] = {"overhead": statistics.mean(g.overhead for g in got), "rounds": sum(g.rounds for g in got),
+        out[ph] = {"overhead": statistics.mean(g.overhead for g in got), "wide": statistics.mean(g.wide for g in got),
+                   "rounds": sum(g.rounds for g in got),
                    "runs": len(got), "checks": statistics.mean(g.checks for g in got),
                    "parts": {p: statistics.mean(g.parts[p] for g in got) for p in got[0].parts}}
         parts = out[ph]["parts"]
         print(f"{ph} rounds ({out[ph]['rounds']} in {len(got)} runs): overhead {out[ph]['overhead']:.1%} (weighing "
               f"{parts['weigh_s']:.1%}, recording {parts['record_s']:.1%}, answering {parts['answer_s']:.1%}, checks "
-              f"{parts['check_s']:.1%}); {out[ph]['checks']:.3f} checks recomputed per trainer and round")
+              f"{parts['check_s']:.1%}); {out[ph]['checks']:.3f} checks recomputed per trainer and round; "
+              f"{out[ph]['wide']:.1%} of the round with its payload exchange")
     rows = [c for r in runs for c in r["per_round"] if c.phase == "steady"]
     if rows and sum(c.checks for c in rows) > 0:
         check_s = sum(c.check_s + c.answer_s for c in rows) / sum(c.checks for c in rows)
@@ -382,6 +389,9 @@ def main() -> int:
     per_trainer = statistics.mean(r["checks"] for r in runs)
     trainer_s = statistics.mean(r["trainer_s"] for r in runs)
     batches_s = statistics.mean(r["batches_s"] for r in runs)
+    exchange_s = statistics.mean(r["exchange_s"] for r in runs)
+    wide = statistics.mean((r["weigh_s"] + r["verify_s"]) / max(r["trainer_s"] + r["batches_s"] + r["exchange_s"], 1e-9)
+                           for r in runs)
     gain = 100 * (summary["honest"][head]["accuracy"] - base)
     print(f"\nstart accuracy {base:.3f}; honest-only gain {gain:+.1f} points with {head}"
           + "".join(f", {100 * (summary['honest'][r]['accuracy'] - base):+.1f} with {r}" for r in rules[1:])
@@ -389,7 +399,8 @@ def main() -> int:
           f"inner steps and gate + {batches_s:.3f} s verifying its batches): weighing {parts['weigh_s']:.1%}, recording "
           f"inner steps {parts['record_s']:.1%}, answering checks {parts['answer_s']:.1%}, checks {parts['checks_s']:.1%} "
           f"({per_trainer:.2f} recomputed per trainer and round); {inner:.1%} of the inner steps and gate alone; "
-          f"{time.monotonic() - t0:.0f} s in all")
+          f"{wide:.1%} with the trainer's payload exchange ({exchange_s:.3f} s: encoding its payload, decoding and "
+          f"checking the others', the outer step); {time.monotonic() - t0:.0f} s in all")
     phases = report_phases(runs)
     print(json.dumps({"base_accuracy": base, "rules": rules, "rounds": args.rounds, "seeds": seeds, "overhead_parts": parts,
                       "overhead_inner_steps": inner, "phases": phases,
@@ -397,6 +408,9 @@ def main() -> int:
     print(json.dumps({"attacks": len(names), "byzantine_fraction": len(BYZANTINE_NAMES) / (HONEST + len(BYZANTINE_NAMES)),
                       "honest_gain": round(gain, 2), "overhead": round(overhead, 4),
                       **{f"overhead_{ph}": None if ph not in phases else round(phases[ph]["overhead"], 4)
+                         for ph in PHASES},
+                      "overhead_wide": round(wide, 4),
+                      **{f"overhead_{ph}_wide": None if ph not in phases else round(phases[ph]["wide"], 4)
                          for ph in PHASES},
                       "per_attack": {sc: {"delta_points": round(summary[sc][head]["delta_points"], 2),
                                           "held": summary[sc][head]["delta_points"] >= -HELD_POINTS,

@@ -28,6 +28,9 @@ def test_each_phase_is_a_ratio_of_its_rounds_sums_and_all_rounds_give_the_headli
     whole = split([RoundCost("all", *(getattr(c, f) for f in ("trainer_s", "batches_s", "weigh_s", "record_s",
                                                                 "answer_s", "check_s", "checks"))) for c in costs])
     assert whole["all"].overhead == pytest.approx((6 * 0.05 + 0.3 + 4 * 0.03) / 9.0)
+    # the wider basis adds the trainer's payload exchange to the denominator only
+    wide = split([RoundCost(STEADY, 1.0, 0.5, 0.01, 0.04, 0.0, 0.03, 0.25, exchange_s=0.5)])[STEADY]
+    assert wide.overhead == pytest.approx(0.08 / 1.5) and wide.wide == pytest.approx(0.08 / 2.0)
 
 
 def test_a_round_cost_is_the_difference_of_two_totals_with_the_later_phase() -> None:

@@ -7,38 +7,59 @@
   the coordinator leaves it out, and a decision naming it as a contributor is refused;
 - a target's answer is published (served by digest, its signed receipt relayed to every member),
   past the 48 MiB a push carries, and "no answer" of a target whose receipt a member holds is refused,
-  as is a verdict of a check the round's draw did not make;
+  as is a verdict of a check the round's draw did not make; a receipt signing more than the
+  target's commitment bounds its answer to is refused, nothing fetched; answers download off the
+  trainer loop (a stalled server does not hold it);
 - a decision leaving out a failed verdict with evidence that a member held and re-checked before
   its round opened is refused like one leaving out a commitment, both statements kept.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
 
+import blake3
 import numpy as np
 import pytest
 from helpers import commit_to, hub_agreement, wait_for
 
 from pulse_node.chain.identity import Identity
 from pulse_node.chain.peer import PeerStatus
-from pulse_node.errors import IntegrityError
+from pulse_node.chain.serving import loco_payload_path
+from pulse_node.errors import IntegrityError, PeerUnavailable
+from pulse_node.loco.commit import (
+    STATE_GLOBAL,
+    BatchRef,
+    InnerCommitment,
+    StepCommit,
+    encode_commitment,
+    sign_commitment,
+)
 from pulse_node.loco.commitlist import VERDICTS, make_verdict
 from pulse_node.loco.config import SpotConfig
 from pulse_node.loco.decision import encode_decision, make_decision, payload_digest
 from pulse_node.loco.ledger import Entry, Ledger
 from pulse_node.loco.opening import RoundOpening
 from pulse_node.loco.payload import LocoPayload, encode_payload
-from pulse_node.loco.roundcommit import commit_digest
+from pulse_node.loco.roundcommit import commit_digest, encode_commit, make_commit
 from pulse_node.loco.roundrules import unrevealed
-from pulse_node.loco.spot_answer import RECEIPTS, SpotAnswer, make_receipt
+from pulse_node.loco.spot_answer import (
+    MAX_ANSWER_BYTES,
+    RECEIPTS,
+    AnswerReceipt,
+    SpotAnswer,
+    encode_answer,
+    make_receipt,
+)
 from pulse_node.loco.spotdraw import Shape
 from pulse_node.net.wire.protocol import PUSH_CAPS
 from pulse_node.testing.adversaries import peer_id
 from pulse_node.testing.memory import MemoryHub
 from pulse_node.trainer.agreement import RoundAgreement
+from pulse_node.trainer.commits import HeldCommit
 from pulse_node.trainer.spot_answers import Answers
 from pulse_node.trainer.spot_evidence import Recheck, RecheckResult
 from pulse_node.trainer.spot_round import SpotRounds, round_draws
@@ -142,9 +163,30 @@ def test_a_key_failing_a_check_the_decision_names_enters_no_payload_that_round(t
     ag.ctx.store.close()
 
 
+def _hold_inner(ag: RoundAgreement, k: Identity, r: int, *, batches: int = 1) -> InnerCommitment:
+    """Hold ``k``'s round ``r`` commitment (as the commit intake keeps one), carrying its signed inner
+    commitment of 4 steps of ``batches`` batches each over the 64 weights of ``SHAPES``."""
+    tid = peer_id(k)
+    step = StepCommit(tuple(BatchRef(tid, r, i, BASE) for i in range(batches)), BASE, BASE, 0.5)
+    inner = sign_commitment(k, InnerCommitment(run_id=DEFAULT_RUN_ID, round=r, trainer=tid, signer="", base=BASE,
+                                               payload=BASE, settings=BASE, params=64, leaf=256, adam_step=0,
+                                               state=STATE_GLOBAL, state_root=BASE, steps=(step,) * 4))
+    c = make_commit(k, run_id=DEFAULT_RUN_ID, epoch=EPOCH, round=r, base=BASE, trainer=tid, payload=BASE,
+                    spot=encode_commitment(inner))
+    ag.commits.held.setdefault(r, {})[tid] = HeldCommit(encode_commit(c), c, time.monotonic())
+    return inner
+
+
+def _drawn(spot: SpotRounds, r: int, pairs: set[tuple[str, str]], inners: dict[str, InnerCommitment]) -> None:
+    """What ``decided`` keeps of round ``r``'s draw: its targets, (target, verifier) pairs, and each
+    target's answer bound (step 1 drawn)."""
+    spot.drawn[r] = ({t for t, _ in pairs}, pairs)
+    spot.caps |= {(r, t): spot._cap(inners[t], step=1) for t, _ in pairs}
+
+
 def test_a_published_answer_past_the_push_cap_is_fetched_and_no_answer_of_it_is_refused(tmp_path):
     """Members {v (us), t, l, n}. t publishes its answer of round 2, 49 MiB (past the 48 MiB a push
-    carried): its signed receipt reaches us, we fetch the answer by digest from t, capped by the
+    carried; four batches of its step, within its commitment's bound): its signed receipt reaches us, we fetch the answer by digest from t, capped by the
     signed size. l's signed "no answer" of t is then refused here (a strike on l), and a decision
     of l naming it is refused (``refuted``); "no answer" of n, which signed a receipt but serves
     its answer to nobody, is taken."""
@@ -155,17 +197,18 @@ def test_a_published_answer_past_the_push_cap_is_fetched_and_no_answer_of_it_is_
     ag = _agreement(tmp_path, hub, v, keys, verdicts=[], refutes=lambda x, before: box["spot"].refutes(x, before=before))
     spot = box["spot"] = SpotRounds(ag.ctx, engine=SimpleNamespace(shapes=SHAPES), agreement=ag,
                                     ledger=ag.intake.ledger, states=dict)
-    spot.drawn[ROUND - 1] = ({tid, nid}, {(tid, lid), (nid, lid)})  # l verifies t and n
+    inners = {peer_id(k): _hold_inner(ag, k, ROUND - 1, batches=4) for k in (t, n)}
+    _drawn(spot, ROUND - 1, {(tid, lid), (nid, lid)}, inners)  # l verifies t and n
     theirs = _agreement(tmp_path, hub, t, keys, verdicts=[])
     for k in (lie, n):
         hub.join(peer_id(k), lambda request: None).publish(PeerStatus(role="trainer", version=ROUND,
                                                                       node_key=k.public_key_hex))
-    big = b"b" * (49 << 20)
-    assert len(big) > PUSH_CAPS["loco"]
+    big = [bytes([i]) * (49 << 18) for i in range(4)]
+    assert sum(map(len, big)) > PUSH_CAPS["loco"]
     answer = SpotAnswer(ROUND - 1, tid, 1, RoundOpening(ROUND - 1, tid, (3,), ((b"\x00" * 16, (b"\x01" * 32,)),)),
-                        [big], None)
+                        big, None)
     Answers(theirs.ctx, peers=theirs.peers, current_round=lambda: ROUND, epoch=lambda: EPOCH,
-            expected=lambda r, target: True).publish(answer)
+            cap=spot.answer_cap).publish(answer)
 
     def receipt_here() -> bool:
         ag.ctx.take_events({"spot_answer": spot.offer_answer}, wait_s=0.2)
@@ -183,8 +226,9 @@ def test_a_published_answer_past_the_push_cap_is_fetched_and_no_answer_of_it_is_
     assert spot.answers.fetch(ROUND - 1, nid, until=time.monotonic() + 10) is None
     assert spot.answers.answered(ROUND - 1, nid) is None, "a receipt alone counted as an answer"
     spot.answers.pull(wait_s=60)  # every member holds a published answer (and serves it)
+    wait_for(lambda: spot.answers.answered(ROUND - 1, tid) is not None, timeout=60, what="t's answer downloaded")
     got = spot.answers.fetch(ROUND - 1, tid, until=time.monotonic() + 60, tries=0)
-    assert got is not None and got.batches == [big] and got.step == 1, "the published answer was not fetched"
+    assert got is not None and got.batches == big and got.step == 1, "the published answer was not fetched"
 
     def no_answer(of: str) -> bytes:
         return VERDICTS.encode(make_verdict(lie, run_id=DEFAULT_RUN_ID, epoch=EPOCH, round=ROUND - 1, target=of,
@@ -214,6 +258,7 @@ def test_a_published_answer_past_the_push_cap_is_fetched_and_no_answer_of_it_is_
     assert ROUND not in ag.decisions and refused.get("refuted", 0) == 1, refused
     ag.offer_decision(nid, decision(nid, n))  # taken or parked by its turn, never refuted
     assert ag.ctx.status.snapshot().trainer.decisions_refused.get("refuted", 0) == 1
+    spot.close()
     for a in (ag, theirs):
         a.ctx.store.close()
 
@@ -309,7 +354,7 @@ def test_receipts_of_keys_no_draw_picked_are_neither_held_nor_fetched(tmp_path):
     tid, xid = peer_id(t), peer_id(x)
     ag = _agreement(tmp_path, hub, v, keys, verdicts=[])
     spot = SpotRounds(ag.ctx, engine=SimpleNamespace(shapes=SHAPES), agreement=ag, ledger=ag.intake.ledger, states=dict)
-    spot.drawn[ROUND - 1] = ({tid, xid}, {(tid, peer_id(v))})
+    _drawn(spot, ROUND - 1, {(tid, peer_id(v))}, {tid: _hold_inner(ag, t, ROUND - 1)})
 
     def receipt(k: Identity, r: int) -> bytes:
         a = SpotAnswer(r, peer_id(k), 1, RoundOpening(r, peer_id(k), (3,), ((b"\x00" * 16, (b"\x01" * 32,)),)), [], None)
@@ -320,10 +365,134 @@ def test_receipts_of_keys_no_draw_picked_are_neither_held_nor_fetched(tmp_path):
     assert set(spot.answers.held) == {(ROUND - 1, tid)}
     spot.offer_answer(xid, receipt(x, ROUND))  # not drawn yet, no commitment of x held
     assert (ROUND, xid) not in spot.answers.held
-    commit_to(ag, x, xid, _payload(xid), round=ROUND, base=BASE)
+    _hold_inner(ag, x, ROUND)
     spot.offer_answer(xid, receipt(x, ROUND))  # committed: its answer may be drawn
     assert (ROUND, xid) in spot.answers.held
     spot.drawn[ROUND] = ({xid}, set())  # drawn without x: no download, dropped at the next receipt
     spot.answers.pull(wait_s=60)
     assert (ROUND, xid) not in spot.answers.tried
     ag.ctx.store.close()
+
+
+def test_a_receipt_signing_more_than_the_commitment_bounds_is_refused_and_nothing_is_fetched(tmp_path):
+    """t, drawn at step 1, signs a receipt of 512 MiB (under the 1 GiB a receipt may sign): its
+    commitment (4 steps of one batch, 64 weights) bounds its answer to one rollout batch, the
+    opening and a patch, ~18 MiB. Refused (a strike on t: both are its signed word), nothing
+    fetched; its receipt within the bound is then taken. Before the round is drawn here, the
+    bound is over any step; without a commitment held, nothing is held."""
+    hub, asked = MemoryHub(), []
+    v, t, x = (Identity.generate() for _ in range(3))
+    tid, xid = peer_id(t), peer_id(x)
+    ag = _agreement(tmp_path, hub, v, [k.public_key_hex for k in (v, t, x)], verdicts=[])
+    hub.join(tid, asked.append).publish(PeerStatus(role="trainer", version=ROUND, node_key=t.public_key_hex))
+    spot = SpotRounds(ag.ctx, engine=SimpleNamespace(shapes=SHAPES), agreement=ag, ledger=ag.intake.ledger, states=dict)
+    inner = _hold_inner(ag, t, ROUND - 1)
+    _drawn(spot, ROUND - 1, {(tid, peer_id(v))}, {tid: inner})
+    cap = spot.answer_cap(ROUND - 1, tid)
+    assert cap is not None and 16 << 20 < cap < 20 << 20, cap
+
+    def receipt(k: Identity, r: int, size: int) -> bytes:
+        return RECEIPTS.encode(RECEIPTS.seal(k, AnswerReceipt(DEFAULT_RUN_ID, EPOCH, r, peer_id(k), b"\x05" * 32,
+                                                               size, k.public_key_hex, b"")))
+
+    with pytest.raises(IntegrityError, match="bounds the answer"):
+        spot.offer_answer(tid, receipt(t, ROUND - 1, 512 << 20))
+    assert (ROUND - 1, tid) not in spot.answers.held and ag.ctx.book.strikes.get(tid, 0) >= 1
+    spot.answers.pull(wait_s=60)
+    assert spot.answers.fetch(ROUND - 1, tid, until=time.monotonic() + 5) is None and asked == [], "fetched"
+    spot.offer_answer(tid, receipt(t, ROUND - 1, cap))
+    assert (ROUND - 1, tid) in spot.answers.held
+    spot.answers.fetch(ROUND - 1, tid, until=time.monotonic() + 5, tries=1)
+    wait_for(lambda: len(asked) == 1, timeout=30, what="the probe of what is fetched to see a fetch")
+    assert spot.answer_cap(ROUND, xid) is None  # no commitment of x held: its receipt cannot matter here
+    spot.offer_answer(xid, receipt(x, ROUND, 1 << 20))
+    assert (ROUND, xid) not in spot.answers.held
+    x_inner = _hold_inner(ag, x, ROUND)
+    assert spot.answer_cap(ROUND, xid) == spot._cap(x_inner) > cap - 8  # not drawn yet: bounded at any step
+    with pytest.raises(IntegrityError, match="bounds the answer"):
+        spot.offer_answer(xid, receipt(x, ROUND, MAX_ANSWER_BYTES))
+    spot.close()
+    ag.ctx.store.close()
+
+
+def test_a_stalled_answer_server_never_holds_the_trainer_loop_back(tmp_path):
+    """t, drawn, published its answer; its server stalls every request until released (at most 5 s).
+    What the loop calls (``pull`` for a member, ``fetch`` for t's verifier) only starts the download
+    and returns at once; the answer is held once t serves it."""
+    hub, release = MemoryHub(), threading.Event()
+    v, t = Identity.generate(), Identity.generate()
+    tid, keys = peer_id(t), [k.public_key_hex for k in (v, t)]
+    ag = _agreement(tmp_path, hub, v, keys, verdicts=[])
+    spot = SpotRounds(ag.ctx, engine=SimpleNamespace(shapes=SHAPES), agreement=ag, ledger=ag.intake.ledger, states=dict)
+    _drawn(spot, ROUND - 1, {(tid, peer_id(v))}, {tid: _hold_inner(ag, t, ROUND - 1)})
+    theirs = _agreement(tmp_path, hub, t, keys, verdicts=[])
+    serve = hub.resolvers[tid]
+    hub.resolvers[tid] = lambda request: (release.wait(5.0), serve(request))[1]
+    answer = SpotAnswer(ROUND - 1, tid, 1, RoundOpening(ROUND - 1, tid, (3,), ((b"\x00" * 16, (b"\x01" * 32,)),)),
+                        [b"batch"], None)
+    Answers(theirs.ctx, peers=theirs.peers, current_round=lambda: ROUND, epoch=lambda: EPOCH,
+            cap=spot.answer_cap).publish(answer)
+
+    def receipt_here() -> bool:
+        ag.ctx.take_events({"spot_answer": spot.offer_answer}, wait_s=0.2)
+        return (ROUND - 1, tid) in spot.answers.held
+
+    wait_for(receipt_here, timeout=60, what="t's answer receipt")
+    t0 = time.monotonic()
+    spot.answers.pull(wait_s=60)
+    early = spot.answers.fetch(ROUND - 1, tid, until=time.monotonic() + 60)
+    assert time.monotonic() - t0 < 1.0, f"the loop waited {time.monotonic() - t0:.1f} s on a stalled server"
+    assert early is None
+    release.set()
+    wait_for(lambda: spot.answers.answered(ROUND - 1, tid) is not None, timeout=60, what="t's answer downloaded")
+    got = spot.answers.fetch(ROUND - 1, tid, until=time.monotonic() + 60)
+    assert got is not None and got.batches == [b"batch"]
+    spot.close()
+    for a in (ag, theirs):
+        a.ctx.store.close()
+
+
+def test_a_target_stalling_its_verifier_leaves_it_time_to_fetch_the_answer_from_a_member(tmp_path):
+    """Members {v (us), t, m}; v verifies t, whose answer m holds. t stalls v's download for the
+    whole time it is given (and would serve the others, who then refute v's "no answer": a strike
+    on an honest verifier). A try gets at most half the wait left, so v asks m in time."""
+    hub = MemoryHub()
+    v, t, m = (Identity.generate() for _ in range(3))
+    tid, keys = peer_id(t), [k.public_key_hex for k in (v, t, m)]
+    ag = _agreement(tmp_path, hub, v, keys, verdicts=[])
+    spot = SpotRounds(ag.ctx, engine=SimpleNamespace(shapes=SHAPES), agreement=ag, ledger=ag.intake.ledger, states=dict)
+    _drawn(spot, ROUND - 1, {(tid, peer_id(v))}, {tid: _hold_inner(ag, t, ROUND - 1)})
+    theirs, member = (_agreement(tmp_path, hub, k, keys, verdicts=[]) for k in (t, m))
+    answer = SpotAnswer(ROUND - 1, tid, 1, RoundOpening(ROUND - 1, tid, (3,), ((b"\x00" * 16, (b"\x01" * 32,)),)),
+                        [b"batch"], None)
+    Answers(theirs.ctx, peers=theirs.peers, current_round=lambda: ROUND, epoch=lambda: EPOCH,
+            cap=spot.answer_cap).publish(answer)
+    digest = blake3.blake3(encode_answer(answer)).hexdigest()
+    held = loco_payload_path(member.ctx.store.root, ROUND - 1, digest)
+    held.parent.mkdir(parents=True, exist_ok=True)
+    held.write_bytes(encode_answer(answer))  # m pulled it
+
+    def receipt_here() -> bool:
+        ag.ctx.take_events({"spot_answer": spot.offer_answer}, wait_s=0.2)
+        return (ROUND - 1, tid) in spot.answers.held
+
+    wait_for(receipt_here, timeout=60, what="t's answer receipt")
+    fetch, stalled = ag.ctx.transport.fetch, []
+
+    def stalling(peer, request, dest, *, timeout, max_bytes=None):
+        if peer.peer_id != tid:
+            return fetch(peer, request, dest, timeout=timeout, max_bytes=max_bytes)
+        stalled.append(timeout)
+        time.sleep(timeout)
+        raise PeerUnavailable("t stalled the download until its timeout")
+
+    ag.ctx.transport.fetch = stalling
+    until = time.monotonic() + 3.0
+    assert spot.answers.fetch(ROUND - 1, tid, until=until) is None
+    wait_for(lambda: spot.answers.answered(ROUND - 1, tid) is not None or time.monotonic() > until + 1, timeout=30,
+             what="v's download to end")
+    assert stalled and (spot.answers.answered(ROUND - 1, tid) or float("inf")) < until, \
+        f"v did not get t's answer from m within its wait (t stalled it {stalled} s)"
+    spot.close()
+    for a in (ag, theirs, member):
+        a.ctx.store.close()

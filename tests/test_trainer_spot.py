@@ -16,6 +16,7 @@ from pulse_node.errors import IntegrityError, WireError
 from pulse_node.loco.commit import InnerCommitment, check_header
 from pulse_node.loco.config import LocoConfig
 from pulse_node.loco.payload import encode_payload
+from pulse_node.loco.spot_answer import SpotAnswer, answer_cap, encode_answer
 from pulse_node.loco.spot_evidence import decode_evidence, encode_evidence, make_evidence, sign_accusation
 from pulse_node.loco.spotdraw import draw_check
 from pulse_node.rl.config import VerifyConfig
@@ -25,6 +26,7 @@ from pulse_node.rl.tasks import make_task_source
 from pulse_node.testing.spot_harness import RoundTrainer, make_batches, verifier_parts
 from pulse_node.trainer.engine import LocalEngine
 from pulse_node.trainer.recompute import SpotCase, SpotChecker, SpotFailure
+from pulse_node.trainer.spot_answers import BATCH_BYTES
 from pulse_node.trainer.spot_evidence import Recheck, accuse, recheck
 from pulse_node.trainer.spot_record import InnerStepLog
 from pulse_node.trainer.spot_replay import inner_settings
@@ -102,10 +104,13 @@ def test_honest_rounds_pass_on_other_threads_and_micro_batches(world: World, war
     other = solo_cfg(warm_cache, micro_batch_tokens=16)  # many micro-batches: another summation order
     t, m0, m1 = world.rounds("honest", included=included, solo=other, threads=threads)
     assert len(m0.commitment.stepped) == STEPS
+    c = m0.commitment
     for step in range(STEPS):
-        v, _ = world.check(t, m0, m1, step, included=included)
+        v, case = world.check(t, m0, m1, step, included=included)
         assert v.ok, (step, v.reason, v.detail)
         assert 0 < v.gradient_error < 1e-4 and v.weights_off == v.payload_off == v.link_off == 0.0
+        size = len(encode_answer(SpotAnswer(0, c.trainer, step, case.opening, case.batches, case.patch)))
+        assert size <= answer_cap(c, params=c.params, inner_steps=STEPS, batch_bytes=BATCH_BYTES, step=step)
 
 
 @pytest.mark.parametrize(("cheat", "reason"), [

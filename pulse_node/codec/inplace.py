@@ -164,7 +164,7 @@ def apply_patch_inplace(state: State, patch: bytes | ParsedPatch, *, verify: boo
         except Exception as exc:  # every outcome is collected, so the successes can be undone
             return exc
 
-    results = _map(one, entries)
+    results = _map(one, entries, elements=sum(int(state[e.name].bits.size) for e in entries))
     changes = Changes(header.base_state_hash, header.result_state_hash,
                       {e.name: r for e, r in zip(entries, results) if isinstance(r, TensorChange)})
     failed = next((r for r in results if isinstance(r, BaseException)), None)

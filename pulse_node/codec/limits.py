@@ -27,7 +27,12 @@ DENSE_FACTOR = 2
 
 def patch_cap(state: Mapping[str, TensorBits]) -> int:
     """The most bytes a patch (or catch-up patch) applying to ``state`` may have."""
-    return DENSE_FACTOR * state_nbytes(state) + HEADER_SLACK
+    return patch_cap_of(state_nbytes(state))
+
+
+def patch_cap_of(dense_bytes: int) -> int:
+    """``patch_cap`` of a state of ``dense_bytes`` dense bytes (e.g. 2 B per BF16 weight)."""
+    return DENSE_FACTOR * dense_bytes + HEADER_SLACK
 
 
 def check_patch_size(size: int, state: Mapping[str, TensorBits], *, what: str = "patch") -> None:

@@ -199,10 +199,12 @@ def encode_patch(base: State, new: State, *, mode: Mode = "compact", base_hash: 
         idx = np.flatnonzero(base[name].bits != new[name].bits)
         return _prepare(name, base[name], new[name], idx, mode, position_context) if idx.size else None
 
-    pending = [p for p in _map(prepare, sorted(base)) if p is not None]
+    elements = sum(int(t.bits.size) for t in base.values())
+    pending = [p for p in _map(prepare, sorted(base), elements=elements) if p is not None]
     tables = _build_tables(pending)
     models = PatchModels(tables)
-    streams = dict(zip([p.name for p in pending], _map(lambda p: _encode_tensor(p, models), pending)))
+    streams = dict(zip([p.name for p in pending], _map(lambda p: _encode_tensor(p, models), pending,
+                                                       elements=elements)))
     by_name = {p.name: p for p in pending}
     entries, offset = [], 0
     for name in sorted(base):
@@ -327,6 +329,10 @@ def _payload(patch: bytes | memoryview, header: PatchHeader, start: int, verify:
 
 #: tensors decoded in parallel (bounded so a node sharing the machine is not starved)
 _WORKERS = min(8, os.cpu_count() or 1)
+#: below this many elements in all a state is coded on the calling thread: a pool's start and
+#: hand-offs cost more CPU than it saves (a 0.2 M-parameter state: 12 ms of CPU serial, 14-22 ms
+#: on 2 threads, bench/RESULTS.md "spot checks ... cut again")
+PARALLEL_MIN_ELEMENTS = 1 << 20
 T = TypeVar("T")
 R = TypeVar("R")
 
@@ -343,9 +349,10 @@ def _patched_bits(entry: TensorEntry, b: TensorBits, payload: memoryview, models
     return bits
 
 
-def _map(fn: Callable[[T], R], items: list[T]) -> list[R]:
-    """``map`` over tensors on a thread pool (numpy releases the GIL in the heavy passes)."""
-    if len(items) < 2 or _WORKERS < 2:
+def _map(fn: Callable[[T], R], items: list[T], *, elements: int) -> list[R]:
+    """``map`` over tensors on a thread pool (numpy releases the GIL in the heavy passes), unless
+    they hold fewer than ``PARALLEL_MIN_ELEMENTS`` ``elements`` in all."""
+    if len(items) < 2 or _WORKERS < 2 or elements < PARALLEL_MIN_ELEMENTS:
         return [fn(x) for x in items]
     with ThreadPoolExecutor(max_workers=_WORKERS) as pool:
         return list(pool.map(fn, items))
@@ -374,7 +381,9 @@ def apply_patch(base: State, patch: bytes | ParsedPatch, *, verify: bool = True,
     models = PatchModels({(t.coding, t.dtype, t.label): t.counts for t in header.tables})
     out: State = dict(base)
     changed = [e for e in header.tensors if e.changed]
-    for entry, bits in zip(changed, _map(lambda e: _patched_bits(e, base[e.name], payload, models), changed)):
+    elements = sum(int(base[e.name].bits.size) for e in changed)
+    for entry, bits in zip(changed, _map(lambda e: _patched_bits(e, base[e.name], payload, models), changed,
+                                         elements=elements)):
         out[entry.name] = TensorBits(base[entry.name].dtype, base[entry.name].shape, bits)
     if verify and not allow_any_base and state_hash(out) != header.result_state_hash:
         raise IntegrityError("patched state hash does not match the patch's result hash")

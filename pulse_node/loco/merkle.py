@@ -53,11 +53,12 @@ def _leaf_digest(domain: bytes, index: int, data: bytes) -> bytes:
 
 def _leaf_digests(arrays: Sequence[np.ndarray], leaf: int, domain: bytes, lo: int, hi: int) -> list[bytes]:
     """Digests of leaves ``lo..hi`` hashed straight from the arrays (the bytes ``leaf_bytes`` gives)."""
-    out = []
+    raw = [a.view(np.uint8).data for a in arrays]  # sliced as bytes: no array object per leaf
+    head, width, out = _LEAF + domain, 4 * leaf, []
     for i in range(lo, hi):
-        h = blake3.blake3(_LEAF + domain + struct.pack("<Q", i))
-        for a in arrays:
-            h.update(a[i * leaf:(i + 1) * leaf].view(np.uint8).data)  # BLAKE3 releases the GIL on large inputs
+        h = blake3.blake3(head + struct.pack("<Q", i))
+        for b in raw:
+            h.update(b[i * width:(i + 1) * width])  # BLAKE3 releases the GIL on large inputs
         out.append(h.digest())
     return out
 

@@ -127,8 +127,14 @@ def decode_opening(data: bytes, *, max_bytes: int = MAX_OPENING_BYTES) -> RoundO
 def opening_cap(c: InnerCommitment, leaves: int, *, start_only: bool = False) -> int:
     """The most bytes an honest opening of ``leaves`` leaves of ``c`` takes (values, proofs, framing)."""
     arrays = len(c.state) + (0 if start_only else len(c.stepped))
-    depth = max(1, math.ceil(math.log2(leaf_count(c.params, c.leaf))) + 1)
-    return leaves * arrays * (4 * c.leaf + 34 * depth + 16) + 4096
+    return opening_bytes(params=c.params, leaf=c.leaf, arrays=arrays, leaves=leaves)
+
+
+def opening_bytes(*, params: int, leaf: int, arrays: int, leaves: int) -> int:
+    """The most bytes an opening of ``leaves`` leaves of ``arrays`` committed arrays of ``params``
+    values (leaves of ``leaf``) takes: values, Merkle paths, framing."""
+    depth = max(1, math.ceil(math.log2(leaf_count(params, leaf))) + 1)
+    return leaves * arrays * (4 * leaf + 34 * depth + 16) + 4096
 
 
 def verify_opening(o: RoundOpening, c: InnerCommitment, leaves: Sequence[int], *,

@@ -5,11 +5,17 @@ its verifiers need beyond what every trainer holds (``trainer/spot_answers.py``)
 served by its digest (fetch kind ``loco_payload``), and an ``AnswerReceipt`` signed by the
 target (push kind ``spot_answer``: run, epoch, round, target, the answer's digest and size) goes
 to every member, which relays it once like a commitment; a fetch is capped by the signed size.
-An answer is the opening of its inner
-commitment at the drawn leaves (``loco/opening.py``, checked against its signed roots), the
+An answer is the opening of its inner commitment at the drawn leaves (``loco/opening.py``, checked against its signed roots), the
 drawn step's rollout batches (checked against their digests in the commitment) and a BF16 patch
 to the weights that step ran on (none for step 0; checked against the signed weights hash).
 Nothing in it is taken on trust: ``trainer/recompute.py`` checks every part.
+
+Size: ``answer_cap`` bounds an honest answer by the target's signed commitment and the swarm's
+shared settings: the opening at ``DEFAULT_LEAVES`` leaves (``opening_bytes``), the drawn step's
+batches at the rollout batch cap each, a BF16 patch of the model's weights at the patch cap
+(``codec/limits.py``: 4 B per weight + 1 MiB; none for step 0), at most ``MAX_ANSWER_BYTES``. A
+receipt signing more is its target's lie (``trainer/spot_answers.py``). At 0.5 B weights the patch
+alone may reach 1 GiB, so only a step-0 answer is bounded tighter there (bench/RESULTS.md).
 
 Wire formats: an answer (``ANSWER_FORMAT`` 1) is msgpack ``[magic, format, round, target, step,
 opening, [batch, ...], patch]`` (``patch`` empty for none), at most ``MAX_ANSWER_BYTES``; a
@@ -27,16 +33,20 @@ from pydantic import Field
 
 from pulse_node.chain.identity import Identity
 from pulse_node.chain.statement import U63, Digest32, Hex64, RunId, Signature, Statement
+from pulse_node.codec.limits import patch_cap_of
 from pulse_node.errors import WireError
-from pulse_node.loco.commit import MAX_BATCHES_PER_STEP
-from pulse_node.loco.opening import RoundOpening, decode_opening, encode_opening
+from pulse_node.loco.commit import MAX_BATCHES_PER_STEP, InnerCommitment
+from pulse_node.loco.merkle import leaf_count
+from pulse_node.loco.opening import RoundOpening, decode_opening, encode_opening, opening_bytes
 from pulse_node.loco.payload import MAX_TRAINER_ID
+from pulse_node.loco.spotdraw import DEFAULT_LEAVES
 
 ANSWER_MAGIC = "pulse/spot-answer"
 ANSWER_FORMAT = 1
 MAX_ANSWER_BYTES = 1 << 30  # as a ``loco_payload`` fetch body; a fetch is capped by the receipt's size
 RECEIPT_MAGIC = "pulse/spot-answer-receipt"
 MAX_RECEIPT_BYTES = 1024
+FRAMING = 1024  # an answer's msgpack framing: magic, format, round, target (<= 256 B), step, bin headers
 
 
 @dataclass
@@ -71,6 +81,19 @@ def decode_answer(data: bytes) -> SpotAnswer:
     if not ok:
         raise WireError("not a spot answer of a supported format")
     return SpotAnswer(items[2], items[3], items[4], decode_opening(items[5]), items[6], items[7] or None)
+
+
+def answer_cap(c: InnerCommitment, *, params: int, inner_steps: int, batch_bytes: int, step: int | None = None) -> int:
+    """The most bytes an honest answer to a check drawn on ``c`` takes (module docstring): at
+    ``step`` (None: any step), each batch at most ``batch_bytes``; ``c`` counts as naming at most
+    ``params`` values (the model's) and ``inner_steps`` steps, as ``check_header`` holds it to."""
+    steps = c.steps if step is None else c.steps[step:step + 1]
+    batches = max((len(s.batches) for s in steps), default=0)
+    n = min(c.params, params)
+    opening = opening_bytes(params=n, leaf=c.leaf, arrays=len(c.state) + min(len(c.stepped), inner_steps),
+                            leaves=min(DEFAULT_LEAVES, leaf_count(n, c.leaf)))
+    patch = 0 if step == 0 or len(c.steps) < 2 else patch_cap_of(2 * n)  # BF16 weights: 2 B each
+    return min(MAX_ANSWER_BYTES, FRAMING + opening + batches * (batch_bytes + 8) + patch)
 
 
 @dataclass(frozen=True)

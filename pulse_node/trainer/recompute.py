@@ -39,6 +39,7 @@ import numpy as np
 import torch
 
 from pulse_node.codec.inplace import apply_patch_inplace
+from pulse_node.codec.patch import parse_patch
 from pulse_node.codec.state import State, TensorBits
 from pulse_node.codec.statehash import state_hash
 from pulse_node.errors import PulseError, WireError
@@ -185,13 +186,15 @@ class SpotChecker:
         return verdict
 
     def _weights(self, c: InnerCommitment, step: int, patch: bytes | None, base: RoundBase) -> State:
-        """The BF16 weights step ``step`` ran on: the base, or the base patched (checked by hash)."""
-        state = {n: TensorBits(t.dtype, t.shape, t.bits.copy()) for n, t in base.bf16.items()}
+        """The BF16 weights step ``step`` ran on: the base, or the base patched (checked by hash:
+        a patch whose result hash is the one named, applied with its hashes verified)."""
         want = c.steps[step].weights.hex()
-        if patch is not None:
-            apply_patch_inplace(state, patch)
-        if state_hash(state) != want:
+        parsed = None if patch is None else parse_patch(patch)
+        if (state_hash(base.bf16) if parsed is None else parsed.header.result_state_hash) != want:
             raise _Refused(SpotFailure.UNANSWERED, f"no weights with the state hash step {step} names")
+        state = {n: TensorBits(t.dtype, t.shape, t.bits.copy()) for n, t in base.bf16.items()}
+        if parsed is not None:
+            apply_patch_inplace(state, parsed)  # refuses unless the result's hash is the header's
         return state
 
     def _batches(self, c: InnerCommitment, step: int, batches: list[bytes], base: RoundBase,

@@ -108,6 +108,7 @@ class _Round:
     tree: MerkleTree
     steps: list[_Step] = field(default_factory=list)
     commitment: InnerCommitment | None = None
+    base_state_hash: str | None = None  # the base's BF16 state hash, once a patch needed it
 
 
 class InnerStepLog:
@@ -139,19 +140,25 @@ class InnerStepLog:
         """The round being recorded (None before the first ``begin_round``)."""
         return self._open.round if self._open is not None else None
 
-    def record(self, learner: GRPOLearner, rollouts: list[Rollout], *, producer: str, grad_norm: float | None) -> None:
-        """One step: its batch, the BF16 weights its forward ran on, its clipped gradient (if it steps)."""
+    def record(self, learner: GRPOLearner, rollouts: list[Rollout], *, producer: str, grad_norm: float | None,
+               data: bytes | None = None) -> None:
+        """One step: its batch, the BF16 weights its forward ran on, its clipped gradient (if it steps).
+
+        ``data``: the batch's bytes as verified on intake (``rollouts`` are what verifying them
+        gave); committed as they are, since a verifier re-verifies whatever bytes are named and gets
+        the same rollouts. None (a batch made here): ``rollouts`` encoded."""
         if self._open is None:
             raise RuntimeError("record() before begin_round()")
-        data = encode_rollouts(rollouts)
+        data = encode_rollouts(rollouts) if data is None else data
         ref = BatchRef(producer, int(rollouts[0].version) if rollouts else 0, int(rollouts[0].batch) if rollouts else 0,
                        blake3.blake3(data).digest())
-        now = bf16_of(dict(learner.policy.model.named_parameters()), self.layout)
+        params = dict(learner.policy.model.named_parameters())
+        now = bf16_of(params, self.layout)
         pos = np.flatnonzero(now != self._open.base_bits)
         diff = (None, now) if 3 * pos.size > now.size else (pos.astype(np.uint32), now[pos])  # 6 B per change, or 2 per weight
         grad, tree = None, None
         if grad_norm is not None:
-            named = {n: p.grad for n, p in learner.policy.model.named_parameters() if p.grad is not None}
+            named = {n: p.grad for n, p in params.items() if p.grad is not None}
             grad = flat_of(named, self.layout)
             tree = MerkleTree.build([grad], leaf=self.leaf, domain=GRAD_DOMAIN, threads=self.hash_threads)
         weights = bytes.fromhex(flat_state_hash("BF16", self.shapes, now))
@@ -196,9 +203,8 @@ class InnerStepLog:
         flat = bits.copy() if pos is None else r.base_bits.copy()
         if pos is not None:
             flat[pos] = bits
-        new, at = {}, 0
-        for name, size in zip(self.layout.names, self.layout.sizes):
-            tb = r.base_bf16[name]
-            new[name] = TensorBits(tb.dtype, tb.shape, flat[at:at + size].copy())
-            at += size
-        return make_patch(r.base_bf16, new, mode="compact")
+        new = bf16_state(flat, self.layout, self.shapes)  # views into ``flat``, a copy of its own
+        if r.base_state_hash is None:
+            r.base_state_hash = flat_state_hash("BF16", self.shapes, r.base_bits)
+        return make_patch(r.base_bf16, new, mode="compact", base_hash=r.base_state_hash,
+                          new_hash=r.steps[step].weights.hex())

@@ -36,6 +36,7 @@ for; a verifier keeps the round's base (an FP32 and a BF16 copy of the weights) 
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -56,7 +57,7 @@ from pulse_node.loco.ledger import VERDICT_WINDOW, Ledger
 from pulse_node.loco.outer import OuterOptimizer
 from pulse_node.loco.payload import LocoPayload
 from pulse_node.loco.roundcommit import commit_digest
-from pulse_node.loco.spot_answer import SpotAnswer
+from pulse_node.loco.spot_answer import SpotAnswer, answer_cap
 from pulse_node.loco.spot_evidence import SpotEvidence, decode_evidence, encode_evidence
 from pulse_node.loco.spotdraw import Shape, SpotDraw, draw_round, round_seed
 from pulse_node.peers.outcomes import Lied
@@ -64,7 +65,7 @@ from pulse_node.torchbits import module_state
 from pulse_node.trainer.agreement import RoundAgreement
 from pulse_node.trainer.engine import Engine, LocalEngine
 from pulse_node.trainer.recompute import RoundBase, SpotCase, SpotFailure
-from pulse_node.trainer.spot_answers import Answers
+from pulse_node.trainer.spot_answers import BATCH_BYTES, Answers
 from pulse_node.trainer.spot_evidence import Recheck, RecheckResult
 from pulse_node.trainer.spot_record import InnerStepLog
 from pulse_node.trainer.spot_replay import inner_settings
@@ -106,9 +107,11 @@ class SpotRounds:
         self.worker: SpotWorker | None = None
         self.pending: dict[tuple[int, str, str], _Pending] = {}
         self.answers = Answers(ctx, peers=self.peers, current_round=agreement.current_round, epoch=agreement.table.epoch,
-                               expected=self.expects_answer)
+                               cap=self.answer_cap)
+        self.params = sum(math.prod(s) for s in engine.shapes.values())  # the model's size: every commitment's
         self.published: set[int] = set()  # rounds we published our answer of
         self.drawn: dict[int, tuple[set[str], set[tuple[str, str]]]] = {}  # round -> targets, (target, verifier)
+        self.caps: dict[tuple[int, str], int] = {}  # (round, drawn target) -> the most bytes its answer takes
         self.bases: dict[int, tuple[RoundBase, dict[int, State]]] = {}
         self.verdicts: dict[tuple[int, str, str], tuple[CheckVerdict, bytes]] = {}
         self.evidence: dict[bytes, SpotEvidence] = {}
@@ -166,20 +169,22 @@ class SpotRounds:
         return round_seed(d.round, data)
 
     def _draw(self, d: RoundDecision, seed: bytes) -> list[SpotDraw]:
-        shapes = {}
+        inners = {}
         for tid, named in d.commitments.items():
             held = self.agreement.commits.of(d.round, tid)
             if held is None or not held.commit.spot or commit_digest(held.data) != named:
                 continue
             try:
-                inner = decode_commitment(held.commit.spot)
+                inners[tid] = decode_commitment(held.commit.spot)
             except WireError:
                 continue
-            shapes[tid] = Shape(len(inner.steps), inner.params, inner.leaf)
+        shapes = {tid: Shape(len(c.steps), c.params, c.leaf) for tid, c in inners.items()}
         ledger = self.ledger()
         draws = round_draws(d, seed, shapes=shapes, ledger=ledger, is_member=self.peers.is_member, spot=self.spot)
         targets = {t for t in shapes if (t in d.trainer_ids or ledger.owing(t)) and not ledger.convicted(t)}
         self.drawn[d.round] = (targets, {(x.target, x.verifier) for x in draws})
+        self.caps = {k: c for k, c in self.caps.items() if k[0] in self.drawn} | \
+            {(d.round, x.target): self._cap(inners[x.target], step=x.step) for x in draws}
         return draws
 
     def _answer(self, draw: SpotDraw) -> None:
@@ -377,13 +382,21 @@ class SpotRounds:
                 out[key] = data
         return out
 
-    def expects_answer(self, r: int, target: str) -> bool:
-        """Whether ``target``'s answer of round ``r`` can matter here: the round's draw picked it
-        (once the round is drawn here), else we hold its commitment of that round."""
-        drawn = self.drawn.get(r)
-        if drawn is not None:
-            return any(t == target for t, _ in drawn[1])
-        return self.agreement.commits.of(r, target) is not None
+    def answer_cap(self, r: int, target: str) -> int | None:
+        """The most bytes ``target``'s answer of round ``r`` may take, if it can matter here: the
+        round's draw picked it (once the round is drawn here: bounded at the drawn step), else we
+        hold its inner commitment of that round (bounded at any step); None otherwise."""
+        if r in self.drawn:
+            return self.caps.get((r, target))
+        held = self.agreement.commits.of(r, target)
+        try:
+            return None if held is None or not held.commit.spot else self._cap(decode_commitment(held.commit.spot))
+        except WireError:
+            return None
+
+    def _cap(self, c: InnerCommitment, *, step: int | None = None) -> int:
+        return answer_cap(c, params=self.params, inner_steps=self.cfg.loco.inner_steps, batch_bytes=BATCH_BYTES,
+                          step=step)
 
     def refutes(self, v: CheckVerdict, *, before: float = float("inf")) -> bool:
         """A verdict we can show is a lie: ``unanswered`` of a target whose answer we held since
@@ -401,6 +414,7 @@ class SpotRounds:
         return self.worker
 
     def close(self) -> None:
+        self.answers.close()
         if self.worker is not None:
             self.worker.close()
 

@@ -91,6 +91,10 @@ class Outcome:
     """CPU seconds per honest trainer and round recording its inner steps for its commitment."""
     checks: float = 0.0
     """Checks run by honest verifiers per trainer and round."""
+    exchange_s: float = 0.0
+    """CPU seconds per round of the first honest trainer's part of the payload exchange, as a
+    swarm's trainer does it every round: encoding its payload, decoding and bound-checking every
+    other payload, checking them and taking the outer step (not in ``trainer_s``: a wider basis)."""
     keep_honest: float = 1.0
     keep_byzantine: float = 1.0
     """Mean applied share (clip factor x trust weight) of honest / Byzantine payloads applied."""
@@ -144,10 +148,13 @@ def _commit(run: _Run, offered: dict[str, LocoPayload]) -> dict[str, Made]:
     expect = Expect(world.run_id, epoch, outer.round, outer.state_hash(), params=world.numel,
                     inner_steps=cfg.inner_steps, settings=inner_settings(_any(run).learner, cfg), spot_required=True)
     out = {}
+    first = next(iter(run.honest))
     for t, p in sorted(offered.items()):
         if t in run.excluded or not run.defences.membership.admits(t, members=run.members):
             continue
+        t0 = time.process_time()
         data = encode_payload(p, level=cfg.zstd_level, base=base)
+        run.out.exchange_s += time.process_time() - t0 if t == first else 0.0
         inner = _inner(run, t, p, data) if run.protocol else None
         c = make_commit(key_for(t), run_id=world.run_id, epoch=epoch, round=outer.round,
                         base=outer.state_hash(), trainer=t, payload=payload_digest(data),
@@ -180,8 +187,9 @@ def _wire(run: _Run, made: dict[str, Made]) -> dict[str, tuple[LocoPayload, byte
     """Step 3, second half: trainer id -> (decoded payload, its digest) every receiver takes."""
     outer, cfg, world = run.outer, run.outer.cfg, run.world
     base_np = {n: t.numpy() for n, t in outer.params.items()}
-    out = {}
+    out, first = {}, next(iter(run.honest))
     for t, m in sorted(made.items()):
+        t0 = time.process_time()
         try:
             q = decode_payload(m.data, shapes=world.shapes, max_bytes=cfg.max_payload_bytes,
                                base=outer.params if cfg.base_coding else None, expect_base=outer.state_hash())
@@ -189,6 +197,8 @@ def _wire(run: _Run, made: dict[str, Made]) -> dict[str, tuple[LocoPayload, byte
         except (WireError, PayloadBoundError):
             run.out.refused += 1
             continue
+        finally:  # the first honest trainer decodes every payload but its own
+            run.out.exchange_s += time.process_time() - t0 if t != first else 0.0
         out[t] = (q, payload_digest(m.data))
     return out
 
@@ -283,13 +293,17 @@ def _apply(run: _Run, arrived: dict[str, tuple[LocoPayload, bytes]], lst: Commit
     """Step 6: weigh and apply the decided payloads; honest trainers settle their error feedback."""
     payloads = [arrived[t][0] for t in sorted(decided)]
     outer, members = run.outer, set(lst.members) if lst is not None else set()
+    t0 = time.process_time()
     outer.check(payloads)
+    run.out.exchange_s += time.process_time() - t0
     base = round_base(outer) if run.protocol else None
     trust = outer.ledger.weights(decided, members=members) if run.protocol else None
     t0 = time.process_time()
     weights = outer.weigh(payloads, trust=trust)
     run.out.weigh_s += time.process_time() - t0
+    t0 = time.process_time()
     outer.step(payloads, keep=weights.keep, trust=trust)
+    run.out.exchange_s += time.process_time() - t0
     for t, k in outer.kept.items():
         run.keeps[0 if t in run.honest else 1].append(k * outer.trust[t])
     run.out.trace.append({"round": outer.round - 1, "tau": weights.tau,
@@ -385,7 +399,8 @@ def _totals(r: _Run, ph: str) -> RoundCost:
     ph = ph or phase(r.outer.ledger, honest=[t for t in r.honest if t in live], live=live)
     return RoundCost(ph, trainer_s=sum(tr.seconds for tr in honest) / len(honest), batches_s=honest[0].verify_s,
                      weigh_s=r.out.weigh_s, record_s=sum(tr.record_s for tr in honest) / len(honest),
-                     answer_s=r.spot.answer_seconds / n, check_s=r.spot.seconds / n, checks=r.spot.checks / n)
+                     answer_s=r.spot.answer_seconds / n, check_s=r.spot.seconds / n, checks=r.spot.checks / n,
+                     exchange_s=r.out.exchange_s)
 
 
 def _outcome(r: _Run, rounds: int) -> Outcome:
@@ -397,6 +412,7 @@ def _outcome(r: _Run, rounds: int) -> Outcome:
     n = len(r.honest) + len(r.attack.ids)
     out.trainer_s = sum(tr.seconds for tr in r.honest.values()) / len(r.honest) / per_round
     out.weigh_s /= per_round
+    out.exchange_s /= per_round
     record_s = sum(tr.record_s for tr in r.honest.values()) / len(r.honest) / per_round
     out.record_s = record_s
     out.answer_s = r.spot.answer_seconds / n / per_round

@@ -12,7 +12,8 @@ a short run weighs as if it were paid every round. The harness records each roun
 - ``other``: only a live Byzantine member was unproven (in neither figure).
 
 ``split`` gives each phase's overhead as the headline's (a ratio of CPU sums over the phase's
-rounds), its parts and its checks per trainer and round.
+rounds), its parts and its checks per trainer and round; ``wide`` is the same over a wider basis
+that also counts the trainer's part of the round's payload exchange (``exchange_s``).
 """
 
 from __future__ import annotations
@@ -45,6 +46,9 @@ class RoundCost:
     """The draws, checks and re-checks, per trainer."""
     checks: float
     """Checks recomputed by honest verifiers, per trainer."""
+    exchange_s: float = 0.0
+    """The first honest trainer's part of the payload exchange: encoding its payload, decoding
+    and checking the others', the outer step (the wider basis only)."""
 
     def since(self, earlier: RoundCost) -> RoundCost:
         """This total minus an earlier one: one round's costs, with this one's phase."""
@@ -61,6 +65,8 @@ class Split:
     parts: dict[str, float]
     checks: float
     """Checks recomputed per trainer and round."""
+    wide: float = 0.0
+    """The overhead over the wider basis: the swarm round plus the trainer's payload exchange."""
 
 
 def phase(ledger: Ledger, *, honest: Iterable[str], live: Iterable[str]) -> str:
@@ -81,5 +87,7 @@ def split(costs: Sequence[RoundCost]) -> dict[str, Split]:
         rows = [c for c in costs if c.phase == ph]
         round_s = max(sum(c.trainer_s + c.batches_s for c in rows), 1e-9)
         parts = {p: sum(getattr(c, p) for c in rows) / round_s for p in PARTS}
-        out[ph] = Split(len(rows), sum(parts.values()), parts, sum(c.checks for c in rows) / len(rows))
+        wide = round_s / (round_s + sum(c.exchange_s for c in rows))
+        out[ph] = Split(len(rows), sum(parts.values()), parts, sum(c.checks for c in rows) / len(rows),
+                        sum(parts.values()) * wide)
     return out
