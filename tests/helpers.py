@@ -169,3 +169,28 @@ def hub_agreement(tmp_path: Path, hub, me, settings: dict, *, round: int, epoch:
     ledger = Ledger(cfg.loco.trust)
     return RoundAgreement(ctx, shapes=shapes, current_round=lambda: round, epoch=lambda: epoch, base=lambda: base,
                           ledger=lambda: ledger, **agreement)
+
+
+def hold_evidence(spot, accuser, target: str, outcome, *, round: int) -> bytes:
+    """Hand ``spot`` (``SpotRounds``) ``accuser``'s signed evidence against ``target``'s round
+    ``round`` as re-checked here with ``outcome`` (a ``Recheck``); its digest, as a verdict names it."""
+    import blake3
+
+    from pulse_node.loco.spot_evidence import (
+        Accusation,
+        decode_evidence,
+        encode_evidence,
+        make_evidence,
+        sign_accusation,
+    )
+    from pulse_node.testing.adversaries import peer_id
+    from pulse_node.trainer.spot_evidence import RecheckResult
+
+    a = sign_accusation(accuser, Accusation(run_id=spot.cfg.run_id, round=round, target=target, accuser=peer_id(accuser),
+                                            signer="", step=1, leaves=(0,), reason="gradient", keep=1.0,
+                                            commitment=b"c", next_commitment=b"", exhibits=()))
+    data = encode_evidence(make_evidence(a, {}))
+    digest = blake3.blake3(data).digest()
+    spot.evidence[digest] = decode_evidence(data)
+    spot._judge(digest, RecheckResult(outcome, "", "re-run here"))
+    return digest

@@ -24,7 +24,7 @@ from types import SimpleNamespace
 import blake3
 import numpy as np
 import pytest
-from helpers import commit_to, hub_agreement, wait_for
+from helpers import commit_to, hold_evidence, hub_agreement, wait_for
 
 from pulse_node.chain.identity import Identity
 from pulse_node.chain.peer import PeerStatus
@@ -61,7 +61,7 @@ from pulse_node.testing.memory import MemoryHub
 from pulse_node.trainer.agreement import RoundAgreement
 from pulse_node.trainer.commits import HeldCommit
 from pulse_node.trainer.spot_answers import Answers
-from pulse_node.trainer.spot_evidence import Recheck, RecheckResult
+from pulse_node.trainer.spot_evidence import Recheck
 from pulse_node.trainer.spot_round import SpotRounds, round_draws
 from pulse_node.vocab import DEFAULT_RUN_ID
 
@@ -278,11 +278,10 @@ def test_a_decision_leaving_out_a_failed_verdict_with_evidence_held_in_time_is_r
     for k in (b, x):
         hub.join(peer_id(k), lambda request: None).publish(PeerStatus(role="trainer", version=ROUND,
                                                                       node_key=k.public_key_hex))
-    evidence = b"\x07" * 32
+    evidence = hold_evidence(spot, b, xid, Recheck.CONFIRMED, round=ROUND - 2)
     failed = VERDICTS.encode(make_verdict(b, run_id=DEFAULT_RUN_ID, epoch=EPOCH, round=ROUND - 2, target=xid,
                                           verifier=bid, reason="gradient", evidence=evidence))
     spot.offer_verdict(bid, failed)
-    spot._judge(evidence, RecheckResult(Recheck.CONFIRMED, x.public_key_hex, "re-run here"))
     assert spot.owed(ROUND, since=time.monotonic() + 1) == {(ROUND - 2, xid, bid): failed}
     assert spot.owed(ROUND - 1, since=time.monotonic() + 1) == {}, "a verdict one round old is owed already"
     for k in (b, x):
@@ -293,7 +292,7 @@ def test_a_decision_leaving_out_a_failed_verdict_with_evidence_held_in_time_is_r
 
     def decision(by: Identity, verdicts: list[bytes], out: tuple[str, ...] = ()) -> bytes:
         return encode_decision(make_decision(by, run_id=DEFAULT_RUN_ID, round=ROUND, base=BASE, epoch=EPOCH,
-                                             coordinator=peer_id(by), committed=held, verdicts=verdicts,
+                                             coordinator=peer_id(by), committed=held, verdicts=verdicts, convicted=out,
                                              contributors={k: payload_digest(_payload(k)) for k in held if k not in out}))
 
     ag.offer_decision(xid, decision(x, []))

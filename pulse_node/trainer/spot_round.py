@@ -358,11 +358,10 @@ class SpotRounds:
                     or self.refutes(v):
                 continue
             if v.evidence:
-                judged = self.judged.get(v.evidence)
-                if judged is None:
-                    continue  # not re-checked yet: a later decision names it
-                culprit = {Recheck.CONFIRMED: v.target, Recheck.FALSE_ACCUSATION: v.verifier}.get(judged.outcome)
-                if culprit is not None and not ledger.convicted(culprit):
+                culprit = self.culprit(v)
+                if not culprit:
+                    continue  # not re-checked (conclusively) yet: a later decision names it
+                if not ledger.convicted(culprit):
                     convicted.append(culprit)
             out.append(data)
         return out, sorted(set(convicted), key=str.encode)
@@ -374,9 +373,7 @@ class SpotRounds:
         round to re-check it too), not applied by the ledger yet."""
         ledger, out = self.ledger(), {}
         for key, (v, data) in self.verdicts.items():
-            judged = self.judged.get(v.evidence) if v.evidence else None
-            if judged is None or judged.outcome is Recheck.INCONCLUSIVE or key in ledger.applied \
-                    or not 2 <= r - v.round <= VERDICT_WINDOW:
+            if not self.culprit(v) or key in ledger.applied or not 2 <= r - v.round <= VERDICT_WINDOW:
                 continue
             if max(self.arrived.get(key, since), self.judged_at.get(v.evidence, since)) < since:
                 out[key] = data
@@ -400,13 +397,28 @@ class SpotRounds:
 
     def refutes(self, v: CheckVerdict, *, before: float = float("inf")) -> bool:
         """A verdict we can show is a lie: ``unanswered`` of a target whose answer we held since
-        before ``before``, or of a check the round's draw (as computed here, from the same seed) did
-        not make: a verifier nobody drew for its target cannot exclude it."""
+        before ``before``, a failure naming evidence held here that is not its own accusation (of
+        another round, target or accuser: nobody's failure is another's), or a verdict of a check
+        the round's draw (as computed here, from the same seed) did not make: a verifier nobody
+        drew for its target cannot exclude it."""
         at = self.answers.answered(v.round, v.target)
         if v.reason == SpotFailure.UNANSWERED.value and at is not None and at <= before:
             return True
+        ev = self.evidence.get(v.evidence) if v.evidence else None
+        if ev is not None and not _accuses(ev, v):
+            return True
         drawn = self.drawn.get(v.round)
         return drawn is not None and v.target in drawn[0] and (v.target, v.verifier) not in drawn[1]
+
+    def culprit(self, v: CheckVerdict) -> str | None:
+        """Whom our re-check of the evidence a failed verdict ``v`` names convicts: its target
+        (confirmed) or its verifier (a false accusation); "" if nobody (inconclusive here, or
+        no evidence); None if not re-checked here yet, or the evidence held is not ``v``'s own."""
+        ev = self.evidence.get(v.evidence) if v.evidence else None
+        judged = self.judged.get(v.evidence) if ev is not None and _accuses(ev, v) else None
+        if not v.evidence or judged is None:
+            return "" if not v.evidence else None
+        return {Recheck.CONFIRMED: v.target, Recheck.FALSE_ACCUSATION: v.verifier}.get(judged.outcome, "")
 
     def _worker(self) -> SpotWorker:
         if self.worker is None:
@@ -436,6 +448,12 @@ def round_draws(d: RoundDecision, seed: bytes, *, shapes: Mapping[str, Shape], l
     verifiers = [t for t in d.trainer_ids if t not in d.open]
     return draw_round(seed, round=d.round, targets=targets, verifiers=verifiers, rate=spot.rate,
                       newcomers=always, newcomer_verifiers=spot.newcomer_verifiers)
+
+
+def _accuses(ev: SpotEvidence, v: CheckVerdict) -> bool:
+    """Whether ``ev`` is the accusation behind verdict ``v`` (its run, round, target and verifier)."""
+    a = ev.accusation
+    return (a.run_id, a.round, a.target, a.accuser) == (v.run_id, v.round, v.target, v.verifier)
 
 
 def _state_of(base: RoundBase, states: Mapping[int, State]) -> Callable[[int], State | None]:

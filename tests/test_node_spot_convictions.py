@@ -1,0 +1,149 @@
+"""Who a failed spot check with evidence convicts, in the real round (``trainer/spot_round.py``,
+``trainer/decisions.py``; issue 32: a colluding minority gets no honest trainer excluded):
+
+- a verdict names the evidence of its own accusation (round, target, accuser): a member's failed
+  verdict on an honest key naming evidence that convicts another key is refused, convicts nobody,
+  and is owed by no decision;
+- a decision convicts whom this member's own re-check of the evidence convicts: a member's decision
+  convicting the target of its own false accusation is refused (``refuted``), one convicting the
+  accuser is taken; one convicting by evidence not re-checked here yet waits for the re-check.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from helpers import commit_to, hold_evidence, hub_agreement
+
+from pulse_node.chain.identity import Identity
+from pulse_node.chain.peer import PeerStatus
+from pulse_node.errors import IntegrityError
+from pulse_node.loco.commitlist import VERDICTS, make_verdict
+from pulse_node.loco.decision import encode_decision, make_decision, payload_digest
+from pulse_node.loco.payload import LocoPayload, encode_payload
+from pulse_node.loco.roundcommit import commit_digest
+from pulse_node.testing.adversaries import peer_id
+from pulse_node.testing.memory import MemoryHub
+from pulse_node.trainer.agreement import RoundAgreement
+from pulse_node.trainer.decisions import coordinator_order
+from pulse_node.trainer.spot_evidence import Recheck
+from pulse_node.trainer.spot_round import SpotRounds
+from pulse_node.vocab import DEFAULT_RUN_ID
+
+ROUND = 3
+BASE = b"\x01" * 32
+EPOCH = b"\x0e" * 32
+SHAPES = {"w": (64,)}
+W = {"w": (np.random.default_rng(0).standard_normal(64) * 0.02).astype(np.float32)}
+
+
+def _world(tmp_path: Path, keys: list[Identity]) -> tuple[MemoryHub, RoundAgreement, SpotRounds]:
+    """Members ``keys`` (the first is us, the others announced as trainers), our agreement and spot
+    rounds wired as a trainer wires them."""
+    hub, box = MemoryHub(), {}
+    ag = hub_agreement(tmp_path, hub, keys[0], {"chain": {"trusted_trainers": [k.public_key_hex for k in keys]}},
+                       round=ROUND, epoch=EPOCH, base=(BASE, W), shapes=SHAPES, verdicts=lambda r: ([], []),
+                       refutes=lambda v, before: box["spot"].refutes(v, before=before),
+                       owed=lambda r, since: box["spot"].owed(r, since=since),
+                       culprit=lambda v: box["spot"].culprit(v))  # noqa: PLW0108 (spot: made next)
+    spot = box["spot"] = SpotRounds(ag.ctx, engine=SimpleNamespace(shapes=SHAPES), agreement=ag,
+                                    ledger=ag.intake.ledger, states=dict)
+    for k in keys[1:]:
+        hub.join(peer_id(k), lambda request: None).publish(PeerStatus(role="trainer", version=ROUND,
+                                                                      node_key=k.public_key_hex))
+    return hub, ag, spot
+
+
+def _evidence(spot: SpotRounds, accuser: Identity, target: str, outcome: Recheck) -> bytes:
+    return hold_evidence(spot, accuser, target, outcome, round=ROUND - 2)
+
+
+def _failed(by: Identity, target: str, evidence: bytes, *, r: int = ROUND - 2) -> bytes:
+    return VERDICTS.encode(make_verdict(by, run_id=DEFAULT_RUN_ID, epoch=EPOCH, round=r, target=target,
+                                        verifier=peer_id(by), reason="gradient", evidence=evidence))
+
+
+def _payload(trainer: str) -> bytes:
+    p = LocoPayload(round=ROUND, trainer_id=trainer, base_hash=BASE, numel={"w": 64},
+                    tensors={"w": (np.array([1, 5, 9], np.int64), np.array([1e-4, -1e-4, 1e-4], np.float32))})
+    return encode_payload(p, base=W)
+
+
+def _open(ag: RoundAgreement, me: Identity, others: list[Identity]) -> dict[str, bytes]:
+    """Open round ``ROUND`` here with every other member committed and revealed; the commitments held."""
+    for k in others:
+        commit_to(ag, k, peer_id(k), _payload(peer_id(k)), round=ROUND, base=BASE)
+        ag.offer_payload(peer_id(k), _payload(peer_id(k)))
+    ag.open_round(LocoPayload(round=ROUND, trainer_id=peer_id(me), base_hash=BASE), _payload(peer_id(me)))
+    return {peer_id(k): commit_digest(ag.commits.of(ROUND, peer_id(k)).data) for k in (me, *others)}
+
+
+def _decision(by: Identity, held: dict[str, bytes], verdicts: list[bytes], convicted: tuple[str, ...],
+              out: tuple[str, ...] = ()) -> bytes:
+    return encode_decision(make_decision(by, run_id=DEFAULT_RUN_ID, round=ROUND, base=BASE, epoch=EPOCH,
+                                         coordinator=peer_id(by), committed=held, verdicts=verdicts, convicted=convicted,
+                                         contributors={k: payload_digest(_payload(k)) for k in held if k not in out}))
+
+
+def _refuted(ag: RoundAgreement) -> int:
+    return ag.ctx.status.snapshot().trainer.decisions_refused.get("refuted", 0)
+
+
+def test_a_verdict_naming_the_evidence_of_another_check_convicts_nobody(tmp_path):
+    """Members {v (us), b, m, x, t}. b's check of x's round 1 failed, its evidence re-checked here:
+    confirmed. m, drawn to check honest t in that round, signs a failed verdict on t naming b's
+    evidence (an accusation of x by b). It is refused here (a strike on m); our decisions name b's
+    verdict and convict x only; no decision owes m's; m's decision naming it is refused."""
+    v, b, m, x, t = keys = [Identity.generate() for _ in range(5)]
+    bid, mid, xid, tid = map(peer_id, (b, m, x, t))
+    _, ag, spot = _world(tmp_path, keys)
+    spot.drawn[ROUND - 2] = ({xid, tid}, {(xid, bid), (tid, mid)})
+    evidence = _evidence(spot, b, xid, Recheck.CONFIRMED)
+    spot.offer_verdict(bid, _failed(b, xid, evidence))
+    with pytest.raises(IntegrityError):
+        spot.offer_verdict(mid, _failed(m, tid, evidence))
+    assert ag.ctx.book.strikes.get(mid, 0) >= 1, "a verdict naming another check's evidence cost its verifier nothing"
+    spot.verdicts[(ROUND - 2, tid, mid)] = (VERDICTS.decode(_failed(m, tid, evidence)), _failed(m, tid, evidence))
+    spot.arrived[(ROUND - 2, tid, mid)] = time.monotonic() - 60  # as if relayed before the rule: still worth nothing
+    named, convicted = spot.verdicts_for(ROUND)
+    assert named == [_failed(b, xid, evidence)] and convicted == [xid], "an honest key convicted by another's evidence"
+    assert set(spot.owed(ROUND, since=time.monotonic() + 1)) == {(ROUND - 2, xid, bid)}
+    held = _open(ag, v, [b, m, x, t])
+    ag.offer_decision(mid, _decision(m, held, [_failed(b, xid, evidence), _failed(m, tid, evidence)], (xid, tid),
+                                     out=(xid, tid)))
+    assert ROUND not in ag.decisions and _refuted(ag) == 1
+    ag.ctx.store.close()
+
+
+def test_a_decision_convicts_whom_our_own_recheck_convicts(tmp_path):
+    """Members {v (us), b, m, t, c}. m, drawn to check honest t, files evidence that our re-check finds
+    false. m's decision naming its verdict and convicting t is refused (``refuted``); b's convicting
+    m (t's payload counting) is not refused for it. c (first in the round's order) convicting t by
+    evidence not re-checked here yet is parked until the re-check, not taken."""
+    while True:
+        v, b, m, t, c = keys = [Identity.generate() for _ in range(5)]
+        if coordinator_order(DEFAULT_RUN_ID, ROUND, map(peer_id, keys))[0] == peer_id(c):
+            break
+    bid, mid, tid, cid = map(peer_id, (b, m, t, c))
+    _, ag, spot = _world(tmp_path, keys)
+    spot.drawn[ROUND - 2] = ({tid}, {(tid, mid)})
+    evidence = _evidence(spot, m, tid, Recheck.FALSE_ACCUSATION)
+    spot.offer_verdict(mid, _failed(m, tid, evidence))
+    assert spot.verdicts_for(ROUND)[1] == [mid]
+    held = _open(ag, v, [b, m, t, c])
+    ag.offer_decision(mid, _decision(m, held, [_failed(m, tid, evidence)], (tid,), out=(tid,)))
+    assert ROUND not in ag.decisions and _refuted(ag) == 1, "a member convicted an honest key by its false evidence"
+    ag.offer_decision(bid, _decision(b, held, [_failed(m, tid, evidence)], (mid,), out=(mid,)))
+    assert _refuted(ag) == 1  # taken or parked by its turn, never refuted
+    unseen = _failed(m, tid, b"\x0c" * 32, r=ROUND - 1)  # its evidence never reached us
+    spot.drawn[ROUND - 1] = ({tid}, {(tid, mid)})
+    ag.table.decisions.pop(ROUND, None)
+    ag.intake.parked.clear()
+    ag.offer_decision(cid, _decision(c, held, [_failed(m, tid, evidence), unseen], (mid, tid), out=(mid, tid)))
+    assert ROUND not in ag.decisions, "a conviction taken on evidence nobody here re-checked"
+    assert cid in ag.intake.parked.get(ROUND, {}) and _refuted(ag) == 1
+    ag.ctx.store.close()
