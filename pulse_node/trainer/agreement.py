@@ -124,7 +124,7 @@ class RoundAgreement:
         self.base = base
         self.verdicts = verdicts or (lambda r: ([], []))
         self.peers = RoundPeers(ctx)
-        self.commits = CommitIntake(ctx, peers=self.peers, table=self.table, base_of=self._base_of)
+        self.commits = CommitIntake(ctx, peers=self.peers, table=self.table, base_of=self._base_of, ledger=ledger or Ledger)
         self.bound = bound if bound is not None else PayloadBound.of_trainer(ctx.cfg)
         self.payloads = PayloadIntake(ctx, peers=self.peers, table=self.table, commits=self.commits, shapes=self.shapes,
                                       base=base, bound=self.bound)
