@@ -15,17 +15,19 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+import blake3
 import numpy as np
 import pytest
 from helpers import commit_to, hold_evidence, hub_agreement
 
 from pulse_node.chain.identity import Identity
 from pulse_node.chain.peer import PeerStatus
-from pulse_node.errors import IntegrityError
+from pulse_node.errors import IntegrityError, PulseError
 from pulse_node.loco.commitlist import VERDICTS, make_verdict
 from pulse_node.loco.decision import encode_decision, make_decision, payload_digest
 from pulse_node.loco.payload import LocoPayload, encode_payload
 from pulse_node.loco.roundcommit import commit_digest
+from pulse_node.loco.spot_evidence import Accusation, encode_evidence, make_evidence, sign_accusation
 from pulse_node.testing.adversaries import peer_id
 from pulse_node.testing.memory import MemoryHub
 from pulse_node.trainer.agreement import RoundAgreement
@@ -146,4 +148,35 @@ def test_a_decision_convicts_whom_our_own_recheck_convicts(tmp_path):
     ag.offer_decision(cid, _decision(c, held, [_failed(m, tid, evidence), unseen], (mid, tid), out=(mid, tid)))
     assert ROUND not in ag.decisions, "a conviction taken on evidence nobody here re-checked"
     assert cid in ag.intake.parked.get(ROUND, {}) and _refuted(ag) == 1
+    ag.ctx.store.close()
+
+
+def test_evidence_is_held_once_per_drawn_check_of_a_recent_round_and_signed_by_its_accuser(tmp_path):
+    """Members {v (us), m, t, x}; round 1's draw had m check t. Evidence costs a re-check (about an
+    inner step) and up to 48 MiB held, so a member's pushes are bounded by its drawn checks: m's
+    evidence against t is held once (a second, different one of that check is dropped), its
+    evidence against x (a check nobody drew) and evidence of a round out of the window are refused, as is
+    evidence whose accusation its accuser did not sign; nothing of these is held or relayed, and of
+    what is held only the accusation outlives its re-check (not its exhibits)."""
+    v, m, t, x = keys = [Identity.generate() for _ in range(4)]
+    mid, tid, xid = map(peer_id, (m, t, x))
+    _, ag, spot = _world(tmp_path, keys)
+    spot.drawn[ROUND - 2] = ({tid, xid}, {(tid, mid), (xid, peer_id(v))})
+
+    opening = b"o" * (1 << 20)
+
+    def evidence(target: str, *, r: int = ROUND - 2, keep: float = 1.0, signer: Identity = m) -> bytes:
+        a = sign_accusation(signer, Accusation(run_id=DEFAULT_RUN_ID, round=r, target=target, accuser=mid, signer="",
+                                               step=1, leaves=(0,), reason="gradient", keep=keep, commitment=b"c",
+                                               next_commitment=b"", exhibits=(("opening", blake3.blake3(opening).digest()),)))
+        return encode_evidence(make_evidence(a, {"opening": opening}))
+
+    spot.offer_evidence(mid, evidence(tid))
+    assert len(spot.evidence) == 1 and not next(iter(spot.evidence.values())).exhibits, "exhibits held past the re-check"
+    spot.offer_evidence(mid, evidence(tid, keep=0.5))  # the same check accused twice: one re-check
+    for bad in (evidence(xid), evidence(tid, r=ROUND + 40), evidence(tid, signer=x)):
+        with pytest.raises(PulseError):
+            spot.offer_evidence(mid, bad)
+    assert len(spot.evidence) == 1, "evidence held (and re-checked) past the checks its accuser was drawn for"
+    assert ag.ctx.book.strikes.get(mid, 0) >= 1
     ag.ctx.store.close()

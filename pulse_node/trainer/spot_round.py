@@ -58,7 +58,7 @@ from pulse_node.loco.outer import OuterOptimizer
 from pulse_node.loco.payload import LocoPayload
 from pulse_node.loco.roundcommit import commit_digest
 from pulse_node.loco.spot_answer import SpotAnswer, answer_cap
-from pulse_node.loco.spot_evidence import SpotEvidence, decode_evidence, encode_evidence
+from pulse_node.loco.spot_evidence import SpotEvidence, decode_evidence, encode_evidence, verify_accusation
 from pulse_node.loco.spotdraw import Shape, SpotDraw, draw_round, round_seed
 from pulse_node.peers.outcomes import Lied
 from pulse_node.torchbits import module_state
@@ -255,16 +255,29 @@ class SpotRounds:
 
     def offer_evidence(self, sender: str, data: bytes) -> None:
         """A member's evidence of a failed check, pushed or relayed: re-checked here in the background
-        and relayed once (a decision must name its verdict: ``owed``, so every member holds it)."""
+        and relayed once (a decision must name its verdict: ``owed``, so every member holds it).
+        Held once per check (round, target, accuser) of the last ``VERDICT_WINDOW`` rounds that the
+        round's draw made (as drawn here), its accusation signed by its accuser: a re-check costs
+        about an inner step, so a member's evidence costs what its drawn checks allow (``PulseError``
+        if refused, a strike on the accuser for a check nobody drew)."""
         ev = decode_evidence(data)
-        digest = blake3.blake3(data).digest()
-        if not (self.peers.is_member(sender) and self.peers.is_member(ev.accusation.accuser)) or digest in self.evidence:
+        digest, a = blake3.blake3(data).digest(), ev.accusation
+        if not (self.peers.is_member(sender) and self.peers.is_member(a.accuser)) or digest in self.evidence:
             return
+        if a.run_id != self.cfg.run_id or not 0 <= self.agreement.current_round() - a.round <= VERDICT_WINDOW:
+            raise WireError(f"spot evidence of round {a.round} of {a.run_id!r}: not a check of the last rounds")
+        verify_accusation(a, signer_key=self.peers.key_of(a.accuser))
+        drawn = self.drawn.get(a.round)
+        if drawn is not None and (a.target, a.accuser) not in drawn[1]:
+            self.peers.book.judge(a.accuser, Lied(f"evidence of a check of {a.target[:12]} nobody drew"))
+            raise IntegrityError(f"spot evidence of {a.accuser[:12]} on {a.target[:12]}: a check nobody drew")
+        if any(_slot(e) == _slot(ev) for e in self.evidence.values()):
+            return  # the check accused already: its first evidence is the one re-checked
         if len(self.evidence) >= MAX_EVIDENCE:
             self.judged.pop(oldest := next(iter(self.evidence)), None)
             self.judged_at.pop(oldest, None)
             self.evidence.pop(oldest)
-        self.evidence[digest] = ev
+        self.evidence[digest] = SpotEvidence(a, {})  # its exhibits live only as long as its re-check job
         if self.peers.i_am_member():
             to = [p for pid, p in self.peers.live().items() if pid not in (sender, ev.accusation.accuser)]
             self.ctx.push_in_background("spot_evidence", bytes(data), to, job=f"spot_evidence:{digest.hex()[:16]}")
@@ -315,7 +328,7 @@ class SpotRounds:
         if f.evidence is not None:
             data = encode_evidence(f.evidence)
             digest = blake3.blake3(data).digest()
-            self.evidence[digest] = f.evidence
+            self.evidence[digest] = SpotEvidence(f.evidence.accusation, {})
             self._judge(digest, RecheckResult(Recheck.CONFIRMED, self.peers.key_of(f.key[1]), f.verdict.detail, f.verdict))
             self.ctx.push_in_background("spot_evidence", data, list(self.peers.live().values()),
                                         job=f"spot_evidence:{digest.hex()[:16]}")
@@ -448,6 +461,10 @@ def round_draws(d: RoundDecision, seed: bytes, *, shapes: Mapping[str, Shape], l
     verifiers = [t for t in d.trainer_ids if t not in d.open]
     return draw_round(seed, round=d.round, targets=targets, verifiers=verifiers, rate=spot.rate,
                       newcomers=always, newcomer_verifiers=spot.newcomer_verifiers)
+
+
+def _slot(ev: SpotEvidence) -> tuple[int, str, str]:
+    return ev.accusation.round, ev.accusation.target, ev.accusation.accuser
 
 
 def _accuses(ev: SpotEvidence, v: CheckVerdict) -> bool:
