@@ -193,3 +193,29 @@ def test_a_flood_of_fresh_keys_crowds_out_no_earned_trainer_and_members_hold_the
     commit_to(a, late, peer_id(late), _payload(peer_id(late)), round=ROUND, base=BASE)
     assert set(a.commits.round(ROUND)) == held_a | {peer_id(me)}
     a.ctx.store.close()
+
+
+def test_fresh_keys_park_no_payloads_and_get_none_decoded_without_a_commitment(tmp_path, keyed):
+    """Payloads cost memory (up to the model's cap each) and a decode against our base: an open
+    trainer's is decoded and kept only once its commitment is held (at most ``MAX_OPEN`` a round,
+    ``trainer/commits.py``); without one, or of a coming round, it is dropped (a decided one is
+    fetched). So 1 or 1,000 fresh keys pushing payloads hold nothing here. A member's payload of a
+    coming round is still parked."""
+    hub, me, member, keys = keyed
+    ag = _agreement(tmp_path, hub, me, keys, open_trainers=True)
+    _announce(hub, member)
+    flood = {_announce(hub, k): k for k in (Identity.generate() for _ in range(8))}
+    for pid in flood:
+        ag.offer_payload(pid, _payload(pid))  # no commitment: nothing decoded, nothing held
+        ahead = LocoPayload(round=ROUND + 1, trainer_id=pid, base_hash=BASE, numel={"w": 64},
+                            tensors={"w": (np.array([1], np.int64), np.array([1e-4], np.float32))})
+        ag.offer_payload(pid, encode_payload(ahead, base=W))
+    assert not ag.payloads.unbacked.get(ROUND) and not ag.payloads.pending.get(ROUND + 1), \
+        "fresh keys' payloads held without a commitment"
+    ahead = LocoPayload(round=ROUND + 1, trainer_id=peer_id(member), base_hash=BASE)
+    ag.offer_payload(peer_id(member), encode_payload(ahead))
+    assert set(ag.payloads.pending[ROUND + 1]) == {peer_id(member)}
+    pid, ident = next(iter(flood.items()))
+    _contribute(ag, ident, pid)  # committed: taken
+    assert pid in ag.inbox[ROUND]
+    ag.ctx.store.close()
