@@ -178,9 +178,9 @@ def _hold_inner(ag: RoundAgreement, k: Identity, r: int, *, batches: int = 1) ->
 
 
 def _drawn(spot: SpotRounds, r: int, pairs: set[tuple[str, str]], inners: dict[str, InnerCommitment]) -> None:
-    """What ``decided`` keeps of round ``r``'s draw: its targets, (target, verifier) pairs, and each
-    target's answer bound (step 1 drawn)."""
-    spot.drawn[r] = ({t for t, _ in pairs}, pairs)
+    """What ``decided`` keeps of round ``r``'s draw: the keys whose draw is unknown here (none), the
+    (target, verifier) pairs, and each target's answer bound (step 1 drawn)."""
+    spot.drawn[r] = (set(), pairs)
     spot.caps |= {(r, t): spot._cap(inners[t], step=1) for t, _ in pairs}
 
 
@@ -319,7 +319,7 @@ def test_a_verdict_of_a_check_nobody_drew_is_refused(tmp_path):
     for k in (b, c, x):
         hub.join(peer_id(k), lambda request: None).publish(PeerStatus(role="trainer", version=ROUND,
                                                                       node_key=k.public_key_hex))
-    spot.drawn[ROUND - 1] = ({xid}, {(xid, bid)})  # what ``decided`` keeps of round 2's draw
+    spot.drawn[ROUND - 1] = (set(), {(xid, bid)})  # what ``decided`` keeps of round 2's draw
 
     def failed(by: Identity) -> bytes:
         return VERDICTS.encode(make_verdict(by, run_id=DEFAULT_RUN_ID, epoch=EPOCH, round=ROUND - 1, target=xid,
@@ -367,7 +367,7 @@ def test_receipts_of_keys_no_draw_picked_are_neither_held_nor_fetched(tmp_path):
     _hold_inner(ag, x, ROUND)
     spot.offer_answer(xid, receipt(x, ROUND))  # committed: its answer may be drawn
     assert (ROUND, xid) in spot.answers.held
-    spot.drawn[ROUND] = ({xid}, set())  # drawn without x: no download, dropped at the next receipt
+    spot.drawn[ROUND] = (set(), set())  # drawn without x: no download, dropped at the next receipt
     spot.answers.pull(wait_s=60)
     assert (ROUND, xid) not in spot.answers.tried
     ag.ctx.store.close()

@@ -23,14 +23,23 @@ from helpers import commit_to, hold_evidence, hub_agreement
 from pulse_node.chain.identity import Identity
 from pulse_node.chain.peer import PeerStatus
 from pulse_node.errors import IntegrityError, PulseError
+from pulse_node.loco.commit import (
+    STATE_GLOBAL,
+    BatchRef,
+    InnerCommitment,
+    StepCommit,
+    encode_commitment,
+    sign_commitment,
+)
 from pulse_node.loco.commitlist import VERDICTS, make_verdict
 from pulse_node.loco.decision import encode_decision, make_decision, payload_digest
 from pulse_node.loco.payload import LocoPayload, encode_payload
-from pulse_node.loco.roundcommit import commit_digest
+from pulse_node.loco.roundcommit import commit_digest, encode_commit, make_commit
 from pulse_node.loco.spot_evidence import Accusation, encode_evidence, make_evidence, sign_accusation
 from pulse_node.testing.adversaries import peer_id
 from pulse_node.testing.memory import MemoryHub
 from pulse_node.trainer.agreement import RoundAgreement
+from pulse_node.trainer.commits import HeldCommit
 from pulse_node.trainer.decisions import coordinator_order
 from pulse_node.trainer.spot_evidence import Recheck
 from pulse_node.trainer.spot_round import SpotRounds
@@ -103,7 +112,7 @@ def test_a_verdict_naming_the_evidence_of_another_check_convicts_nobody(tmp_path
     v, b, m, x, t = keys = [Identity.generate() for _ in range(5)]
     bid, mid, xid, tid = map(peer_id, (b, m, x, t))
     _, ag, spot = _world(tmp_path, keys)
-    spot.drawn[ROUND - 2] = ({xid, tid}, {(xid, bid), (tid, mid)})
+    spot.drawn[ROUND - 2] = (set(), {(xid, bid), (tid, mid)})
     evidence = _evidence(spot, b, xid, Recheck.CONFIRMED)
     spot.offer_verdict(bid, _failed(b, xid, evidence))
     with pytest.raises(IntegrityError):
@@ -132,7 +141,7 @@ def test_a_decision_convicts_whom_our_own_recheck_convicts(tmp_path):
             break
     bid, mid, tid, cid = map(peer_id, (b, m, t, c))
     _, ag, spot = _world(tmp_path, keys)
-    spot.drawn[ROUND - 2] = ({tid}, {(tid, mid)})
+    spot.drawn[ROUND - 2] = (set(), {(tid, mid)})
     evidence = _evidence(spot, m, tid, Recheck.FALSE_ACCUSATION)
     spot.offer_verdict(mid, _failed(m, tid, evidence))
     assert spot.verdicts_for(ROUND)[1] == [mid]
@@ -142,7 +151,7 @@ def test_a_decision_convicts_whom_our_own_recheck_convicts(tmp_path):
     ag.offer_decision(bid, _decision(b, held, [_failed(m, tid, evidence)], (mid,), out=(mid,)))
     assert _refuted(ag) == 1  # taken or parked by its turn, never refuted
     unseen = _failed(m, tid, b"\x0c" * 32, r=ROUND - 1)  # its evidence never reached us
-    spot.drawn[ROUND - 1] = ({tid}, {(tid, mid)})
+    spot.drawn[ROUND - 1] = (set(), {(tid, mid)})
     ag.table.decisions.pop(ROUND, None)
     ag.intake.parked.clear()
     ag.offer_decision(cid, _decision(c, held, [_failed(m, tid, evidence), unseen], (mid, tid), out=(mid, tid)))
@@ -161,7 +170,7 @@ def test_evidence_is_held_once_per_drawn_check_of_a_recent_round_and_signed_by_i
     v, m, t, x = keys = [Identity.generate() for _ in range(4)]
     mid, tid, xid = map(peer_id, (m, t, x))
     _, ag, spot = _world(tmp_path, keys)
-    spot.drawn[ROUND - 2] = ({tid, xid}, {(tid, mid), (xid, peer_id(v))})
+    spot.drawn[ROUND - 2] = (set(), {(tid, mid), (xid, peer_id(v))})
 
     opening = b"o" * (1 << 20)
 
@@ -180,3 +189,45 @@ def test_evidence_is_held_once_per_drawn_check_of_a_recent_round_and_signed_by_i
     assert len(spot.evidence) == 1, "evidence held (and re-checked) past the checks its accuser was drawn for"
     assert ag.ctx.book.strikes.get(mid, 0) >= 1
     ag.ctx.store.close()
+
+
+def test_a_verdict_on_a_key_no_check_of_the_round_could_draw_is_refused(tmp_path):
+    """Members {v (us), m}; round 1's decision named the commitments of v, m, n (an open newcomer
+    the entry draw left out: not a contributor, so no check of it could be drawn; held here) and u
+    (not held here). m's signed "no answer" of n, and of z (named by no commitment that round), are
+    refused (a strike on m) and never named: one member cannot make an honest key owing, nor fill
+    decisions with verdicts, by checks nobody could draw. m's verdict on u is taken (we cannot tell)."""
+    v, m, n, u, z = keys = [Identity.generate() for _ in range(5)]
+    mid, nid, uid, zid = map(peer_id, (m, n, u, z))
+    _, ag, spot = _world(tmp_path, keys[:2])
+    r = ROUND - 2
+    held = {tid: _hold_inner(ag, k, r) for k, tid in ((m, mid), (n, nid))}
+    d = make_decision(v, run_id=DEFAULT_RUN_ID, round=r, base=BASE, epoch=EPOCH, coordinator=peer_id(v),
+                      contributors={peer_id(v): b"\x03" * 32, mid: b"\x04" * 32},
+                      committed={peer_id(v): b"\x05" * 32, uid: b"\x06" * 32,
+                                 **{t: commit_digest(ag.commits.of(r, t).data) for t in held}})
+    spot._draw(d, b"\x09" * 32)
+
+    def no_answer(of: str) -> bytes:
+        return VERDICTS.encode(make_verdict(m, run_id=DEFAULT_RUN_ID, epoch=EPOCH, round=r, target=of, verifier=mid,
+                                            reason="unanswered"))
+
+    for of in (nid, zid):
+        with pytest.raises(IntegrityError, match="nobody drew"):
+            spot.offer_verdict(mid, no_answer(of))
+    assert ag.ctx.book.strikes.get(mid, 0) >= 2
+    spot.offer_verdict(mid, no_answer(uid))
+    assert spot.verdicts_for(ROUND)[0] == [no_answer(uid)]
+    ag.ctx.store.close()
+
+
+def _hold_inner(ag: RoundAgreement, k: Identity, r: int) -> None:
+    """Hold ``k``'s round ``r`` commitment carrying a signed inner commitment (4 steps of one batch)."""
+    tid = peer_id(k)
+    step = StepCommit((BatchRef(tid, r, 0, BASE),), BASE, BASE, 0.5)
+    inner = sign_commitment(k, InnerCommitment(run_id=DEFAULT_RUN_ID, round=r, trainer=tid, signer="", base=BASE,
+                                               payload=BASE, settings=BASE, params=64, leaf=256, adam_step=0,
+                                               state=STATE_GLOBAL, state_root=BASE, steps=(step,) * 4))
+    c = make_commit(k, run_id=DEFAULT_RUN_ID, epoch=EPOCH, round=r, base=BASE, trainer=tid, payload=BASE,
+                    spot=encode_commitment(inner))
+    ag.commits.held.setdefault(r, {})[tid] = HeldCommit(encode_commit(c), c, time.monotonic())

@@ -110,7 +110,9 @@ class SpotRounds:
                                cap=self.answer_cap)
         self.params = sum(math.prod(s) for s in engine.shapes.values())  # the model's size: every commitment's
         self.published: set[int] = set()  # rounds we published our answer of
-        self.drawn: dict[int, tuple[set[str], set[tuple[str, str]]]] = {}  # round -> targets, (target, verifier)
+        #: round -> (keys its decision named a commitment of that is not held here: their draws are
+        #: unknown here; the (target, verifier) pairs drawn)
+        self.drawn: dict[int, tuple[set[str], set[tuple[str, str]]]] = {}
         self.caps: dict[tuple[int, str], int] = {}  # (round, drawn target) -> the most bytes its answer takes
         self.bases: dict[int, tuple[RoundBase, dict[int, State]]] = {}
         self.verdicts: dict[tuple[int, str, str], tuple[CheckVerdict, bytes]] = {}
@@ -169,9 +171,11 @@ class SpotRounds:
         return round_seed(d.round, data)
 
     def _draw(self, d: RoundDecision, seed: bytes) -> list[SpotDraw]:
-        inners = {}
+        inners, unknown = {}, set()
         for tid, named in d.commitments.items():
             held = self.agreement.commits.of(d.round, tid)
+            if held is None or commit_digest(held.data) != named:
+                unknown.add(tid)
             if held is None or not held.commit.spot or commit_digest(held.data) != named:
                 continue
             try:
@@ -181,8 +185,7 @@ class SpotRounds:
         shapes = {tid: Shape(len(c.steps), c.params, c.leaf) for tid, c in inners.items()}
         ledger = self.ledger()
         draws = round_draws(d, seed, shapes=shapes, ledger=ledger, is_member=self.peers.is_member, spot=self.spot)
-        targets = {t for t in shapes if (t in d.trainer_ids or ledger.owing(t)) and not ledger.convicted(t)}
-        self.drawn[d.round] = (targets, {(x.target, x.verifier) for x in draws})
+        self.drawn[d.round] = (unknown, {(x.target, x.verifier) for x in draws})
         self.caps = {k: c for k, c in self.caps.items() if k[0] in self.drawn} | \
             {(d.round, x.target): self._cap(inners[x.target], step=x.step) for x in draws}
         return draws
@@ -268,7 +271,7 @@ class SpotRounds:
             raise WireError(f"spot evidence of round {a.round} of {a.run_id!r}: not a check of the last rounds")
         verify_accusation(a, signer_key=self.peers.key_of(a.accuser))
         drawn = self.drawn.get(a.round)
-        if drawn is not None and (a.target, a.accuser) not in drawn[1]:
+        if drawn is not None and a.target not in drawn[0] and (a.target, a.accuser) not in drawn[1]:
             self.peers.book.judge(a.accuser, Lied(f"evidence of a check of {a.target[:12]} nobody drew"))
             raise IntegrityError(f"spot evidence of {a.accuser[:12]} on {a.target[:12]}: a check nobody drew")
         if any(_slot(e) == _slot(ev) for e in self.evidence.values()):
@@ -413,7 +416,9 @@ class SpotRounds:
         before ``before``, a failure naming evidence held here that is not its own accusation (of
         another round, target or accuser: nobody's failure is another's), or a verdict of a check
         the round's draw (as computed here, from the same seed) did not make: a verifier nobody
-        drew for its target cannot exclude it."""
+        drew for its target cannot exclude it, nor anyone check a key no check could be drawn on
+        (no commitment that round, or not a contributor nor owing); only a key whose commitment
+        the decision named and we do not hold is one whose draw we cannot tell."""
         at = self.answers.answered(v.round, v.target)
         if v.reason == SpotFailure.UNANSWERED.value and at is not None and at <= before:
             return True
@@ -421,7 +426,7 @@ class SpotRounds:
         if ev is not None and not _accuses(ev, v):
             return True
         drawn = self.drawn.get(v.round)
-        return drawn is not None and v.target in drawn[0] and (v.target, v.verifier) not in drawn[1]
+        return drawn is not None and v.target not in drawn[0] and (v.target, v.verifier) not in drawn[1]
 
     def culprit(self, v: CheckVerdict) -> str | None:
         """Whom our re-check of the evidence a failed verdict ``v`` names convicts: its target
