@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from helpers import node_config
+from helpers import node_config, session_dir
 
 from pulse_node.testing.contain_guard import contained, no_contained_bug  # noqa: F401 (fixtures: bugs stay loud)
 from pulse_node.testing.inprocess import InProcessSwarm
@@ -24,6 +24,28 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     from pulse_node.codec.warmup import clear_stale_cache
 
     clear_stale_cache()
+
+
+#: the files that take longest (the whole suite's ``--durations``, 2026-11-28), started first: with
+#: ``-n 2 --dist loadfile`` a long file started last would run alone at the end
+LONGEST_FIRST = ("test_node_chaos.py", "test_swarm_rerun.py", "test_swarm_processes.py", "test_hf_swarm.py",
+                 "test_node_adversary.py", "test_net_dht_newcomers.py", "test_ops_compose.py",
+                 "test_node_commit_reveal_swarm.py")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Order files longest first (``LONGEST_FIRST``, then the other files with a slow test, then the
+    rest), keeping each file's own order: the workers of ``pytest -n 2 --dist loadfile`` take files in
+    this order, so the short ones fill in at the end instead of a long one running alone."""
+    slow_files = {item.path.name for item in items if item.get_closest_marker("slow")}
+
+    def rank(item: pytest.Item) -> int:
+        name = item.path.name
+        if name in LONGEST_FIRST:
+            return LONGEST_FIRST.index(name)
+        return len(LONGEST_FIRST) + (0 if name in slow_files else 1)
+
+    items[:] = [item for _, item in sorted(enumerate(items), key=lambda pair: (rank(pair[1]), pair[0]))]
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -40,8 +62,9 @@ def one_torch_thread() -> None:
 @pytest.fixture(scope="session")
 def warm_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The session's one warm-start cache (``model.cache_dir``): each tiny model's supervised warm
-    start is trained at most once per session, whichever tests and processes need it."""
-    return tmp_path_factory.mktemp("warmstart-cache")
+    start is trained at most once per session, whichever tests, workers and processes need it
+    (entries are written atomically; two workers needing one at once both train it)."""
+    return session_dir(tmp_path_factory, "warmstart-cache")
 
 
 @pytest.fixture

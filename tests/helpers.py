@@ -5,8 +5,11 @@ Imported as ``from helpers import ...`` (pytest puts ``tests/`` on ``sys.path``)
 
 from __future__ import annotations
 
+import fcntl
+import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
 
@@ -20,6 +23,26 @@ T = TypeVar("T")
 
 __all__ = ["all_at_version", "assert_trainers_identical", "gather", "node_config", "node_version", "published", "read_status",
            "tiny_overrides", "tiny_solo", "wait_for"]
+
+
+def session_dir(tmp_path_factory: pytest.TempPathFactory, name: str) -> Path:
+    """A directory the whole test run shares: with pytest-xdist, every worker's (their common
+    temporary root), else this process's."""
+    base = tmp_path_factory.getbasetemp()
+    path = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / name
+    path.mkdir(exist_ok=True)
+    return path
+
+
+@contextmanager
+def locked(directory: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``directory`` (another worker building into it waits)."""
+    with open(directory / ".lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def wait_for(predicate: Callable[[], T], *, timeout: float, what: str | Callable[[], str],
@@ -146,3 +169,28 @@ def hub_agreement(tmp_path: Path, hub, me, settings: dict, *, round: int, epoch:
     ledger = Ledger(cfg.loco.trust)
     return RoundAgreement(ctx, shapes=shapes, current_round=lambda: round, epoch=lambda: epoch, base=lambda: base,
                           ledger=lambda: ledger, **agreement)
+
+
+def hold_evidence(spot, accuser, target: str, outcome, *, round: int) -> bytes:
+    """Hand ``spot`` (``SpotRounds``) ``accuser``'s signed evidence against ``target``'s round
+    ``round`` as re-checked here with ``outcome`` (a ``Recheck``); its digest, as a verdict names it."""
+    import blake3
+
+    from pulse_node.loco.spot_evidence import (
+        Accusation,
+        decode_evidence,
+        encode_evidence,
+        make_evidence,
+        sign_accusation,
+    )
+    from pulse_node.testing.adversaries import peer_id
+    from pulse_node.trainer.spot_evidence import RecheckResult
+
+    a = sign_accusation(accuser, Accusation(run_id=spot.cfg.run_id, round=round, target=target, accuser=peer_id(accuser),
+                                            signer="", step=1, leaves=(0,), reason="gradient", keep=1.0,
+                                            commitment=b"c", next_commitment=b"", exhibits=()))
+    data = encode_evidence(make_evidence(a, {}))
+    digest = blake3.blake3(data).digest()
+    spot.evidence[digest] = decode_evidence(data)
+    spot._judge(digest, RecheckResult(outcome, "", "re-run here"))
+    return digest

@@ -4,6 +4,7 @@ built once per test session (``conftest.py`` imports the fixture), and its task 
 from __future__ import annotations
 
 import pytest
+from helpers import locked, session_dir
 
 from pulse_node.rl.config import task_config
 
@@ -15,8 +16,13 @@ HF_SAMPLING = {"max_new_tokens": 3, "group_size": 4, "prompts_per_batch": 4}
 
 @pytest.fixture(scope="session")
 def hf_model_dir(tmp_path_factory):
+    """Built once per run: the first worker builds it, the others wait for it and read it."""
     from pulse_node.testing.hf_models import build_hf_model
 
-    return build_hf_model(tmp_path_factory.mktemp("tiny-qwen2") / "model", arch="qwen2",
-                          task=task_config(**HF_TASK), hidden=32, vocab_size=384, pretrain_steps=80,
-                          pretrain_lr=1e-2)
+    root = session_dir(tmp_path_factory, "tiny-qwen2")
+    with locked(root):
+        if not (root / "built").exists():
+            build_hf_model(root / "model", arch="qwen2", task=task_config(**HF_TASK), hidden=32,
+                           vocab_size=384, pretrain_steps=80, pretrain_lr=1e-2)
+            (root / "built").touch()
+    return root / "model"

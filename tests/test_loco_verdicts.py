@@ -15,7 +15,7 @@ from pulse_node.loco.decision import make_decision
 from pulse_node.loco.ledger import Ledger, RoundFacts, Verdict
 from pulse_node.loco.opening import RoundOpening
 from pulse_node.loco.spot_answer import SpotAnswer, decode_answer, encode_answer
-from pulse_node.loco.verdicts import ledger_facts, verdict_problems
+from pulse_node.loco.verdicts import failing, ledger_facts, named_verdicts, verdict_problems
 
 RUN, EPOCH, BASE = "run-a", b"\x01" * 32, b"\x02" * 32
 KEYS = [Identity.generate() for _ in range(3)]
@@ -55,6 +55,25 @@ def test_invented_stale_or_unbacked_verdicts_refuse_the_decision() -> None:
     assert "window" in (problems([verdict(0, round=0)]) or "")  # too old to count
     assert "convicts" in (problems([verdict(1, reason="unanswered")], (IDS[2],)) or "")  # no evidence, no conviction
     assert "convicts" in (problems([], (IDS[1],)) or "")
+
+
+def test_a_failed_verdict_whose_evidence_convicts_its_accuser_costs_its_target_nothing() -> None:
+    """A member's failed verdict with evidence that a re-check found false: the decision convicts the
+    accuser, and the target (an honest open trainer) is neither kept out of the round nor made owing,
+    nor does its failure count. Only a failure whose evidence convicts its target acts on it."""
+    false = verdict(1, reason="gradient", evidence=b"\x09" * 32)
+    for convicted, hits in (((IDS[1],), False), ((), False), ((IDS[2],), True)):
+        d = make_decision(KEYS[0], run_id=RUN, round=5, base=BASE, epoch=EPOCH, coordinator=IDS[0],
+                          contributors={IDS[0]: b"\x03" * 32}, verdicts=[false], convicted=convicted)
+        assert problems([false], convicted) is None
+        ledger = Ledger()
+        assert (IDS[2] in failing(named_verdicts(d), ledger, convicted=d.convicted)) is hits
+        verdicts, convicts = ledger_facts(d)
+        ledger.record(RoundFacts(5, verdicts=verdicts, convicted=convicts))
+        assert ledger.owing(IDS[2]) is hits and ledger.convicted(IDS[1]) is (IDS[1] in convicted)
+        assert ledger.entries.get(IDS[2]) is None or ledger.entries[IDS[2]].failed == int(hits)
+    unanswered = verdict(1, reason="unanswered")  # no evidence: acts on its own (a member holding the answer refutes it)
+    assert failing(map(VERDICTS.decode, [unanswered]), Ledger(), convicted=()) == {IDS[2]}
 
 
 def test_an_answer_round_trips_and_hostile_bytes_are_refused() -> None:

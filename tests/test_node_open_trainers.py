@@ -28,6 +28,7 @@ from pulse_node.loco.roundrules import unrevealed
 from pulse_node.testing.adversaries import peer_id
 from pulse_node.testing.memory import MemoryHub
 from pulse_node.trainer.agreement import RoundAgreement
+from pulse_node.trainer.commits import MAX_OPEN
 from pulse_node.trainer.decisions import coordinator_order
 from pulse_node.vocab import DEFAULT_RUN_ID
 
@@ -160,4 +161,61 @@ def test_a_silent_open_committer_holds_a_round_only_its_short_reveal_window(tmp_
     ledger.entries[sid] = Entry(first_round=0, last_round=0, passed=ledger.cfg.earn_checks)  # it had earned full weight
     ledger.record(RoundFacts(ROUND, unrevealed=silent_ones))
     assert ledger.entries[sid].unrevealed == 1 and ledger.earned(sid) < 1.0, "a silent commitment cost nothing"
+    ag.ctx.store.close()
+
+
+def test_a_flood_of_fresh_keys_crowds_out_no_earned_trainer_and_members_hold_the_same_commitments(tmp_path, keyed):
+    """An open trainer that earned weight, and 2 x ``MAX_OPEN`` fresh keys committing to the round,
+    the flood first: members keep the open trainers' commitments the ledger ranks first (earned
+    ones, then newcomers in the entry draw's order), not the first to arrive. So the earned trainer
+    is held, and two members each sent the flood in another order (one half first, or the other)
+    hold the same commitments: no coordinator's decision leaves out what another member holds."""
+    hub, me, member, keys = keyed
+    a = _agreement(tmp_path / "a", hub, me, keys, open_trainers=True)
+    b = _agreement(tmp_path / "b", hub, member, keys, open_trainers=True)
+    earned, flood = Identity.generate(), [Identity.generate() for _ in range(2 * MAX_OPEN)]
+    for ag in (a, b):
+        ag.intake.ledger().entries[peer_id(earned)] = Entry(0, 0, passed=ag.intake.ledger().cfg.newcomer_checks)
+    ids = {_announce(hub, k): k for k in (earned, *flood)}
+    for ag, order in ((a, flood), (b, flood[MAX_OPEN:] + flood[:MAX_OPEN])):
+        for k in (*order, earned):
+            commit_to(ag, k, peer_id(k), _payload(peer_id(k)), round=ROUND, base=BASE)
+    held_a, held_b = set(a.commits.round(ROUND)), set(b.commits.round(ROUND))
+    assert peer_id(earned) in held_a, "a flood of fresh keys crowded out a trainer that earned weight"
+    assert len(held_a) == MAX_OPEN and held_a == held_b, "the order of a flood decides what a member holds"
+    ledger = a.intake.ledger()
+    assert held_a - {peer_id(earned)} == set(sorted(set(ids) - {peer_id(earned)}, key=ledger.rank)[:MAX_OPEN - 1])
+    b.ctx.store.close()
+    a.open_round(LocoPayload(round=ROUND, trainer_id=peer_id(me), base_hash=BASE), _payload(peer_id(me)))
+    a._open.closed = time.monotonic() - 1  # our commit phase is over: a late better-ranked key displaces nobody
+    late = next(k for k in iter(Identity.generate, None) if ledger.rank(peer_id(k)) < min(map(ledger.rank, held_a)))
+    _announce(hub, late)
+    commit_to(a, late, peer_id(late), _payload(peer_id(late)), round=ROUND, base=BASE)
+    assert set(a.commits.round(ROUND)) == held_a | {peer_id(me)}
+    a.ctx.store.close()
+
+
+def test_fresh_keys_park_no_payloads_and_get_none_decoded_without_a_commitment(tmp_path, keyed):
+    """Payloads cost memory (up to the model's cap each) and a decode against our base: an open
+    trainer's is decoded and kept only once its commitment is held (at most ``MAX_OPEN`` a round,
+    ``trainer/commits.py``); without one, or of a coming round, it is dropped (a decided one is
+    fetched). So 1 or 1,000 fresh keys pushing payloads hold nothing here. A member's payload of a
+    coming round is still parked."""
+    hub, me, member, keys = keyed
+    ag = _agreement(tmp_path, hub, me, keys, open_trainers=True)
+    _announce(hub, member)
+    flood = {_announce(hub, k): k for k in (Identity.generate() for _ in range(8))}
+    for pid in flood:
+        ag.offer_payload(pid, _payload(pid))  # no commitment: nothing decoded, nothing held
+        ahead = LocoPayload(round=ROUND + 1, trainer_id=pid, base_hash=BASE, numel={"w": 64},
+                            tensors={"w": (np.array([1], np.int64), np.array([1e-4], np.float32))})
+        ag.offer_payload(pid, encode_payload(ahead, base=W))
+    assert not ag.payloads.unbacked.get(ROUND) and not ag.payloads.pending.get(ROUND + 1), \
+        "fresh keys' payloads held without a commitment"
+    ahead = LocoPayload(round=ROUND + 1, trainer_id=peer_id(member), base_hash=BASE)
+    ag.offer_payload(peer_id(member), encode_payload(ahead))
+    assert set(ag.payloads.pending[ROUND + 1]) == {peer_id(member)}
+    pid, ident = next(iter(flood.items()))
+    _contribute(ag, ident, pid)  # committed: taken
+    assert pid in ag.inbox[ROUND]
     ag.ctx.store.close()

@@ -21,13 +21,15 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+import blake3
 import numpy as np
 import pytest
-from helpers import commit_to, hub_agreement, wait_for
+from helpers import commit_to, hold_evidence, hub_agreement, wait_for
 
 from pulse_node.chain.identity import Identity
 from pulse_node.chain.peer import PeerStatus
-from pulse_node.errors import IntegrityError
+from pulse_node.chain.serving import loco_payload_path
+from pulse_node.errors import IntegrityError, PeerUnavailable
 from pulse_node.loco.commit import (
     STATE_GLOBAL,
     BatchRef,
@@ -44,7 +46,14 @@ from pulse_node.loco.opening import RoundOpening
 from pulse_node.loco.payload import LocoPayload, encode_payload
 from pulse_node.loco.roundcommit import commit_digest, encode_commit, make_commit
 from pulse_node.loco.roundrules import unrevealed
-from pulse_node.loco.spot_answer import MAX_ANSWER_BYTES, RECEIPTS, AnswerReceipt, SpotAnswer, make_receipt
+from pulse_node.loco.spot_answer import (
+    MAX_ANSWER_BYTES,
+    RECEIPTS,
+    AnswerReceipt,
+    SpotAnswer,
+    encode_answer,
+    make_receipt,
+)
 from pulse_node.loco.spotdraw import Shape
 from pulse_node.net.wire.protocol import PUSH_CAPS
 from pulse_node.testing.adversaries import peer_id
@@ -52,7 +61,7 @@ from pulse_node.testing.memory import MemoryHub
 from pulse_node.trainer.agreement import RoundAgreement
 from pulse_node.trainer.commits import HeldCommit
 from pulse_node.trainer.spot_answers import Answers
-from pulse_node.trainer.spot_evidence import Recheck, RecheckResult
+from pulse_node.trainer.spot_evidence import Recheck
 from pulse_node.trainer.spot_round import SpotRounds, round_draws
 from pulse_node.vocab import DEFAULT_RUN_ID
 
@@ -169,9 +178,9 @@ def _hold_inner(ag: RoundAgreement, k: Identity, r: int, *, batches: int = 1) ->
 
 
 def _drawn(spot: SpotRounds, r: int, pairs: set[tuple[str, str]], inners: dict[str, InnerCommitment]) -> None:
-    """What ``decided`` keeps of round ``r``'s draw: its targets, (target, verifier) pairs, and each
-    target's answer bound (step 1 drawn)."""
-    spot.drawn[r] = ({t for t, _ in pairs}, pairs)
+    """What ``decided`` keeps of round ``r``'s draw: the keys whose draw is unknown here (none), the
+    (target, verifier) pairs, and each target's answer bound (step 1 drawn)."""
+    spot.drawn[r] = (set(), pairs)
     spot.caps |= {(r, t): spot._cap(inners[t], step=1) for t, _ in pairs}
 
 
@@ -269,11 +278,10 @@ def test_a_decision_leaving_out_a_failed_verdict_with_evidence_held_in_time_is_r
     for k in (b, x):
         hub.join(peer_id(k), lambda request: None).publish(PeerStatus(role="trainer", version=ROUND,
                                                                       node_key=k.public_key_hex))
-    evidence = b"\x07" * 32
+    evidence = hold_evidence(spot, b, xid, Recheck.CONFIRMED, round=ROUND - 2)
     failed = VERDICTS.encode(make_verdict(b, run_id=DEFAULT_RUN_ID, epoch=EPOCH, round=ROUND - 2, target=xid,
                                           verifier=bid, reason="gradient", evidence=evidence))
     spot.offer_verdict(bid, failed)
-    spot._judge(evidence, RecheckResult(Recheck.CONFIRMED, x.public_key_hex, "re-run here"))
     assert spot.owed(ROUND, since=time.monotonic() + 1) == {(ROUND - 2, xid, bid): failed}
     assert spot.owed(ROUND - 1, since=time.monotonic() + 1) == {}, "a verdict one round old is owed already"
     for k in (b, x):
@@ -284,7 +292,7 @@ def test_a_decision_leaving_out_a_failed_verdict_with_evidence_held_in_time_is_r
 
     def decision(by: Identity, verdicts: list[bytes], out: tuple[str, ...] = ()) -> bytes:
         return encode_decision(make_decision(by, run_id=DEFAULT_RUN_ID, round=ROUND, base=BASE, epoch=EPOCH,
-                                             coordinator=peer_id(by), committed=held, verdicts=verdicts,
+                                             coordinator=peer_id(by), committed=held, verdicts=verdicts, convicted=out,
                                              contributors={k: payload_digest(_payload(k)) for k in held if k not in out}))
 
     ag.offer_decision(xid, decision(x, []))
@@ -311,7 +319,7 @@ def test_a_verdict_of_a_check_nobody_drew_is_refused(tmp_path):
     for k in (b, c, x):
         hub.join(peer_id(k), lambda request: None).publish(PeerStatus(role="trainer", version=ROUND,
                                                                       node_key=k.public_key_hex))
-    spot.drawn[ROUND - 1] = ({xid}, {(xid, bid)})  # what ``decided`` keeps of round 2's draw
+    spot.drawn[ROUND - 1] = (set(), {(xid, bid)})  # what ``decided`` keeps of round 2's draw
 
     def failed(by: Identity) -> bytes:
         return VERDICTS.encode(make_verdict(by, run_id=DEFAULT_RUN_ID, epoch=EPOCH, round=ROUND - 1, target=xid,
@@ -359,7 +367,7 @@ def test_receipts_of_keys_no_draw_picked_are_neither_held_nor_fetched(tmp_path):
     _hold_inner(ag, x, ROUND)
     spot.offer_answer(xid, receipt(x, ROUND))  # committed: its answer may be drawn
     assert (ROUND, xid) in spot.answers.held
-    spot.drawn[ROUND] = ({xid}, set())  # drawn without x: no download, dropped at the next receipt
+    spot.drawn[ROUND] = (set(), set())  # drawn without x: no download, dropped at the next receipt
     spot.answers.pull(wait_s=60)
     assert (ROUND, xid) not in spot.answers.tried
     ag.ctx.store.close()
@@ -440,4 +448,50 @@ def test_a_stalled_answer_server_never_holds_the_trainer_loop_back(tmp_path):
     assert got is not None and got.batches == [b"batch"]
     spot.close()
     for a in (ag, theirs):
+        a.ctx.store.close()
+
+
+def test_a_target_stalling_its_verifier_leaves_it_time_to_fetch_the_answer_from_a_member(tmp_path):
+    """Members {v (us), t, m}; v verifies t, whose answer m holds. t stalls v's download for the
+    whole time it is given (and would serve the others, who then refute v's "no answer": a strike
+    on an honest verifier). A try gets at most half the wait left, so v asks m in time."""
+    hub = MemoryHub()
+    v, t, m = (Identity.generate() for _ in range(3))
+    tid, keys = peer_id(t), [k.public_key_hex for k in (v, t, m)]
+    ag = _agreement(tmp_path, hub, v, keys, verdicts=[])
+    spot = SpotRounds(ag.ctx, engine=SimpleNamespace(shapes=SHAPES), agreement=ag, ledger=ag.intake.ledger, states=dict)
+    _drawn(spot, ROUND - 1, {(tid, peer_id(v))}, {tid: _hold_inner(ag, t, ROUND - 1)})
+    theirs, member = (_agreement(tmp_path, hub, k, keys, verdicts=[]) for k in (t, m))
+    answer = SpotAnswer(ROUND - 1, tid, 1, RoundOpening(ROUND - 1, tid, (3,), ((b"\x00" * 16, (b"\x01" * 32,)),)),
+                        [b"batch"], None)
+    Answers(theirs.ctx, peers=theirs.peers, current_round=lambda: ROUND, epoch=lambda: EPOCH,
+            cap=spot.answer_cap).publish(answer)
+    digest = blake3.blake3(encode_answer(answer)).hexdigest()
+    held = loco_payload_path(member.ctx.store.root, ROUND - 1, digest)
+    held.parent.mkdir(parents=True, exist_ok=True)
+    held.write_bytes(encode_answer(answer))  # m pulled it
+
+    def receipt_here() -> bool:
+        ag.ctx.take_events({"spot_answer": spot.offer_answer}, wait_s=0.2)
+        return (ROUND - 1, tid) in spot.answers.held
+
+    wait_for(receipt_here, timeout=60, what="t's answer receipt")
+    fetch, stalled = ag.ctx.transport.fetch, []
+
+    def stalling(peer, request, dest, *, timeout, max_bytes=None):
+        if peer.peer_id != tid:
+            return fetch(peer, request, dest, timeout=timeout, max_bytes=max_bytes)
+        stalled.append(timeout)
+        time.sleep(timeout)
+        raise PeerUnavailable("t stalled the download until its timeout")
+
+    ag.ctx.transport.fetch = stalling
+    until = time.monotonic() + 3.0
+    assert spot.answers.fetch(ROUND - 1, tid, until=until) is None
+    wait_for(lambda: spot.answers.answered(ROUND - 1, tid) is not None or time.monotonic() > until + 1, timeout=30,
+             what="v's download to end")
+    assert stalled and (spot.answers.answered(ROUND - 1, tid) or float("inf")) < until, \
+        f"v did not get t's answer from m within its wait (t stalled it {stalled} s)"
+    spot.close()
+    for a in (ag, theirs, member):
         a.ctx.store.close()

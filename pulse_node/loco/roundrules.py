@@ -98,6 +98,15 @@ def entering(keys: Iterable[str], *, is_member: Callable[[str], bool], ledger: L
     return (ks - new) | ledger.entrants(new)
 
 
+def open_priority(ledger: Ledger, key: str) -> tuple[int, bytes, bytes]:
+    """Which open trainers' commitments a trainer keeps when more come than it holds
+    (``trainer/commits.py``), lowest first: keys past their newcomer checks (or owing one), then
+    newcomers in the ledger's entry draw order, convicted keys last. The same on every trainer of
+    a round, so what members hold of a flood does not depend on the order it arrived in."""
+    cls = 2 if ledger.convicted(key) else int(ledger.newcomer(key, member=False) and not ledger.owing(key))
+    return cls, ledger.rank(key), key.encode()
+
+
 def unrevealed(commitments: Iterable[str], *, contributors: Collection[str], members: Collection[str],
                ledger: Ledger, failed: Collection[str] = ()) -> tuple[str, ...]:
     """The keys of a decision's ``commitments`` that entered the round (``entering``, on the ledger

@@ -8,13 +8,13 @@ the target or the verifier of a failed verdict the decision names with evidence 
 coordinator's re-check of that evidence says which: ``trainer/spot_round.py``). So a
 coordinator can invent no verdict and convict nobody without a drawn verifier's signed failure.
 A failed verdict acts in the round whose decision names it (``failing``: its target's payload
-does not count); ``ledger_facts`` is what the ledger then applies (``loco/ledger.RoundFacts``), the same on every
+does not count), one with evidence only if the decision convicts its target (``acting``); ``ledger_facts`` is what the ledger then applies (``loco/ledger.RoundFacts``), the same on every
 trainer.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 
 from pulse_node.errors import PulseError
 from pulse_node.loco.commitlist import VERDICTS, CheckVerdict
@@ -50,16 +50,26 @@ def verdict_problems(d: RoundDecision, *, key_of: Callable[[str], str], is_membe
     return None
 
 
-def failing(verdicts: Iterable[CheckVerdict], ledger: Ledger) -> set[str]:
-    """The targets of the failed verdicts among ``verdicts`` (a decision's) that ``ledger`` has
-    not applied yet: their payloads enter no payload of the decision's round
-    (``loco/roundrules.entering``), as the byzantine harness's ``entered``."""
-    return {v.target for v in verdicts if not v.passed and v.key not in ledger.applied}
+def acting(verdicts: Iterable[CheckVerdict], *, convicted: Collection[str]) -> list[CheckVerdict]:
+    """The verdicts among ``verdicts`` (a decision's) that act on their target: passes, "no answer",
+    and a failure with evidence only where the decision convicts its target (``convicted``). A
+    failure whose evidence convicts its accuser, or that nobody re-checked, costs its target nothing:
+    one member's signed claim never keeps an honest key out."""
+    return [v for v in verdicts if not v.evidence or v.target in convicted]
+
+
+def failing(verdicts: Iterable[CheckVerdict], ledger: Ledger, *, convicted: Collection[str]) -> set[str]:
+    """The targets of the failed verdicts among ``verdicts`` (a decision's, which convicts
+    ``convicted``) that act (``acting``) and ``ledger`` has not applied yet: their payloads enter
+    no payload of the decision's round (``loco/roundrules.entering``), as the byzantine harness's ``entered``."""
+    return {v.target for v in acting(verdicts, convicted=convicted) if not v.passed and v.key not in ledger.applied}
 
 
 def ledger_facts(d: RoundDecision) -> tuple[tuple[Verdict, ...], tuple[str, ...]]:
-    """The verdicts and convictions of ``d`` as the ledger takes them: by round, a round's passes
-    before its failures (a check failed in a round leaves its target owing, whatever another passed)."""
-    verdicts = tuple(sorted((Verdict(v.round, v.target, v.verifier, v.passed) for v in named_verdicts(d)),
+    """The verdicts and convictions of ``d`` as the ledger takes them (the verdicts that act,
+    ``acting``): by round, a round's passes before its failures (a check failed in a round leaves
+    its target owing, whatever another passed)."""
+    named = acting(named_verdicts(d), convicted=d.convicted)
+    verdicts = tuple(sorted((Verdict(v.round, v.target, v.verifier, v.passed) for v in named),
                             key=lambda v: (v.round, v.passed is False, v.target.encode(), v.verifier.encode())))
     return verdicts, tuple(d.convicted)

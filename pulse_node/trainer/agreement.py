@@ -102,7 +102,8 @@ class RoundAgreement:
                  bound: PayloadBound | None = None, ledger: Callable[[], Ledger] | None = None,
                  verdicts: Callable[[int], tuple[list[bytes], list[str]]] | None = None,
                  refutes: Callable[[CheckVerdict, float], bool] | None = None,
-                 owed: Callable[[int, float], Mapping[tuple[int, str, str], bytes]] | None = None) -> None:
+                 owed: Callable[[int, float], Mapping[tuple[int, str, str], bytes]] | None = None,
+                 culprit: Callable[[CheckVerdict], str | None] | None = None) -> None:
         """``epoch``: the epoch of the chain we extend (``chain/record.py``; decisions of another
         are refused). ``base``: our current round's base (``BaseFn``); without it only base-free payloads
         decode and payloads are not checked against a base hash nor the value bound.
@@ -112,7 +113,8 @@ class RoundAgreement:
         verdicts (encoded) and convicted keys a decision of round ``r`` we sign names
         (``trainer/spot_round.py``; default: none); ``refutes(verdict, before)``: whether we can show
         a verdict a decision names is a lie (``SpotRounds.refutes``; default: never); ``owed``:
-        the verdicts a decision must name (``SpotRounds.owed``; default: none)."""
+        the verdicts a decision must name (``SpotRounds.owed``; default: none); ``culprit``: whom
+        our re-check of a verdict's evidence convicts (``SpotRounds.culprit``; default: nobody)."""
         self.ctx = ctx
         self.cfg = ctx.cfg.loco
         self.shapes = dict(shapes)
@@ -122,7 +124,7 @@ class RoundAgreement:
         self.base = base
         self.verdicts = verdicts or (lambda r: ([], []))
         self.peers = RoundPeers(ctx)
-        self.commits = CommitIntake(ctx, peers=self.peers, table=self.table, base_of=self._base_of)
+        self.commits = CommitIntake(ctx, peers=self.peers, table=self.table, base_of=self._base_of, ledger=ledger or Ledger)
         self.bound = bound if bound is not None else PayloadBound.of_trainer(ctx.cfg)
         self.payloads = PayloadIntake(ctx, peers=self.peers, table=self.table, commits=self.commits, shapes=self.shapes,
                                       base=base, bound=self.bound)
@@ -131,7 +133,8 @@ class RoundAgreement:
         self._cap_pushes()
         self.intake = DecisionIntake(ctx, peers=self.peers, table=self.table, commits=self.commits,
                                      payload_at=self.payloads.payload_at, ledger=ledger or Ledger,
-                                     refutes=refutes or (lambda v, before: False), owed=owed or (lambda r, since: {}))
+                                     refutes=refutes or (lambda v, before: False), owed=owed or (lambda r, since: {}),
+                                     culprit=culprit or (lambda v: ""))
         shutil.rmtree(self.root / LOCO_DIR, ignore_errors=True)  # an earlier run's rounds mean nothing now
 
     # ---- the table shared with the decision intake (``trainer/rounds.py``) -------------------
@@ -350,7 +353,7 @@ class RoundAgreement:
             verdicts, convicted = self.verdicts(r)  # a key failing a check they name enters no payload now
             ledger = self.intake.ledger()
             entered = entering(committed, is_member=self.peers.is_member, ledger=ledger,
-                               failed=failing(map(VERDICTS.decode, verdicts), ledger))
+                               failed=failing(map(VERDICTS.decode, verdicts), ledger, convicted=convicted))
             held = {tid: digest for tid, (digest, p) in self.inbox.get(r, {}).items() if p.base_hash == base
                     and tid in entered and committed[tid].commit.payload == digest and self.peers.may_contribute(tid)}
             if not held:  # not even ours (we sit the round out after a restart): no decision to make

@@ -7,7 +7,10 @@ per member and round, with the time it arrived here (monotonic), checked by ``ch
 against the key the trainer's peer id encodes, our run, epoch, round and base; it relays each one
 it keeps to the other live members once, so honest trainers' views converge. Commitments of the
 coming ``PARK_ROUNDS`` rounds are held unchecked until their round is current here (their base is
-the state we do not hold yet).
+the state we do not hold yet). Of open trainers' commitments at most ``MAX_OPEN`` per round are
+held, those the ledger ranks first (``loco/roundrules.open_priority``: earned keys, then newcomers in
+the entry draw's order): a better one replaces the worst, so a flood of fresh keys crowds out no
+earned trainer, and members sent a flood in different orders still hold the same commitments.
 
 The agreement (``trainer/agreement.py``) admits a payload only if it matches the commitment its
 trainer made, and the round's decision must name every commitment held in time
@@ -28,6 +31,7 @@ from pulse_node.chain.evidence import encode_evidence
 from pulse_node.config import TrainerConfig
 from pulse_node.daemon.context import RoleContext
 from pulse_node.errors import IntegrityError, PulseError
+from pulse_node.loco.ledger import Ledger
 from pulse_node.loco.roundcommit import (
     MAX_ROUNDCOMMIT_BYTES,
     Expect,
@@ -38,6 +42,7 @@ from pulse_node.loco.roundcommit import (
     encode_commit,
     make_commit,
 )
+from pulse_node.loco.roundrules import open_priority
 from pulse_node.peers.outcomes import Reported
 from pulse_node.trainer import own_commits
 from pulse_node.trainer.round_peers import RoundPeers
@@ -45,7 +50,7 @@ from pulse_node.trainer.rounds import RoundTable
 from pulse_node.vocab import LocoRefusal
 
 PARK_ROUNDS = 2  # commitments of coming rounds are held for the next PARK_ROUNDS rounds only
-MAX_OPEN = 64  # open trainers' commitments held per round, at most (the first ones)
+MAX_OPEN = 64  # open trainers' commitments held per round, at most (the ledger's first)
 
 
 @dataclass(frozen=True)
@@ -61,9 +66,10 @@ class CommitIntake:
     """One trainer's round commitments (module docstring)."""
 
     def __init__(self, ctx: RoleContext[TrainerConfig], *, peers: RoundPeers, table: RoundTable,
-                 base_of: Callable[[int], bytes | None]) -> None:
-        """``base_of(r)``: the base hash round ``r`` starts from here (None: not known yet)."""
-        self.ctx, self.peers, self.table, self.base_of = ctx, peers, table, base_of
+                 base_of: Callable[[int], bytes | None], ledger: Callable[[], Ledger] = Ledger) -> None:
+        """``base_of(r)``: the base hash round ``r`` starts from here (None: not known yet);
+        ``ledger``: the trust ledger of our outer state (which open trainers' commitments come first)."""
+        self.ctx, self.peers, self.table, self.base_of, self.ledger = ctx, peers, table, base_of, ledger
         self.held: dict[int, dict[str, HeldCommit]] = {}
         self.pending: dict[int, dict[str, tuple[str, bytes, float]]] = {}  # trainer -> (sender, bytes, arrived)
 
@@ -104,16 +110,32 @@ class CommitIntake:
         now, r = time.monotonic(), c.round
         if not self.peers.may_contribute(c.trainer) or not 0 <= r - self.table.current_round() <= PARK_ROUNDS:
             return None  # not a contributor's (relayed junk), or not a round we take commitments for
-        if not self.peers.is_member(c.trainer) and self._open_count(r) >= MAX_OPEN:
+        if not self.peers.is_member(c.trainer) and not self._room(r, c.trainer):
             return None
         if r > self.table.current_round() or self.base_of(r) is None:
             self.pending.setdefault(r, {}).setdefault(c.trainer, (sender, bytes(data), now))
             return None
         return self._keep(sender, c, bytes(data), now)
 
-    def _open_count(self, r: int) -> int:
-        held = [t for t in self.held.get(r, {}) if not self.peers.is_member(t)]
-        return len(held) + sum(1 for t in self.pending.get(r, {}) if not self.peers.is_member(t))
+    def _room(self, r: int, trainer: str) -> bool:
+        """Whether open trainer ``trainer``'s commitment of round ``r`` may be held: one is held
+        already (a second is judged by ``_keep``), there is room, or it ranks before the worst
+        held (which is dropped for it; module docstring) and the round's commit phase is not over
+        here (a late one never displaces one held in time)."""
+        held, pending = self.held.get(r, {}), self.pending.get(r, {})
+        opens = [t for t in (*held, *pending) if not self.peers.is_member(t)]
+        if trainer in opens or len(opens) < MAX_OPEN:
+            return True
+        o = self.table.open
+        if o is not None and o.round == r and time.monotonic() > o.commit_close:
+            return False
+        ledger = self.ledger()
+        worst = max(opens, key=lambda t: open_priority(ledger, t))
+        if open_priority(ledger, trainer) > open_priority(ledger, worst):
+            return False
+        held.pop(worst, None)
+        pending.pop(worst, None)
+        return True
 
     def _keep(self, sender: str, c: RoundCommit, data: bytes, at: float) -> str | None:
         have = self.of(c.round, c.trainer)

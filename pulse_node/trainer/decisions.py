@@ -126,13 +126,17 @@ class DecisionIntake:
     def __init__(self, ctx: RoleContext[TrainerConfig], *, peers: RoundPeers, table: RoundTable,
                  commits: CommitIntake, payload_at: Callable[[int, str], tuple[bytes, float] | None],
                  ledger: Callable[[], Ledger], refutes: Callable[[CheckVerdict, float], bool],
-                 owed: Callable[[int, float], Mapping[tuple[int, str, str], bytes]]) -> None:
+                 owed: Callable[[int, float], Mapping[tuple[int, str, str], bytes]],
+                 culprit: Callable[[CheckVerdict], str | None] = lambda v: "") -> None:
         """``payload_at(r, trainer)``: the digest of ``trainer``'s round-``r`` payload held here and
         when it arrived (monotonic), or None. ``ledger``: the trust ledger of our outer state.
         ``refutes(verdict, before)``: whether we can show a verdict is a lie, by what came before
         ``before`` (``SpotRounds.refutes``);
-        ``owed(r, since)``: the verdicts a decision of round ``r`` must name (``SpotRounds.owed``)."""
+        ``owed(r, since)``: the verdicts a decision of round ``r`` must name (``SpotRounds.owed``);
+        ``culprit(verdict)``: whom our re-check of its evidence convicts ("": nobody, None: not
+        re-checked here yet; ``SpotRounds.culprit``)."""
         self.ctx, self.peers, self.table, self.refutes, self.owed = ctx, peers, table, refutes, owed
+        self.culprit = culprit
         self.commits, self.payload_at, self.ledger = commits, payload_at, ledger
         self.cfg: LocoConfig = ctx.cfg.loco
         self.me = peers.me
@@ -252,9 +256,12 @@ class DecisionIntake:
         if self.peers.i_am_member() and (left := self._verdict_left_out(d, o)) is not None:
             self._refuse_omission(d, left, reason=DecisionRefusal.OMITS_VERDICT)
             return DecisionRefusal.OMITS_VERDICT
-        if self.peers.i_am_member() and self._refuted(d):
+        judged = self._convictions(d, elsewhere=elsewhere) if self.peers.i_am_member() else None
+        if self.peers.i_am_member() and (self._refuted(d) or judged == "refuted"):
             self.table.omitted.setdefault(d.round, set()).add(d.coordinator)  # a peer applying it: no re-sync
             return DecisionRefusal.REFUTED
+        if judged == "early":
+            return "early"
         order = coordinator_order(self.ctx.cfg.run_id, d.round,
                                   [pid for pid in {*o.order, *live} if self.peers.is_member(pid)
                                    and (pid != self.me or self.peers.i_am_member())])
@@ -271,7 +278,7 @@ class DecisionIntake:
         never the target of a failed verdict ``d`` names); ``d``'s verdicts were checked."""
         ledger = self.ledger()
         return entering(d.commitments, is_member=self.peers.is_member, ledger=ledger,
-                        failed=failing(named_verdicts(d), ledger))
+                        failed=failing(named_verdicts(d), ledger, convicted=d.convicted))
 
     def _omission(self, d: RoundDecision, o: OpenRound, *, elsewhere: bool) -> tuple[str, bytes] | None:
         """(trainer, what was left out) for a commitment (or revealed payload) held here in time
@@ -297,6 +304,24 @@ class DecisionIntake:
         answer of a target whose answer we held, or a check nobody drew (``refutes``)."""
         cutoff = time.monotonic() - self.cfg.decision_wait_s / 2
         return any(self.refutes(v, cutoff) for v in named_verdicts(d))
+
+    def _convictions(self, d: RoundDecision, *, elsewhere: bool) -> Literal["early", "refuted"] | None:
+        """Whether ``d`` convicts whom our own re-checks of the evidence it names convict (``culprit``):
+        "refuted" if it convicts a key, or spares a culprit, against them; "early" if it convicts by
+        evidence not re-checked here yet (parked until it is; taken from a round closed elsewhere);
+        None if they agree, or we cannot tell (our re-check was inconclusive)."""
+        named = [(v, self.culprit(v)) for v in named_verdicts(d) if v.evidence]
+        ledger, early = self.ledger(), False
+        for key in d.convicted:
+            backing = [who for v, who in named if key in (v.target, v.verifier)]
+            if key in backing or "" in backing:
+                continue
+            if None not in backing:
+                return "refuted"
+            early = True
+        if any(who and who not in d.convicted and not ledger.convicted(who) for _, who in named):
+            return "refuted"
+        return "early" if early and not elsewhere else None
 
     def _verdict_left_out(self, d: RoundDecision, o: OpenRound) -> tuple[str, bytes] | None:
         """(target, verdict) for a failed verdict with evidence ``d`` must name and leaves out

@@ -8,8 +8,11 @@ member and round) until its base is ours. It is decoded only if the base hash it
 (else it misses the round, ``loco_base_mismatch``), every entry is checked against the payload
 value bound, and it is kept only if it is the payload its sender committed to
 (``trainer/commits.py``): one whose commitment has not arrived waits for it, one that does not
-match is refused (``uncommitted``) and counts as heard from. Kept payloads are written under
-``<store>/loco/<round>/`` (served by digest) with the time they arrived.
+match is refused (``uncommitted``) and counts as heard from. An open trainer's payload is decoded
+and held only once its commitment is (at most ``MAX_OPEN`` a round, ``trainer/commits.py``), never
+parked for a coming round: a decided one is fetched. So fresh keys pushing payloads hold nothing
+here. Kept payloads are written under ``<store>/loco/<round>/`` (served by digest) with the time
+they arrived.
 """
 
 from __future__ import annotations
@@ -104,7 +107,8 @@ class PayloadIntake:
             self.peers.refuse(sender, LocoRefusal.BANNED, "sender is banned", lied=False)
             return
         if r > now:  # its base is the state we do not hold yet: parked, one per member and round
-            self.pending.setdefault(r, {})[sender] = data
+            if self.peers.is_member(sender):  # an open trainer's is not (fetched if decided)
+                self.pending.setdefault(r, {})[sender] = data
             return
         self._admit(sender, r, data)
 
@@ -124,6 +128,8 @@ class PayloadIntake:
             if have[0] != payload_digest(data):
                 self.peers.refuse(sender, LocoRefusal.DUPLICATE, f"a second payload for round {r}", lied=False)
             return
+        if not self.peers.is_member(sender) and (self.commits.of(r, sender) is None or not self._committed(sender, r, data)):
+            return  # an open trainer's, without the commitment it matches held: not decoded, not held
         try:
             p = self.decode(data)
         except BaseMismatchError as exc:

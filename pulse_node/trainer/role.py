@@ -92,7 +92,8 @@ class TrainerRole:
                                         base=self._base, bound=PayloadBound.of_trainer(cfg), ledger=lambda: self.outer.ledger,
                                         verdicts=lambda r: self.spot.verdicts_for(r),  # noqa: PLW0108 (spot: made next)
                                         refutes=lambda v, before: self.spot.refutes(v, before=before),
-                                        owed=lambda r, since: self.spot.owed(r, since=since))
+                                        owed=lambda r, since: self.spot.owed(r, since=since),
+                                        culprit=lambda v: self.spot.culprit(v))  # noqa: PLW0108 (spot: made next)
         self.spot = SpotRounds(ctx, engine=self.engine, agreement=self.agreement, ledger=lambda: self.outer.ledger,
                                states=lambda: self.feed.states)
         self.pace = OpenPace(cfg.loco.inner_steps)
@@ -382,7 +383,8 @@ class TrainerRole:
             members = frozenset(ids) - frozenset(decision.open)
             trust = self.outer.ledger.weights(ids, members=members)
             silent = unrevealed(decision.commitments, contributors=ids, members=members, ledger=self.outer.ledger,
-                                failed=failing(named_verdicts(decision), self.outer.ledger))
+                                failed=failing(named_verdicts(decision), self.outer.ledger,
+                                               convicted=decision.convicted))
             verdicts, convicted = ledger_facts(decision)
             facts = RoundFacts(round_no, digest=payload_digest(encode_decision(decision)), contributors=tuple(ids),
                                members=members, unrevealed=silent, verdicts=verdicts, convicted=convicted)

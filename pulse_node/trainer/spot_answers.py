@@ -26,8 +26,10 @@ A verifier ``fetch``es the answer by digest from its target, else from a live me
 each download is capped by the size the receipt signs and bounded by ``net.fetch_timeout_s`` and
 the check's wait; a peer is asked again only ``RETRY_S`` later. Bytes of another digest are the
 server's lie; an answer of the signed digest that is not the round's is its target's. Downloads
-run in the background, one at a time (``daemon/background.py``, one job per answer): the trainer
-loop only starts them and reads what is held, so a slow or stalled server never delays its steps.
+run in the background (``daemon/background.py``, one job per answer; a lane for our own checks, one
+for the pulls): the trainer loop only starts them and reads what is held, so a stalled server never
+delays its steps. A try gets at most half the wait left, so a target that stalls its verifier (and
+serves the others, who would refute its "no answer") leaves it time to ask the members holding it.
 """
 
 from __future__ import annotations
@@ -93,7 +95,7 @@ class Answers:
         self.have: dict[tuple[int, str], float] = {}  # answers held here (valid, of their receipt's digest): since when
         self.tried: dict[tuple[int, str], dict[str, float]] = {}  # per answer, peer -> when last asked
         self._lock = threading.Lock()  # ``have`` and ``tried``: the downloads write them too
-        self._downloads: Background | None = None
+        self._lanes: dict[str, Background] = {}  # "check": our own checks' downloads, "pull": the others
 
     def publish(self, answer: SpotAnswer) -> None:
         """Keep and serve our ``answer``; push its signed receipt to the live members (``WireError``
@@ -142,7 +144,7 @@ class Answers:
         for (r, target), h in sorted(self.held.items(), key=lambda kv: kv[1].at):
             if (r, target) not in self.have and now < h.at + wait_s and self._due(r, target, now) and \
                     self._may_fetch(h.receipt):
-                self._start(r, target, h, until=h.at + wait_s, tries=1)
+                self._start(r, target, h, until=h.at + wait_s, tries=1, lane="pull")
 
     def fetch(self, r: int, target: str, *, until: float, tries: int = 64) -> SpotAnswer | None:
         """``target``'s published answer of round ``r`` if held here (None: no receipt, or not held
@@ -154,21 +156,20 @@ class Answers:
         if (r, target) in self.have:
             return self._answer(path.read_bytes(), h.receipt) if path.exists() else None
         if self._may_fetch(h.receipt):
-            self._start(r, target, h, until=until, tries=tries)
+            self._start(r, target, h, until=until, tries=tries, lane="check")
         return None
 
-    def _start(self, r: int, target: str, h: Held, *, until: float, tries: int) -> None:
+    def _start(self, r: int, target: str, h: Held, *, until: float, tries: int, lane: str) -> None:
         """Download ``target``'s answer of round ``r`` in the background, unless that is under way:
         from the target, else a live member; a peer is asked again only ``RETRY_S`` after it was
         last asked; at most ``tries`` peers, until ``until``."""
-        if self._downloads is None:
-            self._downloads = Background("spot-answers")
+        downloads = self._lanes.get(lane) or self._lanes.setdefault(lane, Background(f"spot-answers-{lane}"))
         job = f"spot_answer:{r}:{target}"
-        if self._downloads.waiting_or_running(job):
+        if downloads.waiting_or_running(job):
             return
         own = [p for p in self.ctx.peers() if p.peer_id == target]
         peers = [*own, *sorted(self.peers.live().values(), key=lambda p: p.peer_id.encode())]
-        self._downloads.submit(job, lambda: self._download_any(r, target, h, peers, until=until, tries=tries))
+        downloads.submit(job, lambda: self._download_any(r, target, h, peers, until=until, tries=tries))
 
     def _download_any(self, r: int, target: str, h: Held, peers: list[PeerRecord], *, until: float,
                       tries: int) -> None:
@@ -180,7 +181,7 @@ class Answers:
                 if tries <= 0 or now >= until or now < asked.get(peer.peer_id, -RETRY_S) + RETRY_S:
                     continue
                 tries, asked[peer.peer_id] = tries - 1, now
-            data = self._download(peer, h.receipt, timeout=max(0.5, min(self.ctx.cfg.net.fetch_timeout_s, until - now)))
+            data = self._download(peer, h.receipt, timeout=max(0.5, min(self.ctx.cfg.net.fetch_timeout_s, (until - now) / 2)))
             if data is not None and self._answer(data, h.receipt) is not None:
                 write_atomic(loco_payload_path(self.root, r, h.receipt.digest.hex()), data, durable=False)
                 with self._lock:  # served from here on
@@ -214,7 +215,7 @@ class Answers:
             return not asked or min(asked.values()) + RETRY_S <= now
 
     def _download(self, peer: PeerRecord, rc: AnswerReceipt, *, timeout: float) -> bytes | None:
-        dest = self.root / LOCO_DIR / ".fetch-spot-answer"
+        dest = self.root / LOCO_DIR / f".fetch-spot-answer-{threading.current_thread().name}"
         try:
             dest.parent.mkdir(parents=True, exist_ok=True)
             self.ctx.transport.fetch(peer, LocoPayloadRequest(round=rc.round, digest=rc.digest.hex()), dest,
@@ -253,5 +254,5 @@ class Answers:
 
     def close(self) -> None:
         """Stop the downloads (waits a moment for the one running)."""
-        if self._downloads is not None:
-            self._downloads.close(timeout=1.0)
+        for lane in self._lanes.values():
+            lane.close(timeout=1.0)

@@ -58,7 +58,7 @@ from pulse_node.loco.outer import OuterOptimizer
 from pulse_node.loco.payload import LocoPayload
 from pulse_node.loco.roundcommit import commit_digest
 from pulse_node.loco.spot_answer import SpotAnswer, answer_cap
-from pulse_node.loco.spot_evidence import SpotEvidence, decode_evidence, encode_evidence
+from pulse_node.loco.spot_evidence import SpotEvidence, decode_evidence, encode_evidence, verify_accusation
 from pulse_node.loco.spotdraw import Shape, SpotDraw, draw_round, round_seed
 from pulse_node.peers.outcomes import Lied
 from pulse_node.torchbits import module_state
@@ -110,7 +110,9 @@ class SpotRounds:
                                cap=self.answer_cap)
         self.params = sum(math.prod(s) for s in engine.shapes.values())  # the model's size: every commitment's
         self.published: set[int] = set()  # rounds we published our answer of
-        self.drawn: dict[int, tuple[set[str], set[tuple[str, str]]]] = {}  # round -> targets, (target, verifier)
+        #: round -> (keys its decision named a commitment of that is not held here: their draws are
+        #: unknown here; the (target, verifier) pairs drawn)
+        self.drawn: dict[int, tuple[set[str], set[tuple[str, str]]]] = {}
         self.caps: dict[tuple[int, str], int] = {}  # (round, drawn target) -> the most bytes its answer takes
         self.bases: dict[int, tuple[RoundBase, dict[int, State]]] = {}
         self.verdicts: dict[tuple[int, str, str], tuple[CheckVerdict, bytes]] = {}
@@ -169,9 +171,11 @@ class SpotRounds:
         return round_seed(d.round, data)
 
     def _draw(self, d: RoundDecision, seed: bytes) -> list[SpotDraw]:
-        inners = {}
+        inners, unknown = {}, set()
         for tid, named in d.commitments.items():
             held = self.agreement.commits.of(d.round, tid)
+            if held is None or commit_digest(held.data) != named:
+                unknown.add(tid)
             if held is None or not held.commit.spot or commit_digest(held.data) != named:
                 continue
             try:
@@ -181,8 +185,7 @@ class SpotRounds:
         shapes = {tid: Shape(len(c.steps), c.params, c.leaf) for tid, c in inners.items()}
         ledger = self.ledger()
         draws = round_draws(d, seed, shapes=shapes, ledger=ledger, is_member=self.peers.is_member, spot=self.spot)
-        targets = {t for t in shapes if (t in d.trainer_ids or ledger.owing(t)) and not ledger.convicted(t)}
-        self.drawn[d.round] = (targets, {(x.target, x.verifier) for x in draws})
+        self.drawn[d.round] = (unknown, {(x.target, x.verifier) for x in draws})
         self.caps = {k: c for k, c in self.caps.items() if k[0] in self.drawn} | \
             {(d.round, x.target): self._cap(inners[x.target], step=x.step) for x in draws}
         return draws
@@ -255,16 +258,29 @@ class SpotRounds:
 
     def offer_evidence(self, sender: str, data: bytes) -> None:
         """A member's evidence of a failed check, pushed or relayed: re-checked here in the background
-        and relayed once (a decision must name its verdict: ``owed``, so every member holds it)."""
+        and relayed once (a decision must name its verdict: ``owed``, so every member holds it).
+        Held once per check (round, target, accuser) of the last ``VERDICT_WINDOW`` rounds that the
+        round's draw made (as drawn here), its accusation signed by its accuser: a re-check costs
+        about an inner step, so a member's evidence costs what its drawn checks allow (``PulseError``
+        if refused, a strike on the accuser for a check nobody drew)."""
         ev = decode_evidence(data)
-        digest = blake3.blake3(data).digest()
-        if not (self.peers.is_member(sender) and self.peers.is_member(ev.accusation.accuser)) or digest in self.evidence:
+        digest, a = blake3.blake3(data).digest(), ev.accusation
+        if not (self.peers.is_member(sender) and self.peers.is_member(a.accuser)) or digest in self.evidence:
             return
+        if a.run_id != self.cfg.run_id or not 0 <= self.agreement.current_round() - a.round <= VERDICT_WINDOW:
+            raise WireError(f"spot evidence of round {a.round} of {a.run_id!r}: not a check of the last rounds")
+        verify_accusation(a, signer_key=self.peers.key_of(a.accuser))
+        drawn = self.drawn.get(a.round)
+        if drawn is not None and a.target not in drawn[0] and (a.target, a.accuser) not in drawn[1]:
+            self.peers.book.judge(a.accuser, Lied(f"evidence of a check of {a.target[:12]} nobody drew"))
+            raise IntegrityError(f"spot evidence of {a.accuser[:12]} on {a.target[:12]}: a check nobody drew")
+        if any(_slot(e) == _slot(ev) for e in self.evidence.values()):
+            return  # the check accused already: its first evidence is the one re-checked
         if len(self.evidence) >= MAX_EVIDENCE:
             self.judged.pop(oldest := next(iter(self.evidence)), None)
             self.judged_at.pop(oldest, None)
             self.evidence.pop(oldest)
-        self.evidence[digest] = ev
+        self.evidence[digest] = SpotEvidence(a, {})  # its exhibits live only as long as its re-check job
         if self.peers.i_am_member():
             to = [p for pid, p in self.peers.live().items() if pid not in (sender, ev.accusation.accuser)]
             self.ctx.push_in_background("spot_evidence", bytes(data), to, job=f"spot_evidence:{digest.hex()[:16]}")
@@ -315,7 +331,7 @@ class SpotRounds:
         if f.evidence is not None:
             data = encode_evidence(f.evidence)
             digest = blake3.blake3(data).digest()
-            self.evidence[digest] = f.evidence
+            self.evidence[digest] = SpotEvidence(f.evidence.accusation, {})
             self._judge(digest, RecheckResult(Recheck.CONFIRMED, self.peers.key_of(f.key[1]), f.verdict.detail, f.verdict))
             self.ctx.push_in_background("spot_evidence", data, list(self.peers.live().values()),
                                         job=f"spot_evidence:{digest.hex()[:16]}")
@@ -358,11 +374,10 @@ class SpotRounds:
                     or self.refutes(v):
                 continue
             if v.evidence:
-                judged = self.judged.get(v.evidence)
-                if judged is None:
-                    continue  # not re-checked yet: a later decision names it
-                culprit = {Recheck.CONFIRMED: v.target, Recheck.FALSE_ACCUSATION: v.verifier}.get(judged.outcome)
-                if culprit is not None and not ledger.convicted(culprit):
+                culprit = self.culprit(v)
+                if not culprit:
+                    continue  # not re-checked (conclusively) yet: a later decision names it
+                if not ledger.convicted(culprit):
                     convicted.append(culprit)
             out.append(data)
         return out, sorted(set(convicted), key=str.encode)
@@ -374,9 +389,7 @@ class SpotRounds:
         round to re-check it too), not applied by the ledger yet."""
         ledger, out = self.ledger(), {}
         for key, (v, data) in self.verdicts.items():
-            judged = self.judged.get(v.evidence) if v.evidence else None
-            if judged is None or judged.outcome is Recheck.INCONCLUSIVE or key in ledger.applied \
-                    or not 2 <= r - v.round <= VERDICT_WINDOW:
+            if not self.culprit(v) or key in ledger.applied or not 2 <= r - v.round <= VERDICT_WINDOW:
                 continue
             if max(self.arrived.get(key, since), self.judged_at.get(v.evidence, since)) < since:
                 out[key] = data
@@ -400,13 +413,30 @@ class SpotRounds:
 
     def refutes(self, v: CheckVerdict, *, before: float = float("inf")) -> bool:
         """A verdict we can show is a lie: ``unanswered`` of a target whose answer we held since
-        before ``before``, or of a check the round's draw (as computed here, from the same seed) did
-        not make: a verifier nobody drew for its target cannot exclude it."""
+        before ``before``, a failure naming evidence held here that is not its own accusation (of
+        another round, target or accuser: nobody's failure is another's), or a verdict of a check
+        the round's draw (as computed here, from the same seed) did not make: a verifier nobody
+        drew for its target cannot exclude it, nor anyone check a key no check could be drawn on
+        (no commitment that round, or not a contributor nor owing); only a key whose commitment
+        the decision named and we do not hold is one whose draw we cannot tell."""
         at = self.answers.answered(v.round, v.target)
         if v.reason == SpotFailure.UNANSWERED.value and at is not None and at <= before:
             return True
+        ev = self.evidence.get(v.evidence) if v.evidence else None
+        if ev is not None and not _accuses(ev, v):
+            return True
         drawn = self.drawn.get(v.round)
-        return drawn is not None and v.target in drawn[0] and (v.target, v.verifier) not in drawn[1]
+        return drawn is not None and v.target not in drawn[0] and (v.target, v.verifier) not in drawn[1]
+
+    def culprit(self, v: CheckVerdict) -> str | None:
+        """Whom our re-check of the evidence a failed verdict ``v`` names convicts: its target
+        (confirmed) or its verifier (a false accusation); "" if nobody (inconclusive here, or
+        no evidence); None if not re-checked here yet, or the evidence held is not ``v``'s own."""
+        ev = self.evidence.get(v.evidence) if v.evidence else None
+        judged = self.judged.get(v.evidence) if ev is not None and _accuses(ev, v) else None
+        if not v.evidence or judged is None:
+            return "" if not v.evidence else None
+        return {Recheck.CONFIRMED: v.target, Recheck.FALSE_ACCUSATION: v.verifier}.get(judged.outcome, "")
 
     def _worker(self) -> SpotWorker:
         if self.worker is None:
@@ -436,6 +466,16 @@ def round_draws(d: RoundDecision, seed: bytes, *, shapes: Mapping[str, Shape], l
     verifiers = [t for t in d.trainer_ids if t not in d.open]
     return draw_round(seed, round=d.round, targets=targets, verifiers=verifiers, rate=spot.rate,
                       newcomers=always, newcomer_verifiers=spot.newcomer_verifiers)
+
+
+def _slot(ev: SpotEvidence) -> tuple[int, str, str]:
+    return ev.accusation.round, ev.accusation.target, ev.accusation.accuser
+
+
+def _accuses(ev: SpotEvidence, v: CheckVerdict) -> bool:
+    """Whether ``ev`` is the accusation behind verdict ``v`` (its run, round, target and verifier)."""
+    a = ev.accusation
+    return (a.run_id, a.round, a.target, a.accuser) == (v.run_id, v.round, v.target, v.verifier)
 
 
 def _state_of(base: RoundBase, states: Mapping[int, State]) -> Callable[[int], State | None]:
