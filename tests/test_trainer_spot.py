@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 import blake3
+import numpy as np
 import pytest
 import torch
 from helpers import tiny_solo
@@ -222,8 +223,10 @@ def test_the_engine_records_its_inner_steps_for_a_check(world: World, node_cfg) 
     engine = LocalEngine(cfg)
     engine.inner_log = InnerStepLog(engine.shapes, leaf=LEAF)
     engine.begin_inner_log(round=0, base_hash=engine.outer.state_hash())
-    for producer, rollouts in world.batches["infer-a"]:
-        engine.step(rollouts, current_version=0, producer=producer)
+    pushed = [encode_rollouts(rollouts) for _, rollouts in world.batches["infer-a"]]  # the bytes verified on intake
+    for (producer, rollouts), data in zip(world.batches["infer-a"], pushed):
+        engine.step(rollouts, current_version=0, producer=producer, data=data)
+    assert all(engine.inner_log.batch_bytes(0, k)[0] is data for k, data in enumerate(pushed))  # not re-encoded
     payload = engine.make_payload(round=0, trainer_id=world.ids["a"], base_hash=engine.outer.state_hash())
     data = encode_payload(payload, base=None)
     c = engine.inner_log.commitment(world.keys["a"], run_id=RUN, trainer=world.ids["a"],
@@ -235,3 +238,21 @@ def test_the_engine_records_its_inner_steps_for_a_check(world: World, node_cfg) 
                     engine.inner_log.weights_patch(0, 2), payload, keep=1.0)
     v = world.checker.check(d, case, world.base0)
     assert v.ok, v.detail
+
+
+def test_rounds_recorded_into_the_arrays_of_rounds_dropped_pass_their_checks(world: World) -> None:
+    t, made = world.trainer("a"), []
+    for r in range(4):  # the log keeps 2 rounds: rounds 2 and 3 refill the arrays of rounds 0 and 1
+        base = t.base(r)
+        made.append((t.run_round(world.make("infer-a", version=r, base=base), version=r), base))
+        t.finish_round([made[-1][0].payload], included=True, mine=made[-1][0].payload)
+        if r == 0:
+            first = [*t.log.rounds[0].arrays, *(s.grad for s in t.log.rounds[0].steps)]
+    assert sorted(t.log.rounds) == [2, 3]
+    again = [*t.log.rounds[2].arrays, *(s.grad for s in t.log.rounds[2].steps)]
+    assert any(np.shares_memory(a, b) for a in again for b in first)
+    (m2, base2), (m3, _) = made[2], made[3]
+    for step in (0, STEPS - 1):
+        d = dataclasses.replace(world.draw(m2.commitment, step), round=2)
+        v = world.checker.check(d, t.answer(d, m2, next_made=m3), base2)
+        assert v.ok, (step, v.reason, v.detail)

@@ -43,21 +43,25 @@ from pulse_node.rl.rollout import Rollout, encode_rollouts
 DEFAULT_LEAF = 4096
 
 
-def flat_of(named: Mapping[str, torch.Tensor], layout: FlatLayout) -> np.ndarray:
+def flat_of(named: Mapping[str, torch.Tensor], layout: FlatLayout, *, out: np.ndarray | None = None) -> np.ndarray:
     """The FP32 values of ``named`` in the layout's flat order (zeros for a missing name): a new
-    array (one concatenation, no further copy)."""
+    array, or ``out`` (FP32, the layout's size) filled (one concatenation, no further copy)."""
     parts = [named[n].detach().reshape(-1).to("cpu", torch.float32) if n in named else torch.zeros(size)
              for n, size in zip(layout.names, layout.sizes)]
-    flat: np.ndarray = torch.cat(parts).numpy()
+    flat: np.ndarray = (torch.cat(parts) if out is None else torch.cat(parts, out=torch.from_numpy(out))).numpy()
     return flat
 
 
-def bf16_of(named: Mapping[str, torch.Tensor], layout: FlatLayout) -> np.ndarray:
-    """The BF16 bits (uint16) of ``named``'s FP32 values in the layout's flat order: one cast of
-    the concatenation, bit for bit ``module_state``'s per-tensor casts (rounding is per element)."""
-    flat = torch.cat([named[n].detach().reshape(-1) for n in layout.names]).to(torch.bfloat16).cpu()
-    bits: np.ndarray = flat.view(torch.int16).numpy().view(np.uint16)
-    return bits
+def bf16_of(named: Mapping[str, torch.Tensor], layout: FlatLayout, *, out: np.ndarray | None = None) -> np.ndarray:
+    """The BF16 bits (uint16) of ``named``'s FP32 values in the layout's flat order (a new array,
+    or ``out`` filled): one cast of the concatenation, bit for bit ``module_state``'s per-tensor
+    casts (rounding is per element)."""
+    flat = torch.cat([named[n].detach().reshape(-1) for n in layout.names]).cpu()
+    if out is None:
+        bits: np.ndarray = flat.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+        return bits
+    torch.from_numpy(out.view(np.int16)).view(torch.bfloat16).copy_(flat)  # the same rounding as .to()
+    return out
 
 
 def bf16_state(bits: np.ndarray, layout: FlatLayout, shapes: Mapping[str, tuple[int, ...]]) -> State:
@@ -70,8 +74,10 @@ def bf16_state(bits: np.ndarray, layout: FlatLayout, shapes: Mapping[str, tuple[
     return out
 
 
-def adam_state(learner: GRPOLearner, layout: FlatLayout) -> tuple[np.ndarray, np.ndarray, int]:
-    """The inner AdamW moments (flat) and their common step count (zeros and 0 before the first step)."""
+def adam_state(learner: GRPOLearner, layout: FlatLayout,
+               out: tuple[np.ndarray | None, np.ndarray | None] = (None, None)) -> tuple[np.ndarray, np.ndarray, int]:
+    """The inner AdamW moments (flat, into ``out``'s arrays where given) and their common step
+    count (zeros and 0 before the first step)."""
     params = dict(learner.policy.model.named_parameters())
     m, v, steps = {}, {}, set()
     for name in layout.names:
@@ -81,7 +87,7 @@ def adam_state(learner: GRPOLearner, layout: FlatLayout) -> tuple[np.ndarray, np
             steps.add(int(float(st["step"])))
     if len(steps) > 1 or (steps and len(m) != len(layout.names)):
         raise ValueError("parameters of one model have taken different numbers of AdamW steps")
-    return flat_of(m, layout), flat_of(v, layout), steps.pop() if steps else 0
+    return flat_of(m, layout, out=out[0]), flat_of(v, layout, out=out[1]), steps.pop() if steps else 0
 
 
 @dataclass
@@ -122,18 +128,35 @@ class InnerStepLog:
         self.hash_threads = hash_threads or os.cpu_count() or 1  # trees of >= 64 leaves only
         self.rounds: dict[int, _Round] = {}
         self._open: _Round | None = None
+        # model-sized arrays of rounds no longer kept, filled again rather than allocated (a fresh
+        # array kept is faulted in page by page: ~0.1 ms per MB here, every step)
+        self._free: dict[type, list[np.ndarray]] = {np.float32: [], np.uint16: []}
+
+    def _take(self, dtype: type) -> np.ndarray | None:
+        free = self._free[dtype]
+        return free.pop() if free else None
+
+    def _drop(self, round: int) -> None:
+        """Forget the rounds a round ``round`` no longer keeps (and an earlier ``round``); their
+        arrays are reused (only this log's own thread reads them: the trainer's round)."""
+        for r in [r for r in self.rounds if r <= round - self.keep or r == round]:
+            old = self.rounds.pop(r)
+            self._free[np.float32] += old.arrays + [s.grad for s in old.steps if s.grad is not None]
+            self._free[np.uint16] += [old.base_bits] + [s.diff[1] for s in old.steps if s.diff[0] is None]
 
     def begin_round(self, *, round: int, base_hash: bytes, base: Mapping[str, torch.Tensor],
                     learner: GRPOLearner, ef: ErrorFeedback) -> None:
-        m, v, t = adam_state(learner, self.layout)
-        arrays = [m, v, flat_of(ef.e, self.layout)] + ([flat_of(ef.v, self.layout)] if ef.v else [])
+        self._drop(round)
+        f32 = np.float32
+        m, v, t = adam_state(learner, self.layout, (self._take(f32), self._take(f32)))
+        arrays = [m, v, flat_of(ef.e, self.layout, out=self._take(f32))] + (
+            [flat_of(ef.v, self.layout, out=self._take(f32))] if ef.v else [])
         names = STATE_TRAINER if ef.v else STATE_GLOBAL
         tree = MerkleTree.build(arrays, leaf=self.leaf, domain=STATE_DOMAIN, threads=self.hash_threads)
-        bits = bf16_of(base, self.layout)
+        bits = bf16_of(base, self.layout, out=self._take(np.uint16))
         self._open = _Round(round, bytes(base_hash), bits, bf16_state(bits, self.layout, self.shapes), t, names,
                             arrays, tree)
         self.rounds[round] = self._open
-        self.rounds = {r: x for r, x in self.rounds.items() if r > round - self.keep}
 
     @property
     def open_round(self) -> int | None:
@@ -153,15 +176,18 @@ class InnerStepLog:
         ref = BatchRef(producer, int(rollouts[0].version) if rollouts else 0, int(rollouts[0].batch) if rollouts else 0,
                        blake3.blake3(data).digest())
         params = dict(learner.policy.model.named_parameters())
-        now = bf16_of(params, self.layout)
+        now = bf16_of(params, self.layout, out=self._take(np.uint16))
+        weights = bytes.fromhex(flat_state_hash("BF16", self.shapes, now))
         pos = np.flatnonzero(now != self._open.base_bits)
-        diff = (None, now) if 3 * pos.size > now.size else (pos.astype(np.uint32), now[pos])  # 6 B per change, or 2 per weight
+        diff: tuple[np.ndarray | None, np.ndarray] = (None, now)  # 6 B per change, or 2 per weight
+        if 3 * pos.size <= now.size:
+            diff = (pos.astype(np.uint32), now[pos])
+            self._free[np.uint16].append(now)
         grad, tree = None, None
         if grad_norm is not None:
             named = {n: p.grad for n, p in params.items() if p.grad is not None}
-            grad = flat_of(named, self.layout)
+            grad = flat_of(named, self.layout, out=self._take(np.float32))
             tree = MerkleTree.build([grad], leaf=self.leaf, domain=GRAD_DOMAIN, threads=self.hash_threads)
-        weights = bytes.fromhex(flat_state_hash("BF16", self.shapes, now))
         self._open.steps.append(_Step(ref, data, weights, diff, grad, tree,
                                       float(grad_norm or 0.0)))
 
