@@ -1,7 +1,7 @@
 """No run, and no restarted node, takes a signed statement of an earlier run as its own (issue 33).
 
 ``pulse-node swarm`` run twice in one directory: the second run keeps the trainers' keys, the run
-id and the genesis state (the seeded model; with the README's default, the cached warm start), so
+id and the genesis state (the seeded model: here the tests' tiny one, with its cached warm start), so
 whatever the first run signed for a round is well signed in the second. Its rollouts differ (here
 by another sampling temperature; with inference nodes, by timing), so its payloads do too: a
 decision of the first run names payloads nobody has. Then one trainer started
@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import wait_for
+from helpers import tiny_overrides, wait_for
 
 from pulse_node.chain.layout import store_path
 from pulse_node.config import SwarmConfig
@@ -32,7 +32,10 @@ pytestmark = pytest.mark.slow
 
 #: short rounds; the default model, warm-started from the session's cache (an untrained one earns no
 #: reward, so its payloads are empty and alike in every run: nothing to tell the runs apart)
-SETTINGS = {"loco.inner_steps": 1, "loco.deadline_s": 20, "eval_every": 0, "rollout_wait_s": 0}
+#: the tests' tiny model and batches (``helpers.tiny_overrides``): the story needs runs, not a big model
+TINY = {"model.d_model": 32, "model.n_layers": 2, "model.n_heads": 2, "task.digits": 2,
+        "sampling.prompts_per_batch": 4, "sampling.group_size": 4, "sampling.max_new_tokens": 6}
+SETTINGS = {"loco.inner_steps": 1, "loco.deadline_s": 20, "eval_every": 0, "rollout_wait_s": 0, **TINY}
 
 
 def _report(data_dir: Path) -> dict:
@@ -80,8 +83,8 @@ def _swarm_twice(run_dir: Path, cache: Path) -> None:
 def _restart_alone(run_dir: Path, cache: Path) -> None:
     """trainer-0 again on its directory: with its store it goes on from its head in the same epoch;
     killed, its store lost, it starts a new epoch alone and every round still has an update."""
-    cfg = SwarmConfig.model_validate({"trainers": 1, "inference": 0, "run_dir": str(run_dir), "fresh": False,
-                                      "model": {"cache_dir": str(cache)}, "loco": {"inner_steps": 1, "deadline_s": 20},
+    cfg = SwarmConfig.model_validate({**tiny_overrides(cache), "trainers": 1, "inference": 0, "run_dir": str(run_dir),
+                                      "fresh": False, "loco": {"inner_steps": 1, "deadline_s": 20},
                                       "eval_every": 0, "rollout_wait_s": 0})
     swarm = LocalSwarm(cfg, log=lambda m: None)
     try:
