@@ -192,6 +192,11 @@ def test_a_flood_of_fresh_keys_crowds_out_no_earned_trainer_and_members_hold_the
     _announce(hub, late)
     commit_to(a, late, peer_id(late), _payload(peer_id(late)), round=ROUND, base=BASE)
     assert set(a.commits.round(ROUND)) == held_a | {peer_id(me)}
+    a.table.open = None  # closed here and decided: still nobody displaced
+    a.table.decisions[ROUND] = make_decision(me, run_id=DEFAULT_RUN_ID, round=ROUND, base=BASE, epoch=EPOCH,
+                                             coordinator=peer_id(me), contributors={peer_id(me): b"\x03" * 32})
+    commit_to(a, late, peer_id(late), _payload(peer_id(late)), round=ROUND, base=BASE)
+    assert set(a.commits.round(ROUND)) == held_a | {peer_id(me)}
     a.ctx.store.close()
 
 

@@ -231,3 +231,22 @@ def _hold_inner(ag: RoundAgreement, k: Identity, r: int) -> None:
     c = make_commit(k, run_id=DEFAULT_RUN_ID, epoch=EPOCH, round=r, base=BASE, trainer=tid, payload=BASE,
                     spot=encode_commitment(inner))
     ag.commits.held.setdefault(r, {})[tid] = HeldCommit(encode_commit(c), c, time.monotonic())
+
+
+def test_evidence_the_recheck_queue_cannot_take_is_inconclusive_and_never_waited_for(tmp_path):
+    """A decision convicting by evidence we have not re-checked waits for our re-check; evidence our
+    re-check queue is too full to take is judged inconclusive at once (the coordinator's word is
+    taken, as for a round we do not hold), so no decision waits on a re-check that never comes."""
+    _, m, t = keys = [Identity.generate() for _ in range(3)]
+    mid, tid = peer_id(m), peer_id(t)
+    _, ag, spot = _world(tmp_path, keys)
+    spot.drawn[ROUND - 2] = (set(), {(tid, mid)})
+    spot.bases[ROUND - 2] = (SimpleNamespace(version=0, bf16=None), {})  # we hold the round
+    spot.worker = SimpleNamespace(recheck=lambda *args, **kw: False, close=lambda: None)  # its queue is full
+    a = sign_accusation(m, Accusation(run_id=DEFAULT_RUN_ID, round=ROUND - 2, target=tid, accuser=mid, signer="",
+                                      step=1, leaves=(0,), reason="gradient", keep=1.0, commitment=b"c",
+                                      next_commitment=b"", exhibits=()))
+    data = encode_evidence(make_evidence(a, {}))
+    spot.offer_evidence(mid, data)
+    assert spot.culprit(VERDICTS.decode(_failed(m, tid, blake3.blake3(data).digest()))) == "", "waits for a re-check never queued"
+    ag.ctx.store.close()

@@ -121,13 +121,13 @@ class CommitIntake:
         """Whether open trainer ``trainer``'s commitment of round ``r`` may be held: one is held
         already (a second is judged by ``_keep``), there is room, or it ranks before the worst
         held (which is dropped for it; module docstring) and the round's commit phase is not over
-        here (a late one never displaces one held in time)."""
+        here, nor the round decided (a late one never displaces one held in time)."""
         held, pending = self.held.get(r, {}), self.pending.get(r, {})
         opens = [t for t in (*held, *pending) if not self.peers.is_member(t)]
         if trainer in opens or len(opens) < MAX_OPEN:
             return True
         o = self.table.open
-        if o is not None and o.round == r and time.monotonic() > o.commit_close:
+        if r in self.table.decisions or (o is not None and o.round == r and time.monotonic() > o.commit_close):
             return False
         ledger = self.ledger()
         worst = max(opens, key=lambda t: open_priority(ledger, t))

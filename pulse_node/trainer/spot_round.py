@@ -289,7 +289,8 @@ class SpotRounds:
             self.judged[digest] = RecheckResult(Recheck.INCONCLUSIVE, "", "this trainer does not hold the round")
             return
         base, states = held
-        self._worker().recheck(digest, ev, base, key_of=self.peers.key_of, state_of=_state_of(base, states))
+        if not self._worker().recheck(digest, ev, base, key_of=self.peers.key_of, state_of=_state_of(base, states)):
+            self._judge(digest, RecheckResult(Recheck.INCONCLUSIVE, "", "the re-check queue is full"))  # never waited for
 
     # ---- the loop -----------------------------------------------------------------------
     def tick(self) -> None:
