@@ -223,10 +223,8 @@ def test_the_engine_records_its_inner_steps_for_a_check(world: World, node_cfg) 
     engine = LocalEngine(cfg)
     engine.inner_log = InnerStepLog(engine.shapes, leaf=LEAF)
     engine.begin_inner_log(round=0, base_hash=engine.outer.state_hash())
-    pushed = [encode_rollouts(rollouts) for _, rollouts in world.batches["infer-a"]]  # the bytes verified on intake
-    for (producer, rollouts), data in zip(world.batches["infer-a"], pushed):
-        engine.step(rollouts, current_version=0, producer=producer, data=data)
-    assert all(engine.inner_log.batch_bytes(0, k)[0] is data for k, data in enumerate(pushed))  # not re-encoded
+    for producer, rollouts in world.batches["infer-a"]:
+        engine.step(rollouts, current_version=0, producer=producer)
     payload = engine.make_payload(round=0, trainer_id=world.ids["a"], base_hash=engine.outer.state_hash())
     data = encode_payload(payload, base=None)
     c = engine.inner_log.commitment(world.keys["a"], run_id=RUN, trainer=world.ids["a"],

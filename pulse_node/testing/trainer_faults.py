@@ -24,14 +24,12 @@ def flip_advantages(engine: Engine, *, log: logging.Logger) -> None:
     log.warning("TESTING ONLY: faults.advantage_flip is on: this trainer trains on inverted advantages")
     local = engine
 
-    def step(rollouts: list[Rollout], *, current_version: int, producer: str = "",
-             data: bytes | None = None) -> dict[str, float]:
+    def step(rollouts: list[Rollout], *, current_version: int, producer: str = "") -> dict[str, float]:
         flipped = [dataclasses.replace(r, reward=1.0 - r.reward) for r in rollouts]
         if local.inner_log is None:
             return local.learner.step(flipped, current_version=current_version)
         stats, norm = local.learner.gradient(flipped, current_version=current_version)
-        local.inner_log.record(local.learner, rollouts, producer=producer, grad_norm=norm,
-                               data=data)  # commits the verified ones
+        local.inner_log.record(local.learner, rollouts, producer=producer, grad_norm=norm)  # commits the verified ones
         return local.learner.apply(stats, norm)
 
     engine.step = step  # type: ignore[method-assign]

@@ -305,9 +305,8 @@ class DistributedEngine:
             self._worker = RolloutWorker(policy, self.cfg.sampling, compute=self.cfg.verify.compute)
         return self._worker
 
-    def step(self, rollouts: list[Rollout], *, current_version: int, producer: str = "",
-             data: bytes | None = None) -> dict[str, float]:
-        # producer, data: recorded only by LocalEngine.inner_log (spot checks do not cover sharded trainers yet)
+    def step(self, rollouts: list[Rollout], *, current_version: int, producer: str = "") -> dict[str, float]:
+        # producer: recorded only by LocalEngine.inner_log (spot checks do not cover sharded trainers yet)
         stats, batch, adv = self.work.learner.plan(rollouts, current_version=current_version)
         if not batch:
             return stats

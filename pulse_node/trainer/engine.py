@@ -50,8 +50,7 @@ class Engine(Protocol):
     @property
     def worker(self) -> RolloutWorker: ...
 
-    def step(self, rollouts: list[Rollout], *, current_version: int, producer: str = "",
-             data: bytes | None = None) -> dict[str, float]: ...
+    def step(self, rollouts: list[Rollout], *, current_version: int, producer: str = "") -> dict[str, float]: ...
 
     def make_payload(self, *, round: int, trainer_id: str, base_hash: bytes) -> LocoPayload: ...
 
@@ -91,15 +90,13 @@ class LocalEngine:
     def worker(self) -> RolloutWorker:
         return self._worker
 
-    def step(self, rollouts: list[Rollout], *, current_version: int, producer: str = "",
-             data: bytes | None = None) -> dict[str, float]:
-        """One GRPO step; with ``inner_log`` its batch (made by ``producer``; ``data``: its bytes as
-        verified, None for one made here), weights and clipped gradient are recorded between the
-        backward and the AdamW step."""
+    def step(self, rollouts: list[Rollout], *, current_version: int, producer: str = "") -> dict[str, float]:
+        """One GRPO step; with ``inner_log`` its batch (made by ``producer``), weights and clipped
+        gradient are recorded between the backward and the AdamW step."""
         if self.inner_log is None:
             return self.learner.step(rollouts, current_version=current_version)
         stats, norm = self.learner.gradient(rollouts, current_version=current_version)
-        self.inner_log.record(self.learner, rollouts, producer=producer, grad_norm=norm, data=data)
+        self.inner_log.record(self.learner, rollouts, producer=producer, grad_norm=norm)
         return self.learner.apply(stats, norm)
 
     def begin_inner_log(self, *, round: int, base_hash: bytes) -> None:

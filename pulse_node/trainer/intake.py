@@ -180,7 +180,6 @@ class RolloutFeed:
         self.intake = RolloutIntake(cfg, book=book)
         self.states: dict[int, State] = {}
         self.sender = ""  # who made the batch ``next_batch`` returned last
-        self.data = b""  # and its bytes, as verified (what a spot-check commitment names)
 
     def keep_state(self, version: int, state: State) -> None:
         self.states[version] = state
@@ -218,7 +217,7 @@ class RolloutFeed:
                     self.status.error(f"rollout batch from {sender[:12]} refused: {verdict.reason} ({verdict.detail})")
             self.status.update(rollout_senders=self.intake.tallies())
             if verdict.ok:
-                self.sender, self.data = sender, data
+                self.sender = sender
                 return verdict.rollouts
         return None
 

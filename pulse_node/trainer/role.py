@@ -309,8 +309,8 @@ class TrainerRole:
             if step and not member and self.agreement.closed_elsewhere(self.outer.round):
                 break
             try:
-                batch, producer, data = self._next_batch()
-                metrics = self.engine.step(batch, current_version=self.version, producer=producer, data=data)
+                batch, producer = self._next_batch()
+                metrics = self.engine.step(batch, current_version=self.version, producer=producer)
             except PulseError as exc:  # a malformed batch from a peer: drop it, keep training
                 with self.ctx.status.node() as counters:
                     counters.rejected += 1
@@ -460,17 +460,16 @@ class TrainerRole:
                               "spot_answer": self.spot.offer_answer, "spot_verdict": self.spot.offer_verdict,
                               "spot_evidence": self.spot.offer_evidence}, wait_s=wait_s)
 
-    def _next_batch(self) -> tuple[list[Rollout], str, bytes | None]:
-        """A verified batch of peer rollouts, or our own after ``rollout_wait_s``; who made it and
-        the bytes verified (None for our own)."""
+    def _next_batch(self) -> tuple[list[Rollout], str]:
+        """A verified batch of peer rollouts, or our own after ``rollout_wait_s``; and who made it."""
         deadline = time.monotonic() + self.cfg.rollout_wait_s
         while True:
             self._drain_events()
             batch = self.feed.next_batch(self.version)
             if batch is not None:
-                return batch, self.feed.sender, self.feed.data
+                return batch, self.feed.sender
             if time.monotonic() >= deadline or not self.ctx.peers("inference"):
-                return self._own_batch(), self.ctx.transport.peer_id, None
+                return self._own_batch(), self.ctx.transport.peer_id
             self._drain_events(wait_s=0.05)
 
     def _own_batch(self) -> list[Rollout]:

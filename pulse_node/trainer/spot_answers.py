@@ -66,9 +66,8 @@ from pulse_node.trainer.round_peers import RoundPeers
 
 MAX_RECEIPTS = 256  # receipts held (the last VERDICT_WINDOW rounds)
 RETRY_S = 2.0  # a peer that did not serve an answer is asked again this long after
-#: one of a step's rollout batches in an answer: a pushed batch (its push cap), committed as it was
-#: received, with the room one made here and encoded would need (``encode_rollouts``: a float32
-#: reward becomes 8 bytes; wire 2 gains its precision)
+#: one of a step's rollout batches in an answer: a pushed batch (its push cap) as its trainer
+#: re-encoded it (``encode_rollouts``: a float32 reward becomes 8 bytes; wire 2 gains its precision)
 BATCH_BYTES = PUSH_CAPS["rollouts"] + 4 * MAX_ROLLOUTS + 64
 
 

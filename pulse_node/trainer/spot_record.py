@@ -163,16 +163,15 @@ class InnerStepLog:
         """The round being recorded (None before the first ``begin_round``)."""
         return self._open.round if self._open is not None else None
 
-    def record(self, learner: GRPOLearner, rollouts: list[Rollout], *, producer: str, grad_norm: float | None,
-               data: bytes | None = None) -> None:
+    def record(self, learner: GRPOLearner, rollouts: list[Rollout], *, producer: str, grad_norm: float | None) -> None:
         """One step: its batch, the BF16 weights its forward ran on, its clipped gradient (if it steps).
 
-        ``data``: the batch's bytes as verified on intake (``rollouts`` are what verifying them
-        gave); committed as they are, since a verifier re-verifies whatever bytes are named and gets
-        the same rollouts. None (a batch made here): ``rollouts`` encoded."""
+        The batch committed is ``rollouts`` as verifying them gave (rewards and log-probs this
+        trainer recomputed), encoded: not the producer's bytes, whose claims a verifier elsewhere
+        would judge again near its tolerance (bench/RESULTS.md "cut again")."""
         if self._open is None:
             raise RuntimeError("record() before begin_round()")
-        data = encode_rollouts(rollouts) if data is None else data
+        data = encode_rollouts(rollouts)
         ref = BatchRef(producer, int(rollouts[0].version) if rollouts else 0, int(rollouts[0].batch) if rollouts else 0,
                        blake3.blake3(data).digest())
         params = dict(learner.policy.model.named_parameters())

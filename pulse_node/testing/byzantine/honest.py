@@ -80,14 +80,13 @@ class InnerTrainer:
         rewards = []
         for _ in range(self.world.cfg.loco.inner_steps):
             verified = self.world.batch(self.trainer_id, self.batches, seed=self.seed)
-            data = encode_rollouts(verified)  # the bytes its producer pushes (inference nodes' work)
             self.batches += 1
             if self.verify_batches:
-                self._verify(data, version)
+                self._verify(encode_rollouts(verified), version)
             rewards.append(sum(r.reward for r in verified) / max(1, len(verified)))
             batch = [dataclasses.replace(r, reward=1.0 - r.reward) for r in verified] if self.invert_rewards \
                 else verified
-            self._step(batch, verified, version, data)
+            self._step(batch, verified, version)
         self.reward = sum(rewards) / len(rewards)
 
     def _verify(self, data: bytes, version: int) -> None:
@@ -103,12 +102,12 @@ class InnerTrainer:
         self.verify_s += time.process_time() - t0
         self.refused += 0 if v.ok else 1
 
-    def _step(self, batch: list[Rollout], verified: list[Rollout], version: int, data: bytes) -> None:
+    def _step(self, batch: list[Rollout], verified: list[Rollout], version: int) -> None:
         t0 = time.process_time()
         stats, norm = self.learner.gradient(batch, current_version=version)
         t1 = time.process_time()
         if self.log is not None:  # the verified batch is what it commits to, whatever it trained on
-            self.log.record(self.learner, verified, producer=self.trainer_id, grad_norm=norm, data=data)
+            self.log.record(self.learner, verified, producer=self.trainer_id, grad_norm=norm)
         t2 = time.process_time()
         self.learner.apply(stats, norm)
         self.seconds += (t1 - t0) + (time.process_time() - t2)
