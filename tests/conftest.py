@@ -2,7 +2,8 @@
 
 Lanes: ``python -m pytest -m "not slow"`` is the day-to-day lane (well under 2 minutes alone);
 tests marked ``slow`` (separate processes, docker-like swarms, in-process swarms of training
-nodes, anything over ~5 s) run in CI's full ``python -m pytest``.
+nodes, anything over ~5 s) run in CI's full ``python -m pytest -n 2 --dist loadfile`` (two
+pytest-xdist workers taking whole files, longest first: ``pytest_collection_modifyitems``).
 """
 
 from __future__ import annotations

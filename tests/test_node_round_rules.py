@@ -184,6 +184,22 @@ def _drawn(spot: SpotRounds, r: int, pairs: set[tuple[str, str]], inners: dict[s
     spot.caps |= {(r, t): spot._cap(inners[t], step=1) for t, _ in pairs}
 
 
+def _publish(theirs: RoundAgreement, spot: SpotRounds, ag: RoundAgreement, tid: str, batches: list[bytes]) -> SpotAnswer:
+    """``theirs`` (target ``tid``) publishes a round ``ROUND - 1`` answer of ``batches``; returns it
+    once our ``spot`` (of agreement ``ag``) holds its receipt."""
+    answer = SpotAnswer(ROUND - 1, tid, 1, RoundOpening(ROUND - 1, tid, (3,), ((b"\x00" * 16, (b"\x01" * 32,)),)),
+                        batches, None)
+    Answers(theirs.ctx, peers=theirs.peers, current_round=lambda: ROUND, epoch=lambda: EPOCH,
+            cap=spot.answer_cap).publish(answer)
+
+    def receipt_here() -> bool:
+        ag.ctx.take_events({"spot_answer": spot.offer_answer}, wait_s=0.2)
+        return (ROUND - 1, tid) in spot.answers.held
+
+    wait_for(receipt_here, timeout=60, what="t's answer receipt")
+    return answer
+
+
 def test_a_published_answer_past_the_push_cap_is_fetched_and_no_answer_of_it_is_refused(tmp_path):
     """Members {v (us), t, l, n}. t publishes its answer of round 2, 49 MiB (past the 48 MiB a push
     carried; four batches of its step, within its commitment's bound): its signed receipt reaches us, we fetch the answer by digest from t, capped by the
@@ -205,16 +221,7 @@ def test_a_published_answer_past_the_push_cap_is_fetched_and_no_answer_of_it_is_
                                                                       node_key=k.public_key_hex))
     big = [bytes([i]) * (49 << 18) for i in range(4)]
     assert sum(map(len, big)) > PUSH_CAPS["loco"]
-    answer = SpotAnswer(ROUND - 1, tid, 1, RoundOpening(ROUND - 1, tid, (3,), ((b"\x00" * 16, (b"\x01" * 32,)),)),
-                        big, None)
-    Answers(theirs.ctx, peers=theirs.peers, current_round=lambda: ROUND, epoch=lambda: EPOCH,
-            cap=spot.answer_cap).publish(answer)
-
-    def receipt_here() -> bool:
-        ag.ctx.take_events({"spot_answer": spot.offer_answer}, wait_s=0.2)
-        return (ROUND - 1, tid) in spot.answers.held
-
-    wait_for(receipt_here, timeout=60, what="t's answer receipt")
+    answer = _publish(theirs, spot, ag, tid, big)
     forged = make_receipt(lie, run_id=DEFAULT_RUN_ID, epoch=EPOCH, data=b"x",
                           answer=SpotAnswer(ROUND - 1, nid, 1, answer.opening, [], None))
     with pytest.raises(IntegrityError, match="signature|signed"):  # only n's own key says n answered
@@ -427,16 +434,7 @@ def test_a_stalled_answer_server_never_holds_the_trainer_loop_back(tmp_path):
     theirs = _agreement(tmp_path, hub, t, keys, verdicts=[])
     serve = hub.resolvers[tid]
     hub.resolvers[tid] = lambda request: (release.wait(5.0), serve(request))[1]
-    answer = SpotAnswer(ROUND - 1, tid, 1, RoundOpening(ROUND - 1, tid, (3,), ((b"\x00" * 16, (b"\x01" * 32,)),)),
-                        [b"batch"], None)
-    Answers(theirs.ctx, peers=theirs.peers, current_round=lambda: ROUND, epoch=lambda: EPOCH,
-            cap=spot.answer_cap).publish(answer)
-
-    def receipt_here() -> bool:
-        ag.ctx.take_events({"spot_answer": spot.offer_answer}, wait_s=0.2)
-        return (ROUND - 1, tid) in spot.answers.held
-
-    wait_for(receipt_here, timeout=60, what="t's answer receipt")
+    _publish(theirs, spot, ag, tid, [b"batch"])
     t0 = time.monotonic()
     spot.answers.pull(wait_s=60)
     early = spot.answers.fetch(ROUND - 1, tid, until=time.monotonic() + 60)
