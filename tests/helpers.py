@@ -36,13 +36,11 @@ def session_dir(tmp_path_factory: pytest.TempPathFactory, name: str) -> Path:
 
 @contextmanager
 def locked(directory: Path) -> Iterator[None]:
-    """Hold an exclusive lock on ``directory`` (another worker building into it waits)."""
+    """Hold an exclusive lock on ``directory`` (another worker building into it waits); closing
+    the file releases it."""
     with open(directory / ".lock", "w") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+        yield
 
 
 def wait_for(predicate: Callable[[], T], *, timeout: float, what: str | Callable[[], str],
