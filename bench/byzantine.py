@@ -98,10 +98,12 @@ def _init(overrides: list[str], trace: bool = False) -> None:
     import torch
 
     from pulse_node.codec.warmup import warm_up
+    from pulse_node.loco import clip_kernel
     from pulse_node.testing.byzantine.world import World
 
     torch.set_num_threads(1)
     warm_up()  # the codec's compiled kernels (spot checks patch weights): once per process, before any timing
+    clip_kernel.warm()  # the robust rule's, likewise
     global _WORLD, _TRACE  # a pool worker's world, built once by its initializer
     _WORLD, _TRACE = World(_config(overrides)), trace
 
