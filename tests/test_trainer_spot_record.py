@@ -96,20 +96,22 @@ class Recorder:
             r.reward = float(i % 2)  # a gradient in every group
         return rs
 
-    def step(self, rollouts: list[Rollout], *, stepped: bool = True) -> tuple[bytes, bytes, np.ndarray | None]:
-        """One recorded step; the batch digest, weights hash and gradient computed the plain way."""
+    def step(self, rollouts: list[Rollout], *, stepped: bool = True
+             ) -> tuple[bytes, bytes, np.ndarray, np.ndarray | None]:
+        """One recorded step; the batch digest, weights hash, BF16 bits and gradient computed the plain way."""
         stats, norm = self.learner.gradient(rollouts, current_version=0)
         named = dict(self.policy.model.named_parameters())
-        weights = bytes.fromhex(state_hash(module_state(named.items())))
+        state = module_state(named.items())
+        weights, bits = bytes.fromhex(state_hash(state)), np.concatenate([state[n].bits for n in self.names])
         grad = reference_flat([named[n].grad for n in self.names], self.log.layout.sizes) if stepped else None
         self.log.record(self.learner, rollouts, producer="peer", grad_norm=norm if stepped else None)
         self.learner.apply(stats, norm)
-        return blake3.blake3(reference_encode(rollouts)).digest(), weights, grad
+        return blake3.blake3(reference_encode(rollouts)).digest(), weights, bits, grad
 
 
 @pytest.mark.parametrize(("leaf", "threads"), [(256, 1), (16, 2)])  # one call per leaf; threads over >= 64 leaves
 def test_recorded_steps_commit_the_plainly_computed_bytes(tmp_path, leaf: int, threads: int) -> None:
-    rec = Recorder(tmp_path, leaf=leaf, threads=threads)
+    rec, dense = Recorder(tmp_path, leaf=leaf, threads=threads), set()
     for r in range(2):
         params = [p for n, p in sorted(rec.policy.model.named_parameters())]
         rec.log.begin_round(round=r, base_hash=bytes(32), base=rec.base, learner=rec.learner, ef=rec.ef)
@@ -122,14 +124,21 @@ def test_recorded_steps_commit_the_plainly_computed_bytes(tmp_path, leaf: int, t
         base_bits = {n: t.bits for n, t in module_state(rec.base.items()).items()}
         assert np.array_equal(opened.base_bits, np.concatenate([base_bits[n] for n in rec.names]))
         for k in range(3):
-            digest, weights, grad = rec.step(rec.batch(3 * r + k), stepped=k != 1)
+            digest, weights, bits, grad = rec.step(rec.batch(3 * r + k), stepped=k != 1)
             s = opened.steps[k]
             assert (s.batch.digest, s.weights) == (digest, weights)
+            pos, changed = s.diff  # kept as the changes from the base (sparse) or whole (dense)
+            assert (pos is None) == (3 * int((bits != opened.base_bits).sum()) > bits.size)
+            kept = changed if pos is None else opened.base_bits.copy()
+            kept[pos if pos is not None else slice(None)] = changed
+            assert np.array_equal(kept, bits)
+            dense.add(pos is None)
             if grad is None:
                 assert s.grad is None and s.tree is None
             else:
                 assert s.grad is not None and s.tree is not None and np.array_equal(s.grad, grad)
                 assert_root_commits_to(s.tree, [grad], domain=GRAD_DOMAIN, leaf=leaf)
+    assert dense == {True, False}  # (round 0 starts at the base: its first step changes nothing)
 
 
 def test_replaced_parameters_and_modules_are_found_again(tmp_path) -> None:

@@ -245,9 +245,10 @@ class InnerStepLog:
         params = self._params.of(learner.policy.model)
         now = bf16_of(params, self.layout, out=self._take(np.uint16), scratch=self._scratch)
         weights = bytes.fromhex(flat_state_hash("BF16", self.shapes, now))
-        pos = np.flatnonzero(np.not_equal(now, self._open.base_bits, out=self._differs))
+        differs = np.not_equal(now, self._open.base_bits, out=self._differs)
         diff: tuple[np.ndarray | None, np.ndarray] = (None, now)  # 6 B per change, or 2 per weight
-        if 3 * pos.size <= now.size:
+        if 3 * np.count_nonzero(differs) <= now.size:  # (counted first: most steps differ densely)
+            pos = np.flatnonzero(differs)
             diff = (pos.astype(np.uint32), now[pos])
             self._free[np.uint16].append(now)
         grad, tree = None, None
