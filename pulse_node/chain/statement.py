@@ -30,7 +30,7 @@ from __future__ import annotations
 import typing
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import fields, is_dataclass, replace
-from functools import cache, partial
+from functools import partial
 from typing import TYPE_CHECKING, Annotated, Generic, TypeVar, cast
 
 import msgpack
@@ -197,11 +197,17 @@ class Statement(Generic[S]):
 
 
 # ---- the declared fields as positional wire types, and back ---------------------------------------
-@cache
+_FIELD_NAMES: dict[type, tuple[str, ...] | None] = {}
+
+
 def _field_names(kind: type) -> tuple[str, ...] | None:
     """The field names of a dataclass type, in order (None for any other type): looked up once
     per type, not on every value of every statement signed, encoded or checked."""
-    return tuple(f.name for f in fields(kind)) if is_dataclass(kind) else None
+    try:
+        return _FIELD_NAMES[kind]
+    except KeyError:
+        names = _FIELD_NAMES[kind] = tuple(f.name for f in fields(kind)) if is_dataclass(kind) else None
+        return names
 
 
 def _wire(value: object) -> object:
