@@ -156,6 +156,7 @@ class LocoRefusal(Reason):
     UNCOMMITTED = "uncommitted"  # a payload (or a commitment) that does not match the sender's commitment
     BAD_COMMITMENT = "bad_commitment"
     EQUIVOCATION = "equivocation"  # a second, different commitment of one key for one round of one chain
+    SPOT_TERMS = "spot_terms"  # spot checks on: no inner-step commitment, or one for another model, steps or settings
 
 
 class DecisionRefusal(Reason):

@@ -133,13 +133,38 @@ def tiny_solo(cache_dir: Path, **grpo: object) -> SoloConfig:
 
 def commit_to(agreement, identity, sender: str, data: bytes, *, round: int, base: bytes) -> None:
     """Hand ``agreement`` the round commitment ``sender`` (key ``identity``) signs for the payload
-    ``data`` (commit-reveal: a payload counts only once its commitment is held)."""
+    ``data`` (commit-reveal: a payload counts only once its commitment is held); carrying an inner
+    commitment on the agreement's terms (``inner_commitment``) if its swarm runs spot checks."""
     from pulse_node.loco.decision import payload_digest
     from pulse_node.loco.roundcommit import encode_commit, make_commit
 
-    c = make_commit(identity, run_id=agreement.ctx.cfg.run_id, epoch=agreement.table.epoch(), round=round, base=base,
-                    trainer=sender, payload=payload_digest(data))
+    run_id, digest, terms = agreement.ctx.cfg.run_id, payload_digest(data), agreement.commits
+    spot = inner_commitment(identity, sender, run_id=run_id, round=round, base=base, payload=digest, params=terms.params,
+                            settings=terms.settings()) if terms.checked else b""
+    c = make_commit(identity, run_id=run_id, epoch=agreement.table.epoch(), round=round, base=base, trainer=sender,
+                    payload=digest, spot=spot)
     agreement.offer_commit(sender, encode_commit(c))
+
+
+def inner_commitment(identity, trainer: str, *, run_id: str, round: int, base: bytes, payload: bytes, params: int,
+                     settings: bytes | None = None, steps: int = 1) -> bytes:
+    """``trainer``'s encoded inner commitment (key ``identity``) of ``steps`` steps of round
+    ``round`` over ``params`` weights, behind the payload of digest ``payload``: what a commitment
+    must carry in a swarm that runs spot checks (its roots are placeholders: nothing re-runs it)."""
+    from pulse_node.loco.commit import (
+        STATE_GLOBAL,
+        BatchRef,
+        InnerCommitment,
+        StepCommit,
+        encode_commitment,
+        sign_commitment,
+    )
+
+    step = StepCommit((BatchRef(trainer, round, 0, base),), base, base, 0.5)
+    inner = InnerCommitment(run_id=run_id, round=round, trainer=trainer, signer="", base=base, payload=payload,
+                            settings=settings or bytes(32), params=params, leaf=256, adam_step=0, state=STATE_GLOBAL,
+                            state_root=base, steps=(step,) * steps)
+    return encode_commitment(sign_commitment(identity, inner))
 
 
 def hub_agreement(tmp_path: Path, hub, me, settings: dict, *, round: int, epoch: bytes, base: tuple[bytes, dict],

@@ -11,6 +11,7 @@ within a round it committed to sends its earlier commitment again rather than si
 from __future__ import annotations
 
 import pytest
+from helpers import inner_commitment
 from test_node_open_trainers import BASE, EPOCH, ROUND, _agreement, _announce, _payload
 
 from pulse_node.chain.evidence import MAX_EVIDENCE_BYTES, decode_evidence
@@ -29,9 +30,12 @@ from pulse_node.vocab import DEFAULT_RUN_ID
 
 
 def _commit(ident: Identity, value: float, *, epoch: bytes = EPOCH, base: bytes = BASE) -> bytes:
+    """``ident``'s commitment to its payload of ``value`` (with an inner commitment: checks are on)."""
     pid = peer_id(ident)
+    digest = payload_digest(_payload(pid, value))
+    spot = inner_commitment(ident, pid, run_id=DEFAULT_RUN_ID, round=ROUND, base=base, payload=digest, params=64)
     return encode_commit(make_commit(ident, run_id=DEFAULT_RUN_ID, epoch=epoch, round=ROUND, base=base, trainer=pid,
-                                     payload=payload_digest(_payload(pid, value))))
+                                     payload=digest, spot=spot))
 
 
 @pytest.mark.parametrize("who", ["member", "open trainer"])

@@ -12,7 +12,9 @@ Before anything starts, ``trust_gate`` checks the trainer set (``peers/trainerse
 whose bootstrap is not on this machine refuses to start without trainer keys (anyone could then
 sign the versions it applies) unless ``--open-swarm-trust-anyone`` (``chain.open_swarm``) says
 so, which prints a warning banner; a trainer whose own key is neither configured nor admitted
-refuses too (every node would ignore its versions).
+refuses too (every node would ignore its versions). So does a trainer that cannot record its
+inner steps in a swarm that runs spot checks (``config.recording_problem``: every trainer would
+refuse its commitments).
 """
 
 from __future__ import annotations
@@ -78,12 +80,14 @@ def run(args: argparse.Namespace) -> int:
 
         print(dump_toml(cfg), end="")
         return 0
+    from pulse_node.config import TrainerConfig, recording_problem
+    from pulse_node.errors import ConfigError
     from pulse_node.trainer import world_size
 
+    if isinstance(cfg, TrainerConfig) and (problem := recording_problem(cfg, ranks=world_size())) is not None:
+        raise ConfigError(problem)  # every rank, before anything starts (trainer/role.py checks it too)
     if world_size() > 1:
         if cfg.role != "trainer":
-            from pulse_node.errors import ConfigError
-
             raise ConfigError(f"only a trainer runs on several processes (WORLD_SIZE={world_size()}); "
                               f"start an {cfg.role} node without torchrun")
         if int(os.environ.get("RANK", "0")) > 0:

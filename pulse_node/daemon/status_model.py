@@ -90,7 +90,7 @@ class TrainerCounters(_Section):
     decision_conflicts: int = Field(0, ge=0, description="second, differing decisions for a round")
     loco_refused: dict[LocoRefusal, int] = Field(default_factory=dict, description="PULSELoCo payloads refused, by reason "
                                          "(not_member, out_of_bound, too_large, malformed, too_far_ahead, "
-                                         "duplicate, banned, uncommitted, bad_commitment)")
+                                         "duplicate, banned, uncommitted, bad_commitment, equivocation, spot_terms)")
     commits_held: int = Field(0, ge=0, description="round commitments of other trainers held (checked) this run")
     spot_drawn: int = Field(0, ge=0, description="spot checks drawn in the rounds this trainer applied (trainer/spot_round.py)")
     spot_passed: int = Field(0, ge=0, description="spot checks this trainer ran as the verifier that passed")

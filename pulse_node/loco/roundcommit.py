@@ -9,9 +9,10 @@ names the run, the epoch (the genesis chain hash of the chain the round extends)
 its base (the outer state hash), so one of another life of the swarm, another round or another
 state means nothing here.
 
-``check_commit`` is what a receiver checks before keeping one (signature by the key the
-trainer's peer id encodes; run, epoch, round, base; the inner commitment's header: this run,
-round, base, payload, model size, steps, and our inner-step settings). Two different commitments
+``check_commit`` is what a receiver checks before keeping one: ``check_signed`` (signature by the
+key the trainer's peer id encodes; run, epoch, round, base; the inner commitment's signature)
+and ``check_terms`` (with spot checks on, an inner commitment must be there; its header: this
+run, round, base, payload, model size, steps, and our inner-step settings). Two different commitments
 one key signed for one (epoch, round, base) are equivocation evidence (``commits_conflict``).
 
 Wire format (``ROUNDCOMMIT_FORMAT`` 1): the signed-statement envelope (``chain/statement.py``).
@@ -94,8 +95,18 @@ class Expect:
 
 
 def check_commit(c: RoundCommit, *, key: str, expect: Expect) -> InnerCommitment | None:
-    """``IntegrityError`` unless ``c`` is ``key``'s valid commitment for the round ``expect`` names;
-    its inner commitment (None if it carries none)."""
+    """``IntegrityError`` unless ``c`` is ``key``'s valid commitment for the round ``expect`` names
+    (``check_signed``) on ``expect``'s terms (``check_terms``); its inner commitment (None if it
+    carries none)."""
+    inner = check_signed(c, key=key, expect=expect)
+    check_terms(c, inner, expect=expect)
+    return inner
+
+
+def check_signed(c: RoundCommit, *, key: str, expect: Expect) -> InnerCommitment | None:
+    """``IntegrityError`` unless ``c`` is ``key``'s validly signed commitment for the round ``expect``
+    names, and its inner commitment (if any) ``key``'s for the same trainer: what fails here was
+    forged or damaged. Its inner commitment (None if it carries none)."""
     COMMITS.verify(c, signer_key=key, tag=f"round {c.round} commitment of {c.trainer[:12]}")
     if (c.run_id, c.epoch, c.round) != (expect.run_id, expect.epoch, expect.round):
         raise IntegrityError(f"commitment of {c.trainer[:12]} is for {c.run_id} round {c.round} of epoch "
@@ -103,17 +114,30 @@ def check_commit(c: RoundCommit, *, key: str, expect: Expect) -> InnerCommitment
     if c.base != expect.base:
         raise IntegrityError(f"round {c.round} commitment of {c.trainer[:12]} names another base")
     if not c.spot:
-        if expect.spot_required:
-            raise IntegrityError(f"round {c.round} commitment of {c.trainer[:12]} carries no inner-step commitment")
         return None
     inner = decode_commitment(c.spot)
     verify_commitment(inner, signer_key=key)
     if inner.trainer != c.trainer:
         raise IntegrityError(f"round {c.round} commitment of {c.trainer[:12]} carries another trainer's steps")
+    return inner
+
+
+def check_terms(c: RoundCommit, inner: InnerCommitment | None, *, expect: Expect) -> None:
+    """``IntegrityError`` unless ``c``'s inner commitment ``inner`` is one this round's spot checks
+    can draw on: present if ``expect.spot_required`` (then naming a step at least: a draw skips a
+    commitment of none), and with ``expect.params`` its header (``check_header``: this run,
+    round, base, payload, model size, at most ``inner_steps`` steps, our settings). What fails
+    here is what a trainer configured otherwise sends: refused, never a lie."""
+    if inner is None:
+        if expect.spot_required:
+            raise IntegrityError(f"round {c.round} commitment of {c.trainer[:12]} carries no inner-step commitment, "
+                                 "and this swarm runs spot checks (chain.open_trainers or loco.spot.keyed)")
+        return
+    if expect.spot_required and not inner.steps:
+        raise IntegrityError(f"round {c.round} commitment of {c.trainer[:12]} names no inner step: nothing to check")
     if expect.params:
         check_header(inner, run_id=expect.run_id, round=expect.round, base=expect.base, payload=c.payload,
                      params=expect.params, inner_steps=expect.inner_steps, settings=expect.settings)
-    return inner
 
 
 def commits_conflict(first: bytes, second: bytes, run_id: str) -> tuple[str, int]:

@@ -84,7 +84,6 @@ _IDLE_DECIDING_S = 0.05  # how long the driver waits for inputs between steps, r
 _IDLE_GATHERING_S = 0.2  # ... and gathering the decided payloads (each step tries fetches)
 
 
-
 @dataclass
 class RoundResult:
     """How a round closes: exactly the decided payloads, or ``payloads=None`` (re-sync needed)."""
@@ -103,18 +102,19 @@ class RoundAgreement:
                  verdicts: Callable[[int], tuple[list[bytes], list[str]]] | None = None,
                  refutes: Callable[[CheckVerdict, float], bool] | None = None,
                  owed: Callable[[int, float], Mapping[tuple[int, str, str], bytes]] | None = None,
-                 culprit: Callable[[CheckVerdict], str | None] | None = None) -> None:
-        """``epoch``: the epoch of the chain we extend (``chain/record.py``; decisions of another
-        are refused). ``base``: our current round's base (``BaseFn``); without it only base-free payloads
-        decode and payloads are not checked against a base hash nor the value bound.
-        ``bound``: the payload value bound (default: the one ``ctx.cfg`` implies). Who takes part
-        is the node's peer book's (``ctx.book``); ``ledger``: the trust ledger of our outer state
-        (default: an empty one, every open trainer a newcomer); ``verdicts(r)``: the spot-check
-        verdicts (encoded) and convicted keys a decision of round ``r`` we sign names
-        (``trainer/spot_round.py``; default: none); ``refutes(verdict, before)``: whether we can show
-        a verdict a decision names is a lie (``SpotRounds.refutes``; default: never); ``owed``:
-        the verdicts a decision must name (``SpotRounds.owed``; default: none); ``culprit``: whom
-        our re-check of a verdict's evidence convicts (``SpotRounds.culprit``; default: nobody)."""
+                 culprit: Callable[[CheckVerdict], str | None] | None = None,
+                 inner_settings: Callable[[], bytes | None] | None = None) -> None:
+        """``epoch``: the epoch of the chain we extend (``chain/record.py``; decisions of another are refused).
+        ``base``: our current round's base (``BaseFn``); without it only base-free payloads decode and payloads are
+        not checked against a base hash nor the value bound. ``bound``: the payload value bound (default: the one
+        ``ctx.cfg`` implies). Who takes part is the node's peer book's (``ctx.book``); ``ledger``: the trust ledger
+        of our outer state (default: an empty one, every open trainer a newcomer); ``verdicts(r)``: the spot-check
+        verdicts (encoded) and convicted keys a decision of round ``r`` we sign names (``trainer/spot_round.py``;
+        default: none); ``refutes(verdict, before)``: whether we can show a verdict a decision names is a lie
+        (``SpotRounds.refutes``; default: never); ``owed``: the verdicts a decision must name (``SpotRounds.owed``;
+        default: none); ``culprit``: whom our re-check of a verdict's evidence convicts (``SpotRounds.culprit``;
+        default: nobody); ``inner_settings()``: the settings inner commitments must name (``SpotRounds.settings``;
+        default: any)."""
         self.ctx = ctx
         self.cfg = ctx.cfg.loco
         self.shapes = dict(shapes)
@@ -124,12 +124,12 @@ class RoundAgreement:
         self.base = base
         self.verdicts = verdicts or (lambda r: ([], []))
         self.peers = RoundPeers(ctx)
-        self.commits = CommitIntake(ctx, peers=self.peers, table=self.table, base_of=self._base_of, ledger=ledger or Ledger)
+        self.commits = CommitIntake(ctx, peers=self.peers, table=self.table, base_of=self._base_of, ledger=ledger or Ledger,
+                                    shapes=self.shapes, settings=inner_settings)
         self.bound = bound if bound is not None else PayloadBound.of_trainer(ctx.cfg)
         self.payloads = PayloadIntake(ctx, peers=self.peers, table=self.table, commits=self.commits, shapes=self.shapes,
                                       base=base, bound=self.bound)
-        self.inbox, self.pending = self.payloads.inbox, self.payloads.pending  # (shared tables)
-        self.cap = self.payloads.cap
+        self.inbox, self.pending, self.cap = self.payloads.inbox, self.payloads.pending, self.payloads.cap  # (shared)
         self._cap_pushes()
         self.intake = DecisionIntake(ctx, peers=self.peers, table=self.table, commits=self.commits,
                                      payload_at=self.payloads.payload_at, ledger=ledger or Ledger,

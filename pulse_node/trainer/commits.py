@@ -12,6 +12,13 @@ held, those the ledger ranks first (``loco/roundrules.open_priority``: earned ke
 the entry draw's order): a better one replaces the worst, so a flood of fresh keys crowds out no
 earned trainer, and members sent a flood in different orders still hold the same commitments.
 
+While the swarm runs spot checks (``config.runs_spot_checks``) a commitment must carry an inner
+commitment a check can draw on (``check_terms``: a step at least, this model's size, at most
+``loco.inner_steps`` steps, our inner-step settings), else no check could ever be drawn on its
+trainer. One that does not is refused (``spot_terms``) and not held: its trainer is left out of
+the round. No strike: a trainer configured otherwise sends just that, and a member with checks
+off relays it.
+
 The agreement (``trainer/agreement.py``) admits a payload only if it matches the commitment its
 trainer made, and the round's decision must name every commitment held in time
 (``trainer/decisions.py``). A second, different commitment of one key for one round is refused
@@ -22,13 +29,15 @@ or an open trainer within its share), and the node's evidence plane spreads it l
 
 from __future__ import annotations
 
+import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn
 
 from pulse_node.chain.evidence import encode_evidence
-from pulse_node.config import TrainerConfig
+from pulse_node.config import TrainerConfig, runs_spot_checks
 from pulse_node.daemon.context import RoleContext
 from pulse_node.errors import IntegrityError, PulseError
 from pulse_node.loco.ledger import Ledger
@@ -36,7 +45,8 @@ from pulse_node.loco.roundcommit import (
     MAX_ROUNDCOMMIT_BYTES,
     Expect,
     RoundCommit,
-    check_commit,
+    check_signed,
+    check_terms,
     commits_conflict,
     decode_commit,
     encode_commit,
@@ -66,10 +76,16 @@ class CommitIntake:
     """One trainer's round commitments (module docstring)."""
 
     def __init__(self, ctx: RoleContext[TrainerConfig], *, peers: RoundPeers, table: RoundTable,
-                 base_of: Callable[[int], bytes | None], ledger: Callable[[], Ledger] = Ledger) -> None:
+                 base_of: Callable[[int], bytes | None], ledger: Callable[[], Ledger] = Ledger,
+                 shapes: Mapping[str, tuple[int, ...]] | None = None,
+                 settings: Callable[[], bytes | None] | None = None) -> None:
         """``base_of(r)``: the base hash round ``r`` starts from here (None: not known yet);
-        ``ledger``: the trust ledger of our outer state (which open trainers' commitments come first)."""
+        ``ledger``: the trust ledger of our outer state (which open trainers' commitments come first);
+        ``shapes``: the model's, whose size, and ``settings()``: our inner-step settings' digest
+        (None: not compared), an inner commitment must name while the swarm runs spot checks."""
         self.ctx, self.peers, self.table, self.base_of, self.ledger = ctx, peers, table, base_of, ledger
+        self.params = sum(math.prod(s) for s in (shapes or {}).values())  # 0: no header compared
+        self.settings, self.checked = settings or (lambda: None), runs_spot_checks(ctx.cfg)
         self.held: dict[int, dict[str, HeldCommit]] = {}
         self.pending: dict[int, dict[str, tuple[str, bytes, float]]] = {}  # trainer -> (sender, bytes, arrived)
 
@@ -143,12 +159,16 @@ class CommitIntake:
             if have.data != data:
                 self._second(sender, c, have.data, data)
             return None
-        base = self.base_of(c.round)
+        expect = self._expect(c.round)
         try:
-            check_commit(c, key=self.peers.key_of(c.trainer),
-                         expect=Expect(self.ctx.cfg.run_id, self.table.epoch(), c.round, base or b""))
+            inner = check_signed(c, key=self.peers.key_of(c.trainer), expect=expect)
         except PulseError as exc:
             self._refuse(sender, LocoRefusal.BAD_COMMITMENT, exc)
+        try:
+            check_terms(c, inner, expect=expect)
+        except PulseError as exc:  # a trainer configured otherwise: not a lie, and not held (module docstring)
+            self.peers.refuse(sender, LocoRefusal.SPOT_TERMS, str(exc), lied=False)
+            raise
         self.held.setdefault(c.round, {})[c.trainer] = HeldCommit(data, c, at)
         with self.ctx.status.trainer() as counters:
             counters.commits_held += 1
@@ -161,6 +181,15 @@ class CommitIntake:
                 if self.peers.is_member(tid):
                     self.peers.push(newcomer, h.data, kind="loco_commit", job=f"loco_commit:{c.round}:{tid}:{c.trainer}")
         return c.trainer
+
+    def _expect(self, r: int) -> Expect:
+        """What a commitment of round ``r`` must be here: with spot checks on, one carrying an
+        inner commitment of this model's size, at most ``loco.inner_steps`` steps, our settings."""
+        base, cfg = self.base_of(r) or b"", self.ctx.cfg
+        if not self.checked:
+            return Expect(cfg.run_id, self.table.epoch(), r, base)
+        return Expect(cfg.run_id, self.table.epoch(), r, base, params=self.params, inner_steps=cfg.loco.inner_steps,
+                      settings=self.settings(), spot_required=True)
 
     def _second(self, sender: str, c: RoundCommit, first: bytes, second: bytes) -> None:
         """A second, different commitment of ``c.trainer`` for ``c.round``: refused; equivocation
@@ -190,7 +219,7 @@ class CommitIntake:
                     self.ctx.status.error(f"bad round commitment of {trainer[:12]}: {exc}")
         return kept
 
-    def _refuse(self, sender: str, reason: LocoRefusal, exc: PulseError) -> None:
+    def _refuse(self, sender: str, reason: LocoRefusal, exc: PulseError) -> NoReturn:
         self.peers.refuse(sender, reason, str(exc), lied=True)
         raise exc
 

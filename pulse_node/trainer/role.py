@@ -26,11 +26,11 @@ from pulse_node.chain.peer import PeerRecord
 from pulse_node.chain.record import VersionRecord, decode_record, encode_record
 from pulse_node.chain.verified import VerifiedVersion
 from pulse_node.codec.state import State
-from pulse_node.config import TrainerConfig
+from pulse_node.config import TrainerConfig, recording_problem
 from pulse_node.daemon.context import RoleContext
 from pulse_node.daemon.evidence_plane import EvidencePlane
 from pulse_node.daemon.status_model import VersionEntry
-from pulse_node.errors import IntegrityError, PulseError
+from pulse_node.errors import ConfigError, IntegrityError, PulseError
 from pulse_node.loco.bound import PayloadBound
 from pulse_node.loco.decision import RoundDecision, encode_decision, payload_digest
 from pulse_node.loco.ledger import RoundFacts
@@ -47,6 +47,7 @@ from pulse_node.rl.settings import ModelMismatch, check_declared_model, settings
 from pulse_node.rl.tasks import make_task_source
 from pulse_node.rl.verify import RolloutVerifier
 from pulse_node.torchbits import module_state
+from pulse_node.trainer import world_size
 from pulse_node.trainer.agreement import RoundAgreement, RoundResult
 from pulse_node.trainer.engine import make_engine
 from pulse_node.trainer.intake import RolloutFeed
@@ -65,6 +66,8 @@ class TrainerRole:
         self.ctx = ctx
         self.cfg = ctx.cfg
         cfg = self.cfg
+        if (problem := recording_problem(cfg, ranks=world_size())) is not None:
+            raise ConfigError(problem)  # before the model is built: every trainer would refuse our commitments
         # the model seed is the run's (every trainer starts bit-identical); sampling differs per peer
         # model, optimizers, error feedback and outer step: in this process, or on the ranks of a
         # torchrun group (trainer/engine.py); outer.params are the whole FP32 global weights either way
@@ -93,7 +96,8 @@ class TrainerRole:
                                         verdicts=lambda r: self.spot.verdicts_for(r),  # noqa: PLW0108 (spot: made next)
                                         refutes=lambda v, before: self.spot.refutes(v, before=before),
                                         owed=lambda r, since: self.spot.owed(r, since=since),
-                                        culprit=lambda v: self.spot.culprit(v))  # noqa: PLW0108 (spot: made next)
+                                        culprit=lambda v: self.spot.culprit(v),  # noqa: PLW0108 (spot: made next)
+                                        inner_settings=lambda: self.spot.settings())  # noqa: PLW0108 (spot: made next)
         self.spot = SpotRounds(ctx, engine=self.engine, agreement=self.agreement, ledger=lambda: self.outer.ledger,
                                states=lambda: self.feed.states)
         self.pace = OpenPace(cfg.loco.inner_steps)

@@ -1,7 +1,8 @@
 """Spot checks in the real rounds: commit, draw, answer, check, verdict, evidence (trainer side).
 
-On with ``chain.open_trainers`` (an open trainer earns weight only by checks passed) or
-``loco.spot.keyed``, on a ``LocalEngine`` with ``grpo.bf16_compute``. Per round ``r``:
+On with ``chain.open_trainers`` (an open trainer earns weight only by checks passed) or ``loco.spot.keyed``
+(``config.runs_spot_checks``), on a ``LocalEngine`` with ``grpo.bf16_compute`` (a trainer that cannot
+record refuses to start; a commitment without an inner one is refused, ``trainer/commits.py``). Per round ``r``:
 
 1. **Commit.** The engine records every inner step (``InnerStepLog``, ``begin`` after the local
    weights were reset); the round commitment carries the signed inner commitment (``commitment``).
@@ -46,7 +47,7 @@ import torch
 
 from pulse_node.chain.serving import loco_payload_path
 from pulse_node.codec.state import State
-from pulse_node.config import TrainerConfig
+from pulse_node.config import TrainerConfig, runs_spot_checks
 from pulse_node.daemon.context import RoleContext
 from pulse_node.errors import IntegrityError, PulseError, WireError
 from pulse_node.loco.commit import InnerCommitment, decode_commitment, encode_commitment
@@ -99,8 +100,7 @@ class SpotRounds:
         self.ctx, self.cfg, self.spot = ctx, cfg, cfg.loco.spot
         self.agreement, self.peers, self.me = agreement, agreement.peers, agreement.me
         self.ledger, self.states = ledger, states
-        self.enabled = (isinstance(engine, LocalEngine) and cfg.grpo.bf16_compute and self.spot.rate > 0
-                        and (cfg.chain.open_trainers or self.spot.keyed))
+        self.enabled = runs_spot_checks(cfg) and isinstance(engine, LocalEngine) and cfg.grpo.bf16_compute
         self.engine = engine if isinstance(engine, LocalEngine) else None
         self.log = InnerStepLog(engine.shapes, keep=self.spot.keep_rounds + 1) if self.enabled else None
         if self.engine is not None:
@@ -136,6 +136,11 @@ class SpotRounds:
         c = self.log.commitment(self.ctx.identity, run_id=self.cfg.run_id, trainer=self.me,
                                 payload=payload_digest(payload), settings=inner_settings(self.engine.learner, self.cfg.loco))
         return encode_commitment(c)
+
+    def settings(self) -> bytes | None:
+        """Our inner-step settings' digest, which every inner commitment we take must name
+        (``trainer/commits.py``); None without a ``LocalEngine`` (not compared)."""
+        return None if self.engine is None else inner_settings(self.engine.learner, self.cfg.loco)
 
     # ---- the draw -----------------------------------------------------------------------
     def decided(self, d: RoundDecision, *, base: Mapping[str, torch.Tensor]) -> None:
