@@ -154,6 +154,13 @@ def gather(named: Mapping[str, torch.Tensor], layout: FlatLayout, coords: np.nda
     return out
 
 
+def _norm(x: np.ndarray) -> float:
+    """The L2 norm of ``x`` summed in float64 by NumPy, not by BLAS (``np.linalg.norm``): OpenBLAS
+    runs a dot of a check's 32 K values on its thread pool, whose threads then spin, ~55 ms of CPU
+    per check on 2 cores (bench/RESULTS.md "Spot checks without a BLAS dot"); only rounding differs."""
+    return math.sqrt(float(np.square(x, dtype=np.float64).sum()))
+
+
 class SpotChecker:
     """Re-runs drawn inner steps on its own copy of the model (``learner``, never the trainer's)."""
 
@@ -264,10 +271,8 @@ class SpotChecker:
         ours = gather({n: p.grad if p.grad is not None else torch.zeros_like(p)
                        for n, p in self.learner.policy.model.named_parameters()}, self.layout, coords)
         theirs = opened.grads[step]
-        scale = max(float(np.linalg.norm(ours)), float(np.linalg.norm(theirs)), 1e-30)
-        # a float64 norm by NumPy's own sum, not BLAS: its threaded ddot cost ~0.4 ms of CPU here (1.3 ms
-        # with the model's threads busy) where this takes 0.03 ms; the sum differs only in rounding
-        leaf_err = math.sqrt(float(np.square(ours.astype(np.float64) - theirs).sum())) / scale
+        scale = max(_norm(ours), _norm(theirs), 1e-30)
+        leaf_err = _norm(ours.astype(np.float64) - theirs) / scale
         norm_err = abs(claimed.grad_norm - norm) / max(norm, claimed.grad_norm, 1e-30)
         verdict.gradient_error = max(leaf_err, norm_err)
         if not verdict.gradient_error <= self.tol.gradient:
