@@ -66,9 +66,11 @@ RUN useradd --create-home --uid 1000 pulse \
     && chown pulse:pulse /data /state /shared "$NUMBA_CACHE_DIR"
 USER pulse
 WORKDIR /home/pulse
-# the codec's numba kernels compiled once here (~1 MB), not in every new container (~10 s of CPU
-# each); on a CPU other than the build machine's, numba recompiles into the same directory
-RUN python -c "from pulse_node.codec.warmup import warm_up; warm_up()"
+# the numba kernels (the codec's, the robust rule's) compiled once here (~1 MB), not in every new
+# container (~10 s of CPU each); on a CPU other than the build machine's, numba recompiles into the
+# same directory
+RUN python -c "from pulse_node.codec.warmup import warm_up; warm_up()" \
+    && python -c "from pulse_node.loco.clip_kernel import warm; warm()"
 
 # 31337: bootstrap DHT port; 9100: /metrics /health /status of a node (inside the container)
 EXPOSE 31337 9100

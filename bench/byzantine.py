@@ -80,7 +80,7 @@ BYZANTINE_NAMES = ("b0", "b1")
 HONEST = 4
 HELD_POINTS = 3.0
 ALL_ATTACKS = ("sign_flip", "scaled_bound", "alie", "ipm_0.1", "ipm_100", "constant", "stale_replay",
-               "free_rider", "copier", "advantage_flip", "ef_dump", "coordinator_drop", "sybil_flood",
+               "free_rider", "copier", "advantage_flip", "sleeper", "ef_dump", "coordinator_drop", "sybil_flood",
                "evidence_replay")
 OPEN_SWARM = {"sybil_flood"}
 PHASES = ("steady", "proving")
@@ -98,10 +98,12 @@ def _init(overrides: list[str], trace: bool = False) -> None:
     import torch
 
     from pulse_node.codec.warmup import warm_up
+    from pulse_node.loco import clip_kernel
     from pulse_node.testing.byzantine.world import World
 
     torch.set_num_threads(1)
     warm_up()  # the codec's compiled kernels (spot checks patch weights): once per process, before any timing
+    clip_kernel.warm()  # the robust rule's, likewise
     global _WORLD, _TRACE  # a pool worker's world, built once by its initializer
     _WORLD, _TRACE = World(_config(overrides)), trace
 
@@ -153,7 +155,7 @@ def _job(job: tuple[str, str, int, int, bool]) -> tuple[tuple[str, str, int], di
 def _cost(job: tuple[str, str, int, int, bool]) -> float:
     """A job's rough CPU cost, to start the longest first (no worker left alone at the end)."""
     scenario, _, _, rounds, protocol = job
-    trains = scenario in ("sign_flip", "advantage_flip", "ef_dump")
+    trains = scenario in ("sign_flip", "advantage_flip", "sleeper", "ef_dump")
     return rounds * (1.0 + 0.5 * trains + 0.3 * protocol + 0.3 * (scenario in OPEN_SWARM))
 
 

@@ -67,3 +67,17 @@ def test_lying_verifiers_knock_no_honest_trainer_out_and_every_round_is_decided(
         for t in out.trace:
             assert not [k for k in t["out"] if k.startswith("h")], (name, t)
             assert sum(1 for k in t["share"] if k.startswith("h")) == 4, (name, t)
+
+
+def test_the_sleeper_trains_honestly_until_its_first_check_is_passed() -> None:
+    """Round 0's work is checked in round 1 (every member is unproven until it passes one); the
+    sleeper trains on the true rewards in rounds 0 and 1 and on inverted ones from round 2."""
+    from types import SimpleNamespace
+
+    sleeper = attacks(IDS)["sleeper"]
+    sleeper.trainers = {t: SimpleNamespace(invert_rewards=False) for t in IDS}  # type: ignore[attr-defined]
+    inverted = []
+    for r in range(4):
+        inverted.append(all(t.invert_rewards for t in sleeper.trainers.values()))  # type: ignore[attr-defined]
+        assert sleeper.payloads(SimpleNamespace(round=r), {}) == {}  # type: ignore[arg-type]
+    assert inverted == [False, False, True, True] and not sleeper.invert_rewards

@@ -127,3 +127,24 @@ def test_a_member_is_checked_every_round_until_it_passes_one_check() -> None:
     assert not ledger.unproven("n", member=True)
     ledger.record(RoundFacts(2, b"b" * 32, verdicts=(Verdict(1, "m", "n", True),)))
     assert not ledger.unproven("m", member=True) and not ledger.owing("m")
+
+
+def test_a_flood_of_convicted_throwaway_keys_forgets_neither_members_nor_earned_standing() -> None:
+    """Two throwaway keys convicted every round for many times the ledger's size: the convicted
+    member stays convicted, the open trainer keeps what it earned; only keys with no standing go."""
+    cfg = TrustConfig(max_entries=16, earn_checks=2)
+    ledger = Ledger(cfg)
+    ledger.record(RoundFacts(0, b"\0" * 32, contributors=("m", "bad-m", "open"), members=frozenset({"m", "bad-m"}),
+                             convicted=("bad-m",)))
+    for r in range(1, 4):
+        ledger.record(RoundFacts(r, bytes([r]) * 32, contributors=("m", "open"), members=frozenset({"m"}),
+                                 verdicts=(Verdict(r - 1, "open", "m", True),)))
+    earned = ledger.earned("open")
+    assert earned == 1.0 and ledger.convicted("bad-m")
+    for r in range(4, 200):
+        junk = (f"junk{r}a", f"junk{r}b")
+        ledger.record(RoundFacts(r, bytes([r % 256]) * 32, contributors=("m", *junk), members=frozenset({"m"}),
+                                 convicted=junk))
+    assert len(ledger.entries) == 16
+    assert ledger.convicted("bad-m") and ledger.earned("open") == earned
+    assert ledger.convicted("junk199a")  # the newest throwaway keys are still held

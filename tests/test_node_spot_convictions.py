@@ -250,3 +250,30 @@ def test_evidence_the_recheck_queue_cannot_take_is_inconclusive_and_never_waited
     spot.offer_evidence(mid, data)
     assert spot.culprit(VERDICTS.decode(_failed(m, tid, blake3.blake3(data).digest()))) == "", "waits for a re-check never queued"
     ag.ctx.store.close()
+
+
+def test_verdicts_on_a_round_not_drawn_yet_are_bounded_and_dropped_by_its_draw(tmp_path):
+    """Members {v (us), m}; m signs "no answer" verdicts of round 1 before we drew it, on made-up
+    keys: we hold no more of them than one verifier can be drawn for in a round, and once we draw
+    the round, those its draw did not make are dropped (none is ever named)."""
+    v, m = keys = [Identity.generate() for _ in range(2)]
+    mid = peer_id(m)
+    _, ag, spot = _world(tmp_path, keys)
+    r = ROUND - 2
+
+    def no_answer(of: str) -> bytes:
+        return VERDICTS.encode(make_verdict(m, run_id=DEFAULT_RUN_ID, epoch=EPOCH, round=r, target=of, verifier=mid,
+                                            reason="unanswered"))
+
+    cap = spot._checks_per_verifier()
+    for i in range(cap):
+        spot.offer_verdict(mid, no_answer(f"made-up-{i:04d}"))
+    with pytest.raises(PulseError, match="more than one verifier"):
+        spot.offer_verdict(mid, no_answer("one-too-many"))
+    assert len(spot.verdicts) == cap
+    d = make_decision(v, run_id=DEFAULT_RUN_ID, round=r, base=BASE, epoch=EPOCH, coordinator=peer_id(v),
+                      contributors={peer_id(v): b"\x03" * 32, mid: b"\x04" * 32},
+                      committed={peer_id(v): b"\x05" * 32, mid: b"\x06" * 32})
+    spot._draw(d, b"\x09" * 32)
+    assert spot.verdicts == {} and spot.verdicts_for(ROUND)[0] == []
+    ag.ctx.store.close()

@@ -65,6 +65,12 @@ def test_a_statement_round_trips_with_its_nested_types_and_verifies() -> None:
         NOTES.verify(n, signer_key=Identity.generate().public_key_hex)
 
 
+def test_the_wire_form_is_every_field_in_order_nested_statements_as_arrays() -> None:
+    n = note()
+    assert raw(n) == ["pulse/test-note", 1, 3, 0.5, [["a", 1], ["b", 2]], n.signer, n.signature]
+    assert raw(dataclasses.replace(n, parts=())) == ["pulse/test-note", 1, 3, 0.5, [], n.signer, n.signature]
+
+
 def test_a_signature_binds_one_statement_type() -> None:
     n = note()
     assert not OTHER.signed_by(n, n.signer, n.signature)  # the same fields under another magic

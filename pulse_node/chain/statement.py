@@ -197,10 +197,24 @@ class Statement(Generic[S]):
 
 
 # ---- the declared fields as positional wire types, and back ---------------------------------------
+_FIELD_NAMES: dict[type, tuple[str, ...] | None] = {}
+
+
+def _field_names(kind: type) -> tuple[str, ...] | None:
+    """The field names of a dataclass type, in order (None for any other type): looked up once
+    per type, not on every value of every statement signed, encoded or checked."""
+    try:
+        return _FIELD_NAMES[kind]
+    except KeyError:
+        names = _FIELD_NAMES[kind] = tuple(f.name for f in fields(kind)) if is_dataclass(kind) else None
+        return names
+
+
 def _wire(value: object) -> object:
     """A statement (nested dataclasses, tuples) as the plain tuples it travels as."""
-    if is_dataclass(value) and not isinstance(value, type):
-        return tuple(_wire(getattr(value, f.name)) for f in fields(value))
+    names = _field_names(type(value))  # (a class itself is an instance of its metaclass: no fields)
+    if names is not None:
+        return tuple(_wire(getattr(value, name)) for name in names)
     if isinstance(value, (tuple, list)):
         return tuple(_wire(v) for v in value)
     return value

@@ -83,14 +83,20 @@ def _status_writer(ctx: RoleContext[RoleConfig], path: Path, every_s: float, wor
 
 
 def _warm_codec() -> threading.Thread:
-    """Load the codec's compiled kernels in the background while the role starts up.
+    """Load the compiled kernels (the codec's, the robust rule's) in the background while the role
+    starts up.
 
     A stale on-disk cache is cleared here, before the role can load any kernel from it.
     """
     from pulse_node.codec.warmup import clear_stale_cache, warm_up
+    from pulse_node.loco import clip_kernel
+
+    def warm() -> None:
+        warm_up()
+        clip_kernel.warm()
 
     clear_stale_cache()
-    t = threading.Thread(target=warm_up, name="codec-warm-up", daemon=True)
+    t = threading.Thread(target=warm, name="codec-warm-up", daemon=True)
     t.start()
     return t
 

@@ -34,10 +34,11 @@ removed part back into its error feedback (``ErrorFeedback.restore(payload, keep
 
 Determinism: every trainer must get the same weights bit for bit, whatever its CPU, thread
 count or the order payloads arrived in. Payloads are taken in trainer-id order; all arithmetic
-is float64 NumPy on the FP32 values: elementwise ops (each one IEEE rounding) and 1-D
-``np.add.reduce`` sums, whose pairwise order depends only on the array's length (NumPy
-neither threads nor reorders them), per tensor in name order, the per-tensor parts added with
-``math.fsum`` (exact). No BLAS (``dot``, ``norm``) and no torch reduction is used. The weights
+is float64 on the FP32 values: the distances per tensor in name order by a compiled loop of
+sequential float64 adds and multiplies (``loco/clip_kernel.py``: bit for bit its pure-Python
+body), the per-tensor parts added with ``math.fsum`` (exact), the rest 1-D ``np.add.reduce``
+sums, whose pairwise order depends only on the array's length (NumPy neither threads nor
+reorders them). No BLAS (``dot``, ``norm``) and no torch reduction is used. The weights
 are then rounded to FP32 once; the outer step multiplies each entry by its FP32 weight (one
 rounding) before the ordered adds of ``loco/outer.py``, so a payload with weight 1 is applied
 exactly as the plain mean applies it (with ``w_i`` the factor is ``fp32(w_i * k_i)``, the sum
@@ -54,6 +55,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pulse_node.errors import WireError
+from pulse_node.loco.clip_kernel import OUT_OF_RANGE, squared_distances
 from pulse_node.loco.config import AggregateConfig
 from pulse_node.loco.payload import LocoPayload
 
@@ -80,12 +83,6 @@ def _sum(a: np.ndarray) -> float:
     return float(np.add.reduce(np.ascontiguousarray(a, dtype=np.float64).reshape(-1)))
 
 
-def _sq(a: np.ndarray) -> float:
-    """``_sum(a * a)`` of a flat float64 array, squared in place (``a`` must be a scratch copy)."""
-    np.multiply(a, a, out=a)
-    return float(np.add.reduce(a))
-
-
 class _Centre:
     """The current centre ``v = a * v_0 + sum_i b_i * p_i``, kept as scalars (never materialised)."""
 
@@ -99,33 +96,50 @@ class _Centre:
         self.a *= shrink
         self.b = self.b * shrink + share / total
 
-    def tensor(self, ref: np.ndarray | None, scale: float, size: int,
-               entries: list[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
-        """This centre for one tensor (float64, flat), ``v_0 = scale * ref``; ``entries[i]`` are
-        payload i's (positions, values)."""
-        if ref is None or scale == 0.0:
-            v = np.zeros(size, dtype=np.float64)
-        else:  # (casts to float64 are exact: each product is the one a float64 copy of ref would give)
-            v = np.multiply(np.asarray(ref).reshape(-1), scale * self.a, dtype=np.float64)
-        for b, (idx, vals) in zip(self.b, entries):
-            if b != 0.0 and idx.size:
-                v[idx] += np.multiply(vals, b, dtype=np.float64)  # positions are unique within a payload
-        return v
+
+@dataclass(frozen=True)
+class _Packed:
+    """One tensor's entries of every payload, concatenated in payload order (packed once a round)."""
+
+    name: str
+    numel: int
+    pos: np.ndarray  # int64
+    vals: np.ndarray  # FP32
+    seg: np.ndarray  # payload i's entries: [seg[i], seg[i + 1])
 
 
-def _squared_distances(payloads: Sequence[LocoPayload], *, momentum: Mapping[str, np.ndarray],
-                       scale: float, numel: Mapping[str, int], centre: _Centre) -> np.ndarray:
-    """``||p_i - v||^2`` for every payload, over every tensor (sorted by name)."""
-    parts: list[list[float]] = [[] for _ in payloads]
+def _pack(payloads: Sequence[LocoPayload], numel: Mapping[str, int]) -> list[_Packed]:
+    """Every tensor's entries of ``payloads``, by tensor name."""
+    out = []
     for name in sorted(numel):
-        entries = [p.tensors.get(name, (np.zeros(0, np.int64), np.zeros(0, np.float32))) for p in payloads]
-        v = centre.tensor(momentum.get(name), scale, numel[name], entries)
-        vv = _sum(v * v)
-        for i, (idx, vals) in enumerate(entries):
-            at = v[idx]
-            diff = np.subtract(vals, at, dtype=np.float64)
-            parts[i].append(vv - _sq(at) + _sq(diff))
-    return np.array([max(0.0, math.fsum(x)) for x in parts], dtype=np.float64)
+        entries = [p.tensors[name] for p in payloads if name in p.tensors]
+        counts = [int(p.tensors[name][0].size) if name in p.tensors else 0 for p in payloads]
+        seg = np.zeros(len(payloads) + 1, dtype=np.int64)
+        np.cumsum(counts, out=seg[1:])
+        pos = np.concatenate([np.asarray(i, dtype=np.int64) for i, _ in entries]) if entries else np.zeros(0, np.int64)
+        vals = (np.concatenate([np.asarray(v, dtype=np.float32) for _, v in entries]) if entries
+                else np.zeros(0, np.float32))
+        out.append(_Packed(name, int(numel[name]), pos, vals, seg))
+    return out
+
+
+def _squared_distances(packed: Sequence[_Packed], *, momentum: Mapping[str, np.ndarray], scale: float,
+                       centre: _Centre) -> np.ndarray:
+    """``||p_i - v||^2`` for every payload, over every tensor (by name; ``loco/clip_kernel.py``
+    per tensor, the tensors' parts added with ``math.fsum``)."""
+    n = centre.b.size
+    parts = np.zeros((len(packed), n), dtype=np.float64)
+    scratch = np.empty(max((t.numel for t in packed), default=0), dtype=np.float64)
+    none = np.zeros(0, np.float32)
+    c0 = scale * centre.a
+    for row, t in enumerate(packed):
+        ref = momentum.get(t.name)
+        m = none if ref is None or c0 == 0.0 else np.ascontiguousarray(ref, dtype=np.float32).reshape(-1)
+        if m.size not in (0, t.numel):
+            raise ValueError(f"{t.name}: momentum of {m.size} entries for a tensor of {t.numel}")
+        if squared_distances(m, c0, centre.b, t.pos, t.vals, t.seg, t.numel, scratch, parts[row]) == OUT_OF_RANGE:
+            raise WireError(f"{t.name}: payload position out of range")
+    return np.array([max(0.0, math.fsum(parts[:, i])) for i in range(n)], dtype=np.float64)
 
 
 def trust_of(payloads: Sequence[LocoPayload], trust: Mapping[str, float] | None) -> np.ndarray:
@@ -159,10 +173,11 @@ def robust_weights(payloads: Sequence[LocoPayload], *, momentum: Mapping[str, np
         return Weights({p.trainer_id: 1.0 for p in ordered})
     centre, keep = _Centre(n), np.ones(n, dtype=np.float64)
     tau, dist = math.inf, np.zeros(n)
+    packed = _pack(ordered, numel)
     for it in range(cfg.iterations):
         if it:
             centre.move(w * keep, total)
-        dist = np.sqrt(_squared_distances(ordered, momentum=momentum, scale=scale, numel=numel, centre=centre))
+        dist = np.sqrt(_squared_distances(packed, momentum=momentum, scale=scale, centre=centre))
         tau = cfg.tau_scale * upper_median(dist, w)
         ratio = np.where(dist > tau, tau / np.where(dist > 0, dist, 1.0), 1.0)
         keep = ratio.copy()

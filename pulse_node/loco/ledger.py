@@ -28,7 +28,9 @@ the byzantine harness alike). Weights (``weights``):
 Which newcomers enter a round at most (``entrants``): ``open_per_round`` of them, the lowest
 BLAKE3(seed, key), the seed being the digest of the last decision the ledger applied (known to
 every trainer only once the previous round closed). The ledger keeps at most ``max_entries``
-keys: members and convicted keys first, then by checks passed, the oldest idle newcomers go first.
+keys: members first, then open trainers by standing (checks passed less failures); keys with none
+(newcomers, convicted open trainers: back as newcomers, as fresh keys would be) go first, the least
+recently named first.
 """
 
 from __future__ import annotations
@@ -189,12 +191,19 @@ class Ledger:
         self._evict()
 
     def _evict(self) -> None:
-        """Keep at most ``max_entries`` keys (members and convicted kept first, then by checks passed)."""
+        """Keep at most ``max_entries`` keys: members first, then open trainers by their standing
+        (``_standing``), the least recently named going first among equals.
+
+        Forgetting a key with no standing costs the swarm nothing: it comes back as a newcomer, as a
+        fresh key (free to make) would, and is checked every round again. That holds for a convicted
+        open trainer too, so a flood of throwaway keys convicted round after round displaces only
+        such keys, never a member (a convicted member stays convicted) nor an open trainer's earned
+        standing."""
         extra = len(self.entries) - self.cfg.max_entries
         if extra <= 0:
             return
-        order = sorted(self.entries.items(), key=lambda kv: (kv[1].member or kv[1].convicted or kv[1].owing, kv[1].passed,
-                                                             kv[1].last_round, kv[0].encode()))
+        order = sorted(self.entries.items(), key=lambda kv: (kv[1].member, _standing(kv[1]), kv[1].last_round,
+                                                             kv[0].encode()))
         for key, _ in order[:extra]:
             del self.entries[key]
 
@@ -231,6 +240,12 @@ class Ledger:
 
     def report(self) -> Mapping[str, Entry]:
         return dict(self.entries)
+
+
+def _standing(e: Entry) -> int:
+    """What an open trainer would lose if forgotten: its checks passed, less twice those failed and
+    its unrevealed commitments (what ``Ledger.earned`` counts); 0 for a convicted key."""
+    return 0 if e.convicted else max(0, e.passed - 2 * e.failed - e.unrevealed)
 
 
 def _key(row: object) -> str:

@@ -51,14 +51,23 @@ def _leaf_digest(domain: bytes, index: int, data: bytes) -> bytes:
     return blake3.blake3(_LEAF + domain + struct.pack("<Q", index) + data).digest()
 
 
-def _leaf_digests(arrays: Sequence[np.ndarray], leaf: int, domain: bytes, lo: int, hi: int) -> list[bytes]:
-    """Digests of leaves ``lo..hi`` hashed straight from the arrays (the bytes ``leaf_bytes`` gives)."""
+def _leaf_digests(arrays: Sequence[np.ndarray], leaf: int, domain: bytes, lo: int, hi: int, *,
+                  joined: bool = False) -> list[bytes]:
+    """Digests of leaves ``lo..hi`` hashed straight from the arrays (the bytes ``leaf_bytes`` gives).
+
+    ``joined``: each leaf's header and slices are copied into one string and hashed in one call,
+    about half the CPU of hashing the slices after the header (BLAKE3 hashes a whole input from its
+    start many chunks at a time); the default leaves the GIL free while the slices hash (threads)."""
     raw = [a.view(np.uint8).data for a in arrays]  # sliced as bytes: no array object per leaf
     head, width, out = _LEAF + domain, 4 * leaf, []
     for i in range(lo, hi):
+        at = i * width
+        if joined:
+            out.append(blake3.blake3(b"".join([head, struct.pack("<Q", i), *(b[at:at + width] for b in raw)])).digest())
+            continue
         h = blake3.blake3(head + struct.pack("<Q", i))
         for b in raw:
-            h.update(b[i * width:(i + 1) * width])  # BLAKE3 releases the GIL on large inputs
+            h.update(b[at:at + width])  # BLAKE3 releases the GIL on large inputs
         out.append(h.digest())
     return out
 
@@ -97,7 +106,7 @@ class MerkleTree:
         flat = [np.ascontiguousarray(a, dtype="<f4") for a in arrays]
         count = leaf_count(n, leaf)
         if threads <= 1 or count < 64:
-            level = _leaf_digests(flat, leaf, domain, 0, count)
+            level = _leaf_digests(flat, leaf, domain, 0, count, joined=True)
         else:
             cuts = np.linspace(0, count, 4 * threads + 1).astype(int)
             with ThreadPoolExecutor(threads) as pool:

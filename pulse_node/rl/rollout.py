@@ -57,18 +57,22 @@ class Rollout:
     precision: str = "fp32"  # what the producer computed its logits in (one per batch on the wire)
 
 
+_ARRAY_LE = sys.byteorder == "little" and array.array("I").itemsize == array.array("f").itemsize == 4
+
+
 def _le(code: str, values: list[int] | list[float]) -> bytes:
     """Little-endian uint32 (``"I"``) or float32 (``"f"``) bytes of a list: ``array`` is 2-3x
     quicker than NumPy on short lists, with the same bytes (a C cast rounds to the nearest float32
     as NumPy does; a value out of a uint32's range raises in both)."""
-    if isinstance(values, list) and sys.byteorder == "little" and array.array(code).itemsize == 4:
+    if _ARRAY_LE and isinstance(values, list):
         return array.array(code, values).tobytes()
     return np.asarray(values, dtype="<u4" if code == "I" else "<f4").tobytes()
 
 
-def _pack_one(r: Rollout) -> dict[str, object]:
+def _pack_one(r: Rollout, prompt: bytes) -> dict[str, object]:
+    """One rollout's map, its prompt ids already packed (``prompt``)."""
     return {
-        "p": _le("I", r.prompt_ids),
+        "p": prompt,
         "c": _le("I", r.completion_ids),
         "l": _le("f", r.logprobs),
         "r": float(r.reward),
@@ -81,6 +85,20 @@ def _pack_one(r: Rollout) -> dict[str, object]:
     }
 
 
+def _pack_all(rollouts: list[Rollout]) -> list[dict[str, object]]:
+    """Every rollout's map; a prompt list equal to the one before it (a group's rollouts share
+    their prompt, often as one list) is packed once."""
+    out: list[dict[str, object]] = []
+    last: list[int] | None = None
+    prompt = b""
+    for r in rollouts:
+        ids = r.prompt_ids
+        if last is None or not (ids is last or (isinstance(ids, list) and ids == last)):
+            prompt, last = _le("I", ids), ids if isinstance(ids, list) else None
+        out.append(_pack_one(r, prompt))
+    return out
+
+
 def encode_rollouts(rollouts: list[Rollout]) -> bytes:
     """Bytes of a rollout batch (msgpack ``{"wire": 3, "precision": .., "rollouts": [...]}``)."""
     if len(rollouts) > MAX_ROLLOUTS:
@@ -91,7 +109,7 @@ def encode_rollouts(rollouts: list[Rollout]) -> bytes:
     for r in rollouts:
         if len(r.logprobs) != len(r.completion_ids):
             raise ValueError("a rollout needs one log-prob per completion token")
-    body = {"wire": WIRE_VERSION, "precision": precision.pop(), "rollouts": [_pack_one(r) for r in rollouts]}
+    body = {"wire": WIRE_VERSION, "precision": precision.pop(), "rollouts": _pack_all(rollouts)}
     return msgpack.packb(body, use_bin_type=True)
 
 

@@ -63,6 +63,7 @@ from pulse_node.loco.spotdraw import Shape, SpotDraw, draw_round, round_seed
 from pulse_node.peers.outcomes import Lied
 from pulse_node.torchbits import module_state
 from pulse_node.trainer.agreement import RoundAgreement
+from pulse_node.trainer.commits import MAX_OPEN
 from pulse_node.trainer.engine import Engine, LocalEngine
 from pulse_node.trainer.recompute import RoundBase, SpotCase, SpotFailure
 from pulse_node.trainer.spot_answers import BATCH_BYTES, Answers
@@ -186,6 +187,8 @@ class SpotRounds:
         ledger = self.ledger()
         draws = round_draws(d, seed, shapes=shapes, ledger=ledger, is_member=self.peers.is_member, spot=self.spot)
         self.drawn[d.round] = (unknown, {(x.target, x.verifier) for x in draws})
+        self.verdicts = {k: v for k, v in self.verdicts.items() if not self.refutes(v[0])}  # held before the draw
+        self.arrived = {k: t for k, t in self.arrived.items() if k in self.verdicts}
         self.caps = {k: c for k, c in self.caps.items() if k[0] in self.drawn} | \
             {(d.round, x.target): self._cap(inners[x.target], step=x.step) for x in draws}
         return draws
@@ -251,10 +254,18 @@ class SpotRounds:
         if (v.run_id, v.epoch) != (self.cfg.run_id, self.agreement.table.epoch()) or v.key in self.verdicts or \
                 not 0 <= self.agreement.current_round() - v.round <= VERDICT_WINDOW:
             return
+        if sum(1 for k in self.verdicts if k[0] == v.round and k[2] == v.verifier) >= self._checks_per_verifier():
+            raise WireError(f"verdict of {v.verifier[:12]} on round {v.round}: more than one verifier's checks of a round")
         self.verdicts[v.key], self.arrived[v.key] = (v, bytes(data)), time.monotonic()
         if self.peers.i_am_member():  # relayed once, like a commitment: every member holds it
             to = [p for pid, p in self.peers.live().items() if pid not in (sender, v.verifier)]
             self.ctx.push_in_background("spot_verdict", bytes(data), to, job=f"spot_verdict:{v.round}:{v.target}:{v.verifier}")
+
+    def _checks_per_verifier(self) -> int:
+        """The most checks one verifier can be drawn for in a round (one per target: every member
+        but itself and the open trainers a round holds), the bound on the verdicts of one verifier
+        and round held here before the round is drawn (after, the draw refutes any other)."""
+        return len(self.peers.live()) + MAX_OPEN
 
     def offer_evidence(self, sender: str, data: bytes) -> None:
         """A member's evidence of a failed check, pushed or relayed: re-checked here in the background

@@ -246,6 +246,24 @@ class AdvantageFlip(Attack):
         return dict(trained)
 
 
+class Sleeper(Attack):
+    """Trains honestly until it has passed its first check, then as ``AdvantageFlip`` does: only
+    the draws at ``loco.spot.rate`` can catch it, not the checks every unproven member gets."""
+
+    name, trains, needs = "sleeper", True, "spot recomputation"
+
+    def __init__(self, ids: list[str], *, wake: int = 2) -> None:
+        super().__init__(ids)
+        self.wake = wake  # its first round on inverted rewards (round 0's work is checked in round 1)
+        self.trainers: dict[str, Any] = {}  # trainer id -> its InnerTrainer (set by the harness)
+
+    def payloads(self, view: RoundView, trained: Mapping[str, LocoPayload]) -> dict[str, LocoPayload]:
+        if view.round + 1 >= self.wake:  # the next round trains on inverted rewards
+            for t in self.trainers.values():
+                t.invert_rewards = True
+        return dict(trained)
+
+
 class EFDump(Attack):
     """Trains honestly but sends nothing for ``hoard`` rounds (its error feedback grows), then
     sends all it holds in one round, every entry up to the bound."""
@@ -333,5 +351,5 @@ def attacks(ids: list[str]) -> dict[str, Attack]:
     """Every attack of the bench, by name, for the member keys ``ids``."""
     made: list[Attack] = [SignFlip(ids), ScaledBound(ids), ALIE(ids), IPM(ids, eps=0.1), IPM(ids, eps=100.0),
                           Constant(ids), StaleReplay(ids), FreeRider(ids), Copier(ids), AdvantageFlip(ids),
-                          EFDump(ids), CoordinatorDrop(ids), SybilFlood(ids), EvidenceReplay(ids)]
+                          Sleeper(ids), EFDump(ids), CoordinatorDrop(ids), SybilFlood(ids), EvidenceReplay(ids)]
     return {a.name: a for a in made}

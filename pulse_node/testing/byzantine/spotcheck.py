@@ -117,9 +117,10 @@ class SpotChecks:
         self.pending = None
         if d is None:
             return out
+        answers: dict[str, SpotCase | None] = {}  # a target answers once a round (trainer/spot_round.py)
         for draw in d.draws:
             passed = self._one(d, draw, next_made=next_made, trainers=trainers, byzantine=byzantine, keys=keys,
-                               accusers=accusers, out=out)
+                               accusers=accusers, out=out, answers=answers)
             if passed is not None:
                 out.verdicts.append(Verdict(d.round, draw.target, draw.verifier, passed))
             else:
@@ -127,12 +128,17 @@ class SpotChecks:
         return out
 
     def _one(self, d: Drawn, draw: SpotDraw, *, next_made: Mapping[str, Made], trainers: Mapping[str, InnerTrainer],
-             byzantine: set[str], keys: Callable[[str], Identity], accusers: set[str], out: Checked) -> bool | None:
-        """The verdict of one check: passed, failed, or None (a lie every trainer refuses)."""
+             byzantine: set[str], keys: Callable[[str], Identity], accusers: set[str], out: Checked,
+             answers: dict[str, SpotCase | None]) -> bool | None:
+        """The verdict of one check: passed, failed, or None (a lie every trainer refuses). Its
+        target's answer is made once a round, as a swarm's target publishes it (every draw on one
+        target opens the same step and leaves), and kept in ``answers`` for the round's other draws."""
         target, verifier = draw.target, draw.verifier
-        t0 = time.process_time()
-        case = self._answer(d, draw, next_made, trainers.get(target))
-        self.answer_seconds += time.process_time() - t0
+        if target not in answers:
+            t0 = time.process_time()
+            answers[target] = self._answer(d, draw, next_made, trainers.get(target))
+            self.answer_seconds += time.process_time() - t0
+        case = answers[target]
         if case is None:
             return False  # no answer published: every trainer sees it, whoever the verifier is
         if verifier in byzantine:
