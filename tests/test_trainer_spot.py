@@ -12,6 +12,7 @@ import torch
 from helpers import tiny_solo
 
 from pulse_node.chain.identity import Identity, peer_id_of_key
+from pulse_node.codec.patch import apply_patch, make_patch
 from pulse_node.config import TrainerConfig
 from pulse_node.errors import IntegrityError, WireError
 from pulse_node.loco.commit import InnerCommitment, check_header
@@ -30,7 +31,7 @@ from pulse_node.trainer.recompute import SpotCase, SpotChecker, SpotFailure
 from pulse_node.trainer.spot_answers import BATCH_BYTES
 from pulse_node.trainer.spot_evidence import Recheck, accuse, recheck
 from pulse_node.trainer.spot_record import InnerStepLog
-from pulse_node.trainer.spot_replay import inner_settings
+from pulse_node.trainer.spot_replay import _common, inner_settings
 
 STEPS, LEAF, RUN = 3, 256, "spot-test"
 
@@ -254,3 +255,48 @@ def test_rounds_recorded_into_the_arrays_of_rounds_dropped_pass_their_checks(wor
         d = dataclasses.replace(world.draw(m2.commitment, step), round=2)
         v = world.checker.check(d, t.answer(d, m2, next_made=m3), base2)
         assert v.ok, (step, v.reason, v.detail)
+
+
+def test_a_checker_reusing_its_buffers_gives_a_fresh_checkers_verdicts(world: World) -> None:
+    """The checker keeps its batch verifier and the arrays it patches the weights in across checks:
+    a case checked again, after refused answers (wrong or corrupt patch) and on another round's
+    base, gets the verdict a fresh checker gives it (no batch ``replayed``, no weights left over)."""
+    t, m0, m1 = world.rounds("honest")
+    d = world.draw(m0.commitment, 1)
+    case = t.answer(d, m0, next_made=m1)
+    fresh = SpotChecker(*verifier_parts(world.solo), world.task, run_id=RUN, loco=world.loco, verify=VerifyConfig())
+    want = fresh.check(d, case, world.base0)
+    assert want.ok, (want.reason, want.detail)
+    later = t.answer(world.draw(m0.commitment, 2), m0).patch
+    wrong = dataclasses.replace(case, patch=later)
+    corrupt = dataclasses.replace(case, patch=case.patch[:-1] + bytes([case.patch[-1] ^ 1]))
+    # step 2's weights under step 1's hash: decoded into the checker's arrays, then rolled back
+    lying = dataclasses.replace(case, patch=make_patch(world.base0.bf16, apply_patch(world.base0.bf16, later),
+                                                       new_hash=m0.commitment.steps[1].weights.hex()))
+    for other in (wrong, corrupt, lying):
+        assert world.checker.check(d, other, world.base0).reason == SpotFailure.UNANSWERED
+    r2 = world.trainer("a")
+    for r in range(3):
+        base = r2.base(r)
+        m = r2.run_round(world.make("infer-a", version=r, base=base), version=r)
+        r2.finish_round([m.payload], included=True, mine=m.payload)
+    d2 = dataclasses.replace(world.draw(m.commitment, STEPS - 1), round=2)
+    assert world.checker.check(d2, r2.answer(d2, m), base).ok
+    for _ in range(2):
+        got = world.checker.check(d, case, world.base0)
+        assert (got.reason, got.gradient_error, got.weights_off, got.payload_off, got.link_off) == (
+            want.reason, want.gradient_error, want.weights_off, want.payload_off, want.link_off)
+
+
+def test_the_common_positions_of_a_replay_are_intersect1d_s() -> None:
+    rng = np.random.default_rng(3)
+    for trial in range(200):
+        a = np.unique(rng.integers(0, 5000, int(rng.integers(0, 4000))))
+        b = np.unique(rng.integers(0, 5000, int(rng.integers(0, 4000))))
+        if trial % 4 == 0:
+            a = rng.permutation(a)  # not ascending: the sort
+        if trial % 7 == 0:
+            b = b - 2500  # negative: the sort
+        want = np.intersect1d(a, b, assume_unique=True, return_indices=True)
+        for x, y in zip(want, _common(a, b)):
+            assert x.dtype == y.dtype and np.array_equal(x, y), trial

@@ -142,6 +142,11 @@ class RolloutVerifier:
                               temperature=self.sampling.temperature)  # the last batch's (benches, the CLI)
         self._near = [0, 0]  # tokens outside their FP32 interval, tokens checked (this batch)
 
+    def forget_accepted(self) -> None:
+        """Forget the batches accepted so far: the next check of one is not refused as ``replayed``
+        (a spot checker re-verifies batches committed by trainers that took them already)."""
+        self._accepted.clear()
+
     # ---- the checks --------------------------------------------------------------------
     def check(self, rollouts: list[Rollout], *, sender: str, current_version: int,
               state_of: Callable[[int], State | None], full: bool = False) -> BatchVerdict:

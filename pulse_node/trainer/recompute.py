@@ -101,11 +101,19 @@ class SpotCase:
 
 @dataclass
 class RoundBase:
-    """The round as every trainer of it holds it: its version, BF16 state and FP32 global weights."""
+    """The round as every trainer of it holds it: its version, BF16 state and FP32 global weights
+    (never changed once made: every check of the round reads them, and the state hash is kept)."""
 
     version: int
     bf16: State
     fp32: Mapping[str, torch.Tensor]
+    _hash: str | None = field(default=None, init=False, repr=False, compare=False)
+
+    def state_hash(self) -> str:
+        """The BF16 state's hash, computed by the round's first check and kept for the others."""
+        if self._hash is None:
+            self._hash = state_hash(self.bf16)
+        return self._hash
 
 
 @dataclass
@@ -146,6 +154,13 @@ def gather(named: Mapping[str, torch.Tensor], layout: FlatLayout, coords: np.nda
     return out
 
 
+def _norm(x: np.ndarray) -> float:
+    """The L2 norm of ``x`` summed in float64 by NumPy, not by BLAS (``np.linalg.norm``): OpenBLAS
+    runs a dot of a check's 32 K values on its thread pool, whose threads then spin, ~55 ms of CPU
+    per check on 2 cores (bench/RESULTS.md "Spot checks without a BLAS dot"); only rounding differs."""
+    return math.sqrt(float(np.square(x, dtype=np.float64).sum()))
+
+
 class SpotChecker:
     """Re-runs drawn inner steps on its own copy of the model (``learner``, never the trainer's)."""
 
@@ -160,6 +175,9 @@ class SpotChecker:
         self.settings = inner_settings(learner, loco)
         self.shapes = {n: tuple(p.shape) for n, p in learner.policy.model.named_parameters()}
         self.layout = FlatLayout.of(self.shapes)
+        self.verifier = RolloutVerifier(worker, task, run_id=run_id, batches_per_version=MAX_BATCH_INDEX,
+                                        max_staleness=learner.cfg.max_staleness, cfg=verify)
+        self._held: State | None = None  # the patched weights' arrays (``_copy_of``)
 
     def check(self, draw: SpotDraw, case: SpotCase, base: RoundBase, *,
               state_of: Callable[[int], State | None] | None = None) -> SpotVerdict:
@@ -186,24 +204,39 @@ class SpotChecker:
         return verdict
 
     def _weights(self, c: InnerCommitment, step: int, patch: bytes | None, base: RoundBase) -> State:
-        """The BF16 weights step ``step`` ran on: the base, or the base patched (checked by hash:
-        a patch whose result hash is the one named, applied with its hashes verified)."""
+        """The BF16 weights step ``step`` ran on: the base itself, or the base patched (checked by
+        hash: a patch whose result hash is the one named, applied with its hashes verified, the
+        base's being the one the round keeps) in this checker's own copy of the base, valid until
+        its next check."""
         want = c.steps[step].weights.hex()
         parsed = None if patch is None else parse_patch(patch)
-        if (state_hash(base.bf16) if parsed is None else parsed.header.result_state_hash) != want:
+        if (base.state_hash() if parsed is None else parsed.header.result_state_hash) != want:
             raise _Refused(SpotFailure.UNANSWERED, f"no weights with the state hash step {step} names")
-        state = {n: TensorBits(t.dtype, t.shape, t.bits.copy()) for n, t in base.bf16.items()}
-        if parsed is not None:
-            apply_patch_inplace(state, parsed)  # refuses unless the result's hash is the header's
+        if parsed is None:
+            return base.bf16
+        state = self._copy_of(base.bf16)
+        apply_patch_inplace(state, parsed, base_hash=base.state_hash())  # refuses unless the result's hash is the header's
         return state
+
+    def _copy_of(self, bf16: State) -> State:
+        """``bf16``'s bits copied into arrays this checker keeps (a model-sized array allocated per
+        check is faulted in page by page)."""
+        held = self._held
+        if held is None or held.keys() != bf16.keys() or any(
+                (h.dtype, h.shape) != (t.dtype, t.shape) for h, t in zip(held.values(), bf16.values())):
+            held = self._held = {n: TensorBits(t.dtype, t.shape, t.bits.copy()) for n, t in bf16.items()}
+            return held
+        for n, t in bf16.items():
+            np.copyto(held[n].bits, t.bits)
+        return held
 
     def _batches(self, c: InnerCommitment, step: int, batches: list[bytes], base: RoundBase,
                  state_of: Callable[[int], State | None] | None) -> list[Rollout]:
         refs = c.steps[step].batches
         if len(batches) != len(refs) or any(blake3.blake3(b).digest() != r.digest for b, r in zip(batches, refs)):
             raise _Refused(SpotFailure.UNANSWERED, f"the batches of step {step} do not match their digests")
-        verifier = RolloutVerifier(self.worker, self.task, run_id=self.run_id, batches_per_version=MAX_BATCH_INDEX,
-                                   max_staleness=self.learner.cfg.max_staleness, cfg=self.verify_cfg)
+        verifier = self.verifier
+        verifier.forget_accepted()  # a batch checked before (another verifier's draw) is checked again
         held = state_of or (lambda v: base.bf16 if v == base.version else None)
         out: list[Rollout] = []
         for data, ref in zip(batches, refs):
@@ -238,8 +271,8 @@ class SpotChecker:
         ours = gather({n: p.grad if p.grad is not None else torch.zeros_like(p)
                        for n, p in self.learner.policy.model.named_parameters()}, self.layout, coords)
         theirs = opened.grads[step]
-        scale = max(float(np.linalg.norm(ours)), float(np.linalg.norm(theirs)), 1e-30)
-        leaf_err = float(np.linalg.norm(ours.astype(np.float64) - theirs)) / scale
+        scale = max(_norm(ours), _norm(theirs), 1e-30)
+        leaf_err = _norm(ours.astype(np.float64) - theirs) / scale
         norm_err = abs(claimed.grad_norm - norm) / max(norm, claimed.grad_norm, 1e-30)
         verdict.gradient_error = max(leaf_err, norm_err)
         if not verdict.gradient_error <= self.tol.gradient:
