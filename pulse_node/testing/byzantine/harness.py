@@ -289,8 +289,10 @@ def _earlier_life(run: _Run, rnd: int) -> dict[int, bytes]:
 
 
 def _apply(run: _Run, arrived: dict[str, tuple[LocoPayload, bytes]], lst: CommitList | None, decided: set[str],  # noqa: PLR0917
-           honest_p: dict[str, LocoPayload], made: dict[str, Made], checked: Checked) -> None:
-    """Step 6: weigh and apply the decided payloads; honest trainers settle their error feedback."""
+           settling: dict[str, LocoPayload], made: dict[str, Made], checked: Checked) -> None:
+    """Step 6: weigh and apply the decided payloads; the trainers that sent their own trained
+    payload (``settling``: the honest ones, and attackers that look honest, such as the advantage
+    flip and the sleeper) settle their error feedback as the node's trainer does."""
     payloads = [arrived[t][0] for t in sorted(decided)]
     outer, members = run.outer, set(lst.members) if lst is not None else set()
     t0 = time.process_time()
@@ -308,8 +310,8 @@ def _apply(run: _Run, arrived: dict[str, tuple[LocoPayload, bytes]], lst: Commit
         run.keeps[0 if t in run.honest else 1].append(k * outer.trust[t])
     run.out.trace.append({"round": outer.round - 1, "tau": weights.tau,
                           "share": {_name(run, t): round(k * outer.trust[t], 4) for t, k in outer.kept.items()}})
-    for t, p in honest_p.items():
-        run.honest[t].settle(p, outer.kept.get(t, 0.0) if outer.trust.get(t, 0.0) > 0 else 0.0)
+    for t, p in settling.items():
+        (run.honest.get(t) or run.byzantine[t]).settle(p, outer.kept.get(t, 0.0) if outer.trust.get(t, 0.0) > 0 else 0.0)
     targets = {v.target for v in checked.verdicts}
     outer.ledger.record(RoundFacts(outer.round - 1, lst.digest() if lst is not None else b"", tuple(sorted(decided)),
                                    frozenset((members | targets) & run.members), (), tuple(checked.verdicts),
@@ -361,12 +363,14 @@ def _round(run: _Run, rnd: int) -> None:
     view = RoundView(rnd, run.outer, run.world, honest_p if run.defences.reveal.rushing() else None,
                      run.history, np.random.default_rng([run.seed, rnd]), dict(run.decisions),
                      _earlier_life(run, rnd) if run.attack.wants_earlier_life else {})
-    offered = {**run.attack.payloads(view, trained), **honest_p}
+    sent = run.attack.payloads(view, trained)
+    offered = {**sent, **honest_p}
+    own = {t: p for t, p in sent.items() if trained.get(t) is p}  # sent as trained: settled as honest ones settle
     made = _commit(run, offered)
     arrived = _wire(run, made)
     checked = _judge(run, view, made)
     lst, decided = _decide(run, view, made, arrived, checked)
-    _apply(run, arrived, lst, decided, honest_p, made, checked)
+    _apply(run, arrived, lst, decided, {**honest_p, **own}, made, checked)
     run.history = (run.history + [honest_p])[-HISTORY:]
 
 
