@@ -53,9 +53,11 @@ class SpotConfig(StrictModel):
     rate: float = pydantic.Field(0.3, ge=0.0, le=1.0)
     """Probability that a trainer with earned weight is checked in a round (newcomers and members
     that passed no check yet: every round); 0 turns checks off. With the weighing, the record and
-    the answers counted, spot checks at 0.3 cost 10.8% of a trainer's swarm round at the default
-    preset's sizes (32 x 8, H = 10, 10 rounds; ``spotdraw.max_rate`` allows ~0.2 there) and more
-    at smaller batches (bench/RESULTS.md "The overhead of robust aggregation and spot checks")."""
+    the answers counted, spot checks at 0.3 cost 8.4% of a trainer's swarm round at 16 x 8
+    rollouts, H = 10, 10 rounds (7.2% once every member passed a check; ``spotdraw.max_rate``
+    allows ~0.25 there). A member that cheats only after its first check (the sleeper) is caught
+    within 1 / (0.3 x the honest share of verifiers) rounds on average: 1-7 rounds in the bench
+    (bench/RESULTS.md "bench/byzantine.py, 3 seeds, on the session's main")."""
     newcomer_verifiers: int = pydantic.Field(2, ge=1, le=4)
     """Verifiers drawn for a newcomer (one verifier colluding with its target passes it)."""
     keep_rounds: int = pydantic.Field(2, ge=2, le=8)
