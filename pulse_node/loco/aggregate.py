@@ -56,7 +56,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pulse_node.errors import WireError
-from pulse_node.loco.clip_kernel import OUT_OF_RANGE, squared_distances
+from pulse_node.loco.clip_kernel import centre_add, centre_start, distance_part, sum_squares
 from pulse_node.loco.config import AggregateConfig
 from pulse_node.loco.payload import LocoPayload
 
@@ -97,49 +97,33 @@ class _Centre:
         self.b = self.b * shrink + share / total
 
 
-@dataclass(frozen=True)
-class _Packed:
-    """One tensor's entries of every payload, concatenated in payload order (packed once a round)."""
-
-    name: str
-    numel: int
-    pos: np.ndarray  # int64
-    vals: np.ndarray  # FP32
-    seg: np.ndarray  # payload i's entries: [seg[i], seg[i + 1])
-
-
-def _pack(payloads: Sequence[LocoPayload], numel: Mapping[str, int]) -> list[_Packed]:
-    """Every tensor's entries of ``payloads``, by tensor name."""
-    out = []
-    for name in sorted(numel):
-        entries = [p.tensors[name] for p in payloads if name in p.tensors]
-        counts = [int(p.tensors[name][0].size) if name in p.tensors else 0 for p in payloads]
-        seg = np.zeros(len(payloads) + 1, dtype=np.int64)
-        np.cumsum(counts, out=seg[1:])
-        pos = np.concatenate([np.asarray(i, dtype=np.int64) for i, _ in entries]) if entries else np.zeros(0, np.int64)
-        vals = (np.concatenate([np.asarray(v, dtype=np.float32) for _, v in entries]) if entries
-                else np.zeros(0, np.float32))
-        out.append(_Packed(name, int(numel[name]), pos, vals, seg))
-    return out
-
-
-def _squared_distances(packed: Sequence[_Packed], *, momentum: Mapping[str, np.ndarray], scale: float,
-                       centre: _Centre) -> np.ndarray:
-    """``||p_i - v||^2`` for every payload, over every tensor (by name; ``loco/clip_kernel.py``
-    per tensor, the tensors' parts added with ``math.fsum``)."""
-    n = centre.b.size
-    parts = np.zeros((len(packed), n), dtype=np.float64)
-    scratch = np.empty(max((t.numel for t in packed), default=0), dtype=np.float64)
-    none = np.zeros(0, np.float32)
+def _squared_distances(payloads: Sequence[LocoPayload], *, momentum: Mapping[str, np.ndarray], scale: float,
+                       numel: Mapping[str, int], centre: _Centre) -> np.ndarray:
+    """``||p_i - v||^2`` for every payload, over every tensor (sorted by name; ``loco/clip_kernel.py``,
+    the per-tensor parts added with ``math.fsum``)."""
+    n = len(payloads)
+    parts: list[list[float]] = [[] for _ in payloads]
+    scratch = np.empty(max(numel.values(), default=0), dtype=np.float64)  # the centre, one tensor at a time
+    none_f, none_i = np.zeros(0, np.float32), np.zeros(0, np.int64)
     c0 = scale * centre.a
-    for row, t in enumerate(packed):
-        ref = momentum.get(t.name)
-        m = none if ref is None or c0 == 0.0 else np.ascontiguousarray(ref, dtype=np.float32).reshape(-1)
-        if m.size not in (0, t.numel):
-            raise ValueError(f"{t.name}: momentum of {m.size} entries for a tensor of {t.numel}")
-        if squared_distances(m, c0, centre.b, t.pos, t.vals, t.seg, t.numel, scratch, parts[row]) == OUT_OF_RANGE:
-            raise WireError(f"{t.name}: payload position out of range")
-    return np.array([max(0.0, math.fsum(parts[:, i])) for i in range(n)], dtype=np.float64)
+    for name in sorted(numel):
+        size = int(numel[name])
+        ref = momentum.get(name)
+        m = none_f if ref is None or c0 == 0.0 else np.ascontiguousarray(ref, dtype=np.float32).reshape(-1)
+        if m.size not in (0, size):
+            raise ValueError(f"{name}: momentum of {m.size} entries for a tensor of {size}")
+        entries = [p.tensors.get(name, (none_i, none_f)) for p in payloads]
+        centre_start(m, c0, size, scratch)
+        for i in range(n):
+            if centre.b[i] != 0.0 and not centre_add(entries[i][0], entries[i][1], float(centre.b[i]), size, scratch):
+                raise WireError(f"{name}: payload position out of range")
+        vv = sum_squares(scratch, size)
+        for i, (idx, vals) in enumerate(entries):
+            part = distance_part(idx, vals, size, scratch)
+            if math.isnan(part):
+                raise WireError(f"{name}: payload position out of range")
+            parts[i].append(vv + part)
+    return np.array([max(0.0, math.fsum(x)) for x in parts], dtype=np.float64)
 
 
 def trust_of(payloads: Sequence[LocoPayload], trust: Mapping[str, float] | None) -> np.ndarray:
@@ -173,11 +157,10 @@ def robust_weights(payloads: Sequence[LocoPayload], *, momentum: Mapping[str, np
         return Weights({p.trainer_id: 1.0 for p in ordered})
     centre, keep = _Centre(n), np.ones(n, dtype=np.float64)
     tau, dist = math.inf, np.zeros(n)
-    packed = _pack(ordered, numel)
     for it in range(cfg.iterations):
         if it:
             centre.move(w * keep, total)
-        dist = np.sqrt(_squared_distances(packed, momentum=momentum, scale=scale, centre=centre))
+        dist = np.sqrt(_squared_distances(ordered, momentum=momentum, scale=scale, numel=numel, centre=centre))
         tau = cfg.tau_scale * upper_median(dist, w)
         ratio = np.where(dist > tau, tau / np.where(dist > 0, dist, 1.0), 1.0)
         keep = ratio.copy()
