@@ -147,10 +147,11 @@ def commit_to(agreement, identity, sender: str, data: bytes, *, round: int, base
 
 
 def inner_commitment(identity, trainer: str, *, run_id: str, round: int, base: bytes, payload: bytes, params: int,
-                     settings: bytes | None = None, steps: int = 1) -> bytes:
-    """``trainer``'s encoded inner commitment (key ``identity``) of ``steps`` steps of round
-    ``round`` over ``params`` weights, behind the payload of digest ``payload``: what a commitment
-    must carry in a swarm that runs spot checks (its roots are placeholders: nothing re-runs it)."""
+                     settings: bytes | None = None, steps: int = 1, batches: int = 1) -> bytes:
+    """``trainer``'s encoded inner commitment (key ``identity``) of ``steps`` steps of ``batches``
+    batches each of round ``round`` over ``params`` weights, behind the payload of digest
+    ``payload``: what a commitment must carry in a swarm that runs spot checks (its roots are
+    placeholders: nothing re-runs it)."""
     from pulse_node.loco.commit import (
         STATE_GLOBAL,
         BatchRef,
@@ -160,7 +161,7 @@ def inner_commitment(identity, trainer: str, *, run_id: str, round: int, base: b
         sign_commitment,
     )
 
-    step = StepCommit((BatchRef(trainer, round, 0, base),), base, base, 0.5)
+    step = StepCommit(tuple(BatchRef(trainer, round, i, base) for i in range(batches)), base, base, 0.5)
     inner = InnerCommitment(run_id=run_id, round=round, trainer=trainer, signer="", base=base, payload=payload,
                             settings=settings or bytes(32), params=params, leaf=256, adam_step=0, state=STATE_GLOBAL,
                             state_root=base, steps=(step,) * steps)

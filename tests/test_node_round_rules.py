@@ -24,20 +24,13 @@ from types import SimpleNamespace
 import blake3
 import numpy as np
 import pytest
-from helpers import commit_to, hold_evidence, hub_agreement, wait_for
+from helpers import commit_to, hold_evidence, hub_agreement, inner_commitment, wait_for
 
 from pulse_node.chain.identity import Identity
 from pulse_node.chain.peer import PeerStatus
 from pulse_node.chain.serving import loco_payload_path
 from pulse_node.errors import IntegrityError, PeerUnavailable
-from pulse_node.loco.commit import (
-    STATE_GLOBAL,
-    BatchRef,
-    InnerCommitment,
-    StepCommit,
-    encode_commitment,
-    sign_commitment,
-)
+from pulse_node.loco.commit import InnerCommitment, decode_commitment
 from pulse_node.loco.commitlist import VERDICTS, make_verdict
 from pulse_node.loco.config import SpotConfig
 from pulse_node.loco.decision import encode_decision, make_decision, payload_digest
@@ -167,14 +160,11 @@ def _hold_inner(ag: RoundAgreement, k: Identity, r: int, *, batches: int = 1) ->
     """Hold ``k``'s round ``r`` commitment (as the commit intake keeps one), carrying its signed inner
     commitment of 4 steps of ``batches`` batches each over the 64 weights of ``SHAPES``."""
     tid = peer_id(k)
-    step = StepCommit(tuple(BatchRef(tid, r, i, BASE) for i in range(batches)), BASE, BASE, 0.5)
-    inner = sign_commitment(k, InnerCommitment(run_id=DEFAULT_RUN_ID, round=r, trainer=tid, signer="", base=BASE,
-                                               payload=BASE, settings=BASE, params=64, leaf=256, adam_step=0,
-                                               state=STATE_GLOBAL, state_root=BASE, steps=(step,) * 4))
-    c = make_commit(k, run_id=DEFAULT_RUN_ID, epoch=EPOCH, round=r, base=BASE, trainer=tid, payload=BASE,
-                    spot=encode_commitment(inner))
+    inner = inner_commitment(k, tid, run_id=DEFAULT_RUN_ID, round=r, base=BASE, payload=BASE, params=64,
+                             settings=BASE, steps=4, batches=batches)
+    c = make_commit(k, run_id=DEFAULT_RUN_ID, epoch=EPOCH, round=r, base=BASE, trainer=tid, payload=BASE, spot=inner)
     ag.commits.held.setdefault(r, {})[tid] = HeldCommit(encode_commit(c), c, time.monotonic())
-    return inner
+    return decode_commitment(inner)
 
 
 def _drawn(spot: SpotRounds, r: int, pairs: set[tuple[str, str]], inners: dict[str, InnerCommitment]) -> None:

@@ -18,19 +18,11 @@ from types import SimpleNamespace
 import blake3
 import numpy as np
 import pytest
-from helpers import commit_to, hold_evidence, hub_agreement
+from helpers import commit_to, hold_evidence, hub_agreement, inner_commitment
 
 from pulse_node.chain.identity import Identity
 from pulse_node.chain.peer import PeerStatus
 from pulse_node.errors import IntegrityError, PulseError
-from pulse_node.loco.commit import (
-    STATE_GLOBAL,
-    BatchRef,
-    InnerCommitment,
-    StepCommit,
-    encode_commitment,
-    sign_commitment,
-)
 from pulse_node.loco.commitlist import VERDICTS, make_verdict
 from pulse_node.loco.decision import encode_decision, make_decision, payload_digest
 from pulse_node.loco.payload import LocoPayload, encode_payload
@@ -224,12 +216,9 @@ def test_a_verdict_on_a_key_no_check_of_the_round_could_draw_is_refused(tmp_path
 def _hold_inner(ag: RoundAgreement, k: Identity, r: int) -> None:
     """Hold ``k``'s round ``r`` commitment carrying a signed inner commitment (4 steps of one batch)."""
     tid = peer_id(k)
-    step = StepCommit((BatchRef(tid, r, 0, BASE),), BASE, BASE, 0.5)
-    inner = sign_commitment(k, InnerCommitment(run_id=DEFAULT_RUN_ID, round=r, trainer=tid, signer="", base=BASE,
-                                               payload=BASE, settings=BASE, params=64, leaf=256, adam_step=0,
-                                               state=STATE_GLOBAL, state_root=BASE, steps=(step,) * 4))
-    c = make_commit(k, run_id=DEFAULT_RUN_ID, epoch=EPOCH, round=r, base=BASE, trainer=tid, payload=BASE,
-                    spot=encode_commitment(inner))
+    inner = inner_commitment(k, tid, run_id=DEFAULT_RUN_ID, round=r, base=BASE, payload=BASE, params=64,
+                             settings=BASE, steps=4)
+    c = make_commit(k, run_id=DEFAULT_RUN_ID, epoch=EPOCH, round=r, base=BASE, trainer=tid, payload=BASE, spot=inner)
     ag.commits.held.setdefault(r, {})[tid] = HeldCommit(encode_commit(c), c, time.monotonic())
 
 
