@@ -192,7 +192,7 @@ class SpotRounds:
         ledger = self.ledger()
         draws = round_draws(d, seed, shapes=shapes, ledger=ledger, is_member=self.peers.is_member, spot=self.spot)
         self.drawn[d.round] = (unknown, {(x.target, x.verifier) for x in draws})
-        self.verdicts = {k: v for k, v in self.verdicts.items() if not self.refutes(v[0])}  # held before the draw
+        self.verdicts = {k: v for k, v in self.verdicts.items() if k[0] != d.round or not self.refutes(v[0])}  # held early
         self.arrived = {k: t for k, t in self.arrived.items() if k in self.verdicts}
         self.caps = {k: c for k, c in self.caps.items() if k[0] in self.drawn} | \
             {(d.round, x.target): self._cap(inners[x.target], step=x.step) for x in draws}
