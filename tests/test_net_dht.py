@@ -26,6 +26,7 @@ from helpers import wait_for
 from pulse_node.chain.identity import Identity
 from pulse_node.chain.peer import PeerStatus
 from pulse_node.net.dht.client import DhtClient, DhtConfig, DuplicateIdentityError
+from pulse_node.net.local.rpc_server import StartFailed
 
 pytestmark = pytest.mark.slow  # DHT worker processes (hivemind, p2pd)
 
@@ -198,6 +199,32 @@ def test_duplicate_identity_is_refused(bootstrap, swarm, tmp_dir) -> None:
         DhtClient.start(DhtConfig(run_id=RUN, host_maddrs=LOCAL, initial_peers=[maddr],
                                   identity=tmp_dir / "w0.key"))
     assert time.monotonic() - started < 45
+    assert swarm[0].info().duplicate is None  # the refused copy never published
+
+
+def test_a_ping_back_reaching_a_live_copy_of_our_identity_names_the_duplicate(bootstrap, swarm, tmp_dir,
+                                                                             monkeypatch) -> None:
+    """The bootstrap checks that a joiner is reachable by pinging its peer id back. When another live node
+    holds that peer id, the ping may reach it instead (libp2p picks one of the two connections), and
+    hivemind says "can't access this node": the start must name the duplicate, not a NAT. Forced here."""
+    from pulse_node.net.dht import join, worker
+
+    real = join.create_dht_node
+
+    async def ping_back_reaches_the_other(*args, client_mode: bool, **kwargs):
+        if not client_mode:
+            raise join.UnreachableError("bootstrap", "the bootstrap cannot connect back to this node (NAT or firewall)")
+        return await real(*args, client_mode=client_mode, **kwargs)
+
+    monkeypatch.setattr(join, "create_dht_node", ping_back_reaches_the_other)
+    _, maddr, _ = bootstrap
+    taken = DhtConfig(run_id=RUN, host_maddrs=LOCAL, initial_peers=[maddr], identity=tmp_dir / "w0.key")
+    with pytest.raises(StartFailed, match="already used by another running node") as refused:
+        asyncio.run(worker.start_worker(taken))
+    assert refused.value.kind == "duplicate"
+    fresh = taken.model_copy(update={"identity": tmp_dir / "unreachable.key"})
+    with pytest.raises(join.UnreachableError, match="NAT or firewall"):  # no copy: the network is to blame
+        asyncio.run(worker.start_worker(fresh))
     assert swarm[0].info().duplicate is None  # the refused copy never published
 
 

@@ -38,6 +38,11 @@ class JoinError(StartFailed):
     """The node could not start its DHT; ``kind`` is config | daemon | bootstrap."""
 
 
+class UnreachableError(JoinError):
+    """The bootstrap's ping back did not reach this node's DHT: a NAT or firewall, or another live node
+    holding our peer id (the bootstrap's connection to that id reached it); ``worker.py`` tells which."""
+
+
 def parse_bootstrap(maddrs: list[str]) -> list[tuple[str, Multiaddr, PeerID]]:
     """Each full multiaddr -> (text, transport address, peer id); ``JoinError`` if malformed."""
     out = []
@@ -169,7 +174,7 @@ async def create_dht_node(p2p: P2P, validator: RecordValidatorBase, *, initial_p
             cache_nearest=0)  # a read does not push the whole merged dictionary into another node's cache
     except ValidationError as exc:
         if "can't access this node" in str(exc):
-            raise JoinError("bootstrap", "the bootstrap cannot connect back to this node (NAT or firewall): "
+            raise UnreachableError("bootstrap", "the bootstrap cannot connect back to this node (NAT or firewall): "
                             "forward a fixed port and announce it (pulse-node join: --set "
                             "'net.dht_listen=[\"/ip4/0.0.0.0/tcp/31338\"]' --announce /ip4/<PUBLIC_IP>/tcp/31338; "
                             "pulse-node bootstrap: --announce-maddrs), or join with --set net.client_mode=true") from None

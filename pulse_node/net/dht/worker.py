@@ -60,6 +60,7 @@ from pulse_node.vocab import BudgetRefusal, PushKind
 
 if TYPE_CHECKING:  # hivemind ships no types: these read as unchecked
     from hivemind.dht.node import DHTNode
+    from hivemind.dht.validation import RecordValidatorBase
     from hivemind.p2p import P2P
 
 #: one live DHT entry as read: (subkey, the value a peer stored, its expiration)
@@ -312,7 +313,12 @@ def load_identity(path: Path | None) -> Identity:
 async def start_worker(config: DhtConfig) -> DhtWorker:
     """Identity -> p2pd -> bootstrap dial -> DHT node -> duplicate check; each step bounded."""
     began = time.monotonic()
-    from pulse_node.net.dht.join import connect_bootstrap, create_dht_node, start_daemon  # hivemind (and torch)
+    from pulse_node.net.dht.join import (  # hivemind (and torch)
+        UnreachableError,
+        connect_bootstrap,
+        create_dht_node,
+        start_daemon,
+    )
     from pulse_node.net.dht.validator import PulseRecordValidator, libp2p_private_key, peer_id_of
 
     imported = time.monotonic()
@@ -331,8 +337,12 @@ async def start_worker(config: DhtConfig) -> DhtWorker:
         if config.initial_peers:
             await connect_bootstrap(p2p, config.initial_peers, timeout=config.bootstrap_timeout_s)
         validator = PulseRecordValidator(config.run_id, identity)
-        node = await create_dht_node(p2p, validator, initial_peers=config.initial_peers, client_mode=config.client_mode,
-                                     timeout=config.bootstrap_timeout_s)
+        try:
+            node = await create_dht_node(p2p, validator, initial_peers=config.initial_peers,
+                                         client_mode=config.client_mode, timeout=config.bootstrap_timeout_s)
+        except UnreachableError:
+            await refuse_if_identity_taken(config, p2p, validator, peer_id)
+            raise
     except BaseException:
         await p2p.shutdown()
         raise
@@ -350,6 +360,26 @@ async def start_worker(config: DhtConfig) -> DhtWorker:
     log.info("dht[%s]: ready run=%s (hivemind import %.1fs, p2pd+join %.1fs) maddrs=%s", peer_id[-8:],
              config.run_id, imported - began, time.monotonic() - imported, " ".join(worker._visible))
     return worker
+
+
+async def refuse_if_identity_taken(config: DhtConfig, p2p: P2P, validator: RecordValidatorBase,
+                                   peer_id: str) -> None:
+    """After "the bootstrap cannot connect back": ``StartFailed("duplicate")`` if a live node publishes under
+    our peer id, since the bootstrap's ping back then reaches that node, not us; else return (the cause is
+    the network). Looked up through a client-mode DHT node, which needs no ping back."""
+    from pulse_node.net.dht.join import create_dht_node
+
+    node = await create_dht_node(p2p, validator, initial_peers=config.initial_peers, client_mode=True,
+                                 timeout=config.bootstrap_timeout_s)
+    probe = DhtWorker(config, node, p2p, peer_id)
+    try:
+        await probe.check_identity_free()
+    finally:
+        probe.pushes.close()
+        try:
+            await asyncio.wait_for(node.shutdown(), 5.0)
+        except (asyncio.TimeoutError, Exception) as exc:
+            log.info("dht[%s]: probe node shutdown: %s", peer_id[-8:], exc)
 
 
 def open_spool(config: DhtConfig) -> Spool | None:
