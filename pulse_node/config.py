@@ -289,7 +289,7 @@ class SwarmConfig(TrainingSettings, SharedSettings):
     @model_validator(mode="after")
     def _checked_trainers_record(self) -> SwarmConfig:
         """A swarm that runs spot checks cannot run a trainer that cannot record its inner steps."""
-        problem = recording_problem(self, ranks=max(self.trainer_ranks, default=1))
+        problem = recording_problem(self)
         if problem is not None:
             raise ValueError(problem)
         return self
@@ -304,19 +304,14 @@ def runs_spot_checks(cfg: TrainerConfig | SwarmConfig) -> bool:
     return cfg.loco.spot.rate > 0 and (cfg.chain.open_trainers or cfg.loco.spot.keyed)
 
 
-def recording_problem(cfg: TrainerConfig | SwarmConfig, *, ranks: int) -> str | None:
-    """Why a trainer of ``ranks`` processes configured by ``cfg`` cannot take part in its swarm's
-    spot checks (None: it can, or the swarm runs none). Its commitments would carry no inner-step
-    commitment, and every trainer of the swarm would refuse them: it would train unheard."""
-    if not runs_spot_checks(cfg):
-        return None
-    if ranks > 1:
-        why = f"a trainer on {ranks} processes (torchrun, FSDP2) records no inner steps"
-    elif not cfg.grpo.bf16_compute:
-        why = "with grpo.bf16_compute off its inner steps are not recorded (a check re-runs the BF16 forward)"
-    else:
+def recording_problem(cfg: TrainerConfig | SwarmConfig) -> str | None:
+    """Why a trainer configured by ``cfg`` (on one process or several) cannot take part in its
+    swarm's spot checks (None: it can, or the swarm runs none). Its commitments would carry no
+    inner-step commitment, and every trainer of the swarm would refuse them: it would train unheard."""
+    if not runs_spot_checks(cfg) or cfg.grpo.bf16_compute:
         return None
     return (f"this swarm runs spot checks (loco.spot.rate = {cfg.loco.spot.rate} with chain.open_trainers or "
-            f"loco.spot.keyed), so every round commitment must carry the trainer's recorded inner steps, and {why}: "
-            "every trainer would refuse its commitments. Run each trainer as one process with grpo.bf16_compute "
-            "on, or use a swarm without chain.open_trainers and loco.spot.keyed (or with loco.spot.rate = 0)")
+            "loco.spot.keyed), so every round commitment must carry the trainer's recorded inner steps, and with "
+            "grpo.bf16_compute off its inner steps are not recorded (a check re-runs the BF16 forward): every "
+            "trainer would refuse its commitments. Run each trainer with grpo.bf16_compute on, or use a swarm "
+            "without chain.open_trainers and loco.spot.keyed (or with loco.spot.rate = 0)")

@@ -13,8 +13,8 @@ whose bootstrap is not on this machine refuses to start without trainer keys (an
 sign the versions it applies) unless ``--open-swarm-trust-anyone`` (``chain.open_swarm``) says
 so, which prints a warning banner; a trainer whose own key is neither configured nor admitted
 refuses too (every node would ignore its versions). So does a trainer that cannot record its
-inner steps in a swarm that runs spot checks (``config.recording_problem``: every trainer would
-refuse its commitments).
+inner steps in a swarm that runs spot checks (``config.recording_problem``: with
+``grpo.bf16_compute`` off; every trainer would refuse its commitments).
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
     from pulse_node.errors import ConfigError
     from pulse_node.trainer import world_size
 
-    if isinstance(cfg, TrainerConfig) and (problem := recording_problem(cfg, ranks=world_size())) is not None:
+    if isinstance(cfg, TrainerConfig) and (problem := recording_problem(cfg)) is not None:
         raise ConfigError(problem)  # every rank, before anything starts (trainer/role.py checks it too)
     if world_size() > 1:
         if cfg.role != "trainer":

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Callable
 from contextlib import nullcontext
 
 import torch
@@ -85,10 +86,14 @@ class GRPOLearner:
 
     ``chunked=False`` computes log-probs from the model's whole forward (``lm.logits`` per
     micro-batch): an FSDP-sharded model gathers its head only inside its root's forward.
+    ``logprobs`` computes the chunked log-probs of a packed micro-batch in place of
+    ``completion_logprobs`` (the same function, run as an FSDP2 root's forward).
     """
 
-    def __init__(self, policy: Policy, grpo_cfg: GRPOConfig, *, temperature: float = 1.0, chunked: bool = True) -> None:
+    def __init__(self, policy: Policy, grpo_cfg: GRPOConfig, *, temperature: float = 1.0, chunked: bool = True,
+                 logprobs: Callable[[Packed], torch.Tensor] | None = None) -> None:
         self.policy, self.cfg, self.temperature, self.chunked = policy, grpo_cfg, temperature, chunked
+        self.logprobs = logprobs
         self.opt = torch.optim.AdamW(policy.model.parameters(), lr=grpo_cfg.lr,
                                      betas=grpo_cfg.betas, weight_decay=grpo_cfg.weight_decay)
         if grpo_cfg.activation_checkpointing:
@@ -107,6 +112,8 @@ class GRPOLearner:
 
     def _new_logprobs(self, packed: Packed, params: dict[str, torch.Tensor] | None) -> torch.Tensor:
         if self.chunked and params is None:
+            if self.logprobs is not None:
+                return self.logprobs(packed)
             return completion_logprobs(self.policy.lm, packed, chunk=self.cfg.logit_chunk_tokens,
                                        recompute=self.cfg.activation_checkpointing, temperature=self.temperature)
         return token_logprobs(self.policy.lm, packed, params=params, temperature=self.temperature)[packed.target]

@@ -7,7 +7,9 @@ driven by rank 0's commands (``trainer/ranks.py``). Each rank holds (``ShardWork
 
 - its FSDP2 shard (``fully_shard``, every decoder block and the root; a tied head is one
   parameter of the root group) of the FP32 local weights, gradients and AdamW moments, BF16
-  forward with ``grpo.bf16_compute`` (``MixedPrecisionPolicy(param_dtype=bf16)``);
+  forward with ``grpo.bf16_compute``: ``MixedPrecisionPolicy(param_dtype=bf16)``, or, where the
+  swarm runs spot checks (``config.runs_spot_checks``), a one-process trainer's arithmetic (FP32
+  forward on the BF16-rounded weights, ``rl/batch.bf16_rounded``), which a check re-runs;
 - its rows of the FP32 global weights, outer momentum and error feedback (``trainer/shards.py``
   layout, the same rows as its FSDP shard), on CPU as in a one-process trainer.
 
@@ -19,6 +21,17 @@ with the same FP32 bits as one process finds). Rank 0 codes and exchanges payloa
 on the round as any trainer; the decided payloads, cut to each rank's rows, drive the outer
 step on every shard (per-entry operations only, in trainer-id order, so the FP32 result does
 not depend on the sharding), and the new global rows and momentum are gathered back.
+
+Recorded inner steps (spot checks, ``trainer/spot_record.py``): rank 0 gathers what a one-process
+trainer's ``InnerStepLog`` reads, as whole tensors in the log's flat arrays: at a round's start the
+AdamW moments and step, the error feedback and outer momentum rows (``cmd_start_state``); at each
+step, between backward and AdamW, the gradient (whose norm rank 0 finds over whole tensors, as one
+process does, and every rank clips with) and the BF16 weights the forward ran on. The record
+holds on rank 0 what a one-process record holds (per parameter and round: 12-16 B of start state,
+4 B per stepped step, the BF16 changes); gathering takes one tensor's padded chunks at a time
+on top. The bytes committed are a one-process trainer's given the same gradients; the gradients
+are the sum of the ranks' in another order (and FP32 rounding), within a check's tolerance
+(bench/RESULTS.md "Sharded trainers record").
 
 Rank 0 keeps whole FP32 copies of the global weights and momentum (``ShardedOuter``): payloads
 are coded and decoded against the whole base, the outer hash and the trainer-state file cover
@@ -38,20 +51,24 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import psutil
 import torch
 from torch import nn
 
 from pulse_node.codec.state import State
-from pulse_node.config import TrainerConfig
+from pulse_node.config import TrainerConfig, runs_spot_checks
 from pulse_node.loco.bound import PayloadBound
 from pulse_node.loco.config import LocoConfig
+from pulse_node.loco.opening import FlatLayout
 from pulse_node.loco.outer import OuterOptimizer, OuterState
 from pulse_node.loco.payload import LocoPayload
 from pulse_node.loco.sparsify import ErrorFeedback
+from pulse_node.rl.batch import Packed
+from pulse_node.rl.chunked import completion_logprobs
 from pulse_node.rl.config import GRPOConfig
 from pulse_node.rl.grpo import GRPOLearner, micro_batches
-from pulse_node.rl.policy import build_policy
+from pulse_node.rl.policy import Policy, build_policy
 from pulse_node.rl.rollout import Rollout
 from pulse_node.rl.sampler import RolloutWorker
 from pulse_node.torchbits import load_state
@@ -59,11 +76,13 @@ from pulse_node.trainer.ranks import Ranks
 from pulse_node.trainer.shards import (
     ShardLayout,
     combine_payloads,
+    gather_flat,
     gather_rows,
     offset_tensors,
     scatter_rows,
     slice_payload,
 )
+from pulse_node.trainer.spot_record import InnerStepLog, adam_moments
 
 if TYPE_CHECKING:
     from torch.distributed.tensor import DTensor
@@ -71,6 +90,8 @@ if TYPE_CHECKING:
     from pulse_node.daemon.status import NodeStatus
 
 log = logging.getLogger("pulse.ranks")
+
+Share = tuple[list[Rollout], list[float], float, int]  # a rank's rollouts, advantages, loss scale, micro-batches
 
 
 def rank_device(name: str) -> torch.device:
@@ -84,8 +105,25 @@ def rank_device(name: str) -> torch.device:
     return dev
 
 
-def shard_model(model: nn.Module, *, bf16_compute: bool, cpu_offload: bool) -> None:
-    """``fully_shard`` every block of the model's outermost ``ModuleList``s, then the root."""
+class ChunkedRoot(nn.Module):
+    """An FSDP2 root around the model whose forward is a one-process learner's log-probs
+    (``rl/chunked.completion_logprobs``): FSDP gathers the root group's parameters (embeddings,
+    final norm, a tied head) around it as it does around the model's own forward, so a sharded
+    trainer computes the chunked log-probs, and their gradients, as one process does."""
+
+    def __init__(self, policy: Policy, cfg: GRPOConfig, *, temperature: float) -> None:
+        super().__init__()
+        self.model = policy.model
+        self.lm, self.cfg, self.temperature = policy.lm, cfg, temperature
+
+    def forward(self, packed: Packed) -> torch.Tensor:
+        return completion_logprobs(self.lm, packed, chunk=self.cfg.logit_chunk_tokens,
+                                   recompute=self.cfg.activation_checkpointing, temperature=self.temperature)
+
+
+def shard_model(model: nn.Module, *, bf16_compute: bool, cpu_offload: bool, root: nn.Module | None = None) -> None:
+    """``fully_shard`` every block of the model's outermost ``ModuleList``s, then the root (the
+    model, or ``root`` around it)."""
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16_compute \
@@ -97,7 +135,7 @@ def shard_model(model: nn.Module, *, bf16_compute: bool, cpu_offload: bool) -> N
             taken.append(name)
             for block in module:
                 fully_shard(block, mp_policy=mp, offload_policy=offload)
-    fully_shard(model, mp_policy=mp, offload_policy=offload)
+    fully_shard(root or model, mp_policy=mp, offload_policy=offload)
 
 
 def _sharded(name: str, p: torch.nn.Parameter) -> DTensor:
@@ -107,6 +145,13 @@ def _sharded(name: str, p: torch.nn.Parameter) -> DTensor:
     if not isinstance(p, DTensor):
         raise RuntimeError(f"{name}: FSDP left the parameter unsharded ({type(p).__name__})")
     return p
+
+
+def local_part(t: torch.Tensor) -> torch.Tensor:
+    """A ``DTensor``'s local shard (sharing its memory); a plain tensor itself."""
+    from torch.distributed.tensor import DTensor
+
+    return t.to_local() if isinstance(t, DTensor) else t
 
 
 def memory_mb() -> dict[str, float]:
@@ -127,27 +172,38 @@ class ShardWork:
         # only rank 0 warm-starts the tiny model: the others get rank 0's weights (cmd_load)
         grpo = cfg.grpo if rank == 0 else cfg.grpo.model_copy(update={"warmstart_steps": 0})
         self.policy = build_policy(model_cfg, cfg.task, seed=cfg.seed, grpo_cfg=grpo, progress=rank == 0)
+        # checked inner steps run a one-process trainer's arithmetic (module docstring)
+        self.exact_bf16 = cfg.grpo.bf16_compute and runs_spot_checks(cfg)
         named = dict(self.policy.model.named_parameters())
         self.layout = ShardLayout({n: tuple(p.shape) for n, p in named.items()}, world=ranks.world)
         self.initial = {n: p.detach().to("cpu", torch.float32).clone() for n, p in named.items()} if rank == 0 else None
         # offloading to the host only means something when the model runs on an accelerator
-        shard_model(self.policy.model, bf16_compute=cfg.grpo.bf16_compute,
-                    cpu_offload=cfg.dist.cpu_offload and device.type != "cpu")
+        temperature = cfg.sampling.temperature
+        root = ChunkedRoot(self.policy, cfg.grpo, temperature=temperature) if self.exact_bf16 else None
+        shard_model(self.policy.model, bf16_compute=cfg.grpo.bf16_compute and not self.exact_bf16,
+                    cpu_offload=cfg.dist.cpu_offload and device.type != "cpu", root=root)
         self.local = {n: _sharded(n, p) for n, p in self.policy.model.named_parameters()}
         for n, p in self.local.items():
             if tuple(p.to_local().shape) != self.layout.local_shape(n, rank):
                 raise RuntimeError(f"{n}: FSDP shard {tuple(p.to_local().shape)} is not rows "
                                    f"{self.layout.span(n, rank)} of {self.layout.shapes[n]}")
         self.spans = self.layout.spans(rank)
+        self.offsets = FlatLayout.of(self.layout.shapes).offsets  # of each tensor in an inner-step log's arrays
         shapes = self.layout.local_shapes(rank)
         self.outer = OuterOptimizer({n: torch.zeros(s) for n, s in shapes.items()}, cfg.loco)
         self.ef = ErrorFeedback(shapes, cfg=cfg.loco, bound=PayloadBound.of_trainer(cfg))
-        # BF16 forward comes from FSDP's mixed precision: the learner must not swap parameters
-        # and the head is gathered only inside the root's forward: log-probs from the whole forward
-        self.learner = GRPOLearner(self.policy, cfg.grpo.model_copy(update={"bf16_compute": False}),
-                                   temperature=cfg.sampling.temperature, chunked=False)
+        # BF16 forward from FSDP's mixed precision and log-probs from the model's whole forward (the
+        # head is gathered only inside the root's); or (exact_bf16) the learner rounds the shards
+        # and the chunked log-probs are the root's forward
+        if root is None:
+            self.learner = GRPOLearner(self.policy, cfg.grpo.model_copy(update={"bf16_compute": False}),
+                                       temperature=temperature, chunked=False)
+        else:
+            self.learner = GRPOLearner(self.policy, cfg.grpo, temperature=temperature, logprobs=root)
         self.replica: tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]] | None = None  # rank 0
         self._mine: LocoPayload | None = None
+        self.log: InnerStepLog | None = None  # rank 0, while inner steps are recorded
+        self.recorded: tuple[np.ndarray, np.ndarray | None, float | None] | None = None  # rank 0: the last step's
 
     def run(self, name: str, arg: Any = None) -> Any:
         return getattr(self, f"cmd_{name}")(arg)
@@ -202,30 +258,96 @@ class ShardWork:
         self._gather_global()
 
     # ---- inner steps --------------------------------------------------------------------
-    def cmd_step(self, shares: list[tuple[list[Rollout], list[float], float, int]] | None
-                 ) -> list[dict[str, float]] | None:
+    def cmd_step(self, shares: list[tuple[Share, bool]] | None) -> list[dict[str, float]] | None:
         """One data-parallel GRPO step; each rank's loss is scaled by ``world * its tokens / all
         tokens`` so FSDP's gradient mean is the token mean over the whole batch. Every rank runs
-        the same number of micro-batches (each forward and backward is collective)."""
-        rollouts, adv, scale, count = self.ranks.scatter(shares)
+        the same number of micro-batches (each forward and backward is collective). With the flag
+        set the step is recorded (``_clip_recorded``)."""
+        (rollouts, adv, scale, count), record = self.ranks.scatter(shares)
         learner, model = self.learner, self.policy.model
         learner.opt.zero_grad(set_to_none=True)
         model.train()
         extra = learner.accumulate(rollouts, adv, scale=scale, count=count)
-        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), self.cfg.grpo.max_grad_norm)
+        if record:
+            norm = self._clip_recorded()
+        else:
+            total = torch.nn.utils.clip_grad_norm_(model.parameters(), self.cfg.grpo.max_grad_norm)
+            norm = float(total.full_tensor() if hasattr(total, "full_tensor") else total)
         before = {n: p.to_local().detach().to(torch.bfloat16) for n, p in self.local.items()}
         learner.opt.step()
         changed = sum(int((before[n].view(torch.int16) != p.to_local().detach().to(torch.bfloat16).view(torch.int16))
                           .sum()) for n, p in self.local.items())
-        norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
         extra["tokens"] = extra["tokens"] if scale else 0.0  # a placeholder share counts nothing
-        return self.ranks.gather({**extra, "loss": extra["loss"] * scale, "grad_norm": float(norm),
+        return self.ranks.gather({**extra, "loss": extra["loss"] * scale, "grad_norm": norm,
                                   "changed": changed, "numel": sum(p.to_local().numel() for p in self.local.values()),
                                   **memory_mb()})
 
+    # ---- recorded inner steps (spot checks) ----------------------------------------------
+    def _gather_flat(self, tensors: Mapping[str, torch.Tensor | None], dtype: type) -> np.ndarray | None:
+        """Collective: each rank's rows of ``tensors`` (None: zeros), whole, into one of rank 0's log
+        arrays of ``dtype`` (float32 values from FP32 rows, or uint16 BF16 bits from bfloat16 rows);
+        None elsewhere."""
+        rank = self.ranks.rank
+        local = {n: (local_part(t).detach().to("cpu") if t is not None else
+                     torch.zeros(self.layout.local_shape(n, rank), dtype=torch.bfloat16 if dtype is np.uint16 else None))
+                 for n, t in tensors.items()}
+        flat = self.log.take(dtype) if self.log is not None else None
+        into = None
+        if self.log is not None and flat is not None:
+            into = torch.from_numpy(flat.view(np.int16)).view(torch.bfloat16) if dtype is np.uint16 else torch.from_numpy(flat)
+        gather_flat(self.layout, local, rank=rank, into=into, offsets=self.offsets)
+        return flat
 
-def split_batch(batch: list[Rollout], adv: list[float], world: int, *,
-                micro_batch_tokens: int) -> list[tuple[list[Rollout], list[float], float, int]]:
+    def _bf16_weights(self) -> np.ndarray | None:
+        """Collective: the BF16 bits of the local weights (what the forward runs on), whole on rank 0."""
+        return self._gather_flat({n: p.to_local().detach().to(torch.bfloat16) for n, p in self.local.items()},
+                                 np.uint16)
+
+    @torch.no_grad()
+    def _clip_recorded(self) -> float:
+        """Collective, between a recorded step's backward and its AdamW step: the gradient whole on
+        rank 0, its norm found there over the whole tensors in the model's order (what
+        ``clip_grad_norm_`` finds on one process), every rank's rows and rank 0's copy clipped with it.
+        Rank 0 keeps the BF16 weights, the clipped gradient and the norm in ``recorded``."""
+        grad = self._gather_flat({n: p.grad for n, p in self.local.items()}, np.float32)
+        whole = self.log.views(grad) if self.log is not None and grad is not None else {}
+        total = float(torch.nn.utils.get_total_norm([whole[n] for n in self.local])) if whole else None
+        norm: float = self.ranks.bcast(total)
+        # torch.nn.utils.clip_grads_with_norm_'s coefficient, applied to every entry alike
+        coef = torch.clamp(self.cfg.grpo.max_grad_norm / (torch.tensor(norm, dtype=torch.float32) + 1e-6), max=1.0)
+        for p in self.local.values():
+            if p.grad is not None:
+                local_part(p.grad).mul_(coef.to(p.grad.device))
+        for t in whole.values():
+            t.mul_(coef)
+        weights = self._bf16_weights()
+        if weights is not None:
+            self.recorded = (weights, grad, norm)
+        return norm
+
+    def cmd_weights(self, _: None) -> None:
+        """A recorded step that takes no AdamW step: rank 0 keeps the BF16 weights in ``recorded``."""
+        weights = self._bf16_weights()
+        if weights is not None:
+            self.recorded = (weights, None, None)
+
+    def cmd_start_state(self, _: None) -> tuple[list[np.ndarray], int] | None:
+        """A recorded round's start state, whole on rank 0 in the log's flat arrays: the AdamW
+        moments, the error feedback and (outer step on the trainer) its momentum; and the AdamW step."""
+        names = list(self.layout.shapes)
+        m, v, step = adam_moments(self.learner.opt, [self.local[n] for n in names])
+        kinds: list[Mapping[str, torch.Tensor | None]] = [dict(zip(names, m)), dict(zip(names, v)), self.ef.e]
+        kinds += [self.ef.v] if self.ef.v else []
+        arrays = [self._gather_flat(k, np.float32) for k in kinds]
+        steps = self.ranks.gather(step)
+        if steps is None:
+            return None
+        if len(set(steps)) > 1:
+            raise RuntimeError(f"the ranks have taken different numbers of AdamW steps: {steps}")
+        return [a for a in arrays if a is not None], step
+
+
+def split_batch(batch: list[Rollout], adv: list[float], world: int, *, micro_batch_tokens: int) -> list[Share]:
     """Contiguous shares of ``batch`` per rank, with each share's loss scale and the number of
     micro-batches every rank runs (the most any share needs). A rank without a rollout of its
     own takes a placeholder with scale 0 (it must still join the collectives)."""
@@ -285,6 +407,7 @@ class DistributedEngine:
         self.outer = ShardedOuter(self.work.initial, cfg.loco, engine=self)
         self.work.initial = None
         self.work.replica = (self.outer.params, self.outer.momentum)
+        self.learner = self.work.learner  # rank 0's: its settings are every rank's
         self._worker: RolloutWorker | None = None
         self.push_global()  # every rank starts from rank 0's weights
         self.status = status
@@ -305,18 +428,48 @@ class DistributedEngine:
             self._worker = RolloutWorker(policy, self.cfg.sampling, compute=self.cfg.verify.compute)
         return self._worker
 
+    @property
+    def inner_log(self) -> InnerStepLog | None:
+        """Set: inner steps are recorded for spot checks (``trainer/spot_record.py``), on rank 0."""
+        return self.work.log
+
+    @inner_log.setter
+    def inner_log(self, log: InnerStepLog | None) -> None:
+        self.work.log = log
+
+    def begin_inner_log(self, *, round: int, base_hash: bytes) -> None:
+        """Start recording round ``round`` (after ``reset_local``), if ``inner_log`` is set."""
+        if self.work.log is not None:
+            arrays, adam_step = self._call("start_state")
+            self.work.log.begin_round_flat(round=round, base_hash=base_hash, base=self.outer.params, arrays=arrays,
+                                           adam_step=adam_step)
+
     def step(self, rollouts: list[Rollout], *, current_version: int, producer: str = "") -> dict[str, float]:
-        # producer: recorded only by LocalEngine.inner_log (spot checks do not cover sharded trainers yet)
+        """One GRPO step on every rank; with ``inner_log`` recorded as ``LocalEngine.step`` records it."""
         stats, batch, adv = self.work.learner.plan(rollouts, current_version=current_version)
+        log = self.work.log
         if not batch:
+            if log is not None:  # no gradient, no AdamW step: the weights the step would have run on
+                self._call("weights")
+                self._record(rollouts, producer=producer)
             return stats
-        parts = self._call("step", split_batch(batch, adv, self.ranks.world,
-                                               micro_batch_tokens=self.cfg.grpo.micro_batch_tokens))
+        shares = split_batch(batch, adv, self.ranks.world, micro_batch_tokens=self.cfg.grpo.micro_batch_tokens)
+        parts = self._call("step", [(share, log is not None) for share in shares])
+        if log is not None:
+            self._record(rollouts, producer=producer)
         stats.update(combine_stats(parts))
         if self.status is not None:
             self.status.update(rank_rss_mb=[round(p["rss_mb"]) for p in parts],
                                rank_peak_rss_mb=[round(p["peak_rss_mb"]) for p in parts])
         return stats
+
+    def _record(self, rollouts: list[Rollout], *, producer: str) -> None:
+        """The step the ranks just ran, from what rank 0 gathered, into ``inner_log``."""
+        if self.work.log is None or self.work.recorded is None:
+            raise RuntimeError("a recorded step left nothing to record")
+        weights, grad, norm = self.work.recorded
+        self.work.recorded = None
+        self.work.log.record_flat(rollouts, producer=producer, weights=weights, grad=grad, grad_norm=norm)
 
     def make_payload(self, *, round: int, trainer_id: str, base_hash: bytes) -> LocoPayload:
         payload: LocoPayload = self._call("make_payload", (round, trainer_id, base_hash))

@@ -13,7 +13,8 @@ weights goes through an ``Engine``:
 ``LocalEngine`` does all of it in this process (what the role did inline before).
 ``DistributedEngine`` (``trainer/distributed.py``) is rank 0 of a ``torchrun`` group: the inner
 steps run under FSDP2 on every rank and the gate, error feedback and outer step on each rank's
-shard; the results are bit-identical to ``LocalEngine``'s for the same payloads.
+shard; the outer step is bit-identical to ``LocalEngine``'s for the same payloads. Either records
+its inner steps into ``inner_log`` (spot checks) when it is set.
 ``make_engine`` picks one from the environment torchrun sets (``WORLD_SIZE``).
 """
 
@@ -43,6 +44,8 @@ if TYPE_CHECKING:
 
 class Engine(Protocol):
     shapes: dict[str, tuple[int, ...]]
+    learner: GRPOLearner  # whose settings are the inner steps' (``spot_replay.inner_settings``)
+    inner_log: InnerStepLog | None  # set: inner steps are recorded for spot checks
 
     @property
     def outer(self) -> OuterOptimizer: ...
@@ -51,6 +54,8 @@ class Engine(Protocol):
     def worker(self) -> RolloutWorker: ...
 
     def step(self, rollouts: list[Rollout], *, current_version: int, producer: str = "") -> dict[str, float]: ...
+
+    def begin_inner_log(self, *, round: int, base_hash: bytes) -> None: ...
 
     def make_payload(self, *, round: int, trainer_id: str, base_hash: bytes) -> LocoPayload: ...
 

@@ -47,7 +47,6 @@ from pulse_node.rl.settings import ModelMismatch, check_declared_model, settings
 from pulse_node.rl.tasks import make_task_source
 from pulse_node.rl.verify import RolloutVerifier
 from pulse_node.torchbits import module_state
-from pulse_node.trainer import world_size
 from pulse_node.trainer.agreement import RoundAgreement, RoundResult
 from pulse_node.trainer.engine import make_engine
 from pulse_node.trainer.intake import RolloutFeed
@@ -66,7 +65,7 @@ class TrainerRole:
         self.ctx = ctx
         self.cfg = ctx.cfg
         cfg = self.cfg
-        if (problem := recording_problem(cfg, ranks=world_size())) is not None:
+        if (problem := recording_problem(cfg)) is not None:
             raise ConfigError(problem)  # before the model is built: every trainer would refuse our commitments
         # the model seed is the run's (every trainer starts bit-identical); sampling differs per peer
         # model, optimizers, error feedback and outer step: in this process, or on the ranks of a

@@ -11,7 +11,9 @@ entry maps between a shard and the whole tensor by adding or subtracting ``start
   (``combine_payloads``);
 - a round's payload cut to a rank's spans (``slice_payload``) drives that rank's outer step;
 - ``gather_rows`` / ``scatter_rows`` move whole tensors between rank 0 and the shards
-  (``torch.distributed`` gather/scatter of equal, zero-padded chunks, one tensor at a time).
+  (``torch.distributed`` gather/scatter of equal, zero-padded chunks, one tensor at a time);
+  ``gather_flat`` moves many at once into one flat vector (a recorded inner step's gradient and
+  weights: one gather per bucket, not per tensor).
 """
 
 from __future__ import annotations
@@ -116,3 +118,49 @@ def scatter_rows(layout: ShardLayout, name: str, full: torch.Tensor | None, *, r
     recv = torch.empty(chunk, dtype=into.dtype)
     dist.scatter(recv, parts, src=0)
     into.view(-1).copy_(recv[:into.numel()])
+
+
+BUCKET_NUMEL = 1 << 22  # padded elements per rank in one gather of ``gather_flat`` (16 MB of FP32 per rank)
+
+
+def gather_flat(layout: ShardLayout, local: Mapping[str, torch.Tensor], *, rank: int, into: torch.Tensor | None,
+                offsets: Mapping[str, int], bucket_numel: int = BUCKET_NUMEL) -> None:
+    """Collective: every rank's rows of the tensors ``local`` (CPU, one dtype, the same names in
+    the same order on every rank) into rank 0's flat ``into``, each whole tensor at its offset.
+    The rows go in buckets of at most ``bucket_numel`` padded elements per rank (a larger tensor
+    alone), one gather each: rank 0 holds one bucket of every rank at a time on top of ``into``."""
+    import torch.distributed as dist
+
+    buckets: list[list[str]] = []
+    size = 0
+    for name in local:
+        chunk = layout.chunk_numel(name)
+        if not buckets or (buckets[-1] and size + chunk > bucket_numel):
+            buckets.append([])
+            size = 0
+        buckets[-1].append(name)
+        size += chunk
+    for names in buckets:
+        chunks = [layout.chunk_numel(n) for n in names]
+        total = sum(chunks)
+        send = torch.zeros(total, dtype=next(iter(local.values())).dtype)
+        at = 0
+        for name, chunk in zip(names, chunks):
+            flat = local[name].reshape(-1)
+            send[at:at + flat.numel()] = flat
+            at += chunk
+        recv = torch.empty(total * layout.world, dtype=send.dtype) if rank == 0 else None
+        dist.gather(send, list(recv.split(total)) if recv is not None else None, dst=0)
+        if into is not None and recv is not None:
+            _place(layout, names, recv.view(layout.world, total), into=into, offsets=offsets)
+
+
+def _place(layout: ShardLayout, names: Sequence[str], parts: torch.Tensor, *, into: torch.Tensor,
+           offsets: Mapping[str, int]) -> None:
+    """Rank ``r``'s padded chunks (row ``r`` of ``parts``, ``names`` in order) to their whole-tensor spans."""
+    at = 0
+    for name in names:
+        for r in range(layout.world):
+            start, stop = layout.span(name, r)
+            into[offsets[name] + start:offsets[name] + stop] = parts[r, at:at + stop - start]
+        at += layout.chunk_numel(name)

@@ -15,8 +15,10 @@ gradient, with Merkle paths), ``batch_bytes`` and ``weights_patch`` (a BF16 patc
 the weights of step ``k``). It keeps the last ``keep`` rounds (a check of round ``r`` also opens
 round ``r + 1``'s start). What that holds, per parameter and round: 4 B per stepped step plus
 12-16 B of start state, plus per step 6 B per BF16 change (at most 2 B per weight) (bench/RESULTS.md "Spot
-recomputation" has the figures at real shapes). Only ``LocalEngine`` records; a trainer on several
-processes (``DistributedEngine``) does not yet (its gradients live in shards).
+recomputation" has the figures at real shapes). ``LocalEngine`` records through ``begin_round`` and
+``record`` (from its learner and error feedback); a trainer on several processes
+(``DistributedEngine``) gathers the same whole tensors to rank 0 and records through
+``begin_round_of`` and ``record_of``: the bytes are those a one-process trainer with those tensors commits.
 """
 
 from __future__ import annotations
@@ -137,13 +139,20 @@ def adam_state(learner: GRPOLearner, params: Sequence[torch.nn.Parameter], layou
                out: tuple[np.ndarray | None, np.ndarray | None] = (None, None)) -> tuple[np.ndarray, np.ndarray, int]:
     """The inner AdamW moments of ``params`` (the layout's parameters, in its order), flat (into
     ``out``'s arrays where given), and their common step count (zeros and 0 before the first step)."""
-    states = [learner.opt.state.get(p, {}) for p in params]
+    m, v, step = adam_moments(learner.opt, params)
+    return flat_of(m, layout, out=out[0]), flat_of(v, layout, out=out[1]), step
+
+
+def adam_moments(opt: torch.optim.Optimizer, params: Sequence[torch.Tensor]
+                 ) -> tuple[list[torch.Tensor | None], list[torch.Tensor | None], int]:
+    """The AdamW moments ``exp_avg`` and ``exp_avg_sq`` of ``params`` (None for a parameter not
+    stepped yet) and their common step count (0 before the first step)."""
+    states = [opt.state.get(p, {}) for p in params]
     steps = {int(float(st["step"])) for st in states if st}
     if len(steps) > 1 or (steps and not all(states)):
         raise ValueError("parameters of one model have taken different numbers of AdamW steps")
-    m = flat_of([st["exp_avg"] if st else None for st in states], layout, out=out[0])
-    v = flat_of([st["exp_avg_sq"] if st else None for st in states], layout, out=out[1])
-    return m, v, steps.pop() if steps else 0
+    return ([st["exp_avg"] if st else None for st in states], [st["exp_avg_sq"] if st else None for st in states],
+            steps.pop() if steps else 0)
 
 
 @dataclass
@@ -212,18 +221,44 @@ class InnerStepLog:
             self._free[np.float32] += old.arrays + [s.grad for s in old.steps if s.grad is not None]
             self._free[np.uint16] += [old.base_bits] + [s.diff[1] for s in old.steps if s.diff[0] is None]
 
+    def take(self, dtype: type) -> np.ndarray:
+        """A model-sized flat array of ``dtype`` (``np.float32`` or ``np.uint16``) to fill and hand to
+        ``begin_round_flat`` or ``record_flat`` (one of a dropped round's, else a new one)."""
+        free = self._take(dtype)
+        return free if free is not None else np.empty(self.layout.total, dtype=dtype)
+
+    def views(self, flat: np.ndarray) -> dict[str, torch.Tensor]:
+        """Each tensor's part of ``flat`` (the layout's order), shaped, as a tensor sharing its memory
+        (BF16 bits, uint16, as bfloat16)."""
+        bits = flat.dtype == np.uint16
+        whole = torch.from_numpy(flat.view(np.int16)).view(torch.bfloat16) if bits else torch.from_numpy(flat)
+        out, at = {}, 0
+        for name, size in zip(self.layout.names, self.layout.sizes):
+            out[name] = whole[at:at + size].view(self.shapes[name])
+            at += size
+        return out
+
     def begin_round(self, *, round: int, base_hash: bytes, base: Mapping[str, torch.Tensor],
                     learner: GRPOLearner, ef: ErrorFeedback) -> None:
-        self._drop(round)
+        """Start round ``round`` from ``learner``'s AdamW state and the error feedback ``ef``."""
         f32, names = np.float32, self.layout.names
         params = self._params.of(learner.policy.model)
         m, v, t = adam_state(learner, params, self.layout, (self._take(f32), self._take(f32)))
         arrays = [m, v, flat_of([ef.e.get(n) for n in names], self.layout, out=self._take(f32))] + (
             [flat_of([ef.v.get(n) for n in names], self.layout, out=self._take(f32))] if ef.v else [])
-        state = STATE_TRAINER if ef.v else STATE_GLOBAL
+        self.begin_round_flat(round=round, base_hash=base_hash, base=base, arrays=arrays, adam_step=t)
+
+    def begin_round_flat(self, *, round: int, base_hash: bytes, base: Mapping[str, torch.Tensor],
+                         arrays: list[np.ndarray], adam_step: int) -> None:
+        """Start round ``round`` from its start state, flat in the layout's order (FP32): the AdamW
+        moments, the error feedback and, where the outer step is the trainer's own, its outer
+        momentum (``[m, v, e]`` or ``[m, v, e, u]``); ``adam_step`` AdamW steps were taken before it."""
+        self._drop(round)
+        state = STATE_TRAINER if len(arrays) == 4 else STATE_GLOBAL
         tree = MerkleTree.build(arrays, leaf=self.leaf, domain=STATE_DOMAIN, threads=self.hash_threads)
-        bits = bf16_of([base[n] for n in names], self.layout, out=self._take(np.uint16), scratch=self._scratch)
-        self._open = _Round(round, bytes(base_hash), bits, self.layout, self.shapes, t, state, arrays, tree)
+        bits = bf16_of([base[n] for n in self.layout.names], self.layout, out=self._take(np.uint16),
+                       scratch=self._scratch)
+        self._open = _Round(round, bytes(base_hash), bits, self.layout, self.shapes, adam_step, state, arrays, tree)
         self.rounds[round] = self._open
 
     @property
@@ -237,26 +272,35 @@ class InnerStepLog:
         The batch committed is ``rollouts`` as verifying them gave (rewards and log-probs this
         trainer recomputed), encoded: not the producer's bytes, whose claims a verifier elsewhere
         would judge again near its tolerance (bench/RESULTS.md "cut again")."""
+        params = self._params.of(learner.policy.model)
+        now = bf16_of(params, self.layout, out=self._take(np.uint16), scratch=self._scratch)
+        grad = None if grad_norm is None else flat_of([p.grad for p in params], self.layout, out=self._take(np.float32))
+        self.record_flat(rollouts, producer=producer, weights=now, grad=grad, grad_norm=grad_norm)
+
+    def record_flat(self, rollouts: list[Rollout], *, producer: str, weights: np.ndarray, grad: np.ndarray | None,
+                    grad_norm: float | None) -> None:
+        """``record`` from flat arrays in the layout's order (from ``take``, kept by the log): the BF16
+        bits (uint16) of the weights the forward ran on and the clipped FP32 gradient (None, with
+        ``grad_norm``: the step took no AdamW step)."""
         if self._open is None:
             raise RuntimeError("record() before begin_round()")
         data = encode_rollouts(rollouts)
         ref = BatchRef(producer, int(rollouts[0].version) if rollouts else 0, int(rollouts[0].batch) if rollouts else 0,
                        blake3.blake3(data).digest())
-        params = self._params.of(learner.policy.model)
-        now = bf16_of(params, self.layout, out=self._take(np.uint16), scratch=self._scratch)
-        weights = bytes.fromhex(flat_state_hash("BF16", self.shapes, now))
+        now = weights
+        weights_hash = bytes.fromhex(flat_state_hash("BF16", self.shapes, now))
         differs = np.not_equal(now, self._open.base_bits, out=self._differs)
         diff: tuple[np.ndarray | None, np.ndarray] = (None, now)  # 6 B per change, or 2 per weight
         if 3 * np.count_nonzero(differs) <= now.size:  # (counted first: most steps differ densely)
             pos = np.flatnonzero(differs)
             diff = (pos.astype(np.uint32), now[pos])
             self._free[np.uint16].append(now)
-        grad, tree = None, None
-        if grad_norm is not None:
-            grad = flat_of([p.grad for p in params], self.layout, out=self._take(np.float32))
-            tree = MerkleTree.build([grad], leaf=self.leaf, domain=GRAD_DOMAIN, threads=self.hash_threads)
-        self._open.steps.append(_Step(ref, data, weights, diff, grad, tree,
-                                      float(grad_norm or 0.0)))
+        if grad is not None and grad_norm is None:  # no AdamW step: no gradient to commit to
+            self._free[np.float32].append(grad)
+            grad = None
+        tree = None if grad is None else MerkleTree.build([grad], leaf=self.leaf, domain=GRAD_DOMAIN,
+                                                          threads=self.hash_threads)
+        self._open.steps.append(_Step(ref, data, weights_hash, diff, grad, tree, float(grad_norm or 0.0)))
 
     def commitment(self, identity: Identity, *, run_id: str, trainer: str, payload: bytes,
                    settings: bytes) -> InnerCommitment:

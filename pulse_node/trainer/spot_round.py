@@ -1,8 +1,9 @@
 """Spot checks in the real rounds: commit, draw, answer, check, verdict, evidence (trainer side).
 
 On with ``chain.open_trainers`` (an open trainer earns weight only by checks passed) or ``loco.spot.keyed``
-(``config.runs_spot_checks``), on a ``LocalEngine`` with ``grpo.bf16_compute`` (a trainer that cannot
-record refuses to start; a commitment without an inner one is refused, ``trainer/commits.py``). Per round ``r``:
+(``config.runs_spot_checks``), on a trainer with ``grpo.bf16_compute`` on one process or several (a
+trainer that cannot record refuses to start; a commitment without an inner one is refused,
+``trainer/commits.py``). Per round ``r``:
 
 1. **Commit.** The engine records every inner step (``InnerStepLog``, ``begin`` after the local
    weights were reset); the round commitment carries the signed inner commitment (``commitment``).
@@ -65,7 +66,7 @@ from pulse_node.peers.outcomes import Lied
 from pulse_node.torchbits import module_state
 from pulse_node.trainer.agreement import RoundAgreement
 from pulse_node.trainer.commits import MAX_OPEN
-from pulse_node.trainer.engine import Engine, LocalEngine
+from pulse_node.trainer.engine import Engine
 from pulse_node.trainer.recompute import RoundBase, SpotCase, SpotFailure
 from pulse_node.trainer.spot_answers import BATCH_BYTES, Answers
 from pulse_node.trainer.spot_evidence import Recheck, RecheckResult
@@ -100,11 +101,10 @@ class SpotRounds:
         self.ctx, self.cfg, self.spot = ctx, cfg, cfg.loco.spot
         self.agreement, self.peers, self.me = agreement, agreement.peers, agreement.me
         self.ledger, self.states = ledger, states
-        self.enabled = runs_spot_checks(cfg) and isinstance(engine, LocalEngine) and cfg.grpo.bf16_compute
-        self.engine = engine if isinstance(engine, LocalEngine) else None
+        self.enabled = runs_spot_checks(cfg) and cfg.grpo.bf16_compute
+        self.engine = engine
         self.log = InnerStepLog(engine.shapes, keep=self.spot.keep_rounds + 1) if self.enabled else None
-        if self.engine is not None:
-            self.engine.inner_log = self.log
+        engine.inner_log = self.log
         self.worker: SpotWorker | None = None
         self.pending: dict[tuple[int, str, str], _Pending] = {}
         self.answers = Answers(ctx, peers=self.peers, current_round=agreement.current_round, epoch=agreement.table.epoch,
@@ -125,13 +125,13 @@ class SpotRounds:
     # ---- our own round ------------------------------------------------------------------
     def begin(self, *, round: int, base_hash: bytes) -> None:
         """Start recording round ``round`` (the local weights were just reset to its base)."""
-        if self.engine is not None and self.log is not None:
+        if self.log is not None:
             self.engine.begin_inner_log(round=round, base_hash=base_hash)
 
     def commitment(self, round: int, payload: bytes) -> bytes:
         """Our encoded inner commitment of ``round`` behind the payload bytes ``payload`` (empty:
         none, e.g. the round was not recorded from its start)."""
-        if self.engine is None or self.log is None or self.log.open_round != round:
+        if self.log is None or self.log.open_round != round:
             return b""
         c = self.log.commitment(self.ctx.identity, run_id=self.cfg.run_id, trainer=self.me,
                                 payload=payload_digest(payload), settings=inner_settings(self.engine.learner, self.cfg.loco))
@@ -139,8 +139,8 @@ class SpotRounds:
 
     def settings(self) -> bytes | None:
         """Our inner-step settings' digest, which every inner commitment we take must name
-        (``trainer/commits.py``); None without a ``LocalEngine`` (not compared)."""
-        return None if self.engine is None else inner_settings(self.engine.learner, self.cfg.loco)
+        (``trainer/commits.py``, where the swarm runs spot checks)."""
+        return inner_settings(self.engine.learner, self.cfg.loco)
 
     # ---- the draw -----------------------------------------------------------------------
     def decided(self, d: RoundDecision, *, base: Mapping[str, torch.Tensor]) -> None:
