@@ -24,7 +24,8 @@ from pulse_node.errors import WireError
 PushKind = Literal["rollouts", "loco", "loco_commit", "head", "loco_decision", "evidence", "spot_answer", "spot_verdict",
                    "spot_evidence"]
 #: what one peer may fetch from another's store
-FetchKind = Literal["record", "patch", "anchor", "catchup", "trainer_state", "loco_payload", "loco_decision"]
+FetchKind = Literal["record", "patch", "anchor", "catchup", "trainer_state", "loco_payload", "loco_decision",
+                    "loco_commit"]
 #: any message kind (fault injection faults pushes and fetches alike)
 Kind = Literal[PushKind, FetchKind]
 
@@ -172,3 +173,4 @@ class DecisionRefusal(Reason):
     OMITS_COMMITMENT = "omits_commitment"  # leaves out a commitment this trainer held in time
     OMITS_VERDICT = "omits_verdict"  # leaves out a failed verdict with evidence this trainer held in time
     REFUTED = "refuted"  # names "no answer" of a target whose answer receipt this trainer held in time
+    BAD_COMMITMENT = "bad_commitment"  # names a commitment this trainer lacked that, fetched, fails its checks
