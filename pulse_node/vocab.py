@@ -158,6 +158,7 @@ class LocoRefusal(Reason):
     BAD_COMMITMENT = "bad_commitment"
     EQUIVOCATION = "equivocation"  # a second, different commitment of one key for one round of one chain
     SPOT_TERMS = "spot_terms"  # spot checks on: no inner-step commitment, or one for another model, steps or settings
+    OTHER_STATE = "other_state"  # a commitment on another epoch or base (a trainer forked or re-syncing): no strike
 
 
 class DecisionRefusal(Reason):

@@ -90,7 +90,7 @@ class TrainerCounters(_Section):
     decision_conflicts: int = Field(0, ge=0, description="second, differing decisions for a round")
     loco_refused: dict[LocoRefusal, int] = Field(default_factory=dict, description="PULSELoCo payloads refused, by reason "
                                          "(not_member, out_of_bound, too_large, malformed, too_far_ahead, "
-                                         "duplicate, banned, uncommitted, bad_commitment, equivocation, spot_terms)")
+                                         "duplicate, banned, uncommitted, bad_commitment, equivocation, spot_terms, other_state)")
     commits_held: int = Field(0, ge=0, description="round commitments of other trainers held (checked) this run")
     commits_fetched: int = Field(0, ge=0, description="round commitments a decision named that this trainer lacked, "
                                  "fetched and held (trainer/decisions.py)")

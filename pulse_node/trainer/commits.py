@@ -5,7 +5,10 @@ Before anyone reveals a payload of round ``r``, every trainer pushes a signed ``
 reveal) to every live member (push kind ``loco_commit``). ``CommitIntake`` keeps one commitment
 per member and round, with the time it arrived here (monotonic), checked by ``check_commit``
 against the key the trainer's peer id encodes, our run, epoch, round and base; it relays each one
-it keeps to the other live members once, so honest trainers' views converge. Commitments of the
+it keeps to the other live members once, so honest trainers' views converge. One validly signed on
+another epoch or base (``OtherState``: its trainer forked, restarted or is re-syncing) is refused as
+``other_state`` with no strike on its sender: strikes add up to a ban, which would keep an honest
+trainer (or the members relaying it) out after it re-synced. Commitments of the
 coming ``PARK_ROUNDS`` rounds are held unchecked until their round is current here (their base is
 the state we do not hold yet). Of open trainers' commitments at most ``MAX_OPEN`` per round are
 held, those the ledger ranks first (``loco/roundrules.open_priority``: earned keys, then newcomers in
@@ -53,6 +56,7 @@ from pulse_node.loco.ledger import Ledger
 from pulse_node.loco.roundcommit import (
     MAX_ROUNDCOMMIT_BYTES,
     Expect,
+    OtherState,
     RoundCommit,
     check_signed,
     check_terms,
@@ -230,6 +234,9 @@ class CommitIntake:
         expect = self._expect(c.round)
         try:
             inner = check_signed(c, key=self.peers.key_of(c.trainer), expect=expect)
+        except OtherState as exc:  # its trainer (and a relay) on another state: refused, no strike
+            self.peers.refuse(sender, LocoRefusal.OTHER_STATE, str(exc), lied=False)
+            raise
         except PulseError as exc:
             self._refuse(sender, LocoRefusal.BAD_COMMITMENT, exc)
         try:
