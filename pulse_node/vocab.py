@@ -24,7 +24,8 @@ from pulse_node.errors import WireError
 PushKind = Literal["rollouts", "loco", "loco_commit", "head", "loco_decision", "evidence", "spot_answer", "spot_verdict",
                    "spot_evidence"]
 #: what one peer may fetch from another's store
-FetchKind = Literal["record", "patch", "anchor", "catchup", "trainer_state", "loco_payload", "loco_decision"]
+FetchKind = Literal["record", "patch", "anchor", "catchup", "trainer_state", "loco_payload", "loco_decision",
+                    "loco_commit"]
 #: any message kind (fault injection faults pushes and fetches alike)
 Kind = Literal[PushKind, FetchKind]
 
@@ -157,6 +158,7 @@ class LocoRefusal(Reason):
     BAD_COMMITMENT = "bad_commitment"
     EQUIVOCATION = "equivocation"  # a second, different commitment of one key for one round of one chain
     SPOT_TERMS = "spot_terms"  # spot checks on: no inner-step commitment, or one for another model, steps or settings
+    OTHER_STATE = "other_state"  # a commitment on another epoch or base (a trainer forked or re-syncing): no strike
 
 
 class DecisionRefusal(Reason):
@@ -172,3 +174,4 @@ class DecisionRefusal(Reason):
     OMITS_COMMITMENT = "omits_commitment"  # leaves out a commitment this trainer held in time
     OMITS_VERDICT = "omits_verdict"  # leaves out a failed verdict with evidence this trainer held in time
     REFUTED = "refuted"  # names "no answer" of a target whose answer receipt this trainer held in time
+    BAD_COMMITMENT = "bad_commitment"  # names a commitment this trainer lacked that, fetched, fails its checks

@@ -33,7 +33,7 @@ MiB = 1 << 20
 REQUESTS: list[wp.FetchRequest] = [
     wp.RecordRequest(version=2), wp.PatchRequest(version=2), wp.AnchorRequest(version=0, offset=0, length=3 * MiB),
     wp.CatchupRequest(base=0, target=2), wp.TrainerStateRequest(), wp.LocoPayloadRequest(round=1, digest="cd" * 32),
-    wp.LocoDecisionRequest(round=1),
+    wp.LocoDecisionRequest(round=1), wp.LocoCommitRequest(round=1, digest="ef" * 32),
 ]
 
 

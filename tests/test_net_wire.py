@@ -363,9 +363,12 @@ def test_loco_payload_and_decision_are_served_and_decisions_pushed(swarm: dict, 
     digest = "cd" * 32
     payload = _write(src, f"loco/4/{digest}.payload", os.urandom(5000))
     decision = _write(src, "loco/4/decision", b"signed decision")
+    commitment = _write(src, f"loco/4/{digest}.commit", b"signed commitment")
     client.fetch(addr, wp.LocoPayloadRequest(round=4, digest=digest), tmp_path / "p")
     client.fetch(addr, wp.LocoDecisionRequest(round=4), tmp_path / "d")
+    client.fetch(addr, wp.LocoCommitRequest(round=4, digest=digest), tmp_path / "c")
     assert (tmp_path / "p").read_bytes() == payload and (tmp_path / "d").read_bytes() == decision
+    assert (tmp_path / "c").read_bytes() == commitment
     with pytest.raises(NotFound):
         client.fetch(addr, wp.LocoPayloadRequest(round=4, digest="../" + digest[3:]), tmp_path / "x")
     server.events(max_events=64)  # whatever earlier tests left

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import msgpack
 import pytest
 
 from pulse_node.errors import UnsupportedVersion, WireError
 from pulse_node.net.wire import protocol as wp
+from pulse_node.net.wire.serving import resolve
 
 V = wp.WIRE_VERSION
 
@@ -82,6 +85,10 @@ def test_fetch_requests_are_typed_from_the_start_and_checked_again_when_decoded(
     assert wp.params_of(req) == {"base": 1, "target": 4}
     assert wp.decode_fetch("catchup", req.body()) == req
     assert wp.decode_fetch("loco_decision", wp.LocoDecisionRequest(round=2).body()).round == 2
+    commit = wp.LocoCommitRequest(round=2, digest="ab" * 32)
+    assert wp.kind_of(commit) == "loco_commit" and wp.decode_fetch("loco_commit", commit.body()) == commit
+    assert resolve(Path("/s"), commit) == Path("/s/loco/2") / f"{'ab' * 32}.commit"
+    assert resolve(Path("/s"), wp.LocoCommitRequest(round=2, digest="../" + "ab" * 30 + "c")) is None
     with pytest.raises(WireError):
         wp.LocoPayloadRequest(round=2, digest="ab" * 33)  # out of its declared bound: never built
     with pytest.raises(WireError, match="not a fetch request"):

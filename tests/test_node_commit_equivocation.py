@@ -17,6 +17,7 @@ from test_node_open_trainers import BASE, EPOCH, ROUND, _agreement, _announce, _
 from pulse_node.chain.evidence import MAX_EVIDENCE_BYTES, decode_evidence
 from pulse_node.chain.identity import Identity
 from pulse_node.config import TrainerConfig
+from pulse_node.errors import IntegrityError
 from pulse_node.loco.decision import payload_digest
 from pulse_node.loco.payload import LocoPayload
 from pulse_node.loco.roundcommit import MAX_ROUNDCOMMIT_BYTES, encode_commit, make_commit
@@ -101,3 +102,31 @@ def test_a_trainer_restarting_within_a_round_it_committed_to_never_signs_a_secon
     assert o.revealed and not o.mine and (served is None or not served.exists())
     assert result is not None and result.payloads is None
     again.ctx.store.close()
+
+
+@pytest.mark.parametrize("elsewhere", [{"epoch": b"\x0f" * 32}, {"base": b"\x02" * 32}])
+def test_a_commitment_on_another_state_is_refused_without_a_strike(tmp_path, elsewhere):
+    """A member on another state (a fork, a restart, a re-sync under way) commits on its own base: we
+    cannot hold it, but it is no lie, so neither the trainer nor an honest member relaying it is struck
+    (strikes add up to a ban, which would keep an honest trainer out once it re-synced). A commitment
+    signed by another key than its trainer's still is a strike on whoever sent it."""
+    hub, me, member, other = MemoryHub(), Identity.generate(), Identity.generate(), Identity.generate()
+    keys = [me.public_key_hex, member.public_key_hex, other.public_key_hex]
+    ag = _agreement(tmp_path, hub, me, keys, open_trainers=True)
+    mid, relay = _announce(hub, member), _announce(hub, other)
+    with pytest.raises(IntegrityError, match="another state"):
+        ag.offer_commit(mid, _commit(member, 1e-4, **elsewhere))
+    with pytest.raises(IntegrityError, match="another state"):
+        ag.offer_commit(relay, _commit(member, 1e-4, **elsewhere))
+    book = ag.ctx.book
+    assert not book.strikes[mid] and not book.strikes[relay] and ag.peers.may_contribute(mid)
+    assert ag.ctx.status.snapshot().trainer.loco_refused == {"other_state": 2}
+    assert ag.commits.of(ROUND, mid) is None  # not held: a decision on our base need not name it
+    forged = make_commit(other, run_id=DEFAULT_RUN_ID, epoch=EPOCH, round=ROUND, base=b"\x02" * 32, trainer=mid,
+                         payload=payload_digest(_payload(mid, 1e-4)))
+    with pytest.raises(IntegrityError, match="not signed by the expected key"):
+        ag.offer_commit(relay, encode_commit(forged))  # signed by another key: forged, a strike
+    assert book.strikes[relay]
+    ag.offer_commit(mid, _commit(member, 1e-4))  # its commitment on our state, once it re-synced, is held
+    assert ag.commits.of(ROUND, mid) is not None
+    ag.ctx.store.close()

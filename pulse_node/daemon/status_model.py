@@ -90,8 +90,10 @@ class TrainerCounters(_Section):
     decision_conflicts: int = Field(0, ge=0, description="second, differing decisions for a round")
     loco_refused: dict[LocoRefusal, int] = Field(default_factory=dict, description="PULSELoCo payloads refused, by reason "
                                          "(not_member, out_of_bound, too_large, malformed, too_far_ahead, "
-                                         "duplicate, banned, uncommitted, bad_commitment, equivocation, spot_terms)")
+                                         "duplicate, banned, uncommitted, bad_commitment, equivocation, spot_terms, other_state)")
     commits_held: int = Field(0, ge=0, description="round commitments of other trainers held (checked) this run")
+    commits_fetched: int = Field(0, ge=0, description="round commitments a decision named that this trainer lacked, "
+                                 "fetched and held (trainer/decisions.py)")
     spot_drawn: int = Field(0, ge=0, description="spot checks drawn in the rounds this trainer applied (trainer/spot_round.py)")
     spot_passed: int = Field(0, ge=0, description="spot checks this trainer ran as the verifier that passed")
     spot_failed: int = Field(0, ge=0, description="... that failed (unanswered, or a mismatch with evidence)")

@@ -10,7 +10,8 @@ its base (the outer state hash), so one of another life of the swarm, another ro
 state means nothing here.
 
 ``check_commit`` is what a receiver checks before keeping one: ``check_signed`` (signature by the
-key the trainer's peer id encodes; run, epoch, round, base; the inner commitment's signature)
+key the trainer's peer id encodes; run, round; the inner commitment's signature; epoch and base,
+whose mismatch is ``OtherState``: a trainer on another state, not a forger)
 and ``check_terms`` (with spot checks on, an inner commitment must be there; its header: this
 run, round, base, payload, model size, steps, and our inner-step settings). Two different commitments
 one key signed for one (epoch, round, base) are equivocation evidence (``commits_conflict``).
@@ -80,6 +81,11 @@ def commit_digest(data: bytes) -> bytes:
     return blake3.blake3(data).digest()
 
 
+class OtherState(IntegrityError):
+    """A commitment validly signed for this round, on another epoch or base: its trainer is on another
+    state (a fork, a restart, a re-sync under way). Not ours to hold, and no lie: nobody is struck."""
+
+
 @dataclass(frozen=True)
 class Expect:
     """What a receiver expects of this round's commitments."""
@@ -108,11 +114,11 @@ def check_signed(c: RoundCommit, *, key: str, expect: Expect) -> InnerCommitment
     names, and its inner commitment (if any) ``key``'s for the same trainer: what fails here was
     forged or damaged. Its inner commitment (None if it carries none)."""
     COMMITS.verify(c, signer_key=key, tag=f"round {c.round} commitment of {c.trainer[:12]}")
-    if (c.run_id, c.epoch, c.round) != (expect.run_id, expect.epoch, expect.round):
-        raise IntegrityError(f"commitment of {c.trainer[:12]} is for {c.run_id} round {c.round} of epoch "
-                             f"{c.epoch.hex()[:8]}, not this round")
-    if c.base != expect.base:
-        raise IntegrityError(f"round {c.round} commitment of {c.trainer[:12]} names another base")
+    if (c.run_id, c.round) != (expect.run_id, expect.round):
+        raise IntegrityError(f"commitment of {c.trainer[:12]} is for {c.run_id} round {c.round}, not this round")
+    if (c.epoch, c.base) != (expect.epoch, expect.base):
+        raise OtherState(f"round {c.round} commitment of {c.trainer[:12]} is on another state (epoch "
+                         f"{c.epoch.hex()[:8]}, base {c.base.hex()[:8]}): its trainer forked or re-synced")
     if not c.spot:
         return None
     inner = decode_commitment(c.spot)

@@ -66,7 +66,7 @@ from pulse_node.loco.commitlist import VERDICTS, CheckVerdict
 from pulse_node.loco.decision import MAX_DECISION_BYTES, RoundDecision, encode_decision, make_decision, payload_digest
 from pulse_node.loco.ledger import Ledger
 from pulse_node.loco.payload import LocoPayload, read_header
-from pulse_node.loco.roundcommit import commit_digest, decode_commit
+from pulse_node.loco.roundcommit import decode_commit
 from pulse_node.loco.roundrules import entering
 from pulse_node.loco.verdicts import failing
 from pulse_node.net.wire.protocol import LocoDecisionRequest, LocoPayloadRequest
@@ -360,7 +360,7 @@ class RoundAgreement:
                 return None
             d = make_decision(self.ctx.identity, run_id=self.ctx.cfg.run_id, round=r, base=base, epoch=self.table.epoch(),
                               coordinator=self.me, contributors=held,
-                              committed={tid: commit_digest(h.data) for tid, h in committed.items()},
+                              committed={tid: h.digest for tid, h in committed.items()},
                               open=[tid for tid in held if not self.peers.is_member(tid)],
                               verdicts=verdicts, convicted=convicted)
             data = encode_decision(d)
@@ -375,9 +375,9 @@ class RoundAgreement:
         return d
 
     def _held_back(self, r: int) -> bool:
-        """Whether we refused a decision of round ``r`` for an omission, or hold one back as early:
-        a peer that applied it does not make us re-sync onto its state."""
-        return r in self.table.omitted or bool(self.intake.parked.get(r))
+        """Whether we refused a decision of round ``r`` for an omission, or hold one back
+        (``DecisionIntake.holds_back``): a peer that applied it does not make us re-sync onto it."""
+        return r in self.table.omitted or self.intake.holds_back(r)
 
     def _fetch_missing(self, r: int, committed: Mapping[str, HeldCommit], live: Mapping[str, PeerRecord]) -> None:
         """Fetch each committed payload that did not reach us (a lost push, or one revealed to some

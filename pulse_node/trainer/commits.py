@@ -5,7 +5,10 @@ Before anyone reveals a payload of round ``r``, every trainer pushes a signed ``
 reveal) to every live member (push kind ``loco_commit``). ``CommitIntake`` keeps one commitment
 per member and round, with the time it arrived here (monotonic), checked by ``check_commit``
 against the key the trainer's peer id encodes, our run, epoch, round and base; it relays each one
-it keeps to the other live members once, so honest trainers' views converge. Commitments of the
+it keeps to the other live members once, so honest trainers' views converge. One validly signed on
+another epoch or base (``OtherState``: its trainer forked, restarted or is re-syncing) is refused as
+``other_state`` with no strike on its sender: strikes add up to a ban, which would keep an honest
+trainer (or the members relaying it) out after it re-synced. Commitments of the
 coming ``PARK_ROUNDS`` rounds are held unchecked until their round is current here (their base is
 the state we do not hold yet). Of open trainers' commitments at most ``MAX_OPEN`` per round are
 held, those the ledger ranks first (``loco/roundrules.open_priority``: earned keys, then newcomers in
@@ -21,7 +24,13 @@ off relays it.
 
 The agreement (``trainer/agreement.py``) admits a payload only if it matches the commitment its
 trainer made, and the round's decision must name every commitment held in time
-(``trainer/decisions.py``). A second, different commitment of one key for one round is refused
+(``trainer/decisions.py``). Every commitment held (our own too) is served by its digest
+(``loco_commit`` fetch, ``<store>/loco/<round>/<digest>.commit``): a member lacking one that a
+decision names fetches it (``trainer/commit_fetch.py``) and hands it to ``take_named``, which
+checks it as a pushed one is checked and holds it as arrived after every commit phase (``at``
+infinite: it was not here in time, so it makes no later decision "omit" it and enters no
+decision of ours); the cap on open trainers' commitments does not apply to it (a decision names
+at most ``MAX_CONTRIBUTORS``). A second, different commitment of one key for one round is refused
 (the first stays); when both are its valid commitments on one chain (same epoch and base,
 ``commits_conflict``) the pair is equivocation evidence: the peer book convicts the key (a member,
 or an open trainer within its share), and the node's evidence plane spreads it like any other.
@@ -29,24 +38,29 @@ or an open trainer within its share), and the node's evidence plane spreads it l
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NoReturn
+from typing import Literal, NoReturn
 
 from pulse_node.chain.evidence import encode_evidence
+from pulse_node.chain.serving import loco_commit_path
 from pulse_node.config import TrainerConfig, runs_spot_checks
 from pulse_node.daemon.context import RoleContext
 from pulse_node.errors import IntegrityError, PulseError
+from pulse_node.fsutil import write_atomic
 from pulse_node.loco.ledger import Ledger
 from pulse_node.loco.roundcommit import (
     MAX_ROUNDCOMMIT_BYTES,
     Expect,
+    OtherState,
     RoundCommit,
     check_signed,
     check_terms,
+    commit_digest,
     commits_conflict,
     decode_commit,
     encode_commit,
@@ -65,11 +79,29 @@ MAX_OPEN = 64  # open trainers' commitments held per round, at most (the ledger'
 
 @dataclass(frozen=True)
 class HeldCommit:
-    """A commitment this trainer holds: its bytes, decoded, and when it arrived here (monotonic)."""
+    """A commitment this trainer holds: its bytes, decoded, and when it arrived here (monotonic;
+    infinite for one fetched because a decision named it: never in time)."""
 
     data: bytes
     commit: RoundCommit
     at: float
+
+    @functools.cached_property
+    def digest(self) -> bytes:
+        """What a decision names it by (``commit_digest``), hashed once."""
+        return commit_digest(self.data)
+
+
+@dataclass(frozen=True)
+class NamedFault:
+    """Why a commitment a decision named, fetched by its digest, is not held (``take_named``):
+    ``forged`` (no valid commitment of that trainer for this round: its signature, run, epoch,
+    round, base or trainer is wrong), ``terms`` (valid, but not on our spot-check terms,
+    ``check_terms``), ``second`` (valid, and the trainer's second commitment of the round: the pair
+    is evidence against it)."""
+
+    kind: Literal["forged", "terms", "second"]
+    message: str
 
 
 class CommitIntake:
@@ -100,7 +132,47 @@ class CommitIntake:
                                              base=base, trainer=self.peers.me, payload=payload, spot=spot))
             own_commits.keep(data_dir, epoch=epoch, r=r, data=data)
         self.held.setdefault(r, {})[self.peers.me] = HeldCommit(data, decode_commit(data), time.monotonic())
+        self._serve(r, data)
         return data
+
+    def _serve(self, r: int, data: bytes) -> None:
+        """Keep a held commitment where the wire worker serves it by digest (``loco_commit``)."""
+        try:
+            write_atomic(loco_commit_path(Path(self.ctx.store.root), r, commit_digest(data).hex()), data, durable=False)
+        except OSError as exc:
+            self.ctx.log.warning("cannot serve the round %d commitment: %s", r, exc)
+
+    def take_named(self, r: int, trainer: str, data: bytes, *, coordinator: str) -> NamedFault | None:
+        """Take ``trainer``'s commitment of round ``r`` that ``coordinator``'s decision named, fetched
+        by the digest it named (checked by the caller): checked like a pushed one (``check_signed``,
+        then ``check_terms``), held as never in time and served (module docstring). None if it is
+        held now, else why it is not (a second commitment of ``trainer`` is handed to the peer book
+        as evidence first, as ``coordinator``'s report)."""
+        try:
+            c = decode_commit(data)
+            if (c.trainer, c.round) != (trainer, r) or len(data) > MAX_ROUNDCOMMIT_BYTES:
+                raise IntegrityError(f"it is not {trainer[:12]}'s commitment of round {r}")
+            inner = check_signed(c, key=self.peers.key_of(trainer), expect=self._expect(r))
+        except PulseError as exc:
+            return NamedFault("forged", str(exc))
+        have = self.of(r, trainer)
+        if have is not None and have.data != data:
+            try:
+                commits_conflict(have.data, data, self.ctx.cfg.run_id)
+            except PulseError as exc:  # unreachable: both were checked against this round
+                return NamedFault("forged", str(exc))
+            self.ctx.book.judge(coordinator, Reported("two commitments", evidence=encode_evidence("commitment", have.data, data)))
+            return NamedFault("second", f"{trainer[:12]} signed two commitments for round {r}")
+        try:
+            check_terms(c, inner, expect=self._expect(r))
+        except PulseError as exc:
+            return NamedFault("terms", str(exc))
+        if have is None:
+            self.held.setdefault(r, {})[trainer] = HeldCommit(data, c, math.inf)
+            self._serve(r, data)
+            with self.ctx.status.trainer() as counters:
+                counters.commits_fetched += 1
+        return None
 
     def of(self, r: int, trainer: str) -> HeldCommit | None:
         return self.held.get(r, {}).get(trainer)
@@ -162,6 +234,9 @@ class CommitIntake:
         expect = self._expect(c.round)
         try:
             inner = check_signed(c, key=self.peers.key_of(c.trainer), expect=expect)
+        except OtherState as exc:  # its trainer (and a relay) on another state: refused, no strike
+            self.peers.refuse(sender, LocoRefusal.OTHER_STATE, str(exc), lied=False)
+            raise
         except PulseError as exc:
             self._refuse(sender, LocoRefusal.BAD_COMMITMENT, exc)
         try:
@@ -170,6 +245,7 @@ class CommitIntake:
             self.peers.refuse(sender, LocoRefusal.SPOT_TERMS, str(exc), lied=False)
             raise
         self.held.setdefault(c.round, {})[c.trainer] = HeldCommit(data, c, at)
+        self._serve(c.round, data)
         with self.ctx.status.trainer() as counters:
             counters.commits_held += 1
         to = [*self.peers.live().values(), *self.peers.open_peers(self.held.get(c.round, {}))]

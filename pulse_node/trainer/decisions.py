@@ -27,12 +27,12 @@ convictions it names, ``loco/verdicts.py``), then:
    so a decision cannot freeze training by naming a base nobody holds.
 4. **Naming every commitment** (commit-reveal, ``trainer/commits.py``). Every contributor is
    named among the decision's commitments, and its payload digest is the one its commitment
-   (where held here) names. Before our commit phase closed, a decision is early unless it names
-   a commitment of every live member. It must name every commitment held here that arrived in
-   our commit phase at least ``decision_wait_s / 2`` ago (skew), and list as a contributor every
-   committed trainer whose payload we held as long; else it is refused (``omits_commitment``),
-   both signed statements (the decision, the commitment left out) are kept under
-   ``loco/<round>/omitted/``, and the next coordinator in turn decides (a peer that applied the
+   names (held here, or fetched: step 6). Before our commit phase closed, a decision is early
+   unless it names a commitment of every live member. It must name every commitment held here
+   that arrived in our commit phase at least ``decision_wait_s / 2`` ago (skew), and list as a
+   contributor every committed trainer whose payload we held as long; else it is refused
+   (``omits_commitment``), both signed statements (the decision, the commitment left out) are
+   kept under ``loco/<round>/omitted/``, and the next coordinator in turn decides (a peer that applied the
    refused decision does not make us re-sync onto it). Likewise one naming a verdict we can
    refute by what we held as long (``refuted``: no answer of a target whose answer we held, a
    check nobody drew), and one
@@ -44,6 +44,19 @@ convictions it names, ``loco/verdicts.py``), then:
    our own commitment (a coordinator dropping us while honest members hold our commitment
    relayed is refused by them, and the round is then not closed by most). A round closed
    elsewhere is never decided again here.
+6. **Naming only commitments we can check** (a member; an open trainer follows the members). A
+   commitment it names that is not held here is fetched by its digest and checked like a pushed
+   one (``trainer/commit_fetch.py``); a good one is held as never in time (it makes no later
+   decision "omit" it), so the payload check and the spot draw see it. One that fails is refused
+   (``bad_commitment``) and kept like an omission; the next coordinator decides. A forged one (no
+   valid commitment of that trainer for this round), or a contributor's payload its commitment is
+   not to, is a strike on the coordinator: the digest binds the bytes, and an honest coordinator
+   checks every commitment as we do. One on other terms (a coordinator with spot checks off holds
+   it honestly, as ``spot_terms`` is no strike) or the trainer's second commitment (evidence
+   against the trainer) is none. One nobody serves parks the decision: not accepted (its payload
+   would enter with no check drawable on it), not refused (a partition), and holding nothing back:
+   once most live members closed the round with it, a member still unable to fetch it re-syncs,
+   like one that cannot get a decided payload.
 
 Every decision names the epoch of the chain its round extends (``loco/decision.py``); one of
 another epoch than ours is refused before anything else looks at it (an earlier run's, or a
@@ -52,7 +65,7 @@ chain we left). Our own decisions are kept in ``<data_dir>/decided/<epoch>/<roun
 never: a trainer that restarts within a round it decided re-sends that decision (or re-syncs if
 it is on another state now) instead of signing a second one and being convicted.
 
-The first decision that passes all three is accepted (at most one per round; later different
+The first decision that passes all of these is accepted (at most one per round; later different
 ones from other coordinators are counted as ``decision_conflicts`` and ignored) and relayed once.
 """
 
@@ -87,10 +100,10 @@ from pulse_node.loco.decision import (
     verify_decision,
 )
 from pulse_node.loco.ledger import Ledger
-from pulse_node.loco.roundcommit import commit_digest
 from pulse_node.loco.roundrules import entering
 from pulse_node.loco.verdicts import failing, named_verdicts, verdict_problems
 from pulse_node.peers.outcomes import Reported
+from pulse_node.trainer.commit_fetch import CommitFetch
 from pulse_node.trainer.commits import CommitIntake
 from pulse_node.trainer.round_peers import RoundPeers
 from pulse_node.trainer.rounds import OpenRound, RoundTable
@@ -99,7 +112,8 @@ from pulse_node.vocab import DecisionRefusal
 _ORDER_DOMAIN = b"pulse/coordinator-order/1\0"
 PARK_PER_ROUND = 8  # decisions parked per coming round, at most
 OWN_KEEP = 8  # rounds whose own decision a trainer keeps on disk
-_KEPT = (DecisionRefusal.OMITS_COMMITMENT, DecisionRefusal.OMITS_VERDICT)  # refusals kept as evidence
+_KEPT = (DecisionRefusal.OMITS_COMMITMENT, DecisionRefusal.OMITS_VERDICT,  # refusals kept as evidence
+         DecisionRefusal.BAD_COMMITMENT)
 WITNESSED_BASES = 4  # bases per (round, signer) whose first decision is remembered, at most
 
 
@@ -141,7 +155,10 @@ class DecisionIntake:
         self.cfg: LocoConfig = ctx.cfg.loco
         self.me = peers.me
         self.root = Path(ctx.store.root)
-        self.parked: dict[int, dict[str, tuple[RoundDecision, bytes, bool]]] = {}  # round -> coordinator -> (d, data, elsewhere)
+        #: round -> coordinator -> (d, data, elsewhere, sender)
+        self.parked: dict[int, dict[str, tuple[RoundDecision, bytes, bool, str]]] = {}
+        self.unfetched: dict[int, set[str]] = {}  # round -> coordinators parked until a commitment it names is here
+        self.fetch = CommitFetch(ctx, peers=peers, commits=commits)
         #: (round, signer) -> base -> its first verified decision on that base (a few bases at most)
         self.witnessed: dict[tuple[int, str], dict[bytes, bytes]] = {}
 
@@ -189,7 +206,7 @@ class DecisionIntake:
         named = d.commitments
         for tid, digest in d.contributors:
             held = self.commits.of(d.round, tid)
-            if held is not None and named[tid] == commit_digest(held.data) and held.commit.payload != digest:
+            if held is not None and named[tid] == held.digest and held.commit.payload != digest:
                 raise IntegrityError(f"round {d.round} decision names a payload of {tid[:12]} it did not commit to")
 
     def _witness(self, d: RoundDecision, data: bytes, *, sender: str) -> None:
@@ -216,15 +233,15 @@ class DecisionIntake:
     def _consider(self, d: RoundDecision, data: bytes, *, sender: str, elsewhere: bool) -> None:
         """Accept ``d`` if its round is open here, it is its coordinator's turn and on our base;
         park it if it is early."""
-        why = self._standing(d, elsewhere=elsewhere)
+        why = self._standing(d, elsewhere=elsewhere, sender=sender)
         if isinstance(why, DecisionRefusal):
             if why not in _KEPT:  # (counted and kept by ``_refuse_omission``)
                 self.peers.refuse(sender, why, f"round {d.round} decision of {d.coordinator[:12]}", lied=False)
             return
-        if why is not None:  # early, or its round is not open here yet: parked
+        if why is not None:  # early, its round is not open here yet, or a commitment it names not here yet: parked
             held = self.parked.setdefault(d.round, {})
             if d.coordinator in held or len(held) < PARK_PER_ROUND:
-                held[d.coordinator] = (d, data, elsewhere)
+                held[d.coordinator] = (d, data, elsewhere, sender)
             return
         if self.accept(d, data):
             self.parked.pop(d.round, None)
@@ -237,9 +254,27 @@ class DecisionIntake:
             relay_to = [p for pid, p in self.peers.live().items() if pid not in (sender, d.coordinator)]
             self.peers.push(relay_to, data, kind="loco_decision", job=f"loco_decision:{d.round}:relay")
 
-    def _standing(self, d: RoundDecision, *, elsewhere: bool) -> DecisionRefusal | Literal["early", "not_open"] | None:
-        """None if ``d`` may be accepted now, else why not (``not_open``, ``early``, ``other_base``,
-        ``not_designated``)."""
+    def _standing(self, d: RoundDecision, *, elsewhere: bool,
+                  sender: str) -> DecisionRefusal | Literal["early", "not_open", "unfetched"] | None:
+        """None if ``d`` may be accepted now, else why not (``_rules``; then, for a member,
+        ``unfetched`` or ``bad_commitment``: ``_named_held``)."""
+        why: DecisionRefusal | Literal["early", "not_open", "unfetched"] | None = self._rules(d, elsewhere=elsewhere)
+        if why is None and self.peers.i_am_member():
+            why = self._named_held(d, sender=sender)
+        waiting = self.unfetched.setdefault(d.round, set())
+        (waiting.add if why == "unfetched" else waiting.discard)(d.coordinator)
+        return why
+
+    def holds_back(self, r: int) -> bool:
+        """Whether a decision of round ``r`` is parked here for a reason a peer applying it does not
+        remove (early, its convictions not re-checked here yet): that peer does not make us re-sync.
+        One parked only until a commitment it names is fetched is none: once most live members
+        closed the round with it and we still cannot fetch it, we re-sync (module docstring)."""
+        return bool(set(self.parked.get(r, {})) - self.unfetched.get(r, set()))
+
+    def _rules(self, d: RoundDecision, *, elsewhere: bool) -> DecisionRefusal | Literal["early", "not_open"] | None:
+        """None if ``d`` passes the rules of steps 2 to 5 (module docstring), else why not
+        (``not_open``, ``early``, ``other_base``, ``not_designated``, an omission, ``refuted``)."""
         o = self.table.open
         if o is None or o.round != d.round:
             return "not_open"
@@ -280,6 +315,19 @@ class DecisionIntake:
         return entering(d.commitments, is_member=self.peers.is_member, ledger=ledger,
                         failed=failing(named_verdicts(d), ledger, convicted=d.convicted))
 
+    def _named_held(self, d: RoundDecision, *, sender: str) -> DecisionRefusal | Literal["unfetched"] | None:
+        """Hold every commitment ``d`` names that we lack (step 6, ``trainer/commit_fetch.py``): None
+        once all are, ``unfetched`` if one cannot be had yet, ``bad_commitment`` if one fails our
+        checks (refused and kept; a strike if forged, module docstring)."""
+        got = self.fetch.obtain(d, sender=sender)
+        if got is None or got == "unfetched":
+            return got
+        tid, data, fault = got
+        self._refuse_omission(d, (tid, data), reason=DecisionRefusal.BAD_COMMITMENT, lied=fault.kind == "forged",
+                              why=f"round {d.round} decision names a commitment of {tid[:12]} that fails our "
+                                  f"checks ({fault.kind}): {fault.message}")
+        return DecisionRefusal.BAD_COMMITMENT
+
     def _omission(self, d: RoundDecision, o: OpenRound, *, elsewhere: bool) -> tuple[str, bytes] | None:
         """(trainer, what was left out) for a commitment (or revealed payload) held here in time
         that ``d`` leaves out, else None (module docstring, step 4)."""
@@ -294,7 +342,7 @@ class DecisionIntake:
             if tid not in named:
                 return tid, held.data
             have = self.payload_at(d.round, tid)
-            if (tid not in contributors and tid in entered and named[tid] == commit_digest(held.data) and have is not None
+            if (tid not in contributors and tid in entered and named[tid] == held.digest and have is not None
                     and have[0] == held.commit.payload and have[1] <= time.monotonic() - self.cfg.decision_wait_s / 2):
                 return tid, held.data
         return None
@@ -332,16 +380,18 @@ class DecisionIntake:
         return next(((k[1], data) for k, data in sorted(self.owed(d.round, o.t0).items()) if k not in named), None)
 
     def _refuse_omission(self, d: RoundDecision, omission: tuple[str, bytes], *,
-                         reason: DecisionRefusal = DecisionRefusal.OMITS_COMMITMENT) -> None:
+                         reason: DecisionRefusal = DecisionRefusal.OMITS_COMMITMENT, why: str = "",
+                         lied: bool = False) -> None:
         """Count the refusal once per coordinator and round and keep both signed statements (the
-        decision, and the commitment or verdict it leaves out)."""
+        decision, and the commitment or verdict it leaves out, or the commitment it names that
+        fails our checks: ``why``, a strike on the coordinator if ``lied``)."""
         seen = self.table.omitted.setdefault(d.round, set())
         if d.coordinator in seen:
             return
         seen.add(d.coordinator)
         tid, commitment = omission
-        self.peers.refuse(d.coordinator, reason, f"round {d.round} decision leaves out what {tid[:12]} "
-                          "committed, or a verdict on it, held here in time", lied=False)
+        self.peers.refuse(d.coordinator, reason, why or f"round {d.round} decision leaves out what {tid[:12]} "
+                          "committed, or a verdict on it, held here in time", lied=lied)
         path = Path(self.ctx.store.root) / LOCO_DIR / str(d.round) / "omitted" / f"{d.coordinator[:32]}.msgpack"
         try:
             write_atomic(path, msgpack.packb([encode_decision(d), commitment], use_bin_type=True), durable=False)
@@ -350,10 +400,11 @@ class DecisionIntake:
 
     def replay_parked(self, r: int) -> None:
         """Look again at the parked decisions of round ``r`` (their turn may have come)."""
-        for coordinator, (d, data, elsewhere) in sorted(self.parked.get(r, {}).items(), key=lambda kv: kv[0].encode()):
+        for coordinator, (d, data, elsewhere, sender) in sorted(self.parked.get(r, {}).items(),
+                                                                 key=lambda kv: kv[0].encode()):
             if r in self.table.decisions:
                 return
-            why = self._standing(d, elsewhere=elsewhere)
+            why = self._standing(d, elsewhere=elsewhere, sender=sender)
             if why in _KEPT:
                 self.parked.get(r, {}).pop(coordinator, None)
                 continue
@@ -406,7 +457,9 @@ class DecisionIntake:
             self.ctx.log.warning("cannot keep our decision of round %d: %s", r, exc)
 
     def prune(self, r: int) -> None:
-        for old in [k for k in self.parked if k < r]:
-            del self.parked[old]
+        for table in (self.parked, self.unfetched):
+            for old in [k for k in table if k < r]:
+                del table[old]
+        self.fetch.prune(r)
         for slot in [s for s in self.witnessed if s[0] < r - 4]:
             del self.witnessed[slot]

@@ -6,7 +6,8 @@ discovery directly:
 
 - ``live()``: the member trainers in discovery (not us). Only they are pushed to, counted in a
   round's coordinator order and "all in", asked for decisions and fetched payloads from; a peer
-  that merely announces the trainer role is none of these.
+  that merely announces the trainer role is none of these (nor asked for a round commitment a
+  decision names and we lack, ``trainer/decisions.py``).
 - ``is_member(peer_id)``: by the key the peer id encodes (libp2p Ed25519 ids; on the in-memory
   test hub, the key its record announces): configured keys, the key file, admissions; in an open
   swarm every peer announcing the trainer role. A member stays one for the agreement after it
@@ -32,7 +33,7 @@ from pulse_node.config import TrainerConfig
 from pulse_node.daemon.context import RoleContext
 from pulse_node.daemon.status_model import count
 from pulse_node.errors import PulseError, WireError
-from pulse_node.net.wire.protocol import LocoDecisionRequest, LocoPayloadRequest, kind_of
+from pulse_node.net.wire.protocol import LocoCommitRequest, LocoDecisionRequest, LocoPayloadRequest, kind_of
 from pulse_node.peers.outcomes import Lied
 from pulse_node.vocab import DecisionRefusal, LocoRefusal
 
@@ -93,9 +94,9 @@ class RoundPeers:
         """A member, or an open trainer (``open_trainer``): its commitments and payloads are taken."""
         return self.is_member(peer_id) or self.open_trainer(peer_id)
 
-    def fetch(self, peer: PeerRecord, request: LocoPayloadRequest | LocoDecisionRequest, *, cap: int,
-              timeout: float) -> bytes | None:
-        """Bytes of a small fetch (``loco_payload``, ``loco_decision``) from a member, at most
+    def fetch(self, peer: PeerRecord, request: LocoPayloadRequest | LocoDecisionRequest | LocoCommitRequest, *,
+              cap: int, timeout: float) -> bytes | None:
+        """Bytes of a small fetch (``loco_payload``, ``loco_decision``, ``loco_commit``) from a member, at most
         ``cap`` (the download itself is capped), or None on any failure or a non-member (a peer
         that has no decision yet is no failure: nothing is judged here)."""
         if not self.is_member(peer.peer_id):

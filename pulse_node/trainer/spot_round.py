@@ -58,7 +58,6 @@ from pulse_node.loco.decision import MAX_DECISION_VERDICTS, RoundDecision, paylo
 from pulse_node.loco.ledger import VERDICT_WINDOW, Ledger
 from pulse_node.loco.outer import OuterOptimizer
 from pulse_node.loco.payload import LocoPayload
-from pulse_node.loco.roundcommit import commit_digest
 from pulse_node.loco.spot_answer import SpotAnswer, answer_cap
 from pulse_node.loco.spot_evidence import SpotEvidence, decode_evidence, encode_evidence, verify_accusation
 from pulse_node.loco.spotdraw import Shape, SpotDraw, draw_round, round_seed
@@ -180,9 +179,9 @@ class SpotRounds:
         inners, unknown = {}, set()
         for tid, named in d.commitments.items():
             held = self.agreement.commits.of(d.round, tid)
-            if held is None or commit_digest(held.data) != named:
+            if held is None or held.digest != named:
                 unknown.add(tid)
-            if held is None or not held.commit.spot or commit_digest(held.data) != named:
+            if held is None or not held.commit.spot or held.digest != named:
                 continue
             try:
                 inners[tid] = decode_commitment(held.commit.spot)

@@ -57,6 +57,7 @@ BODY_CAPS: dict[str, int] = {
     "trainer_state": 64 << 30,  # FP32 weights + momentum of a whole model
     "loco_payload": 1 << 30,  # one trainer's PULSELoCo payload of a recent round
     "loco_decision": 64 << 10,  # a signed round decision (loco/decision.py caps it the same)
+    "loco_commit": 264 << 10,  # a signed round commitment (loco/roundcommit.py caps it at 257 KiB)
 }
 
 #: largest push body accepted per push kind (bounded by the local RPC frame, 64 MiB)
@@ -210,6 +211,17 @@ class LocoDecisionRequest(WireStruct):
     SPEC: ClassVar = {"v": ("int", 255), "round": ("int", MAX_U64)}
 
 
+@dataclass(frozen=True, kw_only=True)
+class LocoCommitRequest(WireStruct):
+    """The signed round commitment of PULSELoCo round ``round`` whose BLAKE3 digest is ``digest``
+    (64 hex chars), as a round decision names it (``trainer/decisions.py``)."""
+
+    v: int = WIRE_VERSION
+    round: int
+    digest: str
+    SPEC: ClassVar = {"v": ("int", 255), "round": ("int", MAX_U64), "digest": ("str", 64)}
+
+
 @dataclass(frozen=True)
 class PushRequest(WireStruct):
     """``size`` bytes of a push of ``kind`` (a ``vocab.PushKind``) follow this frame."""
@@ -246,6 +258,7 @@ REQUESTS: dict[str, type[WireStruct]] = {
     "trainer_state": TrainerStateRequest,
     "loco_payload": LocoPayloadRequest,
     "loco_decision": LocoDecisionRequest,
+    "loco_commit": LocoCommitRequest,
     "push": PushRequest,
 }
 
@@ -260,12 +273,13 @@ def frame_length(header: bytes, cap: int) -> int:
 
 #: what one peer may ask another for: one request struct per ``vocab.FetchKind``
 FetchRequest = (RecordRequest | PatchRequest | AnchorRequest | CatchupRequest | TrainerStateRequest
-                | LocoPayloadRequest | LocoDecisionRequest)
+                | LocoPayloadRequest | LocoDecisionRequest | LocoCommitRequest)
 _FETCH_TYPES = (RecordRequest, PatchRequest, AnchorRequest, CatchupRequest, TrainerStateRequest,
-                LocoPayloadRequest, LocoDecisionRequest)
+                LocoPayloadRequest, LocoDecisionRequest, LocoCommitRequest)
 _KIND_OF: dict[type[WireStruct], FetchKind] = {
     RecordRequest: "record", PatchRequest: "patch", AnchorRequest: "anchor", CatchupRequest: "catchup",
     TrainerStateRequest: "trainer_state", LocoPayloadRequest: "loco_payload", LocoDecisionRequest: "loco_decision",
+    LocoCommitRequest: "loco_commit",
 }
 assert all(REQUESTS[kind] is cls for cls, kind in _KIND_OF.items()) and set(_KIND_OF.values()) == set(FETCH_KINDS)
 

@@ -3,7 +3,8 @@
 The wire worker (another process) and the in-memory test transport both resolve a peer's
 ``FetchRequest`` (``protocol.py``, decoded and bounded already) through ``resolve``, so the set of
 servable files is defined once, on the store's layout (``chain/layout.py``, ``chain/serving.py``:
-the PULSELoCo payloads and round decisions trainers keep of their last few rounds).
+the PULSELoCo payloads, round commitments and round decisions trainers keep of their last few
+rounds).
 """
 
 from __future__ import annotations
@@ -14,12 +15,13 @@ from pathlib import Path
 
 from pulse_node.chain.catchup_producer import CatchupProducer
 from pulse_node.chain.layout import catchup_path, store_path
-from pulse_node.chain.serving import loco_decision_path, loco_payload_path
+from pulse_node.chain.serving import loco_commit_path, loco_decision_path, loco_payload_path
 from pulse_node.errors import PulseError
 from pulse_node.net.wire.protocol import (
     AnchorRequest,
     CatchupRequest,
     FetchRequest,
+    LocoCommitRequest,
     LocoDecisionRequest,
     PatchRequest,
     RecordRequest,
@@ -58,7 +60,11 @@ def _path(root: Path, r: FetchRequest) -> Path | None:
         return None
     if isinstance(r, LocoDecisionRequest):
         return loco_decision_path(root, r.round)
-    return loco_payload_path(root, r.round, r.digest) if _HEX64.fullmatch(r.digest) else None
+    if not _HEX64.fullmatch(r.digest):
+        return None
+    if isinstance(r, LocoCommitRequest):
+        return loco_commit_path(root, r.round, r.digest)
+    return loco_payload_path(root, r.round, r.digest)
 
 
 def store_resolver(root: Path, producer: CatchupProducer | None = None) -> Resolver:
