@@ -1,6 +1,9 @@
 """Run by ``tests/test_trainer_shard_record.py`` under ``torchrun --nproc-per-node 2`` (gloo, CPU).
 
-    torchrun --nproc-per-node 2 tests/shard_record_run.py <cache dir> <report.json>
+    torchrun --nproc-per-node 2 tests/shard_record_run.py <cache dir> <report.json> [<HF model dir>]
+
+(with an HF model dir, e.g. ``testing/hf_models.build_hf_model``'s tied Qwen2 as ``tests/hf_fixtures.py``
+builds it, that model instead of the tiny one)
 
 Rank 0 runs a ``DistributedEngine`` (rank 1 serves it) and, in the same process, a one-process
 ``LocalEngine`` of the same config (tiny model, seed, warm start), both recording their inner steps:
@@ -49,13 +52,14 @@ from pulse_node.trainer.spot_replay import inner_settings
 RUN, STEPS, LEAF = "shard-record", 2, 256
 
 
-def config(cache: str, data: str) -> TrainerConfig:
-    """The spot tests' tiny model and task (``tests/test_trainer_spot.py``: batches with a signal) in
-    a swarm that runs spot checks; every rollout its own micro-batch."""
+def config(cache: str, data: str, hf: str | None = None) -> TrainerConfig:
+    """The spot tests' tiny model and task (``tests/test_trainer_spot.py``: batches with a signal), or
+    the HF model in ``hf``, in a swarm that runs spot checks; every rollout its own micro-batch."""
+    model = {"kind": "hf", "path": hf} if hf else {"d_model": 16, "n_layers": 1, "n_heads": 2, "max_len": 24}
     return TrainerConfig.model_validate({
-        "model": {"d_model": 16, "n_layers": 1, "n_heads": 2, "max_len": 24, "cache_dir": cache, "device": "cpu"},
-        "task": {"digits": 1, "eval_size": 20}, "sampling": {"prompts_per_batch": 6, "group_size": 4, "max_new_tokens": 4},
-        "grpo": {"warmstart_steps": 150, "warmstart_lr": 1e-2, "lr": 1e-2, "micro_batch_tokens": 1},
+        "model": {**model, "cache_dir": cache, "device": "cpu"}, "task": {"digits": 1, "eval_size": 20},
+        "sampling": {"prompts_per_batch": 6, "group_size": 4, "max_new_tokens": 3 if hf else 4},
+        "grpo": {"warmstart_steps": 150, "warmstart_lr": 1e-2, "lr": 1e-3 if hf else 1e-2, "micro_batch_tokens": 1},
         "data_dir": data, "seed": 0, "run_id": RUN, "loco": {"inner_steps": STEPS, "spot": {"keyed": True}}})
 
 
@@ -131,8 +135,8 @@ def check_steps(engine: DistributedEngine, cfg: TrainerConfig, r: int, made: dic
     return out
 
 
-def main(cache: str, report: str) -> int:
-    cfg = config(cache, str(Path(report).parent / "trainer"))
+def main(cache: str, report: str, hf: str | None = None) -> int:
+    cfg = config(cache, str(Path(report).parent / "trainer"), hf)
     if int(os.environ.get("RANK", "0")) > 0:
         return serve_rank(cfg)
     torch.set_num_threads(1)
@@ -166,4 +170,4 @@ def main(cache: str, report: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(*sys.argv[1:3]))
+    sys.exit(main(*sys.argv[1:4]))
