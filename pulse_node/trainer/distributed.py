@@ -22,16 +22,8 @@ on the round as any trainer; the decided payloads, cut to each rank's rows, driv
 step on every shard (per-entry operations only, in trainer-id order, so the FP32 result does
 not depend on the sharding), and the new global rows and momentum are gathered back.
 
-Recorded inner steps (spot checks, ``trainer/spot_record.py``): rank 0 gathers what a one-process
-trainer's ``InnerStepLog`` reads, as whole tensors in the log's flat arrays: at a round's start the
-AdamW moments and step, the error feedback and outer momentum rows (``cmd_start_state``); at each
-step, between backward and AdamW, the gradient (whose norm rank 0 finds over whole tensors, as one
-process does, and every rank clips with) and the BF16 weights the forward ran on. The record
-holds on rank 0 what a one-process record holds (per parameter and round: 12-16 B of start state,
-4 B per stepped step, the BF16 changes); gathering takes one tensor's padded chunks at a time
-on top. The bytes committed are a one-process trainer's given the same gradients; the gradients
-are the sum of the ranks' in another order (and FP32 rounding), within a check's tolerance
-(bench/RESULTS.md "Sharded trainers record").
+Recorded inner steps (spot checks): rank 0 gathers what a one-process trainer's record holds
+(``trainer/shard_record.py``).
 
 Rank 0 keeps whole FP32 copies of the global weights and momentum (``ShardedOuter``): payloads
 are coded and decoded against the whole base, the outer hash and the trainer-state file cover
@@ -60,7 +52,6 @@ from pulse_node.codec.state import State
 from pulse_node.config import TrainerConfig, runs_spot_checks
 from pulse_node.loco.bound import PayloadBound
 from pulse_node.loco.config import LocoConfig
-from pulse_node.loco.opening import FlatLayout
 from pulse_node.loco.outer import OuterOptimizer, OuterState
 from pulse_node.loco.payload import LocoPayload
 from pulse_node.loco.sparsify import ErrorFeedback
@@ -73,16 +64,16 @@ from pulse_node.rl.rollout import Rollout
 from pulse_node.rl.sampler import RolloutWorker
 from pulse_node.torchbits import load_state
 from pulse_node.trainer.ranks import Ranks
+from pulse_node.trainer.shard_record import ShardRecorder
 from pulse_node.trainer.shards import (
     ShardLayout,
     combine_payloads,
-    gather_flat,
     gather_rows,
     offset_tensors,
     scatter_rows,
     slice_payload,
 )
-from pulse_node.trainer.spot_record import InnerStepLog, adam_moments
+from pulse_node.trainer.spot_record import InnerStepLog
 
 if TYPE_CHECKING:
     from torch.distributed.tensor import DTensor
@@ -147,13 +138,6 @@ def _sharded(name: str, p: torch.nn.Parameter) -> DTensor:
     return p
 
 
-def local_part(t: torch.Tensor) -> torch.Tensor:
-    """A ``DTensor``'s local shard (sharing its memory); a plain tensor itself."""
-    from torch.distributed.tensor import DTensor
-
-    return t.to_local() if isinstance(t, DTensor) else t
-
-
 def memory_mb() -> dict[str, float]:
     """This process's resident memory now and at its peak (MB)."""
     return {"rss_mb": psutil.Process().memory_info().rss / 2**20,
@@ -188,7 +172,6 @@ class ShardWork:
                 raise RuntimeError(f"{n}: FSDP shard {tuple(p.to_local().shape)} is not rows "
                                    f"{self.layout.span(n, rank)} of {self.layout.shapes[n]}")
         self.spans = self.layout.spans(rank)
-        self.offsets = FlatLayout.of(self.layout.shapes).offsets  # of each tensor in an inner-step log's arrays
         shapes = self.layout.local_shapes(rank)
         self.outer = OuterOptimizer({n: torch.zeros(s) for n, s in shapes.items()}, cfg.loco)
         self.ef = ErrorFeedback(shapes, cfg=cfg.loco, bound=PayloadBound.of_trainer(cfg))
@@ -202,8 +185,7 @@ class ShardWork:
             self.learner = GRPOLearner(self.policy, cfg.grpo, temperature=temperature, logprobs=root)
         self.replica: tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]] | None = None  # rank 0
         self._mine: LocoPayload | None = None
-        self.log: InnerStepLog | None = None  # rank 0, while inner steps are recorded
-        self.recorded: tuple[np.ndarray, np.ndarray | None, float | None] | None = None  # rank 0: the last step's
+        self.recorder = ShardRecorder(self.layout, ranks, self.local)  # rank 0's record of inner steps
 
     def run(self, name: str, arg: Any = None) -> Any:
         return getattr(self, f"cmd_{name}")(arg)
@@ -262,14 +244,14 @@ class ShardWork:
         """One data-parallel GRPO step; each rank's loss is scaled by ``world * its tokens / all
         tokens`` so FSDP's gradient mean is the token mean over the whole batch. Every rank runs
         the same number of micro-batches (each forward and backward is collective). With the flag
-        set the step is recorded (``_clip_recorded``)."""
+        set the step is recorded (``ShardRecorder.clip``)."""
         (rollouts, adv, scale, count), record = self.ranks.scatter(shares)
         learner, model = self.learner, self.policy.model
         learner.opt.zero_grad(set_to_none=True)
         model.train()
         extra = learner.accumulate(rollouts, adv, scale=scale, count=count)
         if record:
-            norm = self._clip_recorded()
+            norm = self.recorder.clip(self.cfg.grpo.max_grad_norm)
         else:
             total = torch.nn.utils.clip_grad_norm_(model.parameters(), self.cfg.grpo.max_grad_norm)
             norm = float(total.full_tensor() if hasattr(total, "full_tensor") else total)
@@ -282,69 +264,14 @@ class ShardWork:
                                   "changed": changed, "numel": sum(p.to_local().numel() for p in self.local.values()),
                                   **memory_mb()})
 
-    # ---- recorded inner steps (spot checks) ----------------------------------------------
-    def _gather_flat(self, tensors: Mapping[str, torch.Tensor | None], dtype: type) -> np.ndarray | None:
-        """Collective: each rank's rows of ``tensors`` (None: zeros), whole, into one of rank 0's log
-        arrays of ``dtype`` (float32 values from FP32 rows, or uint16 BF16 bits from bfloat16 rows);
-        None elsewhere."""
-        rank = self.ranks.rank
-        local = {n: (local_part(t).detach().to("cpu") if t is not None else
-                     torch.zeros(self.layout.local_shape(n, rank), dtype=torch.bfloat16 if dtype is np.uint16 else None))
-                 for n, t in tensors.items()}
-        flat = self.log.take(dtype) if self.log is not None else None
-        into = None
-        if self.log is not None and flat is not None:
-            into = torch.from_numpy(flat.view(np.int16)).view(torch.bfloat16) if dtype is np.uint16 else torch.from_numpy(flat)
-        gather_flat(self.layout, local, rank=rank, into=into, offsets=self.offsets)
-        return flat
-
-    def _bf16_weights(self) -> np.ndarray | None:
-        """Collective: the BF16 bits of the local weights (what the forward runs on), whole on rank 0."""
-        return self._gather_flat({n: p.to_local().detach().to(torch.bfloat16) for n, p in self.local.items()},
-                                 np.uint16)
-
-    @torch.no_grad()
-    def _clip_recorded(self) -> float:
-        """Collective, between a recorded step's backward and its AdamW step: the gradient whole on
-        rank 0, its norm found there over the whole tensors in the model's order (what
-        ``clip_grad_norm_`` finds on one process), every rank's rows and rank 0's copy clipped with it.
-        Rank 0 keeps the BF16 weights, the clipped gradient and the norm in ``recorded``."""
-        grad = self._gather_flat({n: p.grad for n, p in self.local.items()}, np.float32)
-        whole = self.log.views(grad) if self.log is not None and grad is not None else {}
-        total = float(torch.nn.utils.get_total_norm([whole[n] for n in self.local])) if whole else None
-        norm: float = self.ranks.bcast(total)
-        # torch.nn.utils.clip_grads_with_norm_'s coefficient, applied to every entry alike
-        coef = torch.clamp(self.cfg.grpo.max_grad_norm / (torch.tensor(norm, dtype=torch.float32) + 1e-6), max=1.0)
-        for p in self.local.values():
-            if p.grad is not None:
-                local_part(p.grad).mul_(coef.to(p.grad.device))
-        for t in whole.values():
-            t.mul_(coef)
-        weights = self._bf16_weights()
-        if weights is not None:
-            self.recorded = (weights, grad, norm)
-        return norm
-
+    # ---- recorded inner steps (spot checks, ``trainer/shard_record.py``) -----------------
     def cmd_weights(self, _: None) -> None:
-        """A recorded step that takes no AdamW step: rank 0 keeps the BF16 weights in ``recorded``."""
-        weights = self._bf16_weights()
-        if weights is not None:
-            self.recorded = (weights, None, None)
+        """A recorded step that takes no AdamW step: rank 0 keeps the BF16 weights it would have run on."""
+        self.recorder.keep_weights()
 
     def cmd_start_state(self, _: None) -> tuple[list[np.ndarray], int] | None:
-        """A recorded round's start state, whole on rank 0 in the log's flat arrays: the AdamW
-        moments, the error feedback and (outer step on the trainer) its momentum; and the AdamW step."""
-        names = list(self.layout.shapes)
-        m, v, step = adam_moments(self.learner.opt, [self.local[n] for n in names])
-        kinds: list[Mapping[str, torch.Tensor | None]] = [dict(zip(names, m)), dict(zip(names, v)), self.ef.e]
-        kinds += [self.ef.v] if self.ef.v else []
-        arrays = [self._gather_flat(k, np.float32) for k in kinds]
-        steps = self.ranks.gather(step)
-        if steps is None:
-            return None
-        if len(set(steps)) > 1:
-            raise RuntimeError(f"the ranks have taken different numbers of AdamW steps: {steps}")
-        return [a for a in arrays if a is not None], step
+        """A recorded round's start state, whole on rank 0 (``ShardRecorder.start_state``)."""
+        return self.recorder.start_state(self.learner.opt, self.ef)
 
 
 def split_batch(batch: list[Rollout], adv: list[float], world: int, *, micro_batch_tokens: int) -> list[Share]:
@@ -431,23 +358,23 @@ class DistributedEngine:
     @property
     def inner_log(self) -> InnerStepLog | None:
         """Set: inner steps are recorded for spot checks (``trainer/spot_record.py``), on rank 0."""
-        return self.work.log
+        return self.work.recorder.log
 
     @inner_log.setter
     def inner_log(self, log: InnerStepLog | None) -> None:
-        self.work.log = log
+        self.work.recorder.log = log
 
     def begin_inner_log(self, *, round: int, base_hash: bytes) -> None:
         """Start recording round ``round`` (after ``reset_local``), if ``inner_log`` is set."""
-        if self.work.log is not None:
+        if self.inner_log is not None:
             arrays, adam_step = self._call("start_state")
-            self.work.log.begin_round_flat(round=round, base_hash=base_hash, base=self.outer.params, arrays=arrays,
+            self.inner_log.begin_round_flat(round=round, base_hash=base_hash, base=self.outer.params, arrays=arrays,
                                            adam_step=adam_step)
 
     def step(self, rollouts: list[Rollout], *, current_version: int, producer: str = "") -> dict[str, float]:
         """One GRPO step on every rank; with ``inner_log`` recorded as ``LocalEngine.step`` records it."""
         stats, batch, adv = self.work.learner.plan(rollouts, current_version=current_version)
-        log = self.work.log
+        log = self.inner_log
         if not batch:
             if log is not None:  # no gradient, no AdamW step: the weights the step would have run on
                 self._call("weights")
@@ -465,11 +392,7 @@ class DistributedEngine:
 
     def _record(self, rollouts: list[Rollout], *, producer: str) -> None:
         """The step the ranks just ran, from what rank 0 gathered, into ``inner_log``."""
-        if self.work.log is None or self.work.recorded is None:
-            raise RuntimeError("a recorded step left nothing to record")
-        weights, grad, norm = self.work.recorded
-        self.work.recorded = None
-        self.work.log.record_flat(rollouts, producer=producer, weights=weights, grad=grad, grad_norm=norm)
+        self.work.recorder.record(rollouts, producer=producer)
 
     def make_payload(self, *, round: int, trainer_id: str, base_hash: bytes) -> LocoPayload:
         payload: LocoPayload = self._call("make_payload", (round, trainer_id, base_hash))
