@@ -54,7 +54,7 @@ def test_members_fresh_records_reach_every_node_past_a_full_newcomer_share(tmp_d
             floods = list(pool.map(lambda a: _Flood(maddr, keys=a[0], go=a[1]),
                                    [(STORED_NEWCOMERS, None), (NEWCOMERS - STORED_NEWCOMERS, later)]))
         # every view holds the first 32 newcomers: each node's share is full
-        # ~10 s alone; a deadline, not a measure: next to a busy test file on 2 cores the whole test took 88 s
+        # ~1 s alone; a deadline, not a measure (next to a busy test file on 2 cores the whole test took 88 s)
         wait_for(lambda: all(_newcomers(c, members) >= STORED_NEWCOMERS for c in clients), timeout=180, interval=1,
                  what="32 newcomers in every view")
         later.set()  # then 8 more, while the shares are full
